@@ -1,0 +1,91 @@
+package twell
+
+import (
+	"encoding/binary"
+	"math"
+	"testing"
+)
+
+// floatsFrom reads float32 values from raw fuzz bytes.
+func floatsFrom(data []byte) []float32 {
+	out := make([]float32, len(data)/4)
+	for i := range out {
+		out[i] = math.Float32frombits(binary.LittleEndian.Uint32(data[4*i:]))
+	}
+	return out
+}
+
+func FuzzPackUnpack(f *testing.F) {
+	f.Add(uint8(0), uint8(1), []byte{0, 0, 128, 63, 0, 0, 0, 192})
+	f.Add(uint8(5), uint8(3), make([]byte, 64))
+	f.Fuzz(func(t *testing.T, layoutSel, rowsSel uint8, data []byte) {
+		l := layouts[int(layoutSel)%len(layouts)]
+		rows := int(rowsSel % 4)
+		cols := l.Tile * (1 + int(layoutSel/8)%3)
+		vals := floatsFrom(data)
+		dense := make([]float32, rows*cols)
+		for i := range dense {
+			if len(vals) > 0 {
+				dense[i] = vals[i%len(vals)]
+			}
+		}
+		m, err := Pack(l, dense, rows, cols)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := m.Validate(); err != nil {
+			t.Fatalf("Pack produced an invalid matrix: %v", err)
+		}
+		got := m.Unpack()
+		for i, v := range dense {
+			g := got[i]
+			switch {
+			case v != v:
+				if g == g {
+					t.Fatalf("element %d: NaN unpacked as %g", i, g)
+				}
+			case v <= 0:
+				if g != 0 {
+					t.Fatalf("element %d: %g unpacked as %g, want 0", i, v, g)
+				}
+			default:
+				if g <= 0 || math.Abs(float64(g-v)) > math.Abs(float64(v))/128+1e-38 {
+					t.Fatalf("element %d: %g unpacked as %g", i, v, g)
+				}
+			}
+		}
+		h, err := HybridFromTwELL(m, HybridOptions{Width: 1 + int(rowsSel)%8})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := h.Validate(); err != nil {
+			t.Fatalf("HybridFromTwELL produced an invalid matrix: %v", err)
+		}
+		if _, err := h.Transpose(HybridOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+func FuzzValidate(f *testing.F) {
+	f.Add(uint8(0), []byte{1, 0, 0, 0, 7, 0, 128, 63})
+	f.Fuzz(func(t *testing.T, layoutSel uint8, data []byte) {
+		l := layouts[int(layoutSel)%len(layouts)]
+		words := make([]uint32, len(data)/4)
+		for i := range words {
+			words[i] = binary.LittleEndian.Uint32(data[4*i:])
+		}
+		rw := l.Tile / l.C
+		m := &Matrix{Layout: l, Rows: len(words) / rw, Cols: l.Tile, Words: words[:len(words)/rw*rw]}
+		if m.Validate() == nil {
+			// A valid matrix must unpack to values > 0 in its own tiles.
+			for _, v := range m.Unpack() {
+				if v < 0 || v != v {
+					t.Fatalf("valid matrix unpacked to %g", v)
+				}
+			}
+		}
+		h := &Hybrid{Rows: 1, Cols: 4, Width: 2, Count: []int32{int32(layoutSel % 6)}, ColIdx: []uint16{uint16(len(data) % 5), 3}, Vals: []uint16{0x3f80, 0x3f80}, TailSlot: []int32{-1}}
+		_ = h.Validate()
+	})
+}
