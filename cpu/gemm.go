@@ -1,0 +1,181 @@
+package cpu
+
+import (
+	"fmt"
+	"runtime"
+	"sync"
+	"sync/atomic"
+)
+
+// Cache blocking: an item of work is an mc x tileN block of C computed over
+// the whole K, in chunks of kc. The B micro-panel (kc x nr) stays in L1, the
+// packed A chunk (mc x kc) and the C block in L2.
+const (
+	mc    = 96 // rows per item, a multiple of mr
+	kc    = 256
+	tileN = 256 // columns per item, a multiple of nr; also the TwELL tile width
+)
+
+// PackedB is a weight matrix B (N x K, as in C = A B^T) packed into panels of
+// nr columns, each stored [K][nr], zero-padded to a multiple of nr columns.
+// Pack weights once and reuse them across calls.
+type PackedB struct {
+	N, K int
+	data []float32
+}
+
+// PackB packs w, an n x k row-major matrix (the nn.Linear weight layout, so
+// that C = A w^T), for Gemm.
+func PackB(w []float32, n, k int) (*PackedB, error) {
+	if n < 1 || k < 1 || len(w) != n*k {
+		return nil, fmt.Errorf("cpu: PackB: %d values for a %d x %d matrix", len(w), n, k)
+	}
+	panels := (n + nr - 1) / nr
+	p := &PackedB{N: n, K: k, data: make([]float32, panels*k*nr)}
+	parallelFor(panels, func(pi int) {
+		dst := p.data[pi*k*nr : (pi+1)*k*nr]
+		for j := 0; j < nr && pi*nr+j < n; j++ {
+			row := w[(pi*nr+j)*k : (pi*nr+j+1)*k]
+			for q, v := range row {
+				dst[q*nr+j] = v
+			}
+		}
+	})
+	return p, nil
+}
+
+// Bytes returns the memory the packed matrix takes.
+func (p *PackedB) Bytes() int { return 4 * len(p.data) }
+
+// epilogue consumes one finished block of C: rows [i0, i0+rows) and columns
+// [j0, j0+cols) of C, held in tile with row stride tileN. worker identifies
+// the goroutine, for per-worker scratch.
+type epilogue func(worker, i0, rows, j0, cols int, tile []float32)
+
+// Workers returns the number of goroutines the kernels use.
+func Workers() int { return runtime.GOMAXPROCS(0) }
+
+// gemmBlocks computes C = A B^T for A (m x K, row-major) block by block and
+// hands each finished block to epi. No full C is ever held.
+func gemmBlocks(a []float32, m int, b *PackedB, epi epilogue) {
+	k := b.K
+	mBlocks := (m + mc - 1) / mc
+	nBlocks := (b.N + tileN - 1) / tileN
+	items := mBlocks * nBlocks
+	workers := min(Workers(), items)
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func(worker int) {
+			defer wg.Done()
+			apack := make([]float32, mc*k)
+			tile := make([]float32, mc*tileN)
+			lastM := -1
+			for {
+				it := int(next.Add(1) - 1)
+				if it >= items {
+					return
+				}
+				// Items run block-row by block-row, so a worker often keeps
+				// its packed A block for the next item.
+				ib, jb := it/nBlocks, it%nBlocks
+				i0, j0 := ib*mc, jb*tileN
+				rows, cols := min(mc, m-i0), min(tileN, b.N-j0)
+				if ib != lastM {
+					packA(apack, a, i0, rows, k)
+					lastM = ib
+				}
+				groups := (rows + mr - 1) / mr
+				panels := (cols + nr - 1) / nr
+				for p0 := 0; p0 < k; p0 += kc {
+					kk := min(kc, k-p0)
+					for jp := 0; jp < panels; jp++ {
+						pi := j0/nr + jp
+						bp := b.data[pi*k*nr+p0*nr:]
+						for g := 0; g < groups; g++ {
+							ap := apack[g*k*mr+p0*mr:]
+							microkernel(kk, ap, bp, tile[g*mr*tileN+jp*nr:], tileN, p0 > 0)
+						}
+					}
+				}
+				epi(worker, i0, rows, j0, cols, tile)
+			}
+		}(w)
+	}
+	wg.Wait()
+}
+
+// packA packs rows [i0, i0+rows) of a (row length k) into groups of mr rows,
+// each stored [k][mr], zero-padding the last group.
+func packA(dst, a []float32, i0, rows, k int) {
+	groups := (rows + mr - 1) / mr
+	for g := 0; g < groups; g++ {
+		d := dst[g*k*mr : (g+1)*k*mr]
+		for i := 0; i < mr; i++ {
+			r := g*mr + i
+			if r >= rows {
+				for q := 0; q < k; q++ {
+					d[q*mr+i] = 0
+				}
+				continue
+			}
+			src := a[(i0+r)*k : (i0+r+1)*k]
+			for q, v := range src {
+				d[q*mr+i] = v
+			}
+		}
+	}
+}
+
+// Gemm computes c = a b^T: a is m x K row-major, b packed N x K, c m x N
+// row-major.
+func Gemm(c, a []float32, m int, b *PackedB) error {
+	if err := checkGemm(c, a, m, b); err != nil {
+		return err
+	}
+	n := b.N
+	gemmBlocks(a, m, b, func(_, i0, rows, j0, cols int, tile []float32) {
+		for i := 0; i < rows; i++ {
+			copy(c[(i0+i)*n+j0:(i0+i)*n+j0+cols], tile[i*tileN:i*tileN+cols])
+		}
+	})
+	return nil
+}
+
+func checkGemm(c, a []float32, m int, b *PackedB) error {
+	if m < 0 || len(a) != m*b.K {
+		return fmt.Errorf("cpu: gemm: A has %d values, want %d x %d", len(a), m, b.K)
+	}
+	if len(c) != m*b.N {
+		return fmt.Errorf("cpu: gemm: C has %d values, want %d x %d", len(c), m, b.N)
+	}
+	return nil
+}
+
+// parallelFor runs f(0..n-1) on all workers.
+func parallelFor(n int, f func(i int)) {
+	workers := min(Workers(), n)
+	if workers <= 1 {
+		for i := 0; i < n; i++ {
+			f(i)
+		}
+		return
+	}
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= n {
+					return
+				}
+				f(i)
+			}
+		}()
+	}
+	wg.Wait()
+}

@@ -1,0 +1,124 @@
+package cpu
+
+import (
+	"math"
+	"math/rand/v2"
+	"testing"
+)
+
+func randMat(r *rand.Rand, n int) []float32 {
+	a := make([]float32, n)
+	for i := range a {
+		a[i] = float32(r.NormFloat64())
+	}
+	return a
+}
+
+// refGemm computes a b^T in float64.
+func refGemm(a, b []float32, m, n, k int) []float64 {
+	c := make([]float64, m*n)
+	for i := 0; i < m; i++ {
+		for j := 0; j < n; j++ {
+			s := 0.0
+			for q := 0; q < k; q++ {
+				s += float64(a[i*k+q]) * float64(b[j*k+q])
+			}
+			c[i*n+j] = s
+		}
+	}
+	return c
+}
+
+// relErr returns ||got - want|| / ||want|| (Frobenius).
+func relErr(got []float32, want []float64) float64 {
+	var num, den float64
+	for i, w := range want {
+		d := float64(got[i]) - w
+		num += d * d
+		den += w * w
+	}
+	if den == 0 {
+		return math.Sqrt(num)
+	}
+	return math.Sqrt(num / den)
+}
+
+func forEachKernel(t *testing.T, f func(t *testing.T)) {
+	t.Run("go", func(t *testing.T) { useSIMD(false); defer useSIMD(simdAvailable()); f(t) })
+	if simdAvailable() {
+		t.Run("simd", f)
+	}
+}
+
+func TestGemmMatchesFloat64(t *testing.T) {
+	forEachKernel(t, func(t *testing.T) {
+		seed := rand.Uint64()
+		r := rand.New(rand.NewPCG(seed, 1))
+		shapes := [][3]int{{1, 1, 1}, {12, 32, 7}, {13, 33, 300}, {96, 256, 256}, {97, 257, 513}, {200, 70, 64}}
+		for i := 0; i < 4; i++ {
+			shapes = append(shapes, [3]int{1 + r.IntN(150), 1 + r.IntN(600), 1 + r.IntN(700)})
+		}
+		for _, s := range shapes {
+			m, n, k := s[0], s[1], s[2]
+			a, bw := randMat(r, m*k), randMat(r, n*k)
+			b, err := PackB(bw, n, k)
+			if err != nil {
+				t.Fatal(err)
+			}
+			c := randMat(r, m*n) // garbage in C must be overwritten
+			if err := Gemm(c, a, m, b); err != nil {
+				t.Fatal(err)
+			}
+			if e := relErr(c, refGemm(a, bw, m, n, k)); e > 1e-5 {
+				t.Fatalf("seed %d: gemm %dx%dx%d rel err %g", seed, m, n, k, e)
+			}
+		}
+	})
+}
+
+func TestGemmShapeErrors(t *testing.T) {
+	b, _ := PackB(make([]float32, 6), 2, 3)
+	if err := Gemm(make([]float32, 4), make([]float32, 5), 2, b); err == nil {
+		t.Error("short A accepted")
+	}
+	if err := Gemm(make([]float32, 3), make([]float32, 6), 2, b); err == nil {
+		t.Error("short C accepted")
+	}
+	if _, err := PackB(make([]float32, 5), 2, 3); err == nil {
+		t.Error("short B accepted")
+	}
+}
+
+func TestDotAxpyMatchGo(t *testing.T) {
+	seed := rand.Uint64()
+	r := rand.New(rand.NewPCG(seed, 2))
+	for _, n := range []int{0, 1, 63, 64, 65, 200, 2048} {
+		x, y := randMat(r, n), randMat(r, n)
+		want := 0.0
+		for i := range x {
+			want += float64(x[i]) * float64(y[i])
+		}
+		if got := dotKernel(x, y); math.Abs(float64(got)-want) > 1e-4*(1+math.Abs(want))*math.Sqrt(float64(n+1)) {
+			t.Fatalf("seed %d: dot n=%d = %g, want %g", seed, n, got, want)
+		}
+		y2 := append([]float32(nil), y...)
+		axpyKernel(0.5, x, y2)
+		for i := range y2 {
+			if d := y2[i] - (y[i] + 0.5*x[i]); d > 1e-6 || d < -1e-6 {
+				t.Fatalf("seed %d: axpy n=%d element %d off by %g", seed, n, i, d)
+			}
+		}
+	}
+}
+
+func BenchmarkGemm(b *testing.B) {
+	r := rand.New(rand.NewPCG(1, 1))
+	m, n, k := 1024, 2048, 2048
+	a, bw := randMat(r, m*k), randMat(r, n*k)
+	pb, _ := PackB(bw, n, k)
+	c := make([]float32, m*n)
+	for b.Loop() {
+		Gemm(c, a, m, pb)
+	}
+	b.ReportMetric(2*float64(m*n*k)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
+}

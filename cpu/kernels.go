@@ -1,0 +1,66 @@
+package cpu
+
+// Register-blocking of the GEMM micro-kernel: it computes an mr x nr block
+// of C from an A panel packed [k][mr] and a B panel packed [k][nr].
+const (
+	mr = 12
+	nr = 32
+)
+
+// The kernels in use; the AVX-512 versions replace these at init where the
+// CPU has them.
+var (
+	microkernel = kernelGo
+	dotKernel   = dotGo
+	axpyKernel  = axpyGo
+)
+
+// kernelGo is the portable micro-kernel: c[i*ldc+j] (+)= sum_p a[p*mr+i]*b[p*nr+j].
+func kernelGo(k int, a, b, c []float32, ldc int, acc bool) {
+	var t [mr * nr]float32
+	for p := 0; p < k; p++ {
+		ap := a[p*mr : p*mr+mr]
+		bp := b[p*nr : p*nr+nr]
+		for i, av := range ap {
+			row := t[i*nr : i*nr+nr]
+			for j, bv := range bp {
+				row[j] += av * bv
+			}
+		}
+	}
+	for i := 0; i < mr; i++ {
+		out := c[i*ldc : i*ldc+nr]
+		if acc {
+			for j := range out {
+				out[j] += t[i*nr+j]
+			}
+		} else {
+			copy(out, t[i*nr:i*nr+nr])
+		}
+	}
+}
+
+// dotGo returns the dot product of x and y[:len(x)].
+func dotGo(x, y []float32) float32 {
+	y = y[:len(x)]
+	var s0, s1, s2, s3 float32
+	i := 0
+	for ; i+4 <= len(x); i += 4 {
+		s0 += x[i] * y[i]
+		s1 += x[i+1] * y[i+1]
+		s2 += x[i+2] * y[i+2]
+		s3 += x[i+3] * y[i+3]
+	}
+	for ; i < len(x); i++ {
+		s0 += x[i] * y[i]
+	}
+	return (s0 + s1) + (s2 + s3)
+}
+
+// axpyGo adds alpha*x to y[:len(x)].
+func axpyGo(alpha float32, x, y []float32) {
+	y = y[:len(x)]
+	for i, v := range x {
+		y[i] += alpha * v
+	}
+}

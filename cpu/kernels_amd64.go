@@ -1,0 +1,49 @@
+package cpu
+
+import "golang.org/x/sys/cpu"
+
+//go:generate go run gen_asm.go
+
+//go:noescape
+func kernel12x32(k int, a, b, c *float32, ldc int, acc bool)
+
+//go:noescape
+func dot64(x, y *float32, n int) float32
+
+//go:noescape
+func axpy64(alpha float32, x, y *float32, n int)
+
+func init() {
+	if cpu.X86.HasAVX512F {
+		useSIMD(true)
+	}
+}
+
+// useSIMD switches between the AVX-512 kernels and the portable Go ones.
+func useSIMD(on bool) {
+	if !on {
+		microkernel, dotKernel, axpyKernel = kernelGo, dotGo, axpyGo
+		return
+	}
+	microkernel = func(k int, a, b, c []float32, ldc int, acc bool) {
+		kernel12x32(k, &a[0], &b[0], &c[0], ldc, acc)
+	}
+	dotKernel = func(x, y []float32) float32 {
+		n := len(x) &^ 63
+		s := float32(0)
+		if n > 0 {
+			s = dot64(&x[0], &y[0], n)
+		}
+		return s + dotGo(x[n:], y[n:len(x)])
+	}
+	axpyKernel = func(alpha float32, x, y []float32) {
+		n := len(x) &^ 63
+		if n > 0 {
+			axpy64(alpha, &x[0], &y[0], n)
+		}
+		axpyGo(alpha, x[n:], y[n:len(x)])
+	}
+}
+
+// simdAvailable reports whether this machine runs the AVX-512 kernels.
+func simdAvailable() bool { return cpu.X86.HasAVX512F }

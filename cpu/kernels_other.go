@@ -1,0 +1,7 @@
+//go:build !amd64
+
+package cpu
+
+func useSIMD(on bool) {}
+
+func simdAvailable() bool { return false }

@@ -1,0 +1,213 @@
+package cpu
+
+import (
+	"fmt"
+
+	"github.com/twell-ai/twell/twell"
+)
+
+// MLP holds one MLP layer's weights in the layouts the CPU kernels want:
+// packed panels for the dense GEMMs, and contiguous unit rows (row j of Wu
+// and of Wd^T) for the sparse kernels.
+//
+// Gated:     y = (relu(x Wg^T) * (x Wu^T)) Wd^T
+// Non-gated: y = relu(x Wu^T) Wd^T
+type MLP struct {
+	D, F  int  // hidden size d and MLP width f
+	Gated bool // whether the MLP has a gate projection
+
+	gate, up, down *PackedB  // Wg [F x D], Wu [F x D], Wd [D x F], packed
+	upRows         []float32 // Wu, F x D row-major
+	downRows       []float32 // Wd^T, F x D row-major
+}
+
+// NewMLP builds an MLP from nn.Linear-layout weights: wg and wu are f x d,
+// wd is d x f. wg is nil for a non-gated MLP.
+func NewMLP(wg, wu, wd []float32, d, f int) (*MLP, error) {
+	if d < 1 || f < 1 {
+		return nil, fmt.Errorf("cpu: MLP shape d=%d f=%d: both must be positive", d, f)
+	}
+	if len(wu) != f*d || len(wd) != d*f || (wg != nil && len(wg) != f*d) {
+		return nil, fmt.Errorf("cpu: MLP weights hold %d (gate), %d (up), %d (down) values, want %d each", len(wg), len(wu), len(wd), f*d)
+	}
+	l := &MLP{D: d, F: f, Gated: wg != nil, upRows: wu}
+	var err error
+	if l.Gated {
+		if l.gate, err = PackB(wg, f, d); err != nil {
+			return nil, err
+		}
+	}
+	if l.up, err = PackB(wu, f, d); err != nil {
+		return nil, err
+	}
+	if l.down, err = PackB(wd, d, f); err != nil {
+		return nil, err
+	}
+	l.downRows = make([]float32, f*d)
+	parallelFor(f, func(j int) {
+		for k := 0; k < d; k++ {
+			l.downRows[j*d+k] = wd[k*f+j]
+		}
+	})
+	return l, nil
+}
+
+// sparseInput returns the projection whose ReLU gives the sparse hidden
+// activation: the gate for a gated MLP, the up projection otherwise.
+func (l *MLP) sparseInput() *PackedB {
+	if l.Gated {
+		return l.gate
+	}
+	return l.up
+}
+
+func (l *MLP) check(y, x []float32, m int) error {
+	if m < 0 || len(x) != m*l.D {
+		return fmt.Errorf("cpu: MLP input has %d values, want %d tokens x %d", len(x), m, l.D)
+	}
+	if len(y) != m*l.D {
+		return fmt.Errorf("cpu: MLP output has %d values, want %d tokens x %d", len(y), m, l.D)
+	}
+	return nil
+}
+
+// DenseActBytes returns the activation memory Dense allocates for m tokens.
+func (l *MLP) DenseActBytes(m int) int {
+	if l.Gated {
+		return 2 * 4 * m * l.F // relu(g) and h
+	}
+	return 4 * m * l.F // h
+}
+
+// Dense computes the MLP with dense GEMMs: the honest baseline. For the
+// gated MLP the elementwise product is fused into the up GEMM's epilogue.
+func (l *MLP) Dense(y, x []float32, m int) error {
+	if err := l.check(y, x, m); err != nil {
+		return err
+	}
+	f := l.F
+	h := make([]float32, m*f)
+	if l.Gated {
+		g := make([]float32, m*f)
+		gemmBlocks(x, m, l.gate, func(_, i0, rows, j0, cols int, tile []float32) {
+			for i := 0; i < rows; i++ {
+				out := g[(i0+i)*f+j0 : (i0+i)*f+j0+cols]
+				for j, v := range tile[i*tileN : i*tileN+cols] {
+					out[j] = max(v, 0)
+				}
+			}
+		})
+		gemmBlocks(x, m, l.up, func(_, i0, rows, j0, cols int, tile []float32) {
+			for i := 0; i < rows; i++ {
+				gr := g[(i0+i)*f+j0 : (i0+i)*f+j0+cols]
+				out := h[(i0+i)*f+j0 : (i0+i)*f+j0+cols]
+				for j, u := range tile[i*tileN : i*tileN+cols] {
+					out[j] = gr[j] * u
+				}
+			}
+		})
+	} else {
+		gemmBlocks(x, m, l.up, func(_, i0, rows, j0, cols int, tile []float32) {
+			for i := 0; i < rows; i++ {
+				out := h[(i0+i)*f+j0 : (i0+i)*f+j0+cols]
+				for j, v := range tile[i*tileN : i*tileN+cols] {
+					out[j] = max(v, 0)
+				}
+			}
+		})
+	}
+	return Gemm(y, h, m, l.down)
+}
+
+// D2T computes relu(x w^T) for x (m x K) and packed w (N x K), packing the
+// result into TwELL inside the GEMM's epilogue: no dense m x N matrix is
+// ever held. N must be a multiple of the layout's tile width.
+func D2T(x []float32, m int, w *PackedB, layout twell.Layout) (*twell.Matrix, error) {
+	if m < 0 || len(x) != m*w.K {
+		return nil, fmt.Errorf("cpu: D2T input has %d values, want %d x %d", len(x), m, w.K)
+	}
+	out, err := twell.New(layout, m, w.N)
+	if err != nil {
+		return nil, err
+	}
+	tw := layout.Tile
+	gemmBlocks(x, m, w, func(_, i0, rows, j0, cols int, tile []float32) {
+		for i := 0; i < rows; i++ {
+			for c := 0; c < cols; c += tw {
+				out.SetTile(i0+i, (j0+c)/tw, tile[i*tileN+c:i*tileN+c+tw])
+			}
+		}
+	})
+	return out, nil
+}
+
+// rowBlock is how many tokens a sparse-kernel work item covers.
+const rowBlock = 8
+
+// T2D computes y = h D for TwELL h (m x F) and down rows D = Wd^T (F x d):
+// y[r] = sum over active j of h[r,j] * D[j]. Spilled tiles are read exactly.
+func T2D(y []float32, h *twell.Matrix, down []float32, d int) error {
+	if len(down) != h.Cols*d || len(y) != h.Rows*d {
+		return fmt.Errorf("cpu: T2D: down has %d values (want %d x %d), y has %d (want %d x %d)", len(down), h.Cols, d, len(y), h.Rows, d)
+	}
+	m := h.Rows
+	parallelFor((m+rowBlock-1)/rowBlock, func(b int) {
+		var cols []int32
+		var vals []float32
+		for r := b * rowBlock; r < min(m, (b+1)*rowBlock); r++ {
+			out := y[r*d : (r+1)*d]
+			clear(out)
+			cols, vals = h.AppendRow(r, cols[:0], vals[:0])
+			for i, j := range cols {
+				axpyKernel(vals[i], down[int(j)*d:int(j+1)*d], out)
+			}
+		}
+	})
+	return nil
+}
+
+// GatedT2D computes the gated MLP's sparse part from the TwELL gate g
+// (m x F, relu already applied): for each active unit j of row r,
+// u = x[r] . Wu[j], h = g[r,j] * u, y[r] += h * D[j].
+func GatedT2D(y, x []float32, g *twell.Matrix, up, down []float32, d int) error {
+	if len(up) != g.Cols*d || len(down) != g.Cols*d {
+		return fmt.Errorf("cpu: gated T2D: up/down hold %d/%d values, want %d x %d", len(up), len(down), g.Cols, d)
+	}
+	if len(x) != g.Rows*d || len(y) != g.Rows*d {
+		return fmt.Errorf("cpu: gated T2D: x/y hold %d/%d values, want %d x %d", len(x), len(y), g.Rows, d)
+	}
+	m := g.Rows
+	parallelFor((m+rowBlock-1)/rowBlock, func(b int) {
+		var cols []int32
+		var vals []float32
+		for r := b * rowBlock; r < min(m, (b+1)*rowBlock); r++ {
+			xr, out := x[r*d:(r+1)*d], y[r*d:(r+1)*d]
+			clear(out)
+			cols, vals = g.AppendRow(r, cols[:0], vals[:0])
+			for i, j := range cols {
+				u := dotKernel(xr, up[int(j)*d:int(j+1)*d])
+				axpyKernel(vals[i]*u, down[int(j)*d:int(j+1)*d], out)
+			}
+		}
+	})
+	return nil
+}
+
+// Sparse computes the MLP through TwELL: D2T on the gate (or, non-gated, the
+// up projection), then the gated T2D (or T2D). It returns the packed hidden
+// activation for inspection (nonzero counts, overflow rows).
+func (l *MLP) Sparse(y, x []float32, m int, layout twell.Layout) (*twell.Matrix, error) {
+	if err := l.check(y, x, m); err != nil {
+		return nil, err
+	}
+	p, err := D2T(x, m, l.sparseInput(), layout)
+	if err != nil {
+		return nil, err
+	}
+	if l.Gated {
+		err = GatedT2D(y, x, p, l.upRows, l.downRows, l.D)
+	} else {
+		err = T2D(y, p, l.downRows, l.D)
+	}
+	return p, err
+}
