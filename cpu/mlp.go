@@ -2,9 +2,23 @@ package cpu
 
 import (
 	"fmt"
+	"sync"
 
 	"github.com/twell-ai/twell/twell"
 )
+
+// scratch recycles the dense activation buffers of Dense between calls, so
+// that the baseline does not pay page faults for fresh memory every time.
+var scratch sync.Pool
+
+func getScratch(n int) *[]float32 {
+	if p, ok := scratch.Get().(*[]float32); ok && cap(*p) >= n {
+		*p = (*p)[:n]
+		return p
+	}
+	s := make([]float32, n)
+	return &s
+}
 
 // MLP holds one MLP layer's weights in the layouts the CPU kernels want:
 // packed panels for the dense GEMMs, and contiguous unit rows (row j of Wu
@@ -86,9 +100,13 @@ func (l *MLP) Dense(y, x []float32, m int) error {
 		return err
 	}
 	f := l.F
-	h := make([]float32, m*f)
+	hp := getScratch(m * f)
+	defer scratch.Put(hp)
+	h := *hp
 	if l.Gated {
-		g := make([]float32, m*f)
+		gp := getScratch(m * f)
+		defer scratch.Put(gp)
+		g := *gp
 		gemmBlocks(x, m, l.gate, func(_, i0, rows, j0, cols int, tile []float32) {
 			for i := 0; i < rows; i++ {
 				out := g[(i0+i)*f+j0 : (i0+i)*f+j0+cols]

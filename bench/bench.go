@@ -1,0 +1,68 @@
+// Package bench measures twell's kernels against the strongest dense
+// baseline in the same run: medians over repetitions, rotating inputs, every
+// timed output checked against a float64 reference. Results are plain
+// structs that the CLI prints as a table and writes as JSON and PNG plots.
+package bench
+
+import (
+	"os"
+	"runtime"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Median returns the median of xs (which it sorts).
+func Median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	slices.Sort(xs)
+	n := len(xs)
+	if n%2 == 1 {
+		return xs[n/2]
+	}
+	return (xs[n/2-1] + xs[n/2]) / 2
+}
+
+// timeMS runs f reps times after one warm-up call and returns the median
+// wall time in milliseconds.
+func timeMS(reps int, f func(rep int) error) (float64, error) {
+	if err := f(-1); err != nil {
+		return 0, err
+	}
+	ts := make([]float64, reps)
+	for i := range ts {
+		t0 := time.Now()
+		if err := f(i); err != nil {
+			return 0, err
+		}
+		ts[i] = float64(time.Since(t0).Nanoseconds()) / 1e6
+	}
+	return Median(ts), nil
+}
+
+// CPUName returns the processor model and core count of this machine.
+func CPUName() string {
+	name := runtime.GOARCH
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "model name" {
+				name = strings.TrimSpace(v)
+				break
+			}
+		}
+	}
+	return name + ", " + itoa(runtime.GOMAXPROCS(0)) + " threads"
+}
+
+func itoa(n int) string {
+	if n == 0 {
+		return "0"
+	}
+	var b []byte
+	for ; n > 0; n /= 10 {
+		b = append([]byte{byte('0' + n%10)}, b...)
+	}
+	return string(b)
+}

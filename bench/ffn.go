@@ -1,0 +1,168 @@
+package bench
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"github.com/twell-ai/twell/cpu"
+	"github.com/twell-ai/twell/synth"
+	"github.com/twell-ai/twell/twell"
+)
+
+// FFNOptions configure an MLP-block benchmark.
+type FFNOptions struct {
+	D, F, M   int       // hidden size, MLP width, tokens
+	Densities []float64 // fraction of MLP units active per token
+	Dist      synth.Dist
+	Gated     bool
+	Reps      int
+	Layout    twell.Layout
+	Seed      uint64
+	// RefRows is how many tokens are checked against the float64 reference.
+	RefRows int
+}
+
+// Validate reports the first bad option, naming it.
+func (o FFNOptions) Validate() error {
+	switch {
+	case o.D < 2:
+		return fmt.Errorf("-d %d: the hidden size must be at least 2", o.D)
+	case o.F < 1 || o.F%o.Layout.Tile != 0:
+		return fmt.Errorf("-f %d: the MLP width must be a positive multiple of the tile width %d", o.F, o.Layout.Tile)
+	case o.M < 1:
+		return fmt.Errorf("-m %d: the token count must be positive", o.M)
+	case o.Reps < 1:
+		return fmt.Errorf("-reps %d: must be positive", o.Reps)
+	case len(o.Densities) == 0:
+		return fmt.Errorf("-density: no densities given")
+	}
+	for _, d := range o.Densities {
+		if !(d > 0 && d < 1) {
+			return fmt.Errorf("-density %g: must be inside (0, 1)", d)
+		}
+	}
+	return o.Layout.Check(o.F)
+}
+
+// FFNResult is one measured case. JSON names are those of the bench record.
+type FFNResult struct {
+	Device        string  `json:"device"`
+	Machine       string  `json:"machine"`
+	Date          string  `json:"date"`
+	D             int     `json:"d"`
+	F             int     `json:"f"`
+	M             int     `json:"m"`
+	Density       float64 `json:"density"`
+	Dist          string  `json:"dist"`
+	Gated         bool    `json:"gated"`
+	C             int     `json:"compression"`
+	Reps          int     `json:"reps"`
+	NNZMean       float64 `json:"nnz_mean"`
+	NNZMax        int     `json:"nnz_max"`
+	OverflowRows  int     `json:"overflow_rows"`
+	DenseMS       float64 `json:"dense_ms"`
+	TwELLMS       float64 `json:"twell_ms"`
+	Speedup       float64 `json:"speedup"`
+	RelErr        float64 `json:"rel_err"`
+	DenseRelErr   float64 `json:"dense_rel_err"`
+	DenseActBytes int64   `json:"dense_act_bytes"`
+	TwELLActBytes int64   `json:"twell_act_bytes"`
+	DenseGFLOPS   float64 `json:"dense_gflops"`
+}
+
+// FFNCPU runs the MLP-block benchmark on the CPU: the project's dense MLP
+// (blocked AVX-512 GEMMs) against the TwELL MLP, for each density.
+func FFNCPU(o FFNOptions, progress func(string)) ([]FFNResult, error) {
+	if err := o.Validate(); err != nil {
+		return nil, err
+	}
+	if o.RefRows == 0 {
+		o.RefRows = 16
+	}
+	r := rand.New(rand.NewPCG(o.Seed, 0x7e11))
+	// Two input batches, alternated between repetitions, so that neither path
+	// is timed on data left in cache by the previous call.
+	xs := [][]float32{synth.Tokens(r, o.M, o.D), synth.Tokens(r, o.M, o.D)}
+	refRows := synth.SampleRows(r, o.M, o.RefRows)
+	var out []FFNResult
+	for _, density := range o.Densities {
+		if progress != nil {
+			progress(fmt.Sprintf("density %g: building weights", density))
+		}
+		sl, err := synth.NewLayer(r, o.D, o.F, density, o.Dist, o.Gated)
+		if err != nil {
+			return nil, err
+		}
+		l, err := cpu.NewMLP(sl.Gate, sl.Up, sl.Down, o.D, o.F)
+		if err != nil {
+			return nil, err
+		}
+		want := make([][]float64, len(refRows))
+		for i, row := range refRows {
+			want[i], _ = sl.Reference(xs[0][row*o.D : (row+1)*o.D])
+		}
+		yd := make([]float32, o.M*o.D)
+		ys := make([]float32, o.M*o.D)
+
+		if progress != nil {
+			progress(fmt.Sprintf("density %g: timing dense", density))
+		}
+		denseMS, err := timeMS(o.Reps, func(rep int) error { return l.Dense(yd, xs[(rep+2)%2], o.M) })
+		if err != nil {
+			return nil, err
+		}
+		if progress != nil {
+			progress(fmt.Sprintf("density %g: timing TwELL", density))
+		}
+		var packed *twell.Matrix
+		twellMS, err := timeMS(o.Reps, func(rep int) error {
+			var err error
+			packed, err = l.Sparse(ys, xs[(rep+2)%2], o.M, o.Layout)
+			return err
+		})
+		if err != nil {
+			return nil, err
+		}
+		// The last repetition ran on xs[(reps-1)%2]; recompute both outputs on
+		// xs[0], the batch the reference rows come from.
+		if err := l.Dense(yd, xs[0], o.M); err != nil {
+			return nil, err
+		}
+		if packed, err = l.Sparse(ys, xs[0], o.M, o.Layout); err != nil {
+			return nil, err
+		}
+		res := FFNResult{
+			Device: "cpu", Machine: CPUName(), Date: time.Now().UTC().Format(time.RFC3339),
+			D: o.D, F: o.F, M: o.M, Density: density, Dist: string(o.Dist), Gated: o.Gated,
+			C: o.Layout.C, Reps: o.Reps,
+			DenseMS: denseMS, TwELLMS: twellMS, Speedup: denseMS / twellMS,
+			RelErr:        synth.RelErr(ys, o.D, refRows, want),
+			DenseRelErr:   synth.RelErr(yd, o.D, refRows, want),
+			DenseActBytes: int64(l.DenseActBytes(o.M)),
+			TwELLActBytes: int64(packed.Bytes() + 4*o.Layout.Tile*len(packed.Spill)),
+			OverflowRows:  len(packed.OverflowRows()),
+		}
+		res.NNZMean, res.NNZMax = nnzStats(packed)
+		flops := 4.0 * float64(o.M) * float64(o.D) * float64(o.F)
+		if o.Gated {
+			flops *= 1.5
+		}
+		res.DenseGFLOPS = flops / denseMS / 1e6
+		out = append(out, res)
+	}
+	return out, nil
+}
+
+func nnzStats(p *twell.Matrix) (mean float64, maxNNZ int) {
+	total := 0
+	for r := 0; r < p.Rows; r++ {
+		n := p.RowNNZ(r)
+		total += n
+		maxNNZ = max(maxNNZ, n)
+	}
+	if p.Rows > 0 {
+		mean = float64(total) / float64(p.Rows)
+	}
+	return mean, maxNNZ
+}

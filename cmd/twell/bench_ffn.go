@@ -1,0 +1,164 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/twell-ai/twell/bench"
+	"github.com/twell-ai/twell/synth"
+	"github.com/twell-ai/twell/twell"
+)
+
+func init() {
+	register(command{name: "bench ffn", summary: "time the TwELL MLP block against dense (CPU or GPU)", run: runBenchFFN})
+}
+
+func runBenchFFN(args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("bench ffn", stderr)
+	device := fs.String("device", "auto", "where to run: cpu, cuda or auto")
+	d := fs.Int("d", 2048, "hidden size")
+	f := fs.Int("f", 5632, "MLP width (a multiple of the tile width)")
+	m := fs.Int("m", 0, "tokens (default 1024 on CPU, 65536 on GPU)")
+	densities := fs.String("density", "0.005,0.02,0.05", "comma-separated fractions of MLP units active per token, each in (0,1)")
+	dist := fs.String("dist", "uniform", "per-unit firing rates: uniform or skewed (heavy-tailed, ~30% dead units)")
+	gated := fs.Bool("gated", true, "gated MLP (relu(x Wg^T) * x Wu^T); false for relu(x Wu^T)")
+	reps := fs.Int("reps", 0, "timed repetitions per path, median reported (default 7 on CPU, 30 on GPU)")
+	c := fs.Int("c", 8, "TwELL compression factor: 2, 4 or 8")
+	tile := fs.Int("tile", 256, "TwELL tile width: 256 or 128")
+	seed := fs.Uint64("seed", 0, "random seed (0: a fresh one, printed)")
+	jsonPath := fs.String("json", "", "write the results as JSON to this file")
+	plotPath := fs.String("plot", "", "write a speedup-vs-density plot to this PNG file")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	dens, err := parseFloats(*densities)
+	if err != nil {
+		return usagef("-density: %v", err)
+	}
+	dst, err := synth.ParseDist(*dist)
+	if err != nil {
+		return usagef("-dist: %v", err)
+	}
+	if *seed == 0 {
+		*seed = rand.Uint64()
+	}
+	dev := *device
+	switch dev {
+	case "auto":
+		dev = "cpu" // the CUDA MLP kernels arrive with the GPU kernels issue
+	case "cpu":
+	case "cuda":
+		return fmt.Errorf("-device cuda: the GPU MLP kernels are not part of this build yet; use -device cpu")
+	default:
+		return usagef("-device %q: want cpu, cuda or auto", dev)
+	}
+	if *m == 0 {
+		*m = 1024
+	}
+	if *reps == 0 {
+		*reps = 7
+	}
+	o := bench.FFNOptions{
+		D: *d, F: *f, M: *m, Densities: dens, Dist: dst, Gated: *gated, Reps: *reps,
+		Layout: twell.Layout{Tile: *tile, C: *c}, Seed: *seed,
+	}
+	if err := o.Validate(); err != nil {
+		return usageError{err.Error()}
+	}
+	if err := checkWritable(*jsonPath, *plotPath); err != nil {
+		return err
+	}
+	fmt.Fprintf(stderr, "bench ffn: %s, d=%d f=%d m=%d %s gated=%v C=%d seed=%d\n", bench.CPUName(), o.D, o.F, o.M, dst, o.Gated, o.Layout.C, o.Seed)
+	results, err := bench.FFNCPU(o, func(s string) { fmt.Fprintln(stderr, "  "+s) })
+	if err != nil {
+		return err
+	}
+	printFFN(stdout, results)
+	if *jsonPath != "" {
+		b, err := json.MarshalIndent(results, "", "  ")
+		if err != nil {
+			return err
+		}
+		if err := writeFileAtomic(*jsonPath, append(b, '\n')); err != nil {
+			return err
+		}
+	}
+	if *plotPath != "" {
+		if err := bench.PlotFFN(results, *plotPath); err != nil {
+			return fmt.Errorf("plot: %w", err)
+		}
+	}
+	return nil
+}
+
+func printFFN(w io.Writer, rs []bench.FFNResult) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "device\tm\tdensity\tdist\tnnz mean\tnnz max\tdense ms\ttwell ms\tspeedup\trel err\tdense act MiB\ttwell act MiB\tdense GFLOP/s\t")
+	for _, r := range rs {
+		fmt.Fprintf(tw, "%s\t%d\t%g\t%s\t%.1f\t%d\t%.2f\t%.2f\t%.2fx\t%.1e\t%.1f\t%.2f\t%.0f\t\n",
+			r.Device, r.M, r.Density, r.Dist, r.NNZMean, r.NNZMax, r.DenseMS, r.TwELLMS, r.Speedup, r.RelErr,
+			float64(r.DenseActBytes)/(1<<20), float64(r.TwELLActBytes)/(1<<20), r.DenseGFLOPS)
+	}
+	tw.Flush()
+}
+
+func parseFloats(s string) ([]float64, error) {
+	var out []float64
+	for _, part := range strings.Split(s, ",") {
+		v, err := strconv.ParseFloat(strings.TrimSpace(part), 64)
+		if err != nil {
+			return nil, fmt.Errorf("%q is not a number", part)
+		}
+		out = append(out, v)
+	}
+	return out, nil
+}
+
+// checkWritable fails early, before any work, if an output file's folder
+// does not exist.
+func checkWritable(paths ...string) error {
+	for _, p := range paths {
+		if p == "" {
+			continue
+		}
+		dir := "."
+		if i := strings.LastIndexByte(p, '/'); i >= 0 {
+			dir = p[:max(i, 1)]
+		}
+		if st, err := os.Stat(dir); err != nil || !st.IsDir() {
+			return fmt.Errorf("cannot write %s: folder %s does not exist", p, dir)
+		}
+	}
+	return nil
+}
+
+// writeFileAtomic writes data to path through a temporary file and a rename,
+// so that a failure never leaves a half-written file.
+func writeFileAtomic(path string, data []byte) error {
+	tmp, err := os.CreateTemp(dirOf(path), ".twell-*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.Write(data); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), path)
+}
+
+func dirOf(p string) string {
+	if i := strings.LastIndexByte(p, '/'); i >= 0 {
+		return p[:max(i, 1)]
+	}
+	return "."
+}

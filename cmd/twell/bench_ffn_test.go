@@ -1,0 +1,82 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestBenchFFNBadInputExits2(t *testing.T) {
+	cases := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"bench", "ffn", "-bogus"}, "flag provided but not defined: -bogus"},
+		{[]string{"bench", "ffn", "-density", "0"}, "-density 0: must be inside (0, 1)"},
+		{[]string{"bench", "ffn", "-density", "1.5"}, "-density 1.5"},
+		{[]string{"bench", "ffn", "-density", "abc"}, "is not a number"},
+		{[]string{"bench", "ffn", "-f", "1000"}, "-f 1000: the MLP width must be a positive multiple of the tile width 256"},
+		{[]string{"bench", "ffn", "-d", "0"}, "-d 0"},
+		{[]string{"bench", "ffn", "-dist", "zipf"}, "unknown distribution"},
+		{[]string{"bench", "ffn", "-device", "tpu"}, "-device \"tpu\""},
+		{[]string{"bench", "ffn", "-c", "3"}, "compression factor 3"},
+		{[]string{"bench", "nope"}, "unknown command \"bench nope\""},
+	}
+	for _, c := range cases {
+		var out, errb bytes.Buffer
+		code := run(c.args, &out, &errb)
+		msg := errb.String()
+		if code != 2 {
+			t.Errorf("%v: exit %d, want 2 (stderr %q)", c.args, code, msg)
+		}
+		if !strings.Contains(msg, c.want) || strings.Count(strings.TrimSpace(msg), "\n") != 0 {
+			t.Errorf("%v: stderr %q, want one line containing %q", c.args, msg, c.want)
+		}
+	}
+}
+
+func TestBenchFFNSmallRun(t *testing.T) {
+	dir := t.TempDir()
+	js, png := filepath.Join(dir, "r.json"), filepath.Join(dir, "r.png")
+	var out, errb bytes.Buffer
+	code := run([]string{"bench", "ffn", "-device", "cpu", "-d", "64", "-f", "512", "-m", "40", "-reps", "1",
+		"-density", "0.01,0.3", "-dist", "skewed", "-json", js, "-plot", png}, &out, &errb)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	var rs []map[string]any
+	b, err := os.ReadFile(js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &rs); err != nil {
+		t.Fatal(err)
+	}
+	if len(rs) != 2 {
+		t.Fatalf("%d results, want 2", len(rs))
+	}
+	for _, key := range []string{"device", "d", "f", "m", "density", "dist", "nnz_mean", "nnz_max", "dense_ms", "twell_ms", "speedup", "rel_err", "dense_act_bytes", "twell_act_bytes", "dense_gflops"} {
+		if _, ok := rs[0][key]; !ok {
+			t.Errorf("JSON record lacks %q", key)
+		}
+	}
+	if e := rs[1]["rel_err"].(float64); e > 1e-2 {
+		t.Errorf("rel_err %g > 1e-2", e)
+	}
+	if st, err := os.Stat(png); err != nil || st.Size() == 0 {
+		t.Errorf("plot not written: %v", err)
+	}
+	if !strings.Contains(out.String(), "speedup") {
+		t.Errorf("no table printed: %q", out.String())
+	}
+}
+
+func TestHelpListsCommands(t *testing.T) {
+	var out, errb bytes.Buffer
+	if code := run(nil, &out, &errb); code != 0 || !strings.Contains(out.String(), "bench ffn") {
+		t.Fatalf("help: exit %d, output %q", code, out.String())
+	}
+}
