@@ -3,7 +3,10 @@ package twell
 import (
 	"encoding/binary"
 	"math"
+	"strings"
 	"testing"
+
+	"github.com/twell-ai/twell/bf16"
 )
 
 // floatsFrom reads float32 values from raw fuzz bytes.
@@ -87,5 +90,39 @@ func FuzzValidate(f *testing.F) {
 		}
 		h := &Hybrid{Rows: 1, Cols: 4, Width: 2, Count: []int32{int32(layoutSel % 6)}, ColIdx: []uint16{uint16(len(data) % 5), 3}, Vals: []uint16{0x3f80, 0x3f80}, TailSlot: []int32{-1}}
 		_ = h.Validate()
+	})
+}
+
+func FuzzHybridFromDense(f *testing.F) {
+	f.Add(uint8(3), uint8(5), []byte{0, 0, 128, 63, 0, 0, 0, 0, 0, 0, 0, 192})
+	f.Fuzz(func(t *testing.T, widthSel, colsSel uint8, data []byte) {
+		vals := floatsFrom(data)
+		cols := 1 + int(colsSel)%40
+		rows := len(vals) / cols
+		dense := vals[:rows*cols]
+		h, err := HybridFromDense(dense, rows, cols, HybridOptions{Width: 1 + int(widthSel)%cols, MaxTailRows: int(widthSel) % 3})
+		if err != nil {
+			if !strings.Contains(err.Error(), "dense tail is full") {
+				t.Fatalf("unexpected error: %v", err)
+			}
+			return
+		}
+		if err := h.Validate(); err != nil {
+			t.Fatalf("HybridFromDense produced an invalid matrix: %v", err)
+		}
+		got := h.Dense()
+		for i, v := range dense {
+			w := bf16.ToFloat32(nonzeroBF16(v))
+			if got[i] != w && !(v != v && got[i] != got[i]) {
+				t.Fatalf("element %d: %g came back as %g, want %g", i, v, got[i], w)
+			}
+		}
+		tr, err := h.Transpose(HybridOptions{Width: 1 + int(widthSel)%5})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := tr.Validate(); err != nil {
+			t.Fatalf("Transpose produced an invalid matrix: %v", err)
+		}
 	})
 }
