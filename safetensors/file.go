@@ -112,7 +112,7 @@ func Open(path string) (*File, error) {
 }
 
 // Parse validates a whole safetensors file held in data. The name is used in errors.
-// Tensors of the returned File alias data. Close on it is a no-op.
+// Tensors of the returned File alias data; Close releases nothing but ends access.
 func Parse(name string, data []byte) (*File, error) {
 	if len(data) < 8 {
 		return nil, formatErr(name, "", "file is %d bytes, too short for the 8-byte header length (truncated?)", len(data))

@@ -15,9 +15,14 @@ import (
 )
 
 // Writer writes a safetensors file, or a sharded checkpoint, so that no reader ever sees a
-// half-written file: tensor bytes are spooled to an unlinked temporary file as they are
-// added, and Close writes each output to a temporary file in the target directory, syncs
-// it and renames it into place. Tensors are laid out in the order they are added.
+// half-written file: tensor bytes are spooled to unlinked temporary files as they are added,
+// and Close writes each output to a temporary file in the target directory, syncs it and
+// renames it into place.
+//
+// Within a file, tensors are laid out by element size, largest first (then in the order
+// they were added), and the header is padded to a multiple of 8 bytes, as the reference
+// writer does: every tensor then starts at a multiple of its element size, which PyTorch
+// needs to view the bytes in place.
 //
 // Unless SetMetadata("format", ...) says otherwise, files carry {"format": "pt"} metadata,
 // which transformers requires of any safetensors file that has metadata.
@@ -27,18 +32,46 @@ type Writer struct {
 	maxShard int64  // > 0: sharded mode with this many tensor bytes per shard at most
 	meta     map[string]string
 	names    map[string]bool
+	spools   [4]*spool // by size class: element sizes 1, 2, 4, 8
 	shards   []*shard
 	scratch  []byte
 	err      error // sticky I/O error
 	done     bool
 }
 
-// shard is the spooled data of one output file.
+// spool collects the bytes of all tensors of one size class.
+type spool struct {
+	f    *os.File
+	w    *bufio.Writer
+	size int64
+}
+
+// shard is one output file: its tensors in the order added, and for each size class the
+// contiguous range of that class's spool that holds their bytes.
 type shard struct {
-	spool   *os.File
-	w       *bufio.Writer
-	entries []entry
+	entries []wentry
 	size    int64
+	from    [4]int64 // spool offsets where this shard's bytes begin
+	bytes   [4]int64 // bytes per class
+}
+
+type wentry struct {
+	entry       // begin and end are assigned when the file is laid out
+	class int   // size class of the dtype
+	n     int64 // bytes
+}
+
+// sizeClass maps an element size (1, 2, 4, 8) to 0..3.
+func sizeClass(size int) int {
+	switch size {
+	case 1:
+		return 0
+	case 2:
+		return 1
+	case 4:
+		return 2
+	}
+	return 3
 }
 
 // Create starts writing a single safetensors file at path. Nothing appears at path until
@@ -73,14 +106,14 @@ func (w *Writer) SetMetadata(key, value string) { w.meta[key] = value }
 // Add appends a tensor given as raw little-endian bytes; len(data) must match the shape.
 // A rejected tensor leaves the writer usable; an I/O failure makes every later call fail.
 func (w *Writer) Add(name string, dtype DType, shape []int, data []byte) error {
-	s, err := w.begin(name, dtype, shape, int64(len(data)), -1)
+	s, sp, err := w.begin(name, dtype, shape, int64(len(data)), -1)
 	if err != nil {
 		return err
 	}
-	if _, err := s.w.Write(data); err != nil {
+	if _, err := sp.w.Write(data); err != nil {
 		return w.fail(name, err)
 	}
-	w.commit(s, name, dtype, shape, int64(len(data)))
+	w.commit(s, sp, name, dtype, shape, int64(len(data)))
 	return nil
 }
 
@@ -93,69 +126,85 @@ func (w *Writer) AddFloat32(name string, dtype DType, shape []int, values []floa
 	if !dtype.IsFloat() {
 		return &Error{Path: w.target(), Tensor: name, Msg: fmt.Sprintf("cannot store float32 values as dtype %s", dtype)}
 	}
-	s, err := w.begin(name, dtype, shape, int64(len(values))*int64(dtype.Size()), len(values))
+	nbytes := int64(len(values)) * int64(dtype.Size())
+	s, sp, err := w.begin(name, dtype, shape, nbytes, len(values))
 	if err != nil {
 		return err
 	}
 	const chunk = 1 << 16
 	for i := 0; i < len(values); i += chunk {
 		w.scratch, _ = encodeFloat32(w.scratch[:0], dtype, values[i:min(i+chunk, len(values))])
-		if _, err := s.w.Write(w.scratch); err != nil {
+		if _, err := sp.w.Write(w.scratch); err != nil {
 			return w.fail(name, err)
 		}
 	}
-	w.commit(s, name, dtype, shape, int64(len(values))*int64(dtype.Size()))
+	w.commit(s, sp, name, dtype, shape, nbytes)
 	return nil
 }
 
 // begin validates a tensor about to be added (nvalues < 0: unknown) and returns the shard
-// that will hold it.
-func (w *Writer) begin(name string, dtype DType, shape []int, nbytes int64, nvalues int) (*shard, error) {
+// that will hold it and the spool its bytes go to.
+func (w *Writer) begin(name string, dtype DType, shape []int, nbytes int64, nvalues int) (*shard, *spool, error) {
+	fail := func(format string, args ...any) (*shard, *spool, error) {
+		return nil, nil, &Error{Path: w.target(), Tensor: name, Msg: fmt.Sprintf(format, args...)}
+	}
 	switch {
 	case w.done:
-		return nil, &Error{Path: w.target(), Tensor: name, Msg: "writer is closed"}
+		return fail("writer is closed")
 	case w.err != nil:
-		return nil, w.err
+		return nil, nil, w.err
 	case name == "" || name == metadataKey:
-		return nil, &Error{Path: w.target(), Tensor: name, Msg: "invalid tensor name"}
+		return fail("invalid tensor name")
 	case w.names[name]:
-		return nil, &Error{Path: w.target(), Tensor: name, Msg: "added twice"}
+		return fail("added twice")
 	case !dtype.Valid():
-		return nil, &Error{Path: w.target(), Tensor: name, Msg: fmt.Sprintf("unknown dtype %q", dtype)}
+		return fail("unknown dtype %q", dtype)
 	}
 	n := int64(1)
 	for _, d := range shape {
 		if d < 0 || (d > 0 && n > math.MaxInt64/int64(d)) {
-			return nil, &Error{Path: w.target(), Tensor: name, Msg: fmt.Sprintf("invalid shape %v", shape)}
+			return fail("invalid shape %v", shape)
 		}
 		n *= int64(d)
 	}
 	if nvalues >= 0 && int64(nvalues) != n {
-		return nil, &Error{Path: w.target(), Tensor: name, Msg: fmt.Sprintf("shape %v has %d elements, got %d values", shape, n, nvalues)}
+		return fail("shape %v has %d elements, got %d values", shape, n, nvalues)
 	}
 	if size := int64(dtype.Size()); n > math.MaxInt64/size || n*size != nbytes {
-		return nil, &Error{Path: w.target(), Tensor: name, Msg: fmt.Sprintf("shape %v of %s needs %s bytes, got %d", shape, dtype, mulString(n, size), nbytes)}
+		return fail("shape %v of %s needs %s bytes, got %d", shape, dtype, mulString(n, size), nbytes)
+	}
+	c := sizeClass(dtype.Size())
+	if w.spools[c] == nil {
+		f, err := os.CreateTemp(w.dir, ".twell-spool-*")
+		if err != nil {
+			return nil, nil, w.fail(name, err)
+		}
+		// Unlinked at once (where the OS allows) so a crash leaves nothing behind.
+		os.Remove(f.Name())
+		w.spools[c] = &spool{f: f, w: bufio.NewWriterSize(f, 1<<20)}
 	}
 	var s *shard
 	if len(w.shards) > 0 {
 		s = w.shards[len(w.shards)-1]
 	}
 	if s == nil || (w.maxShard > 0 && s.size > 0 && s.size+nbytes > w.maxShard) {
-		f, err := os.CreateTemp(w.dir, ".twell-spool-*")
-		if err != nil {
-			return nil, w.fail(name, err)
+		s = &shard{}
+		for i, sp := range w.spools {
+			if sp != nil {
+				s.from[i] = sp.size
+			}
 		}
-		// Unlinked at once (where the OS allows) so a crash leaves nothing behind.
-		os.Remove(f.Name())
-		s = &shard{spool: f, w: bufio.NewWriterSize(f, 1<<20)}
 		w.shards = append(w.shards, s)
 	}
-	return s, nil
+	return s, w.spools[c], nil
 }
 
-func (w *Writer) commit(s *shard, name string, dtype DType, shape []int, nbytes int64) {
-	s.entries = append(s.entries, entry{name: name, dtype: dtype, shape: slices.Clone(shape), begin: s.size, end: s.size + nbytes})
+func (w *Writer) commit(s *shard, sp *spool, name string, dtype DType, shape []int, nbytes int64) {
+	c := sizeClass(dtype.Size())
+	s.entries = append(s.entries, wentry{entry: entry{name: name, dtype: dtype, shape: slices.Clone(shape)}, class: c, n: nbytes})
 	s.size += nbytes
+	s.bytes[c] += nbytes
+	sp.size += nbytes
 	w.names[name] = true
 }
 
@@ -178,10 +227,11 @@ func (w *Writer) Abort() {
 }
 
 func (w *Writer) release() {
-	for _, s := range w.shards {
-		if s.spool != nil {
-			s.spool.Close()
-			os.Remove(s.spool.Name()) // in case unlinking at creation was not possible
+	for i, sp := range w.spools {
+		if sp != nil {
+			sp.f.Close()
+			os.Remove(sp.f.Name()) // in case unlinking at creation was not possible
+			w.spools[i] = nil
 		}
 	}
 	w.shards = nil
@@ -198,9 +248,11 @@ func (w *Writer) Close() error {
 	if w.err != nil {
 		return w.err
 	}
-	for _, s := range w.shards {
-		if err := s.w.Flush(); err != nil {
-			return ioErr(w.target(), "write", err)
+	for _, sp := range w.spools {
+		if sp != nil {
+			if err := sp.w.Flush(); err != nil {
+				return ioErr(w.target(), "write", err)
+			}
 		}
 	}
 	if len(w.shards) == 0 {
@@ -258,30 +310,47 @@ func (w *Writer) writeOutputs(names []string) error {
 	return nil
 }
 
+// layout assigns data offsets: size classes from largest to smallest, each in add order.
+func (s *shard) layout() []entry {
+	var out []entry
+	var pos int64
+	for c := 3; c >= 0; c-- {
+		for i := range s.entries {
+			if e := &s.entries[i]; e.class == c {
+				e.begin, e.end = pos, pos+e.n
+				pos += e.n
+				out = append(out, e.entry)
+			}
+		}
+	}
+	return out
+}
+
 func (w *Writer) writeShard(final string, s *shard) (string, error) {
 	f, err := os.CreateTemp(w.dir, "."+filepath.Base(final)+".tmp-*")
 	if err != nil {
 		return "", ioErr(final, "create temporary file", err)
 	}
 	err = func() error {
-		hdr := encodeHeader(w.meta, s.entries)
+		hdr := encodeHeader(w.meta, s.layout())
+		bw := bufio.NewWriterSize(f, 1<<20)
 		var prefix [8]byte
 		binary.LittleEndian.PutUint64(prefix[:], uint64(len(hdr)))
-		if _, err := f.Write(prefix[:]); err != nil {
-			return err
-		}
-		if _, err := f.Write(hdr); err != nil {
-			return err
-		}
-		if s.spool != nil {
-			if _, err := s.spool.Seek(0, io.SeekStart); err != nil {
-				return err
+		bw.Write(prefix[:])
+		bw.Write(hdr)
+		for c := 3; c >= 0; c-- {
+			if s.bytes[c] == 0 {
+				continue
 			}
-			if n, err := io.Copy(f, s.spool); err != nil {
+			src := io.NewSectionReader(w.spools[c].f, s.from[c], s.bytes[c])
+			if n, err := io.Copy(bw, src); err != nil {
 				return err
-			} else if n != s.size {
-				return fmt.Errorf("spooled %d bytes, copied %d", s.size, n)
+			} else if n != s.bytes[c] {
+				return fmt.Errorf("spooled %d bytes, copied %d", s.bytes[c], n)
 			}
+		}
+		if err := bw.Flush(); err != nil {
+			return err
 		}
 		if err := f.Chmod(0o644); err != nil {
 			return err
@@ -304,7 +373,7 @@ func (w *Writer) writeIndex(names []string) error {
 	for i, s := range w.shards {
 		for _, e := range s.entries {
 			weightMap[e.name] = names[i]
-			total += e.end - e.begin
+			total += e.n
 		}
 	}
 	idx := map[string]any{"metadata": map[string]any{"total_size": total}, "weight_map": weightMap}

@@ -49,6 +49,14 @@ func checkFile(t *testing.T, seed uint64, path string, want []Tensor, meta map[s
 	if n := binary.LittleEndian.Uint64(raw); n%8 != 0 {
 		t.Errorf("seed %d: header length %d is not a multiple of 8", seed, n)
 	}
+	// Every tensor starts at a multiple of its element size (PyTorch views need it).
+	if pf, err := Parse(path, raw); err == nil {
+		for _, e := range pf.tensors {
+			if e.begin%int64(e.dtype.Size()) != 0 {
+				t.Errorf("seed %d: tensor %q of %s starts at data offset %d", seed, e.name, e.dtype, e.begin)
+			}
+		}
+	}
 	f, err := Open(path)
 	if err != nil {
 		t.Fatalf("seed %d: %v", seed, err)
