@@ -188,3 +188,58 @@ func TestMLPShapeErrors(t *testing.T) {
 		t.Error("bad layout accepted")
 	}
 }
+
+func TestForwardPicksPathAndStaysExact(t *testing.T) {
+	seed := rand.Uint64()
+	r := rand.New(rand.NewPCG(seed, 6))
+	d, f, m := 48, 512, 30
+	for _, gated := range []bool{true, false} {
+		for _, density := range []float64{0.01, 0.3} {
+			sl, l := newLayer(t, r, d, f, density, synth.Uniform, gated)
+			x := synth.Tokens(r, m, d)
+			y := make([]float32, m*d)
+			_, sparse, err := l.Forward(y, x, m, twell.DefaultLayout)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if sparse != (density < DefaultAutoDensity) {
+				t.Errorf("seed %d: density %g gated=%v: sparse path = %v", seed, density, gated, sparse)
+			}
+			if e := synth.RelErr(y, d, allRows(m), reference(sl, x, allRows(m))); e > 1e-2 {
+				t.Fatalf("seed %d: density %g gated=%v: rel err %g", seed, density, gated, e)
+			}
+		}
+	}
+}
+
+func TestSiLUDense(t *testing.T) {
+	seed := rand.Uint64()
+	r := rand.New(rand.NewPCG(seed, 7))
+	d, f, m := 16, 256, 5
+	sl, l := newLayer(t, r, d, f, 0.2, synth.Uniform, true)
+	l.Act = SiLU
+	x := synth.Tokens(r, m, d)
+	y := make([]float32, m*d)
+	if _, sparse, err := l.Forward(y, x, m, twell.DefaultLayout); err != nil || sparse {
+		t.Fatalf("silu forward: sparse=%v err=%v", sparse, err)
+	}
+	for row := 0; row < m; row++ {
+		for k := 0; k < d; k++ {
+			want := 0.0
+			for j := 0; j < f; j++ {
+				g, u := 0.0, 0.0
+				for q := 0; q < d; q++ {
+					g += float64(x[row*d+q]) * float64(sl.Gate[j*d+q])
+					u += float64(x[row*d+q]) * float64(sl.Up[j*d+q])
+				}
+				want += g / (1 + math.Exp(-g)) * u * float64(sl.Down[k*f+j])
+			}
+			if math.Abs(float64(y[row*d+k])-want) > 1e-3*(1+math.Abs(want)) {
+				t.Fatalf("seed %d: silu y[%d,%d] = %g, want %g", seed, row, k, y[row*d+k], want)
+			}
+		}
+	}
+	if _, err := l.Sparse(y, x, m, twell.DefaultLayout); err == nil {
+		t.Error("sparse path accepted a SiLU gate")
+	}
+}
