@@ -179,3 +179,7 @@ func parallelFor(n int, f func(i int)) {
 	}
 	wg.Wait()
 }
+
+// ParallelFor runs f(i) for i in [0, n) on all cores and returns when every
+// call has finished.
+func ParallelFor(n int, f func(i int)) { parallelFor(n, f) }

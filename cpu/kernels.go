@@ -64,3 +64,10 @@ func axpyGo(alpha float32, x, y []float32) {
 		y[i] += alpha * v
 	}
 }
+
+// Dot returns the dot product of x and y (len(y) >= len(x)), SIMD where the
+// machine has it.
+func Dot(x, y []float32) float32 { return dotKernel(x, y) }
+
+// Axpy adds alpha*x to y (len(y) >= len(x)), SIMD where the machine has it.
+func Axpy(alpha float32, x, y []float32) { axpyKernel(alpha, x, y) }

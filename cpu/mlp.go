@@ -34,7 +34,8 @@ type MLP struct {
 	// projection). The sparse paths need ReLU; SiLU runs densely.
 	Act Activation
 	// AutoDensity is the density (active units / F) above which Forward
-	// finishes on the dense path; 0 means DefaultAutoDensity.
+	// finishes on the dense path; 0 means DefaultAutoDensity, a negative
+	// value always finishes densely, a value >= 1 always sparsely.
 	AutoDensity float64
 
 	gate, up, down *PackedB  // Wg [F x D], Wu [F x D], Wd [D x F], packed

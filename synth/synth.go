@@ -55,7 +55,7 @@ func NewLayer(r *rand.Rand, d, f int, density float64, dist Dist, gated bool) (*
 	if !(density > 0 && density < 1) {
 		return nil, fmt.Errorf("synth: density %g outside (0, 1)", density)
 	}
-	rates, err := unitRates(r, f, density, dist)
+	rates, err := UnitRates(r, f, density, dist)
 	if err != nil {
 		return nil, err
 	}
@@ -103,8 +103,8 @@ func normalRows(r *rand.Rand, rows, cols int, scale float64) []float32 {
 	return a
 }
 
-// unitRates returns f firing rates with mean density.
-func unitRates(r *rand.Rand, f int, density float64, dist Dist) ([]float64, error) {
+// UnitRates returns f per-unit firing rates with mean density under dist.
+func UnitRates(r *rand.Rand, f int, density float64, dist Dist) ([]float64, error) {
 	rates := make([]float64, f)
 	switch dist {
 	case Uniform:

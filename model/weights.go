@@ -1,0 +1,242 @@
+package model
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"github.com/twell-ai/twell/safetensors"
+	"github.com/twell-ai/twell/synth"
+)
+
+// LayerWeights holds one decoder layer's weights in the Hugging Face
+// (nn.Linear) layouts: a projection W maps x to x W^T.
+type LayerWeights struct {
+	AttnNorm []float32 // input_layernorm, [hidden]
+	Q        []float32 // q_proj, [heads*head_dim, hidden]
+	K        []float32 // k_proj, [kv_heads*head_dim, hidden]
+	V        []float32 // v_proj, [kv_heads*head_dim, hidden]
+	O        []float32 // o_proj, [hidden, heads*head_dim]
+	MLPNorm  []float32 // post_attention_layernorm, [hidden]
+	Gate     []float32 // mlp.gate_proj, [intermediate, hidden]; nil if not gated
+	Up       []float32 // mlp.up_proj, [intermediate, hidden]
+	Down     []float32 // mlp.down_proj, [hidden, intermediate]
+}
+
+// Weights holds a Llama model's weights in float32.
+type Weights struct {
+	Embed  []float32 // embed_tokens, [vocab, hidden]
+	Layers []LayerWeights
+	Norm   []float32 // final norm, [hidden]
+	LMHead []float32 // lm_head, [vocab, hidden]; nil when tied to Embed
+}
+
+// tensorSpec names one tensor, its shape and where it lives in Weights.
+type tensorSpec struct {
+	name  string
+	shape []int
+	dst   *[]float32
+}
+
+func (w *Weights) specs(c Config) []tensorSpec {
+	h, hd, q, kv, f := c.HiddenSize, c.HeadDim, c.NumAttentionHeads, c.NumKeyValueHeads, c.IntermediateSize
+	specs := []tensorSpec{{"model.embed_tokens.weight", []int{c.VocabSize, h}, &w.Embed}}
+	for i := range w.Layers {
+		l := &w.Layers[i]
+		p := fmt.Sprintf("model.layers.%d.", i)
+		specs = append(specs,
+			tensorSpec{p + "input_layernorm.weight", []int{h}, &l.AttnNorm},
+			tensorSpec{p + "self_attn.q_proj.weight", []int{q * hd, h}, &l.Q},
+			tensorSpec{p + "self_attn.k_proj.weight", []int{kv * hd, h}, &l.K},
+			tensorSpec{p + "self_attn.v_proj.weight", []int{kv * hd, h}, &l.V},
+			tensorSpec{p + "self_attn.o_proj.weight", []int{h, q * hd}, &l.O},
+			tensorSpec{p + "post_attention_layernorm.weight", []int{h}, &l.MLPNorm},
+			tensorSpec{p + "mlp.up_proj.weight", []int{f, h}, &l.Up},
+			tensorSpec{p + "mlp.down_proj.weight", []int{h, f}, &l.Down},
+		)
+		if c.MLPGated {
+			specs = append(specs, tensorSpec{p + "mlp.gate_proj.weight", []int{f, h}, &l.Gate})
+		}
+	}
+	specs = append(specs, tensorSpec{"model.norm.weight", []int{h}, &w.Norm})
+	if !c.TieWordEmbeddings {
+		specs = append(specs, tensorSpec{"lm_head.weight", []int{c.VocabSize, h}, &w.LMHead})
+	}
+	return specs
+}
+
+// LoadWeights reads the weights of a model with config c from a safetensors
+// checkpoint (bf16, f16 or f32). Missing tensors, wrong shapes and tensors
+// the model does not use are errors naming the tensor.
+func LoadWeights(c Config, ck *safetensors.Checkpoint) (*Weights, error) {
+	w := &Weights{Layers: make([]LayerWeights, c.NumHiddenLayers)}
+	used := map[string]bool{}
+	var errs []error
+	for _, s := range w.specs(c) {
+		used[s.name] = true
+		if !ck.Has(s.name) {
+			errs = append(errs, fmt.Errorf("model: %s: tensor %q missing", ck.Path(), s.name))
+			continue
+		}
+		t, err := ck.Tensor(s.name)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if !t.DType.IsFloat() {
+			errs = append(errs, fmt.Errorf("model: tensor %q has dtype %s, want a float type", s.name, t.DType))
+			continue
+		}
+		if !slices.Equal(t.Shape, s.shape) {
+			errs = append(errs, fmt.Errorf("model: tensor %q has shape %v, want %v", s.name, t.Shape, s.shape))
+			continue
+		}
+		v, err := t.Float32()
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		*s.dst = v
+	}
+	if c.TieWordEmbeddings {
+		used["lm_head.weight"] = true // some tied checkpoints store a copy; it is ignored
+	}
+	for _, n := range ck.Unused(used) {
+		if strings.HasSuffix(n, "rotary_emb.inv_freq") {
+			continue // older checkpoints store the RoPE table; it is recomputed
+		}
+		errs = append(errs, fmt.Errorf("model: tensor %q is not part of a %d-layer Llama", n, c.NumHiddenLayers))
+	}
+	if len(errs) > 0 {
+		if len(errs) > 8 {
+			errs = append(errs[:8], fmt.Errorf("... and %d more", len(errs)-8))
+		}
+		return nil, errors.Join(errs...)
+	}
+	return w, nil
+}
+
+// Save writes the weights as model.safetensors (dtype BF16 or F32) in dir.
+func (w *Weights) Save(c Config, dir string, dtype safetensors.DType) error {
+	sw, err := safetensors.Create(filepath.Join(dir, "model.safetensors"))
+	if err != nil {
+		return err
+	}
+	for _, s := range w.specs(c) {
+		if err := sw.AddFloat32(s.name, dtype, s.shape, *s.dst); err != nil {
+			sw.Abort()
+			return err
+		}
+	}
+	return sw.Close()
+}
+
+// RandomWeights returns weights for c drawn like a freshly initialised model
+// (normal, std 0.02; norms 1).
+func RandomWeights(c Config, r *rand.Rand) *Weights {
+	h, hd, q, kv, f := c.HiddenSize, c.HeadDim, c.NumAttentionHeads, c.NumKeyValueHeads, c.IntermediateSize
+	normal := func(n int, std float64) []float32 {
+		a := make([]float32, n)
+		for i := range a {
+			a[i] = float32(r.NormFloat64() * std)
+		}
+		return a
+	}
+	ones := func(n int) []float32 {
+		a := make([]float32, n)
+		for i := range a {
+			a[i] = 1
+		}
+		return a
+	}
+	w := &Weights{Embed: normal(c.VocabSize*h, 0.02), Norm: ones(h)}
+	for i := 0; i < c.NumHiddenLayers; i++ {
+		l := LayerWeights{
+			AttnNorm: ones(h), MLPNorm: ones(h),
+			Q: normal(q*hd*h, 0.02), K: normal(kv*hd*h, 0.02), V: normal(kv*hd*h, 0.02),
+			O:  normal(h*q*hd, 0.02/math.Sqrt(2*float64(c.NumHiddenLayers))),
+			Up: normal(f*h, 0.02), Down: normal(h*f, 0.02/math.Sqrt(2*float64(c.NumHiddenLayers))),
+		}
+		if c.MLPGated {
+			l.Gate = normal(f*h, 0.02)
+		}
+		w.Layers = append(w.Layers, l)
+	}
+	if !c.TieWordEmbeddings {
+		w.LMHead = normal(c.VocabSize*h, 0.02)
+	}
+	return w
+}
+
+// Save writes config.json and model.safetensors for a model into dir,
+// creating it if needed.
+func Save(dir string, c Config, w *Weights, dtype safetensors.DType) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	if err := c.Save(filepath.Join(dir, "config.json")); err != nil {
+		return err
+	}
+	return w.Save(c, dir, dtype)
+}
+
+// embedBias is the constant that SparsifyGates writes into feature 0 of
+// every embedding row.
+const embedBias = 1.0
+
+// SparsifyGates makes random weights behave like a trained sparse model:
+// feature 0 of every token embedding becomes a constant, so the normalised
+// hidden state always has a large component along it, and each gate row's
+// weight on feature 0 becomes a bias that makes the unit fire with its rate
+// drawn from dist (mean density). The sparse projection is the gate, or the
+// up projection of a non-gated MLP. Deeper layers drift a little from the
+// target as the residual stream grows; measured sparsity is what counts.
+func SparsifyGates(c Config, w *Weights, density float64, dist synth.Dist, r *rand.Rand) error {
+	h, f := c.HiddenSize, c.IntermediateSize
+	if h < 2 {
+		return fmt.Errorf("model: hidden size %d too small to sparsify", h)
+	}
+	// Typical normalised embedding: feature 0 at embedBias/rms, the others
+	// with standard deviation std/rms.
+	var sq float64
+	for i := 0; i < c.VocabSize; i++ {
+		w.Embed[i*h] = embedBias
+		for _, v := range w.Embed[i*h+1 : (i+1)*h] {
+			sq += float64(v) * float64(v)
+		}
+	}
+	std := math.Sqrt(sq / float64(c.VocabSize*(h-1)))
+	rms := math.Sqrt((embedBias*embedBias + float64(h-1)*std*std) / float64(h))
+	lead, spread := embedBias/rms, std/rms
+	for li := range w.Layers {
+		rates, err := synth.UnitRates(r, f, density, dist)
+		if err != nil {
+			return err
+		}
+		sparse := w.Layers[li].Gate
+		if sparse == nil {
+			sparse = w.Layers[li].Up
+		}
+		for j, p := range rates {
+			row := sparse[j*h : (j+1)*h]
+			norm := 0.0
+			for _, v := range row[1:] {
+				norm += float64(v) * float64(v)
+			}
+			sigma := math.Sqrt(norm) * spread
+			b := -40.0
+			if p >= 1 {
+				b = 40
+			} else if p > 0 {
+				b = math.Sqrt2 * math.Erfinv(2*p-1)
+			}
+			row[0] = float32(b * sigma / lead)
+		}
+	}
+	return nil
+}
