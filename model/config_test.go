@@ -84,6 +84,52 @@ func TestParseSparseLM(t *testing.T) {
 	}
 }
 
+// transformers5JSON is what transformers 5.17 save_pretrained wrote for a tiny model whose
+// config twell had saved: rope_parameters and dtype replace rope_theta and torch_dtype.
+const transformers5JSON = `{
+  "architectures": ["LlamaForCausalLM"],
+  "attention_bias": false,
+  "attention_dropout": 0.0,
+  "bos_token_id": 0,
+  "dtype": "float32",
+  "eos_token_id": 0,
+  "head_dim": 16,
+  "hidden_act": "relu",
+  "hidden_size": 64,
+  "initializer_range": 0.02,
+  "intermediate_size": 256,
+  "max_position_embeddings": 64,
+  "mlp_bias": false,
+  "model_type": "llama",
+  "num_attention_heads": 4,
+  "num_hidden_layers": 2,
+  "num_key_value_heads": 2,
+  "pad_token_id": null,
+  "pretraining_tp": 1,
+  "rms_norm_eps": 1e-05,
+  "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"},
+  "tie_word_embeddings": true,
+  "transformers_version": "5.17.0",
+  "use_cache": true,
+  "vocab_size": 128
+}`
+
+func TestParseTransformers5(t *testing.T) {
+	c, err := ParseConfig([]byte(transformers5JSON))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.RopeTheta != 10000 || c.RopeScaling != nil || c.TorchDType != "float32" || c.HeadDim != 16 || c.NumKeyValueHeads != 2 || !c.TieWordEmbeddings {
+		t.Errorf("parsed %+v", c)
+	}
+	if act, _ := c.GateActivation(); act != ActReLU {
+		t.Errorf("activation %q", act)
+	}
+	if _, ok := c.Extra["rope_parameters"]; ok {
+		t.Error("rope_parameters kept in Extra")
+	}
+}
+
 func TestDefaultsFollowLlamaConfig(t *testing.T) {
 	for _, in := range []string{`{}`, `{"num_key_value_heads": null, "head_dim": null, "rope_theta": null, "hidden_act": null}`} {
 		c, err := ParseConfig([]byte(in))
