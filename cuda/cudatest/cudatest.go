@@ -1,0 +1,50 @@
+// Package cudatest gives GPU tests a device, or skips them with the reason
+// when the machine has none. Set TWELL_REQUIRE_GPU=1 (as scripts/gpu-run.sh
+// does) to make a missing GPU a test failure instead of a skip.
+package cudatest
+
+import (
+	"math/rand/v2"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/twell-ai/twell/cuda"
+)
+
+// EnvRequireGPU names the environment variable that turns skips for a
+// missing GPU into failures.
+const EnvRequireGPU = "TWELL_REQUIRE_GPU"
+
+// Device returns CUDA device 0, or skips the test (fails it under
+// TWELL_REQUIRE_GPU=1) when there is no driver or GPU.
+func Device(tb testing.TB) *cuda.Device {
+	tb.Helper()
+	dev, err := cuda.Open(0)
+	if err != nil {
+		if cuda.NoGPU(err) && os.Getenv(EnvRequireGPU) != "1" {
+			tb.Skipf("no GPU: %v", err)
+		}
+		tb.Fatalf("opening GPU 0: %v", err)
+	}
+	return dev
+}
+
+// Compiler skips the test (fails it under TWELL_REQUIRE_GPU=1) when NVRTC
+// cannot be loaded.
+func Compiler(tb testing.TB) {
+	tb.Helper()
+	if _, _, _, err := cuda.NVRTCVersion(); err != nil {
+		if os.Getenv(EnvRequireGPU) != "1" {
+			tb.Skipf("no NVRTC: %v", err)
+		}
+		tb.Fatalf("NVRTC: %v", err)
+	}
+}
+
+// Rand returns a generator with a fresh seed, and the seed, which tests
+// print in failure messages so that a failure can be replayed.
+func Rand() (*rand.Rand, uint64) {
+	seed := uint64(time.Now().UnixNano())
+	return rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)), seed
+}
