@@ -44,6 +44,25 @@ func PackB(w []float32, n, k int) (*PackedB, error) {
 	return p, nil
 }
 
+// PackBT packs w, a k x n row-major matrix, for Gemm computing c = a w
+// (the B of C = A B^T is then w^T).
+func PackBT(w []float32, k, n int) (*PackedB, error) {
+	if n < 1 || k < 1 || len(w) != n*k {
+		return nil, fmt.Errorf("cpu: PackBT: %d values for a %d x %d matrix", len(w), k, n)
+	}
+	panels := (n + nr - 1) / nr
+	p := &PackedB{N: n, K: k, data: make([]float32, panels*k*nr)}
+	parallelFor(panels, func(pi int) {
+		dst := p.data[pi*k*nr : (pi+1)*k*nr]
+		j0 := pi * nr
+		cols := min(nr, n-j0)
+		for q := 0; q < k; q++ {
+			copy(dst[q*nr:q*nr+cols], w[q*n+j0:q*n+j0+cols])
+		}
+	})
+	return p, nil
+}
+
 // Bytes returns the memory the packed matrix takes.
 func (p *PackedB) Bytes() int { return 4 * len(p.data) }
 

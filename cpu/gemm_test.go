@@ -76,6 +76,32 @@ func TestGemmMatchesFloat64(t *testing.T) {
 	})
 }
 
+func TestPackBTMatchesPackB(t *testing.T) {
+	seed := rand.Uint64()
+	r := rand.New(rand.NewPCG(seed, 9))
+	m, n, k := 1+r.IntN(40), 1+r.IntN(100), 1+r.IntN(300)
+	a, w := randMat(r, m*k), randMat(r, k*n) // w is k x n
+	wt := make([]float32, n*k)
+	for q := 0; q < k; q++ {
+		for j := 0; j < n; j++ {
+			wt[j*k+q] = w[q*n+j]
+		}
+	}
+	b1, _ := PackB(wt, n, k)
+	b2, err := PackBT(w, k, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c1, c2 := make([]float32, m*n), make([]float32, m*n)
+	Gemm(c1, a, m, b1)
+	Gemm(c2, a, m, b2)
+	for i := range c1 {
+		if c1[i] != c2[i] {
+			t.Fatalf("seed %d: %dx%dx%d element %d: PackB %g, PackBT %g", seed, m, n, k, i, c1[i], c2[i])
+		}
+	}
+}
+
 func TestGemmShapeErrors(t *testing.T) {
 	b, _ := PackB(make([]float32, 6), 2, 3)
 	if err := Gemm(make([]float32, 4), make([]float32, 5), 2, b); err == nil {

@@ -1,0 +1,206 @@
+package train
+
+// Each layer's forward and backward sit side by side. Backward functions add
+// into the gradients of parameters (dW += ...) and set the input gradient.
+
+// rmsNormForward sets y = x / rms(x) * w row by row and stores 1/rms per row.
+func rmsNormForward[T Float](y, inv, x, w []T, rows, h int, eps float64) {
+	for r := 0; r < rows; r++ {
+		xr := x[r*h : (r+1)*h]
+		var ss T
+		for _, v := range xr {
+			ss += v * v
+		}
+		iv := 1 / sqrt(ss/T(h)+T(eps))
+		inv[r] = iv
+		yr := y[r*h : (r+1)*h]
+		for i, v := range xr {
+			yr[i] = v * iv * w[i]
+		}
+	}
+}
+
+// rmsNormBackward sets dx and adds to dw, given dy.
+func rmsNormBackward[T Float](dx, dw, dy, x, w, inv []T, rows, h int) {
+	for r := 0; r < rows; r++ {
+		xr, dyr, dxr := x[r*h:(r+1)*h], dy[r*h:(r+1)*h], dx[r*h:(r+1)*h]
+		iv := inv[r]
+		var dot T
+		for i, v := range xr {
+			dot += dyr[i] * w[i] * v
+			dw[i] += dyr[i] * v * iv
+		}
+		c := dot * iv * iv * iv / T(h)
+		for i, v := range xr {
+			dxr[i] = dyr[i]*w[i]*iv - v*c
+		}
+	}
+}
+
+// linearForward sets y (m x out) = x (m x in) W^T, W being out x in.
+func linearForward[T Float](y, x, w []T, m, in, out int) { mmNT(y, x, w, m, out, in) }
+
+// linearBackward sets dx = dy W (when dx is not nil) and adds dy^T x to dw.
+func linearBackward[T Float](dx, dw, dy, x, w []T, m, in, out int) {
+	if dx != nil {
+		mmNN(dx, dy, w, m, in, out)
+	}
+	mmTNAcc(dw, dy, x, out, in, m)
+}
+
+// ropeRotate rotates one head vector by the angles (cos, sin) in Hugging
+// Face's rotate_half convention; sign -1 applies the inverse rotation, which
+// is the backward of the forward rotation.
+func ropeRotate[T Float](v []T, cos, sin []float64, sign T) {
+	half := len(v) / 2
+	for i := 0; i < half; i++ {
+		c, s := T(cos[i]), sign*T(sin[i])
+		a, b := v[i], v[i+half]
+		v[i] = a*c - b*s
+		v[i+half] = b*c + a*s
+	}
+}
+
+// attnShape describes causal multi-head attention with grouped KV heads over
+// a batch of sequences of equal length T.
+type attnShape struct {
+	batch, seq, heads, kvHeads, headDim int
+}
+
+// attentionForward computes, for each sequence and head, P = softmax(Q K^T *
+// scale) with a causal mask and O = P V. q is [B*T][heads*hd], k and v are
+// [B*T][kvHeads*hd], o is [B*T][heads*hd], p is [B][heads][T][T].
+func attentionForward[T Float](o, p, q, k, v []T, s attnShape) {
+	hd, T_ := s.headDim, s.seq
+	qw, kw := s.heads*hd, s.kvHeads*hd
+	scale := 1 / sqrt(T(hd))
+	group := s.heads / s.kvHeads
+	for b := 0; b < s.batch; b++ {
+		for h := 0; h < s.heads; h++ {
+			kh := h / group
+			P := p[(b*s.heads+h)*T_*T_ : (b*s.heads+h+1)*T_*T_]
+			for i := 0; i < T_; i++ {
+				qi := q[(b*T_+i)*qw+h*hd : (b*T_+i)*qw+(h+1)*hd]
+				row := P[i*T_ : (i+1)*T_]
+				mx := T(-1e30)
+				for j := 0; j <= i; j++ {
+					kj := k[(b*T_+j)*kw+kh*hd : (b*T_+j)*kw+(kh+1)*hd]
+					var d T
+					for c := range qi {
+						d += qi[c] * kj[c]
+					}
+					row[j] = d * scale
+					mx = max(mx, row[j])
+				}
+				var sum T
+				for j := 0; j <= i; j++ {
+					row[j] = exp(row[j] - mx)
+					sum += row[j]
+				}
+				for j := 0; j <= i; j++ {
+					row[j] /= sum
+				}
+				clear(row[i+1:])
+				oi := o[(b*T_+i)*qw+h*hd : (b*T_+i)*qw+(h+1)*hd]
+				clear(oi)
+				for j := 0; j <= i; j++ {
+					vj := v[(b*T_+j)*kw+kh*hd : (b*T_+j)*kw+(kh+1)*hd]
+					pj := row[j]
+					for c := range oi {
+						oi[c] += pj * vj[c]
+					}
+				}
+			}
+		}
+	}
+}
+
+// attentionBackward sets dq, dk, dv (dk and dv are accumulated over the
+// query heads sharing a KV head, so they are cleared first).
+func attentionBackward[T Float](dq, dk, dv, do, p, q, k, v []T, s attnShape) {
+	hd, T_ := s.headDim, s.seq
+	qw, kw := s.heads*hd, s.kvHeads*hd
+	scale := 1 / sqrt(T(hd))
+	group := s.heads / s.kvHeads
+	clear(dk)
+	clear(dv)
+	dp := make([]T, T_)
+	for b := 0; b < s.batch; b++ {
+		for h := 0; h < s.heads; h++ {
+			kh := h / group
+			P := p[(b*s.heads+h)*T_*T_ : (b*s.heads+h+1)*T_*T_]
+			for i := 0; i < T_; i++ {
+				doi := do[(b*T_+i)*qw+h*hd : (b*T_+i)*qw+(h+1)*hd]
+				row := P[i*T_ : (i+1)*T_]
+				// dP = dO V^T; dV += P^T dO.
+				var rowDot T
+				for j := 0; j <= i; j++ {
+					vj := v[(b*T_+j)*kw+kh*hd : (b*T_+j)*kw+(kh+1)*hd]
+					dvj := dv[(b*T_+j)*kw+kh*hd : (b*T_+j)*kw+(kh+1)*hd]
+					var d T
+					for c := range doi {
+						d += doi[c] * vj[c]
+						dvj[c] += row[j] * doi[c]
+					}
+					dp[j] = d
+					rowDot += d * row[j]
+				}
+				// dS = P * (dP - sum(dP * P)); dQ = dS K scale; dK += dS^T Q scale.
+				qi := q[(b*T_+i)*qw+h*hd : (b*T_+i)*qw+(h+1)*hd]
+				dqi := dq[(b*T_+i)*qw+h*hd : (b*T_+i)*qw+(h+1)*hd]
+				clear(dqi)
+				for j := 0; j <= i; j++ {
+					ds := row[j] * (dp[j] - rowDot) * scale
+					if ds == 0 {
+						continue
+					}
+					kj := k[(b*T_+j)*kw+kh*hd : (b*T_+j)*kw+(kh+1)*hd]
+					dkj := dk[(b*T_+j)*kw+kh*hd : (b*T_+j)*kw+(kh+1)*hd]
+					for c := range qi {
+						dqi[c] += ds * kj[c]
+						dkj[c] += ds * qi[c]
+					}
+				}
+			}
+		}
+	}
+}
+
+// crossEntropy returns the mean negative log-likelihood of targets under
+// logits (rows x vocab) and sets dlogits to its gradient. Targets < 0 are
+// ignored.
+func crossEntropy[T Float](dlogits, logits []T, targets []int, vocab int) float64 {
+	n := 0
+	for _, t := range targets {
+		if t >= 0 {
+			n++
+		}
+	}
+	loss := 0.0
+	for r, t := range targets {
+		row, drow := logits[r*vocab:(r+1)*vocab], dlogits[r*vocab:(r+1)*vocab]
+		if t < 0 || n == 0 {
+			clear(drow)
+			continue
+		}
+		mx := row[0]
+		for _, v := range row {
+			mx = max(mx, v)
+		}
+		var sum T
+		for i, v := range row {
+			e := exp(v - mx)
+			drow[i] = e
+			sum += e
+		}
+		loss += -float64(row[t]-mx) + logf(float64(sum))
+		for i := range drow {
+			drow[i] /= sum * T(n)
+		}
+		drow[t] -= 1 / T(n)
+	}
+	if n == 0 {
+		return 0
+	}
+	return loss / float64(n)
+}
