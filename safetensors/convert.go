@@ -4,21 +4,15 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+
+	"github.com/twell-ai/twell/bf16"
 )
 
-// bf16ToF32 widens a bfloat16 (the top half of a float32) exactly.
-func bf16ToF32(h uint16) float32 { return math.Float32frombits(uint32(h) << 16) }
-
-// f32ToBF16 rounds to the nearest bfloat16, ties to even. NaNs stay NaN (the quiet bit is
-// set so that truncating the payload cannot turn them into infinities).
-func f32ToBF16(f float32) uint16 {
-	b := math.Float32bits(f)
-	if b&0x7fffffff > 0x7f800000 {
-		return uint16(b>>16) | 0x40
-	}
-	b += 0x7fff + (b>>16)&1
-	return uint16(b >> 16)
-}
+// The bfloat16 conversions are those of package bf16 (round to nearest even, NaN kept).
+var (
+	bf16ToF32 = bf16.ToFloat32
+	f32ToBF16 = bf16.FromFloat32
+)
 
 // f16ToF32 widens an IEEE 754 binary16 exactly, including subnormals, infinities and NaNs.
 func f16ToF32(h uint16) float32 {
