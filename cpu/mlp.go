@@ -270,7 +270,8 @@ func (l *MLP) Sparse(y, x []float32, m int, layout twell.Layout) (*twell.Matrix,
 	return p, err
 }
 
-// Forward computes the MLP on the cheaper path. A SiLU MLP runs densely. A
+// Forward computes the MLP on the cheaper path. A SiLU MLP, or one whose
+// width is not a multiple of the TwELL tile, runs densely. A
 // ReLU MLP first runs D2T; if the measured density is at most AutoDensity it
 // finishes with the sparse T2D, otherwise with dense GEMMs fed by the
 // unpacked gate, so the gate GEMM is never computed twice. It returns the
@@ -279,8 +280,8 @@ func (l *MLP) Forward(y, x []float32, m int, layout twell.Layout) (p *twell.Matr
 	if err := l.check(y, x, m); err != nil {
 		return nil, false, err
 	}
-	if l.Act != ReLU {
-		return nil, false, l.Dense(y, x, m)
+	if l.Act != ReLU || layout.Check(l.F) != nil {
+		return nil, false, l.Dense(y, x, m) // no exact zeros, or a width TwELL cannot tile
 	}
 	if p, err = D2T(x, m, l.sparseInput(), layout); err != nil {
 		return nil, false, err

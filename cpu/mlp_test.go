@@ -243,3 +243,19 @@ func TestSiLUDense(t *testing.T) {
 		t.Error("sparse path accepted a SiLU gate")
 	}
 }
+
+func TestForwardUntileableWidthRunsDense(t *testing.T) {
+	seed := rand.Uint64()
+	r := rand.New(rand.NewPCG(seed, 8))
+	d, f, m := 16, 100, 4 // 100 is not a multiple of any tile width
+	sl, l := newLayer(t, r, d, f, 0.05, synth.Uniform, true)
+	x := synth.Tokens(r, m, d)
+	y := make([]float32, m*d)
+	p, sparse, err := l.Forward(y, x, m, twell.DefaultLayout)
+	if err != nil || sparse || p != nil {
+		t.Fatalf("f=%d: sparse=%v err=%v", f, sparse, err)
+	}
+	if e := synth.RelErr(y, d, allRows(m), reference(sl, x, allRows(m))); e > 1e-5 {
+		t.Fatalf("seed %d: rel err %g", seed, e)
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/twell-ai/twell/twell"
 	"math"
 	"os"
 	"path/filepath"
@@ -21,11 +22,10 @@ const (
 	ActSiLU = "silu" // dense Llama models
 )
 
-// TwELL packs MLP activations in tiles of this many columns with 16-bit column indices
-// (the same numbers as twell.DefaultLayout and twell.MaxCols).
-const (
-	twellTile    = 256
-	twellMaxCols = 1 << 16
+// TwELL packs MLP activations in tiles of this many columns with 16-bit column indices.
+var (
+	twellTile    = twell.DefaultLayout.Tile
+	twellMaxCols = twell.MaxCols
 )
 
 // Config is the shape and hyper-parameters of a model. It reads and writes the Hugging Face
