@@ -1,0 +1,178 @@
+package cublas
+
+import (
+	"fmt"
+	"unsafe"
+
+	"github.com/twell-ai/twell/cuda"
+)
+
+// cuBLASLt attribute numbers.
+const (
+	descTransA       = 3 // CUBLASLT_MATMUL_DESC_TRANSA, int32
+	descTransB       = 4 // CUBLASLT_MATMUL_DESC_TRANSB, int32
+	layoutBatchCount = 5 // CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, int32
+	layoutBatchOff   = 6 // CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, int64
+	prefMaxWorkspace = 1 // CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, uint64
+	prefMinAlignA    = 5 // CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, uint32 (B, C, D follow)
+	computeType32F   = 68
+	scaleType32F     = 0
+)
+
+// heuristicResult mirrors cublasLtMatmulHeuristicResult_t (96 bytes).
+type heuristicResult struct {
+	algo      [64]byte // cublasLtMatmulAlgo_t
+	workspace uint64
+	state     int32
+	waves     float32
+	_         [4]int32
+}
+
+// planKey is everything that decides the algorithm: the problem and the
+// alignment of each pointer (cuBLASLt's kernels assume the alignment they
+// were chosen for).
+type planKey struct {
+	g                  Gemm
+	alignA, alignB, aC uint32
+}
+
+// plan is a chosen algorithm with its descriptors, reused for every call
+// with the same key.
+type plan struct {
+	desc, la, lb, lc uintptr
+	algo             [64]byte
+	workspace        uint64
+}
+
+func (p *plan) destroy(l *ltLib) {
+	if p.desc != 0 {
+		l.descDestroy(p.desc)
+	}
+	for _, x := range []uintptr{p.la, p.lb, p.lc} {
+		if x != 0 {
+			l.layoutDestroy(x)
+		}
+	}
+}
+
+// alignment returns the largest power of two (≤ 256) dividing p.
+func alignment(p cuda.DevicePtr) uint32 {
+	a := uint32(256)
+	for a > 1 && uint64(p)%uint64(a) != 0 {
+		a /= 2
+	}
+	return a
+}
+
+func (h *Handle) matmulLt(s *cuda.Stream, g Gemm, a, b, c *cuda.Buffer) error {
+	key := planKey{g: g, alignA: alignment(b.Ptr()), alignB: alignment(a.Ptr()), aC: alignment(c.Ptr())}
+	key.g.Alpha, key.g.Beta, key.g.Backend = 0, 0, 0
+	alpha, beta := g.Alpha, g.Beta
+	h.mu.Lock()
+	p, ok := h.plans[key]
+	h.mu.Unlock()
+	return h.dev.Do(func() error {
+		if !ok {
+			var err error
+			if p, err = h.newPlan(g, key); err != nil {
+				return err
+			}
+			h.mu.Lock()
+			if old, ok := h.plans[key]; ok { // another goroutine won the race
+				p.destroy(h.lt)
+				p = old
+			} else {
+				h.plans[key] = p
+			}
+			h.mu.Unlock()
+		}
+		ws, wsSize := uintptr(0), uintptr(0)
+		if p.workspace > 0 {
+			ws, wsSize = uintptr(h.workspace.Ptr()), uintptr(p.workspace)
+		}
+		r := callGemm(h.lt.pMatmul, h.ltH, p.desc,
+			uintptr(unsafe.Pointer(&alpha)), uintptr(b.Ptr()), p.la, uintptr(a.Ptr()), p.lb,
+			uintptr(unsafe.Pointer(&beta)), uintptr(c.Ptr()), p.lc, uintptr(c.Ptr()), p.lc,
+			uintptr(unsafe.Pointer(&p.algo[0])), ws, wsSize, s.Handle())
+		return status(r, "cublasLtMatmul("+g.describe()+")")
+	})
+}
+
+// newPlan builds the descriptors and asks the heuristic for an algorithm;
+// called with the context current.
+func (h *Handle) newPlan(g Gemm, key planKey) (p *plan, err error) {
+	l := h.lt
+	cm := g.colMajor()
+	p = &plan{}
+	defer func() {
+		if err != nil {
+			p.destroy(l)
+		}
+	}()
+	op := "cublasLt plan " + g.describe()
+	set := func(f func(uintptr, int32, unsafe.Pointer, uint64) int32, obj uintptr, attr int32, v unsafe.Pointer, size uint64, what string) error {
+		return status(f(obj, attr, v, size), fmt.Sprintf("%s: set %s", op, what))
+	}
+	if err := status(l.descCreate(&p.desc, computeType32F, scaleType32F), op+": cublasLtMatmulDescCreate"); err != nil {
+		return nil, err
+	}
+	ta, tb := cm.transA, cm.transB
+	if err := set(l.descSet, p.desc, descTransA, unsafe.Pointer(&ta), 4, "TRANSA"); err != nil {
+		return nil, err
+	}
+	if err := set(l.descSet, p.desc, descTransB, unsafe.Pointer(&tb), 4, "TRANSB"); err != nil {
+		return nil, err
+	}
+	layout := func(dst *uintptr, typ int32, rows, cols, ld int, stride int64, name string) error {
+		if err := status(l.layoutCreate(dst, typ, uint64(rows), uint64(cols), int64(ld)), op+": layout "+name); err != nil {
+			return err
+		}
+		if g.Batch > 1 {
+			n := int32(g.Batch)
+			if err := set(l.layoutSet, *dst, layoutBatchCount, unsafe.Pointer(&n), 4, name+" batch count"); err != nil {
+				return err
+			}
+			if err := set(l.layoutSet, *dst, layoutBatchOff, unsafe.Pointer(&stride), 8, name+" batch stride"); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	if err := layout(&p.la, cm.aType, cm.aRows, cm.aCols, cm.lda, cm.strideA, "B"); err != nil {
+		return nil, err
+	}
+	if err := layout(&p.lb, cm.bType, cm.bRows, cm.bCols, cm.ldb, cm.strideB, "A"); err != nil {
+		return nil, err
+	}
+	if err := layout(&p.lc, cm.cTyp, cm.cRows, cm.cCols, cm.ldc, cm.strideC, "C"); err != nil {
+		return nil, err
+	}
+	var pref uintptr
+	if err := status(l.prefCreate(&pref), op+": preference"); err != nil {
+		return nil, err
+	}
+	defer l.prefDestroy(pref)
+	ws := uint64(h.workspace.Len())
+	if err := set(l.prefSet, pref, prefMaxWorkspace, unsafe.Pointer(&ws), 8, "max workspace"); err != nil {
+		return nil, err
+	}
+	aligns := [4]uint32{key.alignA, key.alignB, key.aC, key.aC}
+	for i := range aligns {
+		if err := set(l.prefSet, pref, prefMinAlignA+int32(i), unsafe.Pointer(&aligns[i]), 4, "alignment"); err != nil {
+			return nil, err
+		}
+	}
+	var results [8]heuristicResult
+	var count int32
+	if err := status(l.heuristic(h.ltH, p.desc, p.la, p.lb, p.lc, p.lc, pref, int32(len(results)), unsafe.Pointer(&results[0]), &count),
+		"cublasLtMatmulAlgoGetHeuristic("+g.describe()+")"); err != nil {
+		return nil, err
+	}
+	for _, r := range results[:count] {
+		if r.state == 0 && r.workspace <= ws {
+			p.algo, p.workspace = r.algo, r.workspace
+			return p, nil
+		}
+	}
+	return nil, &Error{Op: "cublasLtMatmulAlgoGetHeuristic(" + g.describe() + "): no algorithm", Status: 15, Name: "CUBLAS_STATUS_NOT_SUPPORTED"}
+}

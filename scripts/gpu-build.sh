@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Builds, on a machine with Go, everything the GPU machine (which has no Go)
+# runs: the twell CLI and the `go test -c` binary of every package whose
+# tests use the cuda packages, all with CGO_ENABLED=0, into gpubin/ (ignored
+# by git). gpubin/tests.txt lists each test binary with its package folder.
+# Then run scripts/gpu-run.sh on the GPU machine (see README.md, "GPU").
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=gpubin
+rm -rf "$out"
+mkdir -p "$out"
+export CGO_ENABLED=0 GOOS=linux GOARCH=amd64
+go build -trimpath -o "$out/twell" ./cmd/twell
+mod=$(go list -m)
+: > "$out/tests.txt"
+go list -f '{{.ImportPath}} {{.Dir}} {{join .TestImports " "}} {{join .XTestImports " "}}' ./... |
+  while read -r pkg dir imports; do
+    case " $imports " in
+      *" $mod/cuda "* | *" $mod/cuda/"*) ;;
+      *) continue ;;
+    esac
+    name=$(echo "${pkg#"$mod"/}" | tr / _)
+    if go test -c -trimpath -o "$out/$name.test" "$pkg"; then
+      echo "$name.test ${dir#"$PWD"/}" >> "$out/tests.txt"
+      echo "built $out/$name.test ($pkg)"
+    else
+      echo "FAILED to build the tests of $pkg" | tee -a "$out/build-failures.txt" >&2
+    fi
+  done
+echo "built $out/twell; test binaries listed in $out/tests.txt"
+if [ -s "$out/build-failures.txt" ]; then
+  exit 1
+fi
