@@ -153,3 +153,25 @@ func TestResumeWithoutCheckpointFails(t *testing.T) {
 		t.Fatalf("Resume on an empty folder: %v", err)
 	}
 }
+
+func TestPresetsAreValid(t *testing.T) {
+	for _, name := range []string{"tiny", "small", "medium"} {
+		c, err := Preset(name, 8192, 0)
+		if err != nil {
+			t.Fatalf("preset %s: %v", name, err)
+		}
+		mc := c.ModelConfig()
+		if err := mc.TwELLCompatible(); err != nil {
+			t.Errorf("preset %s: %v", name, err)
+		}
+		params := mc.VocabSize * mc.HiddenSize
+		params += mc.NumHiddenLayers * (4*mc.HiddenSize*mc.HiddenSize + 3*mc.HiddenSize*mc.IntermediateSize)
+		t.Logf("preset %s: %.1fM parameters", name, float64(params)/1e6)
+		if name == "small" && (params < 20e6 || params > 30e6) || name == "medium" && (params < 85e6 || params > 120e6) {
+			t.Errorf("preset %s has %d parameters", name, params)
+		}
+	}
+	if _, err := Preset("huge", 100, 0); err == nil {
+		t.Error("unknown preset accepted")
+	}
+}
