@@ -1,0 +1,46 @@
+package tokenizer
+
+import (
+	"strings"
+	"testing"
+)
+
+// BenchmarkEncode measures encoding of the test texts (English prose, code, CJK, emoji, ...),
+// with a warm word cache, as when tokenizing a corpus.
+func BenchmarkEncode(b *testing.B) {
+	text := strings.Join(readTexts(b), "\n")
+	for _, name := range []string{"gpt2", "llama3", "qwen3", "llama2"} {
+		b.Run(name, func(b *testing.B) {
+			tk := testTokenizer(b, name)
+			var ids []int
+			b.SetBytes(int64(len(text)))
+			for b.Loop() {
+				var err error
+				if ids, err = tk.AppendEncode(ids[:0], text); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(len(ids)), "tokens/op")
+		})
+	}
+}
+
+// BenchmarkDecode measures decoding of the test texts' ids.
+func BenchmarkDecode(b *testing.B) {
+	text := strings.Join(readTexts(b), "\n")
+	for _, name := range []string{"gpt2", "llama2"} {
+		b.Run(name, func(b *testing.B) {
+			tk := testTokenizer(b, name)
+			ids, err := tk.Encode(text, false)
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.SetBytes(int64(len(text)))
+			for b.Loop() {
+				if _, err := tk.Decode(ids, false); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

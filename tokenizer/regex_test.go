@@ -1,0 +1,150 @@
+package tokenizer
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"testing"
+)
+
+func allMatches(m matcher, s string) [][2]int {
+	var out [][2]int
+	m.matches(s, func(a, b int) { out = append(out, [2]int{a, b}) })
+	return out
+}
+
+func pieces(s string, spans [][2]int) []string {
+	out := make([]string, len(spans))
+	for i, sp := range spans {
+		out[i] = s[sp[0]:sp[1]]
+	}
+	return out
+}
+
+// The hand-written scanners must find exactly what the general regex engine finds. (One
+// known difference is left out of the comparison: Oniguruma's (?i) matches "ſ" for "s" by
+// Unicode case folding, regexp2's does not; the scanner follows Oniguruma.)
+func TestFastMatchersAgreeWithRegexp2(t *testing.T) {
+	for _, pat := range []string{gpt2Pattern, llama3Pattern, qwenPattern} {
+		fast, err := compileRegex(pat)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, ok := fast.(fastMatcher); !ok {
+			t.Fatalf("compileRegex(%q) is %T, want the fast scanner", pat, fast)
+		}
+		slow, err := compileRegexp2(pat)
+		if err != nil {
+			t.Fatal(err)
+		}
+		check := func(s string) {
+			t.Helper()
+			if strings.Contains(s, "'ſ") {
+				return
+			}
+			got, want := allMatches(fast, s), allMatches(slow, s)
+			if !slices.Equal(got, want) {
+				t.Fatalf("pattern %.30q… on %q:\n fast   %q\n regexp2 %q", pat, s, pieces(s, got), pieces(s, want))
+			}
+		}
+		for _, s := range readTexts(t) {
+			check(s)
+		}
+		seed := rand.Uint64()
+		rng := rand.New(rand.NewPCG(seed, 1))
+		alphabet := []string{"a", "Z", "é", "世", "ß", "1", "٣", "½", "'", "'s", "'T", "'ll", "'RE", "!", "..", "$", "_",
+			" ", "  ", "\t", "\n", "\r", "\r\n", "\u00a0", "\u3000", "\u0085", "\u2028", "\u200b", "\ufeff",
+			"\U0001F600", "\u200d", "\u0301", "\x00", "Ġ", "▁"}
+		for n := 0; n < 3000; n++ {
+			var sb strings.Builder
+			for k := rng.IntN(12); k >= 0; k-- {
+				sb.WriteString(alphabet[rng.IntN(len(alphabet))])
+			}
+			s := sb.String()
+			got, want := allMatches(fast, s), allMatches(slow, s)
+			if !slices.Equal(got, want) {
+				t.Fatalf("seed %d, pattern %.30q… on %q:\n fast    %q\n regexp2 %q", seed, pat, s, pieces(s, got), pieces(s, want))
+			}
+		}
+	}
+}
+
+func TestPreTokenizerRegexExamples(t *testing.T) {
+	for _, tc := range []struct {
+		pattern, text string
+		want          []string
+	}{
+		{gpt2Pattern, "Hello world's  end!!\n\n", []string{"Hello", " world", "'s", " ", " end", "!!", "\n\n"}},
+		{gpt2Pattern, "x   y", []string{"x", "  ", " y"}},
+		{gpt2Pattern, "I'M 12345", []string{"I", "'", "M", " 12345"}},
+		{llama3Pattern, "I'M 12345", []string{"I", "'M", " ", "123", "45"}},
+		{llama3Pattern, "\tfoo(bar)\n\n  x", []string{"\tfoo", "(bar", ")\n\n", " ", " x"}},
+		{llama3Pattern, "It'ſ", []string{"It", "'ſ"}},
+		{qwenPattern, "2024", []string{"2", "0", "2", "4"}},
+	} {
+		m, err := compileRegex(tc.pattern)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := pieces(tc.text, allMatches(m, tc.text)); !slices.Equal(got, tc.want) {
+			t.Errorf("%.20q… on %q = %q, want %q", tc.pattern, tc.text, got, tc.want)
+		}
+	}
+}
+
+func TestOnigWordRewrite(t *testing.T) {
+	// regexp2's \w lacks No (e.g. "½") and Mc; Oniguruma's has them.
+	m, err := compileRegex(`\w+|[^\w\s]+`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := "a½b ॐक्ष!?"
+	if got, want := pieces(s, allMatches(m, s)), []string{"a½b", "ॐक्ष", "!?"}; !slices.Equal(got, want) {
+		t.Errorf("got %q, want %q", got, want)
+	}
+}
+
+// HF's documentation of SplitDelimiterBehavior uses "the-final--countdown" split on "-".
+func TestSplitBehaviors(t *testing.T) {
+	s := "the-final--countdown"
+	for _, tc := range []struct {
+		b    string
+		want []string
+	}{
+		{"Removed", []string{"the", "final", "countdown"}},
+		{"Isolated", []string{"the", "-", "final", "-", "-", "countdown"}},
+		{"MergedWithPrevious", []string{"the-", "final-", "-", "countdown"}},
+		{"MergedWithNext", []string{"the", "-final", "-", "-countdown"}},
+		{"Contiguous", []string{"the", "-", "final", "--", "countdown"}},
+	} {
+		p := preSplit{pattern: literalMatcher{"-"}, behavior: splitBehaviors[tc.b]}
+		var got []string
+		for _, q := range p.split(nil, piece{text: s}) {
+			got = append(got, q.text)
+		}
+		if !slices.Equal(got, tc.want) {
+			t.Errorf("%s: %q, want %q", tc.b, got, tc.want)
+		}
+	}
+	// invert: the matches are kept and the rest is the delimiter.
+	p := preSplit{pattern: literalMatcher{"-"}, behavior: splitRemoved, invert: true}
+	var got []string
+	for _, q := range p.split(nil, piece{text: s}) {
+		got = append(got, q.text)
+	}
+	if want := []string{"-", "-", "-"}; !slices.Equal(got, want) {
+		t.Errorf("inverted Removed: %q, want %q", got, want)
+	}
+}
+
+func ExampleTokenizer_Decode() {
+	tk, err := Load("testdata/gpt2.json.gz")
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	text, err := tk.Decode([]int{15496, 11, 995, 0}, false)
+	fmt.Printf("%q %v\n", text, err)
+	// Output: "Hello, world!" <nil>
+}
