@@ -415,6 +415,51 @@ func TestLaunchOverhead(t *testing.T) {
 	t.Logf("empty kernel: %v per launch on the host, %v per launch until done", host, all)
 	allocs := testing.AllocsPerRun(200, func() { _ = k.Launch(one, one, 0, nil) })
 	t.Logf("allocations per launch: %v", allocs)
+
+	// twell's own share: locking the thread and making the context current.
+	t0 = time.Now()
+	for i := 0; i < n; i++ {
+		if err := dev.Do(func() error { return nil }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Logf("Device.Do (lock thread + cuCtxSetCurrent): %v per call", time.Since(t0)/n)
+
+	// The same launches replayed from a CUDA graph.
+	s, err := dev.NewStream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Destroy()
+	const perGraph = 100
+	if err := s.BeginCapture(); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < perGraph; i++ {
+		if err := k.Launch(one, one, 0, s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	g, err := s.EndCapture()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Destroy()
+	_ = g.Launch(s)
+	if err := s.Synchronize(); err != nil {
+		t.Fatal(err)
+	}
+	t0 = time.Now()
+	const replays = 20
+	for i := 0; i < replays; i++ {
+		if err := g.Launch(s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.Synchronize(); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("graph of %d empty kernels: %v per kernel until done", perGraph, time.Since(t0)/(replays*perGraph))
 }
 
 // TestMisuseErrors checks that each misuse returns an error naming the CUDA

@@ -311,9 +311,9 @@ func (f *Function) launch(cfg LaunchConfig, ex bool, args []any) error {
 	if cfg.SharedBytes < 0 {
 		return misuse("launch "+f.name, ErrorInvalidValue, "negative shared memory size %d", cfg.SharedBytes)
 	}
-	st, err := dev.streamHandle("launch "+f.name, cfg.Stream)
+	st, err := dev.streamHandle("cuLaunchKernel", cfg.Stream) // a constant op: no allocation per launch
 	if err != nil {
-		return err
+		return fmt.Errorf("launch %s: %w", f.name, err)
 	}
 	if err := f.ensureShared(cfg.SharedBytes); err != nil {
 		return err

@@ -206,13 +206,14 @@ type Program struct {
 	Options      []string          // every NVRTC option used
 	LoweredNames map[string]string // name expression -> mangled name
 	Key          string            // cache key (hex SHA-256)
-	FromCache    bool              // loaded from the disk cache
+	FromCache    bool              // not compiled by this call: from this process's or the disk cache
 	CompileTime  time.Duration     // time spent in NVRTC (0 from cache)
 }
 
 var (
 	includeOnce sync.Once
 	includeDir  string
+	compiled    sync.Map // cache key -> *Program: compiled in this process
 )
 
 // CUDAIncludeDir returns a folder holding cuda_bf16.h and the other CUDA
@@ -296,7 +297,19 @@ func CompileProgram(name string, src []byte, opts ...CompileOption) (*Program, e
 	ptx := strings.HasPrefix(c.arch, "compute_")
 
 	key := cacheKey(name, src, c.headers, options, c.nameExprs, n)
+	if !c.noCache {
+		if p, ok := compiled.Load(key); ok {
+			cp := *p.(*Program)
+			cp.FromCache, cp.CompileTime = true, 0
+			return &cp, nil
+		}
+	}
 	prog := &Program{Name: name, Arch: c.arch, PTX: ptx, Options: options, Key: key}
+	defer func() {
+		if prog.Image != nil {
+			compiled.Store(key, prog)
+		}
+	}()
 	if !c.noCache {
 		if cached, ok := readCache(key); ok {
 			prog.Image, prog.Log, prog.LoweredNames, prog.FromCache = cached.image, cached.meta.Log, cached.meta.Lowered, true
