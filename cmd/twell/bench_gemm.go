@@ -62,10 +62,12 @@ func parseGemmSizes(s string) ([]gemmSize, error) {
 
 // gemmResult is one timed size and backend.
 type gemmResult struct {
-	M, N, K       int
-	Backend       string
-	Reps          int
-	InputSets     int     // input pairs rotated through, so that L2 holds none
+	M             int     `json:"m"`
+	N             int     `json:"n"`
+	K             int     `json:"k"`
+	Backend       string  `json:"backend"`
+	Reps          int     `json:"reps"`
+	InputSets     int     `json:"input_sets"` // input pairs rotated through, so that L2 holds none
 	MedianMS      float64 `json:"median_ms"`
 	MeanMS        float64 `json:"mean_ms"`
 	MinMS         float64 `json:"min_ms"`
