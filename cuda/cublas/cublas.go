@@ -32,6 +32,7 @@ const (
 	F32
 )
 
+// String returns "bf16", "f16" or "f32".
 func (t DataType) String() string {
 	switch t {
 	case BF16:
@@ -67,6 +68,7 @@ const (
 	Legacy         // plain cuBLAS only (cublasGemmStridedBatchedEx)
 )
 
+// String returns "auto", "cublasLt" or "cublas".
 func (b Backend) String() string {
 	return [...]string{"auto", "cublasLt", "cublas"}[b]
 }

@@ -59,6 +59,7 @@ type NotFoundError struct {
 	Tried []string // every path or soname tried, with dlopen's message
 }
 
+// Error lists what was tried.
 func (e *NotFoundError) Error() string {
 	return fmt.Sprintf("%s not found (set %s to its folder); tried: %s",
 		e.Name, EnvLibDir, strings.Join(e.Tried, "; "))
