@@ -15,6 +15,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"runtime"
 	"sort"
 	"strings"
 	"sync"
@@ -69,7 +70,10 @@ func (e *NotFoundError) Error() string {
 func Open(spec Spec) (*Library, error) {
 	var tried []string
 	try := func(path string) (*Library, bool) {
+		// dlerror is per thread: keep Dlopen and its error on one.
+		runtime.LockOSThread()
 		h, err := purego.Dlopen(path, purego.RTLD_NOW|purego.RTLD_GLOBAL)
+		runtime.UnlockOSThread()
 		if err != nil {
 			tried = append(tried, fmt.Sprintf("%s (%v)", path, shortErr(err)))
 			return nil, false
