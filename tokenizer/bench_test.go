@@ -44,3 +44,21 @@ func BenchmarkDecode(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkEncodeProse measures encoding of English prose (repeated, so the word cache is warm).
+func BenchmarkEncodeProse(b *testing.B) {
+	text := strings.Repeat(readTexts(b)[3]+"\n\n", 20)
+	for _, name := range []string{"gpt2", "llama3", "llama2"} {
+		b.Run(name, func(b *testing.B) {
+			tk := testTokenizer(b, name)
+			var ids []int
+			b.SetBytes(int64(len(text)))
+			for b.Loop() {
+				var err error
+				if ids, err = tk.AppendEncode(ids[:0], text); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

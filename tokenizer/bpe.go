@@ -23,6 +23,12 @@ type bpe struct {
 
 	byteIDs [256]int32 // ids of the byte tokens "<0xNN>", -1 where missing
 
+	// chunkSep, when set ("▁"), lets a word be cut before every "▁" that follows another
+	// character and each part be tokenized alone: no token of the vocabulary has a "▁" after
+	// another character, so no merge can cross such a cut and the result is the same. This
+	// makes SentencePiece-style models (no pre-tokenizer: the word is the whole text) fast.
+	chunkSep string
+
 	// rawIDs holds the id of every byte's GPT-2 character; rawOK says all 256 exist, so
 	// that words still in raw bytes (piece.raw) can start from rawIDs directly.
 	rawIDs [256]int32
@@ -57,7 +63,20 @@ func (m *bpe) finish() {
 	}
 	m.cache.init()
 	m.rawCache.init()
+	m.chunkSep = ""
+	if _, ok := m.vocab[metaspace]; ok && m.prefix == "" && m.suffix == "" && !m.ignoreMerges {
+		m.chunkSep = metaspace
+		for tok := range m.vocab {
+			if i := strings.Index(tok, metaspace); i >= 0 && strings.Contains(strings.TrimLeft(tok, metaspace), metaspace) {
+				m.chunkSep = ""
+				break
+			}
+		}
+	}
 }
+
+// metaspace is SentencePiece's word-boundary mark.
+const metaspace = "\u2581"
 
 const hexDigits = "0123456789ABCDEF"
 
@@ -100,8 +119,30 @@ func (m *bpe) tokenize(dst []int, p piece) []int {
 	return m.tokenizeWord(dst, p.str())
 }
 
-// tokenizeWord tokenizes w character by character, as Hugging Face's BPE::merge_word does.
+// tokenizeWord tokenizes w, in parts when chunkSep allows it.
 func (m *bpe) tokenizeWord(dst []int, w string) []int {
+	sep := m.chunkSep
+	if sep == "" || len(w) <= len(sep) {
+		return m.tokenizeChunk(dst, w)
+	}
+	start := 0
+	for i := 0; ; {
+		j := strings.Index(w[i:], sep)
+		if j < 0 {
+			break
+		}
+		j += i
+		if j > start && !strings.HasSuffix(w[:j], sep) {
+			dst = m.tokenizeChunk(dst, w[start:j])
+			start = j
+		}
+		i = j + len(sep)
+	}
+	return m.tokenizeChunk(dst, w[start:])
+}
+
+// tokenizeChunk tokenizes w character by character, as Hugging Face's BPE::merge_word does.
+func (m *bpe) tokenizeChunk(dst []int, w string) []int {
 	if w == "" {
 		return dst
 	}

@@ -2,6 +2,7 @@ package tokenizer
 
 import (
 	"strings"
+	"sync"
 	"unicode"
 	"unicode/utf8"
 )
@@ -34,23 +35,36 @@ type preTokenizer interface {
 
 type preSequence []preTokenizer
 
+// seqBuffers holds the two piece lists a preSequence alternates between.
+type seqBuffers struct{ cur, next []piece }
+
+var seqPool = sync.Pool{New: func() any { return new(seqBuffers) }}
+
 func (s preSequence) split(dst []piece, p piece) []piece {
-	cur := []piece{p}
-	var next []piece
-	for i, pt := range s {
-		if i == len(s)-1 {
-			for _, q := range cur {
-				dst = pt.split(dst, q)
-			}
-			return dst
-		}
+	if len(s) == 0 {
+		return append(dst, p)
+	}
+	buf := seqPool.Get().(*seqBuffers)
+	cur := append(buf.cur[:0], p)
+	next := buf.next[:0]
+	for _, pt := range s[:len(s)-1] {
 		next = next[:0]
 		for _, q := range cur {
 			next = pt.split(next, q)
 		}
 		cur, next = next, cur
 	}
-	return append(dst, cur...)
+	last := s[len(s)-1]
+	for _, q := range cur {
+		dst = last.split(dst, q)
+	}
+	if cap(cur)+cap(next) < 1<<16 {
+		clear(cur)
+		clear(next)
+		buf.cur, buf.next = cur[:0], next[:0]
+		seqPool.Put(buf)
+	}
+	return dst
 }
 
 // splitBehavior says what happens to the matches (delimiters) when text is split.
@@ -193,6 +207,23 @@ type preSplit struct {
 
 func (p preSplit) split(dst []piece, in piece) []piece {
 	s := in.str()
+	if p.behavior == splitIsolated {
+		// Every match and every gap is a piece: no need for the span list.
+		prev := 0
+		p.pattern.matches(s, func(start, end int) {
+			if prev < start {
+				dst = append(dst, piece{text: s[prev:start], first: in.first && prev == 0})
+			}
+			if start < end {
+				dst = append(dst, piece{text: s[start:end], first: in.first && start == 0})
+			}
+			prev = end
+		})
+		if prev < len(s) {
+			dst = append(dst, piece{text: s[prev:], first: in.first && prev == 0})
+		}
+		return dst
+	}
 	return appendSpans(dst, s, in.first, applyBehavior(matchSpans(s, p.pattern, p.invert), p.behavior))
 }
 
@@ -274,9 +305,13 @@ func (p preMetaspace) split(dst []piece, in piece) []piece {
 	return appendSpans(dst, s, in.first, applyBehavior(spans, splitMergedWithNext))
 }
 
-// isOnigWord is Oniguruma's \w for Unicode text.
-func isOnigWord(r rune) bool {
-	return unicode.IsLetter(r) || unicode.Is(unicode.M, r) || unicode.IsNumber(r) || unicode.Is(unicode.Pc, r)
+// isRegexCrateWord is \w of Rust's regex crate, which Hugging Face's Whitespace
+// pre-tokenizer uses (unlike Split, which uses Oniguruma): Alphabetic, marks, decimal
+// digits, connector punctuation and the join controls (ZWNJ, ZWJ).
+func isRegexCrateWord(r rune) bool {
+	return unicode.IsLetter(r) || unicode.Is(unicode.M, r) || unicode.Is(unicode.Nd, r) ||
+		unicode.Is(unicode.Pc, r) || unicode.Is(unicode.Nl, r) ||
+		unicode.Is(unicode.Other_Alphabetic, r) || r == 0x200C || r == 0x200D
 }
 
 // preWhitespace keeps the matches of `\w+|[^\w\s]+` and drops the rest.
@@ -290,11 +325,11 @@ func (preWhitespace) split(dst []piece, in piece) []piece {
 			i += n
 			continue
 		}
-		word := isOnigWord(r)
+		word := isRegexCrateWord(r)
 		j := i + n
 		for j < len(s) {
 			r2, n2 := runeAt(s, j)
-			if unicode.IsSpace(r2) || isOnigWord(r2) != word {
+			if unicode.IsSpace(r2) || isRegexCrateWord(r2) != word {
 				break
 			}
 			j += n2

@@ -148,3 +148,34 @@ func ExampleTokenizer_Decode() {
 	fmt.Printf("%q %v\n", text, err)
 	// Output: "Hello, world!" <nil>
 }
+
+func splitTexts(p preTokenizer, s string) []string {
+	var out []string
+	for _, q := range p.split(nil, piece{text: s, first: true}) {
+		out = append(out, q.str())
+	}
+	return out
+}
+
+func TestPreTokenizers(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		p    preTokenizer
+		text string
+		want []string
+	}{
+		// \w of Rust's regex crate: "½" (No) is not a word character, ZWJ is.
+		{"Whitespace", preWhitespace{}, "a½b  c\u200dd!? x", []string{"a", "½", "b", "c\u200dd", "!?", "x"}},
+		{"WhitespaceSplit", preWhitespaceSplit{}, " a½b\t\u00a0c!? ", []string{"a½b", "c!?"}},
+		{"Digits", preDigits{individual: false}, "a12b3", []string{"a", "12", "b", "3"}},
+		{"Digits individual", preDigits{individual: true}, "a12b3", []string{"a", "1", "2", "b", "3"}},
+		{"Metaspace", preMetaspace{replacement: '▁', prepend: prependAlways, splitWords: true}, "Hey  friend!", []string{"▁Hey", "▁", "▁friend!"}},
+		{"Metaspace no split", preMetaspace{replacement: '▁', prepend: prependNever}, "Hey friend", []string{"Hey▁friend"}},
+		{"ByteLevel", preByteLevel{addPrefixSpace: true, useRegex: true}, "Hi  there\n", []string{"ĠHi", "Ġ", "Ġthere", "Ċ"}},
+		{"ByteLevel no regex", preByteLevel{addPrefixSpace: false, useRegex: false}, "Hi there", []string{"HiĠthere"}},
+	} {
+		if got := splitTexts(tc.p, tc.text); !slices.Equal(got, tc.want) {
+			t.Errorf("%s on %q: %q, want %q", tc.name, tc.text, got, tc.want)
+		}
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"strings"
+	"sync"
 	"unicode/utf8"
 )
 
@@ -75,10 +76,9 @@ func (t *Tokenizer) AppendEncode(dst []int, text string) ([]int, error) {
 	if !utf8.ValidString(text) {
 		return dst, fmt.Errorf("tokenizer: text is not valid UTF-8 (byte offset %d)", invalidOffset(text))
 	}
-	segs := splitAdded(make([]segment, 0, 8), text, true, t.rawTrie, t.added)
-	var pieces []piece
-	var normSegs []segment
-	for _, sg := range segs {
+	st := encodePool.Get().(*encodeState)
+	st.segs = splitAdded(st.segs[:0], text, true, t.rawTrie, t.added)
+	for _, sg := range st.segs {
 		if sg.id >= 0 {
 			dst = append(dst, sg.id)
 			continue
@@ -87,8 +87,8 @@ func (t *Tokenizer) AppendEncode(dst []int, text string) ([]int, error) {
 		if t.normalizer != nil {
 			s = t.normalizer.normalize(s)
 		}
-		normSegs = splitAdded(normSegs[:0], s, sg.first, t.normTrie, t.added)
-		for _, ns := range normSegs {
+		st.normSegs = splitAdded(st.normSegs[:0], s, sg.first, t.normTrie, t.added)
+		for _, ns := range st.normSegs {
 			if ns.id >= 0 {
 				dst = append(dst, ns.id)
 				continue
@@ -98,13 +98,33 @@ func (t *Tokenizer) AppendEncode(dst []int, text string) ([]int, error) {
 				dst = t.model.tokenize(dst, p)
 				continue
 			}
-			pieces = t.pre.split(pieces[:0], p)
-			for _, w := range pieces {
+			st.pieces = t.pre.split(st.pieces[:0], p)
+			for _, w := range st.pieces {
 				dst = t.model.tokenize(dst, w)
 			}
 		}
 	}
+	st.release()
 	return dst, nil
+}
+
+// encodeState holds the buffers of one AppendEncode call.
+type encodeState struct {
+	segs, normSegs []segment
+	pieces         []piece
+}
+
+var encodePool = sync.Pool{New: func() any { return new(encodeState) }}
+
+// release returns st to the pool, dropping references into the text and oversized buffers.
+func (st *encodeState) release() {
+	if cap(st.pieces) > 1<<16 || cap(st.segs) > 1<<12 || cap(st.normSegs) > 1<<12 {
+		return
+	}
+	clear(st.segs[:cap(st.segs)])
+	clear(st.normSegs[:cap(st.normSegs)])
+	clear(st.pieces[:cap(st.pieces)])
+	encodePool.Put(st)
 }
 
 func invalidOffset(s string) int {

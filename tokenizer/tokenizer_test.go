@@ -430,3 +430,33 @@ func TestPieceCounts(t *testing.T) {
 }
 
 func writeFile(path, s string) error { return os.WriteFile(path, []byte(s), 0o644) }
+
+// Cutting SentencePiece-style words before "▁" (bpe.chunkSep) must not change any id.
+func TestChunkingIsExact(t *testing.T) {
+	texts := readTexts(t)
+	for _, s := range texts {
+		texts = append(texts, strings.Repeat(s+" ", 3))
+	}
+	for _, name := range []string{"llama2", "mistral", "llama2-unk-fuse", "llama2-unk-nofuse"} {
+		tk := testTokenizer(t, name)
+		if tk.model.chunkSep == "" {
+			t.Fatalf("%s: words are not cut", name)
+		}
+		var plain *Tokenizer
+		for _, v := range readVariants(t) {
+			if v.Name == name {
+				plain, _ = Parse(variantJSON(t, v))
+			}
+		}
+		plain.model.chunkSep = ""
+		for _, s := range texts {
+			want, _ := plain.Encode(s, true)
+			if got, _ := tk.Encode(s, true); !slices.Equal(got, want) {
+				t.Fatalf("%s: %q: cut %v, whole %v", name, s, got, want)
+			}
+		}
+	}
+	if testTokenizer(t, "gpt2").model.chunkSep != "" {
+		t.Error("gpt2 has no ▁ and must not be cut")
+	}
+}
