@@ -19,9 +19,10 @@ type Model struct {
 	// Layout is the TwELL layout of the sparse MLP activations.
 	Layout twell.Layout
 
-	layers []cpuLayer
-	head   *cpu.PackedB // LM head (the embedding when tied)
-	rope   ropeTable
+	layers  []cpuLayer
+	head    *cpu.PackedB // LM head (the embedding when tied)
+	rope    ropeTable
+	mlpPath string // "auto", "sparse" or "dense"
 }
 
 type cpuLayer struct {
@@ -114,22 +115,22 @@ func (m *Model) NewCache(capacity int) *Cache {
 	return c
 }
 
-// SetMLPPath fixes how the MLPs finish after D2T: "auto" (by measured
-// density), "sparse" or "dense". It exists to compare the paths.
+// SetMLPPath chooses how the MLPs run: "auto" (TwELL D2T, then the sparse
+// or dense finish by measured density), "sparse" (always the TwELL sparse
+// finish) or "dense" (the plain dense MLP, three GEMMs: the baseline).
 func (m *Model) SetMLPPath(path string) error {
 	var d float64
 	switch path {
-	case "auto":
+	case "auto", "dense":
 	case "sparse":
 		d = 2
-	case "dense":
-		d = -1
 	default:
 		return fmt.Errorf("model: MLP path %q: want auto, sparse or dense", path)
 	}
 	for _, l := range m.layers {
 		l.mlp.AutoDensity = d
 	}
+	m.mlpPath = path
 	return nil
 }
 
@@ -236,7 +237,14 @@ func (m *Model) Forward(caches []*Cache, tokens [][]int, allLogits bool) ([][]fl
 		}
 		addInto(x, proj)
 		rmsNorm(hn, x, lw.MLPNorm, T, h, c.RMSNormEps)
-		p, sparse, err := l.mlp.Forward(proj, hn, T, m.Layout)
+		var p *twell.Matrix
+		var sparse bool
+		var err error
+		if m.mlpPath == "dense" {
+			err = l.mlp.Dense(proj, hn, T)
+		} else {
+			p, sparse, err = l.mlp.Forward(proj, hn, T, m.Layout)
+		}
 		if err != nil {
 			return nil, nil, fmt.Errorf("model: layer %d MLP: %w", li, err)
 		}

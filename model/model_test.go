@@ -178,7 +178,7 @@ func TestForwardMatchesFloat64Reference(t *testing.T) {
 		if path == "sparse" && !st.SparseLayer[0] {
 			t.Errorf("sparse path did not run the sparse tail")
 		}
-		if st.ActiveUnits[0] == 0 || st.ActiveUnits[0] > int64(len(ids)*c.IntermediateSize/4) {
+		if path != "dense" && (st.ActiveUnits[0] == 0 || st.ActiveUnits[0] > int64(len(ids)*c.IntermediateSize/4)) {
 			t.Errorf("seed %d: layer 0 had %d active units over %d tokens: not sparse", seed, st.ActiveUnits[0], len(ids))
 		}
 	}
