@@ -1,7 +1,6 @@
 package tokenizer
 
 import (
-	"fmt"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -136,17 +135,6 @@ func TestSplitBehaviors(t *testing.T) {
 	if want := []string{"-", "-", "-"}; !slices.Equal(got, want) {
 		t.Errorf("inverted Removed: %q, want %q", got, want)
 	}
-}
-
-func ExampleTokenizer_Decode() {
-	tk, err := Load("testdata/gpt2.json.gz")
-	if err != nil {
-		fmt.Println(err)
-		return
-	}
-	text, err := tk.Decode([]int{15496, 11, 995, 0}, false)
-	fmt.Printf("%q %v\n", text, err)
-	// Output: "Hello, world!" <nil>
 }
 
 func splitTexts(p preTokenizer, s string) []string {
