@@ -1,0 +1,274 @@
+package bench
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/twell-ai/twell/model"
+	"github.com/twell-ai/twell/synth"
+)
+
+// ModelOptions configure a whole-model benchmark.
+type ModelOptions struct {
+	Dir    string // checkpoint folder; empty means Preset
+	Preset string // "sparselm-1.5b": random weights at the SparseLM shape
+	// Layers, when positive, keeps only the first Layers decoder layers
+	// (presets only), so a large shape fits a small machine.
+	Layers int
+	// Density and Dist shape the random gates of a preset (realistic
+	// sparsity); ignored for checkpoints.
+	Density float64
+	Dist    synth.Dist
+	// Prefill: Batch sequences of PromptLen tokens in one forward pass.
+	Batch, PromptLen int
+	// Decode: for each batch size, DecodeSteps single-token steps after a
+	// 16-token prompt per sequence.
+	DecodeBatches []int
+	DecodeSteps   int
+	Reps          int
+	Seed          uint64
+}
+
+// Validate reports the first bad option, naming it.
+func (o ModelOptions) Validate() error {
+	switch {
+	case o.Dir == "" && o.Preset == "":
+		return fmt.Errorf("give -model DIR or -preset NAME")
+	case o.Dir != "" && o.Preset != "":
+		return fmt.Errorf("give -model or -preset, not both")
+	case o.Preset != "" && o.Preset != "sparselm-1.5b":
+		return fmt.Errorf("-preset %q: the known preset is sparselm-1.5b", o.Preset)
+	case o.Preset != "" && !(o.Density > 0 && o.Density < 1):
+		return fmt.Errorf("-density %g: must be inside (0, 1)", o.Density)
+	case o.Batch < 1 || o.PromptLen < 1:
+		return fmt.Errorf("-batch %d and -prompt-len %d must be positive", o.Batch, o.PromptLen)
+	case o.DecodeSteps < 1 || o.Reps < 1:
+		return fmt.Errorf("-decode-steps %d and -reps %d must be positive", o.DecodeSteps, o.Reps)
+	}
+	for _, b := range o.DecodeBatches {
+		if b < 1 {
+			return fmt.Errorf("-decode-batch %d: must be positive", b)
+		}
+	}
+	return nil
+}
+
+// DecodePoint is decode speed at one batch size.
+type DecodePoint struct {
+	Batch        int     `json:"batch"`
+	TokensPerSec float64 `json:"tokens_per_s"`
+	MSPerStep    float64 `json:"ms_per_step"`
+}
+
+// ModelResult is one path (dense or TwELL) of a whole-model benchmark.
+type ModelResult struct {
+	Device          string        `json:"device"`
+	Machine         string        `json:"machine"`
+	Date            string        `json:"date"`
+	Model           string        `json:"model"`
+	Params          int64         `json:"params"`
+	Path            string        `json:"path"` // "dense" or "twell"
+	PrefillTokens   int           `json:"prefill_tokens"`
+	PrefillMS       float64       `json:"prefill_ms"`
+	PrefillTokPerMS float64       `json:"prefill_tokens_per_ms"`
+	Speedup         float64       `json:"prefill_speedup"` // dense prefill ms / this path's
+	Decode          []DecodePoint `json:"decode"`
+	// MLPActive is the mean number of active MLP units per token, per layer
+	// (TwELL path); MLPWidth is the number of units.
+	MLPActive []float64 `json:"mlp_active_per_token,omitempty"`
+	MLPWidth  int       `json:"mlp_width"`
+	// AllocBytesPerToken is Go heap allocated by one prefill pass, per token.
+	AllocBytesPerToken float64 `json:"alloc_bytes_per_token"`
+	PeakRSSBytes       int64   `json:"peak_rss_bytes"`
+	// JoulesPerToken is null where no energy counter is readable (CPU VMs).
+	JoulesPerToken *float64 `json:"joules_per_token"`
+	MaxLogitDiff   float64  `json:"max_logit_diff_vs_dense"`
+}
+
+// ModelCPU runs the whole-model benchmark on the CPU: the plain dense MLP
+// path against the TwELL path, on the same weights and tokens.
+func ModelCPU(o ModelOptions, progress func(string)) ([]ModelResult, error) {
+	if err := o.Validate(); err != nil {
+		return nil, err
+	}
+	r := rand.New(rand.NewPCG(o.Seed, 0x30de1))
+	var m *model.Model
+	name := o.Dir
+	if o.Dir != "" {
+		var err error
+		if m, err = model.Load(o.Dir); err != nil {
+			return nil, err
+		}
+	} else {
+		c := model.SparseLM1B5()
+		if o.Layers > 0 {
+			c.NumHiddenLayers = min(o.Layers, c.NumHiddenLayers)
+		}
+		name = fmt.Sprintf("%s (random weights, %d layers, gate density %g %s)", o.Preset, c.NumHiddenLayers, o.Density, o.Dist)
+		progress(fmt.Sprintf("building %s", name))
+		w := model.RandomWeights(c, r)
+		if err := model.SparsifyGates(c, w, o.Density, o.Dist, r); err != nil {
+			return nil, err
+		}
+		var err error
+		if m, err = model.New(c, w); err != nil {
+			return nil, err
+		}
+	}
+	c := m.Config
+	if o.PromptLen+o.DecodeSteps+16 > c.MaxPositionEmbeddings {
+		return nil, fmt.Errorf("-prompt-len %d exceeds the model's %d positions", o.PromptLen, c.MaxPositionEmbeddings)
+	}
+	prompts := make([][]int, o.Batch)
+	for i := range prompts {
+		prompts[i] = make([]int, o.PromptLen)
+		for j := range prompts[i] {
+			prompts[i][j] = r.IntN(c.VocabSize)
+		}
+	}
+	var results []ModelResult
+	var denseLogits [][]float32
+	for _, path := range []string{"dense", "twell"} {
+		mp := map[string]string{"dense": "dense", "twell": "auto"}[path]
+		if err := m.SetMLPPath(mp); err != nil {
+			return nil, err
+		}
+		res := ModelResult{Device: "cpu", Machine: CPUName(), Date: time.Now().UTC().Format(time.RFC3339),
+			Model: name, Params: paramCount(c), Path: path, PrefillTokens: o.Batch * o.PromptLen, MLPWidth: c.IntermediateSize}
+		progress(fmt.Sprintf("%s: prefill %d x %d tokens", path, o.Batch, o.PromptLen))
+		var logits [][]float32
+		var stats *model.Stats
+		var allocated uint64
+		ms, err := timeMS(o.Reps, func(int) error {
+			caches := make([]*model.Cache, o.Batch)
+			for i := range caches {
+				caches[i] = m.NewCache(o.PromptLen)
+			}
+			var before, after runtime.MemStats
+			runtime.ReadMemStats(&before)
+			var err error
+			logits, stats, err = m.Forward(caches, prompts, false)
+			runtime.ReadMemStats(&after)
+			allocated = after.TotalAlloc - before.TotalAlloc
+			return err
+		})
+		if err != nil {
+			return nil, err
+		}
+		res.PrefillMS = ms
+		res.PrefillTokPerMS = float64(res.PrefillTokens) / ms
+		res.AllocBytesPerToken = float64(allocated) / float64(res.PrefillTokens)
+		if path == "twell" {
+			for _, a := range stats.ActiveUnits {
+				res.MLPActive = append(res.MLPActive, float64(a)/float64(stats.Tokens))
+			}
+		}
+		if path == "dense" {
+			denseLogits = logits
+		} else {
+			res.MaxLogitDiff = maxAbsDiff(logits, denseLogits)
+		}
+		for _, b := range o.DecodeBatches {
+			progress(fmt.Sprintf("%s: decode batch %d", path, b))
+			pt, err := decodeSpeed(m, r, b, o.DecodeSteps, o.Reps)
+			if err != nil {
+				return nil, err
+			}
+			res.Decode = append(res.Decode, pt)
+		}
+		res.PeakRSSBytes = peakRSS()
+		results = append(results, res)
+	}
+	for i := range results {
+		results[i].Speedup = results[0].PrefillMS / results[i].PrefillMS
+	}
+	return results, nil
+}
+
+// decodeSpeed times steps single-token decode steps for batch sequences
+// after a 16-token prompt each (prefill untimed), median of reps after one
+// warm-up repetition.
+func decodeSpeed(m *model.Model, r *rand.Rand, batch, steps, reps int) (DecodePoint, error) {
+	c := m.Config
+	times := make([]float64, 0, reps)
+	for rep := -1; rep < reps; rep++ {
+		caches := make([]*model.Cache, batch)
+		toks := make([][]int, batch)
+		for i := range caches {
+			caches[i] = m.NewCache(16 + steps)
+			toks[i] = make([]int, 16)
+			for j := range toks[i] {
+				toks[i][j] = r.IntN(c.VocabSize)
+			}
+		}
+		if _, _, err := m.Forward(caches, toks, false); err != nil {
+			return DecodePoint{}, err
+		}
+		t0 := time.Now()
+		for s := 0; s < steps; s++ {
+			for i := range toks {
+				toks[i] = []int{r.IntN(c.VocabSize)}
+			}
+			if _, _, err := m.Forward(caches, toks, false); err != nil {
+				return DecodePoint{}, err
+			}
+		}
+		if rep >= 0 {
+			times = append(times, float64(time.Since(t0).Microseconds())/1000)
+		}
+	}
+	med := Median(times)
+	return DecodePoint{Batch: batch, TokensPerSec: float64(batch*steps) / med * 1000, MSPerStep: med / float64(steps)}, nil
+}
+
+func paramCount(c model.Config) int64 {
+	h, f, hd := int64(c.HiddenSize), int64(c.IntermediateSize), int64(c.HeadDim)
+	per := h*hd*int64(c.NumAttentionHeads)*2 + h*hd*int64(c.NumKeyValueHeads)*2 + 2*h
+	mlp := int64(2)
+	if c.MLPGated {
+		mlp = 3
+	}
+	per += mlp * h * f
+	n := int64(c.VocabSize)*h + int64(c.NumHiddenLayers)*per + h
+	if !c.TieWordEmbeddings {
+		n += int64(c.VocabSize) * h
+	}
+	return n
+}
+
+func maxAbsDiff(a, b [][]float32) float64 {
+	d := 0.0
+	for i := range a {
+		for j := range a[i] {
+			d = max(d, float64(abs32(a[i][j]-b[i][j])))
+		}
+	}
+	return d
+}
+
+func abs32(v float32) float32 {
+	if v < 0 {
+		return -v
+	}
+	return v
+}
+
+// peakRSS returns the process's peak resident memory (VmHWM), or 0.
+func peakRSS() int64 {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			kb, _ := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+			return kb * 1024
+		}
+	}
+	return 0
+}

@@ -1,0 +1,106 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/twell-ai/twell/bench"
+	"github.com/twell-ai/twell/synth"
+)
+
+func init() {
+	register(command{name: "bench model", summary: "whole-model prefill and decode speed, dense vs TwELL", run: runBenchModel})
+}
+
+func runBenchModel(args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("bench model", stderr)
+	dir := fs.String("model", "", "checkpoint folder (config.json + model.safetensors)")
+	preset := fs.String("preset", "", "random weights at a known shape: sparselm-1.5b")
+	layers := fs.Int("layers", 0, "with -preset: keep only this many layers (0 = all)")
+	density := fs.Float64("density", 0.005, "with -preset: fraction of MLP units active per token")
+	dist := fs.String("dist", "skewed", "with -preset: per-unit firing rates, uniform or skewed")
+	batch := fs.Int("batch", 2, "prefill: sequences per forward pass")
+	promptLen := fs.Int("prompt-len", 128, "prefill: tokens per sequence")
+	decodeBatch := fs.String("decode-batch", "1,8", "decode: comma-separated batch sizes")
+	decodeSteps := fs.Int("decode-steps", 8, "decode: timed steps per batch size")
+	reps := fs.Int("reps", 3, "repetitions, median reported")
+	device := fs.String("device", "auto", "cpu, cuda or auto")
+	seed := fs.Uint64("seed", 0, "random seed (0: fresh, printed)")
+	jsonPath := fs.String("json", "", "write the results as JSON to this file")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	d, err := synth.ParseDist(*dist)
+	if err != nil {
+		return usagef("-dist: %v", err)
+	}
+	var batches []int
+	for _, s := range strings.Split(*decodeBatch, ",") {
+		b, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil {
+			return usagef("-decode-batch: %q is not an integer", s)
+		}
+		batches = append(batches, b)
+	}
+	switch *device {
+	case "auto", "cpu":
+	case "cuda":
+		return errors.New("-device cuda: the GPU model forward is not part of this build yet; use -device cpu")
+	default:
+		return usagef("-device %q: want cpu, cuda or auto", *device)
+	}
+	if *seed == 0 {
+		*seed = rand.Uint64()
+	}
+	o := bench.ModelOptions{Dir: *dir, Preset: *preset, Layers: *layers, Density: *density, Dist: d,
+		Batch: *batch, PromptLen: *promptLen, DecodeBatches: batches, DecodeSteps: *decodeSteps, Reps: *reps, Seed: *seed}
+	if err := o.Validate(); err != nil {
+		return usageError{err.Error()}
+	}
+	if err := checkWritable(*jsonPath); err != nil {
+		return err
+	}
+	fmt.Fprintf(stderr, "bench model: %s, seed %d\n", bench.CPUName(), *seed)
+	rs, err := bench.ModelCPU(o, func(s string) { fmt.Fprintln(stderr, "  "+s) })
+	if err != nil {
+		return err
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprint(tw, "path\tprefill tokens\tprefill ms\ttokens/ms\tspeedup\t")
+	for _, p := range rs[0].Decode {
+		fmt.Fprintf(tw, "decode b=%d tok/s\t", p.Batch)
+	}
+	fmt.Fprintln(tw, "MLP active/token\tmax |dlogit|\t")
+	for _, r := range rs {
+		fmt.Fprintf(tw, "%s\t%d\t%.1f\t%.3f\t%.2fx\t", r.Path, r.PrefillTokens, r.PrefillMS, r.PrefillTokPerMS, r.Speedup)
+		for _, p := range r.Decode {
+			fmt.Fprintf(tw, "%.1f\t", p.TokensPerSec)
+		}
+		act := "-"
+		if len(r.MLPActive) > 0 {
+			s := 0.0
+			for _, a := range r.MLPActive {
+				s += a
+			}
+			act = fmt.Sprintf("%.1f of %d", s/float64(len(r.MLPActive)), r.MLPWidth)
+		}
+		fmt.Fprintf(tw, "%s\t%.2g\t\n", act, r.MaxLogitDiff)
+	}
+	tw.Flush()
+	fmt.Fprintf(stderr, "model: %s, %.2fB parameters; peak RSS %.1f GiB; energy per token: not readable on this CPU\n",
+		rs[0].Model, float64(rs[0].Params)/1e9, float64(rs[len(rs)-1].PeakRSSBytes)/(1<<30))
+	if *jsonPath != "" {
+		b, err := json.MarshalIndent(rs, "", "  ")
+		if err != nil {
+			return err
+		}
+		return writeFileAtomic(*jsonPath, append(b, '\n'))
+	}
+	return nil
+}

@@ -1,0 +1,51 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestBenchModelOnCheckpoint(t *testing.T) {
+	dir := tinyCheckpoint(t)
+	js := filepath.Join(t.TempDir(), "m.json")
+	var out, errb bytes.Buffer
+	code := run([]string{"bench", "model", "-model", dir, "-batch", "2", "-prompt-len", "8", "-decode-batch", "1,3", "-decode-steps", "2", "-reps", "1", "-json", js}, &out, &errb)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	var rs []map[string]any
+	b, _ := os.ReadFile(js)
+	if err := json.Unmarshal(b, &rs); err != nil || len(rs) != 2 {
+		t.Fatalf("JSON: %v, %d results", err, len(rs))
+	}
+	if rs[0]["path"] != "dense" || rs[1]["path"] != "twell" {
+		t.Errorf("paths %v, %v", rs[0]["path"], rs[1]["path"])
+	}
+	if d := rs[1]["max_logit_diff_vs_dense"].(float64); d > 0.05 {
+		t.Errorf("TwELL logits differ from dense by %g", d)
+	}
+	if !strings.Contains(out.String(), "decode b=3 tok/s") {
+		t.Errorf("table: %q", out.String())
+	}
+}
+
+func TestBenchModelBadInput(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"bench", "model"}, "give -model DIR or -preset NAME"},
+		{[]string{"bench", "model", "-preset", "gpt5"}, "sparselm-1.5b"},
+		{[]string{"bench", "model", "-preset", "sparselm-1.5b", "-density", "2"}, "-density 2"},
+		{[]string{"bench", "model", "-preset", "sparselm-1.5b", "-decode-batch", "x"}, "not an integer"},
+	} {
+		var out, errb bytes.Buffer
+		if code := run(c.args, &out, &errb); code != 2 || !strings.Contains(errb.String(), c.want) {
+			t.Errorf("%v: exit %d, stderr %q, want 2 and %q", c.args, code, errb.String(), c.want)
+		}
+	}
+}
