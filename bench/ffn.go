@@ -69,6 +69,18 @@ type FFNResult struct {
 	DenseActBytes int64   `json:"dense_act_bytes"`
 	TwELLActBytes int64   `json:"twell_act_bytes"`
 	DenseGFLOPS   float64 `json:"dense_gflops"`
+
+	// GPU runs only (FFNCUDA); zero and left out on the CPU.
+	D2TKernel       string  `json:"d2t_kernel,omitempty"` // wgmma or mma
+	D2TMS           float64 `json:"d2t_ms,omitempty"`     // the D2T kernel alone
+	AutoMS          float64 `json:"auto_ms,omitempty"`    // MLP.Forward, the automatic path
+	AutoSpeedup     float64 `json:"auto_speedup,omitempty"`
+	AutoPath        string  `json:"auto_path,omitempty"` // the path Forward settled on
+	AutoRelErr      float64 `json:"auto_rel_err,omitempty"`
+	DenseMJPerToken float64 `json:"dense_mj_per_token,omitempty"` // NVML energy per token
+	TwELLMJPerToken float64 `json:"twell_mj_per_token,omitempty"`
+	AutoMJPerToken  float64 `json:"auto_mj_per_token,omitempty"`
+	InputBuffers    int     `json:"input_buffers,omitempty"` // rotated x batches
 }
 
 // FFNCPU runs the MLP-block benchmark on the CPU: the project's dense MLP

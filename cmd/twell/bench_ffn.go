@@ -11,6 +11,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/twell-ai/twell/bench"
+	"github.com/twell-ai/twell/cuda"
 	"github.com/twell-ai/twell/synth"
 	"github.com/twell-ai/twell/twell"
 )
@@ -49,14 +50,24 @@ func runBenchFFN(args []string, stdout, stderr io.Writer) error {
 		*seed = rand.Uint64()
 	}
 	dev := *device
+	run := bench.FFNCPU
 	switch dev {
 	case "auto":
-		dev = "cpu" // the CUDA MLP kernels arrive with the GPU kernels issue
+		dev = "cpu"
+		if n, err := cuda.Count(); err == nil && n > 0 {
+			dev, run = "cuda", bench.FFNCUDA
+		}
 	case "cpu":
 	case "cuda":
-		return fmt.Errorf("-device cuda: the GPU MLP kernels are not part of this build yet; use -device cpu")
+		run = bench.FFNCUDA
 	default:
 		return usagef("-device %q: want cpu, cuda or auto", dev)
+	}
+	if dev == "cuda" && *m == 0 {
+		*m = 65536
+	}
+	if dev == "cuda" && *reps == 0 {
+		*reps = 30
 	}
 	if *m == 0 {
 		*m = 1024
@@ -75,7 +86,7 @@ func runBenchFFN(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	fmt.Fprintf(stderr, "bench ffn: %s, d=%d f=%d m=%d %s gated=%v C=%d seed=%d\n", bench.CPUName(), o.D, o.F, o.M, dst, o.Gated, o.Layout.C, o.Seed)
-	results, err := bench.FFNCPU(o, func(s string) { fmt.Fprintln(stderr, "  "+s) })
+	results, err := run(o, func(s string) { fmt.Fprintln(stderr, "  "+s) })
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,289 @@
+package bench
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"github.com/twell-ai/twell/cuda"
+	"github.com/twell-ai/twell/cuda/cublas"
+	"github.com/twell-ai/twell/cuda/nvml"
+	"github.com/twell-ai/twell/gpu"
+	"github.com/twell-ai/twell/synth"
+)
+
+// FFNCUDA runs the MLP-block benchmark on CUDA device 0. In the same run and
+// on the same bf16 weights it times the dense MLP (cuBLASLt: three GEMMs and
+// one elementwise kernel), the TwELL MLP (D2T + gated T2D + exact fallback),
+// the automatic path (MLP.Forward) and the D2T kernel alone, each with CUDA
+// events around every repetition: the median of o.Reps after 3 warm-up calls,
+// rotating among enough input batches that they do not fit in L2. Each
+// path's output is checked against the float64 reference; energy per token
+// comes from NVML's energy counter over back-to-back calls.
+func FFNCUDA(o FFNOptions, progress func(string)) ([]FFNResult, error) {
+	if err := o.Validate(); err != nil {
+		return nil, err
+	}
+	if o.RefRows == 0 {
+		o.RefRows = 16
+	}
+	dev, err := cuda.Open(0)
+	if err != nil {
+		return nil, err
+	}
+	blas, err := cublas.New(dev)
+	if err != nil {
+		return nil, err
+	}
+	defer blas.Close()
+	props := dev.Properties()
+	meter, nvErr := nvml.DeviceByPCIBusID(props.PCIBusID)
+	say := func(format string, a ...any) {
+		if progress != nil {
+			progress(fmt.Sprintf(format, a...))
+		}
+	}
+	if nvErr != nil {
+		say("no energy figures: %v", nvErr)
+	}
+
+	r := rand.New(rand.NewPCG(o.Seed, 0x7e11))
+	xBytes := 2 * o.M * o.D
+	nbuf := min(max(2, (3*props.L2Bytes+xBytes-1)/xBytes), 8)
+	say("uploading %d input batches of %d x %d", nbuf, o.M, o.D)
+	x0 := synth.Tokens(r, o.M, o.D)
+	xs := make([]*cuda.Buffer, nbuf)
+	for i := range xs {
+		x := x0
+		if i > 0 {
+			x = synth.Tokens(r, o.M, o.D)
+		}
+		if xs[i], err = gpu.Upload(dev, x); err != nil {
+			return nil, err
+		}
+		defer xs[i].Free()
+	}
+	y, err := dev.Alloc(xBytes)
+	if err != nil {
+		return nil, err
+	}
+	defer y.Free()
+	start, err := dev.NewEvent()
+	if err != nil {
+		return nil, err
+	}
+	defer start.Destroy()
+	end, err := dev.NewEvent()
+	if err != nil {
+		return nil, err
+	}
+	defer end.Destroy()
+	refRows := synth.SampleRows(r, o.M, o.RefRows)
+
+	// timeMS returns the median event-timed milliseconds of run over o.Reps
+	// repetitions after 3 warm-up calls, rotating the input batches.
+	timeMS := func(run func(x *cuda.Buffer) error) (float64, error) {
+		for i := 0; i < 3; i++ {
+			if err := run(xs[i%nbuf]); err != nil {
+				return 0, err
+			}
+		}
+		ts := make([]float64, o.Reps)
+		for i := range ts {
+			if err := start.Record(nil); err != nil {
+				return 0, err
+			}
+			if err := run(xs[i%nbuf]); err != nil {
+				return 0, err
+			}
+			if err := end.Record(nil); err != nil {
+				return 0, err
+			}
+			if err := end.Synchronize(); err != nil {
+				return 0, err
+			}
+			d, err := start.Elapsed(end)
+			if err != nil {
+				return 0, err
+			}
+			ts[i] = float64(d.Nanoseconds()) / 1e6
+		}
+		return Median(ts), nil
+	}
+	// energy returns millijoules per token over back-to-back calls lasting
+	// at least half a second.
+	energy := func(run func(x *cuda.Buffer) error, ms float64) (float64, error) {
+		if meter == nil || ms <= 0 {
+			return 0, nil
+		}
+		n := max(o.Reps, int(500/ms)+1)
+		if err := dev.Synchronize(); err != nil {
+			return 0, err
+		}
+		mt, err := meter.StartMeter()
+		if err != nil {
+			return 0, nil
+		}
+		for i := 0; i < n; i++ {
+			if err := run(xs[i%nbuf]); err != nil {
+				return 0, err
+			}
+		}
+		if err := dev.Synchronize(); err != nil {
+			return 0, err
+		}
+		j, _, err := mt.Stop()
+		if err != nil {
+			return 0, nil
+		}
+		return 1000 * j / float64(n*o.M), nil
+	}
+	// check runs once on batch 0 and returns the rel err of the ref rows.
+	check := func(run func(x *cuda.Buffer) error, want [][]float64) (float64, error) {
+		if err := dev.Memset8(y, 0xff, nil); err != nil {
+			return 0, err
+		}
+		if err := run(xs[0]); err != nil {
+			return 0, err
+		}
+		if err := dev.Synchronize(); err != nil {
+			return 0, err
+		}
+		got := make([]float32, len(refRows)*o.D) // the reference rows only, in order
+		idx := make([]int, len(refRows))
+		for i, row := range refRows {
+			idx[i] = i
+			b, err := y.Slice(2*row*o.D, 2*o.D)
+			if err != nil {
+				return 0, err
+			}
+			v, err := gpu.Download(dev, b, o.D)
+			if err != nil {
+				return 0, err
+			}
+			copy(got[i*o.D:], v)
+		}
+		return synth.RelErr(got, o.D, idx, want), nil
+	}
+
+	var out []FFNResult
+	for _, density := range o.Densities {
+		say("density %g: building weights", density)
+		sl, err := synth.NewLayer(r, o.D, o.F, density, o.Dist, o.Gated)
+		if err != nil {
+			return nil, err
+		}
+		l, err := gpu.NewMLP(dev, blas, sl.Gate, sl.Up, sl.Down, o.D, o.F, o.Layout)
+		if err != nil {
+			return nil, err
+		}
+		res, err := ffnCase(o, density, l, sl, ffnEnv{x0: x0, x: xs[0], y: y, refRows: refRows,
+			timeMS: timeMS, energy: energy, check: check, say: say})
+		l.Close()
+		if err != nil {
+			return nil, err
+		}
+		res.Machine = fmt.Sprintf("%s, %d SMs, %d MiB L2", props.Name, props.SMs, props.L2Bytes>>20)
+		res.InputBuffers = nbuf
+		out = append(out, res)
+	}
+	return out, nil
+}
+
+// ffnEnv is what one benchmark case needs from FFNCUDA.
+type ffnEnv struct {
+	x0      []float32    // host copy of input batch 0
+	x, y    *cuda.Buffer // input batch 0 and the output every path writes
+	refRows []int
+	timeMS  func(func(*cuda.Buffer) error) (float64, error)
+	energy  func(func(*cuda.Buffer) error, float64) (float64, error)
+	check   func(func(*cuda.Buffer) error, [][]float64) (float64, error)
+	say     func(string, ...any)
+}
+
+func ffnCase(o FFNOptions, density float64, l *gpu.MLP, sl *synth.Layer, e ffnEnv) (FFNResult, error) {
+	res := FFNResult{
+		Device: "cuda", Date: time.Now().UTC().Format(time.RFC3339),
+		D: o.D, F: o.F, M: o.M, Density: density, Dist: string(o.Dist), Gated: o.Gated,
+		C: o.Layout.C, Reps: o.Reps,
+		DenseActBytes: l.DenseActBytes(o.M), TwELLActBytes: l.SparseActBytes(o.M),
+	}
+	kern, kerr := l.D2TKernel()
+	res.D2TKernel = kern.String()
+	if kerr != nil {
+		e.say("density %g: D2T kernel %v (%v)", density, kern, kerr)
+	}
+	want := make([][]float64, len(e.refRows))
+	for i, row := range e.refRows {
+		want[i], _ = sl.Reference(e.x0[row*o.D : (row+1)*o.D])
+	}
+	yb := e.y
+	var err error
+	dense := func(x *cuda.Buffer) error { return l.Dense(nil, yb, x, o.M) }
+	sparse := func(x *cuda.Buffer) error { return l.Sparse(nil, yb, x, o.M) }
+	var autoPath gpu.Path
+	auto := func(x *cuda.Buffer) error {
+		p, err := l.Forward(nil, yb, x, o.M)
+		autoPath = p
+		return err
+	}
+	d2t := func(x *cuda.Buffer) error { return l.QueueD2T(nil, x, o.M) }
+
+	e.say("density %g: timing dense (cuBLASLt)", density)
+	if res.DenseMS, err = e.timeMS(dense); err != nil {
+		return res, fmt.Errorf("dense MLP: %w", err)
+	}
+	e.say("density %g: timing TwELL", density)
+	if res.TwELLMS, err = e.timeMS(sparse); err != nil {
+		return res, fmt.Errorf("TwELL MLP: %w", err)
+	}
+	e.say("density %g: timing D2T alone and the automatic path", density)
+	if res.D2TMS, err = e.timeMS(d2t); err != nil {
+		return res, fmt.Errorf("D2T: %w", err)
+	}
+	if res.AutoMS, err = e.timeMS(auto); err != nil {
+		return res, fmt.Errorf("automatic path: %w", err)
+	}
+	res.AutoPath = autoPath.String()
+	res.Speedup = res.DenseMS / res.TwELLMS
+	res.AutoSpeedup = res.DenseMS / res.AutoMS
+
+	checkPath := func(run func(*cuda.Buffer) error) (float64, error) { return e.check(run, want) }
+	if res.DenseRelErr, err = checkPath(dense); err != nil {
+		return res, err
+	}
+	if res.RelErr, err = checkPath(sparse); err != nil {
+		return res, err
+	}
+	if res.AutoRelErr, err = checkPath(auto); err != nil {
+		return res, err
+	}
+
+	p, err := l.D2T(nil, e.x, o.M)
+	if err != nil {
+		return res, err
+	}
+	res.OverflowRows = len(p.Overflow)
+	res.NNZMean = float64(p.NNZ) / float64(o.M)
+	for r := 0; r < o.M; r++ {
+		res.NNZMax = max(res.NNZMax, p.RowNNZ(r))
+	}
+	if res.DenseMJPerToken, err = e.energy(dense, res.DenseMS); err != nil {
+		return res, err
+	}
+	if res.TwELLMJPerToken, err = e.energy(sparse, res.TwELLMS); err != nil {
+		return res, err
+	}
+	if res.AutoMJPerToken, err = e.energy(auto, res.AutoMS); err != nil {
+		return res, err
+	}
+	flops := 4.0 * float64(o.M) * float64(o.D) * float64(o.F)
+	if o.Gated {
+		flops *= 1.5
+	}
+	res.DenseGFLOPS = flops / res.DenseMS / 1e6
+	e.say("density %g: dense %.3f ms, TwELL %.3f ms (%.2fx; D2T %.3f ms), auto %.3f ms (%.2fx, %s); rel err %.1e/%.1e/%.1e; mJ/token %.4f/%.4f/%.4f",
+		density, res.DenseMS, res.TwELLMS, res.Speedup, res.D2TMS, res.AutoMS, res.AutoSpeedup, res.AutoPath,
+		res.DenseRelErr, res.RelErr, res.AutoRelErr, res.DenseMJPerToken, res.TwELLMJPerToken, res.AutoMJPerToken)
+	return res, nil
+}

@@ -1,0 +1,170 @@
+// common.cuh: types and helpers shared by twell's GPU kernels. The kernels
+// are compiled by NVRTC without the CUDA headers, so everything they need is
+// declared here (inline PTX where there is no builtin).
+#pragma once
+
+typedef unsigned int u32;
+typedef unsigned short u16;
+typedef unsigned long long u64;
+
+// TmaDesc is a CUtensorMap passed by value as a __grid_constant__ parameter.
+struct __align__(64) TmaDesc {
+  u64 v[16];
+};
+
+// bf16 <-> fp32. A bf16 is the upper half of a float32.
+__device__ __forceinline__ float bf_lo(u32 w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float bf_hi(u32 w) { return __uint_as_float(w & 0xffff0000u); }
+__device__ __forceinline__ float bf_to_f(u16 b) { return __uint_as_float(((u32)b) << 16); }
+
+// f_to_bf rounds to nearest even; NaN stays NaN (quiet, sign kept), as
+// twell's bf16.FromFloat32.
+__device__ __forceinline__ u32 f_to_bf(float f) {
+  u32 u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return ((u >> 16) | 0x40u) & 0xffffu;
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return u >> 16;
+}
+
+__device__ __forceinline__ u32 pack_bf2(float lo, float hi) { return f_to_bf(lo) | (f_to_bf(hi) << 16); }
+
+__device__ __forceinline__ u32 smem_addr(const void* p) {
+  u32 r;
+  asm volatile("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(r) : "l"(p));
+  return r;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// L2 cache policies: weights are kept (evict_last), streamed activations go
+// first (evict_first).
+__device__ __forceinline__ u64 policy_evict_last() {
+  u64 p;
+  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(p));
+  return p;
+}
+__device__ __forceinline__ u64 policy_evict_first() {
+  u64 p;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
+  return p;
+}
+
+__device__ __forceinline__ uint4 ld_hint(const void* p, u64 pol) {
+  uint4 r;
+  asm volatile("ld.global.nc.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %5;"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+               : "l"(p), "l"(pol));
+  return r;
+}
+__device__ __forceinline__ u32 ld_hint_u32(const void* p, u64 pol) {
+  u32 r;
+  asm volatile("ld.global.nc.L2::cache_hint.u32 %0, [%1], %2;" : "=r"(r) : "l"(p), "l"(pol));
+  return r;
+}
+__device__ __forceinline__ void st_hint(void* p, uint4 v, u64 pol) {
+  asm volatile("st.global.L2::cache_hint.v4.u32 [%0], {%1,%2,%3,%4}, %5;" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z),
+               "r"(v.w), "l"(pol)
+               : "memory");
+}
+
+// dot8 returns sum_i a[i]*b[i] over 8 bf16 pairs, in fp32 (exact products).
+__device__ __forceinline__ float dot8(uint4 a, uint4 b, float s) {
+  s = fmaf(bf_lo(a.x), bf_lo(b.x), s);
+  s = fmaf(bf_hi(a.x), bf_hi(b.x), s);
+  s = fmaf(bf_lo(a.y), bf_lo(b.y), s);
+  s = fmaf(bf_hi(a.y), bf_hi(b.y), s);
+  s = fmaf(bf_lo(a.z), bf_lo(b.z), s);
+  s = fmaf(bf_hi(a.z), bf_hi(b.z), s);
+  s = fmaf(bf_lo(a.w), bf_lo(b.w), s);
+  s = fmaf(bf_hi(a.w), bf_hi(b.w), s);
+  return s;
+}
+
+// axpy8 adds h*b to the 8 accumulators acc[0..7].
+__device__ __forceinline__ void axpy8(float* acc, float h, uint4 b) {
+  acc[0] = fmaf(h, bf_lo(b.x), acc[0]);
+  acc[1] = fmaf(h, bf_hi(b.x), acc[1]);
+  acc[2] = fmaf(h, bf_lo(b.y), acc[2]);
+  acc[3] = fmaf(h, bf_hi(b.y), acc[3]);
+  acc[4] = fmaf(h, bf_lo(b.z), acc[4]);
+  acc[5] = fmaf(h, bf_hi(b.z), acc[5]);
+  acc[6] = fmaf(h, bf_lo(b.w), acc[6]);
+  acc[7] = fmaf(h, bf_hi(b.w), acc[7]);
+}
+
+// flag_row marks row as needing the dense fallback, once, and appends it to
+// the overflow list ovf (ovf[0] = count, ovf[1..] = rows).
+__device__ __forceinline__ void flag_row(int* flags, int* ovf, int row) {
+  if (atomicExch(&flags[row], 1) == 0) {
+    int i = atomicAdd(&ovf[0], 1);
+    ovf[1 + i] = row;
+  }
+}
+
+__device__ __forceinline__ u64 shfl64(u64 v, int src) {
+  u32 lo = __shfl_sync(0xffffffffu, (u32)v, src);
+  u32 hi = __shfl_sync(0xffffffffu, (u32)(v >> 32), src);
+  return ((u64)hi << 32) | lo;
+}
+
+// pack_row_epilogue packs one accumulator row of a 256-column tile into the
+// TwELL staging row srow (S words, zeroed beforehand). The row's 256 fp32
+// values are spread over the 4 threads of a quad in the mma/wgmma
+// accumulator layout: thread q of the quad holds, for each 8-column group i,
+// columns 8i+2q and 8i+2q+1 in v(i, 0) and v(i, 1). Active entries (> 0, or
+// NaN) are ranked in column order from the quad's bit masks, so slot order
+// is deterministic; word 0 gets the true count. A row whose tile holds more
+// than S-1 entries, or a value bf16 cannot hold (NaN, Inf), is flagged for
+// the exact dense fallback. Returns the true count (valid on every lane).
+template <int S, typename V>
+__device__ __forceinline__ int pack_row_epilogue(V v, u32* srow, int col_base, int row, bool row_valid, int* flags,
+                                                 int* ovf) {
+  const int lane = threadIdx.x & 31, q = lane & 3, qb = lane & ~3;
+  u64 mine = 0;
+#pragma unroll
+  for (int i = 0; i < 32; ++i) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      float x = v(i, e);
+      if (x > 0.f || x != x) mine |= 1ull << (2 * i + e);
+    }
+  }
+  u64 M0 = shfl64(mine, qb + 0), M1 = shfl64(mine, qb + 1), M2 = shfl64(mine, qb + 2), M3 = shfl64(mine, qb + 3);
+  int total = __popcll(M0) + __popcll(M1) + __popcll(M2) + __popcll(M3);
+  bool bad = false;
+  if (mine != 0) {
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+      u32 two = (u32)(mine >> (2 * i)) & 3u;
+      if (two) {
+        const u64 low = (i == 0) ? 0ull : ((1ull << (2 * i)) - 1ull);
+        int base = __popcll(M0 & low) + __popcll(M1 & low) + __popcll(M2 & low) + __popcll(M3 & low);
+        if (q > 0) base += __popc((u32)(M0 >> (2 * i)) & 3u);
+        if (q > 1) base += __popc((u32)(M1 >> (2 * i)) & 3u);
+        if (q > 2) base += __popc((u32)(M2 >> (2 * i)) & 3u);
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          if (two & (1u << e)) {
+            int rank = base + ((e == 1) ? (int)(two & 1u) : 0);
+            u32 b = f_to_bf(v(i, e));
+            if (b == 0) b = 1;  // positive but under bf16's smallest subnormal
+            if ((b & 0x7fffu) >= 0x7f80u) bad = true;
+            if (rank < S - 1) srow[1 + rank] = (b << 16) | (u32)(col_base + 8 * i + 2 * q + e);
+          }
+        }
+      }
+    }
+  }
+  u32 bq = bad ? 1u : 0u;
+  bq |= __shfl_xor_sync(0xffffffffu, bq, 1);
+  bq |= __shfl_xor_sync(0xffffffffu, bq, 2);
+  if (q == 0) {
+    srow[0] = (u32)total;
+    if (row_valid && (bq || total > S - 1)) flag_row(flags, ovf, row);
+  }
+  return total;
+}

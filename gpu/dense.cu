@@ -1,0 +1,57 @@
+// dense.cu: elementwise kernels of the dense MLP (the cuBLASLt baseline and
+// the automatic path's dense branch). They also count the active gate units,
+// so that the automatic path sees the density of every batch.
+#include "common.cuh"
+
+// relu_mul: h = bf16(relu(g) * u), 8 bf16 per thread per step; n % 8 == 0.
+// h may alias g or u (each element is read and written by one thread).
+// Adds the number of g > 0 to *nnz.
+__global__ void __launch_bounds__(256)
+    relu_mul(const u16* g, const u16* u, u16* h, long long n,
+             u64* __restrict__ nnz) {
+  u32 cnt = 0;
+  for (long long i = ((long long)blockIdx.x * blockDim.x + threadIdx.x) * 8; i < n;
+       i += (long long)gridDim.x * blockDim.x * 8) {
+    uint4 gv = *(const uint4*)(g + i), uv = *(const uint4*)(u + i);
+    u32 gw[4] = {gv.x, gv.y, gv.z, gv.w}, uw[4] = {uv.x, uv.y, uv.z, uv.w}, o[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      float g0 = bf_lo(gw[k]), g1 = bf_hi(gw[k]);
+      cnt += (g0 > 0.f) + (g1 > 0.f);
+      o[k] = pack_bf2(fmaxf(g0, 0.f) * bf_lo(uw[k]), fmaxf(g1, 0.f) * bf_hi(uw[k]));
+    }
+    uint4 ov;
+    ov.x = o[0];
+    ov.y = o[1];
+    ov.z = o[2];
+    ov.w = o[3];
+    *(uint4*)(h + i) = ov;
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) cnt += __shfl_xor_sync(0xffffffffu, cnt, o);
+  if ((threadIdx.x & 31) == 0 && cnt) atomicAdd(nnz, (u64)cnt);
+}
+
+// relu_inplace: h = relu(h) for the non-gated MLP; counts h > 0.
+__global__ void __launch_bounds__(256) relu_inplace(u16* __restrict__ h, long long n, u64* __restrict__ nnz) {
+  u32 cnt = 0;
+  for (long long i = ((long long)blockIdx.x * blockDim.x + threadIdx.x) * 8; i < n;
+       i += (long long)gridDim.x * blockDim.x * 8) {
+    uint4 hv = *(uint4*)(h + i);
+    u32 w[4] = {hv.x, hv.y, hv.z, hv.w};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      float a = bf_lo(w[k]), b = bf_hi(w[k]);
+      cnt += (a > 0.f) + (b > 0.f);
+      w[k] = pack_bf2(fmaxf(a, 0.f), fmaxf(b, 0.f));
+    }
+    hv.x = w[0];
+    hv.y = w[1];
+    hv.z = w[2];
+    hv.w = w[3];
+    *(uint4*)(h + i) = hv;
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) cnt += __shfl_xor_sync(0xffffffffu, cnt, o);
+  if ((threadIdx.x & 31) == 0 && cnt) atomicAdd(nnz, (u64)cnt);
+}

@@ -1,0 +1,26 @@
+// Package gpu runs twell's sparse MLP on NVIDIA GPUs: TwELL kernels written
+// in CUDA C++ (the .cu files beside this one, compiled by NVRTC at first use)
+// and the cuBLASLt dense baseline they are measured against.
+//
+// The MLP block, gated or not:
+//
+//	gated:     y = (relu(x Wg^T) * (x Wu^T)) Wd^T
+//	non-gated: y = relu(x Wu^T) Wd^T
+//
+// The sparse path is two kernels sharing one packed buffer:
+//
+//   - D2T: the gate GEMM (bf16 in, fp32 accumulate) whose epilogue applies
+//     ReLU and packs each row's 256-column tiles into TwELL, with slots in
+//     column order (deterministic), true counts, and every row whose tile
+//     overflows (more than S-1 entries) or holds NaN/Inf flagged. On Hopper
+//     (sm_90a) it is a persistent TMA + wgmma kernel with 2-CTA clusters;
+//     elsewhere a simpler mma.sync kernel.
+//   - T2D: for each token, the up projection on the active units only, the
+//     gating product, and the down projection (gated T2D), or the down
+//     projection alone (T2D). Flagged rows are recomputed exactly and densely.
+//
+// MLP.Forward picks the sparse or the dense path for each call from the
+// measured number of active units, so the block is never much slower than
+// dense. Weights are stored once, bf16, in the layout the kernels want:
+// Wg and Wu as [f, d] (nn.Linear layout) and D = Wd^T as [f, d].
+package gpu

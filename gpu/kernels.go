@@ -1,0 +1,161 @@
+package gpu
+
+import (
+	_ "embed"
+	"fmt"
+	"sync"
+
+	"github.com/twell-ai/twell/cuda"
+)
+
+var (
+	//go:embed common.cuh
+	commonCUH []byte
+	//go:embed wgmma.cuh
+	wgmmaCUH []byte
+	//go:embed d2t_mma.cu
+	d2tMMASrc []byte
+	//go:embed d2t_wgmma.cu
+	d2tWGMMASrc []byte
+	//go:embed t2d.cu
+	t2dSrc []byte
+	//go:embed dense.cu
+	denseSrc []byte
+)
+
+// wgmmaStages returns the pipeline depth of the wgmma D2T kernel for S words
+// per tile: 4 stages fit beside the staging tile for S = 32 and 64.
+func wgmmaStages(s int) int {
+	if s == 128 {
+		return 3
+	}
+	return 4
+}
+
+// kernels are the compiled modules of one device. Each .cu file is compiled
+// on first use; a failure is kept and returned to every caller, so that one
+// broken kernel (say wgmma on a non-Hopper GPU) leaves the others usable.
+type kernels struct {
+	dev *cuda.Device
+
+	mmaOnce, wgOnce, denseOnce, fbOnce sync.Once
+	mma, wg                            map[int]*cuda.Function // D2T by S
+	mmaErr, wgErr                      error
+	reluMul, reluInplace               *cuda.Function
+	denseErr                           error
+
+	t2dMu sync.Mutex
+	t2d   map[int]*t2dSet // by chunks per row, ceil(d/256)
+}
+
+type t2dSet struct {
+	gated, plain     *cuda.Function
+	fbGated, fbPlain *cuda.Function
+	err              error
+}
+
+var (
+	kernMu  sync.Mutex
+	kernTab = map[*cuda.Device]*kernels{}
+)
+
+func kernelsFor(dev *cuda.Device) *kernels {
+	kernMu.Lock()
+	defer kernMu.Unlock()
+	k := kernTab[dev]
+	if k == nil {
+		k = &kernels{dev: dev, t2d: map[int]*t2dSet{}}
+		kernTab[dev] = k
+	}
+	return k
+}
+
+func (k *kernels) compile(name string, src []byte, exprs []string, opts ...cuda.CompileOption) (map[string]*cuda.Function, error) {
+	opts = append(opts, cuda.WithHeader("common.cuh", commonCUH), cuda.WithHeader("wgmma.cuh", wgmmaCUH),
+		cuda.WithNameExpressions(exprs...))
+	mod, err := k.dev.Compile(name, src, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("gpu: compiling %s: %w", name, err)
+	}
+	fs := map[string]*cuda.Function{}
+	for _, e := range exprs {
+		f, err := mod.Function(e)
+		if err != nil {
+			return nil, fmt.Errorf("gpu: %s: kernel %s: %w", name, e, err)
+		}
+		fs[e] = f
+	}
+	return fs, nil
+}
+
+// d2tMMA returns the mma.sync D2T kernel for S words per tile.
+func (k *kernels) d2tMMA(s int) (*cuda.Function, error) {
+	k.mmaOnce.Do(func() {
+		exprs := []string{"d2t_mma<32>", "d2t_mma<64>", "d2t_mma<128>"}
+		fs, err := k.compile("d2t_mma.cu", d2tMMASrc, exprs)
+		if err != nil {
+			k.mmaErr = err
+			return
+		}
+		k.mma = map[int]*cuda.Function{32: fs[exprs[0]], 64: fs[exprs[1]], 128: fs[exprs[2]]}
+	})
+	if k.mmaErr != nil {
+		return nil, k.mmaErr
+	}
+	return k.mma[s], nil
+}
+
+// d2tWGMMA returns the Hopper D2T kernel for S words per tile.
+func (k *kernels) d2tWGMMA(s int) (*cuda.Function, error) {
+	k.wgOnce.Do(func() {
+		p := k.dev.Properties()
+		if p.Arch != "sm_90a" {
+			k.wgErr = fmt.Errorf("gpu: the wgmma D2T kernel needs sm_90a (Hopper); %v is %s", k.dev, p.Arch)
+			return
+		}
+		exprs := []string{"d2t_wgmma<32,4>", "d2t_wgmma<64,4>", "d2t_wgmma<128,3>"}
+		fs, err := k.compile("d2t_wgmma.cu", d2tWGMMASrc, exprs)
+		if err != nil {
+			k.wgErr = err
+			return
+		}
+		k.wg = map[int]*cuda.Function{32: fs[exprs[0]], 64: fs[exprs[1]], 128: fs[exprs[2]]}
+	})
+	if k.wgErr != nil {
+		return nil, k.wgErr
+	}
+	return k.wg[s], nil
+}
+
+// dense returns the elementwise kernels of the dense MLP.
+func (k *kernels) dense() (reluMul, reluInplace *cuda.Function, err error) {
+	k.denseOnce.Do(func() {
+		fs, err := k.compile("dense.cu", denseSrc, []string{"relu_mul", "relu_inplace"})
+		if err != nil {
+			k.denseErr = err
+			return
+		}
+		k.reluMul, k.reluInplace = fs["relu_mul"], fs["relu_inplace"]
+	})
+	return k.reluMul, k.reluInplace, k.denseErr
+}
+
+// t2dFor returns the T2D and fallback kernels for hidden size d.
+func (k *kernels) t2dFor(d int) (*t2dSet, error) {
+	nch := (d + 255) / 256
+	k.t2dMu.Lock()
+	defer k.t2dMu.Unlock()
+	if set, ok := k.t2d[nch]; ok {
+		return set, set.err
+	}
+	exprs := []string{"t2d<true>", "t2d<false>", "row_fallback<true>", "row_fallback<false>"}
+	set := &t2dSet{}
+	fs, err := k.compile("t2d.cu", t2dSrc, exprs, cuda.WithOptions(fmt.Sprintf("-DTW_NCH=%d", nch)))
+	if err != nil {
+		set.err = err
+	} else {
+		set.gated, set.plain, set.fbGated, set.fbPlain = fs[exprs[0]], fs[exprs[1]], fs[exprs[2]], fs[exprs[3]]
+	}
+	k.t2d[nch] = set
+	return set, set.err
+}

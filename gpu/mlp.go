@@ -1,0 +1,675 @@
+package gpu
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+
+	"github.com/twell-ai/twell/bf16"
+	"github.com/twell-ai/twell/cuda"
+	"github.com/twell-ai/twell/cuda/cublas"
+	"github.com/twell-ai/twell/twell"
+)
+
+// Kernel selects the D2T implementation.
+type Kernel int
+
+// D2T kernels.
+const (
+	// KernelAuto uses KernelWGMMA on Hopper (sm_90a) and KernelMMA elsewhere,
+	// or when the wgmma kernel does not compile.
+	KernelAuto Kernel = iota
+	// KernelWGMMA is the persistent TMA + wgmma kernel (sm_90a only).
+	KernelWGMMA
+	// KernelMMA is the simpler mma.sync kernel (any sm_80+ GPU).
+	KernelMMA
+)
+
+// String returns "auto", "wgmma" or "mma".
+func (k Kernel) String() string {
+	switch k {
+	case KernelAuto:
+		return "auto"
+	case KernelWGMMA:
+		return "wgmma"
+	case KernelMMA:
+		return "mma"
+	}
+	return fmt.Sprintf("Kernel(%d)", int(k))
+}
+
+// Path is the computation an MLP call ran.
+type Path int
+
+// Paths.
+const (
+	PathSparse Path = iota // D2T + (gated) T2D + exact fallback for flagged rows
+	PathDense              // cuBLASLt GEMMs + elementwise
+)
+
+// String returns "sparse" or "dense".
+func (p Path) String() string {
+	if p == PathDense {
+		return "dense"
+	}
+	return "sparse"
+}
+
+// EnvD2TKernel names the environment variable that, set to "mma" or
+// "wgmma", overrides KernelAuto's choice of D2T kernel.
+const EnvD2TKernel = "TWELL_D2T_KERNEL"
+
+// MaxD is the largest hidden size the T2D kernels take (their per-lane
+// register arrays grow with d).
+const MaxD = 8192
+
+// MLP is one MLP layer's weights on a GPU, bf16, stored once in the layout
+// both paths use: Wg and Wu as [F, D] and Down = Wd^T as [F, D]. Its methods
+// queue work on a stream and keep per-call workspace, so an MLP must not be
+// used by several goroutines at once.
+type MLP struct {
+	D, F   int  // hidden size (a multiple of 64) and MLP width (a multiple of 256)
+	Gated  bool // whether the MLP has a gate projection
+	Layout twell.Layout
+	// Kernel picks the D2T kernel (zero: the fastest the device supports).
+	Kernel Kernel
+	// Crossover is the mean number of active units per token above which
+	// Forward runs the dense path. NewMLP sets it from a cost model of the
+	// device (see DefaultCrossover); callers may calibrate it.
+	Crossover float64
+
+	dev            *cuda.Device
+	k              *kernels
+	blas           *cublas.Handle
+	gate, up, down *cuda.Buffer
+	tmB            *cuda.TensorMap // TMA map of the sparse-input weights (gate, or up)
+	nnz            *cuda.Buffer    // one uint64: active units counted by the last call
+
+	sp    sparseWS
+	dn    denseWS
+	tmA   *cuda.TensorMap
+	tmAx  cuda.DevicePtr
+	tmAm  int
+	wgErr error
+
+	// automatic path state
+	next      Path
+	pending   bool
+	pendingM  int
+	hostNNZ   *cuda.HostBuffer
+	evt       *cuda.Event
+	lastNNZ   float64
+	lastKnown bool
+}
+
+type sparseWS struct {
+	mPad                     int
+	packed, flags, ovf, hbuf *cuda.Buffer
+}
+
+type denseWS struct {
+	m    int
+	g, u *cuda.Buffer
+}
+
+// NewMLP uploads an MLP layer given in nn.Linear layout (float32, row-major):
+// wg and wu are f x d, wd is d x f; wg is nil for a non-gated MLP. blas runs
+// the dense path; it may be nil, and then only the sparse path works. Only
+// 256-column TwELL tiles are supported on the GPU.
+func NewMLP(dev *cuda.Device, blas *cublas.Handle, wg, wu, wd []float32, d, f int, layout twell.Layout) (*MLP, error) {
+	switch {
+	case d < 64 || d%64 != 0 || d > MaxD:
+		return nil, fmt.Errorf("gpu: hidden size d=%d must be a positive multiple of 64, at most %d", d, MaxD)
+	case layout.Tile != 256:
+		return nil, fmt.Errorf("gpu: TwELL tile width %d not supported on the GPU (want 256)", layout.Tile)
+	}
+	if err := layout.Check(f); err != nil {
+		return nil, fmt.Errorf("gpu: %w", err)
+	}
+	if len(wu) != f*d || len(wd) != d*f || (wg != nil && len(wg) != f*d) {
+		return nil, fmt.Errorf("gpu: MLP weights hold %d (gate), %d (up), %d (down) values, want %d each", len(wg), len(wu), len(wd), f*d)
+	}
+	l := &MLP{D: d, F: f, Gated: wg != nil, Layout: layout, dev: dev, k: kernelsFor(dev), blas: blas}
+	l.Crossover = DefaultCrossover(d, f, l.Gated)
+	down := make([]float32, f*d)
+	for k := 0; k < d; k++ {
+		row := wd[k*f : (k+1)*f]
+		for j, v := range row {
+			down[j*d+k] = v
+		}
+	}
+	var err error
+	upload := func(w []float32) *cuda.Buffer {
+		if err != nil || w == nil {
+			return nil
+		}
+		var b *cuda.Buffer
+		b, err = uploadBF16(dev, w)
+		return b
+	}
+	l.gate, l.up, l.down = upload(wg), upload(wu), upload(down)
+	if err == nil {
+		l.nnz, err = dev.Alloc(8)
+	}
+	if err == nil {
+		l.hostNNZ, err = dev.AllocHost(8)
+	}
+	if err == nil {
+		l.evt, err = dev.NewEvent()
+	}
+	if err == nil {
+		l.tmB, err = dev.EncodeTiled(cuda.TiledTensor{
+			DataType: cuda.TensorBFloat16, Global: l.sparseIn().Ptr(),
+			Dims: []uint64{uint64(d), uint64(f)}, Strides: []uint64{uint64(2 * d)},
+			Box: []uint32{64, 128}, Swizzle: cuda.Swizzle128B, L2Promotion: cuda.L2Promotion256B,
+		})
+	}
+	if err != nil {
+		l.Close()
+		return nil, err
+	}
+	return l, nil
+}
+
+// DefaultCrossover returns the mean active units per token above which the
+// dense MLP is expected to beat the sparse one on an H100/H200-class GPU: the
+// sparse path costs one GEMM (D2T) plus a per-unit cost bound by reading
+// each active unit's weight rows from L2; the dense path costs every GEMM
+// plus the elementwise pass. The rates are those measured on an H200 (see
+// docs/gpu-twell.md).
+func DefaultCrossover(d, f int, gated bool) float64 {
+	const (
+		gemmRate = 620e12 // FLOP/s, bf16 GEMM through cuBLASLt
+		hbm      = 3.5e12 // B/s, the elementwise pass
+		l2       = 6.0e12 // B/s, weight rows gathered from L2 in T2D
+	)
+	gemm := 2 * float64(d) * float64(f) / gemmRate
+	dense, rows := 2*gemm+3*2*float64(f)/hbm, 1.0
+	if gated {
+		dense, rows = 3*gemm+3*2*float64(f)/hbm, 2
+	}
+	sparse := 1.05 * gemm
+	pair := rows * 2 * float64(d) / l2
+	return max(0, (dense-sparse)/pair)
+}
+
+func uploadBF16(dev *cuda.Device, w []float32) (*cuda.Buffer, error) {
+	h := make([]uint16, len(w))
+	bf16.FromFloat32s(h, w)
+	b, err := dev.Alloc(2 * len(h))
+	if err != nil {
+		return nil, err
+	}
+	if err := dev.CopyHtoD(b, cuda.Bytes(h)); err != nil {
+		b.Free()
+		return nil, err
+	}
+	return b, nil
+}
+
+// sparseIn returns the weights whose ReLU'd product is the sparse activation.
+func (l *MLP) sparseIn() *cuda.Buffer {
+	if l.Gated {
+		return l.gate
+	}
+	return l.up
+}
+
+// Close frees the MLP's device memory.
+func (l *MLP) Close() error {
+	var errs []error
+	for _, b := range []*cuda.Buffer{l.gate, l.up, l.down, l.nnz, l.sp.packed, l.sp.flags, l.sp.ovf, l.sp.hbuf, l.dn.g, l.dn.u} {
+		if b != nil {
+			errs = append(errs, b.Free())
+		}
+	}
+	l.gate, l.up, l.down, l.nnz = nil, nil, nil, nil
+	l.sp, l.dn = sparseWS{}, denseWS{}
+	if l.hostNNZ != nil {
+		errs = append(errs, l.hostNNZ.Free())
+		l.hostNNZ = nil
+	}
+	if l.evt != nil {
+		errs = append(errs, l.evt.Destroy())
+		l.evt = nil
+	}
+	return errors.Join(errs...)
+}
+
+// WeightBytes returns the device memory the weights take.
+func (l *MLP) WeightBytes() int64 {
+	n := int64(2 * 2 * l.D * l.F)
+	if l.Gated {
+		n += int64(2 * l.D * l.F)
+	}
+	return n
+}
+
+func padRows(m int) int { return (m + 255) / 256 * 256 }
+
+// SparseActBytes returns the activation memory the sparse path allocates for
+// m tokens: the packed gate, the row flags and the overflow list (the
+// fallback scratch is fixed, one f-vector per multiprocessor).
+func (l *MLP) SparseActBytes(m int) int64 {
+	mp := padRows(m)
+	return int64(mp)*int64(l.F/l.Layout.C)*4 + int64(mp)*4 + int64(mp+1)*4 + int64(l.dev.Properties().SMs*l.F*4)
+}
+
+// DenseActBytes returns the activation memory the dense path allocates for m
+// tokens: the bf16 gate and up projections (h overwrites one of them).
+func (l *MLP) DenseActBytes(m int) int64 {
+	if l.Gated {
+		return 2 * 2 * int64(m) * int64(l.F)
+	}
+	return 2 * int64(m) * int64(l.F)
+}
+
+func (l *MLP) checkIO(y, x *cuda.Buffer, m int) error {
+	if m < 1 {
+		return fmt.Errorf("gpu: MLP call with %d tokens; want at least 1", m)
+	}
+	if m > 1<<24 {
+		return fmt.Errorf("gpu: MLP call with %d tokens; at most %d per call", m, 1<<24)
+	}
+	need := 2 * m * l.D
+	if x == nil || x.Len() < need {
+		return fmt.Errorf("gpu: MLP input %v holds fewer than %d bytes (%d tokens x %d bf16)", x, need, m, l.D)
+	}
+	if y != nil && y.Len() < need {
+		return fmt.Errorf("gpu: MLP output %v holds fewer than %d bytes (%d tokens x %d bf16)", y, need, m, l.D)
+	}
+	if l.up == nil {
+		return errors.New("gpu: MLP was closed")
+	}
+	return nil
+}
+
+// realloc returns b if it holds n bytes, else a new buffer (freeing b).
+func (l *MLP) realloc(b *cuda.Buffer, n int) (*cuda.Buffer, error) {
+	if b != nil && b.Len() >= n {
+		return b, nil
+	}
+	if b != nil {
+		if err := b.Free(); err != nil {
+			return nil, err
+		}
+	}
+	return l.dev.Alloc(n)
+}
+
+func (l *MLP) sparseWorkspace(m int) (*sparseWS, error) {
+	mp := padRows(m)
+	ws := &l.sp
+	if ws.mPad >= mp {
+		return ws, nil
+	}
+	var err error
+	if ws.packed, err = l.realloc(ws.packed, mp*(l.F/l.Layout.C)*4); err != nil {
+		return nil, err
+	}
+	if ws.flags, err = l.realloc(ws.flags, mp*4); err != nil {
+		return nil, err
+	}
+	if ws.ovf, err = l.realloc(ws.ovf, (mp+1)*4); err != nil {
+		return nil, err
+	}
+	if ws.hbuf, err = l.realloc(ws.hbuf, l.dev.Properties().SMs*l.F*4); err != nil {
+		return nil, err
+	}
+	ws.mPad = mp
+	return ws, nil
+}
+
+// d2tKernel returns the D2T kernel to use and its kind.
+func (l *MLP) d2tKernel() (*cuda.Function, Kernel, error) {
+	s := l.Layout.S()
+	kind := l.Kernel
+	if kind == KernelAuto {
+		switch os.Getenv(EnvD2TKernel) {
+		case "mma":
+			kind = KernelMMA
+		case "wgmma":
+			kind = KernelWGMMA
+		}
+	}
+	switch kind {
+	case KernelWGMMA:
+		f, err := l.k.d2tWGMMA(s)
+		return f, KernelWGMMA, err
+	case KernelMMA:
+		f, err := l.k.d2tMMA(s)
+		return f, KernelMMA, err
+	}
+	if f, err := l.k.d2tWGMMA(s); err == nil {
+		return f, KernelWGMMA, nil
+	} else {
+		l.wgErr = err
+	}
+	f, err := l.k.d2tMMA(s)
+	return f, KernelMMA, err
+}
+
+// D2TKernel returns the D2T kernel this MLP runs, compiling it if needed,
+// and, when KernelAuto fell back to mma.sync, why wgmma was not used.
+func (l *MLP) D2TKernel() (Kernel, error) {
+	_, k, err := l.d2tKernel()
+	if err == nil && k == KernelMMA && l.Kernel == KernelAuto {
+		return k, l.wgErr
+	}
+	return k, err
+}
+
+// runD2T queues the gate GEMM with ReLU + TwELL packing into the sparse
+// workspace, after zeroing the flags, the overflow count and the nnz counter.
+func (l *MLP) runD2T(s *cuda.Stream, x *cuda.Buffer, m int) (*sparseWS, error) {
+	ws, err := l.sparseWorkspace(m)
+	if err != nil {
+		return nil, err
+	}
+	fn, kind, err := l.d2tKernel()
+	if err != nil {
+		return nil, err
+	}
+	flags, err := ws.flags.Slice(0, 4*ws.mPad)
+	if err != nil {
+		return nil, err
+	}
+	ovf0, err := ws.ovf.Slice(0, 4)
+	if err != nil {
+		return nil, err
+	}
+	for _, b := range []*cuda.Buffer{flags, ovf0, l.nnz} {
+		if err := l.dev.Memset8(b, 0, s); err != nil {
+			return nil, err
+		}
+	}
+	S, C := l.Layout.S(), l.Layout.C
+	nTiles := l.F / 256
+	switch kind {
+	case KernelWGMMA:
+		if l.tmA == nil || l.tmAx != x.Ptr() || l.tmAm != m {
+			tm, err := l.dev.EncodeTiled(cuda.TiledTensor{
+				DataType: cuda.TensorBFloat16, Global: x.Ptr(),
+				Dims: []uint64{uint64(l.D), uint64(m)}, Strides: []uint64{uint64(2 * l.D)},
+				Box: []uint32{64, 128}, Swizzle: cuda.Swizzle128B, L2Promotion: cuda.L2Promotion256B,
+			})
+			if err != nil {
+				return nil, err
+			}
+			l.tmA, l.tmAx, l.tmAm = tm, x.Ptr(), m
+		}
+		stages := wgmmaStages(S)
+		smem := stages*(16384+32768) + 128*S*4 + 2*stages*8 + 1024
+		mPairs := ws.mPad / 256
+		// 64 clusters (128 CTAs), as the reference: every cluster of 2 is
+		// resident at once whatever the GPCs' SM counts, so the static
+		// round-robin schedule stays balanced.
+		nClusters := min(max(1, min(64, l.dev.Properties().SMs/2)), mPairs*nTiles)
+		err = fn.LaunchEx(cuda.LaunchConfig{
+			Grid: cuda.Dim3{uint32(2 * nClusters), 1, 1}, Block: cuda.Dim3{384, 1, 1},
+			SharedBytes: smem, Stream: s, Cluster: cuda.Dim3{2, 1, 1},
+		}, l.tmA, l.tmB, ws.packed, ws.flags, ws.ovf, l.nnz,
+			int32(mPairs), int32(nTiles), int32(l.D/64), int32(l.F/C), int32(m))
+	default:
+		mTiles := (m + 127) / 128
+		smem := 3*(128+256)*40*2 + 128*S*4
+		err = fn.Launch(cuda.Dim3{uint32(mTiles * nTiles), 1, 1}, cuda.Dim3{256, 1, 1}, smem, s,
+			x, l.sparseIn(), ws.packed, ws.flags, ws.ovf, l.nnz,
+			int32(mTiles), int32(nTiles), int32(l.D), int32(l.F/C), int32(m))
+	}
+	if err != nil {
+		return nil, fmt.Errorf("gpu: D2T (%v): %w", kind, err)
+	}
+	return ws, nil
+}
+
+// QueueD2T queues the D2T kernel alone on stream s (for timing it); the
+// result stays in the MLP's workspace. D2T downloads it.
+func (l *MLP) QueueD2T(s *cuda.Stream, x *cuda.Buffer, m int) error {
+	if err := l.checkIO(nil, x, m); err != nil {
+		return err
+	}
+	_, err := l.runD2T(s, x, m)
+	return err
+}
+
+// Sparse queues the TwELL MLP on stream s (nil: the default stream): D2T,
+// then the gated T2D (or T2D), then the exact dense recomputation of every
+// row that D2T flagged. x and y hold m x D bf16 values; m may be any
+// positive count (the kernels pad inside).
+func (l *MLP) Sparse(s *cuda.Stream, y, x *cuda.Buffer, m int) error {
+	if err := l.checkIO(y, x, m); err != nil {
+		return err
+	}
+	ws, err := l.runD2T(s, x, m)
+	if err != nil {
+		return err
+	}
+	set, err := l.k.t2dFor(l.D)
+	if err != nil {
+		return err
+	}
+	t2d, fb := set.plain, set.fbPlain
+	if l.Gated {
+		t2d, fb = set.gated, set.fbGated
+	}
+	S := l.Layout.S()
+	if err := t2d.Launch(cuda.Dim3{uint32((m + 7) / 8), 1, 1}, cuda.Dim3{256, 1, 1}, 0, s,
+		x, ws.packed, l.up, l.down, y, ws.flags,
+		int32(m), int32(l.D), int32(S), int32(l.F/256), int32(l.F/l.Layout.C)); err != nil {
+		return fmt.Errorf("gpu: T2D: %w", err)
+	}
+	if err := fb.Launch(cuda.Dim3{uint32(l.dev.Properties().SMs), 1, 1}, cuda.Dim3{256, 1, 1}, 4*l.D, s,
+		x, l.sparseIn(), l.up, l.down, y, ws.ovf, ws.hbuf, int32(l.D), int32(l.F)); err != nil {
+		return fmt.Errorf("gpu: dense fallback: %w", err)
+	}
+	return nil
+}
+
+func (l *MLP) denseWorkspace(m int) (*denseWS, error) {
+	ws := &l.dn
+	if ws.m >= m {
+		return ws, nil
+	}
+	n := 2 * m * l.F
+	var err error
+	if ws.g, err = l.realloc(ws.g, n); err != nil {
+		return nil, err
+	}
+	if l.Gated {
+		if ws.u, err = l.realloc(ws.u, n); err != nil {
+			return nil, err
+		}
+	}
+	ws.m = m
+	return ws, nil
+}
+
+// Dense queues the dense MLP on stream s: cuBLASLt GEMMs (bf16 in and out,
+// fp32 accumulate) for the gate, up and down projections and one
+// elementwise kernel for relu(g) * u, which also counts the active units.
+func (l *MLP) Dense(s *cuda.Stream, y, x *cuda.Buffer, m int) error {
+	if err := l.checkIO(y, x, m); err != nil {
+		return err
+	}
+	if l.blas == nil {
+		return errors.New("gpu: dense MLP needs a cuBLAS handle (NewMLP was given nil)")
+	}
+	ws, err := l.denseWorkspace(m)
+	if err != nil {
+		return err
+	}
+	reluMul, reluInplace, err := l.k.dense()
+	if err != nil {
+		return err
+	}
+	if err := l.dev.Memset8(l.nnz, 0, s); err != nil {
+		return err
+	}
+	proj := cublas.Gemm{M: m, N: l.F, K: l.D, TransB: true}
+	n := int64(m) * int64(l.F)
+	grid := cuda.Dim3{uint32(min((n/8+255)/256, int64(l.dev.Properties().SMs*16))), 1, 1}
+	if l.Gated {
+		if err := l.blas.Matmul(s, proj, x, l.gate, ws.g); err != nil {
+			return err
+		}
+		if err := l.blas.Matmul(s, proj, x, l.up, ws.u); err != nil {
+			return err
+		}
+		if err := reluMul.Launch(grid, cuda.Dim3{256, 1, 1}, 0, s, ws.g, ws.u, ws.g, n, l.nnz); err != nil {
+			return err
+		}
+	} else {
+		if err := l.blas.Matmul(s, proj, x, l.up, ws.g); err != nil {
+			return err
+		}
+		if err := reluInplace.Launch(grid, cuda.Dim3{256, 1, 1}, 0, s, ws.g, n, l.nnz); err != nil {
+			return err
+		}
+	}
+	return l.blas.Matmul(s, cublas.Gemm{M: m, N: l.D, K: l.F}, ws.g, l.down, y)
+}
+
+// Forward queues the MLP on stream s through the path expected to be
+// faster. Each call counts the active units of its batch (in D2T, or in the
+// dense elementwise pass) and copies the count back without waiting; the
+// next call that finds the count arrived compares the mean active units per
+// token with Crossover and picks the sparse path below it, the dense path
+// above. The first call runs sparse. It returns the path it ran.
+func (l *MLP) Forward(s *cuda.Stream, y, x *cuda.Buffer, m int) (Path, error) {
+	if err := l.checkIO(y, x, m); err != nil {
+		return PathSparse, err
+	}
+	l.poll()
+	path := l.next
+	var err error
+	if path == PathDense && l.blas != nil {
+		err = l.Dense(s, y, x, m)
+	} else {
+		path = PathSparse
+		err = l.Sparse(s, y, x, m)
+	}
+	if err != nil {
+		return path, err
+	}
+	if err := l.dev.CopyDtoHAsync(l.hostNNZ.Bytes(), l.nnz, s); err != nil {
+		return path, err
+	}
+	if err := l.evt.Record(s); err != nil {
+		return path, err
+	}
+	l.pending, l.pendingM = true, m
+	return path, nil
+}
+
+// poll reads the active-unit count of the last call if it has arrived and
+// chooses the next path.
+func (l *MLP) poll() {
+	if !l.pending {
+		return
+	}
+	done, err := l.evt.Done()
+	if err != nil || !done {
+		return
+	}
+	l.pending = false
+	n := binary.LittleEndian.Uint64(l.hostNNZ.Bytes())
+	l.lastNNZ, l.lastKnown = float64(n)/float64(l.pendingM), true
+	if l.lastNNZ > l.Crossover {
+		l.next = PathDense
+	} else {
+		l.next = PathSparse
+	}
+}
+
+// LastActive returns the mean number of active units per token that the
+// automatic path last measured, and whether it has measured any.
+func (l *MLP) LastActive() (float64, bool) {
+	l.poll()
+	return l.lastNNZ, l.lastKnown
+}
+
+// Packed is a TwELL gate downloaded from the GPU. Words is Rows x Cols/C
+// uint32 in the reference bit layout (word 0 of a tile the true count,
+// then bf16 << 16 | column in column order; words past the count are zero).
+// A tile whose count exceeds S-1, or that held NaN or Inf, has its row in
+// Overflow; such a tile's payload is incomplete and the MLP recomputes the
+// row densely.
+type Packed struct {
+	Layout     twell.Layout
+	Rows, Cols int
+	Words      []uint32
+	Overflow   []int // flagged rows, ascending
+	NNZ        int64 // active entries in all rows (true counts)
+}
+
+// D2T runs the gate (or, non-gated, up) GEMM with ReLU and TwELL packing
+// on x (m x D bf16) and downloads the result. It synchronises stream s.
+func (l *MLP) D2T(s *cuda.Stream, x *cuda.Buffer, m int) (*Packed, error) {
+	if err := l.checkIO(nil, x, m); err != nil {
+		return nil, err
+	}
+	ws, err := l.runD2T(s, x, m)
+	if err != nil {
+		return nil, err
+	}
+	if s != nil {
+		if err := s.Synchronize(); err != nil {
+			return nil, err
+		}
+	} else if err := l.dev.Synchronize(); err != nil {
+		return nil, err
+	}
+	rw := l.F / l.Layout.C
+	p := &Packed{Layout: l.Layout, Rows: m, Cols: l.F, Words: make([]uint32, m*rw)}
+	if err := l.dev.CopyDtoH(cuda.Bytes(p.Words), ws.packed); err != nil {
+		return nil, err
+	}
+	var cnt [1]int32
+	if err := l.dev.CopyDtoH(cuda.Bytes(cnt[:]), ws.ovf); err != nil {
+		return nil, err
+	}
+	if cnt[0] > 0 {
+		rows := make([]int32, 1+cnt[0])
+		if err := l.dev.CopyDtoH(cuda.Bytes(rows), ws.ovf); err != nil {
+			return nil, err
+		}
+		for _, r := range rows[1:] {
+			p.Overflow = append(p.Overflow, int(r))
+		}
+		slices.Sort(p.Overflow)
+	}
+	var nnz [1]uint64
+	if err := l.dev.CopyDtoH(cuda.Bytes(nnz[:]), l.nnz); err != nil {
+		return nil, err
+	}
+	p.NNZ = int64(nnz[0])
+	return p, nil
+}
+
+// RowNNZ returns the true number of active entries in row r.
+func (p *Packed) RowNNZ(r int) int {
+	s, rw := p.Layout.S(), p.Cols/p.Layout.C
+	n := 0
+	for t := 0; t < p.Cols/p.Layout.Tile; t++ {
+		n += int(p.Words[r*rw+t*s])
+	}
+	return n
+}
+
+// Upload converts float32 values to bf16 and copies them into a new device
+// buffer (for activations: x is m x D).
+func Upload(dev *cuda.Device, v []float32) (*cuda.Buffer, error) { return uploadBF16(dev, v) }
+
+// Download copies n bf16 values from b and returns them as float32.
+func Download(dev *cuda.Device, b *cuda.Buffer, n int) ([]float32, error) {
+	h := make([]uint16, n)
+	if err := dev.CopyDtoH(cuda.Bytes(h), b); err != nil {
+		return nil, err
+	}
+	out := make([]float32, n)
+	bf16.ToFloat32s(out, h)
+	return out, nil
+}

@@ -1,0 +1,417 @@
+package gpu
+
+import (
+	"fmt"
+	"math"
+	"slices"
+	"testing"
+
+	"github.com/twell-ai/twell/bf16"
+	"github.com/twell-ai/twell/cuda"
+	"github.com/twell-ai/twell/cuda/cublas"
+	"github.com/twell-ai/twell/cuda/cudatest"
+	"github.com/twell-ai/twell/synth"
+	"github.com/twell-ai/twell/twell"
+)
+
+// setup returns a device and a cuBLAS handle, or skips the test.
+func setup(t *testing.T) (*cuda.Device, *cublas.Handle) {
+	t.Helper()
+	dev := cudatest.Device(t)
+	cudatest.Compiler(t)
+	h, err := cublas.New(dev)
+	if err != nil {
+		t.Fatalf("cublas.New: %v", err)
+	}
+	t.Cleanup(func() { h.Close() })
+	return dev, h
+}
+
+// roundBF16 returns v rounded to bf16 values, as the GPU sees them.
+func roundBF16(v []float32) []float32 {
+	out := make([]float32, len(v))
+	for i, x := range v {
+		out[i] = bf16.Round(x)
+	}
+	return out
+}
+
+func kernelsToTest(dev *cuda.Device) []Kernel {
+	ks := []Kernel{KernelMMA}
+	if dev.Properties().Arch == "sm_90a" {
+		ks = append(ks, KernelWGMMA)
+	}
+	return ks
+}
+
+func TestNewMLPRejectsBadShapes(t *testing.T) {
+	w := func(n int) []float32 { return make([]float32, n) }
+	for _, c := range []struct {
+		d, f   int
+		layout twell.Layout
+	}{
+		{d: 100, f: 256, layout: twell.DefaultLayout},          // d not a multiple of 64
+		{d: 64, f: 300, layout: twell.DefaultLayout},           // f not a multiple of 256
+		{d: 64, f: 256, layout: twell.Layout{Tile: 128, C: 8}}, // tile 128
+		{d: 64, f: 256, layout: twell.Layout{Tile: 256, C: 3}}, // bad C
+		{d: 16384, f: 256, layout: twell.DefaultLayout},        // d too large
+	} {
+		if _, err := NewMLP(nil, nil, w(c.f*c.d), w(c.f*c.d), w(c.f*c.d), c.d, c.f, c.layout); err == nil {
+			t.Errorf("NewMLP(d=%d, f=%d, %+v): no error", c.d, c.f, c.layout)
+		}
+	}
+	if _, err := NewMLP(nil, nil, nil, w(10), w(64*256), 64, 256, twell.DefaultLayout); err == nil {
+		t.Error("NewMLP with a short up matrix: no error")
+	}
+}
+
+// TestD2TMatchesFloat64 checks the packed gate against a float64 GEMM of the
+// same bf16 inputs: true counts, column-ordered payloads with bf16 values,
+// zero words past the count, flagged rows, and bitwise determinism.
+func TestD2TMatchesFloat64(t *testing.T) {
+	dev, blas := setup(t)
+	for _, kern := range kernelsToTest(dev) {
+		for _, c := range []int{8, 4, 2} {
+			t.Run(fmt.Sprintf("%v/C%d", kern, c), func(t *testing.T) {
+				r, seed := cudatest.Rand()
+				d, f, m := 192, 768, 300+r.IntN(200)
+				layout := twell.Layout{Tile: 256, C: c}
+				sl, err := synth.NewLayer(r, d, f, 0.06, synth.Skewed, true)
+				if err != nil {
+					t.Fatal(err)
+				}
+				l, err := NewMLP(dev, blas, sl.Gate, sl.Up, sl.Down, d, f, layout)
+				if err != nil {
+					t.Fatalf("seed %d: %v", seed, err)
+				}
+				defer l.Close()
+				l.Kernel = kern
+				x := synth.Tokens(r, m, d)
+				xb, err := Upload(dev, x)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer xb.Free()
+				p, err := l.D2T(nil, xb, m)
+				if err != nil {
+					t.Fatalf("seed %d: D2T: %v", seed, err)
+				}
+				p2, err := l.D2T(nil, xb, m)
+				if err != nil {
+					t.Fatalf("seed %d: D2T: %v", seed, err)
+				}
+				if !slices.Equal(p.Words, p2.Words) || !slices.Equal(p.Overflow, p2.Overflow) {
+					t.Fatalf("seed %d: two D2T runs on the same input differ", seed)
+				}
+				checkPacked(t, seed, p, roundBF16(x), roundBF16(sl.Gate), m, d, f)
+			})
+		}
+	}
+}
+
+func checkPacked(t *testing.T, seed uint64, p *Packed, x, w []float32, m, d, f int) {
+	t.Helper()
+	s := p.Layout.S()
+	rw := f / p.Layout.C
+	const tol = 1e-3
+	var wantOverflow []int
+	var total int64
+	errs := 0
+	fail := func(format string, a ...any) {
+		if errs++; errs <= 10 {
+			t.Errorf("seed %d: "+format, append([]any{seed}, a...)...)
+		}
+	}
+	for r := 0; r < m; r++ {
+		g := make([]float64, f)
+		for j := 0; j < f; j++ {
+			var acc float64
+			for k := 0; k < d; k++ {
+				acc += float64(x[r*d+k]) * float64(w[j*d+k])
+			}
+			g[j] = acc
+		}
+		over := false
+		for tile := 0; tile < f/256; tile++ {
+			words := p.Words[r*rw+tile*s : r*rw+(tile+1)*s]
+			sure, maybe := 0, 0
+			for j := tile * 256; j < (tile+1)*256; j++ {
+				if g[j] > tol {
+					sure++
+				}
+				if g[j] > -tol {
+					maybe++
+				}
+			}
+			n := int(words[0])
+			total += int64(n)
+			if n < sure || n > maybe {
+				fail("row %d tile %d: count %d, want between %d and %d", r, tile, n, sure, maybe)
+				continue
+			}
+			if n > s-1 {
+				over = true
+				continue
+			}
+			prev := -1
+			for i := 1; i <= n; i++ {
+				col, v := twell.WordCol(words[i]), twell.WordValue(words[i])
+				if col <= prev || col < tile*256 || col >= (tile+1)*256 {
+					fail("row %d tile %d: slot %d holds column %d after %d (want ascending, inside the tile)", r, tile, i, col, prev)
+					break
+				}
+				prev = col
+				if g[col] <= -tol || math.Abs(float64(v)-g[col]) > 1e-2*math.Abs(g[col])+tol {
+					fail("row %d column %d: packed %g, float64 %g", r, col, v, g[col])
+				}
+			}
+			for i := n + 1; i < s; i++ {
+				if words[i] != 0 {
+					fail("row %d tile %d: word %d past the count is %#x, want 0", r, tile, i, words[i])
+					break
+				}
+			}
+		}
+		if over {
+			wantOverflow = append(wantOverflow, r)
+		}
+	}
+	if !slices.Equal(p.Overflow, wantOverflow) {
+		fail("overflow rows %v, want %v", p.Overflow, wantOverflow)
+	}
+	if p.NNZ != total {
+		fail("nnz counter %d, sum of counts %d", p.NNZ, total)
+	}
+}
+
+// refRows computes the float64 reference output of the given rows.
+func refRows(sl *synth.Layer, x []float32, d int, rows []int) [][]float64 {
+	want := make([][]float64, len(rows))
+	for i, r := range rows {
+		want[i], _ = sl.Reference(x[r*d : (r+1)*d])
+	}
+	return want
+}
+
+func runPath(t *testing.T, dev *cuda.Device, l *MLP, path string, x []float32, m int) []float32 {
+	t.Helper()
+	xb, err := Upload(dev, x)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer xb.Free()
+	yb, err := dev.Alloc(2 * m * l.D)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer yb.Free()
+	if err := dev.Memset8(yb, 0xff, nil); err != nil { // poison: NaN everywhere
+		t.Fatal(err)
+	}
+	switch path {
+	case "sparse":
+		err = l.Sparse(nil, yb, xb, m)
+	case "dense":
+		err = l.Dense(nil, yb, xb, m)
+	default:
+		_, err = l.Forward(nil, yb, xb, m)
+	}
+	if err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	if err := dev.Synchronize(); err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	y, err := Download(dev, yb, m*l.D)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return y
+}
+
+// TestMLPMatchesFloat64 checks every path, gated and not, against the
+// float64 reference, on shapes where d is not a multiple of 256 and m is not
+// a multiple of any tile.
+func TestMLPMatchesFloat64(t *testing.T) {
+	dev, blas := setup(t)
+	for _, c := range []struct {
+		d, f    int
+		density float64
+		gated   bool
+		kern    Kernel
+	}{
+		{320, 768, 0.02, true, KernelMMA},
+		{320, 768, 0.02, true, KernelAuto},
+		{256, 512, 0.05, false, KernelAuto},
+		{2048, 5632, 0.005, true, KernelAuto},
+		{2048, 5632, 0.005, true, KernelMMA},
+		{512, 1024, 0.1, true, KernelAuto},
+	} {
+		t.Run(fmt.Sprintf("d%d_f%d_p%g_gated%v_%v", c.d, c.f, c.density, c.gated, c.kern), func(t *testing.T) {
+			r, seed := cudatest.Rand()
+			m := 257 + r.IntN(400)
+			sl, err := synth.NewLayer(r, c.d, c.f, c.density, synth.Skewed, c.gated)
+			if err != nil {
+				t.Fatal(err)
+			}
+			l, err := NewMLP(dev, blas, sl.Gate, sl.Up, sl.Down, c.d, c.f, twell.DefaultLayout)
+			if err != nil {
+				t.Fatalf("seed %d: %v", seed, err)
+			}
+			defer l.Close()
+			l.Kernel = c.kern
+			x := synth.Tokens(r, m, c.d)
+			rows := synth.SampleRows(r, m, 48)
+			want := refRows(sl, x, c.d, rows)
+			for _, path := range []string{"sparse", "dense", "auto"} {
+				y := runPath(t, dev, l, path, x, m)
+				for i := range y {
+					if math.IsNaN(float64(y[i])) {
+						t.Fatalf("seed %d: %s: output %d (row %d) is NaN: not written", seed, path, i, i/c.d)
+					}
+				}
+				if e := synth.RelErr(y, c.d, rows, want); !(e <= 1e-2) {
+					t.Errorf("seed %d: %s: rel err %.3g vs float64, want <= 1e-2", seed, path, e)
+				}
+			}
+		})
+	}
+}
+
+// TestOverflowStress feeds rows with every unit active, tiles far over
+// capacity, and NaN and Inf inputs: flagged rows must be recomputed exactly
+// (matching the float64 reference, NaN and Inf where it has them) and the
+// other rows must be unaffected.
+func TestOverflowStress(t *testing.T) {
+	dev, blas := setup(t)
+	for _, c := range []struct {
+		name    string
+		density float64
+		layout  twell.Layout
+		kern    Kernel
+	}{
+		{"sparse-C8", 0.01, twell.Layout{Tile: 256, C: 8}, KernelAuto},
+		{"sparse-C8-mma", 0.01, twell.Layout{Tile: 256, C: 8}, KernelMMA},
+		{"dense-tiles-C8", 0.3, twell.Layout{Tile: 256, C: 8}, KernelAuto},
+		{"dense-tiles-C2", 0.6, twell.Layout{Tile: 256, C: 2}, KernelAuto},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			r, seed := cudatest.Rand()
+			d, f, m := 256, 512, 200+r.IntN(100)
+			sl, err := synth.NewLayer(r, d, f, c.density, synth.Uniform, true)
+			if err != nil {
+				t.Fatal(err)
+			}
+			l, err := NewMLP(dev, blas, sl.Gate, sl.Up, sl.Down, d, f, c.layout)
+			if err != nil {
+				t.Fatalf("seed %d: %v", seed, err)
+			}
+			defer l.Close()
+			l.Kernel = c.kern
+			x := synth.Tokens(r, m, d)
+			allOn, nanRow, infRow := 3, 5, m-1
+			x[allOn*d] = -1000 // every gate bias is negative here: all units fire
+			if c.density >= 0.5 {
+				x[allOn*d] = 1000
+			}
+			x[nanRow*d+7] = float32(math.NaN())
+			x[infRow*d+9] = float32(math.Inf(1))
+			xb, err := Upload(dev, x)
+			if err != nil {
+				t.Fatal(err)
+			}
+			p, err := l.D2T(nil, xb, m)
+			xb.Free()
+			if err != nil {
+				t.Fatalf("seed %d: %v", seed, err)
+			}
+			for _, row := range []int{allOn, nanRow, infRow} {
+				if _, ok := slices.BinarySearch(p.Overflow, row); !ok {
+					t.Errorf("seed %d: row %d not flagged (overflow rows %v)", seed, row, p.Overflow)
+				}
+			}
+			if n := p.RowNNZ(allOn); n != f {
+				t.Errorf("seed %d: row %d with every unit active has count %d, want %d", seed, allOn, n, f)
+			}
+			rows := make([]int, m)
+			for i := range rows {
+				rows[i] = i
+			}
+			want := refRows(sl, x, d, rows)
+			y := runPath(t, dev, l, "sparse", x, m)
+			var finite []int
+			var finWant [][]float64
+			for i, row := range rows {
+				bad := false
+				for k, w := range want[i] {
+					g := float64(y[row*d+k])
+					switch {
+					case math.IsNaN(w) != math.IsNaN(g), math.IsInf(w, 1) != math.IsInf(g, 1), math.IsInf(w, -1) != math.IsInf(g, -1):
+						if !bad {
+							t.Errorf("seed %d: row %d column %d: got %g, float64 reference %g", seed, row, k, g, w)
+						}
+						bad = true
+					}
+					if math.IsNaN(w) || math.IsInf(w, 0) {
+						bad = true
+					}
+				}
+				if !bad {
+					finite = append(finite, row)
+					finWant = append(finWant, want[i])
+				}
+			}
+			if e := synth.RelErr(y, d, finite, finWant); !(e <= 1e-2) {
+				t.Errorf("seed %d: rel err %.3g over the %d finite rows, want <= 1e-2", seed, e, len(finite))
+			}
+			if len(finite) < m-2 {
+				t.Errorf("seed %d: only %d of %d rows finite; the NaN/Inf should touch 2", seed, len(finite), m)
+			}
+		})
+	}
+}
+
+// TestForwardChoosesPath checks that the automatic path runs dense once it
+// has seen a batch above the crossover, and stays sparse below it.
+func TestForwardChoosesPath(t *testing.T) {
+	dev, blas := setup(t)
+	for _, c := range []struct {
+		density float64
+		want    Path
+	}{{0.01, PathSparse}, {0.3, PathDense}} {
+		r, seed := cudatest.Rand()
+		d, f, m := 256, 1024, 512
+		sl, err := synth.NewLayer(r, d, f, c.density, synth.Uniform, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		l, err := NewMLP(dev, blas, sl.Gate, sl.Up, sl.Down, d, f, twell.DefaultLayout)
+		if err != nil {
+			t.Fatalf("seed %d: %v", seed, err)
+		}
+		l.Crossover = 0.1 * float64(f)
+		x := synth.Tokens(r, m, d)
+		xb, _ := Upload(dev, x)
+		yb, _ := dev.Alloc(2 * m * d)
+		var got []Path
+		for i := 0; i < 3; i++ {
+			p, err := l.Forward(nil, yb, xb, m)
+			if err != nil {
+				t.Fatalf("seed %d: %v", seed, err)
+			}
+			if err := dev.Synchronize(); err != nil {
+				t.Fatal(err)
+			}
+			got = append(got, p)
+		}
+		if got[0] != PathSparse || got[2] != c.want {
+			t.Errorf("seed %d: density %g: paths %v, want sparse first and %v after", seed, c.density, got, c.want)
+		}
+		if a, ok := l.LastActive(); !ok || math.Abs(a-c.density*float64(f)) > 0.3*c.density*float64(f)+2 {
+			t.Errorf("seed %d: measured %.1f active units per token (known %v), want about %.1f", seed, a, ok, c.density*float64(f))
+		}
+		xb.Free()
+		yb.Free()
+		l.Close()
+	}
+}

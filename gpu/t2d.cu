@@ -1,0 +1,199 @@
+// t2d.cu: the sparse half of the MLP, reading the TwELL gate that D2T wrote.
+//
+//   gated:     y[r] = sum over active j of (g[r,j] * (x[r] . U[j])) * D[j]
+//   non-gated: y[r] = sum over active j of h[r,j] * D[j]
+//
+// U = Wu and D = Wd^T are bf16 [f, d] row-major, so a unit's rows are
+// contiguous. One warp per token: the warp first gathers the row's active
+// entries from the TwELL tiles into a shared-memory list (column order),
+// then walks the list two entries at a time so that two weight rows are in
+// flight at once. x is held in registers; products are exact fp32 FMAs of
+// bf16 operands, u and h stay fp32, y is rounded to bf16 once. Weights are
+// read with an L2 evict_last policy, activations with evict_first.
+//
+// Rows flagged by D2T (tile overflow, NaN/Inf) are skipped here; the exact
+// dense fallback (row_fallback) writes them.
+#include "common.cuh"
+
+#ifndef TW_NCH
+#define TW_NCH 8  // ceil(d / 256): 256-element chunks per row, 8 elements per lane each
+#endif
+#define T2D_WARPS 8
+#define LCAP 256
+
+template <bool GATED>
+__device__ __forceinline__ void t2d_process(const u32* list, int n, const uint4 (&xv)[TW_NCH], float (&acc)[TW_NCH * 8],
+                                            const u16* __restrict__ U, const u16* __restrict__ D, int d, int lane,
+                                            u64 keep) {
+  for (int i = 0; i < n; i += 2) {
+    const u32 wa = list[i];
+    const bool hasb = i + 1 < n;
+    const u32 wb = hasb ? list[i + 1] : 0u;
+    const size_t ja = (size_t)(wa & 0xffffu) * d, jb = (size_t)(wb & 0xffffu) * d;
+    float ha = bf_hi(wa), hb = hasb ? bf_hi(wb) : 0.f;
+    if (GATED) {
+      uint4 ua[TW_NCH], ub[TW_NCH];
+#pragma unroll
+      for (int c = 0; c < TW_NCH; ++c) {
+        int k = c * 256 + lane * 8;
+        uint4 z;
+        z.x = z.y = z.z = z.w = 0u;
+        ua[c] = z;
+        ub[c] = z;
+        if (k < d) {
+          ua[c] = ld_hint(U + ja + k, keep);
+          if (hasb) ub[c] = ld_hint(U + jb + k, keep);
+        }
+      }
+      float pa = 0.f, pb = 0.f;
+#pragma unroll
+      for (int c = 0; c < TW_NCH; ++c) {
+        pa = dot8(xv[c], ua[c], pa);
+        pb = dot8(xv[c], ub[c], pb);
+      }
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) {
+        pa += __shfl_xor_sync(0xffffffffu, pa, o);
+        pb += __shfl_xor_sync(0xffffffffu, pb, o);
+      }
+      ha *= pa;
+      hb *= pb;
+    }
+    uint4 da[TW_NCH], db[TW_NCH];
+#pragma unroll
+    for (int c = 0; c < TW_NCH; ++c) {
+      int k = c * 256 + lane * 8;
+      uint4 z;
+      z.x = z.y = z.z = z.w = 0u;
+      da[c] = z;
+      db[c] = z;
+      if (k < d) {
+        da[c] = ld_hint(D + ja + k, keep);
+        if (hasb) db[c] = ld_hint(D + jb + k, keep);
+      }
+    }
+#pragma unroll
+    for (int c = 0; c < TW_NCH; ++c) {
+      axpy8(&acc[c * 8], ha, da[c]);
+      if (hasb) axpy8(&acc[c * 8], hb, db[c]);
+    }
+  }
+  __syncwarp();
+}
+
+template <bool GATED>
+__global__ void __launch_bounds__(256)
+    t2d(const u16* __restrict__ x, const u32* __restrict__ packed, const u16* __restrict__ U,
+        const u16* __restrict__ D, u16* __restrict__ y, const int* __restrict__ flags, int m, int d, int S, int tiles,
+        int row_words) {
+  __shared__ u32 lists[T2D_WARPS][LCAP];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int r = blockIdx.x * T2D_WARPS + warp;
+  if (r >= m) return;
+  if (flags[r]) return;
+  const u64 keep = policy_evict_last(), stream = policy_evict_first();
+  u32* list = lists[warp];
+  const size_t rowoff = (size_t)r * d;
+  uint4 xv[TW_NCH];
+#pragma unroll
+  for (int c = 0; c < TW_NCH; ++c) {
+    int k = c * 256 + lane * 8;
+    xv[c].x = xv[c].y = xv[c].z = xv[c].w = 0u;
+    if (GATED && k < d) xv[c] = ld_hint(x + rowoff + k, stream);
+  }
+  float acc[TW_NCH * 8];
+#pragma unroll
+  for (int i = 0; i < TW_NCH * 8; ++i) acc[i] = 0.f;
+
+  const u32* prow = packed + (size_t)r * row_words;
+  int n = 0;
+  for (int tg = 0; tg < tiles; tg += 32) {
+    const int t = tg + lane;
+    const u32 c = (t < tiles) ? ld_hint_u32(prow + (size_t)t * S, stream) : 0u;
+    u32 nzm = __ballot_sync(0xffffffffu, c != 0u);
+    while (nzm) {
+      const int src = __ffs(nzm) - 1;
+      nzm &= nzm - 1;
+      const int cnt = (int)__shfl_sync(0xffffffffu, c, src);
+      if (n + cnt > LCAP) {
+        __syncwarp();
+        t2d_process<GATED>(list, n, xv, acc, U, D, d, lane, keep);
+        n = 0;
+      }
+      const u32* tw = prow + (size_t)(tg + src) * S + 1;
+      for (int i = lane; i < cnt; i += 32) list[n + i] = ld_hint_u32(tw + i, stream);
+      n += cnt;
+    }
+  }
+  __syncwarp();
+  t2d_process<GATED>(list, n, xv, acc, U, D, d, lane, keep);
+
+#pragma unroll
+  for (int c = 0; c < TW_NCH; ++c) {
+    int k = c * 256 + lane * 8;
+    if (k < d) {
+      uint4 o;
+      o.x = pack_bf2(acc[c * 8 + 0], acc[c * 8 + 1]);
+      o.y = pack_bf2(acc[c * 8 + 2], acc[c * 8 + 3]);
+      o.z = pack_bf2(acc[c * 8 + 4], acc[c * 8 + 5]);
+      o.w = pack_bf2(acc[c * 8 + 6], acc[c * 8 + 7]);
+      st_hint(y + rowoff + k, o, stream);
+    }
+  }
+}
+
+// row_fallback computes flagged rows exactly and densely: every unit's gate
+// (or, non-gated, up) pre-activation in fp32, h as on the CPU (active when
+// > 0 or NaN), then y = h D in a fixed order. Blocks loop over the overflow
+// list ovf (ovf[0] = count); hbuf holds gridDim.x x f floats of scratch.
+template <bool GATED>
+__global__ void __launch_bounds__(256)
+    row_fallback(const u16* __restrict__ x, const u16* __restrict__ Wsp, const u16* __restrict__ U,
+                 const u16* __restrict__ D, u16* __restrict__ y, const int* __restrict__ ovf, float* __restrict__ hbuf,
+                 int d, int f) {
+  extern __shared__ float xs[];
+  float* h = hbuf + (size_t)blockIdx.x * f;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int count = ovf[0];
+  for (int i = blockIdx.x; i < count; i += gridDim.x) {
+    const int r = ovf[1 + i];
+    __syncthreads();
+    for (int k = tid; k < d; k += 256) xs[k] = bf_to_f(x[(size_t)r * d + k]);
+    __syncthreads();
+    for (int j = warp; j < f; j += 8) {
+      const u16* wr = Wsp + (size_t)j * d;
+      float g = 0.f;
+      for (int k = lane; k < d; k += 32) g = fmaf(xs[k], bf_to_f(wr[k]), g);
+      g = warp_sum(g);
+      float hv = 0.f;
+      if (g > 0.f || g != g) {
+        hv = g;
+        if (GATED) {
+          const u16* ur = U + (size_t)j * d;
+          float u = 0.f;
+          for (int k = lane; k < d; k += 32) u = fmaf(xs[k], bf_to_f(ur[k]), u);
+          hv = g * warp_sum(u);
+        }
+      }
+      if (lane == 0) h[j] = hv;
+    }
+    __syncthreads();
+    for (int k = tid; k < d; k += 256) {
+      float a = 0.f;
+      for (int j = 0; j < f; ++j) {
+        const float hv = h[j];
+        if (hv != 0.f) a = fmaf(hv, bf_to_f(D[(size_t)j * d + k]), a);
+      }
+      y[(size_t)r * d + k] = (u16)f_to_bf(a);
+    }
+  }
+}
+
+template __global__ void t2d<true>(const u16*, const u32*, const u16*, const u16*, u16*, const int*, int, int, int,
+                                   int, int);
+template __global__ void t2d<false>(const u16*, const u32*, const u16*, const u16*, u16*, const int*, int, int, int,
+                                    int, int);
+template __global__ void row_fallback<true>(const u16*, const u16*, const u16*, const u16*, u16*, const int*, float*,
+                                            int, int);
+template __global__ void row_fallback<false>(const u16*, const u16*, const u16*, const u16*, u16*, const int*, float*,
+                                             int, int);
