@@ -111,12 +111,12 @@ func ModelCPU(o ModelOptions, progress func(string)) ([]ModelResult, error) {
 		}
 		name = fmt.Sprintf("%s (random weights, %d layers, gate density %g %s)", o.Preset, c.NumHiddenLayers, o.Density, o.Dist)
 		progress(fmt.Sprintf("building %s", name))
-		w := model.RandomWeights(c, r)
-		if err := model.SparsifyGates(c, w, o.Density, o.Dist, r); err != nil {
+		var err error
+		if m, err = model.New(c, model.RandomWeights(c, r)); err != nil {
 			return nil, err
 		}
-		var err error
-		if m, err = model.New(c, w); err != nil {
+		progress("calibrating the gates")
+		if err := m.SparsifyGates(o.Density, o.Dist, r); err != nil {
 			return nil, err
 		}
 	}

@@ -23,6 +23,10 @@ type Model struct {
 	head    *cpu.PackedB // LM head (the embedding when tied)
 	rope    ropeTable
 	mlpPath string // "auto", "sparse" or "dense"
+	mlpAct  cpu.Activation
+	// beforeMLP, when set, sees each layer's normalised MLP input before
+	// the MLP runs (gate calibration uses it).
+	beforeMLP func(layer int, hn []float32, tokens int) error
 }
 
 type cpuLayer struct {
@@ -45,36 +49,59 @@ func New(c Config, w *Weights) (*Model, error) {
 	default:
 		return nil, fmt.Errorf("model: MLP activation %q not supported (want relu or silu)", act)
 	}
-	m := &Model{Config: c, Weights: w, Layout: twell.DefaultLayout}
-	h, hd := c.HiddenSize, c.HeadDim
-	qkvRows := (c.NumAttentionHeads + 2*c.NumKeyValueHeads) * hd
-	for i, lw := range w.Layers {
-		qkv := make([]float32, 0, qkvRows*h)
-		qkv = append(append(append(qkv, lw.Q...), lw.K...), lw.V...)
-		var l cpuLayer
-		var err error
-		if l.qkv, err = cpu.PackB(qkv, qkvRows, h); err != nil {
-			return nil, fmt.Errorf("model: layer %d attention: %w", i, err)
-		}
-		if l.o, err = cpu.PackB(lw.O, h, c.NumAttentionHeads*hd); err != nil {
-			return nil, fmt.Errorf("model: layer %d output projection: %w", i, err)
-		}
-		if l.mlp, err = cpu.NewMLP(lw.Gate, lw.Up, lw.Down, h, c.IntermediateSize); err != nil {
-			return nil, fmt.Errorf("model: layer %d MLP: %w", i, err)
-		}
-		l.mlp.Act = mact
-		m.layers = append(m.layers, l)
+	m := &Model{Config: c, Weights: w, Layout: twell.DefaultLayout, mlpAct: mact}
+	if err := m.repack(); err != nil {
+		return nil, err
 	}
+	m.rope = newRopeTable(c)
+	return m, nil
+}
+
+// repack packs every weight for the CPU kernels; call it after changing
+// Weights.
+func (m *Model) repack() error {
+	m.layers = make([]cpuLayer, len(m.Weights.Layers))
+	for i := range m.layers {
+		if err := m.repackLayer(i); err != nil {
+			return err
+		}
+	}
+	c, w := m.Config, m.Weights
 	head := w.LMHead
 	if c.TieWordEmbeddings {
 		head = w.Embed
 	}
 	var err error
-	if m.head, err = cpu.PackB(head, c.VocabSize, h); err != nil {
-		return nil, fmt.Errorf("model: LM head: %w", err)
+	if m.head, err = cpu.PackB(head, c.VocabSize, c.HiddenSize); err != nil {
+		return fmt.Errorf("model: LM head: %w", err)
 	}
-	m.rope = newRopeTable(c)
-	return m, nil
+	return nil
+}
+
+// repackLayer packs layer i's weights.
+func (m *Model) repackLayer(i int) error {
+	c, lw := m.Config, m.Weights.Layers[i]
+	h, hd := c.HiddenSize, c.HeadDim
+	qkvRows := (c.NumAttentionHeads + 2*c.NumKeyValueHeads) * hd
+	qkv := make([]float32, 0, qkvRows*h)
+	qkv = append(append(append(qkv, lw.Q...), lw.K...), lw.V...)
+	var l cpuLayer
+	var err error
+	if l.qkv, err = cpu.PackB(qkv, qkvRows, h); err != nil {
+		return fmt.Errorf("model: layer %d attention: %w", i, err)
+	}
+	if l.o, err = cpu.PackB(lw.O, h, c.NumAttentionHeads*hd); err != nil {
+		return fmt.Errorf("model: layer %d output projection: %w", i, err)
+	}
+	if l.mlp, err = cpu.NewMLP(lw.Gate, lw.Up, lw.Down, h, c.IntermediateSize); err != nil {
+		return fmt.Errorf("model: layer %d MLP: %w", i, err)
+	}
+	l.mlp.Act = m.mlpAct
+	if m.mlpPath == "sparse" {
+		l.mlp.AutoDensity = 2
+	}
+	m.layers[i] = l
+	return nil
 }
 
 // Load reads a Hugging Face style checkpoint directory: config.json and
@@ -237,6 +264,12 @@ func (m *Model) Forward(caches []*Cache, tokens [][]int, allLogits bool) ([][]fl
 		}
 		addInto(x, proj)
 		rmsNorm(hn, x, lw.MLPNorm, T, h, c.RMSNormEps)
+		if m.beforeMLP != nil {
+			if err := m.beforeMLP(li, hn, T); err != nil {
+				return nil, nil, err
+			}
+			l = m.layers[li]
+		}
 		var p *twell.Matrix
 		var sparse bool
 		var err error

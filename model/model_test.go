@@ -26,12 +26,11 @@ func tinyConfig() Config {
 
 func tinyModel(t *testing.T, r *rand.Rand, c Config, density float64) *Model {
 	t.Helper()
-	w := RandomWeights(c, r)
-	if err := SparsifyGates(c, w, density, synth.Skewed, r); err != nil {
+	m, err := New(c, RandomWeights(c, r))
+	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := New(c, w)
-	if err != nil {
+	if err := m.SparsifyGates(density, synth.Skewed, r); err != nil {
 		t.Fatal(err)
 	}
 	return m
@@ -297,6 +296,33 @@ func TestLoadErrorsNameTheTensor(t *testing.T) {
 	c.Save(filepath.Join(dir, "config.json"))
 	if _, err := Load(dir); err == nil {
 		t.Fatal("missing weights file accepted")
+	}
+}
+
+func TestSparsifyGatesReachesDensity(t *testing.T) {
+	seed := rand.Uint64()
+	r := rand.New(rand.NewPCG(seed, 7))
+	c := tinyConfig()
+	c.HiddenSize, c.IntermediateSize, c.NumHiddenLayers, c.VocabSize = 128, 1024, 4, 500
+	c.HeadDim = 32
+	for _, density := range []float64{0.005, 0.05} {
+		m := tinyModel(t, r, c, density)
+		ids := make([][]int, 4)
+		caches := make([]*Cache, 4)
+		for i := range ids {
+			ids[i] = randomIDs(r, 32, c.VocabSize)
+			caches[i] = m.NewCache(32)
+		}
+		_, st, err := m.Forward(caches, ids, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for li, a := range st.ActiveUnits {
+			got := float64(a) / float64(st.Tokens*c.IntermediateSize)
+			if got > 2.5*density+0.002 || got < density/2.5 {
+				t.Errorf("seed %d: density %g: layer %d fires %.4f of units", seed, density, li, got)
+			}
+		}
 	}
 }
 

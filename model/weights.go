@@ -11,7 +11,6 @@ import (
 	"strings"
 
 	"github.com/twell-ai/twell/safetensors"
-	"github.com/twell-ai/twell/synth"
 )
 
 // LayerWeights holds one decoder layer's weights in the Hugging Face
@@ -183,60 +182,4 @@ func Save(dir string, c Config, w *Weights, dtype safetensors.DType) error {
 		return err
 	}
 	return w.Save(c, dir, dtype)
-}
-
-// embedBias is the constant that SparsifyGates writes into feature 0 of
-// every embedding row.
-const embedBias = 1.0
-
-// SparsifyGates makes random weights behave like a trained sparse model:
-// feature 0 of every token embedding becomes a constant, so the normalised
-// hidden state always has a large component along it, and each gate row's
-// weight on feature 0 becomes a bias that makes the unit fire with its rate
-// drawn from dist (mean density). The sparse projection is the gate, or the
-// up projection of a non-gated MLP. Deeper layers drift a little from the
-// target as the residual stream grows; measured sparsity is what counts.
-func SparsifyGates(c Config, w *Weights, density float64, dist synth.Dist, r *rand.Rand) error {
-	h, f := c.HiddenSize, c.IntermediateSize
-	if h < 2 {
-		return fmt.Errorf("model: hidden size %d too small to sparsify", h)
-	}
-	// Typical normalised embedding: feature 0 at embedBias/rms, the others
-	// with standard deviation std/rms.
-	var sq float64
-	for i := 0; i < c.VocabSize; i++ {
-		w.Embed[i*h] = embedBias
-		for _, v := range w.Embed[i*h+1 : (i+1)*h] {
-			sq += float64(v) * float64(v)
-		}
-	}
-	std := math.Sqrt(sq / float64(c.VocabSize*(h-1)))
-	rms := math.Sqrt((embedBias*embedBias + float64(h-1)*std*std) / float64(h))
-	lead, spread := embedBias/rms, std/rms
-	for li := range w.Layers {
-		rates, err := synth.UnitRates(r, f, density, dist)
-		if err != nil {
-			return err
-		}
-		sparse := w.Layers[li].Gate
-		if sparse == nil {
-			sparse = w.Layers[li].Up
-		}
-		for j, p := range rates {
-			row := sparse[j*h : (j+1)*h]
-			norm := 0.0
-			for _, v := range row[1:] {
-				norm += float64(v) * float64(v)
-			}
-			sigma := math.Sqrt(norm) * spread
-			b := -40.0
-			if p >= 1 {
-				b = 40
-			} else if p > 0 {
-				b = math.Sqrt2 * math.Erfinv(2*p-1)
-			}
-			row[0] = float32(b * sigma / lead)
-		}
-	}
-	return nil
 }

@@ -49,11 +49,14 @@ func tinyCheckpoint(t *testing.T) string {
 		HiddenAct: model.ActReLU, TieWordEmbeddings: true, MLPGated: true, BOSTokenID: &bos, EOSTokenIDs: []int{eos},
 	}
 	r := rand.New(rand.NewPCG(rand.Uint64(), 1))
-	w := model.RandomWeights(c, r)
-	if err := model.SparsifyGates(c, w, 0.02, synth.Skewed, r); err != nil {
+	m, err := model.New(c, model.RandomWeights(c, r))
+	if err != nil {
 		t.Fatal(err)
 	}
-	if err := model.Save(dir, c, w, safetensors.BF16); err != nil {
+	if err := m.SparsifyGates(0.02, synth.Skewed, r); err != nil {
+		t.Fatal(err)
+	}
+	if err := model.Save(dir, c, m.Weights, safetensors.BF16); err != nil {
 		t.Fatal(err)
 	}
 	return dir

@@ -1,0 +1,97 @@
+package model
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+
+	"github.com/twell-ai/twell/cpu"
+	"github.com/twell-ai/twell/synth"
+)
+
+// embedBias is the constant that SparsifyGates writes into feature 0 of
+// every token embedding.
+const embedBias = 1.0
+
+// SparsifyGates makes a randomly initialised model behave like a trained
+// sparse one, so that speed can be measured without a checkpoint. Feature 0
+// of every embedding becomes a constant that no layer writes to (row 0 of
+// every output projection is zeroed), so each normalised MLP input carries
+// a positive component along it; each gate row's weight on feature 0 then
+// acts as a bias. The biases are calibrated layer by layer on a forward pass
+// over random tokens, so that unit j fires on a fraction p_j of tokens, the
+// rates drawn from dist with mean density. The sparse projection is the gate,
+// or the up projection of a non-gated MLP.
+func (m *Model) SparsifyGates(density float64, dist synth.Dist, r *rand.Rand) error {
+	c := m.Config
+	h, f := c.HiddenSize, c.IntermediateSize
+	if h < 2 {
+		return fmt.Errorf("model: hidden size %d too small to sparsify", h)
+	}
+	w := m.Weights
+	for i := 0; i < c.VocabSize; i++ {
+		w.Embed[i*h] = embedBias
+	}
+	for li := range w.Layers {
+		l := &w.Layers[li]
+		clear(l.O[:c.NumAttentionHeads*c.HeadDim]) // row 0 of o_proj
+		clear(l.Down[:f])                          // row 0 of down_proj
+		l.AttnNorm[0], l.MLPNorm[0] = 1, 1
+	}
+	if err := m.repack(); err != nil {
+		return err
+	}
+	rates := make([][]float64, len(w.Layers))
+	for li := range rates {
+		var err error
+		if rates[li], err = synth.UnitRates(r, f, density, dist); err != nil {
+			return err
+		}
+	}
+	m.beforeMLP = func(li int, hn []float32, T int) error {
+		l := &w.Layers[li]
+		sparse := l.Gate
+		if sparse == nil {
+			sparse = l.Up
+		}
+		cpu.ParallelFor(f, func(j int) {
+			row := sparse[j*h : (j+1)*h]
+			row[0] = 0
+			// s_t = -(hn_t . row) / hn_t[0]: the unit fires on token t when
+			// row[0] > s_t. Fit s with a normal and take its p quantile.
+			var sum, sq float64
+			for t := 0; t < T; t++ {
+				s := -float64(cpu.Dot(hn[t*h:(t+1)*h], row)) / float64(hn[t*h])
+				sum += s
+				sq += s * s
+			}
+			mean := sum / float64(T)
+			std := math.Sqrt(max(sq/float64(T)-mean*mean, 1e-12))
+			p := rates[li][j]
+			var z float64 // Phi^-1(p)
+			switch {
+			case p <= 0:
+				z = -40
+			case p >= 1:
+				z = 40
+			default:
+				z = math.Sqrt2 * math.Erfinv(2*p-1)
+			}
+			row[0] = float32(mean + std*z)
+		})
+		return m.repackLayer(li)
+	}
+	defer func() { m.beforeMLP = nil }()
+	const seqs, seqLen = 4, 64
+	caches := make([]*Cache, seqs)
+	toks := make([][]int, seqs)
+	for i := range toks {
+		caches[i] = m.NewCache(seqLen)
+		toks[i] = make([]int, seqLen)
+		for j := range toks[i] {
+			toks[i][j] = r.IntN(c.VocabSize)
+		}
+	}
+	_, _, err := m.Forward(caches, toks, false)
+	return err
+}
