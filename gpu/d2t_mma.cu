@@ -127,7 +127,3 @@ __global__ void __launch_bounds__(256, 1)
     *(uint4*)(packed + (size_t)(m0 + r) * row_words + nt * S + c * 4) = val;
   }
 }
-
-template __global__ void d2t_mma<32>(const u16*, const u16*, u32*, int*, int*, u64*, int, int, int, int, int);
-template __global__ void d2t_mma<64>(const u16*, const u16*, u32*, int*, int*, u64*, int, int, int, int, int);
-template __global__ void d2t_mma<128>(const u16*, const u16*, u32*, int*, int*, u64*, int, int, int, int, int);

@@ -205,10 +205,3 @@ __global__ void __launch_bounds__(384, 1)
   __syncwarp();
   cluster_sync();
 }
-
-template __global__ void d2t_wgmma<32, 4>(const __grid_constant__ TmaDesc, const __grid_constant__ TmaDesc, u32*,
-                                          int*, int*, u64*, int, int, int, int, int);
-template __global__ void d2t_wgmma<64, 4>(const __grid_constant__ TmaDesc, const __grid_constant__ TmaDesc, u32*,
-                                          int*, int*, u64*, int, int, int, int, int);
-template __global__ void d2t_wgmma<128, 3>(const __grid_constant__ TmaDesc, const __grid_constant__ TmaDesc, u32*,
-                                           int*, int*, u64*, int, int, int, int, int);

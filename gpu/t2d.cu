@@ -188,12 +188,3 @@ __global__ void __launch_bounds__(256)
     }
   }
 }
-
-template __global__ void t2d<true>(const u16*, const u32*, const u16*, const u16*, u16*, const int*, int, int, int,
-                                   int, int);
-template __global__ void t2d<false>(const u16*, const u32*, const u16*, const u16*, u16*, const int*, int, int, int,
-                                    int, int);
-template __global__ void row_fallback<true>(const u16*, const u16*, const u16*, const u16*, u16*, const int*, float*,
-                                            int, int);
-template __global__ void row_fallback<false>(const u16*, const u16*, const u16*, const u16*, u16*, const int*, float*,
-                                             int, int);
