@@ -426,6 +426,10 @@ func (w *ShardWriter) Abort() {
 	w.mem = nil
 }
 
+// Checksum returns the CRC-32C of the tokens written so far (the header's payload checksum
+// once the shard is closed).
+func (w *ShardWriter) Checksum() uint32 { return w.crc.Sum32() }
+
 // Bytes returns the finished shard file of a memory writer after Close.
 func (w *ShardWriter) Bytes() []byte { return w.mem }
 
