@@ -29,7 +29,17 @@ func init() {
 		}
 	}
 	copy(byteOrder[:], append(self, other...))
+	for i, b := range byteOrder {
+		byteIDs[b] = i
+	}
 }
+
+// byteIDs[b] is the id of byte b: its position in byteOrder.
+var byteIDs [256]int
+
+// ByteID returns the id of the single-byte token for b, the same in every vocabulary this
+// package trains (GPT-2's byte order: "!" is 0, the space byte "Ġ" is 220).
+func ByteID(b byte) int { return byteIDs[b] }
 
 // ByteLevel returns s with every byte replaced by its byte-level character, the form in which
 // tokens are stored in a byte-level tokenizer.json ("Ġthe" for " the").
