@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"time"
 
+	"github.com/twell-ai/twell/bf16"
 	"github.com/twell-ai/twell/cuda"
 	"github.com/twell-ai/twell/cuda/cublas"
 	"github.com/twell-ai/twell/cuda/nvml"
@@ -18,7 +19,9 @@ import (
 // the automatic path (MLP.Forward) and the D2T kernel alone, each with CUDA
 // events around every repetition: the median of o.Reps after 3 warm-up calls,
 // rotating among enough input batches that they do not fit in L2. Each
-// path's output is checked against the float64 reference; energy per token
+// path's output is checked against the float64 reference computed on the
+// bf16 model (weights and inputs rounded to bf16 once, as the GPU holds
+// them), so the error measures the kernels' arithmetic; energy per token
 // comes from NVML's energy counter over back-to-back calls.
 func FFNCUDA(o FFNOptions, progress func(string)) ([]FFNResult, error) {
 	if err := o.Validate(); err != nil {
@@ -51,7 +54,7 @@ func FFNCUDA(o FFNOptions, progress func(string)) ([]FFNResult, error) {
 	xBytes := 2 * o.M * o.D
 	nbuf := min(max(2, (3*props.L2Bytes+xBytes-1)/xBytes), 8)
 	say("uploading %d input batches of %d x %d", nbuf, o.M, o.D)
-	x0 := synth.Tokens(r, o.M, o.D)
+	x0 := roundBF16(synth.Tokens(r, o.M, o.D))
 	xs := make([]*cuda.Buffer, nbuf)
 	for i := range xs {
 		x := x0
@@ -173,6 +176,11 @@ func FFNCUDA(o FFNOptions, progress func(string)) ([]FFNResult, error) {
 		if err != nil {
 			return nil, err
 		}
+		// The GPU model is bf16: round the weights once, so that the float64
+		// reference computes the same model the kernels hold.
+		for _, w := range [][]float32{sl.Gate, sl.Up, sl.Down} {
+			roundBF16(w)
+		}
 		l, err := gpu.NewMLP(dev, blas, sl.Gate, sl.Up, sl.Down, o.D, o.F, o.Layout)
 		if err != nil {
 			return nil, err
@@ -286,4 +294,12 @@ func ffnCase(o FFNOptions, density float64, l *gpu.MLP, sl *synth.Layer, e ffnEn
 		density, res.DenseMS, res.TwELLMS, res.Speedup, res.D2TMS, res.AutoMS, res.AutoSpeedup, res.AutoPath,
 		res.DenseRelErr, res.RelErr, res.AutoRelErr, res.DenseMJPerToken, res.TwELLMJPerToken, res.AutoMJPerToken)
 	return res, nil
+}
+
+// roundBF16 rounds v to bf16 values in place and returns it.
+func roundBF16(v []float32) []float32 {
+	for i, x := range v {
+		v[i] = bf16.Round(x)
+	}
+	return v
 }

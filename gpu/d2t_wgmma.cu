@@ -7,6 +7,23 @@
 #include "common.cuh"
 #include "wgmma.cuh"
 
+// Build-time variants, for timing experiments (see TestD2TVariants):
+// TW_EPI 0 skips the packing (mainloop cost alone; the output is wrong),
+// TW_WAIT is how many wgmma groups stay in flight across k steps,
+// TW_GROUP is how many M-tile pairs sweep the N tiles together.
+#ifndef TW_EPI
+#define TW_EPI 1
+#endif
+#ifndef TW_WAIT
+#define TW_WAIT 1
+#endif
+#ifndef TW_NNZ
+#define TW_NNZ 1  // 0: no active-unit counter (its atomics' cost)
+#endif
+#ifndef TW_GROUP
+#define TW_GROUP 4
+#endif
+
 #define WG_BK 64
 #define A_BYTES (128 * WG_BK * 2)  // 16 KiB
 #define B_BYTES (256 * WG_BK * 2)  // 32 KiB
@@ -73,7 +90,7 @@ __device__ __forceinline__ void fence_acc(float* acc) {
 // Work item w of a cluster: (pair of M tiles, N tile), in groups of G M-tile
 // pairs that sweep the N tiles (L2 reuse of x rows and weights).
 __device__ __forceinline__ void work_coords(int w, int m_pairs, int n_tiles, int& mp, int& nt) {
-  const int G = 4;
+  const int G = TW_GROUP;
   int group = w / (G * n_tiles);
   int gm = min(G, m_pairs - group * G);
   int within = w - group * G * n_tiles;
@@ -156,7 +173,7 @@ __global__ void __launch_bounds__(384, 1)
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk) wgmma_m64n256k16(acc, da + 2 * kk, db + 2 * kk, (k > 0 || kk > 0) ? 1 : 0);
         asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-        asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
+        asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(TW_WAIT) : "memory");
         fence_acc(acc);
         if (prev >= 0 && (tid & 127) == 0) {
           mbar_arrive_cta(empty(prev), 0);
@@ -178,7 +195,7 @@ __global__ void __launch_bounds__(384, 1)
       // Epilogue: ReLU + pack into the staging tile, then copy it out.
       int tot = 0;
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
+      for (int h = 0; h < 2 * TW_EPI; ++h) {
         int r = cw * 64 + wq * 16 + (lane >> 2) + 8 * h;
         int row = m0 + r;
         int n = pack_row_epilogue<S>([&](int i, int e) { return acc[4 * i + 2 * h + e]; }, stage_out + r * S, n0,
@@ -187,7 +204,7 @@ __global__ void __launch_bounds__(384, 1)
       }
 #pragma unroll
       for (int o = 16; o > 0; o >>= 1) tot += __shfl_xor_sync(0xffffffffu, tot, o);
-      if (lane == 0 && tot) atomicAdd(nnz, (u64)tot);
+      if (TW_NNZ && lane == 0 && tot) atomicAdd(nnz, (u64)tot);
       asm volatile("bar.sync 1, 256;" ::: "memory");
       const int v4 = S / 4;
       for (int i = tid - 128; i < 128 * v4; i += 256) {

@@ -94,6 +94,8 @@ type MLP struct {
 	tmAm  int
 	wgErr error
 
+	d2tOverride *cuda.Function // a wgmma D2T variant under test (nil: the built-in one)
+
 	// automatic path state
 	next      Path
 	pending   bool
@@ -325,6 +327,9 @@ func (l *MLP) sparseWorkspace(m int) (*sparseWS, error) {
 // d2tKernel returns the D2T kernel to use and its kind.
 func (l *MLP) d2tKernel() (*cuda.Function, Kernel, error) {
 	s := l.Layout.S()
+	if l.d2tOverride != nil {
+		return l.d2tOverride, KernelWGMMA, nil
+	}
 	kind := l.Kernel
 	if kind == KernelAuto {
 		switch os.Getenv(EnvD2TKernel) {

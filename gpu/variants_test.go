@@ -1,0 +1,149 @@
+package gpu
+
+import (
+	"os"
+	"testing"
+	"time"
+
+	"github.com/twell-ai/twell/cuda"
+	"github.com/twell-ai/twell/cuda/cudatest"
+	"github.com/twell-ai/twell/synth"
+	"github.com/twell-ai/twell/twell"
+)
+
+// medianMS times run with CUDA events: 3 warm-up calls, then the median of
+// reps.
+func medianMS(t *testing.T, dev *cuda.Device, reps int, run func() error) float64 {
+	t.Helper()
+	start, _ := dev.NewEvent()
+	end, _ := dev.NewEvent()
+	defer start.Destroy()
+	defer end.Destroy()
+	for i := 0; i < 3; i++ {
+		if err := run(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ts := make([]float64, reps)
+	for i := range ts {
+		start.Record(nil)
+		if err := run(); err != nil {
+			t.Fatal(err)
+		}
+		end.Record(nil)
+		if err := end.Synchronize(); err != nil {
+			t.Fatal(err)
+		}
+		d, _ := start.Elapsed(end)
+		ts[i] = float64(d) / float64(time.Millisecond)
+	}
+	for i := 1; i < len(ts); i++ { // insertion sort: reps is small
+		for j := i; j > 0 && ts[j] < ts[j-1]; j-- {
+			ts[j], ts[j-1] = ts[j-1], ts[j]
+		}
+	}
+	return ts[len(ts)/2]
+}
+
+// TestD2TVariants times build-time variants of the wgmma D2T kernel and the
+// sparse tail on the SparseLM shape, and logs the compiler's resource report.
+// It is an experiment, not a check: set TWELL_D2T_VARIANTS=1 to run it.
+func TestD2TVariants(t *testing.T) {
+	if os.Getenv("TWELL_D2T_VARIANTS") == "" {
+		t.Skip("set TWELL_D2T_VARIANTS=1 to time the D2T kernel variants")
+	}
+	dev, blas := setup(t)
+	if dev.Properties().Arch != "sm_90a" {
+		t.Skipf("the wgmma D2T kernel needs sm_90a; %v is %s", dev, dev.Properties().Arch)
+	}
+	r, seed := cudatest.Rand()
+	d, f, m := 2048, 5632, 65536
+	sl, err := synth.NewLayer(r, d, f, 0.005, synth.Uniform, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := NewMLP(dev, blas, sl.Gate, sl.Up, sl.Down, d, f, twell.DefaultLayout)
+	if err != nil {
+		t.Fatalf("seed %d: %v", seed, err)
+	}
+	defer l.Close()
+	xb, err := Upload(dev, synth.Tokens(r, m, d))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer xb.Free()
+	yb, err := dev.Alloc(2 * m * d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer yb.Free()
+	flop := 2 * float64(m) * float64(d) * float64(f)
+	for _, v := range []struct {
+		name string
+		opts []string
+	}{
+		{"default", nil},
+		{"no-epilogue", []string{"-DTW_EPI=0"}},
+		{"wait0", []string{"-DTW_WAIT=0"}},
+		{"group1", []string{"-DTW_GROUP=1"}},
+		{"group16", []string{"-DTW_GROUP=16"}},
+		{"no-nnz", []string{"-DTW_NNZ=0"}},
+	} {
+		opts := append([]string{"--ptxas-options=-v"}, v.opts...)
+		mod, err := dev.Compile("d2t_wgmma.cu", d2tWGMMASrc, cuda.WithHeader("common.cuh", commonCUH),
+			cuda.WithHeader("wgmma.cuh", wgmmaCUH), cuda.WithNameExpressions("d2t_wgmma<32,4>"), cuda.WithOptions(opts...))
+		if err != nil {
+			t.Errorf("%s: %v", v.name, err)
+			continue
+		}
+		fn, err := mod.Function("d2t_wgmma<32,4>")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v.name == "default" {
+			t.Logf("compiler log:\n%s", mod.Program().Log)
+		}
+		a, _ := fn.Attributes()
+		l.d2tOverride = fn
+		ms := medianMS(t, dev, 20, func() error { return l.QueueD2T(nil, xb, m) })
+		t.Logf("D2T %-12s %.3f ms  %.0f TFLOP/s  (%d registers, %d B local)", v.name, ms, flop/ms/1e9, a.NumRegs, a.LocalBytes)
+	}
+	l.d2tOverride = nil
+	d2t := medianMS(t, dev, 20, func() error { return l.QueueD2T(nil, xb, m) })
+	sparse := medianMS(t, dev, 20, func() error { return l.Sparse(nil, yb, xb, m) })
+	dense := medianMS(t, dev, 20, func() error { return l.Dense(nil, yb, xb, m) })
+	p, err := l.D2T(nil, xb, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pairs := float64(p.NNZ)
+	tail := sparse - d2t
+	t.Logf("m=%d: dense %.3f ms, sparse %.3f ms = D2T %.3f + tail %.3f ms; %.1f active/token; tail reads %.2f TB/s of weight rows",
+		m, dense, sparse, d2t, tail, pairs/float64(m), pairs*4*float64(d)/tail/1e9)
+	ws, err := l.runD2T(nil, xb, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range []struct {
+		name string
+		opts []string
+	}{{"t2d default", nil}, {"t2d no-hints", []string{"-DTW_HINTS=0"}}} {
+		mod, err := dev.Compile("t2d.cu", t2dSrc, cuda.WithHeader("common.cuh", commonCUH), cuda.WithHeader("wgmma.cuh", wgmmaCUH),
+			cuda.WithNameExpressions("t2d<true>"), cuda.WithOptions(append([]string{"-DTW_NCH=8"}, v.opts...)...))
+		if err != nil {
+			t.Errorf("%s: %v", v.name, err)
+			continue
+		}
+		fn, _ := mod.Function("t2d<true>")
+		ms := medianMS(t, dev, 20, func() error {
+			return fn.Launch(cuda.Dim3{uint32((m + 7) / 8), 1, 1}, cuda.Dim3{256, 1, 1}, 0, nil,
+				xb, ws.packed, l.up, l.down, yb, ws.flags, int32(m), int32(d), int32(32), int32(f/256), int32(f/8))
+		})
+		t.Logf("%-14s %.3f ms  %.2f TB/s of weight rows", v.name, ms, pairs*4*float64(d)/ms/1e9)
+	}
+	set, _ := l.k.t2dFor(d)
+	for name, fn := range map[string]*cuda.Function{"t2d<true>": set.gated, "row_fallback<true>": set.fbGated} {
+		a, _ := fn.Attributes()
+		t.Logf("%s: %d registers, %d B local", name, a.NumRegs, a.LocalBytes)
+	}
+}
