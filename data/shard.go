@@ -401,6 +401,9 @@ func (w *ShardWriter) Close() error {
 	if err == nil {
 		err = w.tmp.Sync()
 	}
+	if err == nil {
+		err = w.tmp.Chmod(0o644)
+	}
 	if cerr := w.tmp.Close(); err == nil {
 		err = cerr
 	}

@@ -218,3 +218,14 @@ func eachJSONLDoc(path string, fn func(loc, text string) error) error {
 		}
 	}
 }
+
+// Documents calls fn with every document of the source as it is in the input (not
+// normalized), in the order Build reads them, with its location for messages ("file",
+// "file:line" or "name[i]"). It stops at the first error.
+func (s Source) Documents(fn func(loc, text string) error) error {
+	files, err := inputFiles(s)
+	if err != nil {
+		return err
+	}
+	return eachDoc(s.Name, files, s.Docs, fn)
+}

@@ -86,6 +86,9 @@ func (m *Model) Save(path string) error {
 	if err == nil {
 		err = f.Sync()
 	}
+	if err == nil {
+		err = f.Chmod(0o644)
+	}
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}

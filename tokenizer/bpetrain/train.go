@@ -112,13 +112,25 @@ func (t *Trainer) Add(text string) {
 
 // AddAll counts the pre-tokens of all texts, spread over Config.Workers goroutines.
 func (t *Trainer) AddAll(texts []string) {
+	ch := make(chan string)
+	go func() {
+		for _, s := range texts {
+			ch <- s
+		}
+		close(ch)
+	}()
+	t.AddStream(ch)
+}
+
+// AddStream counts the pre-tokens of every text received from texts, on Config.Workers
+// goroutines, and returns when texts is closed and all are counted.
+func (t *Trainer) AddStream(texts <-chan string) {
 	var wg sync.WaitGroup
-	next := make(chan string)
 	for range t.cfg.Workers {
 		wg.Go(func() {
 			local := map[string]int64{}
 			var n int64
-			for s := range next {
+			for s := range texts {
 				n += int64(len(s))
 				t.count(local, s)
 			}
@@ -130,10 +142,6 @@ func (t *Trainer) AddAll(texts []string) {
 			t.mu.Unlock()
 		})
 	}
-	for _, s := range texts {
-		next <- s
-	}
-	close(next)
 	wg.Wait()
 }
 
