@@ -281,3 +281,24 @@ func TestValIter(t *testing.T) {
 		t.Errorf("seed %d: after Reset: %d rows, %v", seed, rows, err)
 	}
 }
+
+func BenchmarkLoaderNext(b *testing.B) {
+	r := rand.New(rand.NewPCG(1, 1))
+	var docs []string
+	for i := range 2000 {
+		docs = append(docs, strings.Repeat(itoa(i%1000)+" ", 200+r.IntN(500)))
+	}
+	d, err := BuildMemory(BuildConfig{Sources: []Source{{Name: "s", Docs: docs}}, Encoder: seqEncoder{vocab: 8192}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	l, err := d.NewLoader(LoaderConfig{Batch: 64, SeqLen: 1024, Seed: 1})
+	if err != nil {
+		b.Fatal(err)
+	}
+	var buf []int32
+	b.SetBytes(int64(4 * l.BatchLen()))
+	for b.Loop() {
+		buf, _ = l.Next(buf)
+	}
+}

@@ -75,6 +75,15 @@ func (m *Model) WriteJSON(w io.Writer) error {
 	return bw.Flush()
 }
 
+// JSON returns the model's tokenizer.json (see WriteJSON), e.g. for tokenizer.Parse.
+func (m *Model) JSON() ([]byte, error) {
+	var b bytes.Buffer
+	if err := m.WriteJSON(&b); err != nil {
+		return nil, err
+	}
+	return b.Bytes(), nil
+}
+
 // Save writes the model as a tokenizer.json file at path. The file is written under a
 // temporary name and renamed, so path holds either the old file or the complete new one.
 func (m *Model) Save(path string) error {
