@@ -15,8 +15,8 @@ type sampleEncoder struct {
 }
 
 func (e sampleEncoder) Encode(s string) ([]int, error) { return e.tk.AppendEncode(nil, s) }
-func (e sampleEncoder) VocabSize() int                  { return e.tk.VocabSize() }
-func (e sampleEncoder) EOS() int                        { return e.eos }
+func (e sampleEncoder) VocabSize() int                 { return e.tk.VocabSize() }
+func (e sampleEncoder) EOS() int                       { return e.eos }
 
 // Training data with no download: a tokenizer trained on the bundled sample, the sample
 // tokenized in memory, and a loader over it.
