@@ -41,9 +41,6 @@ type Loader struct {
 	windows uint64 // W, windows per epoch
 	slack   int64  // largest start offset
 	pos     uint64
-	epoch   uint64 // epoch of perm
-	perm    feistel
-	hasPerm bool
 }
 
 // NewLoader returns a Loader over the training split, at the start of epoch 0.
@@ -101,18 +98,38 @@ func (l *Loader) Next(dst []int32) ([]int32, error) {
 	return dst, nil
 }
 
-// windowStart returns the token offset of global window g.
+// windowStart returns the token offset of global window g. It only reads the loader's fixed
+// settings, so it is safe to call concurrently.
 func (l *Loader) windowStart(g uint64) int64 {
 	e, k := g/l.windows, g%l.windows
-	if !l.hasPerm || l.epoch != e {
-		l.perm = newFeistel(l.windows, l.cfg.Seed, e)
-		l.epoch, l.hasPerm = e, true
-	}
+	perm := newFeistel(l.windows, l.cfg.Seed, e)
 	shift := int64(0)
 	if l.slack > 0 {
 		shift = int64(mix64(l.cfg.Seed^mix64(e^0x5348494654)) % uint64(l.slack+1))
 	}
-	return shift + int64(l.perm.at(k))*int64(l.cfg.SeqLen)
+	return shift + int64(perm.at(k))*int64(l.cfg.SeqLen)
+}
+
+// Window fills dst, which must hold SeqLen+1 tokens, with global window i of the loader's
+// order: the window that Next hands out as row i of the concatenated batches (for all ranks
+// together). It depends only on i, the seed and the dataset, so it suits trainers that
+// address windows by number; it is safe for concurrent use.
+func (l *Loader) Window(dst []int, i int64) error {
+	if len(dst) != l.cfg.SeqLen+1 {
+		return fmt.Errorf("data: window of %d tokens, this loader's windows have %d", len(dst), l.cfg.SeqLen+1)
+	}
+	if i < 0 {
+		return fmt.Errorf("data: window %d is negative", i)
+	}
+	if l.d.shards == nil {
+		return errors.New("data: loader used after its dataset was closed")
+	}
+	buf := make([]int32, len(dst))
+	l.d.train.read(buf, l.windowStart(uint64(i)))
+	for j, t := range buf {
+		dst[j] = int(t)
+	}
+	return nil
 }
 
 // State returns the loader's position.
@@ -131,7 +148,6 @@ func (l *Loader) Restore(s LoaderState) error {
 	}
 	l.cfg.Seed = s.Seed
 	l.pos = s.Windows
-	l.hasPerm = false
 	return nil
 }
 
@@ -198,6 +214,23 @@ func (d *Dataset) Val(source string, batch, seqLen int) (*ValIter, error) {
 		return nil, fmt.Errorf("data: source %q has no validation split (sources with one: %v)", source, d.ValSources())
 	}
 	return &ValIter{s: s, batch: batch, seqLen: seqLen, windows: (s.len() - 1) / int64(seqLen)}, nil
+}
+
+// Window fills dst, which must hold SeqLen+1 tokens, with window i (0 <= i < Windows) of the
+// validation split, independently of the iterator's position.
+func (it *ValIter) Window(dst []int, i int64) error {
+	if len(dst) != it.seqLen+1 {
+		return fmt.Errorf("data: window of %d tokens, this iterator's windows have %d", len(dst), it.seqLen+1)
+	}
+	if i < 0 || i >= it.Windows() {
+		return fmt.Errorf("data: validation window %d outside [0,%d)", i, it.Windows())
+	}
+	buf := make([]int32, len(dst))
+	it.s.read(buf, i*int64(it.seqLen))
+	for j, t := range buf {
+		dst[j] = int(t)
+	}
+	return nil
 }
 
 // Windows returns the number of windows the iterator yields in all.

@@ -122,6 +122,23 @@ func TestLoaderDeterministicCoverageResume(t *testing.T) {
 				k[o] = true
 			}
 		}
+		// Window(i) is row i of the concatenated batches.
+		l5, _ := d.NewLoader(cfg)
+		win := make([]int, cfg.SeqLen+1)
+		for k := range 3 {
+			b5, _ := l5.Next(nil)
+			for j := range cfg.Batch {
+				if err := l5.Window(win, int64(k*cfg.Batch+j)); err != nil {
+					t.Fatal(err)
+				}
+				if !slices.Equal(intsOf32(b5[j*(cfg.SeqLen+1):(j+1)*(cfg.SeqLen+1)]), win) {
+					t.Fatalf("seed %d trial %d: Window(%d) is not row %d of batch %d", seed, trial, k*cfg.Batch+j, j, k)
+				}
+			}
+		}
+		if err := l5.Window(make([]int, cfg.SeqLen), 0); err == nil {
+			t.Errorf("seed %d: Window with a short buffer did not fail", seed)
+		}
 		// A fresh loader restored from the JSON state repeats the second half exactly.
 		js, _ := json.Marshal(saved)
 		var st LoaderState
@@ -180,6 +197,14 @@ func TestLoaderDeterministicCoverageResume(t *testing.T) {
 			t.Errorf("seed %d: Next after Close did not fail", seed)
 		}
 	}
+}
+
+func intsOf32(s []int32) []int {
+	out := make([]int, len(s))
+	for i, v := range s {
+		out[i] = int(v)
+	}
+	return out
 }
 
 // findRow returns where row occurs in the stream all (whose tokens are distinct except EOS),
@@ -275,6 +300,15 @@ func TestValIter(t *testing.T) {
 	}
 	if got != it.Windows() {
 		t.Errorf("seed %d: %d windows yielded, want %d", seed, got, it.Windows())
+	}
+	win := make([]int, seqLen+1)
+	for i := range it.Windows() {
+		if err := it.Window(win, i); err != nil || !slices.Equal(win, intsOf32(all[i*int64(seqLen):i*int64(seqLen)+int64(seqLen)+1])) {
+			t.Fatalf("seed %d: Window(%d) = %v, %v", seed, i, win, err)
+		}
+	}
+	if err := it.Window(win, it.Windows()); err == nil {
+		t.Errorf("seed %d: Window past the end did not fail", seed)
 	}
 	it.Reset()
 	if _, rows, err := it.Next(nil); err != nil || rows != int(min(int64(batch), it.Windows())) {
