@@ -36,9 +36,10 @@ func (s *StreamSource) Window(dst []int, i int64) error {
 	return nil
 }
 
-// sequentialWindows returns the windows of seq+1 tokens that tile tokens in
-// order (for evaluation), at most limit of them.
-func sequentialWindows(tokens []int, seq, limit int) [][]int {
+// Windows returns the windows of seq+1 tokens that tile tokens in order
+// (consecutive windows share one token), at most limit of them: the held-out
+// windows of a run.
+func Windows(tokens []int, seq, limit int) [][]int {
 	var out [][]int
 	for off := 0; off+seq+1 <= len(tokens) && len(out) < limit; off += seq {
 		out = append(out, tokens[off:off+seq+1])

@@ -39,7 +39,8 @@ type Run struct {
 	Params *Params[float32]
 	Opt    *AdamW
 	Train  Source
-	Val    []int // held-out tokens
+	// Val holds the held-out windows (seq+1 tokens each) for evaluation.
+	Val [][]int
 	// Extra files (e.g. tokenizer.json) copied into each checkpoint.
 	Extra map[string]string
 	// Log receives progress lines; nil discards them.
@@ -64,7 +65,7 @@ type trainerState struct {
 }
 
 // NewRun starts a run from fresh weights.
-func NewRun(cfg *Config, out string, w *model.Weights, trainSrc Source, val []int) *Run {
+func NewRun(cfg *Config, out string, w *model.Weights, trainSrc Source, val [][]int) *Run {
 	p := FromWeights(w)
 	r := &Run{Cfg: cfg, Out: out, Params: p, Train: trainSrc, Val: val,
 		Opt: NewAdamW(p, cfg.Beta1, cfg.Beta2, cfg.Eps, cfg.WeightDecay)}
@@ -242,9 +243,14 @@ func (r *Run) reinitUnit(li, j int) {
 // Evaluate returns the mean cross-entropy over the held-out windows.
 func (r *Run) Evaluate() (float64, error) {
 	c := r.Cfg
-	wins := sequentialWindows(r.Val, c.Seq, c.EvalBatches*c.Batch)
+	wins := r.Val[:min(len(r.Val), c.EvalBatches*c.Batch)]
 	if len(wins) == 0 {
-		return 0, fmt.Errorf("train: held-out split has %d tokens, fewer than one window of %d", len(r.Val), c.Seq+1)
+		return 0, fmt.Errorf("train: the held-out split has no window of %d tokens", c.Seq+1)
+	}
+	for i, w := range wins {
+		if len(w) != c.Seq+1 {
+			return 0, fmt.Errorf("train: held-out window %d has %d tokens, want %d", i, len(w), c.Seq+1)
+		}
 	}
 	total, n := 0.0, 0
 	g := zerosLike[float32](r.Params) // gradients are computed and dropped

@@ -73,7 +73,7 @@ func newTestRun(t *testing.T, c *Config, out string, seed uint64) *Run {
 	r := rand.New(rand.NewPCG(seed, 1))
 	toks := patternTokens(r, 20000, c.ModelConfig().VocabSize)
 	w := model.RandomWeights(c.ModelConfig(), rand.New(rand.NewPCG(c.Seed, 2)))
-	return NewRun(c, out, w, NewStreamSource(toks[:18000], c.Seed), toks[18000:])
+	return NewRun(c, out, w, NewStreamSource(toks[:18000], c.Seed), Windows(toks[18000:], c.Seq, 100))
 }
 
 func TestLossFallsAndResumeIsExact(t *testing.T) {
