@@ -52,6 +52,7 @@ type Run struct {
 	step     int
 	tokens   int64
 	lastFire [][]int64 // per layer, per unit: token count at its last firing
+	fires    [][]int64 // per layer, per unit: tokens on which it fired, over the run
 	history  []Metrics
 }
 
@@ -61,6 +62,7 @@ type trainerState struct {
 	Tokens   int64           `json:"tokens"`
 	AdamStep int64           `json:"adam_step"`
 	LastFire [][]int64       `json:"last_fire"`
+	Fires    [][]int64       `json:"fires"` // per layer, per unit: tokens it fired on
 	Config   json.RawMessage `json:"config"`
 }
 
@@ -72,6 +74,7 @@ func NewRun(cfg *Config, out string, w *model.Weights, trainSrc Source, val [][]
 	mc := cfg.ModelConfig()
 	for range mc.NumHiddenLayers {
 		r.lastFire = append(r.lastFire, make([]int64, mc.IntermediateSize))
+		r.fires = append(r.fires, make([]int64, mc.IntermediateSize))
 	}
 	return r
 }
@@ -189,12 +192,12 @@ func (r *Run) Loop() error {
 // re-initialises them when the config asks for it.
 func (r *Run) track(active [][]int32) float64 {
 	c := r.Cfg
-	mc := c.ModelConfig()
 	dead, total := 0, 0
 	for li, units := range active {
 		for j, n := range units {
 			if n > 0 {
 				r.lastFire[li][j] = r.tokens
+				r.fires[li][j] += int64(n)
 			}
 			total++
 			if r.tokens-r.lastFire[li][j] >= c.DeadWindow {
@@ -205,7 +208,6 @@ func (r *Run) track(active [][]int32) float64 {
 			}
 		}
 	}
-	_ = mc
 	return float64(dead) / float64(max(total, 1))
 }
 
@@ -239,6 +241,10 @@ func (r *Run) reinitUnit(li, j int) {
 	}
 	r.lastFire[li][j] = r.tokens
 }
+
+// Fires returns, per layer and unit, the number of tokens the unit fired on
+// since the run began (re-initialised units keep their count).
+func (r *Run) Fires() [][]int64 { return r.fires }
 
 // Evaluate returns the mean cross-entropy over the held-out windows.
 func (r *Run) Evaluate() (float64, error) {
@@ -304,7 +310,7 @@ func (r *Run) Checkpoint() error {
 	if err != nil {
 		return err
 	}
-	st := trainerState{Step: r.step, Tokens: r.tokens, AdamStep: r.Opt.Step, LastFire: r.lastFire, Config: cfgJSON}
+	st := trainerState{Step: r.step, Tokens: r.tokens, AdamStep: r.Opt.Step, LastFire: r.lastFire, Fires: r.fires, Config: cfgJSON}
 	b, err := json.Marshal(st)
 	if err != nil {
 		return err
@@ -382,11 +388,11 @@ func (r *Run) Resume() error {
 			}
 		}
 	}
-	if len(st.LastFire) != mc.NumHiddenLayers {
+	if len(st.LastFire) != mc.NumHiddenLayers || len(st.Fires) != mc.NumHiddenLayers {
 		return fmt.Errorf("train: resume: trainer state has %d layers, the model %d", len(st.LastFire), mc.NumHiddenLayers)
 	}
 	opt.Step = st.AdamStep
-	r.Params, r.Opt, r.step, r.tokens, r.lastFire = p, opt, st.Step, st.Tokens, st.LastFire
+	r.Params, r.Opt, r.step, r.tokens, r.lastFire, r.fires = p, opt, st.Step, st.Tokens, st.LastFire, st.Fires
 	return r.truncateMetrics()
 }
 

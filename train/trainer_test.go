@@ -175,3 +175,50 @@ func TestPresetsAreValid(t *testing.T) {
 		t.Error("unknown preset accepted")
 	}
 }
+
+func TestDeadUnitsAreTrackedAndReinitialised(t *testing.T) {
+	seed := rand.Uint64()
+	c := testConfig(t, 6, 0)
+	c.DeadWindow = 64 // one step of 4 x 16 tokens
+	c.EvalEvery = 0
+	c.CheckpointEvery = 0
+	run := newTestRun(t, c, t.TempDir(), seed)
+	// Kill unit 5 of layer 0: a gate row that can never fire on normalised inputs.
+	l := &run.Params.Layers[0]
+	h := c.ModelConfig().HiddenSize
+	for k := 0; k < h; k++ {
+		l.Gate[5*h+k] = 0
+	}
+	run.Cfg.ReinitDead = false
+	run.StopAt = 3
+	if err := run.Loop(); err != nil {
+		t.Fatal(err)
+	}
+	if run.Fires()[0][5] != 0 {
+		t.Fatalf("seed %d: zero gate row fired %d times", seed, run.Fires()[0][5])
+	}
+	ms := readMetrics(t, run.Out)
+	if ms[len(ms)-1].DeadFrac <= 0 {
+		t.Fatalf("seed %d: dead fraction %g with a dead unit", seed, ms[len(ms)-1].DeadFrac)
+	}
+	total := int64(0)
+	for _, n := range run.Fires()[1] {
+		total += n
+	}
+	if total == 0 {
+		t.Fatalf("seed %d: no firing recorded in layer 1", seed)
+	}
+	// With re-initialisation the unit gets a fresh, nonzero gate row.
+	run.Cfg.ReinitDead = true
+	run.StopAt = 0
+	if err := run.Loop(); err != nil {
+		t.Fatal(err)
+	}
+	nonzero := false
+	for k := 0; k < h; k++ {
+		nonzero = nonzero || l.Gate[5*h+k] != 0
+	}
+	if !nonzero {
+		t.Fatalf("seed %d: dead unit was not re-initialised", seed)
+	}
+}
