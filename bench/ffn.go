@@ -110,6 +110,10 @@ func FFNCPU(o FFNOptions, progress func(string)) ([]FFNResult, error) {
 		if err != nil {
 			return nil, err
 		}
+		if o.M <= 4 {
+			// Decode-sized: both paths read bf16 weight copies (bandwidth-bound).
+			l.UseBF16ForSmallM()
+		}
 		want := make([][]float64, len(refRows))
 		for i, row := range refRows {
 			want[i], _ = sl.Reference(xs[0][row*o.D : (row+1)*o.D])

@@ -5,6 +5,8 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
+
+	"github.com/twell-ai/twell/bf16"
 )
 
 // Cache blocking: an item of work is an mc x tileN block of C computed over
@@ -22,6 +24,27 @@ const (
 type PackedB struct {
 	N, K int
 	data []float32
+	bf16 []uint16 // the same panels in bfloat16, for small m; nil unless built
+}
+
+// smallM is the largest row count that takes the matrix-vector path: one
+// pass over B per row, no packing of A, no padding to mr rows.
+const smallM = 4
+
+// UseBF16ForSmallM makes products with at most 4 rows (decode steps) read a
+// bfloat16 copy of the panels: such products are bound by reading B, and
+// bf16 halves the bytes. Results then carry bf16 rounding of B (relative
+// error about 2^-9 per weight). It costs half the packed size in memory.
+func (p *PackedB) UseBF16ForSmallM() {
+	if p.bf16 == nil {
+		p.bf16 = make([]uint16, len(p.data))
+		parallelFor((len(p.data)+65535)/65536, func(i int) {
+			lo, hi := i*65536, min(len(p.data), (i+1)*65536)
+			for j, v := range p.data[lo:hi] {
+				p.bf16[lo+j] = bf16.FromFloat32(v)
+			}
+		})
+	}
 }
 
 // PackB packs w, an n x k row-major matrix (the nn.Linear weight layout, so
@@ -67,9 +90,9 @@ func PackBT(w []float32, k, n int) (*PackedB, error) {
 func (p *PackedB) Bytes() int { return 4 * len(p.data) }
 
 // epilogue consumes one finished block of C: rows [i0, i0+rows) and columns
-// [j0, j0+cols) of C, held in tile with row stride tileN. worker identifies
-// the goroutine, for per-worker scratch.
-type epilogue func(worker, i0, rows, j0, cols int, tile []float32)
+// [j0, j0+cols) of C, held in tile with row stride tileN. Blocks arrive
+// concurrently from several goroutines.
+type epilogue func(i0, rows, j0, cols int, tile []float32)
 
 // Workers returns the number of goroutines the kernels use.
 func Workers() int { return runtime.GOMAXPROCS(0) }
@@ -78,6 +101,10 @@ func Workers() int { return runtime.GOMAXPROCS(0) }
 // hands each finished block to epi. No full C is ever held.
 func gemmBlocks(a []float32, m int, b *PackedB, epi epilogue) {
 	k := b.K
+	if m <= smallM {
+		gemvBlocks(a, m, b, epi)
+		return
+	}
 	mBlocks := (m + mc - 1) / mc
 	nBlocks := (b.N + tileN - 1) / tileN
 	items := mBlocks * nBlocks
@@ -86,7 +113,7 @@ func gemmBlocks(a []float32, m int, b *PackedB, epi epilogue) {
 	var wg sync.WaitGroup
 	for w := 0; w < workers; w++ {
 		wg.Add(1)
-		go func(worker int) {
+		go func() {
 			defer wg.Done()
 			apack := make([]float32, mc*k)
 			tile := make([]float32, mc*tileN)
@@ -118,9 +145,9 @@ func gemmBlocks(a []float32, m int, b *PackedB, epi epilogue) {
 						}
 					}
 				}
-				epi(worker, i0, rows, j0, cols, tile)
+				epi(i0, rows, j0, cols, tile)
 			}
-		}(w)
+		}()
 	}
 	wg.Wait()
 }
@@ -154,7 +181,7 @@ func Gemm(c, a []float32, m int, b *PackedB) error {
 		return err
 	}
 	n := b.N
-	gemmBlocks(a, m, b, func(_, i0, rows, j0, cols int, tile []float32) {
+	gemmBlocks(a, m, b, func(i0, rows, j0, cols int, tile []float32) {
 		for i := 0; i < rows; i++ {
 			copy(c[(i0+i)*n+j0:(i0+i)*n+j0+cols], tile[i*tileN:i*tileN+cols])
 		}
@@ -202,3 +229,34 @@ func parallelFor(n int, f func(i int)) {
 // ParallelFor runs f(i) for i in [0, n) on all cores and returns when every
 // call has finished.
 func ParallelFor(n int, f func(i int)) { parallelFor(n, f) }
+
+// gemvBlocks is gemmBlocks for m <= smallM: each worker takes whole column
+// blocks and streams their panels once per row.
+func gemvBlocks(a []float32, m int, b *PackedB, epi epilogue) {
+	k := b.K
+	nBlocks := (b.N + tileN - 1) / tileN
+	var tiles sync.Pool
+	parallelFor(nBlocks, func(jb int) {
+		tp, _ := tiles.Get().(*[]float32)
+		if tp == nil {
+			t := make([]float32, smallM*tileN)
+			tp = &t
+		}
+		tile := *tp
+		j0 := jb * tileN
+		cols := min(tileN, b.N-j0)
+		for jp := 0; jp < (cols+nr-1)/nr; jp++ {
+			pi := j0/nr + jp
+			for i := 0; i < m; i++ {
+				out := tile[i*tileN+jp*nr:]
+				if b.bf16 != nil {
+					gemvBF16Kernel(k, a[i*k:(i+1)*k], b.bf16[pi*k*nr:(pi+1)*k*nr], out)
+				} else {
+					gemvKernel(k, a[i*k:(i+1)*k], b.data[pi*k*nr:(pi+1)*k*nr], out)
+				}
+			}
+		}
+		epi(0, m, j0, cols, tile)
+		tiles.Put(tp)
+	})
+}

@@ -148,3 +148,27 @@ func BenchmarkGemm(b *testing.B) {
 	}
 	b.ReportMetric(2*float64(m*n*k)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
 }
+
+func TestSmallMBF16(t *testing.T) {
+	forEachKernel(t, func(t *testing.T) {
+		seed := rand.Uint64()
+		r := rand.New(rand.NewPCG(seed, 10))
+		for _, m := range []int{1, 2, 4} {
+			n, k := 1+r.IntN(600), 1+r.IntN(500)
+			a, bw := randMat(r, m*k), randMat(r, n*k)
+			b, _ := PackB(bw, n, k)
+			c32 := make([]float32, m*n)
+			Gemm(c32, a, m, b)
+			b.UseBF16ForSmallM()
+			c16 := make([]float32, m*n)
+			Gemm(c16, a, m, b)
+			want := refGemm(a, bw, m, n, k)
+			if e := relErr(c32, want); e > 1e-5 {
+				t.Fatalf("seed %d: float32 small-m %dx%dx%d rel err %g", seed, m, n, k, e)
+			}
+			if e := relErr(c16, want); e > 1e-2 || e < 1e-6 {
+				t.Fatalf("seed %d: bf16 small-m %dx%dx%d rel err %g (want bf16-sized, under 1e-2)", seed, m, n, k, e)
+			}
+		}
+	})
+}

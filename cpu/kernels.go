@@ -1,5 +1,7 @@
 package cpu
 
+import "math"
+
 // Register-blocking of the GEMM micro-kernel: it computes an mr x nr block
 // of C from an A panel packed [k][mr] and a B panel packed [k][nr].
 const (
@@ -10,10 +12,36 @@ const (
 // The kernels in use; the AVX-512 versions replace these at init where the
 // CPU has them.
 var (
-	microkernel = kernelGo
-	dotKernel   = dotGo
-	axpyKernel  = axpyGo
+	microkernel    = kernelGo
+	dotKernel      = dotGo
+	axpyKernel     = axpyGo
+	gemvKernel     = gemvGo
+	gemvBF16Kernel = gemvBF16Go
 )
+
+// gemvGo sets c[0:nr] = sum_p a[p] * b[p*nr : p*nr+nr].
+func gemvGo(k int, a, b, c []float32) {
+	var t [nr]float32
+	for p := 0; p < k; p++ {
+		av := a[p]
+		for j, bv := range b[p*nr : p*nr+nr] {
+			t[j] += av * bv
+		}
+	}
+	copy(c[:nr], t[:])
+}
+
+// gemvBF16Go is gemvGo with b in bfloat16.
+func gemvBF16Go(k int, a []float32, b []uint16, c []float32) {
+	var t [nr]float32
+	for p := 0; p < k; p++ {
+		av := a[p]
+		for j, bv := range b[p*nr : p*nr+nr] {
+			t[j] += av * math.Float32frombits(uint32(bv)<<16)
+		}
+	}
+	copy(c[:nr], t[:])
+}
 
 // kernelGo is the portable micro-kernel: c[i*ldc+j] (+)= sum_p a[p*mr+i]*b[p*nr+j].
 func kernelGo(k int, a, b, c []float32, ldc int, acc bool) {

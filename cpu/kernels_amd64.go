@@ -13,6 +13,12 @@ func dot64(x, y *float32, n int) float32
 //go:noescape
 func axpy64(alpha float32, x, y *float32, n int)
 
+//go:noescape
+func gemv32(k int, a, b, c *float32)
+
+//go:noescape
+func gemv32bf16(k int, a *float32, b *uint16, c *float32)
+
 func init() {
 	if cpu.X86.HasAVX512F {
 		useSIMD(true)
@@ -23,8 +29,11 @@ func init() {
 func useSIMD(on bool) {
 	if !on {
 		microkernel, dotKernel, axpyKernel = kernelGo, dotGo, axpyGo
+		gemvKernel, gemvBF16Kernel = gemvGo, gemvBF16Go
 		return
 	}
+	gemvKernel = func(k int, a, b, c []float32) { gemv32(k, &a[0], &b[0], &c[0]) }
+	gemvBF16Kernel = func(k int, a []float32, b []uint16, c []float32) { gemv32bf16(k, &a[0], &b[0], &c[0]) }
 	microkernel = func(k int, a, b, c []float32, ldc int, acc bool) {
 		kernel12x32(k, &a[0], &b[0], &c[0], ldc, acc)
 	}

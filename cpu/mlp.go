@@ -103,6 +103,17 @@ func (a Activation) String() string {
 // about as much as the two dense GEMMs it replaces.
 const DefaultAutoDensity = 0.06
 
+// UseBF16ForSmallM makes decode-sized calls (at most 4 tokens) read bfloat16
+// copies of the packed weights, on the dense and the TwELL path alike: such
+// calls are bound by memory bandwidth. See PackedB.UseBF16ForSmallM.
+func (l *MLP) UseBF16ForSmallM() {
+	for _, p := range []*PackedB{l.gate, l.up, l.down} {
+		if p != nil {
+			p.UseBF16ForSmallM()
+		}
+	}
+}
+
 // sparseInput returns the projection whose ReLU gives the sparse hidden
 // activation: the gate for a gated MLP, the up projection otherwise.
 func (l *MLP) sparseInput() *PackedB {
@@ -144,7 +155,7 @@ func (l *MLP) Dense(y, x []float32, m int) error {
 		gp := getScratch(m * f)
 		defer scratch.Put(gp)
 		g := *gp
-		gemmBlocks(x, m, l.gate, func(_, i0, rows, j0, cols int, tile []float32) {
+		gemmBlocks(x, m, l.gate, func(i0, rows, j0, cols int, tile []float32) {
 			for i := 0; i < rows; i++ {
 				out := g[(i0+i)*f+j0 : (i0+i)*f+j0+cols]
 				for j, v := range tile[i*tileN : i*tileN+cols] {
@@ -152,7 +163,7 @@ func (l *MLP) Dense(y, x []float32, m int) error {
 				}
 			}
 		})
-		gemmBlocks(x, m, l.up, func(_, i0, rows, j0, cols int, tile []float32) {
+		gemmBlocks(x, m, l.up, func(i0, rows, j0, cols int, tile []float32) {
 			for i := 0; i < rows; i++ {
 				gr := g[(i0+i)*f+j0 : (i0+i)*f+j0+cols]
 				out := h[(i0+i)*f+j0 : (i0+i)*f+j0+cols]
@@ -162,7 +173,7 @@ func (l *MLP) Dense(y, x []float32, m int) error {
 			}
 		})
 	} else {
-		gemmBlocks(x, m, l.up, func(_, i0, rows, j0, cols int, tile []float32) {
+		gemmBlocks(x, m, l.up, func(i0, rows, j0, cols int, tile []float32) {
 			for i := 0; i < rows; i++ {
 				out := h[(i0+i)*f+j0 : (i0+i)*f+j0+cols]
 				for j, v := range tile[i*tileN : i*tileN+cols] {
@@ -186,7 +197,7 @@ func D2T(x []float32, m int, w *PackedB, layout twell.Layout) (*twell.Matrix, er
 		return nil, err
 	}
 	tw := layout.Tile
-	gemmBlocks(x, m, w, func(_, i0, rows, j0, cols int, tile []float32) {
+	gemmBlocks(x, m, w, func(i0, rows, j0, cols int, tile []float32) {
 		for i := 0; i < rows; i++ {
 			for c := 0; c < cols; c += tw {
 				out.SetTile(i0+i, (j0+c)/tw, tile[i*tileN+c:i*tileN+c+tw])
@@ -305,7 +316,7 @@ func (l *MLP) Forward(y, x []float32, m int, layout twell.Layout) (p *twell.Matr
 	h := p.Unpack()
 	if l.Gated {
 		f := l.F
-		gemmBlocks(x, m, l.up, func(_, i0, rows, j0, cols int, tile []float32) {
+		gemmBlocks(x, m, l.up, func(i0, rows, j0, cols int, tile []float32) {
 			for i := 0; i < rows; i++ {
 				out := h[(i0+i)*f+j0 : (i0+i)*f+j0+cols]
 				for j, u := range tile[i*tileN : i*tileN+cols] {
