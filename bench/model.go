@@ -120,6 +120,7 @@ func ModelCPU(o ModelOptions, progress func(string)) ([]ModelResult, error) {
 			return nil, err
 		}
 	}
+	m.UseBF16ForDecode() // both paths: decode reads bf16 weight copies
 	c := m.Config
 	if o.PromptLen+o.DecodeSteps+16 > c.MaxPositionEmbeddings {
 		return nil, fmt.Errorf("-prompt-len %d exceeds the model's %d positions", o.PromptLen, c.MaxPositionEmbeddings)

@@ -24,6 +24,7 @@ type Model struct {
 	rope    ropeTable
 	mlpPath string // "auto", "sparse" or "dense"
 	mlpAct  cpu.Activation
+	bf16    bool // decode-sized products read bf16 weight copies
 	// beforeMLP, when set, sees each layer's normalised MLP input before
 	// the MLP runs (gate calibration uses it).
 	beforeMLP func(layer int, hn []float32, tokens int) error
@@ -75,6 +76,9 @@ func (m *Model) repack() error {
 	if m.head, err = cpu.PackB(head, c.VocabSize, c.HiddenSize); err != nil {
 		return fmt.Errorf("model: LM head: %w", err)
 	}
+	if m.bf16 {
+		m.head.UseBF16ForSmallM()
+	}
 	return nil
 }
 
@@ -97,6 +101,11 @@ func (m *Model) repackLayer(i int) error {
 		return fmt.Errorf("model: layer %d MLP: %w", i, err)
 	}
 	l.mlp.Act = m.mlpAct
+	if m.bf16 {
+		l.qkv.UseBF16ForSmallM()
+		l.o.UseBF16ForSmallM()
+		l.mlp.UseBF16ForSmallM()
+	}
 	if m.mlpPath == "sparse" {
 		l.mlp.AutoDensity = 2
 	}
@@ -140,6 +149,21 @@ func (m *Model) NewCache(capacity int) *Cache {
 		c.v = append(c.v, make([]float32, capacity*kvw))
 	}
 	return c
+}
+
+// UseBF16ForDecode makes steps of at most 4 tokens (decoding) read bfloat16
+// copies of the projection and MLP weights: decoding is bound by memory
+// bandwidth, and bf16 halves the bytes. Logits then differ from a float32
+// recompute by bf16 rounding of the weights. It costs memory for the copies.
+func (m *Model) UseBF16ForDecode() {
+	m.bf16 = true
+	for i := range m.layers {
+		l := m.layers[i]
+		l.qkv.UseBF16ForSmallM()
+		l.o.UseBF16ForSmallM()
+		l.mlp.UseBF16ForSmallM()
+	}
+	m.head.UseBF16ForSmallM()
 }
 
 // SetMLPPath chooses how the MLPs run: "auto" (TwELL D2T, then the sparse

@@ -210,6 +210,32 @@ func TestDecodeWithCacheMatchesRecompute(t *testing.T) {
 	}
 }
 
+func TestBF16DecodeStaysClose(t *testing.T) {
+	seed := rand.Uint64()
+	r := rand.New(rand.NewPCG(seed, 8))
+	c := tinyConfig()
+	m := tinyModel(t, r, c, 0.02)
+	ids := randomIDs(r, 6, c.VocabSize)
+	full, _, err := m.Forward([]*Cache{m.NewCache(8)}, [][]int{ids}, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.UseBF16ForDecode()
+	cache := m.NewCache(8)
+	m.Forward([]*Cache{cache}, [][]int{ids[:5]}, false)
+	step, _, err := m.Forward([]*Cache{cache}, [][]int{{ids[5]}}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := make([]float64, len(full[5]))
+	for i, v := range full[5] {
+		want[i] = float64(v)
+	}
+	if e := maxRelDiff(step[0], want); e > 2e-2 || e == 0 {
+		t.Fatalf("seed %d: bf16 decode logits differ from float32 by %g (want bf16-sized, under 2e-2)", seed, e)
+	}
+}
+
 func TestBatchedPrefillMatchesSeparate(t *testing.T) {
 	seed := rand.Uint64()
 	r := rand.New(rand.NewPCG(seed, 3))

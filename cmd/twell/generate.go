@@ -36,6 +36,7 @@ func runGenerate(args []string, stdout, stderr io.Writer) error {
 	rep := fs.Float64("repetition-penalty", 1, "penalty > 1 for tokens already seen")
 	seed := fs.Uint64("seed", 0, "random seed (0: from the clock)")
 	device := fs.String("device", "auto", "cpu, cuda or auto")
+	decodeBF16 := fs.Bool("decode-bf16", true, "decode steps read bf16 weight copies (faster; float32 when false)")
 	var stops stringList
 	fs.Var(&stops, "stop", "stop when this text is generated (repeatable)")
 	if err := parseFlags(fs, args); err != nil {
@@ -70,6 +71,9 @@ func runGenerate(args []string, stdout, stderr io.Writer) error {
 	m, err := model.Load(*dir)
 	if err != nil {
 		return err
+	}
+	if *decodeBF16 {
+		m.UseBF16ForDecode()
 	}
 	if tok.VocabSize() > m.Config.VocabSize {
 		return fmt.Errorf("tokenizer has %d tokens but the model's vocabulary is %d", tok.VocabSize(), m.Config.VocabSize)
