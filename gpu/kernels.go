@@ -3,6 +3,8 @@ package gpu
 import (
 	_ "embed"
 	"fmt"
+	"os"
+	"strings"
 	"sync"
 
 	"github.com/twell-ai/twell/cuda"
@@ -22,6 +24,11 @@ var (
 	//go:embed dense.cu
 	denseSrc []byte
 )
+
+// EnvDefines names the environment variable whose space-separated NVRTC
+// options (e.g. "-DTW_WAIT=0") are added to every kernel compilation, to
+// time the build-time variants the .cu files document.
+const EnvDefines = "TWELL_GPU_DEFINES"
 
 // wgmmaStages returns the pipeline depth of the wgmma D2T kernel for S words
 // per tile: 4 stages fit beside the staging tile for S = 32 and 64.
@@ -73,6 +80,9 @@ func kernelsFor(dev *cuda.Device) *kernels {
 func (k *kernels) compile(name string, src []byte, exprs []string, opts ...cuda.CompileOption) (map[string]*cuda.Function, error) {
 	opts = append(opts, cuda.WithHeader("common.cuh", commonCUH), cuda.WithHeader("wgmma.cuh", wgmmaCUH),
 		cuda.WithNameExpressions(exprs...))
+	if defs := strings.Fields(os.Getenv(EnvDefines)); len(defs) > 0 {
+		opts = append(opts, cuda.WithOptions(defs...))
+	}
 	mod, err := k.dev.Compile(name, src, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("gpu: compiling %s: %w", name, err)

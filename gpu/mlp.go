@@ -413,7 +413,7 @@ func (l *MLP) runD2T(s *cuda.Stream, x *cuda.Buffer, m int) (*sparseWS, error) {
 		// round-robin schedule stays balanced.
 		nClusters := min(max(1, min(64, l.dev.Properties().SMs/2)), mPairs*nTiles)
 		err = fn.LaunchEx(cuda.LaunchConfig{
-			Grid: cuda.Dim3{uint32(2 * nClusters), 1, 1}, Block: cuda.Dim3{384, 1, 1},
+			Grid: cuda.Dim3{uint32(2 * nClusters), 1, 1}, Block: cuda.Dim3{288, 1, 1},
 			SharedBytes: smem, Stream: s, Cluster: cuda.Dim3{2, 1, 1},
 		}, l.tmA, l.tmB, ws.packed, ws.flags, ws.ovf, l.nnz,
 			int32(mPairs), int32(nTiles), int32(l.D/64), int32(l.F/C), int32(m))

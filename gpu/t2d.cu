@@ -19,6 +19,9 @@
 #define TW_NCH 8  // ceil(d / 256): 256-element chunks per row, 8 elements per lane each
 #endif
 #define T2D_WARPS 8
+#ifndef TW_T2D_MINB
+#define TW_T2D_MINB 1  // blocks per SM the register budget must allow (2: at most 128 registers)
+#endif
 #define LCAP 256
 
 template <bool GATED>
@@ -82,7 +85,7 @@ __device__ __forceinline__ void t2d_process(const u32* list, int n, const uint4 
 }
 
 template <bool GATED>
-__global__ void __launch_bounds__(256)
+__global__ void __launch_bounds__(256, TW_T2D_MINB)
     t2d(const u16* __restrict__ x, const u32* __restrict__ packed, const u16* __restrict__ U,
         const u16* __restrict__ D, u16* __restrict__ y, const int* __restrict__ flags, int m, int d, int S, int tiles,
         int row_words) {

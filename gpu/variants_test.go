@@ -85,9 +85,7 @@ func TestD2TVariants(t *testing.T) {
 		{"default", nil},
 		{"no-epilogue", []string{"-DTW_EPI=0"}},
 		{"wait0", []string{"-DTW_WAIT=0"}},
-		{"group1", []string{"-DTW_GROUP=1"}},
 		{"group16", []string{"-DTW_GROUP=16"}},
-		{"no-nnz", []string{"-DTW_NNZ=0"}},
 	} {
 		opts := append([]string{"--ptxas-options=-v"}, v.opts...)
 		mod, err := dev.Compile("d2t_wgmma.cu", d2tWGMMASrc, cuda.WithHeader("common.cuh", commonCUH),
@@ -127,7 +125,7 @@ func TestD2TVariants(t *testing.T) {
 	for _, v := range []struct {
 		name string
 		opts []string
-	}{{"t2d default", nil}, {"t2d no-hints", []string{"-DTW_HINTS=0"}}} {
+	}{{"t2d default", nil}, {"t2d 2 blocks/SM", []string{"-DTW_T2D_MINB=2"}}} {
 		mod, err := dev.Compile("t2d.cu", t2dSrc, cuda.WithHeader("common.cuh", commonCUH), cuda.WithHeader("wgmma.cuh", wgmmaCUH),
 			cuda.WithNameExpressions("t2d<true>"), cuda.WithOptions(append([]string{"-DTW_NCH=8"}, v.opts...)...))
 		if err != nil {
