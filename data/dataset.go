@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+
+	"github.com/twell-ai/twell/internal/atomicfile"
 )
 
 // Index file constants.
@@ -79,25 +81,7 @@ func (x *Index) write(path string) error {
 		return fmt.Errorf("data: %w", err)
 	}
 	b = append(b, '\n')
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
-	if err != nil {
-		return fmt.Errorf("data: %w", err)
-	}
-	_, err = f.Write(b)
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Chmod(f.Name(), 0o644)
-	}
-	if err == nil {
-		err = os.Rename(f.Name(), path)
-	}
-	if err != nil {
-		os.Remove(f.Name())
+	if err := atomicfile.WriteFile(path, b); err != nil {
 		return fmt.Errorf("data: writing %s: %w", path, err)
 	}
 	return nil

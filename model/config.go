@@ -5,12 +5,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/twell-ai/twell/twell"
 	"math"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+
+	"github.com/twell-ai/twell/internal/atomicfile"
+	"github.com/twell-ai/twell/twell"
 )
 
 // ConfigFileName is the standard name of a checkpoint's configuration file.
@@ -593,40 +595,8 @@ func (c Config) Save(path string) error {
 	if err != nil {
 		return fmt.Errorf("model: %s: %w", path, err)
 	}
-	if err := writeFileAtomic(path, append(data, '\n')); err != nil {
+	if err := atomicfile.WriteFile(path, append(data, '\n')); err != nil {
 		return fmt.Errorf("model: save config: %w", err)
-	}
-	return nil
-}
-
-// writeFileAtomic writes data to path through a synced temporary file in the same
-// directory and a rename, so a reader sees the old file or the new one, never a mix.
-func writeFileAtomic(path string, data []byte) error {
-	dir := filepath.Dir(path)
-	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
-	if err != nil {
-		return err
-	}
-	_, err = f.Write(data)
-	if err == nil {
-		err = f.Chmod(0o644)
-	}
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(f.Name(), path)
-	}
-	if err != nil {
-		os.Remove(f.Name())
-		return err
-	}
-	if d, err := os.Open(dir); err == nil { // make the rename durable where possible
-		d.Sync()
-		d.Close()
 	}
 	return nil
 }

@@ -12,6 +12,8 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+
+	"github.com/twell-ai/twell/internal/atomicfile"
 )
 
 // Writer writes a safetensors file, or a sharded checkpoint, so that no reader ever sees a
@@ -382,7 +384,7 @@ func (w *Writer) writeIndex(names []string) error {
 		return err
 	}
 	path := filepath.Join(w.dir, IndexFileName)
-	if err := writeFileAtomic(path, append(b, '\n')); err != nil {
+	if err := atomicfile.WriteFile(path, append(b, '\n')); err != nil {
 		return ioErr(path, "write", err)
 	}
 	return nil
@@ -434,34 +436,6 @@ func encodeHeader(meta map[string]string, entries []entry) []byte {
 		b.WriteByte(' ')
 	}
 	return b.Bytes()
-}
-
-// writeFileAtomic writes data to path through a synced temporary file and a rename.
-func writeFileAtomic(path string, data []byte) error {
-	dir := filepath.Dir(path)
-	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
-	if err != nil {
-		return err
-	}
-	_, err = f.Write(data)
-	if err == nil {
-		err = f.Chmod(0o644)
-	}
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(f.Name(), path)
-	}
-	if err != nil {
-		os.Remove(f.Name())
-		return err
-	}
-	syncDir(dir)
-	return nil
 }
 
 // syncDir makes a rename in dir durable; failure is ignored (some systems cannot sync dirs).

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"text/tabwriter"
 
+	"github.com/twell-ai/twell/internal/atomicfile"
+
 	"github.com/twell-ai/twell/bench"
 	"github.com/twell-ai/twell/cuda"
 	"github.com/twell-ai/twell/synth"
@@ -96,7 +98,7 @@ func runBenchFFN(args []string, stdout, stderr io.Writer) error {
 		if err != nil {
 			return err
 		}
-		if err := writeFileAtomic(*jsonPath, append(b, '\n')); err != nil {
+		if err := atomicfile.WriteFile(*jsonPath, append(b, '\n')); err != nil {
 			return err
 		}
 	}
@@ -147,29 +149,4 @@ func checkWritable(paths ...string) error {
 		}
 	}
 	return nil
-}
-
-// writeFileAtomic writes data to path through a temporary file and a rename,
-// so that a failure never leaves a half-written file.
-func writeFileAtomic(path string, data []byte) error {
-	tmp, err := os.CreateTemp(dirOf(path), ".twell-*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp.Name(), path)
-}
-
-func dirOf(p string) string {
-	if i := strings.LastIndexByte(p, '/'); i >= 0 {
-		return p[:max(i, 1)]
-	}
-	return "."
 }

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"text/tabwriter"
 
+	"github.com/twell-ai/twell/internal/atomicfile"
+
 	"github.com/twell-ai/twell/bench"
 	"github.com/twell-ai/twell/synth"
 )
@@ -100,7 +102,7 @@ func runBenchModel(args []string, stdout, stderr io.Writer) error {
 		if err != nil {
 			return err
 		}
-		return writeFileAtomic(*jsonPath, append(b, '\n'))
+		return atomicfile.WriteFile(*jsonPath, append(b, '\n'))
 	}
 	return nil
 }

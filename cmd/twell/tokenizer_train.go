@@ -7,10 +7,11 @@ import (
 	"io"
 	"math/rand/v2"
 	"os"
-	"path/filepath"
 	"strings"
 	"time"
 	"unicode/utf8"
+
+	"github.com/twell-ai/twell/internal/atomicfile"
 
 	"github.com/twell-ai/twell/data"
 	"github.com/twell-ai/twell/tokenizer"
@@ -244,28 +245,5 @@ func writeTokenizerExpect(path, tokPath string, tk *tokenizer.Tokenizer, docs, s
 	if err != nil {
 		return err
 	}
-	return writeExpectFile(path, append(b, '\n'))
-}
-
-// writeExpectFile writes b to path through a temporary file and a rename.
-func writeExpectFile(path string, b []byte) error {
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
-	if err != nil {
-		return err
-	}
-	_, err = f.Write(b)
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Chmod(f.Name(), 0o644)
-	}
-	if err == nil {
-		err = os.Rename(f.Name(), path)
-	}
-	if err != nil {
-		os.Remove(f.Name())
-		return fmt.Errorf("writing %s: %w", path, err)
-	}
-	return nil
+	return atomicfile.WriteFile(path, append(b, '\n'))
 }

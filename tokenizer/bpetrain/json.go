@@ -6,9 +6,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"os"
-	"path/filepath"
 	"strconv"
+
+	"github.com/twell-ai/twell/internal/atomicfile"
 )
 
 // jsonString returns s as a JSON string literal, without HTML escaping ("<|endoftext|>" stays
@@ -87,25 +87,7 @@ func (m *Model) JSON() ([]byte, error) {
 // Save writes the model as a tokenizer.json file at path. The file is written under a
 // temporary name and renamed, so path holds either the old file or the complete new one.
 func (m *Model) Save(path string) error {
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
-	if err != nil {
-		return fmt.Errorf("bpetrain: %w", err)
-	}
-	err = m.WriteJSON(f)
-	if err == nil {
-		err = f.Sync()
-	}
-	if err == nil {
-		err = f.Chmod(0o644)
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(f.Name(), path)
-	}
-	if err != nil {
-		os.Remove(f.Name())
+	if err := atomicfile.Write(path, 0o644, m.WriteJSON); err != nil {
 		return fmt.Errorf("bpetrain: writing %s: %w", path, err)
 	}
 	return nil
