@@ -3,6 +3,21 @@
 // so that the automatic path sees the density of every batch.
 #include "common.cuh"
 
+// block_count adds the block's counts to *nnz with one atomic per block
+// (one address: per-warp atomics would queue up at its L2 slice).
+__device__ __forceinline__ void block_count(u32 cnt, u64* nnz) {
+  __shared__ u32 part[8];
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) cnt += __shfl_xor_sync(0xffffffffu, cnt, o);
+  if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = cnt;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    u32 t = 0;
+    for (int w = 0; w < (int)(blockDim.x >> 5); ++w) t += part[w];
+    if (t) atomicAdd(nnz, (u64)t);
+  }
+}
+
 // relu_mul: h = bf16(relu(g) * u), 8 bf16 per thread per step; n % 8 == 0.
 // h may alias g or u (each element is read and written by one thread).
 // Adds the number of g > 0 to *nnz.
@@ -27,9 +42,7 @@ __global__ void __launch_bounds__(256)
     ov.w = o[3];
     *(uint4*)(h + i) = ov;
   }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) cnt += __shfl_xor_sync(0xffffffffu, cnt, o);
-  if ((threadIdx.x & 31) == 0 && cnt) atomicAdd(nnz, (u64)cnt);
+  block_count(cnt, nnz);
 }
 
 // relu_inplace: h = relu(h) for the non-gated MLP; counts h > 0.
@@ -51,7 +64,5 @@ __global__ void __launch_bounds__(256) relu_inplace(u16* __restrict__ h, long lo
     hv.w = w[3];
     *(uint4*)(h + i) = hv;
   }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) cnt += __shfl_xor_sync(0xffffffffu, cnt, o);
-  if ((threadIdx.x & 31) == 0 && cnt) atomicAdd(nnz, (u64)cnt);
+  block_count(cnt, nnz);
 }

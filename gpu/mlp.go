@@ -104,6 +104,7 @@ type MLP struct {
 	evt       *cuda.Event
 	lastNNZ   float64
 	lastKnown bool
+	counted   int // tokens whose active units the nnz counter holds
 }
 
 type sparseWS struct {
@@ -154,6 +155,9 @@ func NewMLP(dev *cuda.Device, blas *cublas.Handle, wg, wu, wd []float32, d, f in
 	l.gate, l.up, l.down = upload(wg), upload(wu), upload(down)
 	if err == nil {
 		l.nnz, err = dev.Alloc(8)
+	}
+	if err == nil {
+		err = dev.Memset8(l.nnz, 0, nil)
 	}
 	if err == nil {
 		l.hostNNZ, err = dev.AllocHost(8)
@@ -390,6 +394,7 @@ func (l *MLP) runD2T(s *cuda.Stream, x *cuda.Buffer, m int) (*sparseWS, error) {
 			return nil, err
 		}
 	}
+	l.counted = m
 	S, C := l.Layout.S(), l.Layout.C
 	nTiles := l.F / 256
 	switch kind {
@@ -510,9 +515,6 @@ func (l *MLP) Dense(s *cuda.Stream, y, x *cuda.Buffer, m int) error {
 	if err != nil {
 		return err
 	}
-	if err := l.dev.Memset8(l.nnz, 0, s); err != nil {
-		return err
-	}
 	proj := cublas.Gemm{M: m, N: l.F, K: l.D, TransB: true}
 	n := int64(m) * int64(l.F)
 	grid := cuda.Dim3{uint32(min((n/8+255)/256, int64(l.dev.Properties().SMs*16))), 1, 1}
@@ -534,12 +536,15 @@ func (l *MLP) Dense(s *cuda.Stream, y, x *cuda.Buffer, m int) error {
 			return err
 		}
 	}
+	l.counted += m // the count accumulates until the next D2T zeroes it
 	return l.blas.Matmul(s, cublas.Gemm{M: m, N: l.D, K: l.F}, ws.g, l.down, y)
 }
 
 // Forward queues the MLP on stream s through the path expected to be
 // faster. Each call counts the active units of its batch (in D2T, or in the
-// dense elementwise pass) and copies the count back without waiting; the
+// dense elementwise pass, whose count runs on over consecutive dense calls
+// so that the dense path adds no reset) and copies the count back without
+// waiting; the
 // next call that finds the count arrived compares the mean active units per
 // token with Crossover and picks the sparse path below it, the dense path
 // above. The first call runs sparse. It returns the path it ran.
@@ -565,7 +570,7 @@ func (l *MLP) Forward(s *cuda.Stream, y, x *cuda.Buffer, m int) (Path, error) {
 	if err := l.evt.Record(s); err != nil {
 		return path, err
 	}
-	l.pending, l.pendingM = true, m
+	l.pending, l.pendingM = true, l.counted
 	return path, nil
 }
 
