@@ -106,12 +106,19 @@ func FFNCPU(o FFNOptions, progress func(string)) ([]FFNResult, error) {
 		if err != nil {
 			return nil, err
 		}
+		if o.M <= 4 {
+			// Decode-sized: both paths read bf16 weight copies (bandwidth-bound),
+			// so the model is the bf16 one: round the weights once, and the
+			// float64 reference below sees the same weights.
+			for _, w := range [][]float32{sl.Gate, sl.Up, sl.Down} {
+				roundBF16(w)
+			}
+		}
 		l, err := cpu.NewMLP(sl.Gate, sl.Up, sl.Down, o.D, o.F)
 		if err != nil {
 			return nil, err
 		}
 		if o.M <= 4 {
-			// Decode-sized: both paths read bf16 weight copies (bandwidth-bound).
 			l.UseBF16ForSmallM()
 		}
 		want := make([][]float64, len(refRows))
