@@ -17,6 +17,11 @@ type addedToken struct {
 	rstrip     bool // also takes the white space after it
 	singleWord bool // only matches when not inside a word
 	normalized bool // matched against the normalized text
+	// text is what Decode shows for the token: the content, or for a normalized token the
+	// content passed through the normalizer, as Hugging Face caches it when the token is added
+	// (so GPT-2's "<|endoftext|>" under a normalizer that prepends ">" decodes to
+	// "><|endoftext|>").
+	text string
 }
 
 // trie finds added tokens in text, leftmost first and longest among those starting at the
@@ -95,12 +100,9 @@ type segment struct {
 	first bool // starts at the beginning of the input
 }
 
-// isAlnum is Rust's char::is_alphanumeric (Alphabetic or Numeric).
-func isAlnum(r rune) bool {
-	return unicode.IsLetter(r) || unicode.IsNumber(r) || unicode.Is(unicode.Other_Alphabetic, r)
-}
-
-func isWordChar(r rune) bool { return r == '_' || isAlnum(r) }
+// isWordChar is \w of the single_word check: Hugging Face tests the characters around a
+// match with the regex crate's \w, so a number such as "½" (No) is no word character.
+func isWordChar(r rune) bool { return isRegexCrateWord(r) }
 
 // splitAdded cuts the added tokens found by t out of s and appends the parts to dst,
 // following Hugging Face's AddedVocabulary::find_matches: a single_word token next to a word

@@ -821,6 +821,10 @@ func (t *Tokenizer) parseAddedTokens(raw json.RawMessage) error {
 		if id, ok := t.model.vocab[tok.content]; ok {
 			tok.id = int(id) // Hugging Face uses the model's id for a token it already has
 		}
+		tok.text = tok.content
+		if tok.normalized && t.normalizer != nil {
+			tok.text = t.normalizer.normalize(tok.content)
+		}
 		t.added = append(t.added, tok)
 	}
 	if len(t.added) > 2*len(t.model.tokens)+1024 {
@@ -840,11 +844,7 @@ func (t *Tokenizer) parseAddedTokens(raw json.RawMessage) error {
 				continue
 			}
 			if a.normalized {
-				pat := a.content
-				if t.normalizer != nil {
-					pat = t.normalizer.normalize(pat)
-				}
-				t.normTrie.add(pat, k)
+				t.normTrie.add(a.text, k)
 			} else {
 				t.rawTrie.add(a.content, k)
 			}

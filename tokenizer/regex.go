@@ -47,9 +47,57 @@ func compileRegexp2(pattern string) (*regexMatcher, error) {
 	return &regexMatcher{re: re}, nil
 }
 
-// onigWord is Oniguruma's \w for Unicode text: letters, marks, numbers and connector
-// punctuation. regexp2's \w (the .NET one) lacks Mc, Me, Nl and No, so \w is spelled out.
-const onigWord = `\p{L}\p{M}\p{N}\p{Pc}`
+// onigWordClass is Oniguruma's \w inside a character class (as in `[^\w\s]`), written for
+// the inside of a regexp2 class: Oniguruma's CR_Word, that is Alphabetic, marks, decimal
+// digits and connector punctuation. Other numbers such as "½" (No) are not in it. regexp2's
+// \w (the .NET one) differs, so \w is spelled out.
+var onigWordClass = `\p{L}\p{Nl}\p{M}\p{Nd}\p{Pc}` + otherAlphabeticSymbols()
+
+// onigWordLatin1 are the characters that Oniguruma's \w outside a character class matches
+// beyond onigWordClass. Outside a class, Oniguruma tests a character below U+0100 with its
+// ISO-8859-1 ctype table, whose word bit is also set for the superscript digits and the
+// vulgar fractions (No); at U+0100 and above it uses CR_Word. So `\w+|[^\w\s]+` takes
+// "½1" as one word but "=½" as one run of punctuation, and Hugging Face's Split with that
+// regex does the same.
+const onigWordLatin1 = "\u00b2\u00b3\u00b9\u00bc-\u00be"
+
+// otherAlphabeticSymbols returns, as character class ranges, the Alphabetic characters that
+// are not letters, marks or numbers (circled and squared Latin letters, which are symbols).
+func otherAlphabeticSymbols() string {
+	var sb strings.Builder
+	lo, hi := rune(-1), rune(-2)
+	flush := func() {
+		if lo >= 0 {
+			sb.WriteRune(lo)
+			if hi > lo {
+				sb.WriteByte('-')
+				sb.WriteRune(hi)
+			}
+		}
+	}
+	add := func(r rune) {
+		if unicode.In(r, unicode.L, unicode.Nl, unicode.M, unicode.Nd, unicode.Pc) {
+			return
+		}
+		if r != hi+1 {
+			flush()
+			lo = r
+		}
+		hi = r
+	}
+	for _, rg := range unicode.Other_Alphabetic.R16 {
+		for r := rune(rg.Lo); r <= rune(rg.Hi); r += rune(rg.Stride) {
+			add(r)
+		}
+	}
+	for _, rg := range unicode.Other_Alphabetic.R32 {
+		for r := rune(rg.Lo); r <= rune(rg.Hi); r += rune(rg.Stride) {
+			add(r)
+		}
+	}
+	flush()
+	return sb.String()
+}
 
 // onigToRegexp2 rewrites the parts of an Oniguruma pattern whose meaning differs in regexp2.
 func onigToRegexp2(p string) string {
@@ -64,11 +112,11 @@ func onigToRegexp2(p string) string {
 		case c == '\\' && i+1 < len(p):
 			switch n := p[i+1]; {
 			case n == 'w' && inClass:
-				sb.WriteString(onigWord)
+				sb.WriteString(onigWordClass)
 			case n == 'w':
-				sb.WriteString("[" + onigWord + "]")
+				sb.WriteString("[" + onigWordClass + onigWordLatin1 + "]")
 			case n == 'W' && !inClass:
-				sb.WriteString("[^" + onigWord + "]")
+				sb.WriteString("[^" + onigWordClass + onigWordLatin1 + "]")
 			default:
 				sb.WriteByte(c)
 				sb.WriteByte(n)

@@ -141,10 +141,14 @@ func invalidOffset(s string) int {
 // Decode returns the text of ids. With skipSpecial, special tokens are left out (Hugging
 // Face's skip_special_tokens; its default, and Decode's usual use, is false). An id that is
 // neither in the vocabulary nor an added token is an error.
+//
+// An added token with "normalized": true is decoded as its content after the normalizer, as
+// Hugging Face does. Like Hugging Face, skipSpecial compares that text with the contents of
+// the special tokens, so a special token that the normalizer changes is kept.
 func (t *Tokenizer) Decode(ids []int, skipSpecial bool) (string, error) {
 	toks := make([]string, 0, len(ids))
 	for i, id := range ids {
-		tok, ok := t.IDToken(id)
+		tok, ok := t.decodeToken(id)
 		if !ok {
 			return "", fmt.Errorf("tokenizer: unknown token id %d at position %d (vocabulary size %d)", id, i, t.vocabSize)
 		}
@@ -184,7 +188,18 @@ func (t *Tokenizer) IDToken(id int) (string, bool) {
 	return t.model.tokens[id], true
 }
 
-// IsSpecial reports whether id is a special token (one that Decode with skipSpecial drops).
+// decodeToken returns the string that Decode passes to the decoder for id: IDToken's, except
+// that a normalized added token gives its normalized content.
+func (t *Tokenizer) decodeToken(id int) (string, bool) {
+	if k, ok := t.addedByID[id]; ok {
+		return t.added[k].text, true
+	}
+	return t.IDToken(id)
+}
+
+// IsSpecial reports whether id is a special token: an added token marked special, or a
+// vocabulary entry with the same content. Decode with skipSpecial drops these, unless the
+// normalizer changes the token (see Decode).
 func (t *Tokenizer) IsSpecial(id int) bool {
 	tok, ok := t.IDToken(id)
 	return ok && t.special[tok]

@@ -228,10 +228,21 @@ func TestAddedTokenOptions(t *testing.T) {
 			t.Errorf("Encode(%q) = %v, %v; want %v", text, got, err, want)
 		}
 	}
+	// single_word looks at the neighbours with the regex crate's \w: "½" (No) is no word
+	// character, a combining mark is one.
+	for text, want := range map[string][]int{"½cab": {7, 10}, "cab\u0301": {2, 3, 7}} {
+		got, err := tk.Encode(text, false)
+		if err != nil || !slices.Equal(got, want) {
+			t.Errorf("Encode(%q) = %v, %v; want %v", text, got, err, want)
+		}
+	}
 }
 
 func TestNormalizedAddedToken(t *testing.T) {
-	doc := `{"added_tokens": [{"id": 3, "content": "ＡＢ", "normalized": true, "special": false}],
+	doc := `{"added_tokens": [{"id": 3, "content": "ＡＢ", "normalized": true, "special": false},
+	  {"id": 4, "content": "ＣＤ", "normalized": true, "special": true},
+	  {"id": 5, "content": "<e>", "normalized": true, "special": true},
+	  {"id": 6, "content": "ＥＦ", "normalized": false, "special": true}],
 	 "normalizer": {"type": "NFKC"}, "pre_tokenizer": null, "post_processor": null, "decoder": null,
 	 "model": {"type": "BPE", "vocab": {"A": 0, "B": 1, "x": 2}, "merges": []}}`
 	tk := mustParse(t, doc)
@@ -240,6 +251,17 @@ func TestNormalizedAddedToken(t *testing.T) {
 		if got, _ := tk.Encode(text, false); !slices.Equal(got, want) {
 			t.Errorf("Encode(%q) = %v, want %v", text, got, want)
 		}
+	}
+	// Decoding shows a normalized token as its normalized form, and skipSpecial looks that form
+	// up among the special contents: "CD" is not "ＣＤ", so it stays, as in Hugging Face.
+	ids := []int{2, 3, 4, 5, 6}
+	for skip, want := range map[bool]string{false: "x AB CD <e> ＥＦ", true: "x AB CD"} {
+		if got, err := tk.Decode(ids, skip); err != nil || got != want {
+			t.Errorf("Decode(%v, %v) = %q, %v; want %q", ids, skip, got, err, want)
+		}
+	}
+	if tok, _ := tk.IDToken(3); tok != "ＡＢ" {
+		t.Errorf("IDToken(3) = %q, want the content ＡＢ", tok)
 	}
 }
 
