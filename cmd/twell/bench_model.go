@@ -2,7 +2,7 @@ package main
 
 import (
 	"encoding/json"
-	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -27,16 +27,29 @@ func runBenchModel(args []string, stdout, stderr io.Writer) error {
 	layers := fs.Int("layers", 0, "with -preset: keep only this many layers (0 = all)")
 	density := fs.Float64("density", 0.005, "with -preset: fraction of MLP units active per token")
 	dist := fs.String("dist", "skewed", "with -preset: per-unit firing rates, uniform or skewed")
-	batch := fs.Int("batch", 2, "prefill: sequences per forward pass")
-	promptLen := fs.Int("prompt-len", 128, "prefill: tokens per sequence")
-	decodeBatch := fs.String("decode-batch", "1,8", "decode: comma-separated batch sizes")
+	batch := fs.Int("batch", 2, "prefill: sequences per forward pass (cuda: default 64)")
+	promptLen := fs.Int("prompt-len", 128, "prefill: tokens per sequence (cuda: default 2048)")
+	decodeBatch := fs.String("decode-batch", "1,8", "decode: comma-separated batch sizes (cuda: default 1,8,64)")
 	decodeSteps := fs.Int("decode-steps", 8, "decode: timed steps per batch size")
 	reps := fs.Int("reps", 3, "repetitions, median reported")
-	device := fs.String("device", "auto", "cpu, cuda or auto")
+	device := fs.String("device", "auto", "cpu, cuda or auto (auto: cpu)")
 	seed := fs.Uint64("seed", 0, "random seed (0: fresh, printed)")
 	jsonPath := fs.String("json", "", "write the results as JSON to this file")
 	if err := parseFlags(fs, args); err != nil {
 		return err
+	}
+	if *device == "cuda" { // GPU-sized defaults for the flags not given
+		set := map[string]bool{}
+		fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+		if !set["batch"] {
+			*batch = 64
+		}
+		if !set["prompt-len"] {
+			*promptLen = 2048
+		}
+		if !set["decode-batch"] {
+			*decodeBatch = "1,8,64"
+		}
 	}
 	d, err := synth.ParseDist(*dist)
 	if err != nil {
@@ -53,7 +66,6 @@ func runBenchModel(args []string, stdout, stderr io.Writer) error {
 	switch *device {
 	case "auto", "cpu":
 	case "cuda":
-		return errors.New("-device cuda: the GPU model forward is not part of this build yet; use -device cpu")
 	default:
 		return usagef("-device %q: want cpu, cuda or auto", *device)
 	}
@@ -67,6 +79,9 @@ func runBenchModel(args []string, stdout, stderr io.Writer) error {
 	}
 	if err := checkWritable(*jsonPath); err != nil {
 		return err
+	}
+	if *device == "cuda" {
+		return benchModelCUDA(o, *jsonPath, stdout, stderr)
 	}
 	fmt.Fprintf(stderr, "bench model: %s, seed %d\n", bench.CPUName(), *seed)
 	rs, err := bench.ModelCPU(o, func(s string) { fmt.Fprintln(stderr, "  "+s) })
@@ -103,6 +118,53 @@ func runBenchModel(args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 		return atomicfile.WriteFile(*jsonPath, append(b, '\n'))
+	}
+	return nil
+}
+
+// benchModelCUDA runs bench model on the GPU and prints its table.
+func benchModelCUDA(o bench.ModelOptions, jsonPath string, stdout, stderr io.Writer) error {
+	fmt.Fprintf(stderr, "bench model (cuda): seed %d\n", o.Seed)
+	rs, err := bench.ModelCUDA(o, func(s string) { fmt.Fprintln(stderr, "  "+s) })
+	if err != nil {
+		return err
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprint(tw, "path\tprefill tokens\tprefill ms\ttokens/ms\tspeedup\t")
+	for _, p := range rs[0].Decode {
+		fmt.Fprintf(tw, "decode b=%d tok/s\t", p.Batch)
+	}
+	fmt.Fprintln(tw, "MLP active/token\tmax |dlogit|\tpeak GiB\tmJ/token\t")
+	for _, r := range rs {
+		fmt.Fprintf(tw, "%s\t%d\t%.1f\t%.2f\t%.2fx\t", r.Path, r.PrefillTokens, r.PrefillMS, r.PrefillTokPerMS, r.Speedup)
+		for _, p := range r.Decode {
+			fmt.Fprintf(tw, "%.1f\t", p.TokensPerSec)
+		}
+		act := "-"
+		if len(r.MLPActive) > 0 {
+			s := 0.0
+			for _, a := range r.MLPActive {
+				s += a
+			}
+			act = fmt.Sprintf("%.1f of %d", s/float64(len(r.MLPActive)), r.MLPWidth)
+		}
+		energy := "-"
+		if r.JoulesPerToken != nil {
+			energy = fmt.Sprintf("%.3f", 1000**r.JoulesPerToken)
+		}
+		fmt.Fprintf(tw, "%s\t%.2g\t%.1f\t%s\t\n", act, r.MaxLogitDiff, float64(r.PeakDeviceBytes)/(1<<30), energy)
+	}
+	tw.Flush()
+	r := rs[0]
+	fmt.Fprintf(stderr, "model: %s, %.2fB parameters on %s; weights %.2f GiB, prefill KV caches %.2f GiB; %d of %d layers on TwELL MLPs; GPU vs CPU logits %.1e\n",
+		r.Model, float64(r.Params)/1e9, r.Machine, float64(r.WeightBytes)/(1<<30), float64(r.KVCacheBytes)/(1<<30),
+		r.TwELLLayers, len(rs[1].MLPActive), r.CPUCheckRelDiff)
+	if jsonPath != "" {
+		b, err := json.MarshalIndent(rs, "", "  ")
+		if err != nil {
+			return err
+		}
+		return atomicfile.WriteFile(jsonPath, append(b, '\n'))
 	}
 	return nil
 }

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -10,6 +9,8 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/twell-ai/twell/cuda"
+	"github.com/twell-ai/twell/gpu/llm"
 	"github.com/twell-ai/twell/model"
 	"github.com/twell-ai/twell/sample"
 	"github.com/twell-ai/twell/tokenizer"
@@ -35,8 +36,8 @@ func runGenerate(args []string, stdout, stderr io.Writer) error {
 	topP := fs.Float64("top-p", 1, "nucleus sampling threshold in (0, 1]")
 	rep := fs.Float64("repetition-penalty", 1, "penalty > 1 for tokens already seen")
 	seed := fs.Uint64("seed", 0, "random seed (0: from the clock)")
-	device := fs.String("device", "auto", "cpu, cuda or auto")
-	decodeBF16 := fs.Bool("decode-bf16", true, "decode steps read bf16 weight copies (faster; float32 when false)")
+	device := fs.String("device", "auto", "cpu, cuda or auto (auto: cpu)")
+	decodeBF16 := fs.Bool("decode-bf16", true, "CPU decode steps read bf16 weight copies (faster; float32 when false)")
 	var stops stringList
 	fs.Var(&stops, "stop", "stop when this text is generated (repeatable)")
 	if err := parseFlags(fs, args); err != nil {
@@ -56,9 +57,7 @@ func runGenerate(args []string, stdout, stderr io.Writer) error {
 		return usagef("%v", err)
 	}
 	switch *device {
-	case "auto", "cpu":
-	case "cuda":
-		return errors.New("-device cuda: the GPU model forward is not part of this build yet; use -device cpu")
+	case "auto", "cpu", "cuda":
 	default:
 		return usagef("-device %q: want cpu, cuda or auto", *device)
 	}
@@ -72,7 +71,7 @@ func runGenerate(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if *decodeBF16 {
+	if *decodeBF16 && *device != "cuda" {
 		m.UseBF16ForDecode()
 	}
 	if tok.VocabSize() > m.Config.VocabSize {
@@ -90,7 +89,6 @@ func runGenerate(args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("prompt has %d tokens; the model takes at most %d positions", len(ids), limit)
 	}
 	n := min(*maxTokens, limit-len(ids))
-	cache := m.NewCache(len(ids) + n)
 	eos, hasEOS := tok.EOS()
 	eosSet := map[int]bool{}
 	if hasEOS {
@@ -100,20 +98,37 @@ func runGenerate(args []string, stdout, stderr io.Writer) error {
 		eosSet[id] = true
 	}
 
-	active := make([]int64, m.Config.NumHiddenLayers)
+	active := make([]float64, m.Config.NumHiddenLayers)
 	var mlpTokens int64
-	addStats := func(st *model.Stats) {
-		for i, a := range st.ActiveUnits {
-			active[i] += a
+	// forward runs one step (the prompt, then one token at a time) and
+	// adds up the MLP's active units.
+	var forward func(toks []int) ([][]float32, error)
+	if *device == "cuda" {
+		gpuForward, closeGPU, err := cudaGenerator(m, len(ids)+n, active, &mlpTokens)
+		if err != nil {
+			return err
 		}
-		mlpTokens += int64(st.Tokens)
+		defer closeGPU()
+		forward = gpuForward
+	} else {
+		cache := m.NewCache(len(ids) + n)
+		forward = func(toks []int) ([][]float32, error) {
+			logits, st, err := m.Forward([]*model.Cache{cache}, [][]int{toks}, false)
+			if err != nil {
+				return nil, err
+			}
+			for i, a := range st.ActiveUnits {
+				active[i] += float64(a)
+			}
+			mlpTokens += int64(st.Tokens)
+			return logits, nil
+		}
 	}
 	t0 := time.Now()
-	logits, st, err := m.Forward([]*model.Cache{cache}, [][]int{ids}, false)
+	logits, err := forward(ids)
 	if err != nil {
 		return err
 	}
-	addStats(st)
 	prefill := time.Since(t0)
 
 	history := append([]int(nil), ids...)
@@ -151,10 +166,9 @@ func runGenerate(args []string, stdout, stderr io.Writer) error {
 			stopped = "max tokens"
 			break
 		}
-		if logits, st, err = m.Forward([]*model.Cache{cache}, [][]int{{next}}, false); err != nil {
+		if logits, err = forward([]int{next}); err != nil {
 			return err
 		}
-		addStats(st)
 	}
 	if text, err := tok.Decode(gen, true); err == nil && stopped != "stop string" && len(text) > len(printed) && strings.HasPrefix(text, printed) {
 		fmt.Fprint(stdout, text[len(printed):])
@@ -169,10 +183,44 @@ func runGenerate(args []string, stdout, stderr io.Writer) error {
 	}
 	var b strings.Builder
 	for i, a := range active {
-		fmt.Fprintf(&b, " %d:%.1f%%", i, 100*float64(a)/float64(max(mlpTokens, 1))/float64(m.Config.IntermediateSize))
+		fmt.Fprintf(&b, " %d:%.1f%%", i, 100*a/float64(max(mlpTokens, 1))/float64(m.Config.IntermediateSize))
 	}
 	fmt.Fprintf(stderr, "MLP active units per token, per layer (percent of %d):%s\n", m.Config.IntermediateSize, b.String())
 	return nil
+}
+
+// cudaGenerator returns the GPU forward step of generate for a sequence
+// of up to capacity tokens, adding the MLPs' measured active units into
+// active and the tokens into tokens, and a function that frees the GPU
+// engine.
+func cudaGenerator(m *model.Model, capacity int, active []float64, tokens *int64) (func([]int) ([][]float32, error), func(), error) {
+	dev, err := cuda.Open(0)
+	if err != nil {
+		return nil, nil, fmt.Errorf("-device cuda: %w", err)
+	}
+	e, err := llm.NewEngine(dev, m)
+	if err != nil {
+		return nil, nil, fmt.Errorf("-device cuda: %w", err)
+	}
+	cache, err := e.NewCache(capacity)
+	if err != nil {
+		e.Close()
+		return nil, nil, fmt.Errorf("-device cuda: %w", err)
+	}
+	step := func(toks []int) ([][]float32, error) {
+		logits, st, err := e.Forward([]*llm.Cache{cache}, [][]int{toks}, false)
+		if err != nil {
+			return nil, err
+		}
+		for i, a := range st.MeanActive {
+			if a >= 0 { // measured on the step's last MLP call: a mean per token
+				active[i] += a * float64(st.Tokens)
+			}
+		}
+		*tokens += int64(st.Tokens)
+		return logits, nil
+	}
+	return step, func() { cache.Free(); e.Close() }, nil
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

@@ -1,0 +1,316 @@
+package bench
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"time"
+
+	"github.com/twell-ai/twell/cuda"
+	"github.com/twell-ai/twell/cuda/nvml"
+	"github.com/twell-ai/twell/gpu/llm"
+	"github.com/twell-ai/twell/model"
+)
+
+// ModelCUDAResult is one path (dense or TwELL) of the whole-model benchmark
+// on a GPU: the fields of the CPU benchmark plus device memory and a check
+// against the CPU model.
+type ModelCUDAResult struct {
+	ModelResult
+	// PeakDeviceBytes is the most device memory in use through twell's
+	// allocator after any forward pass of this path and of the paths run
+	// before it (TwELL runs first, so its figure excludes the dense
+	// workspaces): weights, KV caches, workspaces, cuBLAS workspace.
+	PeakDeviceBytes int64 `json:"peak_device_bytes"`
+	WeightBytes     int64 `json:"weight_bytes"`
+	KVCacheBytes    int64 `json:"kv_cache_bytes"` // the prefill batch's caches
+	// EnergySeconds is the wall time the energy figure was measured over.
+	EnergySeconds float64 `json:"energy_seconds,omitempty"`
+	// CPUCheckRelDiff is max |GPU - CPU| / max |CPU| over the logits of a
+	// short prompt run by the GPU engine and by the float32 CPU model.
+	CPUCheckRelDiff float64 `json:"cpu_check_rel_diff"`
+	TwELLLayers     int     `json:"twell_layers"`
+}
+
+// buildModel loads o.Dir or builds the preset with calibrated sparse gates.
+func buildModel(o ModelOptions, r *rand.Rand, progress func(string)) (*model.Model, string, error) {
+	if o.Dir != "" {
+		m, err := model.Load(o.Dir)
+		return m, o.Dir, err
+	}
+	c := model.SparseLM1B5()
+	if o.Layers > 0 {
+		c.NumHiddenLayers = min(o.Layers, c.NumHiddenLayers)
+	}
+	name := fmt.Sprintf("%s (random weights, %d layers, gate density %g %s)", o.Preset, c.NumHiddenLayers, o.Density, o.Dist)
+	progress(fmt.Sprintf("building %s", name))
+	m, err := model.New(c, model.RandomWeights(c, r))
+	if err != nil {
+		return nil, "", err
+	}
+	progress("calibrating the gates (CPU)")
+	if err := m.SparsifyGates(o.Density, o.Dist, r); err != nil {
+		return nil, "", err
+	}
+	return m, name, nil
+}
+
+// ModelCUDA runs the whole-model benchmark on CUDA device 0 with the
+// engine of package gpu/llm: prefill of o.Batch sequences of o.PromptLen
+// tokens (one forward pass, logits of each last token) with the MLPs on
+// the TwELL path (automatic sparse/dense choice) and on the dense cuBLASLt
+// path, on the same weights and tokens; then decode steps at each of
+// o.DecodeBatches. Times come from CUDA events around each call on the
+// engine's stream (one warm-up, median of o.Reps); energy from NVML's
+// counter over back-to-back prefill calls (at least o.Reps and 0.5 s).
+// Before timing, the engine's logits on a short prompt are checked against
+// the float32 CPU model.
+func ModelCUDA(o ModelOptions, progress func(string)) ([]ModelCUDAResult, error) {
+	if err := o.Validate(); err != nil {
+		return nil, err
+	}
+	if progress == nil {
+		progress = func(string) {}
+	}
+	r := rand.New(rand.NewPCG(o.Seed, 0x30de1))
+	m, name, err := buildModel(o, r, progress)
+	if err != nil {
+		return nil, err
+	}
+	c := m.Config
+	switch {
+	case o.PromptLen > c.MaxPositionEmbeddings:
+		return nil, fmt.Errorf("-prompt-len %d exceeds the model's %d positions", o.PromptLen, c.MaxPositionEmbeddings)
+	case 16+o.DecodeSteps > c.MaxPositionEmbeddings:
+		return nil, fmt.Errorf("-decode-steps %d: 16 + steps exceeds the model's %d positions", o.DecodeSteps, c.MaxPositionEmbeddings)
+	}
+	dev, err := cuda.Open(0)
+	if err != nil {
+		return nil, err
+	}
+	props := dev.Properties()
+	progress(fmt.Sprintf("uploading the weights to %s", props.Name))
+	e, err := llm.NewEngine(dev, m)
+	if err != nil {
+		return nil, err
+	}
+	defer e.Close()
+	meter, nvErr := nvml.DeviceByPCIBusID(props.PCIBusID)
+	if nvErr != nil {
+		progress(fmt.Sprintf("no energy figures: %v", nvErr))
+	}
+	peak := int64(0)
+	sample := func() { peak = max(peak, dev.MemStats().InUse) }
+
+	// Check against the CPU model on a short prompt.
+	checkLen := min(32, o.PromptLen)
+	check := [][]int{randTokens(r, checkLen, c.VocabSize)}
+	want, _, err := m.Forward([]*model.Cache{m.NewCache(checkLen)}, check, true)
+	if err != nil {
+		return nil, err
+	}
+	cc, err := e.NewCache(checkLen)
+	if err != nil {
+		return nil, err
+	}
+	got, _, err := e.Forward([]*llm.Cache{cc}, check, true)
+	cc.Free()
+	if err != nil {
+		return nil, err
+	}
+	cpuDiff := relMaxDiff(got, want)
+	if math.IsInf(cpuDiff, 0) || cpuDiff > 0.1 {
+		return nil, fmt.Errorf("GPU logits differ from the CPU model's: max |diff| / max |logit| = %g on a %d-token prompt", cpuDiff, checkLen)
+	}
+	progress(fmt.Sprintf("GPU vs CPU logits on a %d-token prompt: max |diff| / max |logit| = %.2e", checkLen, cpuDiff))
+
+	prompts := make([][]int, o.Batch)
+	for i := range prompts {
+		prompts[i] = randTokens(r, o.PromptLen, c.VocabSize)
+	}
+	caches := make([]*llm.Cache, o.Batch)
+	var kvBytes int64
+	for i := range caches {
+		if caches[i], err = e.NewCache(o.PromptLen); err != nil {
+			return nil, err
+		}
+		kvBytes += caches[i].Bytes()
+		defer caches[i].Free()
+	}
+	start, err := dev.NewEvent()
+	if err != nil {
+		return nil, err
+	}
+	defer start.Destroy()
+	end, err := dev.NewEvent()
+	if err != nil {
+		return nil, err
+	}
+	defer end.Destroy()
+	// timed runs f between two events on the engine's stream.
+	timed := func(f func() error) (float64, error) {
+		if err := start.Record(e.Stream()); err != nil {
+			return 0, err
+		}
+		if err := f(); err != nil {
+			return 0, err
+		}
+		if err := end.Record(e.Stream()); err != nil {
+			return 0, err
+		}
+		if err := end.Synchronize(); err != nil {
+			return 0, err
+		}
+		d, err := start.Elapsed(end)
+		return float64(d.Nanoseconds()) / 1e6, err
+	}
+
+	byPath := map[string]*ModelCUDAResult{}
+	logitsOf := map[string][][]float32{}
+	for _, path := range []string{"twell", "dense"} {
+		if err := e.SetMLPPath(map[string]string{"dense": "dense", "twell": "auto"}[path]); err != nil {
+			return nil, err
+		}
+		res := &ModelCUDAResult{ModelResult: ModelResult{Device: "cuda", Machine: props.Name + " / " + CPUName(),
+			Date: time.Now().UTC().Format(time.RFC3339), Model: name, Params: paramCount(c), Path: path,
+			PrefillTokens: o.Batch * o.PromptLen, MLPWidth: c.IntermediateSize},
+			WeightBytes: e.WeightBytes(), KVCacheBytes: kvBytes, CPUCheckRelDiff: cpuDiff, TwELLLayers: e.TwELLLayers()}
+		progress(fmt.Sprintf("%s: prefill %d x %d tokens", path, o.Batch, o.PromptLen))
+		var logits [][]float32
+		var stats *llm.Stats
+		prefill := func() error {
+			for _, cache := range caches {
+				cache.Len = 0
+			}
+			var err error
+			logits, stats, err = e.Forward(caches, prompts, false)
+			sample()
+			return err
+		}
+		if err := prefill(); err != nil { // warm-up (and kernel compilation)
+			return nil, err
+		}
+		times := make([]float64, 0, o.Reps)
+		for range o.Reps {
+			ms, err := timed(prefill)
+			if err != nil {
+				return nil, err
+			}
+			times = append(times, ms)
+		}
+		if nvErr == nil { // the counter needs a few hundred milliseconds of work
+			if mt, err := meter.StartMeter(); err == nil {
+				n, t0 := 0, time.Now()
+				for n < o.Reps || time.Since(t0) < 500*time.Millisecond {
+					if err := prefill(); err != nil {
+						return nil, err
+					}
+					n++
+				}
+				if j, el, err := mt.Stop(); err == nil {
+					v := j / float64(n*res.PrefillTokens)
+					res.JoulesPerToken, res.EnergySeconds = &v, el.Seconds()
+				}
+			}
+		}
+		res.PrefillMS = Median(times)
+		res.PrefillTokPerMS = float64(res.PrefillTokens) / res.PrefillMS
+		if path == "twell" {
+			for _, a := range stats.MeanActive {
+				res.MLPActive = append(res.MLPActive, a)
+			}
+		}
+		logitsOf[path] = logits
+		for _, b := range o.DecodeBatches {
+			progress(fmt.Sprintf("%s: decode batch %d", path, b))
+			pt, err := decodeSpeedCUDA(e, r, b, o.DecodeSteps, o.Reps, timed, sample)
+			if err != nil {
+				return nil, err
+			}
+			res.Decode = append(res.Decode, pt)
+		}
+		res.PeakDeviceBytes = peak
+		res.PeakRSSBytes = peakRSS()
+		byPath[path] = res
+	}
+	d := maxAbsDiff(logitsOf["twell"], logitsOf["dense"])
+	if math.IsNaN(d) || math.IsInf(d, 0) {
+		return nil, fmt.Errorf("prefill logits are not finite (TwELL vs dense difference %v)", d)
+	}
+	byPath["twell"].MaxLogitDiff = d
+	results := []ModelCUDAResult{*byPath["dense"], *byPath["twell"]}
+	for i := range results {
+		results[i].Speedup = results[0].PrefillMS / results[i].PrefillMS
+	}
+	return results, nil
+}
+
+// decodeSpeedCUDA times steps single-token decode steps for batch sequences
+// after a 16-token prompt each (prefill untimed): CUDA events around the
+// steps, median of reps after one warm-up repetition.
+func decodeSpeedCUDA(e *llm.Engine, r *rand.Rand, batch, steps, reps int, timed func(func() error) (float64, error), sample func()) (DecodePoint, error) {
+	c := e.Config
+	caches := make([]*llm.Cache, batch)
+	for i := range caches {
+		var err error
+		if caches[i], err = e.NewCache(16 + steps); err != nil {
+			return DecodePoint{}, err
+		}
+		defer caches[i].Free()
+	}
+	toks := make([][]int, batch)
+	times := make([]float64, 0, reps)
+	for rep := -1; rep < reps; rep++ {
+		for i := range caches {
+			caches[i].Len = 0
+			toks[i] = randTokens(r, 16, c.VocabSize)
+		}
+		if _, _, err := e.Forward(caches, toks, false); err != nil {
+			return DecodePoint{}, err
+		}
+		ms, err := timed(func() error {
+			for s := 0; s < steps; s++ {
+				for i := range toks {
+					toks[i] = []int{r.IntN(c.VocabSize)}
+				}
+				if _, _, err := e.Forward(caches, toks, false); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return DecodePoint{}, err
+		}
+		sample()
+		if rep >= 0 {
+			times = append(times, ms)
+		}
+	}
+	med := Median(times)
+	return DecodePoint{Batch: batch, TokensPerSec: float64(batch*steps) / med * 1000, MSPerStep: med / float64(steps)}, nil
+}
+
+func randTokens(r *rand.Rand, n, vocab int) []int {
+	t := make([]int, n)
+	for i := range t {
+		t[i] = r.IntN(vocab)
+	}
+	return t
+}
+
+// relMaxDiff returns max |a - b| / max |b| (infinite if a holds NaN or Inf).
+func relMaxDiff(a, b [][]float32) float64 {
+	var d, m float64
+	for i := range a {
+		for j := range a[i] {
+			x, y := float64(a[i][j]), float64(b[i][j])
+			if math.IsNaN(x) || math.IsInf(x, 0) {
+				return math.Inf(1)
+			}
+			d = max(d, math.Abs(x-y))
+			m = max(m, math.Abs(y))
+		}
+	}
+	return d / max(m, 1e-30)
+}

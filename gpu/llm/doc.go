@@ -1,0 +1,25 @@
+// Package llm runs a twell model's forward pass on an NVIDIA GPU: the same
+// computation as model.Model.Forward (Llama decoder layers with RMSNorm,
+// RoPE including its scaling variants, causal attention with grouped-query
+// heads over a KV cache, ReLU- or SiLU-gated MLPs, tied or separate LM
+// head), in bf16 storage with fp32 arithmetic.
+//
+// An Engine uploads a model's weights once. Each Forward call appends tokens
+// to a batch of sequences of any lengths (prefill and decode are the same
+// call) and returns logits:
+//
+//   - the residual stream is fp32; embedding gather, RMSNorm fused with the
+//     residual add, and RoPE fused with the KV-cache write are kernels in
+//     llm.cu, compiled by NVRTC on first use;
+//   - the QKV, output and LM-head projections are cuBLASLt GEMMs (the QKV
+//     weights fused into one matrix; logits in fp32);
+//   - attention is flash-attention style (online softmax over blocks of 64
+//     keys, one CTA per sequence, head and block of 64 queries), on tensor
+//     cores (mma.sync) for head_dim 64 and 128 and a plain kernel otherwise;
+//   - each MLP is a gpu.MLP (the TwELL sparse path or cuBLASLt dense, chosen
+//     by measured density) where the gate is ReLU and the shape suits the
+//     TwELL kernels, and a cuBLASLt dense MLP otherwise.
+//
+// Results agree with the float32 CPU model within bf16 rounding; the tests
+// check logits, decoding against recomputation, and batching.
+package llm

@@ -1,0 +1,378 @@
+package llm
+
+import (
+	"errors"
+	"fmt"
+	"math"
+
+	"github.com/twell-ai/twell/cuda"
+	"github.com/twell-ai/twell/cuda/cublas"
+	"github.com/twell-ai/twell/gpu"
+	"github.com/twell-ai/twell/model"
+)
+
+// DefaultMLPChunk is the default for Engine.MLPChunk.
+const DefaultMLPChunk = 32768
+
+// Engine is a model's weights on one GPU, bf16, ready to run forward
+// passes. Its methods queue work on the engine's own stream and keep
+// workspace between calls, so an Engine must not be used by several
+// goroutines at once.
+type Engine struct {
+	// Config is the model's configuration.
+	Config model.Config
+	// MLPChunk is the most tokens one MLP call takes: a forward pass over
+	// more tokens runs each MLP in chunks. It bounds the MLP workspace
+	// (package gpu keeps one per layer: about 2 x chunk x width bf16 for the
+	// dense path) without costing GEMM efficiency. Zero means
+	// DefaultMLPChunk.
+	MLPChunk int
+	// Attention picks the attention kernel: "" or "auto" (tensor cores for
+	// head_dim 64 and 128, the plain kernel otherwise), "mma" or "ref" (the
+	// plain kernel, any head_dim).
+	Attention string
+
+	dev    *cuda.Device
+	blas   *cublas.Handle
+	stream *cuda.Stream
+	k      *kernels
+
+	embed, head, norm *cuda.Buffer // bf16 [vocab][d] (head is embed when tied), fp32 [d]
+	layers            []layer
+	act               int32 // MLP activation: 0 relu, 1 silu
+	mlpPath           string
+
+	rope         *model.RoPETables
+	cosB, sinB   *cuda.Buffer
+	ropePtr      *float32
+	ropeLen      int
+	ws           workspace
+	closed       bool
+	crossover    []float64 // each TwELL layer's default crossover, restored by SetMLPPath("auto")
+	sparseLayers int
+	weightBytes  int64
+}
+
+// layer is one decoder layer's weights on the device.
+type layer struct {
+	attnNorm, mlpNorm *cuda.Buffer // fp32 [d]
+	qkv, o            *cuda.Buffer // bf16 [(nq+2nkv)hd][d], [d][nq hd]
+	// mlp is the TwELL MLP (ReLU gate, shapes its kernels take); nil for
+	// a plain dense MLP over gate, up, down (bf16, nn.Linear layouts).
+	mlp            *gpu.MLP
+	gate, up, down *cuda.Buffer
+}
+
+// workspace is per-forward device memory, grown as needed and kept.
+type workspace struct {
+	tokens int          // tokens the token-sized buffers hold
+	resid  *cuda.Buffer // fp32 [T][d], the residual stream
+	hn     *cuda.Buffer // bf16 [T][max(d, nq hd)]: normed input, then attention output
+	qkv    *cuda.Buffer // bf16 [T][(nq+2nkv) hd]
+	proj   *cuda.Buffer // bf16 [T][d]: attention projection, then MLP output
+	mlpTok int          // tokens the dense-MLP buffers hold
+	g, u   *cuda.Buffer // bf16 [chunk][f] (plain dense MLP layers only)
+	meta   *cuda.Buffer // per-forward metadata (see llm.cu)
+	rows   int          // rows the head buffers hold
+	sel    *cuda.Buffer // bf16 [rows][d]: final-normed rows whose logits are wanted
+	logits *cuda.Buffer // fp32 [rows][vocab]
+}
+
+// headChunk is the most rows one LM-head GEMM takes (bounds the fp32 logits
+// buffer when every token's logits are wanted).
+const headChunk = 2048
+
+// Supported reports why a model with config c cannot run on the GPU
+// engine, or nil if it can.
+func Supported(c model.Config) error {
+	if err := c.Validate(); err != nil {
+		return err
+	}
+	act, _ := c.GateActivation()
+	if act != model.ActReLU && act != model.ActSiLU {
+		return fmt.Errorf("llm: MLP activation %q not supported (want relu or silu)", act)
+	}
+	if c.HeadDim%2 != 0 || c.HeadDim > 256 {
+		return fmt.Errorf("llm: head_dim %d not supported (want an even size up to 256)", c.HeadDim)
+	}
+	if c.NumKeyValueHeads < 1 || c.NumAttentionHeads%c.NumKeyValueHeads != 0 {
+		return fmt.Errorf("llm: %d attention heads are not a multiple of %d key/value heads", c.NumAttentionHeads, c.NumKeyValueHeads)
+	}
+	return nil
+}
+
+// twellShape reports whether package gpu's TwELL MLP takes an MLP of hidden
+// size d and width f.
+func twellShape(d, f int) bool {
+	return d >= 64 && d%64 == 0 && d <= gpu.MaxD && f%256 == 0
+}
+
+// NewEngine uploads the weights of m to dev: bf16 projections (q, k and v
+// fused), fp32 norm weights, the embedding table (also the LM head when
+// tied), and one gpu.MLP per layer where the gate is ReLU and the shape
+// suits the TwELL kernels (a cuBLASLt dense MLP otherwise). It compiles the
+// kernels on first use. Close frees the device memory.
+func NewEngine(dev *cuda.Device, m *model.Model) (*Engine, error) {
+	if dev == nil {
+		return nil, errors.New("llm: nil device")
+	}
+	if m == nil || m.Weights == nil {
+		return nil, errors.New("llm: nil model")
+	}
+	c := m.Config
+	if err := Supported(c); err != nil {
+		return nil, err
+	}
+	w := m.Weights
+	if len(w.Layers) != c.NumHiddenLayers {
+		return nil, fmt.Errorf("llm: model has %d layers of weights, config says %d", len(w.Layers), c.NumHiddenLayers)
+	}
+	k, err := kernelsFor(dev)
+	if err != nil {
+		return nil, err
+	}
+	e := &Engine{Config: c, dev: dev, k: k, mlpPath: "auto", rope: model.NewRoPETables(c)}
+	if act, _ := c.GateActivation(); act == model.ActSiLU {
+		e.act = 1
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			e.Close()
+		}
+	}()
+	if e.blas, err = cublas.New(dev); err != nil {
+		return nil, err
+	}
+	if e.stream, err = dev.NewStream(); err != nil {
+		return nil, err
+	}
+	h, hd, nq, nkv, f := c.HiddenSize, c.HeadDim, c.NumAttentionHeads, c.NumKeyValueHeads, c.IntermediateSize
+	if e.embed, err = e.upBF16(w.Embed, c.VocabSize*h, "embed_tokens"); err != nil {
+		return nil, err
+	}
+	e.head = e.embed
+	if !c.TieWordEmbeddings {
+		if e.head, err = e.upBF16(w.LMHead, c.VocabSize*h, "lm_head"); err != nil {
+			return nil, err
+		}
+	}
+	if e.norm, err = e.upF32(w.Norm, h, "norm"); err != nil {
+		return nil, err
+	}
+	qkvRows := (nq + 2*nkv) * hd
+	for i := range w.Layers {
+		lw := &w.Layers[i]
+		var l layer
+		name := func(s string) string { return fmt.Sprintf("layer %d %s", i, s) }
+		if l.attnNorm, err = e.upF32(lw.AttnNorm, h, name("input_layernorm")); err != nil {
+			return nil, err
+		}
+		if l.mlpNorm, err = e.upF32(lw.MLPNorm, h, name("post_attention_layernorm")); err != nil {
+			return nil, err
+		}
+		if len(lw.Q) != nq*hd*h || len(lw.K) != nkv*hd*h || len(lw.V) != nkv*hd*h {
+			return nil, fmt.Errorf("llm: layer %d: q/k/v projections hold %d, %d, %d values, want %d, %d, %d",
+				i, len(lw.Q), len(lw.K), len(lw.V), nq*hd*h, nkv*hd*h, nkv*hd*h)
+		}
+		qkv := make([]float32, 0, qkvRows*h)
+		qkv = append(append(append(qkv, lw.Q...), lw.K...), lw.V...)
+		if l.qkv, err = e.upBF16(qkv, qkvRows*h, name("qkv")); err != nil {
+			return nil, err
+		}
+		if l.o, err = e.upBF16(lw.O, h*nq*hd, name("o_proj")); err != nil {
+			return nil, err
+		}
+		if e.act == 0 && twellShape(h, f) && m.Layout.Tile == 256 {
+			if l.mlp, err = gpu.NewMLP(dev, e.blas, lw.Gate, lw.Up, lw.Down, h, f, m.Layout); err != nil {
+				return nil, fmt.Errorf("llm: layer %d MLP: %w", i, err)
+			}
+			e.crossover = append(e.crossover, l.mlp.Crossover)
+			e.sparseLayers++
+			e.weightBytes += l.mlp.WeightBytes()
+		} else {
+			if c.MLPGated {
+				if l.gate, err = e.upBF16(lw.Gate, f*h, name("gate_proj")); err != nil {
+					return nil, err
+				}
+			}
+			if l.up, err = e.upBF16(lw.Up, f*h, name("up_proj")); err != nil {
+				return nil, err
+			}
+			if l.down, err = e.upBF16(lw.Down, h*f, name("down_proj")); err != nil {
+				return nil, err
+			}
+		}
+		e.layers = append(e.layers, l)
+	}
+	ok = true
+	return e, nil
+}
+
+// upBF16 uploads n float32 values as bf16, counting them as weights.
+func (e *Engine) upBF16(v []float32, n int, what string) (*cuda.Buffer, error) {
+	if len(v) != n {
+		return nil, fmt.Errorf("llm: %s holds %d values, want %d", what, len(v), n)
+	}
+	b, err := gpu.Upload(e.dev, v)
+	if err != nil {
+		return nil, fmt.Errorf("llm: uploading %s: %w", what, err)
+	}
+	e.weightBytes += int64(2 * n)
+	return b, nil
+}
+
+// upF32 uploads n float32 values as they are.
+func (e *Engine) upF32(v []float32, n int, what string) (*cuda.Buffer, error) {
+	if len(v) != n {
+		return nil, fmt.Errorf("llm: %s holds %d values, want %d", what, len(v), n)
+	}
+	b, err := e.dev.Alloc(4 * n)
+	if err != nil {
+		return nil, fmt.Errorf("llm: uploading %s: %w", what, err)
+	}
+	if err := e.dev.CopyHtoD(b, cuda.Bytes(v)); err != nil {
+		b.Free()
+		return nil, fmt.Errorf("llm: uploading %s: %w", what, err)
+	}
+	e.weightBytes += int64(4 * n)
+	return b, nil
+}
+
+// Device returns the GPU the engine runs on.
+func (e *Engine) Device() *cuda.Device { return e.dev }
+
+// Stream returns the stream every forward pass is queued on (for timing
+// with events).
+func (e *Engine) Stream() *cuda.Stream { return e.stream }
+
+// WeightBytes returns the device memory the weights take.
+func (e *Engine) WeightBytes() int64 { return e.weightBytes }
+
+// TwELLLayers returns how many layers run their MLP through package gpu's
+// TwELL MLP (the others run a plain dense MLP).
+func (e *Engine) TwELLLayers() int { return e.sparseLayers }
+
+// SetMLPPath chooses how the TwELL layers' MLPs run: "auto" (sparse or
+// dense per call by measured density, gpu.MLP.Forward), "sparse" (always
+// the TwELL path) or "dense" (always cuBLASLt: the baseline). Layers
+// without a TwELL MLP always run dense.
+func (e *Engine) SetMLPPath(path string) error {
+	var x float64
+	switch path {
+	case "auto", "dense":
+	case "sparse":
+		x = math.Inf(1)
+	default:
+		return fmt.Errorf("llm: MLP path %q: want auto, sparse or dense", path)
+	}
+	i := 0
+	for _, l := range e.layers {
+		if l.mlp == nil {
+			continue
+		}
+		l.mlp.Crossover = e.crossover[i]
+		if path == "sparse" {
+			l.mlp.Crossover = x
+		}
+		i++
+	}
+	e.mlpPath = path
+	return nil
+}
+
+// MLPPath returns the path SetMLPPath chose ("auto" at first).
+func (e *Engine) MLPPath() string { return e.mlpPath }
+
+// Close frees the engine's device memory, stream and cuBLAS handle. Caches
+// made by NewCache must be freed separately.
+func (e *Engine) Close() error {
+	if e.closed {
+		return nil
+	}
+	e.closed = true
+	var errs []error
+	free := func(bs ...*cuda.Buffer) {
+		for _, b := range bs {
+			if b != nil {
+				errs = append(errs, b.Free())
+			}
+		}
+	}
+	if e.stream != nil {
+		errs = append(errs, e.stream.Synchronize())
+	}
+	if e.head != e.embed {
+		free(e.head)
+	}
+	free(e.embed, e.norm, e.cosB, e.sinB)
+	for _, l := range e.layers {
+		free(l.attnNorm, l.mlpNorm, l.qkv, l.o, l.gate, l.up, l.down)
+		if l.mlp != nil {
+			errs = append(errs, l.mlp.Close())
+		}
+	}
+	ws := &e.ws
+	free(ws.resid, ws.hn, ws.qkv, ws.proj, ws.g, ws.u, ws.meta, ws.sel, ws.logits)
+	e.layers, e.ws = nil, workspace{}
+	if e.stream != nil {
+		errs = append(errs, e.stream.Destroy())
+	}
+	if e.blas != nil {
+		errs = append(errs, e.blas.Close())
+	}
+	return errors.Join(errs...)
+}
+
+// Cache is the key/value cache of one sequence on the GPU: bf16, laid out
+// [layer][k|v][kv head][capacity][head_dim].
+type Cache struct {
+	// Len is the number of positions already in the cache. Setting it to 0
+	// starts a new sequence in the same memory.
+	Len int
+	cap int
+	buf *cuda.Buffer
+	e   *Engine
+}
+
+// NewCache returns an empty cache for a sequence of up to capacity tokens.
+func (e *Engine) NewCache(capacity int) (*Cache, error) {
+	if e.closed {
+		return nil, errors.New("llm: engine was closed")
+	}
+	c := e.Config
+	if capacity < 1 {
+		return nil, fmt.Errorf("llm: cache capacity %d: must be positive", capacity)
+	}
+	n := int64(c.NumHiddenLayers) * 2 * int64(c.NumKeyValueHeads) * int64(capacity) * int64(c.HeadDim) * 2
+	if n > math.MaxInt {
+		return nil, fmt.Errorf("llm: cache of %d tokens is too large", capacity)
+	}
+	b, err := e.dev.Alloc(int(n))
+	if err != nil {
+		return nil, fmt.Errorf("llm: cache of %d tokens (%d MiB): %w", capacity, n>>20, err)
+	}
+	return &Cache{cap: capacity, buf: b, e: e}, nil
+}
+
+// Capacity returns the most tokens the cache holds.
+func (c *Cache) Capacity() int { return c.cap }
+
+// Bytes returns the device memory the cache takes.
+func (c *Cache) Bytes() int64 {
+	if c.buf == nil {
+		return 0
+	}
+	return int64(c.buf.Len())
+}
+
+// Free gives the cache's device memory back. Free it only when no forward
+// pass that uses it is running (Forward returns after its work is done).
+func (c *Cache) Free() error {
+	if c.buf == nil {
+		return errors.New("llm: cache was already freed")
+	}
+	err := c.buf.Free()
+	c.buf = nil
+	return err
+}

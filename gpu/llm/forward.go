@@ -1,0 +1,434 @@
+package llm
+
+import (
+	"errors"
+	"fmt"
+	"math"
+
+	"github.com/twell-ai/twell/cuda"
+	"github.com/twell-ai/twell/cuda/cublas"
+	"github.com/twell-ai/twell/gpu"
+)
+
+// attnBQ is the number of queries of one attention work item (ATT_BQ).
+const attnBQ = 64
+
+// Stats reports what one Forward call did in its MLPs.
+type Stats struct {
+	Tokens int
+	// MeanActive is, per layer, the mean number of active MLP units per
+	// token measured by the layer's last MLP call of the step (its last
+	// chunk of tokens); -1 where nothing was measured (the dense path
+	// chosen by SetMLPPath("dense"), or a layer without a TwELL MLP).
+	MeanActive []float64
+	// SparseLayer is, per layer, whether every MLP call of the step ran
+	// the sparse (TwELL) path.
+	SparseLayer []bool
+}
+
+// batch is the host side of one forward pass: the flattened tokens and the
+// metadata the kernels read (see llm.cu).
+type batch struct {
+	T, S, items, rows int
+	maxPos            int
+	words             []int32 // the metadata, uploaded as one buffer
+	// offsets (in int32 words) of the sections of words
+	base, tokSeq, tokPos, ids, seqQ0, seqN, seqPast, seqCap, item, row int
+}
+
+// plan validates a forward pass like model.Model.Forward does and lays out
+// its metadata.
+func (e *Engine) plan(caches []*Cache, tokens [][]int, allLogits bool) (*batch, error) {
+	c := e.Config
+	if len(caches) != len(tokens) {
+		return nil, fmt.Errorf("llm: %d caches for %d sequences", len(caches), len(tokens))
+	}
+	if len(tokens) == 0 {
+		return nil, errors.New("llm: no sequences")
+	}
+	b := &batch{S: len(tokens)}
+	seen := make(map[*Cache]int, len(caches))
+	for s, toks := range tokens {
+		cache := caches[s]
+		switch {
+		case cache == nil:
+			return nil, fmt.Errorf("llm: sequence %d has a nil cache", s)
+		case cache.e != e:
+			return nil, fmt.Errorf("llm: sequence %d: cache belongs to another engine", s)
+		case cache.buf == nil:
+			return nil, fmt.Errorf("llm: sequence %d: cache was freed", s)
+		case len(toks) == 0:
+			return nil, fmt.Errorf("llm: sequence %d has no new tokens", s)
+		case cache.Len < 0 || cache.Len+len(toks) > cache.cap:
+			return nil, fmt.Errorf("llm: sequence %d would reach %d tokens, past its cache of %d", s, cache.Len+len(toks), cache.cap)
+		}
+		if o, dup := seen[cache]; dup {
+			return nil, fmt.Errorf("llm: sequences %d and %d share one cache", o, s)
+		}
+		seen[cache] = s
+		for i, id := range toks {
+			if id < 0 || id >= c.VocabSize {
+				return nil, fmt.Errorf("llm: sequence %d token %d: id %d outside the vocabulary [0, %d)", s, i, id, c.VocabSize)
+			}
+		}
+		b.T += len(toks)
+		b.items += (len(toks) + attnBQ - 1) / attnBQ
+		b.maxPos = max(b.maxPos, cache.Len+len(toks)-1)
+		if allLogits {
+			b.rows += len(toks)
+		} else {
+			b.rows++
+		}
+	}
+	if b.T > math.MaxInt32/max(c.HiddenSize, 1) {
+		return nil, fmt.Errorf("llm: %d tokens in one forward pass is too many", b.T)
+	}
+	// Layout: seq_base (2 words each, first: 8-byte aligned), then the
+	// int32 sections.
+	off := 0
+	next := func(n int) int { o := off; off += n; return o }
+	b.base = next(2 * b.S)
+	b.tokSeq, b.tokPos, b.ids = next(b.T), next(b.T), next(b.T)
+	b.seqQ0, b.seqN, b.seqPast, b.seqCap = next(b.S), next(b.S), next(b.S), next(b.S)
+	b.item, b.row = next(2*b.items), next(b.rows)
+	w := make([]int32, off)
+	b.words = w
+	t, it, r := 0, 0, 0
+	for s, toks := range tokens {
+		cache := caches[s]
+		p := uint64(cache.buf.Ptr())
+		w[b.base+2*s], w[b.base+2*s+1] = int32(uint32(p)), int32(uint32(p>>32))
+		w[b.seqQ0+s], w[b.seqN+s], w[b.seqPast+s], w[b.seqCap+s] = int32(t), int32(len(toks)), int32(cache.Len), int32(cache.cap)
+		for i, id := range toks {
+			w[b.tokSeq+t+i], w[b.tokPos+t+i], w[b.ids+t+i] = int32(s), int32(cache.Len+i), int32(id)
+		}
+		for q0 := 0; q0 < len(toks); q0 += attnBQ {
+			w[b.item+2*it], w[b.item+2*it+1] = int32(s), int32(q0)
+			it++
+		}
+		if allLogits {
+			for i := range toks {
+				w[b.row+r] = int32(t + i)
+				r++
+			}
+		} else {
+			w[b.row+r] = int32(t + len(toks) - 1)
+			r++
+		}
+		t += len(toks)
+	}
+	return b, nil
+}
+
+// realloc returns b if it holds n bytes, else a new buffer (freeing b).
+func (e *Engine) realloc(b *cuda.Buffer, n int) (*cuda.Buffer, error) {
+	if b != nil && b.Len() >= n {
+		return b, nil
+	}
+	if b != nil {
+		if err := b.Free(); err != nil {
+			return nil, err
+		}
+	}
+	return e.dev.Alloc(n)
+}
+
+// workspaceFor grows the workspace for a pass of T tokens with rows logit
+// rows and metadata of metaBytes.
+func (e *Engine) workspaceFor(T, rows, metaBytes int) error {
+	c := e.Config
+	h, hd, nq, nkv := c.HiddenSize, c.HeadDim, c.NumAttentionHeads, c.NumKeyValueHeads
+	ws := &e.ws
+	var err error
+	if ws.tokens < T {
+		if ws.resid, err = e.realloc(ws.resid, 4*T*h); err != nil {
+			return err
+		}
+		if ws.hn, err = e.realloc(ws.hn, 2*T*max(h, nq*hd)); err != nil {
+			return err
+		}
+		if ws.qkv, err = e.realloc(ws.qkv, 2*T*(nq+2*nkv)*hd); err != nil {
+			return err
+		}
+		if ws.proj, err = e.realloc(ws.proj, 2*T*h); err != nil {
+			return err
+		}
+		ws.tokens = T
+	}
+	if mt := min(T, e.chunk()); ws.mlpTok < mt && e.sparseLayers < len(e.layers) {
+		f := c.IntermediateSize
+		if ws.g, err = e.realloc(ws.g, 2*mt*f); err != nil {
+			return err
+		}
+		if c.MLPGated {
+			if ws.u, err = e.realloc(ws.u, 2*mt*f); err != nil {
+				return err
+			}
+		}
+		ws.mlpTok = mt
+	}
+	if r := min(rows, headChunk); ws.rows < r {
+		if ws.sel, err = e.realloc(ws.sel, 2*r*h); err != nil {
+			return err
+		}
+		if ws.logits, err = e.realloc(ws.logits, 4*r*c.VocabSize); err != nil {
+			return err
+		}
+		ws.rows = r
+	}
+	ws.meta, err = e.realloc(ws.meta, metaBytes)
+	return err
+}
+
+func (e *Engine) chunk() int {
+	if e.MLPChunk > 0 {
+		return e.MLPChunk
+	}
+	return DefaultMLPChunk
+}
+
+// ropeFor makes the device RoPE tables cover positions [0, n).
+func (e *Engine) ropeFor(n int) error {
+	cos, sin := e.rope.Tables(n)
+	if len(cos) == 0 {
+		return errors.New("llm: empty RoPE table")
+	}
+	if &cos[0] == e.ropePtr && len(cos) == e.ropeLen {
+		return nil
+	}
+	var err error
+	if e.cosB, err = e.realloc(e.cosB, 4*len(cos)); err != nil {
+		return err
+	}
+	if e.sinB, err = e.realloc(e.sinB, 4*len(sin)); err != nil {
+		return err
+	}
+	if err := e.dev.CopyHtoDAsync(e.cosB, cuda.Bytes(cos), e.stream); err != nil {
+		return err
+	}
+	if err := e.dev.CopyHtoDAsync(e.sinB, cuda.Bytes(sin), e.stream); err != nil {
+		return err
+	}
+	e.ropePtr, e.ropeLen = &cos[0], len(cos)
+	return nil
+}
+
+// view returns n bytes of b from byte off (the arguments are known good).
+func view(b *cuda.Buffer, off, n int) *cuda.Buffer {
+	v, err := b.Slice(off, n)
+	if err != nil {
+		panic(fmt.Sprintf("llm: workspace view: %v", err)) // a bug: sizes are checked when planned
+	}
+	return v
+}
+
+// Forward appends tokens[i] to sequence i (whose cache is caches[i]) and
+// returns, for each sequence, the logits of its last new token, or of every
+// new token when allLogits is set (rows of VocabSize float32 values), as
+// model.Model.Forward does. Sequences may have different lengths; a
+// sequence's new tokens attend to its cached positions and to each other
+// causally. The call returns when the GPU work is done.
+func (e *Engine) Forward(caches []*Cache, tokens [][]int, allLogits bool) ([][]float32, *Stats, error) {
+	if e.closed {
+		return nil, nil, errors.New("llm: engine was closed")
+	}
+	b, err := e.plan(caches, tokens, allLogits)
+	if err != nil {
+		return nil, nil, err
+	}
+	st, err := e.queue(b)
+	if err != nil {
+		return nil, nil, err
+	}
+	logits, err := e.logits(b)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := e.stream.Synchronize(); err != nil {
+		return nil, nil, err
+	}
+	for s, toks := range tokens {
+		caches[s].Len += len(toks)
+	}
+	for i, l := range e.layers {
+		if l.mlp != nil && e.mlpPath != "dense" {
+			if a, ok := l.mlp.LastActive(); ok {
+				st.MeanActive[i] = a
+			}
+		}
+	}
+	return logits, st, nil
+}
+
+// queue uploads the metadata and queues the decoder layers.
+func (e *Engine) queue(b *batch) (*Stats, error) {
+	c := e.Config
+	h, hd, nq, nkv := c.HiddenSize, c.HeadDim, c.NumAttentionHeads, c.NumKeyValueHeads
+	T := b.T
+	if err := e.workspaceFor(T, b.rows, 4*len(b.words)); err != nil {
+		return nil, err
+	}
+	if err := e.ropeFor(b.maxPos + 1); err != nil {
+		return nil, err
+	}
+	ws, s := &e.ws, e.stream
+	if err := e.dev.CopyHtoDAsync(ws.meta, cuda.Bytes(b.words), s); err != nil {
+		return nil, err
+	}
+	sec := func(off, n int) *cuda.Buffer { return view(ws.meta, 4*off, 4*max(n, 1)) }
+	base, tokSeq, tokPos, ids := sec(b.base, 2*b.S), sec(b.tokSeq, T), sec(b.tokPos, T), sec(b.ids, T)
+	seqQ0, seqN, seqPast, seqCap := sec(b.seqQ0, b.S), sec(b.seqN, b.S), sec(b.seqPast, b.S), sec(b.seqCap, b.S)
+	items := sec(b.item, 2*b.items)
+	qkvW := (nq + 2*nkv) * hd
+	eps := float32(c.RMSNormEps)
+	blk := cuda.Dim3{256, 1, 1}
+	grid := cuda.Dim3{uint32(T), 1, 1}
+	st := &Stats{Tokens: T, MeanActive: make([]float64, len(e.layers)), SparseLayer: make([]bool, len(e.layers))}
+	for i := range st.MeanActive {
+		st.MeanActive[i] = -1
+	}
+	if err := e.k.embed.Launch(grid, blk, 0, s, e.embed, ids, ws.resid, int32(h)); err != nil {
+		return nil, fmt.Errorf("llm: embed: %w", err)
+	}
+	attn, attnBlock := e.k.attnRef, cuda.Dim3{256, 1, 1}
+	switch {
+	case e.Attention == "ref":
+	case e.Attention == "mma" && hd != 64 && hd != 128:
+		return nil, fmt.Errorf("llm: the mma attention kernel takes head_dim 64 or 128, not %d", hd)
+	case e.Attention != "" && e.Attention != "auto" && e.Attention != "mma":
+		return nil, fmt.Errorf("llm: attention kernel %q: want auto, mma or ref", e.Attention)
+	case hd == 64:
+		attn, attnBlock = e.k.attnMMA64, cuda.Dim3{128, 1, 1}
+	case hd == 128:
+		attn, attnBlock = e.k.attnMMA128, cuda.Dim3{128, 1, 1}
+	}
+	scaleLog2 := float32(math.Log2E / math.Sqrt(float64(hd)))
+	var none cuda.DevicePtr
+	for li, l := range e.layers {
+		var delta any = none
+		if li > 0 {
+			delta = ws.proj
+		}
+		if err := e.k.addNorm.Launch(grid, blk, 0, s, ws.resid, delta, none, l.attnNorm, ws.hn, int32(h), eps); err != nil {
+			return nil, fmt.Errorf("llm: layer %d norm: %w", li, err)
+		}
+		if err := e.blas.Matmul(s, cublas.Gemm{M: T, N: qkvW, K: h, TransB: true}, ws.hn, l.qkv, ws.qkv); err != nil {
+			return nil, fmt.Errorf("llm: layer %d qkv: %w", li, err)
+		}
+		if err := e.k.ropeKV.Launch(grid, blk, 0, s, ws.qkv, e.cosB, e.sinB, tokSeq, tokPos, base, seqCap,
+			int32(li), int32(nq), int32(nkv), int32(hd), int32(qkvW)); err != nil {
+			return nil, fmt.Errorf("llm: layer %d rope: %w", li, err)
+		}
+		ag := cuda.Dim3{uint32(b.items), uint32(nq), 1}
+		if attn == e.k.attnRef {
+			err := attn.Launch(ag, attnBlock, 0, s, ws.qkv, ws.hn, items, seqQ0, seqN, seqPast, base, seqCap,
+				int32(li), int32(nq), int32(nkv), int32(hd), int32(qkvW), scaleLog2)
+			if err != nil {
+				return nil, fmt.Errorf("llm: layer %d attention: %w", li, err)
+			}
+		} else if err := attn.Launch(ag, attnBlock, 0, s, ws.qkv, ws.hn, items, seqQ0, seqN, seqPast, base, seqCap,
+			int32(li), int32(nq), int32(nkv), int32(qkvW), scaleLog2); err != nil {
+			return nil, fmt.Errorf("llm: layer %d attention: %w", li, err)
+		}
+		if err := e.blas.Matmul(s, cublas.Gemm{M: T, N: h, K: nq * hd, TransB: true}, ws.hn, l.o, ws.proj); err != nil {
+			return nil, fmt.Errorf("llm: layer %d o_proj: %w", li, err)
+		}
+		if err := e.k.addNorm.Launch(grid, blk, 0, s, ws.resid, ws.proj, none, l.mlpNorm, ws.hn, int32(h), eps); err != nil {
+			return nil, fmt.Errorf("llm: layer %d norm: %w", li, err)
+		}
+		sparse, err := e.mlp(l, T)
+		if err != nil {
+			return nil, fmt.Errorf("llm: layer %d MLP: %w", li, err)
+		}
+		st.SparseLayer[li] = sparse
+	}
+	return st, nil
+}
+
+// mlp queues layer l's MLP from ws.hn into ws.proj, in chunks of at most
+// MLPChunk tokens, and reports whether every chunk ran the sparse path.
+func (e *Engine) mlp(l layer, T int) (bool, error) {
+	c := e.Config
+	h, f := c.HiddenSize, c.IntermediateSize
+	ws, s := &e.ws, e.stream
+	ch := e.chunk()
+	sparse := l.mlp != nil && e.mlpPath != "dense"
+	for off := 0; off < T; off += ch {
+		m := min(ch, T-off)
+		x, y := view(ws.hn, 2*off*h, 2*m*h), view(ws.proj, 2*off*h, 2*m*h)
+		if l.mlp != nil {
+			if e.mlpPath == "dense" {
+				if err := l.mlp.Dense(s, y, x, m); err != nil {
+					return false, err
+				}
+				continue
+			}
+			p, err := l.mlp.Forward(s, y, x, m)
+			if err != nil {
+				return false, err
+			}
+			sparse = sparse && p == gpu.PathSparse
+			continue
+		}
+		proj := cublas.Gemm{M: m, N: f, K: h, TransB: true}
+		g := view(ws.g, 0, 2*m*f)
+		u := g
+		first := l.up
+		if c.MLPGated {
+			first = l.gate
+			u = view(ws.u, 0, 2*m*f)
+			if err := e.blas.Matmul(s, proj, x, l.up, u); err != nil {
+				return false, err
+			}
+		}
+		if err := e.blas.Matmul(s, proj, x, first, g); err != nil {
+			return false, err
+		}
+		n := int64(m) * int64(f)
+		grid := cuda.Dim3{uint32(min((n+255)/256, int64(e.dev.Properties().SMs*16))), 1, 1}
+		gated := int32(0)
+		if c.MLPGated {
+			gated = 1
+		}
+		if err := e.k.actMul.Launch(grid, cuda.Dim3{256, 1, 1}, 0, s, g, u, n, e.act, gated); err != nil {
+			return false, err
+		}
+		if err := e.blas.Matmul(s, cublas.Gemm{M: m, N: h, K: f, TransB: true}, g, l.down, y); err != nil {
+			return false, err
+		}
+	}
+	return sparse, nil
+}
+
+// logits queues the final norm of the rows whose logits are wanted and the
+// LM head, in chunks of at most headChunk rows, and downloads them.
+func (e *Engine) logits(b *batch) ([][]float32, error) {
+	c := e.Config
+	h, V := c.HiddenSize, c.VocabSize
+	ws, s := &e.ws, e.stream
+	out := make([]float32, b.rows*V)
+	var delta any = cuda.DevicePtr(0)
+	if len(e.layers) > 0 {
+		delta = ws.proj
+	}
+	for r0 := 0; r0 < b.rows; r0 += headChunk {
+		rc := min(headChunk, b.rows-r0)
+		rows := view(ws.meta, 4*(b.row+r0), 4*rc)
+		if err := e.k.addNorm.Launch(cuda.Dim3{uint32(rc), 1, 1}, cuda.Dim3{256, 1, 1}, 0, s,
+			ws.resid, delta, rows, e.norm, ws.sel, int32(h), float32(c.RMSNormEps)); err != nil {
+			return nil, fmt.Errorf("llm: final norm: %w", err)
+		}
+		if err := e.blas.Matmul(s, cublas.Gemm{M: rc, N: V, K: h, TransB: true, CType: cublas.F32}, ws.sel, e.head, ws.logits); err != nil {
+			return nil, fmt.Errorf("llm: LM head: %w", err)
+		}
+		dst := out[r0*V : (r0+rc)*V]
+		if err := e.dev.CopyDtoHAsync(cuda.Bytes(dst), ws.logits, s); err != nil {
+			return nil, err
+		}
+	}
+	rows := make([][]float32, b.rows)
+	for i := range rows {
+		rows[i] = out[i*V : (i+1)*V : (i+1)*V]
+	}
+	return rows, nil
+}

@@ -1,0 +1,54 @@
+package llm
+
+import (
+	_ "embed"
+	"fmt"
+	"sync"
+
+	"github.com/twell-ai/twell/cuda"
+)
+
+//go:embed llm.cu
+var llmSrc []byte
+
+// kernels are the compiled functions of llm.cu on one device.
+type kernels struct {
+	embed, addNorm, ropeKV *cuda.Function
+	attnRef                *cuda.Function
+	attnMMA64, attnMMA128  *cuda.Function
+	actMul                 *cuda.Function
+}
+
+var (
+	kernMu  sync.Mutex
+	kernTab = map[*cuda.Device]*kernels{}
+)
+
+// kernelsFor compiles llm.cu for dev (once per process; NVRTC's output is
+// also cached on disk) and looks its kernels up.
+func kernelsFor(dev *cuda.Device) (*kernels, error) {
+	kernMu.Lock()
+	defer kernMu.Unlock()
+	if k := kernTab[dev]; k != nil {
+		return k, nil
+	}
+	mod, err := dev.Compile("llm.cu", llmSrc)
+	if err != nil {
+		return nil, fmt.Errorf("llm: compiling llm.cu: %w", err)
+	}
+	k := &kernels{}
+	for _, f := range []struct {
+		dst  **cuda.Function
+		name string
+	}{
+		{&k.embed, "embed"}, {&k.addNorm, "add_rmsnorm"}, {&k.ropeKV, "rope_kv"},
+		{&k.attnRef, "attn_ref"}, {&k.attnMMA64, "attn_mma64"}, {&k.attnMMA128, "attn_mma128"},
+		{&k.actMul, "act_mul"},
+	} {
+		if *f.dst, err = mod.Function(f.name); err != nil {
+			return nil, fmt.Errorf("llm: kernel %s: %w", f.name, err)
+		}
+	}
+	kernTab[dev] = k
+	return k, nil
+}

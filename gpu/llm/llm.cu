@@ -1,0 +1,408 @@
+// llm.cu: the non-MLP kernels of the GPU Llama forward (package gpu/llm).
+//
+// Storage is bf16 (weights, activations between GEMMs, the KV cache); the
+// residual stream and the norm weights are fp32, and all arithmetic is fp32.
+// The file needs no CUDA headers: bf16 conversions are bit operations and
+// the tensor-core instruction is inline PTX.
+//
+// Per-forward metadata (written by the launcher, one upload per call):
+//   tok_seq[t], tok_pos[t]   sequence and absolute position of flat token t
+//   seq_q0[s]                flat index of sequence s's first new token
+//   seq_n[s], seq_past[s]    new tokens of s, and positions already cached
+//   seq_base[s], seq_cap[s]  s's KV cache: base address and capacity
+//   items[2i], items[2i+1]   attention work item i: sequence, first query
+//
+// KV cache of one sequence: bf16 [layer][k|v][kv_head][capacity][head_dim].
+
+typedef unsigned int u32;
+typedef unsigned short u16;
+typedef unsigned long long u64;
+
+#define NEG_INF __uint_as_float(0xff800000u)
+
+__device__ __forceinline__ float bf_to_f(u16 b) { return __uint_as_float(((u32)b) << 16); }
+__device__ __forceinline__ float bf_lo(u32 w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float bf_hi(u32 w) { return __uint_as_float(w & 0xffff0000u); }
+
+// f_to_bf rounds to nearest even; NaN stays NaN (as twell's bf16 package).
+__device__ __forceinline__ u32 f_to_bf(float f) {
+  u32 u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return ((u >> 16) | 0x40u) & 0xffffu;
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return u >> 16;
+}
+__device__ __forceinline__ u32 pack_bf2(float lo, float hi) { return f_to_bf(lo) | (f_to_bf(hi) << 16); }
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// block_sum returns the sum of v over the block (blockDim.x a multiple of
+// 32, at most 1024) to every thread.
+__device__ __forceinline__ float block_sum(float v) {
+  __shared__ float part[32];
+  __shared__ float total;
+  v = warp_sum(v);
+  int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (lane == 0) part[w] = v;
+  __syncthreads();
+  if (w == 0) {
+    float s = lane < (int)(blockDim.x >> 5) ? part[lane] : 0.f;
+    s = warp_sum(s);
+    if (lane == 0) total = s;
+  }
+  __syncthreads();
+  return total;
+}
+
+// embed: resid[t] = table[ids[t]] (bf16 -> fp32). One block per token.
+extern "C" __global__ void embed(const u16* __restrict__ table, const int* __restrict__ ids, float* __restrict__ resid,
+                                 int d) {
+  int t = blockIdx.x;
+  const u16* row = table + (size_t)ids[t] * d;
+  float* out = resid + (size_t)t * d;
+  for (int i = threadIdx.x; i < d; i += blockDim.x) out[i] = bf_to_f(row[i]);
+}
+
+// add_rmsnorm: for output row b (one block each), with r = rows ? rows[b] : b,
+//   v = resid[r] + (delta ? delta[r] : 0)
+//   out[b] = bf16(v / sqrt(mean(v^2) + eps) * w)
+// and, when rows is null, resid[r] = v (the residual add). With rows set
+// (the final norm of the rows whose logits are wanted) resid is not written.
+extern "C" __global__ void add_rmsnorm(float* __restrict__ resid, const u16* __restrict__ delta,
+                                       const int* __restrict__ rows, const float* __restrict__ w,
+                                       u16* __restrict__ out, int d, float eps) {
+  int b = blockIdx.x;
+  int r = rows ? rows[b] : b;
+  float* x = resid + (size_t)r * d;
+  const u16* dl = delta ? delta + (size_t)r * d : nullptr;
+  float ss = 0.f;
+  for (int i = threadIdx.x; i < d; i += blockDim.x) {
+    float v = x[i];
+    if (dl) {
+      v += bf_to_f(dl[i]);
+      if (!rows) x[i] = v;
+    }
+    ss += v * v;
+  }
+  // Each thread re-reads only the elements it wrote, so no barrier is
+  // needed between the write above and the read below.
+  float inv = rsqrtf(block_sum(ss) / (float)d + eps);
+  u16* o = out + (size_t)b * d;
+  for (int i = threadIdx.x; i < d; i += blockDim.x) {
+    float v = x[i];
+    if (dl && rows) v += bf_to_f(dl[i]);
+    o[i] = (u16)f_to_bf(v * inv * w[i]);
+  }
+}
+
+// rope_kv: for flat token t (one block each), rotate its query heads in
+// place in qkv (rows of qkv_w bf16: nq query heads, nkv key heads, nkv value
+// heads) and write its rotated keys and its values into its sequence's KV
+// cache at its position. Hugging Face's rotate_half: pairs (i, i + hd/2),
+//   a' = a cos - b sin,  b' = b cos + a sin.
+// cos and sin are fp32 [position][hd/2].
+extern "C" __global__ void rope_kv(u16* __restrict__ qkv, const float* __restrict__ cosT,
+                                   const float* __restrict__ sinT, const int* __restrict__ tok_seq,
+                                   const int* __restrict__ tok_pos, const u64* __restrict__ seq_base,
+                                   const int* __restrict__ seq_cap, int layer, int nq, int nkv, int hd, int qkv_w) {
+  int t = blockIdx.x;
+  int s = tok_seq[t], p = tok_pos[t], cap = seq_cap[s];
+  int half = hd / 2;
+  u16* row = qkv + (size_t)t * qkv_w;
+  u16* cache = (u16*)seq_base[s];
+  const float* c = cosT + (size_t)p * half;
+  const float* sn = sinT + (size_t)p * half;
+  int pairs = (nq + nkv) * half;
+  for (int i = threadIdx.x; i < pairs; i += blockDim.x) {
+    int h = i / half, j = i % half;
+    u16* v = row + h * hd;
+    float a = bf_to_f(v[j]), b = bf_to_f(v[j + half]);
+    float ra = a * c[j] - b * sn[j], rb = b * c[j] + a * sn[j];
+    u16 oa = (u16)f_to_bf(ra), ob = (u16)f_to_bf(rb);
+    if (h < nq) {
+      v[j] = oa;
+      v[j + half] = ob;
+    } else {
+      int kh = h - nq;
+      u16* dst = cache + (((size_t)(layer * 2) * nkv + kh) * cap + p) * hd;
+      dst[j] = oa;
+      dst[j + half] = ob;
+    }
+  }
+  int nv = nkv * hd;
+  for (int i = threadIdx.x; i < nv; i += blockDim.x) {
+    int kh = i / hd, j = i % hd;
+    u16* dst = cache + (((size_t)(layer * 2 + 1) * nkv + kh) * cap + p) * hd;
+    dst[j] = row[(nq + nkv) * hd + i];
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Attention. out[t][head*hd + j] = sum_p softmax_p(q . k_p / sqrt(hd)) v_p[j]
+// over the positions p <= pos(t) of t's sequence (causal), keys and values
+// read from the KV cache (GQA: query head h reads kv head h / (nq/nkv)).
+// Both kernels use an online softmax over the keys: no score matrix.
+
+#define ATT_BQ 64  // queries per work item
+
+// attn_ref: the plain kernel (any even hd <= 256). Grid (items, nq), 8 warps;
+// each warp takes queries of the item one at a time, each lane holding hd/32
+// dimensions, and walks the keys one by one.
+extern "C" __global__ void __launch_bounds__(256)
+    attn_ref(const u16* __restrict__ qkv, u16* __restrict__ out, const int* __restrict__ items,
+             const int* __restrict__ seq_q0, const int* __restrict__ seq_n, const int* __restrict__ seq_past,
+             const u64* __restrict__ seq_base, const int* __restrict__ seq_cap, int layer, int nq, int nkv, int hd,
+             int qkv_w, float scale_log2) {
+  const int MAXD = 8;  // dims per lane: hd <= 256
+  int item = blockIdx.x, head = blockIdx.y;
+  int s = items[2 * item], q0 = items[2 * item + 1];
+  int n = seq_n[s], past = seq_past[s], qs = seq_q0[s], cap = seq_cap[s];
+  int kh = head / (nq / nkv);
+  const u16* K = (const u16*)seq_base[s] + ((size_t)(layer * 2) * nkv + kh) * cap * hd;
+  const u16* V = (const u16*)seq_base[s] + ((size_t)(layer * 2 + 1) * nkv + kh) * cap * hd;
+  int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  int qend = min(q0 + ATT_BQ, n);
+  for (int qi = q0 + warp; qi < qend; qi += blockDim.x >> 5) {
+    const u16* q = qkv + (size_t)(qs + qi) * qkv_w + head * hd;
+    float qv[MAXD], acc[MAXD];
+#pragma unroll
+    for (int k = 0; k < MAXD; ++k) {
+      int j = lane + 32 * k;
+      qv[k] = j < hd ? bf_to_f(q[j]) * scale_log2 : 0.f;
+      acc[k] = 0.f;
+    }
+    float m = NEG_INF, l = 0.f;
+    int last = past + qi;  // keys 0..last
+    for (int p = 0; p <= last; ++p) {
+      const u16* kp = K + (size_t)p * hd;
+      float dot = 0.f;
+#pragma unroll
+      for (int k = 0; k < MAXD; ++k) {
+        int j = lane + 32 * k;
+        if (j < hd) dot += qv[k] * bf_to_f(kp[j]);
+      }
+      dot = warp_sum(dot);
+      float mn = fmaxf(m, dot);
+      float corr = exp2f(m - mn), e = exp2f(dot - mn);
+      l = l * corr + e;
+      const u16* vp = V + (size_t)p * hd;
+#pragma unroll
+      for (int k = 0; k < MAXD; ++k) {
+        int j = lane + 32 * k;
+        if (j < hd) acc[k] = acc[k] * corr + e * bf_to_f(vp[j]);
+      }
+      m = mn;
+    }
+    u16* o = out + (size_t)(qs + qi) * nq * hd + head * hd;
+    float il = 1.f / l;
+#pragma unroll
+    for (int k = 0; k < MAXD; ++k) {
+      int j = lane + 32 * k;
+      if (j < hd) o[j] = (u16)f_to_bf(acc[k] * il);
+    }
+  }
+}
+
+// mma16816: d += a (16x16 bf16, row) * b (16x8 bf16, col), fp32 accumulate.
+__device__ __forceinline__ void mma16816(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// attn_mma: the tensor-core kernel for hd = 64 or 128 (flash-attention 2
+// style). Grid (items, nq), 4 warps; warp w owns queries q0+16w..q0+16w+15.
+// For each block of 64 keys the CTA stages K [key][dim] and V transposed
+// [dim][key] in shared memory (rows past the needed keys zero-filled, so
+// that unwritten cache memory never reaches the arithmetic); each warp
+// computes its 16 x 64 scores with mma.sync, masks the causal triangle,
+// updates its running row maxima and sums, and adds P V (P rounded to bf16)
+// into its 16 x hd fp32 accumulator. Fragment layouts are PTX's for
+// m16n8k16: lane = 4 g + tq holds rows g and g+8, columns 2tq, 2tq+1 (+8).
+template <int HD>
+__device__ __forceinline__ void attn_mma_body(const u16* __restrict__ qkv, u16* __restrict__ out,
+                                              const int* __restrict__ items, const int* __restrict__ seq_q0,
+                                              const int* __restrict__ seq_n, const int* __restrict__ seq_past,
+                                              const u64* __restrict__ seq_base, const int* __restrict__ seq_cap,
+                                              int layer, int nq, int nkv, int qkv_w, float scale_log2) {
+  constexpr int BK = 64;
+  constexpr int KP = HD + 8;  // sK row pitch (bf16): 4-word skew per row, no bank conflicts
+  constexpr int VP = BK + 8;  // sVt row pitch
+  __shared__ __align__(16) u16 sK[BK * KP];
+  __shared__ __align__(16) u16 sVt[HD * VP];
+
+  int item = blockIdx.x, head = blockIdx.y;
+  int s = items[2 * item], q0 = items[2 * item + 1];
+  int n = seq_n[s], past = seq_past[s], qs = seq_q0[s], cap = seq_cap[s];
+  int kh = head / (nq / nkv);
+  const u16* K = (const u16*)seq_base[s] + ((size_t)(layer * 2) * nkv + kh) * cap * HD;
+  const u16* V = (const u16*)seq_base[s] + ((size_t)(layer * 2 + 1) * nkv + kh) * cap * HD;
+  int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  int g = lane >> 2, tq = lane & 3;
+  int wq0 = q0 + warp * 16;  // the warp's first query (index among the sequence's new tokens)
+  bool active = wq0 < n;
+  int wlast = min(wq0 + 15, n - 1);           // the warp's last valid query
+  int kend = past + min(q0 + ATT_BQ, n);      // keys [0, kend) are needed by the CTA
+  int wkend = past + wlast + 1;               // ... and [0, wkend) by this warp
+
+  // Q fragments, straight from global memory (rows past n are zero).
+  u32 qf[HD / 16][4];
+#pragma unroll
+  for (int kk = 0; kk < HD / 16; ++kk) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      int row = wq0 + g + (r & 1) * 8;
+      int col = kk * 16 + tq * 2 + (r >> 1) * 8;
+      qf[kk][r] = row < n ? *(const u32*)(qkv + (size_t)(qs + row) * qkv_w + head * HD + col) : 0u;
+    }
+  }
+  float o[HD / 8][4];
+#pragma unroll
+  for (int j = 0; j < HD / 8; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
+  float mrow[2] = {NEG_INF, NEG_INF}, lrow[2] = {0.f, 0.f};
+
+  for (int k0 = 0; k0 < kend; k0 += BK) {
+    __syncthreads();  // the previous block's shared memory is no longer read
+    for (int idx = threadIdx.x; idx < BK * HD / 8; idx += blockDim.x) {
+      int r = idx / (HD / 8), c8 = (idx % (HD / 8)) * 8;
+      int key = k0 + r;
+      uint4 kv, vv;
+      kv.x = kv.y = kv.z = kv.w = 0u;
+      vv = kv;
+      if (key < kend) {
+        kv = *(const uint4*)(K + (size_t)key * HD + c8);
+        vv = *(const uint4*)(V + (size_t)key * HD + c8);
+      }
+      *(uint4*)(sK + r * KP + c8) = kv;
+      u32 vw[4] = {vv.x, vv.y, vv.z, vv.w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        sVt[(c8 + 2 * j) * VP + r] = (u16)(vw[j] & 0xffffu);
+        sVt[(c8 + 2 * j + 1) * VP + r] = (u16)(vw[j] >> 16);
+      }
+    }
+    __syncthreads();
+    if (!active || k0 >= wkend) continue;
+
+    // S = Q K^T for 16 rows x 64 keys.
+    float sc[BK / 8][4];
+#pragma unroll
+    for (int j = 0; j < BK / 8; ++j) {
+      sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.f;
+      const u16* kr = sK + (j * 8 + g) * KP + tq * 2;
+#pragma unroll
+      for (int kk = 0; kk < HD / 16; ++kk) {
+        u32 b0 = *(const u32*)(kr + kk * 16), b1 = *(const u32*)(kr + kk * 16 + 8);
+        mma16816(sc[j], qf[kk], b0, b1);
+      }
+    }
+    // Scale, mask (key > past + row), row maxima.
+    float mx[2] = {NEG_INF, NEG_INF};
+#pragma unroll
+    for (int j = 0; j < BK / 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        int key = k0 + j * 8 + tq * 2 + (e & 1);
+        int row = wq0 + g + (e >> 1) * 8;
+        float v = sc[j][e] * scale_log2;
+        if (key > past + row) v = NEG_INF;
+        sc[j][e] = v;
+        mx[e >> 1] = fmaxf(mx[e >> 1], v);
+      }
+    }
+    float corr[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+      float mn = fmaxf(mrow[h], mx[h]);  // finite: key 0 is in every row's first block
+      corr[h] = exp2f(mrow[h] - mn);
+      mrow[h] = mn;
+    }
+    float ls[2] = {0.f, 0.f};
+#pragma unroll
+    for (int j = 0; j < BK / 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float p = exp2f(sc[j][e] - mrow[e >> 1]);
+        sc[j][e] = p;
+        ls[e >> 1] += p;
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) lrow[h] = lrow[h] * corr[h] + ls[h];
+#pragma unroll
+    for (int j = 0; j < HD / 8; ++j) {
+      o[j][0] *= corr[0];
+      o[j][1] *= corr[0];
+      o[j][2] *= corr[1];
+      o[j][3] *= corr[1];
+    }
+    // O += P V: the score fragments of key tiles 2kk and 2kk+1 are the A
+    // fragment of key slice kk.
+#pragma unroll
+    for (int kk = 0; kk < BK / 16; ++kk) {
+      u32 a[4] = {pack_bf2(sc[2 * kk][0], sc[2 * kk][1]), pack_bf2(sc[2 * kk][2], sc[2 * kk][3]),
+                  pack_bf2(sc[2 * kk + 1][0], sc[2 * kk + 1][1]), pack_bf2(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
+#pragma unroll
+      for (int j = 0; j < HD / 8; ++j) {
+        const u16* vr = sVt + (j * 8 + g) * VP + kk * 16 + tq * 2;
+        u32 b0 = *(const u32*)vr, b1 = *(const u32*)(vr + 8);
+        mma16816(o[j], a, b0, b1);
+      }
+    }
+  }
+  if (!active) return;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float l = lrow[h];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    int row = wq0 + g + h * 8;
+    if (row >= n) continue;
+    float il = 1.f / l;
+    u16* orow = out + (size_t)(qs + row) * nq * HD + head * HD + tq * 2;
+#pragma unroll
+    for (int j = 0; j < HD / 8; ++j) *(u32*)(orow + j * 8) = pack_bf2(o[j][2 * h] * il, o[j][2 * h + 1] * il);
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(128)
+    attn_mma64(const u16* __restrict__ qkv, u16* __restrict__ out, const int* __restrict__ items,
+               const int* __restrict__ seq_q0, const int* __restrict__ seq_n, const int* __restrict__ seq_past,
+               const u64* __restrict__ seq_base, const int* __restrict__ seq_cap, int layer, int nq, int nkv,
+               int qkv_w, float scale_log2) {
+  attn_mma_body<64>(qkv, out, items, seq_q0, seq_n, seq_past, seq_base, seq_cap, layer, nq, nkv, qkv_w, scale_log2);
+}
+
+extern "C" __global__ void __launch_bounds__(128)
+    attn_mma128(const u16* __restrict__ qkv, u16* __restrict__ out, const int* __restrict__ items,
+                const int* __restrict__ seq_q0, const int* __restrict__ seq_n, const int* __restrict__ seq_past,
+                const u64* __restrict__ seq_base, const int* __restrict__ seq_cap, int layer, int nq, int nkv,
+                int qkv_w, float scale_log2) {
+  attn_mma_body<128>(qkv, out, items, seq_q0, seq_n, seq_past, seq_base, seq_cap, layer, nq, nkv, qkv_w, scale_log2);
+}
+
+// ---------------------------------------------------------------------------
+// The dense MLP's elementwise step, for layers that do not run on package
+// gpu's TwELL MLP (SiLU gates, or shapes its kernels do not take).
+// act 0: relu, 1: silu. gated: h = act(g) * u (h may alias g); else
+// g = act(g) in place (u unused).
+
+__device__ __forceinline__ float act_f(float x, int act) {
+  if (act == 0) return fmaxf(x, 0.f);
+  return x / (1.f + __expf(-x));
+}
+
+extern "C" __global__ void act_mul(u16* __restrict__ g, const u16* __restrict__ u, long long n, int act, int gated) {
+  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+    float v = act_f(bf_to_f(g[i]), act);
+    if (gated) v *= bf_to_f(u[i]);
+    g[i] = (u16)f_to_bf(v);
+  }
+}

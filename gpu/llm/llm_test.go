@@ -1,0 +1,351 @@
+package llm
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/twell-ai/twell/cuda"
+	"github.com/twell-ai/twell/cuda/cudatest"
+	"github.com/twell-ai/twell/model"
+	"github.com/twell-ai/twell/synth"
+)
+
+func TestMain(m *testing.M) {
+	// Keep test compiles out of the user's kernel cache.
+	dir, err := os.MkdirTemp("", "twell-llm-kernel-cache")
+	if err == nil {
+		os.Setenv(cuda.EnvKernelCache, dir)
+	}
+	code := m.Run()
+	if err == nil {
+		os.RemoveAll(dir)
+	}
+	os.Exit(code)
+}
+
+// TestCompile compiles llm.cu to PTX: it needs NVRTC but no GPU.
+func TestCompile(t *testing.T) {
+	cudatest.Compiler(t)
+	prog, err := cuda.CompileProgram("llm.cu", llmSrc, cuda.WithArch("compute_90"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"embed", "add_rmsnorm", "rope_kv", "attn_ref", "attn_mma64", "attn_mma128", "act_mul"} {
+		if !strings.Contains(string(prog.Image), ".entry "+k+"(") {
+			t.Errorf("kernel %s missing from the PTX", k)
+		}
+	}
+	if strings.Contains(string(prog.Image), ".local") {
+		t.Logf("note: the PTX uses local memory (register arrays indexed at run time?)")
+	}
+	if prog.Log != "" {
+		t.Logf("NVRTC log:\n%s", prog.Log)
+	}
+}
+
+func TestSupported(t *testing.T) {
+	c := testConfig(64, 4, 2, true)
+	if err := Supported(c); err != nil {
+		t.Fatalf("Supported(%+v): %v", c, err)
+	}
+	bad := c
+	bad.HeadDim = 512
+	bad.HiddenSize = 4 * 512
+	if err := Supported(bad); err == nil {
+		t.Error("head_dim 512 accepted")
+	}
+	bad = c
+	bad.HiddenAct = "gelu"
+	if err := Supported(bad); err == nil {
+		t.Error("gelu accepted")
+	}
+}
+
+// testConfig is a small Llama: hidden 256, MLP width 512, ReLU gate.
+func testConfig(hd, nq, nkv int, tied bool) model.Config {
+	return model.Config{
+		ModelType: "llama", Architectures: []string{"LlamaForCausalLM"},
+		HiddenSize: 256, IntermediateSize: 512, NumHiddenLayers: 2,
+		NumAttentionHeads: nq, NumKeyValueHeads: nkv, HeadDim: hd,
+		VocabSize: 384, MaxPositionEmbeddings: 512, RMSNormEps: 1e-5, RopeTheta: 10000,
+		HiddenAct: model.ActReLU, TieWordEmbeddings: tied, MLPGated: true,
+	}
+}
+
+// sparseModel returns a random model made sparse like a trained one.
+func sparseModel(t *testing.T, c model.Config, r *rand.Rand, seed uint64) *model.Model {
+	t.Helper()
+	m, err := model.New(c, model.RandomWeights(c, r))
+	if err != nil {
+		t.Fatalf("seed %d: %v", seed, err)
+	}
+	if act, _ := c.GateActivation(); act == model.ActReLU {
+		if err := m.SparsifyGates(0.01, synth.Skewed, r); err != nil {
+			t.Fatalf("seed %d: %v", seed, err)
+		}
+	}
+	return m
+}
+
+func randTokens(r *rand.Rand, n, vocab int) []int {
+	ts := make([]int, n)
+	for i := range ts {
+		ts[i] = r.IntN(vocab)
+	}
+	return ts
+}
+
+// relDiff returns max |a-b| / max |b| over all rows.
+func relDiff(a, b [][]float32) (float64, error) {
+	if len(a) != len(b) {
+		return 0, fmt.Errorf("%d rows vs %d", len(a), len(b))
+	}
+	var d, m float64
+	for i := range a {
+		if len(a[i]) != len(b[i]) {
+			return 0, fmt.Errorf("row %d: %d values vs %d", i, len(a[i]), len(b[i]))
+		}
+		for j := range a[i] {
+			x, y := float64(a[i][j]), float64(b[i][j])
+			if math.IsNaN(x) || math.IsInf(x, 0) {
+				return math.Inf(1), fmt.Errorf("row %d col %d: %v", i, j, x)
+			}
+			d = max(d, math.Abs(x-y))
+			m = max(m, math.Abs(y))
+		}
+	}
+	return d / max(m, 1e-30), nil
+}
+
+// bf16Tol is the tolerance on max |diff| / max |logit| between the bf16 GPU
+// forward and the float32 CPU model.
+const bf16Tol = 3e-2
+
+func newEngine(t *testing.T, dev *cuda.Device, m *model.Model, seed uint64) *Engine {
+	t.Helper()
+	e, err := NewEngine(dev, m)
+	if err != nil {
+		t.Fatalf("seed %d: NewEngine: %v", seed, err)
+	}
+	t.Cleanup(func() { e.Close() })
+	return e
+}
+
+func gpuCaches(t *testing.T, e *Engine, n, capacity int) []*Cache {
+	t.Helper()
+	cs := make([]*Cache, n)
+	for i := range cs {
+		var err error
+		if cs[i], err = e.NewCache(capacity); err != nil {
+			t.Fatal(err)
+		}
+		c := cs[i]
+		t.Cleanup(func() { c.Free() })
+	}
+	return cs
+}
+
+// TestLogitsMatchCPU compares the GPU forward with the CPU model on small
+// random sparse models: multi-head and grouped-query attention, tied and
+// separate LM heads, head_dim 64 (tensor-core attention), 128 and 32 (the
+// plain kernel), the plain kernel forced, the three MLP paths, a SiLU model
+// (dense MLP on the GPU), a shape the TwELL kernels do not take, and the
+// RoPE scaling variants.
+func TestLogitsMatchCPU(t *testing.T) {
+	dev := cudatest.Device(t)
+	cudatest.Compiler(t)
+	type tc struct {
+		name    string
+		c       model.Config
+		attn    string
+		mlpPath string
+	}
+	silu := testConfig(64, 4, 4, true)
+	silu.HiddenAct = model.ActSiLU
+	odd := testConfig(32, 4, 2, false)
+	odd.HiddenSize, odd.IntermediateSize = 128+32, 320 // not TwELL shapes
+	odd.NumAttentionHeads, odd.NumKeyValueHeads = 5, 1
+	nongated := testConfig(64, 4, 2, true)
+	nongated.MLPGated = false
+	linear := testConfig(64, 4, 2, true)
+	linear.RopeScaling = &model.RopeScaling{Type: "linear", Factor: 2}
+	dynamic := testConfig(64, 4, 2, true)
+	dynamic.MaxPositionEmbeddings = 64 // the 77-token prompt goes past it
+	dynamic.RopeScaling = &model.RopeScaling{Type: "dynamic", Factor: 2}
+	llama3 := testConfig(64, 4, 2, true)
+	llama3.RopeTheta = 500000
+	llama3.RopeScaling = &model.RopeScaling{Type: "llama3", Factor: 8, LowFreqFactor: 1, HighFreqFactor: 4, OriginalMaxPositionEmbeddings: 32}
+	cases := []tc{
+		{"mha-tied-hd64", testConfig(64, 4, 4, true), "", "auto"},
+		{"gqa-untied-hd64", testConfig(64, 4, 2, false), "", "auto"},
+		{"gqa-hd64-sparse", testConfig(64, 8, 2, true), "", "sparse"},
+		{"gqa-hd64-dense", testConfig(64, 8, 2, true), "", "dense"},
+		{"gqa-hd64-ref", testConfig(64, 4, 2, true), "ref", "auto"},
+		{"gqa-hd128", testConfig(128, 2, 1, true), "", "auto"},
+		{"hd32-ref", testConfig(32, 8, 4, true), "", "auto"},
+		{"silu-dense", silu, "", "auto"},
+		{"odd-shape", odd, "", "auto"},
+		{"non-gated", nongated, "", "auto"},
+		{"rope-linear", linear, "", "auto"},
+		{"rope-dynamic", dynamic, "", "auto"},
+		{"rope-llama3", llama3, "", "auto"},
+	}
+	for _, k := range cases {
+		t.Run(k.name, func(t *testing.T) {
+			r, seed := cudatest.Rand()
+			m := sparseModel(t, k.c, r, seed)
+			e := newEngine(t, dev, m, seed)
+			e.Attention = k.attn
+			if err := e.SetMLPPath(k.mlpPath); err != nil {
+				t.Fatal(err)
+			}
+			if err := m.SetMLPPath(map[string]string{"auto": "auto", "sparse": "sparse", "dense": "dense"}[k.mlpPath]); err != nil {
+				t.Fatal(err)
+			}
+			// Two sequences of different lengths (one over a query block).
+			toks := [][]int{randTokens(r, 77, k.c.VocabSize), randTokens(r, 5, k.c.VocabSize)}
+			cpuC := []*model.Cache{m.NewCache(100), m.NewCache(100)}
+			want, _, err := m.Forward(cpuC, toks, true)
+			if err != nil {
+				t.Fatal(err)
+			}
+			gc := gpuCaches(t, e, 2, 100)
+			got, st, err := e.Forward(gc, toks, true)
+			if err != nil {
+				t.Fatalf("seed %d: %v", seed, err)
+			}
+			d, err := relDiff(got, want)
+			if err != nil || d > bf16Tol {
+				t.Fatalf("seed %d: max |diff| / max |logit| = %.3g (err %v), want <= %g", seed, d, err, bf16Tol)
+			}
+			if gc[0].Len != 77 || gc[1].Len != 5 {
+				t.Errorf("cache lengths %d, %d after the pass, want 77, 5", gc[0].Len, gc[1].Len)
+			}
+			t.Logf("seed %d: rel diff %.2e; TwELL layers %d; mean active %v; sparse %v", seed, d, e.TwELLLayers(), st.MeanActive, st.SparseLayer)
+			// One decode step on both.
+			step := [][]int{{r.IntN(k.c.VocabSize)}, {r.IntN(k.c.VocabSize)}}
+			want, _, err = m.Forward(cpuC, step, false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, _, err = e.Forward(gc, step, false)
+			if err != nil {
+				t.Fatalf("seed %d: decode: %v", seed, err)
+			}
+			if d, err := relDiff(got, want); err != nil || d > bf16Tol {
+				t.Fatalf("seed %d: decode step: rel diff %.3g (err %v)", seed, d, err)
+			}
+		})
+	}
+}
+
+// TestDecodeMatchesRecompute checks on the GPU that a prompt followed by
+// single-token steps through the cache gives the logits of recomputing the
+// whole sequence at once.
+func TestDecodeMatchesRecompute(t *testing.T) {
+	dev := cudatest.Device(t)
+	cudatest.Compiler(t)
+	r, seed := cudatest.Rand()
+	c := testConfig(64, 4, 2, true)
+	m := sparseModel(t, c, r, seed)
+	e := newEngine(t, dev, m, seed)
+	if err := e.SetMLPPath("sparse"); err != nil { // the same MLP arithmetic in every step
+		t.Fatal(err)
+	}
+	seq := randTokens(r, 90, c.VocabSize)
+	const prompt = 70
+	full := gpuCaches(t, e, 1, len(seq))
+	all, _, err := e.Forward(full, [][]int{seq}, true)
+	if err != nil {
+		t.Fatalf("seed %d: %v", seed, err)
+	}
+	inc := gpuCaches(t, e, 1, len(seq))
+	first, _, err := e.Forward(inc, [][]int{seq[:prompt]}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	steps := [][]float32{first[0]}
+	for i := prompt; i < len(seq)-2; i++ {
+		l, _, err := e.Forward(inc, [][]int{{seq[i]}}, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		steps = append(steps, l[0])
+	}
+	// The last two tokens in one step, through the cache too.
+	l, _, err := e.Forward(inc, [][]int{seq[len(seq)-2:]}, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	steps = append(steps, l...)
+	d, err := relDiff(steps, all[prompt-1:])
+	if err != nil || d > 1e-2 {
+		t.Fatalf("seed %d: decode vs recompute: rel diff %.3g (err %v)", seed, d, err)
+	}
+	t.Logf("seed %d: decode vs recompute rel diff %.2e", seed, d)
+}
+
+// TestBatchedPrefillMatchesSeparate checks that a batch of two sequences of
+// different lengths gives each sequence the logits of running it alone.
+func TestBatchedPrefillMatchesSeparate(t *testing.T) {
+	dev := cudatest.Device(t)
+	cudatest.Compiler(t)
+	r, seed := cudatest.Rand()
+	c := testConfig(64, 8, 2, false)
+	m := sparseModel(t, c, r, seed)
+	e := newEngine(t, dev, m, seed)
+	if err := e.SetMLPPath("sparse"); err != nil { // no path switch between the runs
+		t.Fatal(err)
+	}
+	a, b := randTokens(r, 130, c.VocabSize), randTokens(r, 9, c.VocabSize)
+	both, _, err := e.Forward(gpuCaches(t, e, 2, 140), [][]int{a, b}, true)
+	if err != nil {
+		t.Fatalf("seed %d: %v", seed, err)
+	}
+	la, _, err := e.Forward(gpuCaches(t, e, 1, 140), [][]int{a}, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lb, _, err := e.Forward(gpuCaches(t, e, 1, 140), [][]int{b}, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := relDiff(both, append(la, lb...))
+	if err != nil || d > 1e-2 { // GEMMs of other shapes may round differently
+		t.Fatalf("seed %d: batched vs separate: rel diff %.3g (err %v)", seed, d, err)
+	}
+	t.Logf("seed %d: batched vs separate rel diff %.2e", seed, d)
+}
+
+// TestForwardErrors checks that bad calls return errors naming the fault.
+func TestForwardErrors(t *testing.T) {
+	dev := cudatest.Device(t)
+	cudatest.Compiler(t)
+	r, seed := cudatest.Rand()
+	c := testConfig(64, 4, 2, true)
+	m := sparseModel(t, c, r, seed)
+	e := newEngine(t, dev, m, seed)
+	cs := gpuCaches(t, e, 2, 8)
+	for _, k := range []struct {
+		caches []*Cache
+		toks   [][]int
+		want   string
+	}{
+		{cs[:1], [][]int{{1}, {2}}, "1 caches for 2 sequences"},
+		{cs[:1], [][]int{{}}, "no new tokens"},
+		{cs[:1], [][]int{make([]int, 9)}, "past its cache of 8"},
+		{cs[:1], [][]int{{c.VocabSize}}, "outside the vocabulary"},
+		{[]*Cache{cs[0], cs[0]}, [][]int{{1}, {2}}, "share one cache"},
+	} {
+		if _, _, err := e.Forward(k.caches, k.toks, false); err == nil || !strings.Contains(err.Error(), k.want) {
+			t.Errorf("Forward(%v): %v, want an error with %q", k.toks, err, k.want)
+		}
+	}
+	if err := e.SetMLPPath("fast"); err == nil {
+		t.Error("SetMLPPath(fast) accepted")
+	}
+}
