@@ -2,11 +2,14 @@
 // loads, a 4-stage mbarrier pipeline, wgmma m64n256k16 tensor-core math,
 // and ReLU + TwELL packing in the epilogue. Persistent: one CTA per SM,
 // CTAs paired in clusters of 2 along M that share (multicast) the weight
-// tile. 288 threads: warpgroups 0 and 1 each own 64 of the CTA tile's 128
-// rows and all 256 columns; warp 8 is the TMA producer. (A producer warp
-// rather than a producer warpgroup leaves 224 registers to every thread
-// without setmaxnreg: with 384 threads and setmaxnreg, ptxas kept the 168-
-// register budget and serialized the wgmmas, warning C7511.)
+// tile. Two consumer warpgroups each own 64 of the CTA tile's 128 rows and
+// all 256 columns. The TMA producer is, by the template parameter PW:
+//   PW = 0: a fourth warpgroup (384 threads) that gives its registers to the
+//           consumers with setmaxnreg 40/232. Measured on an H200: ptxas kept
+//           the 168-register budget of 384 threads and serialized the
+//           wgmmas (warning C7511): 367 TFLOP/s.
+//   PW = 1: one producer warp (288 threads), so every thread may hold 224
+//           registers without setmaxnreg.
 #include "common.cuh"
 #include "wgmma.cuh"
 
@@ -101,8 +104,8 @@ __device__ __forceinline__ void work_coords(int w, int m_pairs, int n_tiles, int
   nt = within / gm;
 }
 
-template <int S, int STAGES>
-__global__ void __launch_bounds__(288, 1)
+template <int S, int STAGES, int PW>
+__global__ void __launch_bounds__(PW ? 288 : 384, 1)
     d2t_wgmma(const __grid_constant__ TmaDesc tmA, const __grid_constant__ TmaDesc tmB, u32* __restrict__ packed,
               int* __restrict__ flags, int* __restrict__ ovf, u64* __restrict__ nnz, int m_pairs, int n_tiles,
               int k_iters, int row_words, int m_valid) {
@@ -117,7 +120,10 @@ __global__ void __launch_bounds__(288, 1)
   auto full = [&](int s) { return bars + 8u * s; };
   auto empty = [&](int s) { return bars + 8u * (STAGES + s); };
 
-  const int tid = threadIdx.x, wg = tid / 128;  // 0, 1: consumers; 2: the producer warp
+  const int tid = threadIdx.x;
+  const int wg = PW ? tid / 128 : (tid / 128 + 2) % 3;  // 0, 1: consumers; 2: the producer
+  const int ctid = PW ? tid : tid - 128;                 // thread index among the 256 consumers
+  const int nthreads = PW ? 288 : 384;
   const u32 rank = cluster_rank();
   const int cluster = blockIdx.x / 2, nclusters = gridDim.x / 2;
   const int total = m_pairs * n_tiles;
@@ -129,12 +135,13 @@ __global__ void __launch_bounds__(288, 1)
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
-  for (int i = tid; i < 128 * S; i += 288) stage_out[i] = 0;
+  for (int i = tid; i < 128 * S; i += nthreads) stage_out[i] = 0;
   __syncthreads();
   cluster_sync();
 
   if (wg == 2) {
-    if (tid == 256) {
+    if (!PW) asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+    if (tid == (PW ? 256 : 0)) {
       int s = 0;
       u32 phase = 0;
       for (int w = cluster; w < total; w += nclusters) {
@@ -155,6 +162,7 @@ __global__ void __launch_bounds__(288, 1)
       }
     }
   } else {
+    if (!PW) asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
     const int cw = wg;  // rows cw*64 .. cw*64+63 of the CTA tile
     const int lane = tid & 31, wq = (tid >> 5) & 3;
     float acc[128];
@@ -208,7 +216,7 @@ __global__ void __launch_bounds__(288, 1)
       if (TW_NNZ && lane == 0 && tot) atomicAdd(nnz, (u64)tot);
       asm volatile("bar.sync 1, 256;" ::: "memory");
       const int v4 = S / 4;
-      for (int i = tid; i < 128 * v4; i += 256) {
+      for (int i = ctid; i < 128 * v4; i += 256) {
         int r = i / v4, c = i - r * v4;
         uint4* src = (uint4*)(stage_out + r * S) + c;
         uint4 val = *src;

@@ -46,7 +46,8 @@ type kernels struct {
 	dev *cuda.Device
 
 	mmaOnce, wgOnce, denseOnce, fbOnce sync.Once
-	mma, wg                            map[int]*cuda.Function // D2T by S
+	mma                                map[int]*cuda.Function    // D2T by S
+	wg                                 map[string]*cuda.Function // D2T by name expression
 	mmaErr, wgErr                      error
 	reluMul, reluInplace               *cuda.Function
 	denseErr                           error
@@ -115,26 +116,40 @@ func (k *kernels) d2tMMA(s int) (*cuda.Function, error) {
 	return k.mma[s], nil
 }
 
-// d2tWGMMA returns the Hopper D2T kernel for S words per tile.
-func (k *kernels) d2tWGMMA(s int) (*cuda.Function, error) {
+// d2tWGMMA returns the Hopper D2T kernel for S words per tile, with a
+// producer warp (pw) or a producer warpgroup.
+func (k *kernels) d2tWGMMA(s int, pw bool) (*cuda.Function, error) {
 	k.wgOnce.Do(func() {
 		p := k.dev.Properties()
 		if p.Arch != "sm_90a" {
 			k.wgErr = fmt.Errorf("gpu: the wgmma D2T kernel needs sm_90a (Hopper); %v is %s", k.dev, p.Arch)
 			return
 		}
-		exprs := []string{"d2t_wgmma<32,4>", "d2t_wgmma<64,4>", "d2t_wgmma<128,3>"}
+		var exprs []string
+		for _, w := range []int{0, 1} {
+			for _, s := range []int{32, 64, 128} {
+				exprs = append(exprs, wgmmaName(s, w == 1))
+			}
+		}
 		fs, err := k.compile("d2t_wgmma.cu", d2tWGMMASrc, exprs)
 		if err != nil {
 			k.wgErr = err
 			return
 		}
-		k.wg = map[int]*cuda.Function{32: fs[exprs[0]], 64: fs[exprs[1]], 128: fs[exprs[2]]}
+		k.wg = fs
 	})
 	if k.wgErr != nil {
 		return nil, k.wgErr
 	}
-	return k.wg[s], nil
+	return k.wg[wgmmaName(s, pw)], nil
+}
+
+func wgmmaName(s int, pw bool) string {
+	w := 0
+	if pw {
+		w = 1
+	}
+	return fmt.Sprintf("d2t_wgmma<%d,%d,%d>", s, wgmmaStages(s), w)
 }
 
 // dense returns the elementwise kernels of the dense MLP.

@@ -25,6 +25,10 @@ const (
 	KernelWGMMA
 	// KernelMMA is the simpler mma.sync kernel (any sm_80+ GPU).
 	KernelMMA
+	// KernelWGMMAWarp is the wgmma kernel with a producer warp instead of a
+	// producer warpgroup (288 threads, no setmaxnreg): the fix for ptxas
+	// serializing KernelWGMMA's wgmmas. Not yet validated on a GPU.
+	KernelWGMMAWarp
 )
 
 // String returns "auto", "wgmma" or "mma".
@@ -36,6 +40,8 @@ func (k Kernel) String() string {
 		return "wgmma"
 	case KernelMMA:
 		return "mma"
+	case KernelWGMMAWarp:
+		return "wgmma-pw"
 	}
 	return fmt.Sprintf("Kernel(%d)", int(k))
 }
@@ -57,8 +63,8 @@ func (p Path) String() string {
 	return "sparse"
 }
 
-// EnvD2TKernel names the environment variable that, set to "mma" or
-// "wgmma", overrides KernelAuto's choice of D2T kernel.
+// EnvD2TKernel names the environment variable that, set to "mma", "wgmma"
+// or "wgmma-pw", overrides KernelAuto's choice of D2T kernel.
 const EnvD2TKernel = "TWELL_D2T_KERNEL"
 
 // MaxD is the largest hidden size the T2D kernels take (their per-lane
@@ -94,7 +100,8 @@ type MLP struct {
 	tmAm  int
 	wgErr error
 
-	d2tOverride *cuda.Function // a wgmma D2T variant under test (nil: the built-in one)
+	d2tOverride  *cuda.Function // a wgmma D2T variant under test (nil: the built-in one)
+	d2tOverrideK Kernel         // its kind (KernelWGMMA or KernelWGMMAWarp)
 
 	// automatic path state
 	next      Path
@@ -332,7 +339,7 @@ func (l *MLP) sparseWorkspace(m int) (*sparseWS, error) {
 func (l *MLP) d2tKernel() (*cuda.Function, Kernel, error) {
 	s := l.Layout.S()
 	if l.d2tOverride != nil {
-		return l.d2tOverride, KernelWGMMA, nil
+		return l.d2tOverride, l.d2tOverrideK, nil
 	}
 	kind := l.Kernel
 	if kind == KernelAuto {
@@ -341,17 +348,19 @@ func (l *MLP) d2tKernel() (*cuda.Function, Kernel, error) {
 			kind = KernelMMA
 		case "wgmma":
 			kind = KernelWGMMA
+		case "wgmma-pw":
+			kind = KernelWGMMAWarp
 		}
 	}
 	switch kind {
-	case KernelWGMMA:
-		f, err := l.k.d2tWGMMA(s)
-		return f, KernelWGMMA, err
+	case KernelWGMMA, KernelWGMMAWarp:
+		f, err := l.k.d2tWGMMA(s, kind == KernelWGMMAWarp)
+		return f, kind, err
 	case KernelMMA:
 		f, err := l.k.d2tMMA(s)
 		return f, KernelMMA, err
 	}
-	if f, err := l.k.d2tWGMMA(s); err == nil {
+	if f, err := l.k.d2tWGMMA(s, false); err == nil {
 		return f, KernelWGMMA, nil
 	} else {
 		l.wgErr = err
@@ -398,7 +407,7 @@ func (l *MLP) runD2T(s *cuda.Stream, x *cuda.Buffer, m int) (*sparseWS, error) {
 	S, C := l.Layout.S(), l.Layout.C
 	nTiles := l.F / 256
 	switch kind {
-	case KernelWGMMA:
+	case KernelWGMMA, KernelWGMMAWarp:
 		if l.tmA == nil || l.tmAx != x.Ptr() || l.tmAm != m {
 			tm, err := l.dev.EncodeTiled(cuda.TiledTensor{
 				DataType: cuda.TensorBFloat16, Global: x.Ptr(),
@@ -417,8 +426,12 @@ func (l *MLP) runD2T(s *cuda.Stream, x *cuda.Buffer, m int) (*sparseWS, error) {
 		// resident at once whatever the GPCs' SM counts, so the static
 		// round-robin schedule stays balanced.
 		nClusters := min(max(1, min(64, l.dev.Properties().SMs/2)), mPairs*nTiles)
+		threads := uint32(384)
+		if kind == KernelWGMMAWarp {
+			threads = 288
+		}
 		err = fn.LaunchEx(cuda.LaunchConfig{
-			Grid: cuda.Dim3{uint32(2 * nClusters), 1, 1}, Block: cuda.Dim3{288, 1, 1},
+			Grid: cuda.Dim3{uint32(2 * nClusters), 1, 1}, Block: cuda.Dim3{threads, 1, 1},
 			SharedBytes: smem, Stream: s, Cluster: cuda.Dim3{2, 1, 1},
 		}, l.tmA, l.tmB, ws.packed, ws.flags, ws.ovf, l.nnz,
 			int32(mPairs), int32(nTiles), int32(l.D/64), int32(l.F/C), int32(m))

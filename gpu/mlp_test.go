@@ -39,7 +39,7 @@ func roundBF16(v []float32) []float32 {
 func kernelsToTest(dev *cuda.Device) []Kernel {
 	ks := []Kernel{KernelMMA}
 	if dev.Properties().Arch == "sm_90a" {
-		ks = append(ks, KernelWGMMA)
+		ks = append(ks, KernelWGMMA, KernelWGMMAWarp)
 	}
 	return ks
 }

@@ -80,31 +80,56 @@ func TestD2TVariants(t *testing.T) {
 	flop := 2 * float64(m) * float64(d) * float64(f)
 	for _, v := range []struct {
 		name string
+		pw   bool
 		opts []string
 	}{
-		{"default", nil},
-		{"no-epilogue", []string{"-DTW_EPI=0"}},
-		{"wait0", []string{"-DTW_WAIT=0"}},
-		{"group16", []string{"-DTW_GROUP=16"}},
+		{"default", false, nil},
+		{"wait0", false, []string{"-DTW_WAIT=0"}},
+		{"pwarp", true, nil},
+		{"pwarp-wait0", true, []string{"-DTW_WAIT=0"}},
+		{"pwarp-noepi", true, []string{"-DTW_EPI=0"}},
 	} {
 		opts := append([]string{"--ptxas-options=-v"}, v.opts...)
+		name := wgmmaName(32, v.pw)
 		mod, err := dev.Compile("d2t_wgmma.cu", d2tWGMMASrc, cuda.WithHeader("common.cuh", commonCUH),
-			cuda.WithHeader("wgmma.cuh", wgmmaCUH), cuda.WithNameExpressions("d2t_wgmma<32,4>"), cuda.WithOptions(opts...))
+			cuda.WithHeader("wgmma.cuh", wgmmaCUH), cuda.WithNameExpressions(name), cuda.WithOptions(opts...))
 		if err != nil {
 			t.Errorf("%s: %v", v.name, err)
 			continue
 		}
-		fn, err := mod.Function("d2t_wgmma<32,4>")
+		fn, err := mod.Function(name)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if v.name == "default" {
-			t.Logf("compiler log:\n%s", mod.Program().Log)
+		if v.name == "default" || v.name == "pwarp" {
+			t.Logf("%s compiler log:\n%s", v.name, mod.Program().Log)
 		}
 		a, _ := fn.Attributes()
-		l.d2tOverride = fn
+		l.d2tOverride, l.d2tOverrideK = fn, KernelWGMMA
+		if v.pw {
+			l.d2tOverrideK = KernelWGMMAWarp
+		}
 		ms := medianMS(t, dev, 20, func() error { return l.QueueD2T(nil, xb, m) })
 		t.Logf("D2T %-12s %.3f ms  %.0f TFLOP/s  (%d registers, %d B local)", v.name, ms, flop/ms/1e9, a.NumRegs, a.LocalBytes)
+		if v.name == "pwarp" {
+			p, err := l.D2T(nil, xb, m)
+			if err != nil {
+				t.Fatal(err)
+			}
+			l.d2tOverride = nil
+			q, err := l.D2T(nil, xb, m)
+			if err != nil {
+				t.Fatal(err)
+			}
+			same := len(p.Words) == len(q.Words)
+			for i := 0; same && i < len(p.Words); i++ {
+				same = p.Words[i] == q.Words[i]
+			}
+			t.Logf("D2T pwarp output identical to the producer-warpgroup kernel's: %v", same)
+			if !same {
+				t.Errorf("seed %d: the producer-warp D2T packs differently", seed)
+			}
+		}
 	}
 	l.d2tOverride = nil
 	d2t := medianMS(t, dev, 20, func() error { return l.QueueD2T(nil, xb, m) })
