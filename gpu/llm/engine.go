@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"os"
 
 	"github.com/twell-ai/twell/cuda"
 	"github.com/twell-ai/twell/cuda/cublas"
@@ -13,6 +14,10 @@ import (
 
 // DefaultMLPChunk is the default for Engine.MLPChunk.
 const DefaultMLPChunk = 32768
+
+// EnvAttention names the environment variable that sets a new Engine's
+// Attention field ("auto", "mma" or "ref"), to compare the kernels.
+const EnvAttention = "TWELL_LLM_ATTENTION"
 
 // Engine is a model's weights on one GPU, bf16, ready to run forward
 // passes. Its methods queue work on the engine's own stream and keep
@@ -131,7 +136,7 @@ func NewEngine(dev *cuda.Device, m *model.Model) (*Engine, error) {
 	if err != nil {
 		return nil, err
 	}
-	e := &Engine{Config: c, dev: dev, k: k, mlpPath: "auto", rope: model.NewRoPETables(c)}
+	e := &Engine{Config: c, dev: dev, k: k, mlpPath: "auto", rope: model.NewRoPETables(c), Attention: os.Getenv(EnvAttention)}
 	if act, _ := c.GateActivation(); act == model.ActSiLU {
 		e.act = 1
 	}
