@@ -18,9 +18,10 @@ import (
 type ModelCUDAResult struct {
 	ModelResult
 	// PeakDeviceBytes is the most device memory in use through twell's
-	// allocator after any forward pass of this path and of the paths run
-	// before it (TwELL runs first, so its figure excludes the dense
-	// workspaces): weights, KV caches, workspaces, cuBLAS workspace.
+	// allocator after any forward pass of this path: weights, KV caches,
+	// workspaces (package gpu keeps each layer's), cuBLAS workspace. TwELL
+	// runs first, so its figure excludes the dense workspaces, and the
+	// dense figure includes the (smaller) sparse ones.
 	PeakDeviceBytes int64 `json:"peak_device_bytes"`
 	WeightBytes     int64 `json:"weight_bytes"`
 	KVCacheBytes    int64 `json:"kv_cache_bytes"` // the prefill batch's caches
@@ -102,7 +103,12 @@ func ModelCUDA(o ModelOptions, progress func(string)) ([]ModelCUDAResult, error)
 	peak := int64(0)
 	sample := func() { peak = max(peak, dev.MemStats().InUse) }
 
-	// Check against the CPU model on a short prompt.
+	// Check against the CPU model on a short prompt, on the sparse path:
+	// under "auto" the dense first positions of this short prompt would
+	// make the next call (the first timed path's warm-up) run dense.
+	if err := e.SetMLPPath("sparse"); err != nil {
+		return nil, err
+	}
 	checkLen := min(32, o.PromptLen)
 	check := [][]int{randTokens(r, checkLen, c.VocabSize)}
 	want, _, err := m.Forward([]*model.Cache{m.NewCache(checkLen)}, check, true)
@@ -175,6 +181,7 @@ func ModelCUDA(o ModelOptions, progress func(string)) ([]ModelCUDAResult, error)
 			Date: time.Now().UTC().Format(time.RFC3339), Model: name, Params: paramCount(c), Path: path,
 			PrefillTokens: o.Batch * o.PromptLen, MLPWidth: c.IntermediateSize},
 			WeightBytes: e.WeightBytes(), KVCacheBytes: kvBytes, CPUCheckRelDiff: cpuDiff, TwELLLayers: e.TwELLLayers()}
+		peak = 0
 		progress(fmt.Sprintf("%s: prefill %d x %d tokens", path, o.Batch, o.PromptLen))
 		var logits [][]float32
 		var stats *llm.Stats
