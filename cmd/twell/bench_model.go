@@ -88,28 +88,7 @@ func runBenchModel(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprint(tw, "path\tprefill tokens\tprefill ms\ttokens/ms\tspeedup\t")
-	for _, p := range rs[0].Decode {
-		fmt.Fprintf(tw, "decode b=%d tok/s\t", p.Batch)
-	}
-	fmt.Fprintln(tw, "MLP active/token\tmax |dlogit|\t")
-	for _, r := range rs {
-		fmt.Fprintf(tw, "%s\t%d\t%.1f\t%.3f\t%.2fx\t", r.Path, r.PrefillTokens, r.PrefillMS, r.PrefillTokPerMS, r.Speedup)
-		for _, p := range r.Decode {
-			fmt.Fprintf(tw, "%.1f\t", p.TokensPerSec)
-		}
-		act := "-"
-		if len(r.MLPActive) > 0 {
-			s := 0.0
-			for _, a := range r.MLPActive {
-				s += a
-			}
-			act = fmt.Sprintf("%.1f of %d", s/float64(len(r.MLPActive)), r.MLPWidth)
-		}
-		fmt.Fprintf(tw, "%s\t%.2g\t\n", act, r.MaxLogitDiff)
-	}
-	tw.Flush()
+	printModelTable(stdout, rs, nil)
 	fmt.Fprintf(stderr, "model: %s, %.2fB parameters; peak RSS %.1f GiB; energy per token: not readable on this CPU\n",
 		rs[0].Model, float64(rs[0].Params)/1e9, float64(rs[len(rs)-1].PeakRSSBytes)/(1<<30))
 	if *jsonPath != "" {
@@ -129,32 +108,12 @@ func benchModelCUDA(o bench.ModelOptions, jsonPath string, stdout, stderr io.Wri
 	if err != nil {
 		return err
 	}
-	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprint(tw, "path\tprefill tokens\tprefill ms\ttokens/ms\tspeedup\t")
-	for _, p := range rs[0].Decode {
-		fmt.Fprintf(tw, "decode b=%d tok/s\t", p.Batch)
+	base := make([]bench.ModelResult, len(rs))
+	peak := make([]int64, len(rs))
+	for i, r := range rs {
+		base[i], peak[i] = r.ModelResult, r.PeakDeviceBytes
 	}
-	fmt.Fprintln(tw, "MLP active/token\tmax |dlogit|\tpeak GiB\tmJ/token\t")
-	for _, r := range rs {
-		fmt.Fprintf(tw, "%s\t%d\t%.1f\t%.2f\t%.2fx\t", r.Path, r.PrefillTokens, r.PrefillMS, r.PrefillTokPerMS, r.Speedup)
-		for _, p := range r.Decode {
-			fmt.Fprintf(tw, "%.1f\t", p.TokensPerSec)
-		}
-		act := "-"
-		if len(r.MLPActive) > 0 {
-			s := 0.0
-			for _, a := range r.MLPActive {
-				s += a
-			}
-			act = fmt.Sprintf("%.1f of %d", s/float64(len(r.MLPActive)), r.MLPWidth)
-		}
-		energy := "-"
-		if r.JoulesPerToken != nil {
-			energy = fmt.Sprintf("%.3f", 1000**r.JoulesPerToken)
-		}
-		fmt.Fprintf(tw, "%s\t%.2g\t%.1f\t%s\t\n", act, r.MaxLogitDiff, float64(r.PeakDeviceBytes)/(1<<30), energy)
-	}
-	tw.Flush()
+	printModelTable(stdout, base, peak)
 	r := rs[0]
 	fmt.Fprintf(stderr, "model: %s, %.2fB parameters on %s; weights %.2f GiB, prefill KV caches %.2f GiB; %d of %d layers on TwELL MLPs; GPU vs CPU logits %.1e\n",
 		r.Model, float64(r.Params)/1e9, r.Machine, float64(r.WeightBytes)/(1<<30), float64(r.KVCacheBytes)/(1<<30),
@@ -167,4 +126,44 @@ func benchModelCUDA(o bench.ModelOptions, jsonPath string, stdout, stderr io.Wri
 		return atomicfile.WriteFile(jsonPath, append(b, '\n'))
 	}
 	return nil
+}
+
+// printModelTable prints one row per path; with peak device memory per path
+// (the GPU), it adds that and energy per token.
+func printModelTable(w io.Writer, rs []bench.ModelResult, peak []int64) {
+	gpu := peak != nil
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprint(tw, "path\tprefill tokens\tprefill ms\ttokens/ms\tspeedup\t")
+	for _, p := range rs[0].Decode {
+		fmt.Fprintf(tw, "decode b=%d tok/s\t", p.Batch)
+	}
+	fmt.Fprint(tw, "MLP active/token\tmax |dlogit|\t")
+	if gpu {
+		fmt.Fprint(tw, "peak GiB\tmJ/token\t")
+	}
+	fmt.Fprintln(tw)
+	for i, r := range rs {
+		fmt.Fprintf(tw, "%s\t%d\t%.1f\t%.3f\t%.2fx\t", r.Path, r.PrefillTokens, r.PrefillMS, r.PrefillTokPerMS, r.Speedup)
+		for _, p := range r.Decode {
+			fmt.Fprintf(tw, "%.1f\t", p.TokensPerSec)
+		}
+		act := "-"
+		if len(r.MLPActive) > 0 {
+			s := 0.0
+			for _, a := range r.MLPActive {
+				s += a
+			}
+			act = fmt.Sprintf("%.1f of %d", s/float64(len(r.MLPActive)), r.MLPWidth)
+		}
+		fmt.Fprintf(tw, "%s\t%.2g\t", act, r.MaxLogitDiff)
+		if gpu {
+			energy := "-"
+			if r.JoulesPerToken != nil {
+				energy = fmt.Sprintf("%.3f", 1000**r.JoulesPerToken)
+			}
+			fmt.Fprintf(tw, "%.1f\t%s\t", float64(peak[i])/(1<<30), energy)
+		}
+		fmt.Fprintln(tw)
+	}
+	tw.Flush()
 }
