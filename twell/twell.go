@@ -128,11 +128,6 @@ func Pack(l Layout, dense []float32, rows, cols int) (*Matrix, error) {
 	return m, nil
 }
 
-// PackWord returns the TwELL payload word for value v at global column col.
-func PackWord(v float32, col int) uint32 {
-	return uint32(bf16.FromFloat32(v))<<16 | uint32(col)
-}
-
 // WordValue returns the value held in payload word w.
 func WordValue(w uint32) float32 { return math.Float32frombits(w &^ 0xffff) }
 
