@@ -3,6 +3,7 @@ package cpu
 import (
 	"fmt"
 	"math"
+	"slices"
 	"sync"
 
 	"github.com/twell-ai/twell/twell"
@@ -207,8 +208,19 @@ func D2T(x []float32, m int, w *PackedB, layout twell.Layout) (*twell.Matrix, er
 	return out, nil
 }
 
-// rowBlock is how many tokens a sparse-kernel work item covers.
+// rowBlock is how many tokens a T2D work item covers.
 const rowBlock = 8
+
+// unitBlock is how many tokens a gated-T2D work item covers: their x and y
+// rows (2 x 64 x d floats, 1 MiB at d = 2048) stay in L2 while the block's
+// active units are visited in order.
+const unitBlock = 64
+
+// entry is one active unit of one token.
+type entry struct {
+	unit, row int32
+	val       float32
+}
 
 // T2D computes y = h D for TwELL h (m x F) and down rows D = Wd^T (F x d):
 // y[r] = sum over active j of h[r,j] * D[j]. Spilled tiles are read exactly.
@@ -243,17 +255,31 @@ func GatedT2D(y, x []float32, g *twell.Matrix, up, down []float32, d int) error 
 		return fmt.Errorf("cpu: gated T2D: x/y hold %d/%d values, want %d x %d", len(x), len(y), g.Rows, d)
 	}
 	m := g.Rows
-	parallelFor((m+rowBlock-1)/rowBlock, func(b int) {
+	// Work items are blocks of unitBlock tokens. Inside a block the active
+	// entries are grouped by unit, so each unit's two weight rows are read
+	// once per block rather than once per token that uses them.
+	parallelFor((m+unitBlock-1)/unitBlock, func(b int) {
+		r0, r1 := b*unitBlock, min(m, (b+1)*unitBlock)
 		var cols []int32
 		var vals []float32
-		for r := b * rowBlock; r < min(m, (b+1)*rowBlock); r++ {
-			xr, out := x[r*d:(r+1)*d], y[r*d:(r+1)*d]
-			clear(out)
+		var es []entry
+		for r := r0; r < r1; r++ {
+			clear(y[r*d : (r+1)*d])
 			cols, vals = g.AppendRow(r, cols[:0], vals[:0])
 			for i, j := range cols {
-				u := dotKernel(xr, up[int(j)*d:int(j+1)*d])
-				axpyKernel(vals[i]*u, down[int(j)*d:int(j+1)*d], out)
+				es = append(es, entry{unit: j, row: int32(r), val: vals[i]})
 			}
+		}
+		slices.SortFunc(es, func(a, b entry) int {
+			if a.unit != b.unit {
+				return int(a.unit - b.unit)
+			}
+			return int(a.row - b.row)
+		})
+		for _, e := range es {
+			j, r := int(e.unit), int(e.row)
+			u := dotKernel(x[r*d:(r+1)*d], up[j*d:(j+1)*d])
+			axpyKernel(e.val*u, down[j*d:(j+1)*d], y[r*d:(r+1)*d])
 		}
 	})
 	return nil
