@@ -138,107 +138,83 @@ func main() {
 	// Four k-steps per iteration into eight accumulators hide the FMA
 	// latency; the loop is bound by reading b.
 	p("")
-	p("// func gemv32(k int, a, b, c *float32)")
-	p("TEXT ·gemv32(SB), NOSPLIT, $0-32")
-	p("\tMOVQ k+0(FP), CX")
-	p("\tMOVQ a+8(FP), SI")
-	p("\tMOVQ b+16(FP), DI")
-	p("\tMOVQ c+24(FP), DX")
-	for i := 0; i < 8; i++ {
-		p("\tVPXORD Z%d, Z%d, Z%d", i, i, i)
-	}
-	p("\tCMPQ CX, $4")
-	p("\tJLT gemvtail")
-	p("gemvloop:")
-	for u := 0; u < 4; u++ {
-		p("\tVBROADCASTSS %d(SI), Z%d", 4*u, 8+u)
-		p("\tVFMADD231PS %d(DI), Z%d, Z%d", 128*u, 8+u, 2*u)
-		p("\tVFMADD231PS %d(DI), Z%d, Z%d", 128*u+64, 8+u, 2*u+1)
-	}
-	p("\tADDQ $16, SI")
-	p("\tADDQ $512, DI")
-	p("\tSUBQ $4, CX")
-	p("\tCMPQ CX, $4")
-	p("\tJGE gemvloop")
-	p("gemvtail:")
-	p("\tTESTQ CX, CX")
-	p("\tJZ gemvdone")
-	p("\tVBROADCASTSS (SI), Z8")
-	p("\tVFMADD231PS (DI), Z8, Z0")
-	p("\tVFMADD231PS 64(DI), Z8, Z1")
-	p("\tADDQ $4, SI")
-	p("\tADDQ $128, DI")
-	p("\tDECQ CX")
-	p("\tJMP gemvtail")
-	p("gemvdone:")
-	p("\tVADDPS Z2, Z0, Z0")
-	p("\tVADDPS Z3, Z1, Z1")
-	p("\tVADDPS Z6, Z4, Z4")
-	p("\tVADDPS Z7, Z5, Z5")
-	p("\tVADDPS Z4, Z0, Z0")
-	p("\tVADDPS Z5, Z1, Z1")
-	p("\tVMOVUPS Z0, (DX)")
-	p("\tVMOVUPS Z1, 64(DX)")
-	p("\tVZEROUPPER")
-	p("\tRET")
+	emitGemv(p, "gemv32", "k int, a, b, c *float32", "gemv", 128, func(u int, tail bool) {
+		off := 128 * u
+		if tail {
+			off = 0
+		}
+		p("\tVFMADD231PS %d(DI), Z%d, Z%d", off, 8+u, 2*u)
+		p("\tVFMADD231PS %d(DI), Z%d, Z%d", off+64, 8+u, 2*u+1)
+	})
 
 	// gemv32bf16: the same with b in bfloat16, [k][32] uint16: each row of
 	// 32 values is widened to float32 (zero-extend, shift left 16).
 	p("")
-	p("// func gemv32bf16(k int, a *float32, b *uint16, c *float32)")
-	p("TEXT ·gemv32bf16(SB), NOSPLIT, $0-32")
-	p("\tMOVQ k+0(FP), CX")
-	p("\tMOVQ a+8(FP), SI")
-	p("\tMOVQ b+16(FP), DI")
-	p("\tMOVQ c+24(FP), DX")
-	for i := 0; i < 8; i++ {
-		p("\tVPXORD Z%d, Z%d, Z%d", i, i, i)
-	}
-	p("\tCMPQ CX, $4")
-	p("\tJLT bf16tail")
-	p("bf16loop:")
-	for u := 0; u < 4; u++ {
-		p("\tVBROADCASTSS %d(SI), Z%d", 4*u, 8+u)
-		p("\tVPMOVZXWD %d(DI), Z%d", 64*u, 12+2*u)
-		p("\tVPMOVZXWD %d(DI), Z%d", 64*u+32, 13+2*u)
-		p("\tVPSLLD $16, Z%d, Z%d", 12+2*u, 12+2*u)
-		p("\tVPSLLD $16, Z%d, Z%d", 13+2*u, 13+2*u)
-		p("\tVFMADD231PS Z%d, Z%d, Z%d", 12+2*u, 8+u, 2*u)
-		p("\tVFMADD231PS Z%d, Z%d, Z%d", 13+2*u, 8+u, 2*u+1)
-	}
-	p("\tADDQ $16, SI")
-	p("\tADDQ $256, DI")
-	p("\tSUBQ $4, CX")
-	p("\tCMPQ CX, $4")
-	p("\tJGE bf16loop")
-	p("bf16tail:")
-	p("\tTESTQ CX, CX")
-	p("\tJZ bf16done")
-	p("\tVBROADCASTSS (SI), Z8")
-	p("\tVPMOVZXWD (DI), Z12")
-	p("\tVPMOVZXWD 32(DI), Z13")
-	p("\tVPSLLD $16, Z12, Z12")
-	p("\tVPSLLD $16, Z13, Z13")
-	p("\tVFMADD231PS Z12, Z8, Z0")
-	p("\tVFMADD231PS Z13, Z8, Z1")
-	p("\tADDQ $4, SI")
-	p("\tADDQ $64, DI")
-	p("\tDECQ CX")
-	p("\tJMP bf16tail")
-	p("bf16done:")
-	p("\tVADDPS Z2, Z0, Z0")
-	p("\tVADDPS Z3, Z1, Z1")
-	p("\tVADDPS Z6, Z4, Z4")
-	p("\tVADDPS Z7, Z5, Z5")
-	p("\tVADDPS Z4, Z0, Z0")
-	p("\tVADDPS Z5, Z1, Z1")
-	p("\tVMOVUPS Z0, (DX)")
-	p("\tVMOVUPS Z1, 64(DX)")
-	p("\tVZEROUPPER")
-	p("\tRET")
+	emitGemv(p, "gemv32bf16", "k int, a *float32, b *uint16, c *float32", "bf16", 64, func(u int, tail bool) {
+		off := 64 * u
+		if tail {
+			off = 0
+		}
+		lo, hi := 12+2*u, 13+2*u
+		p("\tVPMOVZXWD %d(DI), Z%d", off, lo)
+		p("\tVPMOVZXWD %d(DI), Z%d", off+32, hi)
+		p("\tVPSLLD $16, Z%d, Z%d", lo, lo)
+		p("\tVPSLLD $16, Z%d, Z%d", hi, hi)
+		p("\tVFMADD231PS Z%d, Z%d, Z%d", lo, 8+u, 2*u)
+		p("\tVFMADD231PS Z%d, Z%d, Z%d", hi, 8+u, 2*u+1)
+	})
 
 	if err := os.WriteFile("kernels_amd64.s", b.Bytes(), 0o644); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
+}
+
+// emitGemv writes a matrix-vector kernel over one 32-column panel: args
+// k, a, b, c; eight accumulators Z0..Z7 (two per unrolled k-step), the a
+// values broadcast into Z8..Z11. step emits the multiply-adds of unrolled
+// step u (tail: the single-step remainder loop, at offset 0); rowBytes is
+// the size of one k-row of b.
+func emitGemv(p func(string, ...any), name, sig, label string, rowBytes int, step func(u int, tail bool)) {
+	p("// func %s(%s)", name, sig)
+	p("TEXT ·%s(SB), NOSPLIT, $0-32", name)
+	p("\tMOVQ k+0(FP), CX")
+	p("\tMOVQ a+8(FP), SI")
+	p("\tMOVQ b+16(FP), DI")
+	p("\tMOVQ c+24(FP), DX")
+	for i := 0; i < 8; i++ {
+		p("\tVPXORD Z%d, Z%d, Z%d", i, i, i)
+	}
+	p("\tCMPQ CX, $4")
+	p("\tJLT %stail", label)
+	p("%sloop:", label)
+	for u := 0; u < 4; u++ {
+		p("\tVBROADCASTSS %d(SI), Z%d", 4*u, 8+u)
+		step(u, false)
+	}
+	p("\tADDQ $16, SI")
+	p("\tADDQ $%d, DI", 4*rowBytes)
+	p("\tSUBQ $4, CX")
+	p("\tCMPQ CX, $4")
+	p("\tJGE %sloop", label)
+	p("%stail:", label)
+	p("\tTESTQ CX, CX")
+	p("\tJZ %sdone", label)
+	p("\tVBROADCASTSS (SI), Z8")
+	step(0, true)
+	p("\tADDQ $4, SI")
+	p("\tADDQ $%d, DI", rowBytes)
+	p("\tDECQ CX")
+	p("\tJMP %stail", label)
+	p("%sdone:", label)
+	p("\tVADDPS Z2, Z0, Z0")
+	p("\tVADDPS Z3, Z1, Z1")
+	p("\tVADDPS Z6, Z4, Z4")
+	p("\tVADDPS Z7, Z5, Z5")
+	p("\tVADDPS Z4, Z0, Z0")
+	p("\tVADDPS Z5, Z1, Z1")
+	p("\tVMOVUPS Z0, (DX)")
+	p("\tVMOVUPS Z1, 64(DX)")
+	p("\tVZEROUPPER")
+	p("\tRET")
 }
