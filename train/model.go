@@ -116,8 +116,8 @@ type StepStats struct {
 
 // lossAndGrad runs the model on tokens (batch x (seq+1): inputs are the
 // first seq tokens of each row, targets the last seq), adds the gradient of
-// cross-entropy + lambda * L1 into g (which must start at zero) and returns
-// the statistics.
+// cross-entropy + lambda * L1 into g (which must start at zero; nil skips
+// the backward pass) and returns the statistics.
 func lossAndGrad[T Float](c model.Config, p, g *Params[T], tokens []int, batch, seq int, lambda float64) (*StepStats, error) {
 	h, hd, nq, nkv, f := c.HiddenSize, c.HeadDim, c.NumAttentionHeads, c.NumKeyValueHeads, c.IntermediateSize
 	V, L := c.VocabSize, c.NumHiddenLayers
@@ -212,16 +212,23 @@ func lossAndGrad[T Float](c model.Config, p, g *Params[T], tokens []int, batch, 
 	// Final norm, LM head, loss.
 	normed, invF := make([]T, m*h), make([]T, m)
 	rmsNormForward(normed, invF, x, p.Norm, m, h, c.RMSNormEps)
-	head, dhead := p.LMHead, g.LMHead
+	head := p.LMHead
 	if c.TieWordEmbeddings {
-		head, dhead = p.Embed, g.Embed
+		head = p.Embed
 	}
 	logits := make([]T, m*V)
 	linearForward(logits, normed, head, m, h, V)
 	dlogits := make([]T, m*V)
 	st.Loss = crossEntropy(dlogits, logits, targets, V)
+	if g == nil {
+		return st, nil // evaluation: no backward pass
+	}
 
 	// Backward.
+	dhead := g.LMHead
+	if c.TieWordEmbeddings {
+		dhead = g.Embed
+	}
 	dnormed := make([]T, m*h)
 	linearBackward(dnormed, dhead, dlogits, normed, head, m, h, V)
 	dx := make([]T, m*h)

@@ -259,14 +259,13 @@ func (r *Run) Evaluate() (float64, error) {
 		}
 	}
 	total, n := 0.0, 0
-	g := zerosLike[float32](r.Params) // gradients are computed and dropped
 	for i := 0; i < len(wins); i += c.Batch {
 		chunk := wins[i:min(i+c.Batch, len(wins))]
 		toks := make([]int, 0, len(chunk)*(c.Seq+1))
 		for _, w := range chunk {
 			toks = append(toks, w...)
 		}
-		st, err := lossAndGrad(c.ModelConfig(), r.Params, g, toks, len(chunk), c.Seq, 0)
+		st, err := lossAndGrad(c.ModelConfig(), r.Params, nil, toks, len(chunk), c.Seq, 0)
 		if err != nil {
 			return 0, err
 		}
