@@ -140,7 +140,7 @@ func ModelCPU(o ModelOptions, progress func(string)) ([]ModelResult, error) {
 			return nil, err
 		}
 		res := ModelResult{Device: "cpu", Machine: CPUName(), Date: time.Now().UTC().Format(time.RFC3339),
-			Model: name, Params: paramCount(c), Path: path, PrefillTokens: o.Batch * o.PromptLen, MLPWidth: c.IntermediateSize}
+			Model: name, Params: c.ParamCount(), Path: path, PrefillTokens: o.Batch * o.PromptLen, MLPWidth: c.IntermediateSize}
 		progress(fmt.Sprintf("%s: prefill %d x %d tokens", path, o.Batch, o.PromptLen))
 		var logits [][]float32
 		var stats *model.Stats
@@ -225,21 +225,6 @@ func decodeSpeed(m *model.Model, r *rand.Rand, batch, steps, reps int) (DecodePo
 	}
 	med := Median(times)
 	return DecodePoint{Batch: batch, TokensPerSec: float64(batch*steps) / med * 1000, MSPerStep: med / float64(steps)}, nil
-}
-
-func paramCount(c model.Config) int64 {
-	h, f, hd := int64(c.HiddenSize), int64(c.IntermediateSize), int64(c.HeadDim)
-	per := h*hd*int64(c.NumAttentionHeads)*2 + h*hd*int64(c.NumKeyValueHeads)*2 + 2*h
-	mlp := int64(2)
-	if c.MLPGated {
-		mlp = 3
-	}
-	per += mlp * h * f
-	n := int64(c.VocabSize)*h + int64(c.NumHiddenLayers)*per + h
-	if !c.TieWordEmbeddings {
-		n += int64(c.VocabSize) * h
-	}
-	return n
 }
 
 func maxAbsDiff(a, b [][]float32) float64 {

@@ -178,7 +178,7 @@ func ModelCUDA(o ModelOptions, progress func(string)) ([]ModelCUDAResult, error)
 			return nil, err
 		}
 		res := &ModelCUDAResult{ModelResult: ModelResult{Device: "cuda", Machine: props.Name + " / " + CPUName(),
-			Date: time.Now().UTC().Format(time.RFC3339), Model: name, Params: paramCount(c), Path: path,
+			Date: time.Now().UTC().Format(time.RFC3339), Model: name, Params: c.ParamCount(), Path: path,
 			PrefillTokens: o.Batch * o.PromptLen, MLPWidth: c.IntermediateSize},
 			WeightBytes: e.WeightBytes(), KVCacheBytes: kvBytes, CPUCheckRelDiff: cpuDiff, TwELLLayers: e.TwELLLayers()}
 		peak = 0

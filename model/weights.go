@@ -183,3 +183,20 @@ func Save(dir string, c Config, w *Weights, dtype safetensors.DType) error {
 	}
 	return w.Save(c, dir, dtype)
 }
+
+// ParamCount returns the number of parameters of a model with config c
+// (a tied LM head is counted once).
+func (c Config) ParamCount() int64 {
+	h, f, hd := int64(c.HiddenSize), int64(c.IntermediateSize), int64(c.HeadDim)
+	per := h*hd*int64(c.NumAttentionHeads)*2 + h*hd*int64(c.NumKeyValueHeads)*2 + 2*h
+	mlp := int64(2)
+	if c.MLPGated {
+		mlp = 3
+	}
+	per += mlp * h * f
+	n := int64(c.VocabSize)*h + int64(c.NumHiddenLayers)*per + h
+	if !c.TieWordEmbeddings {
+		n += int64(c.VocabSize) * h
+	}
+	return n
+}

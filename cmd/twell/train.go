@@ -159,12 +159,8 @@ func runTrain(args []string, stdout, stderr io.Writer) error {
 		}
 		fmt.Fprintf(stderr, "resuming %s at step %d\n", *out, run.Step())
 	}
-	params := 0
-	for _, t := range []int{mc.VocabSize * mc.HiddenSize, mc.NumHiddenLayers * (2*mc.HiddenSize*mc.HeadDim*(mc.NumAttentionHeads+mc.NumKeyValueHeads) + 3*mc.HiddenSize*mc.IntermediateSize)} {
-		params += t
-	}
 	fmt.Fprintf(stderr, "train: %.2fM parameters, %d train tokens, %d held-out windows, %d steps of %d x %d tokens, l1 %g\n",
-		float64(params)/1e6, ds.TrainTokens(), len(val), cfg.Steps, cfg.Batch*cfg.Accum, cfg.Seq, cfg.L1)
+		float64(mc.ParamCount())/1e6, ds.TrainTokens(), len(val), cfg.Steps, cfg.Batch*cfg.Accum, cfg.Seq, cfg.L1)
 	t0 := time.Now()
 	if err := run.Loop(); err != nil {
 		return err
