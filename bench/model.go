@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/twell-ai/twell/model"
+	"github.com/twell-ai/twell/safetensors"
 	"github.com/twell-ai/twell/synth"
 )
 
@@ -32,6 +33,10 @@ type ModelOptions struct {
 	DecodeSteps   int
 	Reps          int
 	Seed          uint64
+	// SaveDir, when set, receives the benchmarked model as a Hugging Face
+	// checkpoint (config.json + bf16 model.safetensors), so that other
+	// engines can be timed on the same weights (scripts/hf-prefill-bench.py).
+	SaveDir string
 }
 
 // Validate reports the first bad option, naming it.
@@ -56,6 +61,15 @@ func (o ModelOptions) Validate() error {
 		}
 	}
 	return nil
+}
+
+// saveModel writes m to o.SaveDir, if set, as a Hugging Face checkpoint.
+func saveModel(o ModelOptions, m *model.Model, progress func(string)) error {
+	if o.SaveDir == "" {
+		return nil
+	}
+	progress(fmt.Sprintf("saving the model to %s", o.SaveDir))
+	return model.Save(o.SaveDir, m.Config, m.Weights, safetensors.BF16)
 }
 
 // DecodePoint is decode speed at one batch size.
@@ -119,6 +133,9 @@ func ModelCPU(o ModelOptions, progress func(string)) ([]ModelResult, error) {
 		if err := m.SparsifyGates(o.Density, o.Dist, r); err != nil {
 			return nil, err
 		}
+	}
+	if err := saveModel(o, m, progress); err != nil {
+		return nil, err
 	}
 	m.UseBF16ForDecode() // both paths: decode reads bf16 weight copies
 	c := m.Config

@@ -78,6 +78,9 @@ func ModelCUDA(o ModelOptions, progress func(string)) ([]ModelCUDAResult, error)
 	if err != nil {
 		return nil, err
 	}
+	if err := saveModel(o, m, progress); err != nil {
+		return nil, err
+	}
 	c := m.Config
 	switch {
 	case o.PromptLen > c.MaxPositionEmbeddings:

@@ -129,28 +129,55 @@ __device__ __forceinline__ u64 shfl64(u64 v, int src) {
   return ((u64)hi << 32) | lo;
 }
 
-// pack_row_epilogue packs one accumulator row of a 256-column tile into the
-// TwELL staging row srow (S words, zeroed beforehand). The row's 256 fp32
-// values are spread over the 4 threads of a quad in the mma/wgmma
-// accumulator layout: thread q of the quad holds, for each 8-column group i,
-// columns 8i+2q and 8i+2q+1 in v(i, 0) and v(i, 1). Active entries (> 0, or
-// NaN) are ranked in column order from the quad's bit masks, so slot order
-// is deterministic; word 0 gets the true count. A row whose tile holds more
-// than S-1 entries, or a value bf16 cannot hold (NaN, Inf), is flagged for
-// the exact dense fallback. Returns the true count (valid on every lane).
-template <int S, typename V>
-__device__ __forceinline__ int pack_row_epilogue(V v, u32* srow, int col_base, int row, bool row_valid, int* flags,
-                                                 int* ovf) {
-  const int lane = threadIdx.x & 31, q = lane & 3, qb = lane & ~3;
-  u64 mine = 0;
+// cvt_bf2 rounds two floats to bf16 (nearest even) in one instruction and
+// packs them, lo in the low half. NaN becomes the canonical NaN.
+__device__ __forceinline__ u32 cvt_bf2(float lo, float hi) {
+  u32 r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+
+// acc_to_bf takes a thread's 16 x 256 accumulator fragment (mma/wgmma
+// layout: acc[4i + 2h + e] is row half h, column 8i + 2q + e of quad lane
+// q) to the packing's inputs: mask[h] has bit 2i + e set where the value is
+// active (> 0, or NaN), and hb[32h + i] holds the bf16 pair (e = 0 low).
+// The 128 fp32 accumulators are dead after it: with them live through the
+// packing, ptxas ran out of registers and serialized the wgmmas.
+__device__ __forceinline__ void acc_to_bf(const float* acc, u32 (&hb)[64], u64 (&mask)[2]) {
 #pragma unroll
-  for (int i = 0; i < 32; ++i) {
+  for (int h = 0; h < 2; ++h) {
+    u32 lo = 0, hi = 0;
 #pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      float x = v(i, e);
-      if (x > 0.f || x != x) mine |= 1ull << (2 * i + e);
+    for (int i = 0; i < 32; ++i) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const u32 on = !(acc[4 * i + 2 * h + e] <= 0.f);  // > 0, or NaN
+        if (i < 16)
+          lo |= on << (2 * i + e);
+        else
+          hi |= on << (2 * i + e - 32);
+      }
+      hb[32 * h + i] = cvt_bf2(acc[4 * i + 2 * h], acc[4 * i + 2 * h + 1]);
     }
+    mask[h] = ((u64)hi << 32) | lo;
   }
+}
+
+// pack_row_epilogue packs one row of a 256-column tile into the TwELL
+// staging row srow (S words, zeroed beforehand). The row's 256 values, as
+// bf16 bits and activity masks from acc_to_bf, are spread over the 4
+// threads of a quad in the mma/wgmma accumulator layout: thread q of the
+// quad holds, for each 8-column group i, columns 8i+2q and 8i+2q+1 in
+// bits(i, 0) and bits(i, 1), and bit 2i+e of mine says whether bits(i, e) is
+// active. Active entries are ranked in column order from the quad's
+// masks, so slot order is deterministic; word 0 gets the true count. A
+// row whose tile holds more than S-1 entries, or a value bf16 cannot hold
+// (NaN, Inf), is flagged for the exact dense fallback. Returns the true
+// count (valid on every lane).
+template <int S, typename B>
+__device__ __forceinline__ int pack_row_epilogue(u64 mine, B bits, u32* srow, int col_base, int row, bool row_valid,
+                                                 int* flags, int* ovf) {
+  const int lane = threadIdx.x & 31, q = lane & 3, qb = lane & ~3;
   u64 M0 = shfl64(mine, qb + 0), M1 = shfl64(mine, qb + 1), M2 = shfl64(mine, qb + 2), M3 = shfl64(mine, qb + 3);
   int total = __popcll(M0) + __popcll(M1) + __popcll(M2) + __popcll(M3);
   bool bad = false;
@@ -168,7 +195,7 @@ __device__ __forceinline__ int pack_row_epilogue(V v, u32* srow, int col_base, i
         for (int e = 0; e < 2; ++e) {
           if (two & (1u << e)) {
             int rank = base + ((e == 1) ? (int)(two & 1u) : 0);
-            u32 b = f_to_bf(v(i, e));
+            u32 b = bits(i, e);
             if (b == 0) b = 1;  // positive but under bf16's smallest subnormal
             if ((b & 0x7fffu) >= 0x7f80u) bad = true;
             if (rank < S - 1) srow[1 + rank] = (b << 16) | (u32)(col_base + 8 * i + 2 * q + e);

@@ -106,13 +106,16 @@ __global__ void __launch_bounds__(256, 1)
   asm volatile("cp.async.wait_group 0;" ::: "memory");
   __syncthreads();
 
+  u32 hb[64];
+  u64 mask[2];
+  acc_to_bf(acc, hb, mask);
   int tot = 0;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     int r = warp * 16 + (lane >> 2) + 8 * h;
     int row = m0 + r;
-    int n = pack_row_epilogue<S>([&](int i, int e) { return acc[4 * i + 2 * h + e]; }, stage + r * S, n0, row,
-                                 row < m_valid, flags, ovf);
+    auto bits = [&](int i, int e) { return (hb[32 * h + i] >> (16 * e)) & 0xffffu; };
+    int n = pack_row_epilogue<S>(mask[h], bits, stage + r * S, n0, row, row < m_valid, flags, ovf);
     tot += ((lane & 3) == 0 && row < m_valid) ? n : 0;
   }
 #pragma unroll

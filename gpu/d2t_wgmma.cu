@@ -8,8 +8,11 @@
 //           consumers with setmaxnreg 40/232. Measured on an H200: ptxas kept
 //           the 168-register budget of 384 threads and serialized the
 //           wgmmas (warning C7511): 367 TFLOP/s.
-//   PW = 1: one producer warp (288 threads), so every thread may hold 224
-//           registers without setmaxnreg.
+//   PW = 1: one producer warp (288 threads). Measured: still 168 registers
+//           (three warps share an SM sub-partition's 16K registers).
+// The C7511 serialization came from the epilogue keeping all 128 fp32
+// accumulators live while packing; it now converts them to 64 bf16 pairs
+// first.
 #include "common.cuh"
 #include "wgmma.cuh"
 
@@ -202,13 +205,16 @@ __global__ void __launch_bounds__(PW ? 288 : 384, 1)
       }
 
       // Epilogue: ReLU + pack into the staging tile, then copy it out.
+      u32 hb[64];
+      u64 mask[2];
+      acc_to_bf(acc, hb, mask);
       int tot = 0;
 #pragma unroll
       for (int h = 0; h < 2 * TW_EPI; ++h) {
         int r = cw * 64 + wq * 16 + (lane >> 2) + 8 * h;
         int row = m0 + r;
-        int n = pack_row_epilogue<S>([&](int i, int e) { return acc[4 * i + 2 * h + e]; }, stage_out + r * S, n0,
-                                     row, row < m_valid, flags, ovf);
+        auto bits = [&](int i, int e) { return (hb[32 * h + i] >> (16 * e)) & 0xffffu; };
+        int n = pack_row_epilogue<S>(mask[h], bits, stage_out + r * S, n0, row, row < m_valid, flags, ovf);
         tot += ((lane & 3) == 0 && row < m_valid) ? n : 0;
       }
 #pragma unroll

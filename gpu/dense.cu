@@ -66,3 +66,53 @@ __global__ void __launch_bounds__(256) relu_inplace(u16* __restrict__ h, long lo
   }
   block_count(cnt, nnz);
 }
+
+// ---------------------------------------------------------------------------
+// Gathered dense pass over the rows D2T flagged (MLP.gatheredDense).
+
+// gather_rows copies row ovf[1+i] of src into row i of dst for the block's
+// i < min(ovf[0], R); d bf16 per row, d % 8 == 0.
+__global__ void gather_rows(const u16* __restrict__ src, u16* __restrict__ dst, const int* __restrict__ ovf, int R,
+                            int d) {
+  const int i = blockIdx.x;
+  if (i >= min(ovf[0], R)) return;
+  const uint4* s = (const uint4*)(src + (size_t)ovf[1 + i] * d);
+  uint4* o = (uint4*)(dst + (size_t)i * d);
+  for (int k = threadIdx.x; k < d / 8; k += blockDim.x) o[k] = s[k];
+}
+
+// scatter_rows copies row i of src into row ovf[1+i] of dst (the inverse of
+// gather_rows).
+__global__ void scatter_rows(const u16* __restrict__ src, u16* __restrict__ dst, const int* __restrict__ ovf, int R,
+                             int d) {
+  const int i = blockIdx.x;
+  if (i >= min(ovf[0], R)) return;
+  const uint4* s = (const uint4*)(src + (size_t)i * d);
+  uint4* o = (uint4*)(dst + (size_t)ovf[1 + i] * d);
+  for (int k = threadIdx.x; k < d / 8; k += blockDim.x) o[k] = s[k];
+}
+
+// act_exact: h = g * u (gated) or g where g is active (> 0 or NaN, as in
+// row_fallback), else 0; n % 8 == 0. h may alias g.
+template <bool GATED>
+__global__ void __launch_bounds__(256) act_exact(const u16* g, const u16* u, u16* h, long long n) {
+  for (long long i = ((long long)blockIdx.x * blockDim.x + threadIdx.x) * 8; i < n;
+       i += (long long)gridDim.x * blockDim.x * 8) {
+    uint4 gv = *(const uint4*)(g + i), uv = gv;
+    if (GATED) uv = *(const uint4*)(u + i);
+    u32 gw[4] = {gv.x, gv.y, gv.z, gv.w}, uw[4] = {uv.x, uv.y, uv.z, uv.w}, o[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      float g0 = bf_lo(gw[k]), g1 = bf_hi(gw[k]);
+      float h0 = (g0 > 0.f || g0 != g0) ? (GATED ? g0 * bf_lo(uw[k]) : g0) : 0.f;
+      float h1 = (g1 > 0.f || g1 != g1) ? (GATED ? g1 * bf_hi(uw[k]) : g1) : 0.f;
+      o[k] = pack_bf2(h0, h1);
+    }
+    uint4 ov;
+    ov.x = o[0];
+    ov.y = o[1];
+    ov.z = o[2];
+    ov.w = o[3];
+    *(uint4*)(h + i) = ov;
+  }
+}

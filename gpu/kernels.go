@@ -51,15 +51,26 @@ type kernels struct {
 	mmaErr, wgErr                      error
 	reluMul, reluInplace               *cuda.Function
 	denseErr                           error
+	gatheredOnce                       sync.Once
+	gath                               gatheredSet
+	gathErr                            error
 
 	t2dMu sync.Mutex
 	t2d   map[int]*t2dSet // by chunks per row, ceil(d/256)
 }
 
 type t2dSet struct {
-	gated, plain     *cuda.Function
-	fbGated, fbPlain *cuda.Function
-	err              error
+	gated, plain       *cuda.Function // one warp per token (TailWarp)
+	t2uGated, t2uPlain *cuda.Function // split tail, up projection and compaction
+	ws16, ws8          *cuda.Function // split tail, weight-stationary down projection
+	fbGated, fbPlain   *cuda.Function
+	err                error
+}
+
+// gatheredSet are the kernels of the gathered dense pass over flagged rows.
+type gatheredSet struct {
+	gather, scatter    *cuda.Function
+	actGated, actPlain *cuda.Function
 }
 
 var (
@@ -165,6 +176,20 @@ func (k *kernels) dense() (reluMul, reluInplace *cuda.Function, err error) {
 	return k.reluMul, k.reluInplace, k.denseErr
 }
 
+// gathered returns the kernels of the gathered dense pass.
+func (k *kernels) gathered() (*gatheredSet, error) {
+	k.gatheredOnce.Do(func() {
+		exprs := []string{"gather_rows", "scatter_rows", "act_exact<true>", "act_exact<false>"}
+		fs, err := k.compile("dense.cu", denseSrc, exprs)
+		if err != nil {
+			k.gathErr = err
+			return
+		}
+		k.gath = gatheredSet{gather: fs[exprs[0]], scatter: fs[exprs[1]], actGated: fs[exprs[2]], actPlain: fs[exprs[3]]}
+	})
+	return &k.gath, k.gathErr
+}
+
 // t2dFor returns the T2D and fallback kernels for hidden size d.
 func (k *kernels) t2dFor(d int) (*t2dSet, error) {
 	nch := (d + 255) / 256
@@ -173,13 +198,15 @@ func (k *kernels) t2dFor(d int) (*t2dSet, error) {
 	if set, ok := k.t2d[nch]; ok {
 		return set, set.err
 	}
-	exprs := []string{"t2d<true>", "t2d<false>", "row_fallback<true>", "row_fallback<false>"}
+	exprs := []string{"t2d<true>", "t2d<false>", "row_fallback<true>", "row_fallback<false>",
+		"t2u<true>", "t2u<false>", "t2d_ws<16>", "t2d_ws<8>"}
 	set := &t2dSet{}
 	fs, err := k.compile("t2d.cu", t2dSrc, exprs, cuda.WithOptions(fmt.Sprintf("-DTW_NCH=%d", nch)))
 	if err != nil {
 		set.err = err
 	} else {
 		set.gated, set.plain, set.fbGated, set.fbPlain = fs[exprs[0]], fs[exprs[1]], fs[exprs[2]], fs[exprs[3]]
+		set.t2uGated, set.t2uPlain, set.ws16, set.ws8 = fs[exprs[4]], fs[exprs[5]], fs[exprs[6]], fs[exprs[7]]
 	}
 	k.t2d[nch] = set
 	return set, set.err

@@ -63,6 +63,41 @@ func (p Path) String() string {
 	return "sparse"
 }
 
+// Tail selects the kernels of the sparse path after D2T.
+type Tail int
+
+// Tails.
+const (
+	// TailAuto runs TailSplit when the batch has enough active pairs to
+	// amortize loading the down projection into shared memory, TailWarp
+	// otherwise.
+	TailAuto Tail = iota
+	// TailWarp is the gated T2D (or T2D) with one warp per token, which
+	// reads each active unit's up and down rows from L2.
+	TailWarp
+	// TailSplit is t2u (up projection per token, writing a compact list)
+	// then t2d_ws (weight-stationary down projection: each block keeps W
+	// columns of every down row in shared memory).
+	TailSplit
+)
+
+// String returns "auto", "warp" or "split".
+func (t Tail) String() string {
+	switch t {
+	case TailAuto:
+		return "auto"
+	case TailWarp:
+		return "warp"
+	case TailSplit:
+		return "split"
+	}
+	return fmt.Sprintf("Tail(%d)", int(t))
+}
+
+// EnvTail names the environment variable that, set to "warp" or "split",
+// overrides TailAuto's choice.
+const EnvTail = "TWELL_TAIL"
+
 // EnvD2TKernel names the environment variable that, set to "mma", "wgmma"
 // or "wgmma-pw", overrides KernelAuto's choice of D2T kernel.
 const EnvD2TKernel = "TWELL_D2T_KERNEL"
@@ -81,6 +116,8 @@ type MLP struct {
 	Layout twell.Layout
 	// Kernel picks the D2T kernel (zero: the fastest the device supports).
 	Kernel Kernel
+	// Tail picks the sparse kernels after D2T (zero: by batch size).
+	Tail Tail
 	// Crossover is the mean number of active units per token above which
 	// Forward runs the dense path. NewMLP sets it from a cost model of the
 	// device (see DefaultCrossover); callers may calibrate it.
@@ -112,11 +149,24 @@ type MLP struct {
 	lastNNZ   float64
 	lastKnown bool
 	counted   int // tokens whose active units the nnz counter holds
+
+	// flagged-row history of the sparse path, for sizing the gathered
+	// dense pass
+	hostOvf    *cuda.HostBuffer
+	evtOvf     *cuda.Event
+	ovfPending bool
+	ovfM       int
+	flagRate   float64 // flagged rows per token in the last measured sparse call
+	flagKnown  bool
 }
 
 type sparseWS struct {
-	mPad                     int
-	packed, flags, ovf, hbuf *cuda.Buffer
+	mPad                          int
+	packed, flags, ovf, hbuf, cnt *cuda.Buffer
+	// gathered dense pass over flagged rows: rows x D inputs and outputs,
+	// rows x F gate and up
+	gRows          int
+	gx, gg, gu, gy *cuda.Buffer
 }
 
 type denseWS struct {
@@ -171,6 +221,12 @@ func NewMLP(dev *cuda.Device, blas *cublas.Handle, wg, wu, wd []float32, d, f in
 	}
 	if err == nil {
 		l.evt, err = dev.NewEvent()
+	}
+	if err == nil {
+		l.hostOvf, err = dev.AllocHost(8)
+	}
+	if err == nil {
+		l.evtOvf, err = dev.NewEvent()
 	}
 	if err == nil {
 		l.tmB, err = dev.EncodeTiled(cuda.TiledTensor{
@@ -233,7 +289,8 @@ func (l *MLP) sparseIn() *cuda.Buffer {
 // Close frees the MLP's device memory.
 func (l *MLP) Close() error {
 	var errs []error
-	for _, b := range []*cuda.Buffer{l.gate, l.up, l.down, l.nnz, l.sp.packed, l.sp.flags, l.sp.ovf, l.sp.hbuf, l.dn.g, l.dn.u} {
+	for _, b := range []*cuda.Buffer{l.gate, l.up, l.down, l.nnz, l.sp.packed, l.sp.flags, l.sp.ovf, l.sp.hbuf,
+		l.sp.cnt, l.sp.gx, l.sp.gg, l.sp.gu, l.sp.gy, l.dn.g, l.dn.u} {
 		if b != nil {
 			errs = append(errs, b.Free())
 		}
@@ -247,6 +304,14 @@ func (l *MLP) Close() error {
 	if l.evt != nil {
 		errs = append(errs, l.evt.Destroy())
 		l.evt = nil
+	}
+	if l.hostOvf != nil {
+		errs = append(errs, l.hostOvf.Free())
+		l.hostOvf = nil
+	}
+	if l.evtOvf != nil {
+		errs = append(errs, l.evtOvf.Destroy())
+		l.evtOvf = nil
 	}
 	return errors.Join(errs...)
 }
@@ -264,10 +329,12 @@ func padRows(m int) int { return (m + 255) / 256 * 256 }
 
 // SparseActBytes returns the activation memory the sparse path allocates for
 // m tokens: the packed gate, the row flags and the overflow list (the
-// fallback scratch is fixed, one f-vector per multiprocessor).
+// fallback scratch is fixed, one f-vector per multiprocessor), the split
+// tail's list lengths, and the gathered dense pass at its current size.
 func (l *MLP) SparseActBytes(m int) int64 {
 	mp := padRows(m)
-	return int64(mp)*int64(l.F/l.Layout.C)*4 + int64(mp)*4 + int64(mp+1)*4 + int64(l.dev.Properties().SMs*l.F*4)
+	g := int64(l.sp.gRows) * int64(2*2*l.D+2*2*l.F)
+	return int64(mp)*int64(l.F/l.Layout.C)*4 + 2*int64(mp)*4 + int64(mp+1)*4 + int64(l.dev.Properties().SMs*l.F*4) + g
 }
 
 // DenseActBytes returns the activation memory the dense path allocates for m
@@ -329,6 +396,9 @@ func (l *MLP) sparseWorkspace(m int) (*sparseWS, error) {
 		return nil, err
 	}
 	if ws.hbuf, err = l.realloc(ws.hbuf, l.dev.Properties().SMs*l.F*4); err != nil {
+		return nil, err
+	}
+	if ws.cnt, err = l.realloc(ws.cnt, mp*4); err != nil {
 		return nil, err
 	}
 	ws.mPad = mp
@@ -459,13 +529,16 @@ func (l *MLP) QueueD2T(s *cuda.Stream, x *cuda.Buffer, m int) error {
 }
 
 // Sparse queues the TwELL MLP on stream s (nil: the default stream): D2T,
-// then the gated T2D (or T2D), then the exact dense recomputation of every
-// row that D2T flagged. x and y hold m x D bf16 values; m may be any
-// positive count (the kernels pad inside).
+// then the sparse tail (see Tail), then the dense recomputation of every row
+// that D2T flagged: the first rows of the overflow list through a gathered
+// cuBLASLt pass sized from the flagged rows seen in earlier calls, any
+// others through the exact per-row kernel. x and y hold m x D bf16 values;
+// m may be any positive count (the kernels pad inside).
 func (l *MLP) Sparse(s *cuda.Stream, y, x *cuda.Buffer, m int) error {
 	if err := l.checkIO(y, x, m); err != nil {
 		return err
 	}
+	l.pollFlagged()
 	ws, err := l.runD2T(s, x, m)
 	if err != nil {
 		return err
@@ -474,21 +547,189 @@ func (l *MLP) Sparse(s *cuda.Stream, y, x *cuda.Buffer, m int) error {
 	if err != nil {
 		return err
 	}
-	t2d, fb := set.plain, set.fbPlain
-	if l.Gated {
-		t2d, fb = set.gated, set.fbGated
+	S, rw, tiles := l.Layout.S(), l.F/l.Layout.C, l.F/256
+	if w := l.splitWidth(); w > 0 && l.useSplit(m) {
+		t2u := set.t2uPlain
+		if l.Gated {
+			t2u = set.t2uGated
+		}
+		if err := t2u.Launch(cuda.Dim3{uint32((m + 7) / 8), 1, 1}, cuda.Dim3{256, 1, 1}, 0, s,
+			x, ws.packed, l.up, ws.cnt, ws.flags, int32(m), int32(l.D), int32(S), int32(tiles), int32(rw)); err != nil {
+			return fmt.Errorf("gpu: t2u: %w", err)
+		}
+		fn := set.ws16
+		if w == 8 {
+			fn = set.ws8
+		}
+		slices := l.D / w
+		split := max(1, l.dev.Properties().SMs/slices)
+		per := (m + split - 1) / split
+		if err := fn.Launch(cuda.Dim3{uint32(slices), uint32(split), 1}, cuda.Dim3{512, 1, 1}, l.F*w*2, s,
+			ws.packed, ws.cnt, l.down, y, int32(m), int32(l.D), int32(l.F), int32(rw), int32(per)); err != nil {
+			return fmt.Errorf("gpu: t2d_ws: %w", err)
+		}
+	} else {
+		t2d := set.plain
+		if l.Gated {
+			t2d = set.gated
+		}
+		if err := t2d.Launch(cuda.Dim3{uint32((m + 7) / 8), 1, 1}, cuda.Dim3{256, 1, 1}, 0, s,
+			x, ws.packed, l.up, l.down, y, ws.flags,
+			int32(m), int32(l.D), int32(S), int32(tiles), int32(rw)); err != nil {
+			return fmt.Errorf("gpu: T2D: %w", err)
+		}
 	}
-	S := l.Layout.S()
-	if err := t2d.Launch(cuda.Dim3{uint32((m + 7) / 8), 1, 1}, cuda.Dim3{256, 1, 1}, 0, s,
-		x, ws.packed, l.up, l.down, y, ws.flags,
-		int32(m), int32(l.D), int32(S), int32(l.F/256), int32(l.F/l.Layout.C)); err != nil {
-		return fmt.Errorf("gpu: T2D: %w", err)
+	first := l.gatheredRows(m)
+	if first > 0 {
+		if err := l.gatheredDense(s, y, x, ws, first); err != nil {
+			return fmt.Errorf("gpu: gathered dense fallback: %w", err)
+		}
+	}
+	fb := set.fbPlain
+	if l.Gated {
+		fb = set.fbGated
 	}
 	if err := fb.Launch(cuda.Dim3{uint32(l.dev.Properties().SMs), 1, 1}, cuda.Dim3{256, 1, 1}, 4*l.D, s,
-		x, l.sparseIn(), l.up, l.down, y, ws.ovf, ws.hbuf, int32(l.D), int32(l.F)); err != nil {
+		x, l.sparseIn(), l.up, l.down, y, ws.ovf, ws.hbuf, int32(l.D), int32(l.F), int32(first)); err != nil {
 		return fmt.Errorf("gpu: dense fallback: %w", err)
 	}
+	ovf0, err := ws.ovf.Slice(0, 4)
+	if err != nil {
+		return err
+	}
+	if err := l.dev.CopyDtoHAsync(l.hostOvf.Bytes()[:4], ovf0, s); err != nil {
+		return err
+	}
+	if err := l.evtOvf.Record(s); err != nil {
+		return err
+	}
+	l.ovfPending, l.ovfM = true, m
 	return nil
+}
+
+// splitWidth returns the columns per block of the weight-stationary down
+// kernel (16 or 8, so that F rows of them fit in shared memory), or 0 when
+// they do not fit.
+func (l *MLP) splitWidth() int {
+	limit := l.dev.Properties().SharedPerBlockOptin
+	for _, w := range []int{16, 8} {
+		if l.F*w*2 <= limit {
+			return w
+		}
+	}
+	return 0
+}
+
+// useSplit reports whether the split tail should run for m tokens: when
+// the batch's active pairs outnumber the down rows each block loads (the
+// mean active units per token is the last measured, or 1).
+func (l *MLP) useSplit(m int) bool {
+	t := l.Tail
+	if t == TailAuto {
+		switch os.Getenv(EnvTail) {
+		case "warp":
+			t = TailWarp
+		case "split":
+			t = TailSplit
+		}
+	}
+	switch t {
+	case TailWarp:
+		return false
+	case TailSplit:
+		return true
+	}
+	a := 1.0
+	if l.lastKnown {
+		a = max(a, l.lastNNZ)
+	}
+	return float64(m)*a >= 4*float64(l.F)
+}
+
+// maxGatheredRows bounds the gathered dense pass (its workspace is
+// rows x (2D + 2F) bf16); further flagged rows take the per-row kernel.
+const maxGatheredRows = 1024
+
+// gatheredRows returns how many flagged rows the gathered dense pass should
+// take for m tokens: 64 before any sparse call has reported its flagged
+// rows, none after one that had none, else 1.5x the last rate plus 16,
+// rounded up to a multiple of 16.
+func (l *MLP) gatheredRows(m int) int {
+	if l.blas == nil {
+		return 0
+	}
+	n := 64
+	if l.flagKnown {
+		if l.flagRate == 0 {
+			return 0
+		}
+		n = int(1.5*l.flagRate*float64(m)) + 16
+	}
+	n = min(n, m, maxGatheredRows)
+	return (n + 15) / 16 * 16
+}
+
+// pollFlagged reads the flagged-row count of the last sparse call if it
+// has arrived.
+func (l *MLP) pollFlagged() {
+	if !l.ovfPending {
+		return
+	}
+	if done, err := l.evtOvf.Done(); err != nil || !done {
+		return
+	}
+	l.ovfPending = false
+	n := binary.LittleEndian.Uint32(l.hostOvf.Bytes())
+	l.flagRate, l.flagKnown = float64(n)/float64(l.ovfM), true
+}
+
+// gatheredDense recomputes the first R rows of the overflow list densely:
+// it gathers them into an R-row matrix, runs the MLP on it with cuBLASLt
+// (bf16 in and out, fp32 accumulate; active as in the exact kernel: > 0 or
+// NaN) and scatters the results into y. Rows of the gathered matrix past the
+// overflow count hold stale data and are not scattered.
+func (l *MLP) gatheredDense(s *cuda.Stream, y, x *cuda.Buffer, ws *sparseWS, R int) error {
+	if ws.gRows < R {
+		var err error
+		for _, b := range []struct {
+			p **cuda.Buffer
+			n int
+		}{{&ws.gx, 2 * R * l.D}, {&ws.gy, 2 * R * l.D}, {&ws.gg, 2 * R * l.F}, {&ws.gu, 2 * R * l.F}} {
+			if *b.p, err = l.realloc(*b.p, b.n); err != nil {
+				return err
+			}
+		}
+		ws.gRows = R
+	}
+	g, err := l.k.gathered()
+	if err != nil {
+		return err
+	}
+	if err := g.gather.Launch(cuda.Dim3{uint32(R), 1, 1}, cuda.Dim3{64, 1, 1}, 0, s,
+		x, ws.gx, ws.ovf, int32(R), int32(l.D)); err != nil {
+		return err
+	}
+	proj := cublas.Gemm{M: R, N: l.F, K: l.D, TransB: true}
+	n := int64(R) * int64(l.F)
+	grid := cuda.Dim3{uint32(min((n/8+255)/256, int64(l.dev.Properties().SMs*16))), 1, 1}
+	if err := l.blas.Matmul(s, proj, ws.gx, l.sparseIn(), ws.gg); err != nil {
+		return err
+	}
+	act := g.actPlain
+	if l.Gated {
+		if err := l.blas.Matmul(s, proj, ws.gx, l.up, ws.gu); err != nil {
+			return err
+		}
+		act = g.actGated
+	}
+	if err := act.Launch(grid, cuda.Dim3{256, 1, 1}, 0, s, ws.gg, ws.gu, ws.gg, n); err != nil {
+		return err
+	}
+	if err := l.blas.Matmul(s, cublas.Gemm{M: R, N: l.D, K: l.F}, ws.gg, l.down, ws.gy); err != nil {
+		return err
+	}
+	return g.scatter.Launch(cuda.Dim3{uint32(R), 1, 1}, cuda.Dim3{64, 1, 1}, 0, s,
+		ws.gy, y, ws.ovf, int32(R), int32(l.D))
 }
 
 func (l *MLP) denseWorkspace(m int) (*denseWS, error) {
@@ -590,6 +831,7 @@ func (l *MLP) Forward(s *cuda.Stream, y, x *cuda.Buffer, m int) (Path, error) {
 // poll reads the active-unit count of the last call if it has arrived and
 // chooses the next path.
 func (l *MLP) poll() {
+	l.pollFlagged()
 	if !l.pending {
 		return
 	}
@@ -600,12 +842,16 @@ func (l *MLP) poll() {
 	l.pending = false
 	n := binary.LittleEndian.Uint64(l.hostNNZ.Bytes())
 	l.lastNNZ, l.lastKnown = float64(n)/float64(l.pendingM), true
-	if l.lastNNZ > l.Crossover {
+	if l.lastNNZ > l.Crossover || (l.flagKnown && l.flagRate > maxSparseFlagRate) {
 		l.next = PathDense
 	} else {
 		l.next = PathSparse
 	}
 }
+
+// maxSparseFlagRate is the share of flagged rows above which the automatic
+// path runs dense: each flagged row costs the sparse path a dense row on top.
+const maxSparseFlagRate = 0.25
 
 // LastActive returns the mean number of active units per token that the
 // automatic path last measured, and whether it has measured any.

@@ -209,8 +209,11 @@ func runPath(t *testing.T, dev *cuda.Device, l *MLP, path string, x []float32, m
 		t.Fatal(err)
 	}
 	switch path {
-	case "sparse":
+	case "sparse", "sparse-warp", "sparse-split":
+		tail := l.Tail
+		l.Tail = map[string]Tail{"sparse": tail, "sparse-warp": TailWarp, "sparse-split": TailSplit}[path]
 		err = l.Sparse(nil, yb, xb, m)
+		l.Tail = tail
 	case "dense":
 		err = l.Dense(nil, yb, xb, m)
 	default:
@@ -263,7 +266,7 @@ func TestMLPMatchesFloat64(t *testing.T) {
 			x := synth.Tokens(r, m, c.d)
 			rows := synth.SampleRows(r, m, 48)
 			want := refRows(sl, x, c.d, rows)
-			for _, path := range []string{"sparse", "dense", "auto"} {
+			for _, path := range []string{"sparse-warp", "sparse-split", "dense", "auto"} {
 				y := runPath(t, dev, l, path, x, m)
 				for i := range y {
 					if math.IsNaN(float64(y[i])) {
@@ -338,36 +341,48 @@ func TestOverflowStress(t *testing.T) {
 				rows[i] = i
 			}
 			want := refRows(sl, x, d, rows)
-			y := runPath(t, dev, l, "sparse", x, m)
-			var finite []int
-			var finWant [][]float64
-			for i, row := range rows {
-				bad := false
-				for k, w := range want[i] {
-					g := float64(y[row*d+k])
-					switch {
-					case math.IsNaN(w) != math.IsNaN(g), math.IsInf(w, 1) != math.IsInf(g, 1), math.IsInf(w, -1) != math.IsInf(g, -1):
-						if !bad {
-							t.Errorf("seed %d: row %d column %d: got %g, float64 reference %g", seed, row, k, g, w)
-						}
-						bad = true
-					}
-					if math.IsNaN(w) || math.IsInf(w, 0) {
-						bad = true
-					}
-				}
-				if !bad {
-					finite = append(finite, row)
-					finWant = append(finWant, want[i])
-				}
-			}
-			if e := synth.RelErr(y, d, finite, finWant); !(e <= 1e-2) {
-				t.Errorf("seed %d: rel err %.3g over the %d finite rows, want <= 1e-2", seed, e, len(finite))
-			}
-			if len(finite) < m-2 {
-				t.Errorf("seed %d: only %d of %d rows finite; the NaN/Inf should touch 2", seed, len(finite), m)
+			// The first sparse call sends up to 64 flagged rows through the
+			// gathered dense pass and the rest through the per-row kernel;
+			// the second sizes the gathered pass from the first's count.
+			for _, path := range []string{"sparse-warp", "sparse-split"} {
+				checkStress(t, seed, path, runPath(t, dev, l, path, x, m), want, rows, d, m)
 			}
 		})
+	}
+}
+
+// checkStress compares TestOverflowStress's output y with the float64
+// reference: NaN and Inf exactly where the reference has them, and rel err
+// <= 1e-2 over the finite rows, of which there must be m-2.
+func checkStress(t *testing.T, seed uint64, path string, y []float32, want [][]float64, rows []int, d, m int) {
+	t.Helper()
+	var finite []int
+	var finWant [][]float64
+	for i, row := range rows {
+		bad := false
+		for k, w := range want[i] {
+			g := float64(y[row*d+k])
+			switch {
+			case math.IsNaN(w) != math.IsNaN(g), math.IsInf(w, 1) != math.IsInf(g, 1), math.IsInf(w, -1) != math.IsInf(g, -1):
+				if !bad {
+					t.Errorf("seed %d: %s: row %d column %d: got %g, float64 reference %g", seed, path, row, k, g, w)
+				}
+				bad = true
+			}
+			if math.IsNaN(w) || math.IsInf(w, 0) {
+				bad = true
+			}
+		}
+		if !bad {
+			finite = append(finite, row)
+			finWant = append(finWant, want[i])
+		}
+	}
+	if e := synth.RelErr(y, d, finite, finWant); !(e <= 1e-2) {
+		t.Errorf("seed %d: %s: rel err %.3g over the %d finite rows, want <= 1e-2", seed, path, e, len(finite))
+	}
+	if len(finite) < m-2 {
+		t.Errorf("seed %d: %s: only %d of %d rows finite; the NaN/Inf should touch 2", seed, path, len(finite), m)
 	}
 }
 

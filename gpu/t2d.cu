@@ -145,20 +145,167 @@ __global__ void __launch_bounds__(256, TW_T2D_MINB)
   }
 }
 
+// ---------------------------------------------------------------------------
+// Split tail: t2u then t2d_ws, for large batches.
+//
+// The warp-per-token t2d reads a U row and a D row from L2 for every active
+// pair (8 KB at d = 2048), and is bound by L2 bandwidth. The split tail keeps
+// the up projection per token (t2u: 4 KB of U per pair) but makes the down
+// projection weight-stationary: a CTA holds the columns c0..c0+W-1 of every D
+// row in shared memory and streams all tokens' compact lists through them.
+
+// t2u: one warp per token. Gathers the row's active entries in column order,
+// computes h = g * (x . U[j]) (gated; non-gated h is the packed value), and
+// overwrites the row's packed words with the compact list, word i =
+// bf16(h) << 16 | j, setting cnt[r] to its length. The row is private to its
+// warp and every write lands at or before the entry it replaces, below any
+// word still to be read. Flagged rows get cnt[r] = 0 (the fallback writes y).
+template <bool GATED>
+__global__ void __launch_bounds__(256)
+    t2u(const u16* __restrict__ x, u32* packed, const u16* __restrict__ U, int* __restrict__ cnt,
+        const int* __restrict__ flags, int m, int d, int S, int tiles, int row_words) {
+  __shared__ u32 lists[T2D_WARPS][LCAP];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int r = blockIdx.x * T2D_WARPS + warp;
+  if (r >= m) return;
+  if (flags[r]) {
+    if (lane == 0) cnt[r] = 0;
+    return;
+  }
+  const u64 keep = policy_evict_last(), stream = policy_evict_first();
+  u32* list = lists[warp];
+  uint4 xv[TW_NCH];
+#pragma unroll
+  for (int c = 0; c < TW_NCH; ++c) {
+    int k = c * 256 + lane * 8;
+    xv[c].x = xv[c].y = xv[c].z = xv[c].w = 0u;
+    if (GATED && k < d) xv[c] = ld_hint(x + (size_t)r * d + k, stream);
+  }
+  u32* prow = packed + (size_t)r * row_words;
+  int n = 0, out = 0;
+  auto flush = [&]() {
+    __syncwarp();
+    if (GATED) {
+      for (int i = 0; i < n; i += 2) {
+        const u32 wa = list[i];
+        const bool hasb = i + 1 < n;
+        const u32 wb = hasb ? list[i + 1] : 0u;
+        const size_t ja = (size_t)(wa & 0xffffu) * d, jb = (size_t)(wb & 0xffffu) * d;
+        uint4 ua[TW_NCH], ub[TW_NCH];
+#pragma unroll
+        for (int c = 0; c < TW_NCH; ++c) {
+          int k = c * 256 + lane * 8;
+          uint4 z;
+          z.x = z.y = z.z = z.w = 0u;
+          ua[c] = z;
+          ub[c] = z;
+          if (k < d) {
+            ua[c] = ld_hint(U + ja + k, keep);
+            if (hasb) ub[c] = ld_hint(U + jb + k, keep);
+          }
+        }
+        float pa = 0.f, pb = 0.f;
+#pragma unroll
+        for (int c = 0; c < TW_NCH; ++c) {
+          pa = dot8(xv[c], ua[c], pa);
+          pb = dot8(xv[c], ub[c], pb);
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+          pa += __shfl_xor_sync(0xffffffffu, pa, o);
+          pb += __shfl_xor_sync(0xffffffffu, pb, o);
+        }
+        if (lane == 0) {
+          prow[out + i] = (f_to_bf(bf_hi(wa) * pa) << 16) | (wa & 0xffffu);
+          if (hasb) prow[out + i + 1] = (f_to_bf(bf_hi(wb) * pb) << 16) | (wb & 0xffffu);
+        }
+      }
+    } else {
+      for (int i = lane; i < n; i += 32) prow[out + i] = list[i];
+    }
+    out += n;
+    n = 0;
+    __syncwarp();
+  };
+  for (int tg = 0; tg < tiles; tg += 32) {
+    const int t = tg + lane;
+    const u32 c = (t < tiles) ? prow[(size_t)t * S] : 0u;
+    u32 nzm = __ballot_sync(0xffffffffu, c != 0u);
+    while (nzm) {
+      const int src = __ffs(nzm) - 1;
+      nzm &= nzm - 1;
+      const int cn = (int)__shfl_sync(0xffffffffu, c, src);
+      if (n + cn > LCAP) flush();
+      const u32* tw = prow + (size_t)(tg + src) * S + 1;
+      for (int i = lane; i < cn; i += 32) list[n + i] = tw[i];
+      n += cn;
+    }
+  }
+  flush();
+  if (lane == 0) cnt[r] = out;
+}
+
+// t2d_ws: y[t, c0:c0+W] = sum over t's compact list of h * D[j, c0:c0+W],
+// for the tokens [t0, t1) of the block's token range and the block's W
+// columns. D's slice (f x W bf16) lives in shared memory. W/8 lanes share a
+// token, each lane owning 8 of its columns: the lanes walk the token's list
+// together (4 entries per 16-byte load) and each reads 16 bytes of the entry's
+// slice row, so the W/8 lanes of a token read one contiguous row (fewer bank
+// conflicts than one lane reading it all). fp32 accumulators, y rounded to
+// bf16 once. Flagged rows (cnt 0) get zeros, overwritten later by the
+// fallback.
+template <int W>
+__global__ void __launch_bounds__(512, 1)
+    t2d_ws(const u32* __restrict__ packed, const int* __restrict__ cnt, const u16* __restrict__ D,
+           u16* __restrict__ y, int m, int d, int f, int row_words, int tok_per_block) {
+  extern __shared__ uint4 ds[];
+  constexpr int L = W / 8;  // lanes per token, uint4 per slice row
+  const int c0 = blockIdx.x * W, tid = threadIdx.x, sub = tid % L;
+  const u64 keep = policy_evict_last(), stream = policy_evict_first();
+  for (int i = tid; i < f * L; i += blockDim.x) {
+    int j = i / L, v = i - j * L;
+    ds[i] = ld_hint(D + (size_t)j * d + c0 + v * 8, keep);
+  }
+  __syncthreads();
+  const int t0 = blockIdx.y * tok_per_block, t1 = min(m, t0 + tok_per_block);
+  for (int t = t0 + tid / L; t < t1; t += blockDim.x / L) {
+    const int n = cnt[t];
+    const u32* e = packed + (size_t)t * row_words;
+    float acc[8];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) acc[k] = 0.f;
+    for (int i = 0; i < n; i += 4) {
+      const uint4 w4 = ld_hint(e + i, stream);
+      const u32 ws[4] = {w4.x, w4.y, w4.z, w4.w};
+#pragma unroll
+      for (int q = 0; q < 4; ++q)
+        if (i + q < n) axpy8(acc, bf_hi(ws[q]), ds[(int)(ws[q] & 0xffffu) * L + sub]);
+    }
+    uint4 o;
+    o.x = pack_bf2(acc[0], acc[1]);
+    o.y = pack_bf2(acc[2], acc[3]);
+    o.z = pack_bf2(acc[4], acc[5]);
+    o.w = pack_bf2(acc[6], acc[7]);
+    st_hint(y + (size_t)t * d + c0 + sub * 8, o, stream);
+  }
+}
+
 // row_fallback computes flagged rows exactly and densely: every unit's gate
 // (or, non-gated, up) pre-activation in fp32, h as on the CPU (active when
 // > 0 or NaN), then y = h D in a fixed order. Blocks loop over the overflow
-// list ovf (ovf[0] = count); hbuf holds gridDim.x x f floats of scratch.
+// list ovf (ovf[0] = count) from entry first on (the entries before it went
+// through the gathered dense pass); hbuf holds gridDim.x x f floats of
+// scratch.
 template <bool GATED>
 __global__ void __launch_bounds__(256)
     row_fallback(const u16* __restrict__ x, const u16* __restrict__ Wsp, const u16* __restrict__ U,
                  const u16* __restrict__ D, u16* __restrict__ y, const int* __restrict__ ovf, float* __restrict__ hbuf,
-                 int d, int f) {
+                 int d, int f, int first) {
   extern __shared__ float xs[];
   float* h = hbuf + (size_t)blockIdx.x * f;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int count = ovf[0];
-  for (int i = blockIdx.x; i < count; i += gridDim.x) {
+  for (int i = first + blockIdx.x; i < count; i += gridDim.x) {
     const int r = ovf[1 + i];
     __syncthreads();
     for (int k = tid; k < d; k += 256) xs[k] = bf_to_f(x[(size_t)r * d + k]);

@@ -86,8 +86,7 @@ func TestD2TVariants(t *testing.T) {
 		{"default", false, nil},
 		{"wait0", false, []string{"-DTW_WAIT=0"}},
 		{"pwarp", true, nil},
-		{"pwarp-wait0", true, []string{"-DTW_WAIT=0"}},
-		{"pwarp-noepi", true, []string{"-DTW_EPI=0"}},
+		{"noepi", false, []string{"-DTW_EPI=0"}},
 	} {
 		opts := append([]string{"--ptxas-options=-v"}, v.opts...)
 		name := wgmmaName(32, v.pw)
@@ -133,39 +132,33 @@ func TestD2TVariants(t *testing.T) {
 	}
 	l.d2tOverride = nil
 	d2t := medianMS(t, dev, 20, func() error { return l.QueueD2T(nil, xb, m) })
-	sparse := medianMS(t, dev, 20, func() error { return l.Sparse(nil, yb, xb, m) })
 	dense := medianMS(t, dev, 20, func() error { return l.Dense(nil, yb, xb, m) })
 	p, err := l.D2T(nil, xb, m)
 	if err != nil {
 		t.Fatal(err)
 	}
 	pairs := float64(p.NNZ)
-	tail := sparse - d2t
-	t.Logf("m=%d: dense %.3f ms, sparse %.3f ms = D2T %.3f + tail %.3f ms; %.1f active/token; tail reads %.2f TB/s of weight rows",
-		m, dense, sparse, d2t, tail, pairs/float64(m), pairs*4*float64(d)/tail/1e9)
-	ws, err := l.runD2T(nil, xb, m)
-	if err != nil {
+	t.Logf("m=%d: dense %.3f ms, D2T %.3f ms; %.1f active/token", m, dense, d2t, pairs/float64(m))
+	for _, tail := range []Tail{TailWarp, TailSplit} {
+		l.Tail = tail
+		sparse := medianMS(t, dev, 20, func() error { return l.Sparse(nil, yb, xb, m) })
+		t.Logf("tail %-5v: sparse %.3f ms = D2T + %.3f ms (%.2fx dense)", tail, sparse, sparse-d2t, dense/sparse)
+	}
+	// The split tail's down kernel alone, on the compact lists the last
+	// sparse call left.
+	if err := dev.Synchronize(); err != nil {
 		t.Fatal(err)
 	}
-	for _, v := range []struct {
-		name string
-		opts []string
-	}{{"t2d default", nil}, {"t2d 2 blocks/SM", []string{"-DTW_T2D_MINB=2"}}} {
-		mod, err := dev.Compile("t2d.cu", t2dSrc, cuda.WithHeader("common.cuh", commonCUH), cuda.WithHeader("wgmma.cuh", wgmmaCUH),
-			cuda.WithNameExpressions("t2d<true>"), cuda.WithOptions(append([]string{"-DTW_NCH=8"}, v.opts...)...))
-		if err != nil {
-			t.Errorf("%s: %v", v.name, err)
-			continue
-		}
-		fn, _ := mod.Function("t2d<true>")
-		ms := medianMS(t, dev, 20, func() error {
-			return fn.Launch(cuda.Dim3{uint32((m + 7) / 8), 1, 1}, cuda.Dim3{256, 1, 1}, 0, nil,
-				xb, ws.packed, l.up, l.down, yb, ws.flags, int32(m), int32(d), int32(32), int32(f/256), int32(f/8))
-		})
-		t.Logf("%-14s %.3f ms  %.2f TB/s of weight rows", v.name, ms, pairs*4*float64(d)/ms/1e9)
-	}
 	set, _ := l.k.t2dFor(d)
-	for name, fn := range map[string]*cuda.Function{"t2d<true>": set.gated, "row_fallback<true>": set.fbGated} {
+	w := l.splitWidth()
+	fn := map[int]*cuda.Function{16: set.ws16, 8: set.ws8}[w]
+	ms := medianMS(t, dev, 20, func() error {
+		return fn.Launch(cuda.Dim3{uint32(d / w), 1, 1}, cuda.Dim3{512, 1, 1}, f*w*2, nil,
+			l.sp.packed, l.sp.cnt, l.down, yb, int32(m), int32(d), int32(f), int32(f/8), int32(m))
+	})
+	t.Logf("t2d_ws<%d> alone: %.3f ms (%.0f G pairs/s)", w, ms, pairs/ms/1e6)
+	for name, fn := range map[string]*cuda.Function{"t2d<true>": set.gated, "t2u<true>": set.t2uGated,
+		"t2d_ws<16>": set.ws16, "row_fallback<true>": set.fbGated} {
 		a, _ := fn.Attributes()
 		t.Logf("%s: %d registers, %d B local", name, a.NumRegs, a.LocalBytes)
 	}

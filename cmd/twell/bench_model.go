@@ -35,6 +35,7 @@ func runBenchModel(args []string, stdout, stderr io.Writer) error {
 	device := fs.String("device", "auto", "cpu, cuda or auto (auto: cpu)")
 	seed := fs.Uint64("seed", 0, "random seed (0: fresh, printed)")
 	jsonPath := fs.String("json", "", "write the results as JSON to this file")
+	save := fs.String("save", "", "also write the benchmarked model as a Hugging Face checkpoint (bf16) to this folder")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -73,7 +74,8 @@ func runBenchModel(args []string, stdout, stderr io.Writer) error {
 		*seed = rand.Uint64()
 	}
 	o := bench.ModelOptions{Dir: *dir, Preset: *preset, Layers: *layers, Density: *density, Dist: d,
-		Batch: *batch, PromptLen: *promptLen, DecodeBatches: batches, DecodeSteps: *decodeSteps, Reps: *reps, Seed: *seed}
+		Batch: *batch, PromptLen: *promptLen, DecodeBatches: batches, DecodeSteps: *decodeSteps, Reps: *reps, Seed: *seed,
+		SaveDir: *save}
 	if err := o.Validate(); err != nil {
 		return usageError{err.Error()}
 	}
