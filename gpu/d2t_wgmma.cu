@@ -3,16 +3,17 @@
 // and ReLU + TwELL packing in the epilogue. Persistent: one CTA per SM,
 // CTAs paired in clusters of 2 along M that share (multicast) the weight
 // tile. Two consumer warpgroups each own 64 of the CTA tile's 128 rows and
-// all 256 columns. The TMA producer is, by the template parameter PW:
-//   PW = 0: a fourth warpgroup (384 threads) that gives its registers to the
-//           consumers with setmaxnreg 40/232. Measured on an H200: ptxas kept
-//           the 168-register budget of 384 threads and serialized the
-//           wgmmas (warning C7511): 367 TFLOP/s.
-//   PW = 1: one producer warp (288 threads). Measured: still 168 registers
-//           (three warps share an SM sub-partition's 16K registers).
-// The C7511 serialization came from the epilogue keeping all 128 fp32
-// accumulators live while packing; it now converts them to 64 bf16 pairs
-// first.
+// all 256 columns; a third warpgroup holds the TMA producer (one thread).
+// Two kernels share the mainloop:
+//   d2t_wgmma:      the consumers pack their rows themselves after the
+//                   mainloop, while the tensor cores wait (3.61 ms at m =
+//                   65536 on an H200, where the mainloop alone takes 2.59).
+//   d2t_wgmma_pipe: the consumers dump the tile as bf16 into shared memory
+//                   and go on with the next tile; three packer warps of the
+//                   producer's warpgroup pack it meanwhile.
+// With all 128 fp32 accumulators live through the packing, ptxas ran out of
+// registers and serialized the wgmmas (warning C7511, 4.12 ms); the
+// epilogue converts them to bf16 pairs first.
 #include "common.cuh"
 #include "wgmma.cuh"
 
@@ -107,8 +108,71 @@ __device__ __forceinline__ void work_coords(int w, int m_pairs, int n_tiles, int
   nt = within / gm;
 }
 
-template <int S, int STAGES, int PW>
-__global__ void __launch_bounds__(PW ? 288 : 384, 1)
+// produce runs the TMA producer (one thread): for every work item of the
+// cluster and k step, it waits for the stage to be free, then loads the
+// CTA's 128 x 64 slice of x and its half of the 256 x 64 weight slice,
+// multicast to both CTAs of the pair.
+template <int STAGES>
+__device__ __forceinline__ void produce(const TmaDesc* tmA, const TmaDesc* tmB, u32 sA, u32 sB, u32 bars, u32 rank,
+                                        int cluster, int nclusters, int m_pairs, int n_tiles, int k_iters) {
+  int s = 0;
+  u32 phase = 0;
+  for (int w = cluster; w < m_pairs * n_tiles; w += nclusters) {
+    int mp, nt;
+    work_coords(w, m_pairs, n_tiles, mp, nt);
+    int m0 = (mp * 2 + (int)rank) * 128, n0 = nt * 256;
+    for (int k = 0; k < k_iters; ++k) {
+      const u32 full = bars + 8u * s, empty = bars + 8u * (STAGES + s);
+      mbar_wait(empty, phase ^ 1u);
+      mbar_expect_tx(full, A_BYTES + B_BYTES);
+      tma_load(sA + s * A_BYTES, tmA, k * WG_BK, m0, full);
+      tma_load_mc(sB + s * B_BYTES + rank * (B_BYTES / 2), tmB, k * WG_BK, n0 + (int)rank * 128, full, (u16)0x3);
+      if (++s == STAGES) {
+        s = 0;
+        phase ^= 1u;
+      }
+    }
+  }
+}
+
+// mainloop accumulates one work item's 64 x 256 slice (rows cw*64..) over
+// all k steps: wgmma on each stage as it fills, TW_WAIT groups in flight,
+// each stage released to both CTAs of the pair once its wgmmas are done.
+template <int STAGES>
+__device__ __forceinline__ void mainloop(float (&acc)[128], u32 sA, u32 sB, u32 bars, int cw, int tid, int k_iters,
+                                         int& s, u32& phase) {
+  int prev = -1;
+  for (int k = 0; k < k_iters; ++k) {
+    mbar_wait(bars + 8u * s, phase);
+    fence_acc(acc);
+    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+    u64 da = smem_desc(sA + s * A_BYTES + cw * 64 * 128);
+    u64 db = smem_desc(sB + s * B_BYTES);
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) wgmma_m64n256k16(acc, da + 2 * kk, db + 2 * kk, (k > 0 || kk > 0) ? 1 : 0);
+    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+    asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(TW_WAIT) : "memory");
+    fence_acc(acc);
+    if (prev >= 0 && (tid & 127) == 0) {
+      mbar_arrive_cta(bars + 8u * (STAGES + prev), 0);
+      mbar_arrive_cta(bars + 8u * (STAGES + prev), 1);
+    }
+    prev = s;
+    if (++s == STAGES) {
+      s = 0;
+      phase ^= 1u;
+    }
+  }
+  asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+  fence_acc(acc);
+  if (prev >= 0 && (tid & 127) == 0) {
+    mbar_arrive_cta(bars + 8u * (STAGES + prev), 0);
+    mbar_arrive_cta(bars + 8u * (STAGES + prev), 1);
+  }
+}
+
+template <int S, int STAGES>
+__global__ void __launch_bounds__(384, 1)
     d2t_wgmma(const __grid_constant__ TmaDesc tmA, const __grid_constant__ TmaDesc tmB, u32* __restrict__ packed,
               int* __restrict__ flags, int* __restrict__ ovf, u64* __restrict__ nnz, int m_pairs, int n_tiles,
               int k_iters, int row_words, int m_valid) {
@@ -120,89 +184,39 @@ __global__ void __launch_bounds__(PW ? 288 : 384, 1)
   const u32 sA = base, sB = base + STAGES * A_BYTES;
   u32* stage_out = (u32*)(smem + STAGES * (A_BYTES + B_BYTES));
   const u32 bars = base + STAGES * (A_BYTES + B_BYTES) + 128 * S * 4;  // full[STAGES], empty[STAGES]
-  auto full = [&](int s) { return bars + 8u * s; };
-  auto empty = [&](int s) { return bars + 8u * (STAGES + s); };
 
   const int tid = threadIdx.x;
-  const int wg = PW ? tid / 128 : (tid / 128 + 2) % 3;  // 0, 1: consumers; 2: the producer
-  const int ctid = PW ? tid : tid - 128;                 // thread index among the 256 consumers
-  const int nthreads = PW ? 288 : 384;
+  const int wg = (tid / 128 + 2) % 3;  // 0, 1: consumers; 2: the producer
+  const int ctid = tid - 128;          // thread index among the 256 consumers
   const u32 rank = cluster_rank();
   const int cluster = blockIdx.x / 2, nclusters = gridDim.x / 2;
-  const int total = m_pairs * n_tiles;
 
   if (tid == 0) {
     for (int s = 0; s < STAGES; ++s) {
-      mbar_init(full(s), 1);
-      mbar_init(empty(s), 4);  // 2 consumer warpgroups x 2 CTAs
+      mbar_init(bars + 8u * s, 1);
+      mbar_init(bars + 8u * (STAGES + s), 4);  // 2 consumer warpgroups x 2 CTAs
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
-  for (int i = tid; i < 128 * S; i += nthreads) stage_out[i] = 0;
+  for (int i = tid; i < 128 * S; i += 384) stage_out[i] = 0;
   __syncthreads();
   cluster_sync();
 
   if (wg == 2) {
-    if (!PW) asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
-    if (tid == (PW ? 256 : 0)) {
-      int s = 0;
-      u32 phase = 0;
-      for (int w = cluster; w < total; w += nclusters) {
-        int mp, nt;
-        work_coords(w, m_pairs, n_tiles, mp, nt);
-        int m0 = (mp * 2 + (int)rank) * 128, n0 = nt * 256;
-        for (int k = 0; k < k_iters; ++k) {
-          mbar_wait(empty(s), phase ^ 1u);
-          mbar_expect_tx(full(s), A_BYTES + B_BYTES);
-          tma_load(sA + s * A_BYTES, &tmA, k * WG_BK, m0, full(s));
-          tma_load_mc(sB + s * B_BYTES + rank * (B_BYTES / 2), &tmB, k * WG_BK, n0 + (int)rank * 128, full(s),
-                      (u16)0x3);
-          if (++s == STAGES) {
-            s = 0;
-            phase ^= 1u;
-          }
-        }
-      }
-    }
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+    if (tid == 0) produce<STAGES>(&tmA, &tmB, sA, sB, bars, rank, cluster, nclusters, m_pairs, n_tiles, k_iters);
   } else {
-    if (!PW) asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
     const int cw = wg;  // rows cw*64 .. cw*64+63 of the CTA tile
     const int lane = tid & 31, wq = (tid >> 5) & 3;
     float acc[128];
     int s = 0;
     u32 phase = 0;
-    for (int w = cluster; w < total; w += nclusters) {
+    for (int w = cluster; w < m_pairs * n_tiles; w += nclusters) {
       int mp, nt;
       work_coords(w, m_pairs, n_tiles, mp, nt);
       int m0 = (mp * 2 + (int)rank) * 128, n0 = nt * 256;
-      int prev = -1;
-      for (int k = 0; k < k_iters; ++k) {
-        mbar_wait(full(s), phase);
-        fence_acc(acc);
-        asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-        u64 da = smem_desc(sA + s * A_BYTES + cw * 64 * 128);
-        u64 db = smem_desc(sB + s * B_BYTES);
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk) wgmma_m64n256k16(acc, da + 2 * kk, db + 2 * kk, (k > 0 || kk > 0) ? 1 : 0);
-        asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-        asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(TW_WAIT) : "memory");
-        fence_acc(acc);
-        if (prev >= 0 && (tid & 127) == 0) {
-          mbar_arrive_cta(empty(prev), 0);
-          mbar_arrive_cta(empty(prev), 1);
-        }
-        prev = s;
-        if (++s == STAGES) {
-          s = 0;
-          phase ^= 1u;
-        }
-      }
-      asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
-      fence_acc(acc);
-      if (prev >= 0 && (tid & 127) == 0) {
-        mbar_arrive_cta(empty(prev), 0);
-        mbar_arrive_cta(empty(prev), 1);
-      }
+      mainloop<STAGES>(acc, sA, sB, bars, cw, tid, k_iters, s, phase);
 
       // Epilogue: ReLU + pack into the staging tile, then copy it out.
       u32 hb[64];
@@ -232,6 +246,152 @@ __global__ void __launch_bounds__(PW ? 288 : 384, 1)
         *(uint4*)(packed + (size_t)(m0 + r) * row_words + nt * S + c * 4) = val;
       }
       asm volatile("bar.sync 1, 256;" ::: "memory");
+    }
+  }
+  __syncwarp();
+  cluster_sync();
+}
+
+// Pipelined epilogue (d2t_wgmma_pipe). The tile goes through shared memory
+// as bf16, 128 rows of 256 values, rows PIPE_LD words apart (padded by 4
+// words so that the consumers' quad-wise stores hit 32 distinct banks).
+#define PIPE_LD 132
+#define PIPE_TILE (128 * PIPE_LD * 4)
+#define PIPE_PACKERS 3
+
+// pack_row_warp packs row r of the bf16 tile (one warp; lane l holds
+// columns 8l..8l+7) into S words at out, in column order, and returns the
+// true count. Sets *bad if an active value is NaN or Inf. erow is the warp's
+// S-word scratch row, zero on entry and on return.
+template <int S>
+__device__ __forceinline__ int pack_row_warp(const u32* tile_row, u32* erow, u32* out, int n0, bool& bad) {
+  const int lane = threadIdx.x & 31;
+  const uint4 v = *(const uint4*)(tile_row + 4 * lane);
+  const u32 w[4] = {v.x, v.y, v.z, v.w};
+  u32 m8 = 0, b8 = 0;
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    const u32 b = (w[k >> 1] >> (16 * (k & 1))) & 0xffffu;
+    const u32 on = (((b & 0x8000u) == 0u && b != 0u) || (b & 0x7fffu) > 0x7f80u) ? 1u : 0u;
+    m8 |= on << k;
+    b8 |= (on && (b & 0x7fffu) >= 0x7f80u) ? 1u : 0u;
+  }
+  const int c = __popc(m8);
+  int incl = c;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int t = __shfl_up_sync(0xffffffffu, incl, o);
+    if (lane >= o) incl += t;
+  }
+  const int total = __shfl_sync(0xffffffffu, incl, 31);
+  int rank = incl - c;
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    if ((m8 >> k) & 1u) {
+      if (rank < S - 1) erow[1 + rank] = (((w[k >> 1] >> (16 * (k & 1))) & 0xffffu) << 16) | (u32)(n0 + 8 * lane + k);
+      ++rank;
+    }
+  }
+  bad = __any_sync(0xffffffffu, b8 != 0u);
+  __syncwarp();
+#pragma unroll
+  for (int i = lane; i < S; i += 32) {
+    out[i] = (i == 0) ? (u32)total : erow[i];
+    erow[i] = 0u;
+  }
+  __syncwarp();
+  return total;
+}
+
+template <int S, int STAGES>
+__global__ void __launch_bounds__(384, 1)
+    d2t_wgmma_pipe(const __grid_constant__ TmaDesc tmA, const __grid_constant__ TmaDesc tmB, u32* __restrict__ packed,
+                   int* __restrict__ flags, int* __restrict__ ovf, u64* __restrict__ nnz, int m_pairs, int n_tiles,
+                   int k_iters, int row_words, int m_valid) {
+  extern __shared__ unsigned char smem_raw[];
+  u32 raw = smem_addr(smem_raw);
+  u32 base = (raw + 1023u) & ~1023u;
+  unsigned char* smem = smem_raw + (base - raw);
+  const u32 sA = base, sB = base + STAGES * A_BYTES;
+  u32* tile = (u32*)(smem + STAGES * (A_BYTES + B_BYTES));
+  u32* erows = tile + 128 * PIPE_LD;  // PIPE_PACKERS x S words
+  // full[STAGES], empty[STAGES], tile_full, tile_empty
+  const u32 bars = base + STAGES * (A_BYTES + B_BYTES) + PIPE_TILE + PIPE_PACKERS * S * 4;
+  const u32 tile_full = bars + 8u * (2 * STAGES), tile_empty = tile_full + 8u;
+
+  const int tid = threadIdx.x;
+  const int wg = (tid / 128 + 2) % 3;  // 0, 1: consumers; 2: producer warp + packer warps
+  const u32 rank = cluster_rank();
+  const int cluster = blockIdx.x / 2, nclusters = gridDim.x / 2;
+
+  if (tid == 0) {
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(bars + 8u * s, 1);
+      mbar_init(bars + 8u * (STAGES + s), 4);  // 2 consumer warpgroups x 2 CTAs
+    }
+    mbar_init(tile_full, 256);
+    mbar_init(tile_empty, PIPE_PACKERS);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  for (int i = tid; i < PIPE_PACKERS * S; i += 384) erows[i] = 0;
+  __syncthreads();
+  cluster_sync();
+
+  if (wg == 2) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 56;");
+    const int warp = (tid >> 5) & 3, lane = tid & 31;
+    if (warp == 0) {
+      if (lane == 0) produce<STAGES>(&tmA, &tmB, sA, sB, bars, rank, cluster, nclusters, m_pairs, n_tiles, k_iters);
+    } else {
+      const int pw = warp - 1;
+      u32* erow = erows + pw * S;
+      u64 sum = 0;
+      u32 tphase = 0;
+      for (int w = cluster; w < m_pairs * n_tiles; w += nclusters) {
+        int mp, nt;
+        work_coords(w, m_pairs, n_tiles, mp, nt);
+        const int m0 = (mp * 2 + (int)rank) * 128, n0 = nt * 256;
+        mbar_wait(tile_full, tphase);
+        for (int r = pw; r < 128; r += PIPE_PACKERS) {
+          const int row = m0 + r;
+          bool bad;
+          const int n = pack_row_warp<S>(tile + r * PIPE_LD, erow, packed + (size_t)row * row_words + nt * S, n0, bad);
+          if (row < m_valid) {
+            sum += (u64)n;
+            if (lane == 0 && (bad || n > S - 1)) flag_row(flags, ovf, row);
+          }
+        }
+        __syncwarp();
+        if (lane == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(tile_empty) : "memory");
+        tphase ^= 1u;
+      }
+      if (TW_NNZ && lane == 0 && sum) atomicAdd(nnz, sum);
+    }
+  } else {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 224;");
+    const int cw = wg;
+    const int lane = tid & 31, wq = (tid >> 5) & 3;
+    float acc[128];
+    int s = 0;
+    u32 phase = 0, tphase = 0;
+    for (int w = cluster; w < m_pairs * n_tiles; w += nclusters) {
+      mainloop<STAGES>(acc, sA, sB, bars, cw, tid, k_iters, s, phase);
+      // Dump the tile as bf16 once the packers are done with the last one.
+      mbar_wait(tile_empty, tphase ^ 1u);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        u32* trow = tile + (cw * 64 + wq * 16 + (lane >> 2) + 8 * h) * PIPE_LD + (lane & 3);
+#pragma unroll
+        for (int i = 0; i < 32; ++i) {
+          const float a0 = acc[4 * i + 2 * h], a1 = acc[4 * i + 2 * h + 1];
+          u32 p = cvt_bf2(a0, a1);
+          if ((p & 0xffffu) == 0u && a0 > 0.f) p |= 1u;  // positive under bf16's smallest subnormal
+          if ((p >> 16) == 0u && a1 > 0.f) p |= 0x10000u;
+          trow[4 * i] = p;
+        }
+      }
+      asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(tile_full) : "memory");
+      tphase ^= 1u;
     }
   }
   __syncwarp();

@@ -127,9 +127,9 @@ func (k *kernels) d2tMMA(s int) (*cuda.Function, error) {
 	return k.mma[s], nil
 }
 
-// d2tWGMMA returns the Hopper D2T kernel for S words per tile, with a
-// producer warp (pw) or a producer warpgroup.
-func (k *kernels) d2tWGMMA(s int, pw bool) (*cuda.Function, error) {
+// d2tWGMMA returns the Hopper D2T kernel for S words per tile: with the
+// pipelined epilogue (pipe) or the one the consumers run themselves.
+func (k *kernels) d2tWGMMA(s int, pipe bool) (*cuda.Function, error) {
 	k.wgOnce.Do(func() {
 		p := k.dev.Properties()
 		if p.Arch != "sm_90a" {
@@ -137,9 +137,9 @@ func (k *kernels) d2tWGMMA(s int, pw bool) (*cuda.Function, error) {
 			return
 		}
 		var exprs []string
-		for _, w := range []int{0, 1} {
+		for _, pipe := range []bool{false, true} {
 			for _, s := range []int{32, 64, 128} {
-				exprs = append(exprs, wgmmaName(s, w == 1))
+				exprs = append(exprs, wgmmaName(s, pipe))
 			}
 		}
 		fs, err := k.compile("d2t_wgmma.cu", d2tWGMMASrc, exprs)
@@ -152,15 +152,29 @@ func (k *kernels) d2tWGMMA(s int, pw bool) (*cuda.Function, error) {
 	if k.wgErr != nil {
 		return nil, k.wgErr
 	}
-	return k.wg[wgmmaName(s, pw)], nil
+	return k.wg[wgmmaName(s, pipe)], nil
 }
 
-func wgmmaName(s int, pw bool) string {
-	w := 0
-	if pw {
-		w = 1
+func wgmmaName(s int, pipe bool) string {
+	if pipe {
+		return fmt.Sprintf("d2t_wgmma_pipe<%d,%d>", s, pipeStages)
 	}
-	return fmt.Sprintf("d2t_wgmma<%d,%d,%d>", s, wgmmaStages(s), w)
+	return fmt.Sprintf("d2t_wgmma<%d,%d>", s, wgmmaStages(s))
+}
+
+// pipeStages is the pipeline depth of d2t_wgmma_pipe: its bf16 tile (66 KiB)
+// leaves room for 3 stages.
+const pipeStages = 3
+
+// wgmmaSmem returns the dynamic shared memory a wgmma D2T kernel needs,
+// with 1024 bytes of slack for aligning the base (see d2t_wgmma.cu).
+func wgmmaSmem(s int, pipe bool) int {
+	const stage = 16384 + 32768
+	if pipe {
+		return pipeStages*stage + 128*132*4 + 3*s*4 + (2*pipeStages+2)*8 + 1024
+	}
+	st := wgmmaStages(s)
+	return st*stage + 128*s*4 + 2*st*8 + 1024
 }
 
 // dense returns the elementwise kernels of the dense MLP.

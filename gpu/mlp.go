@@ -25,13 +25,12 @@ const (
 	KernelWGMMA
 	// KernelMMA is the simpler mma.sync kernel (any sm_80+ GPU).
 	KernelMMA
-	// KernelWGMMAWarp is the wgmma kernel with a producer warp instead of a
-	// producer warpgroup (288 threads, no setmaxnreg): the fix for ptxas
-	// serializing KernelWGMMA's wgmmas. Not yet validated on a GPU.
-	KernelWGMMAWarp
+	// KernelWGMMAPipe is the wgmma kernel whose epilogue runs in separate
+	// packer warps, overlapped with the next tile's mainloop (sm_90a only).
+	KernelWGMMAPipe
 )
 
-// String returns "auto", "wgmma" or "mma".
+// String returns "auto", "wgmma", "mma" or "wgmma-pipe".
 func (k Kernel) String() string {
 	switch k {
 	case KernelAuto:
@@ -40,8 +39,8 @@ func (k Kernel) String() string {
 		return "wgmma"
 	case KernelMMA:
 		return "mma"
-	case KernelWGMMAWarp:
-		return "wgmma-pw"
+	case KernelWGMMAPipe:
+		return "wgmma-pipe"
 	}
 	return fmt.Sprintf("Kernel(%d)", int(k))
 }
@@ -99,7 +98,7 @@ func (t Tail) String() string {
 const EnvTail = "TWELL_TAIL"
 
 // EnvD2TKernel names the environment variable that, set to "mma", "wgmma"
-// or "wgmma-pw", overrides KernelAuto's choice of D2T kernel.
+// or "wgmma-pipe", overrides KernelAuto's choice of D2T kernel.
 const EnvD2TKernel = "TWELL_D2T_KERNEL"
 
 // MaxD is the largest hidden size the T2D kernels take (their per-lane
@@ -138,7 +137,7 @@ type MLP struct {
 	wgErr error
 
 	d2tOverride  *cuda.Function // a wgmma D2T variant under test (nil: the built-in one)
-	d2tOverrideK Kernel         // its kind (KernelWGMMA or KernelWGMMAWarp)
+	d2tOverrideK Kernel         // its kind (KernelWGMMA or KernelWGMMAPipe)
 
 	// automatic path state
 	next      Path
@@ -418,13 +417,13 @@ func (l *MLP) d2tKernel() (*cuda.Function, Kernel, error) {
 			kind = KernelMMA
 		case "wgmma":
 			kind = KernelWGMMA
-		case "wgmma-pw":
-			kind = KernelWGMMAWarp
+		case "wgmma-pipe":
+			kind = KernelWGMMAPipe
 		}
 	}
 	switch kind {
-	case KernelWGMMA, KernelWGMMAWarp:
-		f, err := l.k.d2tWGMMA(s, kind == KernelWGMMAWarp)
+	case KernelWGMMA, KernelWGMMAPipe:
+		f, err := l.k.d2tWGMMA(s, kind == KernelWGMMAPipe)
 		return f, kind, err
 	case KernelMMA:
 		f, err := l.k.d2tMMA(s)
@@ -477,7 +476,7 @@ func (l *MLP) runD2T(s *cuda.Stream, x *cuda.Buffer, m int) (*sparseWS, error) {
 	S, C := l.Layout.S(), l.Layout.C
 	nTiles := l.F / 256
 	switch kind {
-	case KernelWGMMA, KernelWGMMAWarp:
+	case KernelWGMMA, KernelWGMMAPipe:
 		if l.tmA == nil || l.tmAx != x.Ptr() || l.tmAm != m {
 			tm, err := l.dev.EncodeTiled(cuda.TiledTensor{
 				DataType: cuda.TensorBFloat16, Global: x.Ptr(),
@@ -489,19 +488,14 @@ func (l *MLP) runD2T(s *cuda.Stream, x *cuda.Buffer, m int) (*sparseWS, error) {
 			}
 			l.tmA, l.tmAx, l.tmAm = tm, x.Ptr(), m
 		}
-		stages := wgmmaStages(S)
-		smem := stages*(16384+32768) + 128*S*4 + 2*stages*8 + 1024
+		smem := wgmmaSmem(S, kind == KernelWGMMAPipe)
 		mPairs := ws.mPad / 256
 		// 64 clusters (128 CTAs), as the reference: every cluster of 2 is
 		// resident at once whatever the GPCs' SM counts, so the static
 		// round-robin schedule stays balanced.
 		nClusters := min(max(1, min(64, l.dev.Properties().SMs/2)), mPairs*nTiles)
-		threads := uint32(384)
-		if kind == KernelWGMMAWarp {
-			threads = 288
-		}
 		err = fn.LaunchEx(cuda.LaunchConfig{
-			Grid: cuda.Dim3{uint32(2 * nClusters), 1, 1}, Block: cuda.Dim3{threads, 1, 1},
+			Grid: cuda.Dim3{uint32(2 * nClusters), 1, 1}, Block: cuda.Dim3{384, 1, 1},
 			SharedBytes: smem, Stream: s, Cluster: cuda.Dim3{2, 1, 1},
 		}, l.tmA, l.tmB, ws.packed, ws.flags, ws.ovf, l.nnz,
 			int32(mPairs), int32(nTiles), int32(l.D/64), int32(l.F/C), int32(m))

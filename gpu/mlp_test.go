@@ -39,7 +39,7 @@ func roundBF16(v []float32) []float32 {
 func kernelsToTest(dev *cuda.Device) []Kernel {
 	ks := []Kernel{KernelMMA}
 	if dev.Properties().Arch == "sm_90a" {
-		ks = append(ks, KernelWGMMA, KernelWGMMAWarp)
+		ks = append(ks, KernelWGMMA, KernelWGMMAPipe)
 	}
 	return ks
 }
@@ -287,17 +287,23 @@ func TestMLPMatchesFloat64(t *testing.T) {
 // other rows must be unaffected.
 func TestOverflowStress(t *testing.T) {
 	dev, blas := setup(t)
-	for _, c := range []struct {
+	type stressCase struct {
 		name    string
 		density float64
 		layout  twell.Layout
 		kern    Kernel
-	}{
+	}
+	cases := []stressCase{
 		{"sparse-C8", 0.01, twell.Layout{Tile: 256, C: 8}, KernelAuto},
 		{"sparse-C8-mma", 0.01, twell.Layout{Tile: 256, C: 8}, KernelMMA},
 		{"dense-tiles-C8", 0.3, twell.Layout{Tile: 256, C: 8}, KernelAuto},
 		{"dense-tiles-C2", 0.6, twell.Layout{Tile: 256, C: 2}, KernelAuto},
-	} {
+	}
+	if dev.Properties().Arch == "sm_90a" {
+		cases = append(cases, stressCase{"sparse-C8-pipe", 0.01, twell.Layout{Tile: 256, C: 8}, KernelWGMMAPipe},
+			stressCase{"dense-tiles-C2-pipe", 0.6, twell.Layout{Tile: 256, C: 2}, KernelWGMMAPipe})
+	}
+	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			r, seed := cudatest.Rand()
 			d, f, m := 256, 512, 200+r.IntN(100)

@@ -80,16 +80,17 @@ func TestD2TVariants(t *testing.T) {
 	flop := 2 * float64(m) * float64(d) * float64(f)
 	for _, v := range []struct {
 		name string
-		pw   bool
+		pipe bool
 		opts []string
 	}{
 		{"default", false, nil},
 		{"wait0", false, []string{"-DTW_WAIT=0"}},
-		{"pwarp", true, nil},
+		{"pipe", true, nil},
+		{"pipe-wait0", true, []string{"-DTW_WAIT=0"}},
 		{"noepi", false, []string{"-DTW_EPI=0"}},
 	} {
 		opts := append([]string{"--ptxas-options=-v"}, v.opts...)
-		name := wgmmaName(32, v.pw)
+		name := wgmmaName(32, v.pipe)
 		mod, err := dev.Compile("d2t_wgmma.cu", d2tWGMMASrc, cuda.WithHeader("common.cuh", commonCUH),
 			cuda.WithHeader("wgmma.cuh", wgmmaCUH), cuda.WithNameExpressions(name), cuda.WithOptions(opts...))
 		if err != nil {
@@ -100,17 +101,17 @@ func TestD2TVariants(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if v.name == "default" || v.name == "pwarp" {
+		if v.name == "default" || v.name == "pipe" {
 			t.Logf("%s compiler log:\n%s", v.name, mod.Program().Log)
 		}
 		a, _ := fn.Attributes()
 		l.d2tOverride, l.d2tOverrideK = fn, KernelWGMMA
-		if v.pw {
-			l.d2tOverrideK = KernelWGMMAWarp
+		if v.pipe {
+			l.d2tOverrideK = KernelWGMMAPipe
 		}
 		ms := medianMS(t, dev, 20, func() error { return l.QueueD2T(nil, xb, m) })
 		t.Logf("D2T %-12s %.3f ms  %.0f TFLOP/s  (%d registers, %d B local)", v.name, ms, flop/ms/1e9, a.NumRegs, a.LocalBytes)
-		if v.name == "pwarp" {
+		if v.name == "pipe" {
 			p, err := l.D2T(nil, xb, m)
 			if err != nil {
 				t.Fatal(err)
@@ -124,9 +125,9 @@ func TestD2TVariants(t *testing.T) {
 			for i := 0; same && i < len(p.Words); i++ {
 				same = p.Words[i] == q.Words[i]
 			}
-			t.Logf("D2T pwarp output identical to the producer-warpgroup kernel's: %v", same)
+			t.Logf("D2T pipe output identical to the default kernel's: %v", same)
 			if !same {
-				t.Errorf("seed %d: the producer-warp D2T packs differently", seed)
+				t.Errorf("seed %d: the pipelined D2T packs differently", seed)
 			}
 		}
 	}
@@ -142,7 +143,7 @@ func TestD2TVariants(t *testing.T) {
 	for _, tail := range []Tail{TailWarp, TailSplit} {
 		l.Tail = tail
 		sparse := medianMS(t, dev, 20, func() error { return l.Sparse(nil, yb, xb, m) })
-		t.Logf("tail %-5v: sparse %.3f ms = D2T + %.3f ms (%.2fx dense)", tail, sparse, sparse-d2t, dense/sparse)
+		t.Logf("tail %v: sparse %.3f ms = D2T + %.3f ms (%.2fx dense)", tail, sparse, sparse-d2t, dense/sparse)
 	}
 	// The split tail's down kernel alone, on the compact lists the last
 	// sparse call left.
