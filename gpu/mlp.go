@@ -129,8 +129,7 @@ type MLP struct {
 	tmB            *cuda.TensorMap // TMA map of the sparse-input weights (gate, or up)
 	nnz            *cuda.Buffer    // one uint64: active units counted by the last call
 
-	sp    sparseWS
-	dn    denseWS
+	ws    *workspace
 	tmA   *cuda.TensorMap
 	tmAx  cuda.DevicePtr
 	tmAm  int
@@ -157,6 +156,15 @@ type MLP struct {
 	ovfM       int
 	flagRate   float64 // flagged rows per token in the last measured sparse call
 	flagKnown  bool
+}
+
+// workspace is the activation memory of MLP calls, grown to the largest
+// call. MLPs of one shape that run one after another on one stream (the
+// layers of a model) may share one: see ShareWorkspace.
+type workspace struct {
+	sp   sparseWS
+	dn   denseWS
+	refs int // MLPs using it
 }
 
 type sparseWS struct {
@@ -190,7 +198,8 @@ func NewMLP(dev *cuda.Device, blas *cublas.Handle, wg, wu, wd []float32, d, f in
 	if len(wu) != f*d || len(wd) != d*f || (wg != nil && len(wg) != f*d) {
 		return nil, fmt.Errorf("gpu: MLP weights hold %d (gate), %d (up), %d (down) values, want %d each", len(wg), len(wu), len(wd), f*d)
 	}
-	l := &MLP{D: d, F: f, Gated: wg != nil, Layout: layout, dev: dev, k: kernelsFor(dev), blas: blas}
+	l := &MLP{D: d, F: f, Gated: wg != nil, Layout: layout, dev: dev, k: kernelsFor(dev), blas: blas,
+		ws: &workspace{refs: 1}}
 	l.Crossover = DefaultCrossover(d, f, l.Gated)
 	down := make([]float32, f*d)
 	for k := 0; k < d; k++ {
@@ -288,14 +297,13 @@ func (l *MLP) sparseIn() *cuda.Buffer {
 // Close frees the MLP's device memory.
 func (l *MLP) Close() error {
 	var errs []error
-	for _, b := range []*cuda.Buffer{l.gate, l.up, l.down, l.nnz, l.sp.packed, l.sp.flags, l.sp.ovf, l.sp.hbuf,
-		l.sp.cnt, l.sp.gx, l.sp.gg, l.sp.gu, l.sp.gy, l.dn.g, l.dn.u} {
+	for _, b := range []*cuda.Buffer{l.gate, l.up, l.down, l.nnz} {
 		if b != nil {
 			errs = append(errs, b.Free())
 		}
 	}
 	l.gate, l.up, l.down, l.nnz = nil, nil, nil, nil
-	l.sp, l.dn = sparseWS{}, denseWS{}
+	errs = append(errs, l.dropWorkspace())
 	if l.hostNNZ != nil {
 		errs = append(errs, l.hostNNZ.Free())
 		l.hostNNZ = nil
@@ -315,6 +323,52 @@ func (l *MLP) Close() error {
 	return errors.Join(errs...)
 }
 
+// dropWorkspace releases l's use of its workspace, freeing the buffers when
+// l was the last MLP using them.
+func (l *MLP) dropWorkspace() error {
+	ws := l.ws
+	if ws == nil {
+		return nil
+	}
+	l.ws = nil
+	if ws.refs--; ws.refs > 0 {
+		return nil
+	}
+	var errs []error
+	for _, b := range []*cuda.Buffer{ws.sp.packed, ws.sp.flags, ws.sp.ovf, ws.sp.hbuf, ws.sp.cnt,
+		ws.sp.gx, ws.sp.gg, ws.sp.gu, ws.sp.gy, ws.dn.g, ws.dn.u} {
+		if b != nil {
+			errs = append(errs, b.Free())
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// ShareWorkspace makes l use o's activation workspace (the packed gate, the
+// fallback scratch, the dense path's projections) instead of its own, so
+// that a model's layers hold the workspace of their largest call once rather
+// than once per layer. l and o must have the same shape and layout and must
+// not run at the same time: their calls must be queued on one stream.
+func (l *MLP) ShareWorkspace(o *MLP) error {
+	switch {
+	case l.up == nil || o.up == nil:
+		return errors.New("gpu: ShareWorkspace on a closed MLP")
+	case l.dev != o.dev:
+		return errors.New("gpu: ShareWorkspace across devices")
+	case l.D != o.D || l.F != o.F || l.Gated != o.Gated || l.Layout != o.Layout:
+		return fmt.Errorf("gpu: ShareWorkspace between MLPs of different shapes (d %d/%d, f %d/%d, gated %v/%v, layout %v/%v)",
+			l.D, o.D, l.F, o.F, l.Gated, o.Gated, l.Layout, o.Layout)
+	case l.ws == o.ws:
+		return nil
+	}
+	if err := l.dropWorkspace(); err != nil {
+		return err
+	}
+	l.ws = o.ws
+	o.ws.refs++
+	return nil
+}
+
 // WeightBytes returns the device memory the weights take.
 func (l *MLP) WeightBytes() int64 {
 	n := int64(2 * 2 * l.D * l.F)
@@ -332,7 +386,10 @@ func padRows(m int) int { return (m + 255) / 256 * 256 }
 // tail's list lengths, and the gathered dense pass at its current size.
 func (l *MLP) SparseActBytes(m int) int64 {
 	mp := padRows(m)
-	g := int64(l.sp.gRows) * int64(2*2*l.D+2*2*l.F)
+	var g int64
+	if l.ws != nil {
+		g = int64(l.ws.sp.gRows) * int64(2*2*l.D+2*2*l.F)
+	}
 	return int64(mp)*int64(l.F/l.Layout.C)*4 + 2*int64(mp)*4 + int64(mp+1)*4 + int64(l.dev.Properties().SMs*l.F*4) + g
 }
 
@@ -380,7 +437,7 @@ func (l *MLP) realloc(b *cuda.Buffer, n int) (*cuda.Buffer, error) {
 
 func (l *MLP) sparseWorkspace(m int) (*sparseWS, error) {
 	mp := padRows(m)
-	ws := &l.sp
+	ws := &l.ws.sp
 	if ws.mPad >= mp {
 		return ws, nil
 	}
@@ -727,7 +784,7 @@ func (l *MLP) gatheredDense(s *cuda.Stream, y, x *cuda.Buffer, ws *sparseWS, R i
 }
 
 func (l *MLP) denseWorkspace(m int) (*denseWS, error) {
-	ws := &l.dn
+	ws := &l.ws.dn
 	if ws.m >= m {
 		return ws, nil
 	}

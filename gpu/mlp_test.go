@@ -436,3 +436,59 @@ func TestForwardChoosesPath(t *testing.T) {
 		l.Close()
 	}
 }
+
+// TestSharedWorkspace runs two layers that share one workspace, alternating
+// paths and batch sizes, and checks each output against its own float64
+// reference; closing either layer first must leave the other working.
+func TestSharedWorkspace(t *testing.T) {
+	dev, blas := setup(t)
+	r, seed := cudatest.Rand()
+	d, f := 256, 1024
+	var sls [2]*synth.Layer
+	var ls [2]*MLP
+	for i := range ls {
+		var err error
+		if sls[i], err = synth.NewLayer(r, d, f, 0.02, synth.Skewed, true); err != nil {
+			t.Fatal(err)
+		}
+		if ls[i], err = NewMLP(dev, blas, sls[i].Gate, sls[i].Up, sls[i].Down, d, f, twell.DefaultLayout); err != nil {
+			t.Fatalf("seed %d: %v", seed, err)
+		}
+	}
+	defer ls[1].Close()
+	if err := ls[1].ShareWorkspace(ls[0]); err != nil {
+		t.Fatal(err)
+	}
+	odd, err := NewMLP(dev, blas, nil, sls[0].Up, sls[0].Down, d, f, twell.DefaultLayout)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := odd.ShareWorkspace(ls[0]); err == nil {
+		t.Errorf("sharing between a gated and a non-gated MLP: no error")
+	}
+	odd.Close()
+	for step, c := range []struct {
+		layer int
+		path  string
+		m     int
+	}{{0, "sparse-split", 300}, {1, "sparse-warp", 700}, {0, "dense", 500}, {1, "dense", 200}, {0, "sparse-warp", 650}, {1, "sparse-split", 100}} {
+		if step == 4 {
+			// the last user frees the buffers, not the first
+			if err := ls[0].Close(); err != nil {
+				t.Fatal(err)
+			}
+			ls[0], err = NewMLP(dev, blas, sls[0].Gate, sls[0].Up, sls[0].Down, d, f, twell.DefaultLayout)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ls[0].Close()
+		}
+		x := synth.Tokens(r, c.m, d)
+		rows := synth.SampleRows(r, c.m, 32)
+		want := refRows(sls[c.layer], x, d, rows)
+		y := runPath(t, dev, ls[c.layer], c.path, x, c.m)
+		if e := synth.RelErr(y, d, rows, want); !(e <= 1e-2) {
+			t.Errorf("seed %d: step %d (layer %d, %s, m=%d): rel err %.3g vs float64, want <= 1e-2", seed, step, c.layer, c.path, c.m, e)
+		}
+	}
+}

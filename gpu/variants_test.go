@@ -155,7 +155,7 @@ func TestD2TVariants(t *testing.T) {
 	fn := map[int]*cuda.Function{16: set.ws16, 8: set.ws8}[w]
 	ms := medianMS(t, dev, 20, func() error {
 		return fn.Launch(cuda.Dim3{uint32(d / w), 1, 1}, cuda.Dim3{512, 1, 1}, f*w*2, nil,
-			l.sp.packed, l.sp.cnt, l.down, yb, int32(m), int32(d), int32(f), int32(f/8), int32(m))
+			l.ws.sp.packed, l.ws.sp.cnt, l.down, yb, int32(m), int32(d), int32(f), int32(f/8), int32(m))
 	})
 	t.Logf("t2d_ws<%d> alone: %.3f ms (%.0f G pairs/s)", w, ms, pairs/ms/1e6)
 	for name, fn := range map[string]*cuda.Function{"t2d<true>": set.gated, "t2u<true>": set.t2uGated,

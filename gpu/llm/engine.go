@@ -13,7 +13,7 @@ import (
 )
 
 // DefaultMLPChunk is the default for Engine.MLPChunk.
-const DefaultMLPChunk = 32768
+const DefaultMLPChunk = 1 << 17
 
 // EnvAttention names the environment variable that sets a new Engine's
 // Attention field ("auto", "mma" or "ref"), to compare the kernels.
@@ -27,10 +27,9 @@ type Engine struct {
 	// Config is the model's configuration.
 	Config model.Config
 	// MLPChunk is the most tokens one MLP call takes: a forward pass over
-	// more tokens runs each MLP in chunks. It bounds the MLP workspace
-	// (package gpu keeps one per layer: about 2 x chunk x width bf16 for the
-	// dense path) without costing GEMM efficiency. Zero means
-	// DefaultMLPChunk.
+	// more tokens runs each MLP in chunks. It bounds the MLP workspace,
+	// which the layers share (about 2 x chunk x width bf16 for the dense
+	// path). Zero means DefaultMLPChunk.
 	MLPChunk int
 	// Attention picks the attention kernel: "" or "auto" (tensor cores for
 	// head_dim 64 and 128, the plain kernel otherwise), "mma" or "ref" (the
@@ -191,6 +190,13 @@ func NewEngine(dev *cuda.Device, m *model.Model) (*Engine, error) {
 		if e.act == 0 && twellShape(h, f) && m.Layout.Tile == 256 {
 			if l.mlp, err = gpu.NewMLP(dev, e.blas, lw.Gate, lw.Up, lw.Down, h, f, m.Layout); err != nil {
 				return nil, fmt.Errorf("llm: layer %d MLP: %w", i, err)
+			}
+			// The layers run one after another on the engine's stream:
+			// one activation workspace serves them all.
+			if first := e.firstMLP(); first != nil {
+				if err := l.mlp.ShareWorkspace(first); err != nil {
+					return nil, fmt.Errorf("llm: layer %d MLP: %w", i, err)
+				}
 			}
 			e.crossover = append(e.crossover, l.mlp.Crossover)
 			e.sparseLayers++
@@ -380,4 +386,14 @@ func (c *Cache) Free() error {
 	err := c.buf.Free()
 	c.buf = nil
 	return err
+}
+
+// firstMLP returns the TwELL MLP of the first layer that has one, or nil.
+func (e *Engine) firstMLP() *gpu.MLP {
+	for _, l := range e.layers {
+		if l.mlp != nil {
+			return l.mlp
+		}
+	}
+	return nil
 }
