@@ -45,15 +45,17 @@ func wgmmaStages(s int) int {
 type kernels struct {
 	dev *cuda.Device
 
-	mmaOnce, wgOnce, denseOnce, fbOnce sync.Once
-	mma                                map[int]*cuda.Function    // D2T by S
-	wg                                 map[string]*cuda.Function // D2T by name expression
-	mmaErr, wgErr                      error
-	reluMul, reluInplace               *cuda.Function
-	denseErr                           error
-	gatheredOnce                       sync.Once
-	gath                               gatheredSet
-	gathErr                            error
+	mmaOnce, denseOnce   sync.Once
+	mma                  map[int]*cuda.Function // D2T by S
+	mmaErr               error
+	wgOnce               [2]sync.Once                 // plain, pipelined
+	wg                   [2]map[string]*cuda.Function // D2T by name expression
+	wgErr                [2]error
+	reluMul, reluInplace *cuda.Function
+	denseErr             error
+	gatheredOnce         sync.Once
+	gath                 gatheredSet
+	gathErr              error
 
 	t2dMu sync.Mutex
 	t2d   map[int]*t2dSet // by chunks per row, ceil(d/256)
@@ -128,31 +130,29 @@ func (k *kernels) d2tMMA(s int) (*cuda.Function, error) {
 }
 
 // d2tWGMMA returns the Hopper D2T kernel for S words per tile: with the
-// pipelined epilogue (pipe) or the one the consumers run themselves.
+// pipelined epilogue (pipe) or the one the consumers run themselves. The two
+// are compiled separately, so that one failing leaves the other usable.
 func (k *kernels) d2tWGMMA(s int, pipe bool) (*cuda.Function, error) {
-	k.wgOnce.Do(func() {
+	i := 0
+	if pipe {
+		i = 1
+	}
+	k.wgOnce[i].Do(func() {
 		p := k.dev.Properties()
 		if p.Arch != "sm_90a" {
-			k.wgErr = fmt.Errorf("gpu: the wgmma D2T kernel needs sm_90a (Hopper); %v is %s", k.dev, p.Arch)
+			k.wgErr[i] = fmt.Errorf("gpu: the wgmma D2T kernel needs sm_90a (Hopper); %v is %s", k.dev, p.Arch)
 			return
 		}
 		var exprs []string
-		for _, pipe := range []bool{false, true} {
-			for _, s := range []int{32, 64, 128} {
-				exprs = append(exprs, wgmmaName(s, pipe))
-			}
+		for _, s := range []int{32, 64, 128} {
+			exprs = append(exprs, wgmmaName(s, pipe))
 		}
-		fs, err := k.compile("d2t_wgmma.cu", d2tWGMMASrc, exprs)
-		if err != nil {
-			k.wgErr = err
-			return
-		}
-		k.wg = fs
+		k.wg[i], k.wgErr[i] = k.compile("d2t_wgmma.cu", d2tWGMMASrc, exprs)
 	})
-	if k.wgErr != nil {
-		return nil, k.wgErr
+	if k.wgErr[i] != nil {
+		return nil, k.wgErr[i]
 	}
-	return k.wg[wgmmaName(s, pipe)], nil
+	return k.wg[i][wgmmaName(s, pipe)], nil
 }
 
 func wgmmaName(s int, pipe bool) string {

@@ -47,7 +47,8 @@ func medianMS(t *testing.T, dev *cuda.Device, reps int, run func() error) float6
 
 // TestD2TVariants times build-time variants of the wgmma D2T kernel and the
 // sparse tail on the SparseLM shape, and logs the compiler's resource report.
-// It is an experiment, not a check: set TWELL_D2T_VARIANTS=1 to run it.
+// It is an experiment, not a check: set TWELL_D2T_VARIANTS=1 to run it
+// (=nopipe: without the pipelined-epilogue kernel).
 func TestD2TVariants(t *testing.T) {
 	if os.Getenv("TWELL_D2T_VARIANTS") == "" {
 		t.Skip("set TWELL_D2T_VARIANTS=1 to time the D2T kernel variants")
@@ -89,6 +90,9 @@ func TestD2TVariants(t *testing.T) {
 		{"pipe-wait0", true, []string{"-DTW_WAIT=0"}},
 		{"noepi", false, []string{"-DTW_EPI=0"}},
 	} {
+		if v.pipe && os.Getenv("TWELL_D2T_VARIANTS") == "nopipe" {
+			continue
+		}
 		opts := append([]string{"--ptxas-options=-v"}, v.opts...)
 		name := wgmmaName(32, v.pipe)
 		mod, err := dev.Compile("d2t_wgmma.cu", d2tWGMMASrc, cuda.WithHeader("common.cuh", commonCUH),
