@@ -160,8 +160,11 @@ __global__ void __launch_bounds__(256, TW_T2D_MINB)
 // bf16(h) << 16 | j, setting cnt[r] to its length. The row is private to its
 // warp and every write lands at or before the entry it replaces, below any
 // word still to be read. Flagged rows get cnt[r] = 0 (the fallback writes y).
+#ifndef TW_T2U_MINB
+#define TW_T2U_MINB 1  // blocks per SM the register budget must allow
+#endif
 template <bool GATED>
-__global__ void __launch_bounds__(256)
+__global__ void __launch_bounds__(256, TW_T2U_MINB)
     t2u(const u16* __restrict__ x, u32* packed, const u16* __restrict__ U, int* __restrict__ cnt,
         const int* __restrict__ flags, int m, int d, int S, int tiles, int row_words) {
   __shared__ u32 lists[T2D_WARPS][LCAP];

@@ -161,7 +161,31 @@ func TestD2TVariants(t *testing.T) {
 		return fn.Launch(cuda.Dim3{uint32(d / w), 1, 1}, cuda.Dim3{512, 1, 1}, f*w*2, nil,
 			l.ws.sp.packed, l.ws.sp.cnt, l.down, yb, int32(m), int32(d), int32(f), int32(f/8), int32(m))
 	})
-	t.Logf("t2d_ws<%d> alone: %.3f ms (%.0f G pairs/s)", w, ms, pairs/ms/1e6)
+	t.Logf("t2d_ws<%d> alone: %.3f ms (%.2f G pairs/s)", w, ms, pairs/ms/1e9)
+	// t2u rewrites the packed rows, so it is timed with the D2T before it.
+	for _, v := range []struct {
+		name string
+		opts []string
+	}{{"t2u default", nil}, {"t2u 2 blocks/SM", []string{"-DTW_T2U_MINB=2"}}} {
+		mod, err := dev.Compile("t2d.cu", t2dSrc, cuda.WithHeader("common.cuh", commonCUH), cuda.WithHeader("wgmma.cuh", wgmmaCUH),
+			cuda.WithNameExpressions("t2u<true>"), cuda.WithOptions(append([]string{"-DTW_NCH=8"}, v.opts...)...))
+		if err != nil {
+			t.Errorf("%s: %v", v.name, err)
+			continue
+		}
+		fn, _ := mod.Function("t2u<true>")
+		a, _ := fn.Attributes()
+		ms := medianMS(t, dev, 20, func() error {
+			ws, err := l.runD2T(nil, xb, m)
+			if err != nil {
+				return err
+			}
+			return fn.Launch(cuda.Dim3{uint32((m + 7) / 8), 1, 1}, cuda.Dim3{256, 1, 1}, 0, nil,
+				xb, ws.packed, l.up, ws.cnt, ws.flags, int32(m), int32(d), int32(32), int32(f/256), int32(f/8))
+		})
+		t.Logf("%-16s D2T + t2u %.3f ms: t2u %.3f ms, %.2f TB/s of U rows (%d registers, %d B local)",
+			v.name, ms, ms-d2t, pairs*2*float64(d)/(ms-d2t)/1e9, a.NumRegs, a.LocalBytes)
+	}
 	for name, fn := range map[string]*cuda.Function{"t2d<true>": set.gated, "t2u<true>": set.t2uGated,
 		"t2d_ws<16>": set.ws16, "row_fallback<true>": set.fbGated} {
 		a, _ := fn.Attributes()
