@@ -121,6 +121,10 @@ type MLP struct {
 	// Forward runs the dense path. NewMLP sets it from a cost model of the
 	// device (see DefaultCrossover); callers may calibrate it.
 	Crossover float64
+	// Measure makes Forward time its calls and, below Crossover, run the
+	// path measured faster for the batch size (NewMLP sets it; see
+	// autopath.go). Off, Forward follows the density rule alone.
+	Measure bool
 
 	dev            *cuda.Device
 	k              *kernels
@@ -156,6 +160,11 @@ type MLP struct {
 	ovfM       int
 	flagRate   float64 // flagged rows per token in the last measured sparse call
 	flagKnown  bool
+
+	// measured path choice (autopath.go)
+	times    map[int]*bucketTimes
+	inflight []timedCall
+	evFree   []*cuda.Event
 }
 
 // workspace is the activation memory of MLP calls, grown to the largest
@@ -199,7 +208,7 @@ func NewMLP(dev *cuda.Device, blas *cublas.Handle, wg, wu, wd []float32, d, f in
 		return nil, fmt.Errorf("gpu: MLP weights hold %d (gate), %d (up), %d (down) values, want %d each", len(wg), len(wu), len(wd), f*d)
 	}
 	l := &MLP{D: d, F: f, Gated: wg != nil, Layout: layout, dev: dev, k: kernelsFor(dev), blas: blas,
-		ws: &workspace{refs: 1}}
+		ws: &workspace{refs: 1}, Measure: true}
 	l.Crossover = DefaultCrossover(d, f, l.Gated)
 	down := make([]float32, f*d)
 	for k := 0; k < d; k++ {
@@ -320,6 +329,7 @@ func (l *MLP) Close() error {
 		errs = append(errs, l.evtOvf.Destroy())
 		l.evtOvf = nil
 	}
+	errs = append(errs, l.destroyEvents())
 	return errors.Join(errs...)
 }
 
@@ -849,16 +859,19 @@ func (l *MLP) Dense(s *cuda.Stream, y, x *cuda.Buffer, m int) error {
 // faster. Each call counts the active units of its batch (in D2T, or in the
 // dense elementwise pass, whose count runs on over consecutive dense calls
 // so that the dense path adds no reset) and copies the count back without
-// waiting; the
-// next call that finds the count arrived compares the mean active units per
-// token with Crossover and picks the sparse path below it, the dense path
-// above. The first call runs sparse. It returns the path it ran.
+// waiting; the next call that finds the count arrived compares the mean
+// active units per token with Crossover and runs dense above it. Below it,
+// with Measure set, the path measured faster for this batch size runs (the
+// first call of a size runs sparse, the second dense; see autopath.go). It
+// returns the path it ran.
 func (l *MLP) Forward(s *cuda.Stream, y, x *cuda.Buffer, m int) (Path, error) {
 	if err := l.checkIO(y, x, m); err != nil {
 		return PathSparse, err
 	}
 	l.poll()
-	path := l.next
+	l.pollTimes()
+	path := l.choose(m, l.next)
+	start := l.startTiming(s)
 	var err error
 	if path == PathDense && l.blas != nil {
 		err = l.Dense(s, y, x, m)
@@ -869,6 +882,7 @@ func (l *MLP) Forward(s *cuda.Stream, y, x *cuda.Buffer, m int) (Path, error) {
 	if err != nil {
 		return path, err
 	}
+	l.endTiming(s, start, path, m)
 	if err := l.dev.CopyDtoHAsync(l.hostNNZ.Bytes(), l.nnz, s); err != nil {
 		return path, err
 	}

@@ -411,6 +411,7 @@ func TestForwardChoosesPath(t *testing.T) {
 			t.Fatalf("seed %d: %v", seed, err)
 		}
 		l.Crossover = 0.1 * float64(f)
+		l.Measure = false // the density rule alone (timings: TestChooseByTimes)
 		x := synth.Tokens(r, m, d)
 		xb, _ := Upload(dev, x)
 		yb, _ := dev.Alloc(2 * m * d)

@@ -1,0 +1,170 @@
+package gpu
+
+import (
+	"math/bits"
+
+	"github.com/twell-ai/twell/cuda"
+)
+
+// The automatic path (Forward) has two guides. The density rule (poll):
+// above Crossover active units per token the dense path runs. Below it,
+// timings: Forward brackets every call with CUDA events, keeps per batch-size
+// bucket (powers of two) a running mean of each path's time per token, and
+// runs the faster path once both are known. The first call of a bucket runs
+// sparse, the next one dense (to time it); after that the slower path runs
+// again every reprobeEvery calls, so the choice follows changes in density.
+
+const (
+	timeAlpha    = 0.5 // weight of a new timing in a bucket's running mean
+	reprobeEvery = 32  // calls in a bucket between runs of the slower path
+	maxInflight  = 64  // timed calls whose events have not completed yet
+)
+
+// bucketTimes are the measured costs of one batch-size bucket.
+type bucketTimes struct {
+	perTok [2]float64 // ms per token, by Path
+	n      [2]int     // timed calls, by Path
+	calls  int
+}
+
+// timedCall is a Forward call whose timing has not been read yet.
+type timedCall struct {
+	path       Path
+	bucket, m  int
+	start, end *cuda.Event
+}
+
+func bucketOf(m int) int { return bits.Len(uint(m)) }
+
+// choose returns the path for a call of m tokens; byDensity is the density
+// rule's choice.
+func (l *MLP) choose(m int, byDensity Path) Path {
+	if l.blas == nil {
+		return PathSparse
+	}
+	if !l.Measure || byDensity == PathDense {
+		return byDensity
+	}
+	if l.times == nil {
+		l.times = map[int]*bucketTimes{}
+	}
+	b := bucketOf(m)
+	bt := l.times[b]
+	if bt == nil {
+		bt = &bucketTimes{}
+		l.times[b] = bt
+	}
+	bt.calls++
+	switch haveS, haveD := bt.n[PathSparse] > 0, bt.n[PathDense] > 0; {
+	case haveS && haveD:
+		fast, slow := PathSparse, PathDense
+		if bt.perTok[PathDense] < bt.perTok[PathSparse] {
+			fast, slow = slow, fast
+		}
+		if bt.calls%reprobeEvery == 0 {
+			return slow
+		}
+		return fast
+	case haveS:
+		return PathDense
+	}
+	return PathSparse
+}
+
+// record adds a timing to its bucket.
+func (l *MLP) record(path Path, bucket, m int, ms float64) {
+	if l.times == nil {
+		l.times = map[int]*bucketTimes{}
+	}
+	bt := l.times[bucket]
+	if bt == nil {
+		bt = &bucketTimes{}
+		l.times[bucket] = bt
+	}
+	v := ms / float64(m)
+	if bt.n[path] == 0 {
+		bt.perTok[path] = v
+	} else {
+		bt.perTok[path] += timeAlpha * (v - bt.perTok[path])
+	}
+	bt.n[path]++
+}
+
+// startTiming records a start event on s for a call about to be queued, or
+// returns nil when too many timings are pending.
+func (l *MLP) startTiming(s *cuda.Stream) *cuda.Event {
+	if !l.Measure || len(l.inflight) >= maxInflight {
+		return nil
+	}
+	ev := l.event()
+	if ev == nil {
+		return nil
+	}
+	if ev.Record(s) != nil {
+		l.evFree = append(l.evFree, ev)
+		return nil
+	}
+	return ev
+}
+
+// endTiming records the end event of a call started with startTiming.
+func (l *MLP) endTiming(s *cuda.Stream, start *cuda.Event, path Path, m int) {
+	if start == nil {
+		return
+	}
+	end := l.event()
+	if end == nil || end.Record(s) != nil {
+		l.evFree = append(l.evFree, start)
+		if end != nil {
+			l.evFree = append(l.evFree, end)
+		}
+		return
+	}
+	l.inflight = append(l.inflight, timedCall{path: path, bucket: bucketOf(m), m: m, start: start, end: end})
+}
+
+// event returns a free event, or nil if none can be made.
+func (l *MLP) event() *cuda.Event {
+	if n := len(l.evFree); n > 0 {
+		ev := l.evFree[n-1]
+		l.evFree = l.evFree[:n-1]
+		return ev
+	}
+	ev, err := l.dev.NewEvent()
+	if err != nil {
+		return nil
+	}
+	return ev
+}
+
+// pollTimes reads the timings of completed calls, in stream order.
+func (l *MLP) pollTimes() {
+	for len(l.inflight) > 0 {
+		c := l.inflight[0]
+		if done, err := c.end.Done(); err != nil || !done {
+			return
+		}
+		l.inflight = l.inflight[1:]
+		el, err := c.start.Elapsed(c.end)
+		l.evFree = append(l.evFree, c.start, c.end)
+		if err == nil {
+			l.record(c.path, c.bucket, c.m, float64(el.Nanoseconds())/1e6)
+		}
+	}
+}
+
+// destroyEvents frees the timing events.
+func (l *MLP) destroyEvents() error {
+	var first error
+	for _, c := range l.inflight {
+		l.evFree = append(l.evFree, c.start, c.end)
+	}
+	l.inflight = nil
+	for _, ev := range l.evFree {
+		if err := ev.Destroy(); err != nil && first == nil {
+			first = err
+		}
+	}
+	l.evFree = nil
+	return first
+}
