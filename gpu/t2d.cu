@@ -163,6 +163,9 @@ __global__ void __launch_bounds__(256, TW_T2D_MINB)
 #ifndef TW_T2U_MINB
 #define TW_T2U_MINB 1  // blocks per SM the register budget must allow
 #endif
+#ifndef TW_T2U_ROWS
+#define TW_T2U_ROWS 2  // U rows in flight per warp
+#endif
 template <bool GATED>
 __global__ void __launch_bounds__(256, TW_T2U_MINB)
     t2u(const u16* __restrict__ x, u32* packed, const u16* __restrict__ U, int* __restrict__ cnt,
@@ -189,38 +192,28 @@ __global__ void __launch_bounds__(256, TW_T2U_MINB)
   auto flush = [&]() {
     __syncwarp();
     if (GATED) {
-      for (int i = 0; i < n; i += 2) {
-        const u32 wa = list[i];
-        const bool hasb = i + 1 < n;
-        const u32 wb = hasb ? list[i + 1] : 0u;
-        const size_t ja = (size_t)(wa & 0xffffu) * d, jb = (size_t)(wb & 0xffffu) * d;
-        uint4 ua[TW_NCH], ub[TW_NCH];
+      // TW_T2U_ROWS entries at a time, so that as many U rows are in flight.
+      for (int i = 0; i < n; i += TW_T2U_ROWS) {
+        u32 wr[TW_T2U_ROWS];
+        uint4 ur[TW_T2U_ROWS][TW_NCH];
 #pragma unroll
-        for (int c = 0; c < TW_NCH; ++c) {
-          int k = c * 256 + lane * 8;
-          uint4 z;
-          z.x = z.y = z.z = z.w = 0u;
-          ua[c] = z;
-          ub[c] = z;
-          if (k < d) {
-            ua[c] = ld_hint(U + ja + k, keep);
-            if (hasb) ub[c] = ld_hint(U + jb + k, keep);
+        for (int e = 0; e < TW_T2U_ROWS; ++e) {
+          wr[e] = (i + e < n) ? list[i + e] : 0u;
+          const size_t j = (size_t)(wr[e] & 0xffffu) * d;
+#pragma unroll
+          for (int c = 0; c < TW_NCH; ++c) {
+            int k = c * 256 + lane * 8;
+            ur[e][c].x = ur[e][c].y = ur[e][c].z = ur[e][c].w = 0u;
+            if (k < d && i + e < n) ur[e][c] = ld_hint(U + j + k, keep);
           }
         }
-        float pa = 0.f, pb = 0.f;
 #pragma unroll
-        for (int c = 0; c < TW_NCH; ++c) {
-          pa = dot8(xv[c], ua[c], pa);
-          pb = dot8(xv[c], ub[c], pb);
-        }
+        for (int e = 0; e < TW_T2U_ROWS; ++e) {
+          float p = 0.f;
 #pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-          pa += __shfl_xor_sync(0xffffffffu, pa, o);
-          pb += __shfl_xor_sync(0xffffffffu, pb, o);
-        }
-        if (lane == 0) {
-          prow[out + i] = (f_to_bf(bf_hi(wa) * pa) << 16) | (wa & 0xffffu);
-          if (hasb) prow[out + i + 1] = (f_to_bf(bf_hi(wb) * pb) << 16) | (wb & 0xffffu);
+          for (int c = 0; c < TW_NCH; ++c) p = dot8(xv[c], ur[e][c], p);
+          p = warp_sum(p);
+          if (lane == 0 && i + e < n) prow[out + i + e] = (f_to_bf(bf_hi(wr[e]) * p) << 16) | (wr[e] & 0xffffu);
         }
       }
     } else {

@@ -166,7 +166,7 @@ func TestD2TVariants(t *testing.T) {
 	for _, v := range []struct {
 		name string
 		opts []string
-	}{{"t2u default", nil}, {"t2u 2 blocks/SM", []string{"-DTW_T2U_MINB=2"}}} {
+	}{{"t2u default", nil}, {"t2u 2 blocks/SM", []string{"-DTW_T2U_MINB=2"}}, {"t2u 4 rows", []string{"-DTW_T2U_ROWS=4"}}} {
 		mod, err := dev.Compile("t2d.cu", t2dSrc, cuda.WithHeader("common.cuh", commonCUH), cuda.WithHeader("wgmma.cuh", wgmmaCUH),
 			cuda.WithNameExpressions("t2u<true>"), cuda.WithOptions(append([]string{"-DTW_NCH=8"}, v.opts...)...))
 		if err != nil {
