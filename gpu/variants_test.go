@@ -120,8 +120,9 @@ func TestD2TVariants(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			l.d2tOverride = nil
+			l.d2tOverride, l.Kernel = nil, KernelWGMMA
 			q, err := l.D2T(nil, xb, m)
+			l.Kernel = KernelAuto
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -158,7 +159,7 @@ func TestD2TVariants(t *testing.T) {
 	w := l.splitWidth()
 	fn := map[int]*cuda.Function{16: set.ws16, 8: set.ws8}[w]
 	ms := medianMS(t, dev, 20, func() error {
-		return fn.Launch(cuda.Dim3{uint32(d / w), 1, 1}, cuda.Dim3{512, 1, 1}, f*w*2, nil,
+		return fn.Launch(cuda.Dim3{uint32(d / w), 1, 1}, cuda.Dim3{1024, 1, 1}, f*w*2, nil,
 			l.ws.sp.packed, l.ws.sp.cnt, l.down, yb, int32(m), int32(d), int32(f), int32(f/8), int32(m))
 	})
 	t.Logf("t2d_ws<%d> alone: %.3f ms (%.2f G pairs/s)", w, ms, pairs/ms/1e9)
@@ -166,7 +167,7 @@ func TestD2TVariants(t *testing.T) {
 	for _, v := range []struct {
 		name string
 		opts []string
-	}{{"t2u default", nil}, {"t2u 2 blocks/SM", []string{"-DTW_T2U_MINB=2"}}, {"t2u 4 rows", []string{"-DTW_T2U_ROWS=4"}}} {
+	}{{"t2u default", nil}, {"t2u 1 block/SM", []string{"-DTW_T2U_MINB=1"}}} {
 		mod, err := dev.Compile("t2d.cu", t2dSrc, cuda.WithHeader("common.cuh", commonCUH), cuda.WithHeader("wgmma.cuh", wgmmaCUH),
 			cuda.WithNameExpressions("t2u<true>"), cuda.WithOptions(append([]string{"-DTW_NCH=8"}, v.opts...)...))
 		if err != nil {
