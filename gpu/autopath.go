@@ -10,9 +10,11 @@ import (
 // above Crossover active units per token the dense path runs. Below it,
 // timings: Forward brackets every call with CUDA events, keeps per batch-size
 // bucket (powers of two) a running mean of each path's time per token, and
-// runs the faster path once both are known. The first call of a bucket runs
-// sparse, the next one dense (to time it); after that the slower path runs
-// again every reprobeEvery calls, so the choice follows changes in density.
+// runs the faster path once both are known. A path's first timing in a bucket
+// is dropped (it pays for workspace allocation and first-use setup), so the
+// first calls of a bucket run sparse until it has a kept timing, then dense
+// until it has one; after that the faster path runs, and the slower one again
+// every reprobeEvery calls, so the choice follows changes in density.
 
 const (
 	timeAlpha    = 0.5 // weight of a new timing in a bucket's running mean
@@ -23,7 +25,7 @@ const (
 // bucketTimes are the measured costs of one batch-size bucket.
 type bucketTimes struct {
 	perTok [2]float64 // ms per token, by Path
-	n      [2]int     // timed calls, by Path
+	n      [2]int     // timed calls, by Path (the first one dropped)
 	calls  int
 }
 
@@ -55,7 +57,7 @@ func (l *MLP) choose(m int, byDensity Path) Path {
 		l.times[b] = bt
 	}
 	bt.calls++
-	switch haveS, haveD := bt.n[PathSparse] > 0, bt.n[PathDense] > 0; {
+	switch haveS, haveD := bt.n[PathSparse] > 1, bt.n[PathDense] > 1; {
 	case haveS && haveD:
 		fast, slow := PathSparse, PathDense
 		if bt.perTok[PathDense] < bt.perTok[PathSparse] {
@@ -82,9 +84,11 @@ func (l *MLP) record(path Path, bucket, m int, ms float64) {
 		l.times[bucket] = bt
 	}
 	v := ms / float64(m)
-	if bt.n[path] == 0 {
+	switch bt.n[path] {
+	case 0: // dropped
+	case 1:
 		bt.perTok[path] = v
-	} else {
+	default:
 		bt.perTok[path] += timeAlpha * (v - bt.perTok[path])
 	}
 	bt.n[path]++

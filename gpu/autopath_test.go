@@ -9,8 +9,9 @@ import (
 )
 
 // TestChooseByTimes drives the measured path choice with made-up timings:
-// the first call of a batch size runs sparse, the second dense, then the
-// faster one, with the slower one re-timed every reprobeEvery calls; the
+// the first two calls of a batch size run sparse, the next two dense (each
+// path's first timing is dropped), then the faster one, with the slower one
+// re-timed every reprobeEvery calls; the
 // density rule overrides the timings; sizes are bucketed by powers of two.
 func TestChooseByTimes(t *testing.T) {
 	seed := uint64(time.Now().UnixNano())
@@ -31,9 +32,9 @@ func TestChooseByTimes(t *testing.T) {
 			l.record(p, bucketOf(m), m, cost[p]*float64(m))
 			want := fast
 			switch {
-			case call == 1:
+			case call <= 2:
 				want = PathSparse
-			case call == 2:
+			case call <= 4:
 				want = PathDense
 			case call%reprobeEvery == 0:
 				want = slow

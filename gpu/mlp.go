@@ -866,7 +866,7 @@ func (l *MLP) Dense(s *cuda.Stream, y, x *cuda.Buffer, m int) error {
 // waiting; the next call that finds the count arrived compares the mean
 // active units per token with Crossover and runs dense above it. Below it,
 // with Measure set, the path measured faster for this batch size runs (the
-// first call of a size runs sparse, the second dense; see autopath.go). It
+// first calls of a size time sparse, then dense; see autopath.go). It
 // returns the path it ran.
 func (l *MLP) Forward(s *cuda.Stream, y, x *cuda.Buffer, m int) (Path, error) {
 	if err := l.checkIO(y, x, m); err != nil {
