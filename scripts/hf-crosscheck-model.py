@@ -2,8 +2,10 @@
 
 Usage: python3 scripts/hf-crosscheck-model.py OUT_DIR
 Writes OUT_DIR/<name>/ (config.json + model.safetensors, saved by LlamaForCausalLM) and
-OUT_DIR/<name>/expected.json (token ids, float32 logits of every position, greedy continuation).
-Then: TWELL_HF_DIR=OUT_DIR go test ./model -run TestHFCrossCheck   (or the compiled model.test).
+OUT_DIR/<name>/expected.json (token ids, float32 logits of every position, greedy continuation
+and, per greedy step, the margin between PyTorch's top two logits).
+Then: TWELL_HF_DIR=OUT_DIR go test ./model -run TestHFCrossCheck (CPU) and
+TWELL_HF_DIR=OUT_DIR go test ./gpu/llm -run TestHFCrossCheckGPU (GPU), or the compiled test binaries.
 """
 import json, os, sys
 
@@ -39,7 +41,10 @@ for name, kw in cases.items():
     ids = torch.randint(3, cfg.vocab_size, (1, 12))
     with torch.no_grad():
         logits = model(ids).logits[0]
-        gen = model.generate(ids, max_new_tokens=10, do_sample=False, eos_token_id=None, pad_token_id=0)
-    json.dump({"ids": ids[0].tolist(), "logits": logits.tolist(), "greedy": gen[0, ids.shape[1]:].tolist()},
+        gen = model.generate(ids, max_new_tokens=10, do_sample=False, eos_token_id=None, pad_token_id=0,
+                             output_scores=True, return_dict_in_generate=True)
+    margins = [float(v[0] - v[1]) for v in (s[0].topk(2).values for s in gen.scores)]
+    json.dump({"ids": ids[0].tolist(), "logits": logits.tolist(), "greedy": gen.sequences[0, ids.shape[1]:].tolist(),
+               "greedy_margin": margins},
               open(os.path.join(d, "expected.json"), "w"))
     print(name, "written", tuple(logits.shape))
