@@ -60,3 +60,65 @@ func TestChooseByTimes(t *testing.T) {
 		t.Errorf("without cuBLAS, choose ran %v, want sparse", p)
 	}
 }
+
+// TestGatheredRows checks how many flagged rows the gathered dense pass is
+// sized for: 64 before any report, none after a clean call, 1.5x the last
+// rate plus 16 otherwise, in multiples of 16, never above m rounded up or
+// maxGatheredRows, and none without cuBLAS.
+func TestGatheredRows(t *testing.T) {
+	seed := uint64(time.Now().UnixNano())
+	r := rand.New(rand.NewPCG(seed, 2))
+	for trial := 0; trial < 200; trial++ {
+		l := &MLP{blas: &cublas.Handle{}}
+		m := 1 + r.IntN(1<<17)
+		n := l.gatheredRows(m)
+		if want := (min(64, m) + 15) / 16 * 16; n != want {
+			t.Fatalf("seed %d: m=%d, no report yet: %d rows, want %d", seed, m, n, want)
+		}
+		l.flagKnown = true
+		if n := l.gatheredRows(m); n != 0 {
+			t.Fatalf("seed %d: m=%d after a call without flagged rows: %d rows, want 0", seed, m, n)
+		}
+		l.flagRate = r.Float64() * 0.3
+		n = l.gatheredRows(m)
+		need := int(1.5*l.flagRate*float64(m)) + 16
+		switch {
+		case n%16 != 0:
+			t.Fatalf("seed %d: %d rows, not a multiple of 16", seed, n)
+		case n > (min(m, maxGatheredRows)+15)/16*16:
+			t.Fatalf("seed %d: m=%d: %d rows, over min(m, %d)", seed, m, n, maxGatheredRows)
+		case n < min(need, m, maxGatheredRows):
+			t.Fatalf("seed %d: m=%d rate %.3f: %d rows, under the %d needed", seed, m, l.flagRate, n, min(need, m, maxGatheredRows))
+		}
+	}
+	if n := (&MLP{}).gatheredRows(100); n != 0 {
+		t.Errorf("without cuBLAS: %d gathered rows, want 0", n)
+	}
+}
+
+// TestUseSplit checks the tail choice: forced by Tail, else split once the
+// batch holds at least 4F active pairs (1 per token until measured).
+func TestUseSplit(t *testing.T) {
+	t.Setenv(EnvTail, "")
+	l := &MLP{F: 5632}
+	for _, c := range []struct {
+		tail  Tail
+		m     int
+		known bool
+		nnz   float64
+		want  bool
+	}{
+		{TailWarp, 1 << 16, true, 28, false},
+		{TailSplit, 1, false, 0, true},
+		{TailAuto, 4*5632 - 1, false, 0, false},
+		{TailAuto, 4 * 5632, false, 0, true},
+		{TailAuto, 4096, true, 28, true},
+		{TailAuto, 64, true, 28, false},
+		{TailAuto, 1024, true, 0.5, false},
+	} {
+		l.Tail, l.lastKnown, l.lastNNZ = c.tail, c.known, c.nnz
+		if got := l.useSplit(c.m); got != c.want {
+			t.Errorf("tail %v, m=%d, measured %v (%g per token): split %v, want %v", c.tail, c.m, c.known, c.nnz, got, c.want)
+		}
+	}
+}
