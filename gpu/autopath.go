@@ -15,12 +15,25 @@ import (
 // first calls of a bucket run sparse until it has a kept timing, then dense
 // until it has one; after that the faster path runs, and the slower one again
 // every reprobeEvery calls, so the choice follows changes in density.
+//
+// In the steady state the bookkeeping is thinned out, since each copy back
+// and event is a stream operation that a decode step of a few tens of
+// microseconds per layer notices: calls are timed while a bucket explores,
+// when it re-times the slower path and every retimeEvery calls; the
+// active-unit and flagged-row counts are copied back on the first
+// sampleFirst calls and then every sampleEvery calls.
 
 const (
 	timeAlpha    = 0.5 // weight of a new timing in a bucket's running mean
 	reprobeEvery = 32  // calls in a bucket between runs of the slower path
+	retimeEvery  = 8   // calls in a bucket between timings of the faster path
 	maxInflight  = 64  // timed calls whose events have not completed yet
+	sampleFirst  = 8   // calls whose counts are all copied back
+	sampleEvery  = 8   // later, calls between count copies
 )
+
+// sampled reports whether the n-th call (from 1) copies its counts back.
+func sampled(n int) bool { return n <= sampleFirst || n%sampleEvery == 0 }
 
 // bucketTimes are the measured costs of one batch-size bucket.
 type bucketTimes struct {
@@ -38,14 +51,14 @@ type timedCall struct {
 
 func bucketOf(m int) int { return bits.Len(uint(m)) }
 
-// choose returns the path for a call of m tokens; byDensity is the density
-// rule's choice.
-func (l *MLP) choose(m int, byDensity Path) Path {
+// choose returns the path for a call of m tokens, and whether to time it;
+// byDensity is the density rule's choice.
+func (l *MLP) choose(m int, byDensity Path) (Path, bool) {
 	if l.blas == nil {
-		return PathSparse
+		return PathSparse, false
 	}
 	if !l.Measure || byDensity == PathDense {
-		return byDensity
+		return byDensity, false
 	}
 	if l.times == nil {
 		l.times = map[int]*bucketTimes{}
@@ -64,13 +77,13 @@ func (l *MLP) choose(m int, byDensity Path) Path {
 			fast, slow = slow, fast
 		}
 		if bt.calls%reprobeEvery == 0 {
-			return slow
+			return slow, true
 		}
-		return fast
+		return fast, bt.calls%retimeEvery == 0
 	case haveS:
-		return PathDense
+		return PathDense, true
 	}
-	return PathSparse
+	return PathSparse, true
 }
 
 // record adds a timing to its bucket.
@@ -97,7 +110,7 @@ func (l *MLP) record(path Path, bucket, m int, ms float64) {
 // startTiming records a start event on s for a call about to be queued, or
 // returns nil when too many timings are pending.
 func (l *MLP) startTiming(s *cuda.Stream) *cuda.Event {
-	if !l.Measure || len(l.inflight) >= maxInflight {
+	if len(l.inflight) >= maxInflight {
 		return nil
 	}
 	ev := l.event()

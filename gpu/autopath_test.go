@@ -27,9 +27,16 @@ func TestChooseByTimes(t *testing.T) {
 		cost := map[Path]float64{PathSparse: sparseMS, PathDense: denseMS}
 		var got []Path
 		for call := 1; call <= 3*reprobeEvery; call++ {
-			p := l.choose(m, PathSparse)
+			p, timed := l.choose(m, PathSparse)
 			got = append(got, p)
-			l.record(p, bucketOf(m), m, cost[p]*float64(m))
+			if call <= 4 || call%reprobeEvery == 0 {
+				if !timed {
+					t.Fatalf("seed %d: call %d (%v) explores or re-times but is not timed", seed, call, p)
+				}
+			}
+			if timed {
+				l.record(p, bucketOf(m), m, cost[p]*float64(m))
+			}
 			want := fast
 			switch {
 			case call <= 2:
@@ -44,20 +51,25 @@ func TestChooseByTimes(t *testing.T) {
 					seed, m, sparseMS, denseMS, call, p, want, got)
 			}
 		}
-		if p := l.choose(m, PathDense); p != PathDense {
+		if p, _ := l.choose(m, PathDense); p != PathDense {
 			t.Errorf("seed %d: the density rule said dense, choose ran %v", seed, p)
 		}
 		// another power-of-two bucket starts over
-		if p := l.choose(4*m, PathSparse); p != PathSparse {
-			t.Errorf("seed %d: first call of a new bucket ran %v, want sparse", seed, p)
+		if p, timed := l.choose(4*m, PathSparse); p != PathSparse || !timed {
+			t.Errorf("seed %d: first call of a new bucket ran %v (timed %v), want sparse, timed", seed, p, timed)
 		}
 		l.Measure = false
-		if p := l.choose(m, PathSparse); p != PathSparse {
-			t.Errorf("seed %d: without Measure, choose ran %v, want the density rule's sparse", seed, p)
+		if p, timed := l.choose(m, PathSparse); p != PathSparse || timed {
+			t.Errorf("seed %d: without Measure, choose ran %v (timed %v), want the density rule's sparse, untimed", seed, p, timed)
 		}
 	}
-	if p := (&MLP{Measure: true}).choose(100, PathDense); p != PathSparse {
+	if p, _ := (&MLP{Measure: true}).choose(100, PathDense); p != PathSparse {
 		t.Errorf("without cuBLAS, choose ran %v, want sparse", p)
+	}
+	for n := 1; n <= 100; n++ {
+		if want := n <= sampleFirst || n%sampleEvery == 0; sampled(n) != want {
+			t.Errorf("sampled(%d) = %v, want %v", n, sampled(n), want)
+		}
 	}
 }
 

@@ -162,9 +162,10 @@ type MLP struct {
 	flagKnown  bool
 
 	// measured path choice (autopath.go)
-	times    map[int]*bucketTimes
-	inflight []timedCall
-	evFree   []*cuda.Event
+	fwdCalls, sparseCalls int
+	times                 map[int]*bucketTimes
+	inflight              []timedCall
+	evFree                []*cuda.Event
 }
 
 // workspace is the activation memory of MLP calls, grown to the largest
@@ -658,6 +659,9 @@ func (l *MLP) Sparse(s *cuda.Stream, y, x *cuda.Buffer, m int) error {
 		x, l.sparseIn(), l.up, l.down, y, ws.ovf, ws.hbuf, int32(l.D), int32(l.F), int32(first)); err != nil {
 		return fmt.Errorf("gpu: dense fallback: %w", err)
 	}
+	if l.sparseCalls++; !sampled(l.sparseCalls) {
+		return nil
+	}
 	ovf0, err := ws.ovf.Slice(0, 4)
 	if err != nil {
 		return err
@@ -874,8 +878,11 @@ func (l *MLP) Forward(s *cuda.Stream, y, x *cuda.Buffer, m int) (Path, error) {
 	}
 	l.poll()
 	l.pollTimes()
-	path := l.choose(m, l.next)
-	start := l.startTiming(s)
+	path, timeIt := l.choose(m, l.next)
+	var start *cuda.Event
+	if timeIt {
+		start = l.startTiming(s)
+	}
 	var err error
 	if path == PathDense && l.blas != nil {
 		err = l.Dense(s, y, x, m)
@@ -887,6 +894,9 @@ func (l *MLP) Forward(s *cuda.Stream, y, x *cuda.Buffer, m int) (Path, error) {
 		return path, err
 	}
 	l.endTiming(s, start, path, m)
+	if l.fwdCalls++; !sampled(l.fwdCalls) {
+		return path, nil
+	}
 	if err := l.dev.CopyDtoHAsync(l.hostNNZ.Bytes(), l.nnz, s); err != nil {
 		return path, err
 	}

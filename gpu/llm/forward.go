@@ -17,9 +17,10 @@ const attnBQ = 64
 type Stats struct {
 	Tokens int
 	// MeanActive is, per layer, the mean number of active MLP units per
-	// token measured by the layer's last MLP call of the step (its last
-	// chunk of tokens); -1 where nothing was measured (the dense path
-	// chosen by SetMLPPath("dense"), or a layer without a TwELL MLP).
+	// token of the layer's latest measured MLP call (the MLP copies its
+	// count back on its first calls, then on every 8th: see package gpu);
+	// -1 where nothing was measured (the dense path chosen by
+	// SetMLPPath("dense"), or a layer without a TwELL MLP).
 	MeanActive []float64
 	// SparseLayer is, per layer, whether every MLP call of the step ran
 	// the sparse (TwELL) path.
