@@ -13,6 +13,7 @@ import (
 	"github.com/twell-ai/twell/internal/atomicfile"
 
 	"github.com/twell-ai/twell/bench"
+	"github.com/twell-ai/twell/cuda"
 	"github.com/twell-ai/twell/synth"
 )
 
@@ -32,12 +33,18 @@ func runBenchModel(args []string, stdout, stderr io.Writer) error {
 	decodeBatch := fs.String("decode-batch", "1,8", "decode: comma-separated batch sizes (cuda: default 1,8,64)")
 	decodeSteps := fs.Int("decode-steps", 8, "decode: timed steps per batch size")
 	reps := fs.Int("reps", 3, "repetitions, median reported")
-	device := fs.String("device", "auto", "cpu, cuda or auto (auto: cpu)")
+	device := fs.String("device", "auto", "cpu, cuda or auto (auto: cuda when a GPU is found, else cpu)")
 	seed := fs.Uint64("seed", 0, "random seed (0: fresh, printed)")
 	jsonPath := fs.String("json", "", "write the results as JSON to this file")
 	save := fs.String("save", "", "also write the benchmarked model as a Hugging Face checkpoint (bf16) to this folder")
 	if err := parseFlags(fs, args); err != nil {
 		return err
+	}
+	if *device == "auto" {
+		*device = "cpu"
+		if n, err := cuda.Count(); err == nil && n > 0 {
+			*device = "cuda"
+		}
 	}
 	if *device == "cuda" { // GPU-sized defaults for the flags not given
 		set := map[string]bool{}

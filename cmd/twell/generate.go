@@ -36,7 +36,7 @@ func runGenerate(args []string, stdout, stderr io.Writer) error {
 	topP := fs.Float64("top-p", 1, "nucleus sampling threshold in (0, 1]")
 	rep := fs.Float64("repetition-penalty", 1, "penalty > 1 for tokens already seen")
 	seed := fs.Uint64("seed", 0, "random seed (0: from the clock)")
-	device := fs.String("device", "auto", "cpu, cuda or auto (auto: cpu)")
+	device := fs.String("device", "auto", "cpu, cuda or auto (auto: cuda when a GPU is found and takes the model, else cpu)")
 	decodeBF16 := fs.Bool("decode-bf16", true, "CPU decode steps read bf16 weight copies (faster; float32 when false)")
 	var stops stringList
 	fs.Var(&stops, "stop", "stop when this text is generated (repeatable)")
@@ -70,6 +70,16 @@ func runGenerate(args []string, stdout, stderr io.Writer) error {
 	m, err := model.Load(*dir)
 	if err != nil {
 		return err
+	}
+	if *device == "auto" {
+		*device = "cpu"
+		if n, err := cuda.Count(); err == nil && n > 0 {
+			if err := llm.Supported(m.Config); err != nil {
+				fmt.Fprintf(stderr, "generate: running on the CPU: the GPU engine does not take this model: %v\n", err)
+			} else {
+				*device = "cuda"
+			}
+		}
 	}
 	if *decodeBF16 && *device != "cuda" {
 		m.UseBF16ForDecode()
