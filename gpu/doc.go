@@ -13,14 +13,21 @@
 //     ReLU and packs each row's 256-column tiles into TwELL, with slots in
 //     column order (deterministic), true counts, and every row whose tile
 //     overflows (more than S-1 entries) or holds NaN/Inf flagged. On Hopper
-//     (sm_90a) it is a persistent TMA + wgmma kernel with 2-CTA clusters;
+//     (sm_90a) it is a persistent TMA + wgmma kernel with 2-CTA clusters
+//     whose packing runs in separate warps, overlapped with the next tile;
 //     elsewhere a simpler mma.sync kernel.
-//   - T2D: for each token, the up projection on the active units only, the
-//     gating product, and the down projection (gated T2D), or the down
-//     projection alone (T2D). Flagged rows are recomputed exactly and densely.
+//   - the tail: for each token, the up projection on the active units only,
+//     the gating product, and the down projection (gated), or the down
+//     projection alone (non-gated); either one warp per token, or (large
+//     batches) a per-token up projection followed by a weight-stationary
+//     down projection from shared memory. Flagged rows are recomputed
+//     densely: a gathered cuBLASLt pass, then an exact per-row kernel.
 //
 // MLP.Forward picks the sparse or the dense path for each call from the
-// measured number of active units, so the block is never much slower than
-// dense. Weights are stored once, bf16, in the layout the kernels want:
-// Wg and Wu as [f, d] (nn.Linear layout) and D = Wd^T as [f, d].
+// measured number of active units and, below the density crossover, from
+// timings of both paths per batch size, so the block is not slower than
+// dense for long. Layers may share one activation workspace
+// (MLP.ShareWorkspace). Weights are stored once, bf16, in the layout the
+// kernels want: Wg and Wu as [f, d] (nn.Linear layout) and D = Wd^T as
+// [f, d].
 package gpu

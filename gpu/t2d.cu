@@ -4,15 +4,18 @@
 //   non-gated: y[r] = sum over active j of h[r,j] * D[j]
 //
 // U = Wu and D = Wd^T are bf16 [f, d] row-major, so a unit's rows are
-// contiguous. One warp per token: the warp first gathers the row's active
-// entries from the TwELL tiles into a shared-memory list (column order),
-// then walks the list two entries at a time so that two weight rows are in
-// flight at once. x is held in registers; products are exact fp32 FMAs of
-// bf16 operands, u and h stay fp32, y is rounded to bf16 once. Weights are
-// read with an L2 evict_last policy, activations with evict_first.
+// contiguous. Two tails (MLP.Tail):
+//   t2d (warp per token): the warp gathers the row's active entries from the
+//     TwELL tiles into a shared-memory list (column order), then walks the
+//     list two entries at a time so that two weight rows are in flight at
+//     once. x is held in registers; products are exact fp32 FMAs of bf16
+//     operands, u and h stay fp32, y is rounded to bf16 once.
+//   t2u + t2d_ws (split, for large batches): see below.
+// Weights are read with an L2 evict_last policy, activations with
+// evict_first.
 //
-// Rows flagged by D2T (tile overflow, NaN/Inf) are skipped here; the exact
-// dense fallback (row_fallback) writes them.
+// Rows flagged by D2T (tile overflow, NaN/Inf) are skipped here; the dense
+// fallback (a gathered cuBLASLt pass, then row_fallback) writes them.
 #include "common.cuh"
 
 #ifndef TW_NCH
