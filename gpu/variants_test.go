@@ -1,6 +1,7 @@
 package gpu
 
 import (
+	"fmt"
 	"os"
 	"testing"
 	"time"
@@ -163,6 +164,21 @@ func TestD2TVariants(t *testing.T) {
 			l.ws.sp.packed, l.ws.sp.cnt, l.down, yb, int32(m), int32(d), int32(f), int32(f/8), int32(m))
 	})
 	t.Logf("t2d_ws<%d> alone: %.3f ms (%.2f G pairs/s)", w, ms, pairs/ms/1e9)
+	for _, loads := range []int{2, 8} {
+		name := fmt.Sprintf("t2d_ws<%d>", w)
+		mod, err := dev.Compile("t2d.cu", t2dSrc, cuda.WithHeader("common.cuh", commonCUH), cuda.WithHeader("wgmma.cuh", wgmmaCUH),
+			cuda.WithNameExpressions(name), cuda.WithOptions("-DTW_NCH=8", fmt.Sprintf("-DTW_WS_LOADS=%d", loads)))
+		if err != nil {
+			t.Errorf("t2d_ws with %d loads: %v", loads, err)
+			continue
+		}
+		fn, _ := mod.Function(name)
+		ms := medianMS(t, dev, 20, func() error {
+			return fn.Launch(cuda.Dim3{uint32(d / w), 1, 1}, cuda.Dim3{1024, 1, 1}, f*w*2, nil,
+				l.ws.sp.packed, l.ws.sp.cnt, l.down, yb, int32(m), int32(d), int32(f), int32(f/8), int32(m))
+		})
+		t.Logf("t2d_ws<%d> alone, %d list loads in flight: %.3f ms", w, loads, ms)
+	}
 	// t2u rewrites the packed rows, so it is timed with the D2T before it.
 	for _, v := range []struct {
 		name string
