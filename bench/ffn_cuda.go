@@ -253,6 +253,7 @@ func ffnCase(o FFNOptions, density float64, l *gpu.MLP, sl *synth.Layer, e ffnEn
 		return res, fmt.Errorf("automatic path: %w", err)
 	}
 	res.AutoPath = autoPath.String()
+	res.Tail = l.TailFor(o.M).String() // after the timed calls: the choice uses their density
 	res.Speedup = res.DenseMS / res.TwELLMS
 	res.AutoSpeedup = res.DenseMS / res.AutoMS
 

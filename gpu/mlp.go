@@ -614,7 +614,8 @@ func (l *MLP) Sparse(s *cuda.Stream, y, x *cuda.Buffer, m int) error {
 		return err
 	}
 	S, rw, tiles := l.Layout.S(), l.F/l.Layout.C, l.F/256
-	if w := l.splitWidth(); w > 0 && l.useSplit(m) {
+	if l.TailFor(m) == TailSplit {
+		w := l.splitWidth()
 		t2u := set.t2uPlain
 		if l.Gated {
 			t2u = set.t2uGated
@@ -674,6 +675,15 @@ func (l *MLP) Sparse(s *cuda.Stream, y, x *cuda.Buffer, m int) error {
 	}
 	l.ovfPending, l.ovfM = true, m
 	return nil
+}
+
+// TailFor returns the tail kernels the sparse path runs for m tokens now
+// (TailSplit or TailWarp).
+func (l *MLP) TailFor(m int) Tail {
+	if l.splitWidth() > 0 && l.useSplit(m) {
+		return TailSplit
+	}
+	return TailWarp
 }
 
 // splitWidth returns the columns per block of the weight-stationary down
