@@ -245,6 +245,7 @@ func ffnCase(o FFNOptions, density float64, l *gpu.MLP, sl *synth.Layer, e ffnEn
 	if res.TwELLMS, err = e.timeMS(sparse); err != nil {
 		return res, fmt.Errorf("TwELL MLP: %w", err)
 	}
+	res.Tail = l.TailFor(o.M).String() // the tail the TwELL timing ran
 	e.say("density %g: timing D2T alone and the automatic path", density)
 	if res.D2TMS, err = e.timeMS(d2t); err != nil {
 		return res, fmt.Errorf("D2T: %w", err)
@@ -253,7 +254,6 @@ func ffnCase(o FFNOptions, density float64, l *gpu.MLP, sl *synth.Layer, e ffnEn
 		return res, fmt.Errorf("automatic path: %w", err)
 	}
 	res.AutoPath = autoPath.String()
-	res.Tail = l.TailFor(o.M).String() // after the timed calls: the choice uses their density
 	res.Speedup = res.DenseMS / res.TwELLMS
 	res.AutoSpeedup = res.DenseMS / res.AutoMS
 
