@@ -60,15 +60,7 @@ func (l *MLP) choose(m int, byDensity Path) (Path, bool) {
 	if !l.Measure || byDensity == PathDense {
 		return byDensity, false
 	}
-	if l.times == nil {
-		l.times = map[int]*bucketTimes{}
-	}
-	b := bucketOf(m)
-	bt := l.times[b]
-	if bt == nil {
-		bt = &bucketTimes{}
-		l.times[b] = bt
-	}
+	bt := l.bucket(bucketOf(m))
 	bt.calls++
 	switch haveS, haveD := bt.n[PathSparse] > 1, bt.n[PathDense] > 1; {
 	case haveS && haveD:
@@ -86,16 +78,22 @@ func (l *MLP) choose(m int, byDensity Path) (Path, bool) {
 	return PathSparse, true
 }
 
-// record adds a timing to its bucket.
-func (l *MLP) record(path Path, bucket, m int, ms float64) {
+// bucket returns the timings of bucket b, creating them.
+func (l *MLP) bucket(b int) *bucketTimes {
 	if l.times == nil {
 		l.times = map[int]*bucketTimes{}
 	}
-	bt := l.times[bucket]
+	bt := l.times[b]
 	if bt == nil {
 		bt = &bucketTimes{}
-		l.times[bucket] = bt
+		l.times[b] = bt
 	}
+	return bt
+}
+
+// record adds a timing to its bucket.
+func (l *MLP) record(path Path, bucket, m int, ms float64) {
+	bt := l.bucket(bucket)
 	v := ms / float64(m)
 	switch bt.n[path] {
 	case 0: // dropped

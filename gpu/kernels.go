@@ -53,9 +53,7 @@ type kernels struct {
 	wgErr                [2]error
 	reluMul, reluInplace *cuda.Function
 	denseErr             error
-	gatheredOnce         sync.Once
 	gath                 gatheredSet
-	gathErr              error
 
 	t2dMu sync.Mutex
 	t2d   map[int]*t2dSet // by chunks per row, ceil(d/256)
@@ -177,31 +175,31 @@ func wgmmaSmem(s int, pipe bool) int {
 	return st*stage + 128*s*4 + 2*st*8 + 1024
 }
 
-// dense returns the elementwise kernels of the dense MLP.
-func (k *kernels) dense() (reluMul, reluInplace *cuda.Function, err error) {
+// compileDense compiles dense.cu once: the dense MLP's elementwise kernels
+// and those of the gathered dense pass over flagged rows.
+func (k *kernels) compileDense() error {
 	k.denseOnce.Do(func() {
-		fs, err := k.compile("dense.cu", denseSrc, []string{"relu_mul", "relu_inplace"})
+		exprs := []string{"relu_mul", "relu_inplace", "gather_rows", "scatter_rows", "act_exact<true>", "act_exact<false>"}
+		fs, err := k.compile("dense.cu", denseSrc, exprs)
 		if err != nil {
 			k.denseErr = err
 			return
 		}
-		k.reluMul, k.reluInplace = fs["relu_mul"], fs["relu_inplace"]
+		k.reluMul, k.reluInplace = fs[exprs[0]], fs[exprs[1]]
+		k.gath = gatheredSet{gather: fs[exprs[2]], scatter: fs[exprs[3]], actGated: fs[exprs[4]], actPlain: fs[exprs[5]]}
 	})
-	return k.reluMul, k.reluInplace, k.denseErr
+	return k.denseErr
+}
+
+// dense returns the elementwise kernels of the dense MLP.
+func (k *kernels) dense() (reluMul, reluInplace *cuda.Function, err error) {
+	err = k.compileDense()
+	return k.reluMul, k.reluInplace, err
 }
 
 // gathered returns the kernels of the gathered dense pass.
 func (k *kernels) gathered() (*gatheredSet, error) {
-	k.gatheredOnce.Do(func() {
-		exprs := []string{"gather_rows", "scatter_rows", "act_exact<true>", "act_exact<false>"}
-		fs, err := k.compile("dense.cu", denseSrc, exprs)
-		if err != nil {
-			k.gathErr = err
-			return
-		}
-		k.gath = gatheredSet{gather: fs[exprs[0]], scatter: fs[exprs[1]], actGated: fs[exprs[2]], actPlain: fs[exprs[3]]}
-	})
-	return &k.gath, k.gathErr
+	return &k.gath, k.compileDense()
 }
 
 // t2dFor returns the T2D and fallback kernels for hidden size d.

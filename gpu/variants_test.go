@@ -164,15 +164,21 @@ func TestD2TVariants(t *testing.T) {
 			l.ws.sp.packed, l.ws.sp.cnt, l.down, yb, int32(m), int32(d), int32(f), int32(f/8), int32(m))
 	})
 	t.Logf("t2d_ws<%d> alone: %.3f ms (%.2f G pairs/s)", w, ms, pairs/ms/1e9)
-	for _, loads := range []int{2, 8} {
-		name := fmt.Sprintf("t2d_ws<%d>", w)
+	// compileT2D builds one kernel of t2d.cu for d = 2048 with extra defines.
+	compileT2D := func(name string, defines ...string) (*cuda.Function, error) {
 		mod, err := dev.Compile("t2d.cu", t2dSrc, cuda.WithHeader("common.cuh", commonCUH), cuda.WithHeader("wgmma.cuh", wgmmaCUH),
-			cuda.WithNameExpressions(name), cuda.WithOptions("-DTW_NCH=8", fmt.Sprintf("-DTW_WS_LOADS=%d", loads)))
+			cuda.WithNameExpressions(name), cuda.WithOptions(append([]string{"-DTW_NCH=8"}, defines...)...))
+		if err != nil {
+			return nil, err
+		}
+		return mod.Function(name)
+	}
+	for _, loads := range []int{2, 8} {
+		fn, err := compileT2D(fmt.Sprintf("t2d_ws<%d>", w), fmt.Sprintf("-DTW_WS_LOADS=%d", loads))
 		if err != nil {
 			t.Errorf("t2d_ws with %d loads: %v", loads, err)
 			continue
 		}
-		fn, _ := mod.Function(name)
 		ms := medianMS(t, dev, 20, func() error {
 			return fn.Launch(cuda.Dim3{uint32(d / w), 1, 1}, cuda.Dim3{1024, 1, 1}, f*w*2, nil,
 				l.ws.sp.packed, l.ws.sp.cnt, l.down, yb, int32(m), int32(d), int32(f), int32(f/8), int32(m))
@@ -184,13 +190,11 @@ func TestD2TVariants(t *testing.T) {
 		name string
 		opts []string
 	}{{"t2u default", nil}, {"t2u 1 block/SM", []string{"-DTW_T2U_MINB=1"}}} {
-		mod, err := dev.Compile("t2d.cu", t2dSrc, cuda.WithHeader("common.cuh", commonCUH), cuda.WithHeader("wgmma.cuh", wgmmaCUH),
-			cuda.WithNameExpressions("t2u<true>"), cuda.WithOptions(append([]string{"-DTW_NCH=8"}, v.opts...)...))
+		fn, err := compileT2D("t2u<true>", v.opts...)
 		if err != nil {
 			t.Errorf("%s: %v", v.name, err)
 			continue
 		}
-		fn, _ := mod.Function("t2u<true>")
 		a, _ := fn.Attributes()
 		ms := medianMS(t, dev, 20, func() error {
 			ws, err := l.runD2T(nil, xb, m)
