@@ -18,7 +18,8 @@
 #include "wgmma.cuh"
 
 // Build-time variants, for timing experiments (see TestD2TVariants):
-// TW_EPI 0 skips the packing (mainloop cost alone; the output is wrong),
+// TW_EPI 0 skips the packing (mainloop cost alone, with the pipelined
+// kernel's bf16 dump; the output is wrong),
 // TW_WAIT is how many wgmma groups stay in flight across k steps,
 // TW_GROUP is how many M-tile pairs sweep the N tiles together.
 #ifndef TW_EPI
@@ -352,7 +353,7 @@ __global__ void __launch_bounds__(384, 1)
         work_coords(w, m_pairs, n_tiles, mp, nt);
         const int m0 = (mp * 2 + (int)rank) * 128, n0 = nt * 256;
         mbar_wait(tile_full, tphase);
-        for (int r = pw; r < 128; r += PIPE_PACKERS) {
+        for (int r = pw; r < 128 * TW_EPI; r += PIPE_PACKERS) {
           const int row = m0 + r;
           bool bad;
           const int n = pack_row_warp<S>(tile + r * PIPE_LD, erow, packed + (size_t)row * row_words + nt * S, n0, bad);

@@ -141,6 +141,7 @@ type MLP struct {
 
 	d2tOverride  *cuda.Function // a wgmma D2T variant under test (nil: the built-in one)
 	d2tOverrideK Kernel         // its kind (KernelWGMMA or KernelWGMMAPipe)
+	d2tClusters  int            // clusters of a wgmma D2T launch, for experiments (0: 64)
 
 	// automatic path state
 	next      Path
@@ -566,6 +567,9 @@ func (l *MLP) runD2T(s *cuda.Stream, x *cuda.Buffer, m int) (*sparseWS, error) {
 		// resident at once whatever the GPCs' SM counts, so the static
 		// round-robin schedule stays balanced.
 		nClusters := min(max(1, min(64, l.dev.Properties().SMs/2)), mPairs*nTiles)
+		if l.d2tClusters > 0 {
+			nClusters = min(l.d2tClusters, mPairs*nTiles)
+		}
 		err = fn.LaunchEx(cuda.LaunchConfig{
 			Grid: cuda.Dim3{uint32(2 * nClusters), 1, 1}, Block: cuda.Dim3{384, 1, 1},
 			SharedBytes: smem, Stream: s, Cluster: cuda.Dim3{2, 1, 1},

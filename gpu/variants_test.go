@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/twell-ai/twell/cuda"
+	"github.com/twell-ai/twell/cuda/cublas"
 	"github.com/twell-ai/twell/cuda/cudatest"
 	"github.com/twell-ai/twell/synth"
 	"github.com/twell-ai/twell/twell"
@@ -80,22 +81,43 @@ func TestD2TVariants(t *testing.T) {
 	}
 	defer yb.Free()
 	flop := 2 * float64(m) * float64(d) * float64(f)
+	// The dense gate GEMM alone (cuBLASLt), the mainloop's yardstick.
+	gb, err := dev.Alloc(2 * m * f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gemm := medianMS(t, dev, 20, func() error {
+		return blas.Matmul(nil, cublas.Gemm{M: m, N: f, K: d, TransB: true}, xb, l.gate, gb)
+	})
+	gb.Free()
+	t.Logf("gate GEMM cuBLASLt %.3f ms  %.0f TFLOP/s", gemm, flop/gemm/1e9)
 	for _, v := range []struct {
-		name string
-		pipe bool
-		opts []string
+		name     string
+		pipe     bool
+		stages   int // 0: the kernel's default
+		clusters int // 0: the default 64
+		opts     []string
 	}{
-		{"default", false, nil},
-		{"wait0", false, []string{"-DTW_WAIT=0"}},
-		{"pipe", true, nil},
-		{"pipe-wait0", true, []string{"-DTW_WAIT=0"}},
-		{"noepi", false, []string{"-DTW_EPI=0"}},
+		{name: "default"},
+		{name: "wait0", opts: []string{"-DTW_WAIT=0"}},
+		{name: "pipe", pipe: true},
+		{name: "pipe-wait0", pipe: true, opts: []string{"-DTW_WAIT=0"}},
+		{name: "pipe-66cl", pipe: true, clusters: 66},
+		{name: "pipe-nopack", pipe: true, opts: []string{"-DTW_EPI=0"}},
+		{name: "noepi", opts: []string{"-DTW_EPI=0"}},
+		{name: "noepi-3st", stages: 3, opts: []string{"-DTW_EPI=0"}},
+		{name: "noepi-g1", opts: []string{"-DTW_EPI=0", "-DTW_GROUP=1"}},
+		{name: "noepi-g16", opts: []string{"-DTW_EPI=0", "-DTW_GROUP=16"}},
+		{name: "noepi-66cl", clusters: 66, opts: []string{"-DTW_EPI=0"}},
 	} {
 		if v.pipe && os.Getenv("TWELL_D2T_VARIANTS") == "nopipe" {
 			continue
 		}
 		opts := append([]string{"--ptxas-options=-v"}, v.opts...)
 		name := wgmmaName(32, v.pipe)
+		if v.stages > 0 {
+			name = fmt.Sprintf("d2t_wgmma<32,%d>", v.stages)
+		}
 		mod, err := dev.Compile("d2t_wgmma.cu", d2tWGMMASrc, cuda.WithHeader("common.cuh", commonCUH),
 			cuda.WithHeader("wgmma.cuh", wgmmaCUH), cuda.WithNameExpressions(name), cuda.WithOptions(opts...))
 		if err != nil {
@@ -114,7 +136,9 @@ func TestD2TVariants(t *testing.T) {
 		if v.pipe {
 			l.d2tOverrideK = KernelWGMMAPipe
 		}
+		l.d2tClusters = v.clusters
 		ms := medianMS(t, dev, 20, func() error { return l.QueueD2T(nil, xb, m) })
+		l.d2tClusters = 0
 		t.Logf("D2T %-12s %.3f ms  %.0f TFLOP/s  (%d registers, %d B local)", v.name, ms, flop/ms/1e9, a.NumRegs, a.LocalBytes)
 		if v.name == "pipe" {
 			p, err := l.D2T(nil, xb, m)
@@ -211,5 +235,52 @@ func TestD2TVariants(t *testing.T) {
 		"t2d_ws<16>": set.ws16, "row_fallback<true>": set.fbGated} {
 		a, _ := fn.Attributes()
 		t.Logf("%s: %d registers, %d B local", name, a.NumRegs, a.LocalBytes)
+	}
+}
+
+// TestProfileKernels runs the SparseLM-shape kernels a few times each for a
+// profiler (ncu -k ...): the cuBLASLt gate GEMM, the default D2T and the
+// sparse MLP with the split tail. An experiment, not a check: set
+// TWELL_PROFILE=1 to run it.
+func TestProfileKernels(t *testing.T) {
+	if os.Getenv("TWELL_PROFILE") == "" {
+		t.Skip("set TWELL_PROFILE=1 to run the kernels for a profiler")
+	}
+	dev, blas := setup(t)
+	r, seed := cudatest.Rand()
+	d, f, m := 2048, 5632, 65536
+	sl, err := synth.NewLayer(r, d, f, 0.005, synth.Uniform, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := NewMLP(dev, blas, sl.Gate, sl.Up, sl.Down, d, f, twell.DefaultLayout)
+	if err != nil {
+		t.Fatalf("seed %d: %v", seed, err)
+	}
+	defer l.Close()
+	l.Tail = TailSplit
+	xb, err := Upload(dev, synth.Tokens(r, m, d))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer xb.Free()
+	yb, err := dev.Alloc(max(2*m*d, 2*m*f))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer yb.Free()
+	for i := 0; i < 2; i++ {
+		if err := blas.Matmul(nil, cublas.Gemm{M: m, N: f, K: d, TransB: true}, xb, l.gate, yb); err != nil {
+			t.Fatal(err)
+		}
+		if err := l.QueueD2T(nil, xb, m); err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Sparse(nil, yb, xb, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := dev.Synchronize(); err != nil {
+		t.Fatal(err)
 	}
 }
