@@ -53,6 +53,7 @@ type driver struct {
 	cuFuncSetAttribute       func(f uintptr, attr int32, v int32) int32
 	cuFuncGetParamInfo       func(f uintptr, idx uint64, off, size *uint64) int32
 	cuOccupancyMaxBlocks     func(n *int32, f uintptr, block int32, smem uint64) int32
+	cuOccupancyMaxClusters   func(n *int32, f uintptr, cfg unsafe.Pointer) int32
 	cuTensorMapEncodeTiled   func(tm unsafe.Pointer, dtype int32, rank uint32, addr uint64, dims, strides *uint64, box, estr *uint32, interleave, swizzle, l2, oob int32) int32
 	cuGetErrorName           func(r int32, s **byte) int32
 	cuGetErrorString         func(r int32, s **byte) int32
@@ -117,6 +118,7 @@ func (d *driver) symbols() []dl.Symbol {
 		S(&d.cuFuncSetAttribute, "cuFuncSetAttribute"),
 		O(&d.cuFuncGetParamInfo, "cuFuncGetParamInfo"),
 		S(&d.cuOccupancyMaxBlocks, "cuOccupancyMaxActiveBlocksPerMultiprocessor"),
+		O(&d.cuOccupancyMaxClusters, "cuOccupancyMaxActiveClusters"),
 		O(&d.cuTensorMapEncodeTiled, "cuTensorMapEncodeTiled"),
 		S(&d.cuGetErrorName, "cuGetErrorName"),
 		S(&d.cuGetErrorString, "cuGetErrorString"),

@@ -173,6 +173,10 @@ func TestClusterLaunch(t *testing.T) {
 		if err != nil {
 			t.Fatalf("cluster %d: %v", size, err)
 		}
+		n, err := k.MaxActiveClusters(cuda.LaunchConfig{Grid: cuda.Dim3{blocks, 1, 1}, Block: cuda.Dim3{32, 1, 1}, Cluster: cuda.Dim3{size, 1, 1}})
+		if err != nil || n < 1 || n > dev.Properties().SMs*32/int(size) {
+			t.Errorf("cluster %d: MaxActiveClusters = %d, %v; want 1..%d", size, n, err, dev.Properties().SMs*32/int(size))
+		}
 		got := make([]uint32, blocks)
 		if err := dev.CopyDtoH(cuda.Bytes(got), out); err != nil {
 			t.Fatal(err)

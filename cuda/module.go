@@ -249,6 +249,40 @@ func (f *Function) MaxActiveBlocksPerSM(blockSize, dynShared int) (int, error) {
 	return int(n), err
 }
 
+// MaxActiveClusters returns how many thread-block clusters of cfg (Grid,
+// Block, SharedBytes and Cluster matter) can be resident on the device at
+// once (cuOccupancyMaxActiveClusters): a persistent kernel should launch no
+// more, or its surplus clusters wait for others to finish.
+func (f *Function) MaxActiveClusters(cfg LaunchConfig) (int, error) {
+	dev := f.mod.dev
+	if dev.drv.cuOccupancyMaxClusters == nil {
+		return 0, misuse("cuOccupancyMaxActiveClusters", ErrorNotSupported, "the driver has no cuOccupancyMaxActiveClusters (CUDA 12.0+)")
+	}
+	if cfg.Cluster == (Dim3{}) {
+		return 0, misuse("cuOccupancyMaxActiveClusters", ErrorInvalidValue, "no cluster shape given")
+	}
+	if err := f.ensureShared(cfg.SharedBytes); err != nil {
+		return 0, err
+	}
+	c := cuLaunchConfig{
+		gridX: cfg.Grid[0], gridY: cfg.Grid[1], gridZ: cfg.Grid[2],
+		blockX: cfg.Block[0], blockY: cfg.Block[1], blockZ: cfg.Block[2],
+		shared: uint32(cfg.SharedBytes),
+	}
+	a := cuLaunchAttribute{id: launchAttrClusterDim}
+	*(*Dim3)(unsafe.Pointer(&a.val[0])) = Dim3{cfg.Cluster[0], max(cfg.Cluster[1], 1), max(cfg.Cluster[2], 1)}
+	c.attrs, c.numAttrs = uintptr(unsafe.Pointer(&a)), 1
+	if err := dev.lock(); err != nil {
+		return 0, err
+	}
+	defer dev.unlock()
+	var n int32
+	err := check(dev.drv.cuOccupancyMaxClusters(&n, f.h, unsafe.Pointer(&c)),
+		fmt.Sprintf("cuOccupancyMaxActiveClusters(%s, cluster %v)", f.name, cfg.Cluster))
+	runtime.KeepAlive(&a)
+	return int(n), err
+}
+
 // Dim3 is a grid or block size: x, y, z. A zero component is an error at
 // launch, as in CUDA.
 type Dim3 [3]uint32

@@ -21,7 +21,8 @@
 // TW_EPI 0 skips the packing (mainloop cost alone, with the pipelined
 // kernel's bf16 dump; the output is wrong),
 // TW_WAIT is how many wgmma groups stay in flight across k steps,
-// TW_GROUP is how many M-tile pairs sweep the N tiles together.
+// TW_GROUP is how many M-tile pairs sweep the N tiles together, TW_ARRIVE
+// and TW_DEFER are described below.
 #ifndef TW_EPI
 #define TW_EPI 1
 #endif
@@ -32,7 +33,13 @@
 #define TW_NNZ 1  // 0: no active-unit counter (its atomics' cost)
 #endif
 #ifndef TW_GROUP
-#define TW_GROUP 4
+#define TW_GROUP 16  // 4: 1.5% slower mainloop on an H200
+#endif
+#ifndef TW_ARRIVE
+#define TW_ARRIVE 1  // stage release: 1, two threads, one per CTA, .cta scope; 0: one thread, .release.cluster
+#endif
+#ifndef TW_DEFER
+#define TW_DEFER 1  // pipelined kernel: 1 stores the bf16 tile during the next tile's first k steps; 0 before it
 #endif
 
 #define WG_BK 64
@@ -56,11 +63,33 @@ __device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
 // mbar_arrive_cta arrives on the barrier at the same offset in CTA cta of
 // the cluster (possibly this one).
 __device__ __forceinline__ void mbar_arrive_cta(u32 bar, u32 cta) {
+#if TW_ARRIVE
+  asm volatile(
+      "{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
+      "mbarrier.arrive.shared::cluster.b64 _, [ra];\n}\n" ::"r"(bar),
+      "r"(cta)
+      : "memory");
+#else
   asm volatile(
       "{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
       "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra];\n}\n" ::"r"(bar),
       "r"(cta)
       : "memory");
+#endif
+}
+// release_stage tells both CTAs of the pair that this warpgroup is done
+// with stage bar: with TW_ARRIVE, warps 0 and 1 of the warpgroup signal one
+// CTA each, in parallel.
+__device__ __forceinline__ void release_stage(u32 bar, int tid) {
+  const int t = tid & 127;
+#if TW_ARRIVE
+  if (t == 0 || t == 32) mbar_arrive_cta(bar, (u32)(t >> 5));
+#else
+  if (t == 0) {
+    mbar_arrive_cta(bar, 0);
+    mbar_arrive_cta(bar, 1);
+  }
+#endif
 }
 __device__ __forceinline__ void tma_load(u32 dst, const TmaDesc* tm, int c0, int c1, u32 bar) {
   asm volatile(
@@ -139,9 +168,10 @@ __device__ __forceinline__ void produce(const TmaDesc* tmA, const TmaDesc* tmB, 
 // mainloop accumulates one work item's 64 x 256 slice (rows cw*64..) over
 // all k steps: wgmma on each stage as it fills, TW_WAIT groups in flight,
 // each stage released to both CTAs of the pair once its wgmmas are done.
-template <int STAGES>
+// hook(k) runs after step k's wgmmas are issued, while they execute.
+template <int STAGES, typename Hook>
 __device__ __forceinline__ void mainloop(float (&acc)[128], u32 sA, u32 sB, u32 bars, int cw, int tid, int k_iters,
-                                         int& s, u32& phase) {
+                                         int& s, u32& phase, Hook hook) {
   int prev = -1;
   for (int k = 0; k < k_iters; ++k) {
     mbar_wait(bars + 8u * s, phase);
@@ -152,12 +182,10 @@ __device__ __forceinline__ void mainloop(float (&acc)[128], u32 sA, u32 sB, u32 
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) wgmma_m64n256k16(acc, da + 2 * kk, db + 2 * kk, (k > 0 || kk > 0) ? 1 : 0);
     asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+    hook(k);
     asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(TW_WAIT) : "memory");
     fence_acc(acc);
-    if (prev >= 0 && (tid & 127) == 0) {
-      mbar_arrive_cta(bars + 8u * (STAGES + prev), 0);
-      mbar_arrive_cta(bars + 8u * (STAGES + prev), 1);
-    }
+    if (prev >= 0) release_stage(bars + 8u * (STAGES + prev), tid);
     prev = s;
     if (++s == STAGES) {
       s = 0;
@@ -166,10 +194,7 @@ __device__ __forceinline__ void mainloop(float (&acc)[128], u32 sA, u32 sB, u32 
   }
   asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
   fence_acc(acc);
-  if (prev >= 0 && (tid & 127) == 0) {
-    mbar_arrive_cta(bars + 8u * (STAGES + prev), 0);
-    mbar_arrive_cta(bars + 8u * (STAGES + prev), 1);
-  }
+  if (prev >= 0) release_stage(bars + 8u * (STAGES + prev), tid);
 }
 
 template <int S, int STAGES>
@@ -217,7 +242,7 @@ __global__ void __launch_bounds__(384, 1)
       int mp, nt;
       work_coords(w, m_pairs, n_tiles, mp, nt);
       int m0 = (mp * 2 + (int)rank) * 128, n0 = nt * 256;
-      mainloop<STAGES>(acc, sA, sB, bars, cw, tid, k_iters, s, phase);
+      mainloop<STAGES>(acc, sA, sB, bars, cw, tid, k_iters, s, phase, [](int) {});
 
       // Epilogue: ReLU + pack into the staging tile, then copy it out.
       u32 hb[64];
@@ -375,13 +400,62 @@ __global__ void __launch_bounds__(384, 1)
     float acc[128];
     int s = 0;
     u32 phase = 0, tphase = 0;
+    // The thread's two tile rows; word 4i of each holds its bf16 pair i.
+    u32* trow0 = tile + (cw * 64 + wq * 16 + (lane >> 2)) * PIPE_LD + (lane & 3);
+    u32* trow1 = trow0 + 8 * PIPE_LD;
+#if TW_DEFER
+    // The previous tile as bf16 pairs (hb[32h + i]: row half h, pair i),
+    // stored into the shared tile in 4 chunks during the first k steps of
+    // the next tile, while its wgmmas run; chunk 0 first waits until the
+    // packers are done with the tile before.
+    u32 hb[64];
+    bool have = false;
+    auto dump = [&](int c) {
+      if (c == 0) mbar_wait(tile_empty, tphase ^ 1u);
+#pragma unroll
+      for (int cc = 0; cc < 4; ++cc) {
+        if (cc == c) {
+#pragma unroll
+          for (int i = 8 * cc; i < 8 * cc + 8; ++i) {
+            trow0[4 * i] = hb[i];
+            trow1[4 * i] = hb[32 + i];
+          }
+        }
+      }
+      if (c == 3) {
+        asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(tile_full) : "memory");
+        tphase ^= 1u;
+      }
+    };
     for (int w = cluster; w < m_pairs * n_tiles; w += nclusters) {
-      mainloop<STAGES>(acc, sA, sB, bars, cw, tid, k_iters, s, phase);
+      mainloop<STAGES>(acc, sA, sB, bars, cw, tid, k_iters, s, phase, [&](int k) {
+        if (have && k < 4) dump(k);
+      });
+      if (have)
+        for (int c = k_iters; c < 4; ++c) dump(c);
+#pragma unroll
+      for (int i = 0; i < 32; ++i) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const float a0 = acc[4 * i + 2 * h], a1 = acc[4 * i + 2 * h + 1];
+          u32 p = cvt_bf2(a0, a1);
+          if ((p & 0xffffu) == 0u && a0 > 0.f) p |= 1u;  // positive under bf16's smallest subnormal
+          if ((p >> 16) == 0u && a1 > 0.f) p |= 0x10000u;
+          hb[32 * h + i] = p;
+        }
+      }
+      have = true;
+    }
+    if (have)
+      for (int c = 0; c < 4; ++c) dump(c);
+#else
+    for (int w = cluster; w < m_pairs * n_tiles; w += nclusters) {
+      mainloop<STAGES>(acc, sA, sB, bars, cw, tid, k_iters, s, phase, [](int) {});
       // Dump the tile as bf16 once the packers are done with the last one.
       mbar_wait(tile_empty, tphase ^ 1u);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        u32* trow = tile + (cw * 64 + wq * 16 + (lane >> 2) + 8 * h) * PIPE_LD + (lane & 3);
+        u32* trow = h ? trow1 : trow0;
 #pragma unroll
         for (int i = 0; i < 32; ++i) {
           const float a0 = acc[4 * i + 2 * h], a1 = acc[4 * i + 2 * h + 1];
@@ -394,6 +468,7 @@ __global__ void __launch_bounds__(384, 1)
       asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(tile_full) : "memory");
       tphase ^= 1u;
     }
+#endif
   }
   __syncwarp();
   cluster_sync();

@@ -141,7 +141,8 @@ type MLP struct {
 
 	d2tOverride  *cuda.Function // a wgmma D2T variant under test (nil: the built-in one)
 	d2tOverrideK Kernel         // its kind (KernelWGMMA or KernelWGMMAPipe)
-	d2tClusters  int            // clusters of a wgmma D2T launch, for experiments (0: 64)
+	d2tClusters  int            // clusters of a wgmma D2T launch, for experiments (0: residentClusters)
+	clusters     int            // resident clusters of the wgmma D2T kernel (0: not yet asked)
 
 	// automatic path state
 	next      Path
@@ -473,6 +474,24 @@ func (l *MLP) sparseWorkspace(m int) (*sparseWS, error) {
 	return ws, nil
 }
 
+// residentClusters returns how many clusters of the persistent wgmma D2T
+// kernel fit on the GPU at once (all 66 of an H200; 64, as the reference
+// launches, left 4 SMs idle and cost 3%): the static round-robin schedule
+// is balanced only if every cluster is resident. Without the occupancy
+// query it falls back to 64, which fits whatever the GPCs' SM counts.
+func (l *MLP) residentClusters(fn *cuda.Function, cfg cuda.LaunchConfig) int {
+	if l.clusters == 0 {
+		fallback := max(1, min(64, l.dev.Properties().SMs/2))
+		cfg.Grid = cuda.Dim3{uint32(2 * fallback), 1, 1}
+		n, err := fn.MaxActiveClusters(cfg)
+		if err != nil || n < 1 {
+			n = fallback
+		}
+		l.clusters = n
+	}
+	return l.clusters
+}
+
 // d2tKernel returns the D2T kernel to use and its kind.
 func (l *MLP) d2tKernel() (*cuda.Function, Kernel, error) {
 	s := l.Layout.S()
@@ -563,17 +582,13 @@ func (l *MLP) runD2T(s *cuda.Stream, x *cuda.Buffer, m int) (*sparseWS, error) {
 		}
 		smem := wgmmaSmem(S, kind == KernelWGMMAPipe)
 		mPairs := ws.mPad / 256
-		// 64 clusters (128 CTAs), as the reference: every cluster of 2 is
-		// resident at once whatever the GPCs' SM counts, so the static
-		// round-robin schedule stays balanced.
-		nClusters := min(max(1, min(64, l.dev.Properties().SMs/2)), mPairs*nTiles)
+		cfg := cuda.LaunchConfig{Block: cuda.Dim3{384, 1, 1}, SharedBytes: smem, Stream: s, Cluster: cuda.Dim3{2, 1, 1}}
+		nClusters := min(l.residentClusters(fn, cfg), mPairs*nTiles)
 		if l.d2tClusters > 0 {
 			nClusters = min(l.d2tClusters, mPairs*nTiles)
 		}
-		err = fn.LaunchEx(cuda.LaunchConfig{
-			Grid: cuda.Dim3{uint32(2 * nClusters), 1, 1}, Block: cuda.Dim3{384, 1, 1},
-			SharedBytes: smem, Stream: s, Cluster: cuda.Dim3{2, 1, 1},
-		}, l.tmA, l.tmB, ws.packed, ws.flags, ws.ovf, l.nnz,
+		cfg.Grid = cuda.Dim3{uint32(2 * nClusters), 1, 1}
+		err = fn.LaunchEx(cfg, l.tmA, l.tmB, ws.packed, ws.flags, ws.ovf, l.nnz,
 			int32(mPairs), int32(nTiles), int32(l.D/64), int32(l.F/C), int32(m))
 	default:
 		mTiles := (m + 127) / 128

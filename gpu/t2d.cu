@@ -253,8 +253,18 @@ __global__ void __launch_bounds__(256, TW_T2U_MINB)
 // conflicts than one lane reading it all). fp32 accumulators, y rounded to
 // bf16 once. Flagged rows (cnt 0) get zeros, overwritten later by the
 // fallback.
+//
+// With TW_WS_FLAT (the default) each lane group walks its tokens as one
+// stream of 8-entry steps, moving on to its next token as soon as one
+// ends; otherwise a warp steps through its tokens together, as many steps
+// as its longest list, and lanes with shorter lists idle (about 40% of the
+// steps at 28 entries per token). Both are bound by shared-memory
+// wavefronts (random slice rows conflict on banks) and issue slots.
+#ifndef TW_WS_FLAT
+#define TW_WS_FLAT 1
+#endif
 #ifndef TW_WS_LOADS
-#define TW_WS_LOADS 4  // 16-byte list loads in flight per lane (1: 1.36 ms, 4: 0.93 ms on an H200)
+#define TW_WS_LOADS 2  // without TW_WS_FLAT: 16-byte list loads in flight per lane (1: 1.36 ms, 2: 0.89, 4: 0.93)
 #endif
 template <int W>
 __global__ void __launch_bounds__(1024, 1)
@@ -270,14 +280,57 @@ __global__ void __launch_bounds__(1024, 1)
   }
   __syncthreads();
   const int t0 = blockIdx.y * tok_per_block, t1 = min(m, t0 + tok_per_block);
+  auto store = [&](int t, const float(&acc)[8]) {
+    uint4 o;
+    o.x = pack_bf2(acc[0], acc[1]);
+    o.y = pack_bf2(acc[2], acc[3]);
+    o.z = pack_bf2(acc[4], acc[5]);
+    o.w = pack_bf2(acc[6], acc[7]);
+    st_hint(y + (size_t)t * d + c0 + sub * 8, o, stream);
+  };
+  auto step = [&](float(&acc)[8], uint4 w4, int left) {
+    const u32 ws[4] = {w4.x, w4.y, w4.z, w4.w};
+#pragma unroll
+    for (int q = 0; q < 4; ++q)
+      if (q < left) axpy8(acc, bf_hi(ws[q]), ds[(int)(ws[q] & 0xffffu) * L + sub]);
+  };
+#if TW_WS_FLAT
+  const int stride = blockDim.x / L;
+  int t = t0 + tid / L;
+  if (t >= t1) return;
+  int n = cnt[t], nn = (t + stride < t1) ? cnt[t + stride] : 0;  // this token's and the next one's list length
+  const u32* e = packed + (size_t)t * row_words;
+  float acc[8];
+#pragma unroll
+  for (int k = 0; k < 8; ++k) acc[k] = 0.f;
+  int i = 0;
+  for (;;) {
+    if (i >= n) {
+      store(t, acc);
+      t += stride;
+      if (t >= t1) break;
+      n = nn;
+      nn = (t + stride < t1) ? cnt[t + stride] : 0;
+      e = packed + (size_t)t * row_words;
+      i = 0;
+#pragma unroll
+      for (int k = 0; k < 8; ++k) acc[k] = 0.f;
+      continue;
+    }
+    uint4 a = ld_hint(e + i, stream), b;
+    b.x = b.y = b.z = b.w = 0u;
+    if (i + 4 < n) b = ld_hint(e + i + 4, stream);
+    step(acc, a, n - i);
+    step(acc, b, n - i - 4);
+    i += 8;
+  }
+#else
   for (int t = t0 + tid / L; t < t1; t += blockDim.x / L) {
     const int n = cnt[t];
     const u32* e = packed + (size_t)t * row_words;
     float acc[8];
 #pragma unroll
     for (int k = 0; k < 8; ++k) acc[k] = 0.f;
-    // 4 TW_WS_LOADS entries per step, their loads issued together: the loop
-    // is bound by the latency of these L2 reads, not by shared memory.
     for (int i = 0; i < n; i += 4 * TW_WS_LOADS) {
       uint4 w4[TW_WS_LOADS];
 #pragma unroll
@@ -286,20 +339,11 @@ __global__ void __launch_bounds__(1024, 1)
         if (i + 4 * v < n) w4[v] = ld_hint(e + i + 4 * v, stream);
       }
 #pragma unroll
-      for (int v = 0; v < TW_WS_LOADS; ++v) {
-        const u32 ws[4] = {w4[v].x, w4[v].y, w4[v].z, w4[v].w};
-#pragma unroll
-        for (int q = 0; q < 4; ++q)
-          if (i + 4 * v + q < n) axpy8(acc, bf_hi(ws[q]), ds[(int)(ws[q] & 0xffffu) * L + sub]);
-      }
+      for (int v = 0; v < TW_WS_LOADS; ++v) step(acc, w4[v], n - i - 4 * v);
     }
-    uint4 o;
-    o.x = pack_bf2(acc[0], acc[1]);
-    o.y = pack_bf2(acc[2], acc[3]);
-    o.z = pack_bf2(acc[4], acc[5]);
-    o.w = pack_bf2(acc[6], acc[7]);
-    st_hint(y + (size_t)t * d + c0 + sub * 8, o, stream);
+    store(t, acc);
   }
+#endif
 }
 
 // row_fallback computes flagged rows exactly and densely: every unit's gate

@@ -99,16 +99,14 @@ func TestD2TVariants(t *testing.T) {
 		opts     []string
 	}{
 		{name: "default"},
-		{name: "wait0", opts: []string{"-DTW_WAIT=0"}},
 		{name: "pipe", pipe: true},
-		{name: "pipe-wait0", pipe: true, opts: []string{"-DTW_WAIT=0"}},
-		{name: "pipe-66cl", pipe: true, clusters: 66},
+		{name: "pipe-nodefer", pipe: true, opts: []string{"-DTW_DEFER=0"}},
+		{name: "pipe-arrive0", pipe: true, opts: []string{"-DTW_ARRIVE=0"}},
+		{name: "pipe-g4", pipe: true, opts: []string{"-DTW_GROUP=4"}},
+		{name: "pipe-64cl", pipe: true, clusters: 64},
 		{name: "pipe-nopack", pipe: true, opts: []string{"-DTW_EPI=0"}},
 		{name: "noepi", opts: []string{"-DTW_EPI=0"}},
-		{name: "noepi-3st", stages: 3, opts: []string{"-DTW_EPI=0"}},
-		{name: "noepi-g1", opts: []string{"-DTW_EPI=0", "-DTW_GROUP=1"}},
-		{name: "noepi-g16", opts: []string{"-DTW_EPI=0", "-DTW_GROUP=16"}},
-		{name: "noepi-66cl", clusters: 66, opts: []string{"-DTW_EPI=0"}},
+		{name: "noepi-arrive0", opts: []string{"-DTW_EPI=0", "-DTW_ARRIVE=0"}},
 	} {
 		if v.pipe && os.Getenv("TWELL_D2T_VARIANTS") == "nopipe" {
 			continue
@@ -187,7 +185,7 @@ func TestD2TVariants(t *testing.T) {
 		return fn.Launch(cuda.Dim3{uint32(d / w), 1, 1}, cuda.Dim3{1024, 1, 1}, f*w*2, nil,
 			l.ws.sp.packed, l.ws.sp.cnt, l.down, yb, int32(m), int32(d), int32(f), int32(f/8), int32(m))
 	})
-	t.Logf("t2d_ws<%d> alone: %.3f ms (%.2f G pairs/s)", w, ms, pairs/ms/1e9)
+	t.Logf("t2d_ws<%d> alone: %.3f ms (%.2f G pairs/s)", w, ms, pairs/ms/1e6)
 	// compileT2D builds one kernel of t2d.cu for d = 2048 with extra defines.
 	compileT2D := func(name string, defines ...string) (*cuda.Function, error) {
 		mod, err := dev.Compile("t2d.cu", t2dSrc, cuda.WithHeader("common.cuh", commonCUH), cuda.WithHeader("wgmma.cuh", wgmmaCUH),
@@ -197,8 +195,8 @@ func TestD2TVariants(t *testing.T) {
 		}
 		return mod.Function(name)
 	}
-	for _, loads := range []int{2, 8} {
-		fn, err := compileT2D(fmt.Sprintf("t2d_ws<%d>", w), fmt.Sprintf("-DTW_WS_LOADS=%d", loads))
+	for _, loads := range []int{2, 4} {
+		fn, err := compileT2D(fmt.Sprintf("t2d_ws<%d>", w), "-DTW_WS_FLAT=0", fmt.Sprintf("-DTW_WS_LOADS=%d", loads))
 		if err != nil {
 			t.Errorf("t2d_ws with %d loads: %v", loads, err)
 			continue
@@ -207,7 +205,7 @@ func TestD2TVariants(t *testing.T) {
 			return fn.Launch(cuda.Dim3{uint32(d / w), 1, 1}, cuda.Dim3{1024, 1, 1}, f*w*2, nil,
 				l.ws.sp.packed, l.ws.sp.cnt, l.down, yb, int32(m), int32(d), int32(f), int32(f/8), int32(m))
 		})
-		t.Logf("t2d_ws<%d> alone, %d list loads in flight: %.3f ms", w, loads, ms)
+		t.Logf("t2d_ws<%d> alone, warp-synchronous steps, %d list loads in flight: %.3f ms", w, loads, ms)
 	}
 	// t2u rewrites the packed rows, so it is timed with the D2T before it.
 	for _, v := range []struct {
