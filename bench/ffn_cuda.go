@@ -17,8 +17,9 @@ import (
 // on the same bf16 weights it times the dense MLP (cuBLASLt: three GEMMs and
 // one elementwise kernel), the TwELL MLP (D2T + gated T2D + exact fallback),
 // the automatic path (MLP.Forward) and the D2T kernel alone, each with CUDA
-// events around every repetition: the median of o.Reps after 3 warm-up calls,
-// rotating among enough input batches that they do not fit in L2. Each
+// events around every repetition, the paths taking turns: the median of
+// o.Reps after 3 warm-up calls, rotating among enough input batches that
+// they do not fit in L2. Each
 // path's output is checked against the float64 reference computed on the
 // bf16 model (weights and inputs rounded to bf16 once, as the GPU holds
 // them), so the error measures the kernels' arithmetic; energy per token
@@ -83,35 +84,49 @@ func FFNCUDA(o FFNOptions, progress func(string)) ([]FFNResult, error) {
 	defer end.Destroy()
 	refRows := synth.SampleRows(r, o.M, o.RefRows)
 
-	// timeMS returns the median event-timed milliseconds of run over o.Reps
-	// repetitions after 3 warm-up calls, rotating the input batches.
-	timeMS := func(run func(x *cuda.Buffer) error) (float64, error) {
-		for i := 0; i < 3; i++ {
-			if err := run(xs[i%nbuf]); err != nil {
-				return 0, err
+	// timeMS returns, for each of runs, the median event-timed milliseconds
+	// over o.Reps repetitions after 3 warm-up calls, rotating the input
+	// batches. The runs take turns, one repetition each, so that every path
+	// sees the same clocks and temperature (timed one after the other, a
+	// path timed after a hot one ran up to 2% slower).
+	timeMS := func(runs ...func(x *cuda.Buffer) error) ([]float64, error) {
+		for _, run := range runs {
+			for i := 0; i < 3; i++ {
+				if err := run(xs[i%nbuf]); err != nil {
+					return nil, err
+				}
 			}
 		}
-		ts := make([]float64, o.Reps)
+		ts := make([][]float64, len(runs))
 		for i := range ts {
-			if err := start.Record(nil); err != nil {
-				return 0, err
-			}
-			if err := run(xs[i%nbuf]); err != nil {
-				return 0, err
-			}
-			if err := end.Record(nil); err != nil {
-				return 0, err
-			}
-			if err := end.Synchronize(); err != nil {
-				return 0, err
-			}
-			d, err := start.Elapsed(end)
-			if err != nil {
-				return 0, err
-			}
-			ts[i] = float64(d.Nanoseconds()) / 1e6
+			ts[i] = make([]float64, o.Reps)
 		}
-		return Median(ts), nil
+		for i := 0; i < o.Reps; i++ {
+			for j, run := range runs {
+				if err := start.Record(nil); err != nil {
+					return nil, err
+				}
+				if err := run(xs[i%nbuf]); err != nil {
+					return nil, err
+				}
+				if err := end.Record(nil); err != nil {
+					return nil, err
+				}
+				if err := end.Synchronize(); err != nil {
+					return nil, err
+				}
+				d, err := start.Elapsed(end)
+				if err != nil {
+					return nil, err
+				}
+				ts[j][i] = float64(d.Nanoseconds()) / 1e6
+			}
+		}
+		med := make([]float64, len(runs))
+		for j := range ts {
+			med[j] = Median(ts[j])
+		}
+		return med, nil
 	}
 	// energy returns millijoules per token over back-to-back calls lasting
 	// at least half a second.
@@ -203,7 +218,7 @@ type ffnEnv struct {
 	x0      []float32    // host copy of input batch 0
 	x, y    *cuda.Buffer // input batch 0 and the output every path writes
 	refRows []int
-	timeMS  func(func(*cuda.Buffer) error) (float64, error)
+	timeMS  func(...func(*cuda.Buffer) error) ([]float64, error)
 	energy  func(func(*cuda.Buffer) error, float64) (float64, error)
 	check   func(func(*cuda.Buffer) error, [][]float64) (float64, error)
 	say     func(string, ...any)
@@ -237,22 +252,13 @@ func ffnCase(o FFNOptions, density float64, l *gpu.MLP, sl *synth.Layer, e ffnEn
 	}
 	d2t := func(x *cuda.Buffer) error { return l.QueueD2T(nil, x, o.M) }
 
-	e.say("density %g: timing dense (cuBLASLt)", density)
-	if res.DenseMS, err = e.timeMS(dense); err != nil {
-		return res, fmt.Errorf("dense MLP: %w", err)
+	e.say("density %g: timing dense (cuBLASLt), TwELL, D2T alone and the automatic path, in turns", density)
+	ms, err := e.timeMS(dense, sparse, d2t, auto)
+	if err != nil {
+		return res, fmt.Errorf("timing: %w", err)
 	}
-	e.say("density %g: timing TwELL", density)
-	if res.TwELLMS, err = e.timeMS(sparse); err != nil {
-		return res, fmt.Errorf("TwELL MLP: %w", err)
-	}
+	res.DenseMS, res.TwELLMS, res.D2TMS, res.AutoMS = ms[0], ms[1], ms[2], ms[3]
 	res.Tail = l.TailFor(o.M).String() // the tail the TwELL timing ran
-	e.say("density %g: timing D2T alone and the automatic path", density)
-	if res.D2TMS, err = e.timeMS(d2t); err != nil {
-		return res, fmt.Errorf("D2T: %w", err)
-	}
-	if res.AutoMS, err = e.timeMS(auto); err != nil {
-		return res, fmt.Errorf("automatic path: %w", err)
-	}
 	res.AutoPath = autoPath.String()
 	res.Speedup = res.DenseMS / res.TwELLMS
 	res.AutoSpeedup = res.DenseMS / res.AutoMS

@@ -254,17 +254,14 @@ __global__ void __launch_bounds__(256, TW_T2U_MINB)
 // bf16 once. Flagged rows (cnt 0) get zeros, overwritten later by the
 // fallback.
 //
-// With TW_WS_FLAT (the default) each lane group walks its tokens as one
-// stream of 8-entry steps, moving on to its next token as soon as one
-// ends; otherwise a warp steps through its tokens together, as many steps
-// as its longest list, and lanes with shorter lists idle (about 40% of the
-// steps at 28 entries per token). Both are bound by shared-memory
-// wavefronts (random slice rows conflict on banks) and issue slots.
-#ifndef TW_WS_FLAT
-#define TW_WS_FLAT 1
-#endif
+// A warp steps through its tokens' lists together, as many steps as its
+// longest list (lanes with shorter lists idle). Walking each lane group's
+// tokens as one stream instead (no idle lanes, but a branch per token and
+// one list load in flight) measured slower (0.99 vs 0.90 ms at m = 65536 on
+// an H200). The kernel is bound by shared-memory wavefronts (random slice
+// rows conflict on banks: 47% of wavefronts in ncu) and issue slots.
 #ifndef TW_WS_LOADS
-#define TW_WS_LOADS 2  // without TW_WS_FLAT: 16-byte list loads in flight per lane (1: 1.36 ms, 2: 0.89, 4: 0.93)
+#define TW_WS_LOADS 2  // 16-byte list loads in flight per lane (1: 1.36 ms, 2: 0.89-0.91, 4: 0.92-0.93 on an H200)
 #endif
 template <int W>
 __global__ void __launch_bounds__(1024, 1)
@@ -294,37 +291,6 @@ __global__ void __launch_bounds__(1024, 1)
     for (int q = 0; q < 4; ++q)
       if (q < left) axpy8(acc, bf_hi(ws[q]), ds[(int)(ws[q] & 0xffffu) * L + sub]);
   };
-#if TW_WS_FLAT
-  const int stride = blockDim.x / L;
-  int t = t0 + tid / L;
-  if (t >= t1) return;
-  int n = cnt[t], nn = (t + stride < t1) ? cnt[t + stride] : 0;  // this token's and the next one's list length
-  const u32* e = packed + (size_t)t * row_words;
-  float acc[8];
-#pragma unroll
-  for (int k = 0; k < 8; ++k) acc[k] = 0.f;
-  int i = 0;
-  for (;;) {
-    if (i >= n) {
-      store(t, acc);
-      t += stride;
-      if (t >= t1) break;
-      n = nn;
-      nn = (t + stride < t1) ? cnt[t + stride] : 0;
-      e = packed + (size_t)t * row_words;
-      i = 0;
-#pragma unroll
-      for (int k = 0; k < 8; ++k) acc[k] = 0.f;
-      continue;
-    }
-    uint4 a = ld_hint(e + i, stream), b;
-    b.x = b.y = b.z = b.w = 0u;
-    if (i + 4 < n) b = ld_hint(e + i + 4, stream);
-    step(acc, a, n - i);
-    step(acc, b, n - i - 4);
-    i += 8;
-  }
-#else
   for (int t = t0 + tid / L; t < t1; t += blockDim.x / L) {
     const int n = cnt[t];
     const u32* e = packed + (size_t)t * row_words;
@@ -343,7 +309,6 @@ __global__ void __launch_bounds__(1024, 1)
     }
     store(t, acc);
   }
-#endif
 }
 
 // row_fallback computes flagged rows exactly and densely: every unit's gate
