@@ -17,13 +17,12 @@ import (
 // on the same bf16 weights it times the dense MLP (cuBLASLt: three GEMMs and
 // one elementwise kernel), the TwELL MLP (D2T + gated T2D + exact fallback),
 // the automatic path (MLP.Forward) and the D2T kernel alone, each with CUDA
-// events around every repetition, the paths taking turns: the median of
-// o.Reps after 3 warm-up calls, rotating among enough input batches that
-// they do not fit in L2. Each
-// path's output is checked against the float64 reference computed on the
-// bf16 model (weights and inputs rounded to bf16 once, as the GPU holds
-// them), so the error measures the kernels' arithmetic; energy per token
-// comes from NVML's energy counter over back-to-back calls.
+// events around every repetition, the paths taking turns: the median of o.Reps
+// after 3 warm-up calls, rotating among enough input batches that they do not
+// fit in L2. Each path's output is checked against the float64 reference
+// computed on the bf16 model (weights and inputs rounded to bf16 once, as the
+// GPU holds them), so the error measures the kernels' arithmetic; energy per
+// token comes from NVML's energy counter over back-to-back calls.
 func FFNCUDA(o FFNOptions, progress func(string)) ([]FFNResult, error) {
 	if err := o.Validate(); err != nil {
 		return nil, err
