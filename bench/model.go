@@ -77,6 +77,10 @@ type DecodePoint struct {
 	Batch        int     `json:"batch"`
 	TokensPerSec float64 `json:"tokens_per_s"`
 	MSPerStep    float64 `json:"ms_per_step"`
+	// GraphSteps is how many of the decode steps run (warm-up included)
+	// replayed a CUDA graph (GPU only; see gpu/llm).
+	GraphSteps int `json:"graph_steps,omitempty"`
+	Steps      int `json:"steps,omitempty"`
 }
 
 // ModelResult is one path (dense or TwELL) of a whole-model benchmark.

@@ -270,6 +270,7 @@ func decodeSpeedCUDA(e *llm.Engine, r *rand.Rand, batch, steps, reps int, timed 
 	}
 	toks := make([][]int, batch)
 	times := make([]float64, 0, reps)
+	graphs0 := e.GraphReplays()
 	for rep := -1; rep < reps; rep++ {
 		for i := range caches {
 			caches[i].Len = 0
@@ -298,7 +299,8 @@ func decodeSpeedCUDA(e *llm.Engine, r *rand.Rand, batch, steps, reps int, timed 
 		}
 	}
 	med := Median(times)
-	return DecodePoint{Batch: batch, TokensPerSec: float64(batch*steps) / med * 1000, MSPerStep: med / float64(steps)}, nil
+	return DecodePoint{Batch: batch, TokensPerSec: float64(batch*steps) / med * 1000, MSPerStep: med / float64(steps),
+		GraphSteps: e.GraphReplays() - graphs0, Steps: (reps + 1) * steps}, nil
 }
 
 func randTokens(r *rand.Rand, n, vocab int) []int {

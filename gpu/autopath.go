@@ -78,6 +78,32 @@ func (l *MLP) choose(m int, byDensity Path) (Path, bool) {
 	return PathSparse, true
 }
 
+// Settled returns the path Forward runs for m tokens, and whether that
+// choice is settled: the measured density (or, without Measure, the density
+// rule alone) has come back, and with Measure both paths have been timed
+// for m's batch-size bucket (the faster one is returned; Forward would
+// still re-probe the other now and then). A CUDA graph recorded from Queue
+// freezes the choice, so record once it is settled.
+func (l *MLP) Settled(m int) (Path, bool) {
+	l.poll()
+	switch {
+	case l.blas == nil:
+		return PathSparse, true
+	case !l.lastKnown:
+		return PathSparse, false
+	case !l.Measure || l.next == PathDense:
+		return l.next, true
+	}
+	bt := l.times[bucketOf(m)]
+	if bt == nil || bt.n[PathSparse] <= 1 || bt.n[PathDense] <= 1 {
+		return PathSparse, false
+	}
+	if bt.perTok[PathDense] < bt.perTok[PathSparse] {
+		return PathDense, true
+	}
+	return PathSparse, true
+}
+
 // bucket returns the timings of bucket b, creating them.
 func (l *MLP) bucket(b int) *bucketTimes {
 	if l.times == nil {

@@ -134,3 +134,50 @@ func TestUseSplit(t *testing.T) {
 		}
 	}
 }
+
+// TestSettled checks when the automatic path's choice counts as settled
+// for recording into a graph: not before the density is known, and with
+// Measure not before both paths have two timings (the first is dropped);
+// then the faster path, or dense whenever the density rule says so.
+func TestSettled(t *testing.T) {
+	seed := uint64(time.Now().UnixNano())
+	r := rand.New(rand.NewPCG(seed, 2))
+	for trial := 0; trial < 50; trial++ {
+		l := &MLP{blas: &cublas.Handle{}, Measure: true}
+		m := 1 + r.IntN(1<<16)
+		if _, ok := l.Settled(m); ok {
+			t.Fatalf("seed %d: settled before any density came back", seed)
+		}
+		l.lastKnown, l.next = true, PathSparse
+		sparseMS, denseMS := 0.1+r.Float64(), 0.1+r.Float64()
+		cost := map[Path]float64{PathSparse: sparseMS, PathDense: denseMS}
+		for call := 1; call <= 4; call++ {
+			if _, ok := l.Settled(m); ok {
+				t.Fatalf("seed %d: settled after %d of 4 timed calls", seed, call-1)
+			}
+			p, timed := l.choose(m, PathSparse)
+			if !timed {
+				t.Fatalf("seed %d: call %d not timed", seed, call)
+			}
+			l.record(p, bucketOf(m), m, cost[p]*float64(m))
+		}
+		want := PathSparse
+		if denseMS < sparseMS {
+			want = PathDense
+		}
+		if p, ok := l.Settled(m); !ok || p != want {
+			t.Errorf("seed %d: sparse %.3f, dense %.3f ms/token: Settled = %v, %v; want %v, true", seed, sparseMS, denseMS, p, ok, want)
+		}
+		if _, ok := l.Settled(4 * m); ok {
+			t.Errorf("seed %d: an untimed bucket counts as settled", seed)
+		}
+		l.next = PathDense
+		if p, ok := l.Settled(4 * m); !ok || p != PathDense {
+			t.Errorf("seed %d: density rule dense: Settled = %v, %v", seed, p, ok)
+		}
+		l.next, l.Measure = PathSparse, false
+		if p, ok := l.Settled(4 * m); !ok || p != PathSparse {
+			t.Errorf("seed %d: without Measure: Settled = %v, %v; want sparse, true", seed, p, ok)
+		}
+	}
+}

@@ -174,9 +174,10 @@ type MLP struct {
 // call. MLPs of one shape that run one after another on one stream (the
 // layers of a model) may share one: see ShareWorkspace.
 type workspace struct {
-	sp   sparseWS
-	dn   denseWS
-	refs int // MLPs using it
+	sp    sparseWS
+	dn    denseWS
+	refs  int    // MLPs using it
+	epoch uint64 // buffer reallocations so far
 }
 
 type sparseWS struct {
@@ -445,8 +446,15 @@ func (l *MLP) realloc(b *cuda.Buffer, n int) (*cuda.Buffer, error) {
 			return nil, err
 		}
 	}
+	l.ws.epoch++
 	return l.dev.Alloc(n)
 }
+
+// Epoch counts the reallocations of the MLP's device workspace (shared
+// with the MLPs of ShareWorkspace). Work recorded into a CUDA graph from
+// Queue reads and writes that workspace: it stays valid while Epoch is
+// unchanged.
+func (l *MLP) Epoch() uint64 { return l.ws.epoch }
 
 func (l *MLP) sparseWorkspace(m int) (*sparseWS, error) {
 	mp := padRows(m)
@@ -620,6 +628,26 @@ func (l *MLP) QueueD2T(s *cuda.Stream, x *cuda.Buffer, m int) error {
 // others through the exact per-row kernel. x and y hold m x D bf16 values;
 // m may be any positive count (the kernels pad inside).
 func (l *MLP) Sparse(s *cuda.Stream, y, x *cuda.Buffer, m int) error {
+	return l.sparse(s, y, x, m, true)
+}
+
+// Queue queues the MLP on path p (PathDense needs a cuBLAS handle) without
+// the automatic path's bookkeeping: no timing, and no copies of the active
+// or flagged counts to the host. This is the form to record into a CUDA
+// graph (see Settled for the path and Epoch for the graph's validity):
+// replays rerun exactly the recorded work, and rows D2T flags still get
+// exact results (the gathered pass takes as many rows as Sparse would
+// give it now, the per-row kernel the rest).
+func (l *MLP) Queue(s *cuda.Stream, y, x *cuda.Buffer, m int, p Path) error {
+	if p == PathDense && l.blas != nil {
+		return l.Dense(s, y, x, m)
+	}
+	return l.sparse(s, y, x, m, false)
+}
+
+// sparse queues the TwELL MLP; with report it copies the flagged-row count
+// back on sampled calls, for sizing the gathered pass.
+func (l *MLP) sparse(s *cuda.Stream, y, x *cuda.Buffer, m int, report bool) error {
 	if err := l.checkIO(y, x, m); err != nil {
 		return err
 	}
@@ -678,6 +706,9 @@ func (l *MLP) Sparse(s *cuda.Stream, y, x *cuda.Buffer, m int) error {
 	if err := fb.Launch(cuda.Dim3{uint32(l.dev.Properties().SMs), 1, 1}, cuda.Dim3{256, 1, 1}, 4*l.D, s,
 		x, l.sparseIn(), l.up, l.down, y, ws.ovf, ws.hbuf, int32(l.D), int32(l.F), int32(first)); err != nil {
 		return fmt.Errorf("gpu: dense fallback: %w", err)
+	}
+	if !report {
+		return nil
 	}
 	if l.sparseCalls++; !sampled(l.sparseCalls) {
 		return nil

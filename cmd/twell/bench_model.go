@@ -175,4 +175,15 @@ func printModelTable(w io.Writer, rs []bench.ModelResult, peak []int64) {
 		fmt.Fprintln(tw)
 	}
 	tw.Flush()
+	for _, r := range rs {
+		var parts []string
+		for _, p := range r.Decode {
+			if p.Steps > 0 {
+				parts = append(parts, fmt.Sprintf("b=%d %d/%d", p.Batch, p.GraphSteps, p.Steps))
+			}
+		}
+		if len(parts) > 0 {
+			fmt.Fprintf(w, "%s: decode steps replayed from CUDA graphs: %s\n", r.Path, strings.Join(parts, ", "))
+		}
+	}
 }

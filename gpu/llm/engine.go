@@ -19,6 +19,11 @@ const DefaultMLPChunk = 1 << 17
 // Attention field ("auto", "mma" or "ref"), to compare the kernels.
 const EnvAttention = "TWELL_LLM_ATTENTION"
 
+// EnvGraphs names the environment variable that, set to "0", makes a new
+// Engine run decode steps kernel by kernel instead of replaying CUDA graphs
+// (Engine.NoGraphs).
+const EnvGraphs = "TWELL_GRAPHS"
+
 // Engine is a model's weights on one GPU, bf16, ready to run forward
 // passes. Its methods queue work on the engine's own stream and keep
 // workspace between calls, so an Engine must not be used by several
@@ -35,6 +40,10 @@ type Engine struct {
 	// head_dim 64 and 128, the plain kernel otherwise), "mma" or "ref" (the
 	// plain kernel, any head_dim).
 	Attention string
+	// NoGraphs turns off replaying decode steps from CUDA graphs
+	// (graphs.go); every step then queues its kernels one by one. NewEngine
+	// sets it when the environment variable TWELL_GRAPHS is "0".
+	NoGraphs bool
 
 	dev    *cuda.Device
 	blas   *cublas.Handle
@@ -55,6 +64,10 @@ type Engine struct {
 	crossover    []float64 // each TwELL layer's default crossover, restored by SetMLPPath("auto")
 	sparseLayers int
 	weightBytes  int64
+
+	gen      uint64 // reallocations of engine buffers (a recorded graph uses their addresses)
+	graphs   map[int]*stepGraph
+	graphErr error
 }
 
 // layer is one decoder layer's weights on the device.
@@ -135,7 +148,8 @@ func NewEngine(dev *cuda.Device, m *model.Model) (*Engine, error) {
 	if err != nil {
 		return nil, err
 	}
-	e := &Engine{Config: c, dev: dev, k: k, mlpPath: "auto", rope: model.NewRoPETables(c), Attention: os.Getenv(EnvAttention)}
+	e := &Engine{Config: c, dev: dev, k: k, mlpPath: "auto", rope: model.NewRoPETables(c), Attention: os.Getenv(EnvAttention),
+		NoGraphs: os.Getenv(EnvGraphs) == "0"}
 	if act, _ := c.GateActivation(); act == model.ActSiLU {
 		e.act = 1
 	}
@@ -283,6 +297,7 @@ func (e *Engine) SetMLPPath(path string) error {
 			continue
 		}
 		l.mlp.Crossover = e.crossover[i]
+		l.mlp.Measure = path != "sparse" // else the measured choice could still run dense
 		if path == "sparse" {
 			l.mlp.Crossover = x
 		}
@@ -313,6 +328,7 @@ func (e *Engine) Close() error {
 	if e.stream != nil {
 		errs = append(errs, e.stream.Synchronize())
 	}
+	errs = append(errs, e.dropGraphs())
 	if e.head != e.embed {
 		free(e.head)
 	}

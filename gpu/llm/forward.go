@@ -20,7 +20,9 @@ type Stats struct {
 	// token of the layer's latest measured MLP call (the MLP copies its
 	// count back on its first calls, then on every 8th: see package gpu);
 	// -1 where nothing was measured (the dense path chosen by
-	// SetMLPPath("dense"), or a layer without a TwELL MLP).
+	// SetMLPPath("dense"), or a layer without a TwELL MLP). Decode steps
+	// replayed from a CUDA graph measure nothing: they report the last
+	// value measured before.
 	MeanActive []float64
 	// SparseLayer is, per layer, whether every MLP call of the step ran
 	// the sparse (TwELL) path.
@@ -131,6 +133,7 @@ func (e *Engine) realloc(b *cuda.Buffer, n int) (*cuda.Buffer, error) {
 			return nil, err
 		}
 	}
+	e.gen++
 	return e.dev.Alloc(n)
 }
 
@@ -261,21 +264,43 @@ func (e *Engine) Forward(caches []*Cache, tokens [][]int, allLogits bool) ([][]f
 	return logits, st, nil
 }
 
-// queue uploads the metadata and queues the decoder layers.
+// queue uploads the metadata and queues the decoder layers: from a CUDA
+// graph for decode steps once every MLP's path has settled (graphs.go),
+// else kernel by kernel.
 func (e *Engine) queue(b *batch) (*Stats, error) {
+	if err := e.prepare(b); err != nil {
+		return nil, err
+	}
+	st := &Stats{Tokens: b.T, MeanActive: make([]float64, len(e.layers)), SparseLayer: make([]bool, len(e.layers))}
+	for i := range st.MeanActive {
+		st.MeanActive[i] = -1
+	}
+	if ok, err := e.replay(b, st); ok || err != nil {
+		return st, err
+	}
+	return st, e.layersQueue(b, st, nil)
+}
+
+// prepare sizes the workspace and RoPE tables for b and uploads its
+// metadata.
+func (e *Engine) prepare(b *batch) error {
+	if err := e.workspaceFor(b.T, b.rows, 4*len(b.words)); err != nil {
+		return err
+	}
+	if err := e.ropeFor(b.maxPos + 1); err != nil {
+		return err
+	}
+	return e.dev.CopyHtoDAsync(e.ws.meta, cuda.Bytes(b.words), e.stream)
+}
+
+// layersQueue queues the embedding and the decoder layers of b, whose
+// metadata prepare uploaded. paths, if not nil, fixes each layer's MLP path
+// and leaves out the MLPs' bookkeeping (for recording into a graph).
+func (e *Engine) layersQueue(b *batch, st *Stats, paths []gpu.Path) error {
 	c := e.Config
 	h, hd, nq, nkv := c.HiddenSize, c.HeadDim, c.NumAttentionHeads, c.NumKeyValueHeads
 	T := b.T
-	if err := e.workspaceFor(T, b.rows, 4*len(b.words)); err != nil {
-		return nil, err
-	}
-	if err := e.ropeFor(b.maxPos + 1); err != nil {
-		return nil, err
-	}
 	ws, s := &e.ws, e.stream
-	if err := e.dev.CopyHtoDAsync(ws.meta, cuda.Bytes(b.words), s); err != nil {
-		return nil, err
-	}
 	sec := func(off, n int) *cuda.Buffer { return view(ws.meta, 4*off, 4*max(n, 1)) }
 	base, tokSeq, tokPos, ids := sec(b.base, 2*b.S), sec(b.tokSeq, T), sec(b.tokPos, T), sec(b.ids, T)
 	seqQ0, seqN, seqPast, seqCap := sec(b.seqQ0, b.S), sec(b.seqN, b.S), sec(b.seqPast, b.S), sec(b.seqCap, b.S)
@@ -284,20 +309,16 @@ func (e *Engine) queue(b *batch) (*Stats, error) {
 	eps := float32(c.RMSNormEps)
 	blk := cuda.Dim3{256, 1, 1}
 	grid := cuda.Dim3{uint32(T), 1, 1}
-	st := &Stats{Tokens: T, MeanActive: make([]float64, len(e.layers)), SparseLayer: make([]bool, len(e.layers))}
-	for i := range st.MeanActive {
-		st.MeanActive[i] = -1
-	}
 	if err := e.k.embed.Launch(grid, blk, 0, s, e.embed, ids, ws.resid, int32(h)); err != nil {
-		return nil, fmt.Errorf("llm: embed: %w", err)
+		return fmt.Errorf("llm: embed: %w", err)
 	}
 	attn, attnBlock := e.k.attnRef, cuda.Dim3{256, 1, 1}
 	switch {
 	case e.Attention == "ref":
 	case e.Attention == "mma" && hd != 64 && hd != 128:
-		return nil, fmt.Errorf("llm: the mma attention kernel takes head_dim 64 or 128, not %d", hd)
+		return fmt.Errorf("llm: the mma attention kernel takes head_dim 64 or 128, not %d", hd)
 	case e.Attention != "" && e.Attention != "auto" && e.Attention != "mma":
-		return nil, fmt.Errorf("llm: attention kernel %q: want auto, mma or ref", e.Attention)
+		return fmt.Errorf("llm: attention kernel %q: want auto, mma or ref", e.Attention)
 	case hd == 64:
 		attn, attnBlock = e.k.attnMMA64, cuda.Dim3{128, 1, 1}
 	case hd == 128:
@@ -311,44 +332,49 @@ func (e *Engine) queue(b *batch) (*Stats, error) {
 			delta = ws.proj
 		}
 		if err := e.k.addNorm.Launch(grid, blk, 0, s, ws.resid, delta, none, l.attnNorm, ws.hn, int32(h), eps); err != nil {
-			return nil, fmt.Errorf("llm: layer %d norm: %w", li, err)
+			return fmt.Errorf("llm: layer %d norm: %w", li, err)
 		}
 		if err := e.blas.Matmul(s, cublas.Gemm{M: T, N: qkvW, K: h, TransB: true}, ws.hn, l.qkv, ws.qkv); err != nil {
-			return nil, fmt.Errorf("llm: layer %d qkv: %w", li, err)
+			return fmt.Errorf("llm: layer %d qkv: %w", li, err)
 		}
 		if err := e.k.ropeKV.Launch(grid, blk, 0, s, ws.qkv, e.cosB, e.sinB, tokSeq, tokPos, base, seqCap,
 			int32(li), int32(nq), int32(nkv), int32(hd), int32(qkvW)); err != nil {
-			return nil, fmt.Errorf("llm: layer %d rope: %w", li, err)
+			return fmt.Errorf("llm: layer %d rope: %w", li, err)
 		}
 		ag := cuda.Dim3{uint32(b.items), uint32(nq), 1}
 		if attn == e.k.attnRef {
 			err := attn.Launch(ag, attnBlock, 0, s, ws.qkv, ws.hn, items, seqQ0, seqN, seqPast, base, seqCap,
 				int32(li), int32(nq), int32(nkv), int32(hd), int32(qkvW), scaleLog2)
 			if err != nil {
-				return nil, fmt.Errorf("llm: layer %d attention: %w", li, err)
+				return fmt.Errorf("llm: layer %d attention: %w", li, err)
 			}
 		} else if err := attn.Launch(ag, attnBlock, 0, s, ws.qkv, ws.hn, items, seqQ0, seqN, seqPast, base, seqCap,
 			int32(li), int32(nq), int32(nkv), int32(qkvW), scaleLog2); err != nil {
-			return nil, fmt.Errorf("llm: layer %d attention: %w", li, err)
+			return fmt.Errorf("llm: layer %d attention: %w", li, err)
 		}
 		if err := e.blas.Matmul(s, cublas.Gemm{M: T, N: h, K: nq * hd, TransB: true}, ws.hn, l.o, ws.proj); err != nil {
-			return nil, fmt.Errorf("llm: layer %d o_proj: %w", li, err)
+			return fmt.Errorf("llm: layer %d o_proj: %w", li, err)
 		}
 		if err := e.k.addNorm.Launch(grid, blk, 0, s, ws.resid, ws.proj, none, l.mlpNorm, ws.hn, int32(h), eps); err != nil {
-			return nil, fmt.Errorf("llm: layer %d norm: %w", li, err)
+			return fmt.Errorf("llm: layer %d norm: %w", li, err)
 		}
-		sparse, err := e.mlp(l, T)
+		var fixed *gpu.Path
+		if paths != nil {
+			fixed = &paths[li]
+		}
+		sparse, err := e.mlp(l, T, fixed)
 		if err != nil {
-			return nil, fmt.Errorf("llm: layer %d MLP: %w", li, err)
+			return fmt.Errorf("llm: layer %d MLP: %w", li, err)
 		}
 		st.SparseLayer[li] = sparse
 	}
-	return st, nil
+	return nil
 }
 
 // mlp queues layer l's MLP from ws.hn into ws.proj, in chunks of at most
 // MLPChunk tokens, and reports whether every chunk ran the sparse path.
-func (e *Engine) mlp(l layer, T int) (bool, error) {
+// fixed, if not nil, is the TwELL MLP's path, run without bookkeeping.
+func (e *Engine) mlp(l layer, T int, fixed *gpu.Path) (bool, error) {
 	c := e.Config
 	h, f := c.HiddenSize, c.IntermediateSize
 	ws, s := &e.ws, e.stream
@@ -358,6 +384,13 @@ func (e *Engine) mlp(l layer, T int) (bool, error) {
 		m := min(ch, T-off)
 		x, y := view(ws.hn, 2*off*h, 2*m*h), view(ws.proj, 2*off*h, 2*m*h)
 		if l.mlp != nil {
+			if fixed != nil {
+				if err := l.mlp.Queue(s, y, x, m, *fixed); err != nil {
+					return false, err
+				}
+				sparse = sparse && *fixed == gpu.PathSparse
+				continue
+			}
 			if e.mlpPath == "dense" {
 				if err := l.mlp.Dense(s, y, x, m); err != nil {
 					return false, err

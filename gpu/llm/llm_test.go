@@ -349,3 +349,82 @@ func TestForwardErrors(t *testing.T) {
 		t.Error("SetMLPPath(fast) accepted")
 	}
 }
+
+// TestGraphDecodeMatchesEager runs the same batched decode with and without
+// CUDA graphs: on a fixed MLP path the logits must be bit-identical (the
+// graph replays the same kernels), also after a larger prefill in between
+// grew the buffers the graph uses (it must be recorded again); on the
+// automatic path the graphs must take over once the paths have settled.
+func TestGraphDecodeMatchesEager(t *testing.T) {
+	dev := cudatest.Device(t)
+	cudatest.Compiler(t)
+	r, seed := cudatest.Rand()
+	c := testConfig(64, 4, 2, true)
+	m := sparseModel(t, c, r, seed)
+	e := newEngine(t, dev, m, seed)
+	prompts := [][]int{randTokens(r, 20, c.VocabSize), randTokens(r, 33, c.VocabSize), randTokens(r, 7, c.VocabSize)}
+	next := make([][]int, 16)
+	for i := range next {
+		next[i] = randTokens(r, len(prompts), c.VocabSize)
+	}
+	grow := randTokens(r, 300, c.VocabSize)
+	// decode returns the logits of every step of the batch.
+	decode := func(graphs bool) [][]float32 {
+		e.NoGraphs = !graphs
+		caches := gpuCaches(t, e, len(prompts), 80)
+		if _, _, err := e.Forward(caches, prompts, false); err != nil {
+			t.Fatalf("seed %d: %v", seed, err)
+		}
+		var out [][]float32
+		for i, ids := range next {
+			if i == len(next)/2 { // grow the workspace mid-decode
+				if _, _, err := e.Forward(gpuCaches(t, e, 1, len(grow)), [][]int{grow}, false); err != nil {
+					t.Fatal(err)
+				}
+			}
+			step := make([][]int, len(ids))
+			for s, id := range ids {
+				step[s] = []int{id}
+			}
+			l, _, err := e.Forward(caches, step, false)
+			if err != nil {
+				t.Fatalf("seed %d: step %d: %v", seed, i, err)
+			}
+			out = append(out, l...)
+		}
+		return out
+	}
+	for _, path := range []string{"sparse", "dense"} {
+		if err := e.SetMLPPath(path); err != nil {
+			t.Fatal(err)
+		}
+		eager := decode(false)
+		before := e.GraphReplays()
+		graphed := decode(true)
+		if e.GraphError() != nil {
+			t.Fatalf("seed %d: %s: recording a graph failed: %v", seed, path, e.GraphError())
+		}
+		if n := e.GraphReplays() - before; n < len(next)-2 {
+			t.Errorf("seed %d: %s: %d of %d decode steps replayed a graph", seed, path, n, len(next))
+		}
+		for i := range eager {
+			for j := range eager[i] {
+				if math.Float32bits(eager[i][j]) != math.Float32bits(graphed[i][j]) {
+					t.Fatalf("seed %d: %s: row %d logit %d: graph %v, eager %v", seed, path, i, j, graphed[i][j], eager[i][j])
+				}
+			}
+		}
+	}
+	if err := e.SetMLPPath("auto"); err != nil {
+		t.Fatal(err)
+	}
+	eager := decode(false)
+	before := e.GraphReplays()
+	graphed := decode(true)
+	if n := e.GraphReplays() - before; n == 0 || e.GraphError() != nil {
+		t.Errorf("seed %d: auto: %d graph replays (error %v)", seed, n, e.GraphError())
+	}
+	if d, err := relDiff(graphed, eager); err != nil || d > 1e-2 {
+		t.Errorf("seed %d: auto: graph vs eager rel diff %.3g (%v)", seed, d, err)
+	}
+}

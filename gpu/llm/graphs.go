@@ -1,0 +1,139 @@
+package llm
+
+import (
+	"errors"
+	"slices"
+
+	"github.com/twell-ai/twell/cuda"
+	"github.com/twell-ai/twell/gpu"
+)
+
+// Decode steps are bound by the host: one step of a 28-layer model queues
+// about 300 kernels and cuBLASLt calls at some 5 µs each, longer than the
+// GPU needs to run them at small batches. So a decode step (one new token
+// per sequence) is recorded into a CUDA graph and later steps of the same
+// batch replay it with one launch. What changes from step to step (token
+// ids, positions, cache lengths and addresses) is in the metadata buffer
+// the kernels read, uploaded before each replay. A graph is recorded once
+// every TwELL layer's MLP path has settled (gpu.MLP.Settled: the automatic
+// choice is frozen in the graph, without its bookkeeping), and recorded
+// again when a buffer it uses was reallocated or a path changed.
+
+// stepGraph is a recorded decode step of some number of sequences.
+type stepGraph struct {
+	g      *cuda.Graph
+	gen    uint64     // e.gen when recorded
+	epoch  uint64     // the TwELL MLPs' workspace epoch when recorded
+	paths  []gpu.Path // each layer's MLP path
+	replay int        // replays so far
+}
+
+// replay runs the decoder layers of b from a graph if b is a decode step
+// and the MLP paths have settled, recording the graph first if needed. It
+// reports whether it did; if recording fails the engine stops using graphs
+// (GraphError) and the step runs kernel by kernel.
+func (e *Engine) replay(b *batch, st *Stats) (bool, error) {
+	if e.NoGraphs || e.graphErr != nil || b.T != b.S {
+		return false, nil
+	}
+	paths, ok := e.settledPaths(b.T)
+	if !ok {
+		return false, nil
+	}
+	sg := e.graphs[b.S]
+	if sg != nil && (sg.gen != e.gen || sg.epoch != e.mlpEpoch() || !slices.Equal(sg.paths, paths)) {
+		delete(e.graphs, b.S)
+		if err := sg.g.Destroy(); err != nil {
+			return false, err
+		}
+		sg = nil
+	}
+	if sg == nil {
+		g, err := e.record(b, paths)
+		if err != nil {
+			e.graphErr = err
+			return false, nil
+		}
+		sg = &stepGraph{g: g, gen: e.gen, epoch: e.mlpEpoch(), paths: paths}
+		if e.graphs == nil {
+			e.graphs = map[int]*stepGraph{}
+		}
+		e.graphs[b.S] = sg
+	}
+	for i, l := range e.layers {
+		st.SparseLayer[i] = l.mlp != nil && e.mlpPath != "dense" && paths[i] == gpu.PathSparse
+	}
+	sg.replay++
+	return true, sg.g.Launch(e.stream)
+}
+
+// record captures the decoder layers of b into a graph.
+func (e *Engine) record(b *batch, paths []gpu.Path) (*cuda.Graph, error) {
+	if err := e.stream.BeginCapture(); err != nil {
+		return nil, err
+	}
+	scratch := &Stats{SparseLayer: make([]bool, len(e.layers))}
+	err := e.layersQueue(b, scratch, paths)
+	g, cerr := e.stream.EndCapture()
+	if err != nil {
+		if cerr == nil {
+			g.Destroy()
+		}
+		return nil, err
+	}
+	return g, cerr
+}
+
+// settledPaths returns each layer's MLP path for a step of T tokens, or
+// false while some TwELL layer's automatic choice is still being measured.
+func (e *Engine) settledPaths(T int) ([]gpu.Path, bool) {
+	paths := make([]gpu.Path, len(e.layers))
+	for i, l := range e.layers {
+		switch {
+		case l.mlp == nil || e.mlpPath == "dense":
+			paths[i] = gpu.PathDense
+		case e.mlpPath == "sparse":
+			paths[i] = gpu.PathSparse
+		default:
+			p, ok := l.mlp.Settled(min(T, e.chunk()))
+			if !ok {
+				return nil, false
+			}
+			paths[i] = p
+		}
+	}
+	return paths, true
+}
+
+// mlpEpoch returns the TwELL MLPs' workspace epoch (they share one
+// workspace), or 0 without them.
+func (e *Engine) mlpEpoch() uint64 {
+	if l := e.firstMLP(); l != nil {
+		return l.Epoch()
+	}
+	return 0
+}
+
+// GraphReplays returns how many decode steps ran from CUDA graphs so far.
+func (e *Engine) GraphReplays() int {
+	n := 0
+	for _, sg := range e.graphs {
+		n += sg.replay
+	}
+	return n
+}
+
+// GraphError returns why recording a decode step into a CUDA graph failed,
+// after which the engine runs every step kernel by kernel; nil if it has
+// not failed.
+func (e *Engine) GraphError() error { return e.graphErr }
+
+// dropGraphs destroys the recorded graphs.
+func (e *Engine) dropGraphs() error {
+	var errs []error
+	for k, sg := range e.graphs {
+		errs = append(errs, sg.g.Destroy())
+		delete(e.graphs, k)
+	}
+	return errors.Join(errs...)
+}
