@@ -114,6 +114,12 @@ __device__ __forceinline__ void axpy8(float* acc, float h, uint4 b) {
   acc[7] = fmaf(h, bf_hi(b.w), acc[7]);
 }
 
+// cp_async16 copies 16 bytes from global to shared memory (through L2
+// only), or writes 16 zero bytes when !valid.
+__device__ __forceinline__ void cp_async16(u32 dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");
+}
+
 // flag_row marks row as needing the dense fallback, once, and appends it to
 // the overflow list ovf (ovf[0] = count, ovf[1..] = rows).
 __device__ __forceinline__ void flag_row(int* flags, int* ovf, int row) {

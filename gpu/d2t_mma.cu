@@ -10,12 +10,6 @@
 #define MMA_LD 40  // smem row stride in bf16 elements (80 bytes: no ldmatrix bank conflicts)
 #define MMA_STAGES 3
 
-// cp_async16 copies 16 bytes, or writes 16 zero bytes when !valid (rows
-// past the end of x).
-__device__ __forceinline__ void cp_async16(u32 dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");
-}
-
 template <int S>
 __global__ void __launch_bounds__(256, 1)
     d2t_mma(const u16* __restrict__ x, const u16* __restrict__ w, u32* __restrict__ packed, int* __restrict__ flags,

@@ -244,6 +244,155 @@ __global__ void __launch_bounds__(256, TW_T2U_MINB)
   if (lane == 0) cnt[r] = out;
 }
 
+// t2u_ws: the gated up projection of the split tail with U streamed
+// through shared memory instead of gathered per pair. t2u reads a 4 KB U row
+// from L2 for every active pair (7.5 GB at m = 65536 and 28 pairs per
+// token: bound by L2 bandwidth). Here a block takes a range of tokens, holds
+// its pairs in registers (up to TW_UWS_P per thread) and sweeps all of U and
+// its tokens' x in chunks of 8 columns, double-buffered in shared memory:
+// every SM reads U once (f x d bf16) whatever the pair count, and the dot
+// products come from shared memory. It pays when a block's pairs reuse the
+// U rows enough (the host picks it from the measured density); a block
+// whose pairs exceed its registers runs its tokens in several sweeps. The
+// output is t2u's: compact lists in place and cnt; flagged rows get cnt 0.
+#define TW_UWS_P 20      // pairs per thread (uwsPairs in mlp.go)
+#define UWS_THREADS 768  // (uwsThreads in mlp.go)
+#define UWS_NONE 0xffffffffu
+__global__ void __launch_bounds__(UWS_THREADS, 1)
+    t2u_ws(const u16* __restrict__ x, u32* packed, const u16* __restrict__ U, int* __restrict__ cnt,
+           const int* __restrict__ flags, int m, int d, int f, int S, int tiles, int row_words, int tok_per_block) {
+  extern __shared__ uint4 sm[];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  constexpr int NW = UWS_THREADS / 32, CAP = UWS_THREADS * TW_UWS_P;
+  const int t0 = blockIdx.x * tok_per_block, nt = min(m, t0 + tok_per_block) - t0;
+  if (nt <= 0) return;
+  // Shared memory (uws_smem on the host): U and x chunk buffers [2][f] and
+  // [2][tok_per_block], which hold the pair list (CAP x 8 bytes) while the
+  // pairs are enumerated, then ntok[tok_per_block] and base[tok_per_block+1].
+  uint4* ubuf = sm;
+  uint4* xbuf = sm + 2 * f;
+  uint2* list = (uint2*)sm;
+  int* ntok = (int*)(sm + max(2 * f + 2 * tok_per_block, CAP / 2));
+  int* base = ntok + tok_per_block;
+
+  // Entries per token (their tiles' counts; 0 for flagged rows).
+  for (int tl = warp; tl < nt; tl += NW) {
+    const int r = t0 + tl;
+    const u32* prow = packed + (size_t)r * row_words;
+    int n = 0;
+    if (!flags[r]) {
+      for (int t = lane; t < tiles; t += 32) n += (int)prow[(size_t)t * S];
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) n += __shfl_xor_sync(0xffffffffu, n, o);
+    }
+    if (lane == 0) {
+      ntok[tl] = n;
+      cnt[r] = n;
+    }
+  }
+  __syncthreads();
+  if (warp == 0) {  // exclusive prefix of ntok
+    int run = 0;
+    for (int c = 0; c < nt; c += 32) {
+      const int v = (c + lane < nt) ? ntok[c + lane] : 0;
+      int incl = v;
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const int u = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += u;
+      }
+      if (c + lane < nt) base[c + lane] = run + incl - v;
+      run += __shfl_sync(0xffffffffu, incl, 31);
+    }
+    if (lane == 0) base[nt] = run;
+  }
+  __syncthreads();
+
+  for (int ta = 0; ta < nt;) {
+    // This sweep's tokens [ta, tb): as many as have at most CAP pairs (the
+    // host checks that a token's tiles x (S-1) fit).
+    int lo = ta + 1, hi = nt;
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) / 2;
+      if (base[mid] - base[ta] <= CAP)
+        lo = mid;
+      else
+        hi = mid - 1;
+    }
+    const int tb = lo, p0 = base[ta], np = base[tb] - p0;
+    // The pair list, in token and column order: {tl << 16 | j, g << 16 | slot}.
+    for (int tl = ta + warp; tl < tb; tl += NW) {
+      const u32* prow = packed + (size_t)(t0 + tl) * row_words;
+      if (ntok[tl] == 0) continue;
+      int out = 0;  // slot of the next entry in the token's compact list
+      for (int tg = 0; tg < tiles; tg += 32) {
+        const int t = tg + lane;
+        const int c = (t < tiles) ? (int)prow[(size_t)t * S] : 0;
+        int incl = c;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+          const int u = __shfl_up_sync(0xffffffffu, incl, o);
+          if (lane >= o) incl += u;
+        }
+        const int slot = out + incl - c;
+        uint2* dst = list + (base[tl] - p0) + slot;
+        for (int e = 0; e < c; ++e) {
+          const u32 w = prow[(size_t)t * S + 1 + e];
+          dst[e] = make_uint2(((u32)tl << 16) | (w & 0xffffu), (w & 0xffff0000u) | (u32)(slot + e));
+        }
+        out += __shfl_sync(0xffffffffu, incl, 31);
+      }
+    }
+    __syncthreads();
+    u32 rec[TW_UWS_P], gs[TW_UWS_P];
+    float acc[TW_UWS_P];
+#pragma unroll
+    for (int p = 0; p < TW_UWS_P; ++p) {
+      const int i = tid + p * UWS_THREADS;
+      rec[p] = UWS_NONE;
+      gs[p] = 0u;
+      acc[p] = 0.f;
+      if (i < np) {
+        const uint2 v = list[i];
+        rec[p] = v.x - ((u32)ta << 16);  // token relative to ta: its x row in xbuf
+        gs[p] = v.y;
+      }
+    }
+    __syncthreads();  // the list's memory becomes the chunk buffers
+    const int nx = tb - ta, nch = d / 8;
+    auto load = [&](int c, int b) {
+      for (int i = tid; i < f; i += UWS_THREADS) cp_async16(smem_addr(ubuf + b * f + i), U + (size_t)i * d + c * 8, true);
+      for (int i = tid; i < nx; i += UWS_THREADS)
+        cp_async16(smem_addr(xbuf + b * tok_per_block + i), x + (size_t)(t0 + ta + i) * d + c * 8, true);
+      asm volatile("cp.async.commit_group;" ::: "memory");
+    };
+    load(0, 0);
+    for (int c = 0; c < nch; ++c) {
+      if (c + 1 < nch) {
+        load(c + 1, (c + 1) & 1);
+        asm volatile("cp.async.wait_group 1;" ::: "memory");
+      } else {
+        asm volatile("cp.async.wait_group 0;" ::: "memory");
+      }
+      __syncthreads();
+      const uint4* ub = ubuf + (c & 1) * f;
+      const uint4* xb = xbuf + (c & 1) * tok_per_block;
+#pragma unroll
+      for (int p = 0; p < TW_UWS_P; ++p)
+        if (rec[p] != UWS_NONE) acc[p] = dot8(xb[rec[p] >> 16], ub[rec[p] & 0xffffu], acc[p]);
+      __syncthreads();  // before the next load overwrites this buffer
+    }
+#pragma unroll
+    for (int p = 0; p < TW_UWS_P; ++p) {
+      if (rec[p] == UWS_NONE) continue;
+      const int tl = ta + (int)(rec[p] >> 16);
+      packed[(size_t)(t0 + tl) * row_words + (gs[p] & 0xffffu)] =
+          (f_to_bf(bf_hi(gs[p]) * acc[p]) << 16) | (rec[p] & 0xffffu);
+    }
+    ta = tb;
+  }
+}
+
 // t2d_ws: y[t, c0:c0+W] = sum over t's compact list of h * D[j, c0:c0+W],
 // for the tokens [t0, t1) of the block's token range and the block's W
 // columns. D's slice (f x W bf16) lives in shared memory. W/8 lanes share a
