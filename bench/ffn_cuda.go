@@ -17,12 +17,13 @@ import (
 // on the same bf16 weights it times the dense MLP (cuBLASLt: three GEMMs and
 // one elementwise kernel), the TwELL MLP (D2T + gated T2D + exact fallback),
 // the automatic path (MLP.Forward) and the D2T kernel alone, each with CUDA
-// events around every repetition, the paths taking turns: the median of o.Reps
-// after 3 warm-up calls, rotating among enough input batches that they do not
-// fit in L2. Each path's output is checked against the float64 reference
-// computed on the bf16 model (weights and inputs rounded to bf16 once, as the
-// GPU holds them), so the error measures the kernels' arithmetic; energy per
-// token comes from NVML's energy counter over back-to-back calls.
+// events around every repetition, the paths taking turns and L2 flushed before
+// each: the median of o.Reps after 3 warm-up calls, rotating among enough
+// input batches that they do not fit in L2. Each path's output is checked
+// against the float64 reference computed on the bf16 model (weights and inputs
+// rounded to bf16 once, as the GPU holds them), so the error measures the
+// kernels' arithmetic; energy per token comes from NVML's energy counter over
+// back-to-back calls.
 func FFNCUDA(o FFNOptions, progress func(string)) ([]FFNResult, error) {
 	if err := o.Validate(); err != nil {
 		return nil, err
@@ -71,6 +72,15 @@ func FFNCUDA(o FFNOptions, progress func(string)) ([]FFNResult, error) {
 		return nil, err
 	}
 	defer y.Free()
+	// Written before every timed call (outside its events) so that each
+	// starts with no weights in L2, as in a model, whose consecutive MLPs
+	// have different weights; with the paths taking turns, a path would
+	// otherwise find the weights the one before it left.
+	flush, err := dev.Alloc(2 * props.L2Bytes)
+	if err != nil {
+		return nil, err
+	}
+	defer flush.Free()
 	start, err := dev.NewEvent()
 	if err != nil {
 		return nil, err
@@ -102,6 +112,9 @@ func FFNCUDA(o FFNOptions, progress func(string)) ([]FFNResult, error) {
 		}
 		for i := 0; i < o.Reps; i++ {
 			for j, run := range runs {
+				if err := dev.Memset8(flush, byte(i+j), nil); err != nil {
+					return nil, err
+				}
 				if err := start.Record(nil); err != nil {
 					return nil, err
 				}

@@ -4,7 +4,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"math"
 	"os"
 	"slices"
 
@@ -98,11 +97,6 @@ func (t Tail) String() string {
 // overrides TailAuto's choice.
 const EnvTail = "TWELL_TAIL"
 
-// EnvUp names the environment variable that, set to "gather" (t2u) or
-// "stream" (t2u_ws), overrides the split tail's choice of up-projection
-// kernel for gated MLPs (see upStream).
-const EnvUp = "TWELL_UP"
-
 // EnvD2TKernel names the environment variable that, set to "mma", "wgmma"
 // or "wgmma-pipe", overrides KernelAuto's choice of D2T kernel.
 const EnvD2TKernel = "TWELL_D2T_KERNEL"
@@ -149,7 +143,6 @@ type MLP struct {
 	d2tOverrideK Kernel         // its kind (KernelWGMMA or KernelWGMMAPipe)
 	d2tClusters  int            // clusters of a wgmma D2T launch, for experiments (0: residentClusters)
 	clusters     int            // resident clusters of the wgmma D2T kernel (0: not yet asked)
-	uwsTPB       int            // t2u_ws tokens per block, for tests (0: upStream's choice)
 
 	// automatic path state
 	next      Path
@@ -670,21 +663,13 @@ func (l *MLP) sparse(s *cuda.Stream, y, x *cuda.Buffer, m int, report bool) erro
 	S, rw, tiles := l.Layout.S(), l.F/l.Layout.C, l.F/256
 	if l.TailFor(m) == TailSplit {
 		w := l.splitWidth()
-		if tpb := l.upStream(m); tpb > 0 {
-			if err := set.t2uWS.Launch(cuda.Dim3{uint32((m + tpb - 1) / tpb), 1, 1}, cuda.Dim3{uwsThreads, 1, 1},
-				uwsSmem(l.F, tpb), s, x, ws.packed, l.up, ws.cnt, ws.flags,
-				int32(m), int32(l.D), int32(l.F), int32(S), int32(tiles), int32(rw), int32(tpb)); err != nil {
-				return fmt.Errorf("gpu: t2u_ws: %w", err)
-			}
-		} else {
-			t2u := set.t2uPlain
-			if l.Gated {
-				t2u = set.t2uGated
-			}
-			if err := t2u.Launch(cuda.Dim3{uint32((m + 7) / 8), 1, 1}, cuda.Dim3{256, 1, 1}, 0, s,
-				x, ws.packed, l.up, ws.cnt, ws.flags, int32(m), int32(l.D), int32(S), int32(tiles), int32(rw)); err != nil {
-				return fmt.Errorf("gpu: t2u: %w", err)
-			}
+		t2u := set.t2uPlain
+		if l.Gated {
+			t2u = set.t2uGated
+		}
+		if err := t2u.Launch(cuda.Dim3{uint32((m + 7) / 8), 1, 1}, cuda.Dim3{256, 1, 1}, 0, s,
+			x, ws.packed, l.up, ws.cnt, ws.flags, int32(m), int32(l.D), int32(S), int32(tiles), int32(rw)); err != nil {
+			return fmt.Errorf("gpu: t2u: %w", err)
 		}
 		fn := set.ws16
 		if w == 8 {
@@ -749,57 +734,6 @@ func (l *MLP) TailFor(m int) Tail {
 		return TailSplit
 	}
 	return TailWarp
-}
-
-// The streamed up projection t2u_ws (t2d.cu): threads per block, pairs per
-// thread (TW_UWS_P) and the fewest active pairs per call for which it runs.
-// Each block streams all of U (f x d bf16) through shared memory, some 0.5
-// ms per wave of blocks on an H200 at f = 5632, d = 2048, where t2u gathers
-// 4 KB of U per pair at about 6.5 TB/s (0.6 ns per pair): it pays from about
-// 0.8M pairs on.
-const (
-	uwsThreads  = 768
-	uwsPairs    = 20
-	uwsMinPairs = 1 << 20
-)
-
-// uwsSmem returns the dynamic shared memory of t2u_ws for f units and tpb
-// tokens per block (see the kernel's layout).
-func uwsSmem(f, tpb int) int {
-	return max(2*f+2*tpb, uwsThreads*uwsPairs/2)*16 + (2*tpb+1)*4
-}
-
-// upStream returns the tokens per block for the streamed up projection
-// t2u_ws on m tokens, or 0 to gather U rows with t2u instead: t2u_ws needs
-// a gated MLP, the measured density and enough pairs to pay (uwsMinPairs),
-// f's chunk buffers in shared memory, and a token's most pairs within one
-// block's registers. Blocks come in whole waves of
-// one per SM, each filled to about 85% of its pair registers.
-func (l *MLP) upStream(m int) int {
-	if !l.Gated || l.F/256*(l.Layout.S()-1) > uwsThreads*uwsPairs {
-		return 0
-	}
-	switch os.Getenv(EnvUp) {
-	case "gather":
-		return 0
-	case "stream":
-	default:
-		if !l.lastKnown || float64(m)*l.lastNNZ < uwsMinPairs {
-			return 0
-		}
-	}
-	if l.uwsTPB > 0 {
-		return l.uwsTPB
-	}
-	nnz := max(l.lastNNZ, 1)
-	sms := l.dev.Properties().SMs
-	waves := int(math.Ceil(float64(m) * nnz / (0.85 * uwsThreads * uwsPairs * float64(sms))))
-	tpb := (m + waves*sms - 1) / (waves * sms)
-	tpb = min(max(tpb, 1), 1024)
-	if uwsSmem(l.F, tpb) > l.dev.Properties().SharedPerBlockOptin {
-		return 0
-	}
-	return tpb
 }
 
 // splitWidth returns the columns per block of the weight-stationary down

@@ -3,7 +3,6 @@ package gpu
 import (
 	"fmt"
 	"math"
-	"os"
 	"slices"
 	"testing"
 
@@ -210,24 +209,6 @@ func runPath(t *testing.T, dev *cuda.Device, l *MLP, path string, x []float32, m
 		t.Fatal(err)
 	}
 	switch path {
-	case "sparse-stream", "sparse-stream-1blk":
-		// the split tail with the streamed up projection (gated MLPs);
-		// -1blk: one block of up to 1024 tokens, several sweeps over U
-		// when its pairs outnumber the block's registers
-		old, had := os.LookupEnv(EnvUp)
-		os.Setenv(EnvUp, "stream")
-		tail := l.Tail
-		l.Tail = TailSplit
-		if path == "sparse-stream-1blk" {
-			l.uwsTPB = 1024
-		}
-		err = l.Sparse(nil, yb, xb, m)
-		l.Tail, l.uwsTPB = tail, 0
-		if had {
-			os.Setenv(EnvUp, old)
-		} else {
-			os.Unsetenv(EnvUp)
-		}
 	case "sparse", "sparse-warp", "sparse-split":
 		tail := l.Tail
 		l.Tail = map[string]Tail{"sparse": tail, "sparse-warp": TailWarp, "sparse-split": TailSplit}[path]
@@ -285,7 +266,7 @@ func TestMLPMatchesFloat64(t *testing.T) {
 			x := synth.Tokens(r, m, c.d)
 			rows := synth.SampleRows(r, m, 48)
 			want := refRows(sl, x, c.d, rows)
-			for _, path := range []string{"sparse-warp", "sparse-split", "sparse-stream", "sparse-stream-1blk", "dense", "auto"} {
+			for _, path := range []string{"sparse-warp", "sparse-split", "dense", "auto"} {
 				y := runPath(t, dev, l, path, x, m)
 				for i := range y {
 					if math.IsNaN(float64(y[i])) {
@@ -369,7 +350,7 @@ func TestOverflowStress(t *testing.T) {
 			// The first sparse call sends up to 64 flagged rows through the
 			// gathered dense pass and the rest through the per-row kernel;
 			// the second sizes the gathered pass from the first's count.
-			for _, path := range []string{"sparse-warp", "sparse-split", "sparse-stream"} {
+			for _, path := range []string{"sparse-warp", "sparse-split"} {
 				checkStress(t, seed, path, runPath(t, dev, l, path, x, m), want, rows, d, m)
 			}
 		})

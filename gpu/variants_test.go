@@ -168,19 +168,11 @@ func TestD2TVariants(t *testing.T) {
 	}
 	pairs := float64(p.NNZ)
 	t.Logf("m=%d: dense %.3f ms, D2T %.3f ms; %.1f active/token", m, dense, d2t, pairs/float64(m))
-	l.lastNNZ, l.lastKnown = pairs/float64(m), true // as Forward would have measured it
-	for _, v := range []struct {
-		name string
-		tail Tail
-		up   string
-	}{{"warp", TailWarp, ""}, {"split-gather", TailSplit, "gather"}, {"split", TailSplit, ""}} {
-		l.Tail = v.tail
-		t.Setenv(EnvUp, v.up)
+	for _, tail := range []Tail{TailWarp, TailSplit} {
+		l.Tail = tail
 		sparse := medianMS(t, dev, 20, func() error { return l.Sparse(nil, yb, xb, m) })
-		t.Logf("tail %s: sparse %.3f ms = D2T + %.3f ms (%.2fx dense; streamed up projection: %v)",
-			v.name, sparse, sparse-d2t, dense/sparse, v.tail == TailSplit && l.upStream(m) > 0)
+		t.Logf("tail %v: sparse %.3f ms = D2T + %.3f ms (%.2fx dense)", tail, sparse, sparse-d2t, dense/sparse)
 	}
-	t.Setenv(EnvUp, "")
 	// The split tail's down kernel alone, on the compact lists the last
 	// sparse call left.
 	if err := dev.Synchronize(); err != nil {
@@ -236,19 +228,6 @@ func TestD2TVariants(t *testing.T) {
 		})
 		t.Logf("%-16s D2T + t2u %.3f ms: t2u %.3f ms, %.2f TB/s of U rows (%d registers, %d B local)",
 			v.name, ms, ms-d2t, pairs*2*float64(d)/(ms-d2t)/1e9, a.NumRegs, a.LocalBytes)
-	}
-	if tpb := l.upStream(m); tpb > 0 {
-		ms := medianMS(t, dev, 20, func() error {
-			ws, err := l.runD2T(nil, xb, m)
-			if err != nil {
-				return err
-			}
-			return set.t2uWS.Launch(cuda.Dim3{uint32((m + tpb - 1) / tpb), 1, 1}, cuda.Dim3{uwsThreads, 1, 1}, uwsSmem(f, tpb), nil,
-				xb, ws.packed, l.up, ws.cnt, ws.flags, int32(m), int32(d), int32(f), int32(32), int32(f/256), int32(f/8), int32(tpb))
-		})
-		a, _ := set.t2uWS.Attributes()
-		t.Logf("t2u_ws           D2T + t2u_ws %.3f ms: t2u_ws %.3f ms, %d tokens per block (%d registers, %d B local)",
-			ms, ms-d2t, tpb, a.NumRegs, a.LocalBytes)
 	}
 	for name, fn := range map[string]*cuda.Function{"t2d<true>": set.gated, "t2u<true>": set.t2uGated,
 		"t2d_ws<16>": set.ws16, "row_fallback<true>": set.fbGated} {

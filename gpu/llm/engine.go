@@ -68,6 +68,7 @@ type Engine struct {
 	gen      uint64 // reallocations of engine buffers (a recorded graph uses their addresses)
 	graphs   map[int]*stepGraph
 	graphErr error
+	replays  int // decode steps replayed from graphs
 }
 
 // layer is one decoder layer's weights on the device.

@@ -21,11 +21,10 @@ import (
 
 // stepGraph is a recorded decode step of some number of sequences.
 type stepGraph struct {
-	g      *cuda.Graph
-	gen    uint64     // e.gen when recorded
-	epoch  uint64     // the TwELL MLPs' workspace epoch when recorded
-	paths  []gpu.Path // each layer's MLP path
-	replay int        // replays so far
+	g     *cuda.Graph
+	gen   uint64     // e.gen when recorded
+	epoch uint64     // the TwELL MLPs' workspace epoch when recorded
+	paths []gpu.Path // each layer's MLP path
 }
 
 // replay runs the decoder layers of b from a graph if b is a decode step
@@ -63,7 +62,7 @@ func (e *Engine) replay(b *batch, st *Stats) (bool, error) {
 	for i, l := range e.layers {
 		st.SparseLayer[i] = l.mlp != nil && e.mlpPath != "dense" && paths[i] == gpu.PathSparse
 	}
-	sg.replay++
+	e.replays++
 	return true, sg.g.Launch(e.stream)
 }
 
@@ -115,13 +114,7 @@ func (e *Engine) mlpEpoch() uint64 {
 }
 
 // GraphReplays returns how many decode steps ran from CUDA graphs so far.
-func (e *Engine) GraphReplays() int {
-	n := 0
-	for _, sg := range e.graphs {
-		n += sg.replay
-	}
-	return n
-}
+func (e *Engine) GraphReplays() int { return e.replays }
 
 // GraphError returns why recording a decode step into a CUDA graph failed,
 // after which the engine runs every step kernel by kernel; nil if it has
