@@ -197,9 +197,17 @@ func ModelCUDA(o ModelOptions, progress func(string)) ([]ModelCUDAResult, error)
 			sample()
 			return err
 		}
-		if err := prefill(); err != nil { // warm-up (and kernel compilation)
-			return nil, err
+		// Warm up (kernel compilation, workspaces) until the automatic MLP
+		// path has timed both paths at this size and settled, so that the
+		// timed passes run its choice rather than its exploration.
+		warm := 0
+		for warm < 8 && (warm == 0 || !e.MLPSettled(o.Batch*o.PromptLen)) {
+			if err := prefill(); err != nil {
+				return nil, err
+			}
+			warm++
 		}
+		progress(fmt.Sprintf("%s: %d warm-up passes (MLP paths settled: %v)", path, warm, e.MLPSettled(o.Batch*o.PromptLen)))
 		times := make([]float64, 0, o.Reps)
 		for range o.Reps {
 			ms, err := timed(prefill)

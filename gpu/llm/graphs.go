@@ -104,6 +104,14 @@ func (e *Engine) settledPaths(T int) ([]gpu.Path, bool) {
 	return paths, true
 }
 
+// MLPSettled reports whether every TwELL layer's automatic MLP path has
+// settled (gpu.MLP.Settled) for forward passes of T tokens: until then the
+// layers are still timing both paths. Benchmarks warm up until it holds.
+func (e *Engine) MLPSettled(T int) bool {
+	_, ok := e.settledPaths(T)
+	return ok
+}
+
 // mlpEpoch returns the TwELL MLPs' workspace epoch (they share one
 // workspace), or 0 without them.
 func (e *Engine) mlpEpoch() uint64 {
