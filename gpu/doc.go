@@ -26,8 +26,9 @@
 // MLP.Forward picks the sparse or the dense path for each call from the
 // measured number of active units and, below the density crossover, from
 // timings of both paths per batch size, so the block is not slower than
-// dense for long. Layers may share one activation workspace
-// (MLP.ShareWorkspace). Weights are stored once, bf16, in the layout the
+// dense for long; MLP.Settled says when that choice is made and MLP.Queue
+// runs a fixed path without bookkeeping, for recording into CUDA graphs.
+// Layers may share one activation workspace (MLP.ShareWorkspace). Weights are stored once, bf16, in the layout the
 // kernels want: Wg and Wu as [f, d] (nn.Linear layout) and D = Wd^T as
 // [f, d].
 package gpu
