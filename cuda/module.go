@@ -264,14 +264,9 @@ func (f *Function) MaxActiveClusters(cfg LaunchConfig) (int, error) {
 	if err := f.ensureShared(cfg.SharedBytes); err != nil {
 		return 0, err
 	}
-	c := cuLaunchConfig{
-		gridX: cfg.Grid[0], gridY: cfg.Grid[1], gridZ: cfg.Grid[2],
-		blockX: cfg.Block[0], blockY: cfg.Block[1], blockZ: cfg.Block[2],
-		shared: uint32(cfg.SharedBytes),
-	}
-	a := cuLaunchAttribute{id: launchAttrClusterDim}
-	*(*Dim3)(unsafe.Pointer(&a.val[0])) = Dim3{cfg.Cluster[0], max(cfg.Cluster[1], 1), max(cfg.Cluster[2], 1)}
-	c.attrs, c.numAttrs = uintptr(unsafe.Pointer(&a)), 1
+	var c cuLaunchConfig
+	var attrs [2]cuLaunchAttribute
+	c.fill(cfg, 0, &attrs)
 	if err := dev.lock(); err != nil {
 		return 0, err
 	}
@@ -279,7 +274,7 @@ func (f *Function) MaxActiveClusters(cfg LaunchConfig) (int, error) {
 	var n int32
 	err := check(dev.drv.cuOccupancyMaxClusters(&n, f.h, unsafe.Pointer(&c)),
 		fmt.Sprintf("cuOccupancyMaxActiveClusters(%s, cluster %v)", f.name, cfg.Cluster))
-	runtime.KeepAlive(&a)
+	runtime.KeepAlive(&attrs)
 	return int(n), err
 }
 
@@ -383,28 +378,7 @@ func (f *Function) launch(cfg LaunchConfig, ex bool, args []any) error {
 			uintptr(cfg.SharedBytes), st, params, 0)
 	} else {
 		c := &pb.cfg
-		*c = cuLaunchConfig{
-			gridX: cfg.Grid[0], gridY: cfg.Grid[1], gridZ: cfg.Grid[2],
-			blockX: cfg.Block[0], blockY: cfg.Block[1], blockZ: cfg.Block[2],
-			shared: uint32(cfg.SharedBytes), stream: st,
-		}
-		n := 0
-		if cfg.Cluster != (Dim3{}) {
-			a := &pb.attrs[n]
-			*a = cuLaunchAttribute{id: launchAttrClusterDim}
-			*(*Dim3)(unsafe.Pointer(&a.val[0])) = Dim3{cfg.Cluster[0], max(cfg.Cluster[1], 1), max(cfg.Cluster[2], 1)}
-			n++
-		}
-		if cfg.Cooperative {
-			a := &pb.attrs[n]
-			*a = cuLaunchAttribute{id: launchAttrCooperative}
-			*(*int32)(unsafe.Pointer(&a.val[0])) = 1
-			n++
-		}
-		if n > 0 {
-			c.attrs = uintptr(unsafe.Pointer(&pb.attrs[0]))
-			c.numAttrs = uint32(n)
-		}
+		c.fill(cfg, st, &pb.attrs)
 		r, _, _ = purego.SyscallN(dev.drv.pLaunchKernelEx, uintptr(unsafe.Pointer(c)), f.h, params, 0)
 	}
 	dev.unlock()
@@ -435,6 +409,33 @@ type cuLaunchConfig struct {
 	attrs                  uintptr
 	numAttrs               uint32
 	_                      uint32
+}
+
+// fill sets c to cfg on stream st, with its cluster shape and cooperative
+// flag as attributes stored in attrs (which must outlive the driver call).
+func (c *cuLaunchConfig) fill(cfg LaunchConfig, st uintptr, attrs *[2]cuLaunchAttribute) {
+	*c = cuLaunchConfig{
+		gridX: cfg.Grid[0], gridY: cfg.Grid[1], gridZ: cfg.Grid[2],
+		blockX: cfg.Block[0], blockY: cfg.Block[1], blockZ: cfg.Block[2],
+		shared: uint32(cfg.SharedBytes), stream: st,
+	}
+	n := 0
+	if cfg.Cluster != (Dim3{}) {
+		a := &attrs[n]
+		*a = cuLaunchAttribute{id: launchAttrClusterDim}
+		*(*Dim3)(unsafe.Pointer(&a.val[0])) = Dim3{cfg.Cluster[0], max(cfg.Cluster[1], 1), max(cfg.Cluster[2], 1)}
+		n++
+	}
+	if cfg.Cooperative {
+		a := &attrs[n]
+		*a = cuLaunchAttribute{id: launchAttrCooperative}
+		*(*int32)(unsafe.Pointer(&a.val[0])) = 1
+		n++
+	}
+	if n > 0 {
+		c.attrs = uintptr(unsafe.Pointer(&attrs[0]))
+		c.numAttrs = uint32(n)
+	}
 }
 
 // cuLaunchAttribute mirrors CUlaunchAttribute (72 bytes).

@@ -249,3 +249,25 @@ func TestBufferViewsAndMisuse(t *testing.T) {
 		t.Errorf("Bytes = %v", got)
 	}
 }
+
+// TestLaunchConfigFill checks the CUlaunchConfig that LaunchEx and
+// MaxActiveClusters hand the driver: dimensions, shared memory, stream, and
+// the cluster (unset dimensions as 1) and cooperative attributes.
+func TestLaunchConfigFill(t *testing.T) {
+	var c cuLaunchConfig
+	var attrs [2]cuLaunchAttribute
+	c.fill(LaunchConfig{Grid: Dim3{132, 1, 1}, Block: Dim3{384, 1, 1}, SharedBytes: 1 << 17}, 7, &attrs)
+	if c.gridX != 132 || c.blockX != 384 || c.shared != 1<<17 || c.stream != 7 || c.numAttrs != 0 || c.attrs != 0 {
+		t.Fatalf("plain config: %+v", c)
+	}
+	c.fill(LaunchConfig{Grid: Dim3{4, 1, 1}, Block: Dim3{32, 1, 1}, Cluster: Dim3{2, 0, 0}, Cooperative: true}, 0, &attrs)
+	if c.numAttrs != 2 || c.attrs != uintptr(unsafe.Pointer(&attrs[0])) {
+		t.Fatalf("cluster + cooperative: %d attributes at %#x", c.numAttrs, c.attrs)
+	}
+	if attrs[0].id != launchAttrClusterDim || *(*Dim3)(unsafe.Pointer(&attrs[0].val[0])) != (Dim3{2, 1, 1}) {
+		t.Errorf("cluster attribute %d %v", attrs[0].id, *(*Dim3)(unsafe.Pointer(&attrs[0].val[0])))
+	}
+	if attrs[1].id != launchAttrCooperative || *(*int32)(unsafe.Pointer(&attrs[1].val[0])) != 1 {
+		t.Errorf("cooperative attribute %d", attrs[1].id)
+	}
+}

@@ -47,6 +47,30 @@ func medianMS(t *testing.T, dev *cuda.Device, reps int, run func() error) float6
 	return ts[len(ts)/2]
 }
 
+// sparseLMLayer returns an MLP of the SparseLM shape (d 2048, f 5632) with
+// random weights and a uniform 0.5% gate, and m random input tokens on the
+// device, both freed when the test ends, and the seed they came from.
+func sparseLMLayer(t *testing.T, dev *cuda.Device, blas *cublas.Handle, m int) (*MLP, *cuda.Buffer, uint64) {
+	t.Helper()
+	r, seed := cudatest.Rand()
+	const d, f = 2048, 5632
+	sl, err := synth.NewLayer(r, d, f, 0.005, synth.Uniform, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := NewMLP(dev, blas, sl.Gate, sl.Up, sl.Down, d, f, twell.DefaultLayout)
+	if err != nil {
+		t.Fatalf("seed %d: %v", seed, err)
+	}
+	t.Cleanup(func() { l.Close() })
+	xb, err := Upload(dev, synth.Tokens(r, m, d))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { xb.Free() })
+	return l, xb, seed
+}
+
 // TestD2TVariants times build-time variants of the wgmma D2T kernel and the
 // sparse tail on the SparseLM shape, and logs the compiler's resource report.
 // It is an experiment, not a check: set TWELL_D2T_VARIANTS=1 to run it
@@ -59,22 +83,8 @@ func TestD2TVariants(t *testing.T) {
 	if dev.Properties().Arch != "sm_90a" {
 		t.Skipf("the wgmma D2T kernel needs sm_90a; %v is %s", dev, dev.Properties().Arch)
 	}
-	r, seed := cudatest.Rand()
 	d, f, m := 2048, 5632, 65536
-	sl, err := synth.NewLayer(r, d, f, 0.005, synth.Uniform, true)
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := NewMLP(dev, blas, sl.Gate, sl.Up, sl.Down, d, f, twell.DefaultLayout)
-	if err != nil {
-		t.Fatalf("seed %d: %v", seed, err)
-	}
-	defer l.Close()
-	xb, err := Upload(dev, synth.Tokens(r, m, d))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer xb.Free()
+	l, xb, seed := sparseLMLayer(t, dev, blas, m)
 	yb, err := dev.Alloc(2 * m * d)
 	if err != nil {
 		t.Fatal(err)
@@ -245,23 +255,9 @@ func TestProfileKernels(t *testing.T) {
 		t.Skip("set TWELL_PROFILE=1 to run the kernels for a profiler")
 	}
 	dev, blas := setup(t)
-	r, seed := cudatest.Rand()
 	d, f, m := 2048, 5632, 65536
-	sl, err := synth.NewLayer(r, d, f, 0.005, synth.Uniform, true)
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := NewMLP(dev, blas, sl.Gate, sl.Up, sl.Down, d, f, twell.DefaultLayout)
-	if err != nil {
-		t.Fatalf("seed %d: %v", seed, err)
-	}
-	defer l.Close()
+	l, xb, _ := sparseLMLayer(t, dev, blas, m)
 	l.Tail = TailSplit
-	xb, err := Upload(dev, synth.Tokens(r, m, d))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer xb.Free()
 	yb, err := dev.Alloc(max(2*m*d, 2*m*f))
 	if err != nil {
 		t.Fatal(err)
