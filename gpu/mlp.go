@@ -559,7 +559,10 @@ func (l *MLP) runD2T(s *cuda.Stream, x *cuda.Buffer, m int) (*sparseWS, error) {
 	if err != nil {
 		return nil, err
 	}
-	flags, err := ws.flags.Slice(0, 4*ws.mPad)
+	// This call's rows, not the workspace's capacity: a workspace sized by
+	// a large prefill must not make every later decode step do its work.
+	mp := padRows(m)
+	flags, err := ws.flags.Slice(0, 4*mp)
 	if err != nil {
 		return nil, err
 	}
@@ -589,7 +592,7 @@ func (l *MLP) runD2T(s *cuda.Stream, x *cuda.Buffer, m int) (*sparseWS, error) {
 			l.tmA, l.tmAx, l.tmAm = tm, x.Ptr(), m
 		}
 		smem := wgmmaSmem(S, kind == KernelWGMMAPipe)
-		mPairs := ws.mPad / 256
+		mPairs := mp / 256
 		cfg := cuda.LaunchConfig{Block: cuda.Dim3{384, 1, 1}, SharedBytes: smem, Stream: s, Cluster: cuda.Dim3{2, 1, 1}}
 		nClusters := min(l.residentClusters(fn, cfg), mPairs*nTiles)
 		if l.d2tClusters > 0 {

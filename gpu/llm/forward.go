@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 
 	"github.com/twell-ai/twell/cuda"
 	"github.com/twell-ai/twell/cuda/cublas"
@@ -11,7 +12,7 @@ import (
 )
 
 // attnBQ is the number of queries of one attention work item (ATT_BQ).
-const attnBQ = 64
+const attnBQ = 128
 
 // Stats reports what one Forward call did in its MLPs.
 type Stats struct {
@@ -96,6 +97,7 @@ func (e *Engine) plan(caches []*Cache, tokens [][]int, allLogits bool) (*batch, 
 	b.item, b.row = next(2*b.items), next(b.rows)
 	w := make([]int32, off)
 	b.words = w
+	work := make([]attnItem, b.items)
 	t, it, r := 0, 0, 0
 	for s, toks := range tokens {
 		cache := caches[s]
@@ -106,7 +108,7 @@ func (e *Engine) plan(caches []*Cache, tokens [][]int, allLogits bool) (*batch, 
 			w[b.tokSeq+t+i], w[b.tokPos+t+i], w[b.ids+t+i] = int32(s), int32(cache.Len+i), int32(id)
 		}
 		for q0 := 0; q0 < len(toks); q0 += attnBQ {
-			w[b.item+2*it], w[b.item+2*it+1] = int32(s), int32(q0)
+			work[it] = attnItem{s: int32(s), q0: int32(q0), keys: cache.Len + min(q0+attnBQ, len(toks))}
 			it++
 		}
 		if allLogits {
@@ -120,7 +122,21 @@ func (e *Engine) plan(caches []*Cache, tokens [][]int, allLogits bool) (*batch, 
 		}
 		t += len(toks)
 	}
+	// Longest items first: CTAs start in item order, and under the causal
+	// mask an item's cost grows with its keys, so the short ones fill the
+	// tail of the launch.
+	slices.SortStableFunc(work, func(x, y attnItem) int { return y.keys - x.keys })
+	for i, a := range work {
+		w[b.item+2*i], w[b.item+2*i+1] = a.s, a.q0
+	}
 	return b, nil
+}
+
+// attnItem is one attention work item: a sequence, its first query, and
+// the keys its last query reads.
+type attnItem struct {
+	s, q0 int32
+	keys  int
 }
 
 // realloc returns b if it holds n bytes, else a new buffer (freeing b).
@@ -312,7 +328,7 @@ func (e *Engine) layersQueue(b *batch, st *Stats, paths []gpu.Path) error {
 	if err := e.k.embed.Launch(grid, blk, 0, s, e.embed, ids, ws.resid, int32(h)); err != nil {
 		return fmt.Errorf("llm: embed: %w", err)
 	}
-	attn, attnBlock := e.k.attnRef, cuda.Dim3{256, 1, 1}
+	attn, attnBlock, attnSmem := e.k.attnRef, cuda.Dim3{256, 1, 1}, 0
 	switch {
 	case e.Attention == "ref":
 	case e.Attention == "mma" && hd != 64 && hd != 128:
@@ -320,9 +336,12 @@ func (e *Engine) layersQueue(b *batch, st *Stats, paths []gpu.Path) error {
 	case e.Attention != "" && e.Attention != "auto" && e.Attention != "mma":
 		return fmt.Errorf("llm: attention kernel %q: want auto, mma or ref", e.Attention)
 	case hd == 64:
-		attn, attnBlock = e.k.attnMMA64, cuda.Dim3{128, 1, 1}
+		attn, attnBlock = e.k.attnFA64, cuda.Dim3{128, 1, 1}
 	case hd == 128:
-		attn, attnBlock = e.k.attnMMA128, cuda.Dim3{128, 1, 1}
+		attn, attnBlock = e.k.attnFA128, cuda.Dim3{256, 1, 1}
+	}
+	if attn != e.k.attnRef {
+		attnSmem = 2 * 2 * 64 * (hd + 8) * 2 // two stages of a K and a V block (attn_fa)
 	}
 	scaleLog2 := float32(math.Log2E / math.Sqrt(float64(hd)))
 	var none cuda.DevicePtr
@@ -341,14 +360,14 @@ func (e *Engine) layersQueue(b *batch, st *Stats, paths []gpu.Path) error {
 			int32(li), int32(nq), int32(nkv), int32(hd), int32(qkvW)); err != nil {
 			return fmt.Errorf("llm: layer %d rope: %w", li, err)
 		}
-		ag := cuda.Dim3{uint32(b.items), uint32(nq), 1}
+		ag := cuda.Dim3{uint32(b.items * nq), 1, 1}
 		if attn == e.k.attnRef {
 			err := attn.Launch(ag, attnBlock, 0, s, ws.qkv, ws.hn, items, seqQ0, seqN, seqPast, base, seqCap,
 				int32(li), int32(nq), int32(nkv), int32(hd), int32(qkvW), scaleLog2)
 			if err != nil {
 				return fmt.Errorf("llm: layer %d attention: %w", li, err)
 			}
-		} else if err := attn.Launch(ag, attnBlock, 0, s, ws.qkv, ws.hn, items, seqQ0, seqN, seqPast, base, seqCap,
+		} else if err := attn.Launch(ag, attnBlock, attnSmem, s, ws.qkv, ws.hn, items, seqQ0, seqN, seqPast, base, seqCap,
 			int32(li), int32(nq), int32(nkv), int32(qkvW), scaleLog2); err != nil {
 			return fmt.Errorf("llm: layer %d attention: %w", li, err)
 		}

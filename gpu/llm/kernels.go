@@ -15,7 +15,7 @@ var llmSrc []byte
 type kernels struct {
 	embed, addNorm, ropeKV *cuda.Function
 	attnRef                *cuda.Function
-	attnMMA64, attnMMA128  *cuda.Function
+	attnFA64, attnFA128    *cuda.Function
 	actMul                 *cuda.Function
 }
 
@@ -42,7 +42,7 @@ func kernelsFor(dev *cuda.Device) (*kernels, error) {
 		name string
 	}{
 		{&k.embed, "embed"}, {&k.addNorm, "add_rmsnorm"}, {&k.ropeKV, "rope_kv"},
-		{&k.attnRef, "attn_ref"}, {&k.attnMMA64, "attn_mma64"}, {&k.attnMMA128, "attn_mma128"},
+		{&k.attnRef, "attn_ref"}, {&k.attnFA64, "attn_fa64"}, {&k.attnFA128, "attn_fa128"},
 		{&k.actMul, "act_mul"},
 	} {
 		if *f.dst, err = mod.Function(f.name); err != nil {

@@ -146,9 +146,10 @@ extern "C" __global__ void rope_kv(u16* __restrict__ qkv, const float* __restric
 // read from the KV cache (GQA: query head h reads kv head h / (nq/nkv)).
 // Both kernels use an online softmax over the keys: no score matrix.
 
-#define ATT_BQ 64  // queries per work item
+#define ATT_BQ 128  // queries per work item (attn_fa: NW * WM * 16)
 
-// attn_ref: the plain kernel (any even hd <= 256). Grid (items, nq), 8 warps;
+// attn_ref: the plain kernel (any even hd <= 256). One CTA per (work item,
+// head), blockIdx.x = item * nq + head as in attn_fa; 8 warps;
 // each warp takes queries of the item one at a time, each lane holding hd/32
 // dimensions, and walks the keys one by one.
 extern "C" __global__ void __launch_bounds__(256)
@@ -157,7 +158,7 @@ extern "C" __global__ void __launch_bounds__(256)
              const u64* __restrict__ seq_base, const int* __restrict__ seq_cap, int layer, int nq, int nkv, int hd,
              int qkv_w, float scale_log2) {
   const int MAXD = 8;  // dims per lane: hd <= 256
-  int item = blockIdx.x, head = blockIdx.y;
+  int item = blockIdx.x / nq, head = blockIdx.x % nq;
   int s = items[2 * item], q0 = items[2 * item + 1];
   int n = seq_n[s], past = seq_past[s], qs = seq_q0[s], cap = seq_cap[s];
   int kh = head / (nq / nkv);
@@ -215,28 +216,67 @@ __device__ __forceinline__ void mma16816(float (&d)[4], const u32 (&a)[4], u32 b
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// attn_mma: the tensor-core kernel for hd = 64 or 128 (flash-attention 2
-// style). Grid (items, nq), 4 warps; warp w owns queries q0+16w..q0+16w+15.
-// For each block of 64 keys the CTA stages K [key][dim] and V transposed
-// [dim][key] in shared memory (rows past the needed keys zero-filled, so
-// that unwritten cache memory never reaches the arithmetic); each warp
-// computes its 16 x 64 scores with mma.sync, masks the causal triangle,
-// updates its running row maxima and sums, and adds P V (P rounded to bf16)
-// into its 16 x hd fp32 accumulator. Fragment layouts are PTX's for
-// m16n8k16: lane = 4 g + tq holds rows g and g+8, columns 2tq, 2tq+1 (+8).
-template <int HD>
-__device__ __forceinline__ void attn_mma_body(const u16* __restrict__ qkv, u16* __restrict__ out,
-                                              const int* __restrict__ items, const int* __restrict__ seq_q0,
-                                              const int* __restrict__ seq_n, const int* __restrict__ seq_past,
-                                              const u64* __restrict__ seq_base, const int* __restrict__ seq_cap,
-                                              int layer, int nq, int nkv, int qkv_w, float scale_log2) {
-  constexpr int BK = 64;
-  constexpr int KP = HD + 8;  // sK row pitch (bf16): 4-word skew per row, no bank conflicts
-  constexpr int VP = BK + 8;  // sVt row pitch
-  __shared__ __align__(16) u16 sK[BK * KP];
-  __shared__ __align__(16) u16 sVt[HD * VP];
+__device__ __forceinline__ u32 smem_u32(const void* p) {
+  u32 r;
+  asm volatile("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(r) : "l"(p));
+  return r;
+}
 
-  int item = blockIdx.x, head = blockIdx.y;
+// cp_async16 copies 16 bytes from global to shared memory through L2, or
+// writes 16 zero bytes when !valid (src is then not read).
+__device__ __forceinline__ void cp_async16(u32 dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+// ldsm4 / ldsm4t: four 8x8 bf16 matrices from shared memory (lanes 8i..8i+7
+// give the row addresses of matrix i); the .trans form hands each lane a
+// column pair instead of a row pair.
+__device__ __forceinline__ void ldsm4(u32 addr, u32& r0, u32& r1, u32& r2, u32& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldsm4t(u32 addr, u32& r0, u32& r1, u32& r2, u32& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(addr));
+}
+
+// attn_fa: the tensor-core kernel for hd = 64 or 128 (flash-attention 2
+// style). One CTA per (work item, head), blockIdx.x = item * nq + head, so
+// the launcher's item order (longest first) is the order CTAs start in.
+// NW warps; warp w owns WM tiles of 16 queries, tile i holding the item's
+// queries (i NW + w) 16 .. +15 (interleaved, so that the causal triangle
+// gives every warp the same work). Blocks of 64 keys and values stream
+// through a two-stage cp.async pipeline into shared memory, rows [key][dim]
+// with a pitch of hd + 8 (ldmatrix without bank conflicts); keys past the
+// CTA's last needed one are zero-filled, so unwritten cache memory never
+// reaches the arithmetic. Per block each warp computes its scores with
+// mma.sync (K fragments by ldmatrix, shared by the warp's tiles), masks the
+// causal triangle on the diagonal blocks, updates its running row maxima
+// and sums, and adds P V (P rounded to bf16; V fragments by ldmatrix.trans)
+// into its fp32 accumulators. Fragment layouts are PTX's for m16n8k16:
+// lane = 4 g + tq holds rows g and g+8, columns 2tq, 2tq+1 (+8).
+
+template <int HD, int NW, int WM>
+__device__ __forceinline__ void attn_fa_body(const u16* __restrict__ qkv, u16* __restrict__ out,
+                                             const int* __restrict__ items, const int* __restrict__ seq_q0,
+                                             const int* __restrict__ seq_n, const int* __restrict__ seq_past,
+                                             const u64* __restrict__ seq_base, const int* __restrict__ seq_cap,
+                                             int layer, int nq, int nkv, int qkv_w, float scale_log2) {
+  static_assert(NW * WM * 16 == ATT_BQ, "a CTA covers one work item");
+  constexpr int BK = 64;
+  constexpr int P = HD + 8;      // shared row pitch (bf16)
+  constexpr int TILE = BK * P;   // one K or V block
+  constexpr int CH = HD / 8;     // 16-byte chunks per row
+  extern __shared__ __align__(16) u16 smem[];  // [stage][K | V][BK][P]
+
+  int item = blockIdx.x / nq, head = blockIdx.x % nq;
   int s = items[2 * item], q0 = items[2 * item + 1];
   int n = seq_n[s], past = seq_past[s], qs = seq_q0[s], cap = seq_cap[s];
   int kh = head / (nq / nkv);
@@ -244,148 +284,205 @@ __device__ __forceinline__ void attn_mma_body(const u16* __restrict__ qkv, u16* 
   const u16* V = (const u16*)seq_base[s] + ((size_t)(layer * 2 + 1) * nkv + kh) * cap * HD;
   int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   int g = lane >> 2, tq = lane & 3;
-  int wq0 = q0 + warp * 16;  // the warp's first query (index among the sequence's new tokens)
-  bool active = wq0 < n;
-  int wlast = min(wq0 + 15, n - 1);           // the warp's last valid query
-  int kend = past + min(q0 + ATT_BQ, n);      // keys [0, kend) are needed by the CTA
-  int wkend = past + wlast + 1;               // ... and [0, wkend) by this warp
+  int kend = past + min(q0 + ATT_BQ, n);  // keys [0, kend) are needed by the CTA
+  int nblk = (kend + BK - 1) / BK;
 
-  // Q fragments, straight from global memory (rows past n are zero).
-  u32 qf[HD / 16][4];
-#pragma unroll
-  for (int kk = 0; kk < HD / 16; ++kk) {
-#pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      int row = wq0 + g + (r & 1) * 8;
-      int col = kk * 16 + tq * 2 + (r >> 1) * 8;
-      qf[kk][r] = row < n ? *(const u32*)(qkv + (size_t)(qs + row) * qkv_w + head * HD + col) : 0u;
-    }
-  }
-  float o[HD / 8][4];
-#pragma unroll
-  for (int j = 0; j < HD / 8; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
-  float mrow[2] = {NEG_INF, NEG_INF}, lrow[2] = {0.f, 0.f};
-
-  for (int k0 = 0; k0 < kend; k0 += BK) {
-    __syncthreads();  // the previous block's shared memory is no longer read
-    for (int idx = threadIdx.x; idx < BK * HD / 8; idx += blockDim.x) {
-      int r = idx / (HD / 8), c8 = (idx % (HD / 8)) * 8;
+  auto load = [&](int blk) {
+    int k0 = blk * BK;
+    u16* sk = smem + (blk & 1) * 2 * TILE;
+    u16* sv = sk + TILE;
+    for (int idx = threadIdx.x; idx < BK * CH; idx += NW * 32) {
+      int r = idx / CH, c = (idx % CH) * 8;
       int key = k0 + r;
-      uint4 kv, vv;
-      kv.x = kv.y = kv.z = kv.w = 0u;
-      vv = kv;
-      if (key < kend) {
-        kv = *(const uint4*)(K + (size_t)key * HD + c8);
-        vv = *(const uint4*)(V + (size_t)key * HD + c8);
-      }
-      *(uint4*)(sK + r * KP + c8) = kv;
-      u32 vw[4] = {vv.x, vv.y, vv.z, vv.w};
+      bool ok = key < kend;
+      size_t off = (size_t)(ok ? key : 0) * HD + c;
+      cp_async16(smem_u32(sk + r * P + c), K + off, ok);
+      cp_async16(smem_u32(sv + r * P + c), V + off, ok);
+    }
+    cp_async_commit();
+  };
+  load(0);
+
+  // The warp's query tiles: first row (index among the sequence's new
+  // tokens), and the last key each needs (-1: the tile has no valid row).
+  int row0[WM], klast[WM];
+  int wklast = -1;
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        sVt[(c8 + 2 * j) * VP + r] = (u16)(vw[j] & 0xffffu);
-        sVt[(c8 + 2 * j + 1) * VP + r] = (u16)(vw[j] >> 16);
+  for (int i = 0; i < WM; ++i) {
+    row0[i] = q0 + (i * NW + warp) * 16;
+    klast[i] = row0[i] < n ? past + min(row0[i] + 15, n - 1) : -1;
+    wklast = max(wklast, klast[i]);
+  }
+  // Q fragments, straight from global memory (rows past n are zero).
+  u32 qf[WM][HD / 16][4];
+#pragma unroll
+  for (int i = 0; i < WM; ++i)
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; ++kk)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        int row = row0[i] + g + (r & 1) * 8;
+        int col = kk * 16 + tq * 2 + (r >> 1) * 8;
+        qf[i][kk][r] = row < n ? *(const u32*)(qkv + (size_t)(qs + row) * qkv_w + head * HD + col) : 0u;
       }
+  float o[WM][HD / 8][4];
+  float mrow[WM][2], lrow[WM][2];
+#pragma unroll
+  for (int i = 0; i < WM; ++i) {
+#pragma unroll
+    for (int j = 0; j < HD / 8; ++j) o[i][j][0] = o[i][j][1] = o[i][j][2] = o[i][j][3] = 0.f;
+    mrow[i][0] = mrow[i][1] = NEG_INF;
+    lrow[i][0] = lrow[i][1] = 0.f;
+  }
+  // Per-lane ldmatrix offsets (bf16 elements) within a block: K, matrix
+  // lane/8 = (dims +8 for odd, next 16-dim slice for >= 2); V (trans),
+  // matrix lane/8 = (keys +8 for odd, next 8-dim tile for >= 2).
+  int mi = lane >> 3, mr = lane & 7;
+  int koff = mr * P + (mi & 1) * 8 + (mi >> 1) * 16;
+  int voff = ((mi & 1) * 8 + mr) * P + (mi >> 1) * 8;
+
+  for (int kb = 0; kb < nblk; ++kb) {
+    if (kb + 1 < nblk) {
+      load(kb + 1);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
     }
     __syncthreads();
-    if (!active || k0 >= wkend) continue;
-
-    // S = Q K^T for 16 rows x 64 keys.
-    float sc[BK / 8][4];
+    int k0 = kb * BK;
+    if (k0 <= wklast) {
+      u32 sk = smem_u32(smem + (kb & 1) * 2 * TILE);
+      u32 sv = sk + TILE * 2;
+      bool act[WM];
 #pragma unroll
-    for (int j = 0; j < BK / 8; ++j) {
-      sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.f;
-      const u16* kr = sK + (j * 8 + g) * KP + tq * 2;
+      for (int i = 0; i < WM; ++i) act[i] = k0 <= klast[i];
+      // S = Q K^T, 16 rows x 64 keys per tile.
+      float sc[WM][BK / 8][4];
 #pragma unroll
-      for (int kk = 0; kk < HD / 16; ++kk) {
-        u32 b0 = *(const u32*)(kr + kk * 16), b1 = *(const u32*)(kr + kk * 16 + 8);
-        mma16816(sc[j], qf[kk], b0, b1);
+      for (int i = 0; i < WM; ++i)
+#pragma unroll
+        for (int j = 0; j < BK / 8; ++j) sc[i][j][0] = sc[i][j][1] = sc[i][j][2] = sc[i][j][3] = 0.f;
+#pragma unroll
+      for (int j = 0; j < BK / 8; ++j) {
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; kk += 2) {
+          u32 b0, b1, b2, b3;
+          ldsm4(sk + 2 * (j * 8 * P + kk * 16 + koff), b0, b1, b2, b3);
+#pragma unroll
+          for (int i = 0; i < WM; ++i) {
+            if (!act[i]) continue;
+            mma16816(sc[i][j], qf[i][kk], b0, b1);
+            mma16816(sc[i][j], qf[i][kk + 1], b2, b3);
+          }
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < WM; ++i) {
+        if (!act[i]) continue;
+        // Scale; mask keys past each row's position on the diagonal blocks.
+        bool diag = k0 + BK - 1 > past + row0[i];
+        float mx[2] = {NEG_INF, NEG_INF};
+#pragma unroll
+        for (int j = 0; j < BK / 8; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            float v = sc[i][j][e] * scale_log2;
+            if (diag && k0 + j * 8 + tq * 2 + (e & 1) > past + row0[i] + g + (e >> 1) * 8) v = NEG_INF;
+            sc[i][j][e] = v;
+            mx[e >> 1] = fmaxf(mx[e >> 1], v);
+          }
+        float corr[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+          mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+          float mn = fmaxf(mrow[i][h], mx[h]);  // finite: key 0 is in every row's first block
+          corr[h] = exp2f(mrow[i][h] - mn);
+          mrow[i][h] = mn;
+        }
+        float ls[2] = {0.f, 0.f};
+#pragma unroll
+        for (int j = 0; j < BK / 8; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            float p = exp2f(sc[i][j][e] - mrow[i][e >> 1]);
+            sc[i][j][e] = p;
+            ls[e >> 1] += p;
+          }
+#pragma unroll
+        for (int h = 0; h < 2; ++h) lrow[i][h] = lrow[i][h] * corr[h] + ls[h];
+#pragma unroll
+        for (int j = 0; j < HD / 8; ++j) {
+          o[i][j][0] *= corr[0];
+          o[i][j][1] *= corr[0];
+          o[i][j][2] *= corr[1];
+          o[i][j][3] *= corr[1];
+        }
+      }
+      // O += P V: the score fragments of key tiles 2kk and 2kk+1 are the A
+      // fragment of key slice kk.
+#pragma unroll
+      for (int kk = 0; kk < BK / 16; ++kk) {
+        u32 a[WM][4];
+#pragma unroll
+        for (int i = 0; i < WM; ++i) {
+          a[i][0] = pack_bf2(sc[i][2 * kk][0], sc[i][2 * kk][1]);
+          a[i][1] = pack_bf2(sc[i][2 * kk][2], sc[i][2 * kk][3]);
+          a[i][2] = pack_bf2(sc[i][2 * kk + 1][0], sc[i][2 * kk + 1][1]);
+          a[i][3] = pack_bf2(sc[i][2 * kk + 1][2], sc[i][2 * kk + 1][3]);
+        }
+#pragma unroll
+        for (int j = 0; j < HD / 8; j += 2) {
+          u32 b0, b1, b2, b3;
+          ldsm4t(sv + 2 * (kk * 16 * P + j * 8 + voff), b0, b1, b2, b3);
+#pragma unroll
+          for (int i = 0; i < WM; ++i) {
+            if (!act[i]) continue;
+            mma16816(o[i][j], a[i], b0, b1);
+            mma16816(o[i][j + 1], a[i], b2, b3);
+          }
+        }
       }
     }
-    // Scale, mask (key > past + row), row maxima.
-    float mx[2] = {NEG_INF, NEG_INF};
+    __syncthreads();  // the stage just read is the next load's target
+  }
 #pragma unroll
-    for (int j = 0; j < BK / 8; ++j) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        int key = k0 + j * 8 + tq * 2 + (e & 1);
-        int row = wq0 + g + (e >> 1) * 8;
-        float v = sc[j][e] * scale_log2;
-        if (key > past + row) v = NEG_INF;
-        sc[j][e] = v;
-        mx[e >> 1] = fmaxf(mx[e >> 1], v);
-      }
-    }
-    float corr[2];
+  for (int i = 0; i < WM; ++i) {
+    if (klast[i] < 0) continue;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
-      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
-      float mn = fmaxf(mrow[h], mx[h]);  // finite: key 0 is in every row's first block
-      corr[h] = exp2f(mrow[h] - mn);
-      mrow[h] = mn;
+      float l = lrow[i][h];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      int row = row0[i] + g + h * 8;
+      if (row >= n) continue;
+      float il = 1.f / l;
+      u16* orow = out + (size_t)(qs + row) * nq * HD + head * HD + tq * 2;
+#pragma unroll
+      for (int j = 0; j < HD / 8; ++j) *(u32*)(orow + j * 8) = pack_bf2(o[i][j][2 * h] * il, o[i][j][2 * h + 1] * il);
     }
-    float ls[2] = {0.f, 0.f};
-#pragma unroll
-    for (int j = 0; j < BK / 8; ++j) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float p = exp2f(sc[j][e] - mrow[e >> 1]);
-        sc[j][e] = p;
-        ls[e >> 1] += p;
-      }
-    }
-#pragma unroll
-    for (int h = 0; h < 2; ++h) lrow[h] = lrow[h] * corr[h] + ls[h];
-#pragma unroll
-    for (int j = 0; j < HD / 8; ++j) {
-      o[j][0] *= corr[0];
-      o[j][1] *= corr[0];
-      o[j][2] *= corr[1];
-      o[j][3] *= corr[1];
-    }
-    // O += P V: the score fragments of key tiles 2kk and 2kk+1 are the A
-    // fragment of key slice kk.
-#pragma unroll
-    for (int kk = 0; kk < BK / 16; ++kk) {
-      u32 a[4] = {pack_bf2(sc[2 * kk][0], sc[2 * kk][1]), pack_bf2(sc[2 * kk][2], sc[2 * kk][3]),
-                  pack_bf2(sc[2 * kk + 1][0], sc[2 * kk + 1][1]), pack_bf2(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
-#pragma unroll
-      for (int j = 0; j < HD / 8; ++j) {
-        const u16* vr = sVt + (j * 8 + g) * VP + kk * 16 + tq * 2;
-        u32 b0 = *(const u32*)vr, b1 = *(const u32*)(vr + 8);
-        mma16816(o[j], a, b0, b1);
-      }
-    }
-  }
-  if (!active) return;
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    float l = lrow[h];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-    int row = wq0 + g + h * 8;
-    if (row >= n) continue;
-    float il = 1.f / l;
-    u16* orow = out + (size_t)(qs + row) * nq * HD + head * HD + tq * 2;
-#pragma unroll
-    for (int j = 0; j < HD / 8; ++j) *(u32*)(orow + j * 8) = pack_bf2(o[j][2 * h] * il, o[j][2 * h + 1] * il);
   }
 }
 
+// attn_fa64: 4 warps of 2 query tiles; attn_fa128: 8 warps of 1 (the
+// accumulators of two 128-dim tiles would not fit in registers).
+// Dynamic shared memory: 2 * 2 * 64 * (hd + 8) * 2 bytes.
 extern "C" __global__ void __launch_bounds__(128)
-    attn_mma64(const u16* __restrict__ qkv, u16* __restrict__ out, const int* __restrict__ items,
+    attn_fa64(const u16* __restrict__ qkv, u16* __restrict__ out, const int* __restrict__ items,
+              const int* __restrict__ seq_q0, const int* __restrict__ seq_n, const int* __restrict__ seq_past,
+              const u64* __restrict__ seq_base, const int* __restrict__ seq_cap, int layer, int nq, int nkv,
+              int qkv_w, float scale_log2) {
+  attn_fa_body<64, 4, 2>(qkv, out, items, seq_q0, seq_n, seq_past, seq_base, seq_cap, layer, nq, nkv, qkv_w,
+                         scale_log2);
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+    attn_fa128(const u16* __restrict__ qkv, u16* __restrict__ out, const int* __restrict__ items,
                const int* __restrict__ seq_q0, const int* __restrict__ seq_n, const int* __restrict__ seq_past,
                const u64* __restrict__ seq_base, const int* __restrict__ seq_cap, int layer, int nq, int nkv,
                int qkv_w, float scale_log2) {
-  attn_mma_body<64>(qkv, out, items, seq_q0, seq_n, seq_past, seq_base, seq_cap, layer, nq, nkv, qkv_w, scale_log2);
-}
-
-extern "C" __global__ void __launch_bounds__(128)
-    attn_mma128(const u16* __restrict__ qkv, u16* __restrict__ out, const int* __restrict__ items,
-                const int* __restrict__ seq_q0, const int* __restrict__ seq_n, const int* __restrict__ seq_past,
-                const u64* __restrict__ seq_base, const int* __restrict__ seq_cap, int layer, int nq, int nkv,
-                int qkv_w, float scale_log2) {
-  attn_mma_body<128>(qkv, out, items, seq_q0, seq_n, seq_past, seq_base, seq_cap, layer, nq, nkv, qkv_w, scale_log2);
+  attn_fa_body<128, 8, 1>(qkv, out, items, seq_q0, seq_n, seq_past, seq_base, seq_cap, layer, nq, nkv, qkv_w,
+                          scale_log2);
 }
 
 // ---------------------------------------------------------------------------
