@@ -23,6 +23,8 @@ var (
 	t2dSrc []byte
 	//go:embed dense.cu
 	denseSrc []byte
+	//go:embed gemv.cu
+	gemvSrc []byte
 )
 
 // EnvDefines names the environment variable whose space-separated NVRTC
@@ -54,6 +56,9 @@ type kernels struct {
 	reluMul, reluInplace *cuda.Function
 	denseErr             error
 	gath                 gatheredSet
+	gemvOnce             sync.Once
+	gemv                 gemvSet
+	gemvErr              error
 
 	t2dMu sync.Mutex
 	t2d   map[int]*t2dSet // by chunks per row, ceil(d/256)
@@ -65,6 +70,40 @@ type t2dSet struct {
 	ws16, ws8          *cuda.Function // split tail, weight-stationary down projection
 	fbGated, fbPlain   *cuda.Function
 	err                error
+}
+
+// gemvSet are the kernels of the small-batch sparse MLP (gemv.cu), by
+// rows per call (1, 2 or 4: the template's MB) and, for act, gated or not.
+type gemvSet struct {
+	actGated, actPlain, down map[int]*cuda.Function
+}
+
+// gemvRows are the batch sizes gemv.cu is instantiated for; a call of m
+// tokens uses the smallest that holds m.
+var gemvRows = []int{1, 2, 4}
+
+// gemvMaxRows is the largest batch the small-batch sparse MLP takes.
+const gemvMaxRows = 4
+
+// gemvKernels compiles gemv.cu once and returns its kernels.
+func (k *kernels) gemvKernels() (*gemvSet, error) {
+	k.gemvOnce.Do(func() {
+		var exprs []string
+		for _, mb := range gemvRows {
+			exprs = append(exprs, fmt.Sprintf("gemv_act<%d,true>", mb), fmt.Sprintf("gemv_act<%d,false>", mb),
+				fmt.Sprintf("gemv_down<%d>", mb))
+		}
+		fs, err := k.compile("gemv.cu", gemvSrc, exprs)
+		if err != nil {
+			k.gemvErr = err
+			return
+		}
+		k.gemv = gemvSet{actGated: map[int]*cuda.Function{}, actPlain: map[int]*cuda.Function{}, down: map[int]*cuda.Function{}}
+		for i, mb := range gemvRows {
+			k.gemv.actGated[mb], k.gemv.actPlain[mb], k.gemv.down[mb] = fs[exprs[3*i]], fs[exprs[3*i+1]], fs[exprs[3*i+2]]
+		}
+	})
+	return &k.gemv, k.gemvErr
 }
 
 // gatheredSet are the kernels of the gathered dense pass over flagged rows.

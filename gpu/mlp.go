@@ -183,6 +183,9 @@ type workspace struct {
 type sparseWS struct {
 	mPad                          int
 	packed, flags, ovf, hbuf, cnt *cuda.Buffer
+	// small-batch path (gemv.cu): h, gemvMaxRows x F fp32; the activity
+	// mask and the per-block counts, F/32 words each
+	gh, gmask, gcnt *cuda.Buffer
 	// gathered dense pass over flagged rows: rows x D inputs and outputs,
 	// rows x F gate and up
 	gRows          int
@@ -350,7 +353,7 @@ func (l *MLP) dropWorkspace() error {
 	}
 	var errs []error
 	for _, b := range []*cuda.Buffer{ws.sp.packed, ws.sp.flags, ws.sp.ovf, ws.sp.hbuf, ws.sp.cnt,
-		ws.sp.gx, ws.sp.gg, ws.sp.gu, ws.sp.gy, ws.dn.g, ws.dn.u} {
+		ws.sp.gx, ws.sp.gg, ws.sp.gu, ws.sp.gy, ws.sp.gh, ws.sp.gmask, ws.sp.gcnt, ws.dn.g, ws.dn.u} {
 		if b != nil {
 			errs = append(errs, b.Free())
 		}
@@ -397,8 +400,12 @@ func padRows(m int) int { return (m + 255) / 256 * 256 }
 // SparseActBytes returns the activation memory the sparse path allocates for
 // m tokens: the packed gate, the row flags and the overflow list (the
 // fallback scratch is fixed, one f-vector per multiprocessor), the split
-// tail's list lengths, and the gathered dense pass at its current size.
+// tail's list lengths, and the gathered dense pass at its current size; for
+// m <= 4, the small-batch kernels' h, mask and counts.
 func (l *MLP) SparseActBytes(m int) int64 {
+	if m <= gemvMaxRows {
+		return int64(4*gemvMaxRows*l.F + 2*4*(l.F/32))
+	}
 	mp := padRows(m)
 	var g int64
 	if l.ws != nil {
@@ -629,7 +636,10 @@ func (l *MLP) QueueD2T(s *cuda.Stream, x *cuda.Buffer, m int) error {
 // that D2T flagged: the first rows of the overflow list through a gathered
 // cuBLASLt pass sized from the flagged rows seen in earlier calls, any
 // others through the exact per-row kernel. x and y hold m x D bf16 values;
-// m may be any positive count (the kernels pad inside).
+// m may be any positive count (the kernels pad inside). Batches of at most
+// 4 tokens (decode steps) take the small-batch kernels instead (see
+// gemv.cu): every gate row is read once and only the active units' up and
+// down rows, with no capacity limit and no flagged rows.
 func (l *MLP) Sparse(s *cuda.Stream, y, x *cuda.Buffer, m int) error {
 	return l.sparse(s, y, x, m, true)
 }
@@ -655,6 +665,9 @@ func (l *MLP) sparse(s *cuda.Stream, y, x *cuda.Buffer, m int, report bool) erro
 		return err
 	}
 	l.pollFlagged()
+	if m <= gemvMaxRows {
+		return l.sparseGEMV(s, y, x, m)
+	}
 	ws, err := l.runD2T(s, x, m)
 	if err != nil {
 		return err
@@ -727,6 +740,45 @@ func (l *MLP) sparse(s *cuda.Stream, y, x *cuda.Buffer, m int, report bool) erro
 		return err
 	}
 	l.ovfPending, l.ovfM = true, m
+	return nil
+}
+
+// sparseGEMV queues the small-batch sparse MLP (m <= gemvMaxRows).
+func (l *MLP) sparseGEMV(s *cuda.Stream, y, x *cuda.Buffer, m int) error {
+	ks, err := l.k.gemvKernels()
+	if err != nil {
+		return err
+	}
+	ws := &l.ws.sp
+	words := l.F / 32
+	for _, b := range []struct {
+		p **cuda.Buffer
+		n int
+	}{{&ws.gh, 4 * gemvMaxRows * l.F}, {&ws.gmask, 4 * words}, {&ws.gcnt, 4 * words}} {
+		if *b.p, err = l.realloc(*b.p, b.n); err != nil {
+			return err
+		}
+	}
+	mb := gemvRows[len(gemvRows)-1]
+	for _, r := range gemvRows {
+		if m <= r {
+			mb = r
+			break
+		}
+	}
+	act := ks.actPlain[mb]
+	if l.Gated {
+		act = ks.actGated[mb]
+	}
+	if err := act.Launch(cuda.Dim3{uint32(words), 1, 1}, cuda.Dim3{256, 1, 1}, 2*m*l.D, s,
+		x, l.sparseIn(), l.up, ws.gh, ws.gmask, ws.gcnt, int32(m), int32(l.D), int32(l.F)); err != nil {
+		return fmt.Errorf("gpu: gemv_act: %w", err)
+	}
+	if err := ks.down[mb].Launch(cuda.Dim3{uint32(l.D / 64), 1, 1}, cuda.Dim3{256, 1, 1}, 0, s,
+		ws.gh, ws.gmask, l.down, y, ws.gcnt, l.nnz, int32(m), int32(l.D), int32(l.F)); err != nil {
+		return fmt.Errorf("gpu: gemv_down: %w", err)
+	}
+	l.counted = m
 	return nil
 }
 

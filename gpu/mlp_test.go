@@ -493,3 +493,75 @@ func TestSharedWorkspace(t *testing.T) {
 		}
 	}
 }
+
+// TestSmallBatchMatchesFloat64 checks the small-batch sparse kernels
+// (batches of 1 to 4 tokens) against the float64 reference, gated and not,
+// on shapes where d is not a multiple of 256; their result must not change
+// from one call to the next (fixed summation order). Then a batch of 4 with
+// a row where every unit fires and rows holding NaN and Inf: exact results,
+// NaN and Inf where the reference has them.
+func TestSmallBatchMatchesFloat64(t *testing.T) {
+	dev, blas := setup(t)
+	for _, c := range []struct {
+		d, f    int
+		density float64
+		gated   bool
+	}{
+		{320, 768, 0.02, true},
+		{256, 512, 0.05, false},
+		{2048, 5632, 0.005, true},
+	} {
+		t.Run(fmt.Sprintf("d%d_f%d_gated%v", c.d, c.f, c.gated), func(t *testing.T) {
+			r, seed := cudatest.Rand()
+			sl, err := synth.NewLayer(r, c.d, c.f, c.density, synth.Skewed, c.gated)
+			if err != nil {
+				t.Fatal(err)
+			}
+			l, err := NewMLP(dev, blas, sl.Gate, sl.Up, sl.Down, c.d, c.f, twell.DefaultLayout)
+			if err != nil {
+				t.Fatalf("seed %d: %v", seed, err)
+			}
+			defer l.Close()
+			for m := 1; m <= gemvMaxRows; m++ {
+				x := synth.Tokens(r, m, c.d)
+				rows := make([]int, m)
+				for i := range rows {
+					rows[i] = i
+				}
+				want := refRows(sl, x, c.d, rows)
+				y := runPath(t, dev, l, "sparse", x, m)
+				if e := synth.RelErr(y, c.d, rows, want); !(e <= 1e-2) {
+					t.Errorf("seed %d: m %d: rel err %.3g vs float64, want <= 1e-2", seed, m, e)
+				}
+				again := runPath(t, dev, l, "sparse", x, m)
+				for i := range y {
+					if math.Float32bits(y[i]) != math.Float32bits(again[i]) {
+						t.Fatalf("seed %d: m %d: output %d is %v, then %v", seed, m, i, y[i], again[i])
+					}
+				}
+				if got, want := l.counted, m; got != want {
+					t.Errorf("seed %d: m %d: counted %d tokens", seed, m, got)
+				}
+			}
+		})
+	}
+	t.Run("stress", func(t *testing.T) {
+		r, seed := cudatest.Rand()
+		d, f, m := 256, 512, 4
+		sl, err := synth.NewLayer(r, d, f, 0.01, synth.Uniform, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		l, err := NewMLP(dev, blas, sl.Gate, sl.Up, sl.Down, d, f, twell.Layout{Tile: 256, C: 8})
+		if err != nil {
+			t.Fatalf("seed %d: %v", seed, err)
+		}
+		defer l.Close()
+		x := synth.Tokens(r, m, d)
+		x[0*d] = -1000 // every unit fires
+		x[1*d+7] = float32(math.NaN())
+		x[3*d+9] = float32(math.Inf(1))
+		rows := []int{0, 1, 2, 3}
+		checkStress(t, seed, "sparse (small batch)", runPath(t, dev, l, "sparse", x, m), refRows(sl, x, d, rows), rows, d, m)
+	})
+}

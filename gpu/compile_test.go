@@ -1,0 +1,47 @@
+package gpu
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/twell-ai/twell/cuda"
+	"github.com/twell-ai/twell/cuda/cudatest"
+)
+
+// TestCompilePTX compiles the kernels that need no Hopper-only instructions
+// to PTX: it needs NVRTC but no GPU, so a machine without one still checks
+// that they build and that every kernel the Go side looks up exists.
+func TestCompilePTX(t *testing.T) {
+	cudatest.Compiler(t)
+	var gemv []string
+	for _, mb := range gemvRows {
+		for _, e := range []string{"gemv_act<%d,true>", "gemv_act<%d,false>", "gemv_down<%d>"} {
+			gemv = append(gemv, fmt.Sprintf(e, mb))
+		}
+	}
+	for _, c := range []struct {
+		name  string
+		src   []byte
+		exprs []string
+		opts  []cuda.CompileOption
+	}{
+		{"gemv.cu", gemvSrc, gemv, nil},
+		{"dense.cu", denseSrc, []string{"relu_mul", "relu_inplace", "gather_rows", "scatter_rows", "act_exact<true>", "act_exact<false>"}, nil},
+		{"t2d.cu", t2dSrc, []string{"t2d<true>", "t2d<false>", "row_fallback<true>", "row_fallback<false>",
+			"t2u<true>", "t2u<false>", "t2d_ws<16>", "t2d_ws<8>"}, []cuda.CompileOption{cuda.WithOptions("-DTW_NCH=8")}},
+		{"d2t_mma.cu", d2tMMASrc, []string{"d2t_mma<32>", "d2t_mma<64>", "d2t_mma<128>"}, nil},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			opts := append([]cuda.CompileOption{cuda.WithArch("compute_90"), cuda.WithHeader("common.cuh", commonCUH),
+				cuda.WithHeader("wgmma.cuh", wgmmaCUH), cuda.WithNameExpressions(c.exprs...)}, c.opts...)
+			prog, err := cuda.CompileProgram(c.name, c.src, opts...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n := strings.Count(string(prog.Image), ".entry "); n != len(c.exprs) {
+				t.Errorf("%d kernels in the PTX, want %d", n, len(c.exprs))
+			}
+		})
+	}
+}

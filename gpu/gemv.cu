@@ -1,0 +1,200 @@
+// gemv.cu: the sparse MLP for batches of at most 4 tokens (decode steps).
+//
+// D2T works on 128-row tiles: for one token it computes 128 rows of the
+// gate GEMM, compute-bound, and its tail kernels give one CTA per 8 tokens.
+// For a handful of tokens the MLP is bound by reading the weights, and the
+// sparse activation saves exactly the reads of the up and down rows of the
+// inactive units. Two kernels:
+//
+//   gemv_act   every gate row once (all SMs, 4 units per warp): g = x . Wg_j
+//              for each token; for a unit active in some token (g > 0 or
+//              NaN, g rounded to bf16 as the GEMM output would be) it reads
+//              the up row and writes h[t][j] = g * (x_t . Wu_j) where active,
+//              else 0 (non-gated: h = g where active). Each CTA writes the
+//              bit mask of its 32 units' activity and its count of active
+//              (token, unit) pairs: plain stores, no memset, no atomics.
+//   gemv_down  y[t][c] = sum over the active units j, ascending, of
+//              h[t][j] down[j][c]: each CTA owns 64 columns; warp w walks
+//              the active bits of its share of the mask and reads only those
+//              down rows; the warps' partial sums are added in warp order.
+//              The summation order is fixed: results are deterministic.
+//              Block 0 also sums gemv_act's counts into *nnz.
+//
+// Rows are bf16 [F][D] (gate or up, and down = Wd^T); x and y are bf16
+// [m][D]; h is fp32 [m][F]. D is a multiple of 64, F of 32.
+#include "common.cuh"
+
+#define GV_MAXM 4
+
+__device__ __forceinline__ uint4 ldg_nc(const void* p) {
+  uint4 r;
+  asm volatile("ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+  return r;
+}
+
+__device__ __forceinline__ float dot8(uint4 a, uint4 b) {
+  float s = bf_lo(a.x) * bf_lo(b.x);
+  s = fmaf(bf_hi(a.x), bf_hi(b.x), s);
+  s = fmaf(bf_lo(a.y), bf_lo(b.y), s);
+  s = fmaf(bf_hi(a.y), bf_hi(b.y), s);
+  s = fmaf(bf_lo(a.z), bf_lo(b.z), s);
+  s = fmaf(bf_hi(a.z), bf_hi(b.z), s);
+  s = fmaf(bf_lo(a.w), bf_lo(b.w), s);
+  return fmaf(bf_hi(a.w), bf_hi(b.w), s);
+}
+
+// rows_dot sets acc[t] = xs[t] . w (t < m) in every lane of the warp; w is a
+// row of d bf16 in global memory, xs the m x d tokens in shared memory.
+// Each lane reads 16 bytes per 256 columns, four of them in flight.
+template <int MB>
+__device__ __forceinline__ void rows_dot(const u16* __restrict__ w, const u16* xs, int m, int d, int lane,
+                                         float (&acc)[MB]) {
+#pragma unroll
+  for (int t = 0; t < MB; ++t) acc[t] = 0.f;
+  for (int base = 0; base < d; base += 1024) {
+    uint4 wv[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      int c = base + k * 256 + lane * 8;
+      if (c < d) wv[k] = ldg_nc(w + c);
+    }
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      int c = base + k * 256 + lane * 8;
+      if (c >= d) continue;
+#pragma unroll
+      for (int t = 0; t < MB; ++t)
+        if (t < m) acc[t] += dot8(wv[k], *(const uint4*)(xs + t * d + c));
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < MB; ++t) acc[t] = warp_sum(acc[t]);
+}
+
+// gemv_act: grid F/32 blocks of 256 threads; dynamic shared memory m*d*2.
+template <int MB, bool GATED>
+__global__ void __launch_bounds__(256)
+    gemv_act(const u16* __restrict__ x, const u16* __restrict__ w, const u16* __restrict__ up, float* __restrict__ h,
+             u32* __restrict__ mask, u32* __restrict__ cnt, int m, int d, int f) {
+  extern __shared__ __align__(16) u16 xs[];
+  __shared__ u32 wmask[8], wcnt[8];
+  for (int i = threadIdx.x; i < m * d / 8; i += blockDim.x) ((uint4*)xs)[i] = ldg_nc((const uint4*)x + i);
+  __syncthreads();
+  int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  u32 bits = 0, n = 0;
+#pragma unroll 1
+  for (int k = 0; k < 4; ++k) {
+    int j = blockIdx.x * 32 + warp * 4 + k;
+    float g[MB];
+    rows_dot<MB>(w + (size_t)j * d, xs, m, d, lane, g);
+    bool on[MB], any = false;
+#pragma unroll
+    for (int t = 0; t < MB; ++t) {
+      g[t] = __uint_as_float(f_to_bf(g[t]) << 16);
+      on[t] = t < m && (g[t] > 0.f || g[t] != g[t]);
+      any |= on[t];
+    }
+    float u[MB];
+#pragma unroll
+    for (int t = 0; t < MB; ++t) u[t] = 1.f;
+    if (GATED && any) rows_dot<MB>(up + (size_t)j * d, xs, m, d, lane, u);
+    if (lane == 0) {
+#pragma unroll
+      for (int t = 0; t < MB; ++t) {
+        if (t >= m) continue;
+        h[(size_t)t * f + j] = on[t] ? g[t] * u[t] : 0.f;
+        n += on[t];
+      }
+    }
+    bits |= (u32)any << (warp * 4 + k);
+  }
+  if (lane == 0) {
+    wmask[warp] = bits;
+    wcnt[warp] = n;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    u32 b = 0, c = 0;
+    for (int i = 0; i < 8; ++i) {
+      b |= wmask[i];
+      c += wcnt[i];
+    }
+    mask[blockIdx.x] = b;
+    cnt[blockIdx.x] = c;
+  }
+}
+
+// gemv_down: grid d/64 blocks of 256 threads; lane l of every warp owns
+// columns c0 + 2l, c0 + 2l + 1.
+template <int MB>
+__global__ void __launch_bounds__(256)
+    gemv_down(const float* __restrict__ h, const u32* __restrict__ mask, const u16* __restrict__ down,
+              u16* __restrict__ y, const u32* __restrict__ cnt, u64* __restrict__ nnz, int m, int d, int f) {
+  __shared__ float red[8][MB][64];
+  int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  int words = f / 32;
+  int per = (words + 7) / 8;  // mask words per warp
+  int w0 = warp * per, w1 = min(words, w0 + per);
+  int c0 = blockIdx.x * 64, col = c0 + 2 * lane;
+  float acc[MB][2];
+#pragma unroll
+  for (int t = 0; t < MB; ++t) acc[t][0] = acc[t][1] = 0.f;
+  for (int wb = w0; wb < w1; wb += 32) {
+    u32 mine = wb + lane < w1 ? mask[wb + lane] : 0u;
+    int nw = min(32, w1 - wb);
+    for (int i = 0; i < nw; ++i) {
+      u32 bits = __shfl_sync(0xffffffffu, mine, i);
+      int jbase = (wb + i) * 32;
+      while (bits) {
+        // Up to four active units at a time: their loads in flight together.
+        int js[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          js[k] = -1;
+          if (bits) {
+            js[k] = jbase + __ffs(bits) - 1;
+            bits &= bits - 1;
+          }
+        }
+        u32 dv[4];
+        float hv[4][MB];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          if (js[k] < 0) continue;
+          dv[k] = *(const u32*)(down + (size_t)js[k] * d + col);
+#pragma unroll
+          for (int t = 0; t < MB; ++t) hv[k][t] = t < m ? h[(size_t)t * f + js[k]] : 0.f;
+        }
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          if (js[k] < 0) continue;
+#pragma unroll
+          for (int t = 0; t < MB; ++t) {
+            acc[t][0] = fmaf(hv[k][t], bf_lo(dv[k]), acc[t][0]);
+            acc[t][1] = fmaf(hv[k][t], bf_hi(dv[k]), acc[t][1]);
+          }
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < MB; ++t) {
+    red[warp][t][2 * lane] = acc[t][0];
+    red[warp][t][2 * lane + 1] = acc[t][1];
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < m * 64; i += blockDim.x) {
+    int t = i / 64, c = i % 64;
+    float s = 0.f;
+#pragma unroll
+    for (int w = 0; w < 8; ++w) s += red[w][t][c];
+    y[(size_t)t * d + c0 + c] = (u16)f_to_bf(s);
+  }
+  if (blockIdx.x == 0 && warp == 0) {
+    u64 s = 0;
+    for (int i = lane; i < words; i += 32) s += cnt[i];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if (lane == 0) *nnz = s;
+  }
+}
