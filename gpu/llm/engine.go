@@ -24,6 +24,10 @@ const EnvAttention = "TWELL_LLM_ATTENTION"
 // (Engine.NoGraphs).
 const EnvGraphs = "TWELL_GRAPHS"
 
+// EnvGEMV names the environment variable that, set to "0", makes a new
+// Engine run every projection through cuBLASLt (NoGEMV).
+const EnvGEMV = "TWELL_GEMV"
+
 // Engine is a model's weights on one GPU, bf16, ready to run forward
 // passes. Its methods queue work on the engine's own stream and keep
 // workspace between calls, so an Engine must not be used by several
@@ -44,6 +48,11 @@ type Engine struct {
 	// (graphs.go); every step then queues its kernels one by one. NewEngine
 	// sets it when the environment variable TWELL_GRAPHS is "0".
 	NoGraphs bool
+	// NoGEMV makes the q/k/v and output projections of passes of at most 4
+	// tokens run through cuBLASLt instead of the engine's own gemv_rows
+	// kernel (to compare them). NewEngine sets it when the environment
+	// variable TWELL_GEMV is "0".
+	NoGEMV bool
 
 	dev    *cuda.Device
 	blas   *cublas.Handle
@@ -150,7 +159,7 @@ func NewEngine(dev *cuda.Device, m *model.Model) (*Engine, error) {
 		return nil, err
 	}
 	e := &Engine{Config: c, dev: dev, k: k, mlpPath: "auto", rope: model.NewRoPETables(c), Attention: os.Getenv(EnvAttention),
-		NoGraphs: os.Getenv(EnvGraphs) == "0"}
+		NoGraphs: os.Getenv(EnvGraphs) == "0", NoGEMV: os.Getenv(EnvGEMV) == "0"}
 	if act, _ := c.GateActivation(); act == model.ActSiLU {
 		e.act = 1
 	}

@@ -325,6 +325,7 @@ func (e *Engine) layersQueue(b *batch, st *Stats, paths []gpu.Path) error {
 	eps := float32(c.RMSNormEps)
 	blk := cuda.Dim3{256, 1, 1}
 	grid := cuda.Dim3{uint32(T), 1, 1}
+	nblk := normBlock(h)
 	if err := e.k.embed.Launch(grid, blk, 0, s, e.embed, ids, ws.resid, int32(h)); err != nil {
 		return fmt.Errorf("llm: embed: %w", err)
 	}
@@ -350,10 +351,10 @@ func (e *Engine) layersQueue(b *batch, st *Stats, paths []gpu.Path) error {
 		if li > 0 {
 			delta = ws.proj
 		}
-		if err := e.k.addNorm.Launch(grid, blk, 0, s, ws.resid, delta, none, l.attnNorm, ws.hn, int32(h), eps); err != nil {
+		if err := e.k.addNorm.Launch(grid, nblk, 0, s, ws.resid, delta, none, l.attnNorm, ws.hn, int32(h), eps); err != nil {
 			return fmt.Errorf("llm: layer %d norm: %w", li, err)
 		}
-		if err := e.blas.Matmul(s, cublas.Gemm{M: T, N: qkvW, K: h, TransB: true}, ws.hn, l.qkv, ws.qkv); err != nil {
+		if err := e.project(T, qkvW, h, ws.hn, l.qkv, ws.qkv); err != nil {
 			return fmt.Errorf("llm: layer %d qkv: %w", li, err)
 		}
 		if err := e.k.ropeKV.Launch(grid, blk, 0, s, ws.qkv, e.cosB, e.sinB, tokSeq, tokPos, base, seqCap,
@@ -371,10 +372,10 @@ func (e *Engine) layersQueue(b *batch, st *Stats, paths []gpu.Path) error {
 			int32(li), int32(nq), int32(nkv), int32(qkvW), scaleLog2); err != nil {
 			return fmt.Errorf("llm: layer %d attention: %w", li, err)
 		}
-		if err := e.blas.Matmul(s, cublas.Gemm{M: T, N: h, K: nq * hd, TransB: true}, ws.hn, l.o, ws.proj); err != nil {
+		if err := e.project(T, h, nq*hd, ws.hn, l.o, ws.proj); err != nil {
 			return fmt.Errorf("llm: layer %d o_proj: %w", li, err)
 		}
-		if err := e.k.addNorm.Launch(grid, blk, 0, s, ws.resid, ws.proj, none, l.mlpNorm, ws.hn, int32(h), eps); err != nil {
+		if err := e.k.addNorm.Launch(grid, nblk, 0, s, ws.resid, ws.proj, none, l.mlpNorm, ws.hn, int32(h), eps); err != nil {
 			return fmt.Errorf("llm: layer %d norm: %w", li, err)
 		}
 		var fixed *gpu.Path
@@ -388,6 +389,33 @@ func (e *Engine) layersQueue(b *batch, st *Stats, paths []gpu.Path) error {
 		st.SparseLayer[li] = sparse
 	}
 	return nil
+}
+
+// normBlock returns the block size of add_rmsnorm for hidden size h: its
+// register-resident form holds 16 values per thread.
+func normBlock(h int) cuda.Dim3 {
+	if h > 16*256 {
+		return cuda.Dim3{1024, 1, 1}
+	}
+	return cuda.Dim3{256, 1, 1}
+}
+
+// gemvMaxRows is the largest token count whose projections run gemv_rows
+// rather than cuBLASLt.
+const gemvMaxRows = 4
+
+// project queues y = x w^T for m tokens (x: m x k, w: n x k, y: m x n, bf16):
+// gemv_rows for decode-sized batches, else cuBLASLt.
+func (e *Engine) project(m, n, k int, x, w, y *cuda.Buffer) error {
+	if m > gemvMaxRows || k%8 != 0 || e.NoGEMV {
+		return e.blas.Matmul(e.stream, cublas.Gemm{M: m, N: n, K: k, TransB: true}, x, w, y)
+	}
+	fn := e.k.gemv4
+	if m == 1 {
+		fn = e.k.gemv1
+	}
+	return fn.Launch(cuda.Dim3{uint32((n + 7) / 8), 1, 1}, cuda.Dim3{256, 1, 1}, 2*m*k, e.stream,
+		x, w, y, int32(m), int32(n), int32(k))
 }
 
 // mlp queues layer l's MLP from ws.hn into ws.proj, in chunks of at most
@@ -467,7 +495,7 @@ func (e *Engine) logits(b *batch) ([][]float32, error) {
 	for r0 := 0; r0 < b.rows; r0 += headChunk {
 		rc := min(headChunk, b.rows-r0)
 		rows := view(ws.meta, 4*(b.row+r0), 4*rc)
-		if err := e.k.addNorm.Launch(cuda.Dim3{uint32(rc), 1, 1}, cuda.Dim3{256, 1, 1}, 0, s,
+		if err := e.k.addNorm.Launch(cuda.Dim3{uint32(rc), 1, 1}, normBlock(h), 0, s,
 			ws.resid, delta, rows, e.norm, ws.sel, int32(h), float32(c.RMSNormEps)); err != nil {
 			return nil, fmt.Errorf("llm: final norm: %w", err)
 		}

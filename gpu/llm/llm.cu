@@ -71,13 +71,56 @@ extern "C" __global__ void embed(const u16* __restrict__ table, const int* __res
 //   out[b] = bf16(v / sqrt(mean(v^2) + eps) * w)
 // and, when rows is null, resid[r] = v (the residual add). With rows set
 // (the final norm of the rows whose logits are wanted) resid is not written.
+// When d is a multiple of 4 and at most 16 per thread, each thread keeps
+// its values in registers between the sum of squares and the output (one
+// pass over memory, its loads issued together: decode steps run this at a
+// few tokens, where latency is all that counts); else a plain two-pass loop.
 extern "C" __global__ void add_rmsnorm(float* __restrict__ resid, const u16* __restrict__ delta,
                                        const int* __restrict__ rows, const float* __restrict__ w,
                                        u16* __restrict__ out, int d, float eps) {
+  constexpr int MAXV = 4;  // float4 per thread
   int b = blockIdx.x;
   int r = rows ? rows[b] : b;
   float* x = resid + (size_t)r * d;
   const u16* dl = delta ? delta + (size_t)r * d : nullptr;
+  u16* o = out + (size_t)b * d;
+  int n4 = d / 4;
+  if (d % 4 == 0 && n4 <= MAXV * (int)blockDim.x) {
+    float4 v[MAXV], wv[MAXV];
+#pragma unroll
+    for (int k = 0; k < MAXV; ++k) {
+      int i = threadIdx.x + k * blockDim.x;
+      if (i >= n4) continue;
+      v[k] = ((const float4*)x)[i];
+      wv[k] = ((const float4*)w)[i];
+      if (dl) {
+        uint2 dd = ((const uint2*)dl)[i];
+        v[k].x += bf_lo(dd.x);
+        v[k].y += bf_hi(dd.x);
+        v[k].z += bf_lo(dd.y);
+        v[k].w += bf_hi(dd.y);
+      }
+    }
+    float ss = 0.f;
+#pragma unroll
+    for (int k = 0; k < MAXV; ++k) {
+      int i = threadIdx.x + k * blockDim.x;
+      if (i >= n4) continue;
+      ss += v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
+      if (dl && !rows) ((float4*)x)[i] = v[k];
+    }
+    float inv = rsqrtf(block_sum(ss) / (float)d + eps);
+#pragma unroll
+    for (int k = 0; k < MAXV; ++k) {
+      int i = threadIdx.x + k * blockDim.x;
+      if (i >= n4) continue;
+      uint2 ov;
+      ov.x = pack_bf2(v[k].x * inv * wv[k].x, v[k].y * inv * wv[k].y);
+      ov.y = pack_bf2(v[k].z * inv * wv[k].z, v[k].w * inv * wv[k].w);
+      ((uint2*)o)[i] = ov;
+    }
+    return;
+  }
   float ss = 0.f;
   for (int i = threadIdx.x; i < d; i += blockDim.x) {
     float v = x[i];
@@ -90,12 +133,73 @@ extern "C" __global__ void add_rmsnorm(float* __restrict__ resid, const u16* __r
   // Each thread re-reads only the elements it wrote, so no barrier is
   // needed between the write above and the read below.
   float inv = rsqrtf(block_sum(ss) / (float)d + eps);
-  u16* o = out + (size_t)b * d;
   for (int i = threadIdx.x; i < d; i += blockDim.x) {
     float v = x[i];
     if (dl && rows) v += bf_to_f(dl[i]);
     o[i] = (u16)f_to_bf(v * inv * w[i]);
   }
+}
+
+// gemv_rows: y[t][n] = bf16(sum_k x[t][k] w[n][k]) for t < m <= MB: the
+// projections of decode steps, bound by reading w once (cuBLASLt's kernels
+// for a handful of rows reach about half the memory bandwidth). One warp
+// per output column n (grid n/8 blocks of 256 threads, rounded up); x is
+// staged in shared memory (m * k * 2 bytes, dynamic); each lane reads 16
+// bytes of the weight row per 256 columns, four loads in flight. k % 8 == 0.
+template <int MB>
+__device__ __forceinline__ void gemv_rows_body(const u16* __restrict__ x, const u16* __restrict__ w,
+                                               u16* __restrict__ y, int m, int n, int k) {
+  extern __shared__ __align__(16) u16 xs[];
+  for (int i = threadIdx.x; i < m * k / 8; i += blockDim.x) ((uint4*)xs)[i] = ((const uint4*)x)[i];
+  __syncthreads();
+  int lane = threadIdx.x & 31;
+  int col = blockIdx.x * 8 + (threadIdx.x >> 5);
+  if (col >= n) return;
+  const u16* wr = w + (size_t)col * k;
+  float acc[MB];
+#pragma unroll
+  for (int t = 0; t < MB; ++t) acc[t] = 0.f;
+  for (int base = 0; base < k; base += 1024) {
+    uint4 wv[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      int c = base + j * 256 + lane * 8;
+      if (c < k) asm volatile("ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];"
+                              : "=r"(wv[j].x), "=r"(wv[j].y), "=r"(wv[j].z), "=r"(wv[j].w)
+                              : "l"(wr + c));
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      int c = base + j * 256 + lane * 8;
+      if (c >= k) continue;
+#pragma unroll
+      for (int t = 0; t < MB; ++t) {
+        if (t >= m) continue;
+        uint4 xv = *(const uint4*)(xs + t * k + c);
+        float s = acc[t];
+        s = fmaf(bf_lo(wv[j].x), bf_lo(xv.x), s);
+        s = fmaf(bf_hi(wv[j].x), bf_hi(xv.x), s);
+        s = fmaf(bf_lo(wv[j].y), bf_lo(xv.y), s);
+        s = fmaf(bf_hi(wv[j].y), bf_hi(xv.y), s);
+        s = fmaf(bf_lo(wv[j].z), bf_lo(xv.z), s);
+        s = fmaf(bf_hi(wv[j].z), bf_hi(xv.z), s);
+        s = fmaf(bf_lo(wv[j].w), bf_lo(xv.w), s);
+        acc[t] = fmaf(bf_hi(wv[j].w), bf_hi(xv.w), s);
+      }
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < MB; ++t) {
+    float s = warp_sum(acc[t]);
+    if (lane == 0 && t < m) y[(size_t)t * n + col] = (u16)f_to_bf(s);
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(256) gemv_rows1(const u16* x, const u16* w, u16* y, int m, int n, int k) {
+  gemv_rows_body<1>(x, w, y, m, n, k);
+}
+extern "C" __global__ void __launch_bounds__(256) gemv_rows4(const u16* x, const u16* w, u16* y, int m, int n, int k) {
+  gemv_rows_body<4>(x, w, y, m, n, k);
 }
 
 // rope_kv: for flat token t (one block each), rotate its query heads in
