@@ -81,6 +81,11 @@ type DecodePoint struct {
 	// replayed a CUDA graph (GPU only; see gpu/llm).
 	GraphSteps int `json:"graph_steps,omitempty"`
 	Steps      int `json:"steps,omitempty"`
+	// GraphRecords is how many CUDA graphs those steps recorded.
+	GraphRecords int `json:"graph_records,omitempty"`
+	// SparseLayers is how many layers ran the sparse MLP path in the last
+	// step (GPU only).
+	SparseLayers int `json:"sparse_layers,omitempty"`
 }
 
 // ModelResult is one path (dense or TwELL) of a whole-model benchmark.

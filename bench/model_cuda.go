@@ -278,7 +278,8 @@ func decodeSpeedCUDA(e *llm.Engine, r *rand.Rand, batch, steps, reps int, timed 
 	}
 	toks := make([][]int, batch)
 	times := make([]float64, 0, reps)
-	graphs0 := e.GraphReplays()
+	graphs0, records0 := e.GraphReplays(), e.GraphRecords()
+	sparse := 0
 	for rep := -1; rep < reps; rep++ {
 		for i := range caches {
 			caches[i].Len = 0
@@ -292,8 +293,15 @@ func decodeSpeedCUDA(e *llm.Engine, r *rand.Rand, batch, steps, reps int, timed 
 				for i := range toks {
 					toks[i] = []int{r.IntN(c.VocabSize)}
 				}
-				if _, _, err := e.Forward(caches, toks, false); err != nil {
+				_, st, err := e.Forward(caches, toks, false)
+				if err != nil {
 					return err
+				}
+				sparse = 0
+				for _, on := range st.SparseLayer {
+					if on {
+						sparse++
+					}
 				}
 			}
 			return nil
@@ -308,7 +316,8 @@ func decodeSpeedCUDA(e *llm.Engine, r *rand.Rand, batch, steps, reps int, timed 
 	}
 	med := Median(times)
 	return DecodePoint{Batch: batch, TokensPerSec: float64(batch*steps) / med * 1000, MSPerStep: med / float64(steps),
-		GraphSteps: e.GraphReplays() - graphs0, Steps: (reps + 1) * steps}, nil
+		GraphSteps: e.GraphReplays() - graphs0, Steps: (reps + 1) * steps, GraphRecords: e.GraphRecords() - records0,
+		SparseLayers: sparse}, nil
 }
 
 func randTokens(r *rand.Rand, n, vocab int) []int {

@@ -179,7 +179,8 @@ func printModelTable(w io.Writer, rs []bench.ModelResult, peak []int64) {
 		var parts []string
 		for _, p := range r.Decode {
 			if p.Steps > 0 {
-				parts = append(parts, fmt.Sprintf("b=%d %d/%d", p.Batch, p.GraphSteps, p.Steps))
+				parts = append(parts, fmt.Sprintf("b=%d %d/%d (%d recorded, %d sparse MLP layers)", p.Batch, p.GraphSteps, p.Steps,
+					p.GraphRecords, p.SparseLayers))
 			}
 		}
 		if len(parts) > 0 {

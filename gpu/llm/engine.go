@@ -78,6 +78,7 @@ type Engine struct {
 	graphs   map[int]*stepGraph
 	graphErr error
 	replays  int // decode steps replayed from graphs
+	records  int // decode-step graphs recorded
 }
 
 // layer is one decoder layer's weights on the device.

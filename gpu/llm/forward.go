@@ -337,7 +337,7 @@ func (e *Engine) layersQueue(b *batch, st *Stats, paths []gpu.Path) error {
 	case e.Attention != "" && e.Attention != "auto" && e.Attention != "mma":
 		return fmt.Errorf("llm: attention kernel %q: want auto, mma or ref", e.Attention)
 	case hd == 64:
-		attn, attnBlock = e.k.attnFA64, cuda.Dim3{128, 1, 1}
+		attn, attnBlock = e.k.attnFA64, cuda.Dim3{256, 1, 1}
 	case hd == 128:
 		attn, attnBlock = e.k.attnFA128, cuda.Dim3{256, 1, 1}
 	}

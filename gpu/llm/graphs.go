@@ -53,6 +53,7 @@ func (e *Engine) replay(b *batch, st *Stats) (bool, error) {
 			e.graphErr = err
 			return false, nil
 		}
+		e.records++
 		sg = &stepGraph{g: g, gen: e.gen, epoch: e.mlpEpoch(), paths: paths}
 		if e.graphs == nil {
 			e.graphs = map[int]*stepGraph{}
@@ -123,6 +124,11 @@ func (e *Engine) mlpEpoch() uint64 {
 
 // GraphReplays returns how many decode steps ran from CUDA graphs so far.
 func (e *Engine) GraphReplays() int { return e.replays }
+
+// GraphRecords returns how many decode-step graphs the engine recorded so
+// far (each settled batch size once, then again after a buffer moved or a
+// path changed).
+func (e *Engine) GraphRecords() int { return e.records }
 
 // GraphError returns why recording a decode step into a CUDA graph failed,
 // after which the engine runs every step kernel by kernel; nil if it has

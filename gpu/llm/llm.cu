@@ -320,6 +320,20 @@ __device__ __forceinline__ void mma16816(float (&d)[4], const u32 (&a)[4], u32 b
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// cvt_bf2 packs lo and hi into a bf16 pair, rounding to nearest even in
+// hardware (one instruction where pack_bf2 takes a dozen); ex2 is 2^x
+// (flushing denormals; 2^-inf = 0).
+__device__ __forceinline__ u32 cvt_bf2(float lo, float hi) {
+  u32 r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+__device__ __forceinline__ float ex2(float x) {
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+}
+
 __device__ __forceinline__ u32 smem_u32(const void* p) {
   u32 r;
   asm volatile("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(r) : "l"(p));
@@ -457,10 +471,8 @@ __device__ __forceinline__ void attn_fa_body(const u16* __restrict__ qkv, u16* _
     if (k0 <= wklast) {
       u32 sk = smem_u32(smem + (kb & 1) * 2 * TILE);
       u32 sv = sk + TILE * 2;
-      bool act[WM];
-#pragma unroll
-      for (int i = 0; i < WM; ++i) act[i] = k0 <= klast[i];
-      // S = Q K^T, 16 rows x 64 keys per tile.
+      // S = Q K^T, 16 rows x 64 keys per tile. Every tile takes part (a
+      // tile past its last key sees only masked scores: no change).
       float sc[WM][BK / 8][4];
 #pragma unroll
       for (int i = 0; i < WM; ++i)
@@ -474,7 +486,6 @@ __device__ __forceinline__ void attn_fa_body(const u16* __restrict__ qkv, u16* _
           ldsm4(sk + 2 * (j * 8 * P + kk * 16 + koff), b0, b1, b2, b3);
 #pragma unroll
           for (int i = 0; i < WM; ++i) {
-            if (!act[i]) continue;
             mma16816(sc[i][j], qf[i][kk], b0, b1);
             mma16816(sc[i][j], qf[i][kk + 1], b2, b3);
           }
@@ -482,34 +493,37 @@ __device__ __forceinline__ void attn_fa_body(const u16* __restrict__ qkv, u16* _
       }
 #pragma unroll
       for (int i = 0; i < WM; ++i) {
-        if (!act[i]) continue;
-        // Scale; mask keys past each row's position on the diagonal blocks.
-        bool diag = k0 + BK - 1 > past + row0[i];
+        // Mask keys past each row's position on the diagonal blocks.
+        if (k0 + BK - 1 > past + row0[i]) {
+#pragma unroll
+          for (int j = 0; j < BK / 8; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+              if (k0 + j * 8 + tq * 2 + (e & 1) > past + row0[i] + g + (e >> 1) * 8) sc[i][j][e] = NEG_INF;
+        }
         float mx[2] = {NEG_INF, NEG_INF};
 #pragma unroll
         for (int j = 0; j < BK / 8; ++j)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            float v = sc[i][j][e] * scale_log2;
-            if (diag && k0 + j * 8 + tq * 2 + (e & 1) > past + row0[i] + g + (e >> 1) * 8) v = NEG_INF;
-            sc[i][j][e] = v;
-            mx[e >> 1] = fmaxf(mx[e >> 1], v);
-          }
-        float corr[2];
+          for (int e = 0; e < 4; ++e) mx[e >> 1] = fmaxf(mx[e >> 1], sc[i][j][e]);
+        float corr[2], ms[2];
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
           mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
-          float mn = fmaxf(mrow[i][h], mx[h]);  // finite: key 0 is in every row's first block
-          corr[h] = exp2f(mrow[i][h] - mn);
+          // Running maxima are kept scaled (log2 units). Finite: key 0 is
+          // in every row's first block.
+          float mn = fmaxf(mrow[i][h], mx[h] * scale_log2);
+          corr[h] = ex2(mrow[i][h] - mn);
           mrow[i][h] = mn;
+          ms[h] = mn;
         }
         float ls[2] = {0.f, 0.f};
 #pragma unroll
         for (int j = 0; j < BK / 8; ++j)
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
-            float p = exp2f(sc[i][j][e] - mrow[i][e >> 1]);
+            float p = ex2(fmaf(sc[i][j][e], scale_log2, -ms[e >> 1]));
             sc[i][j][e] = p;
             ls[e >> 1] += p;
           }
@@ -530,10 +544,10 @@ __device__ __forceinline__ void attn_fa_body(const u16* __restrict__ qkv, u16* _
         u32 a[WM][4];
 #pragma unroll
         for (int i = 0; i < WM; ++i) {
-          a[i][0] = pack_bf2(sc[i][2 * kk][0], sc[i][2 * kk][1]);
-          a[i][1] = pack_bf2(sc[i][2 * kk][2], sc[i][2 * kk][3]);
-          a[i][2] = pack_bf2(sc[i][2 * kk + 1][0], sc[i][2 * kk + 1][1]);
-          a[i][3] = pack_bf2(sc[i][2 * kk + 1][2], sc[i][2 * kk + 1][3]);
+          a[i][0] = cvt_bf2(sc[i][2 * kk][0], sc[i][2 * kk][1]);
+          a[i][1] = cvt_bf2(sc[i][2 * kk][2], sc[i][2 * kk][3]);
+          a[i][2] = cvt_bf2(sc[i][2 * kk + 1][0], sc[i][2 * kk + 1][1]);
+          a[i][3] = cvt_bf2(sc[i][2 * kk + 1][2], sc[i][2 * kk + 1][3]);
         }
 #pragma unroll
         for (int j = 0; j < HD / 8; j += 2) {
@@ -541,7 +555,6 @@ __device__ __forceinline__ void attn_fa_body(const u16* __restrict__ qkv, u16* _
           ldsm4t(sv + 2 * (kk * 16 * P + j * 8 + voff), b0, b1, b2, b3);
 #pragma unroll
           for (int i = 0; i < WM; ++i) {
-            if (!act[i]) continue;
             mma16816(o[i][j], a[i], b0, b1);
             mma16816(o[i][j + 1], a[i], b2, b3);
           }
@@ -568,15 +581,15 @@ __device__ __forceinline__ void attn_fa_body(const u16* __restrict__ qkv, u16* _
   }
 }
 
-// attn_fa64: 4 warps of 2 query tiles; attn_fa128: 8 warps of 1 (the
-// accumulators of two 128-dim tiles would not fit in registers).
+// attn_fa64, attn_fa128: 8 warps of one query tile each (two tiles per
+// warp, which halve the shared-memory reads of K and V, spilled registers).
 // Dynamic shared memory: 2 * 2 * 64 * (hd + 8) * 2 bytes.
-extern "C" __global__ void __launch_bounds__(128)
+extern "C" __global__ void __launch_bounds__(256, 2)
     attn_fa64(const u16* __restrict__ qkv, u16* __restrict__ out, const int* __restrict__ items,
               const int* __restrict__ seq_q0, const int* __restrict__ seq_n, const int* __restrict__ seq_past,
               const u64* __restrict__ seq_base, const int* __restrict__ seq_cap, int layer, int nq, int nkv,
               int qkv_w, float scale_log2) {
-  attn_fa_body<64, 4, 2>(qkv, out, items, seq_q0, seq_n, seq_past, seq_base, seq_cap, layer, nq, nkv, qkv_w,
+  attn_fa_body<64, 8, 1>(qkv, out, items, seq_q0, seq_n, seq_past, seq_base, seq_cap, layer, nq, nkv, qkv_w,
                          scale_log2);
 }
 
