@@ -7,7 +7,10 @@ import (
 )
 
 // The automatic path (Forward) has two guides. The density rule (poll):
-// above Crossover active units per token the dense path runs. Below it,
+// above Crossover active units per token the dense path runs (not for
+// batches of at most gemvMaxRows tokens: the small-batch kernels read every
+// gate row once whatever the density, so there the timings alone decide,
+// and Crossover, a model of D2T's costs, does not apply). Below it,
 // timings: Forward brackets every call with CUDA events, keeps per batch-size
 // bucket (powers of two) a running mean of each path's time per token, and
 // runs the faster path once both are known. A path's first timing in a bucket
@@ -57,6 +60,9 @@ func (l *MLP) choose(m int, byDensity Path) (Path, bool) {
 	if l.blas == nil {
 		return PathSparse, false
 	}
+	if m <= gemvMaxRows {
+		byDensity = PathSparse
+	}
 	if !l.Measure || byDensity == PathDense {
 		return byDensity, false
 	}
@@ -91,8 +97,13 @@ func (l *MLP) Settled(m int) (Path, bool) {
 		return PathSparse, true
 	case !l.lastKnown:
 		return PathSparse, false
-	case !l.Measure || l.next == PathDense:
+	case !l.Measure:
+		if m <= gemvMaxRows {
+			return PathSparse, true
+		}
 		return l.next, true
+	case l.next == PathDense && m > gemvMaxRows:
+		return PathDense, true
 	}
 	bt := l.times[bucketOf(m)]
 	if bt == nil || bt.n[PathSparse] <= 1 || bt.n[PathDense] <= 1 {

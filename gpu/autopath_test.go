@@ -144,7 +144,7 @@ func TestSettled(t *testing.T) {
 	r := rand.New(rand.NewPCG(seed, 2))
 	for trial := 0; trial < 50; trial++ {
 		l := &MLP{blas: &cublas.Handle{}, Measure: true}
-		m := 1 + r.IntN(1<<16)
+		m := gemvMaxRows + 1 + r.IntN(1<<16)
 		if _, ok := l.Settled(m); ok {
 			t.Fatalf("seed %d: settled before any density came back", seed)
 		}
@@ -174,6 +174,14 @@ func TestSettled(t *testing.T) {
 		l.next = PathDense
 		if p, ok := l.Settled(4 * m); !ok || p != PathDense {
 			t.Errorf("seed %d: density rule dense: Settled = %v, %v", seed, p, ok)
+		}
+		// Small batches ignore the density rule: their timings decide.
+		small := 1 + r.IntN(gemvMaxRows)
+		if p, timed := l.choose(small, PathDense); p != PathSparse || !timed {
+			t.Errorf("seed %d: density rule dense, %d tokens: choose = %v, %v; want sparse, timed", seed, small, p, timed)
+		}
+		if _, ok := l.Settled(small); ok {
+			t.Errorf("seed %d: density rule dense, %d tokens: settled before any timing", seed, small)
 		}
 		l.next, l.Measure = PathSparse, false
 		if p, ok := l.Settled(4 * m); !ok || p != PathSparse {

@@ -6,7 +6,8 @@
 // sparse activation saves exactly the reads of the up and down rows of the
 // inactive units. Two kernels:
 //
-//   gemv_act   every gate row once (all SMs, 4 units per warp): g = x . Wg_j
+//   gemv_act   every gate row once (all SMs, 4 units per warp, their loads
+//              in flight together): g = x . Wg_j
 //              for each token; for a unit active in some token (g > 0 or
 //              NaN, g rounded to bf16 as the GEMM output would be) it reads
 //              the up row and writes h[t][j] = g * (x_t . Wu_j) where active,
@@ -43,35 +44,48 @@ __device__ __forceinline__ float dot8(uint4 a, uint4 b) {
   return fmaf(bf_hi(a.w), bf_hi(b.w), s);
 }
 
-// rows_dot sets acc[t] = xs[t] . w (t < m) in every lane of the warp; w is a
-// row of d bf16 in global memory, xs the m x d tokens in shared memory.
-// Each lane reads 16 bytes per 256 columns, four of them in flight.
-template <int MB>
+// rows_dot sets acc[u][t] = xs[t] . w_u (t < m) for the U consecutive rows
+// w_u = w + u d (d bf16 each, global memory), in every lane of the warp; xs
+// holds the m x d tokens in shared memory. Each lane reads 16 bytes of each
+// row per 256 columns, 4 U loads in flight (a warp with one row in flight
+// leaves the memory system idle between its round trips).
+template <int MB, int U>
 __device__ __forceinline__ void rows_dot(const u16* __restrict__ w, const u16* xs, int m, int d, int lane,
-                                         float (&acc)[MB]) {
+                                         float (&acc)[U][MB]) {
 #pragma unroll
-  for (int t = 0; t < MB; ++t) acc[t] = 0.f;
+  for (int u = 0; u < U; ++u)
+#pragma unroll
+    for (int t = 0; t < MB; ++t) acc[u][t] = 0.f;
   for (int base = 0; base < d; base += 1024) {
-    uint4 wv[4];
+    uint4 wv[U][4];
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      int c = base + k * 256 + lane * 8;
-      if (c < d) wv[k] = ldg_nc(w + c);
-    }
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        int c = base + k * 256 + lane * 8;
+        if (c < d) wv[u][k] = ldg_nc(w + (size_t)u * d + c);
+      }
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
       int c = base + k * 256 + lane * 8;
       if (c >= d) continue;
 #pragma unroll
-      for (int t = 0; t < MB; ++t)
-        if (t < m) acc[t] += dot8(wv[k], *(const uint4*)(xs + t * d + c));
+      for (int t = 0; t < MB; ++t) {
+        if (t >= m) continue;
+        uint4 xv = *(const uint4*)(xs + t * d + c);
+#pragma unroll
+        for (int u = 0; u < U; ++u) acc[u][t] += dot8(wv[u][k], xv);
+      }
     }
   }
 #pragma unroll
-  for (int t = 0; t < MB; ++t) acc[t] = warp_sum(acc[t]);
+  for (int u = 0; u < U; ++u)
+#pragma unroll
+    for (int t = 0; t < MB; ++t) acc[u][t] = warp_sum(acc[u][t]);
 }
 
-// gemv_act: grid F/32 blocks of 256 threads; dynamic shared memory m*d*2.
+// gemv_act: grid F/32 blocks of 256 threads, warp w taking units 4w..4w+3
+// of the block's 32; dynamic shared memory m*d*2.
 template <int MB, bool GATED>
 __global__ void __launch_bounds__(256)
     gemv_act(const u16* __restrict__ x, const u16* __restrict__ w, const u16* __restrict__ up, float* __restrict__ h,
@@ -81,28 +95,29 @@ __global__ void __launch_bounds__(256)
   for (int i = threadIdx.x; i < m * d / 8; i += blockDim.x) ((uint4*)xs)[i] = ldg_nc((const uint4*)x + i);
   __syncthreads();
   int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  int j0 = blockIdx.x * 32 + warp * 4;
+  float g[4][MB];
+  rows_dot<MB, 4>(w + (size_t)j0 * d, xs, m, d, lane, g);
   u32 bits = 0, n = 0;
-#pragma unroll 1
+#pragma unroll
   for (int k = 0; k < 4; ++k) {
-    int j = blockIdx.x * 32 + warp * 4 + k;
-    float g[MB];
-    rows_dot<MB>(w + (size_t)j * d, xs, m, d, lane, g);
+    int j = j0 + k;
     bool on[MB], any = false;
 #pragma unroll
     for (int t = 0; t < MB; ++t) {
-      g[t] = __uint_as_float(f_to_bf(g[t]) << 16);
-      on[t] = t < m && (g[t] > 0.f || g[t] != g[t]);
+      g[k][t] = __uint_as_float(f_to_bf(g[k][t]) << 16);
+      on[t] = t < m && (g[k][t] > 0.f || g[k][t] != g[k][t]);
       any |= on[t];
     }
-    float u[MB];
+    float u[1][MB];
 #pragma unroll
-    for (int t = 0; t < MB; ++t) u[t] = 1.f;
-    if (GATED && any) rows_dot<MB>(up + (size_t)j * d, xs, m, d, lane, u);
+    for (int t = 0; t < MB; ++t) u[0][t] = 1.f;
+    if (GATED && any) rows_dot<MB, 1>(up + (size_t)j * d, xs, m, d, lane, u);
     if (lane == 0) {
 #pragma unroll
       for (int t = 0; t < MB; ++t) {
         if (t >= m) continue;
-        h[(size_t)t * f + j] = on[t] ? g[t] * u[t] : 0.f;
+        h[(size_t)t * f + j] = on[t] ? g[k][t] * u[0][t] : 0.f;
         n += on[t];
       }
     }
@@ -190,11 +205,19 @@ __global__ void __launch_bounds__(256)
     for (int w = 0; w < 8; ++w) s += red[w][t][c];
     y[(size_t)t * d + c0 + c] = (u16)f_to_bf(s);
   }
-  if (blockIdx.x == 0 && warp == 0) {
-    u64 s = 0;
-    for (int i = lane; i < words; i += 32) s += cnt[i];
+  if (blockIdx.x == 0) {
+    // All threads load the counts (one round trip for f <= 8192).
+    __shared__ u32 part[8];
+    u32 c = 0;
+    for (int i = threadIdx.x; i < words; i += blockDim.x) c += cnt[i];
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-    if (lane == 0) *nnz = s;
+    for (int o = 16; o > 0; o >>= 1) c += __shfl_xor_sync(0xffffffffu, c, o);
+    if (lane == 0) part[warp] = c;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      u64 s = 0;
+      for (int w = 0; w < 8; ++w) s += part[w];
+      *nnz = s;
+    }
   }
 }
