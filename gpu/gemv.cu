@@ -15,8 +15,8 @@
 //              bit mask of its 32 units' activity and its count of active
 //              (token, unit) pairs: plain stores, no memset, no atomics.
 //   gemv_down  y[t][c] = sum over the active units j, ascending, of
-//              h[t][j] down[j][c]: each CTA owns 64 columns; warp w walks
-//              the active bits of its share of the mask and reads only those
+//              h[t][j] down[j][c]: each CTA owns 64 columns; warp w lists
+//              the active units of its share of the mask and reads only those
 //              down rows; the warps' partial sums are added in warp order.
 //              The summation order is fixed: results are deterministic.
 //              Block 0 also sums gemv_act's counts into *nnz.
@@ -140,55 +140,59 @@ __global__ void __launch_bounds__(256)
 }
 
 // gemv_down: grid d/64 blocks of 256 threads; lane l of every warp owns
-// columns c0 + 2l, c0 + 2l + 1.
+// columns c0 + 2l, c0 + 2l + 1. Warp w first lists the active units of its
+// share of the mask in shared memory (ascending; dynamic shared memory
+// 8 * ceil(f/256) * 32 ints), then reads their down rows and h values
+// eight units at a time, so that a token's few dozen units cost a round
+// trip or two rather than one per unit.
 template <int MB>
 __global__ void __launch_bounds__(256)
     gemv_down(const float* __restrict__ h, const u32* __restrict__ mask, const u16* __restrict__ down,
               u16* __restrict__ y, const u32* __restrict__ cnt, u64* __restrict__ nnz, int m, int d, int f) {
   __shared__ float red[8][MB][64];
+  extern __shared__ int lists[];
   int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   int words = f / 32;
   int per = (words + 7) / 8;  // mask words per warp
   int w0 = warp * per, w1 = min(words, w0 + per);
+  int* list = lists + warp * per * 32;
   int c0 = blockIdx.x * 64, col = c0 + 2 * lane;
+  int len = 0;
+  for (int wb = w0; wb < w1; wb += 32) {
+    u32 mine = wb + lane < w1 ? mask[wb + lane] : 0u;
+    int c = __popc(mine), incl = c;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      int v = __shfl_up_sync(0xffffffffu, incl, o);
+      if (lane >= o) incl += v;
+    }
+    int pos = len + incl - c;
+    for (u32 b = mine; b; b &= b - 1) list[pos++] = (wb + lane) * 32 + __ffs(b) - 1;
+    len += __shfl_sync(0xffffffffu, incl, 31);
+  }
+  __syncwarp();
   float acc[MB][2];
 #pragma unroll
   for (int t = 0; t < MB; ++t) acc[t][0] = acc[t][1] = 0.f;
-  for (int wb = w0; wb < w1; wb += 32) {
-    u32 mine = wb + lane < w1 ? mask[wb + lane] : 0u;
-    int nw = min(32, w1 - wb);
-    for (int i = 0; i < nw; ++i) {
-      u32 bits = __shfl_sync(0xffffffffu, mine, i);
-      int jbase = (wb + i) * 32;
-      while (bits) {
-        // Up to four active units at a time: their loads in flight together.
-        int js[4];
+  for (int i0 = 0; i0 < len; i0 += 8) {
+    int js[8];
+    u32 dv[8];
+    float hv[8][MB];
 #pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          js[k] = -1;
-          if (bits) {
-            js[k] = jbase + __ffs(bits) - 1;
-            bits &= bits - 1;
-          }
-        }
-        u32 dv[4];
-        float hv[4][MB];
+    for (int k = 0; k < 8; ++k) {
+      js[k] = i0 + k < len ? list[i0 + k] : -1;
+      if (js[k] < 0) continue;
+      dv[k] = *(const u32*)(down + (size_t)js[k] * d + col);
 #pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          if (js[k] < 0) continue;
-          dv[k] = *(const u32*)(down + (size_t)js[k] * d + col);
+      for (int t = 0; t < MB; ++t) hv[k][t] = t < m ? h[(size_t)t * f + js[k]] : 0.f;
+    }
 #pragma unroll
-          for (int t = 0; t < MB; ++t) hv[k][t] = t < m ? h[(size_t)t * f + js[k]] : 0.f;
-        }
+    for (int k = 0; k < 8; ++k) {
+      if (js[k] < 0) continue;
 #pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          if (js[k] < 0) continue;
-#pragma unroll
-          for (int t = 0; t < MB; ++t) {
-            acc[t][0] = fmaf(hv[k][t], bf_lo(dv[k]), acc[t][0]);
-            acc[t][1] = fmaf(hv[k][t], bf_hi(dv[k]), acc[t][1]);
-          }
-        }
+      for (int t = 0; t < MB; ++t) {
+        acc[t][0] = fmaf(hv[k][t], bf_lo(dv[k]), acc[t][0]);
+        acc[t][1] = fmaf(hv[k][t], bf_hi(dv[k]), acc[t][1]);
       }
     }
   }

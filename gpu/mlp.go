@@ -774,7 +774,8 @@ func (l *MLP) sparseGEMV(s *cuda.Stream, y, x *cuda.Buffer, m int) error {
 		x, l.sparseIn(), l.up, ws.gh, ws.gmask, ws.gcnt, int32(m), int32(l.D), int32(l.F)); err != nil {
 		return fmt.Errorf("gpu: gemv_act: %w", err)
 	}
-	if err := ks.down[mb].Launch(cuda.Dim3{uint32(l.D / 64), 1, 1}, cuda.Dim3{256, 1, 1}, 0, s,
+	lists := 8 * ((words + 7) / 8) * 32 * 4 // gemv_down's per-warp lists of active units
+	if err := ks.down[mb].Launch(cuda.Dim3{uint32(l.D / 64), 1, 1}, cuda.Dim3{256, 1, 1}, lists, s,
 		ws.gh, ws.gmask, l.down, y, ws.gcnt, l.nnz, int32(m), int32(l.D), int32(l.F)); err != nil {
 		return fmt.Errorf("gpu: gemv_down: %w", err)
 	}
