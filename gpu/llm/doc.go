@@ -12,10 +12,14 @@
 //     residual add, and RoPE fused with the KV-cache write are kernels in
 //     llm.cu, compiled by NVRTC on first use;
 //   - the QKV, output and LM-head projections are cuBLASLt GEMMs (the QKV
-//     weights fused into one matrix; logits in fp32);
-//   - attention is flash-attention style (online softmax over blocks of 64
-//     keys, one CTA per sequence, head and block of 64 queries), on tensor
-//     cores (mma.sync) for head_dim 64 and 128 and a plain kernel otherwise;
+//     weights fused into one matrix; logits in fp32), except that passes of
+//     at most 4 tokens (decode steps) run the QKV and output projections
+//     through the engine's gemv_rows kernel;
+//   - attention is flash-attention 2 style (online softmax over blocks of
+//     64 keys streamed through a cp.async double buffer, one CTA per
+//     sequence, head and block of 128 queries, longest first), on tensor
+//     cores (mma.sync, ldmatrix) for head_dim 64 and 128 and a plain kernel
+//     otherwise;
 //   - each MLP is a gpu.MLP (the TwELL sparse path or cuBLASLt dense, chosen
 //     by measured density) where the gate is ReLU and the shape suits the
 //     TwELL kernels, and a cuBLASLt dense MLP otherwise.
