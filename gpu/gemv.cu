@@ -12,7 +12,7 @@
 //              NaN, g rounded to bf16 as the GEMM output would be) it reads
 //              the up row and writes h[t][j] = g * (x_t . Wu_j) where active,
 //              else 0 (non-gated: h = g where active). Each CTA writes the
-//              bit mask of its 16 units' activity and its count of active
+//              bit mask of its 32 units' activity and its count of active
 //              (token, unit) pairs: plain stores, no memset, no atomics.
 //   gemv_down  y[t][c] = sum over the active units j, ascending, of
 //              h[t][j] down[j][c]: each CTA owns 64 columns; warp w lists
@@ -84,21 +84,18 @@ __device__ __forceinline__ void rows_dot(const u16* __restrict__ w, const u16* x
     for (int t = 0; t < MB; ++t) acc[u][t] = warp_sum(acc[u][t]);
 }
 
-// gemv_act: grid F/16 blocks of 128 threads, warp w taking units 4w..4w+3
-// of the block's 16 (blocks of 16 units spread the gate rows over the SMs
-// evenly enough: 352 blocks on 132 SMs for F = 5632, where 176 blocks of 32
-// left a third of the SMs reading twice as much); dynamic shared memory
-// m*d*2. Block b writes bits 16(b%2).. of mask word b/2 as one 16-bit store.
+// gemv_act: grid F/32 blocks of 256 threads, warp w taking units 4w..4w+3
+// of the block's 32; dynamic shared memory m*d*2.
 template <int MB, bool GATED>
-__global__ void __launch_bounds__(128)
+__global__ void __launch_bounds__(256)
     gemv_act(const u16* __restrict__ x, const u16* __restrict__ w, const u16* __restrict__ up, float* __restrict__ h,
              u32* __restrict__ mask, u32* __restrict__ cnt, int m, int d, int f) {
   extern __shared__ __align__(16) u16 xs[];
-  __shared__ u32 wmask[4], wcnt[4];
+  __shared__ u32 wmask[8], wcnt[8];
   for (int i = threadIdx.x; i < m * d / 8; i += blockDim.x) ((uint4*)xs)[i] = ldg_nc((const uint4*)x + i);
   __syncthreads();
   int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  int j0 = blockIdx.x * 16 + warp * 4;
+  int j0 = blockIdx.x * 32 + warp * 4;
   float g[4][MB];
   rows_dot<MB, 4>(w + (size_t)j0 * d, xs, m, d, lane, g);
   u32 bits = 0, n = 0;
@@ -133,11 +130,11 @@ __global__ void __launch_bounds__(128)
   __syncthreads();
   if (threadIdx.x == 0) {
     u32 b = 0, c = 0;
-    for (int i = 0; i < 4; ++i) {
+    for (int i = 0; i < 8; ++i) {
       b |= wmask[i];
       c += wcnt[i];
     }
-    ((u16*)mask)[blockIdx.x] = (u16)b;  // little-endian: the half of word blockIdx.x / 2
+    mask[blockIdx.x] = b;
     cnt[blockIdx.x] = c;
   }
 }
@@ -213,11 +210,10 @@ __global__ void __launch_bounds__(256)
     y[(size_t)t * d + c0 + c] = (u16)f_to_bf(s);
   }
   if (blockIdx.x == 0) {
-    // All threads load gemv_act's f/16 counts (one round trip for f <= 4096,
-    // two up to 8192).
+    // All threads load the counts (one round trip for f <= 8192).
     __shared__ u32 part[8];
     u32 c = 0;
-    for (int i = threadIdx.x; i < f / 16; i += blockDim.x) c += cnt[i];
+    for (int i = threadIdx.x; i < words; i += blockDim.x) c += cnt[i];
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) c += __shfl_xor_sync(0xffffffffu, c, o);
     if (lane == 0) part[warp] = c;

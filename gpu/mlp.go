@@ -184,7 +184,7 @@ type sparseWS struct {
 	mPad                          int
 	packed, flags, ovf, hbuf, cnt *cuda.Buffer
 	// small-batch path (gemv.cu): h, gemvMaxRows x F fp32; the activity
-	// mask (F/32 words) and gemv_act's per-block counts (F/16 words)
+	// mask and the per-block counts, F/32 words each
 	gh, gmask, gcnt *cuda.Buffer
 	// gathered dense pass over flagged rows: rows x D inputs and outputs,
 	// rows x F gate and up
@@ -404,7 +404,7 @@ func padRows(m int) int { return (m + 255) / 256 * 256 }
 // m <= 4, the small-batch kernels' h, mask and counts.
 func (l *MLP) SparseActBytes(m int) int64 {
 	if m <= gemvMaxRows {
-		return int64(4*gemvMaxRows*l.F + 3*4*(l.F/32))
+		return int64(4*gemvMaxRows*l.F + 2*4*(l.F/32))
 	}
 	mp := padRows(m)
 	var g int64
@@ -754,7 +754,7 @@ func (l *MLP) sparseGEMV(s *cuda.Stream, y, x *cuda.Buffer, m int) error {
 	for _, b := range []struct {
 		p **cuda.Buffer
 		n int
-	}{{&ws.gh, 4 * gemvMaxRows * l.F}, {&ws.gmask, 4 * words}, {&ws.gcnt, 4 * 2 * words}} {
+	}{{&ws.gh, 4 * gemvMaxRows * l.F}, {&ws.gmask, 4 * words}, {&ws.gcnt, 4 * words}} {
 		if *b.p, err = l.realloc(*b.p, b.n); err != nil {
 			return err
 		}
@@ -770,7 +770,7 @@ func (l *MLP) sparseGEMV(s *cuda.Stream, y, x *cuda.Buffer, m int) error {
 	if l.Gated {
 		act = ks.actGated[mb]
 	}
-	if err := act.Launch(cuda.Dim3{uint32(2 * words), 1, 1}, cuda.Dim3{128, 1, 1}, 2*m*l.D, s,
+	if err := act.Launch(cuda.Dim3{uint32(words), 1, 1}, cuda.Dim3{256, 1, 1}, 2*m*l.D, s,
 		x, l.sparseIn(), l.up, ws.gh, ws.gmask, ws.gcnt, int32(m), int32(l.D), int32(l.F)); err != nil {
 		return fmt.Errorf("gpu: gemv_act: %w", err)
 	}
