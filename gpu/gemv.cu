@@ -44,27 +44,33 @@ __device__ __forceinline__ float dot8(uint4 a, uint4 b) {
   return fmaf(bf_hi(a.w), bf_hi(b.w), s);
 }
 
-// rows_dot sets acc[u][t] = xs[t] . w_u (t < m) for the U consecutive rows
-// w_u = w + u d (d bf16 each, global memory), in every lane of the warp; xs
-// holds the m x d tokens in shared memory. Each lane reads 16 bytes of each
-// row per 256 columns, 4 U loads in flight (a warp with one row in flight
+// rows_load issues the loads of columns [base, base + 1024) of the U
+// consecutive rows w_u = w + u d (d bf16 each): 16 bytes of each row per
+// 256 columns and lane, 4 U loads in flight (a warp with one row in flight
 // leaves the memory system idle between its round trips).
+template <int U>
+__device__ __forceinline__ void rows_load(uint4 (&wv)[U][4], const u16* __restrict__ w, int base, int d, int lane) {
+#pragma unroll
+  for (int u = 0; u < U; ++u)
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      int c = base + k * 256 + lane * 8;
+      if (c < d) wv[u][k] = ldg_nc(w + (size_t)u * d + c);
+    }
+}
+
+// rows_dot sets acc[u][t] = xs[t] . w_u (t < m) in every lane of the warp;
+// xs holds the m x d tokens in shared memory, and wv the loads of columns
+// [0, 1024) that the caller issued (before staging xs, so that the two
+// overlap).
 template <int MB, int U>
 __device__ __forceinline__ void rows_dot(const u16* __restrict__ w, const u16* xs, int m, int d, int lane,
-                                         float (&acc)[U][MB]) {
+                                         uint4 (&wv)[U][4], float (&acc)[U][MB]) {
 #pragma unroll
   for (int u = 0; u < U; ++u)
 #pragma unroll
     for (int t = 0; t < MB; ++t) acc[u][t] = 0.f;
-  for (int base = 0; base < d; base += 1024) {
-    uint4 wv[U][4];
-#pragma unroll
-    for (int u = 0; u < U; ++u)
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        int c = base + k * 256 + lane * 8;
-        if (c < d) wv[u][k] = ldg_nc(w + (size_t)u * d + c);
-      }
+  for (int base = 0;;) {
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
       int c = base + k * 256 + lane * 8;
@@ -77,6 +83,9 @@ __device__ __forceinline__ void rows_dot(const u16* __restrict__ w, const u16* x
         for (int u = 0; u < U; ++u) acc[u][t] += dot8(wv[u][k], xv);
       }
     }
+    base += 1024;
+    if (base >= d) break;
+    rows_load<U>(wv, w, base, d, lane);
   }
 #pragma unroll
   for (int u = 0; u < U; ++u)
@@ -92,12 +101,14 @@ __global__ void __launch_bounds__(256)
              u32* __restrict__ mask, u32* __restrict__ cnt, int m, int d, int f) {
   extern __shared__ __align__(16) u16 xs[];
   __shared__ u32 wmask[8], wcnt[8];
-  for (int i = threadIdx.x; i < m * d / 8; i += blockDim.x) ((uint4*)xs)[i] = ldg_nc((const uint4*)x + i);
-  __syncthreads();
   int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   int j0 = blockIdx.x * 32 + warp * 4;
+  uint4 wv[4][4];
+  rows_load<4>(wv, w + (size_t)j0 * d, 0, d, lane);
+  for (int i = threadIdx.x; i < m * d / 8; i += blockDim.x) ((uint4*)xs)[i] = ldg_nc((const uint4*)x + i);
+  __syncthreads();
   float g[4][MB];
-  rows_dot<MB, 4>(w + (size_t)j0 * d, xs, m, d, lane, g);
+  rows_dot<MB, 4>(w + (size_t)j0 * d, xs, m, d, lane, wv, g);
   u32 bits = 0, n = 0;
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
@@ -112,7 +123,11 @@ __global__ void __launch_bounds__(256)
     float u[1][MB];
 #pragma unroll
     for (int t = 0; t < MB; ++t) u[0][t] = 1.f;
-    if (GATED && any) rows_dot<MB, 1>(up + (size_t)j * d, xs, m, d, lane, u);
+    if (GATED && any) {
+      uint4 uv[1][4];
+      rows_load<1>(uv, up + (size_t)j * d, 0, d, lane);
+      rows_dot<MB, 1>(up + (size_t)j * d, xs, m, d, lane, uv, u);
+    }
     if (lane == 0) {
 #pragma unroll
       for (int t = 0; t < MB; ++t) {

@@ -354,12 +354,25 @@ func (e *Engine) layersQueue(b *batch, st *Stats, paths []gpu.Path) error {
 		if err := e.k.addNorm.Launch(grid, nblk, 0, s, ws.resid, delta, none, l.attnNorm, ws.hn, int32(h), eps); err != nil {
 			return fmt.Errorf("llm: layer %d norm: %w", li, err)
 		}
-		if err := e.project(T, qkvW, h, ws.hn, l.qkv, ws.qkv); err != nil {
-			return fmt.Errorf("llm: layer %d qkv: %w", li, err)
-		}
-		if err := e.k.ropeKV.Launch(grid, blk, 0, s, ws.qkv, e.cosB, e.sinB, tokSeq, tokPos, base, seqCap,
-			int32(li), int32(nq), int32(nkv), int32(hd), int32(qkvW)); err != nil {
-			return fmt.Errorf("llm: layer %d rope: %w", li, err)
+		if e.gemv(T, h) {
+			// Decode step: projection, RoPE and cache write in one kernel.
+			fn := e.k.qkvRope4
+			if T == 1 {
+				fn = e.k.qkvRope1
+			}
+			if err := fn.Launch(cuda.Dim3{uint32((qkvW/2 + 7) / 8), 1, 1}, blk, 2*T*h, s, ws.hn, l.qkv, ws.qkv,
+				e.cosB, e.sinB, tokSeq, tokPos, base, seqCap, int32(T), int32(h), int32(li), int32(nq), int32(nkv),
+				int32(hd), int32(qkvW)); err != nil {
+				return fmt.Errorf("llm: layer %d qkv + rope: %w", li, err)
+			}
+		} else {
+			if err := e.project(T, qkvW, h, ws.hn, l.qkv, ws.qkv); err != nil {
+				return fmt.Errorf("llm: layer %d qkv: %w", li, err)
+			}
+			if err := e.k.ropeKV.Launch(grid, blk, 0, s, ws.qkv, e.cosB, e.sinB, tokSeq, tokPos, base, seqCap,
+				int32(li), int32(nq), int32(nkv), int32(hd), int32(qkvW)); err != nil {
+				return fmt.Errorf("llm: layer %d rope: %w", li, err)
+			}
 		}
 		ag := cuda.Dim3{uint32(b.items * nq), 1, 1}
 		if attn == e.k.attnRef {
@@ -404,10 +417,14 @@ func normBlock(h int) cuda.Dim3 {
 // rather than cuBLASLt.
 const gemvMaxRows = 4
 
+// gemv reports whether the projections of a pass of m tokens with inputs
+// of width k run the engine's own kernels (gemv_rows, qkv_rope).
+func (e *Engine) gemv(m, k int) bool { return m <= gemvMaxRows && k%8 == 0 && !e.NoGEMV }
+
 // project queues y = x w^T for m tokens (x: m x k, w: n x k, y: m x n, bf16):
 // gemv_rows for decode-sized batches, else cuBLASLt.
 func (e *Engine) project(m, n, k int, x, w, y *cuda.Buffer) error {
-	if m > gemvMaxRows || k%8 != 0 || e.NoGEMV {
+	if !e.gemv(m, k) {
 		return e.blas.Matmul(e.stream, cublas.Gemm{M: m, N: n, K: k, TransB: true}, x, w, y)
 	}
 	fn := e.k.gemv4

@@ -18,6 +18,7 @@ type kernels struct {
 	attnFA64, attnFA128    *cuda.Function
 	actMul                 *cuda.Function
 	gemv1, gemv4           *cuda.Function
+	qkvRope1, qkvRope4     *cuda.Function
 }
 
 var (
@@ -45,6 +46,7 @@ func kernelsFor(dev *cuda.Device) (*kernels, error) {
 		{&k.embed, "embed"}, {&k.addNorm, "add_rmsnorm"}, {&k.ropeKV, "rope_kv"},
 		{&k.attnRef, "attn_ref"}, {&k.attnFA64, "attn_fa64"}, {&k.attnFA128, "attn_fa128"},
 		{&k.actMul, "act_mul"}, {&k.gemv1, "gemv_rows1"}, {&k.gemv4, "gemv_rows4"},
+		{&k.qkvRope1, "qkv_rope1"}, {&k.qkvRope4, "qkv_rope4"},
 	} {
 		if *f.dst, err = mod.Function(f.name); err != nil {
 			return nil, fmt.Errorf("llm: kernel %s: %w", f.name, err)

@@ -140,34 +140,40 @@ extern "C" __global__ void add_rmsnorm(float* __restrict__ resid, const u16* __r
   }
 }
 
-// gemv_rows: y[t][n] = bf16(sum_k x[t][k] w[n][k]) for t < m <= MB: the
-// projections of decode steps, bound by reading w once (cuBLASLt's kernels
-// for a handful of rows reach about half the memory bandwidth). One warp
-// per output column n (grid n/8 blocks of 256 threads, rounded up); x is
-// staged in shared memory (m * k * 2 bytes, dynamic); each lane reads 16
-// bytes of the weight row per 256 columns, four loads in flight. k % 8 == 0.
-template <int MB>
-__device__ __forceinline__ void gemv_rows_body(const u16* __restrict__ x, const u16* __restrict__ w,
-                                               u16* __restrict__ y, int m, int n, int k) {
-  extern __shared__ __align__(16) u16 xs[];
-  for (int i = threadIdx.x; i < m * k / 8; i += blockDim.x) ((uint4*)xs)[i] = ((const uint4*)x)[i];
-  __syncthreads();
-  int lane = threadIdx.x & 31;
-  int col = blockIdx.x * 8 + (threadIdx.x >> 5);
-  if (col >= n) return;
-  const u16* wr = w + (size_t)col * k;
-  float acc[MB];
+// The projections of decode steps (passes of at most 4 tokens) are bound by
+// reading the weights once; cuBLASLt's kernels for a handful of rows reach
+// about half the memory bandwidth. Here one warp computes U output columns
+// (weight rows): each lane reads 16 bytes of each row per 256 columns, 4 U
+// loads in flight, the first batch issued before x is staged in shared
+// memory so that the two overlap. k % 8 == 0.
+__device__ __forceinline__ uint4 ldg_nc(const void* p) {
+  uint4 r;
+  asm volatile("ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+  return r;
+}
+
+// dot_load issues the loads of columns [base, base + 1024) of the U rows.
+template <int U>
+__device__ __forceinline__ void dot_load(uint4 (&wv)[U][4], const u16* const (&rows)[U], int base, int k, int lane) {
 #pragma unroll
-  for (int t = 0; t < MB; ++t) acc[t] = 0.f;
-  for (int base = 0; base < k; base += 1024) {
-    uint4 wv[4];
+  for (int u = 0; u < U; ++u)
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       int c = base + j * 256 + lane * 8;
-      if (c < k) asm volatile("ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];"
-                              : "=r"(wv[j].x), "=r"(wv[j].y), "=r"(wv[j].z), "=r"(wv[j].w)
-                              : "l"(wr + c));
+      if (c < k) wv[u][j] = ldg_nc(rows[u] + c);
     }
+}
+
+// dot_rows sets acc[u][t] = x[t] . rows[u] (t < m) in every lane; xs is x
+// (m x k) in shared memory, wv the issued loads of columns [0, 1024).
+template <int MB, int U>
+__device__ __forceinline__ void dot_rows(uint4 (&wv)[U][4], const u16* const (&rows)[U], const u16* xs, int m, int k,
+                                         int lane, float (&acc)[U][MB]) {
+#pragma unroll
+  for (int u = 0; u < U; ++u)
+#pragma unroll
+    for (int t = 0; t < MB; ++t) acc[u][t] = 0.f;
+  for (int base = 0;;) {
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       int c = base + j * 256 + lane * 8;
@@ -176,23 +182,64 @@ __device__ __forceinline__ void gemv_rows_body(const u16* __restrict__ x, const 
       for (int t = 0; t < MB; ++t) {
         if (t >= m) continue;
         uint4 xv = *(const uint4*)(xs + t * k + c);
-        float s = acc[t];
-        s = fmaf(bf_lo(wv[j].x), bf_lo(xv.x), s);
-        s = fmaf(bf_hi(wv[j].x), bf_hi(xv.x), s);
-        s = fmaf(bf_lo(wv[j].y), bf_lo(xv.y), s);
-        s = fmaf(bf_hi(wv[j].y), bf_hi(xv.y), s);
-        s = fmaf(bf_lo(wv[j].z), bf_lo(xv.z), s);
-        s = fmaf(bf_hi(wv[j].z), bf_hi(xv.z), s);
-        s = fmaf(bf_lo(wv[j].w), bf_lo(xv.w), s);
-        acc[t] = fmaf(bf_hi(wv[j].w), bf_hi(xv.w), s);
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          float s = acc[u][t];
+          s = fmaf(bf_lo(wv[u][j].x), bf_lo(xv.x), s);
+          s = fmaf(bf_hi(wv[u][j].x), bf_hi(xv.x), s);
+          s = fmaf(bf_lo(wv[u][j].y), bf_lo(xv.y), s);
+          s = fmaf(bf_hi(wv[u][j].y), bf_hi(xv.y), s);
+          s = fmaf(bf_lo(wv[u][j].z), bf_lo(xv.z), s);
+          s = fmaf(bf_hi(wv[u][j].z), bf_hi(xv.z), s);
+          s = fmaf(bf_lo(wv[u][j].w), bf_lo(xv.w), s);
+          acc[u][t] = fmaf(bf_hi(wv[u][j].w), bf_hi(xv.w), s);
+        }
       }
     }
+    base += 1024;
+    if (base >= k) break;
+    dot_load<U>(wv, rows, base, k, lane);
   }
 #pragma unroll
-  for (int t = 0; t < MB; ++t) {
-    float s = warp_sum(acc[t]);
-    if (lane == 0 && t < m) y[(size_t)t * n + col] = (u16)f_to_bf(s);
-  }
+  for (int u = 0; u < U; ++u)
+#pragma unroll
+    for (int t = 0; t < MB; ++t) acc[u][t] = warp_sum(acc[u][t]);
+}
+
+// stage_x copies the m x k tokens into shared memory and waits for them.
+__device__ __forceinline__ void stage_x(u16* xs, const u16* __restrict__ x, int m, int k) {
+  for (int i = threadIdx.x; i < m * k / 8; i += blockDim.x) ((uint4*)xs)[i] = ldg_nc((const uint4*)x + i);
+  __syncthreads();
+}
+
+// pick returns v[lane] for lane < MB (a register array indexed without
+// local memory).
+template <int MB>
+__device__ __forceinline__ float pick(const float (&v)[MB], int lane) {
+  float r = 0.f;
+#pragma unroll
+  for (int t = 0; t < MB; ++t)
+    if (t == lane) r = v[t];
+  return r;
+}
+
+// gemv_rows: y[t][n] = bf16(sum_k x[t][k] w[n][k]) for t < m <= MB. One
+// warp per output column (grid n/8 blocks of 256 threads, rounded up);
+// dynamic shared memory m * k * 2 bytes.
+template <int MB>
+__device__ __forceinline__ void gemv_rows_body(const u16* __restrict__ x, const u16* __restrict__ w,
+                                               u16* __restrict__ y, int m, int n, int k) {
+  extern __shared__ __align__(16) u16 xs[];
+  int lane = threadIdx.x & 31;
+  int col = blockIdx.x * 8 + (threadIdx.x >> 5);
+  const u16* rows[1] = {w + (size_t)min(col, n - 1) * k};
+  uint4 wv[1][4];
+  dot_load<1>(wv, rows, 0, k, lane);
+  stage_x(xs, x, m, k);
+  if (col >= n) return;
+  float acc[1][MB];
+  dot_rows<MB, 1>(wv, rows, xs, m, k, lane, acc);
+  if (lane < m) y[(size_t)lane * n + col] = (u16)f_to_bf(pick<MB>(acc[0], lane));
 }
 
 extern "C" __global__ void __launch_bounds__(256) gemv_rows1(const u16* x, const u16* w, u16* y, int m, int n, int k) {
@@ -200,6 +247,70 @@ extern "C" __global__ void __launch_bounds__(256) gemv_rows1(const u16* x, const
 }
 extern "C" __global__ void __launch_bounds__(256) gemv_rows4(const u16* x, const u16* w, u16* y, int m, int n, int k) {
   gemv_rows_body<4>(x, w, y, m, n, k);
+}
+
+// qkv_rope: the q/k/v projection of a decode step with RoPE and the KV-cache
+// write fused in (what rope_kv does after the GEMM). Warp i computes the
+// pair of columns c and c + hd/2 of one head (c = head hd + j, j < hd/2),
+// the two halves that RoPE rotates together; lane t < m then writes token
+// t's results: rotated q into qkv, rotated k and plain v into its
+// sequence's cache at its position. Grid (n/2)/8 blocks of 256 threads,
+// rounded up (n = qkv_w = (nq + 2 nkv) hd); dynamic shared memory m k 2
+// bytes. The rotation is applied to the fp32 dot products (rope_kv rotates
+// their bf16 rounding).
+template <int MB>
+__device__ __forceinline__ void qkv_rope_body(const u16* __restrict__ x, const u16* __restrict__ w,
+                                              u16* __restrict__ qkv, const float* __restrict__ cosT,
+                                              const float* __restrict__ sinT, const int* __restrict__ tok_seq,
+                                              const int* __restrict__ tok_pos, const u64* __restrict__ seq_base,
+                                              const int* __restrict__ seq_cap, int m, int k, int layer, int nq,
+                                              int nkv, int hd, int qkv_w) {
+  extern __shared__ __align__(16) u16 xs[];
+  int lane = threadIdx.x & 31;
+  int half = hd / 2, pairs = qkv_w / 2;
+  int pi = min(blockIdx.x * 8 + (threadIdx.x >> 5), pairs - 1);
+  bool ok = blockIdx.x * 8 + (threadIdx.x >> 5) < pairs;
+  int head = pi / half, j = pi % half;
+  int c1 = head * hd + j, c2 = c1 + half;
+  const u16* rows[2] = {w + (size_t)c1 * k, w + (size_t)c2 * k};
+  uint4 wv[2][4];
+  dot_load<2>(wv, rows, 0, k, lane);
+  stage_x(xs, x, m, k);
+  if (!ok) return;
+  float acc[2][MB];
+  dot_rows<MB, 2>(wv, rows, xs, m, k, lane, acc);
+  if (lane >= m) return;
+  float a = pick<MB>(acc[0], lane), b = pick<MB>(acc[1], lane);
+  int t = lane, s = tok_seq[t], p = tok_pos[t];
+  if (head < nq + nkv) {
+    float c = cosT[(size_t)p * half + j], sn = sinT[(size_t)p * half + j];
+    float ra = a * c - b * sn, rb = b * c + a * sn;
+    a = ra;
+    b = rb;
+  }
+  if (head < nq) {
+    qkv[(size_t)t * qkv_w + c1] = (u16)f_to_bf(a);
+    qkv[(size_t)t * qkv_w + c2] = (u16)f_to_bf(b);
+    return;
+  }
+  int kv = head < nq + nkv ? 0 : 1;
+  int h2 = head - nq - kv * nkv;
+  u16* dst = (u16*)seq_base[s] + (((size_t)(layer * 2 + kv) * nkv + h2) * seq_cap[s] + p) * hd;
+  dst[j] = (u16)f_to_bf(a);
+  dst[j + half] = (u16)f_to_bf(b);
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+    qkv_rope1(const u16* x, const u16* w, u16* qkv, const float* cosT, const float* sinT, const int* tok_seq,
+              const int* tok_pos, const u64* seq_base, const int* seq_cap, int m, int k, int layer, int nq, int nkv,
+              int hd, int qkv_w) {
+  qkv_rope_body<1>(x, w, qkv, cosT, sinT, tok_seq, tok_pos, seq_base, seq_cap, m, k, layer, nq, nkv, hd, qkv_w);
+}
+extern "C" __global__ void __launch_bounds__(256)
+    qkv_rope4(const u16* x, const u16* w, u16* qkv, const float* cosT, const float* sinT, const int* tok_seq,
+              const int* tok_pos, const u64* seq_base, const int* seq_cap, int m, int k, int layer, int nq, int nkv,
+              int hd, int qkv_w) {
+  qkv_rope_body<4>(x, w, qkv, cosT, sinT, tok_seq, tok_pos, seq_base, seq_cap, m, k, layer, nq, nkv, hd, qkv_w);
 }
 
 // rope_kv: for flat token t (one block each), rotate its query heads in

@@ -34,7 +34,7 @@ func TestCompile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, k := range []string{"embed", "add_rmsnorm", "rope_kv", "attn_ref", "attn_fa64", "attn_fa128", "act_mul", "gemv_rows1", "gemv_rows4"} {
+	for _, k := range []string{"embed", "add_rmsnorm", "rope_kv", "attn_ref", "attn_fa64", "attn_fa128", "act_mul", "gemv_rows1", "gemv_rows4", "qkv_rope1", "qkv_rope4"} {
 		if !strings.Contains(string(prog.Image), ".entry "+k+"(") {
 			t.Errorf("kernel %s missing from the PTX", k)
 		}
