@@ -10,7 +10,8 @@
 //
 //   - the residual stream is fp32; embedding gather, RMSNorm fused with the
 //     residual add, and RoPE fused with the KV-cache write are kernels in
-//     llm.cu, compiled by NVRTC on first use;
+//     llm.cu, compiled by NVRTC on first use (for decode passes RoPE and the
+//     cache write are fused into the q/k/v projection itself);
 //   - the QKV, output and LM-head projections are cuBLASLt GEMMs (the QKV
 //     weights fused into one matrix; logits in fp32), except that passes of
 //     at most 4 tokens (decode steps) run the QKV and output projections
