@@ -25,8 +25,6 @@
 // [m][D]; h is fp32 [m][F]. D is a multiple of 64, F of 32.
 #include "common.cuh"
 
-#define GV_MAXM 4
-
 __device__ __forceinline__ uint4 ldg_nc(const void* p) {
   uint4 r;
   asm volatile("ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
