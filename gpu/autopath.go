@@ -60,9 +60,7 @@ func (l *MLP) choose(m int, byDensity Path) (Path, bool) {
 	if l.blas == nil {
 		return PathSparse, false
 	}
-	if m <= gemvMaxRows {
-		byDensity = PathSparse
-	}
+	byDensity = densityRule(m, byDensity)
 	if !l.Measure || byDensity == PathDense {
 		return byDensity, false
 	}
@@ -84,6 +82,16 @@ func (l *MLP) choose(m int, byDensity Path) (Path, bool) {
 	return PathSparse, true
 }
 
+// densityRule returns the density rule's path for a call of m tokens, given
+// its choice for large batches (next): batches of at most gemvMaxRows tokens
+// are exempt (see the top of this file).
+func densityRule(m int, next Path) Path {
+	if m <= gemvMaxRows {
+		return PathSparse
+	}
+	return next
+}
+
 // Settled returns the path Forward runs for m tokens, and whether that
 // choice is settled: the measured density (or, without Measure, the density
 // rule alone) has come back, and with Measure both paths have been timed
@@ -97,13 +105,8 @@ func (l *MLP) Settled(m int) (Path, bool) {
 		return PathSparse, true
 	case !l.lastKnown:
 		return PathSparse, false
-	case !l.Measure:
-		if m <= gemvMaxRows {
-			return PathSparse, true
-		}
-		return l.next, true
-	case l.next == PathDense && m > gemvMaxRows:
-		return PathDense, true
+	case !l.Measure || densityRule(m, l.next) == PathDense:
+		return densityRule(m, l.next), true
 	}
 	bt := l.times[bucketOf(m)]
 	if bt == nil || bt.n[PathSparse] <= 1 || bt.n[PathDense] <= 1 {

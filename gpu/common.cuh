@@ -89,6 +89,14 @@ __device__ __forceinline__ u32 ld_hint_u32(const void* p, u64) {
 __device__ __forceinline__ void st_hint(void* p, uint4 v, u64) { *(uint4*)p = v; }
 #endif
 
+// ldg_nc loads 16 bytes through the read-only path (data no kernel writes
+// while the caller runs).
+__device__ __forceinline__ uint4 ldg_nc(const void* p) {
+  uint4 r;
+  asm volatile("ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+  return r;
+}
+
 // dot8 returns sum_i a[i]*b[i] over 8 bf16 pairs, in fp32 (exact products).
 __device__ __forceinline__ float dot8(uint4 a, uint4 b, float s) {
   s = fmaf(bf_lo(a.x), bf_lo(b.x), s);

@@ -33,8 +33,8 @@ func TestCompilePTX(t *testing.T) {
 		{"d2t_mma.cu", d2tMMASrc, []string{"d2t_mma<32>", "d2t_mma<64>", "d2t_mma<128>"}, nil},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			opts := append([]cuda.CompileOption{cuda.WithArch("compute_90"), cuda.WithHeader("common.cuh", commonCUH),
-				cuda.WithHeader("wgmma.cuh", wgmmaCUH), cuda.WithNameExpressions(c.exprs...)}, c.opts...)
+			opts := append(append([]cuda.CompileOption{cuda.WithArch("compute_90"), cuda.WithNameExpressions(c.exprs...)},
+				Headers()...), c.opts...)
 			prog, err := cuda.CompileProgram(c.name, c.src, opts...)
 			if err != nil {
 				t.Fatal(err)

@@ -24,72 +24,7 @@
 // Rows are bf16 [F][D] (gate or up, and down = Wd^T); x and y are bf16
 // [m][D]; h is fp32 [m][F]. D is a multiple of 64, F of 32.
 #include "common.cuh"
-
-__device__ __forceinline__ uint4 ldg_nc(const void* p) {
-  uint4 r;
-  asm volatile("ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
-  return r;
-}
-
-__device__ __forceinline__ float dot8(uint4 a, uint4 b) {
-  float s = bf_lo(a.x) * bf_lo(b.x);
-  s = fmaf(bf_hi(a.x), bf_hi(b.x), s);
-  s = fmaf(bf_lo(a.y), bf_lo(b.y), s);
-  s = fmaf(bf_hi(a.y), bf_hi(b.y), s);
-  s = fmaf(bf_lo(a.z), bf_lo(b.z), s);
-  s = fmaf(bf_hi(a.z), bf_hi(b.z), s);
-  s = fmaf(bf_lo(a.w), bf_lo(b.w), s);
-  return fmaf(bf_hi(a.w), bf_hi(b.w), s);
-}
-
-// rows_load issues the loads of columns [base, base + 1024) of the U
-// consecutive rows w_u = w + u d (d bf16 each): 16 bytes of each row per
-// 256 columns and lane, 4 U loads in flight (a warp with one row in flight
-// leaves the memory system idle between its round trips).
-template <int U>
-__device__ __forceinline__ void rows_load(uint4 (&wv)[U][4], const u16* __restrict__ w, int base, int d, int lane) {
-#pragma unroll
-  for (int u = 0; u < U; ++u)
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      int c = base + k * 256 + lane * 8;
-      if (c < d) wv[u][k] = ldg_nc(w + (size_t)u * d + c);
-    }
-}
-
-// rows_dot sets acc[u][t] = xs[t] . w_u (t < m) in every lane of the warp;
-// xs holds the m x d tokens in shared memory, and wv the loads of columns
-// [0, 1024) that the caller issued (before staging xs, so that the two
-// overlap).
-template <int MB, int U>
-__device__ __forceinline__ void rows_dot(const u16* __restrict__ w, const u16* xs, int m, int d, int lane,
-                                         uint4 (&wv)[U][4], float (&acc)[U][MB]) {
-#pragma unroll
-  for (int u = 0; u < U; ++u)
-#pragma unroll
-    for (int t = 0; t < MB; ++t) acc[u][t] = 0.f;
-  for (int base = 0;;) {
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      int c = base + k * 256 + lane * 8;
-      if (c >= d) continue;
-#pragma unroll
-      for (int t = 0; t < MB; ++t) {
-        if (t >= m) continue;
-        uint4 xv = *(const uint4*)(xs + t * d + c);
-#pragma unroll
-        for (int u = 0; u < U; ++u) acc[u][t] += dot8(wv[u][k], xv);
-      }
-    }
-    base += 1024;
-    if (base >= d) break;
-    rows_load<U>(wv, w, base, d, lane);
-  }
-#pragma unroll
-  for (int u = 0; u < U; ++u)
-#pragma unroll
-    for (int t = 0; t < MB; ++t) acc[u][t] = warp_sum(acc[u][t]);
-}
+#include "rowdot.cuh"
 
 // gemv_act: grid F/32 blocks of 256 threads, warp w taking units 4w..4w+3
 // of the block's 32; dynamic shared memory m*d*2.
@@ -101,12 +36,14 @@ __global__ void __launch_bounds__(256)
   __shared__ u32 wmask[8], wcnt[8];
   int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   int j0 = blockIdx.x * 32 + warp * 4;
+  const u16* rows[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) rows[k] = w + (size_t)(j0 + k) * d;
   uint4 wv[4][4];
-  rows_load<4>(wv, w + (size_t)j0 * d, 0, d, lane);
-  for (int i = threadIdx.x; i < m * d / 8; i += blockDim.x) ((uint4*)xs)[i] = ldg_nc((const uint4*)x + i);
-  __syncthreads();
+  rows_load<4>(wv, rows, 0, d, lane);
+  stage_x(xs, x, m, d);
   float g[4][MB];
-  rows_dot<MB, 4>(w + (size_t)j0 * d, xs, m, d, lane, wv, g);
+  rows_dot<MB, 4>(wv, rows, xs, m, d, lane, g);
   u32 bits = 0, n = 0;
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
@@ -122,9 +59,10 @@ __global__ void __launch_bounds__(256)
 #pragma unroll
     for (int t = 0; t < MB; ++t) u[0][t] = 1.f;
     if (GATED && any) {
+      const u16* urow[1] = {up + (size_t)j * d};
       uint4 uv[1][4];
-      rows_load<1>(uv, up + (size_t)j * d, 0, d, lane);
-      rows_dot<MB, 1>(up + (size_t)j * d, xs, m, d, lane, uv, u);
+      rows_load<1>(uv, urow, 0, d, lane);
+      rows_dot<MB, 1>(uv, urow, xs, m, d, lane, u);
     }
     if (lane == 0) {
 #pragma unroll

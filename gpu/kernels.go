@@ -15,6 +15,8 @@ var (
 	commonCUH []byte
 	//go:embed wgmma.cuh
 	wgmmaCUH []byte
+	//go:embed rowdot.cuh
+	rowdotCUH []byte
 	//go:embed d2t_mma.cu
 	d2tMMASrc []byte
 	//go:embed d2t_wgmma.cu
@@ -128,9 +130,18 @@ func kernelsFor(dev *cuda.Device) *kernels {
 	return k
 }
 
+// Headers returns the compile options that let a .cu file include this
+// package's device headers: common.cuh (types, bf16 helpers, dot8,
+// cp.async, L2 hints), rowdot.cuh (weight-row dot products for a few
+// tokens) and wgmma.cuh (Hopper only). Package gpu/llm compiles its
+// kernels with them.
+func Headers() []cuda.CompileOption {
+	return []cuda.CompileOption{cuda.WithHeader("common.cuh", commonCUH), cuda.WithHeader("rowdot.cuh", rowdotCUH),
+		cuda.WithHeader("wgmma.cuh", wgmmaCUH)}
+}
+
 func (k *kernels) compile(name string, src []byte, exprs []string, opts ...cuda.CompileOption) (map[string]*cuda.Function, error) {
-	opts = append(opts, cuda.WithHeader("common.cuh", commonCUH), cuda.WithHeader("wgmma.cuh", wgmmaCUH),
-		cuda.WithNameExpressions(exprs...))
+	opts = append(append(opts, Headers()...), cuda.WithNameExpressions(exprs...))
 	if defs := strings.Fields(os.Getenv(EnvDefines)); len(defs) > 0 {
 		opts = append(opts, cuda.WithOptions(defs...))
 	}

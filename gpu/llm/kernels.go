@@ -6,6 +6,7 @@ import (
 	"sync"
 
 	"github.com/twell-ai/twell/cuda"
+	"github.com/twell-ai/twell/gpu"
 )
 
 //go:embed llm.cu
@@ -26,15 +27,15 @@ var (
 	kernTab = map[*cuda.Device]*kernels{}
 )
 
-// kernelsFor compiles llm.cu for dev (once per process; NVRTC's output is
-// also cached on disk) and looks its kernels up.
+// kernelsFor compiles llm.cu for dev, with package gpu's headers (once per
+// process; NVRTC's output is also cached on disk), and looks its kernels up.
 func kernelsFor(dev *cuda.Device) (*kernels, error) {
 	kernMu.Lock()
 	defer kernMu.Unlock()
 	if k := kernTab[dev]; k != nil {
 		return k, nil
 	}
-	mod, err := dev.Compile("llm.cu", llmSrc)
+	mod, err := dev.Compile("llm.cu", llmSrc, gpu.Headers()...)
 	if err != nil {
 		return nil, fmt.Errorf("llm: compiling llm.cu: %w", err)
 	}

@@ -2,8 +2,10 @@
 //
 // Storage is bf16 (weights, activations between GEMMs, the KV cache); the
 // residual stream and the norm weights are fp32, and all arithmetic is fp32.
-// The file needs no CUDA headers: bf16 conversions are bit operations and
-// the tensor-core instruction is inline PTX.
+// It needs no CUDA headers (bf16 conversions are bit operations, the
+// tensor-core instructions inline PTX); it includes package gpu's
+// common.cuh (bf16 helpers, dot8, cp.async) and rowdot.cuh (the weight-row
+// dot products of the decode projections), which the launcher supplies.
 //
 // Per-forward metadata (written by the launcher, one upload per call):
 //   tok_seq[t], tok_pos[t]   sequence and absolute position of flat token t
@@ -14,30 +16,10 @@
 //
 // KV cache of one sequence: bf16 [layer][k|v][kv_head][capacity][head_dim].
 
-typedef unsigned int u32;
-typedef unsigned short u16;
-typedef unsigned long long u64;
+#include "common.cuh"
+#include "rowdot.cuh"
 
 #define NEG_INF __uint_as_float(0xff800000u)
-
-__device__ __forceinline__ float bf_to_f(u16 b) { return __uint_as_float(((u32)b) << 16); }
-__device__ __forceinline__ float bf_lo(u32 w) { return __uint_as_float(w << 16); }
-__device__ __forceinline__ float bf_hi(u32 w) { return __uint_as_float(w & 0xffff0000u); }
-
-// f_to_bf rounds to nearest even; NaN stays NaN (as twell's bf16 package).
-__device__ __forceinline__ u32 f_to_bf(float f) {
-  u32 u = __float_as_uint(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return ((u >> 16) | 0x40u) & 0xffffu;
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return u >> 16;
-}
-__device__ __forceinline__ u32 pack_bf2(float lo, float hi) { return f_to_bf(lo) | (f_to_bf(hi) << 16); }
-
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
 
 // block_sum returns the sum of v over the block (blockDim.x a multiple of
 // 32, at most 1024) to every thread.
@@ -142,86 +124,8 @@ extern "C" __global__ void add_rmsnorm(float* __restrict__ resid, const u16* __r
 
 // The projections of decode steps (passes of at most 4 tokens) are bound by
 // reading the weights once; cuBLASLt's kernels for a handful of rows reach
-// about half the memory bandwidth. Here one warp computes U output columns
-// (weight rows): each lane reads 16 bytes of each row per 256 columns, 4 U
-// loads in flight, the first batch issued before x is staged in shared
-// memory so that the two overlap. k % 8 == 0.
-__device__ __forceinline__ uint4 ldg_nc(const void* p) {
-  uint4 r;
-  asm volatile("ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
-  return r;
-}
-
-// dot_load issues the loads of columns [base, base + 1024) of the U rows.
-template <int U>
-__device__ __forceinline__ void dot_load(uint4 (&wv)[U][4], const u16* const (&rows)[U], int base, int k, int lane) {
-#pragma unroll
-  for (int u = 0; u < U; ++u)
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      int c = base + j * 256 + lane * 8;
-      if (c < k) wv[u][j] = ldg_nc(rows[u] + c);
-    }
-}
-
-// dot_rows sets acc[u][t] = x[t] . rows[u] (t < m) in every lane; xs is x
-// (m x k) in shared memory, wv the issued loads of columns [0, 1024).
-template <int MB, int U>
-__device__ __forceinline__ void dot_rows(uint4 (&wv)[U][4], const u16* const (&rows)[U], const u16* xs, int m, int k,
-                                         int lane, float (&acc)[U][MB]) {
-#pragma unroll
-  for (int u = 0; u < U; ++u)
-#pragma unroll
-    for (int t = 0; t < MB; ++t) acc[u][t] = 0.f;
-  for (int base = 0;;) {
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      int c = base + j * 256 + lane * 8;
-      if (c >= k) continue;
-#pragma unroll
-      for (int t = 0; t < MB; ++t) {
-        if (t >= m) continue;
-        uint4 xv = *(const uint4*)(xs + t * k + c);
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-          float s = acc[u][t];
-          s = fmaf(bf_lo(wv[u][j].x), bf_lo(xv.x), s);
-          s = fmaf(bf_hi(wv[u][j].x), bf_hi(xv.x), s);
-          s = fmaf(bf_lo(wv[u][j].y), bf_lo(xv.y), s);
-          s = fmaf(bf_hi(wv[u][j].y), bf_hi(xv.y), s);
-          s = fmaf(bf_lo(wv[u][j].z), bf_lo(xv.z), s);
-          s = fmaf(bf_hi(wv[u][j].z), bf_hi(xv.z), s);
-          s = fmaf(bf_lo(wv[u][j].w), bf_lo(xv.w), s);
-          acc[u][t] = fmaf(bf_hi(wv[u][j].w), bf_hi(xv.w), s);
-        }
-      }
-    }
-    base += 1024;
-    if (base >= k) break;
-    dot_load<U>(wv, rows, base, k, lane);
-  }
-#pragma unroll
-  for (int u = 0; u < U; ++u)
-#pragma unroll
-    for (int t = 0; t < MB; ++t) acc[u][t] = warp_sum(acc[u][t]);
-}
-
-// stage_x copies the m x k tokens into shared memory and waits for them.
-__device__ __forceinline__ void stage_x(u16* xs, const u16* __restrict__ x, int m, int k) {
-  for (int i = threadIdx.x; i < m * k / 8; i += blockDim.x) ((uint4*)xs)[i] = ldg_nc((const uint4*)x + i);
-  __syncthreads();
-}
-
-// pick returns v[lane] for lane < MB (a register array indexed without
-// local memory).
-template <int MB>
-__device__ __forceinline__ float pick(const float (&v)[MB], int lane) {
-  float r = 0.f;
-#pragma unroll
-  for (int t = 0; t < MB; ++t)
-    if (t == lane) r = v[t];
-  return r;
-}
+// about half the memory bandwidth. They use rowdot.cuh: the first weight
+// loads are issued before x is staged in shared memory. k % 8 == 0.
 
 // gemv_rows: y[t][n] = bf16(sum_k x[t][k] w[n][k]) for t < m <= MB. One
 // warp per output column (grid n/8 blocks of 256 threads, rounded up);
@@ -234,11 +138,11 @@ __device__ __forceinline__ void gemv_rows_body(const u16* __restrict__ x, const 
   int col = blockIdx.x * 8 + (threadIdx.x >> 5);
   const u16* rows[1] = {w + (size_t)min(col, n - 1) * k};
   uint4 wv[1][4];
-  dot_load<1>(wv, rows, 0, k, lane);
+  rows_load<1>(wv, rows, 0, k, lane);
   stage_x(xs, x, m, k);
   if (col >= n) return;
   float acc[1][MB];
-  dot_rows<MB, 1>(wv, rows, xs, m, k, lane, acc);
+  rows_dot<MB, 1>(wv, rows, xs, m, k, lane, acc);
   if (lane < m) y[(size_t)lane * n + col] = (u16)f_to_bf(pick<MB>(acc[0], lane));
 }
 
@@ -274,11 +178,11 @@ __device__ __forceinline__ void qkv_rope_body(const u16* __restrict__ x, const u
   int c1 = head * hd + j, c2 = c1 + half;
   const u16* rows[2] = {w + (size_t)c1 * k, w + (size_t)c2 * k};
   uint4 wv[2][4];
-  dot_load<2>(wv, rows, 0, k, lane);
+  rows_load<2>(wv, rows, 0, k, lane);
   stage_x(xs, x, m, k);
   if (!ok) return;
   float acc[2][MB];
-  dot_rows<MB, 2>(wv, rows, xs, m, k, lane, acc);
+  rows_dot<MB, 2>(wv, rows, xs, m, k, lane, acc);
   if (lane >= m) return;
   float a = pick<MB>(acc[0], lane), b = pick<MB>(acc[1], lane);
   int t = lane, s = tok_seq[t], p = tok_pos[t];
@@ -431,31 +335,13 @@ __device__ __forceinline__ void mma16816(float (&d)[4], const u32 (&a)[4], u32 b
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// cvt_bf2 packs lo and hi into a bf16 pair, rounding to nearest even in
-// hardware (one instruction where pack_bf2 takes a dozen); ex2 is 2^x
-// (flushing denormals; 2^-inf = 0).
-__device__ __forceinline__ u32 cvt_bf2(float lo, float hi) {
-  u32 r;
-  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-  return r;
-}
+// ex2 is 2^x (flushing denormals; 2^-inf = 0).
 __device__ __forceinline__ float ex2(float x) {
   float r;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
   return r;
 }
 
-__device__ __forceinline__ u32 smem_u32(const void* p) {
-  u32 r;
-  asm volatile("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(r) : "l"(p));
-  return r;
-}
-
-// cp_async16 copies 16 bytes from global to shared memory through L2, or
-// writes 16 zero bytes when !valid (src is then not read).
-__device__ __forceinline__ void cp_async16(u32 dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");
-}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
@@ -525,8 +411,8 @@ __device__ __forceinline__ void attn_fa_body(const u16* __restrict__ qkv, u16* _
       int key = k0 + r;
       bool ok = key < kend;
       size_t off = (size_t)(ok ? key : 0) * HD + c;
-      cp_async16(smem_u32(sk + r * P + c), K + off, ok);
-      cp_async16(smem_u32(sv + r * P + c), V + off, ok);
+      cp_async16(smem_addr(sk + r * P + c), K + off, ok);
+      cp_async16(smem_addr(sv + r * P + c), V + off, ok);
     }
     cp_async_commit();
   };
@@ -580,7 +466,7 @@ __device__ __forceinline__ void attn_fa_body(const u16* __restrict__ qkv, u16* _
     __syncthreads();
     int k0 = kb * BK;
     if (k0 <= wklast) {
-      u32 sk = smem_u32(smem + (kb & 1) * 2 * TILE);
+      u32 sk = smem_addr(smem + (kb & 1) * 2 * TILE);
       u32 sv = sk + TILE * 2;
       // S = Q K^T, 16 rows x 64 keys per tile. Every tile takes part (a
       // tile past its last key sees only masked scores: no change).

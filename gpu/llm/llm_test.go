@@ -10,6 +10,7 @@ import (
 
 	"github.com/twell-ai/twell/cuda"
 	"github.com/twell-ai/twell/cuda/cudatest"
+	"github.com/twell-ai/twell/gpu"
 	"github.com/twell-ai/twell/model"
 	"github.com/twell-ai/twell/synth"
 )
@@ -30,7 +31,7 @@ func TestMain(m *testing.M) {
 // TestCompile compiles llm.cu to PTX: it needs NVRTC but no GPU.
 func TestCompile(t *testing.T) {
 	cudatest.Compiler(t)
-	prog, err := cuda.CompileProgram("llm.cu", llmSrc, cuda.WithArch("compute_90"))
+	prog, err := cuda.CompileProgram("llm.cu", llmSrc, append(gpu.Headers(), cuda.WithArch("compute_90"))...)
 	if err != nil {
 		t.Fatal(err)
 	}
