@@ -1,7 +1,6 @@
 package gpu
 
 import (
-	"fmt"
 	"strings"
 	"testing"
 
@@ -14,19 +13,13 @@ import (
 // that they build and that every kernel the Go side looks up exists.
 func TestCompilePTX(t *testing.T) {
 	cudatest.Compiler(t)
-	var gemv []string
-	for _, mb := range gemvRows {
-		for _, e := range []string{"gemv_act<%d,true>", "gemv_act<%d,false>", "gemv_down<%d>"} {
-			gemv = append(gemv, fmt.Sprintf(e, mb))
-		}
-	}
 	for _, c := range []struct {
 		name  string
 		src   []byte
 		exprs []string
 		opts  []cuda.CompileOption
 	}{
-		{"gemv.cu", gemvSrc, gemv, nil},
+		{"gemv.cu", gemvSrc, gemvExprs(), nil},
 		{"dense.cu", denseSrc, []string{"relu_mul", "relu_inplace", "gather_rows", "scatter_rows", "act_exact<true>", "act_exact<false>"}, nil},
 		{"t2d.cu", t2dSrc, []string{"t2d<true>", "t2d<false>", "row_fallback<true>", "row_fallback<false>",
 			"t2u<true>", "t2u<false>", "t2d_ws<16>", "t2d_ws<8>"}, []cuda.CompileOption{cuda.WithOptions("-DTW_NCH=8")}},

@@ -23,17 +23,43 @@
 //
 // Rows are bf16 [F][D] (gate or up, and down = Wd^T); x and y are bf16
 // [m][D]; h is fp32 [m][F]. D is a multiple of 64, F of 32.
+//
+// With LIST, the same kernels recompute the rows that D2T flagged (a tile
+// over capacity, NaN or Inf) exactly, for the sparse path of large batches:
+// the rows are entries first.. of the overflow list (list[0] = count,
+// list[1..] = row indices), at most cap of them, taken MB at a time; group
+// i's h and mask live at h + i MB F and mask + i F/32, and gemv_down writes
+// each group's outputs to the listed rows of y. One row then costs a read
+// of the weights spread over all SMs, not one CTA's walk over every unit.
 #include "common.cuh"
 #include "rowdot.cuh"
 
-// gemv_act: grid F/32 blocks of 256 threads, warp w taking units 4w..4w+3
-// of the block's 32; dynamic shared memory m*d*2.
+// stage_rows copies the m token rows rows[0..m) of x into shared memory
+// and waits for them.
+__device__ __forceinline__ void stage_rows(u16* xs, const u16* __restrict__ x, const int* __restrict__ rows, int m,
+                                           int d) {
+  int per = d / 8;
+  for (int i = threadIdx.x; i < m * per; i += blockDim.x) {
+    int t = i / per, c = i - t * per;
+    ((uint4*)xs)[i] = ldg_nc((const uint4*)(x + (size_t)rows[t] * d) + c);
+  }
+  __syncthreads();
+}
+
+// listed returns how many overflow-list entries from first on a LIST
+// kernel takes (at most cap).
+__device__ __forceinline__ int listed(const int* __restrict__ list, int first, int cap) {
+  return min(max(list[0] - first, 0), cap);
+}
+
+// act_group computes gemv_act's h and mask for the mg <= MB tokens of one
+// group: x itself (rows == nullptr) or the listed rows of x. The group's h
+// is at h and its mask at mask.
 template <int MB, bool GATED>
-__global__ void __launch_bounds__(256)
-    gemv_act(const u16* __restrict__ x, const u16* __restrict__ w, const u16* __restrict__ up, float* __restrict__ h,
-             u32* __restrict__ mask, u32* __restrict__ cnt, int m, int d, int f) {
-  extern __shared__ __align__(16) u16 xs[];
-  __shared__ u32 wmask[8], wcnt[8];
+__device__ __forceinline__ void act_group(const u16* __restrict__ x, const int* __restrict__ rows_of_x,
+                                          const u16* __restrict__ w, const u16* __restrict__ up, float* __restrict__ h,
+                                          u32* __restrict__ mask, u32* __restrict__ cnt, int mg, int d, int f, u16* xs,
+                                          u32* wmask, u32* wcnt) {
   int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   int j0 = blockIdx.x * 32 + warp * 4;
   const u16* rows[4];
@@ -41,9 +67,12 @@ __global__ void __launch_bounds__(256)
   for (int k = 0; k < 4; ++k) rows[k] = w + (size_t)(j0 + k) * d;
   uint4 wv[4][4];
   rows_load<4>(wv, rows, 0, d, lane);
-  stage_x(xs, x, m, d);
+  if (rows_of_x)
+    stage_rows(xs, x, rows_of_x, mg, d);
+  else
+    stage_x(xs, x, mg, d);
   float g[4][MB];
-  rows_dot<MB, 4>(wv, rows, xs, m, d, lane, g);
+  rows_dot<MB, 4>(wv, rows, xs, mg, d, lane, g);
   u32 bits = 0, n = 0;
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
@@ -52,7 +81,7 @@ __global__ void __launch_bounds__(256)
 #pragma unroll
     for (int t = 0; t < MB; ++t) {
       g[k][t] = __uint_as_float(f_to_bf(g[k][t]) << 16);
-      on[t] = t < m && (g[k][t] > 0.f || g[k][t] != g[k][t]);
+      on[t] = t < mg && (g[k][t] > 0.f || g[k][t] != g[k][t]);
       any |= on[t];
     }
     float u[1][MB];
@@ -62,12 +91,12 @@ __global__ void __launch_bounds__(256)
       const u16* urow[1] = {up + (size_t)j * d};
       uint4 uv[1][4];
       rows_load<1>(uv, urow, 0, d, lane);
-      rows_dot<MB, 1>(uv, urow, xs, m, d, lane, u);
+      rows_dot<MB, 1>(uv, urow, xs, mg, d, lane, u);
     }
     if (lane == 0) {
 #pragma unroll
       for (int t = 0; t < MB; ++t) {
-        if (t >= m) continue;
+        if (t >= mg) continue;
         h[(size_t)t * f + j] = on[t] ? g[k][t] * u[0][t] : 0.f;
         n += on[t];
       }
@@ -78,6 +107,7 @@ __global__ void __launch_bounds__(256)
     wmask[warp] = bits;
     wcnt[warp] = n;
   }
+  // Also keeps a next group from restaging xs while a warp still reads it.
   __syncthreads();
   if (threadIdx.x == 0) {
     u32 b = 0, c = 0;
@@ -86,27 +116,41 @@ __global__ void __launch_bounds__(256)
       c += wcnt[i];
     }
     mask[blockIdx.x] = b;
-    cnt[blockIdx.x] = c;
+    if (cnt) cnt[blockIdx.x] = c;
   }
 }
 
-// gemv_down: grid d/64 blocks of 256 threads; lane l of every warp owns
-// columns c0 + 2l, c0 + 2l + 1. Warp w first lists the active units of its
-// share of the mask in shared memory (ascending; dynamic shared memory
-// 8 * ceil(f/256) * 32 ints), then reads their down rows and h values
-// eight units at a time, so that a token's few dozen units cost a round
-// trip or two rather than one per unit.
-template <int MB>
+// gemv_act: grid F/32 blocks of 256 threads, warp w taking units 4w..4w+3
+// of the block's 32; dynamic shared memory MB*d*2 (LIST) or m*d*2.
+template <int MB, bool GATED, bool LIST>
 __global__ void __launch_bounds__(256)
-    gemv_down(const float* __restrict__ h, const u32* __restrict__ mask, const u16* __restrict__ down,
-              u16* __restrict__ y, const u32* __restrict__ cnt, u64* __restrict__ nnz, int m, int d, int f) {
-  __shared__ float red[8][MB][64];
-  extern __shared__ int lists[];
+    gemv_act(const u16* __restrict__ x, const u16* __restrict__ w, const u16* __restrict__ up, float* __restrict__ h,
+             u32* __restrict__ mask, u32* __restrict__ cnt, int m, int d, int f, const int* __restrict__ list,
+             int first, int cap) {
+  extern __shared__ __align__(16) u16 xs[];
+  __shared__ u32 wmask[8], wcnt[8];
+  if (!LIST) {
+    act_group<MB, GATED>(x, nullptr, w, up, h, mask, cnt, m, d, f, xs, wmask, wcnt);
+    return;
+  }
+  const int total = listed(list, first, cap);
+  for (int g0 = 0; g0 < total; g0 += MB)
+    act_group<MB, GATED>(x, list + 1 + first + g0, w, up, h + (size_t)g0 * f, mask + (size_t)(g0 / MB) * gridDim.x,
+                         nullptr, min(MB, total - g0), d, f, xs, wmask, wcnt);
+}
+
+// down_group computes gemv_down's outputs for the mg <= MB tokens of one
+// group, whose h and mask gemv_act wrote, into rows ylist[0..mg) of y (rows
+// 0..mg without a list).
+template <int MB>
+__device__ __forceinline__ void down_group(const float* __restrict__ h, const u32* __restrict__ mask,
+                                           const u16* __restrict__ down, u16* __restrict__ y,
+                                           const int* __restrict__ ylist, int mg, int d, int f, int* list,
+                                           float (*red)[MB][64]) {
   int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   int words = f / 32;
   int per = (words + 7) / 8;  // mask words per warp
   int w0 = warp * per, w1 = min(words, w0 + per);
-  int* list = lists + warp * per * 32;
   int c0 = blockIdx.x * 64, col = c0 + 2 * lane;
   int len = 0;
   for (int wb = w0; wb < w1; wb += 32) {
@@ -135,7 +179,7 @@ __global__ void __launch_bounds__(256)
       if (js[k] < 0) continue;
       dv[k] = *(const u32*)(down + (size_t)js[k] * d + col);
 #pragma unroll
-      for (int t = 0; t < MB; ++t) hv[k][t] = t < m ? h[(size_t)t * f + js[k]] : 0.f;
+      for (int t = 0; t < MB; ++t) hv[k][t] = t < mg ? h[(size_t)t * f + js[k]] : 0.f;
     }
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
@@ -153,13 +197,42 @@ __global__ void __launch_bounds__(256)
     red[warp][t][2 * lane + 1] = acc[t][1];
   }
   __syncthreads();
-  for (int i = threadIdx.x; i < m * 64; i += blockDim.x) {
+  for (int i = threadIdx.x; i < mg * 64; i += blockDim.x) {
     int t = i / 64, c = i % 64;
     float s = 0.f;
 #pragma unroll
     for (int w = 0; w < 8; ++w) s += red[w][t][c];
-    y[(size_t)t * d + c0 + c] = (u16)f_to_bf(s);
+    size_t row = ylist ? (size_t)ylist[t] : (size_t)t;
+    y[row * d + c0 + c] = (u16)f_to_bf(s);
   }
+}
+
+// gemv_down: grid d/64 blocks of 256 threads; lane l of every warp owns
+// columns c0 + 2l, c0 + 2l + 1. Warp w first lists the active units of its
+// share of the mask in shared memory (ascending; dynamic shared memory
+// 8 * ceil(f/256) * 32 ints), then reads their down rows and h values
+// eight units at a time, so that a token's few dozen units cost a round
+// trip or two rather than one per unit.
+template <int MB, bool LIST>
+__global__ void __launch_bounds__(256)
+    gemv_down(const float* __restrict__ h, const u32* __restrict__ mask, const u16* __restrict__ down,
+              u16* __restrict__ y, const u32* __restrict__ cnt, u64* __restrict__ nnz, int m, int d, int f,
+              const int* __restrict__ ylist, int first, int cap) {
+  __shared__ float red[8][MB][64];
+  extern __shared__ int lists[];
+  int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  int words = f / 32;
+  int* list = lists + warp * ((words + 7) / 8) * 32;
+  if (LIST) {
+    const int total = listed(ylist, first, cap);
+    for (int g0 = 0; g0 < total; g0 += MB) {
+      if (g0 > 0) __syncthreads();  // the previous group's red has been read
+      down_group<MB>(h + (size_t)g0 * f, mask + (size_t)(g0 / MB) * words, down, y, ylist + 1 + first + g0,
+                     min(MB, total - g0), d, f, list, red);
+    }
+    return;
+  }
+  down_group<MB>(h, mask, down, y, nullptr, m, d, f, list, red);
   if (blockIdx.x == 0) {
     // All threads load the counts (one round trip for f <= 8192).
     __shared__ u32 part[8];

@@ -78,6 +78,8 @@ type t2dSet struct {
 // rows per call (1, 2 or 4: the template's MB) and, for act, gated or not.
 type gemvSet struct {
 	actGated, actPlain, down map[int]*cuda.Function
+	// The LIST forms (MB = 4), which recompute the rows D2T flagged.
+	fbActGated, fbActPlain, fbDown *cuda.Function
 }
 
 // gemvRows are the batch sizes gemv.cu is instantiated for; a call of m
@@ -87,14 +89,25 @@ var gemvRows = []int{1, 2, 4}
 // gemvMaxRows is the largest batch the small-batch sparse MLP takes.
 const gemvMaxRows = 4
 
+// fbGroup is how many flagged rows the LIST forms of gemv.cu take at a time.
+const fbGroup = 4
+
+// gemvExprs lists the kernels of gemv.cu: gated act, plain act and down
+// per batch size of gemvRows, then the same three LIST forms.
+func gemvExprs() []string {
+	var exprs []string
+	for _, mb := range gemvRows {
+		exprs = append(exprs, fmt.Sprintf("gemv_act<%d,true,false>", mb), fmt.Sprintf("gemv_act<%d,false,false>", mb),
+			fmt.Sprintf("gemv_down<%d,false>", mb))
+	}
+	return append(exprs, fmt.Sprintf("gemv_act<%d,true,true>", fbGroup), fmt.Sprintf("gemv_act<%d,false,true>", fbGroup),
+		fmt.Sprintf("gemv_down<%d,true>", fbGroup))
+}
+
 // gemvKernels compiles gemv.cu once and returns its kernels.
 func (k *kernels) gemvKernels() (*gemvSet, error) {
 	k.gemvOnce.Do(func() {
-		var exprs []string
-		for _, mb := range gemvRows {
-			exprs = append(exprs, fmt.Sprintf("gemv_act<%d,true>", mb), fmt.Sprintf("gemv_act<%d,false>", mb),
-				fmt.Sprintf("gemv_down<%d>", mb))
-		}
+		exprs := gemvExprs()
 		fs, err := k.compile("gemv.cu", gemvSrc, exprs)
 		if err != nil {
 			k.gemvErr = err
@@ -104,6 +117,8 @@ func (k *kernels) gemvKernels() (*gemvSet, error) {
 		for i, mb := range gemvRows {
 			k.gemv.actGated[mb], k.gemv.actPlain[mb], k.gemv.down[mb] = fs[exprs[3*i]], fs[exprs[3*i+1]], fs[exprs[3*i+2]]
 		}
+		n := len(exprs)
+		k.gemv.fbActGated, k.gemv.fbActPlain, k.gemv.fbDown = fs[exprs[n-3]], fs[exprs[n-2]], fs[exprs[n-1]]
 	})
 	return &k.gemv, k.gemvErr
 }

@@ -186,6 +186,8 @@ type sparseWS struct {
 	// small-batch path (gemv.cu): h, gemvMaxRows x F fp32; the activity
 	// mask and the per-block counts, F/32 words each
 	gh, gmask, gcnt *cuda.Buffer
+	// activity masks of the flagged rows' groups (flaggedRows)
+	fbMask *cuda.Buffer
 	// gathered dense pass over flagged rows: rows x D inputs and outputs,
 	// rows x F gate and up
 	gRows          int
@@ -353,7 +355,7 @@ func (l *MLP) dropWorkspace() error {
 	}
 	var errs []error
 	for _, b := range []*cuda.Buffer{ws.sp.packed, ws.sp.flags, ws.sp.ovf, ws.sp.hbuf, ws.sp.cnt,
-		ws.sp.gx, ws.sp.gg, ws.sp.gu, ws.sp.gy, ws.sp.gh, ws.sp.gmask, ws.sp.gcnt, ws.dn.g, ws.dn.u} {
+		ws.sp.gx, ws.sp.gg, ws.sp.gu, ws.sp.gy, ws.sp.gh, ws.sp.gmask, ws.sp.gcnt, ws.sp.fbMask, ws.dn.g, ws.dn.u} {
 		if b != nil {
 			errs = append(errs, b.Free())
 		}
@@ -480,6 +482,9 @@ func (l *MLP) sparseWorkspace(m int) (*sparseWS, error) {
 		return nil, err
 	}
 	if ws.hbuf, err = l.realloc(ws.hbuf, l.dev.Properties().SMs*l.F*4); err != nil {
+		return nil, err
+	}
+	if ws.fbMask, err = l.realloc(ws.fbMask, l.F/32*4*fbRows(l.dev.Properties().SMs)/fbGroup); err != nil {
 		return nil, err
 	}
 	if ws.cnt, err = l.realloc(ws.cnt, mp*4); err != nil {
@@ -715,13 +720,8 @@ func (l *MLP) sparse(s *cuda.Stream, y, x *cuda.Buffer, m int, report bool) erro
 			return fmt.Errorf("gpu: gathered dense fallback: %w", err)
 		}
 	}
-	fb := set.fbPlain
-	if l.Gated {
-		fb = set.fbGated
-	}
-	if err := fb.Launch(cuda.Dim3{uint32(l.dev.Properties().SMs), 1, 1}, cuda.Dim3{256, 1, 1}, 4*l.D, s,
-		x, l.sparseIn(), l.up, l.down, y, ws.ovf, ws.hbuf, int32(l.D), int32(l.F), int32(first)); err != nil {
-		return fmt.Errorf("gpu: dense fallback: %w", err)
+	if err := l.flaggedRows(s, set, y, x, ws, first); err != nil {
+		return err
 	}
 	if !report {
 		return nil
@@ -743,6 +743,51 @@ func (l *MLP) sparse(s *cuda.Stream, y, x *cuda.Buffer, m int, report bool) erro
 	return nil
 }
 
+// flaggedRows queues the exact recomputation of the flagged rows past the
+// first (which the gathered dense pass took): up to fbRows(SMs) of them
+// through the LIST forms of the small-batch kernels, which spread each row
+// over all SMs, the rest (a call with hundreds of flagged rows, which the
+// automatic path soon sends dense) through row_fallback, one CTA per row
+// (about 10 ms per row on an H200 where it walks every unit alone).
+func (l *MLP) flaggedRows(s *cuda.Stream, set *t2dSet, y, x *cuda.Buffer, ws *sparseWS, first int) error {
+	ks, err := l.k.gemvKernels()
+	if err != nil {
+		return err
+	}
+	words := l.F / 32
+	capRows := fbRows(l.dev.Properties().SMs)
+	act := ks.fbActPlain
+	if l.Gated {
+		act = ks.fbActGated
+	}
+	var none cuda.DevicePtr
+	if err := act.Launch(cuda.Dim3{uint32(words), 1, 1}, cuda.Dim3{256, 1, 1}, 2*fbGroup*l.D, s,
+		x, l.sparseIn(), l.up, ws.hbuf, ws.fbMask, none, int32(0), int32(l.D), int32(l.F),
+		ws.ovf, int32(first), int32(capRows)); err != nil {
+		return fmt.Errorf("gpu: flagged rows (gemv_act): %w", err)
+	}
+	lists := 8 * ((words + 7) / 8) * 32 * 4
+	if err := ks.fbDown.Launch(cuda.Dim3{uint32(l.D / 64), 1, 1}, cuda.Dim3{256, 1, 1}, lists, s,
+		ws.hbuf, ws.fbMask, l.down, y, none, none, int32(0), int32(l.D), int32(l.F),
+		ws.ovf, int32(first), int32(capRows)); err != nil {
+		return fmt.Errorf("gpu: flagged rows (gemv_down): %w", err)
+	}
+	fb := set.fbPlain
+	if l.Gated {
+		fb = set.fbGated
+	}
+	if err := fb.Launch(cuda.Dim3{uint32(l.dev.Properties().SMs), 1, 1}, cuda.Dim3{256, 1, 1}, 4*l.D, s,
+		x, l.sparseIn(), l.up, l.down, y, ws.ovf, ws.hbuf, int32(l.D), int32(l.F), int32(first+capRows)); err != nil {
+		return fmt.Errorf("gpu: dense fallback: %w", err)
+	}
+	return nil
+}
+
+// fbRows is how many flagged rows the LIST kernels take per call: the rows
+// of h that the sparse workspace's hbuf (SMs x F floats) holds, in whole
+// groups.
+func fbRows(sms int) int { return sms / fbGroup * fbGroup }
+
 // sparseGEMV queues the small-batch sparse MLP (m <= gemvMaxRows).
 func (l *MLP) sparseGEMV(s *cuda.Stream, y, x *cuda.Buffer, m int) error {
 	ks, err := l.k.gemvKernels()
@@ -751,6 +796,7 @@ func (l *MLP) sparseGEMV(s *cuda.Stream, y, x *cuda.Buffer, m int) error {
 	}
 	ws := &l.ws.sp
 	words := l.F / 32
+	var none cuda.DevicePtr
 	for _, b := range []struct {
 		p **cuda.Buffer
 		n int
@@ -771,12 +817,12 @@ func (l *MLP) sparseGEMV(s *cuda.Stream, y, x *cuda.Buffer, m int) error {
 		act = ks.actGated[mb]
 	}
 	if err := act.Launch(cuda.Dim3{uint32(words), 1, 1}, cuda.Dim3{256, 1, 1}, 2*m*l.D, s,
-		x, l.sparseIn(), l.up, ws.gh, ws.gmask, ws.gcnt, int32(m), int32(l.D), int32(l.F)); err != nil {
+		x, l.sparseIn(), l.up, ws.gh, ws.gmask, ws.gcnt, int32(m), int32(l.D), int32(l.F), none, int32(0), int32(0)); err != nil {
 		return fmt.Errorf("gpu: gemv_act: %w", err)
 	}
 	lists := 8 * ((words + 7) / 8) * 32 * 4 // gemv_down's per-warp lists of active units
 	if err := ks.down[mb].Launch(cuda.Dim3{uint32(l.D / 64), 1, 1}, cuda.Dim3{256, 1, 1}, lists, s,
-		ws.gh, ws.gmask, l.down, y, ws.gcnt, l.nnz, int32(m), int32(l.D), int32(l.F)); err != nil {
+		ws.gh, ws.gmask, l.down, y, ws.gcnt, l.nnz, int32(m), int32(l.D), int32(l.F), none, int32(0), int32(0)); err != nil {
 		return fmt.Errorf("gpu: gemv_down: %w", err)
 	}
 	l.counted = m

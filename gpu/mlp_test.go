@@ -193,6 +193,21 @@ func refRows(sl *synth.Layer, x []float32, d int, rows []int) [][]float64 {
 	return want
 }
 
+// refRowsBF16 is refRows on the bf16-rounded weights and inputs, which is
+// what the kernels receive. It isolates the kernels' own error: rounding
+// the inputs alone moves a few hundred skewed tokens by up to about 1e-2
+// from the exact reference (seen: 9.5e-3 with exact arithmetic after it),
+// so a 1e-2 bound against the exact reference fails on some seeds whatever
+// the kernels do.
+func refRowsBF16(sl *synth.Layer, x []float32, d int, rows []int) [][]float64 {
+	bl := *sl
+	bl.Gate, bl.Up, bl.Down = roundBF16(sl.Gate), roundBF16(sl.Up), roundBF16(sl.Down)
+	if sl.Gate == nil {
+		bl.Gate = nil
+	}
+	return refRows(&bl, roundBF16(x), d, rows)
+}
+
 func runPath(t *testing.T, dev *cuda.Device, l *MLP, path string, x []float32, m int) []float32 {
 	t.Helper()
 	xb, err := Upload(dev, x)
@@ -265,7 +280,7 @@ func TestMLPMatchesFloat64(t *testing.T) {
 			l.Kernel = c.kern
 			x := synth.Tokens(r, m, c.d)
 			rows := synth.SampleRows(r, m, 48)
-			want := refRows(sl, x, c.d, rows)
+			want := refRowsBF16(sl, x, c.d, rows)
 			for _, path := range []string{"sparse-warp", "sparse-split", "dense", "auto"} {
 				y := runPath(t, dev, l, path, x, m)
 				for i := range y {
@@ -274,7 +289,7 @@ func TestMLPMatchesFloat64(t *testing.T) {
 					}
 				}
 				if e := synth.RelErr(y, c.d, rows, want); !(e <= 1e-2) {
-					t.Errorf("seed %d: %s: rel err %.3g vs float64, want <= 1e-2", seed, path, e)
+					t.Errorf("seed %d: %s: rel err %.3g vs float64 on the bf16 inputs, want <= 1e-2", seed, path, e)
 				}
 			}
 		})
@@ -353,6 +368,15 @@ func TestOverflowStress(t *testing.T) {
 			for _, path := range []string{"sparse-warp", "sparse-split"} {
 				checkStress(t, seed, path, runPath(t, dev, l, path, x, m), want, rows, d, m)
 			}
+			// After a call without flagged rows the gathered pass takes
+			// none: the LIST forms of gemv.cu take the first fbRows of
+			// them and row_fallback the rest.
+			l.pollFlagged() // runPath synchronized: the last report is in
+			l.flagKnown, l.flagRate = true, 0
+			if got := l.gatheredRows(m); got != 0 {
+				t.Fatalf("gathered pass of %d rows after a call without flagged rows", got)
+			}
+			checkStress(t, seed, "sparse (no gathered pass)", runPath(t, dev, l, "sparse-split", x, m), want, rows, d, m)
 		})
 	}
 }
@@ -486,10 +510,10 @@ func TestSharedWorkspace(t *testing.T) {
 		}
 		x := synth.Tokens(r, c.m, d)
 		rows := synth.SampleRows(r, c.m, 32)
-		want := refRows(sls[c.layer], x, d, rows)
+		want := refRowsBF16(sls[c.layer], x, d, rows)
 		y := runPath(t, dev, ls[c.layer], c.path, x, c.m)
 		if e := synth.RelErr(y, d, rows, want); !(e <= 1e-2) {
-			t.Errorf("seed %d: step %d (layer %d, %s, m=%d): rel err %.3g vs float64, want <= 1e-2", seed, step, c.layer, c.path, c.m, e)
+			t.Errorf("seed %d: step %d (layer %d, %s, m=%d): rel err %.3g vs float64 on the bf16 inputs, want <= 1e-2", seed, step, c.layer, c.path, c.m, e)
 		}
 	}
 }
@@ -522,16 +546,9 @@ func TestSmallBatchMatchesFloat64(t *testing.T) {
 				t.Fatalf("seed %d: %v", seed, err)
 			}
 			defer l.Close()
-			// The float64 reference of the bf16-rounded weights and inputs
-			// isolates the kernels' own error (a token's few active units
-			// carry bf16's rounding of the weights less averaged than a
-			// large batch does); all tokens together against the exact
-			// reference, as the other paths are checked.
-			bl := *sl
-			bl.Gate, bl.Up, bl.Down = roundBF16(sl.Gate), roundBF16(sl.Up), roundBF16(sl.Down)
-			if sl.Gate == nil {
-				bl.Gate = nil
-			}
+			// Per batch against the reference on the bf16 inputs (the
+			// kernels' own error); all tokens together against the exact
+			// reference.
 			var all []float32
 			var allWant [][]float64
 			for m := 1; m <= gemvMaxRows; m++ {
@@ -541,7 +558,7 @@ func TestSmallBatchMatchesFloat64(t *testing.T) {
 					rows[i] = i
 				}
 				y := runPath(t, dev, l, "sparse", x, m)
-				if e := synth.RelErr(y, c.d, rows, refRows(&bl, x, c.d, rows)); !(e <= 1e-2) {
+				if e := synth.RelErr(y, c.d, rows, refRowsBF16(sl, x, c.d, rows)); !(e <= 1e-2) {
 					t.Errorf("seed %d: m %d: rel err %.3g vs float64 on the bf16 weights, want <= 1e-2", seed, m, e)
 				}
 				all = append(all, y...)
