@@ -97,6 +97,10 @@ func (t Tail) String() string {
 // overrides TailAuto's choice.
 const EnvTail = "TWELL_TAIL"
 
+// EnvHeavyRows names the environment variable that, set to "0", keeps
+// heavy rows in the sparse tail (see MLP.heavyRow), for comparisons.
+const EnvHeavyRows = "TWELL_HEAVY_ROWS"
+
 // EnvD2TKernel names the environment variable that, set to "mma", "wgmma"
 // or "wgmma-pipe", overrides KernelAuto's choice of D2T kernel.
 const EnvD2TKernel = "TWELL_D2T_KERNEL"
@@ -689,7 +693,8 @@ func (l *MLP) sparse(s *cuda.Stream, y, x *cuda.Buffer, m int, report bool) erro
 			t2u = set.t2uGated
 		}
 		if err := t2u.Launch(cuda.Dim3{uint32((m + 7) / 8), 1, 1}, cuda.Dim3{256, 1, 1}, 0, s,
-			x, ws.packed, l.up, ws.cnt, ws.flags, int32(m), int32(l.D), int32(S), int32(tiles), int32(rw)); err != nil {
+			x, ws.packed, l.up, ws.cnt, ws.flags, int32(m), int32(l.D), int32(S), int32(tiles), int32(rw),
+			ws.ovf, int32(l.heavyRow())); err != nil {
 			return fmt.Errorf("gpu: t2u: %w", err)
 		}
 		fn := set.ws16
@@ -710,7 +715,7 @@ func (l *MLP) sparse(s *cuda.Stream, y, x *cuda.Buffer, m int, report bool) erro
 		}
 		if err := t2d.Launch(cuda.Dim3{uint32((m + 7) / 8), 1, 1}, cuda.Dim3{256, 1, 1}, 0, s,
 			x, ws.packed, l.up, l.down, y, ws.flags,
-			int32(m), int32(l.D), int32(S), int32(tiles), int32(rw)); err != nil {
+			int32(m), int32(l.D), int32(S), int32(tiles), int32(rw), ws.ovf, int32(l.heavyRow())); err != nil {
 			return fmt.Errorf("gpu: T2D: %w", err)
 		}
 	}
@@ -875,6 +880,24 @@ func (l *MLP) useSplit(m int) bool {
 		a = max(a, l.lastNNZ)
 	}
 	return float64(m)*a >= 4*float64(l.F)
+}
+
+// heavyRow returns the active-unit count above which a row leaves the
+// sparse tail for the dense fallback: 4x the last measured mean (16 before
+// any measurement), at least 64. On an H200 one such row with 700 units
+// (the first token of each sequence in the sparselm-1.5b preset) kept its
+// warp in t2d for 350 us of a 128-token call, and in t2d_ws, which gives
+// token t to lane group t mod 512, every sequence start fell in the same
+// warp (2.7 ms against 1.5 for the same pair count without them).
+func (l *MLP) heavyRow() int {
+	if os.Getenv(EnvHeavyRows) == "0" {
+		return 0
+	}
+	a := 16.0
+	if l.lastKnown {
+		a = l.lastNNZ
+	}
+	return min(l.F, max(64, int(4*a)))
 }
 
 // maxGatheredRows bounds the gathered dense pass (its workspace is

@@ -602,3 +602,86 @@ func TestSmallBatchMatchesFloat64(t *testing.T) {
 		checkStress(t, seed, "sparse (small batch)", runPath(t, dev, l, "sparse", x, m), refRows(sl, x, d, rows), rows, d, m)
 	})
 }
+
+// TestHeavyRows checks that a row with many active units but no tile over
+// capacity leaves both sparse tails for the dense fallback (it shows up in
+// the overflow list although D2T did not flag it) and is still exact.
+func TestHeavyRows(t *testing.T) {
+	dev, blas := setup(t)
+	r, seed := cudatest.Rand()
+	d, f, m, heavy := 256, 2048, 300, 7
+	sl, err := synth.NewLayer(r, d, f, 0.01, synth.Uniform, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := NewMLP(dev, blas, sl.Gate, sl.Up, sl.Down, d, f, twell.Layout{Tile: 256, C: 8})
+	if err != nil {
+		t.Fatalf("seed %d: %v", seed, err)
+	}
+	defer l.Close()
+	x := roundBF16(synth.Tokens(r, m, d))
+	gate := roundBF16(sl.Gate)
+	// Scale the heavy row's bias feature until about 100-200 units fire,
+	// at most 24 of a tile's 256 (capacity 32).
+	found := false
+	for s := float32(0.3); s < 1.5 && !found; s += 0.02 {
+		x[heavy*d] = bf16.Round(s)
+		total, most := 0, 0
+		for t0 := 0; t0 < f; t0 += 256 {
+			n := 0
+			for j := t0; j < t0+256; j++ {
+				g := 0.0
+				for k := range d {
+					g += float64(x[heavy*d+k]) * float64(gate[j*d+k])
+				}
+				if g > 1e-3 {
+					n++
+				}
+			}
+			total, most = total+n, max(most, n)
+		}
+		found = total >= 100 && total <= 200 && most <= 24
+	}
+	if !found {
+		t.Skipf("seed %d: no bias scale gives a heavy row under capacity", seed)
+	}
+	xb, err := Upload(dev, x)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := l.D2T(nil, xb, m)
+	xb.Free()
+	if err != nil {
+		t.Fatalf("seed %d: %v", seed, err)
+	}
+	if _, ok := slices.BinarySearch(p.Overflow, heavy); ok || p.RowNNZ(heavy) <= l.heavyRow() {
+		t.Fatalf("seed %d: heavy row: D2T flagged %v, count %d, threshold %d", seed, ok, p.RowNNZ(heavy), l.heavyRow())
+	}
+	rows := synth.SampleRows(r, m, 32)
+	if _, ok := slices.BinarySearch(rows, heavy); !ok {
+		rows = append(rows, heavy)
+		slices.Sort(rows)
+	}
+	want := refRowsBF16(sl, x, d, rows)
+	for _, path := range []string{"sparse-warp", "sparse-split"} {
+		y := runPath(t, dev, l, path, x, m)
+		var cnt [1]int32
+		if err := dev.CopyDtoH(cuda.Bytes(cnt[:]), l.ws.sp.ovf); err != nil {
+			t.Fatal(err)
+		}
+		listed := make([]int32, 1+cnt[0])
+		if err := dev.CopyDtoH(cuda.Bytes(listed), l.ws.sp.ovf); err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Contains(listed[1:], int32(heavy)) {
+			t.Errorf("seed %d: %s: heavy row %d not sent to the fallback (overflow list %v)", seed, path, heavy, listed[1:])
+		}
+		if e := synth.RelErr(y, d, rows, want); !(e <= 1e-2) {
+			t.Errorf("seed %d: %s: rel err %.3g vs float64 on the bf16 inputs, want <= 1e-2", seed, path, e)
+		}
+		hv := []int{heavy}
+		if e := synth.RelErr(y, d, hv, refRowsBF16(sl, x, d, hv)); !(e <= 1e-2) {
+			t.Errorf("seed %d: %s: heavy row rel err %.3g, want <= 1e-2", seed, path, e)
+		}
+	}
+}
