@@ -883,21 +883,23 @@ func (l *MLP) useSplit(m int) bool {
 }
 
 // heavyRow returns the active-unit count above which a row leaves the
-// sparse tail for the dense fallback: 4x the last measured mean (16 before
-// any measurement), at least 64. On an H200 one such row with 700 units
-// (the first token of each sequence in the sparselm-1.5b preset) kept its
-// warp in t2d for 350 us of a 128-token call, and in t2d_ws, which gives
-// token t to lane group t mod 512, every sequence start fell in the same
-// warp (2.7 ms against 1.5 for the same pair count without them).
+// sparse tail for the dense fallback: 8x the last measured mean (32 before
+// any measurement), at least 256. One warp walks a row's pairs a round
+// trip or two at a time: on an H200 a row with about 700 units (the first
+// token of each sequence in the sparselm-1.5b preset) kept its warp in t2d
+// for 350 us of a 128-token call whose other rows took a few. A threshold
+// of max(64, 4x mean) sent so many rows of the denser layers to the
+// fallback that the automatic path timed the sparse path slower than dense
+// in every layer of that model (prefill 1.01x against 1.12x without it).
 func (l *MLP) heavyRow() int {
 	if os.Getenv(EnvHeavyRows) == "0" {
 		return 0
 	}
-	a := 16.0
+	a := 32.0
 	if l.lastKnown {
 		a = l.lastNNZ
 	}
-	return min(l.F, max(64, int(4*a)))
+	return min(l.F, max(256, int(8*a)))
 }
 
 // maxGatheredRows bounds the gathered dense pass (its workspace is

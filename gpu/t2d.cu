@@ -313,7 +313,13 @@ __global__ void __launch_bounds__(1024, 1)
     for (int q = 0; q < 4; ++q)
       if (q < left) axpy8(acc, bf_hi(ws[q]), ds[(int)(ws[q] & 0xffffu) * L + sub]);
   };
-  for (int t = t0 + tid / L; t < t1; t += blockDim.x / L) {
+  // Round k gives lane group g token base + (g + 37k) mod G rather than
+  // base + g: sequences whose lengths are multiples of G would otherwise put
+  // every sequence start (often a long list) in the same warp, every round.
+  const int G = blockDim.x / L, g = tid / L;
+  for (int base = t0, k = 0; base < t1; base += G, ++k) {
+    const int t = base + (g + 37 * k) % G;
+    if (t >= t1) continue;
     const int n = cnt[t];
     const u32* e = packed + (size_t)t * row_words;
     float acc[8];
