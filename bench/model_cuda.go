@@ -279,6 +279,11 @@ func decodeSpeedCUDA(e *llm.Engine, r *rand.Rand, batch, steps, reps int, timed 
 	toks := make([][]int, batch)
 	times := make([]float64, 0, reps)
 	graphs0, records0 := e.GraphReplays(), e.GraphRecords()
+	// A serving loop samples each step's logits and drops them: reuse one
+	// page-locked buffer rather than allocating batch x vocabulary floats
+	// per step.
+	defer func(v bool) { e.ReuseLogits = v }(e.ReuseLogits)
+	e.ReuseLogits = true
 	sparse := 0
 	for rep := -1; rep < reps; rep++ {
 		for i := range caches {

@@ -53,6 +53,14 @@ type Engine struct {
 	// kernel (to compare them). NewEngine sets it when the environment
 	// variable TWELL_GEMV is "0".
 	NoGEMV bool
+	// ReuseLogits makes Forward return its logits in host memory that the
+	// engine owns (page-locked, so the copy from the GPU is one fast DMA)
+	// and overwrites at the next Forward call or frees at Close, instead
+	// of a fresh slice per call. A decode step of 64 sequences returns
+	// 12.6 MB of logits (vocabulary 49152): allocating and filling that
+	// anew each step costs milliseconds on the host. Callers that keep
+	// logits past the next call must copy them.
+	ReuseLogits bool
 
 	dev    *cuda.Device
 	blas   *cublas.Handle
@@ -73,6 +81,8 @@ type Engine struct {
 	crossover    []float64 // each TwELL layer's default crossover, restored by SetMLPPath("auto")
 	sparseLayers int
 	weightBytes  int64
+
+	hostLogits *cuda.HostBuffer // ReuseLogits' buffer
 
 	gen      uint64 // reallocations of engine buffers (a recorded graph uses their addresses)
 	graphs   map[int]*stepGraph
@@ -352,6 +362,10 @@ func (e *Engine) Close() error {
 	}
 	ws := &e.ws
 	free(ws.resid, ws.hn, ws.qkv, ws.proj, ws.g, ws.u, ws.meta, ws.sel, ws.logits)
+	if e.hostLogits != nil {
+		errs = append(errs, e.hostLogits.Free())
+		e.hostLogits = nil
+	}
 	e.layers, e.ws = nil, workspace{}
 	if e.stream != nil {
 		errs = append(errs, e.stream.Destroy())

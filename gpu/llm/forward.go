@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"unsafe"
 
 	"github.com/twell-ai/twell/cuda"
 	"github.com/twell-ai/twell/cuda/cublas"
@@ -498,13 +499,39 @@ func (e *Engine) mlp(l layer, T int, fixed *gpu.Path) (bool, error) {
 	return sparse, nil
 }
 
+// logitsOut returns where Forward's n logits go: a fresh slice, or with
+// ReuseLogits the engine's page-locked buffer (grown when too small).
+func (e *Engine) logitsOut(n int) ([]float32, error) {
+	if !e.ReuseLogits {
+		return make([]float32, n), nil
+	}
+	if e.hostLogits == nil || len(e.hostLogits.Bytes()) < 4*n {
+		if e.hostLogits != nil {
+			// The stream is idle between Forward calls: no copy is in flight.
+			if err := e.hostLogits.Free(); err != nil {
+				return nil, err
+			}
+			e.hostLogits = nil
+		}
+		h, err := e.dev.AllocHost(4 * n)
+		if err != nil {
+			return nil, fmt.Errorf("llm: page-locked logits buffer: %w", err)
+		}
+		e.hostLogits = h
+	}
+	return unsafe.Slice((*float32)(unsafe.Pointer(&e.hostLogits.Bytes()[0])), n), nil
+}
+
 // logits queues the final norm of the rows whose logits are wanted and the
 // LM head, in chunks of at most headChunk rows, and downloads them.
 func (e *Engine) logits(b *batch) ([][]float32, error) {
 	c := e.Config
 	h, V := c.HiddenSize, c.VocabSize
 	ws, s := &e.ws, e.stream
-	out := make([]float32, b.rows*V)
+	out, err := e.logitsOut(b.rows * V)
+	if err != nil {
+		return nil, err
+	}
 	var delta any = cuda.DevicePtr(0)
 	if len(e.layers) > 0 {
 		delta = ws.proj

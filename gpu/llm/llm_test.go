@@ -290,6 +290,48 @@ func TestDecodeMatchesRecompute(t *testing.T) {
 	t.Logf("seed %d: decode vs recompute rel diff %.2e", seed, d)
 }
 
+// TestReuseLogits checks that ReuseLogits returns the logits a fresh
+// slice gets, bit for bit, in one buffer that later (and larger) calls
+// reuse.
+func TestReuseLogits(t *testing.T) {
+	dev := cudatest.Device(t)
+	cudatest.Compiler(t)
+	r, seed := cudatest.Rand()
+	c := testConfig(64, 2, 2, true)
+	m := sparseModel(t, c, r, seed)
+	e := newEngine(t, dev, m, seed)
+	if err := e.SetMLPPath("dense"); err != nil { // the same arithmetic in every call
+		t.Fatal(err)
+	}
+	seqs := [][]int{randTokens(r, 9, c.VocabSize), randTokens(r, 5, c.VocabSize)}
+	run := func(reuse, all bool) [][]float32 {
+		e.ReuseLogits = reuse
+		l, _, err := e.Forward(gpuCaches(t, e, 2, 16), seqs, all)
+		if err != nil {
+			t.Fatalf("seed %d: %v", seed, err)
+		}
+		return l
+	}
+	for _, all := range []bool{false, true, false} {
+		want := run(false, all)
+		got := run(true, all)
+		if len(got) != len(want) {
+			t.Fatalf("seed %d: all %v: %d rows, want %d", seed, all, len(got), len(want))
+		}
+		for i := range want {
+			for j := range want[i] {
+				if math.Float32bits(got[i][j]) != math.Float32bits(want[i][j]) {
+					t.Fatalf("seed %d: all %v: row %d logit %d: %v with ReuseLogits, %v without", seed, all, i, j, got[i][j], want[i][j])
+				}
+			}
+		}
+		again := run(true, all)
+		if &again[0][0] != &got[0][0] {
+			t.Errorf("seed %d: all %v: ReuseLogits returned a new buffer for a call of the same size", seed, all)
+		}
+	}
+}
+
 // TestBatchedPrefillMatchesSeparate checks that a batch of two sequences of
 // different lengths gives each sequence the logits of running it alone.
 func TestBatchedPrefillMatchesSeparate(t *testing.T) {
