@@ -1,6 +1,6 @@
 #!/bin/bash
 # Session 6, device call 4: heavy rows at max(256, 8x mean), t2d_ws's rotated token order, decode
-# logits into a reused page-locked buffer (Engine.ReuseLogits):
+# logits into a reused page-locked buffer (Engine.ReuseLogits), rope_kv with 8- and 16-byte accesses:
 # tests; the 28-layer model on call 3's seed with and without heavy-row routing; per-kernel
 # times of a 2-layer model's short-prompt prefill and decode (ncu).
 cd "$(dirname "$0")/../.."

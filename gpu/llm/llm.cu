@@ -234,6 +234,37 @@ extern "C" __global__ void rope_kv(u16* __restrict__ qkv, const float* __restric
   u16* cache = (u16*)seq_base[s];
   const float* c = cosT + (size_t)p * half;
   const float* sn = sinT + (size_t)p * half;
+  if (hd % 8 == 0) {
+    // 4 pairs per thread and 16-byte copies of the values: the 2-byte
+    // accesses below ran at half the memory bandwidth (1.55 ms per layer
+    // for 131072 tokens on an H200, where 3.2 GB move).
+    int q4 = half / 4, groups = (nq + nkv) * q4;
+    for (int i = threadIdx.x; i < groups; i += blockDim.x) {
+      int h = i / q4, j = (i - h * q4) * 4;
+      u16* v = row + h * hd;
+      uint2 A = *(const uint2*)(v + j), B = *(const uint2*)(v + j + half);
+      float4 C = *(const float4*)(c + j), S = *(const float4*)(sn + j);
+      float a[4] = {bf_lo(A.x), bf_hi(A.x), bf_lo(A.y), bf_hi(A.y)};
+      float b[4] = {bf_lo(B.x), bf_hi(B.x), bf_lo(B.y), bf_hi(B.y)};
+      float cc[4] = {C.x, C.y, C.z, C.w}, ss[4] = {S.x, S.y, S.z, S.w};
+      float ra[4], rb[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        ra[k] = a[k] * cc[k] - b[k] * ss[k];
+        rb[k] = b[k] * cc[k] + a[k] * ss[k];
+      }
+      u16* dst = h < nq ? v : cache + (((size_t)(layer * 2) * nkv + (h - nq)) * cap + p) * hd;
+      *(uint2*)(dst + j) = make_uint2(pack_bf2(ra[0], ra[1]), pack_bf2(ra[2], ra[3]));
+      *(uint2*)(dst + j + half) = make_uint2(pack_bf2(rb[0], rb[1]), pack_bf2(rb[2], rb[3]));
+    }
+    int nv8 = nkv * hd / 8;
+    const uint4* vals = (const uint4*)(row + (nq + nkv) * hd);
+    for (int i = threadIdx.x; i < nv8; i += blockDim.x) {
+      int kh = i * 8 / hd, j = i * 8 - kh * hd;
+      *(uint4*)(cache + (((size_t)(layer * 2 + 1) * nkv + kh) * cap + p) * hd + j) = vals[i];
+    }
+    return;
+  }
   int pairs = (nq + nkv) * half;
   for (int i = threadIdx.x; i < pairs; i += blockDim.x) {
     int h = i / half, j = i % half;
