@@ -97,10 +97,6 @@ func (t Tail) String() string {
 // overrides TailAuto's choice.
 const EnvTail = "TWELL_TAIL"
 
-// EnvHeavyRows names the environment variable that, set to "0", keeps
-// heavy rows in the sparse tail (see MLP.heavyRow), for comparisons.
-const EnvHeavyRows = "TWELL_HEAVY_ROWS"
-
 // EnvD2TKernel names the environment variable that, set to "mma", "wgmma"
 // or "wgmma-pipe", overrides KernelAuto's choice of D2T kernel.
 const EnvD2TKernel = "TWELL_D2T_KERNEL"
@@ -693,8 +689,7 @@ func (l *MLP) sparse(s *cuda.Stream, y, x *cuda.Buffer, m int, report bool) erro
 			t2u = set.t2uGated
 		}
 		if err := t2u.Launch(cuda.Dim3{uint32((m + 7) / 8), 1, 1}, cuda.Dim3{256, 1, 1}, 0, s,
-			x, ws.packed, l.up, ws.cnt, ws.flags, int32(m), int32(l.D), int32(S), int32(tiles), int32(rw),
-			ws.ovf, int32(l.heavyRow())); err != nil {
+			x, ws.packed, l.up, ws.cnt, ws.flags, int32(m), int32(l.D), int32(S), int32(tiles), int32(rw)); err != nil {
 			return fmt.Errorf("gpu: t2u: %w", err)
 		}
 		fn := set.ws16
@@ -715,7 +710,7 @@ func (l *MLP) sparse(s *cuda.Stream, y, x *cuda.Buffer, m int, report bool) erro
 		}
 		if err := t2d.Launch(cuda.Dim3{uint32((m + 7) / 8), 1, 1}, cuda.Dim3{256, 1, 1}, 0, s,
 			x, ws.packed, l.up, l.down, y, ws.flags,
-			int32(m), int32(l.D), int32(S), int32(tiles), int32(rw), ws.ovf, int32(l.heavyRow())); err != nil {
+			int32(m), int32(l.D), int32(S), int32(tiles), int32(rw)); err != nil {
 			return fmt.Errorf("gpu: T2D: %w", err)
 		}
 	}
@@ -880,26 +875,6 @@ func (l *MLP) useSplit(m int) bool {
 		a = max(a, l.lastNNZ)
 	}
 	return float64(m)*a >= 4*float64(l.F)
-}
-
-// heavyRow returns the active-unit count above which a row leaves the
-// sparse tail for the dense fallback: 8x the last measured mean (32 before
-// any measurement), at least 256. One warp walks a row's pairs a round
-// trip or two at a time: on an H200 a row with about 700 units (the first
-// token of each sequence in the sparselm-1.5b preset) kept its warp in t2d
-// for 350 us of a 128-token call whose other rows took a few. A threshold
-// of max(64, 4x mean) sent so many rows of the denser layers to the
-// fallback that the automatic path timed the sparse path slower than dense
-// in every layer of that model (prefill 1.01x against 1.12x without it).
-func (l *MLP) heavyRow() int {
-	if os.Getenv(EnvHeavyRows) == "0" {
-		return 0
-	}
-	a := 32.0
-	if l.lastKnown {
-		a = l.lastNNZ
-	}
-	return min(l.F, max(256, int(8*a)))
 }
 
 // maxGatheredRows bounds the gathered dense pass (its workspace is

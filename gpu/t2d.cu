@@ -14,10 +14,9 @@
 // Weights are read with an L2 evict_last policy, activations with
 // evict_first.
 //
-// Rows flagged by D2T (tile overflow, NaN/Inf), and rows with more active
-// units than the caller's threshold (heavy_row), are skipped here; the
-// dense fallback (a gathered cuBLASLt pass, then gemv.cu's LIST kernels,
-// then row_fallback) writes them.
+// Rows flagged by D2T (tile overflow, NaN/Inf) are skipped here; the dense
+// fallback (a gathered cuBLASLt pass, then gemv.cu's LIST kernels, then
+// row_fallback) writes them.
 #include "common.cuh"
 
 #ifndef TW_NCH
@@ -89,36 +88,16 @@ __device__ __forceinline__ void t2d_process(const u32* list, int n, const uint4 
   __syncwarp();
 }
 
-// heavy_row reports whether row r of the packed gate holds more than heavy
-// active units in all (heavy > 0), and then appends it to the overflow list
-// for the dense fallback, which the stream runs after the tail kernels. One
-// warp walks a row's pairs a round trip or two at a time, so a row with
-// hundreds of units (attention-sink tokens often have them) would keep its
-// warp busy for hundreds of microseconds while a short call has long
-// finished; the fallback spreads such a row over all SMs (or a gathered
-// GEMM). Call with the whole warp.
-__device__ __forceinline__ bool heavy_row(const u32* prow, int S, int tiles, int lane, int heavy, int* ovf, int r) {
-  if (heavy <= 0) return false;
-  int tot = 0;
-  for (int t = lane; t < tiles; t += 32) tot += (int)prow[(size_t)t * S];
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) tot += __shfl_xor_sync(0xffffffffu, tot, o);
-  if (tot <= heavy) return false;
-  if (lane == 0) ovf[1 + atomicAdd(ovf, 1)] = r;
-  return true;
-}
-
 template <bool GATED>
 __global__ void __launch_bounds__(256, TW_T2D_MINB)
     t2d(const u16* __restrict__ x, const u32* __restrict__ packed, const u16* __restrict__ U,
         const u16* __restrict__ D, u16* __restrict__ y, const int* __restrict__ flags, int m, int d, int S, int tiles,
-        int row_words, int* ovf, int heavy) {
+        int row_words) {
   __shared__ u32 lists[T2D_WARPS][LCAP];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int r = blockIdx.x * T2D_WARPS + warp;
   if (r >= m) return;
   if (flags[r]) return;
-  if (heavy_row(packed + (size_t)r * row_words, S, tiles, lane, heavy, ovf, r)) return;
   const u64 keep = policy_evict_last(), stream = policy_evict_first();
   u32* list = lists[warp];
   const size_t rowoff = (size_t)r * d;
@@ -194,12 +173,12 @@ __global__ void __launch_bounds__(256, TW_T2D_MINB)
 template <bool GATED>
 __global__ void __launch_bounds__(256, TW_T2U_MINB)
     t2u(const u16* __restrict__ x, u32* packed, const u16* __restrict__ U, int* __restrict__ cnt,
-        const int* __restrict__ flags, int m, int d, int S, int tiles, int row_words, int* ovf, int heavy) {
+        const int* __restrict__ flags, int m, int d, int S, int tiles, int row_words) {
   __shared__ u32 lists[T2D_WARPS][LCAP];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int r = blockIdx.x * T2D_WARPS + warp;
   if (r >= m) return;
-  if (flags[r] || heavy_row(packed + (size_t)r * row_words, S, tiles, lane, heavy, ovf, r)) {
+  if (flags[r]) {
     if (lane == 0) cnt[r] = 0;
     return;
   }

@@ -234,7 +234,7 @@ func TestD2TVariants(t *testing.T) {
 				return err
 			}
 			return fn.Launch(cuda.Dim3{uint32((m + 7) / 8), 1, 1}, cuda.Dim3{256, 1, 1}, 0, nil,
-				xb, ws.packed, l.up, ws.cnt, ws.flags, int32(m), int32(d), int32(32), int32(f/256), int32(f/8), ws.ovf, int32(0))
+				xb, ws.packed, l.up, ws.cnt, ws.flags, int32(m), int32(d), int32(32), int32(f/256), int32(f/8))
 		})
 		t.Logf("%-16s D2T + t2u %.3f ms: t2u %.3f ms, %.2f TB/s of U rows (%d registers, %d B local)",
 			v.name, ms, ms-d2t, pairs*2*float64(d)/(ms-d2t)/1e9, a.NumRegs, a.LocalBytes)
