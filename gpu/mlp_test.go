@@ -200,12 +200,17 @@ func refRows(sl *synth.Layer, x []float32, d int, rows []int) [][]float64 {
 // so a 1e-2 bound against the exact reference fails on some seeds whatever
 // the kernels do.
 func refRowsBF16(sl *synth.Layer, x []float32, d int, rows []int) [][]float64 {
+	return refRows(bf16Layer(sl), roundBF16(x), d, rows)
+}
+
+// bf16Layer returns sl with its weights rounded to bf16.
+func bf16Layer(sl *synth.Layer) *synth.Layer {
 	bl := *sl
 	bl.Gate, bl.Up, bl.Down = roundBF16(sl.Gate), roundBF16(sl.Up), roundBF16(sl.Down)
 	if sl.Gate == nil {
 		bl.Gate = nil
 	}
-	return refRows(&bl, roundBF16(x), d, rows)
+	return &bl
 }
 
 func runPath(t *testing.T, dev *cuda.Device, l *MLP, path string, x []float32, m int) []float32 {
@@ -549,6 +554,7 @@ func TestSmallBatchMatchesFloat64(t *testing.T) {
 			// Per batch against the reference on the bf16 inputs (the
 			// kernels' own error); all tokens together against the exact
 			// reference (below).
+			bl := bf16Layer(sl)
 			var all []float32
 			var allWant [][]float64
 			for m := 1; m <= gemvMaxRows; m++ {
@@ -558,7 +564,7 @@ func TestSmallBatchMatchesFloat64(t *testing.T) {
 					rows[i] = i
 				}
 				y := runPath(t, dev, l, "sparse", x, m)
-				if e := synth.RelErr(y, c.d, rows, refRowsBF16(sl, x, c.d, rows)); !(e <= 1e-2) {
+				if e := synth.RelErr(y, c.d, rows, refRows(bl, x, c.d, rows)); !(e <= 1e-2) {
 					t.Errorf("seed %d: m %d: rel err %.3g vs float64 on the bf16 weights, want <= 1e-2", seed, m, e)
 				}
 				all = append(all, y...)
