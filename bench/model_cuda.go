@@ -31,6 +31,8 @@ type ModelCUDAResult struct {
 	// short prompt run by the GPU engine and by the float32 CPU model.
 	CPUCheckRelDiff float64 `json:"cpu_check_rel_diff"`
 	TwELLLayers     int     `json:"twell_layers"`
+	// AttentionKernel is the attention kernel of the prefill passes.
+	AttentionKernel string `json:"attention_kernel"`
 }
 
 // buildModel loads o.Dir or builds the preset with calibrated sparse gates.
@@ -174,6 +176,11 @@ func ModelCUDA(o ModelOptions, progress func(string)) ([]ModelCUDAResult, error)
 		return float64(d.Nanoseconds()) / 1e6, err
 	}
 
+	attnKernel, err := e.AttentionKernel(o.Batch * o.PromptLen)
+	if err != nil {
+		return nil, err
+	}
+	progress("prefill attention kernel: " + attnKernel)
 	byPath := map[string]*ModelCUDAResult{}
 	logitsOf := map[string][][]float32{}
 	for _, path := range []string{"twell", "dense"} {
@@ -183,7 +190,8 @@ func ModelCUDA(o ModelOptions, progress func(string)) ([]ModelCUDAResult, error)
 		res := &ModelCUDAResult{ModelResult: ModelResult{Device: "cuda", Machine: props.Name + " / " + CPUName(),
 			Date: time.Now().UTC().Format(time.RFC3339), Model: name, Params: c.ParamCount(), Path: path,
 			PrefillTokens: o.Batch * o.PromptLen, MLPWidth: c.IntermediateSize},
-			WeightBytes: e.WeightBytes(), KVCacheBytes: kvBytes, CPUCheckRelDiff: cpuDiff, TwELLLayers: e.TwELLLayers()}
+			WeightBytes: e.WeightBytes(), KVCacheBytes: kvBytes, CPUCheckRelDiff: cpuDiff, TwELLLayers: e.TwELLLayers(),
+			AttentionKernel: attnKernel}
 		peak = 0
 		progress(fmt.Sprintf("%s: prefill %d x %d tokens", path, o.Batch, o.PromptLen))
 		var logits [][]float32

@@ -16,7 +16,7 @@ import (
 const DefaultMLPChunk = 1 << 17
 
 // EnvAttention names the environment variable that sets a new Engine's
-// Attention field ("auto", "mma" or "ref"), to compare the kernels.
+// Attention field ("auto", "wgmma", "mma" or "ref"), to compare the kernels.
 const EnvAttention = "TWELL_LLM_ATTENTION"
 
 // EnvGraphs names the environment variable that, set to "0", makes a new
@@ -40,9 +40,11 @@ type Engine struct {
 	// which the layers share (about 2 x chunk x width bf16 for the dense
 	// path). Zero means DefaultMLPChunk.
 	MLPChunk int
-	// Attention picks the attention kernel: "" or "auto" (tensor cores for
-	// head_dim 64 and 128, the plain kernel otherwise), "mma" or "ref" (the
-	// plain kernel, any head_dim).
+	// Attention picks the attention kernel: "" or "auto" (on Hopper the
+	// wgmma kernel for head_dim 64 in passes of more than 64 tokens, else
+	// the mma.sync kernel for head_dim 64 and 128, else the plain one);
+	// "wgmma" (head_dim 64, sm_90a; "wgmma2" and "wgmma3" pick its
+	// pipeline depth), "mma" or "ref" (the plain kernel, any head_dim).
 	Attention string
 	// NoGraphs turns off replaying decode steps from CUDA graphs
 	// (graphs.go); every step then queues its kernels one by one. NewEngine

@@ -310,6 +310,68 @@ func (e *Engine) prepare(b *batch) error {
 	return e.dev.CopyHtoDAsync(e.ws.meta, cuda.Bytes(b.words), e.stream)
 }
 
+// wgMinTokens: passes of more tokens than this (prefill) run attention on
+// attn_wg64 where it is available; decode steps of up to 64 sequences keep
+// attn_fa64, whose 16-query tiles waste less on one query per sequence
+// than a warpgroup's 64.
+const wgMinTokens = 64
+
+// attentionKernel returns the attention kernel for a pass of T new tokens
+// (see Engine.Attention), its dynamic shared memory, and whether it is
+// attn_ref, whose launch also takes head_dim.
+func (e *Engine) attentionKernel(T int) (fn *cuda.Function, smem int, ref bool, err error) {
+	hd := e.Config.HeadDim
+	mma := func() (*cuda.Function, int, bool, error) {
+		fn := e.k.attnFA64
+		if hd == 128 {
+			fn = e.k.attnFA128
+		}
+		return fn, 2 * 2 * 64 * (hd + 8) * 2, false, nil // two stages of a K and a V block
+	}
+	wg := func(stages int) (*cuda.Function, int, bool, error) {
+		return e.k.attnWG[stages], wgSmem(stages), false, nil
+	}
+	switch a := e.Attention; a {
+	case "ref":
+		return e.k.attnRef, 0, true, nil
+	case "mma":
+		if hd != 64 && hd != 128 {
+			return nil, 0, false, fmt.Errorf("llm: the mma attention kernel takes head_dim 64 or 128, not %d", hd)
+		}
+		return mma()
+	case "wgmma", "wgmma2", "wgmma3":
+		if hd != 64 {
+			return nil, 0, false, fmt.Errorf("llm: the wgmma attention kernel takes head_dim 64, not %d", hd)
+		}
+		if e.k.wgErr != nil {
+			return nil, 0, false, e.k.wgErr
+		}
+		stages := wgStages[0]
+		if a != "wgmma" {
+			stages = int(a[len(a)-1] - '0')
+		}
+		return wg(stages)
+	case "", "auto":
+		switch {
+		case hd == 64 || hd == 128:
+			return mma()
+		}
+		return e.k.attnRef, 0, true, nil
+	default:
+		return nil, 0, false, fmt.Errorf("llm: attention kernel %q: want auto, wgmma, mma or ref", a)
+	}
+}
+
+// AttentionKernel names the attention kernel a forward pass of the given
+// number of new tokens runs, e.g. "attn_wg64<2>" (see Attention).
+func (e *Engine) AttentionKernel(tokens int) (string, error) {
+	fn, _, _, err := e.attentionKernel(tokens)
+	if err != nil {
+		return "", err
+	}
+	return fn.Name(), nil
+}
+
 // layersQueue queues the embedding and the decoder layers of b, whose
 // metadata prepare uploaded. paths, if not nil, fixes each layer's MLP path
 // and leaves out the MLPs' bookkeeping (for recording into a graph).
@@ -330,21 +392,11 @@ func (e *Engine) layersQueue(b *batch, st *Stats, paths []gpu.Path) error {
 	if err := e.k.embed.Launch(grid, blk, 0, s, e.embed, ids, ws.resid, int32(h)); err != nil {
 		return fmt.Errorf("llm: embed: %w", err)
 	}
-	attn, attnBlock, attnSmem := e.k.attnRef, cuda.Dim3{256, 1, 1}, 0
-	switch {
-	case e.Attention == "ref":
-	case e.Attention == "mma" && hd != 64 && hd != 128:
-		return fmt.Errorf("llm: the mma attention kernel takes head_dim 64 or 128, not %d", hd)
-	case e.Attention != "" && e.Attention != "auto" && e.Attention != "mma":
-		return fmt.Errorf("llm: attention kernel %q: want auto, mma or ref", e.Attention)
-	case hd == 64:
-		attn, attnBlock = e.k.attnFA64, cuda.Dim3{256, 1, 1}
-	case hd == 128:
-		attn, attnBlock = e.k.attnFA128, cuda.Dim3{256, 1, 1}
+	attn, attnSmem, attnRef, err := e.attentionKernel(T)
+	if err != nil {
+		return err
 	}
-	if attn != e.k.attnRef {
-		attnSmem = 2 * 2 * 64 * (hd + 8) * 2 // two stages of a K and a V block (attn_fa)
-	}
+	attnBlock := cuda.Dim3{256, 1, 1}
 	scaleLog2 := float32(math.Log2E / math.Sqrt(float64(hd)))
 	var none cuda.DevicePtr
 	for li, l := range e.layers {
@@ -376,7 +428,7 @@ func (e *Engine) layersQueue(b *batch, st *Stats, paths []gpu.Path) error {
 			}
 		}
 		ag := cuda.Dim3{uint32(b.items * nq), 1, 1}
-		if attn == e.k.attnRef {
+		if attnRef {
 			err := attn.Launch(ag, attnBlock, 0, s, ws.qkv, ws.hn, items, seqQ0, seqN, seqPast, base, seqCap,
 				int32(li), int32(nq), int32(nkv), int32(hd), int32(qkvW), scaleLog2)
 			if err != nil {

@@ -9,8 +9,18 @@ import (
 	"github.com/twell-ai/twell/gpu"
 )
 
-//go:embed llm.cu
-var llmSrc []byte
+var (
+	//go:embed llm.cu
+	llmSrc []byte
+	//go:embed attn.cuh
+	attnCUH []byte
+	//go:embed attn_wgmma.cu
+	attnWGMMASrc []byte
+)
+
+// wgStages are the pipeline depths attn_wgmma.cu is built for; the first
+// is the default.
+var wgStages = []int{2, 3}
 
 // kernels are the compiled functions of llm.cu on one device.
 type kernels struct {
@@ -20,6 +30,11 @@ type kernels struct {
 	actMul                 *cuda.Function
 	gemv1, gemv4           *cuda.Function
 	qkvRope1, qkvRope4     *cuda.Function
+
+	// attnWG holds attn_wg64 by pipeline depth (wgStages), on sm_90a only;
+	// wgErr says why it is missing elsewhere.
+	attnWG map[int]*cuda.Function
+	wgErr  error
 }
 
 var (
@@ -35,7 +50,8 @@ func kernelsFor(dev *cuda.Device) (*kernels, error) {
 	if k := kernTab[dev]; k != nil {
 		return k, nil
 	}
-	mod, err := dev.Compile("llm.cu", llmSrc, gpu.Headers()...)
+	hdrs := headers()
+	mod, err := dev.Compile("llm.cu", llmSrc, hdrs...)
 	if err != nil {
 		return nil, fmt.Errorf("llm: compiling llm.cu: %w", err)
 	}
@@ -53,6 +69,42 @@ func kernelsFor(dev *cuda.Device) (*kernels, error) {
 			return nil, fmt.Errorf("llm: kernel %s: %w", f.name, err)
 		}
 	}
+	k.attnWG, k.wgErr = compileWGMMA(dev, hdrs)
 	kernTab[dev] = k
 	return k, nil
 }
+
+// headers are the compile options of this package's .cu files: package
+// gpu's headers and attn.cuh.
+func headers() []cuda.CompileOption {
+	return append(gpu.Headers(), cuda.WithHeader("attn.cuh", attnCUH))
+}
+
+// compileWGMMA builds attn_wgmma.cu, which needs sm_90a (Hopper).
+func compileWGMMA(dev *cuda.Device, hdrs []cuda.CompileOption) (map[int]*cuda.Function, error) {
+	if a := dev.Properties().Arch; a != "sm_90a" {
+		return nil, fmt.Errorf("llm: the wgmma attention kernel needs sm_90a (Hopper); %v is %s", dev, a)
+	}
+	var exprs []string
+	for _, st := range wgStages {
+		exprs = append(exprs, wgName(st))
+	}
+	mod, err := dev.Compile("attn_wgmma.cu", attnWGMMASrc, append(hdrs, cuda.WithNameExpressions(exprs...))...)
+	if err != nil {
+		return nil, fmt.Errorf("llm: compiling attn_wgmma.cu: %w", err)
+	}
+	fs := map[int]*cuda.Function{}
+	for _, st := range wgStages {
+		if fs[st], err = mod.Function(wgName(st)); err != nil {
+			return nil, fmt.Errorf("llm: kernel %s: %w", wgName(st), err)
+		}
+	}
+	return fs, nil
+}
+
+func wgName(stages int) string { return fmt.Sprintf("attn_wg64<%d>", stages) }
+
+// wgSmem is the dynamic shared memory of attn_wg64 with the given
+// pipeline depth: the 128 query rows and the stages' 64-key K and V blocks,
+// 128 bytes a row, plus 1024 bytes for aligning the base.
+func wgSmem(stages int) int { return (attnBQ+stages*2*64)*128 + 1024 }

@@ -18,8 +18,7 @@
 
 #include "common.cuh"
 #include "rowdot.cuh"
-
-#define NEG_INF __uint_as_float(0xff800000u)
+#include "attn.cuh"
 
 // block_sum returns the sum of v over the block (blockDim.x a multiple of
 // 32, at most 1024) to every thread.
@@ -296,8 +295,6 @@ extern "C" __global__ void rope_kv(u16* __restrict__ qkv, const float* __restric
 // read from the KV cache (GQA: query head h reads kv head h / (nq/nkv)).
 // Both kernels use an online softmax over the keys: no score matrix.
 
-#define ATT_BQ 128  // queries per work item (attn_fa: NW * WM * 16)
-
 // attn_ref: the plain kernel (any even hd <= 256). One CTA per (work item,
 // head), blockIdx.x = item * nq + head as in attn_fa; 8 warps;
 // each warp takes queries of the item one at a time, each lane holding hd/32
@@ -364,19 +361,6 @@ __device__ __forceinline__ void mma16816(float (&d)[4], const u32 (&a)[4], u32 b
       "{%0,%1,%2,%3};"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// ex2 is 2^x (flushing denormals; 2^-inf = 0).
-__device__ __forceinline__ float ex2(float x) {
-  float r;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
-  return r;
-}
-
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 
 // ldsm4 / ldsm4t: four 8x8 bf16 matrices from shared memory (lanes 8i..8i+7
@@ -522,48 +506,8 @@ __device__ __forceinline__ void attn_fa_body(const u16* __restrict__ qkv, u16* _
 #pragma unroll
       for (int i = 0; i < WM; ++i) {
         // Mask keys past each row's position on the diagonal blocks.
-        if (k0 + BK - 1 > past + row0[i]) {
-#pragma unroll
-          for (int j = 0; j < BK / 8; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e)
-              if (k0 + j * 8 + tq * 2 + (e & 1) > past + row0[i] + g + (e >> 1) * 8) sc[i][j][e] = NEG_INF;
-        }
-        float mx[2] = {NEG_INF, NEG_INF};
-#pragma unroll
-        for (int j = 0; j < BK / 8; ++j)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) mx[e >> 1] = fmaxf(mx[e >> 1], sc[i][j][e]);
-        float corr[2], ms[2];
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
-          mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
-          // Running maxima are kept scaled (log2 units). Finite: key 0 is
-          // in every row's first block.
-          float mn = fmaxf(mrow[i][h], mx[h] * scale_log2);
-          corr[h] = ex2(mrow[i][h] - mn);
-          mrow[i][h] = mn;
-          ms[h] = mn;
-        }
-        float ls[2] = {0.f, 0.f};
-#pragma unroll
-        for (int j = 0; j < BK / 8; ++j)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            float p = ex2(fmaf(sc[i][j][e], scale_log2, -ms[e >> 1]));
-            sc[i][j][e] = p;
-            ls[e >> 1] += p;
-          }
-#pragma unroll
-        for (int h = 0; h < 2; ++h) lrow[i][h] = lrow[i][h] * corr[h] + ls[h];
-#pragma unroll
-        for (int j = 0; j < HD / 8; ++j) {
-          o[i][j][0] *= corr[0];
-          o[i][j][1] *= corr[0];
-          o[i][j][2] *= corr[1];
-          o[i][j][3] *= corr[1];
-        }
+        if (k0 + BK - 1 > past + row0[i]) mask_after(sc[i], k0, past + row0[i] + g, tq);
+        softmax_step(sc[i], mrow[i], lrow[i], o[i], scale_log2);
       }
       // O += P V: the score fragments of key tiles 2kk and 2kk+1 are the A
       // fragment of key slice kk.
@@ -571,12 +515,7 @@ __device__ __forceinline__ void attn_fa_body(const u16* __restrict__ qkv, u16* _
       for (int kk = 0; kk < BK / 16; ++kk) {
         u32 a[WM][4];
 #pragma unroll
-        for (int i = 0; i < WM; ++i) {
-          a[i][0] = cvt_bf2(sc[i][2 * kk][0], sc[i][2 * kk][1]);
-          a[i][1] = cvt_bf2(sc[i][2 * kk][2], sc[i][2 * kk][3]);
-          a[i][2] = cvt_bf2(sc[i][2 * kk + 1][0], sc[i][2 * kk + 1][1]);
-          a[i][3] = cvt_bf2(sc[i][2 * kk + 1][2], sc[i][2 * kk + 1][3]);
-        }
+        for (int i = 0; i < WM; ++i) p_frag(sc[i], kk, a[i]);
 #pragma unroll
         for (int j = 0; j < HD / 8; j += 2) {
           u32 b0, b1, b2, b3;
@@ -594,18 +533,8 @@ __device__ __forceinline__ void attn_fa_body(const u16* __restrict__ qkv, u16* _
 #pragma unroll
   for (int i = 0; i < WM; ++i) {
     if (klast[i] < 0) continue;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float l = lrow[i][h];
-      l += __shfl_xor_sync(0xffffffffu, l, 1);
-      l += __shfl_xor_sync(0xffffffffu, l, 2);
-      int row = row0[i] + g + h * 8;
-      if (row >= n) continue;
-      float il = 1.f / l;
-      u16* orow = out + (size_t)(qs + row) * nq * HD + head * HD + tq * 2;
-#pragma unroll
-      for (int j = 0; j < HD / 8; ++j) *(u32*)(orow + j * 8) = pack_bf2(o[i][j][2 * h] * il, o[i][j][2 * h + 1] * il);
-    }
+    int row = row0[i] + g;
+    store_rows(o[i], lrow[i], out + (size_t)(qs + row) * nq * HD + head * HD + tq * 2, (size_t)nq * HD, row, n);
   }
 }
 

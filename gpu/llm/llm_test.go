@@ -10,7 +10,6 @@ import (
 
 	"github.com/twell-ai/twell/cuda"
 	"github.com/twell-ai/twell/cuda/cudatest"
-	"github.com/twell-ai/twell/gpu"
 	"github.com/twell-ai/twell/model"
 	"github.com/twell-ai/twell/synth"
 )
@@ -31,7 +30,7 @@ func TestMain(m *testing.M) {
 // TestCompile compiles llm.cu to PTX: it needs NVRTC but no GPU.
 func TestCompile(t *testing.T) {
 	cudatest.Compiler(t)
-	prog, err := cuda.CompileProgram("llm.cu", llmSrc, append(gpu.Headers(), cuda.WithArch("compute_90"))...)
+	prog, err := cuda.CompileProgram("llm.cu", llmSrc, append(headers(), cuda.WithArch("compute_90"))...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -45,6 +44,34 @@ func TestCompile(t *testing.T) {
 	}
 	if prog.Log != "" {
 		t.Logf("NVRTC log:\n%s", prog.Log)
+	}
+}
+
+// TestCompileWGMMA compiles attn_wgmma.cu for compute_90a, which needs
+// NVRTC 12 or later (but no GPU).
+func TestCompileWGMMA(t *testing.T) {
+	cudatest.Compiler(t)
+	if major, minor, _, _ := cuda.NVRTCVersion(); major < 12 {
+		t.Skipf("NVRTC %d.%d cannot target compute_90a", major, minor)
+	}
+	var exprs []string
+	for _, st := range wgStages {
+		exprs = append(exprs, wgName(st))
+	}
+	prog, err := cuda.CompileProgram("attn_wgmma.cu", attnWGMMASrc,
+		append(headers(), cuda.WithArch("compute_90a"), cuda.WithNameExpressions(exprs...))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ptx := string(prog.Image)
+	if n := strings.Count(ptx, ".entry "); n != len(exprs) {
+		t.Errorf("%d kernels in the PTX, want %d", n, len(exprs))
+	}
+	if n := strings.Count(ptx, "wgmma.mma_async"); n < 8*len(exprs) {
+		t.Errorf("%d wgmma.mma_async in the PTX, want at least %d", n, 8*len(exprs))
+	}
+	if strings.Contains(ptx, ".local") {
+		t.Errorf("the PTX uses local memory")
 	}
 }
 
@@ -473,11 +500,12 @@ func TestGraphDecodeMatchesEager(t *testing.T) {
 }
 
 // TestAttentionLongMatchesRef runs sequences over several query and key
-// blocks through the tensor-core attention (head_dim 64 and 128) and the
+// blocks through the tensor-core attention kernels (mma.sync for head_dim
+// 64 and 128, and on Hopper wgmma at both pipeline depths for 64) and the
 // plain kernel: a prefill of 300 and 1 tokens, then a second pass adding
 // 150 and 129 tokens after them (queries that start past block edges, and
-// a cache already holding keys). Logits of both kernels must agree with
-// each other and with the CPU model.
+// a cache already holding keys). Logits of every kernel must agree with
+// the plain kernel's and with the CPU model's.
 func TestAttentionLongMatchesRef(t *testing.T) {
 	dev := cudatest.Device(t)
 	cudatest.Compiler(t)
@@ -509,7 +537,11 @@ func TestAttentionLongMatchesRef(t *testing.T) {
 				}
 				return out
 			}
-			fa, ref := run("mma"), run("ref")
+			kernels := []string{"mma"}
+			if c.HeadDim == 64 && dev.Properties().Arch == "sm_90a" {
+				kernels = append(kernels, "wgmma2", "wgmma3")
+			}
+			ref := run("ref")
 			cpuC := []*model.Cache{m.NewCache(460), m.NewCache(460)}
 			var want [][]float32
 			for _, toks := range passes {
@@ -519,14 +551,17 @@ func TestAttentionLongMatchesRef(t *testing.T) {
 				}
 				want = append(want, l...)
 			}
-			if d, err := relDiff(fa, ref); err != nil || d > 1e-2 {
-				t.Errorf("seed %d: mma vs plain kernel: rel diff %.3g (err %v)", seed, d, err)
+			for _, k := range kernels {
+				got := run(k)
+				if d, err := relDiff(got, ref); err != nil || d > 1e-2 {
+					t.Errorf("seed %d: %s vs plain kernel: rel diff %.3g (err %v)", seed, k, d, err)
+				}
+				d, err := relDiff(got, want)
+				if err != nil || d > bf16Tol {
+					t.Errorf("seed %d: %s vs CPU: rel diff %.3g (err %v)", seed, k, d, err)
+				}
+				t.Logf("seed %d: %s vs CPU rel diff %.2e", seed, k, d)
 			}
-			d, err := relDiff(fa, want)
-			if err != nil || d > bf16Tol {
-				t.Errorf("seed %d: mma vs CPU: rel diff %.3g (err %v)", seed, d, err)
-			}
-			t.Logf("seed %d: mma vs CPU rel diff %.2e", seed, d)
 		})
 	}
 }

@@ -1,0 +1,108 @@
+// attn.cuh: what the attention kernels of llm.cu (mma.sync) and
+// attn_wgmma.cu (Hopper wgmma) share: the work-item size, the cp.async
+// group calls, and the per-tile online-softmax step.
+//
+// Score and output tiles are 16 query rows in the mma/wgmma accumulator
+// layout: in a warp, lane = 4 g + tq holds x[j][2h + e] = row g + 8h,
+// column 8j + 2tq + e.
+#pragma once
+#include "common.cuh"
+
+#define NEG_INF __uint_as_float(0xff800000u)
+#define ATT_BQ 128  // queries per work item (one CTA of an attention kernel)
+
+// ex2 is 2^x (flushing denormals; 2^-inf = 0).
+__device__ __forceinline__ float ex2(float x) {
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+// mask_after sets to -inf the scores of keys k0 + column past each row's
+// last key: last0 for row g, last0 + 8 for row g + 8.
+template <int NJ>
+__device__ __forceinline__ void mask_after(float (&sc)[NJ][4], int k0, int last0, int tq) {
+#pragma unroll
+  for (int j = 0; j < NJ; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      if (k0 + j * 8 + tq * 2 + (e & 1) > last0 + (e >> 1) * 8) sc[j][e] = NEG_INF;
+}
+
+// softmax_step is one block of the online softmax for a 16-row tile: it
+// takes the raw scores sc of NJ x 8 keys, updates the running row maxima
+// mrow (kept scaled, in log2 units) and sums lrow, rescales the output
+// accumulators o, and leaves in sc the block's unnormalized probabilities.
+// The maxima stay finite because key 0 is in every row's first block.
+template <int NJ, int NO>
+__device__ __forceinline__ void softmax_step(float (&sc)[NJ][4], float (&mrow)[2], float (&lrow)[2], float (&o)[NO][4],
+                                             float scale_log2) {
+  float mx[2] = {NEG_INF, NEG_INF};
+#pragma unroll
+  for (int j = 0; j < NJ; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) mx[e >> 1] = fmaxf(mx[e >> 1], sc[j][e]);
+  float corr[2], ms[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+    mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+    float mn = fmaxf(mrow[h], mx[h] * scale_log2);
+    corr[h] = ex2(mrow[h] - mn);
+    mrow[h] = mn;
+    ms[h] = mn;
+  }
+  float ls[2] = {0.f, 0.f};
+#pragma unroll
+  for (int j = 0; j < NJ; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      float p = ex2(fmaf(sc[j][e], scale_log2, -ms[e >> 1]));
+      sc[j][e] = p;
+      ls[e >> 1] += p;
+    }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) lrow[h] = lrow[h] * corr[h] + ls[h];
+#pragma unroll
+  for (int j = 0; j < NO; ++j) {
+    o[j][0] *= corr[0];
+    o[j][1] *= corr[0];
+    o[j][2] *= corr[1];
+    o[j][3] *= corr[1];
+  }
+}
+
+// p_frag packs the probabilities of keys 16kk .. 16kk+15 (score columns
+// 2kk and 2kk+1) into the bf16 A fragment of the P V product.
+template <int NJ>
+__device__ __forceinline__ void p_frag(const float (&sc)[NJ][4], int kk, u32 (&a)[4]) {
+  a[0] = cvt_bf2(sc[2 * kk][0], sc[2 * kk][1]);
+  a[1] = cvt_bf2(sc[2 * kk][2], sc[2 * kk][3]);
+  a[2] = cvt_bf2(sc[2 * kk + 1][0], sc[2 * kk + 1][1]);
+  a[3] = cvt_bf2(sc[2 * kk + 1][2], sc[2 * kk + 1][3]);
+}
+
+// store_rows writes a 16-row output tile, normalized by the row sums (summed
+// over the quad here), for the rows below n; orow0 points at row g's first
+// column of this lane (column 2tq).
+template <int NO>
+__device__ __forceinline__ void store_rows(const float (&o)[NO][4], const float (&lrow)[2], u16* orow0, size_t pitch,
+                                           int row_g, int n) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float l = lrow[h];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    if (row_g + 8 * h >= n) continue;
+    float il = 1.f / l;
+    u16* orow = orow0 + (size_t)(8 * h) * pitch;
+#pragma unroll
+    for (int j = 0; j < NO; ++j) *(u32*)(orow + j * 8) = pack_bf2(o[j][2 * h] * il, o[j][2 * h + 1] * il);
+  }
+}

@@ -1,0 +1,170 @@
+// attn_wgmma.cu: the Hopper (sm_90a) attention kernel for head_dim 64
+// (package gpu/llm compiles it only for sm_90a). Same interface, work items
+// and results as attn_fa64 in llm.cu; the products run on wgmma instead of
+// mma.sync.
+//
+// One CTA per (work item, head), blockIdx.x = item * nq + head; two
+// warpgroups, warpgroup w owning the item's queries 64w .. 64w+63 (warp i of
+// it rows 16i .. 16i+15). The CTA's 128 query rows and blocks of 64 keys and
+// values stream into shared memory through a cp.async pipeline of STAGES
+// blocks, every row of 64 bf16 (128 bytes) stored with the 128-byte swizzle
+// (16-byte chunk c of row r at r * 128 + ((c ^ (r % 8)) * 16), 1024-byte
+// aligned): K-major for Q and K in S = Q K^T, and MN-major for V (keys are
+// the reduction) in O += P V, whose A operand, P in bf16, comes from
+// registers (the accumulator layout of S is the A fragment layout). Rows and
+// keys past the sequence are zero-filled. Per block: S by 4 wgmma
+// m64n64k16, the causal mask on diagonal blocks, the online softmax of
+// attn.cuh, then P V by 4 wgmma m64n64k16.
+
+#include "common.cuh"
+#include "attn.cuh"
+
+// wg_ss64 issues wgmma m64n64k16 (bf16 in, fp32 accumulate) with A and B
+// from shared memory descriptors, both K-major; scale_d = 0 overwrites d.
+__device__ __forceinline__ void wg_ss64(float (&d)[8][4], u64 da, u64 db, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+      : "l"(da), "l"(db), "r"(scale_d));
+}
+
+// wg_rs64t issues wgmma m64n64k16 adding A (bf16 fragments in registers, the
+// mma.m16n8k16 A layout per warp) times B (shared memory descriptor,
+// MN-major) to d.
+__device__ __forceinline__ void wg_rs64t(float (&d)[8][4], const u32 (&a)[4], u64 db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, p, 1, 1, 1;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+
+// sw128_desc is the shared memory matrix descriptor of a tile of 128-byte
+// rows with the 128-byte swizzle, 8-row groups 1024 bytes apart: K-major
+// (Q, K) or MN-major with one 64-column atom (V), where the leading byte
+// offset is unused.
+__device__ __forceinline__ u64 sw128_desc(u32 addr) {
+  return (u64)((addr & 0x3FFFFu) >> 4) | (u64)1 << 16 | (u64)(1024 >> 4) << 32 | (u64)1 << 62;
+}
+
+__device__ __forceinline__ u32 swz(int r, int c) { return (u32)(r * 128 + ((c ^ (r & 7)) << 4)); }
+
+// keep_live stops the compiler from reading or reusing registers that an
+// in-flight wgmma writes or reads until the wait before it.
+template <int N>
+__device__ __forceinline__ void keep_live(float (&d)[N][4]) {
+#pragma unroll
+  for (int j = 0; j < N; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(d[j][e])::"memory");
+}
+__device__ __forceinline__ void keep_live(u32 (&a)[4][4]) {
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(a[j][e])::"memory");
+}
+
+#define WG_BK 64  // keys per block
+
+// attn_wg64<STAGES>: see the top of the file. Dynamic shared memory:
+// (128 + STAGES * 2 * 64) * 128 bytes, plus 1024 for alignment.
+template <int STAGES>
+__global__ void __launch_bounds__(256, 2)
+    attn_wg64(const u16* __restrict__ qkv, u16* __restrict__ out, const int* __restrict__ items,
+              const int* __restrict__ seq_q0, const int* __restrict__ seq_n, const int* __restrict__ seq_past,
+              const u64* __restrict__ seq_base, const int* __restrict__ seq_cap, int layer, int nq, int nkv,
+              int qkv_w, float scale_log2) {
+  constexpr int HD = 64, BK = WG_BK;
+  constexpr u32 QBYTES = ATT_BQ * 128, BLK = BK * 128;  // Q tile; one K or V block
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const u32 sQ = (smem_addr(smem_raw) + 1023u) & ~1023u, sKV = sQ + QBYTES;
+
+  int item = blockIdx.x / nq, head = blockIdx.x % nq;
+  int s = items[2 * item], q0 = items[2 * item + 1];
+  int n = seq_n[s], past = seq_past[s], qs = seq_q0[s], cap = seq_cap[s];
+  int kh = head / (nq / nkv);
+  const u16* K = (const u16*)seq_base[s] + ((size_t)(layer * 2) * nkv + kh) * cap * HD;
+  const u16* V = (const u16*)seq_base[s] + ((size_t)(layer * 2 + 1) * nkv + kh) * cap * HD;
+  const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
+  const int g = lane >> 2, tq = lane & 3;
+  const int kend = past + min(q0 + ATT_BQ, n);  // keys [0, kend) are needed by the CTA
+  const int nblk = (kend + BK - 1) / BK;
+  const int wrow0 = q0 + wg * 64;                                      // the warpgroup's first query
+  const int wklast = wrow0 < n ? past + min(wrow0 + 63, n - 1) : -1;  // and the last key it needs
+  const int trow0 = wrow0 + warp * 16;                                 // the warp's first query
+
+  for (int idx = tid; idx < ATT_BQ * 8; idx += 256) {
+    int r = idx >> 3, c = idx & 7, row = q0 + r;
+    bool ok = row < n;
+    cp_async16(sQ + swz(r, c), qkv + (size_t)(qs + (ok ? row : 0)) * qkv_w + head * HD + c * 8, ok);
+  }
+  // load queues block blk (if any) and commits a group either way, so that
+  // every iteration waits for the same count.
+  auto load = [&](int blk) {
+    if (blk < nblk) {
+      int k0 = blk * BK;
+      u32 sk = sKV + (u32)(blk % STAGES) * 2 * BLK, sv = sk + BLK;
+      for (int idx = tid; idx < BK * 8; idx += 256) {
+        int r = idx >> 3, c = idx & 7, key = k0 + r;
+        bool ok = key < kend;
+        size_t off = (size_t)(ok ? key : 0) * HD + c * 8;
+        cp_async16(sk + swz(r, c), K + off, ok);
+        cp_async16(sv + swz(r, c), V + off, ok);
+      }
+    }
+    cp_async_commit();
+  };
+#pragma unroll
+  for (int i = 0; i < STAGES - 1; ++i) load(i);
+
+  float o[HD / 8][4];
+#pragma unroll
+  for (int j = 0; j < HD / 8; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
+  float mrow[2] = {NEG_INF, NEG_INF}, lrow[2] = {0.f, 0.f};
+  const u64 dq = sw128_desc(sQ + (u32)wg * 64 * 128);
+
+  for (int kb = 0; kb < nblk; ++kb) {
+    load(kb + STAGES - 1);
+    cp_async_wait<STAGES - 1>();
+    // cp.async wrote through the generic proxy; wgmma reads through the async one.
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    __syncthreads();
+    const int k0 = kb * BK;
+    if (k0 <= wklast) {  // uniform over the warpgroup, as wgmma needs
+      const u32 sk = sKV + (u32)(kb % STAGES) * 2 * BLK;
+      const u64 dk = sw128_desc(sk), dv = sw128_desc(sk + BLK);
+      float sc[BK / 8][4];
+#pragma unroll
+      for (int j = 0; j < BK / 8; ++j) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.f;
+      keep_live(sc);
+      asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+      for (int kk = 0; kk < HD / 16; ++kk) wg_ss64(sc, dq + 2 * kk, dk + 2 * kk, kk);  // +32 bytes per k step
+      asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+      asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+      keep_live(sc);
+      if (k0 + BK - 1 > past + trow0) mask_after(sc, k0, past + trow0 + g, tq);
+      softmax_step(sc, mrow, lrow, o, scale_log2);
+      u32 p[BK / 16][4];
+#pragma unroll
+      for (int kk = 0; kk < BK / 16; ++kk) p_frag(sc, kk, p[kk]);
+      keep_live(o);
+      keep_live(p);
+      asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+      for (int kk = 0; kk < BK / 16; ++kk) wg_rs64t(o, p[kk], dv + kk * (16 * 128 >> 4));  // 16 keys per k step
+      asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+      asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+      keep_live(o);
+      keep_live(p);
+    }
+    __syncthreads();  // the stage just read is a later load's target
+  }
+  cp_async_wait<0>();
+  if (trow0 < n) {
+    int row = trow0 + g;
+    store_rows(o, lrow, out + (size_t)(qs + row) * nq * HD + head * HD + tq * 2, (size_t)nq * HD, row, n);
+  }
+}
