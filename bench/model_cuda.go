@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"strings"
 	"time"
 
 	"github.com/twell-ai/twell/cuda"
@@ -33,6 +34,23 @@ type ModelCUDAResult struct {
 	TwELLLayers     int     `json:"twell_layers"`
 	// AttentionKernel is the attention kernel of the prefill passes.
 	AttentionKernel string `json:"attention_kernel"`
+	// PrefillStepMS is the GPU time of each kind of step (llm.Stats.StepMS)
+	// in one more prefill pass, timed with CUDA events between the steps.
+	PrefillStepMS map[string]float64 `json:"prefill_step_ms"`
+}
+
+// formatSteps lists step times in the order a layer runs them, and their sum.
+func formatSteps(ms map[string]float64) string {
+	var b strings.Builder
+	sum := 0.0
+	for _, k := range []string{"embed", "norm", "qkv", "rope", "attention", "o_proj", "mlp", "head"} {
+		if v, ok := ms[k]; ok {
+			fmt.Fprintf(&b, "%s %.1f, ", k, v)
+			sum += v
+		}
+	}
+	fmt.Fprintf(&b, "sum %.1f", sum)
+	return b.String()
 }
 
 // buildModel loads o.Dir or builds the preset with calibrated sparse gates.
@@ -241,6 +259,15 @@ func ModelCUDA(o ModelOptions, progress func(string)) ([]ModelCUDAResult, error)
 		}
 		res.PrefillMS = Median(times)
 		res.PrefillTokPerMS = float64(res.PrefillTokens) / res.PrefillMS
+		// One more prefill, profiled: where its time goes, step by step.
+		e.Profile = true
+		err := prefill()
+		e.Profile = false
+		if err != nil {
+			return nil, err
+		}
+		res.PrefillStepMS = stats.StepMS
+		progress(fmt.Sprintf("%s: profiled prefill, ms by step: %s", path, formatSteps(stats.StepMS)))
 		if path == "twell" {
 			for _, a := range stats.MeanActive {
 				res.MLPActive = append(res.MLPActive, a)

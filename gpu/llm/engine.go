@@ -46,6 +46,10 @@ type Engine struct {
 	// "wgmma" (head_dim 64, sm_90a; "wgmma2" and "wgmma3" pick its
 	// pipeline depth), "mma" or "ref" (the plain kernel, any head_dim).
 	Attention string
+	// Profile makes Forward time each kind of step with CUDA events and
+	// report it in Stats.StepMS (for diagnosis: it adds an event record
+	// per step, and steps replayed from a CUDA graph are not timed).
+	Profile bool
 	// NoGraphs turns off replaying decode steps from CUDA graphs
 	// (graphs.go); every step then queues its kernels one by one. NewEngine
 	// sets it when the environment variable TWELL_GRAPHS is "0".
@@ -85,6 +89,9 @@ type Engine struct {
 	weightBytes  int64
 
 	hostLogits *cuda.HostBuffer // ReuseLogits' buffer
+
+	prof   stepProfile // Profile's events
+	profOn bool        // the pass being queued is profiled
 
 	gen      uint64 // reallocations of engine buffers (a recorded graph uses their addresses)
 	graphs   map[int]*stepGraph
@@ -368,6 +375,7 @@ func (e *Engine) Close() error {
 		errs = append(errs, e.hostLogits.Free())
 		e.hostLogits = nil
 	}
+	errs = append(errs, e.prof.close())
 	e.layers, e.ws = nil, workspace{}
 	if e.stream != nil {
 		errs = append(errs, e.stream.Destroy())

@@ -29,6 +29,12 @@ type Stats struct {
 	// SparseLayer is, per layer, whether every MLP call of the step ran
 	// the sparse (TwELL) path.
 	SparseLayer []bool
+	// StepMS is, with Engine.Profile set, the GPU time of each kind of step
+	// summed over the layers, in milliseconds: "embed", "norm" (both
+	// add_rmsnorm calls), "qkv", "rope", "attention", "o_proj", "mlp" and
+	// "head" (final norm, LM head, logits copy). Nil otherwise, and for
+	// steps replayed from a CUDA graph.
+	StepMS map[string]float64
 }
 
 // batch is the host side of one forward pass: the flattened tokens and the
@@ -265,8 +271,16 @@ func (e *Engine) Forward(caches []*Cache, tokens [][]int, allLogits bool) ([][]f
 	if err != nil {
 		return nil, nil, err
 	}
+	if e.profiling() {
+		e.prof.mark(e.dev, e.stream, "head")
+	}
 	if err := e.stream.Synchronize(); err != nil {
 		return nil, nil, err
+	}
+	if e.profiling() {
+		if st.StepMS, err = e.prof.collect(); err != nil {
+			return nil, nil, fmt.Errorf("llm: profile: %w", err)
+		}
 	}
 	for s, toks := range tokens {
 		caches[s].Len += len(toks)
@@ -293,10 +307,16 @@ func (e *Engine) queue(b *batch) (*Stats, error) {
 		st.MeanActive[i] = -1
 	}
 	if ok, err := e.replay(b, st); ok || err != nil {
+		e.profOn = false
 		return st, err
 	}
+	e.profOn = e.Profile
 	return st, e.layersQueue(b, st, nil)
 }
+
+// profiling reports whether the pass being queued is profiled: Profile is
+// set and it is not replayed from a graph.
+func (e *Engine) profiling() bool { return e.profOn }
 
 // prepare sizes the workspace and RoPE tables for b and uploads its
 // metadata.
@@ -389,9 +409,15 @@ func (e *Engine) layersQueue(b *batch, st *Stats, paths []gpu.Path) error {
 	blk := cuda.Dim3{256, 1, 1}
 	grid := cuda.Dim3{uint32(T), 1, 1}
 	nblk := normBlock(h)
+	prof := func(step string) {}
+	if e.profOn && paths == nil {
+		e.prof.begin(e.dev, s)
+		prof = func(step string) { e.prof.mark(e.dev, s, step) }
+	}
 	if err := e.k.embed.Launch(grid, blk, 0, s, e.embed, ids, ws.resid, int32(h)); err != nil {
 		return fmt.Errorf("llm: embed: %w", err)
 	}
+	prof("embed")
 	attn, attnSmem, attnRef, err := e.attentionKernel(T)
 	if err != nil {
 		return err
@@ -407,6 +433,7 @@ func (e *Engine) layersQueue(b *batch, st *Stats, paths []gpu.Path) error {
 		if err := e.k.addNorm.Launch(grid, nblk, 0, s, ws.resid, delta, none, l.attnNorm, ws.hn, int32(h), eps); err != nil {
 			return fmt.Errorf("llm: layer %d norm: %w", li, err)
 		}
+		prof("norm")
 		if e.gemv(T, h) {
 			// Decode step: projection, RoPE and cache write in one kernel.
 			fn := e.k.qkvRope4
@@ -418,14 +445,17 @@ func (e *Engine) layersQueue(b *batch, st *Stats, paths []gpu.Path) error {
 				int32(hd), int32(qkvW)); err != nil {
 				return fmt.Errorf("llm: layer %d qkv + rope: %w", li, err)
 			}
+			prof("qkv")
 		} else {
 			if err := e.project(T, qkvW, h, ws.hn, l.qkv, ws.qkv); err != nil {
 				return fmt.Errorf("llm: layer %d qkv: %w", li, err)
 			}
+			prof("qkv")
 			if err := e.k.ropeKV.Launch(grid, blk, 0, s, ws.qkv, e.cosB, e.sinB, tokSeq, tokPos, base, seqCap,
 				int32(li), int32(nq), int32(nkv), int32(hd), int32(qkvW)); err != nil {
 				return fmt.Errorf("llm: layer %d rope: %w", li, err)
 			}
+			prof("rope")
 		}
 		ag := cuda.Dim3{uint32(b.items * nq), 1, 1}
 		if attnRef {
@@ -438,12 +468,15 @@ func (e *Engine) layersQueue(b *batch, st *Stats, paths []gpu.Path) error {
 			int32(li), int32(nq), int32(nkv), int32(qkvW), scaleLog2); err != nil {
 			return fmt.Errorf("llm: layer %d attention: %w", li, err)
 		}
+		prof("attention")
 		if err := e.project(T, h, nq*hd, ws.hn, l.o, ws.proj); err != nil {
 			return fmt.Errorf("llm: layer %d o_proj: %w", li, err)
 		}
+		prof("o_proj")
 		if err := e.k.addNorm.Launch(grid, nblk, 0, s, ws.resid, ws.proj, none, l.mlpNorm, ws.hn, int32(h), eps); err != nil {
 			return fmt.Errorf("llm: layer %d norm: %w", li, err)
 		}
+		prof("norm")
 		var fixed *gpu.Path
 		if paths != nil {
 			fixed = &paths[li]
@@ -453,6 +486,7 @@ func (e *Engine) layersQueue(b *batch, st *Stats, paths []gpu.Path) error {
 			return fmt.Errorf("llm: layer %d MLP: %w", li, err)
 		}
 		st.SparseLayer[li] = sparse
+		prof("mlp")
 	}
 	return nil
 }

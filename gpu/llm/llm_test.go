@@ -359,6 +359,45 @@ func TestReuseLogits(t *testing.T) {
 	}
 }
 
+// TestProfile checks that a profiled pass reports every kind of step, with
+// logits identical to an unprofiled pass, and that an unprofiled pass
+// reports none.
+func TestProfile(t *testing.T) {
+	dev := cudatest.Device(t)
+	cudatest.Compiler(t)
+	r, seed := cudatest.Rand()
+	c := testConfig(64, 3, 2, true)
+	m := sparseModel(t, c, r, seed)
+	e := newEngine(t, dev, m, seed)
+	if err := e.SetMLPPath("dense"); err != nil {
+		t.Fatal(err)
+	}
+	seqs := [][]int{randTokens(r, 70, c.VocabSize), randTokens(r, 3, c.VocabSize)}
+	want, st, err := e.Forward(gpuCaches(t, e, 2, 80), seqs, false)
+	if err != nil {
+		t.Fatalf("seed %d: %v", seed, err)
+	}
+	if st.StepMS != nil {
+		t.Errorf("seed %d: unprofiled pass reported steps %v", seed, st.StepMS)
+	}
+	e.Profile = true
+	got, st, err := e.Forward(gpuCaches(t, e, 2, 80), seqs, false)
+	if err != nil {
+		t.Fatalf("seed %d: %v", seed, err)
+	}
+	for _, step := range []string{"embed", "norm", "qkv", "rope", "attention", "o_proj", "mlp", "head"} {
+		if v, ok := st.StepMS[step]; !ok || !(v > 0) || math.IsInf(v, 0) {
+			t.Errorf("seed %d: step %q: %v ms (reported %v)", seed, step, v, ok)
+		}
+	}
+	if len(st.StepMS) != 8 {
+		t.Errorf("seed %d: steps %v, want 8 kinds", seed, st.StepMS)
+	}
+	if d, err := relDiff(got, want); err != nil || d != 0 {
+		t.Errorf("seed %d: profiled logits differ: rel diff %g (err %v)", seed, d, err)
+	}
+}
+
 // TestBatchedPrefillMatchesSeparate checks that a batch of two sequences of
 // different lengths gives each sequence the logits of running it alone.
 func TestBatchedPrefillMatchesSeparate(t *testing.T) {
