@@ -168,3 +168,59 @@ __global__ void __launch_bounds__(256, 2)
     store_rows(o, lrow, out + (size_t)(qs + row) * nq * HD + head * HD + tq * 2, (size_t)nq * HD, row, n);
   }
 }
+
+// attn_wg64_probe checks the two products of attn_wg64 in isolation (tests
+// only; one CTA of one warpgroup): with q, k, v each 64 x 64 bf16 row-major
+// in global memory, it writes s = q k^T (fp32, 64 x 64, row-major) through
+// the same shared memory layout and descriptors as attn_wg64, then
+// o = bf16(s) v, with P taken from s's accumulators as attn_wg64 takes it.
+extern "C" __global__ void __launch_bounds__(128)
+    attn_wg64_probe(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __restrict__ v,
+                    float* __restrict__ s_out, float* __restrict__ o_out) {
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const u32 sQ = (smem_addr(smem_raw) + 1023u) & ~1023u, sK = sQ + 8192, sV = sK + 8192;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, tq = lane & 3;
+  for (int idx = tid; idx < 64 * 8; idx += 128) {
+    int r = idx >> 3, c = idx & 7;
+    cp_async16(sQ + swz(r, c), q + r * 64 + c * 8, true);
+    cp_async16(sK + swz(r, c), k + r * 64 + c * 8, true);
+    cp_async16(sV + swz(r, c), v + r * 64 + c * 8, true);
+  }
+  cp_async_commit();
+  cp_async_wait<0>();
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  __syncthreads();
+  const u64 dq = sw128_desc(sQ), dk = sw128_desc(sK), dv = sw128_desc(sV);
+  float sc[8][4], o[8][4];
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) sc[j][e] = o[j][e] = 0.f;
+  keep_live(sc);
+  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) wg_ss64(sc, dq + 2 * kk, dk + 2 * kk, kk);
+  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+  asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+  keep_live(sc);
+  u32 p[4][4];
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) p_frag(sc, kk, p[kk]);
+  keep_live(o);
+  keep_live(p);
+  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) wg_rs64t(o, p[kk], dv + kk * (16 * 128 >> 4));
+  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+  asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+  keep_live(o);
+  keep_live(p);
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      int row = warp * 16 + g + (e >> 1) * 8, col = j * 8 + tq * 2 + (e & 1);
+      s_out[row * 64 + col] = sc[j][e];
+      o_out[row * 64 + col] = o[j][e];
+    }
+}

@@ -54,7 +54,7 @@ func TestCompileWGMMA(t *testing.T) {
 	if major, minor, _, _ := cuda.NVRTCVersion(); major < 12 {
 		t.Skipf("NVRTC %d.%d cannot target compute_90a", major, minor)
 	}
-	var exprs []string
+	exprs := []string{"attn_wg64_probe"}
 	for _, st := range wgStages {
 		exprs = append(exprs, wgName(st))
 	}
