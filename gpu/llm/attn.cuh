@@ -35,20 +35,21 @@ __device__ __forceinline__ void mask_after(float (&sc)[NJ][4], int k0, int last0
       if (k0 + j * 8 + tq * 2 + (e & 1) > last0 + (e >> 1) * 8) sc[j][e] = NEG_INF;
 }
 
-// softmax_step is one block of the online softmax for a 16-row tile: it
+// softmax_probs is one block of the online softmax for a 16-row tile: it
 // takes the raw scores sc of NJ x 8 keys, updates the running row maxima
-// mrow (kept scaled, in log2 units) and sums lrow, rescales the output
-// accumulators o, and leaves in sc the block's unnormalized probabilities.
-// The maxima stay finite because key 0 is in every row's first block.
-template <int NJ, int NO>
-__device__ __forceinline__ void softmax_step(float (&sc)[NJ][4], float (&mrow)[2], float (&lrow)[2], float (&o)[NO][4],
-                                             float scale_log2) {
+// mrow (kept scaled, in log2 units) and sums lrow, leaves in sc the block's
+// unnormalized probabilities, and returns in corr the factor by which the
+// rows' earlier outputs must be scaled. The maxima stay finite because key
+// 0 is in every row's first block.
+template <int NJ>
+__device__ __forceinline__ void softmax_probs(float (&sc)[NJ][4], float (&mrow)[2], float (&lrow)[2], float (&corr)[2],
+                                              float scale_log2) {
   float mx[2] = {NEG_INF, NEG_INF};
 #pragma unroll
   for (int j = 0; j < NJ; ++j)
 #pragma unroll
     for (int e = 0; e < 4; ++e) mx[e >> 1] = fmaxf(mx[e >> 1], sc[j][e]);
-  float corr[2], ms[2];
+  float ms[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
@@ -69,6 +70,11 @@ __device__ __forceinline__ void softmax_step(float (&sc)[NJ][4], float (&mrow)[2
     }
 #pragma unroll
   for (int h = 0; h < 2; ++h) lrow[h] = lrow[h] * corr[h] + ls[h];
+}
+
+// rescale multiplies a 16-row output tile's rows by corr.
+template <int NO>
+__device__ __forceinline__ void rescale(float (&o)[NO][4], const float (&corr)[2]) {
 #pragma unroll
   for (int j = 0; j < NO; ++j) {
     o[j][0] *= corr[0];
@@ -76,6 +82,16 @@ __device__ __forceinline__ void softmax_step(float (&sc)[NJ][4], float (&mrow)[2
     o[j][2] *= corr[1];
     o[j][3] *= corr[1];
   }
+}
+
+// softmax_step is softmax_probs followed by the rescaling of the output
+// accumulators o.
+template <int NJ, int NO>
+__device__ __forceinline__ void softmax_step(float (&sc)[NJ][4], float (&mrow)[2], float (&lrow)[2], float (&o)[NO][4],
+                                             float scale_log2) {
+  float corr[2];
+  softmax_probs(sc, mrow, lrow, corr, scale_log2);
+  rescale(o, corr);
 }
 
 // p_frag packs the probabilities of keys 16kk .. 16kk+15 (score columns

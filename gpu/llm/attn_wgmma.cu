@@ -68,15 +68,67 @@ __device__ __forceinline__ void keep_live(u32 (&a)[4][4]) {
 
 #define WG_BK 64  // keys per block
 
-// attn_wg64<STAGES>: see the top of the file. Dynamic shared memory:
-// (128 + STAGES * 2 * 64) * 128 bytes, plus 1024 for alignment.
-template <int STAGES>
+// wg_scores queues S = Q K^T for one block (4 wgmma, one commit group).
+__device__ __forceinline__ void wg_scores(float (&sc)[WG_BK / 8][4], u64 dq, u64 dk) {
+#pragma unroll
+  for (int j = 0; j < WG_BK / 8; ++j) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.f;
+  keep_live(sc);
+  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) wg_ss64(sc, dq + 2 * kk, dk + 2 * kk, kk);  // +32 bytes per k step
+  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+}
+
+// wg_pv queues O += P V for one block (4 wgmma, one commit group).
+__device__ __forceinline__ void wg_pv(float (&o)[8][4], u32 (&p)[4][4], u64 dv) {
+  keep_live(o);
+  keep_live(p);
+  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+  for (int kk = 0; kk < WG_BK / 16; ++kk) wg_rs64t(o, p[kk], dv + kk * (16 * 128 >> 4));  // 16 keys per k step
+  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+}
+
+// wg_scores_pv queues S = Q K^T for the next block, then O += P V for this
+// one, as two commit groups. Nothing but wgmma may define the accumulators
+// between the first wgmma and the wait, or ptxas serializes every wgmma of
+// the kernel (C7515): so all register fences come before both.
+__device__ __forceinline__ void wg_scores_pv(float (&sc)[WG_BK / 8][4], u64 dq, u64 dk, float (&o)[8][4], u32 (&p)[4][4],
+                                             u64 dv) {
+#pragma unroll
+  for (int j = 0; j < WG_BK / 8; ++j) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.f;
+  keep_live(sc);
+  keep_live(o);
+  keep_live(p);
+  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) wg_ss64(sc, dq + 2 * kk, dk + 2 * kk, kk);
+  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+#pragma unroll
+  for (int kk = 0; kk < WG_BK / 16; ++kk) wg_rs64t(o, p[kk], dv + kk * (16 * 128 >> 4));
+  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+}
+
+template <int N>
+__device__ __forceinline__ void wg_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+
+// attn_wg64<STAGES, OV>: see the top of the file. Dynamic shared memory:
+// (128 + STAGES * 2 * 64) * 128 bytes, plus 1024 for alignment. OV
+// overlaps each block's P V with the next block's S = Q K^T and softmax
+// (flash-attention 3's intra-warpgroup pipelining): block kb + 1's scores
+// are queued before block kb's P V, and the output is rescaled once that
+// P V has completed. It keeps two blocks resident while a third loads.
+template <int STAGES, bool OV>
 __global__ void __launch_bounds__(256, 2)
     attn_wg64(const u16* __restrict__ qkv, u16* __restrict__ out, const int* __restrict__ items,
               const int* __restrict__ seq_q0, const int* __restrict__ seq_n, const int* __restrict__ seq_past,
               const u64* __restrict__ seq_base, const int* __restrict__ seq_cap, int layer, int nq, int nkv,
               int qkv_w, float scale_log2) {
+  static_assert(!OV || STAGES >= 3, "the overlapped loop needs three stages");
   constexpr int HD = 64, BK = WG_BK;
+  constexpr int AHEAD = OV ? 2 : STAGES - 1;            // blocks loaded ahead of the one computed
   constexpr u32 QBYTES = ATT_BQ * 128, BLK = BK * 128;  // Q tile; one K or V block
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const u32 sQ = (smem_addr(smem_raw) + 1023u) & ~1023u, sKV = sQ + QBYTES;
@@ -100,12 +152,13 @@ __global__ void __launch_bounds__(256, 2)
     bool ok = row < n;
     cp_async16(sQ + swz(r, c), qkv + (size_t)(qs + (ok ? row : 0)) * qkv_w + head * HD + c * 8, ok);
   }
+  auto stage = [&](int blk) { return sKV + (u32)(blk % STAGES) * 2 * BLK; };  // K block; V at + BLK
   // load queues block blk (if any) and commits a group either way, so that
   // every iteration waits for the same count.
   auto load = [&](int blk) {
     if (blk < nblk) {
       int k0 = blk * BK;
-      u32 sk = sKV + (u32)(blk % STAGES) * 2 * BLK, sv = sk + BLK;
+      u32 sk = stage(blk), sv = sk + BLK;
       for (int idx = tid; idx < BK * 8; idx += 256) {
         int r = idx >> 3, c = idx & 7, key = k0 + r;
         bool ok = key < kend;
@@ -117,48 +170,78 @@ __global__ void __launch_bounds__(256, 2)
     cp_async_commit();
   };
 #pragma unroll
-  for (int i = 0; i < STAGES - 1; ++i) load(i);
+  for (int i = 0; i < AHEAD; ++i) load(i);
 
   float o[HD / 8][4];
 #pragma unroll
   for (int j = 0; j < HD / 8; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
   float mrow[2] = {NEG_INF, NEG_INF}, lrow[2] = {0.f, 0.f};
+  u32 p[BK / 16][4];  // the block's probabilities, bf16 A fragments
   const u64 dq = sw128_desc(sQ + (u32)wg * 64 * 128);
+  // scores computes block blk's masked scores, waiting for them.
+  auto scores = [&](float (&sc)[BK / 8][4], int blk) {
+    wg_scores(sc, dq, sw128_desc(stage(blk)));
+    wg_wait<0>();
+    keep_live(sc);
+  };
+  auto mask = [&](float (&sc)[BK / 8][4], int k0) {
+    if (k0 + BK - 1 > past + trow0) mask_after(sc, k0, past + trow0 + g, tq);
+  };
 
   for (int kb = 0; kb < nblk; ++kb) {
-    load(kb + STAGES - 1);
-    cp_async_wait<STAGES - 1>();
+    load(kb + AHEAD);
+    cp_async_wait<AHEAD>();
     // cp.async wrote through the generic proxy; wgmma reads through the async one.
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
     __syncthreads();
     const int k0 = kb * BK;
     if (k0 <= wklast) {  // uniform over the warpgroup, as wgmma needs
-      const u32 sk = sKV + (u32)(kb % STAGES) * 2 * BLK;
-      const u64 dk = sw128_desc(sk), dv = sw128_desc(sk + BLK);
-      float sc[BK / 8][4];
+      const u64 dv = sw128_desc(stage(kb) + BLK);
+      if (!OV) {
+        float sc[BK / 8][4];
+        scores(sc, kb);
+        mask(sc, k0);
+        softmax_step(sc, mrow, lrow, o, scale_log2);
 #pragma unroll
-      for (int j = 0; j < BK / 8; ++j) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.f;
-      keep_live(sc);
-      asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+        for (int kk = 0; kk < BK / 16; ++kk) p_frag(sc, kk, p[kk]);
+        wg_pv(o, p, dv);
+        wg_wait<0>();
+        keep_live(o);
+        keep_live(p);
+      } else {
+        if (kb == 0) {  // block 0's probabilities; later blocks' come from the iteration before
+          float sc[BK / 8][4];
+          scores(sc, 0);
+          mask(sc, 0);
+          softmax_step(sc, mrow, lrow, o, scale_log2);
 #pragma unroll
-      for (int kk = 0; kk < HD / 16; ++kk) wg_ss64(sc, dq + 2 * kk, dk + 2 * kk, kk);  // +32 bytes per k step
-      asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-      asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
-      keep_live(sc);
-      if (k0 + BK - 1 > past + trow0) mask_after(sc, k0, past + trow0 + g, tq);
-      softmax_step(sc, mrow, lrow, o, scale_log2);
-      u32 p[BK / 16][4];
+          for (int kk = 0; kk < BK / 16; ++kk) p_frag(sc, kk, p[kk]);
+        }
+        const bool next = k0 + BK <= wklast;  // the warpgroup needs block kb + 1 (resident)
+        // The scores are queued even on the warpgroup's last block (of that
+        // block again, and dropped): with the commit groups depending on a
+        // branch, ptxas serializes every wgmma of the kernel (C7515).
+        float sc[BK / 8][4];
+        wg_scores_pv(sc, dq, sw128_desc(stage(next ? kb + 1 : kb)), o, p, dv);
+        if (next) {
+          wg_wait<1>();  // the scores; P V may still run
+          keep_live(sc);
+          mask(sc, k0 + BK);
+          float corr[2];
+          softmax_probs(sc, mrow, lrow, corr, scale_log2);
+          wg_wait<0>();
+          keep_live(o);
+          keep_live(p);
+          rescale(o, corr);
 #pragma unroll
-      for (int kk = 0; kk < BK / 16; ++kk) p_frag(sc, kk, p[kk]);
-      keep_live(o);
-      keep_live(p);
-      asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-#pragma unroll
-      for (int kk = 0; kk < BK / 16; ++kk) wg_rs64t(o, p[kk], dv + kk * (16 * 128 >> 4));  // 16 keys per k step
-      asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-      asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
-      keep_live(o);
-      keep_live(p);
+          for (int kk = 0; kk < BK / 16; ++kk) p_frag(sc, kk, p[kk]);
+        } else {
+          wg_wait<0>();
+          keep_live(sc);
+          keep_live(o);
+          keep_live(p);
+        }
+      }
     }
     __syncthreads();  // the stage just read is a later load's target
   }
@@ -190,29 +273,19 @@ extern "C" __global__ void __launch_bounds__(128)
   cp_async_wait<0>();
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
   __syncthreads();
-  const u64 dq = sw128_desc(sQ), dk = sw128_desc(sK), dv = sw128_desc(sV);
   float sc[8][4], o[8][4];
 #pragma unroll
   for (int j = 0; j < 8; ++j)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) sc[j][e] = o[j][e] = 0.f;
-  keep_live(sc);
-  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-#pragma unroll
-  for (int kk = 0; kk < 4; ++kk) wg_ss64(sc, dq + 2 * kk, dk + 2 * kk, kk);
-  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-  asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+    for (int e = 0; e < 4; ++e) o[j][e] = 0.f;
+  wg_scores(sc, sw128_desc(sQ), sw128_desc(sK));
+  wg_wait<0>();
   keep_live(sc);
   u32 p[4][4];
 #pragma unroll
   for (int kk = 0; kk < 4; ++kk) p_frag(sc, kk, p[kk]);
-  keep_live(o);
-  keep_live(p);
-  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-#pragma unroll
-  for (int kk = 0; kk < 4; ++kk) wg_rs64t(o, p[kk], dv + kk * (16 * 128 >> 4));
-  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-  asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+  wg_pv(o, p, sw128_desc(sV));
+  wg_wait<0>();
   keep_live(o);
   keep_live(p);
 #pragma unroll

@@ -44,7 +44,9 @@ type Engine struct {
 	// wgmma kernel for head_dim 64 in passes of more than 64 tokens, else
 	// the mma.sync kernel for head_dim 64 and 128, else the plain one);
 	// "wgmma" (head_dim 64, sm_90a; "wgmma2" and "wgmma3" pick its
-	// pipeline depth), "mma" or "ref" (the plain kernel, any head_dim).
+	// pipeline depth, "wgmma-ov" the build that overlaps each block's P V
+	// with the next block's scores), "mma" or "ref" (the plain kernel, any
+	// head_dim).
 	Attention string
 	// Profile makes Forward time each kind of step with CUDA events and
 	// report it in Stats.StepMS (for diagnosis: it adds an event record

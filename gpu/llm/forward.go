@@ -348,8 +348,8 @@ func (e *Engine) attentionKernel(T int) (fn *cuda.Function, smem int, ref bool, 
 		}
 		return fn, 2 * 2 * 64 * (hd + 8) * 2, false, nil // two stages of a K and a V block
 	}
-	wg := func(stages int) (*cuda.Function, int, bool, error) {
-		return e.k.attnWG[stages], wgSmem(stages), false, nil
+	wg := func(v wgVariant) (*cuda.Function, int, bool, error) {
+		return e.k.attnWG[v.name()], v.smem(), false, nil
 	}
 	switch a := e.Attention; a {
 	case "ref":
@@ -359,18 +359,14 @@ func (e *Engine) attentionKernel(T int) (fn *cuda.Function, smem int, ref bool, 
 			return nil, 0, false, fmt.Errorf("llm: the mma attention kernel takes head_dim 64 or 128, not %d", hd)
 		}
 		return mma()
-	case "wgmma", "wgmma2", "wgmma3":
+	case "wgmma", "wgmma2", "wgmma3", "wgmma-ov":
 		if hd != 64 {
 			return nil, 0, false, fmt.Errorf("llm: the wgmma attention kernel takes head_dim 64, not %d", hd)
 		}
 		if e.k.wgErr != nil {
 			return nil, 0, false, e.k.wgErr
 		}
-		stages := wgStages[0]
-		if a != "wgmma" {
-			stages = int(a[len(a)-1] - '0')
-		}
-		return wg(stages)
+		return wg(wgVariants[a])
 	case "", "auto":
 		switch {
 		case hd == 64 || hd == 128:
@@ -378,7 +374,7 @@ func (e *Engine) attentionKernel(T int) (fn *cuda.Function, smem int, ref bool, 
 		}
 		return e.k.attnRef, 0, true, nil
 	default:
-		return nil, 0, false, fmt.Errorf("llm: attention kernel %q: want auto, wgmma, mma or ref", a)
+		return nil, 0, false, fmt.Errorf("llm: attention kernel %q: want auto, wgmma (wgmma2, wgmma3, wgmma-ov), mma or ref", a)
 	}
 }
 

@@ -3,6 +3,7 @@ package llm
 import (
 	_ "embed"
 	"fmt"
+	"slices"
 	"sync"
 
 	"github.com/twell-ai/twell/cuda"
@@ -18,9 +19,40 @@ var (
 	attnWGMMASrc []byte
 )
 
-// wgStages are the pipeline depths attn_wgmma.cu is built for; the first
-// is the default.
-var wgStages = []int{2, 3}
+// wgVariant is one build of attn_wg64: its pipeline depth and whether it
+// overlaps P V with the next block's scores.
+type wgVariant struct {
+	stages  int
+	overlap bool
+}
+
+// wgVariants are the builds of attn_wg64, by Engine.Attention value; "wgmma"
+// is the default one.
+var wgVariants = map[string]wgVariant{
+	"wgmma": {2, false}, "wgmma2": {2, false}, "wgmma3": {3, false}, "wgmma-ov": {3, true},
+}
+
+// name is the kernel's name expression.
+func (v wgVariant) name() string { return fmt.Sprintf("attn_wg64<%d,%v>", v.stages, v.overlap) }
+
+// smem is its dynamic shared memory: the 128 query rows and the stages'
+// 64-key K and V blocks, 128 bytes a row, plus 1024 bytes for aligning the
+// base.
+func (v wgVariant) smem() int { return (attnBQ+v.stages*2*64)*128 + 1024 }
+
+// wgExprs are the name expressions of every build.
+func wgExprs() []string {
+	seen := map[string]bool{}
+	var exprs []string
+	for _, v := range wgVariants {
+		if n := v.name(); !seen[n] {
+			seen[n] = true
+			exprs = append(exprs, n)
+		}
+	}
+	slices.Sort(exprs)
+	return exprs
+}
 
 // kernels are the compiled functions of llm.cu on one device.
 type kernels struct {
@@ -31,9 +63,9 @@ type kernels struct {
 	gemv1, gemv4           *cuda.Function
 	qkvRope1, qkvRope4     *cuda.Function
 
-	// attnWG holds attn_wg64 by pipeline depth (wgStages), on sm_90a only;
-	// wgErr says why it is missing elsewhere.
-	attnWG map[int]*cuda.Function
+	// attnWG holds the builds of attn_wg64 by name expression, on sm_90a
+	// only; wgErr says why they are missing elsewhere.
+	attnWG map[string]*cuda.Function
 	wgErr  error
 }
 
@@ -81,30 +113,20 @@ func headers() []cuda.CompileOption {
 }
 
 // compileWGMMA builds attn_wgmma.cu, which needs sm_90a (Hopper).
-func compileWGMMA(dev *cuda.Device, hdrs []cuda.CompileOption) (map[int]*cuda.Function, error) {
+func compileWGMMA(dev *cuda.Device, hdrs []cuda.CompileOption) (map[string]*cuda.Function, error) {
 	if a := dev.Properties().Arch; a != "sm_90a" {
 		return nil, fmt.Errorf("llm: the wgmma attention kernel needs sm_90a (Hopper); %v is %s", dev, a)
 	}
-	var exprs []string
-	for _, st := range wgStages {
-		exprs = append(exprs, wgName(st))
-	}
+	exprs := wgExprs()
 	mod, err := dev.Compile("attn_wgmma.cu", attnWGMMASrc, append(hdrs, cuda.WithNameExpressions(exprs...))...)
 	if err != nil {
 		return nil, fmt.Errorf("llm: compiling attn_wgmma.cu: %w", err)
 	}
-	fs := map[int]*cuda.Function{}
-	for _, st := range wgStages {
-		if fs[st], err = mod.Function(wgName(st)); err != nil {
-			return nil, fmt.Errorf("llm: kernel %s: %w", wgName(st), err)
+	fs := map[string]*cuda.Function{}
+	for _, e := range exprs {
+		if fs[e], err = mod.Function(e); err != nil {
+			return nil, fmt.Errorf("llm: kernel %s: %w", e, err)
 		}
 	}
 	return fs, nil
 }
-
-func wgName(stages int) string { return fmt.Sprintf("attn_wg64<%d>", stages) }
-
-// wgSmem is the dynamic shared memory of attn_wg64 with the given
-// pipeline depth: the 128 query rows and the stages' 64-key K and V blocks,
-// 128 bytes a row, plus 1024 bytes for aligning the base.
-func wgSmem(stages int) int { return (attnBQ+stages*2*64)*128 + 1024 }

@@ -54,10 +54,7 @@ func TestCompileWGMMA(t *testing.T) {
 	if major, minor, _, _ := cuda.NVRTCVersion(); major < 12 {
 		t.Skipf("NVRTC %d.%d cannot target compute_90a", major, minor)
 	}
-	exprs := []string{"attn_wg64_probe"}
-	for _, st := range wgStages {
-		exprs = append(exprs, wgName(st))
-	}
+	exprs := append([]string{"attn_wg64_probe"}, wgExprs()...)
 	prog, err := cuda.CompileProgram("attn_wgmma.cu", attnWGMMASrc,
 		append(headers(), cuda.WithArch("compute_90a"), cuda.WithNameExpressions(exprs...))...)
 	if err != nil {
@@ -540,7 +537,7 @@ func TestGraphDecodeMatchesEager(t *testing.T) {
 
 // TestAttentionLongMatchesRef runs sequences over several query and key
 // blocks through the tensor-core attention kernels (mma.sync for head_dim
-// 64 and 128, and on Hopper wgmma at both pipeline depths for 64) and the
+// 64 and 128, and on Hopper every wgmma build for 64) and the
 // plain kernel: a prefill of 300 and 1 tokens, then a second pass adding
 // 150 and 129 tokens after them (queries that start past block edges, and
 // a cache already holding keys). Logits of every kernel must agree with
@@ -578,7 +575,7 @@ func TestAttentionLongMatchesRef(t *testing.T) {
 			}
 			kernels := []string{"mma"}
 			if c.HeadDim == 64 && dev.Properties().Arch == "sm_90a" {
-				kernels = append(kernels, "wgmma2", "wgmma3")
+				kernels = append(kernels, "wgmma2", "wgmma3", "wgmma-ov")
 			}
 			ref := run("ref")
 			cpuC := []*model.Cache{m.NewCache(460), m.NewCache(460)}
