@@ -47,21 +47,24 @@ func TestCompileWGMMAPTX(t *testing.T) {
 		t.Skipf("NVRTC %d.%d cannot target compute_90a", major, minor)
 	}
 	for _, pipe := range []bool{false, true} {
-		var exprs []string
-		for _, s := range []int{32, 64, 128} {
-			exprs = append(exprs, wgmmaName(s, pipe))
-		}
-		opts := append([]cuda.CompileOption{cuda.WithArch("compute_90a"), cuda.WithNameExpressions(exprs...)}, Headers()...)
-		prog, err := cuda.CompileProgram("d2t_wgmma.cu", d2tWGMMASrc, opts...)
-		if err != nil {
-			t.Fatalf("pipe %v: %v", pipe, err)
-		}
-		ptx := string(prog.Image)
-		if n := strings.Count(ptx, ".entry "); n != len(exprs) {
-			t.Errorf("pipe %v: %d kernels in the PTX, want %d", pipe, n, len(exprs))
-		}
-		if !strings.Contains(ptx, "wgmma.mma_async") {
-			t.Errorf("pipe %v: no wgmma.mma_async in the PTX", pipe)
+		for _, peel := range []string{"-DTW_PEEL=0", "-DTW_PEEL=1"} {
+			var exprs []string
+			for _, s := range []int{32, 64, 128} {
+				exprs = append(exprs, wgmmaName(s, pipe))
+			}
+			opts := append([]cuda.CompileOption{cuda.WithArch("compute_90a"), cuda.WithNameExpressions(exprs...),
+				cuda.WithOptions(peel)}, Headers()...)
+			prog, err := cuda.CompileProgram("d2t_wgmma.cu", d2tWGMMASrc, opts...)
+			if err != nil {
+				t.Fatalf("pipe %v %s: %v", pipe, peel, err)
+			}
+			ptx := string(prog.Image)
+			if n := strings.Count(ptx, ".entry "); n != len(exprs) {
+				t.Errorf("pipe %v %s: %d kernels in the PTX, want %d", pipe, peel, n, len(exprs))
+			}
+			if !strings.Contains(ptx, "wgmma.mma_async") {
+				t.Errorf("pipe %v %s: no wgmma.mma_async in the PTX", pipe, peel)
+			}
 		}
 	}
 }

@@ -44,6 +44,16 @@
 #ifndef TW_DEFER
 #define TW_DEFER 1  // pipelined kernel: 1 stores the bf16 tile during the next tile's first k steps; 0 before it
 #endif
+#ifndef TW_PEEL
+// 1: the first k step of a work item is peeled and its first wgmma writes
+// the accumulators without reading them (wgmma_m64n256k16_set). With 0,
+// ptxas 12.4 keeps the 128 accumulators live through the epilogue, spills
+// there, and serializes every wgmma of both kernels (C7515: each HGMMA
+// waited for before the next is issued); with 1 it issues the four HGMMAs
+// of a k step back to back and keeps one group in flight, without spills.
+// Not yet timed on a GPU (the device compiler may differ), hence 0 for now.
+#define TW_PEEL 0
+#endif
 
 #define WG_BK 64
 #define A_BYTES (128 * WG_BK * 2)  // 16 KiB
@@ -176,14 +186,18 @@ template <int STAGES, typename Hook>
 __device__ __forceinline__ void mainloop(float (&acc)[128], u32 sA, u32 sB, u32 bars, int cw, int tid, int k_iters,
                                          int& s, u32& phase, Hook hook) {
   int prev = -1;
-  for (int k = 0; k < k_iters; ++k) {
+  auto step = [&](int k, bool first) {
     mbar_wait(bars + 8u * s, phase);
-    fence_acc(acc);
+    if (!first) fence_acc(acc);
     asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
     u64 da = smem_desc(sA + s * A_BYTES + cw * 64 * 128);
     u64 db = smem_desc(sB + s * B_BYTES);
+    if (first)
+      wgmma_m64n256k16_set(acc, da, db);
+    else
+      wgmma_m64n256k16(acc, da, db, (TW_PEEL || k > 0) ? 1 : 0);
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk) wgmma_m64n256k16(acc, da + 2 * kk, db + 2 * kk, (k > 0 || kk > 0) ? 1 : 0);
+    for (int kk = 1; kk < 4; ++kk) wgmma_m64n256k16(acc, da + 2 * kk, db + 2 * kk, 1);
     asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
     hook(k);
     asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(TW_WAIT) : "memory");
@@ -194,7 +208,13 @@ __device__ __forceinline__ void mainloop(float (&acc)[128], u32 sA, u32 sB, u32 
       s = 0;
       phase ^= 1u;
     }
-  }
+  };
+#if TW_PEEL
+  step(0, true);
+  for (int k = 1; k < k_iters; ++k) step(k, false);
+#else
+  for (int k = 0; k < k_iters; ++k) step(k, false);
+#endif
   asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
   fence_acc(acc);
   if (prev >= 0) release_stage(bars + 8u * (STAGES + prev), tid);

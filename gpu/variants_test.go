@@ -3,6 +3,8 @@ package gpu
 import (
 	"fmt"
 	"os"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -117,6 +119,9 @@ func TestD2TVariants(t *testing.T) {
 		{name: "pipe-nopack", pipe: true, opts: []string{"-DTW_EPI=0"}},
 		{name: "noepi", opts: []string{"-DTW_EPI=0"}},
 		{name: "noepi-arrive0", opts: []string{"-DTW_EPI=0", "-DTW_ARRIVE=0"}},
+		{name: "peel", opts: []string{"-DTW_PEEL=1"}},
+		{name: "pipe-peel", pipe: true, opts: []string{"-DTW_PEEL=1"}},
+		{name: "pipe-nopack-peel", pipe: true, opts: []string{"-DTW_EPI=0", "-DTW_PEEL=1"}},
 	} {
 		if v.pipe && os.Getenv("TWELL_D2T_VARIANTS") == "nopipe" {
 			continue
@@ -136,7 +141,7 @@ func TestD2TVariants(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if v.name == "default" || v.name == "pipe" {
+		if v.name == "default" || v.name == "pipe" || strings.HasSuffix(v.name, "peel") {
 			t.Logf("%s compiler log:\n%s", v.name, mod.Program().Log)
 		}
 		a, _ := fn.Attributes()
@@ -148,14 +153,16 @@ func TestD2TVariants(t *testing.T) {
 		ms := medianMS(t, dev, 20, func() error { return l.QueueD2T(nil, xb, m) })
 		l.d2tClusters = 0
 		t.Logf("D2T %-12s %.3f ms  %.0f TFLOP/s  (%d registers, %d B local)", v.name, ms, flop/ms/1e9, a.NumRegs, a.LocalBytes)
-		if v.name == "pipe" {
+		if v.name != "default" && !slices.ContainsFunc(v.opts, func(o string) bool { return o == "-DTW_EPI=0" }) {
 			p, err := l.D2T(nil, xb, m)
 			if err != nil {
 				t.Fatal(err)
 			}
+			saved, savedK := l.d2tOverride, l.d2tOverrideK
 			l.d2tOverride, l.Kernel = nil, KernelWGMMA
 			q, err := l.D2T(nil, xb, m)
 			l.Kernel = KernelAuto
+			l.d2tOverride, l.d2tOverrideK = saved, savedK
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -163,9 +170,9 @@ func TestD2TVariants(t *testing.T) {
 			for i := 0; same && i < len(p.Words); i++ {
 				same = p.Words[i] == q.Words[i]
 			}
-			t.Logf("D2T pipe output identical to the default kernel's: %v", same)
+			t.Logf("D2T %s output identical to the default kernel's: %v", v.name, same)
 			if !same {
-				t.Errorf("seed %d: the pipelined D2T packs differently", seed)
+				t.Errorf("seed %d: D2T %s packs differently from the default kernel", seed, v.name)
 			}
 		}
 	}
