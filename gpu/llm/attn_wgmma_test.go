@@ -100,7 +100,11 @@ func TestWGMMAProbe(t *testing.T) {
 		at := ""
 		for i, w := range want {
 			maxW = max(maxW, math.Abs(w))
-			if d := math.Abs(float64(got[i]) - w); d > maxD || math.IsNaN(d) {
+			d := math.Abs(float64(got[i]) - w)
+			if math.IsNaN(d) {
+				return math.Inf(1), fmt.Sprintf("row %d col %d: %g, want %g", i/n, i%n, got[i], w)
+			}
+			if d > maxD {
 				maxD, at = d, fmt.Sprintf("row %d col %d: %g, want %g", i/n, i%n, got[i], w)
 			}
 		}
