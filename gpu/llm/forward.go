@@ -330,12 +330,6 @@ func (e *Engine) prepare(b *batch) error {
 	return e.dev.CopyHtoDAsync(e.ws.meta, cuda.Bytes(b.words), e.stream)
 }
 
-// wgMinTokens: passes of more tokens than this (prefill) run attention on
-// attn_wg64 where it is available; decode steps of up to 64 sequences keep
-// attn_fa64, whose 16-query tiles waste less on one query per sequence
-// than a warpgroup's 64.
-const wgMinTokens = 64
-
 // attentionKernel returns the attention kernel for a pass of T new tokens
 // (see Engine.Attention), its dynamic shared memory, and whether it is
 // attn_ref, whose launch also takes head_dim.
