@@ -362,8 +362,7 @@ func (e *Engine) attentionKernel(T int) (fn *cuda.Function, smem int, ref bool, 
 		}
 		return wg(wgVariants[a])
 	case "", "auto":
-		switch {
-		case hd == 64 || hd == 128:
+		if hd == 64 || hd == 128 {
 			return mma()
 		}
 		return e.k.attnRef, 0, true, nil
@@ -373,7 +372,8 @@ func (e *Engine) attentionKernel(T int) (fn *cuda.Function, smem int, ref bool, 
 }
 
 // AttentionKernel names the attention kernel a forward pass of the given
-// number of new tokens runs, e.g. "attn_wg64<2>" (see Attention).
+// number of new tokens runs, e.g. "attn_fa64" or "attn_wg64<2,false>" (see
+// Attention).
 func (e *Engine) AttentionKernel(tokens int) (string, error) {
 	fn, _, _, err := e.attentionKernel(tokens)
 	if err != nil {
