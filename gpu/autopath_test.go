@@ -122,6 +122,7 @@ func TestUseSplit(t *testing.T) {
 	}{
 		{TailWarp, 1 << 16, true, 28, false},
 		{TailSplit, 1, false, 0, true},
+		{TailSorted, 1, false, 0, true},
 		{TailAuto, 4*5632 - 1, false, 0, false},
 		{TailAuto, 4 * 5632, false, 0, true},
 		{TailAuto, 4096, true, 28, true},

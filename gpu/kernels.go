@@ -70,8 +70,10 @@ type t2dSet struct {
 	gated, plain       *cuda.Function // one warp per token (TailWarp)
 	t2uGated, t2uPlain *cuda.Function // split tail, up projection and compaction
 	ws16, ws8          *cuda.Function // split tail, weight-stationary down projection
-	fbGated, fbPlain   *cuda.Function
-	err                error
+	// TailSorted's counting sort of the tokens by list length
+	lenHist, lenOffsets, lenScatter *cuda.Function
+	fbGated, fbPlain                *cuda.Function
+	err                             error
 }
 
 // gemvSet are the kernels of the small-batch sparse MLP (gemv.cu), by
@@ -276,7 +278,7 @@ func (k *kernels) t2dFor(d int) (*t2dSet, error) {
 		return set, set.err
 	}
 	exprs := []string{"t2d<true>", "t2d<false>", "row_fallback<true>", "row_fallback<false>",
-		"t2u<true>", "t2u<false>", "t2d_ws<16>", "t2d_ws<8>"}
+		"t2u<true>", "t2u<false>", "t2d_ws<16>", "t2d_ws<8>", "len_hist", "len_offsets", "len_scatter"}
 	set := &t2dSet{}
 	fs, err := k.compile("t2d.cu", t2dSrc, exprs, cuda.WithOptions(fmt.Sprintf("-DTW_NCH=%d", nch)))
 	if err != nil {
@@ -284,6 +286,7 @@ func (k *kernels) t2dFor(d int) (*t2dSet, error) {
 	} else {
 		set.gated, set.plain, set.fbGated, set.fbPlain = fs[exprs[0]], fs[exprs[1]], fs[exprs[2]], fs[exprs[3]]
 		set.t2uGated, set.t2uPlain, set.ws16, set.ws8 = fs[exprs[4]], fs[exprs[5]], fs[exprs[6]], fs[exprs[7]]
+		set.lenHist, set.lenOffsets, set.lenScatter = fs[exprs[8]], fs[exprs[9]], fs[exprs[10]]
 	}
 	k.t2d[nch] = set
 	return set, set.err

@@ -78,9 +78,14 @@ const (
 	// then t2d_ws (weight-stationary down projection: each block keeps W
 	// columns of every down row in shared memory).
 	TailSplit
+	// TailSorted is TailSplit with the tokens ordered by list length
+	// (longest first) before t2d_ws, so that the tokens a warp takes in one
+	// round have lists of about the same length (len_* kernels in t2d.cu).
+	// Same results as TailSplit, bit for bit.
+	TailSorted
 )
 
-// String returns "auto", "warp" or "split".
+// String returns "auto", "warp", "split" or "sorted".
 func (t Tail) String() string {
 	switch t {
 	case TailAuto:
@@ -89,12 +94,14 @@ func (t Tail) String() string {
 		return "warp"
 	case TailSplit:
 		return "split"
+	case TailSorted:
+		return "sorted"
 	}
 	return fmt.Sprintf("Tail(%d)", int(t))
 }
 
-// EnvTail names the environment variable that, set to "warp" or "split",
-// overrides TailAuto's choice.
+// EnvTail names the environment variable that, set to "warp", "split" or
+// "sorted", overrides TailAuto's choice.
 const EnvTail = "TWELL_TAIL"
 
 // EnvD2TKernel names the environment variable that, set to "mma", "wgmma"
@@ -183,6 +190,8 @@ type workspace struct {
 type sparseWS struct {
 	mPad                          int
 	packed, flags, ovf, hbuf, cnt *cuda.Buffer
+	// TailSorted: the token order (mPad ints) and the length bins
+	order, lenBins *cuda.Buffer
 	// small-batch path (gemv.cu): h, gemvMaxRows x F fp32; the activity
 	// mask and the per-block counts, F/32 words each
 	gh, gmask, gcnt *cuda.Buffer
@@ -354,7 +363,7 @@ func (l *MLP) dropWorkspace() error {
 		return nil
 	}
 	var errs []error
-	for _, b := range []*cuda.Buffer{ws.sp.packed, ws.sp.flags, ws.sp.ovf, ws.sp.hbuf, ws.sp.cnt,
+	for _, b := range []*cuda.Buffer{ws.sp.packed, ws.sp.flags, ws.sp.ovf, ws.sp.hbuf, ws.sp.cnt, ws.sp.order, ws.sp.lenBins,
 		ws.sp.gx, ws.sp.gg, ws.sp.gu, ws.sp.gy, ws.sp.gh, ws.sp.gmask, ws.sp.gcnt, ws.sp.fbMask, ws.dn.g, ws.dn.u} {
 		if b != nil {
 			errs = append(errs, b.Free())
@@ -413,7 +422,8 @@ func (l *MLP) SparseActBytes(m int) int64 {
 	if l.ws != nil {
 		g = int64(l.ws.sp.gRows) * int64(2*2*l.D+2*2*l.F)
 	}
-	return int64(mp)*int64(l.F/l.Layout.C)*4 + 2*int64(mp)*4 + int64(mp+1)*4 + int64(l.dev.Properties().SMs*l.F*4) + g
+	return int64(mp)*int64(l.F/l.Layout.C)*4 + 3*int64(mp)*4 + int64(mp+1)*4 + int64(l.dev.Properties().SMs*l.F*4) +
+		lenBins*4 + g
 }
 
 // DenseActBytes returns the activation memory the dense path allocates for m
@@ -488,6 +498,12 @@ func (l *MLP) sparseWorkspace(m int) (*sparseWS, error) {
 		return nil, err
 	}
 	if ws.cnt, err = l.realloc(ws.cnt, mp*4); err != nil {
+		return nil, err
+	}
+	if ws.order, err = l.realloc(ws.order, mp*4); err != nil {
+		return nil, err
+	}
+	if ws.lenBins, err = l.realloc(ws.lenBins, lenBins*4); err != nil {
 		return nil, err
 	}
 	ws.mPad = mp
@@ -682,7 +698,7 @@ func (l *MLP) sparse(s *cuda.Stream, y, x *cuda.Buffer, m int, report bool) erro
 		return err
 	}
 	S, rw, tiles := l.Layout.S(), l.F/l.Layout.C, l.F/256
-	if l.TailFor(m) == TailSplit {
+	if tail := l.TailFor(m); tail == TailSplit || tail == TailSorted {
 		w := l.splitWidth()
 		t2u := set.t2uPlain
 		if l.Gated {
@@ -692,6 +708,13 @@ func (l *MLP) sparse(s *cuda.Stream, y, x *cuda.Buffer, m int, report bool) erro
 			x, ws.packed, l.up, ws.cnt, ws.flags, int32(m), int32(l.D), int32(S), int32(tiles), int32(rw)); err != nil {
 			return fmt.Errorf("gpu: t2u: %w", err)
 		}
+		var order any = cuda.DevicePtr(0)
+		if tail == TailSorted {
+			if err := l.lengthOrder(s, set, ws, m); err != nil {
+				return err
+			}
+			order = ws.order
+		}
 		fn := set.ws16
 		if w == 8 {
 			fn = set.ws8
@@ -700,7 +723,7 @@ func (l *MLP) sparse(s *cuda.Stream, y, x *cuda.Buffer, m int, report bool) erro
 		split := max(1, l.dev.Properties().SMs/slices)
 		per := (m + split - 1) / split
 		if err := fn.Launch(cuda.Dim3{uint32(slices), uint32(split), 1}, cuda.Dim3{1024, 1, 1}, l.F*w*2, s,
-			ws.packed, ws.cnt, l.down, y, int32(m), int32(l.D), int32(l.F), int32(rw), int32(per)); err != nil {
+			ws.packed, ws.cnt, order, l.down, y, int32(m), int32(l.D), int32(l.F), int32(rw), int32(per)); err != nil {
 			return fmt.Errorf("gpu: t2d_ws: %w", err)
 		}
 	} else {
@@ -830,12 +853,38 @@ func (l *MLP) sparseGEMV(s *cuda.Stream, y, x *cuda.Buffer, m int) error {
 }
 
 // TailFor returns the tail kernels the sparse path runs for m tokens now
-// (TailSplit or TailWarp).
+// (TailSplit, TailSorted or TailWarp).
 func (l *MLP) TailFor(m int) Tail {
-	if l.splitWidth() > 0 && l.useSplit(m) {
-		return TailSplit
+	if l.splitWidth() == 0 || !l.useSplit(m) {
+		return TailWarp
 	}
-	return TailWarp
+	if l.Tail == TailSorted || (l.Tail == TailAuto && os.Getenv(EnvTail) == "sorted") {
+		return TailSorted
+	}
+	return TailSplit
+}
+
+// lenBins is the number of list-length bins of the TailSorted order
+// (LEN_BINS in t2d.cu).
+const lenBins = 1024
+
+// lengthOrder queues the counting sort that orders the m tokens by the
+// length of their compact lists (ws.cnt, written by t2u) into ws.order.
+func (l *MLP) lengthOrder(s *cuda.Stream, set *t2dSet, ws *sparseWS, m int) error {
+	if err := l.dev.Memset32(ws.lenBins, 0, s); err != nil {
+		return err
+	}
+	blocks := cuda.Dim3{uint32(min((m+255)/256, 4*l.dev.Properties().SMs)), 1, 1}
+	if err := set.lenHist.Launch(blocks, cuda.Dim3{256, 1, 1}, 0, s, ws.cnt, int32(m), ws.lenBins); err != nil {
+		return fmt.Errorf("gpu: len_hist: %w", err)
+	}
+	if err := set.lenOffsets.Launch(cuda.Dim3{1, 1, 1}, cuda.Dim3{lenBins, 1, 1}, 0, s, ws.lenBins); err != nil {
+		return fmt.Errorf("gpu: len_offsets: %w", err)
+	}
+	if err := set.lenScatter.Launch(blocks, cuda.Dim3{256, 1, 1}, 0, s, ws.cnt, int32(m), ws.lenBins, ws.order); err != nil {
+		return fmt.Errorf("gpu: len_scatter: %w", err)
+	}
+	return nil
 }
 
 // splitWidth returns the columns per block of the weight-stationary down
@@ -860,14 +909,14 @@ func (l *MLP) useSplit(m int) bool {
 		switch os.Getenv(EnvTail) {
 		case "warp":
 			t = TailWarp
-		case "split":
+		case "split", "sorted":
 			t = TailSplit
 		}
 	}
 	switch t {
 	case TailWarp:
 		return false
-	case TailSplit:
+	case TailSplit, TailSorted:
 		return true
 	}
 	a := 1.0

@@ -229,9 +229,9 @@ func runPath(t *testing.T, dev *cuda.Device, l *MLP, path string, x []float32, m
 		t.Fatal(err)
 	}
 	switch path {
-	case "sparse", "sparse-warp", "sparse-split":
+	case "sparse", "sparse-warp", "sparse-split", "sparse-sorted":
 		tail := l.Tail
-		l.Tail = map[string]Tail{"sparse": tail, "sparse-warp": TailWarp, "sparse-split": TailSplit}[path]
+		l.Tail = map[string]Tail{"sparse": tail, "sparse-warp": TailWarp, "sparse-split": TailSplit, "sparse-sorted": TailSorted}[path]
 		err = l.Sparse(nil, yb, xb, m)
 		l.Tail = tail
 	case "dense":
@@ -250,6 +250,28 @@ func runPath(t *testing.T, dev *cuda.Device, l *MLP, path string, x []float32, m
 		t.Fatal(err)
 	}
 	return y
+}
+
+// flaggedRows returns which of the m rows of x D2T flags for the dense
+// fallback. Those rows may take another fallback kernel from one call to the
+// next (the gathered pass is sized from the previous call's count), so two
+// tails agree bit for bit on the other rows only.
+func flaggedRows(t *testing.T, dev *cuda.Device, l *MLP, x []float32, m int) map[int]bool {
+	t.Helper()
+	xb, err := Upload(dev, x)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer xb.Free()
+	p, err := l.D2T(nil, xb, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	flagged := map[int]bool{}
+	for _, r := range p.Overflow {
+		flagged[r] = true
+	}
+	return flagged
 }
 
 // TestMLPMatchesFloat64 checks every path, gated and not, against the
@@ -286,8 +308,20 @@ func TestMLPMatchesFloat64(t *testing.T) {
 			x := synth.Tokens(r, m, c.d)
 			rows := synth.SampleRows(r, m, 48)
 			want := refRowsBF16(sl, x, c.d, rows)
-			for _, path := range []string{"sparse-warp", "sparse-split", "dense", "auto"} {
+			flagged := flaggedRows(t, dev, l, x, m)
+			var split []float32
+			for _, path := range []string{"sparse-warp", "sparse-split", "sparse-sorted", "dense", "auto"} {
 				y := runPath(t, dev, l, path, x, m)
+				switch path {
+				case "sparse-split":
+					split = y
+				case "sparse-sorted": // the same sums in another token order (flagged rows: see flaggedRows)
+					for i := range y {
+						if math.Float32bits(y[i]) != math.Float32bits(split[i]) && !flagged[i/c.d] {
+							t.Fatalf("seed %d: sorted tail output %d (row %d) is %v, split tail %v", seed, i, i/c.d, y[i], split[i])
+						}
+					}
+				}
 				for i := range y {
 					if math.IsNaN(float64(y[i])) {
 						t.Fatalf("seed %d: %s: output %d (row %d) is NaN: not written", seed, path, i, i/c.d)
@@ -370,7 +404,7 @@ func TestOverflowStress(t *testing.T) {
 			// The first sparse call sends up to 64 flagged rows through the
 			// gathered dense pass and the rest through the per-row kernel;
 			// the second sizes the gathered pass from the first's count.
-			for _, path := range []string{"sparse-warp", "sparse-split"} {
+			for _, path := range []string{"sparse-warp", "sparse-split", "sparse-sorted"} {
 				checkStress(t, seed, path, runPath(t, dev, l, path, x, m), want, rows, d, m)
 			}
 			// After a call without flagged rows the gathered pass takes

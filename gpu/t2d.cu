@@ -245,6 +245,79 @@ __global__ void __launch_bounds__(256, TW_T2U_MINB)
   if (lane == 0) cnt[r] = out;
 }
 
+// Length order for the split tail (TailSorted): the tokens ordered by the
+// length of their compact list, longest first, so that the tokens one warp
+// of t2d_ws takes in a round (which lasts as long as its longest list) are
+// about as long as each other. A counting sort over cnt in three kernels:
+// len_hist counts the lengths (clamped to LEN_BINS - 1; bin LEN_BINS - 1 -
+// length, so that longer lists come first) into hist, zeroed by the caller;
+// len_offsets turns hist into each bin's first position, in place; and
+// len_scatter writes each token to order at its bin's next position. The
+// order within a bin is arbitrary, which changes no result: every token's
+// sum runs over its own list in list order.
+#define LEN_BINS 1024
+
+__device__ __forceinline__ int len_bin(int n) { return LEN_BINS - 1 - min(max(n, 0), LEN_BINS - 1); }
+
+// agg_add adds 1 to *p for every active lane, one atomic per distinct key
+// among them (lanes with the same key hit the same *p), and returns this
+// lane's old value plus its rank among its peers.
+__device__ __forceinline__ int agg_add(int* p, int key) {
+  const unsigned peers = __match_any_sync(__activemask(), key);
+  const int lane = threadIdx.x & 31, leader = __ffs(peers) - 1;
+  int base = 0;
+  if (lane == leader) base = atomicAdd(p, __popc(peers));
+  base = __shfl_sync(peers, base, leader);
+  return base + __popc(peers & ((1u << lane) - 1u));
+}
+
+extern "C" __global__ void __launch_bounds__(256) len_hist(const int* __restrict__ cnt, int m, int* __restrict__ hist) {
+  __shared__ int h[LEN_BINS];
+  for (int i = threadIdx.x; i < LEN_BINS; i += blockDim.x) h[i] = 0;
+  __syncthreads();
+  for (int t = blockIdx.x * blockDim.x + threadIdx.x; t < m; t += gridDim.x * blockDim.x) {
+    const int b = len_bin(cnt[t]);
+    agg_add(&h[b], b);
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < LEN_BINS; i += blockDim.x)
+    if (h[i]) atomicAdd(&hist[i], h[i]);
+}
+
+// len_offsets: one block of LEN_BINS threads, an exclusive scan of hist.
+extern "C" __global__ void __launch_bounds__(LEN_BINS) len_offsets(int* __restrict__ hist) {
+  __shared__ int part[LEN_BINS / 32];
+  const int i = threadIdx.x, lane = i & 31, w = i >> 5;
+  const int v = hist[i];
+  int incl = v;  // inclusive scan within the warp
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int u = __shfl_up_sync(0xffffffffu, incl, o);
+    if (lane >= o) incl += u;
+  }
+  if (lane == 31) part[w] = incl;
+  __syncthreads();
+  if (w == 0) {
+    int p = part[lane];  // LEN_BINS / 32 == 32 warps
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int u = __shfl_up_sync(0xffffffffu, p, o);
+      if (lane >= o) p += u;
+    }
+    part[lane] = p;  // inclusive over warps
+  }
+  __syncthreads();
+  hist[i] = incl - v + (w > 0 ? part[w - 1] : 0);
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+    len_scatter(const int* __restrict__ cnt, int m, int* __restrict__ cur, int* __restrict__ order) {
+  for (int t = blockIdx.x * blockDim.x + threadIdx.x; t < m; t += gridDim.x * blockDim.x) {
+    const int b = len_bin(cnt[t]);
+    order[agg_add(&cur[b], b)] = t;
+  }
+}
+
 // t2d_ws: y[t, c0:c0+W] = sum over t's compact list of h * D[j, c0:c0+W],
 // for the tokens [t0, t1) of the block's token range and the block's W
 // columns. D's slice (f x W bf16) lives in shared memory. W/8 lanes share a
@@ -266,8 +339,8 @@ __global__ void __launch_bounds__(256, TW_T2U_MINB)
 #endif
 template <int W>
 __global__ void __launch_bounds__(1024, 1)
-    t2d_ws(const u32* __restrict__ packed, const int* __restrict__ cnt, const u16* __restrict__ D,
-           u16* __restrict__ y, int m, int d, int f, int row_words, int tok_per_block) {
+    t2d_ws(const u32* __restrict__ packed, const int* __restrict__ cnt, const int* __restrict__ order,
+           const u16* __restrict__ D, u16* __restrict__ y, int m, int d, int f, int row_words, int tok_per_block) {
   extern __shared__ uint4 ds[];
   constexpr int L = W / 8;  // lanes per token, uint4 per slice row
   const int c0 = blockIdx.x * W, tid = threadIdx.x, sub = tid % L;
@@ -292,13 +365,17 @@ __global__ void __launch_bounds__(1024, 1)
     for (int q = 0; q < 4; ++q)
       if (q < left) axpy8(acc, bf_hi(ws[q]), ds[(int)(ws[q] & 0xffffu) * L + sub]);
   };
-  // Round k gives lane group g token base + (g + 37k) mod G rather than
-  // base + g: sequences whose lengths are multiples of G would otherwise put
-  // every sequence start (often a long list) in the same warp, every round.
+  // With order (TailSorted), position i of the block's range takes token
+  // order[i]: tokens by list length, so that a warp's tokens of one round
+  // are about as long as each other. Without it, round k gives lane group g
+  // token base + (g + 37k) mod G rather than base + g: sequences whose
+  // lengths are multiples of G would otherwise put every sequence start
+  // (often a long list) in the same warp, every round.
   const int G = blockDim.x / L, g = tid / L;
   for (int base = t0, k = 0; base < t1; base += G, ++k) {
-    const int t = base + (g + 37 * k) % G;
-    if (t >= t1) continue;
+    const int i = order ? base + g : base + (g + 37 * k) % G;
+    if (i >= t1) continue;
+    const int t = order ? order[i] : i;
     const int n = cnt[t];
     const u32* e = packed + (size_t)t * row_words;
     float acc[8];

@@ -185,24 +185,26 @@ func TestD2TVariants(t *testing.T) {
 	}
 	pairs := float64(p.NNZ)
 	t.Logf("m=%d: dense %.3f ms, D2T %.3f ms; %.1f active/token", m, dense, d2t, pairs/float64(m))
-	for _, tail := range []Tail{TailWarp, TailSplit} {
+	for _, tail := range []Tail{TailWarp, TailSplit, TailSorted} {
 		l.Tail = tail
 		sparse := medianMS(t, dev, 20, func() error { return l.Sparse(nil, yb, xb, m) })
 		t.Logf("tail %v: sparse %.3f ms = D2T + %.3f ms (%.2fx dense)", tail, sparse, sparse-d2t, dense/sparse)
 	}
-	// The split tail's down kernel alone, on the compact lists the last
-	// sparse call left.
+	// The split tail's down kernel alone, on the compact lists (and the
+	// length order) the last sparse call, TailSorted's, left.
 	if err := dev.Synchronize(); err != nil {
 		t.Fatal(err)
 	}
 	set, _ := l.k.t2dFor(d)
 	w := l.splitWidth()
 	fn := map[int]*cuda.Function{16: set.ws16, 8: set.ws8}[w]
-	ms := medianMS(t, dev, 20, func() error {
-		return fn.Launch(cuda.Dim3{uint32(d / w), 1, 1}, cuda.Dim3{1024, 1, 1}, f*w*2, nil,
-			l.ws.sp.packed, l.ws.sp.cnt, l.down, yb, int32(m), int32(d), int32(f), int32(f/8), int32(m))
-	})
-	t.Logf("t2d_ws<%d> alone: %.3f ms (%.2f G pairs/s)", w, ms, pairs/ms/1e6)
+	for _, order := range []any{cuda.DevicePtr(0), l.ws.sp.order} {
+		ms := medianMS(t, dev, 20, func() error {
+			return fn.Launch(cuda.Dim3{uint32(d / w), 1, 1}, cuda.Dim3{1024, 1, 1}, f*w*2, nil,
+				l.ws.sp.packed, l.ws.sp.cnt, order, l.down, yb, int32(m), int32(d), int32(f), int32(f/8), int32(m))
+		})
+		t.Logf("t2d_ws<%d> alone, length order %v: %.3f ms (%.2f G pairs/s)", w, order != cuda.DevicePtr(0), ms, pairs/ms/1e6)
+	}
 	// compileT2D builds one kernel of t2d.cu for d = 2048 with extra defines.
 	compileT2D := func(name string, defines ...string) (*cuda.Function, error) {
 		mod, err := dev.Compile("t2d.cu", t2dSrc, cuda.WithHeader("common.cuh", commonCUH), cuda.WithHeader("wgmma.cuh", wgmmaCUH),
@@ -220,7 +222,7 @@ func TestD2TVariants(t *testing.T) {
 		}
 		ms := medianMS(t, dev, 20, func() error {
 			return fn.Launch(cuda.Dim3{uint32(d / w), 1, 1}, cuda.Dim3{1024, 1, 1}, f*w*2, nil,
-				l.ws.sp.packed, l.ws.sp.cnt, l.down, yb, int32(m), int32(d), int32(f), int32(f/8), int32(m))
+				l.ws.sp.packed, l.ws.sp.cnt, cuda.DevicePtr(0), l.down, yb, int32(m), int32(d), int32(f), int32(f/8), int32(m))
 		})
 		t.Logf("t2d_ws<%d> alone, %d list loads in flight: %.3f ms", w, loads, ms)
 	}
