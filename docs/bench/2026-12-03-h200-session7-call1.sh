@@ -2,7 +2,8 @@
 # Session 7's device run (written in session 7, which got no GPU; run it as the first call of the
 # next session). Build here: CGO_ENABLED=0 go test -c -o gpubin/llm.test ./gpu/llm &&
 # CGO_ENABLED=0 go build -o gpubin/twell ./cmd/twell; then run it with carry ["gpubin"]:
-# 1. the GPU tests of gpu/llm that run the wgmma attention kernel (stop if they fail);
+# 1. the GPU tests of gpu/llm that run the wgmma attention kernel (if they fail, the rest runs on
+#    the mma.sync kernel only);
 # 2. the 4-layer preset's prefill with the mma.sync kernel and each wgmma build (TWELL_LLM_ATTENTION =
 #    mma, wgmma2, wgmma-ov, wgmma3), each printing a profiled prefill's ms by step;
 # 3. the 28-layer preset with the build whose 4-layer attention time was lowest, saved for
@@ -16,13 +17,17 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > $O/gpu.txt
 (cd gpu/llm && timeout 90 ../../gpubin/llm.test -test.v -test.run 'TestCompileWGMMA|TestWGMMAProbe|TestAttentionLong|TestProfile' > $O/llm-tests.txt 2>&1; echo "llm tests rc=$?" >> $O/llm-tests.txt)
 pack
 grep -E "^(--- FAIL|ok|FAIL|PASS)|rc=|vs CPU rel|vs plain" $O/llm-tests.txt | tail -20
-grep -q "llm tests rc=0" $O/llm-tests.txt || { grep -B2 -A8 -- "--- FAIL" $O/llm-tests.txt | head -60; exit 1; }
+builds="mma wgmma2 wgmma-ov wgmma3"
+if ! grep -q "llm tests rc=0" $O/llm-tests.txt; then
+  grep -B2 -A8 -- "--- FAIL" $O/llm-tests.txt | head -60
+  builds="mma"  # still profile the 28-layer model and run HF, on the mma.sync attention
+fi
 S=9596107621982983358
 l4() {
   TWELL_LLM_ATTENTION=$1 timeout 60 gpubin/twell bench model -device cuda -preset sparselm-1.5b -layers 4 -seed $S -reps 3 -decode-batch 1 -decode-steps 4 -json $O/l4-$1.json > $O/l4-$1.txt 2>&1
   echo "rc=$?" >> $O/l4-$1.txt; pack; echo "== 4 layers, $1"; grep -E "attention kernel|by step|^  (dense|twell) |rc=" $O/l4-$1.txt
 }
-for a in mma wgmma2 wgmma-ov wgmma3; do l4 $a; done
+for a in $builds; do l4 $a; done
 best=$(python3 - "$O" <<'PY'
 import json, sys
 best, name = None, "mma"
