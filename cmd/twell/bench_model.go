@@ -36,6 +36,7 @@ func runBenchModel(args []string, stdout, stderr io.Writer) error {
 	device := fs.String("device", "auto", "cpu, cuda or auto (auto: cuda when a GPU is found, else cpu)")
 	seed := fs.Uint64("seed", 0, "random seed (0: fresh, printed)")
 	jsonPath := fs.String("json", "", "write the results as JSON to this file")
+	plotPath := fs.String("plot", "", "write a PNG of prefill tokens/ms and decode tokens/s per path to this file")
 	save := fs.String("save", "", "also write the benchmarked model as a Hugging Face checkpoint (bf16) to this folder")
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -86,11 +87,11 @@ func runBenchModel(args []string, stdout, stderr io.Writer) error {
 	if err := o.Validate(); err != nil {
 		return usageError{err.Error()}
 	}
-	if err := checkWritable(*jsonPath); err != nil {
+	if err := checkWritable(*jsonPath, *plotPath); err != nil {
 		return err
 	}
 	if *device == "cuda" {
-		return benchModelCUDA(o, *jsonPath, stdout, stderr)
+		return benchModelCUDA(o, *jsonPath, *plotPath, stdout, stderr)
 	}
 	fmt.Fprintf(stderr, "bench model: %s, seed %d\n", bench.CPUName(), *seed)
 	rs, err := bench.ModelCPU(o, func(s string) { fmt.Fprintln(stderr, "  "+s) })
@@ -100,6 +101,11 @@ func runBenchModel(args []string, stdout, stderr io.Writer) error {
 	printModelTable(stdout, rs, nil)
 	fmt.Fprintf(stderr, "model: %s, %.2fB parameters; peak RSS %.1f GiB; energy per token: not readable on this CPU\n",
 		rs[0].Model, float64(rs[0].Params)/1e9, float64(rs[len(rs)-1].PeakRSSBytes)/(1<<30))
+	if *plotPath != "" {
+		if err := bench.PlotModel(rs, *plotPath); err != nil {
+			return fmt.Errorf("plot: %w", err)
+		}
+	}
 	if *jsonPath != "" {
 		b, err := json.MarshalIndent(rs, "", "  ")
 		if err != nil {
@@ -111,7 +117,7 @@ func runBenchModel(args []string, stdout, stderr io.Writer) error {
 }
 
 // benchModelCUDA runs bench model on the GPU and prints its table.
-func benchModelCUDA(o bench.ModelOptions, jsonPath string, stdout, stderr io.Writer) error {
+func benchModelCUDA(o bench.ModelOptions, jsonPath, plotPath string, stdout, stderr io.Writer) error {
 	fmt.Fprintf(stderr, "bench model (cuda): seed %d\n", o.Seed)
 	rs, err := bench.ModelCUDA(o, func(s string) { fmt.Fprintln(stderr, "  "+s) })
 	if err != nil {
@@ -127,6 +133,11 @@ func benchModelCUDA(o bench.ModelOptions, jsonPath string, stdout, stderr io.Wri
 	fmt.Fprintf(stderr, "model: %s, %.2fB parameters on %s; weights %.2f GiB, prefill KV caches %.2f GiB; %d of %d layers on TwELL MLPs; GPU vs CPU logits %.1e\n",
 		r.Model, float64(r.Params)/1e9, r.Machine, float64(r.WeightBytes)/(1<<30), float64(r.KVCacheBytes)/(1<<30),
 		r.TwELLLayers, len(rs[1].MLPActive), r.CPUCheckRelDiff)
+	if plotPath != "" {
+		if err := bench.PlotModel(base, plotPath); err != nil {
+			return fmt.Errorf("plot: %w", err)
+		}
+	}
 	if jsonPath != "" {
 		b, err := json.MarshalIndent(rs, "", "  ")
 		if err != nil {

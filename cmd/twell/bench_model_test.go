@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"image"
+	_ "image/png"
 	"os"
 	"path/filepath"
 	"strings"
@@ -12,10 +14,20 @@ import (
 func TestBenchModelOnCheckpoint(t *testing.T) {
 	dir := tinyCheckpoint(t)
 	js := filepath.Join(t.TempDir(), "m.json")
+	png := filepath.Join(t.TempDir(), "m.png")
 	var out, errb bytes.Buffer
-	code := run([]string{"bench", "model", "-model", dir, "-batch", "2", "-prompt-len", "8", "-decode-batch", "1,3", "-decode-steps", "2", "-reps", "1", "-json", js}, &out, &errb)
+	code := run([]string{"bench", "model", "-model", dir, "-batch", "2", "-prompt-len", "8", "-decode-batch", "1,3", "-decode-steps", "2", "-reps", "1", "-json", js, "-plot", png}, &out, &errb)
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	if f, err := os.Open(png); err != nil {
+		t.Errorf("plot: %v", err)
+	} else {
+		cfg, _, err := image.DecodeConfig(f)
+		f.Close()
+		if err != nil || cfg.Width < 500 || cfg.Height < 200 {
+			t.Errorf("plot: %v, %dx%d", err, cfg.Width, cfg.Height)
+		}
 	}
 	var rs []map[string]any
 	b, _ := os.ReadFile(js)
@@ -47,5 +59,11 @@ func TestBenchModelBadInput(t *testing.T) {
 		if code := run(c.args, &out, &errb); code != 2 || !strings.Contains(errb.String(), c.want) {
 			t.Errorf("%v: exit %d, stderr %q, want 2 and %q", c.args, code, errb.String(), c.want)
 		}
+	}
+	// An output folder that does not exist fails before any work.
+	var out, errb bytes.Buffer
+	args := []string{"bench", "model", "-preset", "sparselm-1.5b", "-plot", "/nonexistent/dir/m.png"}
+	if code := run(args, &out, &errb); code != 1 || !strings.Contains(errb.String(), "folder /nonexistent/dir does not exist") {
+		t.Errorf("%v: exit %d, stderr %q", args, code, errb.String())
 	}
 }
