@@ -136,11 +136,12 @@ func PlotModel(results []ModelResult, path string) error {
 	const w, h = 10 * vg.Inch, 4.5 * vg.Inch
 	img := vgimg.New(w, h)
 	dc := draw.New(img)
-	title := fmt.Sprintf("%s on %s, %s", r0.Model, r0.Machine, r0.Date)
-	titleHeight := vg.Points(18)
+	titleHeight := vg.Points(30)
 	sty := pre.Title.TextStyle // a copy, with the plot's text handler
 	sty.XAlign, sty.YAlign = draw.XCenter, draw.YCenter
-	dc.FillText(sty, vg.Point{X: w / 2, Y: h - titleHeight/2}, title)
+	sty.Font.Size = vg.Points(10)
+	dc.FillText(sty, vg.Point{X: w / 2, Y: h - vg.Points(8)}, r0.Model)
+	dc.FillText(sty, vg.Point{X: w / 2, Y: h - vg.Points(21)}, r0.Machine+", "+r0.Date)
 	body := draw.Crop(dc, 0, 0, 0, -titleHeight)
 	tiles := draw.Tiles{Rows: 1, Cols: 2, PadX: vg.Points(20), PadTop: vg.Points(4), PadBottom: vg.Points(4),
 		PadLeft: vg.Points(4), PadRight: vg.Points(8)}

@@ -43,6 +43,6 @@ print(name)
 PY
 )
 echo "== 28 layers, $best"
-TWELL_LLM_ATTENTION=$best timeout 150 gpubin/twell bench model -device cuda -preset sparselm-1.5b -seed $S -reps 3 -decode-batch 1,8,64 -save /tmp/slm -json $O/model.json > $O/model.txt 2>&1
+TWELL_LLM_ATTENTION=$best timeout 150 gpubin/twell bench model -device cuda -preset sparselm-1.5b -seed $S -reps 3 -decode-batch 1,8,64 -save /tmp/slm -json $O/model.json -plot $O/model.png > $O/model.txt 2>&1
 echo "rc=$?" >> $O/model.txt; pack; grep -E "attention kernel|by step|^  (dense|twell) |rc=" $O/model.txt
 timeout 70 python3 scripts/hf-prefill-bench.py /tmp/slm -json $O/hf.json > $O/hf.txt 2>&1; echo "hf rc=$?" >> $O/hf.txt; pack; tail -3 $O/hf.txt
