@@ -17,7 +17,7 @@ export TWELL_REQUIRE_GPU=1 TWELL_KERNEL_CACHE=/tmp/kcache TWELL_CUBIN_DUMP=/tmp/
 pack() { tar czf $OUT/all.tgz -C $O . 2>/dev/null; }
 (cd gpu && TWELL_GPU_DEFINES=-DTW_PEEL=1 timeout 120 ../gpubin/gpu.test -test.v -test.run 'TestD2T[^V]|TestMLPMatches|TestOverflowStress|TestLengthOrder' > $O/gpu-tests-peel.txt 2>&1; echo "gpu tests (TW_PEEL=1) rc=$?" >> $O/gpu-tests-peel.txt)
 pack; grep -E "^(--- FAIL|ok|FAIL)|rc=" $O/gpu-tests-peel.txt | tail -8
-(cd gpu && TWELL_D2T_VARIANTS=1 timeout 150 ../gpubin/gpu.test -test.v -test.run 'TestD2TVariants' > $O/d2t-variants.txt 2>&1; echo "variants rc=$?" >> $O/d2t-variants.txt)
+(cd gpu && TWELL_D2T_VARIANTS=1 timeout 200 ../gpubin/gpu.test -test.v -test.run 'TestD2TVariants' > $O/d2t-variants.txt 2>&1; echo "variants rc=$?" >> $O/d2t-variants.txt)
 pack; grep -E "gate GEMM|D2T |C75|rc=" $O/d2t-variants.txt | cut -c1-160
 for f in /tmp/cubin/d2t_wgmma*; do
   echo "$(basename $f): $(cuobjdump -sass $f 2>/dev/null | grep -c HGMMA) HGMMA, $(cuobjdump -sass $f 2>/dev/null | grep -c 'WARPGROUP.DEPBAR') WARPGROUP.DEPBAR"
@@ -25,6 +25,6 @@ done > $O/cubin-depbar.txt 2>&1
 pack; cat $O/cubin-depbar.txt | head -12
 for v in "0 split" "1 split" "0 sorted" "1 sorted"; do
   set -- $v
-  TWELL_GPU_DEFINES=-DTW_PEEL=$1 TWELL_TAIL=$2 timeout 60 gpubin/twell bench ffn -device cuda -m 65536 -density 0.005 -json $O/ffn-peel$1-$2.json > $O/ffn-peel$1-$2.txt 2>&1
+  TWELL_GPU_DEFINES=-DTW_PEEL=$1 TWELL_TAIL=$2 timeout 45 gpubin/twell bench ffn -device cuda -m 65536 -density 0.005 -json $O/ffn-peel$1-$2.json > $O/ffn-peel$1-$2.txt 2>&1
   echo "rc=$?" >> $O/ffn-peel$1-$2.txt; pack; echo "== TW_PEEL=$1 TWELL_TAIL=$2"; grep -E "cuda|rc=" $O/ffn-peel$1-$2.txt | tail -3
 done
