@@ -6,8 +6,9 @@
 #    the mma.sync kernel only);
 # 2. the 4-layer preset's prefill with the mma.sync kernel and each wgmma build (TWELL_LLM_ATTENTION =
 #    mma, wgmma2, wgmma-ov, wgmma3), each printing a profiled prefill's ms by step;
-# 3. the 28-layer preset with the build whose 4-layer attention time was lowest, saved for
-# 4. PyTorch HF prefill on the same weights.
+# 3. the 4-layer preset again with the build whose attention was fastest and TWELL_TAIL=sorted;
+# 4. the 28-layer preset with that build, saved for
+# 5. PyTorch HF prefill on the same weights.
 # Outputs packed into $OUT/all.tgz after every stage.
 cd "$(dirname "$0")/../.."
 O=/tmp/o; mkdir -p $O
@@ -42,6 +43,10 @@ for a in ["mma", "wgmma2", "wgmma-ov", "wgmma3"]:
 print(name)
 PY
 )
+# The sorted split tail (TWELL_TAIL=sorted) at the model level, on the chosen attention: compare
+# the "mlp" step with l4-$best's.
+TWELL_LLM_ATTENTION=$best TWELL_TAIL=sorted timeout 60 gpubin/twell bench model -device cuda -preset sparselm-1.5b -layers 4 -seed $S -reps 3 -decode-batch 1 -decode-steps 4 -json $O/l4-$best-sorted.json > $O/l4-$best-sorted.txt 2>&1
+echo "rc=$?" >> $O/l4-$best-sorted.txt; pack; echo "== 4 layers, $best, sorted tail"; grep -E "by step|^  (dense|twell) |rc=" $O/l4-$best-sorted.txt
 echo "== 28 layers, $best"
 TWELL_LLM_ATTENTION=$best timeout 150 gpubin/twell bench model -device cuda -preset sparselm-1.5b -seed $S -reps 3 -decode-batch 1,8,64 -save /tmp/slm -json $O/model.json -plot $O/model.png > $O/model.txt 2>&1
 echo "rc=$?" >> $O/model.txt; pack; grep -E "attention kernel|by step|^  (dense|twell) |rc=" $O/model.txt
