@@ -858,10 +858,27 @@ func (l *MLP) TailFor(m int) Tail {
 	if l.splitWidth() == 0 || !l.useSplit(m) {
 		return TailWarp
 	}
-	if l.Tail == TailSorted || (l.Tail == TailAuto && os.Getenv(EnvTail) == "sorted") {
+	if l.forcedTail() == TailSorted {
 		return TailSorted
 	}
 	return TailSplit
+}
+
+// forcedTail returns Tail, or for TailAuto the tail EnvTail names (TailAuto
+// when it names none).
+func (l *MLP) forcedTail() Tail {
+	if l.Tail != TailAuto {
+		return l.Tail
+	}
+	switch os.Getenv(EnvTail) {
+	case "warp":
+		return TailWarp
+	case "split":
+		return TailSplit
+	case "sorted":
+		return TailSorted
+	}
+	return TailAuto
 }
 
 // lenBins is the number of list-length bins of the TailSorted order
@@ -904,16 +921,7 @@ func (l *MLP) splitWidth() int {
 // the batch's active pairs outnumber the down rows each block loads (the
 // mean active units per token is the last measured, or 1).
 func (l *MLP) useSplit(m int) bool {
-	t := l.Tail
-	if t == TailAuto {
-		switch os.Getenv(EnvTail) {
-		case "warp":
-			t = TailWarp
-		case "split", "sorted":
-			t = TailSplit
-		}
-	}
-	switch t {
+	switch l.forcedTail() {
 	case TailWarp:
 		return false
 	case TailSplit, TailSorted:

@@ -11,6 +11,31 @@
 #define NEG_INF __uint_as_float(0xff800000u)
 #define ATT_BQ 128  // queries per work item (one CTA of an attention kernel)
 
+// AttnItem is what every attention kernel's CTA reads first: its work item
+// (blockIdx.x = item * nq + head), the item's sequence, and the sequence's
+// K and V caches for the head's kv head (GQA: head / (nq / nkv)).
+struct AttnItem {
+  int head, q0;       // the head, and the item's first query among the sequence's new tokens
+  int n, past, qs;    // new tokens of the sequence, positions already cached, first flat token
+  const u16 *K, *V;   // [capacity][hd] each
+};
+
+__device__ __forceinline__ AttnItem attn_item(const int* __restrict__ items, const int* __restrict__ seq_q0,
+                                              const int* __restrict__ seq_n, const int* __restrict__ seq_past,
+                                              const u64* __restrict__ seq_base, const int* __restrict__ seq_cap,
+                                              int layer, int nq, int nkv, int hd) {
+  AttnItem a;
+  const int item = blockIdx.x / nq;
+  a.head = blockIdx.x % nq;
+  const int s = items[2 * item];
+  a.q0 = items[2 * item + 1];
+  a.n = seq_n[s], a.past = seq_past[s], a.qs = seq_q0[s];
+  const size_t cap = seq_cap[s], kh = a.head / (nq / nkv);
+  a.K = (const u16*)seq_base[s] + ((size_t)(layer * 2) * nkv + kh) * cap * hd;
+  a.V = (const u16*)seq_base[s] + ((size_t)(layer * 2 + 1) * nkv + kh) * cap * hd;
+  return a;
+}
+
 // ex2 is 2^x (flushing denormals; 2^-inf = 0).
 __device__ __forceinline__ float ex2(float x) {
   float r;

@@ -133,12 +133,9 @@ __global__ void __launch_bounds__(256, 2)
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const u32 sQ = (smem_addr(smem_raw) + 1023u) & ~1023u, sKV = sQ + QBYTES;
 
-  int item = blockIdx.x / nq, head = blockIdx.x % nq;
-  int s = items[2 * item], q0 = items[2 * item + 1];
-  int n = seq_n[s], past = seq_past[s], qs = seq_q0[s], cap = seq_cap[s];
-  int kh = head / (nq / nkv);
-  const u16* K = (const u16*)seq_base[s] + ((size_t)(layer * 2) * nkv + kh) * cap * HD;
-  const u16* V = (const u16*)seq_base[s] + ((size_t)(layer * 2 + 1) * nkv + kh) * cap * HD;
+  const AttnItem a = attn_item(items, seq_q0, seq_n, seq_past, seq_base, seq_cap, layer, nq, nkv, HD);
+  const int head = a.head, q0 = a.q0, n = a.n, past = a.past, qs = a.qs;
+  const u16 *K = a.K, *V = a.V;
   const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
   const int g = lane >> 2, tq = lane & 3;
   const int kend = past + min(q0 + ATT_BQ, n);  // keys [0, kend) are needed by the CTA

@@ -93,7 +93,7 @@ type Engine struct {
 	hostLogits *cuda.HostBuffer // ReuseLogits' buffer
 
 	prof   stepProfile // Profile's events
-	profOn bool        // the pass being queued is profiled
+	profOn bool        // the pass being queued is profiled: Profile set, not replayed from a graph
 
 	gen      uint64 // reallocations of engine buffers (a recorded graph uses their addresses)
 	graphs   map[int]*stepGraph

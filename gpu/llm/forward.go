@@ -271,13 +271,13 @@ func (e *Engine) Forward(caches []*Cache, tokens [][]int, allLogits bool) ([][]f
 	if err != nil {
 		return nil, nil, err
 	}
-	if e.profiling() {
+	if e.profOn {
 		e.prof.mark(e.dev, e.stream, "head")
 	}
 	if err := e.stream.Synchronize(); err != nil {
 		return nil, nil, err
 	}
-	if e.profiling() {
+	if e.profOn {
 		if st.StepMS, err = e.prof.collect(); err != nil {
 			return nil, nil, fmt.Errorf("llm: profile: %w", err)
 		}
@@ -314,10 +314,6 @@ func (e *Engine) queue(b *batch) (*Stats, error) {
 	return st, e.layersQueue(b, st, nil)
 }
 
-// profiling reports whether the pass being queued is profiled: Profile is
-// set and it is not replayed from a graph.
-func (e *Engine) profiling() bool { return e.profOn }
-
 // prepare sizes the workspace and RoPE tables for b and uploads its
 // metadata.
 func (e *Engine) prepare(b *batch) error {
@@ -342,9 +338,6 @@ func (e *Engine) attentionKernel(T int) (fn *cuda.Function, smem int, ref bool, 
 		}
 		return fn, 2 * 2 * 64 * (hd + 8) * 2, false, nil // two stages of a K and a V block
 	}
-	wg := func(v wgVariant) (*cuda.Function, int, bool, error) {
-		return e.k.attnWG[v.name()], v.smem(), false, nil
-	}
 	switch a := e.Attention; a {
 	case "ref":
 		return e.k.attnRef, 0, true, nil
@@ -357,10 +350,9 @@ func (e *Engine) attentionKernel(T int) (fn *cuda.Function, smem int, ref bool, 
 		if hd != 64 {
 			return nil, 0, false, fmt.Errorf("llm: the wgmma attention kernel takes head_dim 64, not %d", hd)
 		}
-		if e.k.wgErr != nil {
-			return nil, 0, false, e.k.wgErr
-		}
-		return wg(wgVariants[a])
+		v := wgVariants[a]
+		fn, err := e.k.wgmma(v)
+		return fn, v.smem(), false, err
 	case "", "auto":
 		if hd == 64 || hd == 128 {
 			return mma()

@@ -63,10 +63,22 @@ type kernels struct {
 	gemv1, gemv4           *cuda.Function
 	qkvRope1, qkvRope4     *cuda.Function
 
-	// attnWG holds the builds of attn_wg64 by name expression, on sm_90a
-	// only; wgErr says why they are missing elsewhere.
+	dev *cuda.Device
+	// attnWG holds the builds of attn_wg64 by name expression, compiled at
+	// first use (they are opt-in) and on sm_90a only; wgErr says why they
+	// are missing.
+	wgOnce sync.Once
 	attnWG map[string]*cuda.Function
 	wgErr  error
+}
+
+// wgmma returns build v of attn_wg64, compiling attn_wgmma.cu on first use.
+func (k *kernels) wgmma(v wgVariant) (*cuda.Function, error) {
+	k.wgOnce.Do(func() { k.attnWG, k.wgErr = compileWGMMA(k.dev, headers()) })
+	if k.wgErr != nil {
+		return nil, k.wgErr
+	}
+	return k.attnWG[v.name()], nil
 }
 
 var (
@@ -82,12 +94,11 @@ func kernelsFor(dev *cuda.Device) (*kernels, error) {
 	if k := kernTab[dev]; k != nil {
 		return k, nil
 	}
-	hdrs := headers()
-	mod, err := dev.Compile("llm.cu", llmSrc, hdrs...)
+	mod, err := dev.Compile("llm.cu", llmSrc, headers()...)
 	if err != nil {
 		return nil, fmt.Errorf("llm: compiling llm.cu: %w", err)
 	}
-	k := &kernels{}
+	k := &kernels{dev: dev}
 	for _, f := range []struct {
 		dst  **cuda.Function
 		name string
@@ -101,7 +112,6 @@ func kernelsFor(dev *cuda.Device) (*kernels, error) {
 			return nil, fmt.Errorf("llm: kernel %s: %w", f.name, err)
 		}
 	}
-	k.attnWG, k.wgErr = compileWGMMA(dev, hdrs)
 	kernTab[dev] = k
 	return k, nil
 }

@@ -305,12 +305,9 @@ extern "C" __global__ void __launch_bounds__(256)
              const u64* __restrict__ seq_base, const int* __restrict__ seq_cap, int layer, int nq, int nkv, int hd,
              int qkv_w, float scale_log2) {
   const int MAXD = 8;  // dims per lane: hd <= 256
-  int item = blockIdx.x / nq, head = blockIdx.x % nq;
-  int s = items[2 * item], q0 = items[2 * item + 1];
-  int n = seq_n[s], past = seq_past[s], qs = seq_q0[s], cap = seq_cap[s];
-  int kh = head / (nq / nkv);
-  const u16* K = (const u16*)seq_base[s] + ((size_t)(layer * 2) * nkv + kh) * cap * hd;
-  const u16* V = (const u16*)seq_base[s] + ((size_t)(layer * 2 + 1) * nkv + kh) * cap * hd;
+  const AttnItem a = attn_item(items, seq_q0, seq_n, seq_past, seq_base, seq_cap, layer, nq, nkv, hd);
+  const int head = a.head, q0 = a.q0, n = a.n, past = a.past, qs = a.qs;
+  const u16 *K = a.K, *V = a.V;
   int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   int qend = min(q0 + ATT_BQ, n);
   for (int qi = q0 + warp; qi < qend; qi += blockDim.x >> 5) {
@@ -406,12 +403,9 @@ __device__ __forceinline__ void attn_fa_body(const u16* __restrict__ qkv, u16* _
   constexpr int CH = HD / 8;     // 16-byte chunks per row
   extern __shared__ __align__(16) u16 smem[];  // [stage][K | V][BK][P]
 
-  int item = blockIdx.x / nq, head = blockIdx.x % nq;
-  int s = items[2 * item], q0 = items[2 * item + 1];
-  int n = seq_n[s], past = seq_past[s], qs = seq_q0[s], cap = seq_cap[s];
-  int kh = head / (nq / nkv);
-  const u16* K = (const u16*)seq_base[s] + ((size_t)(layer * 2) * nkv + kh) * cap * HD;
-  const u16* V = (const u16*)seq_base[s] + ((size_t)(layer * 2 + 1) * nkv + kh) * cap * HD;
+  const AttnItem a = attn_item(items, seq_q0, seq_n, seq_past, seq_base, seq_cap, layer, nq, nkv, HD);
+  const int head = a.head, q0 = a.q0, n = a.n, past = a.past, qs = a.qs;
+  const u16 *K = a.K, *V = a.V;
   int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   int g = lane >> 2, tq = lane & 3;
   int kend = past + min(q0 + ATT_BQ, n);  // keys [0, kend) are needed by the CTA
