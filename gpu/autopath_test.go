@@ -19,6 +19,9 @@ func TestChooseByTimes(t *testing.T) {
 	for trial := 0; trial < 50; trial++ {
 		l := &MLP{blas: &cublas.Handle{}, Measure: true}
 		m := 1 + r.IntN(1<<16)
+		if trial == 0 {
+			m = 1 + r.IntN(gemvMaxRows) // the exemption
+		}
 		sparseMS, denseMS := 0.1+r.Float64(), 0.1+r.Float64()
 		fast, slow := PathSparse, PathDense
 		if denseMS < sparseMS {
@@ -51,8 +54,14 @@ func TestChooseByTimes(t *testing.T) {
 					seed, m, sparseMS, denseMS, call, p, want, got)
 			}
 		}
-		if p, _ := l.choose(m, PathDense); p != PathDense {
-			t.Errorf("seed %d: the density rule said dense, choose ran %v", seed, p)
+		// batches of at most gemvMaxRows tokens are exempt from the density
+		// rule and keep the measured choice
+		want := PathDense
+		if m <= gemvMaxRows {
+			want = fast
+		}
+		if p, _ := l.choose(m, PathDense); p != want {
+			t.Errorf("seed %d: m=%d, the density rule said dense, choose ran %v, want %v", seed, m, p, want)
 		}
 		// another power-of-two bucket starts over
 		if p, timed := l.choose(4*m, PathSparse); p != PathSparse || !timed {
