@@ -37,7 +37,9 @@ func TestDensityIsReached(t *testing.T) {
 					dead++
 				}
 			}
-			if dist == Skewed && float64(dead)/float64(f) < 0.28 {
+			// dead units ~ Binomial(f, 0.3): mean 307, sd 14.7 for f = 1024;
+			// 0.22 f is 5.6 sd below (live units that never fired only add)
+			if dist == Skewed && float64(dead)/float64(f) < 0.22 {
 				t.Errorf("seed %d: skewed density %g: only %d of %d units never fired", seed, density, dead, f)
 			}
 		}
