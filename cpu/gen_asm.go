@@ -7,8 +7,16 @@ package main
 import (
 	"bytes"
 	"fmt"
+	"math"
 	"os"
 )
+
+// exp2Poly is 2^f's degree-6 Taylor polynomial, highest coefficient first
+// ((ln 2)^k / k!); kernels.go's exp2Go uses the same coefficients.
+var exp2Poly = [7]float32{
+	1.540353039338e-4, 1.333355814643e-3, 9.618129107628e-3,
+	5.550410866482e-2, 2.402265069591e-1, 6.931471805599e-1, 1,
+}
 
 func main() {
 	var b bytes.Buffer
@@ -163,6 +171,101 @@ func main() {
 		p("\tVFMADD231PS Z%d, Z%d, Z%d", lo, 8+u, 2*u)
 		p("\tVFMADD231PS Z%d, Z%d, Z%d", hi, 8+u, 2*u+1)
 	})
+
+	// The attention tile kernels work on tiles of rows of 32 floats (one
+	// query per column). colmax32: m[j] = max(m[j], max over rows of s[r][j]).
+	p("")
+	p("// func colmax32(s *float32, rows int, m *float32)")
+	p("TEXT ·colmax32(SB), NOSPLIT, $0-24")
+	p("\tMOVQ s+0(FP), SI")
+	p("\tMOVQ rows+8(FP), CX")
+	p("\tMOVQ m+16(FP), DX")
+	p("\tVMOVUPS (DX), Z0")
+	p("\tVMOVUPS 64(DX), Z1")
+	p("\tTESTQ CX, CX")
+	p("\tJZ cmdone")
+	p("cmloop:")
+	p("\tVMAXPS (SI), Z0, Z0")
+	p("\tVMAXPS 64(SI), Z1, Z1")
+	p("\tADDQ $128, SI")
+	p("\tDECQ CX")
+	p("\tJNZ cmloop")
+	p("cmdone:")
+	p("\tVMOVUPS Z0, (DX)")
+	p("\tVMOVUPS Z1, 64(DX)")
+	p("\tVZEROUPPER")
+	p("\tRET")
+
+	// scalerows32: s[r][j] *= alpha[j].
+	p("")
+	p("// func scalerows32(s *float32, rows int, alpha *float32)")
+	p("TEXT ·scalerows32(SB), NOSPLIT, $0-24")
+	p("\tMOVQ s+0(FP), SI")
+	p("\tMOVQ rows+8(FP), CX")
+	p("\tMOVQ alpha+16(FP), DX")
+	p("\tVMOVUPS (DX), Z0")
+	p("\tVMOVUPS 64(DX), Z1")
+	p("\tTESTQ CX, CX")
+	p("\tJZ srdone")
+	p("srloop:")
+	p("\tVMULPS (SI), Z0, Z2")
+	p("\tVMULPS 64(SI), Z1, Z3")
+	p("\tVMOVUPS Z2, (SI)")
+	p("\tVMOVUPS Z3, 64(SI)")
+	p("\tADDQ $128, SI")
+	p("\tDECQ CX")
+	p("\tJNZ srloop")
+	p("srdone:")
+	p("\tVZEROUPPER")
+	p("\tRET")
+
+	// exp2tile32: s[r][j] = 2^(s[r][j] - m[j]) and sum[j] += the new
+	// values. 2^x = 2^f * 2^n with n = round(x), f in [-1/2, 1/2], 2^f by
+	// its degree-6 Taylor polynomial (relative error under 2e-7) and the
+	// scaling by VSCALEFPS; x is clamped at -150 first, where the result
+	// rounds to exactly 0 (NaN passes).
+	p("")
+	p("// func exp2tile32(s *float32, rows int, m, sum *float32)")
+	p("TEXT ·exp2tile32(SB), NOSPLIT, $0-32")
+	p("\tMOVQ s+0(FP), SI")
+	p("\tMOVQ rows+8(FP), CX")
+	p("\tMOVQ m+16(FP), DX")
+	p("\tMOVQ sum+24(FP), DI")
+	p("\tVMOVUPS (DX), Z0")
+	p("\tVMOVUPS 64(DX), Z1")
+	p("\tVMOVUPS (DI), Z2")
+	p("\tVMOVUPS 64(DI), Z3")
+	consts := append([]float32{-150}, exp2Poly[:]...) // Z20 = -150, Z21.. = c6 .. c0
+	for i, c := range consts {
+		p("\tMOVL $0x%08x, AX", math.Float32bits(c))
+		p("\tVPBROADCASTD AX, Z%d", 20+i)
+	}
+	p("\tTESTQ CX, CX")
+	p("\tJZ exdone")
+	p("exloop:")
+	for h := 0; h < 2; h++ {
+		x, n, q := 4+4*h, 5+4*h, 6+4*h
+		p("\tVMOVUPS %d(SI), Z%d", 64*h, x)
+		p("\tVSUBPS Z%d, Z%d, Z%d", h, x, x)
+		p("\tVMAXPS Z%d, Z20, Z%d", x, x)
+		p("\tVRNDSCALEPS $0, Z%d, Z%d", x, n)
+		p("\tVSUBPS Z%d, Z%d, Z%d", n, x, x)
+		p("\tVMOVAPS Z21, Z%d", q)
+		for c := 22; c < 20+len(consts); c++ {
+			p("\tVFMADD213PS Z%d, Z%d, Z%d", c, x, q)
+		}
+		p("\tVSCALEFPS Z%d, Z%d, Z%d", n, q, q)
+		p("\tVMOVUPS Z%d, %d(SI)", q, 64*h)
+		p("\tVADDPS Z%d, Z%d, Z%d", q, 2+h, 2+h)
+	}
+	p("\tADDQ $128, SI")
+	p("\tDECQ CX")
+	p("\tJNZ exloop")
+	p("exdone:")
+	p("\tVMOVUPS Z2, (DI)")
+	p("\tVMOVUPS Z3, 64(DI)")
+	p("\tVZEROUPPER")
+	p("\tRET")
 
 	if err := os.WriteFile("kernels_amd64.s", b.Bytes(), 0o644); err != nil {
 		fmt.Fprintln(os.Stderr, err)

@@ -12,11 +12,14 @@ const (
 // The kernels in use; the AVX-512 versions replace these at init where the
 // CPU has them.
 var (
-	microkernel    = kernelGo
-	dotKernel      = dotGo
-	axpyKernel     = axpyGo
-	gemvKernel     = gemvGo
-	gemvBF16Kernel = gemvBF16Go
+	microkernel     = kernelGo
+	dotKernel       = dotGo
+	axpyKernel      = axpyGo
+	gemvKernel      = gemvGo
+	gemvBF16Kernel  = gemvBF16Go
+	colMaxKernel    = colMaxGo
+	scaleRowsKernel = scaleRowsGo
+	exp2TileKernel  = exp2TileGo
 )
 
 // gemvGo sets c[0:nr] = sum_p a[p] * b[p*nr : p*nr+nr].
@@ -99,3 +102,60 @@ func Dot(x, y []float32) float32 { return dotKernel(x, y) }
 
 // Axpy adds alpha*x to y (len(y) >= len(x)), SIMD where the machine has it.
 func Axpy(alpha float32, x, y []float32) { axpyKernel(alpha, x, y) }
+
+// The attention tile kernels work on rows of 32 floats, one query per
+// column (see attention.go).
+
+// colMaxGo sets m[j] = max(m[j], s[r][j]) over the rows of s.
+func colMaxGo(s []float32, rows int, m []float32) {
+	for r := 0; r < rows; r++ {
+		for j, v := range s[r*32 : r*32+32] {
+			if v > m[j] || v != v {
+				m[j] = v
+			}
+		}
+	}
+}
+
+// scaleRowsGo multiplies column j of s by alpha[j].
+func scaleRowsGo(s []float32, rows int, alpha []float32) {
+	for r := 0; r < rows; r++ {
+		row := s[r*32 : r*32+32]
+		for j := range row {
+			row[j] *= alpha[j]
+		}
+	}
+}
+
+// exp2TileGo sets s[r][j] = 2^(s[r][j] - m[j]) and adds the new values of
+// column j to sum[j].
+func exp2TileGo(s []float32, rows int, m, sum []float32) {
+	for r := 0; r < rows; r++ {
+		row := s[r*32 : r*32+32]
+		for j := range row {
+			row[j] = exp2Go(row[j] - m[j])
+			sum[j] += row[j]
+		}
+	}
+}
+
+// exp2Go returns 2^x for x <= 0 the way exp2tile32 computes it: x clamped
+// at -150, where the result rounds to exactly 0 (so masked scores, -inf,
+// weigh nothing), 2^x = 2^f * 2^n with n = round(x) and 2^f from its degree-6
+// Taylor polynomial (relative error under 2e-7).
+func exp2Go(x float32) float32 {
+	if x != x {
+		return x
+	}
+	x = max(x, -150)
+	n := float32(math.RoundToEven(float64(x)))
+	f := x - n
+	p := float32(1.540353039338e-4)
+	for _, c := range [...]float32{1.333355814643e-3, 9.618129107628e-3, 5.550410866482e-2, 2.402265069591e-1, 6.931471805599e-1, 1} {
+		p = p*f + c
+	}
+	if n < -126 { // a subnormal result, rounded once as VSCALEFPS does
+		return float32(float64(p) * math.Ldexp(1, int(n)))
+	}
+	return p * math.Float32frombits(uint32(int32(n)+127)<<23)
+}

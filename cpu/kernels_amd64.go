@@ -19,6 +19,15 @@ func gemv32(k int, a, b, c *float32)
 //go:noescape
 func gemv32bf16(k int, a *float32, b *uint16, c *float32)
 
+//go:noescape
+func colmax32(s *float32, rows int, m *float32)
+
+//go:noescape
+func scalerows32(s *float32, rows int, alpha *float32)
+
+//go:noescape
+func exp2tile32(s *float32, rows int, m, sum *float32)
+
 func init() {
 	if cpu.X86.HasAVX512F {
 		useSIMD(true)
@@ -30,7 +39,27 @@ func useSIMD(on bool) {
 	if !on {
 		microkernel, dotKernel, axpyKernel = kernelGo, dotGo, axpyGo
 		gemvKernel, gemvBF16Kernel = gemvGo, gemvBF16Go
+		colMaxKernel, scaleRowsKernel, exp2TileKernel = colMaxGo, scaleRowsGo, exp2TileGo
 		return
+	}
+	// The tile kernels check their bounds here: the assembly does not.
+	colMaxKernel = func(s []float32, rows int, m []float32) {
+		if rows > 0 {
+			_, _ = s[rows*32-1], m[31]
+			colmax32(&s[0], rows, &m[0])
+		}
+	}
+	scaleRowsKernel = func(s []float32, rows int, alpha []float32) {
+		if rows > 0 {
+			_, _ = s[rows*32-1], alpha[31]
+			scalerows32(&s[0], rows, &alpha[0])
+		}
+	}
+	exp2TileKernel = func(s []float32, rows int, m, sum []float32) {
+		if rows > 0 {
+			_, _, _ = s[rows*32-1], m[31], sum[31]
+			exp2tile32(&s[0], rows, &m[0], &sum[0])
+		}
 	}
 	gemvKernel = func(k int, a, b, c []float32) { gemv32(k, &a[0], &b[0], &c[0]) }
 	gemvBF16Kernel = func(k int, a []float32, b []uint16, c []float32) { gemv32bf16(k, &a[0], &b[0], &c[0]) }

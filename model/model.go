@@ -239,6 +239,9 @@ func (m *Model) Forward(caches []*Cache, tokens [][]int, allLogits bool) ([][]fl
 		maxPos = max(maxPos, p)
 	}
 	cos, sin := m.rope.tables(maxPos + 1)
+	seqs := make([]cpu.AttentionSeq, len(tokens))
+	attShape := cpu.AttentionShape{Heads: nq, KVHeads: nkv, HeadDim: hd}
+	attScale := float32(1 / math.Sqrt(float64(hd)))
 	for li, l := range m.layers {
 		lw := &m.Weights.Layers[li]
 		rmsNorm(hn, x, lw.AttnNorm, T, h, c.RMSNormEps)
@@ -256,33 +259,19 @@ func (m *Model) Forward(caches []*Cache, tokens [][]int, allLogits bool) ([][]fl
 			copy(cache.k[li][p*kvw:(p+1)*kvw], row[nq*hd:nq*hd+kvw])
 			copy(cache.v[li][p*kvw:(p+1)*kvw], row[nq*hd+kvw:])
 		})
-		scale := float32(1 / math.Sqrt(float64(hd)))
-		group := nq / nkv
-		cpu.ParallelFor(T*nq, func(i int) {
-			t, head := i/nq, i%nq
-			q := qkv[t*qkvW+head*hd : t*qkvW+(head+1)*hd]
-			cache := caches[seqOf[t]]
-			kh := head / group
-			n := pos[t] + 1 // causal: positions 0..pos
-			scores := make([]float32, n)
-			mx := float32(math.Inf(-1))
-			for p := 0; p < n; p++ {
-				s := cpu.Dot(q, cache.k[li][p*kvw+kh*hd:p*kvw+(kh+1)*hd]) * scale
-				scores[p] = s
-				mx = max(mx, s)
+		t0 := 0
+		for s, toks := range tokens {
+			seqs[s] = cpu.AttentionSeq{
+				Q: qkv[t0*qkvW : (t0+len(toks))*qkvW], QStride: qkvW,
+				Out: att[t0*nq*hd : (t0+len(toks))*nq*hd], OutStride: nq * hd,
+				K: caches[s].k[li], V: caches[s].v[li], KVStride: kvw,
+				Pos0: caches[s].Len, N: len(toks),
 			}
-			sum := float32(0)
-			for p := range scores {
-				e := float32(math.Exp(float64(scores[p] - mx)))
-				scores[p] = e
-				sum += e
-			}
-			out := att[t*nq*hd+head*hd : t*nq*hd+(head+1)*hd]
-			clear(out)
-			for p, e := range scores {
-				cpu.Axpy(e/sum, cache.v[li][p*kvw+kh*hd:p*kvw+(kh+1)*hd], out)
-			}
-		})
+			t0 += len(toks)
+		}
+		if err := cpu.Attention(seqs, attShape, attScale); err != nil {
+			return nil, nil, fmt.Errorf("model: layer %d attention: %w", li, err)
+		}
 		if err := cpu.Gemm(proj, att, T, l.o); err != nil {
 			return nil, nil, err
 		}
