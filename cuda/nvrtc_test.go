@@ -3,8 +3,11 @@ package cuda_test
 import (
 	_ "embed"
 	"errors"
+	"fmt"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -24,7 +27,10 @@ func TestCompileProgramPTX(t *testing.T) {
 	dumpDir := t.TempDir()
 	t.Setenv(cuda.EnvCUBINDump, dumpDir)
 	opts := []cuda.CompileOption{cuda.WithArch("compute_90"), cuda.WithNameExpressions("add_const<3>")}
-	prog, err := cuda.CompileProgram("selfcontained.cu", selfContainedSrc, opts...)
+	// a source of its own, so that this process's cache (go test -count N)
+	// has not seen it
+	src := fmt.Appendf(slices.Clone(selfContainedSrc), "\n// run %d\n", rand.Uint64())
+	prog, err := cuda.CompileProgram("selfcontained.cu", src, opts...)
 	if err != nil {
 		t.Fatalf("compile: %v", err)
 	}
@@ -35,7 +41,7 @@ func TestCompileProgramPTX(t *testing.T) {
 	if lowered == "" || !strings.Contains(string(prog.Image), lowered) {
 		t.Fatalf("lowered name of add_const<3> = %q, not found in the PTX", lowered)
 	}
-	again, err := cuda.CompileProgram("selfcontained.cu", selfContainedSrc, opts...)
+	again, err := cuda.CompileProgram("selfcontained.cu", src, opts...)
 	if err != nil || !again.FromCache || string(again.Image) != string(prog.Image) || again.LoweredNames["add_const<3>"] != lowered {
 		t.Fatalf("second compile: err %v, from cache %v", err, again != nil && again.FromCache)
 	}
