@@ -187,7 +187,9 @@ __global__ void __launch_bounds__(256, 2)
 
   for (int kb = 0; kb < nblk; ++kb) {
     load(kb + AHEAD);
-    cp_async_wait<AHEAD>();
+    // Groups 0 .. kb + AHEAD are committed. OV also reads block kb + 1 (its
+    // K) in this iteration, so it waits for one group more.
+    cp_async_wait<OV ? AHEAD - 1 : AHEAD>();
     // cp.async wrote through the generic proxy; wgmma reads through the async one.
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
     __syncthreads();

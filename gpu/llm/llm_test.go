@@ -542,6 +542,50 @@ func TestGraphDecodeMatchesEager(t *testing.T) {
 // 150 and 129 tokens after them (queries that start past block edges, and
 // a cache already holding keys). Logits of every kernel must agree with
 // the plain kernel's and with the CPU model's.
+// TestAttentionRepeatable runs each attention build three times on the same
+// long passes and wants bit-identical logits: the kernels are deterministic,
+// so a difference means a race (such as a block read before its cp.async
+// group has landed), which a tolerance check can miss.
+func TestAttentionRepeatable(t *testing.T) {
+	dev := cudatest.Device(t)
+	cudatest.Compiler(t)
+	c := testConfig(64, 4, 2, true)
+	c.MaxPositionEmbeddings = 1024
+	r, seed := cudatest.Rand()
+	m := sparseModel(t, c, r, seed)
+	toks := [][]int{randTokens(r, 1024, c.VocabSize), randTokens(r, 1000, c.VocabSize), randTokens(r, 700, c.VocabSize)}
+	kernels := []string{"mma"}
+	if dev.Properties().Arch == "sm_90a" {
+		kernels = append(kernels, "wgmma2", "wgmma3", "wgmma-ov")
+	}
+	for _, k := range kernels {
+		e := newEngine(t, dev, m, seed)
+		e.Attention = k
+		if err := e.SetMLPPath("dense"); err != nil {
+			t.Fatal(err)
+		}
+		var first [][]float32
+		for rep := 0; rep < 3; rep++ {
+			caches := gpuCaches(t, e, len(toks), 1024)
+			got, _, err := e.Forward(caches, toks, true)
+			if err != nil {
+				t.Fatalf("seed %d: %s: %v", seed, k, err)
+			}
+			if rep == 0 {
+				first = got
+				continue
+			}
+			for i := range got {
+				for j := range got[i] {
+					if math.Float32bits(got[i][j]) != math.Float32bits(first[i][j]) {
+						t.Fatalf("seed %d: %s, run %d: logit %d of row %d is %g, run 1 gave %g", seed, k, rep+1, j, i, got[i][j], first[i][j])
+					}
+				}
+			}
+		}
+	}
+}
+
 func TestAttentionLongMatchesRef(t *testing.T) {
 	dev := cudatest.Device(t)
 	cudatest.Compiler(t)
