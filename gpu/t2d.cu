@@ -365,31 +365,38 @@ __global__ void __launch_bounds__(1024, 1)
     for (int q = 0; q < 4; ++q)
       if (q < left) axpy8(acc, bf_hi(ws[q]), ds[(int)(ws[q] & 0xffffu) * L + sub]);
   };
-  // With order (TailSorted), position i of the block's range takes token
-  // order[i]: tokens by list length, so that a warp's tokens of one round
-  // are about as long as each other. Without it, round k gives lane group g
-  // token base + (g + 37k) mod G rather than base + g: sequences whose
-  // lengths are multiples of G would otherwise put every sequence start
-  // (often a long list) in the same warp, every round.
-  const int G = blockDim.x / L, g = tid / L;
-  for (int base = t0, k = 0; base < t1; base += G, ++k) {
-    const int i = order ? base + g : base + (g + 37 * k) % G;
-    if (i >= t1) continue;
-    const int t = order ? order[i] : i;
+  // With order (TailSorted), tokens come by list length, so that a warp's
+  // tokens of one round are about as long as each other; the blockIdx.y
+  // blocks take every gridDim.y-th sorted position (not a contiguous range,
+  // which would give the first block all the longest lists). Without order,
+  // round k gives lane group g token base + (g + 37k) mod G rather than
+  // base + g: sequences whose lengths are multiples of G would otherwise put
+  // every sequence start (often a long list) in the same warp, every round.
+  const int G = blockDim.x / L, g = tid / L, ny = gridDim.y;
+  for (int base = order ? 0 : t0, k = 0; order ? base * ny < m : base < t1; base += G, ++k) {
+    int t;
+    if (order) {
+      const int pos = (base + g) * ny + blockIdx.y;
+      if (pos >= m) continue;
+      t = order[pos];
+    } else {
+      t = base + (g + 37 * k) % G;
+      if (t >= t1) continue;
+    }
     const int n = cnt[t];
     const u32* e = packed + (size_t)t * row_words;
     float acc[8];
 #pragma unroll
-    for (int k = 0; k < 8; ++k) acc[k] = 0.f;
-    for (int i = 0; i < n; i += 4 * TW_WS_LOADS) {
+    for (int j = 0; j < 8; ++j) acc[j] = 0.f;
+    for (int s = 0; s < n; s += 4 * TW_WS_LOADS) {
       uint4 w4[TW_WS_LOADS];
 #pragma unroll
       for (int v = 0; v < TW_WS_LOADS; ++v) {
         w4[v].x = w4[v].y = w4[v].z = w4[v].w = 0u;
-        if (i + 4 * v < n) w4[v] = ld_hint(e + i + 4 * v, stream);
+        if (s + 4 * v < n) w4[v] = ld_hint(e + s + 4 * v, stream);
       }
 #pragma unroll
-      for (int v = 0; v < TW_WS_LOADS; ++v) step(acc, w4[v], n - i - 4 * v);
+      for (int v = 0; v < TW_WS_LOADS; ++v) step(acc, w4[v], n - s - 4 * v);
     }
     store(t, acc);
   }
