@@ -66,6 +66,10 @@ func TestCompileWGMMAPTX(t *testing.T) {
 			if !strings.Contains(ptx, "wgmma.mma_async") {
 				t.Errorf("pipe %v %s: no wgmma.mma_async in the PTX", pipe, peel)
 			}
+			if peel == "-DTW_PEEL=1" { // the point of the peel: back-to-back wgmmas
+				cudatest.CleanSASS(t, "d2t_wgmma.cu", d2tWGMMASrc, append([]cuda.CompileOption{
+					cuda.WithNameExpressions(exprs...), cuda.WithOptions(peel)}, Headers()...)...)
+			}
 		}
 	}
 }

@@ -6,6 +6,8 @@ package cudatest
 import (
 	"math/rand/v2"
 	"os"
+	"regexp"
+	"strings"
 	"testing"
 	"time"
 
@@ -47,4 +49,31 @@ func Compiler(tb testing.TB) {
 func Rand() (*rand.Rand, uint64) {
 	seed := uint64(time.Now().UnixNano())
 	return rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)), seed
+}
+
+// spills matches a ptxas resource line with a nonzero spill count.
+var spills = regexp.MustCompile(`[1-9][0-9]* bytes spill (stores|loads)`)
+
+// CleanSASS compiles src to sm_90a machine code with NVRTC (ptxas runs on
+// this machine, no GPU needed) and fails the test if ptxas serialized any
+// wgmma (its warning C7515: each one waited for before the next, which
+// costs most of their speed) or spilled registers. It skips the test where
+// NVRTC is older than 12, which cannot target sm_90a.
+func CleanSASS(tb testing.TB, name string, src []byte, opts ...cuda.CompileOption) {
+	tb.Helper()
+	Compiler(tb)
+	if major, minor, _, _ := cuda.NVRTCVersion(); major < 12 {
+		tb.Skipf("NVRTC %d.%d cannot target sm_90a", major, minor)
+	}
+	opts = append(opts, cuda.WithArch("sm_90a"), cuda.WithOptions("-Xptxas=-v"), cuda.WithoutCache())
+	prog, err := cuda.CompileProgram(name, src, opts...)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if strings.Contains(prog.Log, "C7515") || strings.Contains(prog.Log, "serialized") {
+		tb.Errorf("%s: ptxas serialized wgmma instructions:\n%s", name, prog.Log)
+	}
+	if spills.MatchString(prog.Log) {
+		tb.Errorf("%s: ptxas spilled registers:\n%s", name, prog.Log)
+	}
 }

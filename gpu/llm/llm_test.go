@@ -70,6 +70,7 @@ func TestCompileWGMMA(t *testing.T) {
 	if strings.Contains(ptx, ".local") {
 		t.Errorf("the PTX uses local memory")
 	}
+	cudatest.CleanSASS(t, "attn_wgmma.cu", attnWGMMASrc, append(headers(), cuda.WithNameExpressions(exprs...))...)
 }
 
 func TestSupported(t *testing.T) {
