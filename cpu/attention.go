@@ -36,19 +36,29 @@ const attnChunk = 192
 // computed together: the GEMM micro-kernel's nr, with queries as columns.
 const attnPanel = nr
 
-// attnMinRows: a KV head with fewer query rows than this (decode steps)
-// takes the row-by-row path, where a panel would be mostly padding.
+// attnMinRows: a sequence with fewer query rows than this per KV head
+// (decode steps) takes the decode path, where a panel would be mostly
+// padding.
 const attnMinRows = 16
+
+// attnDecodeChunk is how many keys one work item of the decode path takes.
+const attnDecodeChunk = 256
 
 // Attention computes softmax(scale * Q K^T) V, causally masked, for every
 // sequence in seqs.
 //
-// Query rows that share a KV head are processed in panels of 32 (flash
-// attention style, with a running max and sum per row): for each chunk of
-// keys the micro-kernel computes the transposed scores S^T = K Q^T, so that
-// the softmax runs down the columns with whole-vector operations and the
-// exponentiated tile is already the packed operand of O^T += V^T P^T. No
+// Prefill: query rows that share a KV head are processed in panels of 32
+// (flash attention style, with a running max and sum per row). For each
+// chunk of keys the micro-kernel computes the transposed scores S^T = K Q^T,
+// so that the softmax runs down the columns with whole-vector operations and
+// the exponentiated tile is already the packed operand of O^T += V^T P^T. No
 // score matrix larger than one chunk is held.
+//
+// Decode (few new tokens): the keys are split into chunks that run in
+// parallel (flash-decoding), each reading its keys and values position by
+// position for all heads at once. Reading one head's keys across positions
+// instead would jump a whole cache row between 256-byte reads and miss the
+// TLB on nearly every one. The chunks' partial softmaxes are merged at the end.
 func Attention(seqs []AttentionSeq, sh AttentionShape, scale float32) error {
 	if err := checkAttention(seqs, sh); err != nil {
 		return err
@@ -62,22 +72,25 @@ func Attention(seqs []AttentionSeq, sh AttentionShape, scale float32) error {
 		l      int       // key positions, padded to a multiple of mr
 	}
 	type item struct {
-		seq, g, first int // first query row (panel items) or the row
+		seq, g, first int // panel items: KV head and first query row; decode items: first key
 		pack          *pack
 		cost          int
 	}
 	var packs []*pack
 	var items []item
+	parts := make([][]float32, len(seqs)) // decode path: per chunk and row, max, sum and output
 	for s := range seqs {
 		sq := &seqs[s]
 		rows := sq.N * group
-		for g := 0; g < sh.KVHeads; g++ {
-			if rows < attnMinRows {
-				for r := 0; r < rows; r++ {
-					items = append(items, item{seq: s, g: g, first: r, cost: (sq.Pos0 + r/group + 1) * hd})
-				}
-				continue
+		if rows < attnMinRows {
+			keys := sq.Pos0 + sq.N
+			parts[s] = make([]float32, (keys+attnDecodeChunk-1)/attnDecodeChunk*sq.N*sh.Heads*(hd+2))
+			for k0 := 0; k0 < keys; k0 += attnDecodeChunk {
+				items = append(items, item{seq: s, first: k0, cost: min(attnDecodeChunk, keys-k0) * sq.N * sh.Heads * hd})
 			}
+			continue
+		}
+		for g := 0; g < sh.KVHeads; g++ {
 			l := (sq.Pos0 + sq.N + mr - 1) / mr * mr
 			p := &pack{seq: s, g: g, l: l}
 			packs = append(packs, p)
@@ -98,14 +111,21 @@ func Attention(seqs []AttentionSeq, sh AttentionShape, scale float32) error {
 	parallelFor(len(items), func(i int) {
 		it := items[i]
 		sq := &seqs[it.seq]
-		if it.pack == nil {
-			attendRow(sq, sh, it.g, it.first, scale)
-			return
-		}
 		w := scratchPool.Get().(*attnScratch)
-		w.size(hd, hdPad)
-		attendPanel(sq, sh, it.g, it.first, it.pack.k, it.pack.v, it.pack.l, scale, w)
+		if it.pack == nil {
+			rows := sq.N * sh.Heads
+			c := it.first / attnDecodeChunk
+			attendChunk(sq, sh, it.first, scale, parts[it.seq][c*rows*(hd+2):(c+1)*rows*(hd+2)], w)
+		} else {
+			w.size(hd, hdPad)
+			attendPanel(sq, sh, it.g, it.first, it.pack.k, it.pack.v, it.pack.l, scale, w)
+		}
 		scratchPool.Put(w)
+	})
+	parallelFor(len(seqs), func(s int) {
+		if parts[s] != nil {
+			mergeChunks(&seqs[s], sh, parts[s])
+		}
 	})
 	return nil
 }
@@ -152,6 +172,7 @@ func packKV(kp, vp, k, v []float32, stride, off, n, hd, l int) {
 // attnScratch is one worker's tiles for attendPanel.
 type attnScratch struct {
 	q, st, ot           []float32 // queries [hd][32], scores [attnChunk][32], output [hdPad][32]
+	scores              []float32 // the decode path's scores, rows x attnDecodeChunk
 	m, mNew, sum, alpha [attnPanel]float32
 	qpos                [attnPanel]int // query positions
 }
@@ -242,30 +263,101 @@ func attendPanel(sq *AttentionSeq, sh AttentionShape, g, first int, kp, vp []flo
 	}
 }
 
-// attendRow computes query row r of KV head g on its own: the path of
-// decode steps, whose few rows would leave a panel mostly empty.
-func attendRow(sq *AttentionSeq, sh AttentionShape, g, r int, scale float32) {
-	hd, group := sh.HeadDim, sh.Heads/sh.KVHeads
-	i, h := r/group, g*group+r%group
-	q := sq.Q[i*sq.QStride+h*hd:][:hd]
-	n := sq.Pos0 + i + 1
-	scores := make([]float32, n)
+// attendChunk is one work item of the decode path: keys k0 .. k0+255 (or
+// up to the last) for every query row (token i, head h: row i*Heads + h) of
+// sq. It writes, per row, the chunk's maximum score, the sum of its
+// exponentials and the unnormalised output into part (rows of hd + 2).
+func attendChunk(sq *AttentionSeq, sh AttentionShape, k0 int, scale float32, part []float32, w *attnScratch) {
+	hd, group, heads := sh.HeadDim, sh.Heads/sh.KVHeads, sh.Heads
+	rows := sq.N * heads
+	k1 := min(k0+attnDecodeChunk, sq.Pos0+sq.N)
+	const C = attnDecodeChunk
+	if len(w.scores) < rows*C {
+		w.scores = make([]float32, rows*C)
+	}
+	sc := w.scores[:rows*C]
+	negInf := float32(math.Inf(-1))
 	qs := scale * math.Log2E
-	mx := float32(math.Inf(-1))
-	for p := range scores {
-		s := Dot(q, sq.K[p*sq.KVStride+g*hd:][:hd]) * qs
-		scores[p] = s
-		mx = max(mx, s)
+	// Scores, position by position: one key row holds every KV head.
+	for p := k0; p < k1; p++ {
+		krow := sq.K[p*sq.KVStride:]
+		for i := 0; i < sq.N; i++ {
+			masked := p > sq.Pos0+i
+			q := sq.Q[i*sq.QStride:]
+			for h := 0; h < heads; h++ {
+				v := negInf
+				if !masked {
+					g := h / group
+					v = Dot(q[h*hd:(h+1)*hd], krow[g*hd:(g+1)*hd]) * qs
+				}
+				sc[(i*heads+h)*C+p-k0] = v
+			}
+		}
 	}
-	sum := float32(0)
-	for p, s := range scores {
-		e := exp2Go(s - mx)
-		scores[p] = e
-		sum += e
+	for r := 0; r < rows; r++ {
+		row := sc[r*C : (r+1)*C]
+		for j := k1 - k0; j < C; j++ {
+			row[j] = negInf
+		}
+		// the row as C/32 rows of 32: column maxima and sums, then reduced
+		for j := range w.m {
+			w.m[j], w.sum[j] = negInf, 0
+		}
+		colMaxKernel(row, C/32, w.m[:])
+		m := slices.Max(w.m[:])
+		o := part[r*(hd+2):][:hd+2]
+		clear(o)
+		o[0] = m
+		if math.IsInf(float64(m), -1) { // every key of the chunk is after this row's token
+			continue
+		}
+		for j := range w.m {
+			w.m[j] = m
+		}
+		exp2TileKernel(row, C/32, w.m[:], w.sum[:])
+		for _, v := range w.sum {
+			o[1] += v
+		}
 	}
-	out := sq.Out[i*sq.OutStride+h*hd:][:hd]
-	clear(out)
-	for p, e := range scores {
-		Axpy(e/sum, sq.V[p*sq.KVStride+g*hd:][:hd], out)
+	// Outputs, position by position again.
+	for p := k0; p < k1; p++ {
+		vrow := sq.V[p*sq.KVStride:]
+		for r := 0; r < rows; r++ {
+			if e := sc[r*C+p-k0]; e != 0 {
+				g := r % heads / group
+				Axpy(e, vrow[g*hd:(g+1)*hd], part[r*(hd+2)+2:][:hd])
+			}
+		}
+	}
+}
+
+// mergeChunks combines the decode path's per-chunk partial softmaxes of sq
+// (part: chunks of rows of hd + 2: max, sum, output) into its outputs.
+func mergeChunks(sq *AttentionSeq, sh AttentionShape, part []float32) {
+	hd, heads := sh.HeadDim, sh.Heads
+	rows := sq.N * heads
+	chunks := len(part) / (rows * (hd + 2))
+	for r := 0; r < rows; r++ {
+		m := float32(math.Inf(-1))
+		for c := 0; c < chunks; c++ {
+			m = max(m, part[(c*rows+r)*(hd+2)])
+		}
+		i, h := r/heads, r%heads
+		out := sq.Out[i*sq.OutStride+h*hd:][:hd]
+		clear(out)
+		sum := float32(0)
+		for c := 0; c < chunks; c++ {
+			pc := part[(c*rows+r)*(hd+2):][:hd+2]
+			if pc[1] == 0 {
+				continue
+			}
+			a := exp2Go(pc[0] - m)
+			sum += a * pc[1]
+			Axpy(a, pc[2:], out)
+		}
+		inv := 1 / sum
+		for d := range out {
+			out[d] *= inv
+		}
 	}
 }

@@ -54,7 +54,7 @@ func normals(r *rand.Rand, n int, sd float64) []float32 {
 // TestAttentionMatchesFloat64 runs batches of sequences with fresh random
 // shapes (GQA groups, head sizes that are and are not multiples of the
 // micro-kernel's 12 rows, cached prefixes, padded strides) through both the
-// panel and the row path, and checks every output against float64; the
+// panel and the decode path (several key chunks included), and checks every output against float64; the
 // padding between rows of Out must stay untouched.
 func TestAttentionMatchesFloat64(t *testing.T) {
 	forEachKernel(t, func(t *testing.T) {
@@ -69,7 +69,7 @@ func TestAttentionMatchesFloat64(t *testing.T) {
 			const sentinel = 12345
 			for s := range seqs {
 				n := []int{1, 2, 1 + r.IntN(40), 100 + r.IntN(300)}[r.IntN(4)]
-				pos0 := []int{0, r.IntN(50), r.IntN(400)}[r.IntN(3)]
+				pos0 := []int{0, r.IntN(50), r.IntN(400), 256 + r.IntN(600)}[r.IntN(4)]
 				qs, os, kvs := sh.Heads*hd+r.IntN(9), sh.Heads*hd+r.IntN(9), kvh*hd+r.IntN(9)
 				sd := 0.5 + 2*r.Float64() // up to sharply peaked softmaxes
 				sq := AttentionSeq{
@@ -212,4 +212,20 @@ func BenchmarkAttention(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(n)*float64(n)/2*float64(w)*4*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
+}
+
+// BenchmarkAttentionDecode times one decode step (one new query per
+// sequence) of 32 heads of 64 over a 2048-token cache: the decode path.
+func BenchmarkAttentionDecode(b *testing.B) {
+	r := rand.New(rand.NewPCG(1, 3))
+	sh := AttentionShape{Heads: 32, KVHeads: 32, HeadDim: 64}
+	n, w := 2048, 32*64
+	sq := AttentionSeq{Q: normals(r, w, 1), QStride: w, Out: make([]float32, w), OutStride: w,
+		K: normals(r, n*w, 1), V: normals(r, n*w, 1), KVStride: w, Pos0: n - 1, N: 1}
+	for b.Loop() {
+		if err := Attention([]AttentionSeq{sq}, sh, 0.125); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(2*n*w*4)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
 }
