@@ -54,8 +54,9 @@ func normals(r *rand.Rand, n int, sd float64) []float32 {
 // TestAttentionMatchesFloat64 runs batches of sequences with fresh random
 // shapes (GQA groups, head sizes that are and are not multiples of the
 // micro-kernel's 12 rows, cached prefixes, padded strides) through both the
-// panel and the decode path (several key chunks included), and checks every output against float64; the
-// padding between rows of Out must stay untouched.
+// panel and the decode path (caches of several key chunks included), and
+// checks every output against float64; the padding between rows of Out must
+// stay untouched.
 func TestAttentionMatchesFloat64(t *testing.T) {
 	forEachKernel(t, func(t *testing.T) {
 		seed := rand.Uint64()
