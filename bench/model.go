@@ -28,9 +28,11 @@ type ModelOptions struct {
 	// Prefill: Batch sequences of PromptLen tokens in one forward pass.
 	Batch, PromptLen int
 	// Decode: for each batch size, DecodeSteps single-token steps after a
-	// 16-token prompt per sequence.
+	// prompt of DecodeContext tokens per sequence (0 means 16). Attention
+	// reads the whole cache every step, so the context sets its share.
 	DecodeBatches []int
 	DecodeSteps   int
+	DecodeContext int
 	Reps          int
 	Seed          uint64
 	// SaveDir, when set, receives the benchmarked model as a Hugging Face
@@ -54,11 +56,34 @@ func (o ModelOptions) Validate() error {
 		return fmt.Errorf("-batch %d and -prompt-len %d must be positive", o.Batch, o.PromptLen)
 	case o.DecodeSteps < 1 || o.Reps < 1:
 		return fmt.Errorf("-decode-steps %d and -reps %d must be positive", o.DecodeSteps, o.Reps)
+	case o.DecodeContext < 0:
+		return fmt.Errorf("-decode-context %d must be positive", o.DecodeContext)
 	}
 	for _, b := range o.DecodeBatches {
 		if b < 1 {
 			return fmt.Errorf("-decode-batch %d: must be positive", b)
 		}
+	}
+	return nil
+}
+
+// decodeContext returns the tokens cached per sequence before the timed
+// decode steps.
+func (o ModelOptions) decodeContext() int {
+	if o.DecodeContext == 0 {
+		return 16
+	}
+	return o.DecodeContext
+}
+
+// checkPositions reports a prefill or decode longer than the model's
+// positions.
+func (o ModelOptions) checkPositions(c model.Config) error {
+	switch ctx := o.decodeContext(); {
+	case o.PromptLen > c.MaxPositionEmbeddings:
+		return fmt.Errorf("-prompt-len %d exceeds the model's %d positions", o.PromptLen, c.MaxPositionEmbeddings)
+	case ctx+o.DecodeSteps > c.MaxPositionEmbeddings:
+		return fmt.Errorf("-decode-context %d plus -decode-steps %d exceeds the model's %d positions", ctx, o.DecodeSteps, c.MaxPositionEmbeddings)
 	}
 	return nil
 }
@@ -75,6 +100,7 @@ func saveModel(o ModelOptions, m *model.Model, progress func(string)) error {
 // DecodePoint is decode speed at one batch size.
 type DecodePoint struct {
 	Batch        int     `json:"batch"`
+	Context      int     `json:"context"` // tokens cached per sequence before the timed steps
 	TokensPerSec float64 `json:"tokens_per_s"`
 	MSPerStep    float64 `json:"ms_per_step"`
 	// GraphSteps is how many of the decode steps run (warm-up included)
@@ -148,8 +174,8 @@ func ModelCPU(o ModelOptions, progress func(string)) ([]ModelResult, error) {
 	}
 	m.UseBF16ForDecode() // both paths: decode reads bf16 weight copies
 	c := m.Config
-	if o.PromptLen+o.DecodeSteps+16 > c.MaxPositionEmbeddings {
-		return nil, fmt.Errorf("-prompt-len %d exceeds the model's %d positions", o.PromptLen, c.MaxPositionEmbeddings)
+	if err := o.checkPositions(c); err != nil {
+		return nil, err
 	}
 	prompts := make([][]int, o.Batch)
 	for i := range prompts {
@@ -201,8 +227,8 @@ func ModelCPU(o ModelOptions, progress func(string)) ([]ModelResult, error) {
 			res.MaxLogitDiff = maxAbsDiff(logits, denseLogits)
 		}
 		for _, b := range o.DecodeBatches {
-			progress(fmt.Sprintf("%s: decode batch %d", path, b))
-			pt, err := decodeSpeed(m, r, b, o.DecodeSteps, o.Reps)
+			progress(fmt.Sprintf("%s: decode batch %d, context %d", path, b, o.decodeContext()))
+			pt, err := decodeSpeed(m, r, b, o.decodeContext(), o.DecodeSteps, o.Reps)
 			if err != nil {
 				return nil, err
 			}
@@ -218,17 +244,17 @@ func ModelCPU(o ModelOptions, progress func(string)) ([]ModelResult, error) {
 }
 
 // decodeSpeed times steps single-token decode steps for batch sequences
-// after a 16-token prompt each (prefill untimed), median of reps after one
-// warm-up repetition.
-func decodeSpeed(m *model.Model, r *rand.Rand, batch, steps, reps int) (DecodePoint, error) {
+// after a prompt of ctx tokens each (prefill untimed), median of reps after
+// one warm-up repetition.
+func decodeSpeed(m *model.Model, r *rand.Rand, batch, ctx, steps, reps int) (DecodePoint, error) {
 	c := m.Config
 	times := make([]float64, 0, reps)
 	for rep := -1; rep < reps; rep++ {
 		caches := make([]*model.Cache, batch)
 		toks := make([][]int, batch)
 		for i := range caches {
-			caches[i] = m.NewCache(16 + steps)
-			toks[i] = make([]int, 16)
+			caches[i] = m.NewCache(ctx + steps)
+			toks[i] = make([]int, ctx)
 			for j := range toks[i] {
 				toks[i][j] = r.IntN(c.VocabSize)
 			}
@@ -250,7 +276,7 @@ func decodeSpeed(m *model.Model, r *rand.Rand, batch, steps, reps int) (DecodePo
 		}
 	}
 	med := Median(times)
-	return DecodePoint{Batch: batch, TokensPerSec: float64(batch*steps) / med * 1000, MSPerStep: med / float64(steps)}, nil
+	return DecodePoint{Batch: batch, Context: ctx, TokensPerSec: float64(batch*steps) / med * 1000, MSPerStep: med / float64(steps)}, nil
 }
 
 func maxAbsDiff(a, b [][]float32) float64 {

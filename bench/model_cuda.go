@@ -102,11 +102,8 @@ func ModelCUDA(o ModelOptions, progress func(string)) ([]ModelCUDAResult, error)
 		return nil, err
 	}
 	c := m.Config
-	switch {
-	case o.PromptLen > c.MaxPositionEmbeddings:
-		return nil, fmt.Errorf("-prompt-len %d exceeds the model's %d positions", o.PromptLen, c.MaxPositionEmbeddings)
-	case 16+o.DecodeSteps > c.MaxPositionEmbeddings:
-		return nil, fmt.Errorf("-decode-steps %d: 16 + steps exceeds the model's %d positions", o.DecodeSteps, c.MaxPositionEmbeddings)
+	if err := o.checkPositions(c); err != nil {
+		return nil, err
 	}
 	dev, err := cuda.Open(0)
 	if err != nil {
@@ -275,8 +272,8 @@ func ModelCUDA(o ModelOptions, progress func(string)) ([]ModelCUDAResult, error)
 		}
 		logitsOf[path] = logits
 		for _, b := range o.DecodeBatches {
-			progress(fmt.Sprintf("%s: decode batch %d", path, b))
-			pt, err := decodeSpeedCUDA(e, r, b, o.DecodeSteps, o.Reps, timed, sample)
+			progress(fmt.Sprintf("%s: decode batch %d, context %d", path, b, o.decodeContext()))
+			pt, err := decodeSpeedCUDA(e, r, b, o.decodeContext(), o.DecodeSteps, o.Reps, timed, sample)
 			if err != nil {
 				return nil, err
 			}
@@ -299,14 +296,14 @@ func ModelCUDA(o ModelOptions, progress func(string)) ([]ModelCUDAResult, error)
 }
 
 // decodeSpeedCUDA times steps single-token decode steps for batch sequences
-// after a 16-token prompt each (prefill untimed): CUDA events around the
-// steps, median of reps after one warm-up repetition.
-func decodeSpeedCUDA(e *llm.Engine, r *rand.Rand, batch, steps, reps int, timed func(func() error) (float64, error), sample func()) (DecodePoint, error) {
+// after a prompt of ctx tokens each (prefill untimed): CUDA events around
+// the steps, median of reps after one warm-up repetition.
+func decodeSpeedCUDA(e *llm.Engine, r *rand.Rand, batch, ctx, steps, reps int, timed func(func() error) (float64, error), sample func()) (DecodePoint, error) {
 	c := e.Config
 	caches := make([]*llm.Cache, batch)
 	for i := range caches {
 		var err error
-		if caches[i], err = e.NewCache(16 + steps); err != nil {
+		if caches[i], err = e.NewCache(ctx + steps); err != nil {
 			return DecodePoint{}, err
 		}
 		defer caches[i].Free()
@@ -323,7 +320,7 @@ func decodeSpeedCUDA(e *llm.Engine, r *rand.Rand, batch, steps, reps int, timed 
 	for rep := -1; rep < reps; rep++ {
 		for i := range caches {
 			caches[i].Len = 0
-			toks[i] = randTokens(r, 16, c.VocabSize)
+			toks[i] = randTokens(r, ctx, c.VocabSize)
 		}
 		if _, _, err := e.Forward(caches, toks, false); err != nil {
 			return DecodePoint{}, err
@@ -355,7 +352,7 @@ func decodeSpeedCUDA(e *llm.Engine, r *rand.Rand, batch, steps, reps int, timed 
 		}
 	}
 	med := Median(times)
-	return DecodePoint{Batch: batch, TokensPerSec: float64(batch*steps) / med * 1000, MSPerStep: med / float64(steps),
+	return DecodePoint{Batch: batch, Context: ctx, TokensPerSec: float64(batch*steps) / med * 1000, MSPerStep: med / float64(steps),
 		GraphSteps: e.GraphReplays() - graphs0, Steps: (reps + 1) * steps, GraphRecords: e.GraphRecords() - records0,
 		SparseLayers: sparse}, nil
 }

@@ -32,6 +32,7 @@ func runBenchModel(args []string, stdout, stderr io.Writer) error {
 	promptLen := fs.Int("prompt-len", 128, "prefill: tokens per sequence (cuda: default 2048)")
 	decodeBatch := fs.String("decode-batch", "1,8", "decode: comma-separated batch sizes (cuda: default 1,8,64)")
 	decodeSteps := fs.Int("decode-steps", 8, "decode: timed steps per batch size")
+	decodeContext := fs.Int("decode-context", 16, "decode: tokens cached per sequence before the timed steps")
 	reps := fs.Int("reps", 3, "repetitions, median reported")
 	device := fs.String("device", "auto", "cpu, cuda or auto (auto: cuda when a GPU is found, else cpu)")
 	seed := fs.Uint64("seed", 0, "random seed (0: fresh, printed)")
@@ -82,8 +83,11 @@ func runBenchModel(args []string, stdout, stderr io.Writer) error {
 		*seed = rand.Uint64()
 	}
 	o := bench.ModelOptions{Dir: *dir, Preset: *preset, Layers: *layers, Density: *density, Dist: d,
-		Batch: *batch, PromptLen: *promptLen, DecodeBatches: batches, DecodeSteps: *decodeSteps, Reps: *reps, Seed: *seed,
+		Batch: *batch, PromptLen: *promptLen, DecodeBatches: batches, DecodeSteps: *decodeSteps, DecodeContext: *decodeContext, Reps: *reps, Seed: *seed,
 		SaveDir: *save}
+	if *decodeContext < 1 {
+		return usagef("-decode-context %d must be positive", *decodeContext)
+	}
 	if err := o.Validate(); err != nil {
 		return usageError{err.Error()}
 	}
@@ -186,6 +190,9 @@ func printModelTable(w io.Writer, rs []bench.ModelResult, peak []int64) {
 		fmt.Fprintln(tw)
 	}
 	tw.Flush()
+	if len(rs[0].Decode) > 0 {
+		fmt.Fprintf(w, "decode: %d tokens cached per sequence before the timed steps\n", rs[0].Decode[0].Context)
+	}
 	for _, r := range rs {
 		var parts []string
 		for _, p := range r.Decode {

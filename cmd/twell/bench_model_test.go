@@ -16,7 +16,7 @@ func TestBenchModelOnCheckpoint(t *testing.T) {
 	js := filepath.Join(t.TempDir(), "m.json")
 	png := filepath.Join(t.TempDir(), "m.png")
 	var out, errb bytes.Buffer
-	code := run([]string{"bench", "model", "-model", dir, "-batch", "2", "-prompt-len", "8", "-decode-batch", "1,3", "-decode-steps", "2", "-reps", "1", "-json", js, "-plot", png}, &out, &errb)
+	code := run([]string{"bench", "model", "-model", dir, "-batch", "2", "-prompt-len", "8", "-decode-batch", "1,3", "-decode-steps", "2", "-decode-context", "5", "-reps", "1", "-json", js, "-plot", png}, &out, &errb)
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errb.String())
 	}
@@ -40,8 +40,22 @@ func TestBenchModelOnCheckpoint(t *testing.T) {
 	if d := rs[1]["max_logit_diff_vs_dense"].(float64); d > 0.05 {
 		t.Errorf("TwELL logits differ from dense by %g", d)
 	}
-	if !strings.Contains(out.String(), "decode b=3 tok/s") {
+	if dec := rs[1]["decode"].([]any); len(dec) != 2 || dec[1].(map[string]any)["context"] != 5.0 {
+		t.Errorf("decode points %v, want two with context 5", dec)
+	}
+	if !strings.Contains(out.String(), "decode b=3 tok/s") || !strings.Contains(out.String(), "5 tokens cached per sequence") {
 		t.Errorf("table: %q", out.String())
+	}
+}
+
+// TestBenchModelTooLong: a decode context past the model's positions is
+// refused, naming both flags.
+func TestBenchModelTooLong(t *testing.T) {
+	dir := tinyCheckpoint(t)
+	var out, errb bytes.Buffer
+	code := run([]string{"bench", "model", "-model", dir, "-prompt-len", "8", "-decode-context", "100000", "-reps", "1"}, &out, &errb)
+	if code == 0 || !strings.Contains(errb.String(), "-decode-context 100000 plus -decode-steps 8 exceeds") {
+		t.Errorf("exit %d, stderr %q", code, errb.String())
 	}
 }
 
@@ -54,6 +68,7 @@ func TestBenchModelBadInput(t *testing.T) {
 		{[]string{"bench", "model", "-preset", "gpt5"}, "sparselm-1.5b"},
 		{[]string{"bench", "model", "-preset", "sparselm-1.5b", "-density", "2"}, "-density 2"},
 		{[]string{"bench", "model", "-preset", "sparselm-1.5b", "-decode-batch", "x"}, "not an integer"},
+		{[]string{"bench", "model", "-preset", "sparselm-1.5b", "-decode-context", "0"}, "-decode-context 0 must be positive"},
 	} {
 		var out, errb bytes.Buffer
 		if code := run(c.args, &out, &errb); code != 2 || !strings.Contains(errb.String(), c.want) {
