@@ -31,8 +31,14 @@ type PackedB struct {
 // pass over B per row, no packing of A, no padding to mr rows.
 const smallM = 4
 
-// UseBF16ForSmallM makes products with at most 4 rows (decode steps) read a
-// bfloat16 copy of the panels: such products are bound by reading B, and
+// bf16MaxM is the largest row count that reads bf16 panels once
+// UseBF16ForSmallM has made them. Up to here a product is bound by reading
+// B from memory (decode steps of up to 16 sequences); beyond it, by the
+// FMAs, and the float32 panels lose nothing.
+const bf16MaxM = 16
+
+// UseBF16ForSmallM makes products with at most 16 rows (decode steps) read
+// a bfloat16 copy of the panels: such products are bound by reading B, and
 // bf16 halves the bytes. Results then carry bf16 rounding of B (relative
 // error about 2^-9 per weight). It costs half the packed size in memory.
 func (p *PackedB) UseBF16ForSmallM() {
@@ -108,6 +114,7 @@ func gemmBlocks(a []float32, m int, b *PackedB, epi epilogue) {
 	mBlocks := (m + mc - 1) / mc
 	nBlocks := (b.N + tileN - 1) / tileN
 	items := mBlocks * nBlocks
+	useBF16 := b.bf16 != nil && m <= bf16MaxM
 	workers := min(Workers(), items)
 	var next atomic.Int64
 	var wg sync.WaitGroup
@@ -138,10 +145,14 @@ func gemmBlocks(a []float32, m int, b *PackedB, epi epilogue) {
 					kk := min(kc, k-p0)
 					for jp := 0; jp < panels; jp++ {
 						pi := j0/nr + jp
-						bp := b.data[pi*k*nr+p0*nr:]
+						off := pi*k*nr + p0*nr
 						for g := 0; g < groups; g++ {
 							ap := apack[g*k*mr+p0*mr:]
-							microkernel(kk, ap, bp, tile[g*mr*tileN+jp*nr:], tileN, p0 > 0)
+							if useBF16 {
+								microBF16(kk, ap, b.bf16[off:], tile[g*mr*tileN+jp*nr:], tileN, p0 > 0)
+							} else {
+								microkernel(kk, ap, b.data[off:], tile[g*mr*tileN+jp*nr:], tileN, p0 > 0)
+							}
 						}
 					}
 				}

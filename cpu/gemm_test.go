@@ -3,6 +3,7 @@ package cpu
 import (
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 )
 
@@ -153,7 +154,7 @@ func TestSmallMBF16(t *testing.T) {
 	forEachKernel(t, func(t *testing.T) {
 		seed := rand.Uint64()
 		r := rand.New(rand.NewPCG(seed, 10))
-		for _, m := range []int{1, 2, 4} {
+		for _, m := range []int{1, 2, 4, 5, 12, 16, 17, 40} {
 			n, k := 1+r.IntN(600), 1+r.IntN(500)
 			a, bw := randMat(r, m*k), randMat(r, n*k)
 			b, _ := PackB(bw, n, k)
@@ -165,6 +166,12 @@ func TestSmallMBF16(t *testing.T) {
 			want := refGemm(a, bw, m, n, k)
 			if e := relErr(c32, want); e > 1e-5 {
 				t.Fatalf("seed %d: float32 small-m %dx%dx%d rel err %g", seed, m, n, k, e)
+			}
+			if m > bf16MaxM { // the float32 panels, bit for bit
+				if !slices.Equal(c16, c32) {
+					t.Fatalf("seed %d: m=%d (above %d) did not keep the float32 panels", seed, m, bf16MaxM)
+				}
+				continue
 			}
 			if e := relErr(c16, want); e > 1e-2 || e < 1e-6 {
 				t.Fatalf("seed %d: bf16 small-m %dx%dx%d rel err %g (want bf16-sized, under 1e-2)", seed, m, n, k, e)

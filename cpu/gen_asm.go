@@ -26,59 +26,8 @@ func main() {
 	p("#include \"textflag.h\"")
 	p("")
 
-	// kernel12x32: C[12x32] (+)= A[12 x k] * B[k x 32] with A packed [k][12]
-	// and B packed [k][32]. Accumulators: Z0..Z23; B rows: Z24, Z25;
-	// broadcasts rotate through Z26..Z29.
-	const mr = 12
-	p("// func kernel12x32(k int, a, b, c *float32, ldc int, acc bool)")
-	p("TEXT ·kernel12x32(SB), NOSPLIT, $0-41")
-	p("\tMOVQ k+0(FP), CX")
-	p("\tMOVQ a+8(FP), SI")
-	p("\tMOVQ b+16(FP), DI")
-	p("\tMOVQ c+24(FP), DX")
-	p("\tMOVQ ldc+32(FP), R8")
-	p("\tSHLQ $2, R8")
-	for i := 0; i < 2*mr; i++ {
-		p("\tVPXORD Z%d, Z%d, Z%d", i, i, i)
-	}
-	p("\tTESTQ CX, CX")
-	p("\tJZ store")
-	p("loop:")
-	p("\tVMOVUPS (DI), Z24")
-	p("\tVMOVUPS 64(DI), Z25")
-	p("\tPREFETCHT0 512(DI)")
-	for i := 0; i < mr; i++ {
-		t := 26 + i%4
-		p("\tVBROADCASTSS %d(SI), Z%d", 4*i, t)
-		p("\tVFMADD231PS Z24, Z%d, Z%d", t, 2*i)
-		p("\tVFMADD231PS Z25, Z%d, Z%d", t, 2*i+1)
-	}
-	p("\tADDQ $%d, SI", 4*mr)
-	p("\tADDQ $128, DI")
-	p("\tDECQ CX")
-	p("\tJNZ loop")
-	p("store:")
-	p("\tMOVBLZX acc+40(FP), AX")
-	p("\tTESTQ AX, AX")
-	p("\tJZ overwrite")
-	for i := 0; i < mr; i++ {
-		p("\tVADDPS (DX), Z%d, Z%d", 2*i, 2*i)
-		p("\tVADDPS 64(DX), Z%d, Z%d", 2*i+1, 2*i+1)
-		p("\tVMOVUPS Z%d, (DX)", 2*i)
-		p("\tVMOVUPS Z%d, 64(DX)", 2*i+1)
-		p("\tADDQ R8, DX")
-	}
-	p("\tVZEROUPPER")
-	p("\tRET")
-	p("overwrite:")
-	for i := 0; i < mr; i++ {
-		p("\tVMOVUPS Z%d, (DX)", 2*i)
-		p("\tVMOVUPS Z%d, 64(DX)", 2*i+1)
-		p("\tADDQ R8, DX")
-	}
-	p("\tVZEROUPPER")
-	p("\tRET")
-	p("")
+	emitKernel(p, false)
+	emitKernel(p, true)
 
 	// dot64: sum of x[i]*y[i] over n (a multiple of 64) elements.
 	p("// func dot64(x, y *float32, n int) float32")
@@ -329,4 +278,73 @@ func emitGemv(p func(string, ...any), name, sig, label string, rowBytes int, ste
 	p("\tVMOVUPS Z1, 64(DX)")
 	p("\tVZEROUPPER")
 	p("\tRET")
+}
+
+// emitKernel writes the GEMM micro-kernel: C[12x32] (+)= A[12 x k] * B[k x
+// 32] with A packed [k][12] and B packed [k][32], in float32 or (bf16) in
+// bfloat16, widened as it is loaded. Accumulators: Z0..Z23; B rows: Z24,
+// Z25; broadcasts rotate through Z26..Z29.
+func emitKernel(p func(string, ...any), bf16 bool) {
+	const mr = 12
+	name, sig, label := "kernel12x32", "k int, a, b, c *float32, ldc int, acc bool", ""
+	if bf16 {
+		name, sig, label = "kernel12x32bf16", "k int, a *float32, b *uint16, c *float32, ldc int, acc bool", "h"
+	}
+	p("// func %s(%s)", name, sig)
+	p("TEXT ·%s(SB), NOSPLIT, $0-41", name)
+	p("\tMOVQ k+0(FP), CX")
+	p("\tMOVQ a+8(FP), SI")
+	p("\tMOVQ b+16(FP), DI")
+	p("\tMOVQ c+24(FP), DX")
+	p("\tMOVQ ldc+32(FP), R8")
+	p("\tSHLQ $2, R8")
+	for i := 0; i < 2*mr; i++ {
+		p("\tVPXORD Z%d, Z%d, Z%d", i, i, i)
+	}
+	p("\tTESTQ CX, CX")
+	p("\tJZ %sstore", label)
+	p("%sloop:", label)
+	if bf16 { // widen the row of 32 bf16 values: zero-extend, shift left 16
+		p("\tVPMOVZXWD (DI), Z24")
+		p("\tVPMOVZXWD 32(DI), Z25")
+		p("\tVPSLLD $16, Z24, Z24")
+		p("\tVPSLLD $16, Z25, Z25")
+		p("\tPREFETCHT0 256(DI)")
+	} else {
+		p("\tVMOVUPS (DI), Z24")
+		p("\tVMOVUPS 64(DI), Z25")
+		p("\tPREFETCHT0 512(DI)")
+	}
+	for i := 0; i < mr; i++ {
+		t := 26 + i%4
+		p("\tVBROADCASTSS %d(SI), Z%d", 4*i, t)
+		p("\tVFMADD231PS Z24, Z%d, Z%d", t, 2*i)
+		p("\tVFMADD231PS Z25, Z%d, Z%d", t, 2*i+1)
+	}
+	p("\tADDQ $%d, SI", 4*mr)
+	p("\tADDQ $%d, DI", map[bool]int{false: 128, true: 64}[bf16])
+	p("\tDECQ CX")
+	p("\tJNZ %sloop", label)
+	p("%sstore:", label)
+	p("\tMOVBLZX acc+40(FP), AX")
+	p("\tTESTQ AX, AX")
+	p("\tJZ %soverwrite", label)
+	for i := 0; i < mr; i++ {
+		p("\tVADDPS (DX), Z%d, Z%d", 2*i, 2*i)
+		p("\tVADDPS 64(DX), Z%d, Z%d", 2*i+1, 2*i+1)
+		p("\tVMOVUPS Z%d, (DX)", 2*i)
+		p("\tVMOVUPS Z%d, 64(DX)", 2*i+1)
+		p("\tADDQ R8, DX")
+	}
+	p("\tVZEROUPPER")
+	p("\tRET")
+	p("%soverwrite:", label)
+	for i := 0; i < mr; i++ {
+		p("\tVMOVUPS Z%d, (DX)", 2*i)
+		p("\tVMOVUPS Z%d, 64(DX)", 2*i+1)
+		p("\tADDQ R8, DX")
+	}
+	p("\tVZEROUPPER")
+	p("\tRET")
+	p("")
 }

@@ -13,6 +13,7 @@ const (
 // CPU has them.
 var (
 	microkernel     = kernelGo
+	microBF16       = kernelBF16Go
 	dotKernel       = dotGo
 	axpyKernel      = axpyGo
 	gemvKernel      = gemvGo
@@ -56,6 +57,31 @@ func kernelGo(k int, a, b, c []float32, ldc int, acc bool) {
 			row := t[i*nr : i*nr+nr]
 			for j, bv := range bp {
 				row[j] += av * bv
+			}
+		}
+	}
+	for i := 0; i < mr; i++ {
+		out := c[i*ldc : i*ldc+nr]
+		if acc {
+			for j := range out {
+				out[j] += t[i*nr+j]
+			}
+		} else {
+			copy(out, t[i*nr:i*nr+nr])
+		}
+	}
+}
+
+// kernelBF16Go is kernelGo with b in bfloat16.
+func kernelBF16Go(k int, a []float32, b []uint16, c []float32, ldc int, acc bool) {
+	var t [mr * nr]float32
+	for p := 0; p < k; p++ {
+		ap := a[p*mr : p*mr+mr]
+		bp := b[p*nr : p*nr+nr]
+		for i, av := range ap {
+			row := t[i*nr : i*nr+nr]
+			for j, bv := range bp {
+				row[j] += av * math.Float32frombits(uint32(bv)<<16)
 			}
 		}
 	}

@@ -8,6 +8,9 @@ import "golang.org/x/sys/cpu"
 func kernel12x32(k int, a, b, c *float32, ldc int, acc bool)
 
 //go:noescape
+func kernel12x32bf16(k int, a *float32, b *uint16, c *float32, ldc int, acc bool)
+
+//go:noescape
 func dot64(x, y *float32, n int) float32
 
 //go:noescape
@@ -37,7 +40,7 @@ func init() {
 // useSIMD switches between the AVX-512 kernels and the portable Go ones.
 func useSIMD(on bool) {
 	if !on {
-		microkernel, dotKernel, axpyKernel = kernelGo, dotGo, axpyGo
+		microkernel, microBF16, dotKernel, axpyKernel = kernelGo, kernelBF16Go, dotGo, axpyGo
 		gemvKernel, gemvBF16Kernel = gemvGo, gemvBF16Go
 		colMaxKernel, scaleRowsKernel, exp2TileKernel = colMaxGo, scaleRowsGo, exp2TileGo
 		return
@@ -65,6 +68,9 @@ func useSIMD(on bool) {
 	gemvBF16Kernel = func(k int, a []float32, b []uint16, c []float32) { gemv32bf16(k, &a[0], &b[0], &c[0]) }
 	microkernel = func(k int, a, b, c []float32, ldc int, acc bool) {
 		kernel12x32(k, &a[0], &b[0], &c[0], ldc, acc)
+	}
+	microBF16 = func(k int, a []float32, b []uint16, c []float32, ldc int, acc bool) {
+		kernel12x32bf16(k, &a[0], &b[0], &c[0], ldc, acc)
 	}
 	dotKernel = func(x, y []float32) float32 {
 		n := len(x) &^ 63

@@ -104,7 +104,7 @@ func (a Activation) String() string {
 // about as much as the two dense GEMMs it replaces.
 const DefaultAutoDensity = 0.06
 
-// UseBF16ForSmallM makes decode-sized calls (at most 4 tokens) read bfloat16
+// UseBF16ForSmallM makes decode-sized calls (at most 16 tokens) read bfloat16
 // copies of the packed weights, on the dense and the TwELL path alike: such
 // calls are bound by memory bandwidth. See PackedB.UseBF16ForSmallM.
 func (l *MLP) UseBF16ForSmallM() {

@@ -151,10 +151,11 @@ func (m *Model) NewCache(capacity int) *Cache {
 	return c
 }
 
-// UseBF16ForDecode makes steps of at most 4 tokens (decoding) read bfloat16
-// copies of the projection and MLP weights: decoding is bound by memory
-// bandwidth, and bf16 halves the bytes. Logits then differ from a float32
-// recompute by bf16 rounding of the weights. It costs memory for the copies.
+// UseBF16ForDecode makes steps of at most 16 tokens (decoding up to 16
+// sequences) read bfloat16 copies of the projection and MLP weights:
+// decoding is bound by memory bandwidth, and bf16 halves the bytes. Logits
+// then differ from a float32 recompute by bf16 rounding of the weights. It
+// costs memory for the copies.
 func (m *Model) UseBF16ForDecode() {
 	m.bf16 = true
 	for i := range m.layers {
