@@ -60,6 +60,11 @@ func kernelGo(k int, a, b, c []float32, ldc int, acc bool) {
 			}
 		}
 	}
+	storeTile(&t, c, ldc, acc)
+}
+
+// storeTile writes (acc: adds) the micro-kernel's block t to c.
+func storeTile(t *[mr * nr]float32, c []float32, ldc int, acc bool) {
 	for i := 0; i < mr; i++ {
 		out := c[i*ldc : i*ldc+nr]
 		if acc {
@@ -85,16 +90,7 @@ func kernelBF16Go(k int, a []float32, b []uint16, c []float32, ldc int, acc bool
 			}
 		}
 	}
-	for i := 0; i < mr; i++ {
-		out := c[i*ldc : i*ldc+nr]
-		if acc {
-			for j := range out {
-				out[j] += t[i*nr+j]
-			}
-		} else {
-			copy(out, t[i*nr:i*nr+nr])
-		}
-	}
+	storeTile(&t, c, ldc, acc)
 }
 
 // dotGo returns the dot product of x and y[:len(x)].
