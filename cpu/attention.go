@@ -169,7 +169,7 @@ func packKV(kp, vp, k, v []float32, stride, off, n, hd, l int) {
 	}
 }
 
-// attnScratch is one worker's tiles for attendPanel.
+// attnScratch is one worker's tiles for attendPanel and attendChunk.
 type attnScratch struct {
 	q, st, ot           []float32 // queries [hd][32], scores [attnChunk][32], output [hdPad][32]
 	scores              []float32 // the decode path's scores, rows x attnDecodeChunk
