@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"path/filepath"
+	"sync"
 
 	"github.com/twell-ai/twell/cpu"
 	"github.com/twell-ai/twell/safetensors"
@@ -12,14 +13,17 @@ import (
 
 // Model is a Llama-style decoder ready to run on the CPU: float32 weights,
 // projections packed for the GEMM, MLPs on the TwELL path where the gate is
-// ReLU (chosen per batch by measured density) and dense otherwise.
+// ReLU (chosen per batch by measured density) and dense otherwise. The
+// packing happens at the first Forward, so a model that only feeds the GPU
+// engine never pays for it.
 type Model struct {
 	Config  Config
 	Weights *Weights
 	// Layout is the TwELL layout of the sparse MLP activations.
 	Layout twell.Layout
 
-	layers  []cpuLayer
+	packMu  sync.Mutex   // guards the first packing
+	layers  []cpuLayer   // nil until packed
 	head    *cpu.PackedB // LM head (the embedding when tied)
 	rope    ropeTable
 	mlpPath string // "auto", "sparse" or "dense"
@@ -35,7 +39,9 @@ type cpuLayer struct {
 	mlp    *cpu.MLP
 }
 
-// New prepares weights w of a model with config c for the CPU.
+// New makes a model of config c from weights w (their shapes checked by
+// LoadWeights or RandomWeights). The CPU kernels' packed copies of the
+// weights are made at the first Forward.
 func New(c Config, w *Weights) (*Model, error) {
 	if err := c.Validate(); err != nil {
 		return nil, err
@@ -51,23 +57,31 @@ func New(c Config, w *Weights) (*Model, error) {
 		return nil, fmt.Errorf("model: MLP activation %q not supported (want relu or silu)", act)
 	}
 	m := &Model{Config: c, Weights: w, Layout: twell.DefaultLayout, mlpAct: mact}
-	if err := m.repack(); err != nil {
-		return nil, err
-	}
 	m.rope = newRopeTable(c)
 	return m, nil
+}
+
+// pack makes the packed copies of the weights unless they exist.
+func (m *Model) pack() error {
+	m.packMu.Lock()
+	defer m.packMu.Unlock()
+	if m.layers != nil {
+		return nil
+	}
+	return m.repack()
 }
 
 // repack packs every weight for the CPU kernels; call it after changing
 // Weights.
 func (m *Model) repack() error {
-	m.layers = make([]cpuLayer, len(m.Weights.Layers))
-	for i := range m.layers {
-		if err := m.repackLayer(i); err != nil {
+	c, w := m.Config, m.Weights
+	layers := make([]cpuLayer, len(w.Layers))
+	for i := range layers {
+		var err error
+		if layers[i], err = m.packLayer(i); err != nil {
 			return err
 		}
 	}
-	c, w := m.Config, m.Weights
 	head := w.LMHead
 	if c.TieWordEmbeddings {
 		head = w.Embed
@@ -79,11 +93,22 @@ func (m *Model) repack() error {
 	if m.bf16 {
 		m.head.UseBF16ForSmallM()
 	}
+	m.layers = layers
 	return nil
 }
 
-// repackLayer packs layer i's weights.
+// repackLayer packs layer i's weights again, after a change to them.
 func (m *Model) repackLayer(i int) error {
+	l, err := m.packLayer(i)
+	if err != nil {
+		return err
+	}
+	m.layers[i] = l
+	return nil
+}
+
+// packLayer packs layer i's weights.
+func (m *Model) packLayer(i int) (cpuLayer, error) {
 	c, lw := m.Config, m.Weights.Layers[i]
 	h, hd := c.HiddenSize, c.HeadDim
 	qkvRows := (c.NumAttentionHeads + 2*c.NumKeyValueHeads) * hd
@@ -92,13 +117,13 @@ func (m *Model) repackLayer(i int) error {
 	var l cpuLayer
 	var err error
 	if l.qkv, err = cpu.PackB(qkv, qkvRows, h); err != nil {
-		return fmt.Errorf("model: layer %d attention: %w", i, err)
+		return l, fmt.Errorf("model: layer %d attention: %w", i, err)
 	}
 	if l.o, err = cpu.PackB(lw.O, h, c.NumAttentionHeads*hd); err != nil {
-		return fmt.Errorf("model: layer %d output projection: %w", i, err)
+		return l, fmt.Errorf("model: layer %d output projection: %w", i, err)
 	}
 	if l.mlp, err = cpu.NewMLP(lw.Gate, lw.Up, lw.Down, h, c.IntermediateSize); err != nil {
-		return fmt.Errorf("model: layer %d MLP: %w", i, err)
+		return l, fmt.Errorf("model: layer %d MLP: %w", i, err)
 	}
 	l.mlp.Act = m.mlpAct
 	if m.bf16 {
@@ -109,8 +134,7 @@ func (m *Model) repackLayer(i int) error {
 	if m.mlpPath == "sparse" {
 		l.mlp.AutoDensity = 2
 	}
-	m.layers[i] = l
-	return nil
+	return l, nil
 }
 
 // Load reads a Hugging Face style checkpoint directory: config.json and
@@ -144,7 +168,7 @@ type Cache struct {
 func (m *Model) NewCache(capacity int) *Cache {
 	kvw := m.Config.NumKeyValueHeads * m.Config.HeadDim
 	c := &Cache{cap: capacity}
-	for range m.layers {
+	for range m.Config.NumHiddenLayers {
 		c.k = append(c.k, make([]float32, capacity*kvw))
 		c.v = append(c.v, make([]float32, capacity*kvw))
 	}
@@ -157,9 +181,13 @@ func (m *Model) NewCache(capacity int) *Cache {
 // then differ from a float32 recompute by bf16 rounding of the weights. It
 // costs memory for the copies.
 func (m *Model) UseBF16ForDecode() {
+	m.packMu.Lock()
+	defer m.packMu.Unlock()
 	m.bf16 = true
-	for i := range m.layers {
-		l := m.layers[i]
+	if m.layers == nil {
+		return // packing will make them
+	}
+	for _, l := range m.layers {
 		l.qkv.UseBF16ForSmallM()
 		l.o.UseBF16ForSmallM()
 		l.mlp.UseBF16ForSmallM()
@@ -179,6 +207,8 @@ func (m *Model) SetMLPPath(path string) error {
 	default:
 		return fmt.Errorf("model: MLP path %q: want auto, sparse or dense", path)
 	}
+	m.packMu.Lock()
+	defer m.packMu.Unlock()
 	for _, l := range m.layers {
 		l.mlp.AutoDensity = d
 	}
@@ -200,6 +230,9 @@ func (m *Model) Forward(caches []*Cache, tokens [][]int, allLogits bool) ([][]fl
 	c := m.Config
 	if len(caches) != len(tokens) {
 		return nil, nil, fmt.Errorf("model: %d caches for %d sequences", len(caches), len(tokens))
+	}
+	if err := m.pack(); err != nil {
+		return nil, nil, err
 	}
 	h, hd := c.HiddenSize, c.HeadDim
 	nq, nkv := c.NumAttentionHeads, c.NumKeyValueHeads

@@ -363,3 +363,72 @@ func TestForwardRejectsBadTokens(t *testing.T) {
 		t.Fatalf("cache overflow: err = %v", err)
 	}
 }
+
+// TestPackingIsLazy: New packs nothing; settings made before the first
+// Forward (MLP path, bf16 decode copies) apply to the packing it does, with
+// the same logits, bit for bit, as when they are made after it.
+func TestPackingIsLazy(t *testing.T) {
+	seed := rand.Uint64()
+	r := rand.New(rand.NewPCG(seed, 11))
+	c := tinyConfig()
+	w := RandomWeights(c, r)
+	lazy, err := New(c, w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lazy.layers != nil || lazy.head != nil {
+		t.Fatal("New packed the weights")
+	}
+	eager, err := New(c, w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := randomIDs(r, 3, c.VocabSize) // few tokens: the bf16 copies serve them
+	if _, _, err := eager.Forward([]*Cache{eager.NewCache(8)}, [][]int{ids}, false); err != nil {
+		t.Fatal(err)
+	}
+	var got [2][][]float32
+	for i, m := range []*Model{lazy, eager} {
+		if err := m.SetMLPPath("sparse"); err != nil {
+			t.Fatal(err)
+		}
+		m.UseBF16ForDecode()
+		logits, st, err := m.Forward([]*Cache{m.NewCache(8)}, [][]int{ids}, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for li, sp := range st.SparseLayer {
+			if !sp {
+				t.Errorf("seed %d: model %d layer %d did not run the sparse path set before packing", seed, i, li)
+			}
+		}
+		got[i] = logits
+	}
+	for p := range got[0] {
+		for v := range got[0][p] {
+			if math.Float32bits(got[0][p][v]) != math.Float32bits(got[1][p][v]) {
+				t.Fatalf("seed %d: position %d logit %d: lazy %g, eager %g", seed, p, v, got[0][p][v], got[1][p][v])
+			}
+		}
+	}
+	// and the bf16 copies were used: float32 weights give other logits
+	plain, _ := New(c, w)
+	if err := plain.SetMLPPath("sparse"); err != nil {
+		t.Fatal(err)
+	}
+	f32, _, err := plain.Forward([]*Cache{plain.NewCache(8)}, [][]int{ids}, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := maxRelDiff(f32[0], toF64(got[0][0])); d == 0 || d > 1e-2 {
+		t.Errorf("seed %d: bf16 decode logits differ from float32 by %g, want bf16-sized and nonzero", seed, d)
+	}
+}
+
+func toF64(x []float32) []float64 {
+	y := make([]float64, len(x))
+	for i, v := range x {
+		y[i] = float64(v)
+	}
+	return y
+}
