@@ -28,7 +28,7 @@ type ModelOptions struct {
 	// Prefill: Batch sequences of PromptLen tokens in one forward pass.
 	Batch, PromptLen int
 	// Decode: for each batch size, DecodeSteps single-token steps after a
-	// prompt of DecodeContext tokens per sequence (0 means 16). Attention
+	// prompt of DecodeContext tokens per sequence. Attention
 	// reads the whole cache every step, so the context sets its share.
 	DecodeBatches []int
 	DecodeSteps   int
@@ -56,7 +56,7 @@ func (o ModelOptions) Validate() error {
 		return fmt.Errorf("-batch %d and -prompt-len %d must be positive", o.Batch, o.PromptLen)
 	case o.DecodeSteps < 1 || o.Reps < 1:
 		return fmt.Errorf("-decode-steps %d and -reps %d must be positive", o.DecodeSteps, o.Reps)
-	case o.DecodeContext < 0:
+	case o.DecodeContext < 1:
 		return fmt.Errorf("-decode-context %d must be positive", o.DecodeContext)
 	}
 	for _, b := range o.DecodeBatches {
@@ -67,23 +67,14 @@ func (o ModelOptions) Validate() error {
 	return nil
 }
 
-// decodeContext returns the tokens cached per sequence before the timed
-// decode steps.
-func (o ModelOptions) decodeContext() int {
-	if o.DecodeContext == 0 {
-		return 16
-	}
-	return o.DecodeContext
-}
-
 // checkPositions reports a prefill or decode longer than the model's
 // positions.
 func (o ModelOptions) checkPositions(c model.Config) error {
-	switch ctx := o.decodeContext(); {
+	switch {
 	case o.PromptLen > c.MaxPositionEmbeddings:
 		return fmt.Errorf("-prompt-len %d exceeds the model's %d positions", o.PromptLen, c.MaxPositionEmbeddings)
-	case ctx+o.DecodeSteps > c.MaxPositionEmbeddings:
-		return fmt.Errorf("-decode-context %d plus -decode-steps %d exceeds the model's %d positions", ctx, o.DecodeSteps, c.MaxPositionEmbeddings)
+	case o.DecodeContext+o.DecodeSteps > c.MaxPositionEmbeddings:
+		return fmt.Errorf("-decode-context %d plus -decode-steps %d exceeds the model's %d positions", o.DecodeContext, o.DecodeSteps, c.MaxPositionEmbeddings)
 	}
 	return nil
 }
@@ -227,8 +218,8 @@ func ModelCPU(o ModelOptions, progress func(string)) ([]ModelResult, error) {
 			res.MaxLogitDiff = maxAbsDiff(logits, denseLogits)
 		}
 		for _, b := range o.DecodeBatches {
-			progress(fmt.Sprintf("%s: decode batch %d, context %d", path, b, o.decodeContext()))
-			pt, err := decodeSpeed(m, r, b, o.decodeContext(), o.DecodeSteps, o.Reps)
+			progress(fmt.Sprintf("%s: decode batch %d, context %d", path, b, o.DecodeContext))
+			pt, err := decodeSpeed(m, r, b, o.DecodeContext, o.DecodeSteps, o.Reps)
 			if err != nil {
 				return nil, err
 			}

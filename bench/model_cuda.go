@@ -191,7 +191,7 @@ func ModelCUDA(o ModelOptions, progress func(string)) ([]ModelCUDAResult, error)
 		return float64(d.Nanoseconds()) / 1e6, err
 	}
 
-	attnKernel, err := e.AttentionKernel(o.Batch * o.PromptLen)
+	attnKernel, err := e.AttentionKernel()
 	if err != nil {
 		return nil, err
 	}
@@ -272,8 +272,8 @@ func ModelCUDA(o ModelOptions, progress func(string)) ([]ModelCUDAResult, error)
 		}
 		logitsOf[path] = logits
 		for _, b := range o.DecodeBatches {
-			progress(fmt.Sprintf("%s: decode batch %d, context %d", path, b, o.decodeContext()))
-			pt, err := decodeSpeedCUDA(e, r, b, o.decodeContext(), o.DecodeSteps, o.Reps, timed, sample)
+			progress(fmt.Sprintf("%s: decode batch %d, context %d", path, b, o.DecodeContext))
+			pt, err := decodeSpeedCUDA(e, r, b, o.DecodeContext, o.DecodeSteps, o.Reps, timed, sample)
 			if err != nil {
 				return nil, err
 			}

@@ -27,40 +27,56 @@ var (
 func gemvGo(k int, a, b, c []float32) {
 	var t [nr]float32
 	for p := 0; p < k; p++ {
-		av := a[p]
-		for j, bv := range b[p*nr : p*nr+nr] {
-			t[j] += av * bv
-		}
+		axpyGo(a[p], b[p*nr:p*nr+nr], t[:])
 	}
 	copy(c[:nr], t[:])
 }
 
 // gemvBF16Go is gemvGo with b in bfloat16.
 func gemvBF16Go(k int, a []float32, b []uint16, c []float32) {
-	var t [nr]float32
+	var t, row [nr]float32
 	for p := 0; p < k; p++ {
-		av := a[p]
-		for j, bv := range b[p*nr : p*nr+nr] {
-			t[j] += av * math.Float32frombits(uint32(bv)<<16)
-		}
+		widenBF16(row[:], b[p*nr:p*nr+nr])
+		axpyGo(a[p], row[:], t[:])
 	}
 	copy(c[:nr], t[:])
+}
+
+// widenBF16 sets dst[i] to the float32 value of the bfloat16 src[i].
+func widenBF16(dst []float32, src []uint16) {
+	for i, v := range src {
+		dst[i] = math.Float32frombits(uint32(v) << 16)
+	}
 }
 
 // kernelGo is the portable micro-kernel: c[i*ldc+j] (+)= sum_p a[p*mr+i]*b[p*nr+j].
 func kernelGo(k int, a, b, c []float32, ldc int, acc bool) {
 	var t [mr * nr]float32
 	for p := 0; p < k; p++ {
-		ap := a[p*mr : p*mr+mr]
-		bp := b[p*nr : p*nr+nr]
-		for i, av := range ap {
-			row := t[i*nr : i*nr+nr]
-			for j, bv := range bp {
-				row[j] += av * bv
-			}
-		}
+		outerProduct(&t, a[p*mr:p*mr+mr], b[p*nr:p*nr+nr])
 	}
 	storeTile(&t, c, ldc, acc)
+}
+
+// kernelBF16Go is kernelGo with b in bfloat16.
+func kernelBF16Go(k int, a []float32, b []uint16, c []float32, ldc int, acc bool) {
+	var t [mr * nr]float32
+	var row [nr]float32
+	for p := 0; p < k; p++ {
+		widenBF16(row[:], b[p*nr:p*nr+nr])
+		outerProduct(&t, a[p*mr:p*mr+mr], row[:])
+	}
+	storeTile(&t, c, ldc, acc)
+}
+
+// outerProduct adds the outer product of ap (mr values) and bp (nr) to t.
+func outerProduct(t *[mr * nr]float32, ap, bp []float32) {
+	for i, av := range ap {
+		row := t[i*nr : i*nr+nr]
+		for j, bv := range bp {
+			row[j] += av * bv
+		}
+	}
 }
 
 // storeTile writes (acc: adds) the micro-kernel's block t to c.
@@ -75,22 +91,6 @@ func storeTile(t *[mr * nr]float32, c []float32, ldc int, acc bool) {
 			copy(out, t[i*nr:i*nr+nr])
 		}
 	}
-}
-
-// kernelBF16Go is kernelGo with b in bfloat16.
-func kernelBF16Go(k int, a []float32, b []uint16, c []float32, ldc int, acc bool) {
-	var t [mr * nr]float32
-	for p := 0; p < k; p++ {
-		ap := a[p*mr : p*mr+mr]
-		bp := b[p*nr : p*nr+nr]
-		for i, av := range ap {
-			row := t[i*nr : i*nr+nr]
-			for j, bv := range bp {
-				row[j] += av * math.Float32frombits(uint32(bv)<<16)
-			}
-		}
-	}
-	storeTile(&t, c, ldc, acc)
 }
 
 // dotGo returns the dot product of x and y[:len(x)].

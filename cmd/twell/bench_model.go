@@ -85,9 +85,6 @@ func runBenchModel(args []string, stdout, stderr io.Writer) error {
 	o := bench.ModelOptions{Dir: *dir, Preset: *preset, Layers: *layers, Density: *density, Dist: d,
 		Batch: *batch, PromptLen: *promptLen, DecodeBatches: batches, DecodeSteps: *decodeSteps, DecodeContext: *decodeContext, Reps: *reps, Seed: *seed,
 		SaveDir: *save}
-	if *decodeContext < 1 {
-		return usagef("-decode-context %d must be positive", *decodeContext)
-	}
 	if err := o.Validate(); err != nil {
 		return usageError{err.Error()}
 	}

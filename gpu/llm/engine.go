@@ -40,9 +40,9 @@ type Engine struct {
 	// which the layers share (about 2 x chunk x width bf16 for the dense
 	// path). Zero means DefaultMLPChunk.
 	MLPChunk int
-	// Attention picks the attention kernel: "" or "auto" (on Hopper the
-	// wgmma kernel for head_dim 64 in passes of more than 64 tokens, else
-	// the mma.sync kernel for head_dim 64 and 128, else the plain one);
+	// Attention picks the attention kernel: "" or "auto" (the mma.sync
+	// kernel for head_dim 64 and 128, else the plain one; the wgmma builds
+	// stay opt-in until a GPU has timed them);
 	// "wgmma" (head_dim 64, sm_90a; "wgmma2" and "wgmma3" pick its
 	// pipeline depth, "wgmma-ov" the build that overlaps each block's P V
 	// with the next block's scores), "mma" or "ref" (the plain kernel, any

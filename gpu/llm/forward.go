@@ -326,10 +326,10 @@ func (e *Engine) prepare(b *batch) error {
 	return e.dev.CopyHtoDAsync(e.ws.meta, cuda.Bytes(b.words), e.stream)
 }
 
-// attentionKernel returns the attention kernel for a pass of T new tokens
-// (see Engine.Attention), its dynamic shared memory, and whether it is
-// attn_ref, whose launch also takes head_dim.
-func (e *Engine) attentionKernel(T int) (fn *cuda.Function, smem int, ref bool, err error) {
+// attentionKernel returns the attention kernel Engine.Attention picks, its
+// dynamic shared memory, and whether it is attn_ref, whose launch also
+// takes head_dim.
+func (e *Engine) attentionKernel() (fn *cuda.Function, smem int, ref bool, err error) {
 	hd := e.Config.HeadDim
 	mma := func() (*cuda.Function, int, bool, error) {
 		fn := e.k.attnFA64
@@ -363,11 +363,10 @@ func (e *Engine) attentionKernel(T int) (fn *cuda.Function, smem int, ref bool, 
 	}
 }
 
-// AttentionKernel names the attention kernel a forward pass of the given
-// number of new tokens runs, e.g. "attn_fa64" or "attn_wg64<2,false>" (see
-// Attention).
-func (e *Engine) AttentionKernel(tokens int) (string, error) {
-	fn, _, _, err := e.attentionKernel(tokens)
+// AttentionKernel names the attention kernel forward passes run, e.g.
+// "attn_fa64" or "attn_wg64<2,false>" (see Attention).
+func (e *Engine) AttentionKernel() (string, error) {
+	fn, _, _, err := e.attentionKernel()
 	if err != nil {
 		return "", err
 	}
@@ -400,7 +399,7 @@ func (e *Engine) layersQueue(b *batch, st *Stats, paths []gpu.Path) error {
 		return fmt.Errorf("llm: embed: %w", err)
 	}
 	prof("embed")
-	attn, attnSmem, attnRef, err := e.attentionKernel(T)
+	attn, attnSmem, attnRef, err := e.attentionKernel()
 	if err != nil {
 		return err
 	}

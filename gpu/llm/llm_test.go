@@ -161,6 +161,16 @@ func newEngine(t *testing.T, dev *cuda.Device, m *model.Model, seed uint64) *Eng
 	return e
 }
 
+// engineOnPath is newEngine with its MLP path set.
+func engineOnPath(t *testing.T, dev *cuda.Device, m *model.Model, seed uint64, path string) *Engine {
+	t.Helper()
+	e := newEngine(t, dev, m, seed)
+	if err := e.SetMLPPath(path); err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
 func gpuCaches(t *testing.T, e *Engine, n, capacity int) []*Cache {
 	t.Helper()
 	cs := make([]*Cache, n)
@@ -278,10 +288,7 @@ func TestDecodeMatchesRecompute(t *testing.T) {
 	r, seed := cudatest.Rand()
 	c := testConfig(64, 4, 2, true)
 	m := sparseModel(t, c, r, seed)
-	e := newEngine(t, dev, m, seed)
-	if err := e.SetMLPPath("sparse"); err != nil { // the same MLP arithmetic in every step
-		t.Fatal(err)
-	}
+	e := engineOnPath(t, dev, m, seed, "sparse") // the same MLP arithmetic in every step
 	seq := randTokens(r, 90, c.VocabSize)
 	const prompt = 70
 	full := gpuCaches(t, e, 1, len(seq))
@@ -324,10 +331,7 @@ func TestReuseLogits(t *testing.T) {
 	r, seed := cudatest.Rand()
 	c := testConfig(64, 2, 2, true)
 	m := sparseModel(t, c, r, seed)
-	e := newEngine(t, dev, m, seed)
-	if err := e.SetMLPPath("dense"); err != nil { // the same arithmetic in every call
-		t.Fatal(err)
-	}
+	e := engineOnPath(t, dev, m, seed, "dense") // the same arithmetic in every call
 	seqs := [][]int{randTokens(r, 9, c.VocabSize), randTokens(r, 5, c.VocabSize)}
 	run := func(reuse, all bool) [][]float32 {
 		e.ReuseLogits = reuse
@@ -366,10 +370,7 @@ func TestProfile(t *testing.T) {
 	r, seed := cudatest.Rand()
 	c := testConfig(64, 3, 2, true)
 	m := sparseModel(t, c, r, seed)
-	e := newEngine(t, dev, m, seed)
-	if err := e.SetMLPPath("dense"); err != nil {
-		t.Fatal(err)
-	}
+	e := engineOnPath(t, dev, m, seed, "dense")
 	seqs := [][]int{randTokens(r, 70, c.VocabSize), randTokens(r, 3, c.VocabSize)}
 	want, st, err := e.Forward(gpuCaches(t, e, 2, 80), seqs, false)
 	if err != nil {
@@ -404,10 +405,7 @@ func TestBatchedPrefillMatchesSeparate(t *testing.T) {
 	r, seed := cudatest.Rand()
 	c := testConfig(64, 8, 2, false)
 	m := sparseModel(t, c, r, seed)
-	e := newEngine(t, dev, m, seed)
-	if err := e.SetMLPPath("sparse"); err != nil { // no path switch between the runs
-		t.Fatal(err)
-	}
+	e := engineOnPath(t, dev, m, seed, "sparse") // no path switch between the runs
 	a, b := randTokens(r, 130, c.VocabSize), randTokens(r, 9, c.VocabSize)
 	both, _, err := e.Forward(gpuCaches(t, e, 2, 140), [][]int{a, b}, true)
 	if err != nil {
@@ -560,11 +558,8 @@ func TestAttentionRepeatable(t *testing.T) {
 		kernels = append(kernels, "wgmma2", "wgmma3", "wgmma-ov")
 	}
 	for _, k := range kernels {
-		e := newEngine(t, dev, m, seed)
+		e := engineOnPath(t, dev, m, seed, "dense")
 		e.Attention = k
-		if err := e.SetMLPPath("dense"); err != nil {
-			t.Fatal(err)
-		}
 		var first [][]float32
 		for rep := 0; rep < 3; rep++ {
 			caches := gpuCaches(t, e, len(toks), 1024)
@@ -602,11 +597,8 @@ func TestAttentionLongMatchesRef(t *testing.T) {
 				{randTokens(r, 150, c.VocabSize), randTokens(r, 129, c.VocabSize)},
 			}
 			run := func(attn string) [][]float32 {
-				e := newEngine(t, dev, m, seed)
+				e := engineOnPath(t, dev, m, seed, "dense")
 				e.Attention = attn
-				if err := e.SetMLPPath("dense"); err != nil {
-					t.Fatal(err)
-				}
 				caches := gpuCaches(t, e, 2, 460)
 				var out [][]float32
 				for _, toks := range passes {
