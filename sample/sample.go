@@ -1,55 +1,99 @@
 // Package sample picks the next token from a model's logits: greedy, or
 // random with temperature, top-k, top-p (nucleus) and a repetition penalty,
 // in the order Hugging Face's generate applies them.
+//
+// # Logits that are not finite
+//
+// Every mode treats NaN and infinite logits the same way:
+//
+//   - NaN is never picked while some token has a logit that is not NaN.
+//   - -Inf is never picked while some token has a logit above -Inf: it is a
+//     probability of exactly zero.
+//   - +Inf is a probability of one: when one or more logits are +Inf, only
+//     those tokens are candidates. Greedy picks the lowest index among them;
+//     random sampling treats them as equally likely (a uniform draw), and
+//     top-k and top-p then act on that uniform distribution, keeping the
+//     lowest indices first.
+//   - When no logit is above -Inf (all are -Inf or NaN), there is nothing to
+//     sample: [Sampler.Pick] returns an error wrapping [ErrNoCandidate], and
+//     [Sampler.Sample] returns the lowest index whose logit is not NaN (-Inf),
+//     or 0 when every logit is NaN.
+//
+// Ties between equal finite logits are broken by the lowest index in greedy
+// mode and in what top-k keeps.
 package sample
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
 	"slices"
 )
 
-// Options configure a Sampler. The zero value is greedy decoding.
+// Options configure a Sampler. Every field has one rule, checked by
+// [Options.Validate]; a value outside it is an error, never read as a
+// default. The zero value is not valid (TopP and RepetitionPenalty must be
+// set): start from [Greedy] and change what you need.
 type Options struct {
-	// Temperature divides the logits; 0 means greedy (argmax).
+	// Temperature divides the logits before the softmax. It must be a
+	// finite number >= 0; 0 means greedy (argmax).
 	Temperature float64
-	// TopK keeps the K most likely tokens; 0 keeps all.
+	// TopK keeps the K most likely tokens. It must be >= 0; 0 keeps all.
 	TopK int
 	// TopP keeps the smallest set of most likely tokens whose probability
-	// reaches TopP; 0 or 1 keeps all.
+	// reaches TopP. It must be in (0, 1]; 1 keeps all.
 	TopP float64
-	// RepetitionPenalty (> 1 discourages repeats) divides positive logits
-	// and multiplies negative ones of tokens already seen; 0 or 1 is off.
+	// RepetitionPenalty divides the positive logits and multiplies the
+	// negative ones of tokens already seen (> 1 discourages repeats, < 1
+	// encourages them). It must be a finite number > 0; 1 is off.
 	RepetitionPenalty float64
 	// Seed makes random sampling reproducible.
 	Seed uint64
 }
 
-// Validate reports the first option out of range, naming it.
+// Greedy returns the Options of greedy decoding with every filter off:
+// temperature 0, top-k 0, top-p 1, repetition penalty 1.
+func Greedy() Options {
+	return Options{TopP: 1, RepetitionPenalty: 1}
+}
+
+// Validate reports the first option out of its range, naming it and the
+// range:
+//
+//	Temperature        finite, >= 0 (0 is greedy)
+//	TopK               >= 0 (0 keeps all)
+//	TopP               in (0, 1] (1 keeps all)
+//	RepetitionPenalty  finite, > 0 (1 is off)
 func (o Options) Validate() error {
 	switch {
 	case !(o.Temperature >= 0) || math.IsInf(o.Temperature, 0):
-		return fmt.Errorf("temperature %g: must be a finite number >= 0", o.Temperature)
+		return fmt.Errorf("temperature %g: must be a finite number >= 0 (0 is greedy)", o.Temperature)
 	case o.TopK < 0:
-		return fmt.Errorf("top-k %d: must be >= 0", o.TopK)
-	case !(o.TopP >= 0 && o.TopP <= 1):
-		return fmt.Errorf("top-p %g: must be in [0, 1]", o.TopP)
-	case !(o.RepetitionPenalty >= 0) || math.IsInf(o.RepetitionPenalty, 0):
-		return fmt.Errorf("repetition penalty %g: must be a finite number >= 0", o.RepetitionPenalty)
+		return fmt.Errorf("top-k %d: must be >= 0 (0 keeps all tokens)", o.TopK)
+	case !(o.TopP > 0 && o.TopP <= 1):
+		return fmt.Errorf("top-p %g: must be in (0, 1] (1 keeps all tokens)", o.TopP)
+	case !(o.RepetitionPenalty > 0) || math.IsInf(o.RepetitionPenalty, 0):
+		return fmt.Errorf("repetition penalty %g: must be a finite number > 0 (1 is off)", o.RepetitionPenalty)
 	}
 	return nil
 }
+
+// ErrNoCandidate is wrapped by the error [Sampler.Pick] returns when there
+// is no logit to sample from: none given, or none above -Inf.
+var ErrNoCandidate = errors.New("no token to sample")
 
 // Sampler draws tokens. It is not safe for concurrent use.
 type Sampler struct {
 	o    Options
 	r    *rand.Rand
+	z    []float64
+	seen []bool
 	idx  []int
 	prob []float64
 }
 
-// New returns a Sampler for o.
+// New returns a Sampler for o, or o's validation error.
 func New(o Options) (*Sampler, error) {
 	if err := o.Validate(); err != nil {
 		return nil, err
@@ -58,38 +102,78 @@ func New(o Options) (*Sampler, error) {
 }
 
 // Sample returns the next token given the logits (one per vocabulary entry,
-// left unchanged) and the tokens seen so far (for the repetition penalty).
+// left unchanged) and the tokens seen so far (for the repetition penalty;
+// ids outside the vocabulary are ignored). When no logit is above -Inf it
+// returns the lowest index whose logit is not NaN, or 0 when all are NaN
+// (see the package doc); with no logits at all it returns -1. Use
+// [Sampler.Pick] to get an error in those cases instead.
 func (s *Sampler) Sample(logits []float32, history []int) int {
-	z := make([]float64, len(logits))
-	for i, v := range logits {
-		z[i] = float64(v)
+	id, err := s.Pick(logits, history)
+	if err == nil {
+		return id
 	}
-	if p := s.o.RepetitionPenalty; p > 0 && p != 1 {
-		seen := map[int]bool{}
-		for _, id := range history {
-			if id < 0 || id >= len(z) || seen[id] {
-				continue
-			}
-			seen[id] = true
-			if z[id] > 0 {
-				z[id] /= p
-			} else {
-				z[id] *= p
-			}
+	if len(logits) == 0 {
+		return -1
+	}
+	for i, v := range logits {
+		if !math.IsNaN(float64(v)) {
+			return i
 		}
 	}
-	if s.o.Temperature == 0 {
-		return argmax(z)
+	return 0
+}
+
+// Pick is [Sampler.Sample] that reports an error wrapping [ErrNoCandidate]
+// when logits is empty or none of its values (after the repetition penalty)
+// is above -Inf; the error counts the NaN and -Inf logits.
+func (s *Sampler) Pick(logits []float32, history []int) (int, error) {
+	if len(logits) == 0 {
+		return 0, fmt.Errorf("sample: %w: no logits", ErrNoCandidate)
 	}
+	z := s.logits(logits, history)
+
+	// Restrict to the candidates: the +Inf tokens when there are any, else
+	// every token above -Inf. NaN is never a candidate.
 	s.idx = s.idx[:0]
+	posInf := false
 	for i, v := range z {
-		if !math.IsNaN(v) {
+		switch {
+		case math.IsInf(v, 1):
+			if !posInf {
+				posInf = true
+				s.idx = s.idx[:0]
+			}
+			s.idx = append(s.idx, i)
+		case !posInf && v > math.Inf(-1): // false for NaN
 			s.idx = append(s.idx, i)
 		}
 	}
 	if len(s.idx) == 0 {
-		return 0
+		nan := 0
+		for _, v := range z {
+			if math.IsNaN(v) {
+				nan++
+			}
+		}
+		return 0, fmt.Errorf("sample: %w: of %d logits, %d are NaN and %d are -Inf", ErrNoCandidate, len(z), nan, len(z)-nan)
 	}
+	if posInf {
+		// The +Inf tokens share all the probability equally.
+		for _, i := range s.idx {
+			z[i] = 0
+		}
+	}
+
+	if s.o.Temperature == 0 {
+		best := s.idx[0]
+		for _, i := range s.idx[1:] {
+			if z[i] > z[best] {
+				best = i
+			}
+		}
+		return best, nil
+	}
+	// Most likely first; equal logits keep index order.
 	slices.SortStableFunc(s.idx, func(a, b int) int {
 		switch {
 		case z[a] > z[b]:
@@ -102,7 +186,8 @@ func (s *Sampler) Sample(logits []float32, history []int) int {
 	if k := s.o.TopK; k > 0 && k < len(s.idx) {
 		s.idx = s.idx[:k]
 	}
-	// Softmax over the kept tokens, at the temperature.
+	// Softmax over the kept tokens, at the temperature. Every value is
+	// finite here, so each weight is in [0, 1] and the first is 1.
 	s.prob = s.prob[:0]
 	top := z[s.idx[0]]
 	sum := 0.0
@@ -112,7 +197,7 @@ func (s *Sampler) Sample(logits []float32, history []int) int {
 		sum += e
 	}
 	n := len(s.idx)
-	if p := s.o.TopP; p > 0 && p < 1 {
+	if p := s.o.TopP; p < 1 {
 		acc := 0.0
 		for i, e := range s.prob {
 			acc += e / sum
@@ -130,18 +215,43 @@ func (s *Sampler) Sample(logits []float32, history []int) int {
 	for i, e := range s.prob[:n] {
 		u -= e
 		if u < 0 {
-			return s.idx[i]
+			return s.idx[i], nil
 		}
 	}
-	return s.idx[n-1]
+	return s.idx[n-1], nil
 }
 
-func argmax(z []float64) int {
-	best := 0
-	for i, v := range z {
-		if v > z[best] || math.IsNaN(z[best]) {
-			best = i
-		}
+// logits returns the logits in float64 with the repetition penalty applied,
+// in a buffer the Sampler reuses. A penalised finite logit stays finite
+// (clamped to ±MaxFloat64), so the penalty never makes a token certain or
+// impossible; NaN and ±Inf are left as they are.
+func (s *Sampler) logits(logits []float32, history []int) []float64 {
+	z := slices.Grow(s.z[:0], len(logits))[:len(logits)]
+	s.z = z
+	for i, v := range logits {
+		z[i] = float64(v)
 	}
-	return best
+	p := s.o.RepetitionPenalty
+	if p == 1 || len(history) == 0 {
+		return z
+	}
+	s.seen = slices.Grow(s.seen[:0], len(z))[:len(z)]
+	clear(s.seen)
+	for _, id := range history {
+		if id < 0 || id >= len(z) || s.seen[id] {
+			continue
+		}
+		s.seen[id] = true
+		v := z[id]
+		if math.IsNaN(v) || math.IsInf(v, 0) {
+			continue
+		}
+		if v > 0 {
+			v /= p
+		} else {
+			v *= p
+		}
+		z[id] = max(-math.MaxFloat64, min(v, math.MaxFloat64))
+	}
+	return z
 }

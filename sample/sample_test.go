@@ -1,15 +1,54 @@
 package sample
 
 import (
+	"errors"
 	"math"
 	"math/rand/v2"
+	"strings"
 	"testing"
 )
+
+// opts returns Greedy() with the given temperature, top-k and top-p.
+func opts(temp float64, topK int, topP float64, seed uint64) Options {
+	o := Greedy()
+	o.Temperature, o.TopK, o.TopP, o.Seed = temp, topK, topP, seed
+	return o
+}
+
+func mustNew(t testing.TB, o Options) *Sampler {
+	t.Helper()
+	s, err := New(o)
+	if err != nil {
+		t.Fatalf("New(%+v): %v", o, err)
+	}
+	return s
+}
+
+// modes are the sampling settings every non-finite test runs through.
+func modes(seed uint64) map[string]Options {
+	rep := Greedy()
+	rep.RepetitionPenalty = 1.3
+	repT := opts(0.8, 0, 1, seed)
+	repT.RepetitionPenalty = 0.7
+	return map[string]Options{
+		"greedy":             Greedy(),
+		"greedy+penalty":     rep,
+		"temperature 0.8":    opts(0.8, 0, 1, seed),
+		"temperature 1e-300": opts(1e-300, 0, 1, seed),
+		"temperature 1e300":  opts(1e300, 0, 1, seed),
+		"top-k 1":            opts(0.8, 1, 1, seed),
+		"top-k 2":            opts(0.8, 2, 1, seed),
+		"top-p 0.9":          opts(0.8, 0, 0.9, seed),
+		"top-p 1e-9":         opts(0.8, 0, 1e-9, seed),
+		"top-k 3 top-p 0.5":  opts(1.5, 3, 0.5, seed),
+		"temperature+pen0.7": repT,
+	}
+}
 
 func TestGreedyPicksArgmax(t *testing.T) {
 	seed := rand.Uint64()
 	r := rand.New(rand.NewPCG(seed, 1))
-	s, _ := New(Options{})
+	s := mustNew(t, Greedy())
 	for i := 0; i < 100; i++ {
 		logits := make([]float32, 1+r.IntN(50))
 		best := 0
@@ -29,7 +68,7 @@ func TestTemperatureMatchesSoftmax(t *testing.T) {
 	seed := rand.Uint64()
 	logits := []float32{1, 2, 0.5, -1}
 	for _, temp := range []float64{0.5, 1, 2} {
-		s, _ := New(Options{Temperature: temp, Seed: seed})
+		s := mustNew(t, opts(temp, 0, 1, seed))
 		counts := make([]int, len(logits))
 		const n = 40000
 		for i := 0; i < n; i++ {
@@ -52,14 +91,14 @@ func TestTemperatureMatchesSoftmax(t *testing.T) {
 func TestTopKAndTopPRestrict(t *testing.T) {
 	seed := rand.Uint64()
 	logits := []float32{3, 2.9, 1, 0, -1, -2}
-	s, _ := New(Options{Temperature: 1, TopK: 2, Seed: seed})
+	s := mustNew(t, opts(1, 2, 1, seed))
 	for i := 0; i < 2000; i++ {
 		if got := s.Sample(logits, nil); got > 1 {
 			t.Fatalf("seed %d: top-k 2 sampled token %d", seed, got)
 		}
 	}
 	// Softmax of logits: p0 ~ 0.49, p1 ~ 0.44; top-p 0.5 keeps tokens 0 and 1.
-	s, _ = New(Options{Temperature: 1, TopP: 0.5, Seed: seed})
+	s = mustNew(t, opts(1, 0, 0.5, seed))
 	seen := map[int]bool{}
 	for i := 0; i < 2000; i++ {
 		seen[s.Sample(logits, nil)] = true
@@ -70,13 +109,19 @@ func TestTopKAndTopPRestrict(t *testing.T) {
 }
 
 func TestRepetitionPenalty(t *testing.T) {
-	s, _ := New(Options{RepetitionPenalty: 2})
+	o := Greedy()
+	o.RepetitionPenalty = 2
+	s := mustNew(t, o)
 	logits := []float32{2, 1.5, -1}
 	if got := s.Sample(logits, []int{0}); got != 1 {
 		t.Fatalf("penalised token 0 (2/2=1 < 1.5) still chosen: got %d", got)
 	}
 	if logits[0] != 2 {
 		t.Fatal("Sample changed the caller's logits")
+	}
+	// Ids outside the vocabulary and repeats in the history are ignored.
+	if got := s.Sample(logits, []int{-1, 3, 99, 0, 0, 0}); got != 1 {
+		t.Fatalf("penalty applied more than once or out-of-range id used: got %d", got)
 	}
 }
 
@@ -85,8 +130,8 @@ func TestSeedReproducible(t *testing.T) {
 	for i := range logits {
 		logits[i] = float32(i%7) * 0.3
 	}
-	a, _ := New(Options{Temperature: 1, Seed: 42})
-	b, _ := New(Options{Temperature: 1, Seed: 42})
+	a := mustNew(t, opts(1, 0, 1, 42))
+	b := mustNew(t, opts(1, 0, 1, 42))
 	for i := 0; i < 50; i++ {
 		if x, y := a.Sample(logits, nil), b.Sample(logits, nil); x != y {
 			t.Fatalf("same seed diverged at draw %d: %d vs %d", i, x, y)
@@ -94,10 +139,193 @@ func TestSeedReproducible(t *testing.T) {
 	}
 }
 
+// TestValidate checks one rule per field: each bad value is rejected with
+// an error naming the field, each boundary value that is allowed passes.
 func TestValidate(t *testing.T) {
-	for _, o := range []Options{{Temperature: -1}, {TopK: -2}, {TopP: 1.5}, {Temperature: math.NaN()}, {RepetitionPenalty: -1}} {
-		if _, err := New(o); err == nil {
-			t.Errorf("%+v accepted", o)
+	nan, inf := math.NaN(), math.Inf(1)
+	bad := []struct {
+		name string
+		edit func(*Options)
+	}{
+		{"temperature", func(o *Options) { o.Temperature = -1 }},
+		{"temperature", func(o *Options) { o.Temperature = nan }},
+		{"temperature", func(o *Options) { o.Temperature = inf }},
+		{"top-k", func(o *Options) { o.TopK = -2 }},
+		{"top-p", func(o *Options) { o.TopP = 0 }},
+		{"top-p", func(o *Options) { o.TopP = -0.1 }},
+		{"top-p", func(o *Options) { o.TopP = 1.5 }},
+		{"top-p", func(o *Options) { o.TopP = nan }},
+		{"repetition penalty", func(o *Options) { o.RepetitionPenalty = 0 }},
+		{"repetition penalty", func(o *Options) { o.RepetitionPenalty = -1 }},
+		{"repetition penalty", func(o *Options) { o.RepetitionPenalty = nan }},
+		{"repetition penalty", func(o *Options) { o.RepetitionPenalty = inf }},
+	}
+	for _, c := range bad {
+		o := Greedy()
+		c.edit(&o)
+		_, err := New(o)
+		if err == nil || !strings.Contains(err.Error(), c.name) {
+			t.Errorf("%+v: error %v, want one naming %q", o, err, c.name)
 		}
+	}
+	if err := (Options{}).Validate(); err == nil {
+		t.Error("the zero Options (top-p 0, repetition penalty 0) validated; neither may stand for a default")
+	}
+	good := []func(*Options){
+		func(o *Options) {},
+		func(o *Options) { o.Temperature = 1e-300 },
+		func(o *Options) { o.TopK = 1 << 40 },
+		func(o *Options) { o.TopP = 1e-300 },
+		func(o *Options) { o.RepetitionPenalty = 1e-300 },
+		func(o *Options) { o.RepetitionPenalty = 1e300 },
+	}
+	for _, edit := range good {
+		o := Greedy()
+		edit(&o)
+		if err := o.Validate(); err != nil {
+			t.Errorf("%+v: %v", o, err)
+		}
+	}
+}
+
+// TestPosInfWins: a +Inf logit has all the probability in every mode.
+func TestPosInfWins(t *testing.T) {
+	seed := rand.Uint64()
+	inf := float32(math.Inf(1))
+	for name, o := range modes(seed) {
+		s := mustNew(t, o)
+		for _, logits := range [][]float32{
+			{inf, 2, 0},
+			{2, 0, inf},
+			{float32(math.NaN()), 1e30, inf, float32(math.Inf(-1))},
+		} {
+			want := 0
+			for i, v := range logits {
+				if math.IsInf(float64(v), 1) {
+					want = i
+				}
+			}
+			for i := 0; i < 200; i++ {
+				if got := s.Sample(logits, []int{0, 1, 2}); got != want {
+					t.Fatalf("seed %d, %s: Sample(%v) = %d, want the +Inf token %d", seed, name, logits, got, want)
+				}
+			}
+		}
+	}
+}
+
+// TestPosInfTies: several +Inf logits are drawn uniformly in random modes,
+// and greedy takes the lowest index.
+func TestPosInfTies(t *testing.T) {
+	seed := rand.Uint64()
+	inf := float32(math.Inf(1))
+	logits := []float32{1, inf, 5, inf, inf, 3}
+	if got := mustNew(t, Greedy()).Sample(logits, nil); got != 1 {
+		t.Fatalf("greedy with +Inf at 1, 3, 4 picked %d, want 1", got)
+	}
+	s := mustNew(t, opts(0.8, 0, 1, seed))
+	counts := map[int]int{}
+	const n = 30000
+	for i := 0; i < n; i++ {
+		counts[s.Sample(logits, nil)]++
+	}
+	for _, id := range []int{1, 3, 4} {
+		if f := float64(counts[id]) / n; math.Abs(f-1.0/3) > 0.02 {
+			t.Errorf("seed %d: +Inf token %d drawn with frequency %.3f, want 1/3 (counts %v)", seed, id, f, counts)
+		}
+	}
+	if len(counts) != 3 {
+		t.Errorf("seed %d: drew %v, want only the +Inf tokens 1, 3, 4", seed, counts)
+	}
+	// Top-k acts on the uniform distribution of the +Inf tokens, lowest index first.
+	s = mustNew(t, opts(0.8, 2, 1, seed))
+	for i := 0; i < 1000; i++ {
+		if got := s.Sample(logits, nil); got != 1 && got != 3 {
+			t.Fatalf("seed %d: top-k 2 over +Inf tokens 1, 3, 4 drew %d", seed, got)
+		}
+	}
+}
+
+// TestNaNNeverSampled: random logits with NaN, -Inf and huge values, in every
+// mode: the result is never a NaN or -Inf token while a token above -Inf
+// exists, and greedy picks the argmax of the rest.
+func TestNaNNeverSampled(t *testing.T) {
+	seed := rand.Uint64()
+	r := rand.New(rand.NewPCG(seed, 2))
+	specials := []float32{float32(math.NaN()), float32(math.Inf(-1)), math.MaxFloat32, -math.MaxFloat32, 0}
+	for name, o := range modes(seed) {
+		s := mustNew(t, o)
+		for trial := 0; trial < 300; trial++ {
+			logits := make([]float32, 1+r.IntN(20))
+			for j := range logits {
+				if r.IntN(3) == 0 {
+					logits[j] = specials[r.IntN(len(specials))]
+				} else {
+					logits[j] = float32(r.NormFloat64() * 10)
+				}
+			}
+			logits[r.IntN(len(logits))] = float32(r.NormFloat64()) // at least one finite
+			got := s.Sample(logits, nil)
+			if got < 0 || got >= len(logits) {
+				t.Fatalf("seed %d, %s: Sample(%v) = %d, out of range", seed, name, logits, got)
+			}
+			v := float64(logits[got])
+			if math.IsNaN(v) || math.IsInf(v, -1) {
+				t.Fatalf("seed %d, %s: Sample(%v) = %d, whose logit is %g", seed, name, logits, got, v)
+			}
+			if o.Temperature == 0 && o.RepetitionPenalty == 1 {
+				for j, w := range logits {
+					if float64(w) > v || (float64(w) == v && j < got) {
+						t.Fatalf("seed %d, %s: Sample(%v) = %d, but token %d has logit %g", seed, name, logits, got, j, w)
+					}
+				}
+			}
+		}
+	}
+}
+
+// TestNoCandidate: with every logit -Inf or NaN, Pick returns ErrNoCandidate
+// and Sample the lowest index whose logit is not NaN (0 when all are NaN).
+func TestNoCandidate(t *testing.T) {
+	nan, ninf := float32(math.NaN()), float32(math.Inf(-1))
+	cases := []struct {
+		logits []float32
+		want   int
+	}{
+		{[]float32{nan, ninf, ninf}, 1},
+		{[]float32{ninf, nan}, 0},
+		{[]float32{nan, nan, nan}, 0},
+		{[]float32{ninf}, 0},
+		{nil, -1},
+	}
+	for name, o := range modes(1) {
+		s := mustNew(t, o)
+		for _, c := range cases {
+			if _, err := s.Pick(c.logits, []int{0, 1}); !errors.Is(err, ErrNoCandidate) {
+				t.Errorf("%s: Pick(%v) error %v, want ErrNoCandidate", name, c.logits, err)
+			}
+			if got := s.Sample(c.logits, []int{0, 1}); got != c.want {
+				t.Errorf("%s: Sample(%v) = %d, want %d", name, c.logits, got, c.want)
+			}
+		}
+	}
+}
+
+// TestPenaltyKeepsFinite: a penalty large or small enough to overflow never
+// turns a finite logit into ±Inf (which would make it impossible or certain).
+func TestPenaltyKeepsFinite(t *testing.T) {
+	o := Greedy()
+	o.RepetitionPenalty = 1e300
+	s := mustNew(t, o)
+	// -3e38 * 1e300 overflows; the token must stay a candidate.
+	if id, err := s.Pick([]float32{-3e38, float32(math.NaN())}, []int{0}); err != nil || id != 0 {
+		t.Fatalf("penalty 1e300 on the only finite logit: Pick = %d, %v; want 0, nil", id, err)
+	}
+	o.RepetitionPenalty = 1e-300
+	s = mustNew(t, o)
+	// 3e38 / 1e-300 overflows; the token must not become +Inf and tie with a true +Inf.
+	inf := float32(math.Inf(1))
+	if id := s.Sample([]float32{3e38, inf}, []int{0}); id != 1 {
+		t.Fatalf("penalty 1e-300 made a finite logit +Inf: Sample = %d, want 1", id)
 	}
 }

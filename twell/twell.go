@@ -9,10 +9,16 @@
 // compression factor (2, 4 or 8):
 //
 //	word 0          the true number of active entries in that row's tile
-//	words 1..S-1    bf16(value) << 16 | global column, ascending by column
+//	words 1..S-1    bf16(value) << 16 | global column, one word per entry
 //
-// The bits are those of the reference kernels, so buffers interoperate; unlike
-// the reference, payload order is deterministic (sorted by column).
+// The bits are those of the reference kernels, so buffers interoperate. The
+// reference's kernels write a tile's payload words in no particular order
+// (their packing is not deterministic); twell's packers write them ascending
+// by column. Every reader here accepts any order: [Matrix.Validate] rejects
+// only a column repeated within a tile, [Matrix.AppendRow] and
+// [Matrix.Unpack] return the same result for any order, and [Matrix.Sort]
+// rewrites a buffer into the canonical ascending order for code that reads
+// Words directly and needs it.
 //
 // A tile can hold at most S-1 entries. Overflow is never silent: the count
 // word keeps the true number, the exact activations of every overflowing
@@ -40,6 +46,9 @@ type Layout struct {
 // DefaultLayout is the reference layout: 256-column tiles, C = 8 (31 entries
 // per tile, a quarter of dense bf16 size).
 var DefaultLayout = Layout{Tile: 256, C: 8}
+
+// MaxTile is the widest tile a Layout may have.
+const MaxTile = 256
 
 // MaxCols is the widest matrix TwELL can hold: columns are 16-bit.
 const MaxCols = 1 << 16
@@ -135,7 +144,7 @@ func WordValue(w uint32) float32 { return math.Float32frombits(w &^ 0xffff) }
 func WordCol(w uint32) int { return int(w & 0xffff) }
 
 // SetTile packs the activations vals (len Tile) of row r, tile t, keeping the
-// values > 0. It is safe to call concurrently for distinct (r, t). It reports
+// values > 0, with the payload ascending by column. It is safe to call concurrently for distinct (r, t). It reports
 // whether the tile was spilled.
 func (m *Matrix) SetTile(r, t int, vals []float32) (spilled bool) {
 	s := m.S()
@@ -233,9 +242,14 @@ func (m *Matrix) RowNNZ(r int) int {
 }
 
 // AppendRow appends the active entries of row r, ascending by column, to cols
-// and vals and returns them. Packed entries come back bf16-rounded; spilled
-// tiles come back exactly.
+// and vals and returns them, whatever the order of the payload words. Packed
+// entries come back bf16-rounded; spilled tiles come back exactly. It never
+// panics: on a matrix whose shape is wrong (see [Matrix.Validate]) or a row
+// outside it, it appends nothing.
 func (m *Matrix) AppendRow(r int, cols []int32, vals []float32) ([]int32, []float32) {
+	if !m.shapeOK() || r < 0 || r >= m.Rows {
+		return cols, vals
+	}
 	s := m.S()
 	row := m.Words[r*m.RowWords() : (r+1)*m.RowWords()]
 	for t := 0; t < m.Tiles(); t++ {
@@ -245,7 +259,7 @@ func (m *Matrix) AppendRow(r int, cols []int32, vals []float32) ([]int32, []floa
 			continue
 		}
 		if ex := m.Spilled(r, t); ex != nil {
-			for i, v := range ex {
+			for i, v := range ex[:min(len(ex), m.Tile)] {
 				if v != 0 {
 					cols = append(cols, int32(t*m.Tile+i))
 					vals = append(vals, v)
@@ -255,16 +269,82 @@ func (m *Matrix) AppendRow(r int, cols []int32, vals []float32) ([]int32, []floa
 		}
 		// A count over capacity without a spill only occurs in an invalid
 		// matrix (Validate rejects it); keep what the words hold.
+		start := len(cols)
 		for _, x := range w[1 : min(n, s-1)+1] {
 			cols = append(cols, int32(x&0xffff))
 			vals = append(vals, math.Float32frombits(x&^0xffff))
 		}
+		sortEntries(cols[start:], vals[start:])
 	}
 	return cols, vals
 }
 
-// Unpack returns the dense row-major Rows x Cols matrix that m holds.
+// shapeOK reports whether the layout, row count and buffer size agree, so
+// that every (row, tile) of the words can be indexed.
+func (m *Matrix) shapeOK() bool {
+	if m.Layout.Check(m.Cols) != nil || m.Rows < 0 {
+		return false
+	}
+	rw := m.RowWords()
+	return m.Rows <= len(m.Words)/rw && len(m.Words) == m.Rows*rw
+}
+
+// sortEntries sorts one tile's entries by column in place (insertion sort: a
+// tile holds at most 127 entries, and twell's own are already in order, which
+// costs one pass).
+func sortEntries(cols []int32, vals []float32) {
+	for i := 1; i < len(cols); i++ {
+		c, v := cols[i], vals[i]
+		j := i
+		for ; j > 0 && cols[j-1] > c; j-- {
+			cols[j], vals[j] = cols[j-1], vals[j-1]
+		}
+		cols[j], vals[j] = c, v
+	}
+}
+
+// sortWords sorts payload words by their column (the low 16 bits) in place.
+func sortWords(w []uint32) {
+	for i := 1; i < len(w); i++ {
+		x := w[i]
+		j := i
+		for ; j > 0 && w[j-1]&0xffff > x&0xffff; j-- {
+			w[j] = w[j-1]
+		}
+		w[j] = x
+	}
+}
+
+// Sort rewrites every packed tile's payload in the canonical order,
+// ascending by column, the order twell's own packers write. Buffers packed
+// elsewhere (the reference's kernels) may hold any order; AppendRow, Unpack
+// and Validate do not need Sort, but code that reads Words directly and
+// relies on column order (a merge, a binary search, a byte comparison) must
+// call it first. Words past the count and tiles whose count exceeds the
+// capacity (those are read from the spill) are left as they are. Sort does
+// not validate (call Validate first for a buffer from outside), and does
+// nothing to a matrix whose layout Layout.Check rejects.
+func (m *Matrix) Sort() {
+	if m.Layout.Check(m.Cols) != nil {
+		return
+	}
+	s := m.S()
+	for off := 0; off+s <= len(m.Words); off += s {
+		w := m.Words[off : off+s]
+		if n := int(w[0]); n >= 2 && n < s {
+			sortWords(w[1 : n+1])
+		}
+	}
+}
+
+// Unpack returns the dense row-major Rows x Cols matrix that m holds,
+// whatever the order of the payload words. It never panics: on a matrix
+// whose shape is wrong it returns nil, and entries whose column lies outside
+// the matrix are dropped (Validate rejects both).
 func (m *Matrix) Unpack() []float32 {
+	if !m.shapeOK() {
+		return nil
+	}
 	dense := make([]float32, m.Rows*m.Cols)
 	var cols []int32
 	var vals []float32
@@ -272,7 +352,9 @@ func (m *Matrix) Unpack() []float32 {
 		cols, vals = m.AppendRow(r, cols[:0], vals[:0])
 		out := dense[r*m.Cols : (r+1)*m.Cols]
 		for i, c := range cols {
-			out[c] = vals[i]
+			if int(c) < len(out) {
+				out[c] = vals[i]
+			}
 		}
 	}
 	return dense
@@ -280,8 +362,9 @@ func (m *Matrix) Unpack() []float32 {
 
 // Validate checks that m is a well-formed TwELL matrix: buffer sizes, counts
 // within capacity or the tile spilled, payload columns inside their tile and
-// strictly ascending, payload values finite and > 0, and spill entries in
-// range. The error names the row and tile at fault.
+// each at most once (in any order: see the package doc), payload values
+// finite and > 0, and spill entries in range. The error names the row and
+// tile at fault.
 func (m *Matrix) Validate() error {
 	if err := m.Layout.Check(m.Cols); err != nil {
 		return err
@@ -289,8 +372,8 @@ func (m *Matrix) Validate() error {
 	if m.Rows < 0 {
 		return fmt.Errorf("twell: negative row count %d", m.Rows)
 	}
-	if want := m.Rows * m.RowWords(); len(m.Words) != want {
-		return fmt.Errorf("twell: buffer has %d words, want %d rows x %d = %d", len(m.Words), m.Rows, m.RowWords(), want)
+	if !m.shapeOK() {
+		return fmt.Errorf("twell: buffer has %d words, want %d rows x %d words", len(m.Words), m.Rows, m.RowWords())
 	}
 	spilled := make(map[int]bool, len(m.Spill))
 	for i, sp := range m.Spill {
@@ -320,16 +403,17 @@ func (m *Matrix) Validate() error {
 			if n > capacity {
 				return fmt.Errorf("twell: row %d tile %d: count %d exceeds capacity %d and the tile is not spilled", r, t, n, capacity)
 			}
-			prev := -1
+			var seen [MaxTile / 64]uint64 // columns of this tile already listed
 			for i, x := range w[1 : min(n, capacity)+1] {
 				col := int(x & 0xffff)
 				if col < t*m.Tile || col >= (t+1)*m.Tile {
 					return fmt.Errorf("twell: row %d tile %d: entry %d has column %d outside the tile [%d, %d)", r, t, i, col, t*m.Tile, (t+1)*m.Tile)
 				}
-				if col <= prev {
-					return fmt.Errorf("twell: row %d tile %d: entry %d has column %d, not above the previous %d", r, t, i, col, prev)
+				k := col - t*m.Tile
+				if seen[k/64]&(1<<(k%64)) != 0 {
+					return fmt.Errorf("twell: row %d tile %d: entry %d repeats column %d", r, t, i, col)
 				}
-				prev = col
+				seen[k/64] |= 1 << (k % 64)
 				b := uint16(x >> 16)
 				if b&0x8000 != 0 || b == 0 || b >= 0x7f80 {
 					return fmt.Errorf("twell: row %d tile %d: entry %d (column %d) has value bits %#04x: not finite and > 0", r, t, i, col, b)

@@ -188,7 +188,7 @@ func TestValidateRejectsCorruption(t *testing.T) {
 		{"count over capacity", func(m *Matrix) { m.Words[1*64] = 32 }, "row 1 tile 0: count 32 exceeds capacity"},
 		{"count over tile", func(m *Matrix) { m.Words[1*64] = 300 }, "row 1 tile 0: count 300 exceeds the tile width"},
 		{"column outside tile", func(m *Matrix) { m.Words[1*64+1] = m.Words[1*64+1]&^0xffff | 300 }, "row 1 tile 0: entry 0 has column 300 outside"},
-		{"columns unsorted", func(m *Matrix) { m.Words[1*64+1], m.Words[1*64+2] = m.Words[1*64+2], m.Words[1*64+1] }, "row 1 tile 0: entry 1"},
+		{"column repeated", func(m *Matrix) { m.Words[1*64+2] = m.Words[1*64+2]&^0xffff | m.Words[1*64+1]&0xffff }, "row 1 tile 0: entry 1 repeats column"},
 		{"negative value", func(m *Matrix) { m.Words[1*64+1] |= 0x8000_0000 }, "not finite and > 0"},
 		{"zero value", func(m *Matrix) { m.Words[1*64+1] &= 0xffff }, "not finite and > 0"},
 		{"NaN value", func(m *Matrix) { m.Words[1*64+1] = m.Words[1*64+1]&0xffff | 0x7fc0_0000 }, "not finite and > 0"},
