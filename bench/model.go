@@ -9,9 +9,13 @@ import (
 	"strings"
 	"time"
 
+	"github.com/twell-ai/twell/cpu/llm"
+	"github.com/twell-ai/twell/engine"
+	"github.com/twell-ai/twell/mlp"
 	"github.com/twell-ai/twell/model"
 	"github.com/twell-ai/twell/safetensors"
 	"github.com/twell-ai/twell/synth"
+	"github.com/twell-ai/twell/synth/sparsify"
 )
 
 // ModelOptions configure a whole-model benchmark.
@@ -88,6 +92,29 @@ func saveModel(o ModelOptions, m *model.Model, progress func(string)) error {
 	return model.Save(o.SaveDir, m.Config, m.Weights, safetensors.BF16)
 }
 
+// buildModel loads o.Dir or builds the preset with calibrated sparse gates.
+func buildModel(o ModelOptions, r *rand.Rand, progress func(string)) (*model.Model, string, error) {
+	if o.Dir != "" {
+		m, err := model.Load(o.Dir)
+		return m, o.Dir, err
+	}
+	c := model.SparseLM1B5()
+	if o.Layers > 0 {
+		c.NumHiddenLayers = min(o.Layers, c.NumHiddenLayers)
+	}
+	name := fmt.Sprintf("%s (random weights, %d layers, gate density %g %s)", o.Preset, c.NumHiddenLayers, o.Density, o.Dist)
+	progress(fmt.Sprintf("building %s", name))
+	m, err := model.New(c, model.RandomWeights(c, r))
+	if err != nil {
+		return nil, "", err
+	}
+	progress("calibrating the gates (CPU)")
+	if err := sparsify.Gates(m, o.Density, o.Dist, r); err != nil {
+		return nil, "", err
+	}
+	return m, name, nil
+}
+
 // DecodePoint is decode speed at one batch size.
 type DecodePoint struct {
 	Batch        int     `json:"batch"`
@@ -137,33 +164,19 @@ func ModelCPU(o ModelOptions, progress func(string)) ([]ModelResult, error) {
 		return nil, err
 	}
 	r := rand.New(rand.NewPCG(o.Seed, 0x30de1))
-	var m *model.Model
-	name := o.Dir
-	if o.Dir != "" {
-		var err error
-		if m, err = model.Load(o.Dir); err != nil {
-			return nil, err
-		}
-	} else {
-		c := model.SparseLM1B5()
-		if o.Layers > 0 {
-			c.NumHiddenLayers = min(o.Layers, c.NumHiddenLayers)
-		}
-		name = fmt.Sprintf("%s (random weights, %d layers, gate density %g %s)", o.Preset, c.NumHiddenLayers, o.Density, o.Dist)
-		progress(fmt.Sprintf("building %s", name))
-		var err error
-		if m, err = model.New(c, model.RandomWeights(c, r)); err != nil {
-			return nil, err
-		}
-		progress("calibrating the gates")
-		if err := m.SparsifyGates(o.Density, o.Dist, r); err != nil {
-			return nil, err
-		}
+	m, name, err := buildModel(o, r, progress)
+	if err != nil {
+		return nil, err
 	}
 	if err := saveModel(o, m, progress); err != nil {
 		return nil, err
 	}
-	m.UseBF16ForDecode() // both paths: decode reads bf16 weight copies
+	// both paths: decode reads bf16 weight copies
+	e, err := llm.New(m, llm.Options{DecodeBF16: true})
+	if err != nil {
+		return nil, err
+	}
+	defer e.Close()
 	c := m.Config
 	if err := o.checkPositions(c); err != nil {
 		return nil, err
@@ -178,25 +191,27 @@ func ModelCPU(o ModelOptions, progress func(string)) ([]ModelResult, error) {
 	var results []ModelResult
 	var denseLogits [][]float32
 	for _, path := range []string{"dense", "twell"} {
-		mp := map[string]string{"dense": "dense", "twell": "auto"}[path]
-		if err := m.SetMLPPath(mp); err != nil {
+		if err := e.SetMLPPath(map[string]mlp.Path{"dense": mlp.Dense, "twell": mlp.Auto}[path]); err != nil {
 			return nil, err
 		}
 		res := ModelResult{Device: "cpu", Machine: CPUName(), Date: time.Now().UTC().Format(time.RFC3339),
 			Model: name, Params: c.ParamCount(), Path: path, PrefillTokens: o.Batch * o.PromptLen, MLPWidth: c.IntermediateSize}
 		progress(fmt.Sprintf("%s: prefill %d x %d tokens", path, o.Batch, o.PromptLen))
 		var logits [][]float32
-		var stats *model.Stats
+		var stats *engine.Stats
 		var allocated uint64
 		ms, err := timeMS(o.Reps, func(int) error {
-			caches := make([]*model.Cache, o.Batch)
+			caches := make([]engine.Cache, o.Batch)
 			for i := range caches {
-				caches[i] = m.NewCache(o.PromptLen)
+				var err error
+				if caches[i], err = e.NewCache(o.PromptLen); err != nil {
+					return err
+				}
 			}
 			var before, after runtime.MemStats
 			runtime.ReadMemStats(&before)
 			var err error
-			logits, stats, err = m.Forward(caches, prompts, false)
+			logits, stats, err = e.Forward(caches, prompts, false)
 			runtime.ReadMemStats(&after)
 			allocated = after.TotalAlloc - before.TotalAlloc
 			return err
@@ -208,9 +223,7 @@ func ModelCPU(o ModelOptions, progress func(string)) ([]ModelResult, error) {
 		res.PrefillTokPerMS = float64(res.PrefillTokens) / ms
 		res.AllocBytesPerToken = float64(allocated) / float64(res.PrefillTokens)
 		if path == "twell" {
-			for _, a := range stats.ActiveUnits {
-				res.MLPActive = append(res.MLPActive, float64(a)/float64(stats.Tokens))
-			}
+			res.MLPActive = stats.MeanActive
 		}
 		if path == "dense" {
 			denseLogits = logits
@@ -219,7 +232,7 @@ func ModelCPU(o ModelOptions, progress func(string)) ([]ModelResult, error) {
 		}
 		for _, b := range o.DecodeBatches {
 			progress(fmt.Sprintf("%s: decode batch %d, context %d", path, b, o.DecodeContext))
-			pt, err := decodeSpeed(m, r, b, o.DecodeContext, o.DecodeSteps, o.Reps)
+			pt, err := decodeSpeed(e, r, b, o.DecodeContext, o.DecodeSteps, o.Reps)
 			if err != nil {
 				return nil, err
 			}
@@ -237,20 +250,23 @@ func ModelCPU(o ModelOptions, progress func(string)) ([]ModelResult, error) {
 // decodeSpeed times steps single-token decode steps for batch sequences
 // after a prompt of ctx tokens each (prefill untimed), median of reps after
 // one warm-up repetition.
-func decodeSpeed(m *model.Model, r *rand.Rand, batch, ctx, steps, reps int) (DecodePoint, error) {
-	c := m.Config
+func decodeSpeed(e engine.Engine, r *rand.Rand, batch, ctx, steps, reps int) (DecodePoint, error) {
+	c := e.Config()
 	times := make([]float64, 0, reps)
 	for rep := -1; rep < reps; rep++ {
-		caches := make([]*model.Cache, batch)
+		caches := make([]engine.Cache, batch)
 		toks := make([][]int, batch)
 		for i := range caches {
-			caches[i] = m.NewCache(ctx + steps)
+			var err error
+			if caches[i], err = e.NewCache(ctx + steps); err != nil {
+				return DecodePoint{}, err
+			}
 			toks[i] = make([]int, ctx)
 			for j := range toks[i] {
 				toks[i][j] = r.IntN(c.VocabSize)
 			}
 		}
-		if _, _, err := m.Forward(caches, toks, false); err != nil {
+		if _, _, err := e.Forward(caches, toks, false); err != nil {
 			return DecodePoint{}, err
 		}
 		t0 := time.Now()
@@ -258,7 +274,7 @@ func decodeSpeed(m *model.Model, r *rand.Rand, batch, ctx, steps, reps int) (Dec
 			for i := range toks {
 				toks[i] = []int{r.IntN(c.VocabSize)}
 			}
-			if _, _, err := m.Forward(caches, toks, false); err != nil {
+			if _, _, err := e.Forward(caches, toks, false); err != nil {
 				return DecodePoint{}, err
 			}
 		}

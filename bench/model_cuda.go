@@ -7,10 +7,12 @@ import (
 	"strings"
 	"time"
 
+	cpullm "github.com/twell-ai/twell/cpu/llm"
 	"github.com/twell-ai/twell/cuda"
 	"github.com/twell-ai/twell/cuda/nvml"
+	"github.com/twell-ai/twell/engine"
 	"github.com/twell-ai/twell/gpu/llm"
-	"github.com/twell-ai/twell/model"
+	"github.com/twell-ai/twell/mlp"
 )
 
 // ModelCUDAResult is one path (dense or TwELL) of the whole-model benchmark
@@ -51,29 +53,6 @@ func formatSteps(ms map[string]float64) string {
 	}
 	fmt.Fprintf(&b, "sum %.1f", sum)
 	return b.String()
-}
-
-// buildModel loads o.Dir or builds the preset with calibrated sparse gates.
-func buildModel(o ModelOptions, r *rand.Rand, progress func(string)) (*model.Model, string, error) {
-	if o.Dir != "" {
-		m, err := model.Load(o.Dir)
-		return m, o.Dir, err
-	}
-	c := model.SparseLM1B5()
-	if o.Layers > 0 {
-		c.NumHiddenLayers = min(o.Layers, c.NumHiddenLayers)
-	}
-	name := fmt.Sprintf("%s (random weights, %d layers, gate density %g %s)", o.Preset, c.NumHiddenLayers, o.Density, o.Dist)
-	progress(fmt.Sprintf("building %s", name))
-	m, err := model.New(c, model.RandomWeights(c, r))
-	if err != nil {
-		return nil, "", err
-	}
-	progress("calibrating the gates (CPU)")
-	if err := m.SparsifyGates(o.Density, o.Dist, r); err != nil {
-		return nil, "", err
-	}
-	return m, name, nil
 }
 
 // ModelCUDA runs the whole-model benchmark on CUDA device 0 with the
@@ -126,12 +105,21 @@ func ModelCUDA(o ModelOptions, progress func(string)) ([]ModelCUDAResult, error)
 	// Check against the CPU model on a short prompt, on the sparse path:
 	// under "auto" the dense first positions of this short prompt would
 	// make the next call (the first timed path's warm-up) run dense.
-	if err := e.SetMLPPath("sparse"); err != nil {
+	if err := e.SetMLPPath(mlp.Sparse); err != nil {
 		return nil, err
 	}
 	checkLen := min(32, o.PromptLen)
 	check := [][]int{randTokens(r, checkLen, c.VocabSize)}
-	want, _, err := m.Forward([]*model.Cache{m.NewCache(checkLen)}, check, true)
+	ce, err := cpullm.New(m, cpullm.Options{})
+	if err != nil {
+		return nil, err
+	}
+	cpuCache, err := ce.NewCache(checkLen)
+	if err != nil {
+		return nil, err
+	}
+	want, _, err := ce.Forward([]engine.Cache{cpuCache}, check, true)
+	ce.Close()
 	if err != nil {
 		return nil, err
 	}
@@ -139,7 +127,7 @@ func ModelCUDA(o ModelOptions, progress func(string)) ([]ModelCUDAResult, error)
 	if err != nil {
 		return nil, err
 	}
-	got, _, err := e.Forward([]*llm.Cache{cc}, check, true)
+	got, _, err := e.Forward([]engine.Cache{cc}, check, true)
 	cc.Free()
 	if err != nil {
 		return nil, err
@@ -154,13 +142,13 @@ func ModelCUDA(o ModelOptions, progress func(string)) ([]ModelCUDAResult, error)
 	for i := range prompts {
 		prompts[i] = randTokens(r, o.PromptLen, c.VocabSize)
 	}
-	caches := make([]*llm.Cache, o.Batch)
+	caches := make([]engine.Cache, o.Batch)
 	var kvBytes int64
 	for i := range caches {
 		if caches[i], err = e.NewCache(o.PromptLen); err != nil {
 			return nil, err
 		}
-		kvBytes += caches[i].Bytes()
+		kvBytes += e.CacheBytes(caches[i])
 		defer caches[i].Free()
 	}
 	start, err := dev.NewEvent()
@@ -199,7 +187,7 @@ func ModelCUDA(o ModelOptions, progress func(string)) ([]ModelCUDAResult, error)
 	byPath := map[string]*ModelCUDAResult{}
 	logitsOf := map[string][][]float32{}
 	for _, path := range []string{"twell", "dense"} {
-		if err := e.SetMLPPath(map[string]string{"dense": "dense", "twell": "auto"}[path]); err != nil {
+		if err := e.SetMLPPath(map[string]mlp.Path{"dense": mlp.Dense, "twell": mlp.Auto}[path]); err != nil {
 			return nil, err
 		}
 		res := &ModelCUDAResult{ModelResult: ModelResult{Device: "cuda", Machine: props.Name + " / " + CPUName(),
@@ -210,10 +198,12 @@ func ModelCUDA(o ModelOptions, progress func(string)) ([]ModelCUDAResult, error)
 		peak = 0
 		progress(fmt.Sprintf("%s: prefill %d x %d tokens", path, o.Batch, o.PromptLen))
 		var logits [][]float32
-		var stats *llm.Stats
+		var stats *engine.Stats
 		prefill := func() error {
 			for _, cache := range caches {
-				cache.Len = 0
+				if err := cache.Truncate(0); err != nil {
+					return err
+				}
 			}
 			var err error
 			logits, stats, err = e.Forward(caches, prompts, false)
@@ -299,8 +289,8 @@ func ModelCUDA(o ModelOptions, progress func(string)) ([]ModelCUDAResult, error)
 // after a prompt of ctx tokens each (prefill untimed): CUDA events around
 // the steps, median of reps after one warm-up repetition.
 func decodeSpeedCUDA(e *llm.Engine, r *rand.Rand, batch, ctx, steps, reps int, timed func(func() error) (float64, error), sample func()) (DecodePoint, error) {
-	c := e.Config
-	caches := make([]*llm.Cache, batch)
+	c := e.Config()
+	caches := make([]engine.Cache, batch)
 	for i := range caches {
 		var err error
 		if caches[i], err = e.NewCache(ctx + steps); err != nil {
@@ -319,7 +309,9 @@ func decodeSpeedCUDA(e *llm.Engine, r *rand.Rand, batch, ctx, steps, reps int, t
 	sparse := 0
 	for rep := -1; rep < reps; rep++ {
 		for i := range caches {
-			caches[i].Len = 0
+			if err := caches[i].Truncate(0); err != nil {
+				return DecodePoint{}, err
+			}
 			toks[i] = randTokens(r, ctx, c.VocabSize)
 		}
 		if _, _, err := e.Forward(caches, toks, false); err != nil {
@@ -335,8 +327,8 @@ func decodeSpeedCUDA(e *llm.Engine, r *rand.Rand, batch, ctx, steps, reps int, t
 					return err
 				}
 				sparse = 0
-				for _, on := range st.SparseLayer {
-					if on {
+				for _, p := range st.Paths {
+					if p == mlp.Sparse {
 						sparse++
 					}
 				}

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"sync"
 
+	"github.com/twell-ai/twell/mlp"
 	"github.com/twell-ai/twell/twell"
 )
 
@@ -34,10 +35,13 @@ type MLP struct {
 	// Act is the activation of the gate (or, non-gated, of the up
 	// projection). The sparse paths need ReLU; SiLU runs densely.
 	Act Activation
-	// AutoDensity is the density (active units / F) above which Forward
-	// finishes on the dense path; 0 means DefaultAutoDensity, a negative
-	// value always finishes densely, a value >= 1 always sparsely.
-	AutoDensity float64
+	// Path is how Forward runs: mlp.Auto (D2T, then the sparse or the
+	// dense finish by measured density), mlp.Sparse or mlp.Dense.
+	Path mlp.Path
+	// DenseAbove is the density (active units / F) above which Forward
+	// under mlp.Auto finishes on the dense path; NewMLP sets it to
+	// DefaultDenseAbove.
+	DenseAbove float64
 
 	gate, up, down *PackedB  // Wg [F x D], Wu [F x D], Wd [D x F], packed
 	upRows         []float32 // Wu, F x D row-major
@@ -53,7 +57,7 @@ func NewMLP(wg, wu, wd []float32, d, f int) (*MLP, error) {
 	if len(wu) != f*d || len(wd) != d*f || (wg != nil && len(wg) != f*d) {
 		return nil, fmt.Errorf("cpu: MLP weights hold %d (gate), %d (up), %d (down) values, want %d each", len(wg), len(wu), len(wd), f*d)
 	}
-	l := &MLP{D: d, F: f, Gated: wg != nil, upRows: wu}
+	l := &MLP{D: d, F: f, Gated: wg != nil, DenseAbove: DefaultDenseAbove, upRows: wu}
 	var err error
 	if l.Gated {
 		if l.gate, err = PackB(wg, f, d); err != nil {
@@ -99,10 +103,10 @@ func (a Activation) String() string {
 	return "relu"
 }
 
-// DefaultAutoDensity is the density above which Forward takes the dense
+// DefaultDenseAbove is the density above which Forward takes the dense
 // finish: measured on the 2-core AVX-512 machine, the sparse tail then costs
 // about as much as the two dense GEMMs it replaces.
-const DefaultAutoDensity = 0.06
+const DefaultDenseAbove = 0.06
 
 // UseBF16ForSmallM makes decode-sized calls (at most 16 tokens) read bfloat16
 // copies of the packed weights, on the dense and the TwELL path alike: such
@@ -307,37 +311,35 @@ func (l *MLP) Sparse(y, x []float32, m int, layout twell.Layout) (*twell.Matrix,
 	return p, err
 }
 
-// Forward computes the MLP on the cheaper path. A SiLU MLP, or one whose
-// width is not a multiple of the TwELL tile, runs densely. A
-// ReLU MLP first runs D2T; if the measured density is at most AutoDensity it
-// finishes with the sparse T2D, otherwise with dense GEMMs fed by the
-// unpacked gate, so the gate GEMM is never computed twice. It returns the
-// packed activation (nil on the SiLU path) and whether the sparse tail ran.
-func (l *MLP) Forward(y, x []float32, m int, layout twell.Layout) (p *twell.Matrix, sparse bool, err error) {
+// Forward computes the MLP on the path l.Path asks for. A SiLU MLP, or one
+// whose width is not a multiple of the TwELL tile, runs densely, as does
+// every MLP under mlp.Dense. Otherwise it first runs D2T; under mlp.Auto it
+// then finishes with the sparse T2D when mlp.Choose picks the sparse path
+// for the measured density, and with dense GEMMs fed by the unpacked gate
+// otherwise, so the gate GEMM is never computed twice. It returns the packed
+// activation (nil when D2T did not run) and the path of the finish.
+func (l *MLP) Forward(y, x []float32, m int, layout twell.Layout) (*twell.Matrix, mlp.Path, error) {
 	if err := l.check(y, x, m); err != nil {
-		return nil, false, err
+		return nil, mlp.Dense, err
 	}
-	if l.Act != ReLU || layout.Check(l.F) != nil {
-		return nil, false, l.Dense(y, x, m) // no exact zeros, or a width TwELL cannot tile
+	if l.Path == mlp.Dense || l.Act != ReLU || layout.Check(l.F) != nil {
+		return nil, mlp.Dense, l.Dense(y, x, m) // asked for, no exact zeros, or a width TwELL cannot tile
 	}
-	if p, err = D2T(x, m, l.sparseInput(), layout); err != nil {
-		return nil, false, err
+	p, err := D2T(x, m, l.sparseInput(), layout)
+	if err != nil {
+		return nil, mlp.Dense, err
 	}
 	nnz := 0
 	for r := 0; r < m; r++ {
 		nnz += p.RowNNZ(r)
 	}
-	limit := l.AutoDensity
-	if limit == 0 {
-		limit = DefaultAutoDensity
-	}
-	if float64(nnz) <= limit*float64(m)*float64(l.F) {
+	if mlp.Choose(l.Path, float64(nnz)/(float64(m)*float64(l.F)), l.DenseAbove) == mlp.Sparse {
 		if l.Gated {
 			err = GatedT2D(y, x, p, l.upRows, l.downRows, l.D)
 		} else {
 			err = T2D(y, p, l.downRows, l.D)
 		}
-		return p, true, err
+		return p, mlp.Sparse, err
 	}
 	h := p.Unpack()
 	if l.Gated {
@@ -351,5 +353,5 @@ func (l *MLP) Forward(y, x []float32, m int, layout twell.Layout) (p *twell.Matr
 			}
 		})
 	}
-	return p, false, Gemm(y, h, m, l.down)
+	return p, mlp.Dense, Gemm(y, h, m, l.down)
 }

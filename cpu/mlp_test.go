@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"testing"
 
+	"github.com/twell-ai/twell/mlp"
 	"github.com/twell-ai/twell/synth"
 	"github.com/twell-ai/twell/twell"
 )
@@ -200,11 +201,12 @@ func TestForwardPicksPathAndStaysExact(t *testing.T) {
 			sl, l := newLayer(t, r, d, f, density, synth.Uniform, gated)
 			x := synth.Tokens(r, m, d)
 			y := make([]float32, m*d)
-			_, sparse, err := l.Forward(y, x, m, twell.DefaultLayout)
+			_, path, err := l.Forward(y, x, m, twell.DefaultLayout)
+			sparse := path == mlp.Sparse
 			if err != nil {
 				t.Fatal(err)
 			}
-			if sparse != (density < DefaultAutoDensity) {
+			if sparse != (density < DefaultDenseAbove) {
 				t.Errorf("seed %d: density %g gated=%v: sparse path = %v", seed, density, gated, sparse)
 			}
 			if e := synth.RelErr(y, d, allRows(m), reference(sl, x, allRows(m))); e > 1e-2 {
@@ -222,8 +224,8 @@ func TestSiLUDense(t *testing.T) {
 	l.Act = SiLU
 	x := synth.Tokens(r, m, d)
 	y := make([]float32, m*d)
-	if _, sparse, err := l.Forward(y, x, m, twell.DefaultLayout); err != nil || sparse {
-		t.Fatalf("silu forward: sparse=%v err=%v", sparse, err)
+	if _, path, err := l.Forward(y, x, m, twell.DefaultLayout); err != nil || path == mlp.Sparse {
+		t.Fatalf("silu forward: path=%v err=%v", path, err)
 	}
 	for row := 0; row < m; row++ {
 		for k := 0; k < d; k++ {
@@ -253,7 +255,8 @@ func TestForwardUntileableWidthRunsDense(t *testing.T) {
 	sl, l := newLayer(t, r, d, f, 0.05, synth.Uniform, true)
 	x := synth.Tokens(r, m, d)
 	y := make([]float32, m*d)
-	p, sparse, err := l.Forward(y, x, m, twell.DefaultLayout)
+	p, path, err := l.Forward(y, x, m, twell.DefaultLayout)
+	sparse := path == mlp.Sparse
 	if err != nil || sparse || p != nil {
 		t.Fatalf("f=%d: sparse=%v err=%v", f, sparse, err)
 	}

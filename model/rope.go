@@ -18,8 +18,12 @@ type ropeTable struct {
 func newRopeTable(c Config) ropeTable { return ropeTable{c: c} }
 
 // invFreq returns the inverse frequencies for sequences of seqLen tokens.
-func (r *ropeTable) invFreq(seqLen int) []float64 {
-	c := r.c
+func (r *ropeTable) invFreq(seqLen int) []float64 { return ropeInvFreq(r.c, seqLen) }
+
+// ropeInvFreq returns the inverse frequencies of the rotary embedding of a
+// model with config c, for sequences of seqLen tokens (only "dynamic"
+// scaling depends on seqLen).
+func ropeInvFreq(c Config, seqLen int) []float64 {
 	hd := c.HeadDim
 	base := c.RopeTheta
 	sc := c.RopeScaling
@@ -74,13 +78,39 @@ func (r *ropeTable) tables(n int) (cos, sin []float32) {
 	r.cos, r.sin = make([]float32, size*half), make([]float32, size*half)
 	for p := 0; p < size; p++ {
 		for i, f := range inv {
-			a := float64(p) * f
-			r.cos[p*half+i] = float32(math.Cos(a))
-			r.sin[p*half+i] = float32(math.Sin(a))
+			cs, sn := ropeAngle(p, f)
+			r.cos[p*half+i], r.sin[p*half+i] = float32(cs), float32(sn)
 		}
 	}
 	r.n = size
 	return r.cos, r.sin
+}
+
+// ropeAngle returns the cosine and sine of the rotation of position p at
+// inverse frequency invFreq: the one definition that the float32 tables and
+// RoPEAngles share.
+func ropeAngle(p int, invFreq float64) (cos, sin float64) {
+	a := float64(p) * invFreq
+	return math.Cos(a), math.Sin(a)
+}
+
+// RoPEAngles returns the rotary-embedding angles of a model with config c
+// for positions [0, n) in float64, as cos and sin, each laid out
+// [position][HeadDim/2] (the pairs (i, i + HeadDim/2) of Hugging Face's
+// rotate_half). They are the values that the float32 tables of
+// Model.Forward and RoPETables round: a fresh RoPETables' Tables(n) holds
+// exactly float32 of these. Training uses them in float32 and, for its
+// gradient checks, in float64.
+func RoPEAngles(c Config, n int) (cos, sin []float64) {
+	inv := ropeInvFreq(c, n)
+	half := len(inv)
+	cos, sin = make([]float64, n*half), make([]float64, n*half)
+	for p := 0; p < n; p++ {
+		for i, f := range inv {
+			cos[p*half+i], sin[p*half+i] = ropeAngle(p, f)
+		}
+	}
+	return cos, sin
 }
 
 // applyRope rotates one head vector in place, in Hugging Face's

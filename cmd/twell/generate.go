@@ -9,7 +9,9 @@ import (
 	"time"
 	"unicode/utf8"
 
+	cpullm "github.com/twell-ai/twell/cpu/llm"
 	"github.com/twell-ai/twell/cuda"
+	"github.com/twell-ai/twell/engine"
 	"github.com/twell-ai/twell/gpu/llm"
 	"github.com/twell-ai/twell/model"
 	"github.com/twell-ai/twell/sample"
@@ -81,9 +83,6 @@ func runGenerate(args []string, stdout, stderr io.Writer) error {
 			}
 		}
 	}
-	if *decodeBF16 && *device != "cuda" {
-		m.UseBF16ForDecode()
-	}
 	if tok.VocabSize() > m.Config.VocabSize {
 		return fmt.Errorf("tokenizer has %d tokens but the model's vocabulary is %d", tok.VocabSize(), m.Config.VocabSize)
 	}
@@ -121,14 +120,23 @@ func runGenerate(args []string, stdout, stderr io.Writer) error {
 		defer closeGPU()
 		forward = gpuForward
 	} else {
-		cache := m.NewCache(len(ids) + n)
+		e, err := cpullm.New(m, cpullm.Options{DecodeBF16: *decodeBF16})
+		if err != nil {
+			return err
+		}
+		cache, err := e.NewCache(len(ids) + n)
+		if err != nil {
+			return err
+		}
 		forward = func(toks []int) ([][]float32, error) {
-			logits, st, err := m.Forward([]*model.Cache{cache}, [][]int{toks}, false)
+			logits, st, err := e.Forward([]engine.Cache{cache}, [][]int{toks}, false)
 			if err != nil {
 				return nil, err
 			}
-			for i, a := range st.ActiveUnits {
-				active[i] += float64(a)
+			for i, a := range st.MeanActive {
+				if a >= 0 {
+					active[i] += a * float64(st.Tokens)
+				}
 			}
 			mlpTokens += int64(st.Tokens)
 			return logits, nil
@@ -218,7 +226,7 @@ func cudaGenerator(m *model.Model, capacity int, active []float64, tokens *int64
 		return nil, nil, fmt.Errorf("-device cuda: %w", err)
 	}
 	step := func(toks []int) ([][]float32, error) {
-		logits, st, err := e.Forward([]*llm.Cache{cache}, [][]int{toks}, false)
+		logits, st, err := e.Forward([]engine.Cache{cache}, [][]int{toks}, false)
 		if err != nil {
 			return nil, err
 		}

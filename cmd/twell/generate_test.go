@@ -13,6 +13,7 @@ import (
 	"github.com/twell-ai/twell/model"
 	"github.com/twell-ai/twell/safetensors"
 	"github.com/twell-ai/twell/synth"
+	"github.com/twell-ai/twell/synth/sparsify"
 	"github.com/twell-ai/twell/tokenizer"
 )
 
@@ -53,7 +54,7 @@ func tinyCheckpoint(t *testing.T) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := m.SparsifyGates(0.02, synth.Skewed, r); err != nil {
+	if err := sparsify.Gates(m, 0.02, synth.Skewed, r); err != nil {
 		t.Fatal(err)
 	}
 	if err := model.Save(dir, c, m.Weights, safetensors.BF16); err != nil {

@@ -8,9 +8,14 @@ import (
 
 	"github.com/twell-ai/twell/cuda"
 	"github.com/twell-ai/twell/cuda/cublas"
+	"github.com/twell-ai/twell/engine"
 	"github.com/twell-ai/twell/gpu"
+	"github.com/twell-ai/twell/mlp"
 	"github.com/twell-ai/twell/model"
+	"github.com/twell-ai/twell/twell"
 )
+
+var _ engine.Engine = (*Engine)(nil)
 
 // DefaultMLPChunk is the default for Engine.MLPChunk.
 const DefaultMLPChunk = 1 << 17
@@ -33,8 +38,7 @@ const EnvGEMV = "TWELL_GEMV"
 // workspace between calls, so an Engine must not be used by several
 // goroutines at once.
 type Engine struct {
-	// Config is the model's configuration.
-	Config model.Config
+	cfg model.Config // the model's configuration
 	// MLPChunk is the most tokens one MLP call takes: a forward pass over
 	// more tokens runs each MLP in chunks. It bounds the MLP workspace,
 	// which the layers share (about 2 x chunk x width bf16 for the dense
@@ -78,7 +82,7 @@ type Engine struct {
 	embed, head, norm *cuda.Buffer // bf16 [vocab][d] (head is embed when tied), fp32 [d]
 	layers            []layer
 	act               int32 // MLP activation: 0 relu, 1 silu
-	mlpPath           string
+	mlpPath           mlp.Path
 
 	rope         *model.RoPETables
 	cosB, sinB   *cuda.Buffer
@@ -144,9 +148,6 @@ func Supported(c model.Config) error {
 	if c.HeadDim%2 != 0 || c.HeadDim > 256 {
 		return fmt.Errorf("llm: head_dim %d not supported (want an even size up to 256)", c.HeadDim)
 	}
-	if c.NumKeyValueHeads < 1 || c.NumAttentionHeads%c.NumKeyValueHeads != 0 {
-		return fmt.Errorf("llm: %d attention heads are not a multiple of %d key/value heads", c.NumAttentionHeads, c.NumKeyValueHeads)
-	}
 	return nil
 }
 
@@ -180,7 +181,7 @@ func NewEngine(dev *cuda.Device, m *model.Model) (*Engine, error) {
 	if err != nil {
 		return nil, err
 	}
-	e := &Engine{Config: c, dev: dev, k: k, mlpPath: "auto", rope: model.NewRoPETables(c), Attention: os.Getenv(EnvAttention),
+	e := &Engine{cfg: c, dev: dev, k: k, mlpPath: mlp.Auto, rope: model.NewRoPETables(c), Attention: os.Getenv(EnvAttention),
 		NoGraphs: os.Getenv(EnvGraphs) == "0", NoGEMV: os.Getenv(EnvGEMV) == "0"}
 	if act, _ := c.GateActivation(); act == model.ActSiLU {
 		e.act = 1
@@ -233,8 +234,8 @@ func NewEngine(dev *cuda.Device, m *model.Model) (*Engine, error) {
 		if l.o, err = e.upBF16(lw.O, h*nq*hd, name("o_proj")); err != nil {
 			return nil, err
 		}
-		if e.act == 0 && twellShape(h, f) && m.Layout.Tile == 256 {
-			if l.mlp, err = gpu.NewMLP(dev, e.blas, lw.Gate, lw.Up, lw.Down, h, f, m.Layout); err != nil {
+		if e.act == 0 && twellShape(h, f) && twell.DefaultLayout.Tile == 256 {
+			if l.mlp, err = gpu.NewMLP(dev, e.blas, lw.Gate, lw.Up, lw.Down, h, f, twell.DefaultLayout); err != nil {
 				return nil, fmt.Errorf("llm: layer %d MLP: %w", i, err)
 			}
 			// The layers run one after another on the engine's stream:
@@ -310,18 +311,21 @@ func (e *Engine) WeightBytes() int64 { return e.weightBytes }
 // TwELL MLP (the others run a plain dense MLP).
 func (e *Engine) TwELLLayers() int { return e.sparseLayers }
 
-// SetMLPPath chooses how the TwELL layers' MLPs run: "auto" (sparse or
-// dense per call by measured density, gpu.MLP.Forward), "sparse" (always
-// the TwELL path) or "dense" (always cuBLASLt: the baseline). Layers
+// Config returns the model's configuration.
+func (e *Engine) Config() model.Config { return e.cfg }
+
+// SetMLPPath chooses how the TwELL layers' MLPs run: mlp.Auto (sparse or
+// dense per call by measured density, gpu.MLP.Forward), mlp.Sparse (always
+// the TwELL path) or mlp.Dense (always cuBLASLt: the baseline). Layers
 // without a TwELL MLP always run dense.
-func (e *Engine) SetMLPPath(path string) error {
+func (e *Engine) SetMLPPath(path mlp.Path) error {
 	var x float64
 	switch path {
-	case "auto", "dense":
-	case "sparse":
+	case mlp.Auto, mlp.Dense:
+	case mlp.Sparse:
 		x = math.Inf(1)
 	default:
-		return fmt.Errorf("llm: MLP path %q: want auto, sparse or dense", path)
+		return fmt.Errorf("llm: %v", path)
 	}
 	i := 0
 	for _, l := range e.layers {
@@ -329,8 +333,8 @@ func (e *Engine) SetMLPPath(path string) error {
 			continue
 		}
 		l.mlp.Crossover = e.crossover[i]
-		l.mlp.Measure = path != "sparse" // else the measured choice could still run dense
-		if path == "sparse" {
+		l.mlp.Measure = path != mlp.Sparse // else the measured choice could still run dense
+		if path == mlp.Sparse {
 			l.mlp.Crossover = x
 		}
 		i++
@@ -339,8 +343,8 @@ func (e *Engine) SetMLPPath(path string) error {
 	return nil
 }
 
-// MLPPath returns the path SetMLPPath chose ("auto" at first).
-func (e *Engine) MLPPath() string { return e.mlpPath }
+// MLPPath returns the path SetMLPPath chose (mlp.Auto at first).
+func (e *Engine) MLPPath() mlp.Path { return e.mlpPath }
 
 // Close frees the engine's device memory, stream and cuBLAS handle. Caches
 // made by NewCache must be freed separately.
@@ -388,23 +392,21 @@ func (e *Engine) Close() error {
 	return errors.Join(errs...)
 }
 
-// Cache is the key/value cache of one sequence on the GPU: bf16, laid out
+// cache is the key/value cache of one sequence on the GPU: bf16, laid out
 // [layer][k|v][kv head][capacity][head_dim].
-type Cache struct {
-	// Len is the number of positions already in the cache. Setting it to 0
-	// starts a new sequence in the same memory.
-	Len int
+type cache struct {
+	n   int // positions held
 	cap int
 	buf *cuda.Buffer
 	e   *Engine
 }
 
 // NewCache returns an empty cache for a sequence of up to capacity tokens.
-func (e *Engine) NewCache(capacity int) (*Cache, error) {
+func (e *Engine) NewCache(capacity int) (engine.Cache, error) {
 	if e.closed {
 		return nil, errors.New("llm: engine was closed")
 	}
-	c := e.Config
+	c := e.cfg
 	if capacity < 1 {
 		return nil, fmt.Errorf("llm: cache capacity %d: must be positive", capacity)
 	}
@@ -416,23 +418,32 @@ func (e *Engine) NewCache(capacity int) (*Cache, error) {
 	if err != nil {
 		return nil, fmt.Errorf("llm: cache of %d tokens (%d MiB): %w", capacity, n>>20, err)
 	}
-	return &Cache{cap: capacity, buf: b, e: e}, nil
+	return &cache{cap: capacity, buf: b, e: e}, nil
 }
 
-// Capacity returns the most tokens the cache holds.
-func (c *Cache) Capacity() int { return c.cap }
-
-// Bytes returns the device memory the cache takes.
-func (c *Cache) Bytes() int64 {
-	if c.buf == nil {
+// CacheBytes returns the device memory that the cache c of e takes.
+func (e *Engine) CacheBytes(c engine.Cache) int64 {
+	kc, ok := c.(*cache)
+	if !ok || kc.buf == nil {
 		return 0
 	}
-	return int64(c.buf.Len())
+	return int64(kc.buf.Len())
+}
+
+func (c *cache) Len() int      { return c.n }
+func (c *cache) Capacity() int { return c.cap }
+
+func (c *cache) Truncate(n int) error {
+	if n < 0 || n > c.n {
+		return fmt.Errorf("llm: truncate to %d positions: the cache holds %d", n, c.n)
+	}
+	c.n = n
+	return nil
 }
 
 // Free gives the cache's device memory back. Free it only when no forward
 // pass that uses it is running (Forward returns after its work is done).
-func (c *Cache) Free() error {
+func (c *cache) Free() error {
 	if c.buf == nil {
 		return errors.New("llm: cache was already freed")
 	}

@@ -9,33 +9,13 @@ import (
 
 	"github.com/twell-ai/twell/cuda"
 	"github.com/twell-ai/twell/cuda/cublas"
+	"github.com/twell-ai/twell/engine"
 	"github.com/twell-ai/twell/gpu"
+	"github.com/twell-ai/twell/mlp"
 )
 
 // attnBQ is the number of queries of one attention work item (ATT_BQ).
 const attnBQ = 128
-
-// Stats reports what one Forward call did in its MLPs.
-type Stats struct {
-	Tokens int
-	// MeanActive is, per layer, the mean number of active MLP units per
-	// token of the layer's latest measured MLP call (the MLP copies its
-	// count back on its first calls, then on every 8th: see package gpu);
-	// -1 where nothing was measured (the dense path chosen by
-	// SetMLPPath("dense"), or a layer without a TwELL MLP). Decode steps
-	// replayed from a CUDA graph measure nothing: they report the last
-	// value measured before.
-	MeanActive []float64
-	// SparseLayer is, per layer, whether every MLP call of the step ran
-	// the sparse (TwELL) path.
-	SparseLayer []bool
-	// StepMS is, with Engine.Profile set, the GPU time of each kind of step
-	// summed over the layers, in milliseconds: "embed", "norm" (both
-	// add_rmsnorm calls), "qkv", "rope", "attention", "o_proj", "mlp" and
-	// "head" (final norm, LM head, logits copy). Nil otherwise, and for
-	// steps replayed from a CUDA graph.
-	StepMS map[string]float64
-}
 
 // batch is the host side of one forward pass: the flattened tokens and the
 // metadata the kernels read (see llm.cu).
@@ -49,8 +29,8 @@ type batch struct {
 
 // plan validates a forward pass like model.Model.Forward does and lays out
 // its metadata.
-func (e *Engine) plan(caches []*Cache, tokens [][]int, allLogits bool) (*batch, error) {
-	c := e.Config
+func (e *Engine) plan(caches []*cache, tokens [][]int, allLogits bool) (*batch, error) {
+	c := e.cfg
 	if len(caches) != len(tokens) {
 		return nil, fmt.Errorf("llm: %d caches for %d sequences", len(caches), len(tokens))
 	}
@@ -58,7 +38,7 @@ func (e *Engine) plan(caches []*Cache, tokens [][]int, allLogits bool) (*batch, 
 		return nil, errors.New("llm: no sequences")
 	}
 	b := &batch{S: len(tokens)}
-	seen := make(map[*Cache]int, len(caches))
+	seen := make(map[*cache]int, len(caches))
 	for s, toks := range tokens {
 		cache := caches[s]
 		switch {
@@ -70,8 +50,8 @@ func (e *Engine) plan(caches []*Cache, tokens [][]int, allLogits bool) (*batch, 
 			return nil, fmt.Errorf("llm: sequence %d: cache was freed", s)
 		case len(toks) == 0:
 			return nil, fmt.Errorf("llm: sequence %d has no new tokens", s)
-		case cache.Len < 0 || cache.Len+len(toks) > cache.cap:
-			return nil, fmt.Errorf("llm: sequence %d would reach %d tokens, past its cache of %d", s, cache.Len+len(toks), cache.cap)
+		case cache.n < 0 || cache.n+len(toks) > cache.cap:
+			return nil, fmt.Errorf("llm: sequence %d would reach %d tokens, past its cache of %d", s, cache.n+len(toks), cache.cap)
 		}
 		if o, dup := seen[cache]; dup {
 			return nil, fmt.Errorf("llm: sequences %d and %d share one cache", o, s)
@@ -84,7 +64,7 @@ func (e *Engine) plan(caches []*Cache, tokens [][]int, allLogits bool) (*batch, 
 		}
 		b.T += len(toks)
 		b.items += (len(toks) + attnBQ - 1) / attnBQ
-		b.maxPos = max(b.maxPos, cache.Len+len(toks)-1)
+		b.maxPos = max(b.maxPos, cache.n+len(toks)-1)
 		if allLogits {
 			b.rows += len(toks)
 		} else {
@@ -110,12 +90,12 @@ func (e *Engine) plan(caches []*Cache, tokens [][]int, allLogits bool) (*batch, 
 		cache := caches[s]
 		p := uint64(cache.buf.Ptr())
 		w[b.base+2*s], w[b.base+2*s+1] = int32(uint32(p)), int32(uint32(p>>32))
-		w[b.seqQ0+s], w[b.seqN+s], w[b.seqPast+s], w[b.seqCap+s] = int32(t), int32(len(toks)), int32(cache.Len), int32(cache.cap)
+		w[b.seqQ0+s], w[b.seqN+s], w[b.seqPast+s], w[b.seqCap+s] = int32(t), int32(len(toks)), int32(cache.n), int32(cache.cap)
 		for i, id := range toks {
-			w[b.tokSeq+t+i], w[b.tokPos+t+i], w[b.ids+t+i] = int32(s), int32(cache.Len+i), int32(id)
+			w[b.tokSeq+t+i], w[b.tokPos+t+i], w[b.ids+t+i] = int32(s), int32(cache.n+i), int32(id)
 		}
 		for q0 := 0; q0 < len(toks); q0 += attnBQ {
-			work[it] = attnItem{s: int32(s), q0: int32(q0), keys: cache.Len + min(q0+attnBQ, len(toks))}
+			work[it] = attnItem{s: int32(s), q0: int32(q0), keys: cache.n + min(q0+attnBQ, len(toks))}
 			it++
 		}
 		if allLogits {
@@ -163,7 +143,7 @@ func (e *Engine) realloc(b *cuda.Buffer, n int) (*cuda.Buffer, error) {
 // workspaceFor grows the workspace for a pass of T tokens with rows logit
 // rows and metadata of metaBytes.
 func (e *Engine) workspaceFor(T, rows, metaBytes int) error {
-	c := e.Config
+	c := e.cfg
 	h, hd, nq, nkv := c.HiddenSize, c.HeadDim, c.NumAttentionHeads, c.NumKeyValueHeads
 	ws := &e.ws
 	var err error
@@ -255,9 +235,28 @@ func view(b *cuda.Buffer, off, n int) *cuda.Buffer {
 // model.Model.Forward does. Sequences may have different lengths; a
 // sequence's new tokens attend to its cached positions and to each other
 // causally. The call returns when the GPU work is done.
-func (e *Engine) Forward(caches []*Cache, tokens [][]int, allLogits bool) ([][]float32, *Stats, error) {
+//
+// Stats.MeanActive is, per layer, the mean number of active MLP units per
+// token of the layer's latest measured MLP call (the MLP copies its count
+// back on its first calls, then on every 8th: see package gpu); -1 where
+// nothing was measured (the dense path, or a layer without a TwELL MLP).
+// Decode steps replayed from a CUDA graph measure nothing: they report the
+// last value measured before. With Profile set, Stats.StepMS is the GPU
+// time of each kind of step summed over the layers: "embed", "norm" (both
+// add_rmsnorm calls), "qkv", "rope", "attention", "o_proj", "mlp" and
+// "head" (final norm, LM head, logits copy); nil for steps replayed from a
+// CUDA graph.
+func (e *Engine) Forward(ecaches []engine.Cache, tokens [][]int, allLogits bool) ([][]float32, *engine.Stats, error) {
 	if e.closed {
 		return nil, nil, errors.New("llm: engine was closed")
+	}
+	caches := make([]*cache, len(ecaches))
+	for i, c := range ecaches {
+		kc, ok := c.(*cache)
+		if !ok || kc.e != e {
+			return nil, nil, fmt.Errorf("llm: cache %d was not made by this engine", i)
+		}
+		caches[i] = kc
 	}
 	b, err := e.plan(caches, tokens, allLogits)
 	if err != nil {
@@ -283,10 +282,10 @@ func (e *Engine) Forward(caches []*Cache, tokens [][]int, allLogits bool) ([][]f
 		}
 	}
 	for s, toks := range tokens {
-		caches[s].Len += len(toks)
+		caches[s].n += len(toks)
 	}
 	for i, l := range e.layers {
-		if l.mlp != nil && e.mlpPath != "dense" {
+		if l.mlp != nil && e.mlpPath != mlp.Dense {
 			if a, ok := l.mlp.LastActive(); ok {
 				st.MeanActive[i] = a
 			}
@@ -298,14 +297,11 @@ func (e *Engine) Forward(caches []*Cache, tokens [][]int, allLogits bool) ([][]f
 // queue uploads the metadata and queues the decoder layers: from a CUDA
 // graph for decode steps once every MLP's path has settled (graphs.go),
 // else kernel by kernel.
-func (e *Engine) queue(b *batch) (*Stats, error) {
+func (e *Engine) queue(b *batch) (*engine.Stats, error) {
 	if err := e.prepare(b); err != nil {
 		return nil, err
 	}
-	st := &Stats{Tokens: b.T, MeanActive: make([]float64, len(e.layers)), SparseLayer: make([]bool, len(e.layers))}
-	for i := range st.MeanActive {
-		st.MeanActive[i] = -1
-	}
+	st := engine.NewStats(b.T, len(e.layers))
 	if ok, err := e.replay(b, st); ok || err != nil {
 		e.profOn = false
 		return st, err
@@ -330,7 +326,7 @@ func (e *Engine) prepare(b *batch) error {
 // dynamic shared memory, and whether it is attn_ref, whose launch also
 // takes head_dim.
 func (e *Engine) attentionKernel() (fn *cuda.Function, smem int, ref bool, err error) {
-	hd := e.Config.HeadDim
+	hd := e.cfg.HeadDim
 	mma := func() (*cuda.Function, int, bool, error) {
 		fn := e.k.attnFA64
 		if hd == 128 {
@@ -376,8 +372,8 @@ func (e *Engine) AttentionKernel() (string, error) {
 // layersQueue queues the embedding and the decoder layers of b, whose
 // metadata prepare uploaded. paths, if not nil, fixes each layer's MLP path
 // and leaves out the MLPs' bookkeeping (for recording into a graph).
-func (e *Engine) layersQueue(b *batch, st *Stats, paths []gpu.Path) error {
-	c := e.Config
+func (e *Engine) layersQueue(b *batch, st *engine.Stats, paths []gpu.Path) error {
+	c := e.cfg
 	h, hd, nq, nkv := c.HiddenSize, c.HeadDim, c.NumAttentionHeads, c.NumKeyValueHeads
 	T := b.T
 	ws, s := &e.ws, e.stream
@@ -466,7 +462,9 @@ func (e *Engine) layersQueue(b *batch, st *Stats, paths []gpu.Path) error {
 		if err != nil {
 			return fmt.Errorf("llm: layer %d MLP: %w", li, err)
 		}
-		st.SparseLayer[li] = sparse
+		if sparse {
+			st.Paths[li] = mlp.Sparse
+		}
 		prof("mlp")
 	}
 	return nil
@@ -507,11 +505,11 @@ func (e *Engine) project(m, n, k int, x, w, y *cuda.Buffer) error {
 // MLPChunk tokens, and reports whether every chunk ran the sparse path.
 // fixed, if not nil, is the TwELL MLP's path, run without bookkeeping.
 func (e *Engine) mlp(l layer, T int, fixed *gpu.Path) (bool, error) {
-	c := e.Config
+	c := e.cfg
 	h, f := c.HiddenSize, c.IntermediateSize
 	ws, s := &e.ws, e.stream
 	ch := e.chunk()
-	sparse := l.mlp != nil && e.mlpPath != "dense"
+	sparse := l.mlp != nil && e.mlpPath != mlp.Dense
 	for off := 0; off < T; off += ch {
 		m := min(ch, T-off)
 		x, y := view(ws.hn, 2*off*h, 2*m*h), view(ws.proj, 2*off*h, 2*m*h)
@@ -523,7 +521,7 @@ func (e *Engine) mlp(l layer, T int, fixed *gpu.Path) (bool, error) {
 				sparse = sparse && *fixed == gpu.PathSparse
 				continue
 			}
-			if e.mlpPath == "dense" {
+			if e.mlpPath == mlp.Dense {
 				if err := l.mlp.Dense(s, y, x, m); err != nil {
 					return false, err
 				}
@@ -592,7 +590,7 @@ func (e *Engine) logitsOut(n int) ([]float32, error) {
 // logits queues the final norm of the rows whose logits are wanted and the
 // LM head, in chunks of at most headChunk rows, and downloads them.
 func (e *Engine) logits(b *batch) ([][]float32, error) {
-	c := e.Config
+	c := e.cfg
 	h, V := c.HiddenSize, c.VocabSize
 	ws, s := &e.ws, e.stream
 	out, err := e.logitsOut(b.rows * V)

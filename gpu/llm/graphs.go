@@ -5,7 +5,9 @@ import (
 	"slices"
 
 	"github.com/twell-ai/twell/cuda"
+	"github.com/twell-ai/twell/engine"
 	"github.com/twell-ai/twell/gpu"
+	"github.com/twell-ai/twell/mlp"
 )
 
 // Decode steps are bound by the host: one step of a 28-layer model queues
@@ -31,7 +33,7 @@ type stepGraph struct {
 // and the MLP paths have settled, recording the graph first if needed. It
 // reports whether it did; if recording fails the engine stops using graphs
 // (GraphError) and the step runs kernel by kernel.
-func (e *Engine) replay(b *batch, st *Stats) (bool, error) {
+func (e *Engine) replay(b *batch, st *engine.Stats) (bool, error) {
 	if e.NoGraphs || e.graphErr != nil || b.T != b.S {
 		return false, nil
 	}
@@ -61,7 +63,9 @@ func (e *Engine) replay(b *batch, st *Stats) (bool, error) {
 		e.graphs[b.S] = sg
 	}
 	for i, l := range e.layers {
-		st.SparseLayer[i] = l.mlp != nil && e.mlpPath != "dense" && paths[i] == gpu.PathSparse
+		if l.mlp != nil && e.mlpPath != mlp.Dense && paths[i] == gpu.PathSparse {
+			st.Paths[i] = mlp.Sparse
+		}
 	}
 	e.replays++
 	return true, sg.g.Launch(e.stream)
@@ -72,7 +76,7 @@ func (e *Engine) record(b *batch, paths []gpu.Path) (*cuda.Graph, error) {
 	if err := e.stream.BeginCapture(); err != nil {
 		return nil, err
 	}
-	scratch := &Stats{SparseLayer: make([]bool, len(e.layers))}
+	scratch := engine.NewStats(0, len(e.layers))
 	err := e.layersQueue(b, scratch, paths)
 	g, cerr := e.stream.EndCapture()
 	if err != nil {
@@ -90,9 +94,9 @@ func (e *Engine) settledPaths(T int) ([]gpu.Path, bool) {
 	paths := make([]gpu.Path, len(e.layers))
 	for i, l := range e.layers {
 		switch {
-		case l.mlp == nil || e.mlpPath == "dense":
+		case l.mlp == nil || e.mlpPath == mlp.Dense:
 			paths[i] = gpu.PathDense
-		case e.mlpPath == "sparse":
+		case e.mlpPath == mlp.Sparse:
 			paths[i] = gpu.PathSparse
 		default:
 			p, ok := l.mlp.Settled(min(T, e.chunk()))

@@ -56,7 +56,7 @@ func TestHFCrossCheckGPU(t *testing.T) {
 				}
 			}
 			for _, path := range []string{"sparse", "dense", "auto"} {
-				if err := e.SetMLPPath(path); err != nil {
+				if err := e.SetMLPPath(pathOf(t, path)); err != nil {
 					t.Fatal(err)
 				}
 				got, _, err := e.Forward(gpuCaches(t, e, 1, 64), [][]int{want.IDs}, true)
@@ -69,7 +69,7 @@ func TestHFCrossCheckGPU(t *testing.T) {
 					t.Errorf("%s path: logits differ from PyTorch by %.3g of the largest (tolerance %g) %v", path, d, bf16Tol, err)
 				}
 			}
-			if err := e.SetMLPPath("auto"); err != nil {
+			if err := e.SetMLPPath(pathOf(t, "auto")); err != nil {
 				t.Fatal(err)
 			}
 			cache := gpuCaches(t, e, 1, 64)

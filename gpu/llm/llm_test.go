@@ -8,10 +8,14 @@ import (
 	"strings"
 	"testing"
 
+	cpullm "github.com/twell-ai/twell/cpu/llm"
 	"github.com/twell-ai/twell/cuda"
 	"github.com/twell-ai/twell/cuda/cudatest"
+	"github.com/twell-ai/twell/engine"
+	"github.com/twell-ai/twell/mlp"
 	"github.com/twell-ai/twell/model"
 	"github.com/twell-ai/twell/synth"
+	"github.com/twell-ai/twell/synth/sparsify"
 )
 
 func TestMain(m *testing.M) {
@@ -110,7 +114,7 @@ func sparseModel(t *testing.T, c model.Config, r *rand.Rand, seed uint64) *model
 		t.Fatalf("seed %d: %v", seed, err)
 	}
 	if act, _ := c.GateActivation(); act == model.ActReLU {
-		if err := m.SparsifyGates(0.01, synth.Skewed, r); err != nil {
+		if err := sparsify.Gates(m, 0.01, synth.Skewed, r); err != nil {
 			t.Fatalf("seed %d: %v", seed, err)
 		}
 	}
@@ -165,15 +169,48 @@ func newEngine(t *testing.T, dev *cuda.Device, m *model.Model, seed uint64) *Eng
 func engineOnPath(t *testing.T, dev *cuda.Device, m *model.Model, seed uint64, path string) *Engine {
 	t.Helper()
 	e := newEngine(t, dev, m, seed)
-	if err := e.SetMLPPath(path); err != nil {
+	if err := e.SetMLPPath(pathOf(t, path)); err != nil {
 		t.Fatal(err)
 	}
 	return e
 }
 
-func gpuCaches(t *testing.T, e *Engine, n, capacity int) []*Cache {
+// pathOf parses an MLP path name.
+func pathOf(t *testing.T, s string) mlp.Path {
 	t.Helper()
-	cs := make([]*Cache, n)
+	p, err := mlp.ParsePath(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// cpuForward runs passes (each a batch of sequences, all logits) through the
+// CPU engine on the given MLP path, with caches of capacity positions.
+func cpuForward(t *testing.T, m *model.Model, path string, capacity int, passes ...[][]int) [][]float32 {
+	t.Helper()
+	e, err := cpullm.New(m, cpullm.Options{MLPPath: pathOf(t, path)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	caches := gpuCaches(t, e, len(passes[0]), capacity)
+	var out [][]float32
+	for _, toks := range passes {
+		l, _, err := e.Forward(caches, toks, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, l...)
+	}
+	return out
+}
+
+// gpuCaches returns n caches of e of capacity positions, freed at the end
+// of the test.
+func gpuCaches(t *testing.T, e engine.Engine, n, capacity int) []engine.Cache {
+	t.Helper()
+	cs := make([]engine.Cache, n)
 	for i := range cs {
 		var err error
 		if cs[i], err = e.NewCache(capacity); err != nil {
@@ -236,19 +273,14 @@ func TestLogitsMatchCPU(t *testing.T) {
 			m := sparseModel(t, k.c, r, seed)
 			e := newEngine(t, dev, m, seed)
 			e.Attention = k.attn
-			if err := e.SetMLPPath(k.mlpPath); err != nil {
-				t.Fatal(err)
-			}
-			if err := m.SetMLPPath(map[string]string{"auto": "auto", "sparse": "sparse", "dense": "dense"}[k.mlpPath]); err != nil {
+			if err := e.SetMLPPath(pathOf(t, k.mlpPath)); err != nil {
 				t.Fatal(err)
 			}
 			// Two sequences of different lengths (one over a query block).
 			toks := [][]int{randTokens(r, 77, k.c.VocabSize), randTokens(r, 5, k.c.VocabSize)}
-			cpuC := []*model.Cache{m.NewCache(100), m.NewCache(100)}
-			want, _, err := m.Forward(cpuC, toks, true)
-			if err != nil {
-				t.Fatal(err)
-			}
+			step := [][]int{{r.IntN(k.c.VocabSize)}, {r.IntN(k.c.VocabSize)}}
+			cpuOut := cpuForward(t, m, k.mlpPath, 100, toks, step)
+			want, wantStep := cpuOut[:82], cpuOut[82:]
 			gc := gpuCaches(t, e, 2, 100)
 			got, st, err := e.Forward(gc, toks, true)
 			if err != nil {
@@ -258,21 +290,16 @@ func TestLogitsMatchCPU(t *testing.T) {
 			if err != nil || d > bf16Tol {
 				t.Fatalf("seed %d: max |diff| / max |logit| = %.3g (err %v), want <= %g", seed, d, err, bf16Tol)
 			}
-			if gc[0].Len != 77 || gc[1].Len != 5 {
-				t.Errorf("cache lengths %d, %d after the pass, want 77, 5", gc[0].Len, gc[1].Len)
+			if gc[0].Len() != 77 || gc[1].Len() != 5 {
+				t.Errorf("cache lengths %d, %d after the pass, want 77, 5", gc[0].Len(), gc[1].Len())
 			}
-			t.Logf("seed %d: rel diff %.2e; TwELL layers %d; mean active %v; sparse %v", seed, d, e.TwELLLayers(), st.MeanActive, st.SparseLayer)
+			t.Logf("seed %d: rel diff %.2e; TwELL layers %d; mean active %v; sparse %v", seed, d, e.TwELLLayers(), st.MeanActive, st.Paths)
 			// One decode step on both.
-			step := [][]int{{r.IntN(k.c.VocabSize)}, {r.IntN(k.c.VocabSize)}}
-			want, _, err = m.Forward(cpuC, step, false)
-			if err != nil {
-				t.Fatal(err)
-			}
 			got, _, err = e.Forward(gc, step, false)
 			if err != nil {
 				t.Fatalf("seed %d: decode: %v", seed, err)
 			}
-			if d, err := relDiff(got, want); err != nil || d > bf16Tol {
+			if d, err := relDiff(got, wantStep); err != nil || d > bf16Tol {
 				t.Fatalf("seed %d: decode step: rel diff %.3g (err %v)", seed, d, err)
 			}
 		})
@@ -368,7 +395,7 @@ func TestProfile(t *testing.T) {
 	dev := cudatest.Device(t)
 	cudatest.Compiler(t)
 	r, seed := cudatest.Rand()
-	c := testConfig(64, 3, 2, true)
+	c := testConfig(64, 6, 2, true) // grouped-query attention, heads*head_dim != hidden
 	m := sparseModel(t, c, r, seed)
 	e := engineOnPath(t, dev, m, seed, "dense")
 	seqs := [][]int{randTokens(r, 70, c.VocabSize), randTokens(r, 3, c.VocabSize)}
@@ -436,7 +463,7 @@ func TestForwardErrors(t *testing.T) {
 	e := newEngine(t, dev, m, seed)
 	cs := gpuCaches(t, e, 2, 8)
 	for _, k := range []struct {
-		caches []*Cache
+		caches []engine.Cache
 		toks   [][]int
 		want   string
 	}{
@@ -444,14 +471,14 @@ func TestForwardErrors(t *testing.T) {
 		{cs[:1], [][]int{{}}, "no new tokens"},
 		{cs[:1], [][]int{make([]int, 9)}, "past its cache of 8"},
 		{cs[:1], [][]int{{c.VocabSize}}, "outside the vocabulary"},
-		{[]*Cache{cs[0], cs[0]}, [][]int{{1}, {2}}, "share one cache"},
+		{[]engine.Cache{cs[0], cs[0]}, [][]int{{1}, {2}}, "share one cache"},
 	} {
 		if _, _, err := e.Forward(k.caches, k.toks, false); err == nil || !strings.Contains(err.Error(), k.want) {
 			t.Errorf("Forward(%v): %v, want an error with %q", k.toks, err, k.want)
 		}
 	}
-	if err := e.SetMLPPath("fast"); err == nil {
-		t.Error("SetMLPPath(fast) accepted")
+	if err := e.SetMLPPath(mlp.Path(9)); err == nil {
+		t.Error("SetMLPPath(mlp.Path(9)) accepted")
 	}
 }
 
@@ -500,7 +527,7 @@ func TestGraphDecodeMatchesEager(t *testing.T) {
 		return out
 	}
 	for _, path := range []string{"sparse", "dense"} {
-		if err := e.SetMLPPath(path); err != nil {
+		if err := e.SetMLPPath(pathOf(t, path)); err != nil {
 			t.Fatal(err)
 		}
 		eager := decode(false)
@@ -520,7 +547,7 @@ func TestGraphDecodeMatchesEager(t *testing.T) {
 			}
 		}
 	}
-	if err := e.SetMLPPath("auto"); err != nil {
+	if err := e.SetMLPPath(pathOf(t, "auto")); err != nil {
 		t.Fatal(err)
 	}
 	eager := decode(false)
@@ -589,9 +616,6 @@ func TestAttentionLongMatchesRef(t *testing.T) {
 		t.Run(fmt.Sprintf("hd%d", c.HeadDim), func(t *testing.T) {
 			r, seed := cudatest.Rand()
 			m := sparseModel(t, c, r, seed)
-			if err := m.SetMLPPath("dense"); err != nil {
-				t.Fatal(err)
-			}
 			passes := [][][]int{
 				{randTokens(r, 300, c.VocabSize), randTokens(r, 1, c.VocabSize)},
 				{randTokens(r, 150, c.VocabSize), randTokens(r, 129, c.VocabSize)},
@@ -615,15 +639,7 @@ func TestAttentionLongMatchesRef(t *testing.T) {
 				kernels = append(kernels, "wgmma2", "wgmma3", "wgmma-ov")
 			}
 			ref := run("ref")
-			cpuC := []*model.Cache{m.NewCache(460), m.NewCache(460)}
-			var want [][]float32
-			for _, toks := range passes {
-				l, _, err := m.Forward(cpuC, toks, true)
-				if err != nil {
-					t.Fatal(err)
-				}
-				want = append(want, l...)
-			}
+			want := cpuForward(t, m, "dense", 460, passes...)
 			for _, k := range kernels {
 				got := run(k)
 				if d, err := relDiff(got, ref); err != nil || d > 1e-2 {

@@ -1,4 +1,7 @@
-package model
+// Package sparsify turns a randomly initialised model into one whose ReLU
+// gates fire like a trained sparse model's, so that speed can be measured
+// and engines compared without a trained checkpoint.
+package sparsify
 
 import (
 	"fmt"
@@ -6,14 +9,17 @@ import (
 	"math/rand/v2"
 
 	"github.com/twell-ai/twell/cpu"
+	"github.com/twell-ai/twell/cpu/llm"
+	"github.com/twell-ai/twell/engine"
+	"github.com/twell-ai/twell/model"
 	"github.com/twell-ai/twell/synth"
 )
 
-// embedBias is the constant that SparsifyGates writes into feature 0 of
+// embedBias is the constant that Gates writes into feature 0 of
 // every token embedding.
 const embedBias = 1.0
 
-// SparsifyGates makes a randomly initialised model behave like a trained
+// Gates makes a randomly initialised model behave like a trained
 // sparse one, so that speed can be measured without a checkpoint. Feature 0
 // of every embedding becomes a constant that no layer writes to (row 0 of
 // every output projection is zeroed), so each normalised MLP input carries
@@ -22,11 +28,11 @@ const embedBias = 1.0
 // over random tokens, so that unit j fires on a fraction p_j of tokens, the
 // rates drawn from dist with mean density. The sparse projection is the gate,
 // or the up projection of a non-gated MLP.
-func (m *Model) SparsifyGates(density float64, dist synth.Dist, r *rand.Rand) error {
+func Gates(m *model.Model, density float64, dist synth.Dist, r *rand.Rand) error {
 	c := m.Config
 	h, f := c.HiddenSize, c.IntermediateSize
 	if h < 2 {
-		return fmt.Errorf("model: hidden size %d too small to sparsify", h)
+		return fmt.Errorf("sparsify: hidden size %d too small to sparsify", h)
 	}
 	w := m.Weights
 	for i := 0; i < c.VocabSize; i++ {
@@ -38,9 +44,11 @@ func (m *Model) SparsifyGates(density float64, dist synth.Dist, r *rand.Rand) er
 		clear(l.Down[:f])                          // row 0 of down_proj
 		l.AttnNorm[0], l.MLPNorm[0] = 1, 1
 	}
-	if err := m.repack(); err != nil {
+	e, err := llm.New(m, llm.Options{})
+	if err != nil {
 		return err
 	}
+	defer e.Close()
 	rates := make([][]float64, len(w.Layers))
 	for li := range rates {
 		var err error
@@ -48,7 +56,7 @@ func (m *Model) SparsifyGates(density float64, dist synth.Dist, r *rand.Rand) er
 			return err
 		}
 	}
-	m.beforeMLP = func(li int, hn []float32, T int) error {
+	e.ObserveMLPInput = func(li int, hn []float32, T int) error {
 		l := &w.Layers[li]
 		sparse := l.Gate
 		if sparse == nil {
@@ -79,19 +87,20 @@ func (m *Model) SparsifyGates(density float64, dist synth.Dist, r *rand.Rand) er
 			}
 			row[0] = float32(mean + std*z)
 		})
-		return m.repackLayer(li)
+		return e.RepackLayer(li)
 	}
-	defer func() { m.beforeMLP = nil }()
 	const seqs, seqLen = 4, 64
-	caches := make([]*Cache, seqs)
+	caches := make([]engine.Cache, seqs)
 	toks := make([][]int, seqs)
 	for i := range toks {
-		caches[i] = m.NewCache(seqLen)
+		if caches[i], err = e.NewCache(seqLen); err != nil {
+			return err
+		}
 		toks[i] = make([]int, seqLen)
 		for j := range toks[i] {
 			toks[i][j] = r.IntN(c.VocabSize)
 		}
 	}
-	_, _, err := m.Forward(caches, toks, false)
+	_, _, err = e.Forward(caches, toks, false)
 	return err
 }

@@ -1,4 +1,4 @@
-package model
+package llm_test
 
 import (
 	"encoding/json"
@@ -6,6 +6,10 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	"github.com/twell-ai/twell/cpu/llm"
+	"github.com/twell-ai/twell/mlp"
+	"github.com/twell-ai/twell/model"
 )
 
 // TestHFCrossCheck loads checkpoints saved by Hugging Face transformers
@@ -36,15 +40,16 @@ func TestHFCrossCheck(t *testing.T) {
 			if err := json.Unmarshal(b, &want); err != nil {
 				t.Fatal(err)
 			}
-			m, err := Load(dir)
+			m, err := model.Load(dir)
 			if err != nil {
 				t.Fatal(err)
 			}
-			for _, path := range []string{"sparse", "dense"} {
-				if err := m.SetMLPPath(path); err != nil {
+			e := newEngine(t, m, llm.Options{})
+			for _, path := range []mlp.Path{mlp.Sparse, mlp.Dense} {
+				if err := e.SetMLPPath(path); err != nil {
 					t.Fatal(err)
 				}
-				got, _, err := m.Forward([]*Cache{m.NewCache(64)}, [][]int{want.IDs}, true)
+				got, _, err := e.Forward(caches(t, e, 1, 64), [][]int{want.IDs}, true)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -54,7 +59,7 @@ func TestHFCrossCheck(t *testing.T) {
 				}
 				// TwELL stores the gate in bf16; the dense path is float32 throughout.
 				tol := 1e-4
-				if path == "sparse" {
+				if path == mlp.Sparse {
 					tol = 1e-2
 				}
 				t.Logf("%s path: max |logit diff| / max |logit| = %.2e", path, worst)
@@ -62,9 +67,11 @@ func TestHFCrossCheck(t *testing.T) {
 					t.Errorf("%s path: logits differ from PyTorch by %.3g (relative to max), tolerance %g", path, worst, tol)
 				}
 			}
-			m.SetMLPPath("auto")
-			cache := m.NewCache(64)
-			logits, _, err := m.Forward([]*Cache{cache}, [][]int{want.IDs}, false)
+			if err := e.SetMLPPath(mlp.Auto); err != nil {
+				t.Fatal(err)
+			}
+			cache := caches(t, e, 1, 64)
+			logits, _, err := e.Forward(cache, [][]int{want.IDs}, false)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -77,7 +84,7 @@ func TestHFCrossCheck(t *testing.T) {
 					}
 				}
 				gen = append(gen, best)
-				if logits, _, err = m.Forward([]*Cache{cache}, [][]int{{best}}, false); err != nil {
+				if logits, _, err = e.Forward(cache, [][]int{{best}}, false); err != nil {
 					t.Fatal(err)
 				}
 			}

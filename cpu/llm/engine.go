@@ -1,0 +1,253 @@
+// Package llm is the CPU engine: a whole Llama-style model run in float32 on
+// the kernels of package cpu (AVX-512 GEMMs, TwELL MLPs, flash-style
+// attention). It implements engine.Engine and is the reference every GPU
+// result is checked against.
+package llm
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+
+	"github.com/twell-ai/twell/cpu"
+	"github.com/twell-ai/twell/engine"
+	"github.com/twell-ai/twell/mlp"
+	"github.com/twell-ai/twell/model"
+	"github.com/twell-ai/twell/twell"
+)
+
+// Options are the CPU engine's settings.
+type Options struct {
+	// MLPPath is how the MLPs run (auto: TwELL D2T, then the sparse or the
+	// dense finish by measured density).
+	MLPPath mlp.Path
+	// DecodeBF16 makes forward passes of at most 16 tokens (decode steps of
+	// up to 16 sequences, short prompts) read bfloat16 copies of the
+	// projection and MLP weights: such passes are bound by memory
+	// bandwidth, and bf16 halves the bytes. Their logits then carry bf16
+	// rounding of the weights, and the copies cost memory.
+	DecodeBF16 bool
+}
+
+// Engine runs a model on the CPU. The kernels' packed copies of the weights
+// are made at the first Forward, so an engine that is never run costs
+// nothing beyond the model.
+type Engine struct {
+	model  *model.Model
+	opts   Options
+	layout twell.Layout
+	act    cpu.Activation
+	rope   *model.RoPETables
+
+	packMu sync.Mutex   // guards the first packing
+	layers []cpuLayer   // nil until packed
+	head   *cpu.PackedB // LM head (the embedding when tied)
+
+	// ObserveMLPInput, when set, sees each layer's normalised MLP input (T
+	// rows of HiddenSize values) before the MLP runs. It may change the
+	// layer's weights in the model, then call RepackLayer: gate
+	// calibration and activation analysis use it.
+	ObserveMLPInput func(layer int, x []float32, tokens int) error
+}
+
+var _ engine.Engine = (*Engine)(nil)
+
+type cpuLayer struct {
+	qkv, o *cpu.PackedB
+	mlp    *cpu.MLP
+}
+
+// New returns a CPU engine for m with options o.
+func New(m *model.Model, o Options) (*Engine, error) {
+	if m == nil || m.Weights == nil {
+		return nil, errors.New("cpu/llm: nil model")
+	}
+	c := m.Config
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	if len(m.Weights.Layers) != c.NumHiddenLayers {
+		return nil, fmt.Errorf("cpu/llm: model has %d layers of weights, config says %d", len(m.Weights.Layers), c.NumHiddenLayers)
+	}
+	act, _ := c.GateActivation()
+	var mact cpu.Activation
+	switch act {
+	case model.ActReLU:
+		mact = cpu.ReLU
+	case model.ActSiLU:
+		mact = cpu.SiLU
+	default:
+		return nil, fmt.Errorf("cpu/llm: MLP activation %q not supported (want relu or silu)", act)
+	}
+	if o.MLPPath > mlp.Dense {
+		return nil, fmt.Errorf("cpu/llm: %v", o.MLPPath)
+	}
+	return &Engine{model: m, opts: o, layout: twell.DefaultLayout, act: mact, rope: model.NewRoPETables(c)}, nil
+}
+
+// Config returns the model's configuration.
+func (e *Engine) Config() model.Config { return e.model.Config }
+
+// Model returns the model the engine runs.
+func (e *Engine) Model() *model.Model { return e.model }
+
+// Close releases the packed copies of the weights.
+func (e *Engine) Close() error {
+	e.packMu.Lock()
+	defer e.packMu.Unlock()
+	e.layers, e.head = nil, nil
+	return nil
+}
+
+// pack makes the packed copies of the weights unless they exist.
+func (e *Engine) pack() error {
+	e.packMu.Lock()
+	defer e.packMu.Unlock()
+	if e.layers != nil {
+		return nil
+	}
+	c, w := e.model.Config, e.model.Weights
+	layers := make([]cpuLayer, len(w.Layers))
+	for i := range layers {
+		var err error
+		if layers[i], err = e.packLayer(i); err != nil {
+			return err
+		}
+	}
+	head := w.LMHead
+	if c.TieWordEmbeddings {
+		head = w.Embed
+	}
+	var err error
+	if e.head, err = cpu.PackB(head, c.VocabSize, c.HiddenSize); err != nil {
+		return fmt.Errorf("cpu/llm: LM head: %w", err)
+	}
+	if e.opts.DecodeBF16 {
+		e.head.UseBF16ForSmallM()
+	}
+	e.layers = layers
+	return nil
+}
+
+// RepackLayer packs layer i's weights again after a change to them (from
+// ObserveMLPInput); later layers of the running pass see the change.
+func (e *Engine) RepackLayer(i int) error {
+	if i < 0 || i >= len(e.layers) {
+		return fmt.Errorf("cpu/llm: layer %d of %d is not packed", i, len(e.layers))
+	}
+	l, err := e.packLayer(i)
+	if err != nil {
+		return err
+	}
+	e.layers[i] = l
+	return nil
+}
+
+// packLayer packs layer i's weights.
+func (e *Engine) packLayer(i int) (cpuLayer, error) {
+	c, lw := e.model.Config, e.model.Weights.Layers[i]
+	h, hd := c.HiddenSize, c.HeadDim
+	qkvRows := (c.NumAttentionHeads + 2*c.NumKeyValueHeads) * hd
+	qkv := make([]float32, 0, qkvRows*h)
+	qkv = append(append(append(qkv, lw.Q...), lw.K...), lw.V...)
+	var l cpuLayer
+	var err error
+	if l.qkv, err = cpu.PackB(qkv, qkvRows, h); err != nil {
+		return l, fmt.Errorf("cpu/llm: layer %d attention: %w", i, err)
+	}
+	if l.o, err = cpu.PackB(lw.O, h, c.NumAttentionHeads*hd); err != nil {
+		return l, fmt.Errorf("cpu/llm: layer %d output projection: %w", i, err)
+	}
+	if l.mlp, err = cpu.NewMLP(lw.Gate, lw.Up, lw.Down, h, c.IntermediateSize); err != nil {
+		return l, fmt.Errorf("cpu/llm: layer %d MLP: %w", i, err)
+	}
+	l.mlp.Act = e.act
+	l.mlp.Path = e.opts.MLPPath
+	if e.opts.DecodeBF16 {
+		l.qkv.UseBF16ForSmallM()
+		l.o.UseBF16ForSmallM()
+		l.mlp.UseBF16ForSmallM()
+	}
+	return l, nil
+}
+
+// SetMLPPath chooses how the MLPs run from the next Forward on.
+func (e *Engine) SetMLPPath(p mlp.Path) error {
+	if p > mlp.Dense {
+		return fmt.Errorf("cpu/llm: %v", p)
+	}
+	e.packMu.Lock()
+	defer e.packMu.Unlock()
+	e.opts.MLPPath = p
+	for _, l := range e.layers {
+		l.mlp.Path = p
+	}
+	return nil
+}
+
+// cache is the KV cache of one sequence: per layer, [capacity][kvHeads*headDim].
+type cache struct {
+	k, v [][]float32
+	n    int
+	e    *Engine
+}
+
+// NewCache returns an empty cache for a sequence of up to capacity tokens.
+func (e *Engine) NewCache(capacity int) (engine.Cache, error) {
+	c := e.model.Config
+	if capacity < 1 {
+		return nil, fmt.Errorf("cpu/llm: cache capacity %d: must be positive", capacity)
+	}
+	kvw := c.NumKeyValueHeads * c.HeadDim
+	if bytes := float64(capacity) * float64(kvw) * 8 * float64(c.NumHiddenLayers); bytes > math.MaxInt/2 {
+		return nil, fmt.Errorf("cpu/llm: a cache of %d tokens would take %.3g GiB", capacity, bytes/(1<<30))
+	}
+	kc := &cache{e: e}
+	for range c.NumHiddenLayers {
+		kc.k = append(kc.k, make([]float32, capacity*kvw))
+		kc.v = append(kc.v, make([]float32, capacity*kvw))
+	}
+	return kc, nil
+}
+
+func (c *cache) Len() int { return c.n }
+
+func (c *cache) Capacity() int {
+	if len(c.k) == 0 {
+		return 0
+	}
+	return len(c.k[0]) / (c.e.model.Config.NumKeyValueHeads * c.e.model.Config.HeadDim)
+}
+
+func (c *cache) Truncate(n int) error {
+	if n < 0 || n > c.n {
+		return fmt.Errorf("cpu/llm: truncate to %d positions: the cache holds %d", n, c.n)
+	}
+	c.n = n
+	return nil
+}
+
+func (c *cache) Free() error {
+	if c.k == nil {
+		return errors.New("cpu/llm: cache was already freed")
+	}
+	c.k, c.v, c.n = nil, nil, 0
+	return nil
+}
+
+// caches checks that every cache is this engine's and live.
+func (e *Engine) caches(cs []engine.Cache) ([]*cache, error) {
+	out := make([]*cache, len(cs))
+	for i, c := range cs {
+		kc, ok := c.(*cache)
+		if !ok || kc.e != e {
+			return nil, fmt.Errorf("cpu/llm: cache %d was not made by this engine", i)
+		}
+		if kc.k == nil {
+			return nil, fmt.Errorf("cpu/llm: cache %d was freed", i)
+		}
+		out[i] = kc
+	}
+	return out, nil
+}

@@ -1,0 +1,415 @@
+package llm_test
+
+import (
+	"math"
+	"math/rand/v2"
+	"strings"
+	"testing"
+
+	"github.com/twell-ai/twell/cpu/llm"
+	"github.com/twell-ai/twell/engine"
+	"github.com/twell-ai/twell/mlp"
+	"github.com/twell-ai/twell/model"
+	"github.com/twell-ai/twell/safetensors"
+	"github.com/twell-ai/twell/synth"
+	"github.com/twell-ai/twell/synth/sparsify"
+)
+
+func tinyConfig() model.Config {
+	bos := 1
+	return model.Config{
+		ModelType: "llama", Architectures: []string{"LlamaForCausalLM"},
+		HiddenSize: 64, IntermediateSize: 512, NumHiddenLayers: 2,
+		NumAttentionHeads: 4, NumKeyValueHeads: 2, HeadDim: 16,
+		VocabSize: 97, MaxPositionEmbeddings: 128, RMSNormEps: 1e-5, RopeTheta: 10000,
+		HiddenAct: model.ActReLU, TieWordEmbeddings: true, MLPGated: true,
+		BOSTokenID: &bos, EOSTokenIDs: []int{2}, TorchDType: "float32",
+	}
+}
+
+func tinyModel(t *testing.T, r *rand.Rand, c model.Config, density float64) *model.Model {
+	t.Helper()
+	m, err := model.New(c, model.RandomWeights(c, r))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sparsify.Gates(m, density, synth.Skewed, r); err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// refForward computes all-position logits of one sequence in float64,
+// written independently of Forward: a direct transcription of HF Llama.
+func refForward(c model.Config, w *model.Weights, ids []int) [][]float64 {
+	h, hd, nq, nkv, f := c.HiddenSize, c.HeadDim, c.NumAttentionHeads, c.NumKeyValueHeads, c.IntermediateSize
+	T := len(ids)
+	x := make([][]float64, T)
+	for t, id := range ids {
+		x[t] = make([]float64, h)
+		for i := range x[t] {
+			x[t][i] = float64(w.Embed[id*h+i])
+		}
+	}
+	norm := func(v []float64, g []float32) []float64 {
+		ss := 0.0
+		for _, a := range v {
+			ss += a * a
+		}
+		inv := 1 / math.Sqrt(ss/float64(len(v))+c.RMSNormEps)
+		out := make([]float64, len(v))
+		for i, a := range v {
+			out[i] = a * inv * float64(g[i])
+		}
+		return out
+	}
+	lin := func(v []float64, W []float32, rows int) []float64 {
+		out := make([]float64, rows)
+		for j := range out {
+			for i, a := range v {
+				out[j] += a * float64(W[j*len(v)+i])
+			}
+		}
+		return out
+	}
+	rope := func(v []float64, p int) {
+		half := hd / 2
+		for i := 0; i < half; i++ {
+			ang := float64(p) / math.Pow(c.RopeTheta, float64(2*i)/float64(hd))
+			a, b := v[i], v[i+half]
+			v[i] = a*math.Cos(ang) - b*math.Sin(ang)
+			v[i+half] = b*math.Cos(ang) + a*math.Sin(ang)
+		}
+	}
+	for _, l := range w.Layers {
+		q, k, v := make([][]float64, T), make([][]float64, T), make([][]float64, T)
+		for t := range x {
+			hn := norm(x[t], l.AttnNorm)
+			q[t], k[t], v[t] = lin(hn, l.Q, nq*hd), lin(hn, l.K, nkv*hd), lin(hn, l.V, nkv*hd)
+			for hh := 0; hh < nq; hh++ {
+				rope(q[t][hh*hd:(hh+1)*hd], t)
+			}
+			for hh := 0; hh < nkv; hh++ {
+				rope(k[t][hh*hd:(hh+1)*hd], t)
+			}
+		}
+		for t := range x {
+			att := make([]float64, nq*hd)
+			for hh := 0; hh < nq; hh++ {
+				kh := hh / (nq / nkv)
+				s := make([]float64, t+1)
+				mx := math.Inf(-1)
+				for p := 0; p <= t; p++ {
+					for i := 0; i < hd; i++ {
+						s[p] += q[t][hh*hd+i] * k[p][kh*hd+i]
+					}
+					s[p] /= math.Sqrt(float64(hd))
+					mx = math.Max(mx, s[p])
+				}
+				sum := 0.0
+				for p := range s {
+					s[p] = math.Exp(s[p] - mx)
+					sum += s[p]
+				}
+				for p := range s {
+					for i := 0; i < hd; i++ {
+						att[hh*hd+i] += s[p] / sum * v[p][kh*hd+i]
+					}
+				}
+			}
+			o := lin(att, l.O, h)
+			for i := range o {
+				x[t][i] += o[i]
+			}
+			hn := norm(x[t], l.MLPNorm)
+			g, u := lin(hn, l.Gate, f), lin(hn, l.Up, f)
+			hid := make([]float64, f)
+			for j := range hid {
+				hid[j] = math.Max(g[j], 0) * u[j]
+			}
+			y := lin(hid, l.Down, h)
+			for i := range y {
+				x[t][i] += y[i]
+			}
+		}
+	}
+	logits := make([][]float64, T)
+	for t := range x {
+		logits[t] = lin(norm(x[t], w.Norm), w.Embed, c.VocabSize)
+	}
+	return logits
+}
+
+func randomIDs(r *rand.Rand, n, vocab int) []int {
+	ids := make([]int, n)
+	for i := range ids {
+		ids[i] = r.IntN(vocab)
+	}
+	return ids
+}
+
+func maxRelDiff(got []float32, want []float64) float64 {
+	var num, den float64
+	for i, w := range want {
+		num = math.Max(num, math.Abs(float64(got[i])-w))
+		den = math.Max(den, math.Abs(w))
+	}
+	return num / den
+}
+
+// newEngine returns a CPU engine for m with options o.
+func newEngine(t *testing.T, m *model.Model, o llm.Options) *llm.Engine {
+	t.Helper()
+	e, err := llm.New(m, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+// caches returns n empty caches of e of capacity positions each.
+func caches(t *testing.T, e engine.Engine, n, capacity int) []engine.Cache {
+	t.Helper()
+	cs := make([]engine.Cache, n)
+	for i := range cs {
+		var err error
+		if cs[i], err = e.NewCache(capacity); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return cs
+}
+
+func TestForwardMatchesFloat64Reference(t *testing.T) {
+	seed := rand.Uint64()
+	r := rand.New(rand.NewPCG(seed, 1))
+	c := tinyConfig()
+	m := tinyModel(t, r, c, 0.02)
+	ids := randomIDs(r, 11, c.VocabSize)
+	want := refForward(c, m.Weights, ids)
+	e := newEngine(t, m, llm.Options{})
+	for _, path := range []mlp.Path{mlp.Sparse, mlp.Dense, mlp.Auto} {
+		if err := e.SetMLPPath(path); err != nil {
+			t.Fatal(err)
+		}
+		logits, st, err := e.Forward(caches(t, e, 1, 32), [][]int{ids}, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for pos := range ids {
+			if e := maxRelDiff(logits[pos], want[pos]); e > 1e-2 {
+				t.Fatalf("seed %d: %s path, position %d: logits differ by %g (relative to max)", seed, path, pos, e)
+			}
+		}
+		if path == mlp.Sparse && st.Paths[0] != mlp.Sparse {
+			t.Errorf("sparse path did not run the sparse tail")
+		}
+		if path != mlp.Dense && (st.MeanActive[0] <= 0 || st.MeanActive[0] > float64(c.IntermediateSize/4)) {
+			t.Errorf("seed %d: layer 0 had %g active units per token: not sparse", seed, st.MeanActive[0])
+		}
+	}
+}
+
+func TestDecodeWithCacheMatchesRecompute(t *testing.T) {
+	seed := rand.Uint64()
+	r := rand.New(rand.NewPCG(seed, 2))
+	c := tinyConfig()
+	m := tinyModel(t, r, c, 0.02)
+	ids := randomIDs(r, 9, c.VocabSize)
+	e := newEngine(t, m, llm.Options{})
+	full, _, err := e.Forward(caches(t, e, 1, 16), [][]int{ids}, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cache := caches(t, e, 1, 16)
+	if _, _, err := e.Forward(cache, [][]int{ids[:4]}, false); err != nil {
+		t.Fatal(err)
+	}
+	for i := 4; i < len(ids); i++ {
+		step, _, err := e.Forward(cache, [][]int{{ids[i]}}, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for v := range step[0] {
+			if d := math.Abs(float64(step[0][v] - full[i][v])); d > 1e-4 {
+				t.Fatalf("seed %d: position %d logit %d: cached decode %g, recompute %g", seed, i, v, step[0][v], full[i][v])
+			}
+		}
+	}
+}
+
+func TestBF16DecodeStaysClose(t *testing.T) {
+	seed := rand.Uint64()
+	r := rand.New(rand.NewPCG(seed, 8))
+	c := tinyConfig()
+	m := tinyModel(t, r, c, 0.02)
+	ids := randomIDs(r, 6, c.VocabSize)
+	e := newEngine(t, m, llm.Options{})
+	full, _, err := e.Forward(caches(t, e, 1, 8), [][]int{ids}, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eb := newEngine(t, m, llm.Options{DecodeBF16: true})
+	cache := caches(t, eb, 1, 8)
+	eb.Forward(cache, [][]int{ids[:5]}, false)
+	step, _, err := eb.Forward(cache, [][]int{{ids[5]}}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := make([]float64, len(full[5]))
+	for i, v := range full[5] {
+		want[i] = float64(v)
+	}
+	if e := maxRelDiff(step[0], want); e > 2e-2 || e == 0 {
+		t.Fatalf("seed %d: bf16 decode logits differ from float32 by %g (want bf16-sized, under 2e-2)", seed, e)
+	}
+}
+
+func TestBatchedPrefillMatchesSeparate(t *testing.T) {
+	seed := rand.Uint64()
+	r := rand.New(rand.NewPCG(seed, 3))
+	c := tinyConfig()
+	m := tinyModel(t, r, c, 0.02)
+	a, b := randomIDs(r, 7, c.VocabSize), randomIDs(r, 3, c.VocabSize)
+	e := newEngine(t, m, llm.Options{})
+	both, _, err := e.Forward(caches(t, e, 2, 8), [][]int{a, b}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, ids := range [][]int{a, b} {
+		one, _, err := e.Forward(caches(t, e, 1, 8), [][]int{ids}, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for v := range one[0] {
+			if d := math.Abs(float64(one[0][v] - both[i][v])); d > 1e-4 {
+				t.Fatalf("seed %d: sequence %d logit %d: batched %g, alone %g", seed, i, v, both[i][v], one[0][v])
+			}
+		}
+	}
+}
+
+func TestSparsifiedGatesReachDensity(t *testing.T) {
+	seed := rand.Uint64()
+	r := rand.New(rand.NewPCG(seed, 7))
+	c := tinyConfig()
+	c.HiddenSize, c.IntermediateSize, c.NumHiddenLayers, c.VocabSize = 128, 1024, 4, 500
+	c.HeadDim = 32
+	for _, density := range []float64{0.005, 0.05} {
+		m := tinyModel(t, r, c, density)
+		ids := make([][]int, 4)
+		for i := range ids {
+			ids[i] = randomIDs(r, 32, c.VocabSize)
+		}
+		e := newEngine(t, m, llm.Options{})
+		_, st, err := e.Forward(caches(t, e, 4, 32), ids, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for li, a := range st.MeanActive {
+			got := a / float64(c.IntermediateSize)
+			if got > 2.5*density+0.002 || got < density/2.5 {
+				t.Errorf("seed %d: density %g: layer %d fires %.4f of units", seed, density, li, got)
+			}
+		}
+	}
+}
+
+func TestForwardRejectsBadTokens(t *testing.T) {
+	r := rand.New(rand.NewPCG(6, 6))
+	c := tinyConfig()
+	m := tinyModel(t, r, c, 0.02)
+	e := newEngine(t, m, llm.Options{})
+	if _, _, err := e.Forward(caches(t, e, 1, 4), [][]int{{1, 500}}, false); err == nil || !strings.Contains(err.Error(), "id 500") {
+		t.Fatalf("out-of-vocabulary id: err = %v", err)
+	}
+	if _, _, err := e.Forward(caches(t, e, 1, 2), [][]int{{1, 2, 3}}, false); err == nil || !strings.Contains(err.Error(), "past its cache") {
+		t.Fatalf("cache overflow: err = %v", err)
+	}
+}
+
+// TestMLPPathSetBeforePacking: SetMLPPath before the first Forward (which
+// packs the weights) applies to the packing it does, with the same logits,
+// bit for bit, as when it is made after it; and DecodeBF16 copies are read.
+func TestMLPPathSetBeforePacking(t *testing.T) {
+	seed := rand.Uint64()
+	r := rand.New(rand.NewPCG(seed, 11))
+	c := tinyConfig()
+	m, err := model.New(c, model.RandomWeights(c, r))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := randomIDs(r, 3, c.VocabSize) // few tokens: the bf16 copies serve them
+	lazy := newEngine(t, m, llm.Options{DecodeBF16: true})
+	eager := newEngine(t, m, llm.Options{DecodeBF16: true})
+	if _, _, err := eager.Forward(caches(t, eager, 1, 8), [][]int{ids}, false); err != nil {
+		t.Fatal(err)
+	}
+	var got [2][][]float32
+	for i, e := range []*llm.Engine{lazy, eager} {
+		if err := e.SetMLPPath(mlp.Sparse); err != nil {
+			t.Fatal(err)
+		}
+		logits, st, err := e.Forward(caches(t, e, 1, 8), [][]int{ids}, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for li, p := range st.Paths {
+			if p != mlp.Sparse {
+				t.Errorf("seed %d: engine %d layer %d did not run the sparse path set before packing", seed, i, li)
+			}
+		}
+		got[i] = logits
+	}
+	for p := range got[0] {
+		for v := range got[0][p] {
+			if math.Float32bits(got[0][p][v]) != math.Float32bits(got[1][p][v]) {
+				t.Fatalf("seed %d: position %d logit %d: lazy %g, eager %g", seed, p, v, got[0][p][v], got[1][p][v])
+			}
+		}
+	}
+	// and the bf16 copies were used: float32 weights give other logits
+	plain := newEngine(t, m, llm.Options{MLPPath: mlp.Sparse})
+	f32, _, err := plain.Forward(caches(t, plain, 1, 8), [][]int{ids}, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := maxRelDiff(f32[0], toF64(got[0][0])); d == 0 || d > 1e-2 {
+		t.Errorf("seed %d: bf16 decode logits differ from float32 by %g, want bf16-sized and nonzero", seed, d)
+	}
+}
+
+func toF64(x []float32) []float64 {
+	y := make([]float64, len(x))
+	for i, v := range x {
+		y[i] = float64(v)
+	}
+	return y
+}
+func TestModelSaveLoadRoundTrip(t *testing.T) {
+	seed := rand.Uint64()
+	r := rand.New(rand.NewPCG(seed, 4))
+	c := tinyConfig()
+	c.TieWordEmbeddings = false
+	m := tinyModel(t, r, c, 0.05)
+	dir := t.TempDir()
+	if err := model.Save(dir, c, m.Weights, safetensors.F32); err != nil {
+		t.Fatal(err)
+	}
+	m2, err := model.Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := randomIDs(r, 5, c.VocabSize)
+	e1, e2 := newEngine(t, m, llm.Options{}), newEngine(t, m2, llm.Options{})
+	l1, _, _ := e1.Forward(caches(t, e1, 1, 8), [][]int{ids}, false)
+	l2, _, err := e2.Forward(caches(t, e2, 1, 8), [][]int{ids}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for v := range l1[0] {
+		if l1[0][v] != l2[0][v] {
+			t.Fatalf("seed %d: logit %d changed across save/load: %g vs %g", seed, v, l1[0][v], l2[0][v])
+		}
+	}
+}

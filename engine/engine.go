@@ -1,0 +1,84 @@
+// Package engine is the seam between the jobs (generation, serving,
+// evaluation, benchmarks) and the backends that run a model: the CPU engine
+// (package cpu/llm, float32) and the GPU engine (package gpu/llm, bf16 on
+// NVIDIA Hopper). A job is written once against Engine; a backend
+// implements it.
+//
+// The unit of work is a batch of sequences, each with its own KV cache:
+// Forward appends each sequence's new tokens to its cache and returns
+// logits. The batch may differ from call to call, which is all continuous
+// batching needs: a server keeps one Cache per live request and passes the
+// caches of whichever requests are running (a prefill of new prompts beside
+// one decode token of the others) to each call.
+package engine
+
+import (
+	"github.com/twell-ai/twell/mlp"
+	"github.com/twell-ai/twell/model"
+)
+
+// Engine runs forward passes of one model on one backend. An Engine is not
+// safe for concurrent use: one goroutine drives it (a server's batcher).
+type Engine interface {
+	// Config returns the configuration of the model the engine runs.
+	Config() model.Config
+	// NewCache returns an empty KV cache for one sequence of up to
+	// capacity positions. Caches belong to the engine that made them.
+	NewCache(capacity int) (Cache, error)
+	// Forward appends tokens[i] to the sequence whose cache is caches[i]
+	// and returns, for each sequence, the logits of its last new token, or
+	// of every new token when allLogits is set (rows of VocabSize values,
+	// sequence after sequence). A sequence that would pass its cache's
+	// capacity, an empty token list or an id outside the vocabulary is an
+	// error and changes no cache. The returned logits may be reused by the
+	// next call (see the backend); copy what must outlive it.
+	Forward(caches []Cache, tokens [][]int, allLogits bool) ([][]float32, *Stats, error)
+	// SetMLPPath chooses how the MLPs run from the next call on.
+	SetMLPPath(p mlp.Path) error
+	// Close frees what the engine holds. Caches it made must not be used
+	// after it.
+	Close() error
+}
+
+// Cache is the KV cache of one sequence.
+type Cache interface {
+	// Len returns the number of positions the cache holds.
+	Len() int
+	// Capacity returns the most positions the cache can hold.
+	Capacity() int
+	// Truncate keeps the first n positions and forgets the rest (n <=
+	// Len): to start a new sequence in the same memory (n = 0) or to reuse
+	// a shared prefix.
+	Truncate(n int) error
+	// Free gives the cache's memory back; the cache must not be used
+	// after it.
+	Free() error
+}
+
+// Stats reports what one Forward call did in its MLPs.
+type Stats struct {
+	// Tokens is the number of tokens the call processed.
+	Tokens int
+	// MeanActive is, per layer, the mean number of active MLP units per
+	// token, or -1 where the call did not measure it (a dense layer, or a
+	// GPU step that did not copy its counts back).
+	MeanActive []float64
+	// Paths is, per layer, the path the MLP ran: mlp.Sparse when every
+	// MLP call of the pass ran the TwELL path, mlp.Dense otherwise.
+	Paths []mlp.Path
+	// StepMS is, when the backend was asked to profile, the time of each
+	// kind of step in milliseconds ("norm", "qkv", "attention", "mlp"...);
+	// nil otherwise.
+	StepMS map[string]float64
+}
+
+// NewStats returns Stats for a call of tokens tokens through layers layers,
+// with nothing measured yet.
+func NewStats(tokens, layers int) *Stats {
+	s := &Stats{Tokens: tokens, MeanActive: make([]float64, layers), Paths: make([]mlp.Path, layers)}
+	for i := range s.MeanActive {
+		s.MeanActive[i] = -1
+		s.Paths[i] = mlp.Dense
+	}
+	return s
+}
