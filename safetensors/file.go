@@ -36,7 +36,8 @@ func (t Tensor) NumElements() int {
 }
 
 // Float32 returns the elements converted to float32. It accepts BF16, F16, F32 and F64;
-// BF16 and F16 widen exactly, F64 rounds.
+// BF16 and F16 widen exactly, F64 rounds. NaN and infinities pass through as they are:
+// call CheckFinite first to refuse them with the tensor's name.
 func (t Tensor) Float32() ([]float32, error) {
 	dst := make([]float32, t.NumElements())
 	if err := t.Float32Into(dst); err != nil {
