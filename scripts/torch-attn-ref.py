@@ -2,7 +2,7 @@
 memory-efficient and cuDNN backends) on the sparselm-1.5b attention shape
 (B x 32 heads x 2048 x 64, causal, bf16) and cuBLAS GEMMs of the q/k/v and
 output projections at 131072 tokens. CUDA-event medians of 20 after a
-warm-up. Output: docs/bench/2026-12-02-h200-torch-attn-gemm.txt."""
+warm-up. Output: docs/bench/raw/2026-12-02-h200-torch-attn-gemm.txt."""
 import torch, time, torch.nn.functional as F
 torch.manual_seed(0)
 def t(fn, reps=20):

@@ -1,6 +1,9 @@
 #!/bin/bash
-# Session 5, device call 1: per-kernel times (ncu) of prefill 16 x 2048 and decode b=1/64 on a
-# 2-layer sparselm-1.5b, both MLP paths; PyTorch SDPA and GEMM yardsticks.
+# Reproduces the per-kernel times of docs/gpu-llm.md ("Where a layer's time goes", 2026-12-02):
+# ncu times of a 16 x 2048-token prefill and of decode steps at b = 1 and 64 on a 2-layer
+# sparselm-1.5b, both MLP paths, and PyTorch's SDPA and GEMM yardsticks on the same shapes
+# (raw/2026-12-02-h200-torch-attn-gemm.txt). Build first with scripts/gpu-build.sh, then run this
+# on the GPU machine from the repository root with OUT set to a folder for the results.
 cd "$(dirname "$0")/../.."
 O=/tmp/o; mkdir -p $O
 export TWELL_REQUIRE_GPU=1 TWELL_KERNEL_CACHE=/tmp/kcache
