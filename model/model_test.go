@@ -1,6 +1,7 @@
 package model
 
 import (
+	"math"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -58,5 +59,26 @@ func TestLoadErrorsNameTheTensor(t *testing.T) {
 	c.Save(filepath.Join(dir, "config.json"))
 	if _, err := Load(dir); err == nil {
 		t.Fatal("missing weights file accepted")
+	}
+}
+
+// TestLoadRefusesNonFiniteWeights: a NaN or infinite weight is an error
+// naming the tensor, not a model that prints garbage.
+func TestLoadRefusesNonFiniteWeights(t *testing.T) {
+	seed := rand.Uint64()
+	r := rand.New(rand.NewPCG(seed, 9))
+	c := tinyConfig()
+	for _, bad := range []float32{float32(math.NaN()), float32(math.Inf(1)), float32(math.Inf(-1))} {
+		w := RandomWeights(c, r)
+		i := r.IntN(len(w.Layers[1].Down))
+		w.Layers[1].Down[i] = bad
+		dir := t.TempDir()
+		if err := Save(dir, c, w, safetensors.BF16); err != nil {
+			t.Fatal(err)
+		}
+		_, err := Load(dir)
+		if err == nil || !strings.Contains(err.Error(), "model.layers.1.mlp.down_proj.weight") {
+			t.Fatalf("seed %d: weight %d = %v: err = %v, want one naming the tensor", seed, i, bad, err)
+		}
 	}
 }

@@ -70,8 +70,9 @@ func (w *Weights) specs(c Config) []tensorSpec {
 }
 
 // LoadWeights reads the weights of a model with config c from a safetensors
-// checkpoint (bf16, f16 or f32). Missing tensors, wrong shapes and tensors
-// the model does not use are errors naming the tensor.
+// checkpoint (bf16, f16 or f32). Missing tensors, wrong shapes, NaN or
+// infinite values and tensors the model does not use are errors naming the
+// tensor.
 func LoadWeights(c Config, ck *safetensors.Checkpoint) (*Weights, error) {
 	w := &Weights{Layers: make([]LayerWeights, c.NumHiddenLayers)}
 	used := map[string]bool{}
@@ -93,6 +94,10 @@ func LoadWeights(c Config, ck *safetensors.Checkpoint) (*Weights, error) {
 		}
 		if !slices.Equal(t.Shape, s.shape) {
 			errs = append(errs, fmt.Errorf("model: tensor %q has shape %v, want %v", s.name, t.Shape, s.shape))
+			continue
+		}
+		if err := t.CheckFinite(); err != nil {
+			errs = append(errs, fmt.Errorf("model: %s: %w", ck.Path(), err))
 			continue
 		}
 		v, err := t.Float32()

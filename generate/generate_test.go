@@ -1,0 +1,176 @@
+package generate
+
+import (
+	"errors"
+	"math/rand/v2"
+	"strings"
+	"testing"
+
+	"github.com/twell-ai/twell/engine"
+	"github.com/twell-ai/twell/mlp"
+	"github.com/twell-ai/twell/model"
+	"github.com/twell-ai/twell/sample"
+)
+
+// pieces is a toy vocabulary: token i decodes to pieces[i].
+type pieces []string
+
+func (p pieces) Decode(ids []int, _ bool) (string, error) {
+	var b strings.Builder
+	for _, id := range ids {
+		if id < 0 || id >= len(p) {
+			return "", errors.New("unknown id")
+		}
+		b.WriteString(p[id])
+	}
+	return b.String(), nil
+}
+
+// script is an engine whose logits make greedy decoding follow a fixed
+// token sequence: after n tokens of a sequence, it favours next[n-prompt].
+type script struct {
+	vocab, layers, ctx int
+	next               []int
+	prompt             int
+	calls              int
+}
+
+type scriptCache struct{ n, cap int }
+
+func (c *scriptCache) Len() int      { return c.n }
+func (c *scriptCache) Capacity() int { return c.cap }
+func (c *scriptCache) Truncate(n int) error {
+	c.n = n
+	return nil
+}
+func (c *scriptCache) Free() error { return nil }
+
+func (s *script) Config() model.Config {
+	return model.Config{NumHiddenLayers: s.layers, VocabSize: s.vocab, MaxPositionEmbeddings: s.ctx}
+}
+func (s *script) NewCache(capacity int) (engine.Cache, error) {
+	return &scriptCache{cap: capacity}, nil
+}
+func (s *script) SetMLPPath(mlp.Path) error { return nil }
+func (s *script) Close() error              { return nil }
+func (s *script) Forward(cs []engine.Cache, toks [][]int, _ bool) ([][]float32, *engine.Stats, error) {
+	s.calls++
+	c := cs[0].(*scriptCache)
+	if c.n+len(toks[0]) > c.cap {
+		return nil, nil, errors.New("past the cache")
+	}
+	c.n += len(toks[0])
+	logits := make([]float32, s.vocab)
+	if i := c.n - s.prompt; i < len(s.next) {
+		logits[s.next[i]] = 10
+	}
+	st := engine.NewStats(len(toks[0]), s.layers)
+	for i := range st.MeanActive {
+		st.MeanActive[i] = float64(i + 1)
+	}
+	return [][]float32{logits}, st, nil
+}
+
+func greedy(max, ctx int) Options {
+	return Options{MaxTokens: max, Context: ctx, Sample: sample.Greedy()}
+}
+
+func TestStopReasons(t *testing.T) {
+	voc := pieces{"<eos>", "a", "b", "c", "\n", "EN", "D", "x"}
+	prompt := []int{1, 2, 3}
+	for _, k := range []struct {
+		name   string
+		next   []int
+		o      Options
+		text   string
+		reason StopReason
+	}{
+		{"max tokens", []int{1, 2, 1, 2, 1, 2}, greedy(4, 100), "abab", MaxTokens},
+		{"context full", []int{1, 2, 1, 2, 1, 2}, greedy(10, 6), "aba", ContextFull},
+		{"max tokens when both bind", []int{1, 2, 1, 2}, greedy(3, 6), "aba", MaxTokens},
+		{"end of sequence", []int{1, 2, 0, 1}, Options{MaxTokens: 10, Context: 100, Sample: sample.Greedy(), EOS: []int{0}}, "ab", EndOfSequence},
+		{"stop string over two tokens", []int{1, 5, 6, 2}, Options{MaxTokens: 10, Context: 100, Sample: sample.Greedy(), Stop: []string{"END"}}, "a", StopString},
+		{"stop string inside a token", []int{1, 4, 2}, Options{MaxTokens: 10, Context: 100, Sample: sample.Greedy(), Stop: []string{"\n"}}, "a", StopString},
+	} {
+		t.Run(k.name, func(t *testing.T) {
+			e := &script{vocab: len(voc), layers: 2, ctx: k.o.Context, next: k.next, prompt: len(prompt)}
+			var streamed strings.Builder
+			res, err := Run(e, voc, prompt, k.o, func(s string) error { streamed.WriteString(s); return nil })
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.Text != k.text || res.Reason != k.reason {
+				t.Errorf("got %q (%v), want %q (%v)", res.Text, res.Reason, k.text, k.reason)
+			}
+			if streamed.String() != res.Text {
+				t.Errorf("streamed %q, result text %q", streamed.String(), res.Text)
+			}
+			if res.MeanActive[0] != 1 || res.MeanActive[1] != 2 {
+				t.Errorf("mean active %v, want [1 2]", res.MeanActive)
+			}
+		})
+	}
+}
+
+// TestStreamNeverShowsAStopString: whatever the tokens, the streamed text
+// is exactly the final text, and never contains a stop string.
+func TestStreamNeverShowsAStopString(t *testing.T) {
+	seed := rand.Uint64()
+	r := rand.New(rand.NewPCG(seed, 1))
+	voc := pieces{"<eos>", "a", "b", "ab", "ba", "\n", "é"[:1], "é"[1:], "c"}
+	stops := []string{"abba", "b\n", "cc"}
+	for i := 0; i < 500; i++ {
+		next := make([]int, 20)
+		for j := range next {
+			next[j] = 1 + r.IntN(len(voc)-1)
+		}
+		o := Options{MaxTokens: 1 + r.IntN(20), Context: 100, Sample: sample.Greedy(), Stop: stops}
+		e := &script{vocab: len(voc), layers: 1, ctx: 100, next: next, prompt: 1}
+		var streamed strings.Builder
+		res, err := Run(e, voc, []int{1}, o, func(s string) error { streamed.WriteString(s); return nil })
+		if err != nil {
+			t.Fatalf("seed %d: %v", seed, err)
+		}
+		if streamed.String() != res.Text {
+			t.Fatalf("seed %d, tokens %v: streamed %q, final %q", seed, next, streamed.String(), res.Text)
+		}
+		for _, s := range stops {
+			if strings.Contains(res.Text, s) {
+				t.Fatalf("seed %d: text %q contains stop %q", seed, res.Text, s)
+			}
+		}
+		if res.Reason == NotDone {
+			t.Fatalf("seed %d: no stop reason", seed)
+		}
+	}
+}
+
+func TestCacheCapacityFitsEveryFedToken(t *testing.T) {
+	voc := pieces{"<eos>", "a"}
+	for ctx := 2; ctx < 12; ctx++ {
+		for max := 1; max < 12; max++ {
+			e := &script{vocab: 2, layers: 1, ctx: ctx, next: []int{1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1}, prompt: 1}
+			res, err := Run(e, voc, []int{1}, greedy(max, ctx), nil)
+			if err != nil {
+				t.Fatalf("context %d, max %d: %v", ctx, max, err)
+			}
+			if want := min(max, ctx-1); len(res.Tokens) != want {
+				t.Fatalf("context %d, max %d: %d tokens, want %d", ctx, max, len(res.Tokens), want)
+			}
+		}
+	}
+}
+
+func TestBadInput(t *testing.T) {
+	voc := pieces{"a"}
+	e := &script{vocab: 1, layers: 1, ctx: 4}
+	if _, err := Run(e, voc, nil, greedy(2, 4), nil); err == nil {
+		t.Error("empty prompt accepted")
+	}
+	if _, err := Run(e, voc, []int{0, 0, 0, 0}, greedy(2, 4), nil); err == nil || !strings.Contains(err.Error(), "4 tokens") {
+		t.Errorf("prompt filling the context: %v", err)
+	}
+	if _, err := Run(e, voc, []int{0}, greedy(0, 4), nil); err == nil {
+		t.Error("max tokens 0 accepted")
+	}
+}
