@@ -15,7 +15,8 @@ import (
 
 // referenceEncode is a plain BPE encoder for the trained model, written from the definition:
 // split with SplitWords, map bytes to their tokens, and merge the pair of lowest rank until
-// none is left. Special tokens in the text become their ids.
+// none is left. Special tokens in the text become their ids (the leftmost, and the longest
+// of those starting there).
 func referenceEncode(m *Model, text string) []int {
 	ids := map[string]int{}
 	for i, s := range m.Tokens {
@@ -63,7 +64,7 @@ func referenceEncode(m *Model, text string) []int {
 	for len(text) > 0 {
 		cut, which := len(text), -1
 		for k, sp := range specials {
-			if i := bytes.Index([]byte(text), []byte(sp)); i >= 0 && i < cut {
+			if i := bytes.Index([]byte(text), []byte(sp)); i >= 0 && (i < cut || i == cut && len(sp) > len(specials[which])) {
 				cut, which = i, k
 			}
 		}

@@ -17,6 +17,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"unicode/utf8"
 )
 
 // Defaults used when a Config field is zero.
@@ -63,6 +64,9 @@ func (c Config) withDefaults() (Config, error) {
 	for i, s := range c.SpecialTokens {
 		if s == "" {
 			return c, fmt.Errorf("bpetrain: special token %d is empty", i)
+		}
+		if !utf8.ValidString(s) {
+			return c, fmt.Errorf("bpetrain: special token %d (%q) is not valid UTF-8, which tokenizer.json cannot hold", i, s)
 		}
 		if seen[s] {
 			return c, fmt.Errorf("bpetrain: special token %q is listed twice", s)
@@ -145,12 +149,15 @@ func (t *Trainer) AddStream(texts <-chan string) {
 	wg.Wait()
 }
 
-// count adds the pre-tokens of text, without its special tokens, to counts.
+// count adds the pre-tokens of text, without its special tokens, to counts. Special tokens
+// are found as a tokenizer finds them (Hugging Face's LeftmostLongest): the leftmost, and
+// among those starting there the longest.
 func (t *Trainer) count(counts map[string]int64, text string) {
 	for len(text) > 0 {
 		cut, skip := len(text), 0
 		for _, sp := range t.cfg.SpecialTokens {
-			if i := strings.Index(text[:min(len(text), cut+len(sp))], sp); i >= 0 && i < cut {
+			i := strings.Index(text[:min(len(text), cut+len(sp))], sp)
+			if i >= 0 && (i < cut || i == cut && len(sp) > skip) {
 				cut, skip = i, len(sp)
 			}
 		}
@@ -402,6 +409,9 @@ func (m *Model) validate() error {
 	}
 	ids := make(map[string]int, len(m.Tokens))
 	for i, s := range m.Tokens {
+		if !utf8.ValidString(s) {
+			return fmt.Errorf("bpetrain: token %d (%q) is not valid UTF-8, which tokenizer.json cannot hold", i, s)
+		}
 		if j, dup := ids[s]; dup {
 			return fmt.Errorf("bpetrain: token %q has ids %d and %d", s, j, i)
 		}

@@ -152,6 +152,7 @@ func TestConfigErrors(t *testing.T) {
 		{Config{MinFrequency: -1}, "min frequency"},
 		{Config{SpecialTokens: []string{"<a>", "<a>"}}, "listed twice"},
 		{Config{SpecialTokens: []string{""}}, "is empty"},
+		{Config{SpecialTokens: []string{"<s>", "\x80"}}, "special token 1 (\"\\x80\") is not valid UTF-8"},
 		{Config{VocabSize: 1 << 30}, "too large"},
 	} {
 		if _, err := NewTrainer(c.cfg); err == nil || !strings.Contains(err.Error(), c.want) {
@@ -175,5 +176,19 @@ func TestByteLevel(t *testing.T) {
 	}
 	if ByteLevel(" hé\n") != "ĠhÃ©Ċ" {
 		t.Errorf("ByteLevel = %q", ByteLevel(" hé\n"))
+	}
+}
+
+// TestSpecialTokensLeftmostLongest: where two special tokens start at the
+// same place, the longer one is cut out, as the tokenizer matches them; the
+// shorter one would leave a "b" behind to be counted.
+func TestSpecialTokensLeftmostLongest(t *testing.T) {
+	tr, err := NewTrainer(Config{SpecialTokens: []string{"<a", "<ab"}, Workers: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr.Add("<ab<ab<a")
+	if n, _ := tr.Words(); n != 0 {
+		t.Fatalf("%d words counted in text made only of special tokens, want 0", n)
 	}
 }
