@@ -57,6 +57,10 @@ func tinyCheckpoint(t *testing.T) string {
 	if err := sparsify.Gates(m, 0.02, synth.Skewed, r); err != nil {
 		t.Fatal(err)
 	}
+	// A zero embedding row (the LM head is tied) gives EOS logit 0: never
+	// the greedy choice among 32000 random logits, so greedy runs are not
+	// cut short by chance.
+	clear(m.Weights.Embed[eos*c.HiddenSize : (eos+1)*c.HiddenSize])
 	if err := model.Save(dir, c, m.Weights, safetensors.BF16); err != nil {
 		t.Fatal(err)
 	}
@@ -102,5 +106,42 @@ func TestGenerateBadInput(t *testing.T) {
 		if code != c.code || !strings.Contains(errb.String(), c.want) {
 			t.Errorf("%v: exit %d, stderr %q; want exit %d mentioning %q", c.args, code, errb.String(), c.code, c.want)
 		}
+	}
+}
+
+// TestGeneratePromptFromStdin: a piped prompt (no -prompt, or -prompt -)
+// gives the same greedy text as the flag.
+func TestGeneratePromptFromStdin(t *testing.T) {
+	dir := tinyCheckpoint(t)
+	base := []string{"generate", "-model", dir, "-max-tokens", "6", "-temperature", "0", "-device", "cpu"}
+	var want, errb bytes.Buffer
+	if code := run(append(base, "-prompt", "Once upon a time"), &want, &errb); code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	defer func(r io.Reader) { stdin = r }(stdin)
+	for _, extra := range [][]string{nil, {"-prompt", "-"}} {
+		stdin = strings.NewReader("Once upon a time\n")
+		var out bytes.Buffer
+		errb.Reset()
+		if code := run(append(base, extra...), &out, &errb); code != 0 {
+			t.Fatalf("%v: exit %d: %s", extra, code, errb.String())
+		}
+		if out.String() != want.String() {
+			t.Errorf("%v: stdin prompt gave %q, -prompt gave %q", extra, out.String(), want.String())
+		}
+	}
+}
+
+// TestGenerateSaysContextFull: a generation cut by the model's context
+// reports "context full" with the token count, not "max tokens".
+func TestGenerateSaysContextFull(t *testing.T) {
+	dir := tinyCheckpoint(t) // 64 positions
+	prompt := strings.Repeat("a b ", 28)
+	var out, errb bytes.Buffer
+	if code := run([]string{"generate", "-model", dir, "-prompt", prompt, "-max-tokens", "100", "-temperature", "0", "-device", "cpu"}, &out, &errb); code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	if !strings.Contains(errb.String(), "stopped: context full (64 tokens") {
+		t.Errorf("stderr %q: want the context-full stop with 64 tokens", errb.String())
 	}
 }

@@ -23,13 +23,18 @@ import (
 // lives in its own file.
 type command struct {
 	name    string // e.g. "bench ffn"
-	summary string
+	summary string // one sentence: what the command does
+	args    string // what follows the flags in the usage line, e.g. "INPUT..."
 	run     func(args []string, stdout, stderr io.Writer) error
 }
 
 var commands = map[string]command{}
 
 func register(c command) { commands[c.name] = c }
+
+// flagSets holds each command's flag set once its run has made it (by
+// newFlagSet), for printing its help.
+var flagSets = map[string]*flag.FlagSet{}
 
 // usageError marks bad command-line input: it is printed as one line and
 // the process exits with code 2.
@@ -44,27 +49,32 @@ func main() {
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 
-// run dispatches args to a command and returns the process exit code.
-func run(args []string, stdout, stderr io.Writer) int {
-	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
+// run dispatches args to a command and returns the process exit code: 0,
+// 2 for bad usage (one line on stderr), 1 for a failure (one line on
+// stderr). A panic inside a command is reported as one line too.
+func run(args []string, stdout, stderr io.Writer) (code int) {
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "-help" {
 		printHelp(stdout)
 		return 0
 	}
-	// Longest match first: "bench ffn" before "bench".
-	var c command
-	var rest []string
-	found := false
-	if len(args) >= 2 {
-		if cc, ok := commands[args[0]+" "+args[1]]; ok {
-			c, rest, found = cc, args[2:], true
+	if args[0] == "help" {
+		if len(args) == 1 {
+			printHelp(stdout)
+			return 0
 		}
+		// "twell help bench ffn" is "twell bench ffn -h".
+		return run(append(append([]string(nil), args[1:]...), "-h"), stdout, stderr)
 	}
-	if !found {
-		if cc, ok := commands[args[0]]; ok {
-			c, rest, found = cc, args[1:], true
+	c, rest, ok := lookup(args)
+	if !ok {
+		if hasGroup(args[0]) && (len(args) == 1 || isHelpFlag(args[1])) {
+			printGroupHelp(stdout, args[0])
+			if len(args) == 1 {
+				fmt.Fprintf(stderr, "twell %s: which one? (see the list above)\n", args[0])
+				return 2
+			}
+			return 0
 		}
-	}
-	if !found {
 		name := args[0]
 		if len(args) >= 2 && hasGroup(args[0]) {
 			name = args[0] + " " + args[1]
@@ -72,18 +82,48 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "twell: unknown command %q (run \"twell help\")\n", name)
 		return 2
 	}
+	defer func() {
+		if p := recover(); p != nil {
+			fmt.Fprintf(stderr, "twell %s: internal error: %v (this is a bug in twell; please report it with the command line)\n", c.name, p)
+			code = 1
+		}
+	}()
 	err := c.run(rest, stdout, stderr)
-	if err == nil || errors.Is(err, flag.ErrHelp) {
+	if err == nil {
+		return 0
+	}
+	if errors.Is(err, flag.ErrHelp) {
+		printCommandHelp(stdout, c)
 		return 0
 	}
 	var ue usageError
 	if errors.As(err, &ue) {
-		fmt.Fprintf(stderr, "twell %s: %s\n", c.name, ue.msg)
+		fmt.Fprintf(stderr, "twell %s: %s\n", c.name, oneLine(ue.msg))
 		return 2
 	}
-	fmt.Fprintf(stderr, "twell %s: %v\n", c.name, err)
+	fmt.Fprintf(stderr, "twell %s: %s\n", c.name, oneLine(err.Error()))
 	return 1
 }
+
+// oneLine joins a multi-line message (errors.Join) into one line.
+func oneLine(s string) string {
+	return strings.ReplaceAll(strings.TrimSpace(s), "\n", "; ")
+}
+
+// lookup finds the command args name: "bench ffn" before "bench".
+func lookup(args []string) (command, []string, bool) {
+	if len(args) >= 2 {
+		if c, ok := commands[args[0]+" "+args[1]]; ok {
+			return c, args[2:], true
+		}
+	}
+	if c, ok := commands[args[0]]; ok {
+		return c, args[1:], true
+	}
+	return command{}, nil, false
+}
+
+func isHelpFlag(a string) bool { return a == "-h" || a == "--help" || a == "-help" }
 
 func hasGroup(g string) bool {
 	for name := range commands {
@@ -94,18 +134,65 @@ func hasGroup(g string) bool {
 	return false
 }
 
-func printHelp(w io.Writer) {
-	fmt.Fprintln(w, "twell: sparse-activation transformer LMs with TwELL kernels")
-	fmt.Fprintln(w, "\nUsage: twell <command> [flags]   (twell <command> -h for its flags)")
-	fmt.Fprintln(w, "\nCommands:")
+// printGroupHelp lists the commands of group g ("bench", "tokenizer").
+func printGroupHelp(w io.Writer, g string) {
+	fmt.Fprintf(w, "usage: twell %s <command> [flags]\n\ncommands:\n", g)
+	for _, n := range sortedNames() {
+		if strings.HasPrefix(n, g+" ") {
+			fmt.Fprintf(w, "  %-20s %s\n", n, commands[n].summary)
+		}
+	}
+	fmt.Fprintf(w, "\nRun \"twell %s <command> -h\" for a command's flags.\n", g)
+}
+
+// printCommandHelp prints c's usage line, what it does and its flags.
+func printCommandHelp(w io.Writer, c command) {
+	fmt.Fprintf(w, "usage: twell %s [flags]", c.name)
+	if c.args != "" {
+		fmt.Fprintf(w, " %s", c.args)
+	}
+	fmt.Fprintf(w, "\n\n%s.\n", strings.TrimSuffix(upperFirst(c.summary), "."))
+	fs := flagSets[c.name]
+	if fs == nil {
+		return
+	}
+	n := 0
+	fs.VisitAll(func(*flag.Flag) { n++ })
+	if n == 0 {
+		fmt.Fprintln(w, "\nIt takes no flags.")
+		return
+	}
+	fmt.Fprintln(w, "\nflags:")
+	out := fs.Output()
+	fs.SetOutput(w)
+	fs.PrintDefaults()
+	fs.SetOutput(out)
+}
+
+func upperFirst(s string) string {
+	if s == "" {
+		return s
+	}
+	return strings.ToUpper(s[:1]) + s[1:]
+}
+
+func sortedNames() []string {
 	names := make([]string, 0, len(commands))
 	for n := range commands {
 		names = append(names, n)
 	}
 	sort.Strings(names)
-	for _, n := range names {
+	return names
+}
+
+func printHelp(w io.Writer) {
+	fmt.Fprintln(w, "twell: sparse-activation transformer language models with TwELL kernels")
+	fmt.Fprintln(w, "\nusage: twell <command> [flags]")
+	fmt.Fprintln(w, "\ncommands:")
+	for _, n := range sortedNames() {
 		fmt.Fprintf(w, "  %-20s %s\n", n, commands[n].summary)
 	}
+	fmt.Fprintln(w, "\nRun \"twell help <command>\" or \"twell <command> -h\" for a command's flags.")
 }
 
 // newFlagSet returns a FlagSet that reports parse errors as usageErrors
@@ -113,6 +200,7 @@ func printHelp(w io.Writer) {
 func newFlagSet(name string, stderr io.Writer) *flag.FlagSet {
 	fs := flag.NewFlagSet("twell "+name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
+	flagSets[name] = fs
 	return fs
 }
 
@@ -129,9 +217,7 @@ func parseFlags(fs *flag.FlagSet, args []string) error {
 		return nil
 	}
 	if errors.Is(err, flag.ErrHelp) {
-		fs.SetOutput(out)
-		fs.PrintDefaults()
-		return flag.ErrHelp
+		return flag.ErrHelp // run prints the command's help
 	}
 	return usageError{err.Error()}
 }
