@@ -31,6 +31,10 @@ func FFNCUDA(o FFNOptions, progress func(string)) ([]FFNResult, error) {
 	if o.RefRows == 0 {
 		o.RefRows = 16
 	}
+	kernOpts, err := gpu.OptionsFromEnv()
+	if err != nil {
+		return nil, err
+	}
 	dev, err := cuda.Open(0)
 	if err != nil {
 		return nil, err
@@ -212,6 +216,7 @@ func FFNCUDA(o FFNOptions, progress func(string)) ([]FFNResult, error) {
 		if err != nil {
 			return nil, err
 		}
+		l.Apply(kernOpts)
 		res, err := ffnCase(o, density, l, sl, ffnEnv{x0: x0, x: xs[0], y: y, refRows: refRows,
 			timeMS: timeMS, energy: energy, check: check, say: say})
 		l.Close()

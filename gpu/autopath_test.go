@@ -120,7 +120,6 @@ func TestGatheredRows(t *testing.T) {
 // TestUseSplit checks the tail choice: forced by Tail, else split once the
 // batch holds at least 4F active pairs (1 per token until measured).
 func TestUseSplit(t *testing.T) {
-	t.Setenv(EnvTail, "")
 	l := &MLP{F: 5632}
 	for _, c := range []struct {
 		tail  Tail
@@ -130,7 +129,6 @@ func TestUseSplit(t *testing.T) {
 		want  bool
 	}{
 		{TailWarp, 1 << 16, true, 28, false},
-		{TailSplit, 1, false, 0, true},
 		{TailSorted, 1, false, 0, true},
 		{TailAuto, 4*5632 - 1, false, 0, false},
 		{TailAuto, 4 * 5632, false, 0, true},

@@ -53,10 +53,6 @@ __device__ __forceinline__ u64 policy_evict_first() {
   return p;
 }
 
-#ifndef TW_HINTS
-#define TW_HINTS 1  // 0: plain loads and stores, no L2 policy (timing experiments)
-#endif
-#if TW_HINTS
 __device__ __forceinline__ uint4 ld_hint(const void* p, u64 pol) {
   uint4 r;
   asm volatile("ld.global.nc.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %5;"
@@ -74,20 +70,6 @@ __device__ __forceinline__ void st_hint(void* p, uint4 v, u64 pol) {
                "r"(v.w), "l"(pol)
                : "memory");
 }
-
-#else
-__device__ __forceinline__ uint4 ld_hint(const void* p, u64) {
-  uint4 r;
-  asm volatile("ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
-  return r;
-}
-__device__ __forceinline__ u32 ld_hint_u32(const void* p, u64) {
-  u32 r;
-  asm volatile("ld.global.nc.u32 %0, [%1];" : "=r"(r) : "l"(p));
-  return r;
-}
-__device__ __forceinline__ void st_hint(void* p, uint4 v, u64) { *(uint4*)p = v; }
-#endif
 
 // ldg_nc loads 16 bytes through the read-only path (data no kernel writes
 // while the caller runs).

@@ -40,36 +40,26 @@ func TestCompilePTX(t *testing.T) {
 	}
 }
 
-// TestCompileWGMMAPTX compiles the Hopper D2T kernels for compute_90a,
-// which needs NVRTC 12 or later (but no GPU).
+// TestCompileWGMMAPTX compiles the Hopper D2T kernel for compute_90a,
+// which needs NVRTC 12 or later (but no GPU), and checks ptxas's report for
+// spills and serialized wgmmas.
 func TestCompileWGMMAPTX(t *testing.T) {
 	cudatest.Compiler(t)
 	if major, minor, _, _ := cuda.NVRTCVersion(); major < 12 {
 		t.Skipf("NVRTC %d.%d cannot target compute_90a", major, minor)
 	}
-	for _, pipe := range []bool{false, true} {
-		for _, peel := range []string{"-DTW_PEEL=0", "-DTW_PEEL=1"} {
-			var exprs []string
-			for _, s := range []int{32, 64, 128} {
-				exprs = append(exprs, wgmmaName(s, pipe))
-			}
-			opts := append([]cuda.CompileOption{cuda.WithArch("compute_90a"), cuda.WithNameExpressions(exprs...),
-				cuda.WithOptions(peel)}, Headers()...)
-			prog, err := cuda.CompileProgram("d2t_wgmma.cu", d2tWGMMASrc, opts...)
-			if err != nil {
-				t.Fatalf("pipe %v %s: %v", pipe, peel, err)
-			}
-			ptx := string(prog.Image)
-			if n := strings.Count(ptx, ".entry "); n != len(exprs) {
-				t.Errorf("pipe %v %s: %d kernels in the PTX, want %d", pipe, peel, n, len(exprs))
-			}
-			if !strings.Contains(ptx, "wgmma.mma_async") {
-				t.Errorf("pipe %v %s: no wgmma.mma_async in the PTX", pipe, peel)
-			}
-			if peel == "-DTW_PEEL=1" { // the point of the peel: back-to-back wgmmas
-				cudatest.CleanSASS(t, "d2t_wgmma.cu", d2tWGMMASrc, append([]cuda.CompileOption{
-					cuda.WithNameExpressions(exprs...), cuda.WithOptions(peel)}, Headers()...)...)
-			}
-		}
+	exprs := wgmmaExprs()
+	opts := append([]cuda.CompileOption{cuda.WithArch("compute_90a"), cuda.WithNameExpressions(exprs...)}, Headers()...)
+	prog, err := cuda.CompileProgram("d2t_wgmma.cu", d2tWGMMASrc, opts...)
+	if err != nil {
+		t.Fatal(err)
 	}
+	ptx := string(prog.Image)
+	if n := strings.Count(ptx, ".entry "); n != len(exprs) {
+		t.Errorf("%d kernels in the PTX, want %d", n, len(exprs))
+	}
+	if !strings.Contains(ptx, "wgmma.mma_async") {
+		t.Errorf("no wgmma.mma_async in the PTX")
+	}
+	cudatest.CleanSASS(t, "d2t_wgmma.cu", d2tWGMMASrc, append([]cuda.CompileOption{cuda.WithNameExpressions(exprs...)}, Headers()...)...)
 }

@@ -1,59 +1,25 @@
 // d2t_wgmma.cu: D2T for Hopper (sm_90a): the gate GEMM C = x W^T with TMA
-// loads, a 4-stage mbarrier pipeline, wgmma m64n256k16 tensor-core math,
+// loads, a 3-stage mbarrier pipeline, wgmma m64n256k16 tensor-core math,
 // and ReLU + TwELL packing in the epilogue. Persistent: one CTA per SM,
 // CTAs paired in clusters of 2 along M that share (multicast) the weight
 // tile. Two consumer warpgroups each own 64 of the CTA tile's 128 rows and
 // all 256 columns; a third warpgroup holds the TMA producer (one thread).
-// Two kernels share the mainloop:
-//   d2t_wgmma:      the consumers pack their rows themselves after the
-//                   mainloop, while the tensor cores wait (4 stages).
-//   d2t_wgmma_pipe: the consumers store the tile as bf16 into shared memory
-//                   during the next tile's first k steps; three packer
-//                   warps of the producer's warpgroup pack it (3 stages).
-// On an H200 at m = 65536 (d 2048, f 5632) both take 2.31-2.32 ms, 651
-// TFLOP/s; cuBLASLt's plain GEMM of that shape takes about 2.0 ms. Two
-// findings are built in: with all 128 fp32 accumulators live through the
-// packing, ptxas ran out of registers and serialized the wgmmas (warning
-// C7511, 4.12 ms), so the epilogue converts them to bf16 pairs first; and
-// releasing each stage with a cluster-scope arrive from one thread cost
-// 27% (3.18 ms; see release_stage).
+// The consumers store each tile as bf16 into shared memory during the next
+// tile's first k steps, and three packer warps of the producer's warpgroup
+// pack it (3 stages), overlapped with the mainloop. On an H200 at
+// m = 65536 (d 2048, f 5632) it takes about 2.3 ms, 650 TFLOP/s; cuBLASLt's
+// plain GEMM of that shape takes about 2.0 ms. Findings built in: with all
+// 128 fp32 accumulators live through the packing, ptxas ran out of
+// registers and serialized the wgmmas (warning C7511, 4.12 ms), so the
+// accumulators go out as bf16 pairs; releasing each stage with a
+// cluster-scope arrive from one thread cost 27% (see release_stage); the
+// first k step is peeled (see mainloop). A build whose consumers packed
+// their own rows after the mainloop (4 stages) was no faster and is gone.
 #include "common.cuh"
 #include "wgmma.cuh"
 
-// Build-time variants, for timing experiments (see TestD2TVariants):
-// TW_EPI 0 skips the packing (mainloop cost alone, with the pipelined
-// kernel's bf16 dump; the output is wrong),
-// TW_WAIT is how many wgmma groups stay in flight across k steps,
-// TW_GROUP is how many M-tile pairs sweep the N tiles together, TW_ARRIVE
-// and TW_DEFER are described below.
-#ifndef TW_EPI
-#define TW_EPI 1
-#endif
-#ifndef TW_WAIT
-#define TW_WAIT 1
-#endif
-#ifndef TW_NNZ
-#define TW_NNZ 1  // 0: no active-unit counter (its atomics' cost)
-#endif
-#ifndef TW_GROUP
-#define TW_GROUP 16  // 4: 1.5% slower mainloop on an H200
-#endif
-#ifndef TW_ARRIVE
-#define TW_ARRIVE 1  // stage release: 1, two threads, one per CTA, .cta scope; 0: one thread, .release.cluster
-#endif
-#ifndef TW_DEFER
-#define TW_DEFER 1  // pipelined kernel: 1 stores the bf16 tile during the next tile's first k steps; 0 before it
-#endif
-#ifndef TW_PEEL
-// 1: the first k step of a work item is peeled and its first wgmma writes
-// the accumulators without reading them (wgmma_m64n256k16_set). With 0,
-// ptxas 12.4 keeps the 128 accumulators live through the epilogue, spills
-// there, and serializes every wgmma of both kernels (C7515: each HGMMA
-// waited for before the next is issued); with 1 it issues the four HGMMAs
-// of a k step back to back and keeps one group in flight, without spills.
-// Not yet timed on a GPU (the device compiler may differ), hence 0 for now.
-#define TW_PEEL 0
-#endif
+#define WG_WAIT 1    // wgmma groups in flight across k steps
+#define WG_GROUP 16  // M-tile pairs that sweep the N tiles together (4: 1.5% slower mainloop on an H200)
 
 #define WG_BK 64
 #define A_BYTES (128 * WG_BK * 2)  // 16 KiB
@@ -74,35 +40,21 @@ __device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
       : "memory");
 }
 // mbar_arrive_cta arrives on the barrier at the same offset in CTA cta of
-// the cluster (possibly this one).
+// the cluster (possibly this one), with .cta scope (a .release.cluster
+// arrive from one thread for both CTAs cost 27%: see release_stage).
 __device__ __forceinline__ void mbar_arrive_cta(u32 bar, u32 cta) {
-#if TW_ARRIVE
   asm volatile(
       "{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
       "mbarrier.arrive.shared::cluster.b64 _, [ra];\n}\n" ::"r"(bar),
       "r"(cta)
       : "memory");
-#else
-  asm volatile(
-      "{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
-      "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra];\n}\n" ::"r"(bar),
-      "r"(cta)
-      : "memory");
-#endif
 }
 // release_stage tells both CTAs of the pair that this warpgroup is done
-// with stage bar: with TW_ARRIVE, warps 0 and 1 of the warpgroup signal one
-// CTA each, in parallel.
+// with stage bar: warps 0 and 1 of the warpgroup signal one CTA each, in
+// parallel.
 __device__ __forceinline__ void release_stage(u32 bar, int tid) {
   const int t = tid & 127;
-#if TW_ARRIVE
   if (t == 0 || t == 32) mbar_arrive_cta(bar, (u32)(t >> 5));
-#else
-  if (t == 0) {
-    mbar_arrive_cta(bar, 0);
-    mbar_arrive_cta(bar, 1);
-  }
-#endif
 }
 __device__ __forceinline__ void tma_load(u32 dst, const TmaDesc* tm, int c0, int c1, u32 bar) {
   asm volatile(
@@ -143,7 +95,7 @@ __device__ __forceinline__ void fence_acc(float* acc) {
 // Work item w of a cluster: (pair of M tiles, N tile), in groups of G M-tile
 // pairs that sweep the N tiles (L2 reuse of x rows and weights).
 __device__ __forceinline__ void work_coords(int w, int m_pairs, int n_tiles, int& mp, int& nt) {
-  const int G = TW_GROUP;
+  const int G = WG_GROUP;
   int group = w / (G * n_tiles);
   int gm = min(G, m_pairs - group * G);
   int within = w - group * G * n_tiles;
@@ -179,9 +131,15 @@ __device__ __forceinline__ void produce(const TmaDesc* tmA, const TmaDesc* tmB, 
 }
 
 // mainloop accumulates one work item's 64 x 256 slice (rows cw*64..) over
-// all k steps: wgmma on each stage as it fills, TW_WAIT groups in flight,
+// all k steps: wgmma on each stage as it fills, WG_WAIT groups in flight,
 // each stage released to both CTAs of the pair once its wgmmas are done.
-// hook(k) runs after step k's wgmmas are issued, while they execute.
+// hook(k) runs after step k's wgmmas are issued, while they execute. The
+// first k step is peeled: its first wgmma writes the accumulators without
+// reading them (wgmma_m64n256k16_set). Without the peel, ptxas 12.4 kept
+// the 128 accumulators live through the epilogue, spilled there, and
+// serialized every wgmma (C7515); with it the four HGMMAs of a k step issue
+// back to back with one group in flight, without spills (4.66 ms against
+// 4.82 for the whole MLP at m = 65536, 0.5%, on an H200).
 template <int STAGES, typename Hook>
 __device__ __forceinline__ void mainloop(float (&acc)[128], u32 sA, u32 sB, u32 bars, int cw, int tid, int k_iters,
                                          int& s, u32& phase, Hook hook) {
@@ -195,12 +153,12 @@ __device__ __forceinline__ void mainloop(float (&acc)[128], u32 sA, u32 sB, u32 
     if (first)
       wgmma_m64n256k16_set(acc, da, db);
     else
-      wgmma_m64n256k16(acc, da, db, (TW_PEEL || k > 0) ? 1 : 0);
+      wgmma_m64n256k16(acc, da, db, 1);
 #pragma unroll
     for (int kk = 1; kk < 4; ++kk) wgmma_m64n256k16(acc, da + 2 * kk, db + 2 * kk, 1);
     asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
     hook(k);
-    asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(TW_WAIT) : "memory");
+    asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(WG_WAIT) : "memory");
     fence_acc(acc);
     if (prev >= 0) release_stage(bars + 8u * (STAGES + prev), tid);
     prev = s;
@@ -209,99 +167,14 @@ __device__ __forceinline__ void mainloop(float (&acc)[128], u32 sA, u32 sB, u32 
       phase ^= 1u;
     }
   };
-#if TW_PEEL
   step(0, true);
   for (int k = 1; k < k_iters; ++k) step(k, false);
-#else
-  for (int k = 0; k < k_iters; ++k) step(k, false);
-#endif
   asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
   fence_acc(acc);
   if (prev >= 0) release_stage(bars + 8u * (STAGES + prev), tid);
 }
 
-template <int S, int STAGES>
-__global__ void __launch_bounds__(384, 1)
-    d2t_wgmma(const __grid_constant__ TmaDesc tmA, const __grid_constant__ TmaDesc tmB, u32* __restrict__ packed,
-              int* __restrict__ flags, int* __restrict__ ovf, u64* __restrict__ nnz, int m_pairs, int n_tiles,
-              int k_iters, int row_words, int m_valid) {
-  extern __shared__ unsigned char smem_raw[];
-  // Align to 1024 bytes (128B swizzle atoms).
-  u32 raw = smem_addr(smem_raw);
-  u32 base = (raw + 1023u) & ~1023u;
-  unsigned char* smem = smem_raw + (base - raw);
-  const u32 sA = base, sB = base + STAGES * A_BYTES;
-  u32* stage_out = (u32*)(smem + STAGES * (A_BYTES + B_BYTES));
-  const u32 bars = base + STAGES * (A_BYTES + B_BYTES) + 128 * S * 4;  // full[STAGES], empty[STAGES]
-
-  const int tid = threadIdx.x;
-  const int wg = (tid / 128 + 2) % 3;  // 0, 1: consumers; 2: the producer
-  const int ctid = tid - 128;          // thread index among the 256 consumers
-  const u32 rank = cluster_rank();
-  const int cluster = blockIdx.x / 2, nclusters = gridDim.x / 2;
-
-  if (tid == 0) {
-    for (int s = 0; s < STAGES; ++s) {
-      mbar_init(bars + 8u * s, 1);
-      mbar_init(bars + 8u * (STAGES + s), 4);  // 2 consumer warpgroups x 2 CTAs
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
-  for (int i = tid; i < 128 * S; i += 384) stage_out[i] = 0;
-  __syncthreads();
-  cluster_sync();
-
-  if (wg == 2) {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
-    if (tid == 0) produce<STAGES>(&tmA, &tmB, sA, sB, bars, rank, cluster, nclusters, m_pairs, n_tiles, k_iters);
-  } else {
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
-    const int cw = wg;  // rows cw*64 .. cw*64+63 of the CTA tile
-    const int lane = tid & 31, wq = (tid >> 5) & 3;
-    float acc[128];
-    int s = 0;
-    u32 phase = 0;
-    for (int w = cluster; w < m_pairs * n_tiles; w += nclusters) {
-      int mp, nt;
-      work_coords(w, m_pairs, n_tiles, mp, nt);
-      int m0 = (mp * 2 + (int)rank) * 128, n0 = nt * 256;
-      mainloop<STAGES>(acc, sA, sB, bars, cw, tid, k_iters, s, phase, [](int) {});
-
-      // Epilogue: ReLU + pack into the staging tile, then copy it out.
-      u32 hb[64];
-      u64 mask[2];
-      acc_to_bf(acc, hb, mask);
-      int tot = 0;
-#pragma unroll
-      for (int h = 0; h < 2 * TW_EPI; ++h) {
-        int r = cw * 64 + wq * 16 + (lane >> 2) + 8 * h;
-        int row = m0 + r;
-        auto bits = [&](int i, int e) { return (hb[32 * h + i] >> (16 * e)) & 0xffffu; };
-        int n = pack_row_epilogue<S>(mask[h], bits, stage_out + r * S, n0, row, row < m_valid, flags, ovf);
-        tot += ((lane & 3) == 0 && row < m_valid) ? n : 0;
-      }
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) tot += __shfl_xor_sync(0xffffffffu, tot, o);
-      if (TW_NNZ && lane == 0 && tot) atomicAdd(nnz, (u64)tot);
-      asm volatile("bar.sync 1, 256;" ::: "memory");
-      const int v4 = S / 4;
-      for (int i = ctid; i < 128 * v4; i += 256) {
-        int r = i / v4, c = i - r * v4;
-        uint4* src = (uint4*)(stage_out + r * S) + c;
-        uint4 val = *src;
-        uint4 z;
-        z.x = z.y = z.z = z.w = 0u;
-        *src = z;
-        *(uint4*)(packed + (size_t)(m0 + r) * row_words + nt * S + c * 4) = val;
-      }
-      asm volatile("bar.sync 1, 256;" ::: "memory");
-    }
-  }
-  __syncwarp();
-  cluster_sync();
-}
-
-// Pipelined epilogue (d2t_wgmma_pipe). The tile goes through shared memory
+// Pipelined epilogue. The tile goes through shared memory
 // as bf16, 128 rows of 256 values, rows PIPE_LD words apart (padded by 4
 // words so that the consumers' quad-wise stores hit 32 distinct banks).
 #define PIPE_LD 132
@@ -354,7 +227,7 @@ __device__ __forceinline__ int pack_row_warp(const u32* tile_row, u32* erow, u32
 
 template <int S, int STAGES>
 __global__ void __launch_bounds__(384, 1)
-    d2t_wgmma_pipe(const __grid_constant__ TmaDesc tmA, const __grid_constant__ TmaDesc tmB, u32* __restrict__ packed,
+    d2t_wgmma(const __grid_constant__ TmaDesc tmA, const __grid_constant__ TmaDesc tmB, u32* __restrict__ packed,
                    int* __restrict__ flags, int* __restrict__ ovf, u64* __restrict__ nnz, int m_pairs, int n_tiles,
                    int k_iters, int row_words, int m_valid) {
   extern __shared__ unsigned char smem_raw[];
@@ -401,7 +274,7 @@ __global__ void __launch_bounds__(384, 1)
         work_coords(w, m_pairs, n_tiles, mp, nt);
         const int m0 = (mp * 2 + (int)rank) * 128, n0 = nt * 256;
         mbar_wait(tile_full, tphase);
-        for (int r = pw; r < 128 * TW_EPI; r += PIPE_PACKERS) {
+        for (int r = pw; r < 128; r += PIPE_PACKERS) {
           const int row = m0 + r;
           bool bad;
           const int n = pack_row_warp<S>(tile + r * PIPE_LD, erow, packed + (size_t)row * row_words + nt * S, n0, bad);
@@ -414,7 +287,7 @@ __global__ void __launch_bounds__(384, 1)
         if (lane == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(tile_empty) : "memory");
         tphase ^= 1u;
       }
-      if (TW_NNZ && lane == 0 && sum) atomicAdd(nnz, sum);
+      if (lane == 0 && sum) atomicAdd(nnz, sum);
     }
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 224;");
@@ -426,7 +299,6 @@ __global__ void __launch_bounds__(384, 1)
     // The thread's two tile rows; word 4i of each holds its bf16 pair i.
     u32* trow0 = tile + (cw * 64 + wq * 16 + (lane >> 2)) * PIPE_LD + (lane & 3);
     u32* trow1 = trow0 + 8 * PIPE_LD;
-#if TW_DEFER
     // The previous tile as bf16 pairs (hb[32h + i]: row half h, pair i),
     // stored into the shared tile in 4 chunks during the first k steps of
     // the next tile, while its wgmmas run; chunk 0 first waits until the
@@ -471,27 +343,6 @@ __global__ void __launch_bounds__(384, 1)
     }
     if (have)
       for (int c = 0; c < 4; ++c) dump(c);
-#else
-    for (int w = cluster; w < m_pairs * n_tiles; w += nclusters) {
-      mainloop<STAGES>(acc, sA, sB, bars, cw, tid, k_iters, s, phase, [](int) {});
-      // Dump the tile as bf16 once the packers are done with the last one.
-      mbar_wait(tile_empty, tphase ^ 1u);
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        u32* trow = h ? trow1 : trow0;
-#pragma unroll
-        for (int i = 0; i < 32; ++i) {
-          const float a0 = acc[4 * i + 2 * h], a1 = acc[4 * i + 2 * h + 1];
-          u32 p = cvt_bf2(a0, a1);
-          if ((p & 0xffffu) == 0u && a0 > 0.f) p |= 1u;  // positive under bf16's smallest subnormal
-          if ((p >> 16) == 0u && a1 > 0.f) p |= 0x10000u;
-          trow[4 * i] = p;
-        }
-      }
-      asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(tile_full) : "memory");
-      tphase ^= 1u;
-    }
-#endif
   }
   __syncwarp();
   cluster_sync();

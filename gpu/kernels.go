@@ -3,8 +3,6 @@ package gpu
 import (
 	_ "embed"
 	"fmt"
-	"os"
-	"strings"
 	"sync"
 
 	"github.com/twell-ai/twell/cuda"
@@ -29,20 +27,6 @@ var (
 	gemvSrc []byte
 )
 
-// EnvDefines names the environment variable whose space-separated NVRTC
-// options (e.g. "-DTW_WAIT=0") are added to every kernel compilation, to
-// time the build-time variants the .cu files document.
-const EnvDefines = "TWELL_GPU_DEFINES"
-
-// wgmmaStages returns the pipeline depth of the wgmma D2T kernel for S words
-// per tile: 4 stages fit beside the staging tile for S = 32 and 64.
-func wgmmaStages(s int) int {
-	if s == 128 {
-		return 3
-	}
-	return 4
-}
-
 // kernels are the compiled modules of one device. Each .cu file is compiled
 // on first use; a failure is kept and returned to every caller, so that one
 // broken kernel (say wgmma on a non-Hopper GPU) leaves the others usable.
@@ -52,9 +36,9 @@ type kernels struct {
 	mmaOnce, denseOnce   sync.Once
 	mma                  map[int]*cuda.Function // D2T by S
 	mmaErr               error
-	wgOnce               [2]sync.Once                 // plain, pipelined
-	wg                   [2]map[string]*cuda.Function // D2T by name expression
-	wgErr                [2]error
+	wgOnce               sync.Once
+	wg                   map[int]*cuda.Function // wgmma D2T by S
+	wgErr                error
 	reluMul, reluInplace *cuda.Function
 	denseErr             error
 	gath                 gatheredSet
@@ -68,8 +52,8 @@ type kernels struct {
 
 type t2dSet struct {
 	gated, plain       *cuda.Function // one warp per token (TailWarp)
-	t2uGated, t2uPlain *cuda.Function // split tail, up projection and compaction
-	ws16, ws8          *cuda.Function // split tail, weight-stationary down projection
+	t2uGated, t2uPlain *cuda.Function // TailSorted: up projection and compaction
+	ws16, ws8          *cuda.Function // TailSorted: weight-stationary down projection
 	// TailSorted's counting sort of the tokens by list length
 	lenHist, lenOffsets, lenScatter *cuda.Function
 	fbGated, fbPlain                *cuda.Function
@@ -159,9 +143,6 @@ func Headers() []cuda.CompileOption {
 
 func (k *kernels) compile(name string, src []byte, exprs []string, opts ...cuda.CompileOption) (map[string]*cuda.Function, error) {
 	opts = append(append(opts, Headers()...), cuda.WithNameExpressions(exprs...))
-	if defs := strings.Fields(os.Getenv(EnvDefines)); len(defs) > 0 {
-		opts = append(opts, cuda.WithOptions(defs...))
-	}
 	mod, err := k.dev.Compile(name, src, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("gpu: compiling %s: %w", name, err)
@@ -194,52 +175,46 @@ func (k *kernels) d2tMMA(s int) (*cuda.Function, error) {
 	return k.mma[s], nil
 }
 
-// d2tWGMMA returns the Hopper D2T kernel for S words per tile: with the
-// pipelined epilogue (pipe) or the one the consumers run themselves. The two
-// are compiled separately, so that one failing leaves the other usable.
-func (k *kernels) d2tWGMMA(s int, pipe bool) (*cuda.Function, error) {
-	i := 0
-	if pipe {
-		i = 1
-	}
-	k.wgOnce[i].Do(func() {
+// d2tWGMMA returns the Hopper D2T kernel for S words per tile.
+func (k *kernels) d2tWGMMA(s int) (*cuda.Function, error) {
+	k.wgOnce.Do(func() {
 		p := k.dev.Properties()
 		if p.Arch != "sm_90a" {
-			k.wgErr[i] = fmt.Errorf("gpu: the wgmma D2T kernel needs sm_90a (Hopper); %v is %s", k.dev, p.Arch)
+			k.wgErr = fmt.Errorf("gpu: the wgmma D2T kernel needs sm_90a (Hopper); %v is %s", k.dev, p.Arch)
 			return
 		}
-		var exprs []string
-		for _, s := range []int{32, 64, 128} {
-			exprs = append(exprs, wgmmaName(s, pipe))
+		fs, err := k.compile("d2t_wgmma.cu", d2tWGMMASrc, wgmmaExprs())
+		if err != nil {
+			k.wgErr = err
+			return
 		}
-		k.wg[i], k.wgErr[i] = k.compile("d2t_wgmma.cu", d2tWGMMASrc, exprs)
+		k.wg = map[int]*cuda.Function{}
+		for _, s := range []int{32, 64, 128} {
+			k.wg[s] = fs[wgmmaName(s)]
+		}
 	})
-	if k.wgErr[i] != nil {
-		return nil, k.wgErr[i]
+	if k.wgErr != nil {
+		return nil, k.wgErr
 	}
-	return k.wg[i][wgmmaName(s, pipe)], nil
+	return k.wg[s], nil
 }
 
-func wgmmaName(s int, pipe bool) string {
-	if pipe {
-		return fmt.Sprintf("d2t_wgmma_pipe<%d,%d>", s, pipeStages)
-	}
-	return fmt.Sprintf("d2t_wgmma<%d,%d>", s, wgmmaStages(s))
-}
+// wgmmaName is the name expression of the wgmma D2T kernel for S words per
+// tile.
+func wgmmaName(s int) string { return fmt.Sprintf("d2t_wgmma<%d,%d>", s, wgmmaStages) }
 
-// pipeStages is the pipeline depth of d2t_wgmma_pipe: its bf16 tile (66 KiB)
+// wgmmaExprs are the name expressions of d2t_wgmma.cu.
+func wgmmaExprs() []string { return []string{wgmmaName(32), wgmmaName(64), wgmmaName(128)} }
+
+// wgmmaStages is the pipeline depth of d2t_wgmma: its bf16 tile (66 KiB)
 // leaves room for 3 stages.
-const pipeStages = 3
+const wgmmaStages = 3
 
-// wgmmaSmem returns the dynamic shared memory a wgmma D2T kernel needs,
+// wgmmaSmem returns the dynamic shared memory the wgmma D2T kernel needs,
 // with 1024 bytes of slack for aligning the base (see d2t_wgmma.cu).
-func wgmmaSmem(s int, pipe bool) int {
+func wgmmaSmem(s int) int {
 	const stage = 16384 + 32768
-	if pipe {
-		return pipeStages*stage + 128*132*4 + 3*s*4 + (2*pipeStages+2)*8 + 1024
-	}
-	st := wgmmaStages(s)
-	return st*stage + 128*s*4 + 2*st*8 + 1024
+	return wgmmaStages*stage + 128*132*4 + 3*s*4 + (2*wgmmaStages+2)*8 + 1024
 }
 
 // compileDense compiles dense.cu once: the dense MLP's elementwise kernels

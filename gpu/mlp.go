@@ -4,7 +4,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"os"
 	"slices"
 
 	"github.com/twell-ai/twell/bf16"
@@ -18,19 +17,18 @@ type Kernel int
 
 // D2T kernels.
 const (
-	// KernelAuto uses KernelWGMMAPipe on Hopper (sm_90a) and KernelMMA
-	// elsewhere, or when the wgmma kernels do not compile.
+	// KernelAuto uses KernelWGMMA on Hopper (sm_90a) and KernelMMA
+	// elsewhere, or when the wgmma kernel does not compile.
 	KernelAuto Kernel = iota
-	// KernelWGMMA is the persistent TMA + wgmma kernel (sm_90a only).
+	// KernelWGMMA is the persistent TMA + wgmma kernel whose epilogue runs
+	// in separate packer warps, overlapped with the next tile's mainloop
+	// (sm_90a only).
 	KernelWGMMA
 	// KernelMMA is the simpler mma.sync kernel (any sm_80+ GPU).
 	KernelMMA
-	// KernelWGMMAPipe is the wgmma kernel whose epilogue runs in separate
-	// packer warps, overlapped with the next tile's mainloop (sm_90a only).
-	KernelWGMMAPipe
 )
 
-// String returns "auto", "wgmma", "mma" or "wgmma-pipe".
+// String returns "auto", "wgmma" or "mma".
 func (k Kernel) String() string {
 	switch k {
 	case KernelAuto:
@@ -39,8 +37,6 @@ func (k Kernel) String() string {
 		return "wgmma"
 	case KernelMMA:
 		return "mma"
-	case KernelWGMMAPipe:
-		return "wgmma-pipe"
 	}
 	return fmt.Sprintf("Kernel(%d)", int(k))
 }
@@ -67,46 +63,35 @@ type Tail int
 
 // Tails.
 const (
-	// TailAuto runs TailSplit when the batch has enough active pairs to
+	// TailAuto runs TailSorted when the batch has enough active pairs to
 	// amortize loading the down projection into shared memory, TailWarp
 	// otherwise.
 	TailAuto Tail = iota
 	// TailWarp is the gated T2D (or T2D) with one warp per token, which
 	// reads each active unit's up and down rows from L2.
 	TailWarp
-	// TailSplit is t2u (up projection per token, writing a compact list)
-	// then t2d_ws (weight-stationary down projection: each block keeps W
-	// columns of every down row in shared memory).
-	TailSplit
-	// TailSorted is TailSplit with the tokens ordered by list length
-	// (longest first) before t2d_ws, so that the tokens a warp takes in one
-	// round have lists of about the same length (len_* kernels in t2d.cu).
-	// Same results as TailSplit, bit for bit.
+	// TailSorted is t2u (up projection per token, writing a compact list),
+	// a counting sort of the tokens by list length (longest first; len_*
+	// kernels in t2d.cu), then t2d_ws (weight-stationary down projection:
+	// each block keeps W columns of every down row in shared memory), so
+	// that the tokens a warp takes in one round have lists of about the
+	// same length. (1.66 ms against 1.81 without the sort, same results bit
+	// for bit, at m = 65536, 0.5%, on an H200.)
 	TailSorted
 )
 
-// String returns "auto", "warp", "split" or "sorted".
+// String returns "auto", "warp" or "sorted".
 func (t Tail) String() string {
 	switch t {
 	case TailAuto:
 		return "auto"
 	case TailWarp:
 		return "warp"
-	case TailSplit:
-		return "split"
 	case TailSorted:
 		return "sorted"
 	}
 	return fmt.Sprintf("Tail(%d)", int(t))
 }
-
-// EnvTail names the environment variable that, set to "warp", "split" or
-// "sorted", overrides TailAuto's choice.
-const EnvTail = "TWELL_TAIL"
-
-// EnvD2TKernel names the environment variable that, set to "mma", "wgmma"
-// or "wgmma-pipe", overrides KernelAuto's choice of D2T kernel.
-const EnvD2TKernel = "TWELL_D2T_KERNEL"
 
 // MaxD is the largest hidden size the T2D kernels take (their per-lane
 // register arrays grow with d).
@@ -146,10 +131,7 @@ type MLP struct {
 	tmAm  int
 	wgErr error
 
-	d2tOverride  *cuda.Function // a wgmma D2T variant under test (nil: the built-in one)
-	d2tOverrideK Kernel         // its kind (KernelWGMMA or KernelWGMMAPipe)
-	d2tClusters  int            // clusters of a wgmma D2T launch, for experiments (0: residentClusters)
-	clusters     int            // resident clusters of the wgmma D2T kernel (0: not yet asked)
+	clusters int // resident clusters of the wgmma D2T kernel (0: not yet asked)
 
 	// automatic path state
 	next      Path
@@ -531,38 +513,22 @@ func (l *MLP) residentClusters(fn *cuda.Function, cfg cuda.LaunchConfig) int {
 // d2tKernel returns the D2T kernel to use and its kind.
 func (l *MLP) d2tKernel() (*cuda.Function, Kernel, error) {
 	s := l.Layout.S()
-	if l.d2tOverride != nil {
-		return l.d2tOverride, l.d2tOverrideK, nil
-	}
-	kind := l.Kernel
-	if kind == KernelAuto {
-		switch os.Getenv(EnvD2TKernel) {
-		case "mma":
-			kind = KernelMMA
-		case "wgmma":
-			kind = KernelWGMMA
-		case "wgmma-pipe":
-			kind = KernelWGMMAPipe
-		}
-	}
-	switch kind {
-	case KernelWGMMA, KernelWGMMAPipe:
-		f, err := l.k.d2tWGMMA(s, kind == KernelWGMMAPipe)
-		return f, kind, err
+	switch l.Kernel {
+	case KernelWGMMA:
+		f, err := l.k.d2tWGMMA(s)
+		return f, KernelWGMMA, err
 	case KernelMMA:
 		f, err := l.k.d2tMMA(s)
 		return f, KernelMMA, err
 	}
-	// On Hopper the pipelined kernel (3.20 ms at m = 65536 on an H200, where
-	// the plain one takes 3.54), then the plain one, then mma.sync.
-	for _, k := range []Kernel{KernelWGMMAPipe, KernelWGMMA} {
-		f, err := l.k.d2tWGMMA(s, k == KernelWGMMAPipe)
-		if err == nil {
-			return f, k, nil
-		}
-		l.wgErr = err
+	// On Hopper the wgmma kernel (about 2.3 ms at m = 65536 on an H200),
+	// else mma.sync.
+	f, err := l.k.d2tWGMMA(s)
+	if err == nil {
+		return f, KernelWGMMA, nil
 	}
-	f, err := l.k.d2tMMA(s)
+	l.wgErr = err
+	f, err = l.k.d2tMMA(s)
 	return f, KernelMMA, err
 }
 
@@ -607,7 +573,7 @@ func (l *MLP) runD2T(s *cuda.Stream, x *cuda.Buffer, m int) (*sparseWS, error) {
 	S, C := l.Layout.S(), l.Layout.C
 	nTiles := l.F / 256
 	switch kind {
-	case KernelWGMMA, KernelWGMMAPipe:
+	case KernelWGMMA:
 		if l.tmA == nil || l.tmAx != x.Ptr() || l.tmAm != m {
 			tm, err := l.dev.EncodeTiled(cuda.TiledTensor{
 				DataType: cuda.TensorBFloat16, Global: x.Ptr(),
@@ -619,13 +585,10 @@ func (l *MLP) runD2T(s *cuda.Stream, x *cuda.Buffer, m int) (*sparseWS, error) {
 			}
 			l.tmA, l.tmAx, l.tmAm = tm, x.Ptr(), m
 		}
-		smem := wgmmaSmem(S, kind == KernelWGMMAPipe)
+		smem := wgmmaSmem(S)
 		mPairs := mp / 256
 		cfg := cuda.LaunchConfig{Block: cuda.Dim3{384, 1, 1}, SharedBytes: smem, Stream: s, Cluster: cuda.Dim3{2, 1, 1}}
 		nClusters := min(l.residentClusters(fn, cfg), mPairs*nTiles)
-		if l.d2tClusters > 0 {
-			nClusters = min(l.d2tClusters, mPairs*nTiles)
-		}
 		cfg.Grid = cuda.Dim3{uint32(2 * nClusters), 1, 1}
 		err = fn.LaunchEx(cfg, l.tmA, l.tmB, ws.packed, ws.flags, ws.ovf, l.nnz,
 			int32(mPairs), int32(nTiles), int32(l.D/64), int32(l.F/C), int32(m))
@@ -698,7 +661,7 @@ func (l *MLP) sparse(s *cuda.Stream, y, x *cuda.Buffer, m int, report bool) erro
 		return err
 	}
 	S, rw, tiles := l.Layout.S(), l.F/l.Layout.C, l.F/256
-	if tail := l.TailFor(m); tail == TailSplit || tail == TailSorted {
+	if l.TailFor(m) == TailSorted {
 		w := l.splitWidth()
 		t2u := set.t2uPlain
 		if l.Gated {
@@ -708,12 +671,8 @@ func (l *MLP) sparse(s *cuda.Stream, y, x *cuda.Buffer, m int, report bool) erro
 			x, ws.packed, l.up, ws.cnt, ws.flags, int32(m), int32(l.D), int32(S), int32(tiles), int32(rw)); err != nil {
 			return fmt.Errorf("gpu: t2u: %w", err)
 		}
-		var order any = cuda.DevicePtr(0)
-		if tail == TailSorted {
-			if err := l.lengthOrder(s, set, ws, m); err != nil {
-				return err
-			}
-			order = ws.order
+		if err := l.lengthOrder(s, set, ws, m); err != nil {
+			return err
 		}
 		fn := set.ws16
 		if w == 8 {
@@ -723,7 +682,7 @@ func (l *MLP) sparse(s *cuda.Stream, y, x *cuda.Buffer, m int, report bool) erro
 		split := max(1, l.dev.Properties().SMs/slices)
 		per := (m + split - 1) / split
 		if err := fn.Launch(cuda.Dim3{uint32(slices), uint32(split), 1}, cuda.Dim3{1024, 1, 1}, l.F*w*2, s,
-			ws.packed, ws.cnt, order, l.down, y, int32(m), int32(l.D), int32(l.F), int32(rw), int32(per)); err != nil {
+			ws.packed, ws.cnt, ws.order, l.down, y, int32(m), int32(l.D), int32(l.F), int32(rw), int32(per)); err != nil {
 			return fmt.Errorf("gpu: t2d_ws: %w", err)
 		}
 	} else {
@@ -853,32 +812,12 @@ func (l *MLP) sparseGEMV(s *cuda.Stream, y, x *cuda.Buffer, m int) error {
 }
 
 // TailFor returns the tail kernels the sparse path runs for m tokens now
-// (TailSplit, TailSorted or TailWarp).
+// (TailSorted or TailWarp).
 func (l *MLP) TailFor(m int) Tail {
 	if l.splitWidth() == 0 || !l.useSplit(m) {
 		return TailWarp
 	}
-	if l.forcedTail() == TailSorted {
-		return TailSorted
-	}
-	return TailSplit
-}
-
-// forcedTail returns Tail, or for TailAuto the tail EnvTail names (TailAuto
-// when it names none).
-func (l *MLP) forcedTail() Tail {
-	if l.Tail != TailAuto {
-		return l.Tail
-	}
-	switch os.Getenv(EnvTail) {
-	case "warp":
-		return TailWarp
-	case "split":
-		return TailSplit
-	case "sorted":
-		return TailSorted
-	}
-	return TailAuto
+	return TailSorted
 }
 
 // lenBins is the number of list-length bins of the TailSorted order
@@ -921,10 +860,10 @@ func (l *MLP) splitWidth() int {
 // the batch's active pairs outnumber the down rows each block loads (the
 // mean active units per token is the last measured, or 1).
 func (l *MLP) useSplit(m int) bool {
-	switch l.forcedTail() {
+	switch l.Tail {
 	case TailWarp:
 		return false
-	case TailSplit, TailSorted:
+	case TailSorted:
 		return true
 	}
 	a := 1.0

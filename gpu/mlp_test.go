@@ -39,7 +39,7 @@ func roundBF16(v []float32) []float32 {
 func kernelsToTest(dev *cuda.Device) []Kernel {
 	ks := []Kernel{KernelMMA}
 	if dev.Properties().Arch == "sm_90a" {
-		ks = append(ks, KernelWGMMA, KernelWGMMAPipe)
+		ks = append(ks, KernelWGMMA)
 	}
 	return ks
 }
@@ -229,9 +229,9 @@ func runPath(t *testing.T, dev *cuda.Device, l *MLP, path string, x []float32, m
 		t.Fatal(err)
 	}
 	switch path {
-	case "sparse", "sparse-warp", "sparse-split", "sparse-sorted":
+	case "sparse", "sparse-warp", "sparse-sorted":
 		tail := l.Tail
-		l.Tail = map[string]Tail{"sparse": tail, "sparse-warp": TailWarp, "sparse-split": TailSplit, "sparse-sorted": TailSorted}[path]
+		l.Tail = map[string]Tail{"sparse": tail, "sparse-warp": TailWarp, "sparse-sorted": TailSorted}[path]
 		err = l.Sparse(nil, yb, xb, m)
 		l.Tail = tail
 	case "dense":
@@ -250,28 +250,6 @@ func runPath(t *testing.T, dev *cuda.Device, l *MLP, path string, x []float32, m
 		t.Fatal(err)
 	}
 	return y
-}
-
-// flaggedRows returns which of the m rows of x D2T flags for the dense
-// fallback. Those rows may take another fallback kernel from one call to the
-// next (the gathered pass is sized from the previous call's count), so two
-// tails agree bit for bit on the other rows only.
-func flaggedRows(t *testing.T, dev *cuda.Device, l *MLP, x []float32, m int) map[int]bool {
-	t.Helper()
-	xb, err := Upload(dev, x)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer xb.Free()
-	p, err := l.D2T(nil, xb, m)
-	if err != nil {
-		t.Fatal(err)
-	}
-	flagged := map[int]bool{}
-	for _, r := range p.Overflow {
-		flagged[r] = true
-	}
-	return flagged
 }
 
 // TestMLPMatchesFloat64 checks every path, gated and not, against the
@@ -308,20 +286,8 @@ func TestMLPMatchesFloat64(t *testing.T) {
 			x := synth.Tokens(r, m, c.d)
 			rows := synth.SampleRows(r, m, 48)
 			want := refRowsBF16(sl, x, c.d, rows)
-			flagged := flaggedRows(t, dev, l, x, m)
-			var split []float32
-			for _, path := range []string{"sparse-warp", "sparse-split", "sparse-sorted", "dense", "auto"} {
+			for _, path := range []string{"sparse-warp", "sparse-sorted", "dense", "auto"} {
 				y := runPath(t, dev, l, path, x, m)
-				switch path {
-				case "sparse-split":
-					split = y
-				case "sparse-sorted": // the same sums in another token order (flagged rows: see flaggedRows)
-					for i := range y {
-						if math.Float32bits(y[i]) != math.Float32bits(split[i]) && !flagged[i/c.d] {
-							t.Fatalf("seed %d: sorted tail output %d (row %d) is %v, split tail %v", seed, i, i/c.d, y[i], split[i])
-						}
-					}
-				}
 				for i := range y {
 					if math.IsNaN(float64(y[i])) {
 						t.Fatalf("seed %d: %s: output %d (row %d) is NaN: not written", seed, path, i, i/c.d)
@@ -354,8 +320,8 @@ func TestOverflowStress(t *testing.T) {
 		{"dense-tiles-C2", 0.6, twell.Layout{Tile: 256, C: 2}, KernelAuto},
 	}
 	if dev.Properties().Arch == "sm_90a" {
-		cases = append(cases, stressCase{"sparse-C8-pipe", 0.01, twell.Layout{Tile: 256, C: 8}, KernelWGMMAPipe},
-			stressCase{"dense-tiles-C2-pipe", 0.6, twell.Layout{Tile: 256, C: 2}, KernelWGMMAPipe})
+		cases = append(cases, stressCase{"sparse-C8-wgmma", 0.01, twell.Layout{Tile: 256, C: 8}, KernelWGMMA},
+			stressCase{"dense-tiles-C2-wgmma", 0.6, twell.Layout{Tile: 256, C: 2}, KernelWGMMA})
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -404,7 +370,7 @@ func TestOverflowStress(t *testing.T) {
 			// The first sparse call sends up to 64 flagged rows through the
 			// gathered dense pass and the rest through the per-row kernel;
 			// the second sizes the gathered pass from the first's count.
-			for _, path := range []string{"sparse-warp", "sparse-split", "sparse-sorted"} {
+			for _, path := range []string{"sparse-warp", "sparse-sorted"} {
 				checkStress(t, seed, path, runPath(t, dev, l, path, x, m), want, rows, d, m)
 			}
 			// After a call without flagged rows the gathered pass takes
@@ -415,7 +381,7 @@ func TestOverflowStress(t *testing.T) {
 			if got := l.gatheredRows(m); got != 0 {
 				t.Fatalf("gathered pass of %d rows after a call without flagged rows", got)
 			}
-			checkStress(t, seed, "sparse (no gathered pass)", runPath(t, dev, l, "sparse-split", x, m), want, rows, d, m)
+			checkStress(t, seed, "sparse (no gathered pass)", runPath(t, dev, l, "sparse-sorted", x, m), want, rows, d, m)
 		})
 	}
 }
@@ -535,7 +501,7 @@ func TestSharedWorkspace(t *testing.T) {
 		layer int
 		path  string
 		m     int
-	}{{0, "sparse-split", 300}, {1, "sparse-warp", 700}, {0, "dense", 500}, {1, "dense", 200}, {0, "sparse-warp", 650}, {1, "sparse-split", 100}} {
+	}{{0, "sparse-sorted", 300}, {1, "sparse-warp", 700}, {0, "dense", 500}, {1, "dense", 200}, {0, "sparse-warp", 650}, {1, "sparse-sorted", 100}} {
 		if step == 4 {
 			// the last user frees the buffers, not the first
 			if err := ls[0].Close(); err != nil {

@@ -23,9 +23,7 @@
 #define TW_NCH 8  // ceil(d / 256): 256-element chunks per row, 8 elements per lane each
 #endif
 #define T2D_WARPS 8
-#ifndef TW_T2D_MINB
-#define TW_T2D_MINB 1  // blocks per SM the register budget must allow (2: at most 128 registers)
-#endif
+#define T2D_MINB 1  // blocks per SM the register budget must allow (2: at most 128 registers)
 #define LCAP 256
 
 template <bool GATED>
@@ -89,7 +87,7 @@ __device__ __forceinline__ void t2d_process(const u32* list, int n, const uint4 
 }
 
 template <bool GATED>
-__global__ void __launch_bounds__(256, TW_T2D_MINB)
+__global__ void __launch_bounds__(256, T2D_MINB)
     t2d(const u16* __restrict__ x, const u32* __restrict__ packed, const u16* __restrict__ U,
         const u16* __restrict__ D, u16* __restrict__ y, const int* __restrict__ flags, int m, int d, int S, int tiles,
         int row_words) {
@@ -164,14 +162,10 @@ __global__ void __launch_bounds__(256, TW_T2D_MINB)
 // bf16(h) << 16 | j, setting cnt[r] to its length. The row is private to its
 // warp and every write lands at or before the entry it replaces, below any
 // word still to be read. Flagged rows get cnt[r] = 0 (the fallback writes y).
-#ifndef TW_T2U_MINB
-#define TW_T2U_MINB 2  // blocks per SM the register budget must allow (1: 1.57 ms, 2: 1.25 ms on an H200)
-#endif
-#ifndef TW_T2U_ROWS
-#define TW_T2U_ROWS 2  // U rows in flight per warp
-#endif
+#define T2U_MINB 2  // blocks per SM the register budget must allow (1: 1.57 ms, 2: 1.25 ms on an H200)
+#define T2U_ROWS 2  // U rows in flight per warp
 template <bool GATED>
-__global__ void __launch_bounds__(256, TW_T2U_MINB)
+__global__ void __launch_bounds__(256, T2U_MINB)
     t2u(const u16* __restrict__ x, u32* packed, const u16* __restrict__ U, int* __restrict__ cnt,
         const int* __restrict__ flags, int m, int d, int S, int tiles, int row_words) {
   __shared__ u32 lists[T2D_WARPS][LCAP];
@@ -196,12 +190,12 @@ __global__ void __launch_bounds__(256, TW_T2U_MINB)
   auto flush = [&]() {
     __syncwarp();
     if (GATED) {
-      // TW_T2U_ROWS entries at a time, so that as many U rows are in flight.
-      for (int i = 0; i < n; i += TW_T2U_ROWS) {
-        u32 wr[TW_T2U_ROWS];
-        uint4 ur[TW_T2U_ROWS][TW_NCH];
+      // T2U_ROWS entries at a time, so that as many U rows are in flight.
+      for (int i = 0; i < n; i += T2U_ROWS) {
+        u32 wr[T2U_ROWS];
+        uint4 ur[T2U_ROWS][TW_NCH];
 #pragma unroll
-        for (int e = 0; e < TW_T2U_ROWS; ++e) {
+        for (int e = 0; e < T2U_ROWS; ++e) {
           wr[e] = (i + e < n) ? list[i + e] : 0u;
           const size_t j = (size_t)(wr[e] & 0xffffu) * d;
 #pragma unroll
@@ -212,7 +206,7 @@ __global__ void __launch_bounds__(256, TW_T2U_MINB)
           }
         }
 #pragma unroll
-        for (int e = 0; e < TW_T2U_ROWS; ++e) {
+        for (int e = 0; e < T2U_ROWS; ++e) {
           float p = 0.f;
 #pragma unroll
           for (int c = 0; c < TW_NCH; ++c) p = dot8(xv[c], ur[e][c], p);
@@ -334,9 +328,7 @@ extern "C" __global__ void __launch_bounds__(256)
 // one list load in flight) measured slower (0.99 vs 0.90 ms at m = 65536 on
 // an H200). The kernel is bound by shared-memory wavefronts (random slice
 // rows conflict on banks: 47% of wavefronts in ncu) and issue slots.
-#ifndef TW_WS_LOADS
-#define TW_WS_LOADS 2  // 16-byte list loads in flight per lane (1: 1.36 ms, 2: 0.89-0.91, 4: 0.92-0.93 on an H200)
-#endif
+#define WS_LOADS 2  // 16-byte list loads in flight per lane (1: 1.36 ms, 2: 0.89-0.91, 4: 0.92-0.93 on an H200)
 template <int W>
 __global__ void __launch_bounds__(1024, 1)
     t2d_ws(const u32* __restrict__ packed, const int* __restrict__ cnt, const int* __restrict__ order,
@@ -388,15 +380,15 @@ __global__ void __launch_bounds__(1024, 1)
     float acc[8];
 #pragma unroll
     for (int j = 0; j < 8; ++j) acc[j] = 0.f;
-    for (int s = 0; s < n; s += 4 * TW_WS_LOADS) {
-      uint4 w4[TW_WS_LOADS];
+    for (int s = 0; s < n; s += 4 * WS_LOADS) {
+      uint4 w4[WS_LOADS];
 #pragma unroll
-      for (int v = 0; v < TW_WS_LOADS; ++v) {
+      for (int v = 0; v < WS_LOADS; ++v) {
         w4[v].x = w4[v].y = w4[v].z = w4[v].w = 0u;
         if (s + 4 * v < n) w4[v] = ld_hint(e + s + 4 * v, stream);
       }
 #pragma unroll
-      for (int v = 0; v < TW_WS_LOADS; ++v) step(acc, w4[v], n - s - 4 * v);
+      for (int v = 0; v < WS_LOADS; ++v) step(acc, w4[v], n - s - 4 * v);
     }
     store(t, acc);
   }

@@ -89,46 +89,23 @@ __device__ __forceinline__ void wg_pv(float (&o)[8][4], u32 (&p)[4][4], u64 dv) 
   asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
 }
 
-// wg_scores_pv queues S = Q K^T for the next block, then O += P V for this
-// one, as two commit groups. Nothing but wgmma may define the accumulators
-// between the first wgmma and the wait, or ptxas serializes every wgmma of
-// the kernel (C7515): so all register fences come before both.
-__device__ __forceinline__ void wg_scores_pv(float (&sc)[WG_BK / 8][4], u64 dq, u64 dk, float (&o)[8][4], u32 (&p)[4][4],
-                                             u64 dv) {
-#pragma unroll
-  for (int j = 0; j < WG_BK / 8; ++j) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.f;
-  keep_live(sc);
-  keep_live(o);
-  keep_live(p);
-  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-#pragma unroll
-  for (int kk = 0; kk < 4; ++kk) wg_ss64(sc, dq + 2 * kk, dk + 2 * kk, kk);
-  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-#pragma unroll
-  for (int kk = 0; kk < WG_BK / 16; ++kk) wg_rs64t(o, p[kk], dv + kk * (16 * 128 >> 4));
-  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-}
-
 template <int N>
 __device__ __forceinline__ void wg_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
 }
 
-// attn_wg64<STAGES, OV>: see the top of the file. Dynamic shared memory:
-// (128 + STAGES * 2 * 64) * 128 bytes, plus 1024 for alignment. OV
-// overlaps each block's P V with the next block's S = Q K^T and softmax
-// (flash-attention 3's intra-warpgroup pipelining): block kb + 1's scores
-// are queued before block kb's P V, and the output is rescaled once that
-// P V has completed. It keeps two blocks resident while a third loads.
-template <int STAGES, bool OV>
+// attn_wg64<STAGES>: see the top of the file. Dynamic shared memory:
+// (128 + STAGES * 2 * 64) * 128 bytes, plus 1024 for alignment. The engine
+// instantiates STAGES = 3 (on an H200, 3 stages beat 2 and a build that
+// overlapped each block's P V with the next block's scores).
+template <int STAGES>
 __global__ void __launch_bounds__(256, 2)
     attn_wg64(const u16* __restrict__ qkv, u16* __restrict__ out, const int* __restrict__ items,
               const int* __restrict__ seq_q0, const int* __restrict__ seq_n, const int* __restrict__ seq_past,
               const u64* __restrict__ seq_base, const int* __restrict__ seq_cap, int layer, int nq, int nkv,
               int qkv_w, float scale_log2) {
-  static_assert(!OV || STAGES >= 3, "the overlapped loop needs three stages");
   constexpr int HD = 64, BK = WG_BK;
-  constexpr int AHEAD = OV ? 2 : STAGES - 1;            // blocks loaded ahead of the one computed
+  constexpr int AHEAD = STAGES - 1;                     // blocks loaded ahead of the one computed
   constexpr u32 QBYTES = ATT_BQ * 128, BLK = BK * 128;  // Q tile; one K or V block
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const u32 sQ = (smem_addr(smem_raw) + 1023u) & ~1023u, sKV = sQ + QBYTES;
@@ -187,60 +164,24 @@ __global__ void __launch_bounds__(256, 2)
 
   for (int kb = 0; kb < nblk; ++kb) {
     load(kb + AHEAD);
-    // Groups 0 .. kb + AHEAD are committed. OV also reads block kb + 1 (its
-    // K) in this iteration, so it waits for one group more.
-    cp_async_wait<OV ? AHEAD - 1 : AHEAD>();
+    // Groups 0 .. kb + AHEAD are committed.
+    cp_async_wait<AHEAD>();
     // cp.async wrote through the generic proxy; wgmma reads through the async one.
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
     __syncthreads();
     const int k0 = kb * BK;
     if (k0 <= wklast) {  // uniform over the warpgroup, as wgmma needs
       const u64 dv = sw128_desc(stage(kb) + BLK);
-      if (!OV) {
-        float sc[BK / 8][4];
-        scores(sc, kb);
-        mask(sc, k0);
-        softmax_step(sc, mrow, lrow, o, scale_log2);
+      float sc[BK / 8][4];
+      scores(sc, kb);
+      mask(sc, k0);
+      softmax_step(sc, mrow, lrow, o, scale_log2);
 #pragma unroll
-        for (int kk = 0; kk < BK / 16; ++kk) p_frag(sc, kk, p[kk]);
-        wg_pv(o, p, dv);
-        wg_wait<0>();
-        keep_live(o);
-        keep_live(p);
-      } else {
-        if (kb == 0) {  // block 0's probabilities; later blocks' come from the iteration before
-          float sc[BK / 8][4];
-          scores(sc, 0);
-          mask(sc, 0);
-          softmax_step(sc, mrow, lrow, o, scale_log2);
-#pragma unroll
-          for (int kk = 0; kk < BK / 16; ++kk) p_frag(sc, kk, p[kk]);
-        }
-        const bool next = k0 + BK <= wklast;  // the warpgroup needs block kb + 1 (resident)
-        // The scores are queued even on the warpgroup's last block (of that
-        // block again, and dropped): with the commit groups depending on a
-        // branch, ptxas serializes every wgmma of the kernel (C7515).
-        float sc[BK / 8][4];
-        wg_scores_pv(sc, dq, sw128_desc(stage(next ? kb + 1 : kb)), o, p, dv);
-        if (next) {
-          wg_wait<1>();  // the scores; P V may still run
-          keep_live(sc);
-          mask(sc, k0 + BK);
-          float corr[2];
-          softmax_probs(sc, mrow, lrow, corr, scale_log2);
-          wg_wait<0>();
-          keep_live(o);
-          keep_live(p);
-          rescale(o, corr);
-#pragma unroll
-          for (int kk = 0; kk < BK / 16; ++kk) p_frag(sc, kk, p[kk]);
-        } else {
-          wg_wait<0>();
-          keep_live(sc);
-          keep_live(o);
-          keep_live(p);
-        }
-      }
+      for (int kk = 0; kk < BK / 16; ++kk) p_frag(sc, kk, p[kk]);
+      wg_pv(o, p, dv);
+      wg_wait<0>();
+      keep_live(o);
+      keep_live(p);
     }
     __syncthreads();  // the stage just read is a later load's target
   }

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"os"
 
 	"github.com/twell-ai/twell/cuda"
 	"github.com/twell-ai/twell/cuda/cublas"
@@ -20,19 +19,6 @@ var _ engine.Engine = (*Engine)(nil)
 // DefaultMLPChunk is the default for Engine.MLPChunk.
 const DefaultMLPChunk = 1 << 17
 
-// EnvAttention names the environment variable that sets a new Engine's
-// Attention field ("auto", "wgmma", "mma" or "ref"), to compare the kernels.
-const EnvAttention = "TWELL_LLM_ATTENTION"
-
-// EnvGraphs names the environment variable that, set to "0", makes a new
-// Engine run decode steps kernel by kernel instead of replaying CUDA graphs
-// (Engine.NoGraphs).
-const EnvGraphs = "TWELL_GRAPHS"
-
-// EnvGEMV names the environment variable that, set to "0", makes a new
-// Engine run every projection through cuBLASLt (NoGEMV).
-const EnvGEMV = "TWELL_GEMV"
-
 // Engine is a model's weights on one GPU, bf16, ready to run forward
 // passes. Its methods queue work on the engine's own stream and keep
 // workspace between calls, so an Engine must not be used by several
@@ -44,13 +30,12 @@ type Engine struct {
 	// which the layers share (about 2 x chunk x width bf16 for the dense
 	// path). Zero means DefaultMLPChunk.
 	MLPChunk int
-	// Attention picks the attention kernel: "" or "auto" (the mma.sync
-	// kernel for head_dim 64 and 128, else the plain one; the wgmma builds
-	// stay opt-in until a GPU has timed them);
-	// "wgmma" (head_dim 64, sm_90a; "wgmma2" and "wgmma3" pick its
-	// pipeline depth, "wgmma-ov" the build that overlaps each block's P V
-	// with the next block's scores), "mma" or "ref" (the plain kernel, any
-	// head_dim).
+	// Attention picks the attention kernel: "" or "auto" (for head_dim 64
+	// on Hopper, sm_90a, the wgmma kernel with a 3-stage pipeline in passes
+	// of more than 64 tokens; else the mma.sync kernel for head_dim 64 and
+	// 128, and the plain one for other head dims); "wgmma3" (head_dim 64,
+	// sm_90a), "mma" (head_dim 64 or 128) or "ref" (the plain kernel, any
+	// head_dim), to compare them.
 	Attention string
 	// Profile makes Forward time each kind of step with CUDA events and
 	// report it in Stats.StepMS (for diagnosis: it adds an event record
@@ -181,8 +166,12 @@ func NewEngine(dev *cuda.Device, m *model.Model) (*Engine, error) {
 	if err != nil {
 		return nil, err
 	}
-	e := &Engine{cfg: c, dev: dev, k: k, mlpPath: mlp.Auto, rope: model.NewRoPETables(c), Attention: os.Getenv(EnvAttention),
-		NoGraphs: os.Getenv(EnvGraphs) == "0", NoGEMV: os.Getenv(EnvGEMV) == "0"}
+	opts, err := OptionsFromEnv()
+	if err != nil {
+		return nil, err
+	}
+	e := &Engine{cfg: c, dev: dev, k: k, mlpPath: mlp.Auto, rope: model.NewRoPETables(c), Attention: opts.Attention,
+		NoGraphs: opts.NoGraphs, NoGEMV: opts.NoGEMV}
 	if act, _ := c.GateActivation(); act == model.ActSiLU {
 		e.act = 1
 	}
@@ -238,6 +227,7 @@ func NewEngine(dev *cuda.Device, m *model.Model) (*Engine, error) {
 			if l.mlp, err = gpu.NewMLP(dev, e.blas, lw.Gate, lw.Up, lw.Down, h, f, twell.DefaultLayout); err != nil {
 				return nil, fmt.Errorf("llm: layer %d MLP: %w", i, err)
 			}
+			l.mlp.Apply(opts.MLP)
 			// The layers run one after another on the engine's stream:
 			// one activation workspace serves them all.
 			if first := e.firstMLP(); first != nil {

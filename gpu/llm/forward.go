@@ -322,10 +322,14 @@ func (e *Engine) prepare(b *batch) error {
 	return e.dev.CopyHtoDAsync(e.ws.meta, cuda.Bytes(b.words), e.stream)
 }
 
-// attentionKernel returns the attention kernel Engine.Attention picks, its
-// dynamic shared memory, and whether it is attn_ref, whose launch also
-// takes head_dim.
-func (e *Engine) attentionKernel() (fn *cuda.Function, smem int, ref bool, err error) {
+// wgMinTokens is the pass size above which auto runs the wgmma attention
+// kernel (where it fits): prefill passes; decode steps keep mma.sync.
+const wgMinTokens = 64
+
+// attentionKernel returns the attention kernel Engine.Attention picks for a
+// pass of T tokens, its dynamic shared memory, and whether it is attn_ref,
+// whose launch also takes head_dim.
+func (e *Engine) attentionKernel(T int) (fn *cuda.Function, smem int, ref bool, err error) {
 	hd := e.cfg.HeadDim
 	mma := func() (*cuda.Function, int, bool, error) {
 		fn := e.k.attnFA64
@@ -342,27 +346,32 @@ func (e *Engine) attentionKernel() (fn *cuda.Function, smem int, ref bool, err e
 			return nil, 0, false, fmt.Errorf("llm: the mma attention kernel takes head_dim 64 or 128, not %d", hd)
 		}
 		return mma()
-	case "wgmma", "wgmma2", "wgmma3", "wgmma-ov":
+	case "wgmma3":
 		if hd != 64 {
 			return nil, 0, false, fmt.Errorf("llm: the wgmma attention kernel takes head_dim 64, not %d", hd)
 		}
-		v := wgVariants[a]
-		fn, err := e.k.wgmma(v)
-		return fn, v.smem(), false, err
+		fn, err := e.k.wgmma()
+		return fn, wgSmem, false, err
 	case "", "auto":
+		if hd == 64 && T > wgMinTokens && e.dev.Properties().Arch == "sm_90a" {
+			if fn, err := e.k.wgmma(); err == nil {
+				return fn, wgSmem, false, nil
+			}
+		}
 		if hd == 64 || hd == 128 {
 			return mma()
 		}
 		return e.k.attnRef, 0, true, nil
 	default:
-		return nil, 0, false, fmt.Errorf("llm: attention kernel %q: want auto, wgmma (wgmma2, wgmma3, wgmma-ov), mma or ref", a)
+		return nil, 0, false, fmt.Errorf("llm: attention kernel %q: want auto, wgmma3, mma or ref", a)
 	}
 }
 
-// AttentionKernel names the attention kernel forward passes run, e.g.
-// "attn_fa64" or "attn_wg64<2,false>" (see Attention).
+// AttentionKernel names the attention kernel that prefill passes (over
+// wgMinTokens tokens) run, e.g. "attn_fa64" or "attn_wg64<3>" (see
+// Attention); decode steps under auto run the mma.sync kernel.
 func (e *Engine) AttentionKernel() (string, error) {
-	fn, _, _, err := e.attentionKernel()
+	fn, _, _, err := e.attentionKernel(wgMinTokens + 1)
 	if err != nil {
 		return "", err
 	}
@@ -395,7 +404,7 @@ func (e *Engine) layersQueue(b *batch, st *engine.Stats, paths []gpu.Path) error
 		return fmt.Errorf("llm: embed: %w", err)
 	}
 	prof("embed")
-	attn, attnSmem, attnRef, err := e.attentionKernel()
+	attn, attnSmem, attnRef, err := e.attentionKernel(T)
 	if err != nil {
 		return err
 	}

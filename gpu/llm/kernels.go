@@ -3,7 +3,6 @@ package llm
 import (
 	_ "embed"
 	"fmt"
-	"slices"
 	"sync"
 
 	"github.com/twell-ai/twell/cuda"
@@ -19,40 +18,18 @@ var (
 	attnWGMMASrc []byte
 )
 
-// wgVariant is one build of attn_wg64: its pipeline depth and whether it
-// overlaps P V with the next block's scores.
-type wgVariant struct {
-	stages  int
-	overlap bool
-}
+// wgStages is the cp.async pipeline depth of the one build of attn_wg64
+// (attn_wgmma.cu): on an H200, 3 stages took 14.3 ms at 4 layers of the
+// SparseLM shape where 2 took 14.4 and mma.sync (attn_fa64) 21.3.
+const wgStages = 3
 
-// wgVariants are the builds of attn_wg64, by Engine.Attention value; "wgmma"
-// is the default one.
-var wgVariants = map[string]wgVariant{
-	"wgmma": {2, false}, "wgmma2": {2, false}, "wgmma3": {3, false}, "wgmma-ov": {3, true},
-}
+// wgName is the name expression of the wgmma attention kernel.
+var wgName = fmt.Sprintf("attn_wg64<%d>", wgStages)
 
-// name is the kernel's name expression.
-func (v wgVariant) name() string { return fmt.Sprintf("attn_wg64<%d,%v>", v.stages, v.overlap) }
-
-// smem is its dynamic shared memory: the 128 query rows and the stages'
+// wgSmem is its dynamic shared memory: the 128 query rows and the stages'
 // 64-key K and V blocks, 128 bytes a row, plus 1024 bytes for aligning the
 // base.
-func (v wgVariant) smem() int { return (attnBQ+v.stages*2*64)*128 + 1024 }
-
-// wgExprs are the name expressions of every build.
-func wgExprs() []string {
-	seen := map[string]bool{}
-	var exprs []string
-	for _, v := range wgVariants {
-		if n := v.name(); !seen[n] {
-			seen[n] = true
-			exprs = append(exprs, n)
-		}
-	}
-	slices.Sort(exprs)
-	return exprs
-}
+const wgSmem = (attnBQ+wgStages*2*64)*128 + 1024
 
 // kernels are the compiled functions of llm.cu on one device.
 type kernels struct {
@@ -64,21 +41,17 @@ type kernels struct {
 	qkvRope1, qkvRope4     *cuda.Function
 
 	dev *cuda.Device
-	// attnWG holds the builds of attn_wg64 by name expression, compiled at
-	// first use (they are opt-in) and on sm_90a only; wgErr says why they
-	// are missing.
+	// attnWG is attn_wg64, compiled at first use and on sm_90a only;
+	// wgErr says why it is missing.
 	wgOnce sync.Once
-	attnWG map[string]*cuda.Function
+	attnWG *cuda.Function
 	wgErr  error
 }
 
-// wgmma returns build v of attn_wg64, compiling attn_wgmma.cu on first use.
-func (k *kernels) wgmma(v wgVariant) (*cuda.Function, error) {
+// wgmma returns attn_wg64, compiling attn_wgmma.cu on first use.
+func (k *kernels) wgmma() (*cuda.Function, error) {
 	k.wgOnce.Do(func() { k.attnWG, k.wgErr = compileWGMMA(k.dev, headers()) })
-	if k.wgErr != nil {
-		return nil, k.wgErr
-	}
-	return k.attnWG[v.name()], nil
+	return k.attnWG, k.wgErr
 }
 
 var (
@@ -123,20 +96,17 @@ func headers() []cuda.CompileOption {
 }
 
 // compileWGMMA builds attn_wgmma.cu, which needs sm_90a (Hopper).
-func compileWGMMA(dev *cuda.Device, hdrs []cuda.CompileOption) (map[string]*cuda.Function, error) {
+func compileWGMMA(dev *cuda.Device, hdrs []cuda.CompileOption) (*cuda.Function, error) {
 	if a := dev.Properties().Arch; a != "sm_90a" {
 		return nil, fmt.Errorf("llm: the wgmma attention kernel needs sm_90a (Hopper); %v is %s", dev, a)
 	}
-	exprs := wgExprs()
-	mod, err := dev.Compile("attn_wgmma.cu", attnWGMMASrc, append(hdrs, cuda.WithNameExpressions(exprs...))...)
+	mod, err := dev.Compile("attn_wgmma.cu", attnWGMMASrc, append(hdrs, cuda.WithNameExpressions(wgName))...)
 	if err != nil {
 		return nil, fmt.Errorf("llm: compiling attn_wgmma.cu: %w", err)
 	}
-	fs := map[string]*cuda.Function{}
-	for _, e := range exprs {
-		if fs[e], err = mod.Function(e); err != nil {
-			return nil, fmt.Errorf("llm: kernel %s: %w", e, err)
-		}
+	fn, err := mod.Function(wgName)
+	if err != nil {
+		return nil, fmt.Errorf("llm: kernel %s: %w", wgName, err)
 	}
-	return fs, nil
+	return fn, nil
 }
