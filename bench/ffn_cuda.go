@@ -10,6 +10,7 @@ import (
 	"github.com/twell-ai/twell/cuda/cublas"
 	"github.com/twell-ai/twell/cuda/nvml"
 	"github.com/twell-ai/twell/gpu"
+	"github.com/twell-ai/twell/mlp"
 	"github.com/twell-ai/twell/synth"
 )
 
@@ -261,7 +262,7 @@ func ffnCase(o FFNOptions, density float64, l *gpu.MLP, sl *synth.Layer, e ffnEn
 	var err error
 	dense := func(x *cuda.Buffer) error { return l.Dense(nil, yb, x, o.M) }
 	sparse := func(x *cuda.Buffer) error { return l.Sparse(nil, yb, x, o.M) }
-	var autoPath gpu.Path
+	var autoPath mlp.Path
 	auto := func(x *cuda.Buffer) error {
 		p, err := l.Forward(nil, yb, x, o.M)
 		autoPath = p

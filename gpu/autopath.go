@@ -4,13 +4,14 @@ import (
 	"math/bits"
 
 	"github.com/twell-ai/twell/cuda"
+	"github.com/twell-ai/twell/mlp"
 )
 
-// The automatic path (Forward) has two guides. The density rule (poll):
-// above Crossover active units per token the dense path runs (not for
-// batches of at most gemvMaxRows tokens: the small-batch kernels read every
-// gate row once whatever the density, so there the timings alone decide,
-// and Crossover, a model of D2T's costs, does not apply). Below it,
+// The automatic path (Forward under mlp.Auto) has two guides. The density
+// rule (poll, through mlp.Choose): above DenseAbove the dense path runs (not
+// for batches of at most gemvMaxRows tokens: the small-batch kernels read
+// every gate row once whatever the density, so there the timings alone
+// decide, and DenseAbove, a model of D2T's costs, does not apply). Below it,
 // timings: Forward brackets every call with CUDA events, keeps per batch-size
 // bucket (powers of two) a running mean of each path's time per token, and
 // runs the faster path once both are known. A path's first timing in a bucket
@@ -40,14 +41,14 @@ func sampled(n int) bool { return n <= sampleFirst || n%sampleEvery == 0 }
 
 // bucketTimes are the measured costs of one batch-size bucket.
 type bucketTimes struct {
-	perTok [2]float64 // ms per token, by Path
-	n      [2]int     // timed calls, by Path (the first one dropped)
+	perTok [3]float64 // ms per token, by mlp.Path (Sparse, Dense)
+	n      [3]int     // timed calls, by mlp.Path (the first one dropped)
 	calls  int
 }
 
 // timedCall is a Forward call whose timing has not been read yet.
 type timedCall struct {
-	path       Path
+	path       mlp.Path
 	bucket, m  int
 	start, end *cuda.Event
 }
@@ -56,20 +57,20 @@ func bucketOf(m int) int { return bits.Len(uint(m)) }
 
 // choose returns the path for a call of m tokens, and whether to time it;
 // byDensity is the density rule's choice.
-func (l *MLP) choose(m int, byDensity Path) (Path, bool) {
+func (l *MLP) choose(m int, byDensity mlp.Path) (mlp.Path, bool) {
 	if l.blas == nil {
-		return PathSparse, false
+		return mlp.Sparse, false
 	}
 	byDensity = densityRule(m, byDensity)
-	if !l.Measure || byDensity == PathDense {
+	if !l.Measure || byDensity == mlp.Dense {
 		return byDensity, false
 	}
 	bt := l.bucket(bucketOf(m))
 	bt.calls++
-	switch haveS, haveD := bt.n[PathSparse] > 1, bt.n[PathDense] > 1; {
+	switch haveS, haveD := bt.n[mlp.Sparse] > 1, bt.n[mlp.Dense] > 1; {
 	case haveS && haveD:
-		fast, slow := PathSparse, PathDense
-		if bt.perTok[PathDense] < bt.perTok[PathSparse] {
+		fast, slow := mlp.Sparse, mlp.Dense
+		if bt.perTok[mlp.Dense] < bt.perTok[mlp.Sparse] {
 			fast, slow = slow, fast
 		}
 		if bt.calls%reprobeEvery == 0 {
@@ -77,45 +78,48 @@ func (l *MLP) choose(m int, byDensity Path) (Path, bool) {
 		}
 		return fast, bt.calls%retimeEvery == 0
 	case haveS:
-		return PathDense, true
+		return mlp.Dense, true
 	}
-	return PathSparse, true
+	return mlp.Sparse, true
 }
 
 // densityRule returns the density rule's path for a call of m tokens, given
 // its choice for large batches (next): batches of at most gemvMaxRows tokens
 // are exempt (see the top of this file).
-func densityRule(m int, next Path) Path {
+func densityRule(m int, next mlp.Path) mlp.Path {
 	if m <= gemvMaxRows {
-		return PathSparse
+		return mlp.Sparse
 	}
 	return next
 }
 
 // Settled returns the path Forward runs for m tokens, and whether that
-// choice is settled: the measured density (or, without Measure, the density
+// choice is settled: at once for a fixed l.Path; under mlp.Auto once the
+// measured density (or, without Measure, the density
 // rule alone) has come back, and with Measure both paths have been timed
 // for m's batch-size bucket (the faster one is returned; Forward would
 // still re-probe the other now and then). A CUDA graph recorded from Queue
 // freezes the choice, so record once it is settled.
-func (l *MLP) Settled(m int) (Path, bool) {
+func (l *MLP) Settled(m int) (mlp.Path, bool) {
 	l.poll()
 	switch {
-	case l.blas == nil:
-		return PathSparse, true
+	case l.blas == nil || l.Path == mlp.Sparse:
+		return mlp.Sparse, true
+	case l.Path == mlp.Dense:
+		return mlp.Dense, true
 	case !l.lastKnown:
-		return PathSparse, false
-	case !l.Measure || densityRule(m, l.next) == PathDense:
+		return mlp.Sparse, false
+	case !l.Measure || densityRule(m, l.next) == mlp.Dense:
 		return densityRule(m, l.next), true
 	}
 	bt := l.times[bucketOf(m)]
-	if bt == nil || bt.n[PathSparse] <= 1 || bt.n[PathDense] <= 1 {
-		return PathSparse, false
+	if bt == nil || bt.n[mlp.Sparse] <= 1 || bt.n[mlp.Dense] <= 1 {
+		return mlp.Sparse, false
 	}
-	if bt.perTok[PathDense] < bt.perTok[PathSparse] {
-		return PathDense, true
+	if bt.perTok[mlp.Dense] < bt.perTok[mlp.Sparse] {
+		return mlp.Dense, true
 	}
-	return PathSparse, true
+	return mlp.Sparse, true
 }
 
 // bucket returns the timings of bucket b, creating them.
@@ -132,7 +136,7 @@ func (l *MLP) bucket(b int) *bucketTimes {
 }
 
 // record adds a timing to its bucket.
-func (l *MLP) record(path Path, bucket, m int, ms float64) {
+func (l *MLP) record(path mlp.Path, bucket, m int, ms float64) {
 	bt := l.bucket(bucket)
 	v := ms / float64(m)
 	switch bt.n[path] {
@@ -163,7 +167,7 @@ func (l *MLP) startTiming(s *cuda.Stream) *cuda.Event {
 }
 
 // endTiming records the end event of a call started with startTiming.
-func (l *MLP) endTiming(s *cuda.Stream, start *cuda.Event, path Path, m int) {
+func (l *MLP) endTiming(s *cuda.Stream, start *cuda.Event, path mlp.Path, m int) {
 	if start == nil {
 		return
 	}

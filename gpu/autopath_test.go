@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/twell-ai/twell/cuda/cublas"
+	"github.com/twell-ai/twell/mlp"
 )
 
 // TestChooseByTimes drives the measured path choice with made-up timings:
@@ -23,14 +24,14 @@ func TestChooseByTimes(t *testing.T) {
 			m = 1 + r.IntN(gemvMaxRows) // the exemption
 		}
 		sparseMS, denseMS := 0.1+r.Float64(), 0.1+r.Float64()
-		fast, slow := PathSparse, PathDense
+		fast, slow := mlp.Sparse, mlp.Dense
 		if denseMS < sparseMS {
 			fast, slow = slow, fast
 		}
-		cost := map[Path]float64{PathSparse: sparseMS, PathDense: denseMS}
-		var got []Path
+		cost := map[mlp.Path]float64{mlp.Sparse: sparseMS, mlp.Dense: denseMS}
+		var got []mlp.Path
 		for call := 1; call <= 3*reprobeEvery; call++ {
-			p, timed := l.choose(m, PathSparse)
+			p, timed := l.choose(m, mlp.Sparse)
 			got = append(got, p)
 			if call <= 4 || call%reprobeEvery == 0 {
 				if !timed {
@@ -43,9 +44,9 @@ func TestChooseByTimes(t *testing.T) {
 			want := fast
 			switch {
 			case call <= 2:
-				want = PathSparse
+				want = mlp.Sparse
 			case call <= 4:
-				want = PathDense
+				want = mlp.Dense
 			case call%reprobeEvery == 0:
 				want = slow
 			}
@@ -56,23 +57,23 @@ func TestChooseByTimes(t *testing.T) {
 		}
 		// batches of at most gemvMaxRows tokens are exempt from the density
 		// rule and keep the measured choice
-		want := PathDense
+		want := mlp.Dense
 		if m <= gemvMaxRows {
 			want = fast
 		}
-		if p, _ := l.choose(m, PathDense); p != want {
+		if p, _ := l.choose(m, mlp.Dense); p != want {
 			t.Errorf("seed %d: m=%d, the density rule said dense, choose ran %v, want %v", seed, m, p, want)
 		}
 		// another power-of-two bucket starts over
-		if p, timed := l.choose(4*m, PathSparse); p != PathSparse || !timed {
+		if p, timed := l.choose(4*m, mlp.Sparse); p != mlp.Sparse || !timed {
 			t.Errorf("seed %d: first call of a new bucket ran %v (timed %v), want sparse, timed", seed, p, timed)
 		}
 		l.Measure = false
-		if p, timed := l.choose(m, PathSparse); p != PathSparse || timed {
+		if p, timed := l.choose(m, mlp.Sparse); p != mlp.Sparse || timed {
 			t.Errorf("seed %d: without Measure, choose ran %v (timed %v), want the density rule's sparse, untimed", seed, p, timed)
 		}
 	}
-	if p, _ := (&MLP{Measure: true}).choose(100, PathDense); p != PathSparse {
+	if p, _ := (&MLP{Measure: true}).choose(100, mlp.Dense); p != mlp.Sparse {
 		t.Errorf("without cuBLAS, choose ran %v, want sparse", p)
 	}
 	for n := 1; n <= 100; n++ {
@@ -156,22 +157,22 @@ func TestSettled(t *testing.T) {
 		if _, ok := l.Settled(m); ok {
 			t.Fatalf("seed %d: settled before any density came back", seed)
 		}
-		l.lastKnown, l.next = true, PathSparse
+		l.lastKnown, l.next = true, mlp.Sparse
 		sparseMS, denseMS := 0.1+r.Float64(), 0.1+r.Float64()
-		cost := map[Path]float64{PathSparse: sparseMS, PathDense: denseMS}
+		cost := map[mlp.Path]float64{mlp.Sparse: sparseMS, mlp.Dense: denseMS}
 		for call := 1; call <= 4; call++ {
 			if _, ok := l.Settled(m); ok {
 				t.Fatalf("seed %d: settled after %d of 4 timed calls", seed, call-1)
 			}
-			p, timed := l.choose(m, PathSparse)
+			p, timed := l.choose(m, mlp.Sparse)
 			if !timed {
 				t.Fatalf("seed %d: call %d not timed", seed, call)
 			}
 			l.record(p, bucketOf(m), m, cost[p]*float64(m))
 		}
-		want := PathSparse
+		want := mlp.Sparse
 		if denseMS < sparseMS {
-			want = PathDense
+			want = mlp.Dense
 		}
 		if p, ok := l.Settled(m); !ok || p != want {
 			t.Errorf("seed %d: sparse %.3f, dense %.3f ms/token: Settled = %v, %v; want %v, true", seed, sparseMS, denseMS, p, ok, want)
@@ -179,20 +180,20 @@ func TestSettled(t *testing.T) {
 		if _, ok := l.Settled(4 * m); ok {
 			t.Errorf("seed %d: an untimed bucket counts as settled", seed)
 		}
-		l.next = PathDense
-		if p, ok := l.Settled(4 * m); !ok || p != PathDense {
+		l.next = mlp.Dense
+		if p, ok := l.Settled(4 * m); !ok || p != mlp.Dense {
 			t.Errorf("seed %d: density rule dense: Settled = %v, %v", seed, p, ok)
 		}
 		// Small batches ignore the density rule: their timings decide.
 		small := 1 + r.IntN(gemvMaxRows)
-		if p, timed := l.choose(small, PathDense); p != PathSparse || !timed {
+		if p, timed := l.choose(small, mlp.Dense); p != mlp.Sparse || !timed {
 			t.Errorf("seed %d: density rule dense, %d tokens: choose = %v, %v; want sparse, timed", seed, small, p, timed)
 		}
 		if _, ok := l.Settled(small); ok {
 			t.Errorf("seed %d: density rule dense, %d tokens: settled before any timing", seed, small)
 		}
-		l.next, l.Measure = PathSparse, false
-		if p, ok := l.Settled(4 * m); !ok || p != PathSparse {
+		l.next, l.Measure = mlp.Sparse, false
+		if p, ok := l.Settled(4 * m); !ok || p != mlp.Sparse {
 			t.Errorf("seed %d: without Measure: Settled = %v, %v; want sparse, true", seed, p, ok)
 		}
 	}

@@ -23,12 +23,13 @@
 //     down projection from shared memory. Flagged rows are recomputed
 //     densely: a gathered cuBLASLt pass, then an exact per-row kernel.
 //
-// MLP.Forward picks the sparse or the dense path for each call from the
-// measured number of active units and, below the density crossover, from
-// timings of both paths per batch size, so the block is not slower than
-// dense for long; MLP.Settled says when that choice is made and MLP.Queue
-// runs a fixed path without bookkeeping, for recording into CUDA graphs.
-// Layers may share one activation workspace (MLP.ShareWorkspace). Weights are stored once, bf16, in the layout the
-// kernels want: Wg and Wu as [f, d] (nn.Linear layout) and D = Wd^T as
-// [f, d].
+// MLP.Forward runs MLP.Path: under mlp.Auto it picks the sparse or the dense
+// path for each call from the measured density (mlp.Choose with
+// MLP.DenseAbove) and, below it, from timings of both paths per batch size,
+// so the block is not slower than dense for long; MLP.Settled says when
+// that choice is made and MLP.Queue runs a fixed path without bookkeeping,
+// for recording into CUDA graphs. Layers may share one activation
+// workspace (MLP.ShareWorkspace). Weights are stored once, bf16, in the
+// layout the kernels want: Wg and Wu as [f, d] (nn.Linear layout) and
+// D = Wd^T as [f, d].
 package gpu

@@ -9,6 +9,7 @@ import (
 	"github.com/twell-ai/twell/bf16"
 	"github.com/twell-ai/twell/cuda"
 	"github.com/twell-ai/twell/cuda/cublas"
+	"github.com/twell-ai/twell/mlp"
 	"github.com/twell-ai/twell/twell"
 )
 
@@ -39,23 +40,6 @@ func (k Kernel) String() string {
 		return "mma"
 	}
 	return fmt.Sprintf("Kernel(%d)", int(k))
-}
-
-// Path is the computation an MLP call ran.
-type Path int
-
-// Paths.
-const (
-	PathSparse Path = iota // D2T + (gated) T2D + exact fallback for flagged rows
-	PathDense              // cuBLASLt GEMMs + elementwise
-)
-
-// String returns "sparse" or "dense".
-func (p Path) String() string {
-	if p == PathDense {
-		return "dense"
-	}
-	return "sparse"
 }
 
 // Tail selects the kernels of the sparse path after D2T.
@@ -109,13 +93,19 @@ type MLP struct {
 	Kernel Kernel
 	// Tail picks the sparse kernels after D2T (zero: by batch size).
 	Tail Tail
-	// Crossover is the mean number of active units per token above which
-	// Forward runs the dense path. NewMLP sets it from a cost model of the
-	// device (see DefaultCrossover); callers may calibrate it.
-	Crossover float64
-	// Measure makes Forward time its calls and, below Crossover, run the
-	// path measured faster for the batch size (NewMLP sets it; see
-	// autopath.go). Off, Forward follows the density rule alone.
+	// Path is the path Forward runs: mlp.Auto (the zero value: by density
+	// and timings, see Forward), mlp.Sparse or mlp.Dense (always; Dense
+	// needs a cuBLAS handle).
+	Path mlp.Path
+	// DenseAbove is the density (mean active units per token / F) above
+	// which Forward runs the dense path under mlp.Auto (mlp.Choose). NewMLP
+	// sets it from a cost model of the device (see DefaultDenseAbove);
+	// callers may calibrate it.
+	DenseAbove float64
+	// Measure makes Forward, under mlp.Auto and below DenseAbove, time its
+	// calls and run the path measured faster for the batch size (NewMLP
+	// sets it; see autopath.go). Off, Forward follows the density rule
+	// alone.
 	Measure bool
 
 	dev            *cuda.Device
@@ -134,7 +124,7 @@ type MLP struct {
 	clusters int // resident clusters of the wgmma D2T kernel (0: not yet asked)
 
 	// automatic path state
-	next      Path
+	next      mlp.Path // the density rule's path (mlp.Sparse or mlp.Dense)
 	pending   bool
 	pendingM  int
 	hostNNZ   *cuda.HostBuffer
@@ -208,8 +198,8 @@ func NewMLP(dev *cuda.Device, blas *cublas.Handle, wg, wu, wd []float32, d, f in
 		return nil, fmt.Errorf("gpu: MLP weights hold %d (gate), %d (up), %d (down) values, want %d each", len(wg), len(wu), len(wd), f*d)
 	}
 	l := &MLP{D: d, F: f, Gated: wg != nil, Layout: layout, dev: dev, k: kernelsFor(dev), blas: blas,
-		ws: &workspace{refs: 1}, Measure: true}
-	l.Crossover = DefaultCrossover(d, f, l.Gated)
+		ws: &workspace{refs: 1}, Measure: true, next: mlp.Sparse}
+	l.DenseAbove = DefaultDenseAbove(d, f, l.Gated)
 	down := make([]float32, f*d)
 	for k := 0; k < d; k++ {
 		row := wd[k*f : (k+1)*f]
@@ -259,13 +249,13 @@ func NewMLP(dev *cuda.Device, blas *cublas.Handle, wg, wu, wd []float32, d, f in
 	return l, nil
 }
 
-// DefaultCrossover returns the mean active units per token above which the
-// dense MLP is expected to beat the sparse one on an H100/H200-class GPU: the
-// sparse path costs one GEMM (D2T) plus a per-unit cost bound by reading
-// each active unit's weight rows from L2; the dense path costs every GEMM
-// plus the elementwise pass. The rates are those measured on an H200 (see
-// docs/gpu-twell.md).
-func DefaultCrossover(d, f int, gated bool) float64 {
+// DefaultDenseAbove returns the density (active units per token / f) above
+// which the dense MLP is expected to beat the sparse one on an
+// H100/H200-class GPU: the sparse path costs one GEMM (D2T) plus a per-unit
+// cost bound by reading each active unit's weight rows from L2; the dense
+// path costs every GEMM plus the elementwise pass. The rates are those
+// measured on an H200 (see docs/gpu-twell.md).
+func DefaultDenseAbove(d, f int, gated bool) float64 {
 	const (
 		gemmRate = 680e12 // FLOP/s, bf16 GEMM through cuBLASLt (H200, run 2)
 		hbm      = 3.5e12 // B/s, the elementwise pass
@@ -278,7 +268,7 @@ func DefaultCrossover(d, f int, gated bool) float64 {
 	}
 	sparse := 1.15 * gemm // D2T: the GEMM plus its packing epilogue
 	pair := rows * 2 * float64(d) / l2
-	return max(0, (dense-sparse)/pair)
+	return max(0, (dense-sparse)/pair) / float64(f)
 }
 
 func uploadBF16(dev *cuda.Device, w []float32) (*cuda.Buffer, error) {
@@ -628,15 +618,16 @@ func (l *MLP) Sparse(s *cuda.Stream, y, x *cuda.Buffer, m int) error {
 	return l.sparse(s, y, x, m, true)
 }
 
-// Queue queues the MLP on path p (PathDense needs a cuBLAS handle) without
+// Queue queues the MLP on path p (mlp.Dense needs a cuBLAS handle; any
+// other value runs sparse) without
 // the automatic path's bookkeeping: no timing, and no copies of the active
 // or flagged counts to the host. This is the form to record into a CUDA
 // graph (see Settled for the path and Epoch for the graph's validity):
 // replays rerun exactly the recorded work, and rows D2T flags still get
 // exact results (the gathered pass takes as many rows as Sparse would
 // give it now, the per-row kernel the rest).
-func (l *MLP) Queue(s *cuda.Stream, y, x *cuda.Buffer, m int, p Path) error {
-	if p == PathDense && l.blas != nil {
+func (l *MLP) Queue(s *cuda.Stream, y, x *cuda.Buffer, m int, p mlp.Path) error {
+	if p == mlp.Dense && l.blas != nil {
 		return l.Dense(s, y, x, m)
 	}
 	return l.sparse(s, y, x, m, false)
@@ -1021,31 +1012,35 @@ func (l *MLP) Dense(s *cuda.Stream, y, x *cuda.Buffer, m int) error {
 	return l.blas.Matmul(s, cublas.Gemm{M: m, N: l.D, K: l.F}, ws.g, l.down, y)
 }
 
-// Forward queues the MLP on stream s through the path expected to be
-// faster. Each call counts the active units of its batch (in D2T, or in the
-// dense elementwise pass, whose count runs on over consecutive dense calls
-// so that the dense path adds no reset) and copies the count back without
-// waiting; the next call that finds the count arrived compares the mean
-// active units per token with Crossover and runs dense above it. Below it,
-// with Measure set, the path measured faster for this batch size runs (the
-// first calls of a size time sparse, then dense; see autopath.go). It
-// returns the path it ran.
-func (l *MLP) Forward(s *cuda.Stream, y, x *cuda.Buffer, m int) (Path, error) {
+// Forward queues the MLP on stream s on l.Path: mlp.Sparse or mlp.Dense
+// always, or under mlp.Auto the path expected to be faster. Each call
+// counts the active units of its batch (in D2T, or in the dense elementwise
+// pass, whose count runs on over consecutive dense calls so that the dense
+// path adds no reset) and copies the count back without waiting; under
+// mlp.Auto the next call that finds the count arrived passes the density
+// (mean active units per token / F) to mlp.Choose with DenseAbove and runs
+// dense above it. Below it, with Measure set, the path measured faster for
+// this batch size runs (the first calls of a size time sparse, then dense;
+// see autopath.go). It returns the path it ran (mlp.Sparse or mlp.Dense).
+func (l *MLP) Forward(s *cuda.Stream, y, x *cuda.Buffer, m int) (mlp.Path, error) {
 	if err := l.checkIO(y, x, m); err != nil {
-		return PathSparse, err
+		return mlp.Sparse, err
 	}
 	l.poll()
 	l.pollTimes()
-	path, timeIt := l.choose(m, l.next)
+	path, timeIt := l.Path, false
+	if path == mlp.Auto {
+		path, timeIt = l.choose(m, l.next)
+	}
 	var start *cuda.Event
 	if timeIt {
 		start = l.startTiming(s)
 	}
 	var err error
-	if path == PathDense && l.blas != nil {
+	if path == mlp.Dense && l.blas != nil {
 		err = l.Dense(s, y, x, m)
 	} else {
-		path = PathSparse
+		path = mlp.Sparse
 		err = l.Sparse(s, y, x, m)
 	}
 	if err != nil {
@@ -1079,10 +1074,9 @@ func (l *MLP) poll() {
 	l.pending = false
 	n := binary.LittleEndian.Uint64(l.hostNNZ.Bytes())
 	l.lastNNZ, l.lastKnown = float64(n)/float64(l.pendingM), true
-	if l.lastNNZ > l.Crossover || (l.flagKnown && l.flagRate > maxSparseFlagRate) {
-		l.next = PathDense
-	} else {
-		l.next = PathSparse
+	l.next = mlp.Choose(mlp.Auto, l.lastNNZ/float64(l.F), l.DenseAbove)
+	if l.flagKnown && l.flagRate > maxSparseFlagRate {
+		l.next = mlp.Dense
 	}
 }
 

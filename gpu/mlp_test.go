@@ -8,6 +8,7 @@ import (
 
 	"github.com/twell-ai/twell/bf16"
 	"github.com/twell-ai/twell/cuda"
+	"github.com/twell-ai/twell/mlp"
 	"github.com/twell-ai/twell/cuda/cublas"
 	"github.com/twell-ai/twell/cuda/cudatest"
 	"github.com/twell-ai/twell/synth"
@@ -422,13 +423,13 @@ func checkStress(t *testing.T, seed uint64, path string, y []float32, want [][]f
 }
 
 // TestForwardChoosesPath checks that the automatic path runs dense once it
-// has seen a batch above the crossover, and stays sparse below it.
+// has seen a batch above DenseAbove, and stays sparse below it.
 func TestForwardChoosesPath(t *testing.T) {
 	dev, blas := setup(t)
 	for _, c := range []struct {
 		density float64
-		want    Path
-	}{{0.01, PathSparse}, {0.3, PathDense}} {
+		want    mlp.Path
+	}{{0.01, mlp.Sparse}, {0.3, mlp.Dense}} {
 		r, seed := cudatest.Rand()
 		d, f, m := 256, 1024, 512
 		sl, err := synth.NewLayer(r, d, f, c.density, synth.Uniform, true)
@@ -439,12 +440,12 @@ func TestForwardChoosesPath(t *testing.T) {
 		if err != nil {
 			t.Fatalf("seed %d: %v", seed, err)
 		}
-		l.Crossover = 0.1 * float64(f)
+		l.DenseAbove = 0.1
 		l.Measure = false // the density rule alone (timings: TestChooseByTimes)
 		x := synth.Tokens(r, m, d)
 		xb, _ := Upload(dev, x)
 		yb, _ := dev.Alloc(2 * m * d)
-		var got []Path
+		var got []mlp.Path
 		for i := 0; i < 3; i++ {
 			p, err := l.Forward(nil, yb, xb, m)
 			if err != nil {
@@ -455,7 +456,7 @@ func TestForwardChoosesPath(t *testing.T) {
 			}
 			got = append(got, p)
 		}
-		if got[0] != PathSparse || got[2] != c.want {
+		if got[0] != mlp.Sparse || got[2] != c.want {
 			t.Errorf("seed %d: density %g: paths %v, want sparse first and %v after", seed, c.density, got, c.want)
 		}
 		if a, ok := l.LastActive(); !ok || math.Abs(a-c.density*float64(f)) > 0.3*c.density*float64(f)+2 {

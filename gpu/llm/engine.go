@@ -75,7 +75,6 @@ type Engine struct {
 	ropeLen      int
 	ws           workspace
 	closed       bool
-	crossover    []float64 // each TwELL layer's default crossover, restored by SetMLPPath("auto")
 	sparseLayers int
 	weightBytes  int64
 
@@ -235,7 +234,6 @@ func NewEngine(dev *cuda.Device, m *model.Model) (*Engine, error) {
 					return nil, fmt.Errorf("llm: layer %d MLP: %w", i, err)
 				}
 			}
-			e.crossover = append(e.crossover, l.mlp.Crossover)
 			e.sparseLayers++
 			e.weightBytes += l.mlp.WeightBytes()
 		} else {
@@ -309,25 +307,15 @@ func (e *Engine) Config() model.Config { return e.cfg }
 // the TwELL path) or mlp.Dense (always cuBLASLt: the baseline). Layers
 // without a TwELL MLP always run dense.
 func (e *Engine) SetMLPPath(path mlp.Path) error {
-	var x float64
 	switch path {
-	case mlp.Auto, mlp.Dense:
-	case mlp.Sparse:
-		x = math.Inf(1)
+	case mlp.Auto, mlp.Sparse, mlp.Dense:
 	default:
 		return fmt.Errorf("llm: %v", path)
 	}
-	i := 0
 	for _, l := range e.layers {
-		if l.mlp == nil {
-			continue
+		if l.mlp != nil {
+			l.mlp.Path = path
 		}
-		l.mlp.Crossover = e.crossover[i]
-		l.mlp.Measure = path != mlp.Sparse // else the measured choice could still run dense
-		if path == mlp.Sparse {
-			l.mlp.Crossover = x
-		}
-		i++
 	}
 	e.mlpPath = path
 	return nil

@@ -10,7 +10,6 @@ import (
 	"github.com/twell-ai/twell/cuda"
 	"github.com/twell-ai/twell/cuda/cublas"
 	"github.com/twell-ai/twell/engine"
-	"github.com/twell-ai/twell/gpu"
 	"github.com/twell-ai/twell/mlp"
 )
 
@@ -381,7 +380,7 @@ func (e *Engine) AttentionKernel() (string, error) {
 // layersQueue queues the embedding and the decoder layers of b, whose
 // metadata prepare uploaded. paths, if not nil, fixes each layer's MLP path
 // and leaves out the MLPs' bookkeeping (for recording into a graph).
-func (e *Engine) layersQueue(b *batch, st *engine.Stats, paths []gpu.Path) error {
+func (e *Engine) layersQueue(b *batch, st *engine.Stats, paths []mlp.Path) error {
 	c := e.cfg
 	h, hd, nq, nkv := c.HiddenSize, c.HeadDim, c.NumAttentionHeads, c.NumKeyValueHeads
 	T := b.T
@@ -463,7 +462,7 @@ func (e *Engine) layersQueue(b *batch, st *engine.Stats, paths []gpu.Path) error
 			return fmt.Errorf("llm: layer %d norm: %w", li, err)
 		}
 		prof("norm")
-		var fixed *gpu.Path
+		var fixed *mlp.Path
 		if paths != nil {
 			fixed = &paths[li]
 		}
@@ -513,7 +512,7 @@ func (e *Engine) project(m, n, k int, x, w, y *cuda.Buffer) error {
 // mlp queues layer l's MLP from ws.hn into ws.proj, in chunks of at most
 // MLPChunk tokens, and reports whether every chunk ran the sparse path.
 // fixed, if not nil, is the TwELL MLP's path, run without bookkeeping.
-func (e *Engine) mlp(l layer, T int, fixed *gpu.Path) (bool, error) {
+func (e *Engine) mlp(l layer, T int, fixed *mlp.Path) (bool, error) {
 	c := e.cfg
 	h, f := c.HiddenSize, c.IntermediateSize
 	ws, s := &e.ws, e.stream
@@ -527,7 +526,7 @@ func (e *Engine) mlp(l layer, T int, fixed *gpu.Path) (bool, error) {
 				if err := l.mlp.Queue(s, y, x, m, *fixed); err != nil {
 					return false, err
 				}
-				sparse = sparse && *fixed == gpu.PathSparse
+				sparse = sparse && *fixed == mlp.Sparse
 				continue
 			}
 			if e.mlpPath == mlp.Dense {
@@ -540,7 +539,7 @@ func (e *Engine) mlp(l layer, T int, fixed *gpu.Path) (bool, error) {
 			if err != nil {
 				return false, err
 			}
-			sparse = sparse && p == gpu.PathSparse
+			sparse = sparse && p == mlp.Sparse
 			continue
 		}
 		proj := cublas.Gemm{M: m, N: f, K: h, TransB: true}

@@ -6,7 +6,6 @@ import (
 
 	"github.com/twell-ai/twell/cuda"
 	"github.com/twell-ai/twell/engine"
-	"github.com/twell-ai/twell/gpu"
 	"github.com/twell-ai/twell/mlp"
 )
 
@@ -26,7 +25,7 @@ type stepGraph struct {
 	g     *cuda.Graph
 	gen   uint64     // e.gen when recorded
 	epoch uint64     // the TwELL MLPs' workspace epoch when recorded
-	paths []gpu.Path // each layer's MLP path
+	paths []mlp.Path // each layer's MLP path
 }
 
 // replay runs the decoder layers of b from a graph if b is a decode step
@@ -63,7 +62,7 @@ func (e *Engine) replay(b *batch, st *engine.Stats) (bool, error) {
 		e.graphs[b.S] = sg
 	}
 	for i, l := range e.layers {
-		if l.mlp != nil && e.mlpPath != mlp.Dense && paths[i] == gpu.PathSparse {
+		if l.mlp != nil && e.mlpPath != mlp.Dense && paths[i] == mlp.Sparse {
 			st.Paths[i] = mlp.Sparse
 		}
 	}
@@ -72,7 +71,7 @@ func (e *Engine) replay(b *batch, st *engine.Stats) (bool, error) {
 }
 
 // record captures the decoder layers of b into a graph.
-func (e *Engine) record(b *batch, paths []gpu.Path) (*cuda.Graph, error) {
+func (e *Engine) record(b *batch, paths []mlp.Path) (*cuda.Graph, error) {
 	if err := e.stream.BeginCapture(); err != nil {
 		return nil, err
 	}
@@ -90,14 +89,14 @@ func (e *Engine) record(b *batch, paths []gpu.Path) (*cuda.Graph, error) {
 
 // settledPaths returns each layer's MLP path for a step of T tokens, or
 // false while some TwELL layer's automatic choice is still being measured.
-func (e *Engine) settledPaths(T int) ([]gpu.Path, bool) {
-	paths := make([]gpu.Path, len(e.layers))
+func (e *Engine) settledPaths(T int) ([]mlp.Path, bool) {
+	paths := make([]mlp.Path, len(e.layers))
 	for i, l := range e.layers {
 		switch {
 		case l.mlp == nil || e.mlpPath == mlp.Dense:
-			paths[i] = gpu.PathDense
+			paths[i] = mlp.Dense
 		case e.mlpPath == mlp.Sparse:
-			paths[i] = gpu.PathSparse
+			paths[i] = mlp.Sparse
 		default:
 			p, ok := l.mlp.Settled(min(T, e.chunk()))
 			if !ok {
