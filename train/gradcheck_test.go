@@ -85,7 +85,7 @@ func TestLayerGradients(t *testing.T) {
 
 	// RoPE: the inverse rotation is the backward.
 	c := model.Config{HeadDim: 6, RopeTheta: 10000}
-	cos, sin := ropeAngles(c, 4)
+	cos, sin := model.RoPEAngles(c, 4)
 	qr, kr := randVec(r, 4*2*6, 1), randVec(r, 4*1*6, 1)
 	dq, dk = randVec(r, len(qr), 1), randVec(r, len(kr), 1)
 	q2, k2 := append([]float64(nil), qr...), append([]float64(nil), kr...)

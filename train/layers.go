@@ -1,5 +1,7 @@
 package train
 
+import "github.com/twell-ai/twell/cpu"
+
 // Each layer's forward and backward sit side by side. Backward functions add
 // into the gradients of parameters (dW += ...) and set the input gradient.
 
@@ -46,6 +48,23 @@ func linearBackward[T Float](dx, dw, dy, x, w []T, m, in, out int) {
 		mmNN(dx, dy, w, m, in, out)
 	}
 	mmTNAcc(dw, dy, x, out, in, m)
+}
+
+// applyRopeAll rotates every query and key head by the angles of
+// model.RoPEAngles (sign -1: the inverse rotation, which is the backward).
+// Token t of the flattened batch sits at position t % seq.
+func applyRopeAll[T Float](q, k []T, cos, sin []float64, m, seq, nq, nkv, hd int, sign T) {
+	half := hd / 2
+	cpu.ParallelFor(m, func(t int) {
+		pos := t % seq
+		cs, sn := cos[pos*half:(pos+1)*half], sin[pos*half:(pos+1)*half]
+		for hh := 0; hh < nq; hh++ {
+			ropeRotate(q[t*nq*hd+hh*hd:t*nq*hd+(hh+1)*hd], cs, sn, sign)
+		}
+		for hh := 0; hh < nkv; hh++ {
+			ropeRotate(k[t*nkv*hd+hh*hd:t*nkv*hd+(hh+1)*hd], cs, sn, sign)
+		}
+	})
 }
 
 // ropeRotate rotates one head vector by the angles (cos, sin) in Hugging

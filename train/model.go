@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"math"
 
-	"github.com/twell-ai/twell/cpu"
 	"github.com/twell-ai/twell/model"
 )
 
@@ -104,16 +103,6 @@ type layerCache[T Float] struct {
 	x, hn1, inv1, q, k, v, p, att, x2, hn2, inv2, g, u, h []T
 }
 
-// StepStats reports a forward/backward pass.
-type StepStats struct {
-	Loss float64 // cross-entropy
-	L1   float64 // the penalty term added to the loss (lambda included)
-	// Active[l][j] counts the tokens for which unit j of layer l fired.
-	Active [][]int32
-	// L0 is the mean number of active MLP units per token, per layer.
-	L0 []float64
-}
-
 // lossAndGrad runs the model on tokens (batch x (seq+1): inputs are the
 // first seq tokens of each row, targets the last seq), adds the gradient of
 // cross-entropy + lambda * L1 into g (which must start at zero; nil skips
@@ -138,7 +127,7 @@ func lossAndGrad[T Float](c model.Config, p, g *Params[T], tokens []int, batch, 
 			return nil, fmt.Errorf("train: token %d at position %d outside the vocabulary [0, %d)", id, i, V)
 		}
 	}
-	cos, sin := ropeAngles(c, seq)
+	cos, sin := model.RoPEAngles(c, seq)
 	gated := c.MLPGated
 	as := attnShape{batch: batch, seq: seq, heads: nq, kvHeads: nkv, headDim: hd}
 	st := &StepStats{Active: make([][]int32, L), L0: make([]float64, L)}
@@ -302,33 +291,4 @@ func lossAndGrad[T Float](c model.Config, p, g *Params[T], tokens []int, batch, 
 		}
 	}
 	return st, nil
-}
-
-// ropeAngles returns cos and sin tables [seq][headDim/2] of plain RoPE.
-func ropeAngles(c model.Config, seq int) (cos, sin []float64) {
-	half := c.HeadDim / 2
-	cos, sin = make([]float64, seq*half), make([]float64, seq*half)
-	for p := 0; p < seq; p++ {
-		for i := 0; i < half; i++ {
-			a := float64(p) / math.Pow(c.RopeTheta, float64(2*i)/float64(c.HeadDim))
-			cos[p*half+i], sin[p*half+i] = math.Cos(a), math.Sin(a)
-		}
-	}
-	return cos, sin
-}
-
-// applyRopeAll rotates every query and key head (sign -1: the inverse, for
-// backward). Token t of the flattened batch sits at position t % seq.
-func applyRopeAll[T Float](q, k []T, cos, sin []float64, m, seq, nq, nkv, hd int, sign T) {
-	half := hd / 2
-	cpu.ParallelFor(m, func(t int) {
-		pos := t % seq
-		cs, sn := cos[pos*half:(pos+1)*half], sin[pos*half:(pos+1)*half]
-		for hh := 0; hh < nq; hh++ {
-			ropeRotate(q[t*nq*hd+hh*hd:t*nq*hd+(hh+1)*hd], cs, sn, sign)
-		}
-		for hh := 0; hh < nkv; hh++ {
-			ropeRotate(k[t*nkv*hd+hh*hd:t*nkv*hd+(hh+1)*hd], cs, sn, sign)
-		}
-	})
 }

@@ -57,18 +57,27 @@ func PresetNames() []string {
 	return out
 }
 
+// CheckPreset reports whether name is a preset, with an error that lists
+// the presets when it is not.
+func CheckPreset(name string) error {
+	if _, ok := presets[name]; ok {
+		return nil
+	}
+	var names []string
+	for n := range presets {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return fmt.Errorf("unknown preset %q (have %v)", name, names)
+}
+
 // Preset returns the training config of a preset for a tokenizer with
 // vocab tokens, whose end-of-text token is eos (also the model's BOS/EOS).
 func Preset(name string, vocab, eos int) (*Config, error) {
-	p, ok := presets[name]
-	if !ok {
-		var names []string
-		for n := range presets {
-			names = append(names, n)
-		}
-		sort.Strings(names)
-		return nil, fmt.Errorf("unknown preset %q (have %v)", name, names)
+	if err := CheckPreset(name); err != nil {
+		return nil, err
 	}
+	p := presets[name]
 	c := defaults()
 	base := p.cfg
 	c.Steps, c.Batch, c.Seq, c.LR, c.MinLR, c.Warmup, c.L1 = base.Steps, base.Batch, base.Seq, base.LR, base.MinLR, base.Warmup, base.L1
@@ -85,5 +94,8 @@ func Preset(name string, vocab, eos int) (*Config, error) {
 		return nil, err
 	}
 	c.Model = b
-	return c, c.Validate()
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	return c, nil
 }

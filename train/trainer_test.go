@@ -1,6 +1,7 @@
 package train
 
 import (
+	"context"
 	"bufio"
 	"encoding/json"
 	"math/rand/v2"
@@ -73,7 +74,11 @@ func newTestRun(t *testing.T, c *Config, out string, seed uint64) *Run {
 	r := rand.New(rand.NewPCG(seed, 1))
 	toks := patternTokens(r, 20000, c.ModelConfig().VocabSize)
 	w := model.RandomWeights(c.ModelConfig(), rand.New(rand.NewPCG(c.Seed, 2)))
-	return NewRun(c, out, w, NewStreamSource(toks[:18000], c.Seed), Windows(toks[18000:], c.Seq, 100))
+	b, err := NewCPU(c.ModelConfig(), w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return NewRun(c, out, b, NewStreamSource(toks[:18000], c.Seed), Windows(toks[18000:], c.Seq, 100))
 }
 
 func TestLossFallsAndResumeIsExact(t *testing.T) {
@@ -81,7 +86,7 @@ func TestLossFallsAndResumeIsExact(t *testing.T) {
 	c := testConfig(t, 30, 1e-3)
 	full := t.TempDir()
 	run := newTestRun(t, c, full, seed)
-	if err := run.Loop(); err != nil {
+	if err := run.Loop(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	ms := readMetrics(t, full)
@@ -105,7 +110,7 @@ func TestLossFallsAndResumeIsExact(t *testing.T) {
 	part := t.TempDir()
 	r1 := newTestRun(t, c, part, seed)
 	r1.StopAt = 13
-	if err := r1.Loop(); err != nil {
+	if err := r1.Loop(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	r2 := newTestRun(t, c, part, seed)
@@ -115,7 +120,7 @@ func TestLossFallsAndResumeIsExact(t *testing.T) {
 	if r2.Step() != 10 {
 		t.Fatalf("resumed at step %d, want 10", r2.Step())
 	}
-	if err := r2.Loop(); err != nil {
+	if err := r2.Loop(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	ms2 := readMetrics(t, part)
@@ -184,14 +189,14 @@ func TestDeadUnitsAreTrackedAndReinitialised(t *testing.T) {
 	c.CheckpointEvery = 0
 	run := newTestRun(t, c, t.TempDir(), seed)
 	// Kill unit 5 of layer 0: a gate row that can never fire on normalised inputs.
-	l := &run.Params.Layers[0]
+	l := &run.Backend.(*CPU).Params().Layers[0]
 	h := c.ModelConfig().HiddenSize
 	for k := 0; k < h; k++ {
 		l.Gate[5*h+k] = 0
 	}
 	run.Cfg.ReinitDead = false
 	run.StopAt = 3
-	if err := run.Loop(); err != nil {
+	if err := run.Loop(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	if run.Fires()[0][5] != 0 {
@@ -211,7 +216,7 @@ func TestDeadUnitsAreTrackedAndReinitialised(t *testing.T) {
 	// With re-initialisation the unit gets a fresh, nonzero gate row.
 	run.Cfg.ReinitDead = true
 	run.StopAt = 0
-	if err := run.Loop(); err != nil {
+	if err := run.Loop(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	nonzero := false

@@ -95,8 +95,9 @@ func runData(args []string, stdout, stderr io.Writer) error {
 	return nil
 }
 
-// tokenizerEncoder adapts a package tokenizer Tokenizer to data.Encoder: plain encoding (no
-// template tokens), and an end-of-text id written after each document.
+// tokenizerEncoder adapts a package tokenizer Tokenizer to data.Encoder (for twell data and
+// twell train): plain encoding (no template tokens), and an end-of-text id written after each
+// document.
 type tokenizerEncoder struct {
 	tk  *tokenizer.Tokenizer
 	eos int

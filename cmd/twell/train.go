@@ -1,16 +1,22 @@
 package main
 
 import (
+	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
+	"math"
 	"math/rand/v2"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/twell-ai/twell/data"
+	"github.com/twell-ai/twell/internal/atomicfile"
 	"github.com/twell-ai/twell/model"
 	"github.com/twell-ai/twell/tokenizer"
 	"github.com/twell-ai/twell/tokenizer/bpetrain"
@@ -25,159 +31,369 @@ func init() {
 // sample when no tokenizer is given.
 const sampleVocab = 1024
 
-func runTrain(args []string, stdout, stderr io.Writer) error {
+// exitInterrupted ends the process after an interrupted run has been saved
+// (exit code 130, as a shell reports death by SIGINT).
+var exitInterrupted = func() { os.Exit(130) }
+
+// trainFlags are the flags of twell train.
+type trainFlags struct {
+	cfgPath, preset, out, dataDir, tokPath, device string
+	steps                                          int
+	l1                                             float64
+	resume, overwrite                              bool
+	set                                            map[string]bool // the flags given
+}
+
+func parseTrainFlags(args []string, stderr io.Writer) (*trainFlags, error) {
+	f := &trainFlags{set: map[string]bool{}}
 	fs := newFlagSet("train", stderr)
-	cfgPath := fs.String("config", "", "training config JSON (see train.Config)")
-	preset := fs.String("preset", "", "named config: "+strings.Join(train.PresetNames(), "; "))
-	out := fs.String("out", "", "output folder: checkpoint/, metrics.jsonl, loss.png, l0.png, dead.png")
-	steps := fs.Int("steps", 0, "override the number of steps")
-	l1 := fs.Float64("l1", -1, "override lambda, the L1 weight on MLP activations (0 disables)")
-	dataDir := fs.String("data", "", "token-shard folder from \"twell data\" (default: the bundled sample)")
-	tokPath := fs.String("tokenizer", "", "tokenizer.json matching -data (default: trained on the bundled sample)")
-	device := fs.String("device", "auto", "cpu, cuda or auto")
-	resume := fs.Bool("resume", false, "continue the run in -out from its checkpoint")
+	fs.StringVar(&f.cfgPath, "config", "", "training config JSON (see train.Config)")
+	fs.StringVar(&f.preset, "preset", "", "named config: "+strings.Join(train.PresetNames(), "; "))
+	fs.StringVar(&f.out, "out", "", "run folder: checkpoint/, metrics.jsonl, loss.png, l0.png, dead.png; required")
+	fs.IntVar(&f.steps, "steps", 0, "optimizer steps, >= 1 (default: the config's; with -resume it may extend the run)")
+	fs.Float64Var(&f.l1, "l1", 0, "lambda, the L1 weight on MLP activations: finite, >= 0, 0 disables (default: the config's)")
+	fs.StringVar(&f.dataDir, "data", "", "token-shard folder from \"twell data\" (default: the bundled sample)")
+	fs.StringVar(&f.tokPath, "tokenizer", "", "tokenizer.json matching -data (default: trained on the bundled sample)")
+	fs.StringVar(&f.device, "device", "auto", "cpu, cuda or auto")
+	fs.BoolVar(&f.resume, "resume", false, "continue the run in -out from its newest checkpoint (its config is read from there)")
+	fs.BoolVar(&f.overwrite, "overwrite", false, "start over in an -out that holds an earlier run, deleting its checkpoints, metrics and plots")
 	if err := parseFlags(fs, args); err != nil {
-		return err
+		return nil, err
 	}
+	fs.Visit(func(fl *flag.Flag) { f.set[fl.Name] = true })
 	switch {
-	case (*cfgPath == "") == (*preset == ""):
-		return usagef("give exactly one of -config FILE or -preset NAME")
-	case *out == "":
-		return usagef("-out is required")
-	case *steps < 0:
-		return usagef("-steps %d: must be positive", *steps)
-	case *l1 < -1 || (*l1 < 0 && *l1 != -1):
-		return usagef("-l1 %g: must be >= 0", *l1)
+	case f.out == "":
+		return nil, usagef("-out is required")
+	case f.cfgPath != "" && f.preset != "":
+		return nil, usagef("give one of -config FILE or -preset NAME, not both")
+	case !f.resume && f.cfgPath == "" && f.preset == "":
+		return nil, usagef("give exactly one of -config FILE or -preset NAME (or -resume)")
+	case f.resume && f.overwrite:
+		return nil, usagef("-resume continues the run in -out and -overwrite deletes it: give one")
+	case f.set["steps"] && f.steps < 1:
+		return nil, usagef("-steps %d: must be >= 1", f.steps)
+	case f.set["l1"] && !(f.l1 >= 0 && !math.IsInf(f.l1, 0)):
+		return nil, usagef("-l1 %v: must be a finite number >= 0", f.l1)
+	case !f.resume && f.dataDir != "" && f.tokPath == "":
+		return nil, usagef("-data needs -tokenizer (the tokenizer.json the shards were built with)")
 	}
-	switch *device {
+	if f.preset != "" {
+		if err := train.CheckPreset(f.preset); err != nil {
+			return nil, usagef("-preset: %v", err)
+		}
+	}
+	switch f.device {
 	case "auto", "cpu":
 	case "cuda":
-		return errors.New("-device cuda: GPU training is not part of this build yet; use -device cpu")
+		return nil, errors.New("-device cuda: GPU training is not part of this build yet; use -device cpu")
 	default:
-		return usagef("-device %q: want cpu, cuda or auto", *device)
+		return nil, usagef("-device %q: want cpu, cuda or auto", f.device)
 	}
-	if _, err := os.Stat(filepath.Join(*out, "checkpoint")); err == nil && !*resume {
-		return fmt.Errorf("%s already holds a checkpoint: pass -resume to continue it, or choose another -out", *out)
-	}
-	if err := os.MkdirAll(*out, 0o755); err != nil {
-		return err
-	}
+	return f, nil
+}
 
-	// Config file first: its data and tokenizer fields count unless flags override them.
-	var cfg *train.Config
-	var err error
-	if *cfgPath != "" {
-		if cfg, err = train.LoadConfig(*cfgPath); err != nil {
-			return err
-		}
-		if *dataDir == "" {
-			*dataDir = cfg.Data
-		}
-		if *tokPath == "" {
-			*tokPath = cfg.Tokenizer
-		}
-	}
-	if *dataDir != "" && *tokPath == "" {
-		return usagef("-data needs -tokenizer (the tokenizer.json the shards were built with)")
-	}
+// trainSetup is everything a run needs, gathered and checked before
+// anything is written.
+type trainSetup struct {
+	cfg       *train.Config
+	saved     *train.Saved // the checkpoint resumed from; nil for a fresh run
+	tok       *tokenizer.Tokenizer
+	tokJSON   []byte
+	tokPath   string // where the tokenizer came from ("" when trained here)
+	writeTok  bool   // save tokJSON as -out/tokenizer.json
+	ds        *data.Dataset
+	val       [][]int
+	eos       int
+	clearRun  bool
+	startStep int
+}
 
-	// Tokenizer: given, or trained on the bundled sample (kept in -out for resume and for the checkpoint).
-	if *tokPath == "" {
-		*tokPath = filepath.Join(*out, "tokenizer.json")
-		if _, err := os.Stat(*tokPath); err != nil {
-			fmt.Fprintf(stderr, "training a %d-token BPE tokenizer on the bundled sample\n", sampleVocab)
-			var texts []string
-			for _, f := range data.SampleFiles() {
-				texts = append(texts, f.Text)
-			}
-			bm, err := bpetrain.Train(texts, bpetrain.Config{VocabSize: sampleVocab})
-			if err != nil {
-				return err
-			}
-			if err := bm.Save(*tokPath); err != nil {
-				return err
-			}
-		}
-	}
-	tok, err := tokenizer.Load(*tokPath)
+func runTrain(args []string, stdout, stderr io.Writer) error {
+	f, err := parseTrainFlags(args, stderr)
 	if err != nil {
 		return err
 	}
-	eos, ok := tok.EOS()
-	if !ok {
-		return fmt.Errorf("%s: the tokenizer has no end-of-text token to separate documents", *tokPath)
+	s, err := prepareTrain(f, stderr)
+	if err != nil {
+		return err
 	}
-
-	if cfg == nil {
-		if cfg, err = train.Preset(*preset, tok.VocabSize(), eos); err != nil {
-			return usagef("-preset: %v", err)
-		}
-	}
-	if *steps > 0 {
-		cfg.Steps = *steps
-	}
-	if *l1 >= 0 {
-		cfg.L1 = *l1
-	}
+	defer s.ds.Close()
+	cfg := s.cfg
 	mc := cfg.ModelConfig()
-	if tok.VocabSize() > mc.VocabSize {
-		return fmt.Errorf("vocabulary mismatch: %s has %d tokens but the model's vocab_size is %d", *tokPath, tok.VocabSize(), mc.VocabSize)
-	}
 
-	// Data: shards, or the bundled sample tokenized in memory.
-	var ds *data.Dataset
-	if *dataDir != "" {
-		if ds, err = data.Open(*dataDir); err != nil {
-			return err
+	// Everything is checked: from here on the run writes into -out.
+	if s.clearRun {
+		extra := []string{}
+		if s.writeTok {
+			extra = append(extra, "tokenizer.json")
 		}
-		defer ds.Close()
-		if ds.VocabSize() != tok.VocabSize() {
-			return fmt.Errorf("vocabulary mismatch: the shards in %s were built with %d tokens, %s has %d", *dataDir, ds.VocabSize(), *tokPath, tok.VocabSize())
-		}
-	} else {
-		ds, err = data.BuildMemory(data.BuildConfig{Sources: []data.Source{data.SampleSource()},
-			Encoder: encoder{tok, eos}, Tokenizer: *tokPath, ValFrac: 0.05})
-		if err != nil {
+		if err := train.ClearRun(f.out, extra...); err != nil {
 			return err
 		}
 	}
-	if ds.TrainTokens() < int64(cfg.Seq+1) {
-		return fmt.Errorf("the training split has %d tokens, fewer than one sequence of %d", ds.TrainTokens(), cfg.Seq+1)
+	if err := os.MkdirAll(f.out, 0o755); err != nil {
+		return err
 	}
-	val, err := valWindows(ds, cfg.Seq, cfg.EvalBatches*cfg.Batch)
+	if s.writeTok {
+		if err := atomicfile.WriteFile(filepath.Join(f.out, "tokenizer.json"), s.tokJSON); err != nil {
+			return err
+		}
+	}
+	w := model.RandomWeights(mc, rand.New(rand.NewPCG(cfg.Seed, 0x5eed)))
+	if s.saved != nil {
+		w = s.saved.Weights
+	}
+	backend, err := train.NewCPU(mc, w)
 	if err != nil {
 		return err
 	}
-
-	run := train.NewRun(cfg, *out, model.RandomWeights(mc, rand.New(rand.NewPCG(cfg.Seed, 0x5eed))),
-		&datasetSource{ds: ds, seed: cfg.Seed}, val)
-	run.Extra = map[string]string{"tokenizer.json": *tokPath}
+	defer backend.Close()
+	run := train.NewRun(cfg, f.out, backend, &datasetSource{ds: s.ds, seed: cfg.Seed}, s.val)
+	run.Files = map[string][]byte{"tokenizer.json": s.tokJSON, "tokenizer_config.json": tokenizerConfig(s.tok, mc, s.eos)}
 	run.Log = stderr
-	if *resume {
-		if err := run.Resume(); err != nil {
+	if s.saved != nil {
+		from := s.saved.Dir
+		if err := run.ResumeFrom(s.saved); err != nil {
 			return err
 		}
-		fmt.Fprintf(stderr, "resuming %s at step %d\n", *out, run.Step())
+		fmt.Fprintf(stderr, "resuming %s at step %d of %d (from %s)\n", f.out, run.Step(), cfg.Steps, from)
 	}
 	fmt.Fprintf(stderr, "train: %.2fM parameters, %d train tokens, %d held-out windows, %d steps of %d x %d tokens, l1 %g\n",
-		float64(mc.ParamCount())/1e6, ds.TrainTokens(), len(val), cfg.Steps, cfg.Batch*cfg.Accum, cfg.Seq, cfg.L1)
+		float64(mc.ParamCount())/1e6, s.ds.TrainTokens(), len(s.val), cfg.Steps, cfg.Batch*cfg.Accum, cfg.Seq, cfg.L1)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	defer func() {
+		signal.Stop(sigs)
+		close(sigs)
+	}()
+	go func() {
+		if _, ok := <-sigs; !ok {
+			return
+		}
+		cancel()
+		if _, ok := <-sigs; ok {
+			os.Exit(130) // a second Ctrl-C: stop now; the last complete checkpoint stays on disk
+		}
+	}()
+
 	t0 := time.Now()
-	if err := run.Loop(); err != nil {
+	err = run.Loop(ctx)
+	var intr *train.Interrupted
+	if errors.As(err, &intr) {
+		saved := "no checkpoint (no step finished)"
+		if intr.Checkpoint != "" {
+			saved = "checkpoint " + intr.Checkpoint
+		}
+		fmt.Fprintf(stderr, "twell train: interrupted at step %d of %d: saved %s, metrics.jsonl and plots in %s; resume with: twell train -out %s -resume\n",
+			intr.Step, cfg.Steps, saved, f.out, f.out)
+		exitInterrupted()
 		return err
 	}
-	fmt.Fprintf(stdout, "trained %d steps in %.1fs; checkpoint: %s\n", cfg.Steps, time.Since(t0).Seconds(), filepath.Join(*out, "checkpoint"))
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "trained %d steps (%d to %d) in %.1fs; checkpoint: %s\n", run.Step()-s.startStep, s.startStep, run.Step(),
+		time.Since(t0).Seconds(), filepath.Join(f.out, "checkpoint"))
 	return nil
 }
 
-// encoder adapts a tokenizer to data.Encoder.
-type encoder struct {
-	t   *tokenizer.Tokenizer
-	eos int
+// prepareTrain reads and checks the config, the run folder, the tokenizer
+// and the data, writing nothing.
+func prepareTrain(f *trainFlags, stderr io.Writer) (*trainSetup, error) {
+	s := &trainSetup{}
+	if st, err := os.Stat(f.out); err == nil && !st.IsDir() {
+		return nil, fmt.Errorf("-out %s is a file, not a folder", f.out)
+	}
+	var given *train.Config // from -config (a preset needs the tokenizer first)
+	if f.cfgPath != "" {
+		c, err := train.LoadConfig(f.cfgPath)
+		if err != nil {
+			return nil, err
+		}
+		given = c
+	}
+	dataDir, tokPath := f.dataDir, f.tokPath
+	if f.resume {
+		saved, err := train.LoadCheckpoint(f.out)
+		if err != nil {
+			return nil, err
+		}
+		s.saved, s.cfg, s.startStep = saved, saved.Config.Clone(), saved.Step
+		if dataDir == "" {
+			dataDir = s.cfg.Data
+		}
+		if tokPath == "" {
+			tokPath = filepath.Join(saved.Dir, "tokenizer.json")
+			if _, err := os.Stat(tokPath); err != nil && s.cfg.Tokenizer != "" {
+				tokPath = s.cfg.Tokenizer
+			}
+		}
+	} else {
+		if given != nil {
+			if dataDir == "" {
+				dataDir = given.Data
+			}
+			if tokPath == "" {
+				tokPath = given.Tokenizer
+			}
+			if dataDir != "" && tokPath == "" {
+				return nil, fmt.Errorf("%s: data %q needs a tokenizer (the tokenizer.json the shards were built with)", f.cfgPath, dataDir)
+			}
+		}
+		earlier, err := train.EarlierRun(f.out)
+		if err != nil {
+			return nil, err
+		}
+		s.writeTok = tokPath == ""
+		if s.writeTok {
+			if _, err := os.Stat(filepath.Join(f.out, "tokenizer.json")); err == nil {
+				earlier = append(earlier, "tokenizer.json")
+			}
+		}
+		if len(earlier) > 0 && !f.overwrite {
+			return nil, fmt.Errorf("%s holds an earlier run (%s): pass -resume to continue it, -overwrite to replace it, or choose another -out",
+				f.out, strings.Join(earlier, ", "))
+		}
+		s.clearRun = len(earlier) > 0
+	}
+
+	// Tokenizer: given, the checkpoint's, or trained here on the bundled sample.
+	var err error
+	if tokPath != "" {
+		if s.tokJSON, err = os.ReadFile(tokPath); err != nil {
+			return nil, err
+		}
+		if s.tok, err = tokenizer.Parse(s.tokJSON); err != nil {
+			return nil, fmt.Errorf("%s: %w", tokPath, err)
+		}
+		s.tokPath = tokPath
+	} else {
+		fmt.Fprintf(stderr, "training a %d-token BPE tokenizer on the bundled sample\n", sampleVocab)
+		var texts []string
+		for _, f := range data.SampleFiles() {
+			texts = append(texts, f.Text)
+		}
+		bm, err := bpetrain.Train(texts, bpetrain.Config{VocabSize: sampleVocab})
+		if err != nil {
+			return nil, err
+		}
+		if s.tokJSON, err = bm.JSON(); err != nil {
+			return nil, err
+		}
+		if s.tok, err = tokenizer.Parse(s.tokJSON); err != nil {
+			return nil, err
+		}
+	}
+	eos, ok := s.tok.EOS()
+	if !ok {
+		return nil, fmt.Errorf("%s: the tokenizer has no end-of-text token to separate documents", tokPath)
+	}
+	s.eos = eos
+
+	// The config: the checkpoint's (resume), -config's, or the preset's for this vocabulary.
+	if given == nil && f.preset != "" {
+		if given, err = train.Preset(f.preset, s.tok.VocabSize(), eos); err != nil {
+			return nil, usagef("-preset: %v", err)
+		}
+	}
+	for _, c := range []*train.Config{s.cfg, given} {
+		if c == nil {
+			continue
+		}
+		if f.set["steps"] {
+			c.Steps = f.steps
+		}
+		if f.set["l1"] {
+			c.L1 = f.l1
+		}
+	}
+	if s.cfg == nil {
+		s.cfg = given
+		if dataDir != "" {
+			s.cfg.Data = absPath(dataDir)
+		}
+		if tokPath != "" {
+			s.cfg.Tokenizer = absPath(tokPath)
+		}
+	} else if given != nil {
+		what := "-preset " + f.preset
+		if f.cfgPath != "" {
+			what = "-config " + f.cfgPath
+		}
+		if d := given.Diff(s.cfg, "data", "tokenizer"); d != "" {
+			return nil, fmt.Errorf("%s does not describe the run being resumed: %s; resume with -out and -resume alone (the checkpoint holds the config)",
+				what, strings.Replace(d, "(other:", "(checkpoint:", 1))
+		}
+	}
+	cfg := s.cfg
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if s.saved != nil && s.saved.Step > cfg.Steps {
+		return nil, fmt.Errorf("-steps %d: the checkpoint in %s is already at step %d", cfg.Steps, s.saved.Dir, s.saved.Step)
+	}
+	mc := cfg.ModelConfig()
+	if s.tok.VocabSize() > mc.VocabSize {
+		return nil, fmt.Errorf("vocabulary mismatch: %s has %d tokens but the model's vocab_size is %d", tokName(tokPath), s.tok.VocabSize(), mc.VocabSize)
+	}
+
+	// Data: shards, or the bundled sample tokenized in memory.
+	if dataDir != "" {
+		if s.ds, err = data.Open(dataDir); err != nil {
+			return nil, err
+		}
+		if s.ds.VocabSize() != s.tok.VocabSize() {
+			s.ds.Close()
+			return nil, fmt.Errorf("vocabulary mismatch: the shards in %s were built with %d tokens, %s has %d", dataDir, s.ds.VocabSize(), tokName(tokPath), s.tok.VocabSize())
+		}
+	} else {
+		s.ds, err = data.BuildMemory(data.BuildConfig{Sources: []data.Source{data.SampleSource()},
+			Encoder: tokenizerEncoder{s.tok, eos}, Tokenizer: tokName(tokPath), ValFrac: 0.05})
+		if err != nil {
+			return nil, err
+		}
+	}
+	if s.ds.TrainTokens() < int64(cfg.Seq+1) {
+		s.ds.Close()
+		return nil, fmt.Errorf("the training split has %d tokens, fewer than one sequence of %d", s.ds.TrainTokens(), cfg.Seq+1)
+	}
+	if s.val, err = valWindows(s.ds, cfg.Seq, cfg.EvalBatches*cfg.Batch); err != nil {
+		s.ds.Close()
+		return nil, err
+	}
+	return s, nil
 }
 
-func (e encoder) Encode(text string) ([]int, error) { return e.t.AppendEncode(nil, text) }
-func (e encoder) VocabSize() int                    { return e.t.VocabSize() }
-func (e encoder) EOS() int                          { return e.eos }
+func tokName(path string) string {
+	if path == "" {
+		return "the sample tokenizer"
+	}
+	return path
+}
+
+func absPath(p string) string {
+	if a, err := filepath.Abs(p); err == nil {
+		return a
+	}
+	return p
+}
+
+// tokenizerConfig returns the checkpoint's tokenizer_config.json: the
+// model's BOS token (the end-of-text token when the model has none) and its
+// end-of-text token, by name.
+func tokenizerConfig(tok *tokenizer.Tokenizer, mc model.Config, eos int) []byte {
+	eosName, _ := tok.IDToken(eos)
+	bosName := eosName
+	if mc.BOSTokenID != nil {
+		if n, ok := tok.IDToken(*mc.BOSTokenID); ok {
+			bosName = n
+		}
+	}
+	return train.TokenizerConfig(bosName, eosName, mc.MaxPositionEmbeddings)
+}
 
 // datasetSource draws training windows at seeded pseudo-random offsets of a
 // dataset's training split: window i depends only on (seed, i).
