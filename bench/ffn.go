@@ -25,6 +25,11 @@ type FFNOptions struct {
 
 // Validate reports the first bad option, naming it.
 func (o FFNOptions) Validate() error {
+	// The layout first (a one-tile width checks it alone): -tile 0 must
+	// not divide by zero below.
+	if err := o.Layout.Check(o.Layout.Tile); err != nil {
+		return fmt.Errorf("-tile %d -c %d: %w", o.Layout.Tile, o.Layout.C, err)
+	}
 	switch {
 	case o.D < 2:
 		return fmt.Errorf("-d %d: the hidden size must be at least 2", o.D)
@@ -43,6 +48,15 @@ func (o FFNOptions) Validate() error {
 		}
 	}
 	return o.Layout.Check(o.F)
+}
+
+// HostBytes estimates the host memory of the benchmark: two input batches,
+// the float32 weights and the CPU kernels' copies of them, the outputs, the
+// dense path's hidden activations and the packed TwELL activation.
+func (o FFNOptions) HostBytes() float64 {
+	m, d, f := float64(o.M), float64(o.D), float64(o.F)
+	c := float64(max(o.Layout.C, 1))
+	return 4 * (4*m*d + 7*f*d + 2*m*f + m*f/c)
 }
 
 // FFNResult is one measured case. JSON names are those of the bench record.

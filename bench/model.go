@@ -11,6 +11,7 @@ import (
 
 	"github.com/twell-ai/twell/cpu/llm"
 	"github.com/twell-ai/twell/engine"
+	"github.com/twell-ai/twell/internal/memcheck"
 	"github.com/twell-ai/twell/mlp"
 	"github.com/twell-ai/twell/model"
 	"github.com/twell-ai/twell/safetensors"
@@ -22,8 +23,9 @@ import (
 type ModelOptions struct {
 	Dir    string // checkpoint folder; empty means Preset
 	Preset string // "sparselm-1.5b": random weights at the SparseLM shape
-	// Layers, when positive, keeps only the first Layers decoder layers
-	// (presets only), so a large shape fits a small machine.
+	// Layers keeps only the first Layers decoder layers of a preset (1 to
+	// the preset's count; 0 keeps them all), so a large shape fits a small
+	// machine.
 	Layers int
 	// Density and Dist shape the random gates of a preset (realistic
 	// sparsity); ignored for checkpoints.
@@ -54,6 +56,10 @@ func (o ModelOptions) Validate() error {
 		return fmt.Errorf("give -model or -preset, not both")
 	case o.Preset != "" && o.Preset != "sparselm-1.5b":
 		return fmt.Errorf("-preset %q: the known preset is sparselm-1.5b", o.Preset)
+	case o.Layers < 0 || (o.Preset != "" && o.Layers > model.SparseLM1B5().NumHiddenLayers):
+		return fmt.Errorf("-layers %d: must be between 1 and the preset's %d", o.Layers, model.SparseLM1B5().NumHiddenLayers)
+	case o.Dir != "" && o.Layers != 0:
+		return fmt.Errorf("-layers applies to -preset, not to -model")
 	case o.Preset != "" && !(o.Density > 0 && o.Density < 1):
 		return fmt.Errorf("-density %g: must be inside (0, 1)", o.Density)
 	case o.Batch < 1 || o.PromptLen < 1:
@@ -100,7 +106,10 @@ func buildModel(o ModelOptions, r *rand.Rand, progress func(string)) (*model.Mod
 	}
 	c := model.SparseLM1B5()
 	if o.Layers > 0 {
-		c.NumHiddenLayers = min(o.Layers, c.NumHiddenLayers)
+		c.NumHiddenLayers = o.Layers
+	}
+	if err := fitsOnHost(c, o); err != nil {
+		return nil, "", err
 	}
 	name := fmt.Sprintf("%s (random weights, %d layers, gate density %g %s)", o.Preset, c.NumHiddenLayers, o.Density, o.Dist)
 	progress(fmt.Sprintf("building %s", name))
@@ -113,6 +122,34 @@ func buildModel(o ModelOptions, r *rand.Rand, progress func(string)) (*model.Mod
 		return nil, "", err
 	}
 	return m, name, nil
+}
+
+// hostBytes estimates the host memory of a whole-model benchmark of c: the
+// float32 weights and the CPU engine's packed copies (2.7 times the weights
+// in all, measured), the prefill's KV caches and activations.
+func hostBytes(c model.Config, o ModelOptions) float64 {
+	kv := 8 * float64(c.NumHiddenLayers*c.NumKeyValueHeads*c.HeadDim) * float64(o.Batch*o.PromptLen)
+	act := 4 * float64(o.Batch*o.PromptLen) * float64(4*c.HiddenSize+2*c.IntermediateSize)
+	return 2.7*c.WeightBytes() + kv + act
+}
+
+// fitsOnHost refuses a preset benchmark that would not fit in memory,
+// saying how many layers would.
+func fitsOnHost(c model.Config, o ModelOptions) error {
+	need := hostBytes(c, o)
+	one := c
+	one.NumHiddenLayers = 1
+	perLayer := hostBytes(one, o) - hostBytes(model.Config{VocabSize: c.VocabSize, HiddenSize: c.HiddenSize, TieWordEmbeddings: c.TieWordEmbeddings}, o)
+	hint := ""
+	if avail, ok := memcheck.Available(); ok && need > float64(avail) {
+		fixed := need - float64(c.NumHiddenLayers)*perLayer
+		if k := int((float64(avail) - fixed) / perLayer); k >= 1 {
+			hint = fmt.Sprintf("-layers %d would fit", k)
+		} else {
+			hint = "even one layer would not fit: try a smaller -batch or -prompt-len"
+		}
+	}
+	return memcheck.Fits(fmt.Sprintf("the %d-layer benchmark model", c.NumHiddenLayers), need, hint)
 }
 
 // DecodePoint is decode speed at one batch size.

@@ -82,3 +82,26 @@ func TestLoadRefusesNonFiniteWeights(t *testing.T) {
 		}
 	}
 }
+
+// TestLoadRefusesWhatCannotFit: a config whose weights could never fit is
+// refused before anything is allocated, with both figures.
+func TestLoadRefusesWhatCannotFit(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 3))
+	c := tinyConfig()
+	dir := t.TempDir()
+	if err := Save(dir, c, RandomWeights(c, r), safetensors.BF16); err != nil {
+		t.Fatal(err)
+	}
+	huge := c
+	huge.NumHiddenLayers = 1e12
+	if err := huge.Save(filepath.Join(dir, "config.json")); err != nil {
+		t.Fatal(err)
+	}
+	_, err := Load(dir)
+	if err == nil || !strings.Contains(err.Error(), "memory") {
+		t.Fatalf("10^12 layers: err = %v, want a memory estimate", err)
+	}
+	if got := huge.ParamCount(); got <= 0 {
+		t.Errorf("ParamCount overflowed: %d", got)
+	}
+}

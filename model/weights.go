@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/twell-ai/twell/internal/memcheck"
 	"github.com/twell-ai/twell/safetensors"
 )
 
@@ -74,6 +75,9 @@ func (w *Weights) specs(c Config) []tensorSpec {
 // infinite values and tensors the model does not use are errors naming the
 // tensor.
 func LoadWeights(c Config, ck *safetensors.Checkpoint) (*Weights, error) {
+	if err := memcheck.Fits(fmt.Sprintf("loading %s (%d layers, float32)", c.name(), c.NumHiddenLayers), c.WeightBytes(), ""); err != nil {
+		return nil, fmt.Errorf("model: %w", err)
+	}
 	w := &Weights{Layers: make([]LayerWeights, c.NumHiddenLayers)}
 	used := map[string]bool{}
 	var errs []error
@@ -190,18 +194,32 @@ func Save(dir string, c Config, w *Weights, dtype safetensors.DType) error {
 }
 
 // ParamCount returns the number of parameters of a model with config c
-// (a tied LM head is counted once).
+// (a tied LM head is counted once), or math.MaxInt64 when the count does
+// not fit (a config no machine can hold).
 func (c Config) ParamCount() int64 {
-	h, f, hd := int64(c.HiddenSize), int64(c.IntermediateSize), int64(c.HeadDim)
-	per := h*hd*int64(c.NumAttentionHeads)*2 + h*hd*int64(c.NumKeyValueHeads)*2 + 2*h
-	mlp := int64(2)
+	n := c.params()
+	if n >= math.MaxInt64 {
+		return math.MaxInt64
+	}
+	return int64(n)
+}
+
+// params counts the parameters in float64, which cannot overflow.
+func (c Config) params() float64 {
+	h, f, hd := float64(c.HiddenSize), float64(c.IntermediateSize), float64(c.HeadDim)
+	per := h*hd*float64(c.NumAttentionHeads)*2 + h*hd*float64(c.NumKeyValueHeads)*2 + 2*h
+	mlp := 2.0
 	if c.MLPGated {
 		mlp = 3
 	}
 	per += mlp * h * f
-	n := int64(c.VocabSize)*h + int64(c.NumHiddenLayers)*per + h
+	n := float64(c.VocabSize)*h + float64(c.NumHiddenLayers)*per + h
 	if !c.TieWordEmbeddings {
-		n += int64(c.VocabSize) * h
+		n += float64(c.VocabSize) * h
 	}
 	return n
 }
+
+// WeightBytes returns the memory the float32 weights of a model with
+// config c take.
+func (c Config) WeightBytes() float64 { return 4 * c.params() }

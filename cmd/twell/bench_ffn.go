@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -10,10 +9,9 @@ import (
 	"strings"
 	"text/tabwriter"
 
-	"github.com/twell-ai/twell/internal/atomicfile"
-
+	"github.com/twell-ai/twell/backend"
 	"github.com/twell-ai/twell/bench"
-	"github.com/twell-ai/twell/cuda"
+	"github.com/twell-ai/twell/internal/memcheck"
 	"github.com/twell-ai/twell/synth"
 	"github.com/twell-ai/twell/twell"
 )
@@ -24,14 +22,14 @@ func init() {
 
 func runBenchFFN(args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("bench ffn", stderr)
-	device := fs.String("device", "auto", "where to run: cpu, cuda or auto")
-	d := fs.Int("d", 2048, "hidden size")
-	f := fs.Int("f", 5632, "MLP width (a multiple of the tile width)")
-	m := fs.Int("m", 0, "tokens (default 1024 on CPU, 65536 on GPU)")
+	device := fs.String("device", "auto", "where to run: cpu, cuda or auto (auto: cuda when a GPU is found)")
+	d := fs.Int("d", 2048, "hidden size, >= 2")
+	f := fs.Int("f", 5632, "MLP width, a positive multiple of the tile width")
+	m := fs.Int("m", 1024, "tokens, >= 1 (default 1024 on CPU, 65536 on GPU)")
 	densities := fs.String("density", "0.005,0.02,0.05", "comma-separated fractions of MLP units active per token, each in (0,1)")
 	dist := fs.String("dist", "uniform", "per-unit firing rates: uniform or skewed (heavy-tailed, ~30% dead units)")
 	gated := fs.Bool("gated", true, "gated MLP (relu(x Wg^T) * x Wu^T); false for relu(x Wu^T)")
-	reps := fs.Int("reps", 0, "timed repetitions per path, median reported (default 7 on CPU, 30 on GPU)")
+	reps := fs.Int("reps", 7, "timed repetitions per path, >= 1, median reported (default 7 on CPU, 30 on GPU)")
 	c := fs.Int("c", 8, "TwELL compression factor: 2, 4 or 8")
 	tile := fs.Int("tile", 256, "TwELL tile width: 256 or 128")
 	seed := fs.Uint64("seed", 0, "random seed (0: a fresh one, printed)")
@@ -51,31 +49,20 @@ func runBenchFFN(args []string, stdout, stderr io.Writer) error {
 	if *seed == 0 {
 		*seed = rand.Uint64()
 	}
-	dev := *device
+	kind, err := backend.Parse(*device)
+	if err != nil {
+		return usagef("%v", err)
+	}
 	run := bench.FFNCPU
-	switch dev {
-	case "auto":
-		dev = "cpu"
-		if n, err := cuda.Count(); err == nil && n > 0 {
-			dev, run = "cuda", bench.FFNCUDA
-		}
-	case "cpu":
-	case "cuda":
+	if kind, _ = backend.Resolve(kind, nil); kind == backend.CUDA {
 		run = bench.FFNCUDA
-	default:
-		return usagef("-device %q: want cpu, cuda or auto", dev)
-	}
-	if dev == "cuda" && *m == 0 {
-		*m = 65536
-	}
-	if dev == "cuda" && *reps == 0 {
-		*reps = 30
-	}
-	if *m == 0 {
-		*m = 1024
-	}
-	if *reps == 0 {
-		*reps = 7
+		set := setFlags(fs) // GPU-sized defaults for the flags not given
+		if !set["m"] {
+			*m = 65536
+		}
+		if !set["reps"] {
+			*reps = 30
+		}
 	}
 	o := bench.FFNOptions{
 		D: *d, F: *f, M: *m, Densities: dens, Dist: dst, Gated: *gated, Reps: *reps,
@@ -83,6 +70,9 @@ func runBenchFFN(args []string, stdout, stderr io.Writer) error {
 	}
 	if err := o.Validate(); err != nil {
 		return usageError{err.Error()}
+	}
+	if err := memcheck.Fits(fmt.Sprintf("the d=%d f=%d m=%d benchmark", o.D, o.F, o.M), o.HostBytes(), ""); err != nil {
+		return err
 	}
 	if err := checkWritable(*jsonPath, *plotPath); err != nil {
 		return err
@@ -93,21 +83,7 @@ func runBenchFFN(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	printFFN(stdout, results)
-	if *jsonPath != "" {
-		b, err := json.MarshalIndent(results, "", "  ")
-		if err != nil {
-			return err
-		}
-		if err := atomicfile.WriteFile(*jsonPath, append(b, '\n')); err != nil {
-			return err
-		}
-	}
-	if *plotPath != "" {
-		if err := bench.PlotFFN(results, *plotPath); err != nil {
-			return fmt.Errorf("plot: %w", err)
-		}
-	}
-	return nil
+	return writeResults(*jsonPath, results, *plotPath, func() error { return bench.PlotFFN(results, *plotPath) })
 }
 
 func printFFN(w io.Writer, rs []bench.FFNResult) {

@@ -23,6 +23,9 @@ func TestBenchFFNBadInputExits2(t *testing.T) {
 		{[]string{"bench", "ffn", "-dist", "zipf"}, "unknown distribution"},
 		{[]string{"bench", "ffn", "-device", "tpu"}, "-device \"tpu\""},
 		{[]string{"bench", "ffn", "-c", "3"}, "compression factor 3"},
+		{[]string{"bench", "ffn", "-tile", "0"}, "tile width 0"},
+		{[]string{"bench", "ffn", "-m", "0"}, "-m 0"},
+		{[]string{"bench", "ffn", "-reps", "0"}, "-reps 0"},
 		{[]string{"bench", "nope"}, "unknown command \"bench nope\""},
 	}
 	for _, c := range cases {
@@ -78,5 +81,15 @@ func TestHelpListsCommands(t *testing.T) {
 	var out, errb bytes.Buffer
 	if code := run(nil, &out, &errb); code != 0 || !strings.Contains(out.String(), "bench ffn") {
 		t.Fatalf("help: exit %d, output %q", code, out.String())
+	}
+}
+
+// TestBenchFFNRefusesWhatCannotFit: a shape past the machine's memory is
+// refused up front with both figures, not killed by the kernel.
+func TestBenchFFNRefusesWhatCannotFit(t *testing.T) {
+	var out, errb bytes.Buffer
+	code := run([]string{"bench", "ffn", "-device", "cpu", "-d", "100000000"}, &out, &errb)
+	if msg := errb.String(); code != 1 || !strings.Contains(msg, "memory") || !strings.Contains(msg, "available") {
+		t.Errorf("exit %d, stderr %q; want exit 1 naming the memory needed and available", code, msg)
 	}
 }

@@ -10,10 +10,11 @@ import (
 	"strings"
 	"text/tabwriter"
 
-	"github.com/twell-ai/twell/internal/atomicfile"
-
+	"github.com/twell-ai/twell/backend"
 	"github.com/twell-ai/twell/bench"
 	"github.com/twell-ai/twell/cuda"
+	"github.com/twell-ai/twell/internal/atomicfile"
+	"github.com/twell-ai/twell/internal/memcheck"
 	"github.com/twell-ai/twell/synth"
 )
 
@@ -25,7 +26,7 @@ func runBenchModel(args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("bench model", stderr)
 	dir := fs.String("model", "", "checkpoint folder (config.json + model.safetensors)")
 	preset := fs.String("preset", "", "random weights at a known shape: sparselm-1.5b")
-	layers := fs.Int("layers", 0, "with -preset: keep only this many layers (0 = all)")
+	layers := fs.Int("layers", 0, "with -preset: keep only the first N layers, 1 to the preset's 28 (default: all)")
 	density := fs.Float64("density", 0.005, "with -preset: fraction of MLP units active per token")
 	dist := fs.String("dist", "skewed", "with -preset: per-unit firing rates, uniform or skewed")
 	batch := fs.Int("batch", 2, "prefill: sequences per forward pass (cuda: default 64)")
@@ -34,7 +35,7 @@ func runBenchModel(args []string, stdout, stderr io.Writer) error {
 	decodeSteps := fs.Int("decode-steps", 8, "decode: timed steps per batch size")
 	decodeContext := fs.Int("decode-context", 16, "decode: tokens cached per sequence before the timed steps")
 	reps := fs.Int("reps", 3, "repetitions, median reported")
-	device := fs.String("device", "auto", "cpu, cuda or auto (auto: cuda when a GPU is found, else cpu)")
+	device := fs.String("device", "auto", backend.FlagUsage)
 	seed := fs.Uint64("seed", 0, "random seed (0: fresh, printed)")
 	jsonPath := fs.String("json", "", "write the results as JSON to this file")
 	plotPath := fs.String("plot", "", "write a PNG of prefill tokens/ms and decode tokens/s per path to this file")
@@ -42,15 +43,23 @@ func runBenchModel(args []string, stdout, stderr io.Writer) error {
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	if *device == "auto" {
-		*device = "cpu"
-		if n, err := cuda.Count(); err == nil && n > 0 {
-			*device = "cuda"
+	kind, err := backend.Parse(*device)
+	if err != nil {
+		return usagef("%v", err)
+	}
+	if kind, _ = backend.Resolve(kind, nil); kind == backend.CUDA {
+		if n, err := cuda.Count(); err != nil || n == 0 {
+			return fmt.Errorf("-device cuda: no GPU found (%v)", err)
 		}
+		*device = "cuda"
+	} else {
+		*device = "cpu"
+	}
+	if set := setFlags(fs); set["layers"] && *layers < 1 {
+		return usagef("-layers %d: must be between 1 and the preset's 28", *layers)
 	}
 	if *device == "cuda" { // GPU-sized defaults for the flags not given
-		set := map[string]bool{}
-		fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+		set := setFlags(fs)
 		if !set["batch"] {
 			*batch = 64
 		}
@@ -73,12 +82,6 @@ func runBenchModel(args []string, stdout, stderr io.Writer) error {
 		}
 		batches = append(batches, b)
 	}
-	switch *device {
-	case "auto", "cpu":
-	case "cuda":
-	default:
-		return usagef("-device %q: want cpu, cuda or auto", *device)
-	}
 	if *seed == 0 {
 		*seed = rand.Uint64()
 	}
@@ -100,21 +103,9 @@ func runBenchModel(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	printModelTable(stdout, rs, nil)
-	fmt.Fprintf(stderr, "model: %s, %.2fB parameters; peak RSS %.1f GiB; energy per token: not readable on this CPU\n",
-		rs[0].Model, float64(rs[0].Params)/1e9, float64(rs[len(rs)-1].PeakRSSBytes)/(1<<30))
-	if *plotPath != "" {
-		if err := bench.PlotModel(rs, *plotPath); err != nil {
-			return fmt.Errorf("plot: %w", err)
-		}
-	}
-	if *jsonPath != "" {
-		b, err := json.MarshalIndent(rs, "", "  ")
-		if err != nil {
-			return err
-		}
-		return atomicfile.WriteFile(*jsonPath, append(b, '\n'))
-	}
-	return nil
+	fmt.Fprintf(stderr, "model: %s, %s parameters; peak RSS %s; energy per token: not readable on this CPU\n",
+		rs[0].Model, countString(rs[0].Params), memcheck.Format(float64(rs[len(rs)-1].PeakRSSBytes)))
+	return writeResults(*jsonPath, rs, *plotPath, func() error { return bench.PlotModel(rs, *plotPath) })
 }
 
 // benchModelCUDA runs bench model on the GPU and prints its table.
@@ -131,22 +122,50 @@ func benchModelCUDA(o bench.ModelOptions, jsonPath, plotPath string, stdout, std
 	}
 	printModelTable(stdout, base, peak)
 	r := rs[0]
-	fmt.Fprintf(stderr, "model: %s, %.2fB parameters on %s; weights %.2f GiB, prefill KV caches %.2f GiB; %d of %d layers on TwELL MLPs; GPU vs CPU logits %.1e\n",
-		r.Model, float64(r.Params)/1e9, r.Machine, float64(r.WeightBytes)/(1<<30), float64(r.KVCacheBytes)/(1<<30),
+	fmt.Fprintf(stderr, "model: %s, %s parameters on %s; weights %s, prefill KV caches %s; %d of %d layers on TwELL MLPs; GPU vs CPU logits %.1e\n",
+		r.Model, countString(r.Params), r.Machine, memcheck.Format(float64(r.WeightBytes)), memcheck.Format(float64(r.KVCacheBytes)),
 		r.TwELLLayers, len(rs[1].MLPActive), r.CPUCheckRelDiff)
-	if plotPath != "" {
-		if err := bench.PlotModel(base, plotPath); err != nil {
-			return fmt.Errorf("plot: %w", err)
-		}
-	}
+	return writeResults(jsonPath, rs, plotPath, func() error { return bench.PlotModel(base, plotPath) })
+}
+
+// writeResults writes v as JSON to jsonPath (if set), then the plot (if
+// plotPath is set), so that a failed plot loses no results.
+func writeResults(jsonPath string, v any, plotPath string, plot func() error) error {
 	if jsonPath != "" {
-		b, err := json.MarshalIndent(rs, "", "  ")
+		b, err := json.MarshalIndent(v, "", "  ")
 		if err != nil {
 			return err
 		}
-		return atomicfile.WriteFile(jsonPath, append(b, '\n'))
+		if err := atomicfile.WriteFile(jsonPath, append(b, '\n')); err != nil {
+			return err
+		}
+	}
+	if plotPath != "" {
+		if err := plot(); err != nil {
+			return fmt.Errorf("plot (the JSON is written): %w", err)
+		}
 	}
 	return nil
+}
+
+// countString writes a count with a decimal unit: "1.54B", "3.1M", "950".
+func countString(n int64) string {
+	switch v := float64(n); {
+	case v >= 1e9:
+		return fmt.Sprintf("%.2fB", v/1e9)
+	case v >= 1e6:
+		return fmt.Sprintf("%.1fM", v/1e6)
+	case v >= 1e3:
+		return fmt.Sprintf("%.1fK", v/1e3)
+	}
+	return fmt.Sprint(n)
+}
+
+// setFlags returns the names of the flags given on the command line.
+func setFlags(fs *flag.FlagSet) map[string]bool {
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	return set
 }
 
 // printModelTable prints one row per path; with peak device memory per path

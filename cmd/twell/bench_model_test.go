@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/twell-ai/twell/cuda"
 )
 
 func TestBenchModelOnCheckpoint(t *testing.T) {
@@ -33,6 +35,12 @@ func TestBenchModelOnCheckpoint(t *testing.T) {
 	b, _ := os.ReadFile(js)
 	if err := json.Unmarshal(b, &rs); err != nil || len(rs) != 2 {
 		t.Fatalf("JSON: %v, %d results", err, len(rs))
+	}
+	if p, rss := rs[1]["params"].(float64), rs[1]["peak_rss_bytes"].(float64); p < 1000 || rss < 1e6 {
+		t.Errorf("params %v, peak RSS %v: want the model's count and a real figure", p, rss)
+	}
+	if strings.Contains(errb.String(), "0.00B") || strings.Contains(errb.String(), " 0.0 GiB") {
+		t.Errorf("stderr reports zero parameters or memory: %q", errb.String())
 	}
 	if rs[0]["path"] != "dense" || rs[1]["path"] != "twell" {
 		t.Errorf("paths %v, %v", rs[0]["path"], rs[1]["path"])
@@ -69,6 +77,9 @@ func TestBenchModelBadInput(t *testing.T) {
 		{[]string{"bench", "model", "-preset", "sparselm-1.5b", "-density", "2"}, "-density 2"},
 		{[]string{"bench", "model", "-preset", "sparselm-1.5b", "-decode-batch", "x"}, "not an integer"},
 		{[]string{"bench", "model", "-preset", "sparselm-1.5b", "-decode-context", "0"}, "-decode-context 0 must be positive"},
+		{[]string{"bench", "model", "-preset", "sparselm-1.5b", "-layers", "-1"}, "-layers -1: must be between 1 and the preset's 28"},
+		{[]string{"bench", "model", "-preset", "sparselm-1.5b", "-layers", "99999"}, "-layers 99999"},
+		{[]string{"bench", "model", "-preset", "sparselm-1.5b", "-layers", "0"}, "-layers 0"},
 	} {
 		var out, errb bytes.Buffer
 		if code := run(c.args, &out, &errb); code != 2 || !strings.Contains(errb.String(), c.want) {
@@ -80,5 +91,16 @@ func TestBenchModelBadInput(t *testing.T) {
 	args := []string{"bench", "model", "-preset", "sparselm-1.5b", "-plot", "/nonexistent/dir/m.png"}
 	if code := run(args, &out, &errb); code != 1 || !strings.Contains(errb.String(), "folder /nonexistent/dir does not exist") {
 		t.Errorf("%v: exit %d, stderr %q", args, code, errb.String())
+	}
+}
+
+// TestBenchModelCUDAWithoutGPU fails at once, before building a model.
+func TestBenchModelCUDAWithoutGPU(t *testing.T) {
+	if n, err := cuda.Count(); err == nil && n > 0 {
+		t.Skip("a GPU is present")
+	}
+	var out, errb bytes.Buffer
+	if code := run([]string{"bench", "model", "-preset", "sparselm-1.5b", "-device", "cuda"}, &out, &errb); code != 1 || !strings.Contains(errb.String(), "no GPU found") {
+		t.Errorf("exit %d, stderr %q", code, errb.String())
 	}
 }
