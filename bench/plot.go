@@ -4,7 +4,10 @@ import (
 	"bytes"
 	"cmp"
 	"fmt"
+	"image/color"
+	"math"
 	"slices"
+	"strconv"
 
 	"github.com/twell-ai/twell/internal/atomicfile"
 	"gonum.org/v1/plot"
@@ -15,74 +18,107 @@ import (
 	"gonum.org/v1/plot/vg/vgimg"
 )
 
+// The plots follow one set of rules: every panel has a title, numbers on
+// both axes (at least three labelled ticks each) and units in the axis
+// labels; legends sit in a column to the right of the panels, never over
+// the data; values that an axis cannot show (not finite, or <= 0 on a
+// logarithmic axis) are left out and counted in a note under the panels.
+// No input makes them panic.
+
 // PlotFFN writes a PNG of speedup against density, one line per device,
 // distribution, token count and MLP kind, with the 1x line for reference.
 func PlotFFN(results []FFNResult, path string) error {
-	p := plot.New()
-	p.Title.Text = "TwELL MLP speedup over dense (same run)"
-	p.X.Label.Text = "density (fraction of MLP units active per token)"
-	p.Y.Label.Text = "speedup (dense ms / TwELL ms)"
-	p.X.Scale = plot.LogScale{}
-	p.X.Tick.Marker = plot.LogTicks{Prec: -1}
+	if len(results) == 0 {
+		return fmt.Errorf("bench: no MLP results to plot")
+	}
+	p := newPanel("TwELL MLP speedup over the dense MLP (same run)",
+		"density (fraction of MLP units active per token, log scale)",
+		"speedup (dense time / TwELL time, x)")
+	var notes notes
 	groups := map[string]plotter.XYs{}
 	var names []string
-	lo, hi := 1.0, 0.0
 	for _, r := range results {
 		kind := "gated"
 		if !r.Gated {
 			kind = "non-gated"
 		}
-		name := fmt.Sprintf("%s %s m=%d %s", r.Device, r.Dist, r.M, kind)
+		name := fmt.Sprintf("%s, %s, m=%d, %s", r.Device, r.Dist, r.M, kind)
+		if !(r.Density > 0) || math.IsInf(r.Density, 0) {
+			notes.drop(name, "density", r.Density, "log x axis")
+			continue
+		}
+		if !finite(r.Speedup) {
+			notes.drop(name, "speedup", r.Speedup, "y axis")
+			continue
+		}
 		if _, ok := groups[name]; !ok {
 			names = append(names, name)
 		}
 		groups[name] = append(groups[name], plotter.XY{X: r.Density, Y: r.Speedup})
-		lo, hi = min(lo, r.Density), max(hi, r.Density)
 	}
 	slices.Sort(names)
-	var lines []any
-	for _, n := range names {
+	leg := newLegend()
+	var xs, ys []float64
+	for i, n := range names {
 		pts := groups[n]
-		slices.SortFunc(pts, func(a, b plotter.XY) int {
-			switch {
-			case a.X < b.X:
-				return -1
-			case a.X > b.X:
-				return 1
-			}
-			return 0
-		})
-		lines = append(lines, n, pts)
+		slices.SortFunc(pts, func(a, b plotter.XY) int { return cmp.Compare(a.X, b.X) })
+		if err := addLine(p, &leg, i, n, pts); err != nil {
+			return err
+		}
+		for _, q := range pts {
+			xs, ys = append(xs, q.X), append(ys, q.Y)
+		}
 	}
-	if err := plotutil.AddLinePoints(p, lines...); err != nil {
-		return err
+	if len(xs) == 0 {
+		notes.add("no result has a positive density and a finite speedup: nothing to plot")
+		xs, ys = []float64{0.01}, []float64{1}
 	}
-	one, err := plotter.NewLine(plotter.XYs{{X: lo, Y: 1}, {X: hi, Y: 1}})
+	setLogAxis(&p.X, xs, true)
+	ys = append(ys, 1) // keep the 1x line in view
+	setLinearAxis(&p.Y, ys, true)
+	one, err := plotter.NewLine(plotter.XYs{{X: p.X.Min, Y: 1}, {X: p.X.Max, Y: 1}})
 	if err != nil {
 		return err
 	}
 	one.Dashes = []vg.Length{vg.Points(4), vg.Points(4)}
 	p.Add(one)
-	p.Legend.Top = true
-	p.Y.Min = 0
-	return p.Save(7*vg.Inch, 4.5*vg.Inch, path)
+	leg.Add("1x (as fast as dense)", one)
+
+	r0 := results[0]
+	header := []string{fmt.Sprintf("MLP block d=%d, f=%d, compression %d", r0.D, r0.F, r0.C), r0.Machine + ", " + r0.Date}
+	return render(path, 10*vg.Inch, 5*vg.Inch, header, []*plot.Plot{p}, &leg, notes)
 }
 
 // PlotModel writes a PNG of a whole-model benchmark: prefill tokens/ms by
 // path (bars) and decode tokens/s against the batch size, one line per path.
 func PlotModel(results []ModelResult, path string) error {
 	if len(results) == 0 {
-		return fmt.Errorf("no results to plot")
+		return fmt.Errorf("bench: no model results to plot")
 	}
 	r0 := results[0]
-	pre := plot.New()
-	pre.Title.Text = fmt.Sprintf("prefill, %d tokens", r0.PrefillTokens)
-	pre.Y.Label.Text = "tokens/ms"
+	var notes notes
+
+	pre := newPanel(fmt.Sprintf("prefill, %d tokens per pass", r0.PrefillTokens),
+		"MLP path (prefill speedup over dense)", "prefill throughput (tokens/ms)")
 	var vals plotter.Values
 	var names []string
-	for _, r := range results {
-		vals = append(vals, r.PrefillTokPerMS)
-		names = append(names, fmt.Sprintf("%s (%.2fx)", r.Path, r.Speedup))
+	var at plotter.XYLabels
+	for i, r := range results {
+		v, label := r.PrefillTokPerMS, ""
+		if !finite(v) || v < 0 {
+			notes.drop(r.Path, "prefill tokens/ms", v, "bar chart")
+			v, label = 0, "n/a"
+		} else {
+			label = strconv.FormatFloat(v, 'f', decimalsFor(v), 64)
+		}
+		vals = append(vals, v)
+		speedup := "n/a"
+		if finite(r.Speedup) {
+			speedup = fmt.Sprintf("%.2fx", r.Speedup)
+		}
+		names = append(names, fmt.Sprintf("%s (%s)", r.Path, speedup))
+		at.XYs = append(at.XYs, plotter.XY{X: float64(i), Y: v})
+		at.Labels = append(at.Labels, label)
 	}
 	bars, err := plotter.NewBarChart(vals, vg.Points(40))
 	if err != nil {
@@ -90,11 +126,6 @@ func PlotModel(results []ModelResult, path string) error {
 	}
 	bars.Color = plotutil.Color(0)
 	pre.Add(bars)
-	var at plotter.XYLabels
-	for i, v := range vals {
-		at.XYs = append(at.XYs, plotter.XY{X: float64(i), Y: v})
-		at.Labels = append(at.Labels, fmt.Sprintf("%.1f", v))
-	}
 	labels, err := plotter.NewLabels(at)
 	if err != nil {
 		return err
@@ -105,49 +136,389 @@ func PlotModel(results []ModelResult, path string) error {
 	labels.Offset = vg.Point{Y: vg.Points(4)}
 	pre.Add(labels)
 	pre.NominalX(names...)
-	pre.Y.Min = 0
+	setLinearAxis(&pre.Y, append(slices.Clone(vals), slices.Max(vals)*1.12), true) // room for the value labels
 
-	dec := plot.New()
-	dec.Title.Text = "decode"
-	dec.X.Label.Text = "batch (sequences)"
-	dec.Y.Label.Text = "tokens/s"
-	var lines []any
+	context := 0
 	for _, r := range results {
+		for _, d := range r.Decode {
+			context = max(context, d.Context)
+		}
+	}
+	title := "decode"
+	if context > 0 {
+		title = fmt.Sprintf("decode, %d tokens cached per sequence", context)
+	}
+	dec := newPanel(title, "batch (sequences per step, log scale)", "decode throughput (tokens/s, log scale)")
+	leg := newLegend()
+	var xs, ys []float64
+	for i, r := range results {
 		var pts plotter.XYs
 		for _, d := range r.Decode {
-			if d.Batch > 0 && d.TokensPerSec > 0 {
+			switch {
+			case d.Batch <= 0:
+				notes.drop(r.Path, "decode batch", float64(d.Batch), "log x axis")
+			case !(d.TokensPerSec > 0) || math.IsInf(d.TokensPerSec, 0):
+				notes.drop(r.Path, fmt.Sprintf("decode tokens/s at batch %d", d.Batch), d.TokensPerSec, "log y axis")
+			default:
 				pts = append(pts, plotter.XY{X: float64(d.Batch), Y: d.TokensPerSec})
 			}
 		}
-		if len(pts) > 0 {
-			slices.SortFunc(pts, func(a, b plotter.XY) int { return cmp.Compare(a.X, b.X) })
-			lines = append(lines, r.Path, pts)
+		if len(pts) == 0 {
+			continue
 		}
-	}
-	if len(lines) > 0 {
-		dec.X.Scale, dec.Y.Scale = plot.LogScale{}, plot.LogScale{}
-		dec.X.Tick.Marker, dec.Y.Tick.Marker = plot.LogTicks{Prec: -1}, plot.LogTicks{Prec: -1}
-		if err := plotutil.AddLinePoints(dec, lines...); err != nil {
+		slices.SortFunc(pts, func(a, b plotter.XY) int { return cmp.Compare(a.X, b.X) })
+		if err := addLine(dec, &leg, i, r.Path, pts); err != nil {
 			return err
 		}
-		dec.Legend.Top, dec.Legend.Left = true, true
+		for _, q := range pts {
+			xs, ys = append(xs, q.X), append(ys, q.Y)
+		}
 	}
+	if len(xs) == 0 {
+		notes.add("no decode measurement with a positive batch and tokens/s: the decode panel is empty")
+		xs, ys = []float64{1}, []float64{1}
+	}
+	setLogAxis(&dec.X, xs, true)
+	setLogAxis(&dec.Y, ys, false)
 
-	const w, h = 10 * vg.Inch, 4.5 * vg.Inch
+	header := []string{r0.Model, r0.Machine + ", " + r0.Date}
+	return render(path, 12*vg.Inch, 5*vg.Inch, header, []*plot.Plot{pre, dec}, &leg, notes)
+}
+
+// finite reports whether v is neither NaN nor infinite.
+func finite(v float64) bool { return !math.IsNaN(v) && !math.IsInf(v, 0) }
+
+// notes collects what a figure leaves out, printed under its panels.
+type notes []string
+
+func (n *notes) add(s string) { *n = append(*n, s) }
+
+// drop records a value left out of a series.
+func (n *notes) drop(series, what string, v float64, where string) {
+	n.add(fmt.Sprintf("left out: %s %s = %g (cannot be shown on the %s)", series, what, v, where))
+}
+
+// newPanel returns a plot with a title and axis labels in the figures' style.
+func newPanel(title, xlabel, ylabel string) *plot.Plot {
+	p := plot.New()
+	p.Title.Text = title
+	p.Title.TextStyle.Font.Size = vg.Points(12)
+	p.Title.Padding = vg.Points(6)
+	p.X.Label.Text, p.Y.Label.Text = xlabel, ylabel
+	for _, a := range []*plot.Axis{&p.X, &p.Y} {
+		a.Label.TextStyle.Font.Size = vg.Points(11)
+		a.Tick.Label.Font.Size = vg.Points(10)
+	}
+	p.Add(plotter.NewGrid())
+	return p
+}
+
+// newLegend returns an empty legend in the figures' style.
+func newLegend() plot.Legend {
+	l := plot.NewLegend()
+	l.TextStyle.Font.Size = vg.Points(10)
+	l.Left, l.Top = true, true
+	l.Padding = vg.Points(3)
+	return l
+}
+
+// addLine adds pts to p as line i (color, glyph and dashes of plotutil's
+// i-th style) and names it in leg.
+func addLine(p *plot.Plot, leg *plot.Legend, i int, name string, pts plotter.XYs) error {
+	l, s, err := plotter.NewLinePoints(pts)
+	if err != nil {
+		return fmt.Errorf("bench: plot line %q: %w", name, err)
+	}
+	l.Color, s.Color = plotutil.Color(i), plotutil.Color(i)
+	l.Dashes = plotutil.Dashes(i)
+	s.Shape = plotutil.Shape(i)
+	p.Add(l, s)
+	leg.Add(name, l, s)
+	return nil
+}
+
+// setLinearAxis fits a linear axis to the finite values vs, from 0 when
+// fromZero, with ticks at a round step.
+func setLinearAxis(a *plot.Axis, vs []float64, fromZero bool) {
+	lo, hi := math.Inf(1), math.Inf(-1)
+	for _, v := range vs {
+		if finite(v) {
+			lo, hi = min(lo, v), max(hi, v)
+		}
+	}
+	if lo > hi { // no finite value
+		lo, hi = 0, 1
+	}
+	if fromZero {
+		lo, hi = min(lo, 0), max(hi, 0)
+	}
+	switch {
+	case lo == hi && fromZero: // all zero
+		hi = 1
+	case lo == hi:
+		lo, hi = lo-1, hi+1
+	default:
+		pad := 0.05 * (hi - lo)
+		if !(fromZero && lo == 0) {
+			lo -= pad
+		}
+		hi += pad
+	}
+	a.Scale = plot.LinearScale{}
+	a.Min, a.Max = lo, hi
+	a.Tick.Marker = linearTicks{}
+}
+
+// setLogAxis fits a logarithmic axis to the values vs that are positive and
+// finite (the caller has left out the others), with room around them. With
+// mark, the values themselves are labelled too (batch sizes, densities).
+func setLogAxis(a *plot.Axis, vs []float64, mark bool) {
+	lo, hi := math.Inf(1), 0.0
+	for _, v := range vs {
+		if v > 0 && !math.IsInf(v, 0) {
+			lo, hi = min(lo, v), max(hi, v)
+		}
+	}
+	if hi == 0 {
+		lo, hi = 1, 1
+	}
+	pad := 1.25
+	if hi/lo < 2 {
+		pad = 1.6
+	}
+	a.Scale = plot.LogScale{}
+	a.Min, a.Max = lo/pad, hi*pad
+	if !(a.Min > 0) || math.IsInf(a.Max, 0) { // vs at the ends of float64
+		a.Min, a.Max = lo, hi
+	}
+	a.Tick.Marker = logTicks{}
+	if mark {
+		a.Tick.Marker = logTicks{marked: vs}
+	}
+}
+
+// linearTicks labels a linear axis at a round step (1, 2 or 5 times a power
+// of ten) that gives 4 to 10 labels, with unlabelled minor ticks between.
+type linearTicks struct{}
+
+// Ticks returns the ticks between lo and hi.
+func (linearTicks) Ticks(lo, hi float64) []plot.Tick {
+	if !finite(lo) || !finite(hi) || hi <= lo {
+		return []plot.Tick{{Value: lo, Label: formatTick(lo)}}
+	}
+	// The largest round step that still gives four labels.
+	step := niceStep((hi - lo) / 4)
+	for i := 0; i < 10 && math.Floor(hi/step)-math.Ceil(lo/step)+1 < 4; i++ {
+		step = prevStep(step)
+	}
+	dec := max(0, -int(math.Floor(math.Log10(step)+1e-9)))
+	var ts []plot.Tick
+	minor := step / 5
+	for k := math.Ceil(lo / minor); k*minor <= hi; k++ {
+		v := k * minor
+		t := plot.Tick{Value: v}
+		switch {
+		case math.Abs(v) < minor/2:
+			t.Label = "0" // not "-0" or "0.00"
+		case math.Abs(math.Remainder(v, step)) < minor/2:
+			t.Label = strconv.FormatFloat(v, 'f', dec, 64)
+		}
+		ts = append(ts, t)
+		if len(ts) > 200 {
+			break
+		}
+	}
+	return ts
+}
+
+// niceStep returns the smallest of 1, 2 or 5 times a power of ten that is
+// at least x.
+func niceStep(x float64) float64 {
+	p := math.Pow(10, math.Floor(math.Log10(x)))
+	for _, m := range []float64{1, 2, 5, 10} {
+		if m*p >= x*(1-1e-9) {
+			return m * p
+		}
+	}
+	return 10 * p
+}
+
+// prevStep returns the round step below step: 5 -> 2 -> 1 -> 0.5.
+func prevStep(step float64) float64 {
+	p := math.Pow(10, math.Floor(math.Log10(step)+1e-9))
+	if m := step / p; m > 1.5 {
+		return math.Round(m/2.2) * p // 5 -> 2, 2 -> 1
+	}
+	return p / 2
+}
+
+// logTicks labels a logarithmic axis at the marked values (the data's own:
+// batch sizes, densities) and at 1, 2 and 5 times the powers of ten, or at
+// every digit when that gives fewer than three labels; labels closer than a
+// factor 1.3 to a marked value are dropped. Minor ticks mark the other
+// digits.
+type logTicks struct {
+	marked []float64
+}
+
+// Ticks returns the ticks between lo and hi.
+func (t logTicks) Ticks(lo, hi float64) []plot.Tick {
+	if !(lo > 0) || !(hi > lo) || math.IsInf(hi, 0) {
+		return []plot.Tick{{Value: math.Max(lo, math.SmallestNonzeroFloat64), Label: formatTick(lo)}}
+	}
+	// The marked values in range, ascending, each at least a factor 1.3
+	// above the one before (closer labels would overlap).
+	var marked []float64
+	for _, v := range slices.Sorted(slices.Values(t.marked)) {
+		if v >= lo && v <= hi && (len(marked) == 0 || v >= 1.3*marked[len(marked)-1]) && len(marked) < 12 {
+			marked = append(marked, v)
+		}
+	}
+	digits := func(set []int) (labelled, minor []float64) {
+		for e := int(math.Floor(math.Log10(lo))); e <= int(math.Ceil(math.Log10(hi))); e++ {
+			for m := 1; m <= 9; m++ {
+				v, _ := strconv.ParseFloat(fmt.Sprintf("%de%d", m, e), 64)
+				if v < lo || v > hi {
+					continue
+				}
+				if slices.Contains(set, m) {
+					labelled = append(labelled, v)
+				} else {
+					minor = append(minor, v)
+				}
+			}
+			if e-int(math.Floor(math.Log10(lo))) > 400 {
+				break
+			}
+		}
+		return labelled, minor
+	}
+	labelled, minor := digits([]int{1, 2, 5})
+	if len(labelled) < 3 {
+		labelled, minor = digits([]int{1, 2, 3, 4, 5, 6, 7, 8, 9})
+	}
+	var ts []plot.Tick
+	for _, v := range marked {
+		ts = append(ts, plot.Tick{Value: v, Label: formatTick(v)})
+	}
+	near := func(v float64) bool {
+		for _, m := range marked {
+			if math.Max(v/m, m/v) < 1.3 {
+				return true
+			}
+		}
+		return false
+	}
+	for _, v := range labelled {
+		if near(v) {
+			ts = append(ts, plot.Tick{Value: v})
+		} else {
+			ts = append(ts, plot.Tick{Value: v, Label: formatTick(v)})
+		}
+	}
+	for _, v := range minor {
+		ts = append(ts, plot.Tick{Value: v})
+	}
+	if n := countLabels(ts); n < 3 {
+		// A range narrower than one digit step: label it linearly.
+		// Each new label at least a factor 1.12 from every other.
+		var have []float64
+		for _, t := range ts {
+			if t.Label != "" {
+				have = append(have, t.Value)
+			}
+		}
+		for _, lt := range (linearTicks{}).Ticks(lo, hi) {
+			if lt.Label != "" && lt.Value > 0 && !slices.ContainsFunc(have, func(m float64) bool { return math.Max(lt.Value/m, m/lt.Value) < 1.12 }) {
+				ts = append(ts, lt)
+				have = append(have, lt.Value)
+			}
+		}
+	}
+	slices.SortFunc(ts, func(a, b plot.Tick) int { return cmp.Compare(a.Value, b.Value) })
+	return ts
+}
+
+func countLabels(ts []plot.Tick) int {
+	n := 0
+	for _, t := range ts {
+		if t.Label != "" {
+			n++
+		}
+	}
+	return n
+}
+
+// formatTick writes v in at most four significant digits: "0.005", "16",
+// "1234", "2.5e+06".
+func formatTick(v float64) string {
+	if v != 0 && (math.Abs(v) >= 1e6 || math.Abs(v) < 1e-4) {
+		return strconv.FormatFloat(v, 'g', 3, 64)
+	}
+	r, _ := strconv.ParseFloat(strconv.FormatFloat(v, 'g', 4, 64), 64)
+	return strconv.FormatFloat(r, 'f', -1, 64)
+}
+
+// decimalsFor returns the decimals that show v with about three significant digits.
+func decimalsFor(v float64) int {
+	if v == 0 || !finite(v) {
+		return 0
+	}
+	return max(0, 2-int(math.Floor(math.Log10(math.Abs(v)))))
+}
+
+// render draws a figure: header lines on top, the panels side by side, the
+// legend in a column on their right and the notes under them, and writes it
+// as a PNG at path.
+func render(path string, w, h vg.Length, header []string, panels []*plot.Plot, leg *plot.Legend, notes notes) (err error) {
+	defer func() {
+		// gonum/plot panics on some inputs (a log axis reaching 0); the axes
+		// are set so that it cannot, and any other panic is a bug reported
+		// as an error rather than a crash of the benchmark that measured.
+		if r := recover(); r != nil {
+			err = fmt.Errorf("bench: drawing %s: %v", path, r)
+		}
+	}()
 	img := vgimg.New(w, h)
 	dc := draw.New(img)
-	titleHeight := vg.Points(30)
-	sty := pre.Title.TextStyle // a copy, with the plot's text handler
-	sty.XAlign, sty.YAlign = draw.XCenter, draw.YCenter
-	sty.Font.Size = vg.Points(10)
-	dc.FillText(sty, vg.Point{X: w / 2, Y: h - vg.Points(8)}, r0.Model)
-	dc.FillText(sty, vg.Point{X: w / 2, Y: h - vg.Points(21)}, r0.Machine+", "+r0.Date)
-	body := draw.Crop(dc, 0, 0, 0, -titleHeight)
-	tiles := draw.Tiles{Rows: 1, Cols: 2, PadX: vg.Points(20), PadTop: vg.Points(4), PadBottom: vg.Points(4),
-		PadLeft: vg.Points(4), PadRight: vg.Points(8)}
-	cs := plot.Align([][]*plot.Plot{{pre, dec}}, tiles, body)
-	pre.Draw(cs[0][0])
-	dec.Draw(cs[0][1])
+	dc.SetColor(color.White)
+	dc.Fill(dc.Rectangle.Path())
+	sty := panels[0].Title.TextStyle // a copy, with the plot's text handler
+	sty.XAlign, sty.YAlign = draw.XCenter, draw.YTop
+	top := h - vg.Points(6)
+	for i, line := range header {
+		sty.Font.Size = vg.Points(13)
+		if i > 0 {
+			sty.Font.Size = vg.Points(10)
+		}
+		dc.FillText(sty, vg.Point{X: w / 2, Y: top}, line)
+		top -= sty.Rectangle(line).Size().Y + vg.Points(3)
+	}
+	const noteMax = 6
+	if len(notes) > noteMax {
+		more := len(notes) - noteMax + 1
+		notes = append(notes[:noteMax-1:noteMax-1], fmt.Sprintf("... and %d more left out", more))
+	}
+	nsty := sty
+	nsty.Font.Size = vg.Points(9)
+	nsty.XAlign, nsty.YAlign = draw.XLeft, draw.YBottom
+	bottom := vg.Points(4)
+	for i := len(notes) - 1; i >= 0; i-- {
+		dc.FillText(nsty, vg.Point{X: vg.Points(8), Y: bottom}, notes[i])
+		bottom += nsty.Rectangle(notes[i]).Size().Y + vg.Points(2)
+	}
+	body := draw.Crop(dc, vg.Points(4), 0, bottom+vg.Points(2), -(h - top))
+	if leg != nil {
+		lw := leg.Rectangle(body).Size().X + vg.Points(12)
+		lc := draw.Crop(body, body.Size().X-lw, 0, 0, -vg.Points(30)) // beside the panels' data, under their titles
+		leg.Draw(lc)
+		body = draw.Crop(body, 0, -lw, 0, 0)
+	}
+	tiles := draw.Tiles{Rows: 1, Cols: len(panels), PadX: vg.Points(28), PadTop: vg.Points(6), PadBottom: vg.Points(4),
+		PadLeft: vg.Points(4), PadRight: vg.Points(10)}
+	for i, p := range panels {
+		p.Draw(tiles.At(body, i, 0))
+	}
 	var buf bytes.Buffer
 	if _, err := (vgimg.PngCanvas{Canvas: img}).WriteTo(&buf); err != nil {
 		return err

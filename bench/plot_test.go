@@ -1,0 +1,210 @@
+package bench
+
+import (
+	"flag"
+	"fmt"
+	"image/png"
+	"math"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+
+	"gonum.org/v1/plot"
+)
+
+var plotDir = flag.String("plotdir", "", "also write the test figures to this folder, to look at them")
+
+// figurePath returns where a test figure goes: -plotdir when given, else a
+// temporary folder.
+func figurePath(t *testing.T, name string) string {
+	if *plotDir != "" {
+		if err := os.MkdirAll(*plotDir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		return filepath.Join(*plotDir, strings.NewReplacer("/", "-", " ", "-").Replace(name))
+	}
+	return filepath.Join(t.TempDir(), name)
+}
+
+// checkPNG fails unless path holds a PNG of a sensible size.
+func checkPNG(t *testing.T, path string) {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	img, err := png.Decode(f)
+	if err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	if b := img.Bounds(); b.Dx() < 500 || b.Dy() < 300 {
+		t.Fatalf("%s: %v image", path, b)
+	}
+}
+
+func modelResults(r *rand.Rand, batches []int) []ModelResult {
+	var rs []ModelResult
+	for i, p := range []string{"dense", "twell"} {
+		res := ModelResult{Device: "cpu", Machine: "2-core test VM", Date: "2026-12-03", Model: "sparselm-1.5b, 2 layers",
+			Path: p, PrefillTokens: 256, PrefillTokPerMS: 0.5 + r.Float64()*(1+float64(i)), Speedup: 1 + float64(i)*r.Float64()}
+		for _, b := range batches {
+			res.Decode = append(res.Decode, DecodePoint{Batch: b, Context: 16, TokensPerSec: float64(b) * (20 + 10*r.Float64()) * (1 + float64(i)*0.4)})
+		}
+		rs = append(rs, res)
+	}
+	return rs
+}
+
+func ffnResults(r *rand.Rand, densities []float64) []FFNResult {
+	var rs []FFNResult
+	for _, dist := range []string{"uniform", "skewed"} {
+		for _, m := range []int{1, 1024} {
+			for _, d := range densities {
+				rs = append(rs, FFNResult{Device: "cpu", Machine: "2-core test VM", Date: "2026-12-03", D: 2048, F: 5632, C: 8,
+					M: m, Density: d, Dist: dist, Gated: true, Speedup: 0.2 / (d + 0.02) * (0.8 + 0.4*r.Float64())})
+			}
+		}
+	}
+	return rs
+}
+
+// TestPlotModelEdgeCases: zero, negative, NaN and infinite values, a single
+// batch size (a log axis once padded to 0) and empty decode lists are drawn
+// or left out with a note, never a panic.
+func TestPlotModelEdgeCases(t *testing.T) {
+	seed := rand.Uint64()
+	r := rand.New(rand.NewPCG(seed, 1))
+	cases := map[string]func() []ModelResult{
+		"typical":       func() []ModelResult { return modelResults(r, []int{1, 8, 32}) },
+		"single batch":  func() []ModelResult { return modelResults(r, []int{1}) },
+		"zero tokens/s": func() []ModelResult { rs := modelResults(r, []int{1, 8}); rs[0].Decode[0].TokensPerSec = 0; return rs },
+		"all zero decode": func() []ModelResult {
+			rs := modelResults(r, []int{1})
+			rs[0].Decode[0].TokensPerSec, rs[1].Decode[0].TokensPerSec = 0, 0
+			return rs
+		},
+		"zero batch": func() []ModelResult { rs := modelResults(r, []int{0, 4}); return rs },
+		"no decode":  func() []ModelResult { return modelResults(r, nil) },
+		"NaN and Inf": func() []ModelResult {
+			rs := modelResults(r, []int{1, 2})
+			rs[0].PrefillTokPerMS, rs[1].Speedup, rs[1].Decode[1].TokensPerSec = math.NaN(), math.Inf(1), math.Inf(1)
+			return rs
+		},
+		"negative prefill": func() []ModelResult { rs := modelResults(r, []int{2}); rs[1].PrefillTokPerMS = -3; return rs },
+		"zero prefill": func() []ModelResult {
+			rs := modelResults(r, []int{2, 4})
+			rs[0].PrefillTokPerMS, rs[1].PrefillTokPerMS = 0, 0
+			return rs
+		},
+		"equal decode": func() []ModelResult {
+			rs := modelResults(r, []int{4})
+			rs[1].Decode[0].TokensPerSec = rs[0].Decode[0].TokensPerSec
+			return rs
+		},
+	}
+	for name, mk := range cases {
+		path := figurePath(t, "model-"+name+".png")
+		if err := PlotModel(mk(), path); err != nil {
+			t.Fatalf("seed %d: %s: %v", seed, name, err)
+		}
+		checkPNG(t, path)
+	}
+	if err := PlotModel(nil, filepath.Join(t.TempDir(), "x.png")); err == nil {
+		t.Error("no results: no error")
+	}
+}
+
+// TestPlotFFNEdgeCases: the same for the MLP figure.
+func TestPlotFFNEdgeCases(t *testing.T) {
+	seed := rand.Uint64()
+	r := rand.New(rand.NewPCG(seed, 2))
+	cases := map[string]func() []FFNResult{
+		"typical":        func() []FFNResult { return ffnResults(r, []float64{0.005, 0.02, 0.05}) },
+		"one density":    func() []FFNResult { return ffnResults(r, []float64{0.01}) },
+		"zero density":   func() []FFNResult { return ffnResults(r, []float64{0, 0.02}) },
+		"NaN speedup":    func() []FFNResult { rs := ffnResults(r, []float64{0.01, 0.1}); rs[1].Speedup = math.NaN(); return rs },
+		"zero speedup":   func() []FFNResult { rs := ffnResults(r, []float64{0.01, 0.1}); rs[0].Speedup = 0; return rs },
+		"nothing usable": func() []FFNResult { return ffnResults(r, []float64{-1}) },
+	}
+	for name, mk := range cases {
+		path := figurePath(t, "ffn-"+name+".png")
+		if err := PlotFFN(mk(), path); err != nil {
+			t.Fatalf("seed %d: %s: %v", seed, name, err)
+		}
+		checkPNG(t, path)
+	}
+}
+
+// labels returns the labelled tick values.
+func labels(ts []plot.Tick) []float64 {
+	var vs []float64
+	for _, t := range ts {
+		if t.Label != "" {
+			vs = append(vs, t.Value)
+		}
+	}
+	return vs
+}
+
+// TestTicksReadable: on random ranges, both tickers label at least three
+// values inside the range, ascending, with labels that parse back to a value
+// close to the tick, and the log axis set from data keeps every value in view.
+func TestTicksReadable(t *testing.T) {
+	seed := rand.Uint64()
+	r := rand.New(rand.NewPCG(seed, 3))
+	for i := 0; i < 2000; i++ {
+		lo := math.Pow(10, -6+12*r.Float64())
+		var vs []float64
+		for k := 1 + r.IntN(5); k > 0; k-- {
+			vs = append(vs, lo*math.Pow(10, 3*r.Float64()*r.Float64()))
+		}
+		var a plot.Axis
+		setLogAxis(&a, vs, r.IntN(2) == 0)
+		ts := a.Tick.Marker.Ticks(a.Min, a.Max)
+		checkTicks(t, fmt.Sprintf("seed %d: log axis for %v [%g, %g]", seed, vs, a.Min, a.Max), ts, a.Min, a.Max, true)
+		for _, v := range vs {
+			if v < a.Min || v > a.Max {
+				t.Fatalf("seed %d: value %g outside the log axis [%g, %g]", seed, v, a.Min, a.Max)
+			}
+		}
+		setLinearAxis(&a, vs, r.IntN(2) == 0)
+		ts = a.Tick.Marker.Ticks(a.Min, a.Max)
+		checkTicks(t, fmt.Sprintf("seed %d: linear axis for %v [%g, %g]", seed, vs, a.Min, a.Max), ts, a.Min, a.Max, false)
+	}
+}
+
+func checkTicks(t *testing.T, what string, ts []plot.Tick, lo, hi float64, log bool) {
+	t.Helper()
+	ls := labels(ts)
+	if len(ls) < 3 {
+		t.Fatalf("%s: %d labelled ticks %v, want >= 3", what, len(ls), ls)
+	}
+	if !slices.IsSorted(ls) {
+		t.Fatalf("%s: ticks not ascending: %v", what, ls)
+	}
+	for i := 1; i < len(ls); i++ { // labels that would overlap
+		if log && ls[i]/ls[i-1] < 1.08 || !log && ls[i]-ls[i-1] < (hi-lo)/30 {
+			t.Fatalf("%s: labels %g and %g too close", what, ls[i-1], ls[i])
+		}
+	}
+	for _, tk := range ts {
+		if tk.Value < lo*(1-1e-9) || tk.Value > hi*(1+1e-9) {
+			t.Fatalf("%s: tick %g outside the range", what, tk.Value)
+		}
+		if log && !(tk.Value > 0) {
+			t.Fatalf("%s: tick %g on a log axis", what, tk.Value)
+		}
+		if tk.Label == "" {
+			continue
+		}
+		v, err := strconv.ParseFloat(tk.Label, 64)
+		if err != nil || math.Abs(v-tk.Value) > 0.01*math.Max(math.Abs(tk.Value), (hi-lo)/10) {
+			t.Fatalf("%s: tick %g labelled %q", what, tk.Value, tk.Label)
+		}
+	}
+}
