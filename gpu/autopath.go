@@ -1,6 +1,7 @@
 package gpu
 
 import (
+	"encoding/binary"
 	"math/bits"
 
 	"github.com/twell-ai/twell/cuda"
@@ -226,4 +227,35 @@ func (l *MLP) destroyEvents() error {
 	}
 	l.evFree = nil
 	return first
+}
+
+// poll reads the active-unit count of the last call if it has arrived and
+// chooses the next path.
+func (l *MLP) poll() {
+	l.pollFlagged()
+	if !l.pending {
+		return
+	}
+	done, err := l.evt.Done()
+	if err != nil || !done {
+		return
+	}
+	l.pending = false
+	n := binary.LittleEndian.Uint64(l.hostNNZ.Bytes())
+	l.lastNNZ, l.lastKnown = float64(n)/float64(l.pendingM), true
+	l.next = mlp.Choose(mlp.Auto, l.lastNNZ/float64(l.F), l.DenseAbove)
+	if l.flagKnown && l.flagRate > maxSparseFlagRate {
+		l.next = mlp.Dense
+	}
+}
+
+// maxSparseFlagRate is the share of flagged rows above which the automatic
+// path runs dense: each flagged row costs the sparse path a dense row on top.
+const maxSparseFlagRate = 0.25
+
+// LastActive returns the mean number of active units per token that the
+// automatic path last measured, and whether it has measured any.
+func (l *MLP) LastActive() (float64, bool) {
+	l.poll()
+	return l.lastNNZ, l.lastKnown
 }

@@ -8,6 +8,8 @@ import (
 	"github.com/twell-ai/twell/cuda"
 )
 
+// The device headers every .cu file of this package (and of gpu/llm)
+// includes; see Headers.
 var (
 	//go:embed common.cuh
 	commonCUH []byte
@@ -15,16 +17,6 @@ var (
 	wgmmaCUH []byte
 	//go:embed rowdot.cuh
 	rowdotCUH []byte
-	//go:embed d2t_mma.cu
-	d2tMMASrc []byte
-	//go:embed d2t_wgmma.cu
-	d2tWGMMASrc []byte
-	//go:embed t2d.cu
-	t2dSrc []byte
-	//go:embed dense.cu
-	denseSrc []byte
-	//go:embed gemv.cu
-	gemvSrc []byte
 )
 
 // kernels are the compiled modules of one device. Each .cu file is compiled
@@ -48,71 +40,6 @@ type kernels struct {
 
 	t2dMu sync.Mutex
 	t2d   map[int]*t2dSet // by chunks per row, ceil(d/256)
-}
-
-type t2dSet struct {
-	gated, plain       *cuda.Function // one warp per token (TailWarp)
-	t2uGated, t2uPlain *cuda.Function // TailSorted: up projection and compaction
-	ws16, ws8          *cuda.Function // TailSorted: weight-stationary down projection
-	// TailSorted's counting sort of the tokens by list length
-	lenHist, lenOffsets, lenScatter *cuda.Function
-	fbGated, fbPlain                *cuda.Function
-	err                             error
-}
-
-// gemvSet are the kernels of the small-batch sparse MLP (gemv.cu), by
-// rows per call (1, 2 or 4: the template's MB) and, for act, gated or not.
-type gemvSet struct {
-	actGated, actPlain, down map[int]*cuda.Function
-	// The LIST forms (MB = 4), which recompute the rows D2T flagged.
-	fbActGated, fbActPlain, fbDown *cuda.Function
-}
-
-// gemvRows are the batch sizes gemv.cu is instantiated for; a call of m
-// tokens uses the smallest that holds m.
-var gemvRows = []int{1, 2, 4}
-
-// gemvMaxRows is the largest batch the small-batch sparse MLP takes.
-const gemvMaxRows = 4
-
-// fbGroup is how many flagged rows the LIST forms of gemv.cu take at a time.
-const fbGroup = 4
-
-// gemvExprs lists the kernels of gemv.cu: gated act, plain act and down
-// per batch size of gemvRows, then the same three LIST forms.
-func gemvExprs() []string {
-	var exprs []string
-	for _, mb := range gemvRows {
-		exprs = append(exprs, fmt.Sprintf("gemv_act<%d,true,false>", mb), fmt.Sprintf("gemv_act<%d,false,false>", mb),
-			fmt.Sprintf("gemv_down<%d,false>", mb))
-	}
-	return append(exprs, fmt.Sprintf("gemv_act<%d,true,true>", fbGroup), fmt.Sprintf("gemv_act<%d,false,true>", fbGroup),
-		fmt.Sprintf("gemv_down<%d,true>", fbGroup))
-}
-
-// gemvKernels compiles gemv.cu once and returns its kernels.
-func (k *kernels) gemvKernels() (*gemvSet, error) {
-	k.gemvOnce.Do(func() {
-		exprs := gemvExprs()
-		fs, err := k.compile("gemv.cu", gemvSrc, exprs)
-		if err != nil {
-			k.gemvErr = err
-			return
-		}
-		k.gemv = gemvSet{actGated: map[int]*cuda.Function{}, actPlain: map[int]*cuda.Function{}, down: map[int]*cuda.Function{}}
-		for i, mb := range gemvRows {
-			k.gemv.actGated[mb], k.gemv.actPlain[mb], k.gemv.down[mb] = fs[exprs[3*i]], fs[exprs[3*i+1]], fs[exprs[3*i+2]]
-		}
-		n := len(exprs)
-		k.gemv.fbActGated, k.gemv.fbActPlain, k.gemv.fbDown = fs[exprs[n-3]], fs[exprs[n-2]], fs[exprs[n-1]]
-	})
-	return &k.gemv, k.gemvErr
-}
-
-// gatheredSet are the kernels of the gathered dense pass over flagged rows.
-type gatheredSet struct {
-	gather, scatter    *cuda.Function
-	actGated, actPlain *cuda.Function
 }
 
 var (
@@ -158,111 +85,17 @@ func (k *kernels) compile(name string, src []byte, exprs []string, opts ...cuda.
 	return fs, nil
 }
 
-// d2tMMA returns the mma.sync D2T kernel for S words per tile.
-func (k *kernels) d2tMMA(s int) (*cuda.Function, error) {
-	k.mmaOnce.Do(func() {
-		exprs := []string{"d2t_mma<32>", "d2t_mma<64>", "d2t_mma<128>"}
-		fs, err := k.compile("d2t_mma.cu", d2tMMASrc, exprs)
-		if err != nil {
-			k.mmaErr = err
-			return
-		}
-		k.mma = map[int]*cuda.Function{32: fs[exprs[0]], 64: fs[exprs[1]], 128: fs[exprs[2]]}
-	})
-	if k.mmaErr != nil {
-		return nil, k.mmaErr
+// optional returns b as a kernel argument, or a null pointer for nil.
+func optional(b *cuda.Buffer) any {
+	if b == nil {
+		return cuda.DevicePtr(0)
 	}
-	return k.mma[s], nil
+	return b
 }
 
-// d2tWGMMA returns the Hopper D2T kernel for S words per tile.
-func (k *kernels) d2tWGMMA(s int) (*cuda.Function, error) {
-	k.wgOnce.Do(func() {
-		p := k.dev.Properties()
-		if p.Arch != "sm_90a" {
-			k.wgErr = fmt.Errorf("gpu: the wgmma D2T kernel needs sm_90a (Hopper); %v is %s", k.dev, p.Arch)
-			return
-		}
-		fs, err := k.compile("d2t_wgmma.cu", d2tWGMMASrc, wgmmaExprs())
-		if err != nil {
-			k.wgErr = err
-			return
-		}
-		k.wg = map[int]*cuda.Function{}
-		for _, s := range []int{32, 64, 128} {
-			k.wg[s] = fs[wgmmaName(s)]
-		}
-	})
-	if k.wgErr != nil {
-		return nil, k.wgErr
-	}
-	return k.wg[s], nil
-}
-
-// wgmmaName is the name expression of the wgmma D2T kernel for S words per
-// tile.
-func wgmmaName(s int) string { return fmt.Sprintf("d2t_wgmma<%d,%d>", s, wgmmaStages) }
-
-// wgmmaExprs are the name expressions of d2t_wgmma.cu.
-func wgmmaExprs() []string { return []string{wgmmaName(32), wgmmaName(64), wgmmaName(128)} }
-
-// wgmmaStages is the pipeline depth of d2t_wgmma: its bf16 tile (66 KiB)
-// leaves room for 3 stages.
-const wgmmaStages = 3
-
-// wgmmaSmem returns the dynamic shared memory the wgmma D2T kernel needs,
-// with 1024 bytes of slack for aligning the base (see d2t_wgmma.cu).
-func wgmmaSmem(s int) int {
-	const stage = 16384 + 32768
-	return wgmmaStages*stage + 128*132*4 + 3*s*4 + (2*wgmmaStages+2)*8 + 1024
-}
-
-// compileDense compiles dense.cu once: the dense MLP's elementwise kernels
-// and those of the gathered dense pass over flagged rows.
-func (k *kernels) compileDense() error {
-	k.denseOnce.Do(func() {
-		exprs := []string{"relu_mul", "relu_inplace", "gather_rows", "scatter_rows", "act_exact<true>", "act_exact<false>"}
-		fs, err := k.compile("dense.cu", denseSrc, exprs)
-		if err != nil {
-			k.denseErr = err
-			return
-		}
-		k.reluMul, k.reluInplace = fs[exprs[0]], fs[exprs[1]]
-		k.gath = gatheredSet{gather: fs[exprs[2]], scatter: fs[exprs[3]], actGated: fs[exprs[4]], actPlain: fs[exprs[5]]}
-	})
-	return k.denseErr
-}
-
-// dense returns the elementwise kernels of the dense MLP.
-func (k *kernels) dense() (reluMul, reluInplace *cuda.Function, err error) {
-	err = k.compileDense()
-	return k.reluMul, k.reluInplace, err
-}
-
-// gathered returns the kernels of the gathered dense pass.
-func (k *kernels) gathered() (*gatheredSet, error) {
-	return &k.gath, k.compileDense()
-}
-
-// t2dFor returns the T2D and fallback kernels for hidden size d.
-func (k *kernels) t2dFor(d int) (*t2dSet, error) {
-	nch := (d + 255) / 256
-	k.t2dMu.Lock()
-	defer k.t2dMu.Unlock()
-	if set, ok := k.t2d[nch]; ok {
-		return set, set.err
-	}
-	exprs := []string{"t2d<true>", "t2d<false>", "row_fallback<true>", "row_fallback<false>",
-		"t2u<true>", "t2u<false>", "t2d_ws<16>", "t2d_ws<8>", "len_hist", "len_offsets", "len_scatter"}
-	set := &t2dSet{}
-	fs, err := k.compile("t2d.cu", t2dSrc, exprs, cuda.WithOptions(fmt.Sprintf("-DTW_NCH=%d", nch)))
-	if err != nil {
-		set.err = err
-	} else {
-		set.gated, set.plain, set.fbGated, set.fbPlain = fs[exprs[0]], fs[exprs[1]], fs[exprs[2]], fs[exprs[3]]
-		set.t2uGated, set.t2uPlain, set.ws16, set.ws8 = fs[exprs[4]], fs[exprs[5]], fs[exprs[6]], fs[exprs[7]]
-		set.lenHist, set.lenOffsets, set.lenScatter = fs[exprs[8]], fs[exprs[9]], fs[exprs[10]]
-	}
-	k.t2d[nch] = set
-	return set, set.err
+// elemGrid is the grid of the elementwise kernels of dense.cu over n bf16
+// values (8 per thread, 256 threads a block), capped at 16 blocks per
+// multiprocessor (the kernels loop).
+func elemGrid(n int64, sms int) cuda.Dim3 {
+	return cuda.Dim3{uint32(min((n/8+255)/256, int64(sms*16))), 1, 1}
 }

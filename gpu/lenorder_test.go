@@ -48,7 +48,7 @@ func TestLengthOrder(t *testing.T) {
 		if err := dev.CopyHtoD(cb, cuda.Bytes(cnt)); err != nil {
 			t.Fatal(err)
 		}
-		if err := l.lengthOrder(nil, set, ws, m); err != nil {
+		if err := l.lengthOrder(nil, set, tailArgs{cnt: ws.cnt, order: ws.order, lenBins: ws.lenBins, m: m}); err != nil {
 			t.Fatalf("seed %d: m=%d: %v", seed, m, err)
 		}
 		order := make([]int32, m)

@@ -8,9 +8,9 @@ import (
 
 	"github.com/twell-ai/twell/bf16"
 	"github.com/twell-ai/twell/cuda"
-	"github.com/twell-ai/twell/mlp"
 	"github.com/twell-ai/twell/cuda/cublas"
 	"github.com/twell-ai/twell/cuda/cudatest"
+	"github.com/twell-ai/twell/mlp"
 	"github.com/twell-ai/twell/synth"
 	"github.com/twell-ai/twell/twell"
 )

@@ -1,0 +1,137 @@
+package gpu
+
+import (
+	_ "embed"
+	"fmt"
+
+	"github.com/twell-ai/twell/cuda"
+)
+
+// gemvSrc holds the small-batch sparse MLP and its LIST forms.
+//
+//go:embed gemv.cu
+var gemvSrc []byte
+
+// sparseGEMV queues the small-batch sparse MLP (m <= gemvMaxRows).
+func (l *MLP) sparseGEMV(s *cuda.Stream, y, x *cuda.Buffer, m int) error {
+	ks, err := l.k.gemvKernels()
+	if err != nil {
+		return err
+	}
+	ws := &l.ws.sp
+	words := l.F / 32
+	for _, b := range []struct {
+		p **cuda.Buffer
+		n int
+	}{{&ws.gh, 4 * gemvMaxRows * l.F}, {&ws.gmask, 4 * words}, {&ws.gcnt, 4 * words}} {
+		if *b.p, err = l.realloc(*b.p, b.n); err != nil {
+			return err
+		}
+	}
+	mb := gemvRows[len(gemvRows)-1]
+	for _, r := range gemvRows {
+		if m <= r {
+			mb = r
+			break
+		}
+	}
+	act := ks.actPlain[mb]
+	if l.Gated {
+		act = ks.actGated[mb]
+	}
+	a := gemvArgs{x: x, w: l.sparseIn(), up: l.up, down: l.down, y: y, h: ws.gh, mask: ws.gmask, cnt: ws.gcnt, nnz: l.nnz,
+		m: m, d: l.D, f: l.F}
+	if err := a.launchAct(act, s); err != nil {
+		return fmt.Errorf("gpu: gemv_act: %w", err)
+	}
+	if err := a.launchDown(ks.down[mb], s); err != nil {
+		return fmt.Errorf("gpu: gemv_down: %w", err)
+	}
+	l.counted = m
+	return nil
+}
+
+// gemvSet are the kernels of the small-batch sparse MLP (gemv.cu), by
+// rows per call (1, 2 or 4: the template's MB) and, for act, gated or not.
+type gemvSet struct {
+	actGated, actPlain, down map[int]*cuda.Function
+	// The LIST forms (MB = 4), which recompute the rows D2T flagged.
+	fbActGated, fbActPlain, fbDown *cuda.Function
+}
+
+// gemvRows are the batch sizes gemv.cu is instantiated for; a call of m
+// tokens uses the smallest that holds m.
+var gemvRows = []int{1, 2, 4}
+
+// gemvMaxRows is the largest batch the small-batch sparse MLP takes.
+const gemvMaxRows = 4
+
+// gemvExprs lists the kernels of gemv.cu: gated act, plain act and down
+// per batch size of gemvRows, then the same three LIST forms.
+func gemvExprs() []string {
+	var exprs []string
+	for _, mb := range gemvRows {
+		exprs = append(exprs, fmt.Sprintf("gemv_act<%d,true,false>", mb), fmt.Sprintf("gemv_act<%d,false,false>", mb),
+			fmt.Sprintf("gemv_down<%d,false>", mb))
+	}
+	return append(exprs, fmt.Sprintf("gemv_act<%d,true,true>", fbGroup), fmt.Sprintf("gemv_act<%d,false,true>", fbGroup),
+		fmt.Sprintf("gemv_down<%d,true>", fbGroup))
+}
+
+// gemvKernels compiles gemv.cu once and returns its kernels.
+func (k *kernels) gemvKernels() (*gemvSet, error) {
+	k.gemvOnce.Do(func() {
+		exprs := gemvExprs()
+		fs, err := k.compile("gemv.cu", gemvSrc, exprs)
+		if err != nil {
+			k.gemvErr = err
+			return
+		}
+		k.gemv = gemvSet{actGated: map[int]*cuda.Function{}, actPlain: map[int]*cuda.Function{}, down: map[int]*cuda.Function{}}
+		for i, mb := range gemvRows {
+			k.gemv.actGated[mb], k.gemv.actPlain[mb], k.gemv.down[mb] = fs[exprs[3*i]], fs[exprs[3*i+1]], fs[exprs[3*i+2]]
+		}
+		n := len(exprs)
+		k.gemv.fbActGated, k.gemv.fbActPlain, k.gemv.fbDown = fs[exprs[n-3]], fs[exprs[n-2]], fs[exprs[n-1]]
+	})
+	return &k.gemv, k.gemvErr
+}
+
+// gemvArgs are the operands of gemv_act and gemv_down (gemv.cu): x (m x d
+// bf16), the sparse-input weights w and, gated, up (f x d), down (f x d),
+// y (m x d), h (rows x f fp32), the activity mask and per-block counts of
+// gemv_act, and the active-unit counter. The LIST forms (list set: the
+// overflow list) take rows first .. first+cap-1 of it in groups of
+// fbGroup, with m = 0 and no cnt or nnz.
+type gemvArgs struct {
+	x, w, up, down, y *cuda.Buffer
+	h, mask, cnt, nnz *cuda.Buffer
+	list              *cuda.Buffer
+	m, d, f           int
+	first, cap        int
+}
+
+// rows is how many tokens a block of gemv_act stages in shared memory.
+func (a gemvArgs) rows() int {
+	if a.list != nil {
+		return fbGroup
+	}
+	return a.m
+}
+
+// launchAct launches gemv_act: one block per 32 units.
+func (a gemvArgs) launchAct(fn *cuda.Function, s *cuda.Stream) error {
+	return fn.Launch(cuda.Dim3{uint32(a.f / 32), 1, 1}, cuda.Dim3{256, 1, 1}, 2*a.rows()*a.d, s,
+		a.x, a.w, a.up, a.h, a.mask, optional(a.cnt), int32(a.m), int32(a.d), int32(a.f),
+		optional(a.list), int32(a.first), int32(a.cap))
+}
+
+// launchDown launches gemv_down: one block per 64 output columns, with
+// shared memory for its per-warp lists of active units.
+func (a gemvArgs) launchDown(fn *cuda.Function, s *cuda.Stream) error {
+	words := a.f / 32
+	lists := 8 * ((words + 7) / 8) * 32 * 4
+	return fn.Launch(cuda.Dim3{uint32(a.d / 64), 1, 1}, cuda.Dim3{256, 1, 1}, lists, s,
+		a.h, a.mask, a.down, a.y, optional(a.cnt), optional(a.nnz), int32(a.m), int32(a.d), int32(a.f),
+		optional(a.list), int32(a.first), int32(a.cap))
+}
