@@ -39,8 +39,8 @@ func seedFiles(t testing.TB) [][]byte {
 	return out
 }
 
-// FuzzOpen feeds arbitrary bytes to the file parser: it must return an error or a File whose
-// every tensor is consistent with its dtype and shape, and never panic.
+// FuzzOpen feeds arbitrary bytes to the file parser (and CheckFinite each tensor, against
+// an element-by-element scan): it must return an error or a File whose every tensor is consistent with its dtype and shape, and never panic.
 func FuzzOpen(f *testing.F) {
 	for _, b := range seedFiles(f) {
 		f.Add(b)
@@ -63,6 +63,9 @@ func FuzzOpen(f *testing.F) {
 				if _, err := tt.Float32(); err != nil {
 					t.Fatal(err)
 				}
+			}
+			if tt.NumElements() < 1<<20 {
+				checkAgainstRef(t, tt, "FuzzOpen")
 			}
 		}
 	})
