@@ -39,8 +39,9 @@ func seedFiles(t testing.TB) [][]byte {
 	return out
 }
 
-// FuzzOpen feeds arbitrary bytes to the file parser (and CheckFinite each tensor, against
-// an element-by-element scan): it must return an error or a File whose every tensor is consistent with its dtype and shape, and never panic.
+// FuzzOpen feeds arbitrary bytes to the file parser: it must return an error or a File
+// whose every tensor is consistent with its dtype and shape, and never panic. Each tensor's
+// CheckFinite must agree with an element-by-element scan.
 func FuzzOpen(f *testing.F) {
 	for _, b := range seedFiles(f) {
 		f.Add(b)
