@@ -95,6 +95,18 @@ func printFFN(w io.Writer, rs []bench.FFNResult) {
 			float64(r.DenseActBytes)/(1<<20), float64(r.TwELLActBytes)/(1<<20), r.DenseGFLOPS)
 	}
 	tw.Flush()
+	fmt.Fprint(w, `
+  m          tokens in the batch
+  density    fraction of the MLP units each token activates, on average (the synthetic gate's target)
+  dist       per-unit firing rates: uniform, or skewed (heavy-tailed, about 30% of units never fire)
+  nnz mean   measured active units per token, mean over the batch; nnz max: the most in one token
+  dense ms   the project's own dense MLP (three GEMMs), median of the repetitions
+  twell ms   the TwELL MLP (gate GEMM packing active units, then only those rows of up/down), median
+  speedup    dense ms / twell ms
+  rel err    TwELL output against a float64 reference, max |diff| / max |reference| over sampled rows
+  act MiB    memory of the hidden activations: dense, m x f float32 (two when gated); TwELL, the packed words
+  dense GFLOP/s  the dense path's arithmetic rate (2 m d f per projection)
+`)
 }
 
 func parseFloats(s string) ([]float64, error) {
