@@ -59,8 +59,12 @@ func (o FFNOptions) HostBytes() float64 {
 	return 4 * (4*m*d + 7*f*d + 2*m*f + m*f/c)
 }
 
+// FFNSchema names the layout of an FFNResult row in JSON, and its version.
+const FFNSchema = "twell.bench.ffn/1"
+
 // FFNResult is one measured case. JSON names are those of the bench record.
 type FFNResult struct {
+	Schema        string  `json:"schema"` // FFNSchema
 	Device        string  `json:"device"`
 	Machine       string  `json:"machine"`
 	Date          string  `json:"date"`
@@ -171,6 +175,7 @@ func FFNCPU(o FFNOptions, progress func(string)) ([]FFNResult, error) {
 			return nil, err
 		}
 		res := FFNResult{
+			Schema: FFNSchema,
 			Device: "cpu", Machine: CPUName(), Date: time.Now().UTC().Format(time.RFC3339),
 			D: o.D, F: o.F, M: o.M, Density: density, Dist: string(o.Dist), Gated: o.Gated,
 			C: o.Layout.C, Reps: o.Reps,

@@ -169,8 +169,13 @@ type DecodePoint struct {
 	SparseLayers int `json:"sparse_layers,omitempty"`
 }
 
+// ModelSchema names the layout of a ModelResult row in JSON (on the GPU,
+// a ModelCUDAResult row), and its version.
+const ModelSchema = "twell.bench.model/1"
+
 // ModelResult is one path (dense or TwELL) of a whole-model benchmark.
 type ModelResult struct {
+	Schema          string        `json:"schema"` // ModelSchema
 	Device          string        `json:"device"`
 	Machine         string        `json:"machine"`
 	Date            string        `json:"date"`
@@ -184,7 +189,7 @@ type ModelResult struct {
 	Decode          []DecodePoint `json:"decode"`
 	// MLPActive is the mean number of active MLP units per token, per layer
 	// (TwELL path); MLPWidth is the number of units.
-	MLPActive []float64 `json:"mlp_active_per_token,omitempty"`
+	MLPActive []float64 `json:"mlp_active_per_token"` // null on the dense path
 	MLPWidth  int       `json:"mlp_width"`
 	// AllocBytesPerToken is Go heap allocated by one prefill pass, per token.
 	AllocBytesPerToken float64 `json:"alloc_bytes_per_token"`
@@ -231,7 +236,7 @@ func ModelCPU(o ModelOptions, progress func(string)) ([]ModelResult, error) {
 		if err := e.SetMLPPath(map[string]mlp.Path{"dense": mlp.Dense, "twell": mlp.Auto}[path]); err != nil {
 			return nil, err
 		}
-		res := ModelResult{Device: "cpu", Machine: CPUName(), Date: time.Now().UTC().Format(time.RFC3339),
+		res := ModelResult{Schema: ModelSchema, Device: "cpu", Machine: CPUName(), Date: time.Now().UTC().Format(time.RFC3339),
 			Model: name, Params: c.ParamCount(), Path: path, PrefillTokens: o.Batch * o.PromptLen, MLPWidth: c.IntermediateSize}
 		progress(fmt.Sprintf("%s: prefill %d x %d tokens", path, o.Batch, o.PromptLen))
 		var logits [][]float32

@@ -61,6 +61,9 @@ func TestBenchFFNSmallRun(t *testing.T) {
 	if len(rs) != 2 {
 		t.Fatalf("%d results, want 2", len(rs))
 	}
+	if rs[0]["schema"] != "twell.bench.ffn/1" || len(rs[0]) != len(rs[1]) {
+		t.Errorf("rows: schema %v, %d and %d keys; want the schema and the same keys in every row", rs[0]["schema"], len(rs[0]), len(rs[1]))
+	}
 	for _, key := range []string{"device", "d", "f", "m", "density", "dist", "nnz_mean", "nnz_max", "dense_ms", "twell_ms", "speedup", "rel_err", "dense_act_bytes", "twell_act_bytes", "dense_gflops"} {
 		if _, ok := rs[0][key]; !ok {
 			t.Errorf("JSON record lacks %q", key)

@@ -42,6 +42,9 @@ func TestBenchModelOnCheckpoint(t *testing.T) {
 	if strings.Contains(errb.String(), "0.00B") || strings.Contains(errb.String(), " 0.0 GiB") {
 		t.Errorf("stderr reports zero parameters or memory: %q", errb.String())
 	}
+	if rs[0]["schema"] != "twell.bench.model/1" || len(rs[0]) != len(rs[1]) {
+		t.Errorf("rows: schema %v, %d and %d keys; want the schema and the same keys in every row", rs[0]["schema"], len(rs[0]), len(rs[1]))
+	}
 	if rs[0]["path"] != "dense" || rs[1]["path"] != "twell" {
 		t.Errorf("paths %v, %v", rs[0]["path"], rs[1]["path"])
 	}
