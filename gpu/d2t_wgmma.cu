@@ -78,15 +78,6 @@ __device__ __forceinline__ u32 cluster_rank() {
   asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
   return r;
 }
-// Shared memory matrix descriptor: K-major, 128-byte swizzle, 8-row groups
-// 1024 bytes apart.
-__device__ __forceinline__ u64 smem_desc(u32 addr) {
-  u64 d = (u64)((addr & 0x3FFFFu) >> 4);
-  d |= (u64)1 << 16;             // leading byte offset (unused for swizzled K-major)
-  d |= (u64)(1024 >> 4) << 32;  // stride byte offset
-  d |= (u64)1 << 62;             // 128B swizzle
-  return d;
-}
 __device__ __forceinline__ void fence_acc(float* acc) {
 #pragma unroll
   for (int i = 0; i < 128; ++i) asm volatile("" : "+f"(acc[i])::"memory");
@@ -148,8 +139,8 @@ __device__ __forceinline__ void mainloop(float (&acc)[128], u32 sA, u32 sB, u32 
     mbar_wait(bars + 8u * s, phase);
     if (!first) fence_acc(acc);
     asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-    u64 da = smem_desc(sA + s * A_BYTES + cw * 64 * 128);
-    u64 db = smem_desc(sB + s * B_BYTES);
+    u64 da = sw128_desc(sA + s * A_BYTES + cw * 64 * 128);
+    u64 db = sw128_desc(sB + s * B_BYTES);
     if (first)
       wgmma_m64n256k16_set(acc, da, db);
     else

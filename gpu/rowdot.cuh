@@ -1,7 +1,7 @@
 // rowdot.cuh: dot products of a few tokens with whole weight rows, for the
 // kernels of decode-sized batches that are bound by reading the weights
-// once (gemv.cu here, and the projections in gpu/llm's llm.cu). One warp
-// handles U rows: each lane reads 16 bytes of each row per 256 columns,
+// once (gemv.cu here, and the decode projections in gpu/llm's proj.cu).
+// One warp handles U rows: each lane reads 16 bytes of each row per 256 columns,
 // 4 U loads in flight (a warp with one row in flight leaves the memory
 // system idle between its round trips). Include after common.cuh.
 #pragma once

@@ -1,6 +1,16 @@
-// wgmma.cuh: the 128-accumulator wgmma m64n256k16 call (operand list written out by a one-off script).
+// wgmma.cuh: Hopper wgmma helpers shared by d2t_wgmma.cu and gpu/llm's
+// attn_wgmma.cu: the shared memory descriptor and the 128-accumulator
+// wgmma m64n256k16 call (operand list written out by a one-off script).
 #pragma once
 #include "common.cuh"
+
+// sw128_desc is the wgmma shared memory matrix descriptor of a tile of
+// 128-byte rows with the 128-byte swizzle, 8-row groups 1024 bytes apart:
+// K-major, or MN-major with one 64-column atom, where the leading byte
+// offset is unused.
+__device__ __forceinline__ u64 sw128_desc(u32 addr) {
+  return (u64)((addr & 0x3FFFFu) >> 4) | (u64)1 << 16 | (u64)(1024 >> 4) << 32 | (u64)1 << 62;
+}
 
 // wgmma_m64n256k16 issues one wgmma.mma_async m64n256k16 (bf16 in, fp32
 // accumulate) with A and B from shared memory descriptors. scale_d = 0

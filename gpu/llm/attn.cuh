@@ -1,4 +1,4 @@
-// attn.cuh: what the attention kernels of llm.cu (mma.sync) and
+// attn.cuh: what the attention kernels of attn.cu (mma.sync) and
 // attn_wgmma.cu (Hopper wgmma) share: the work-item size, the cp.async
 // group calls, and the per-tile online-softmax step.
 //

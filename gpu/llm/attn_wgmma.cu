@@ -1,6 +1,6 @@
 // attn_wgmma.cu: the Hopper (sm_90a) attention kernel for head_dim 64
 // (package gpu/llm compiles it only for sm_90a). Same interface, work items
-// and results as attn_fa64 in llm.cu; the products run on wgmma instead of
+// and results as attn_fa64 in attn.cu; the products run on wgmma instead of
 // mma.sync.
 //
 // One CTA per (work item, head), blockIdx.x = item * nq + head; two
@@ -17,6 +17,7 @@
 // attn.cuh, then P V by 4 wgmma m64n64k16.
 
 #include "common.cuh"
+#include "wgmma.cuh"
 #include "attn.cuh"
 
 // wg_ss64 issues wgmma m64n64k16 (bf16 in, fp32 accumulate) with A and B
@@ -38,14 +39,6 @@ __device__ __forceinline__ void wg_rs64t(float (&d)[8][4], const u32 (&a)[4], u6
       "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, p, 1, 1, 1;\n}\n"
       : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
-}
-
-// sw128_desc is the shared memory matrix descriptor of a tile of 128-byte
-// rows with the 128-byte swizzle, 8-row groups 1024 bytes apart: K-major
-// (Q, K) or MN-major with one 64-column atom (V), where the leading byte
-// offset is unused.
-__device__ __forceinline__ u64 sw128_desc(u32 addr) {
-  return (u64)((addr & 0x3FFFFu) >> 4) | (u64)1 << 16 | (u64)(1024 >> 4) << 32 | (u64)1 << 62;
 }
 
 __device__ __forceinline__ u32 swz(int r, int c) { return (u32)(r * 128 + ((c ^ (r & 7)) << 4)); }

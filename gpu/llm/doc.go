@@ -8,19 +8,22 @@
 // to a batch of sequences of any lengths (prefill and decode are the same
 // call) and returns logits:
 //
-//   - the residual stream is fp32; embedding gather, RMSNorm fused with the
-//     residual add, and RoPE fused with the KV-cache write are kernels in
-//     llm.cu, compiled by NVRTC on first use (for decode passes RoPE and the
-//     cache write are fused into the q/k/v projection itself);
+//   - the residual stream is fp32; embedding gather and RMSNorm fused with
+//     the residual add (norm.cu), and RoPE fused with the KV-cache write
+//     (rope.cu) are kernels compiled by NVRTC on first use (for decode
+//     passes RoPE and the cache write are fused into the q/k/v projection
+//     itself, proj.cu); each .cu file has a Go launcher beside it (norm.go,
+//     rope.go, proj.go, attention.go) that names the kernel's arguments;
 //   - the QKV, output and LM-head projections are cuBLASLt GEMMs (the QKV
 //     weights fused into one matrix; logits in fp32), except that passes of
 //     at most 4 tokens (decode steps) run the QKV and output projections
 //     through the engine's gemv_rows kernel;
 //   - attention is flash-attention 2 style (online softmax over blocks of
-//     64 keys streamed through a cp.async double buffer, one CTA per
-//     sequence, head and block of 128 queries, longest first), on tensor
-//     cores (mma.sync, ldmatrix) for head_dim 64 and 128 and a plain kernel
-//     otherwise;
+//     64 keys streamed through a cp.async pipeline, one CTA per sequence,
+//     head and block of 128 queries, longest first), on tensor cores: on
+//     Hopper wgmma (attn_wgmma.cu, 3 stages) for prefill passes with
+//     head_dim 64, else mma.sync and ldmatrix (attn.cu) for head_dim 64 and
+//     128; a plain kernel otherwise;
 //   - each MLP is a gpu.MLP (the TwELL sparse path or cuBLASLt dense, chosen
 //     by measured density) where the gate is ReLU and the shape suits the
 //     TwELL kernels, and a cuBLASLt dense MLP otherwise.

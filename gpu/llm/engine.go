@@ -109,7 +109,7 @@ type workspace struct {
 	proj   *cuda.Buffer // bf16 [T][d]: attention projection, then MLP output
 	mlpTok int          // tokens the dense-MLP buffers hold
 	g, u   *cuda.Buffer // bf16 [chunk][f] (plain dense MLP layers only)
-	meta   *cuda.Buffer // per-forward metadata (see llm.cu)
+	meta   *cuda.Buffer // per-forward metadata (see rope.cu)
 	rows   int          // rows the head buffers hold
 	sel    *cuda.Buffer // bf16 [rows][d]: final-normed rows whose logits are wanted
 	logits *cuda.Buffer // fp32 [rows][vocab]

@@ -17,7 +17,7 @@ import (
 const attnBQ = 128
 
 // batch is the host side of one forward pass: the flattened tokens and the
-// metadata the kernels read (see llm.cu).
+// metadata the kernels read (see rope.cu).
 type batch struct {
 	T, S, items, rows int
 	maxPos            int
@@ -321,62 +321,6 @@ func (e *Engine) prepare(b *batch) error {
 	return e.dev.CopyHtoDAsync(e.ws.meta, cuda.Bytes(b.words), e.stream)
 }
 
-// wgMinTokens is the pass size above which auto runs the wgmma attention
-// kernel (where it fits): prefill passes; decode steps keep mma.sync.
-const wgMinTokens = 64
-
-// attentionKernel returns the attention kernel Engine.Attention picks for a
-// pass of T tokens, its dynamic shared memory, and whether it is attn_ref,
-// whose launch also takes head_dim.
-func (e *Engine) attentionKernel(T int) (fn *cuda.Function, smem int, ref bool, err error) {
-	hd := e.cfg.HeadDim
-	mma := func() (*cuda.Function, int, bool, error) {
-		fn := e.k.attnFA64
-		if hd == 128 {
-			fn = e.k.attnFA128
-		}
-		return fn, 2 * 2 * 64 * (hd + 8) * 2, false, nil // two stages of a K and a V block
-	}
-	switch a := e.Attention; a {
-	case "ref":
-		return e.k.attnRef, 0, true, nil
-	case "mma":
-		if hd != 64 && hd != 128 {
-			return nil, 0, false, fmt.Errorf("llm: the mma attention kernel takes head_dim 64 or 128, not %d", hd)
-		}
-		return mma()
-	case "wgmma3":
-		if hd != 64 {
-			return nil, 0, false, fmt.Errorf("llm: the wgmma attention kernel takes head_dim 64, not %d", hd)
-		}
-		fn, err := e.k.wgmma()
-		return fn, wgSmem, false, err
-	case "", "auto":
-		if hd == 64 && T > wgMinTokens && e.dev.Properties().Arch == "sm_90a" {
-			if fn, err := e.k.wgmma(); err == nil {
-				return fn, wgSmem, false, nil
-			}
-		}
-		if hd == 64 || hd == 128 {
-			return mma()
-		}
-		return e.k.attnRef, 0, true, nil
-	default:
-		return nil, 0, false, fmt.Errorf("llm: attention kernel %q: want auto, wgmma3, mma or ref", a)
-	}
-}
-
-// AttentionKernel names the attention kernel that prefill passes (over
-// wgMinTokens tokens) run, e.g. "attn_fa64" or "attn_wg64<3>" (see
-// Attention); decode steps under auto run the mma.sync kernel.
-func (e *Engine) AttentionKernel() (string, error) {
-	fn, _, _, err := e.attentionKernel(wgMinTokens + 1)
-	if err != nil {
-		return "", err
-	}
-	return fn.Name(), nil
-}
-
 // layersQueue queues the embedding and the decoder layers of b, whose
 // metadata prepare uploaded. paths, if not nil, fixes each layer's MLP path
 // and leaves out the MLPs' bookkeeping (for recording into a graph).
@@ -391,31 +335,27 @@ func (e *Engine) layersQueue(b *batch, st *engine.Stats, paths []mlp.Path) error
 	items := sec(b.item, 2*b.items)
 	qkvW := (nq + 2*nkv) * hd
 	eps := float32(c.RMSNormEps)
-	blk := cuda.Dim3{256, 1, 1}
-	grid := cuda.Dim3{uint32(T), 1, 1}
-	nblk := normBlock(h)
 	prof := func(step string) {}
 	if e.profOn && paths == nil {
 		e.prof.begin(e.dev, s)
 		prof = func(step string) { e.prof.mark(e.dev, s, step) }
 	}
-	if err := e.k.embed.Launch(grid, blk, 0, s, e.embed, ids, ws.resid, int32(h)); err != nil {
+	if err := embedRows(e.k.embed, s, e.embed, ids, ws.resid, T, h); err != nil {
 		return fmt.Errorf("llm: embed: %w", err)
 	}
 	prof("embed")
-	attn, attnSmem, attnRef, err := e.attentionKernel(T)
+	attn, err := e.attentionKernel(T)
 	if err != nil {
 		return err
 	}
-	attnBlock := cuda.Dim3{256, 1, 1}
-	scaleLog2 := float32(math.Log2E / math.Sqrt(float64(hd)))
-	var none cuda.DevicePtr
 	for li, l := range e.layers {
-		var delta any = none
+		var delta *cuda.Buffer
 		if li > 0 {
 			delta = ws.proj
 		}
-		if err := e.k.addNorm.Launch(grid, nblk, 0, s, ws.resid, delta, none, l.attnNorm, ws.hn, int32(h), eps); err != nil {
+		rope := ropeArgs{qkv: ws.qkv, cos: e.cosB, sin: e.sinB, tokSeq: tokSeq, tokPos: tokPos, base: base, seqCap: seqCap,
+			T: T, layer: li, nq: nq, nkv: nkv, hd: hd, qkvW: qkvW}
+		if err := (normArgs{resid: ws.resid, delta: delta, w: l.attnNorm, out: ws.hn, n: T, d: h, eps: eps}).launch(e.k.addNorm, s); err != nil {
 			return fmt.Errorf("llm: layer %d norm: %w", li, err)
 		}
 		prof("norm")
@@ -425,9 +365,7 @@ func (e *Engine) layersQueue(b *batch, st *engine.Stats, paths []mlp.Path) error
 			if T == 1 {
 				fn = e.k.qkvRope1
 			}
-			if err := fn.Launch(cuda.Dim3{uint32((qkvW/2 + 7) / 8), 1, 1}, blk, 2*T*h, s, ws.hn, l.qkv, ws.qkv,
-				e.cosB, e.sinB, tokSeq, tokPos, base, seqCap, int32(T), int32(h), int32(li), int32(nq), int32(nkv),
-				int32(hd), int32(qkvW)); err != nil {
+			if err := rope.qkvRope(fn, s, ws.hn, l.qkv, h); err != nil {
 				return fmt.Errorf("llm: layer %d qkv + rope: %w", li, err)
 			}
 			prof("qkv")
@@ -436,21 +374,13 @@ func (e *Engine) layersQueue(b *batch, st *engine.Stats, paths []mlp.Path) error
 				return fmt.Errorf("llm: layer %d qkv: %w", li, err)
 			}
 			prof("qkv")
-			if err := e.k.ropeKV.Launch(grid, blk, 0, s, ws.qkv, e.cosB, e.sinB, tokSeq, tokPos, base, seqCap,
-				int32(li), int32(nq), int32(nkv), int32(hd), int32(qkvW)); err != nil {
+			if err := rope.ropeKV(e.k.ropeKV, s); err != nil {
 				return fmt.Errorf("llm: layer %d rope: %w", li, err)
 			}
 			prof("rope")
 		}
-		ag := cuda.Dim3{uint32(b.items * nq), 1, 1}
-		if attnRef {
-			err := attn.Launch(ag, attnBlock, 0, s, ws.qkv, ws.hn, items, seqQ0, seqN, seqPast, base, seqCap,
-				int32(li), int32(nq), int32(nkv), int32(hd), int32(qkvW), scaleLog2)
-			if err != nil {
-				return fmt.Errorf("llm: layer %d attention: %w", li, err)
-			}
-		} else if err := attn.Launch(ag, attnBlock, attnSmem, s, ws.qkv, ws.hn, items, seqQ0, seqN, seqPast, base, seqCap,
-			int32(li), int32(nq), int32(nkv), int32(qkvW), scaleLog2); err != nil {
+		if err := attn.launch(s, attnArgs{qkv: ws.qkv, out: ws.hn, items: items, seqQ0: seqQ0, seqN: seqN, seqPast: seqPast,
+			base: base, seqCap: seqCap, nItems: b.items, layer: li, nq: nq, nkv: nkv, hd: hd, qkvW: qkvW}); err != nil {
 			return fmt.Errorf("llm: layer %d attention: %w", li, err)
 		}
 		prof("attention")
@@ -458,7 +388,7 @@ func (e *Engine) layersQueue(b *batch, st *engine.Stats, paths []mlp.Path) error
 			return fmt.Errorf("llm: layer %d o_proj: %w", li, err)
 		}
 		prof("o_proj")
-		if err := e.k.addNorm.Launch(grid, nblk, 0, s, ws.resid, ws.proj, none, l.mlpNorm, ws.hn, int32(h), eps); err != nil {
+		if err := (normArgs{resid: ws.resid, delta: ws.proj, w: l.mlpNorm, out: ws.hn, n: T, d: h, eps: eps}).launch(e.k.addNorm, s); err != nil {
 			return fmt.Errorf("llm: layer %d norm: %w", li, err)
 		}
 		prof("norm")
@@ -476,37 +406,6 @@ func (e *Engine) layersQueue(b *batch, st *engine.Stats, paths []mlp.Path) error
 		prof("mlp")
 	}
 	return nil
-}
-
-// normBlock returns the block size of add_rmsnorm for hidden size h: its
-// register-resident form holds 16 values per thread.
-func normBlock(h int) cuda.Dim3 {
-	if h > 16*256 {
-		return cuda.Dim3{1024, 1, 1}
-	}
-	return cuda.Dim3{256, 1, 1}
-}
-
-// gemvMaxRows is the largest token count whose projections run gemv_rows
-// rather than cuBLASLt.
-const gemvMaxRows = 4
-
-// gemv reports whether the projections of a pass of m tokens with inputs
-// of width k run the engine's own kernels (gemv_rows, qkv_rope).
-func (e *Engine) gemv(m, k int) bool { return m <= gemvMaxRows && k%8 == 0 && !e.NoGEMV }
-
-// project queues y = x w^T for m tokens (x: m x k, w: n x k, y: m x n, bf16):
-// gemv_rows for decode-sized batches, else cuBLASLt.
-func (e *Engine) project(m, n, k int, x, w, y *cuda.Buffer) error {
-	if !e.gemv(m, k) {
-		return e.blas.Matmul(e.stream, cublas.Gemm{M: m, N: n, K: k, TransB: true}, x, w, y)
-	}
-	fn := e.k.gemv4
-	if m == 1 {
-		fn = e.k.gemv1
-	}
-	return fn.Launch(cuda.Dim3{uint32((n + 7) / 8), 1, 1}, cuda.Dim3{256, 1, 1}, 2*m*k, e.stream,
-		x, w, y, int32(m), int32(n), int32(k))
 }
 
 // mlp queues layer l's MLP from ws.hn into ws.proj, in chunks of at most
@@ -605,15 +504,15 @@ func (e *Engine) logits(b *batch) ([][]float32, error) {
 	if err != nil {
 		return nil, err
 	}
-	var delta any = cuda.DevicePtr(0)
+	var delta *cuda.Buffer
 	if len(e.layers) > 0 {
 		delta = ws.proj
 	}
 	for r0 := 0; r0 < b.rows; r0 += headChunk {
 		rc := min(headChunk, b.rows-r0)
 		rows := view(ws.meta, 4*(b.row+r0), 4*rc)
-		if err := e.k.addNorm.Launch(cuda.Dim3{uint32(rc), 1, 1}, normBlock(h), 0, s,
-			ws.resid, delta, rows, e.norm, ws.sel, int32(h), float32(c.RMSNormEps)); err != nil {
+		norm := normArgs{resid: ws.resid, delta: delta, rows: rows, w: e.norm, out: ws.sel, n: rc, d: h, eps: float32(c.RMSNormEps)}
+		if err := norm.launch(e.k.addNorm, s); err != nil {
 			return nil, fmt.Errorf("llm: final norm: %w", err)
 		}
 		if err := e.blas.Matmul(s, cublas.Gemm{M: rc, N: V, K: h, TransB: true, CType: cublas.F32}, ws.sel, e.head, ws.logits); err != nil {

@@ -31,23 +31,32 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// TestCompile compiles llm.cu to PTX: it needs NVRTC but no GPU.
+// TestCompile compiles every .cu file of kernelFiles to PTX: it needs NVRTC
+// but no GPU.
 func TestCompile(t *testing.T) {
 	cudatest.Compiler(t)
-	prog, err := cuda.CompileProgram("llm.cu", llmSrc, append(headers(), cuda.WithArch("compute_90"))...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, k := range []string{"embed", "add_rmsnorm", "rope_kv", "attn_ref", "attn_fa64", "attn_fa128", "act_mul", "gemv_rows1", "gemv_rows4", "qkv_rope1", "qkv_rope4"} {
-		if !strings.Contains(string(prog.Image), ".entry "+k+"(") {
-			t.Errorf("kernel %s missing from the PTX", k)
-		}
-	}
-	if strings.Contains(string(prog.Image), ".local") {
-		t.Logf("note: the PTX uses local memory (register arrays indexed at run time?)")
-	}
-	if prog.Log != "" {
-		t.Logf("NVRTC log:\n%s", prog.Log)
+	for _, file := range kernelFiles {
+		t.Run(file.name, func(t *testing.T) {
+			prog, err := cuda.CompileProgram(file.name, *file.src, append(headers(), cuda.WithArch("compute_90"))...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ptx := string(prog.Image)
+			if n := strings.Count(ptx, ".entry "); n != len(file.kernels) {
+				t.Errorf("%d kernels in the PTX, want %d", n, len(file.kernels))
+			}
+			for _, k := range file.kernels {
+				if !strings.Contains(ptx, ".entry "+k+"(") {
+					t.Errorf("kernel %s missing from the PTX", k)
+				}
+			}
+			if strings.Contains(ptx, ".local") {
+				t.Logf("note: the PTX uses local memory (register arrays indexed at run time?)")
+			}
+			if prog.Log != "" {
+				t.Logf("NVRTC log:\n%s", prog.Log)
+			}
+		})
 	}
 }
 

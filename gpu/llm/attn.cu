@@ -1,0 +1,282 @@
+// attn.cu: causal attention over the KV cache (package gpu/llm): the plain
+// kernel (any even head_dim up to 256) and the mma.sync kernels (head_dim 64
+// and 128). attn_wgmma.cu holds the Hopper kernel.
+// Storage is bf16 (weights, activations between GEMMs, the KV cache); the
+// residual stream and the norm weights are fp32, and all arithmetic is fp32.
+// No CUDA headers: package gpu's common.cuh (bf16 helpers, dot8, cp.async)
+// and the headers named below come from the launcher (gpu.Headers).
+//
+// Per-forward metadata (written by the launcher, one upload per call):
+//   tok_seq[t], tok_pos[t]   sequence and absolute position of flat token t
+//   seq_q0[s]                flat index of sequence s's first new token
+//   seq_n[s], seq_past[s]    new tokens of s, and positions already cached
+//   seq_base[s], seq_cap[s]  s's KV cache: base address and capacity
+//   items[2i], items[2i+1]   attention work item i: sequence, first query
+//
+// KV cache of one sequence: bf16 [layer][k|v][kv_head][capacity][head_dim].
+
+#include "common.cuh"
+#include "attn.cuh"
+
+// Attention. out[t][head*hd + j] = sum_p softmax_p(q . k_p / sqrt(hd)) v_p[j]
+// over the positions p <= pos(t) of t's sequence (causal), keys and values
+// read from the KV cache (GQA: query head h reads kv head h / (nq/nkv)).
+// Both kernels use an online softmax over the keys: no score matrix.
+
+// attn_ref: the plain kernel (any even hd <= 256). One CTA per (work item,
+// head), blockIdx.x = item * nq + head as in attn_fa; 8 warps;
+// each warp takes queries of the item one at a time, each lane holding hd/32
+// dimensions, and walks the keys one by one.
+extern "C" __global__ void __launch_bounds__(256)
+    attn_ref(const u16* __restrict__ qkv, u16* __restrict__ out, const int* __restrict__ items,
+             const int* __restrict__ seq_q0, const int* __restrict__ seq_n, const int* __restrict__ seq_past,
+             const u64* __restrict__ seq_base, const int* __restrict__ seq_cap, int layer, int nq, int nkv, int hd,
+             int qkv_w, float scale_log2) {
+  const int MAXD = 8;  // dims per lane: hd <= 256
+  const AttnItem a = attn_item(items, seq_q0, seq_n, seq_past, seq_base, seq_cap, layer, nq, nkv, hd);
+  const int head = a.head, q0 = a.q0, n = a.n, past = a.past, qs = a.qs;
+  const u16 *K = a.K, *V = a.V;
+  int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  int qend = min(q0 + ATT_BQ, n);
+  for (int qi = q0 + warp; qi < qend; qi += blockDim.x >> 5) {
+    const u16* q = qkv + (size_t)(qs + qi) * qkv_w + head * hd;
+    float qv[MAXD], acc[MAXD];
+#pragma unroll
+    for (int k = 0; k < MAXD; ++k) {
+      int j = lane + 32 * k;
+      qv[k] = j < hd ? bf_to_f(q[j]) * scale_log2 : 0.f;
+      acc[k] = 0.f;
+    }
+    float m = NEG_INF, l = 0.f;
+    int last = past + qi;  // keys 0..last
+    for (int p = 0; p <= last; ++p) {
+      const u16* kp = K + (size_t)p * hd;
+      float dot = 0.f;
+#pragma unroll
+      for (int k = 0; k < MAXD; ++k) {
+        int j = lane + 32 * k;
+        if (j < hd) dot += qv[k] * bf_to_f(kp[j]);
+      }
+      dot = warp_sum(dot);
+      float mn = fmaxf(m, dot);
+      float corr = exp2f(m - mn), e = exp2f(dot - mn);
+      l = l * corr + e;
+      const u16* vp = V + (size_t)p * hd;
+#pragma unroll
+      for (int k = 0; k < MAXD; ++k) {
+        int j = lane + 32 * k;
+        if (j < hd) acc[k] = acc[k] * corr + e * bf_to_f(vp[j]);
+      }
+      m = mn;
+    }
+    u16* o = out + (size_t)(qs + qi) * nq * hd + head * hd;
+    float il = 1.f / l;
+#pragma unroll
+    for (int k = 0; k < MAXD; ++k) {
+      int j = lane + 32 * k;
+      if (j < hd) o[j] = (u16)f_to_bf(acc[k] * il);
+    }
+  }
+}
+
+// mma16816: d += a (16x16 bf16, row) * b (16x8 bf16, col), fp32 accumulate.
+__device__ __forceinline__ void mma16816(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// ldsm4 / ldsm4t: four 8x8 bf16 matrices from shared memory (lanes 8i..8i+7
+// give the row addresses of matrix i); the .trans form hands each lane a
+// column pair instead of a row pair.
+__device__ __forceinline__ void ldsm4(u32 addr, u32& r0, u32& r1, u32& r2, u32& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldsm4t(u32 addr, u32& r0, u32& r1, u32& r2, u32& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(addr));
+}
+
+// attn_fa: the tensor-core kernel for hd = 64 or 128 (flash-attention 2
+// style). One CTA per (work item, head), blockIdx.x = item * nq + head, so
+// the launcher's item order (longest first) is the order CTAs start in.
+// NW warps; warp w owns WM tiles of 16 queries, tile i holding the item's
+// queries (i NW + w) 16 .. +15 (interleaved, so that the causal triangle
+// gives every warp the same work). Blocks of 64 keys and values stream
+// through a two-stage cp.async pipeline into shared memory, rows [key][dim]
+// with a pitch of hd + 8 (ldmatrix without bank conflicts); keys past the
+// CTA's last needed one are zero-filled, so unwritten cache memory never
+// reaches the arithmetic. Per block each warp computes its scores with
+// mma.sync (K fragments by ldmatrix, shared by the warp's tiles), masks the
+// causal triangle on the diagonal blocks, updates its running row maxima
+// and sums, and adds P V (P rounded to bf16; V fragments by ldmatrix.trans)
+// into its fp32 accumulators. Fragment layouts are PTX's for m16n8k16:
+// lane = 4 g + tq holds rows g and g+8, columns 2tq, 2tq+1 (+8).
+
+template <int HD, int NW, int WM>
+__device__ __forceinline__ void attn_fa_body(const u16* __restrict__ qkv, u16* __restrict__ out,
+                                             const int* __restrict__ items, const int* __restrict__ seq_q0,
+                                             const int* __restrict__ seq_n, const int* __restrict__ seq_past,
+                                             const u64* __restrict__ seq_base, const int* __restrict__ seq_cap,
+                                             int layer, int nq, int nkv, int qkv_w, float scale_log2) {
+  static_assert(NW * WM * 16 == ATT_BQ, "a CTA covers one work item");
+  constexpr int BK = 64;
+  constexpr int P = HD + 8;      // shared row pitch (bf16)
+  constexpr int TILE = BK * P;   // one K or V block
+  constexpr int CH = HD / 8;     // 16-byte chunks per row
+  extern __shared__ __align__(16) u16 smem[];  // [stage][K | V][BK][P]
+
+  const AttnItem a = attn_item(items, seq_q0, seq_n, seq_past, seq_base, seq_cap, layer, nq, nkv, HD);
+  const int head = a.head, q0 = a.q0, n = a.n, past = a.past, qs = a.qs;
+  const u16 *K = a.K, *V = a.V;
+  int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  int g = lane >> 2, tq = lane & 3;
+  int kend = past + min(q0 + ATT_BQ, n);  // keys [0, kend) are needed by the CTA
+  int nblk = (kend + BK - 1) / BK;
+
+  auto load = [&](int blk) {
+    int k0 = blk * BK;
+    u16* sk = smem + (blk & 1) * 2 * TILE;
+    u16* sv = sk + TILE;
+    for (int idx = threadIdx.x; idx < BK * CH; idx += NW * 32) {
+      int r = idx / CH, c = (idx % CH) * 8;
+      int key = k0 + r;
+      bool ok = key < kend;
+      size_t off = (size_t)(ok ? key : 0) * HD + c;
+      cp_async16(smem_addr(sk + r * P + c), K + off, ok);
+      cp_async16(smem_addr(sv + r * P + c), V + off, ok);
+    }
+    cp_async_commit();
+  };
+  load(0);
+
+  // The warp's query tiles: first row (index among the sequence's new
+  // tokens), and the last key each needs (-1: the tile has no valid row).
+  int row0[WM], klast[WM];
+  int wklast = -1;
+#pragma unroll
+  for (int i = 0; i < WM; ++i) {
+    row0[i] = q0 + (i * NW + warp) * 16;
+    klast[i] = row0[i] < n ? past + min(row0[i] + 15, n - 1) : -1;
+    wklast = max(wklast, klast[i]);
+  }
+  // Q fragments, straight from global memory (rows past n are zero).
+  u32 qf[WM][HD / 16][4];
+#pragma unroll
+  for (int i = 0; i < WM; ++i)
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; ++kk)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        int row = row0[i] + g + (r & 1) * 8;
+        int col = kk * 16 + tq * 2 + (r >> 1) * 8;
+        qf[i][kk][r] = row < n ? *(const u32*)(qkv + (size_t)(qs + row) * qkv_w + head * HD + col) : 0u;
+      }
+  float o[WM][HD / 8][4];
+  float mrow[WM][2], lrow[WM][2];
+#pragma unroll
+  for (int i = 0; i < WM; ++i) {
+#pragma unroll
+    for (int j = 0; j < HD / 8; ++j) o[i][j][0] = o[i][j][1] = o[i][j][2] = o[i][j][3] = 0.f;
+    mrow[i][0] = mrow[i][1] = NEG_INF;
+    lrow[i][0] = lrow[i][1] = 0.f;
+  }
+  // Per-lane ldmatrix offsets (bf16 elements) within a block: K, matrix
+  // lane/8 = (dims +8 for odd, next 16-dim slice for >= 2); V (trans),
+  // matrix lane/8 = (keys +8 for odd, next 8-dim tile for >= 2).
+  int mi = lane >> 3, mr = lane & 7;
+  int koff = mr * P + (mi & 1) * 8 + (mi >> 1) * 16;
+  int voff = ((mi & 1) * 8 + mr) * P + (mi >> 1) * 8;
+
+  for (int kb = 0; kb < nblk; ++kb) {
+    if (kb + 1 < nblk) {
+      load(kb + 1);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    int k0 = kb * BK;
+    if (k0 <= wklast) {
+      u32 sk = smem_addr(smem + (kb & 1) * 2 * TILE);
+      u32 sv = sk + TILE * 2;
+      // S = Q K^T, 16 rows x 64 keys per tile. Every tile takes part (a
+      // tile past its last key sees only masked scores: no change).
+      float sc[WM][BK / 8][4];
+#pragma unroll
+      for (int i = 0; i < WM; ++i)
+#pragma unroll
+        for (int j = 0; j < BK / 8; ++j) sc[i][j][0] = sc[i][j][1] = sc[i][j][2] = sc[i][j][3] = 0.f;
+#pragma unroll
+      for (int j = 0; j < BK / 8; ++j) {
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; kk += 2) {
+          u32 b0, b1, b2, b3;
+          ldsm4(sk + 2 * (j * 8 * P + kk * 16 + koff), b0, b1, b2, b3);
+#pragma unroll
+          for (int i = 0; i < WM; ++i) {
+            mma16816(sc[i][j], qf[i][kk], b0, b1);
+            mma16816(sc[i][j], qf[i][kk + 1], b2, b3);
+          }
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < WM; ++i) {
+        // Mask keys past each row's position on the diagonal blocks.
+        if (k0 + BK - 1 > past + row0[i]) mask_after(sc[i], k0, past + row0[i] + g, tq);
+        softmax_step(sc[i], mrow[i], lrow[i], o[i], scale_log2);
+      }
+      // O += P V: the score fragments of key tiles 2kk and 2kk+1 are the A
+      // fragment of key slice kk.
+#pragma unroll
+      for (int kk = 0; kk < BK / 16; ++kk) {
+        u32 a[WM][4];
+#pragma unroll
+        for (int i = 0; i < WM; ++i) p_frag(sc[i], kk, a[i]);
+#pragma unroll
+        for (int j = 0; j < HD / 8; j += 2) {
+          u32 b0, b1, b2, b3;
+          ldsm4t(sv + 2 * (kk * 16 * P + j * 8 + voff), b0, b1, b2, b3);
+#pragma unroll
+          for (int i = 0; i < WM; ++i) {
+            mma16816(o[i][j], a[i], b0, b1);
+            mma16816(o[i][j + 1], a[i], b2, b3);
+          }
+        }
+      }
+    }
+    __syncthreads();  // the stage just read is the next load's target
+  }
+#pragma unroll
+  for (int i = 0; i < WM; ++i) {
+    if (klast[i] < 0) continue;
+    int row = row0[i] + g;
+    store_rows(o[i], lrow[i], out + (size_t)(qs + row) * nq * HD + head * HD + tq * 2, (size_t)nq * HD, row, n);
+  }
+}
+
+// attn_fa64, attn_fa128: 8 warps of one query tile each (two tiles per
+// warp, which halve the shared-memory reads of K and V, spilled registers).
+// Dynamic shared memory: 2 * 2 * 64 * (hd + 8) * 2 bytes.
+extern "C" __global__ void __launch_bounds__(256, 2)
+    attn_fa64(const u16* __restrict__ qkv, u16* __restrict__ out, const int* __restrict__ items,
+              const int* __restrict__ seq_q0, const int* __restrict__ seq_n, const int* __restrict__ seq_past,
+              const u64* __restrict__ seq_base, const int* __restrict__ seq_cap, int layer, int nq, int nkv,
+              int qkv_w, float scale_log2) {
+  attn_fa_body<64, 8, 1>(qkv, out, items, seq_q0, seq_n, seq_past, seq_base, seq_cap, layer, nq, nkv, qkv_w,
+                         scale_log2);
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+    attn_fa128(const u16* __restrict__ qkv, u16* __restrict__ out, const int* __restrict__ items,
+               const int* __restrict__ seq_q0, const int* __restrict__ seq_n, const int* __restrict__ seq_past,
+               const u64* __restrict__ seq_base, const int* __restrict__ seq_cap, int layer, int nq, int nkv,
+               int qkv_w, float scale_log2) {
+  attn_fa_body<128, 8, 1>(qkv, out, items, seq_q0, seq_n, seq_past, seq_base, seq_cap, layer, nq, nkv, qkv_w,
+                          scale_log2);
+}

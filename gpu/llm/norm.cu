@@ -1,0 +1,110 @@
+// norm.cu: the embedding lookup and the fused residual add + RMSNorm of the
+// GPU Llama forward (package gpu/llm).
+// Storage is bf16 (weights, activations between GEMMs, the KV cache); the
+// residual stream and the norm weights are fp32, and all arithmetic is fp32.
+// No CUDA headers: package gpu's common.cuh (bf16 helpers, dot8, cp.async)
+// and the headers named below come from the launcher (gpu.Headers).
+
+#include "common.cuh"
+
+// block_sum returns the sum of v over the block (blockDim.x a multiple of
+// 32, at most 1024) to every thread.
+__device__ __forceinline__ float block_sum(float v) {
+  __shared__ float part[32];
+  __shared__ float total;
+  v = warp_sum(v);
+  int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (lane == 0) part[w] = v;
+  __syncthreads();
+  if (w == 0) {
+    float s = lane < (int)(blockDim.x >> 5) ? part[lane] : 0.f;
+    s = warp_sum(s);
+    if (lane == 0) total = s;
+  }
+  __syncthreads();
+  return total;
+}
+
+// embed: resid[t] = table[ids[t]] (bf16 -> fp32). One block per token.
+extern "C" __global__ void embed(const u16* __restrict__ table, const int* __restrict__ ids, float* __restrict__ resid,
+                                 int d) {
+  int t = blockIdx.x;
+  const u16* row = table + (size_t)ids[t] * d;
+  float* out = resid + (size_t)t * d;
+  for (int i = threadIdx.x; i < d; i += blockDim.x) out[i] = bf_to_f(row[i]);
+}
+
+// add_rmsnorm: for output row b (one block each), with r = rows ? rows[b] : b,
+//   v = resid[r] + (delta ? delta[r] : 0)
+//   out[b] = bf16(v / sqrt(mean(v^2) + eps) * w)
+// and, when rows is null, resid[r] = v (the residual add). With rows set
+// (the final norm of the rows whose logits are wanted) resid is not written.
+// When d is a multiple of 4 and at most 16 per thread, each thread keeps
+// its values in registers between the sum of squares and the output (one
+// pass over memory, its loads issued together: decode steps run this at a
+// few tokens, where latency is all that counts); else a plain two-pass loop.
+extern "C" __global__ void add_rmsnorm(float* __restrict__ resid, const u16* __restrict__ delta,
+                                       const int* __restrict__ rows, const float* __restrict__ w,
+                                       u16* __restrict__ out, int d, float eps) {
+  constexpr int MAXV = 4;  // float4 per thread
+  int b = blockIdx.x;
+  int r = rows ? rows[b] : b;
+  float* x = resid + (size_t)r * d;
+  const u16* dl = delta ? delta + (size_t)r * d : nullptr;
+  u16* o = out + (size_t)b * d;
+  int n4 = d / 4;
+  if (d % 4 == 0 && n4 <= MAXV * (int)blockDim.x) {
+    float4 v[MAXV], wv[MAXV];
+#pragma unroll
+    for (int k = 0; k < MAXV; ++k) {
+      int i = threadIdx.x + k * blockDim.x;
+      if (i >= n4) continue;
+      v[k] = ((const float4*)x)[i];
+      wv[k] = ((const float4*)w)[i];
+      if (dl) {
+        uint2 dd = ((const uint2*)dl)[i];
+        v[k].x += bf_lo(dd.x);
+        v[k].y += bf_hi(dd.x);
+        v[k].z += bf_lo(dd.y);
+        v[k].w += bf_hi(dd.y);
+      }
+    }
+    float ss = 0.f;
+#pragma unroll
+    for (int k = 0; k < MAXV; ++k) {
+      int i = threadIdx.x + k * blockDim.x;
+      if (i >= n4) continue;
+      ss += v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
+      if (dl && !rows) ((float4*)x)[i] = v[k];
+    }
+    float inv = rsqrtf(block_sum(ss) / (float)d + eps);
+#pragma unroll
+    for (int k = 0; k < MAXV; ++k) {
+      int i = threadIdx.x + k * blockDim.x;
+      if (i >= n4) continue;
+      uint2 ov;
+      ov.x = pack_bf2(v[k].x * inv * wv[k].x, v[k].y * inv * wv[k].y);
+      ov.y = pack_bf2(v[k].z * inv * wv[k].z, v[k].w * inv * wv[k].w);
+      ((uint2*)o)[i] = ov;
+    }
+    return;
+  }
+  float ss = 0.f;
+  for (int i = threadIdx.x; i < d; i += blockDim.x) {
+    float v = x[i];
+    if (dl) {
+      v += bf_to_f(dl[i]);
+      if (!rows) x[i] = v;
+    }
+    ss += v * v;
+  }
+  // Each thread re-reads only the elements it wrote, so no barrier is
+  // needed between the write above and the read below.
+  float inv = rsqrtf(block_sum(ss) / (float)d + eps);
+  for (int i = threadIdx.x; i < d; i += blockDim.x) {
+    float v = x[i];
+    if (dl && rows) v += bf_to_f(dl[i]);
+    o[i] = (u16)f_to_bf(v * inv * w[i]);
+  }
+}
+

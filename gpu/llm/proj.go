@@ -1,0 +1,35 @@
+package llm
+
+import (
+	"github.com/twell-ai/twell/cuda"
+	"github.com/twell-ai/twell/cuda/cublas"
+)
+
+// gemvMaxRows is the largest token count whose projections run gemv_rows
+// rather than cuBLASLt.
+const gemvMaxRows = 4
+
+// gemv reports whether the projections of a pass of m tokens with inputs
+// of width k run the engine's own kernels (gemv_rows, qkv_rope).
+func (e *Engine) gemv(m, k int) bool { return m <= gemvMaxRows && k%8 == 0 && !e.NoGEMV }
+
+// project queues y = x w^T for m tokens (x: m x k, w: n x k, y: m x n, bf16):
+// gemv_rows for decode-sized batches, else cuBLASLt.
+func (e *Engine) project(m, n, k int, x, w, y *cuda.Buffer) error {
+	if !e.gemv(m, k) {
+		return e.blas.Matmul(e.stream, cublas.Gemm{M: m, N: n, K: k, TransB: true}, x, w, y)
+	}
+	fn := e.k.gemv4
+	if m == 1 {
+		fn = e.k.gemv1
+	}
+	return gemvRows(fn, e.stream, x, w, y, m, n, k)
+}
+
+// gemvRows queues gemv_rows1 or gemv_rows4 (proj.cu): y = x w^T for m
+// tokens (x m x k, w n x k, y m x n, bf16), one warp per output column, x
+// staged in shared memory.
+func gemvRows(fn *cuda.Function, s *cuda.Stream, x, w, y *cuda.Buffer, m, n, k int) error {
+	return fn.Launch(cuda.Dim3{uint32((n + 7) / 8), 1, 1}, cuda.Dim3{256, 1, 1}, 2*m*k, s,
+		x, w, y, int32(m), int32(n), int32(k))
+}
