@@ -21,11 +21,12 @@ var plotDir = flag.String("plotdir", "", "also write the test figures to this fo
 // figurePath returns where a test figure goes: -plotdir when given, else a
 // temporary folder.
 func figurePath(t *testing.T, name string) string {
+	name = strings.NewReplacer("/", "-", " ", "-").Replace(name)
 	if *plotDir != "" {
 		if err := os.MkdirAll(*plotDir, 0o755); err != nil {
 			t.Fatal(err)
 		}
-		return filepath.Join(*plotDir, strings.NewReplacer("/", "-", " ", "-").Replace(name))
+		return filepath.Join(*plotDir, name)
 	}
 	return filepath.Join(t.TempDir(), name)
 }
