@@ -174,3 +174,19 @@ func TestBadInput(t *testing.T) {
 		t.Error("max tokens 0 accepted")
 	}
 }
+
+// TestVocabLimitsSampling: ids past a smaller tokenizer's vocabulary are
+// never sampled, even when the model favours them.
+func TestVocabLimitsSampling(t *testing.T) {
+	voc := pieces{"<eos>", "a", "b"}
+	e := &script{vocab: 8, layers: 1, ctx: 100, next: []int{7, 7, 7}, prompt: 1}
+	res, err := Run(e, voc, []int{1}, Options{MaxTokens: 3, Context: 100, Sample: sample.Greedy(), Vocab: len(voc)}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range res.Tokens {
+		if id >= len(voc) {
+			t.Fatalf("sampled id %d past the vocabulary of %d", id, len(voc))
+		}
+	}
+}
