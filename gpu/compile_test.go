@@ -20,7 +20,7 @@ func TestCompilePTX(t *testing.T) {
 		opts  []cuda.CompileOption
 	}{
 		{"gemv.cu", gemvSrc, gemvExprs(), nil},
-		{"dense.cu", denseSrc, []string{"relu_mul", "relu_inplace", "gather_rows", "scatter_rows", "act_exact<true>", "act_exact<false>"}, nil},
+		{"dense.cu", denseSrc, denseExprs, nil},
 		{"t2d.cu", t2dSrc, []string{"t2d<true>", "t2d<false>", "row_fallback<true>", "row_fallback<false>",
 			"t2u<true>", "t2u<false>", "t2d_ws<16>", "t2d_ws<8>", "len_hist", "len_offsets", "len_scatter"},
 			[]cuda.CompileOption{cuda.WithOptions("-DTW_NCH=8")}},

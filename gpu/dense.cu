@@ -1,6 +1,7 @@
-// dense.cu: elementwise kernels of the dense MLP (the cuBLASLt baseline and
-// the automatic path's dense branch). They also count the active gate units,
-// so that the automatic path sees the density of every batch.
+// dense.cu: elementwise kernels of the dense MLP (DenseMLP: the cuBLASLt
+// baseline, the automatic path's dense branch, and the model layers the
+// TwELL kernels do not take). The ReLU ones also count the active gate
+// units, so that the automatic path sees the density of every batch.
 #include "common.cuh"
 
 // block_count adds the block's counts to *nnz with one atomic per block
@@ -114,5 +115,22 @@ __global__ void __launch_bounds__(256) act_exact(const u16* g, const u16* u, u16
     ov.z = o[2];
     ov.w = o[3];
     *(uint4*)(h + i) = ov;
+  }
+}
+
+// act_mul: the DenseMLP's elementwise step where relu_mul does not apply
+// (SiLU gates, or F not a multiple of 8), one value per thread per step.
+// act 0: relu, 1: silu. gated: g = act(g) * u; else g = act(g) (u unused).
+// Counts nothing.
+__device__ __forceinline__ float act_f(float x, int act) {
+  if (act == 0) return fmaxf(x, 0.f);
+  return x / (1.f + __expf(-x));
+}
+
+__global__ void act_mul(u16* __restrict__ g, const u16* __restrict__ u, long long n, int act, int gated) {
+  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+    float v = act_f(bf_to_f(g[i]), act);
+    if (gated) v *= bf_to_f(u[i]);
+    g[i] = (u16)f_to_bf(v);
   }
 }

@@ -3,6 +3,7 @@ package gpu
 import (
 	_ "embed"
 	"errors"
+	"fmt"
 
 	"github.com/twell-ai/twell/cuda"
 	"github.com/twell-ai/twell/cuda/cublas"
@@ -36,9 +37,10 @@ func DefaultDenseAbove(d, f int, gated bool) float64 {
 	return max(0, (dense-sparse)/pair) / float64(f)
 }
 
-// Dense queues the dense MLP on stream s: cuBLASLt GEMMs (bf16 in and out,
-// fp32 accumulate) for the gate, up and down projections and one
-// elementwise kernel for relu(g) * u, which also counts the active units.
+// Dense queues the dense MLP on stream s (DenseMLP.Queue on the MLP's
+// weights and workspace): cuBLASLt GEMMs for the gate, up and down
+// projections and one elementwise kernel for relu(g) * u, which also counts
+// the active units.
 func (l *MLP) Dense(s *cuda.Stream, y, x *cuda.Buffer, m int) error {
 	if err := l.checkIO(y, x, m); err != nil {
 		return err
@@ -46,57 +48,296 @@ func (l *MLP) Dense(s *cuda.Stream, y, x *cuda.Buffer, m int) error {
 	if l.blas == nil {
 		return errors.New("gpu: dense MLP needs a cuBLAS handle (NewMLP was given nil)")
 	}
-	ws, err := l.denseWorkspace(m)
+	dn := DenseMLP{D: l.D, F: l.F, Gated: l.Gated, Act: ActReLU, dev: l.dev, k: l.k, blas: l.blas,
+		gate: l.gate, up: l.up, down: l.down, nnz: l.nnz}
+	if err := dn.queue(s, y, x, m, &l.ws.dn, l.realloc); err != nil {
+		return err
+	}
+	l.counted += m // the count accumulates until the next D2T zeroes it
+	return nil
+}
+
+// Activation is the gate activation of a DenseMLP.
+type Activation int
+
+// Activations.
+const (
+	ActReLU Activation = iota
+	ActSiLU
+)
+
+// DenseMLP is one dense MLP layer on a GPU through cuBLASLt, any shape and
+// either activation: the dense path of MLP (which runs it on its own
+// weights) and the MLP of model layers that the TwELL kernels do not take.
+// Weights are bf16, Wg and Wu as [F, D] and Down = Wd^T as [F, D], as in
+// MLP. Its methods queue work on a stream and keep workspace, so a DenseMLP
+// must not be used by several goroutines at once.
+//
+//	gated:     y = (act(x Wg^T) * (x Wu^T)) Wd^T
+//	non-gated: y = act(x Wu^T) Wd^T
+type DenseMLP struct {
+	D, F  int
+	Gated bool
+	Act   Activation
+
+	dev            *cuda.Device
+	k              *kernels
+	blas           *cublas.Handle
+	gate, up, down *cuda.Buffer
+	nnz            *cuda.Buffer // active-unit counter of the ReLU kernels
+	own            bool         // Close frees the weights and the counter
+	ws             *denseWS     // NewDenseMLP's workspace (MLP passes its own to queue)
+}
+
+// denseWS is the dense path's activation memory: the gate and up
+// projections of m tokens (h overwrites the gate's).
+type denseWS struct {
+	m     int
+	g, u  *cuda.Buffer
+	refs  int    // DenseMLPs using it (NewDenseMLP's)
+	epoch uint64 // reallocations (NewDenseMLP's)
+}
+
+// NewDenseMLP uploads a dense MLP layer given in nn.Linear layout (float32,
+// row-major): wg and wu are f x d, wd is d x f; wg is nil for a non-gated
+// MLP.
+func NewDenseMLP(dev *cuda.Device, blas *cublas.Handle, wg, wu, wd []float32, d, f int, act Activation) (*DenseMLP, error) {
+	switch {
+	case blas == nil:
+		return nil, errors.New("gpu: NewDenseMLP needs a cuBLAS handle")
+	case d < 1 || f < 1:
+		return nil, fmt.Errorf("gpu: dense MLP of hidden size %d and width %d", d, f)
+	case len(wu) != f*d || len(wd) != d*f || (wg != nil && len(wg) != f*d):
+		return nil, fmt.Errorf("gpu: MLP weights hold %d (gate), %d (up), %d (down) values, want %d each", len(wg), len(wu), len(wd), f*d)
+	case act != ActReLU && act != ActSiLU:
+		return nil, fmt.Errorf("gpu: activation %d", act)
+	}
+	l := &DenseMLP{D: d, F: f, Gated: wg != nil, Act: act, dev: dev, k: kernelsFor(dev), blas: blas, own: true,
+		ws: &denseWS{refs: 1}}
+	var err error
+	upload := func(w []float32) *cuda.Buffer {
+		if err != nil || w == nil {
+			return nil
+		}
+		var b *cuda.Buffer
+		b, err = uploadBF16(dev, w)
+		return b
+	}
+	l.gate, l.up, l.down = upload(wg), upload(wu), upload(transpose(wd, d, f))
+	if err == nil {
+		l.nnz, err = dev.Alloc(8)
+	}
+	if err != nil {
+		l.Close()
+		return nil, err
+	}
+	return l, nil
+}
+
+// transpose returns the f x d transpose of the d x f row-major w.
+func transpose(w []float32, d, f int) []float32 {
+	t := make([]float32, f*d)
+	for k := 0; k < d; k++ {
+		for j, v := range w[k*f : (k+1)*f] {
+			t[j*d+k] = v
+		}
+	}
+	return t
+}
+
+// Close frees the layer's device memory (the workspace when l is the last
+// DenseMLP sharing it).
+func (l *DenseMLP) Close() error {
+	var errs []error
+	if l.own {
+		for _, b := range []*cuda.Buffer{l.gate, l.up, l.down, l.nnz} {
+			if b != nil {
+				errs = append(errs, b.Free())
+			}
+		}
+	}
+	l.gate, l.up, l.down, l.nnz = nil, nil, nil, nil
+	if ws := l.ws; ws != nil {
+		l.ws = nil
+		if ws.refs--; ws.refs == 0 {
+			for _, b := range []*cuda.Buffer{ws.g, ws.u} {
+				if b != nil {
+					errs = append(errs, b.Free())
+				}
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// ShareWorkspace makes l use o's activation workspace instead of its own,
+// so that a model's dense layers hold the workspace of their largest call
+// once. l and o must have the same D, F and gating and must not run at the
+// same time: their calls must be queued on one stream.
+func (l *DenseMLP) ShareWorkspace(o *DenseMLP) error {
+	switch {
+	case l.ws == nil || o.ws == nil:
+		return errors.New("gpu: DenseMLP.ShareWorkspace on a closed MLP")
+	case l.dev != o.dev || l.D != o.D || l.F != o.F || l.Gated != o.Gated:
+		return errors.New("gpu: DenseMLP.ShareWorkspace between MLPs of different devices or shapes")
+	case l.ws == o.ws:
+		return nil
+	}
+	if l.ws.refs--; l.ws.refs == 0 {
+		for _, b := range []*cuda.Buffer{l.ws.g, l.ws.u} {
+			if b != nil {
+				if err := b.Free(); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	l.ws = o.ws
+	o.ws.refs++
+	return nil
+}
+
+// WeightBytes returns the device memory the weights take.
+func (l *DenseMLP) WeightBytes() int64 {
+	n := int64(2 * 2 * l.D * l.F)
+	if l.Gated {
+		n += int64(2 * l.D * l.F)
+	}
+	return n
+}
+
+// Epoch counts the reallocations of the layer's workspace (shared with the
+// DenseMLPs of ShareWorkspace): work recorded into a CUDA graph stays valid
+// while it is unchanged.
+func (l *DenseMLP) Epoch() uint64 { return l.ws.epoch }
+
+// Reserve grows the workspace to hold calls of m tokens.
+func (l *DenseMLP) Reserve(m int) error {
+	_, err := l.workspace(m, l.ws, l.realloc)
+	return err
+}
+
+// realloc returns b if it holds n bytes, else a new buffer (freeing b).
+func (l *DenseMLP) realloc(b *cuda.Buffer, n int) (*cuda.Buffer, error) {
+	if b != nil && b.Len() >= n {
+		return b, nil
+	}
+	if b != nil {
+		if err := b.Free(); err != nil {
+			return nil, err
+		}
+	}
+	l.ws.epoch++
+	return l.dev.Alloc(n)
+}
+
+// Forward queues the layer on stream s for m tokens: x and y hold m x D
+// bf16 values.
+func (l *DenseMLP) Forward(s *cuda.Stream, y, x *cuda.Buffer, m int) error {
+	switch {
+	case l.up == nil:
+		return errors.New("gpu: DenseMLP was closed")
+	case m < 1:
+		return fmt.Errorf("gpu: MLP call with %d tokens; want at least 1", m)
+	case x == nil || x.Len() < 2*m*l.D || y == nil || y.Len() < 2*m*l.D:
+		return fmt.Errorf("gpu: MLP input %v or output %v holds fewer than %d bytes (%d tokens x %d bf16)", x, y, 2*m*l.D, m, l.D)
+	}
+	return l.queue(s, y, x, m, l.ws, l.realloc)
+}
+
+// workspace grows ws to m tokens with realloc.
+func (l *DenseMLP) workspace(m int, ws *denseWS, realloc func(*cuda.Buffer, int) (*cuda.Buffer, error)) (*denseWS, error) {
+	if ws.m >= m {
+		return ws, nil
+	}
+	n := 2 * m * l.F
+	var err error
+	if ws.g, err = realloc(ws.g, n); err != nil {
+		return nil, err
+	}
+	if l.Gated {
+		if ws.u, err = realloc(ws.u, n); err != nil {
+			return nil, err
+		}
+	}
+	ws.m = m
+	return ws, nil
+}
+
+// queue queues the layer on stream s, with workspace ws grown by realloc:
+// cuBLASLt GEMMs (bf16 in and out, fp32 accumulate) for the gate, up and
+// down projections and one elementwise kernel: for ReLU with F a multiple
+// of 8, relu_mul or relu_inplace (8 values per thread), which also count
+// the active units into l.nnz; else act_mul.
+func (l *DenseMLP) queue(s *cuda.Stream, y, x *cuda.Buffer, m int, ws *denseWS, realloc func(*cuda.Buffer, int) (*cuda.Buffer, error)) error {
+	ws, err := l.workspace(m, ws, realloc)
 	if err != nil {
 		return err
 	}
-	reluMul, reluInplace, err := l.k.dense()
+	ek, err := l.k.dense()
 	if err != nil {
 		return err
 	}
 	proj := cublas.Gemm{M: m, N: l.F, K: l.D, TransB: true}
-	n := int64(m) * int64(l.F)
-	grid := elemGrid(n, l.dev.Properties().SMs)
+	first := l.up
 	if l.Gated {
-		if err := l.blas.Matmul(s, proj, x, l.gate, ws.g); err != nil {
-			return err
-		}
+		first = l.gate
 		if err := l.blas.Matmul(s, proj, x, l.up, ws.u); err != nil {
 			return err
 		}
-		if err := reluMul.Launch(grid, cuda.Dim3{256, 1, 1}, 0, s, ws.g, ws.u, ws.g, n, l.nnz); err != nil {
-			return err
-		}
-	} else {
-		if err := l.blas.Matmul(s, proj, x, l.up, ws.g); err != nil {
-			return err
-		}
-		if err := reluInplace.Launch(grid, cuda.Dim3{256, 1, 1}, 0, s, ws.g, n, l.nnz); err != nil {
-			return err
-		}
 	}
-	l.counted += m // the count accumulates until the next D2T zeroes it
+	if err := l.blas.Matmul(s, proj, x, first, ws.g); err != nil {
+		return err
+	}
+	n := int64(m) * int64(l.F)
+	sms := l.dev.Properties().SMs
+	switch {
+	case l.Act == ActReLU && l.F%8 == 0 && l.Gated:
+		err = ek.reluMul.Launch(elemGrid(n, sms), cuda.Dim3{256, 1, 1}, 0, s, ws.g, ws.u, ws.g, n, l.nnz)
+	case l.Act == ActReLU && l.F%8 == 0:
+		err = ek.reluInplace.Launch(elemGrid(n, sms), cuda.Dim3{256, 1, 1}, 0, s, ws.g, n, l.nnz)
+	default:
+		var u any = cuda.DevicePtr(0)
+		gated := int32(0)
+		if l.Gated {
+			u, gated = ws.u, 1
+		}
+		grid := cuda.Dim3{uint32(min((n+255)/256, int64(sms*16))), 1, 1}
+		err = ek.actMul.Launch(grid, cuda.Dim3{256, 1, 1}, 0, s, ws.g, u, n, int32(l.Act), gated)
+	}
+	if err != nil {
+		return err
+	}
 	return l.blas.Matmul(s, cublas.Gemm{M: m, N: l.D, K: l.F}, ws.g, l.down, y)
 }
+
+// denseSet are the elementwise kernels of the dense MLP (dense.cu).
+type denseSet struct {
+	reluMul, reluInplace, actMul *cuda.Function
+}
+
+// denseExprs are the kernels of dense.cu: the dense MLP's, then the
+// gathered dense pass's.
+var denseExprs = []string{"relu_mul", "relu_inplace", "act_mul", "gather_rows", "scatter_rows", "act_exact<true>", "act_exact<false>"}
 
 // compileDense compiles dense.cu once: the dense MLP's elementwise kernels
 // and those of the gathered dense pass over flagged rows.
 func (k *kernels) compileDense() error {
 	k.denseOnce.Do(func() {
-		exprs := []string{"relu_mul", "relu_inplace", "gather_rows", "scatter_rows", "act_exact<true>", "act_exact<false>"}
+		exprs := denseExprs
 		fs, err := k.compile("dense.cu", denseSrc, exprs)
 		if err != nil {
 			k.denseErr = err
 			return
 		}
-		k.reluMul, k.reluInplace = fs[exprs[0]], fs[exprs[1]]
-		k.gath = gatheredSet{gather: fs[exprs[2]], scatter: fs[exprs[3]], actGated: fs[exprs[4]], actPlain: fs[exprs[5]]}
+		k.dn = denseSet{reluMul: fs[exprs[0]], reluInplace: fs[exprs[1]], actMul: fs[exprs[2]]}
+		k.gath = gatheredSet{gather: fs[exprs[3]], scatter: fs[exprs[4]], actGated: fs[exprs[5]], actPlain: fs[exprs[6]]}
 	})
 	return k.denseErr
 }
 
 // dense returns the elementwise kernels of the dense MLP.
-func (k *kernels) dense() (reluMul, reluInplace *cuda.Function, err error) {
-	err = k.compileDense()
-	return k.reluMul, k.reluInplace, err
+func (k *kernels) dense() (*denseSet, error) {
+	err := k.compileDense()
+	return &k.dn, err
 }

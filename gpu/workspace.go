@@ -33,11 +33,6 @@ type sparseWS struct {
 	gx, gg, gu, gy *cuda.Buffer
 }
 
-type denseWS struct {
-	m    int
-	g, u *cuda.Buffer
-}
-
 // dropWorkspace releases l's use of its workspace, freeing the buffers when
 // l was the last MLP using them.
 func (l *MLP) dropWorkspace() error {
@@ -165,24 +160,5 @@ func (l *MLP) sparseWorkspace(m int) (*sparseWS, error) {
 		return nil, err
 	}
 	ws.mPad = mp
-	return ws, nil
-}
-
-func (l *MLP) denseWorkspace(m int) (*denseWS, error) {
-	ws := &l.ws.dn
-	if ws.m >= m {
-		return ws, nil
-	}
-	n := 2 * m * l.F
-	var err error
-	if ws.g, err = l.realloc(ws.g, n); err != nil {
-		return nil, err
-	}
-	if l.Gated {
-		if ws.u, err = l.realloc(ws.u, n); err != nil {
-			return nil, err
-		}
-	}
-	ws.m = m
 	return ws, nil
 }

@@ -66,7 +66,7 @@ type Engine struct {
 
 	embed, head, norm *cuda.Buffer // bf16 [vocab][d] (head is embed when tied), fp32 [d]
 	layers            []layer
-	act               int32 // MLP activation: 0 relu, 1 silu
+	act               gpu.Activation // MLP activation
 	mlpPath           mlp.Path
 
 	rope         *model.RoPETables
@@ -94,10 +94,10 @@ type Engine struct {
 type layer struct {
 	attnNorm, mlpNorm *cuda.Buffer // fp32 [d]
 	qkv, o            *cuda.Buffer // bf16 [(nq+2nkv)hd][d], [d][nq hd]
-	// mlp is the TwELL MLP (ReLU gate, shapes its kernels take); nil for
-	// a plain dense MLP over gate, up, down (bf16, nn.Linear layouts).
-	mlp            *gpu.MLP
-	gate, up, down *cuda.Buffer
+	// mlp is the TwELL MLP (ReLU gate, shapes its kernels take); dense the
+	// cuBLASLt MLP of the other layers (exactly one is set).
+	mlp   *gpu.MLP
+	dense *gpu.DenseMLP
 }
 
 // workspace is per-forward device memory, grown as needed and kept.
@@ -107,8 +107,7 @@ type workspace struct {
 	hn     *cuda.Buffer // bf16 [T][max(d, nq hd)]: normed input, then attention output
 	qkv    *cuda.Buffer // bf16 [T][(nq+2nkv) hd]
 	proj   *cuda.Buffer // bf16 [T][d]: attention projection, then MLP output
-	mlpTok int          // tokens the dense-MLP buffers hold
-	g, u   *cuda.Buffer // bf16 [chunk][f] (plain dense MLP layers only)
+	mlpTok int          // tokens the dense MLP layers' workspace holds
 	meta   *cuda.Buffer // per-forward metadata (see rope.cu)
 	rows   int          // rows the head buffers hold
 	sel    *cuda.Buffer // bf16 [rows][d]: final-normed rows whose logits are wanted
@@ -172,7 +171,7 @@ func NewEngine(dev *cuda.Device, m *model.Model) (*Engine, error) {
 	e := &Engine{cfg: c, dev: dev, k: k, mlpPath: mlp.Auto, rope: model.NewRoPETables(c), Attention: opts.Attention,
 		NoGraphs: opts.NoGraphs, NoGEMV: opts.NoGEMV}
 	if act, _ := c.GateActivation(); act == model.ActSiLU {
-		e.act = 1
+		e.act = gpu.ActSiLU
 	}
 	ok := false
 	defer func() {
@@ -222,7 +221,7 @@ func NewEngine(dev *cuda.Device, m *model.Model) (*Engine, error) {
 		if l.o, err = e.upBF16(lw.O, h*nq*hd, name("o_proj")); err != nil {
 			return nil, err
 		}
-		if e.act == 0 && twellShape(h, f) && twell.DefaultLayout.Tile == 256 {
+		if e.act == gpu.ActReLU && twellShape(h, f) && twell.DefaultLayout.Tile == 256 {
 			if l.mlp, err = gpu.NewMLP(dev, e.blas, lw.Gate, lw.Up, lw.Down, h, f, twell.DefaultLayout); err != nil {
 				return nil, fmt.Errorf("llm: layer %d MLP: %w", i, err)
 			}
@@ -237,17 +236,19 @@ func NewEngine(dev *cuda.Device, m *model.Model) (*Engine, error) {
 			e.sparseLayers++
 			e.weightBytes += l.mlp.WeightBytes()
 		} else {
-			if c.MLPGated {
-				if l.gate, err = e.upBF16(lw.Gate, f*h, name("gate_proj")); err != nil {
-					return nil, err
+			gate := lw.Gate
+			if !c.MLPGated {
+				gate = nil
+			}
+			if l.dense, err = gpu.NewDenseMLP(dev, e.blas, gate, lw.Up, lw.Down, h, f, e.act); err != nil {
+				return nil, fmt.Errorf("llm: layer %d MLP: %w", i, err)
+			}
+			if first := e.firstDense(); first != nil {
+				if err := l.dense.ShareWorkspace(first); err != nil {
+					return nil, fmt.Errorf("llm: layer %d MLP: %w", i, err)
 				}
 			}
-			if l.up, err = e.upBF16(lw.Up, f*h, name("up_proj")); err != nil {
-				return nil, err
-			}
-			if l.down, err = e.upBF16(lw.Down, h*f, name("down_proj")); err != nil {
-				return nil, err
-			}
+			e.weightBytes += l.dense.WeightBytes()
 		}
 		e.layers = append(e.layers, l)
 	}
@@ -348,13 +349,16 @@ func (e *Engine) Close() error {
 	}
 	free(e.embed, e.norm, e.cosB, e.sinB)
 	for _, l := range e.layers {
-		free(l.attnNorm, l.mlpNorm, l.qkv, l.o, l.gate, l.up, l.down)
+		free(l.attnNorm, l.mlpNorm, l.qkv, l.o)
 		if l.mlp != nil {
 			errs = append(errs, l.mlp.Close())
 		}
+		if l.dense != nil {
+			errs = append(errs, l.dense.Close())
+		}
 	}
 	ws := &e.ws
-	free(ws.resid, ws.hn, ws.qkv, ws.proj, ws.g, ws.u, ws.meta, ws.sel, ws.logits)
+	free(ws.resid, ws.hn, ws.qkv, ws.proj, ws.meta, ws.sel, ws.logits)
 	if e.hostLogits != nil {
 		errs = append(errs, e.hostLogits.Free())
 		e.hostLogits = nil
@@ -431,6 +435,16 @@ func (c *cache) Free() error {
 }
 
 // firstMLP returns the TwELL MLP of the first layer that has one, or nil.
+func (e *Engine) firstDense() *gpu.DenseMLP {
+	for _, l := range e.layers {
+		if l.dense != nil {
+			return l.dense
+		}
+	}
+	return nil
+}
+
+// firstMLP returns the first layer's TwELL MLP, or nil.
 func (e *Engine) firstMLP() *gpu.MLP {
 	for _, l := range e.layers {
 		if l.mlp != nil {

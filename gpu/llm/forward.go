@@ -161,13 +161,9 @@ func (e *Engine) workspaceFor(T, rows, metaBytes int) error {
 		}
 		ws.tokens = T
 	}
-	if mt := min(T, e.chunk()); ws.mlpTok < mt && e.sparseLayers < len(e.layers) {
-		f := c.IntermediateSize
-		if ws.g, err = e.realloc(ws.g, 2*mt*f); err != nil {
-			return err
-		}
-		if c.MLPGated {
-			if ws.u, err = e.realloc(ws.u, 2*mt*f); err != nil {
+	if mt := min(T, e.chunk()); ws.mlpTok < mt {
+		if d := e.firstDense(); d != nil {
+			if err := d.Reserve(mt); err != nil {
 				return err
 			}
 		}
@@ -412,8 +408,7 @@ func (e *Engine) layersQueue(b *batch, st *engine.Stats, paths []mlp.Path) error
 // MLPChunk tokens, and reports whether every chunk ran the sparse path.
 // fixed, if not nil, is the TwELL MLP's path, run without bookkeeping.
 func (e *Engine) mlp(l layer, T int, fixed *mlp.Path) (bool, error) {
-	c := e.cfg
-	h, f := c.HiddenSize, c.IntermediateSize
+	h := e.cfg.HiddenSize
 	ws, s := &e.ws, e.stream
 	ch := e.chunk()
 	sparse := l.mlp != nil && e.mlpPath != mlp.Dense
@@ -441,30 +436,7 @@ func (e *Engine) mlp(l layer, T int, fixed *mlp.Path) (bool, error) {
 			sparse = sparse && p == mlp.Sparse
 			continue
 		}
-		proj := cublas.Gemm{M: m, N: f, K: h, TransB: true}
-		g := view(ws.g, 0, 2*m*f)
-		u := g
-		first := l.up
-		if c.MLPGated {
-			first = l.gate
-			u = view(ws.u, 0, 2*m*f)
-			if err := e.blas.Matmul(s, proj, x, l.up, u); err != nil {
-				return false, err
-			}
-		}
-		if err := e.blas.Matmul(s, proj, x, first, g); err != nil {
-			return false, err
-		}
-		n := int64(m) * int64(f)
-		grid := cuda.Dim3{uint32(min((n+255)/256, int64(e.dev.Properties().SMs*16))), 1, 1}
-		gated := int32(0)
-		if c.MLPGated {
-			gated = 1
-		}
-		if err := e.k.actMul.Launch(grid, cuda.Dim3{256, 1, 1}, 0, s, g, u, n, e.act, gated); err != nil {
-			return false, err
-		}
-		if err := e.blas.Matmul(s, cublas.Gemm{M: m, N: h, K: f, TransB: true}, g, l.down, y); err != nil {
+		if err := l.dense.Forward(s, y, x, m); err != nil {
 			return false, err
 		}
 	}

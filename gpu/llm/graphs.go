@@ -119,10 +119,14 @@ func (e *Engine) MLPSettled(T int) bool {
 // mlpEpoch returns the TwELL MLPs' workspace epoch (they share one
 // workspace), or 0 without them.
 func (e *Engine) mlpEpoch() uint64 {
+	var n uint64
 	if l := e.firstMLP(); l != nil {
-		return l.Epoch()
+		n += l.Epoch()
 	}
-	return 0
+	if l := e.firstDense(); l != nil {
+		n += l.Epoch()
+	}
+	return n
 }
 
 // GraphReplays returns how many decode steps ran from CUDA graphs so far.

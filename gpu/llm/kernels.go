@@ -18,8 +18,6 @@ var (
 	ropeSrc []byte
 	//go:embed attn.cu
 	attnSrc []byte
-	//go:embed act.cu
-	actSrc []byte
 	//go:embed attn.cuh
 	attnCUH []byte
 	//go:embed attn_wgmma.cu
@@ -32,7 +30,6 @@ type kernels struct {
 	embed, addNorm, ropeKV *cuda.Function
 	attnRef                *cuda.Function
 	attnFA64, attnFA128    *cuda.Function
-	actMul                 *cuda.Function
 	gemv1, gemv4           *cuda.Function
 	qkvRope1, qkvRope4     *cuda.Function
 
@@ -60,7 +57,6 @@ var kernelFiles = []struct {
 	{"proj.cu", &projSrc, []string{"gemv_rows1", "gemv_rows4", "qkv_rope1", "qkv_rope4"}},
 	{"rope.cu", &ropeSrc, []string{"rope_kv"}},
 	{"attn.cu", &attnSrc, []string{"attn_ref", "attn_fa64", "attn_fa128"}},
-	{"act.cu", &actSrc, []string{"act_mul"}},
 }
 
 // kernelsFor compiles the .cu files of kernelFiles for dev, with package
@@ -85,7 +81,7 @@ func kernelsFor(dev *cuda.Device) (*kernels, error) {
 		}
 	}
 	k := &kernels{dev: dev, embed: fs["embed"], addNorm: fs["add_rmsnorm"], ropeKV: fs["rope_kv"],
-		attnRef: fs["attn_ref"], attnFA64: fs["attn_fa64"], attnFA128: fs["attn_fa128"], actMul: fs["act_mul"],
+		attnRef: fs["attn_ref"], attnFA64: fs["attn_fa64"], attnFA128: fs["attn_fa128"],
 		gemv1: fs["gemv_rows1"], gemv4: fs["gemv_rows4"], qkvRope1: fs["qkv_rope1"], qkvRope4: fs["qkv_rope4"]}
 	kernTab[dev] = k
 	return k, nil
