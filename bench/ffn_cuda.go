@@ -86,16 +86,11 @@ func FFNCUDA(o FFNOptions, progress func(string)) ([]FFNResult, error) {
 		return nil, err
 	}
 	defer flush.Free()
-	start, err := dev.NewEvent()
+	timer, err := dev.NewTimer()
 	if err != nil {
 		return nil, err
 	}
-	defer start.Destroy()
-	end, err := dev.NewEvent()
-	if err != nil {
-		return nil, err
-	}
-	defer end.Destroy()
+	defer timer.Destroy()
 	refRows := synth.SampleRows(r, o.M, o.RefRows)
 
 	// timeMS returns, for each of runs, the median event-timed milliseconds
@@ -120,23 +115,10 @@ func FFNCUDA(o FFNOptions, progress func(string)) ([]FFNResult, error) {
 				if err := dev.Memset8(flush, byte(i+j), nil); err != nil {
 					return nil, err
 				}
-				if err := start.Record(nil); err != nil {
+				x := xs[i%nbuf]
+				if ts[j][i], err = timer.TimeMS(nil, func() error { return run(x) }); err != nil {
 					return nil, err
 				}
-				if err := run(xs[i%nbuf]); err != nil {
-					return nil, err
-				}
-				if err := end.Record(nil); err != nil {
-					return nil, err
-				}
-				if err := end.Synchronize(); err != nil {
-					return nil, err
-				}
-				d, err := start.Elapsed(end)
-				if err != nil {
-					return nil, err
-				}
-				ts[j][i] = float64(d.Nanoseconds()) / 1e6
 			}
 		}
 		med := make([]float64, len(runs))

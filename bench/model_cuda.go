@@ -151,33 +151,13 @@ func ModelCUDA(o ModelOptions, progress func(string)) ([]ModelCUDAResult, error)
 		kvBytes += e.CacheBytes(caches[i])
 		defer caches[i].Free()
 	}
-	start, err := dev.NewEvent()
+	timer, err := dev.NewTimer()
 	if err != nil {
 		return nil, err
 	}
-	defer start.Destroy()
-	end, err := dev.NewEvent()
-	if err != nil {
-		return nil, err
-	}
-	defer end.Destroy()
+	defer timer.Destroy()
 	// timed runs f between two events on the engine's stream.
-	timed := func(f func() error) (float64, error) {
-		if err := start.Record(e.Stream()); err != nil {
-			return 0, err
-		}
-		if err := f(); err != nil {
-			return 0, err
-		}
-		if err := end.Record(e.Stream()); err != nil {
-			return 0, err
-		}
-		if err := end.Synchronize(); err != nil {
-			return 0, err
-		}
-		d, err := start.Elapsed(end)
-		return float64(d.Nanoseconds()) / 1e6, err
-	}
+	timed := func(f func() error) (float64, error) { return timer.TimeMS(e.Stream(), f) }
 
 	attnKernel, err := e.AttentionKernel()
 	if err != nil {

@@ -234,13 +234,6 @@ func goString(p *byte) string {
 	return string(unsafe.Slice(p, n))
 }
 
-// cString returns s as a NUL-terminated byte slice.
-func cString(s string) []byte {
-	b := make([]byte, len(s)+1)
-	copy(b, s)
-	return b
-}
-
 // cBytes trims a fixed C char buffer at its first NUL.
 func cBytes(b []byte) string {
 	for i, c := range b {

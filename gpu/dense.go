@@ -115,6 +115,18 @@ func NewDenseMLP(dev *cuda.Device, blas *cublas.Handle, wg, wu, wd []float32, d,
 	l := &DenseMLP{D: d, F: f, Gated: wg != nil, Act: act, dev: dev, k: kernelsFor(dev), blas: blas, own: true,
 		ws: &denseWS{refs: 1}}
 	var err error
+	if l.gate, l.up, l.down, l.nnz, err = uploadMLP(dev, wg, wu, wd, d, f); err != nil {
+		l.Close()
+		return nil, err
+	}
+	return l, nil
+}
+
+// uploadMLP uploads an MLP's weights in nn.Linear layout (wg nil for a
+// non-gated MLP) as bf16 gate, up and down = wd^T (f x d), and allocates
+// an active-unit counter. After an error the buffers it returns (some may
+// be nil) are the caller's to free.
+func uploadMLP(dev *cuda.Device, wg, wu, wd []float32, d, f int) (gate, up, down, nnz *cuda.Buffer, err error) {
 	upload := func(w []float32) *cuda.Buffer {
 		if err != nil || w == nil {
 			return nil
@@ -123,26 +135,34 @@ func NewDenseMLP(dev *cuda.Device, blas *cublas.Handle, wg, wu, wd []float32, d,
 		b, err = uploadBF16(dev, w)
 		return b
 	}
-	l.gate, l.up, l.down = upload(wg), upload(wu), upload(transpose(wd, d, f))
-	if err == nil {
-		l.nnz, err = dev.Alloc(8)
-	}
-	if err != nil {
-		l.Close()
-		return nil, err
-	}
-	return l, nil
-}
-
-// transpose returns the f x d transpose of the d x f row-major w.
-func transpose(w []float32, d, f int) []float32 {
 	t := make([]float32, f*d)
 	for k := 0; k < d; k++ {
-		for j, v := range w[k*f : (k+1)*f] {
+		for j, v := range wd[k*f : (k+1)*f] {
 			t[j*d+k] = v
 		}
 	}
-	return t
+	gate, up, down = upload(wg), upload(wu), upload(t)
+	if err == nil {
+		if nnz, err = dev.Alloc(8); err == nil {
+			err = dev.Memset8(nnz, 0, nil)
+		}
+	}
+	return gate, up, down, nnz, err
+}
+
+// grow returns b if it holds n bytes, else a new buffer of n bytes
+// (freeing b), counting the reallocation in *epoch.
+func grow(dev *cuda.Device, b *cuda.Buffer, n int, epoch *uint64) (*cuda.Buffer, error) {
+	if b != nil && b.Len() >= n {
+		return b, nil
+	}
+	if b != nil {
+		if err := b.Free(); err != nil {
+			return nil, err
+		}
+	}
+	*epoch++
+	return dev.Alloc(n)
 }
 
 // Close frees the layer's device memory (the workspace when l is the last
@@ -219,16 +239,7 @@ func (l *DenseMLP) Reserve(m int) error {
 
 // realloc returns b if it holds n bytes, else a new buffer (freeing b).
 func (l *DenseMLP) realloc(b *cuda.Buffer, n int) (*cuda.Buffer, error) {
-	if b != nil && b.Len() >= n {
-		return b, nil
-	}
-	if b != nil {
-		if err := b.Free(); err != nil {
-			return nil, err
-		}
-	}
-	l.ws.epoch++
-	return l.dev.Alloc(n)
+	return grow(l.dev, b, n, &l.ws.epoch)
 }
 
 // Forward queues the layer on stream s for m tokens: x and y hold m x D

@@ -103,29 +103,8 @@ func NewMLP(dev *cuda.Device, blas *cublas.Handle, wg, wu, wd []float32, d, f in
 	l := &MLP{D: d, F: f, Gated: wg != nil, Layout: layout, dev: dev, k: kernelsFor(dev), blas: blas,
 		ws: &workspace{refs: 1}, Measure: true, next: mlp.Sparse}
 	l.DenseAbove = DefaultDenseAbove(d, f, l.Gated)
-	down := make([]float32, f*d)
-	for k := 0; k < d; k++ {
-		row := wd[k*f : (k+1)*f]
-		for j, v := range row {
-			down[j*d+k] = v
-		}
-	}
 	var err error
-	upload := func(w []float32) *cuda.Buffer {
-		if err != nil || w == nil {
-			return nil
-		}
-		var b *cuda.Buffer
-		b, err = uploadBF16(dev, w)
-		return b
-	}
-	l.gate, l.up, l.down = upload(wg), upload(wu), upload(down)
-	if err == nil {
-		l.nnz, err = dev.Alloc(8)
-	}
-	if err == nil {
-		err = dev.Memset8(l.nnz, 0, nil)
-	}
+	l.gate, l.up, l.down, l.nnz, err = uploadMLP(dev, wg, wu, wd, d, f)
 	if err == nil {
 		l.hostNNZ, err = dev.AllocHost(8)
 	}

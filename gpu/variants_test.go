@@ -4,7 +4,6 @@ import (
 	"os"
 	"slices"
 	"testing"
-	"time"
 
 	"github.com/twell-ai/twell/cuda"
 	"github.com/twell-ai/twell/cuda/cublas"
@@ -17,10 +16,11 @@ import (
 // reps.
 func medianMS(t *testing.T, dev *cuda.Device, reps int, run func() error) float64 {
 	t.Helper()
-	start, _ := dev.NewEvent()
-	end, _ := dev.NewEvent()
-	defer start.Destroy()
-	defer end.Destroy()
+	timer, err := dev.NewTimer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer timer.Destroy()
 	for i := 0; i < 3; i++ {
 		if err := run(); err != nil {
 			t.Fatal(err)
@@ -28,22 +28,11 @@ func medianMS(t *testing.T, dev *cuda.Device, reps int, run func() error) float6
 	}
 	ts := make([]float64, reps)
 	for i := range ts {
-		start.Record(nil)
-		if err := run(); err != nil {
+		if ts[i], err = timer.TimeMS(nil, run); err != nil {
 			t.Fatal(err)
 		}
-		end.Record(nil)
-		if err := end.Synchronize(); err != nil {
-			t.Fatal(err)
-		}
-		d, _ := start.Elapsed(end)
-		ts[i] = float64(d) / float64(time.Millisecond)
 	}
-	for i := 1; i < len(ts); i++ { // insertion sort: reps is small
-		for j := i; j > 0 && ts[j] < ts[j-1]; j-- {
-			ts[j], ts[j-1] = ts[j-1], ts[j]
-		}
-	}
+	slices.Sort(ts)
 	return ts[len(ts)/2]
 }
 

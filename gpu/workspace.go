@@ -110,16 +110,7 @@ func (l *MLP) DenseActBytes(m int) int64 {
 
 // realloc returns b if it holds n bytes, else a new buffer (freeing b).
 func (l *MLP) realloc(b *cuda.Buffer, n int) (*cuda.Buffer, error) {
-	if b != nil && b.Len() >= n {
-		return b, nil
-	}
-	if b != nil {
-		if err := b.Free(); err != nil {
-			return nil, err
-		}
-	}
-	l.ws.epoch++
-	return l.dev.Alloc(n)
+	return grow(l.dev, b, n, &l.ws.epoch)
 }
 
 // Epoch counts the reallocations of the MLP's device workspace (shared

@@ -16,6 +16,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/twell-ai/twell/bench"
 	"github.com/twell-ai/twell/bf16"
 	"github.com/twell-ai/twell/cuda"
 	"github.com/twell-ai/twell/cuda/cublas"
@@ -331,11 +332,7 @@ func benchGemmSize(dev *cuda.Device, h *cublas.Handle, sz gemmSize, bks []cublas
 		}
 		total, _ := events[0].Elapsed(events[reps])
 		sorted := slices.Clone(times)
-		slices.Sort(sorted)
-		median := sorted[len(sorted)/2]
-		if len(sorted)%2 == 0 {
-			median = (sorted[len(sorted)/2-1] + sorted[len(sorted)/2]) / 2
-		}
+		median := bench.Median(sorted) // sorts sorted
 		flops := g.Flops()
 		r := gemmResult{M: sz.M, N: sz.N, K: sz.K, Backend: bk.String(), Reps: reps, InputSets: sets,
 			MedianMS: median * 1e3, MeanMS: total.Seconds() / float64(reps) * 1e3, MinMS: sorted[0] * 1e3,
