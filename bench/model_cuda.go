@@ -236,9 +236,7 @@ func ModelCUDA(o ModelOptions, progress func(string)) ([]ModelCUDAResult, error)
 		res.PrefillStepMS = stats.StepMS
 		progress(fmt.Sprintf("%s: profiled prefill, ms by step: %s", path, formatSteps(stats.StepMS)))
 		if path == "twell" {
-			for _, a := range stats.MeanActive {
-				res.MLPActive = append(res.MLPActive, a)
-			}
+			res.MLPActive = append(res.MLPActive, stats.MeanActive...)
 		}
 		logitsOf[path] = logits
 		for _, b := range o.DecodeBatches {
