@@ -219,7 +219,7 @@ func (c *Config) Diff(o *Config, ignore ...string) string {
 			continue
 		}
 		if k == "model" {
-			return "model (the model config differs)"
+			return "model config"
 		}
 		return fmt.Sprintf("%s %s (other: %s)", k, a[k], b[k])
 	}

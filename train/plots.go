@@ -35,6 +35,9 @@ type chart struct {
 // Plot writes loss.png, l0.png and dead.png into Out from the run's
 // metrics history.
 func (r *Run) Plot() error {
+	if r.noPlots {
+		return nil
+	}
 	charts, err := r.charts()
 	if err != nil {
 		return err

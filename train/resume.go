@@ -121,6 +121,20 @@ func (r *Run) Resume() error {
 // left it elsewhere, removes the other checkpoint folders, and cuts
 // metrics.jsonl back to the resumed step.
 func (r *Run) ResumeFrom(s *Saved) error {
+	if err := r.restore(s); err != nil {
+		return err
+	}
+	if err := r.install(s.Dir); err != nil {
+		return fmt.Errorf("train: resume: tidying the checkpoints: %w", err)
+	}
+	s.Dir = filepath.Join(r.Out, checkpointDir)
+	r.saved = r.step
+	return r.truncateMetrics()
+}
+
+// restore puts the saved state into the run and its backend, without
+// touching the disk.
+func (r *Run) restore(s *Saved) error {
 	if d := r.Cfg.Diff(s.Config, "steps", "l1", "data", "tokenizer"); d != "" {
 		return fmt.Errorf("train: resume: the run's %s differs from the checkpoint's in %s", d, s.Dir)
 	}
@@ -131,12 +145,7 @@ func (r *Run) ResumeFrom(s *Saved) error {
 		return fmt.Errorf("train: resume: %w", err)
 	}
 	r.step, r.tokens, r.lastFire, r.fires = s.state.Step, s.state.Tokens, s.state.LastFire, s.state.Fires
-	if err := r.install(s.Dir); err != nil {
-		return fmt.Errorf("train: resume: tidying the checkpoints: %w", err)
-	}
-	s.Dir = filepath.Join(r.Out, checkpointDir)
-	r.saved = r.step
-	return r.truncateMetrics()
+	return nil
 }
 
 // runFiles are the names a run writes into its folder (besides temporary

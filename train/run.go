@@ -38,7 +38,11 @@ type Run struct {
 	fires    [][]int64 // per layer, per unit: tokens on which it fired, over the run
 	history  []Metrics
 	saved    int // the step of the newest checkpoint on disk; -1 when none
-	hook     func(stage string)
+
+	// Test hooks: hook is called at each point of the checkpoint protocol
+	// (tests stop or copy the run there); noPlots skips the plots.
+	hook    func(stage string)
+	noPlots bool
 }
 
 // NewRun starts a run at step 0 of cfg on backend b, whose weights are the
@@ -59,8 +63,7 @@ func (r *Run) logf(format string, a ...any) {
 	}
 }
 
-// at marks a point of the checkpoint protocol (tests stop the process
-// there).
+// at marks a point of the checkpoint protocol.
 func (r *Run) at(stage string) {
 	if r.hook != nil {
 		r.hook(stage)

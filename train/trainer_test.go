@@ -1,8 +1,8 @@
 package train
 
 import (
-	"context"
 	"bufio"
+	"context"
 	"encoding/json"
 	"math/rand/v2"
 	"os"
@@ -31,7 +31,7 @@ func patternTokens(r *rand.Rand, n, vocab int) []int {
 	return out[:n]
 }
 
-func testConfig(t *testing.T, steps int, l1 float64) *Config {
+func testConfig(t testing.TB, steps int, l1 float64) *Config {
 	t.Helper()
 	mc := model.Config{
 		ModelType: "llama", HiddenSize: 32, IntermediateSize: 128, NumHiddenLayers: 2,
@@ -70,7 +70,7 @@ func readMetrics(t *testing.T, dir string) []Metrics {
 	return out
 }
 
-func newTestRun(t *testing.T, c *Config, out string, seed uint64) *Run {
+func newTestRun(t testing.TB, c *Config, out string, seed uint64) *Run {
 	r := rand.New(rand.NewPCG(seed, 1))
 	toks := patternTokens(r, 20000, c.ModelConfig().VocabSize)
 	w := model.RandomWeights(c.ModelConfig(), rand.New(rand.NewPCG(c.Seed, 2)))
