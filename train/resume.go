@@ -12,6 +12,9 @@ import (
 	"github.com/twell-ai/twell/model"
 )
 
+// ErrNoCheckpoint reports a run folder without a complete checkpoint.
+var ErrNoCheckpoint = errors.New("no readable checkpoint")
+
 // Saved is a complete checkpoint read back from a run's folder: what a run
 // needs to resume.
 type Saved struct {
@@ -41,7 +44,7 @@ func LoadCheckpoint(out string) (*Saved, error) {
 	var cands []cand
 	ents, err := os.ReadDir(out)
 	if err != nil {
-		return nil, fmt.Errorf("train: resume: no readable checkpoint in %s: %w", out, err)
+		return nil, fmt.Errorf("train: resume: %w in %s: %w", ErrNoCheckpoint, out, err)
 	}
 	for _, e := range ents {
 		rank := 2
@@ -70,7 +73,7 @@ func LoadCheckpoint(out string) (*Saved, error) {
 		cands = append(cands, cand{dir, s.Step, rank})
 	}
 	if len(cands) == 0 {
-		return nil, fmt.Errorf("train: resume: no readable checkpoint in %s (no %s/ with a %s)", out, checkpointDir, stateFile)
+		return nil, fmt.Errorf("train: resume: %w in %s (no %s/ with a %s)", ErrNoCheckpoint, out, checkpointDir, stateFile)
 	}
 	sort.Slice(cands, func(i, j int) bool {
 		if cands[i].step != cands[j].step {
