@@ -109,6 +109,13 @@ __device__ __forceinline__ void axpy8(float* acc, float h, uint4 b) {
 __device__ __forceinline__ void cp_async16(u32 dst, const void* src, bool valid) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");
 }
+// cp_async_commit closes a group of cp.async copies; cp_async_wait<N> waits
+// until at most N groups are pending.
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
 
 // flag_row marks row as needing the dense fallback, once, and appends it to
 // the overflow list ovf (ovf[0] = count, ovf[1..] = rows).

@@ -57,14 +57,14 @@ __global__ void __launch_bounds__(256, 1)
 #pragma unroll
   for (int s = 0; s < MMA_STAGES - 1; ++s) {
     if (s < k_iters) load_stage(s, s);
-    asm volatile("cp.async.commit_group;" ::: "memory");
+    cp_async_commit();
   }
   for (int k = 0; k < k_iters; ++k) {
-    asm volatile("cp.async.wait_group %0;" ::"n"(MMA_STAGES - 2) : "memory");
+    cp_async_wait<MMA_STAGES - 2>();
     __syncthreads();
     int nk = k + MMA_STAGES - 1;
     if (nk < k_iters) load_stage(nk % MMA_STAGES, nk);
-    asm volatile("cp.async.commit_group;" ::: "memory");
+    cp_async_commit();
     int s = k % MMA_STAGES;
 #pragma unroll
     for (int kk = 0; kk < MMA_BK; kk += 16) {
@@ -97,7 +97,7 @@ __global__ void __launch_bounds__(256, 1)
       }
     }
   }
-  asm volatile("cp.async.wait_group 0;" ::: "memory");
+  cp_async_wait<0>();
   __syncthreads();
 
   u32 hb[64];

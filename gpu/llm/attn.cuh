@@ -1,6 +1,6 @@
 // attn.cuh: what the attention kernels of attn.cu (mma.sync) and
-// attn_wgmma.cu (Hopper wgmma) share: the work-item size, the cp.async
-// group calls, and the per-tile online-softmax step.
+// attn_wgmma.cu (Hopper wgmma) share: the work-item size and the
+// per-tile online-softmax step (cp.async helpers are in common.cuh).
 //
 // Score and output tiles are 16 query rows in the mma/wgmma accumulator
 // layout: in a warp, lane = 4 g + tq holds x[j][2h + e] = row g + 8h,
@@ -43,11 +43,6 @@ __device__ __forceinline__ float ex2(float x) {
   return r;
 }
 
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
 
 // mask_after sets to -inf the scores of keys k0 + column past each row's
 // last key: last0 for row g, last0 + 8 for row g + 8.
