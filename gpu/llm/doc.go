@@ -26,7 +26,8 @@
 //     128; a plain kernel otherwise;
 //   - each MLP is a gpu.MLP (the TwELL sparse path or cuBLASLt dense, chosen
 //     by measured density) where the gate is ReLU and the shape suits the
-//     TwELL kernels, and a cuBLASLt dense MLP otherwise.
+//     TwELL kernels, and a gpu.DenseMLP (cuBLASLt, the same dense code as
+//     gpu.MLP's dense path, ReLU or SiLU) otherwise.
 //
 // Results agree with the float32 CPU model within bf16 rounding; the tests
 // check logits, decoding against recomputation, and batching.
