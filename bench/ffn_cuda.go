@@ -225,7 +225,7 @@ type ffnEnv struct {
 }
 
 func ffnCase(o FFNOptions, density float64, l *gpu.MLP, sl *synth.Layer, e ffnEnv) (FFNResult, error) {
-	res := FFNResult{
+	res := FFNResult{Schema: FFNSchema,
 		Device: "cuda", Date: time.Now().UTC().Format(time.RFC3339),
 		D: o.D, F: o.F, M: o.M, Density: density, Dist: string(o.Dist), Gated: o.Gated,
 		C: o.Layout.C, Reps: o.Reps,

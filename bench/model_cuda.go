@@ -170,7 +170,7 @@ func ModelCUDA(o ModelOptions, progress func(string)) ([]ModelCUDAResult, error)
 		if err := e.SetMLPPath(map[string]mlp.Path{"dense": mlp.Dense, "twell": mlp.Auto}[path]); err != nil {
 			return nil, err
 		}
-		res := &ModelCUDAResult{ModelResult: ModelResult{Device: "cuda", Machine: props.Name + " / " + CPUName(),
+		res := &ModelCUDAResult{ModelResult: ModelResult{Schema: ModelSchema, Device: "cuda", Machine: props.Name + " / " + CPUName(),
 			Date: time.Now().UTC().Format(time.RFC3339), Model: name, Params: c.ParamCount(), Path: path,
 			PrefillTokens: o.Batch * o.PromptLen, MLPWidth: c.IntermediateSize},
 			WeightBytes: e.WeightBytes(), KVCacheBytes: kvBytes, CPUCheckRelDiff: cpuDiff, TwELLLayers: e.TwELLLayers(),

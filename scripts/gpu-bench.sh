@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Runs, on the GPU machine, the headline benchmarks of the GPU engine with
+# what scripts/gpu-build.sh built, writing JSON and logs to OUTDIR:
+#
+#   scripts/gpu-bench.sh ffn OUTDIR     the sparse MLP block at m = 65536, d 2048, f 5632,
+#                                       density 0.5%, uniform and skewed rates (TwELL vs cuBLASLt)
+#   scripts/gpu-bench.sh model OUTDIR   the 28-layer SparseLM-1.5B shape (random weights, calibrated
+#                                       gates): prefill 64 x 2048 tokens, decode at 512 cached tokens
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+what=${1:?usage: gpu-bench.sh ffn|model OUTDIR}
+out=${2:?usage: gpu-bench.sh ffn|model OUTDIR}
+mkdir -p "$out"
+tw=$root/gpubin/twell
+status=0
+case $what in
+ffn)
+  for dist in uniform skewed; do
+    "$tw" bench ffn -device cuda -m 65536 -density 0.005 -dist "$dist" -seed 1 \
+      -json "$out/ffn-$dist.json" 2>&1 | tee "$out/ffn-$dist.txt" || status=1
+  done
+  ;;
+model)
+  "$tw" bench model -device cuda -preset sparselm-1.5b -decode-batch 1,8,64 -decode-context 512 -seed 1 \
+    -json "$out/model.json" 2>&1 | tee "$out/model.txt" || status=1
+  ;;
+*)
+  echo "gpu-bench: want ffn or model, not $what" >&2
+  exit 2
+  ;;
+esac
+exit $status
