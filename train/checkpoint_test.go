@@ -9,9 +9,12 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
+
+	"gonum.org/v1/plot"
 )
 
 // copyTree copies the folder src to dst, as a kill at that moment would
@@ -413,5 +416,55 @@ func TestEarlierRunAndClear(t *testing.T) {
 	ents, _ := os.ReadDir(dir)
 	if len(ents) != 1 || ents[0].Name() != "notes.txt" {
 		t.Fatalf("after ClearRun: %v", ents)
+	}
+}
+
+// TestPlotsReadable checks the plots a person reads: step on x over the
+// whole run, the dead fraction on [0, 1] even when no unit is dead, the MLP
+// width in the L0 title and axis, units on every y axis, legends outside
+// the data area.
+func TestPlotsReadable(t *testing.T) {
+	c := smallConfig(t, 5)
+	r := newTestRun(t, c, t.TempDir(), rand.Uint64())
+	r.StopAt = 3
+	if err := r.Loop(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	charts, err := r.charts()
+	if err != nil || len(charts) != 3 {
+		t.Fatalf("charts: %d, %v", len(charts), err)
+	}
+	width := fmt2(c.ModelConfig().IntermediateSize)
+	for _, ch := range charts {
+		p := ch.p
+		if p.X.Label.Text != "step" || p.X.Min != 0 || p.X.Max != float64(c.Steps) || p.Y.Label.Text == "" || p.Title.Text == "" {
+			t.Errorf("%s: x %q [%g, %g], y %q, title %q", ch.file, p.X.Label.Text, p.X.Min, p.X.Max, p.Y.Label.Text, p.Title.Text)
+		}
+		if len(ch.names) == 0 || !reflect.DeepEqual(p.Legend, plot.NewLegend()) {
+			t.Errorf("%s: legend entries %v, or drawn inside the plot", ch.file, ch.names)
+		}
+		switch ch.file {
+		case "dead.png":
+			if p.Y.Min != 0 || p.Y.Max != 1 || !strings.Contains(p.Y.Label.Text, "fraction") {
+				t.Errorf("dead.png: y %q over [%g, %g], want a fraction over [0, 1]", p.Y.Label.Text, p.Y.Min, p.Y.Max)
+			}
+		case "l0.png":
+			if !strings.Contains(p.Title.Text, width) || !strings.Contains(p.Y.Label.Text, width) || p.Y.Min != 0 {
+				t.Errorf("l0.png: title %q, y %q from %g: want the MLP width %s", p.Title.Text, p.Y.Label.Text, p.Y.Min, width)
+			}
+		case "loss.png":
+			if !strings.Contains(p.Y.Label.Text, "nats") {
+				t.Errorf("loss.png: y %q has no unit", p.Y.Label.Text)
+			}
+		}
+	}
+	if err := r.Plot(); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"loss.png", "l0.png", "dead.png"} {
+		b, err := os.ReadFile(filepath.Join(r.Out, f))
+		if err != nil || !bytes.HasPrefix(b, []byte("\x89PNG")) {
+			t.Errorf("%s: not a PNG (%v)", f, err)
+		}
 	}
 }

@@ -121,7 +121,27 @@ func runTrain(args []string, stdout, stderr io.Writer) error {
 	cfg := s.cfg
 	mc := cfg.ModelConfig()
 
-	// Everything is checked: from here on the run writes into -out.
+	// Everything is checked: from here on the run writes into -out. Ctrl-C
+	// (or SIGTERM) ends it after the step under way, saved; a second one at
+	// once.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	defer func() {
+		signal.Stop(sigs)
+		close(sigs)
+	}()
+	go func() {
+		if _, ok := <-sigs; !ok {
+			return
+		}
+		cancel()
+		if _, ok := <-sigs; ok {
+			os.Exit(130) // a second Ctrl-C: stop now; the last complete checkpoint stays on disk
+		}
+	}()
+
 	if s.clearRun {
 		extra := []string{}
 		if s.writeTok {
@@ -161,34 +181,16 @@ func runTrain(args []string, stdout, stderr io.Writer) error {
 	fmt.Fprintf(stderr, "train: %.2fM parameters, %d train tokens, %d held-out windows, %d steps of %d x %d tokens, l1 %g\n",
 		float64(mc.ParamCount())/1e6, s.ds.TrainTokens(), len(s.val), cfg.Steps, cfg.Batch*cfg.Accum, cfg.Seq, cfg.L1)
 
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	sigs := make(chan os.Signal, 2)
-	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
-	defer func() {
-		signal.Stop(sigs)
-		close(sigs)
-	}()
-	go func() {
-		if _, ok := <-sigs; !ok {
-			return
-		}
-		cancel()
-		if _, ok := <-sigs; ok {
-			os.Exit(130) // a second Ctrl-C: stop now; the last complete checkpoint stays on disk
-		}
-	}()
-
 	t0 := time.Now()
 	err = run.Loop(ctx)
 	var intr *train.Interrupted
 	if errors.As(err, &intr) {
-		saved := "no checkpoint (no step finished)"
-		if intr.Checkpoint != "" {
-			saved = "checkpoint " + intr.Checkpoint
+		if intr.Checkpoint == "" {
+			fmt.Fprintf(stderr, "twell train: interrupted before the first step finished: nothing to resume; start again with -overwrite\n")
+		} else {
+			fmt.Fprintf(stderr, "twell train: interrupted at step %d of %d: saved checkpoint %s, metrics.jsonl and plots in %s; resume with: twell train -out %s -resume\n",
+				intr.Step, cfg.Steps, intr.Checkpoint, f.out, f.out)
 		}
-		fmt.Fprintf(stderr, "twell train: interrupted at step %d of %d: saved %s, metrics.jsonl and plots in %s; resume with: twell train -out %s -resume\n",
-			intr.Step, cfg.Steps, saved, f.out, f.out)
 		exitInterrupted()
 		return err
 	}

@@ -1,11 +1,18 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 )
 
@@ -73,5 +80,238 @@ func TestTrainBadInput(t *testing.T) {
 		if code != c.code || !strings.Contains(se.String(), c.want) {
 			t.Errorf("%v: exit %d, stderr %q; want exit %d with %q", c.args, code, se.String(), c.code, c.want)
 		}
+	}
+}
+
+// trainRun runs twell with args and returns the exit code, stdout and stderr.
+func trainRun(args ...string) (int, string, string) {
+	var so, se bytes.Buffer
+	code := run(args, &so, &se)
+	return code, so.String(), se.String()
+}
+
+// TestTrainProcess is not a test: other tests run the twell command in a
+// child process through it (TWELL_TRAIN_ARGS holds the arguments as JSON).
+func TestTrainProcess(t *testing.T) {
+	raw := os.Getenv("TWELL_TRAIN_ARGS")
+	if raw == "" {
+		t.Skip("the child process of the train tests")
+	}
+	var args []string
+	if err := json.Unmarshal([]byte(raw), &args); err != nil {
+		t.Fatal(err)
+	}
+	os.Exit(run(args, os.Stdout, os.Stderr))
+}
+
+// interruptTrain starts twell train with args in a child process, sends sig
+// once it has printed a progress line, and returns the exit code and
+// stderr.
+func interruptTrain(t *testing.T, sig os.Signal, args ...string) (int, string) {
+	t.Helper()
+	a, _ := json.Marshal(append([]string{"train"}, args...))
+	cmd := exec.Command(os.Args[0], "-test.run=^TestTrainProcess$", "-test.count=1")
+	cmd.Env = append(os.Environ(), "TWELL_TRAIN_ARGS="+string(a))
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var se strings.Builder
+	sc := bufio.NewScanner(stderr)
+	sent := false
+	for sc.Scan() {
+		se.WriteString(sc.Text() + "\n")
+		if !sent && strings.HasPrefix(sc.Text(), "step ") {
+			cmd.Process.Signal(sig)
+			sent = true
+		}
+	}
+	err = cmd.Wait()
+	var ee *exec.ExitError
+	if err != nil && !errors.As(err, &ee) {
+		t.Fatal(err)
+	}
+	return cmd.ProcessState.ExitCode(), se.String()
+}
+
+// stateStep reads the step of the run's checkpoint.
+func stateStep(t *testing.T, out string) int {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(out, "checkpoint", "trainer_state.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st struct {
+		Step int `json:"step"`
+	}
+	if err := json.Unmarshal(b, &st); err != nil {
+		t.Fatal(err)
+	}
+	return st.Step
+}
+
+// TestTrainInterruptSavesAndResumes sends SIGINT, then SIGTERM, to training
+// runs: each saves a checkpoint of the last whole step and the plots, says
+// how to resume and exits 130; -resume then continues without -preset.
+func TestTrainInterruptSavesAndResumes(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "run")
+	code, se := interruptTrain(t, os.Interrupt, "-preset", "tiny", "-out", out)
+	if code != 130 || !strings.Contains(se, "interrupted at step") || !strings.Contains(se, "twell train -out "+out+" -resume") {
+		t.Fatalf("SIGINT: exit %d, stderr:\n%s", code, se)
+	}
+	step := stateStep(t, out)
+	if !strings.Contains(se, fmt.Sprintf("interrupted at step %d of 300", step)) {
+		t.Fatalf("SIGINT: checkpoint at step %d, stderr:\n%s", step, se)
+	}
+	for _, f := range []string{"loss.png", "l0.png", "dead.png", "metrics.jsonl", "checkpoint/model.safetensors"} {
+		if _, err := os.Stat(filepath.Join(out, f)); err != nil {
+			t.Errorf("after SIGINT: %v", err)
+		}
+	}
+	code, se = interruptTrain(t, syscall.SIGTERM, "-out", out, "-resume")
+	step2 := stateStep(t, out)
+	if code != 130 || step2 <= step || !strings.Contains(se, fmt.Sprintf("interrupted at step %d of 300", step2)) {
+		t.Fatalf("SIGTERM after resuming at %d: exit %d, checkpoint at %d, stderr:\n%s", step, code, step2, se)
+	}
+	code, so, se := trainRun("train", "-out", out, "-resume", "-steps", strconv.Itoa(step2+2))
+	if code != 0 || !strings.Contains(so, "trained 2 steps") {
+		t.Fatalf("resume for 2 more steps: exit %d, stdout %q, stderr:\n%s", code, so, se)
+	}
+}
+
+// TestTrainRefusesEarlierRun checks that a fresh run never reuses a folder
+// with an earlier run's files, and that -overwrite replaces only those.
+func TestTrainRefusesEarlierRun(t *testing.T) {
+	for _, earlier := range []string{"checkpoint.old/config.json", "metrics.jsonl", ".checkpoint-tmp-42/model.safetensors", "tokenizer.json", "checkpoint/config.json"} {
+		out := t.TempDir()
+		p := filepath.Join(out, earlier)
+		os.MkdirAll(filepath.Dir(p), 0o755)
+		os.WriteFile(p, []byte("earlier"), 0o644)
+		code, _, se := trainRun("train", "-preset", "tiny", "-steps", "1", "-out", out)
+		name := strings.Split(earlier, "/")[0]
+		if code != 1 || !strings.Contains(se, name) || !strings.Contains(se, "-overwrite") || !strings.Contains(se, "-resume") || strings.Count(se, "\n") != 1 {
+			t.Errorf("earlier %s: exit %d, stderr %q", earlier, code, se)
+		}
+		if b, _ := os.ReadFile(p); string(b) != "earlier" {
+			t.Errorf("earlier %s: changed by a refused run", earlier)
+		}
+	}
+	out := t.TempDir()
+	os.MkdirAll(filepath.Join(out, "checkpoint.old"), 0o755)
+	os.WriteFile(filepath.Join(out, "metrics.jsonl"), []byte("{}\n"), 0o644)
+	os.WriteFile(filepath.Join(out, "notes.txt"), []byte("mine"), 0o644)
+	if code, _, se := trainRun("train", "-preset", "tiny", "-steps", "2", "-out", out, "-overwrite"); code != 0 {
+		t.Fatalf("-overwrite: exit %d: %s", code, se)
+	}
+	if _, err := os.Stat(filepath.Join(out, "checkpoint.old")); err == nil {
+		t.Error("-overwrite kept checkpoint.old")
+	}
+	if b, _ := os.ReadFile(filepath.Join(out, "notes.txt")); string(b) != "mine" {
+		t.Error("-overwrite removed a file that is not the run's")
+	}
+	b, _ := os.ReadFile(filepath.Join(out, "metrics.jsonl"))
+	if lines := strings.Split(strings.TrimSpace(string(b)), "\n"); len(lines) != 1 || !strings.Contains(lines[0], `"step":2`) {
+		t.Errorf("-overwrite: metrics.jsonl %q", b)
+	}
+}
+
+// TestTrainChecksBeforeWriting gives bad flags and configs: each is refused
+// with one line (exit 2 for flags, 1 for files) before anything is written.
+func TestTrainChecksBeforeWriting(t *testing.T) {
+	dir := t.TempDir()
+	model := `{"hidden_size": 16, "intermediate_size": 256, "num_hidden_layers": 1, "num_attention_heads": 2, "vocab_size": 1024, "hidden_act": "relu"}`
+	config := func(name, rest string) string {
+		p := filepath.Join(dir, name)
+		os.WriteFile(p, []byte(`{"model": `+model+`, "steps": 5, "batch": 2, "seq": 8`+rest), 0o644)
+		return p
+	}
+	cases := []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{"-preset", "tiny", "-steps", "0"}, 2, "-steps 0"},
+		{[]string{"-preset", "tiny", "-steps", "-3"}, 2, "-steps -3"},
+		{[]string{"-preset", "tiny", "-l1", "NaN"}, 2, "-l1 NaN"},
+		{[]string{"-preset", "tiny", "-l1", "-1"}, 2, "-l1 -1"},
+		{[]string{"-preset", "tiny", "-l1", "+Inf"}, 2, "-l1 +Inf"},
+		{[]string{"-preset", "huge"}, 2, "unknown preset"},
+		{[]string{"-preset", "tiny", "-resume", "-overwrite"}, 2, "-overwrite"},
+		{[]string{"-preset", "tiny", "-config", "x.json"}, 2, "not both"},
+		{[]string{"-config", "/nope.json"}, 1, "/nope.json"},
+		{[]string{"-config", config("lr.json", `, "lr": 1e30}`)}, 1, "lr 1e+30"},
+		{[]string{"-config", config("trail.json", `} {"steps": 9}`)}, 1, "text after the JSON object"},
+		{[]string{"-config", config("zero.json", `, "accum": 0}`)}, 1, "accum 0"},
+		{[]string{"-config", config("warm.json", `, "warmup": -1}`)}, 1, "warmup -1"},
+	}
+	for i, c := range cases {
+		out := filepath.Join(dir, fmt.Sprintf("out%d", i))
+		code, _, se := trainRun(append([]string{"train", "-out", out}, c.args...)...)
+		if code != c.code || !strings.Contains(se, c.want) || strings.Count(se, "\n") != 1 {
+			t.Errorf("%v: exit %d, stderr %q; want exit %d, one line with %q", c.args, code, se, c.code, c.want)
+		}
+		if _, err := os.Stat(out); err == nil {
+			t.Errorf("%v: the refused run created %s", c.args, out)
+		}
+	}
+}
+
+// TestTrainResumeReadsTheRun trains, then resumes without -preset: the
+// config comes from the checkpoint, the output counts only the new steps,
+// and the checkpoint is a Hugging Face folder with a progress line per log
+// step; a damaged trainer state is refused, naming the field.
+func TestTrainResumeReadsTheRun(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "run")
+	code, so, se := trainRun("train", "-preset", "tiny", "-steps", "10", "-out", out)
+	if code != 0 || !strings.Contains(so, "trained 10 steps") {
+		t.Fatalf("exit %d, stdout %q, stderr:\n%s", code, so, se)
+	}
+	if !regexp.MustCompile(`step 10/10 loss [0-9.]+ .* tok/s .* ETA 0s`).MatchString(se) {
+		t.Errorf("no progress line with step, loss, tok/s and ETA:\n%s", se)
+	}
+	ck := filepath.Join(out, "checkpoint")
+	var tc, gc map[string]any
+	b, _ := os.ReadFile(filepath.Join(ck, "tokenizer_config.json"))
+	json.Unmarshal(b, &tc)
+	b, _ = os.ReadFile(filepath.Join(ck, "generation_config.json"))
+	json.Unmarshal(b, &gc)
+	if tc["eos_token"] != "<|endoftext|>" || gc["eos_token_id"] != float64(1023) {
+		t.Errorf("tokenizer_config.json %v, generation_config.json %v", tc, gc)
+	}
+	if st, err := os.Stat(ck); err != nil || st.Mode().Perm() != 0o755 {
+		t.Errorf("checkpoint folder mode: %v", err)
+	}
+
+	code, so, se = trainRun("train", "-out", out, "-resume", "-steps", "13")
+	if code != 0 || !strings.Contains(so, "trained 3 steps (10 to 13)") || !strings.Contains(se, "resuming") {
+		t.Fatalf("resume without -preset: exit %d, stdout %q, stderr:\n%s", code, so, se)
+	}
+	code, _, se = trainRun("train", "-preset", "small", "-out", out, "-resume")
+	if code != 1 || !strings.Contains(se, "does not describe the run") {
+		t.Errorf("resume with another preset: exit %d, %q", code, se)
+	}
+	code, _, se = trainRun("train", "-out", out, "-resume", "-steps", "12")
+	if code != 1 || !strings.Contains(se, "-steps 12") {
+		t.Errorf("resume with -steps before the checkpoint: exit %d, %q", code, se)
+	}
+
+	// A damaged trainer state: refused, naming the field; nothing changes.
+	statePath := filepath.Join(ck, "trainer_state.json")
+	good, _ := os.ReadFile(statePath)
+	metrics, _ := os.ReadFile(filepath.Join(out, "metrics.jsonl"))
+	bad := bytes.Replace(good, []byte(`"step":13,`), []byte(`"step":-1000000,`), 1)
+	os.WriteFile(statePath, bad, 0o644)
+	code, _, se = trainRun("train", "-out", out, "-resume", "-steps", "20")
+	if code != 1 || !strings.Contains(se, "step -1000000") || !strings.Contains(se, "trainer_state.json") {
+		t.Errorf("resume from step -1000000: exit %d, %q", code, se)
+	}
+	if b, _ := os.ReadFile(filepath.Join(out, "metrics.jsonl")); !bytes.Equal(b, metrics) {
+		t.Error("a refused resume changed metrics.jsonl")
+	}
+	if b, _ := os.ReadFile(statePath); !bytes.Equal(b, bad) {
+		t.Error("a refused resume changed the checkpoint")
 	}
 }
