@@ -116,7 +116,7 @@ func (r *Run) Checkpoint() error {
 	r.at("complete")
 	done = true
 	if err := r.install(tmp); err != nil {
-		return err
+		return oneLine(err)
 	}
 	r.saved = r.step
 	return nil
@@ -154,6 +154,20 @@ func (r *Run) install(dir string) error {
 	r.at("in-place")
 	return errors.Join(removeCheckpoint(old), removeTemps(r.Out))
 }
+
+// oneLine joins the lines of a multi-line error (errors.Join) with "; ",
+// keeping what it wraps.
+func oneLine(err error) error {
+	if err == nil || !strings.Contains(err.Error(), "\n") {
+		return err
+	}
+	return lineError{err}
+}
+
+type lineError struct{ err error }
+
+func (e lineError) Error() string { return strings.ReplaceAll(e.err.Error(), "\n", "; ") }
+func (e lineError) Unwrap() error { return e.err }
 
 // removeCheckpoint deletes a checkpoint folder, its trainer_state.json
 // first so that a half-deleted folder never looks complete.
@@ -291,7 +305,7 @@ func readWeights(dir string, mc model.Config) (*model.Weights, error) {
 	w, err := model.LoadWeights(mc, ck)
 	ck.Close()
 	if err != nil {
-		return nil, err
+		return nil, oneLine(err)
 	}
 	p := FromWeights(w)
 	names := Tensors(mc)

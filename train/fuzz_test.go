@@ -69,8 +69,8 @@ func FuzzResumeState(f *testing.F) {
 		}
 		s, err := LoadCheckpoint(out)
 		if err != nil {
-			if !strings.Contains(err.Error(), stateFile) && !strings.Contains(err.Error(), "resume") {
-				t.Fatalf("error does not say what is wrong: %v", err)
+			if !strings.Contains(err.Error(), stateFile) && !strings.Contains(err.Error(), "resume") || strings.Contains(err.Error(), "\n") {
+				t.Fatalf("error is not one line that says what is wrong: %q", err)
 			}
 			return
 		}

@@ -128,7 +128,7 @@ func (r *Run) ResumeFrom(s *Saved) error {
 		return err
 	}
 	if err := r.install(s.Dir); err != nil {
-		return fmt.Errorf("train: resume: tidying the checkpoints: %w", err)
+		return fmt.Errorf("train: resume: tidying the checkpoints: %w", oneLine(err))
 	}
 	s.Dir = filepath.Join(r.Out, checkpointDir)
 	r.saved = r.step

@@ -84,6 +84,7 @@ type Interrupted struct {
 	Checkpoint string
 }
 
+// Error says where the run stopped.
 func (e *Interrupted) Error() string {
 	return fmt.Sprintf("interrupted at step %d; checkpoint %s", e.Step, e.Checkpoint)
 }

@@ -405,6 +405,7 @@ type datasetSource struct {
 	buf  []int32
 }
 
+// Window fills dst with training window i.
 func (s *datasetSource) Window(dst []int, i int64) error {
 	n := s.ds.TrainTokens() - int64(len(dst))
 	if n < 0 {
