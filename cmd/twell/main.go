@@ -42,6 +42,15 @@ type usageError struct{ msg string }
 
 func (e usageError) Error() string { return e.msg }
 
+// exitCode ends a command with its own exit code; its message (which may
+// be empty when the command has said everything) is printed as one line.
+type exitCode struct {
+	code int
+	msg  string
+}
+
+func (e exitCode) Error() string { return e.msg }
+
 // usagef returns a usageError with a formatted message.
 func usagef(format string, a ...any) error { return usageError{fmt.Sprintf(format, a...)} }
 
@@ -95,6 +104,13 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 	if errors.Is(err, flag.ErrHelp) {
 		printCommandHelp(stdout, c)
 		return 0
+	}
+	var ec exitCode
+	if errors.As(err, &ec) {
+		if ec.msg != "" {
+			fmt.Fprintf(stderr, "twell %s: %s\n", c.name, oneLine(ec.msg))
+		}
+		return ec.code
 	}
 	var ue usageError
 	if errors.As(err, &ue) {

@@ -31,10 +31,6 @@ func init() {
 // sample when no tokenizer is given.
 const sampleVocab = 1024
 
-// exitInterrupted ends the process after an interrupted run has been saved
-// (exit code 130, as a shell reports death by SIGINT).
-var exitInterrupted = func() { os.Exit(130) }
-
 // trainFlags are the flags of twell train.
 type trainFlags struct {
 	cfgPath, preset, out, dataDir, tokPath, device string
@@ -191,8 +187,7 @@ func runTrain(args []string, stdout, stderr io.Writer) error {
 			fmt.Fprintf(stderr, "twell train: interrupted at step %d of %d: saved checkpoint %s, metrics.jsonl and plots in %s; resume with: twell train -out %s -resume\n",
 				intr.Step, cfg.Steps, intr.Checkpoint, f.out, f.out)
 		}
-		exitInterrupted()
-		return err
+		return exitCode{code: 130} // as a shell reports death by SIGINT
 	}
 	if err != nil {
 		return err
