@@ -112,14 +112,3 @@ func RoPEAngles(c Config, n int) (cos, sin []float64) {
 	}
 	return cos, sin
 }
-
-// applyRope rotates one head vector in place, in Hugging Face's
-// rotate_half convention: pairs (i, i + headDim/2).
-func applyRope(v, cos, sin []float32) {
-	half := len(v) / 2
-	for i := 0; i < half; i++ {
-		a, b := v[i], v[i+half]
-		v[i] = a*cos[i] - b*sin[i]
-		v[i+half] = b*cos[i] + a*sin[i]
-	}
-}
