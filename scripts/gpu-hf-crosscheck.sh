@@ -1,16 +1,23 @@
-#!/bin/bash
-# HF cross-check on the GPU machine: makes the checkpoints with PyTorch
-# (scripts/hf-crosscheck-model.py), then compares twell's CPU (model.test)
-# and GPU (llm.test) logits and greedy tokens with them. Build the two test
-# binaries first, on a machine with Go:
-#   CGO_ENABLED=0 go test -c -o gpubin/model.test ./model
-#   CGO_ENABLED=0 go test -c -o gpubin/llm.test ./gpu/llm
-# Logs go to /tmp/o, and to $OUT/hf.tgz when OUT is set (the device tool).
+#!/usr/bin/env bash
+# HF cross-check on the GPU machine (which has PyTorch and transformers):
+# makes checkpoints with PyTorch (scripts/hf-crosscheck-model.py), then
+# compares the logits and greedy tokens of twell's CPU engine (cpu/llm) and
+# GPU engine (gpu/llm) with them. Build the two test binaries first, on a
+# machine with Go:
+#   scripts/gpu-build.sh                      # gpubin/gpu_llm.test among others
+#   CGO_ENABLED=0 go test -c -o gpubin/cpu_llm.test ./cpu/llm
+#
+#   scripts/gpu-hf-crosscheck.sh [LOGDIR]     (default /tmp/hf-logs)
+set -uo pipefail
 cd "$(dirname "$0")/.."
-O=/tmp/o; mkdir -p $O
-python3 scripts/hf-crosscheck-model.py /tmp/hf > $O/hf-make.txt 2>&1; echo "make rc=$?" >> $O/hf-make.txt
-(cd model && TWELL_HF_DIR=/tmp/hf timeout 60 ../gpubin/model.test -test.run TestHFCrossCheck -test.v) > $O/hf-cpu.txt 2>&1; echo "cpu rc=$?" >> $O/hf-cpu.txt
-(cd gpu/llm && TWELL_HF_DIR=/tmp/hf TWELL_REQUIRE_GPU=1 timeout 90 ../../gpubin/llm.test -test.run TestHFCrossCheckGPU -test.v) > $O/hf-gpu.txt 2>&1; echo "gpu rc=$?" >> $O/hf-gpu.txt
-nvidia-smi --query-gpu=name,driver_version --format=csv >> $O/hf-make.txt
-cat $O/hf-make.txt $O/hf-cpu.txt $O/hf-gpu.txt
-if [ -n "$OUT" ]; then tar czf "$OUT/hf.tgz" -C $O .; fi
+log=${1:-/tmp/hf-logs}
+mkdir -p "$log"
+hf=$(mktemp -d)
+python3 scripts/hf-crosscheck-model.py "$hf" > "$log/hf-make.txt" 2>&1
+echo "make rc=$?" >> "$log/hf-make.txt"
+(cd cpu/llm && TWELL_HF_DIR=$hf timeout 120 ../../gpubin/cpu_llm.test -test.run TestHFCrossCheck -test.v) > "$log/hf-cpu.txt" 2>&1
+echo "cpu rc=$?" >> "$log/hf-cpu.txt"
+(cd gpu/llm && TWELL_HF_DIR=$hf TWELL_REQUIRE_GPU=1 timeout 120 ../../gpubin/gpu_llm.test -test.run TestHFCrossCheckGPU -test.v) > "$log/hf-gpu.txt" 2>&1
+echo "gpu rc=$?" >> "$log/hf-gpu.txt"
+nvidia-smi --query-gpu=name,driver_version --format=csv >> "$log/hf-make.txt"
+cat "$log/hf-make.txt" "$log/hf-cpu.txt" "$log/hf-gpu.txt"

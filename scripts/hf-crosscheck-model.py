@@ -4,7 +4,7 @@ Usage: python3 scripts/hf-crosscheck-model.py OUT_DIR
 Writes OUT_DIR/<name>/ (config.json + model.safetensors, saved by LlamaForCausalLM) and
 OUT_DIR/<name>/expected.json (token ids, float32 logits of every position, greedy continuation
 and, per greedy step, the margin between PyTorch's top two logits).
-Then: TWELL_HF_DIR=OUT_DIR go test ./model -run TestHFCrossCheck (CPU) and
+Then: TWELL_HF_DIR=OUT_DIR go test ./cpu/llm -run TestHFCrossCheck (CPU) and
 TWELL_HF_DIR=OUT_DIR go test ./gpu/llm -run TestHFCrossCheckGPU (GPU), or the compiled test binaries.
 """
 import json, os, sys
