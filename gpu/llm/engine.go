@@ -9,6 +9,7 @@ import (
 	"github.com/twell-ai/twell/cuda/cublas"
 	"github.com/twell-ai/twell/engine"
 	"github.com/twell-ai/twell/gpu"
+	"github.com/twell-ai/twell/internal/memcheck"
 	"github.com/twell-ai/twell/mlp"
 	"github.com/twell-ai/twell/model"
 	"github.com/twell-ai/twell/twell"
@@ -155,6 +156,12 @@ func NewEngine(dev *cuda.Device, m *model.Model) (*Engine, error) {
 	c := m.Config
 	if err := Supported(c); err != nil {
 		return nil, err
+	}
+	// The bf16 weights (half the float32 size) must fit in what the device
+	// has free, with room to spare for workspaces and KV caches.
+	if free, _, err := dev.MemInfo(); err == nil && c.WeightBytes()/2 > float64(free) {
+		return nil, fmt.Errorf("llm: the model's bf16 weights need about %s of device memory, but %s is free on %v",
+			memcheck.Format(c.WeightBytes()/2), memcheck.Format(float64(free)), dev)
 	}
 	w := m.Weights
 	if len(w.Layers) != c.NumHiddenLayers {
