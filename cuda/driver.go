@@ -160,16 +160,13 @@ var driverLibSpec = dl.Spec{
 // loadDriver opens libcuda, binds its symbols and calls cuInit(0), once.
 func loadDriver() (*driver, error) {
 	drvOnce.Do(func() {
-		lib, err := dl.Open(driverLibSpec)
+		d := &driver{}
+		lib, err := dl.Load(driverLibSpec, d.symbols())
 		if err != nil {
 			drvErr = fmt.Errorf("%w: %v", ErrNoDriver, err)
 			return
 		}
-		d := &driver{lib: lib}
-		if err := dl.Bind(lib.Path, lib.Lookup, d.symbols()); err != nil {
-			drvErr = fmt.Errorf("%w: %v", ErrNoDriver, err)
-			return
-		}
+		d.lib = lib
 		drv = d
 		drvLoaded.Store(d) // error names now come from the driver
 		if err := check(d.cuInit(0), "cuInit"); err != nil {

@@ -11,6 +11,7 @@ import (
 	"github.com/twell-ai/twell/bf16"
 	"github.com/twell-ai/twell/cuda"
 	"github.com/twell-ai/twell/cuda/cudatest"
+	"github.com/twell-ai/twell/internal/testutil"
 )
 
 // The example kernels: embedded beside their launchers, compiled by NVRTC
@@ -74,7 +75,7 @@ func TestVectorAddBF16(t *testing.T) {
 	if p := add.Params(); p != nil && fmt.Sprint(p) != "[8 8 8 4]" {
 		t.Errorf("add_bf16 parameter sizes %v, want [8 8 8 4]", p)
 	}
-	rng, seed := cudatest.Rand()
+	rng, seed := testutil.Rand(t)
 	n := 1<<20 + rng.IntN(1000)
 	a, b := make([]uint16, n), make([]uint16, n)
 	for i := range a {
@@ -118,7 +119,7 @@ func TestVectorAddBF16(t *testing.T) {
 func TestLargeDynamicShared(t *testing.T) {
 	dev, mod := vecadd(t)
 	rev := fn(t, mod, "reverse_blocks")
-	rng, seed := cudatest.Rand()
+	rng, seed := testutil.Rand(t)
 	shared := 200 << 10
 	if opt := dev.Properties().SharedPerBlockOptin; opt < shared {
 		shared = opt
@@ -198,7 +199,7 @@ func TestTensorMapTMA(t *testing.T) {
 		t.Skip("TMA needs compute capability 9.0")
 	}
 	k := fn(t, mod, "tma_tiles")
-	rng, seed := cudatest.Rand()
+	rng, seed := testutil.Rand(t)
 	const boxX, boxY = 64, 32
 	tilesX, tilesY := 3+rng.IntN(3), 2+rng.IntN(3)
 	cols, rows := tilesX*boxX, tilesY*boxY
@@ -249,7 +250,7 @@ func TestTensorMapTMA(t *testing.T) {
 func TestStreamsEventsAsync(t *testing.T) {
 	dev, mod := vecadd(t)
 	fill := fn(t, mod, "fill_u32")
-	rng, seed := cudatest.Rand()
+	rng, seed := testutil.Rand(t)
 	s1, err := dev.NewStream()
 	if err != nil {
 		t.Fatal(err)
@@ -345,7 +346,7 @@ func TestStreamsEventsAsync(t *testing.T) {
 func TestGraphReplay(t *testing.T) {
 	dev, mod := vecadd(t)
 	add := fn(t, mod, "add_bf16")
-	rng, seed := cudatest.Rand()
+	rng, seed := testutil.Rand(t)
 	n := 4096
 	a := make([]uint16, n)
 	for i := range a {
@@ -570,7 +571,7 @@ func TestMisuseErrors(t *testing.T) {
 // TestCachingAllocator checks block reuse and the counters.
 func TestCachingAllocator(t *testing.T) {
 	dev := cudatest.Device(t)
-	rng, seed := cudatest.Rand()
+	rng, seed := testutil.Rand(t)
 	size := 3<<20 + rng.IntN(1<<20)
 	before := dev.MemStats()
 	a, err := dev.Alloc(size)

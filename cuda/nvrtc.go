@@ -86,16 +86,13 @@ var nvrtcSpec = dl.Spec{
 
 func loadNVRTC() (*nvrtcLib, error) {
 	nvrtcOnce.Do(func() {
-		lib, err := dl.Open(nvrtcSpec)
+		n := &nvrtcLib{}
+		lib, err := dl.Load(nvrtcSpec, n.symbols())
 		if err != nil {
 			nvrtcErr = fmt.Errorf("%w: %v", ErrNoNVRTC, err)
 			return
 		}
-		n := &nvrtcLib{lib: lib}
-		if err := dl.Bind(lib.Path, lib.Lookup, n.symbols()); err != nil {
-			nvrtcErr = fmt.Errorf("%w: %v", ErrNoNVRTC, err)
-			return
-		}
+		n.lib = lib
 		var ma, mi int32
 		if r := n.version(&ma, &mi); r != 0 {
 			nvrtcErr = fmt.Errorf("cuda: nvrtcVersion failed with status %d", r)

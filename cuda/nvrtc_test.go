@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -73,15 +72,4 @@ func TestCompileError(t *testing.T) {
 	}
 }
 
-func TestMain(m *testing.M) {
-	// Keep test compiles out of the user's kernel cache.
-	dir, err := os.MkdirTemp("", "twell-kernel-cache")
-	if err == nil {
-		os.Setenv(cuda.EnvKernelCache, dir)
-	}
-	code := m.Run()
-	if err == nil {
-		os.RemoveAll(dir)
-	}
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { cudatest.Main(m) }

@@ -18,6 +18,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/twell-ai/twell/engine"
+	"github.com/twell-ai/twell/internal/enum"
 	"github.com/twell-ai/twell/sample"
 )
 
@@ -42,19 +43,7 @@ const (
 
 // String returns the reason in words.
 func (r StopReason) String() string {
-	switch r {
-	case NotDone:
-		return "not done"
-	case MaxTokens:
-		return "max tokens"
-	case ContextFull:
-		return "context full"
-	case EndOfSequence:
-		return "end of sequence"
-	case StopString:
-		return "stop string"
-	}
-	return fmt.Sprintf("StopReason(%d)", int(r))
+	return enum.String(r, "StopReason", "not done", "max tokens", "context full", "end of sequence", "stop string")
 }
 
 // Decoder turns token ids back into text (a *tokenizer.Tokenizer is one).

@@ -2,11 +2,11 @@ package generate
 
 import (
 	"errors"
-	"math/rand/v2"
 	"strings"
 	"testing"
 
 	"github.com/twell-ai/twell/engine"
+	"github.com/twell-ai/twell/internal/testutil"
 	"github.com/twell-ai/twell/mlp"
 	"github.com/twell-ai/twell/model"
 	"github.com/twell-ai/twell/sample"
@@ -115,8 +115,7 @@ func TestStopReasons(t *testing.T) {
 // TestStreamNeverShowsAStopString: whatever the tokens, the streamed text
 // is exactly the final text, and never contains a stop string.
 func TestStreamNeverShowsAStopString(t *testing.T) {
-	seed := rand.Uint64()
-	r := rand.New(rand.NewPCG(seed, 1))
+	r, seed := testutil.Rand(t)
 	voc := pieces{"<eos>", "a", "b", "ab", "ba", "\n", "é"[:1], "é"[1:], "c"}
 	stops := []string{"abba", "b\n", "cc"}
 	for i := 0; i < 500; i++ {

@@ -6,6 +6,7 @@ import (
 	"slices"
 
 	"github.com/twell-ai/twell/cuda"
+	"github.com/twell-ai/twell/internal/enum"
 	"github.com/twell-ai/twell/twell"
 )
 
@@ -34,17 +35,7 @@ const (
 )
 
 // String returns "auto", "wgmma" or "mma".
-func (k Kernel) String() string {
-	switch k {
-	case KernelAuto:
-		return "auto"
-	case KernelWGMMA:
-		return "wgmma"
-	case KernelMMA:
-		return "mma"
-	}
-	return fmt.Sprintf("Kernel(%d)", int(k))
-}
+func (k Kernel) String() string { return enum.String(k, "Kernel", "auto", "wgmma", "mma") }
 
 // residentClusters returns how many clusters of the persistent wgmma D2T
 // kernel fit on the GPU at once (all 66 of an H200; 64, as the reference

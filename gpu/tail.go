@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/twell-ai/twell/cuda"
+	"github.com/twell-ai/twell/internal/enum"
 )
 
 // t2dSrc holds the tail kernels (t2d, t2u, t2d_ws, the len_* sort) and
@@ -36,17 +37,7 @@ const (
 )
 
 // String returns "auto", "warp" or "sorted".
-func (t Tail) String() string {
-	switch t {
-	case TailAuto:
-		return "auto"
-	case TailWarp:
-		return "warp"
-	case TailSorted:
-		return "sorted"
-	}
-	return fmt.Sprintf("Tail(%d)", int(t))
-}
+func (t Tail) String() string { return enum.String(t, "Tail", "auto", "warp", "sorted") }
 
 // TailFor returns the tail kernels the sparse path runs for m tokens now
 // (TailSorted or TailWarp).

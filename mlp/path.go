@@ -7,6 +7,8 @@ package mlp
 import (
 	"fmt"
 	"strings"
+
+	"github.com/twell-ai/twell/internal/enum"
 )
 
 // Path is how an MLP call runs.
@@ -24,17 +26,7 @@ const (
 )
 
 // String returns "auto", "sparse" or "dense".
-func (p Path) String() string {
-	switch p {
-	case Auto:
-		return "auto"
-	case Sparse:
-		return "sparse"
-	case Dense:
-		return "dense"
-	}
-	return fmt.Sprintf("mlp.Path(%d)", uint8(p))
-}
+func (p Path) String() string { return enum.String(p, "mlp.Path", "auto", "sparse", "dense") }
 
 // ParsePath reads "auto", "sparse" or "dense" (any case).
 func ParsePath(s string) (Path, error) {

@@ -2,8 +2,9 @@ package mlp
 
 import (
 	"math"
-	"math/rand/v2"
 	"testing"
+
+	"github.com/twell-ai/twell/internal/testutil"
 )
 
 func TestParsePathRoundTrip(t *testing.T) {
@@ -21,8 +22,7 @@ func TestParsePathRoundTrip(t *testing.T) {
 }
 
 func TestChoose(t *testing.T) {
-	seed := rand.Uint64()
-	r := rand.New(rand.NewPCG(seed, 0))
+	r, seed := testutil.Rand(t)
 	for range 1000 {
 		d, th := r.Float64(), r.Float64()
 		if got := Choose(Sparse, d, th); got != Sparse {

@@ -18,8 +18,10 @@ import (
 	"unsafe"
 
 	"github.com/ebitengine/purego"
+
 	"github.com/twell-ai/twell/cuda"
 	"github.com/twell-ai/twell/cuda/internal/dl"
+	"github.com/twell-ai/twell/internal/enum"
 )
 
 // DataType is a matrix element type.
@@ -33,17 +35,7 @@ const (
 )
 
 // String returns "bf16", "f16" or "f32".
-func (t DataType) String() string {
-	switch t {
-	case BF16:
-		return "bf16"
-	case F16:
-		return "f16"
-	case F32:
-		return "f32"
-	}
-	return fmt.Sprintf("DataType(%d)", int(t))
-}
+func (t DataType) String() string { return enum.String(t, "DataType", "bf16", "f16", "f32") }
 
 // cudaType returns the cudaDataType value, and the element size.
 func (t DataType) cudaType() (int32, int, bool) {
@@ -70,7 +62,7 @@ const (
 
 // String returns "auto", "cublasLt" or "cublas".
 func (b Backend) String() string {
-	return [...]string{"auto", "cublasLt", "cublas"}[b]
+	return enum.String(b, "Backend", "auto", "cublasLt", "cublas")
 }
 
 // Gemm describes C = Alpha·op(A)·op(B) + Beta·C on row-major matrices, with
@@ -337,16 +329,13 @@ var sonames = func(base string) []string {
 
 func loadLt() (*ltLib, error) {
 	ltOnce.Do(func() {
-		lib, err := dl.Open(dl.Spec{Name: "libcublasLt", Sonames: sonames("libcublasLt"), Toolkit: true, Wheels: true})
+		l := &ltLib{}
+		lib, err := dl.Load(dl.Spec{Name: "libcublasLt", Sonames: sonames("libcublasLt"), Toolkit: true, Wheels: true}, l.symbols())
 		if err != nil {
 			ltErr = fmt.Errorf("%w: %v", ErrNoCUBLAS, err)
 			return
 		}
-		l := &ltLib{lib: lib}
-		if err := dl.Bind(lib.Path, lib.Lookup, l.symbols()); err != nil {
-			ltErr = fmt.Errorf("%w: %v", ErrNoCUBLAS, err)
-			return
-		}
+		l.lib = lib
 		lt = l
 	})
 	return lt, ltErr
@@ -354,17 +343,14 @@ func loadLt() (*ltLib, error) {
 
 func loadLegacy() (*legacyLib, error) {
 	legacyOnce.Do(func() {
-		lib, err := dl.Open(dl.Spec{Name: "libcublas", Sonames: sonames("libcublas"), Toolkit: true, Wheels: true,
-			Preload: []string{"libcublasLt.so.*"}})
+		l := &legacyLib{}
+		lib, err := dl.Load(dl.Spec{Name: "libcublas", Sonames: sonames("libcublas"), Toolkit: true, Wheels: true,
+			Preload: []string{"libcublasLt.so.*"}}, l.symbols())
 		if err != nil {
 			legacyErr = fmt.Errorf("%w: %v", ErrNoCUBLAS, err)
 			return
 		}
-		l := &legacyLib{lib: lib}
-		if err := dl.Bind(lib.Path, lib.Lookup, l.symbols()); err != nil {
-			legacyErr = fmt.Errorf("%w: %v", ErrNoCUBLAS, err)
-			return
-		}
+		l.lib = lib
 		legacy = l
 	})
 	return legacy, legacyErr

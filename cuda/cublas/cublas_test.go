@@ -7,12 +7,12 @@ import (
 	"math/rand/v2"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/twell-ai/twell/bf16"
 	"github.com/twell-ai/twell/cuda"
 	"github.com/twell-ai/twell/cuda/cudatest"
 	"github.com/twell-ai/twell/cuda/internal/dl"
+	"github.com/twell-ai/twell/internal/testutil"
 )
 
 func fakeLookup(string) (uintptr, error) { return 0x1000, nil }
@@ -86,8 +86,7 @@ func colMajorEmu(cm colMajor, g Gemm, a, b, c []float64) {
 // TestColumnMajorMapping checks, without a GPU, that the row-major problem
 // is handed to cuBLAS as the right column-major one.
 func TestColumnMajorMapping(t *testing.T) {
-	seed := uint64(time.Now().UnixNano())
-	rng := rand.New(rand.NewPCG(seed, 1))
+	rng, seed := testutil.Rand(t)
 	for trial := 0; trial < 40; trial++ {
 		g := Gemm{M: 1 + rng.IntN(9), N: 1 + rng.IntN(9), K: 1 + rng.IntN(9),
 			TransA: rng.IntN(2) == 1, TransB: rng.IntN(2) == 1, Batch: 1 + rng.IntN(3),
@@ -220,7 +219,7 @@ func relErr(g Gemm, got, want []float64) float64 {
 // against a float64 CPU reference: relative error ≤ 1e-2.
 func TestMatmulAgainstFloat64(t *testing.T) {
 	dev, h := handle(t)
-	rng, seed := cudatest.Rand()
+	rng, seed := testutil.Rand(t)
 	cases := []Gemm{
 		{M: 256, N: 384, K: 512},
 		{M: 128, N: 256, K: 1024, TransB: true},
@@ -317,7 +316,7 @@ func TestMatmulMisuse(t *testing.T) {
 // TestMatmulTiming times a 4096³ bf16 GEMM with CUDA events.
 func TestMatmulTiming(t *testing.T) {
 	dev, h := handle(t)
-	rng, _ := cudatest.Rand()
+	rng, _ := testutil.Rand(t)
 	const n = 4096
 	a, _ := upload(t, dev, rng, n*n, BF16)
 	b, _ := upload(t, dev, rng, n*n, BF16)

@@ -4,12 +4,10 @@
 package cudatest
 
 import (
-	"math/rand/v2"
 	"os"
 	"regexp"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/twell-ai/twell/cuda"
 )
@@ -44,11 +42,19 @@ func Compiler(tb testing.TB) {
 	}
 }
 
-// Rand returns a generator with a fresh seed, and the seed, which tests
-// print in failure messages so that a failure can be replayed.
-func Rand() (*rand.Rand, uint64) {
-	seed := uint64(time.Now().UnixNano())
-	return rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)), seed
+// Main runs a package's tests with the kernel cache in a fresh temporary
+// directory, which keeps test compiles out of the user's cache, and exits
+// with their status: func TestMain(m *testing.M) { cudatest.Main(m) }.
+func Main(m *testing.M) {
+	dir, err := os.MkdirTemp("", "twell-test-kernel-cache")
+	if err == nil {
+		os.Setenv(cuda.EnvKernelCache, dir)
+	}
+	code := m.Run()
+	if err == nil {
+		os.RemoveAll(dir)
+	}
+	os.Exit(code)
 }
 
 // spills matches a ptxas resource line with a nonzero spill count.

@@ -78,17 +78,14 @@ var (
 // open loads libnvidia-ml and calls nvmlInit once for the process.
 func open() (*lib, error) {
 	once.Do(func() {
-		l, err := dl.Open(dl.Spec{Name: "libnvidia-ml", Sonames: []string{"libnvidia-ml.so.1", "libnvidia-ml.so"},
-			ExtraDirs: []string{"/usr/local/nvidia/lib64", "/usr/lib/x86_64-linux-gnu", "/usr/lib64"}})
+		n := &lib{}
+		lib, err := dl.Load(dl.Spec{Name: "libnvidia-ml", Sonames: []string{"libnvidia-ml.so.1", "libnvidia-ml.so"},
+			ExtraDirs: []string{"/usr/local/nvidia/lib64", "/usr/lib/x86_64-linux-gnu", "/usr/lib64"}}, n.symbols())
 		if err != nil {
 			errLib = fmt.Errorf("%w: %v", ErrNoNVML, err)
 			return
 		}
-		n := &lib{l: l}
-		if err := dl.Bind(l.Path, l.Lookup, n.symbols()); err != nil {
-			errLib = fmt.Errorf("%w: %v", ErrNoNVML, err)
-			return
-		}
+		n.l = lib
 		if err := n.check(n.init(), "nvmlInit"); err != nil {
 			errLib = err
 			return

@@ -290,6 +290,18 @@ type Lookup func(name string) (uintptr, error)
 // Lookup returns the library's symbol resolver.
 func (l *Library) Lookup(name string) (uintptr, error) { return purego.Dlsym(l.handle, name) }
 
+// Load opens the library that spec describes and binds table in it.
+func Load(spec Spec, table []Symbol) (*Library, error) {
+	lib, err := Open(spec)
+	if err != nil {
+		return nil, err
+	}
+	if err := Bind(lib.Path, lib.Lookup, table); err != nil {
+		return nil, err
+	}
+	return lib, nil
+}
+
 // Bind resolves every symbol in table through lookup and stores it in its
 // target. It returns an error (never panics) for a missing required symbol
 // or a target of the wrong type; lib names the library in messages.
