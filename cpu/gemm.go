@@ -59,18 +59,13 @@ func PackB(w []float32, n, k int) (*PackedB, error) {
 	if n < 1 || k < 1 || len(w) != n*k {
 		return nil, fmt.Errorf("cpu: PackB: %d values for a %d x %d matrix", len(w), n, k)
 	}
-	panels := (n + nr - 1) / nr
-	p := &PackedB{N: n, K: k, data: make([]float32, panels*k*nr)}
-	parallelFor(panels, func(pi int) {
-		dst := p.data[pi*k*nr : (pi+1)*k*nr]
-		for j := 0; j < nr && pi*nr+j < n; j++ {
-			row := w[(pi*nr+j)*k : (pi*nr+j+1)*k]
-			for q, v := range row {
+	return packPanels(n, k, func(dst []float32, j0, cols int) {
+		for j := 0; j < cols; j++ {
+			for q, v := range w[(j0+j)*k : (j0+j+1)*k] {
 				dst[q*nr+j] = v
 			}
 		}
-	})
-	return p, nil
+	}), nil
 }
 
 // PackBT packs w, a k x n row-major matrix, for Gemm computing c = a w
@@ -79,17 +74,24 @@ func PackBT(w []float32, k, n int) (*PackedB, error) {
 	if n < 1 || k < 1 || len(w) != n*k {
 		return nil, fmt.Errorf("cpu: PackBT: %d values for a %d x %d matrix", len(w), k, n)
 	}
-	panels := (n + nr - 1) / nr
-	p := &PackedB{N: n, K: k, data: make([]float32, panels*k*nr)}
-	parallelFor(panels, func(pi int) {
-		dst := p.data[pi*k*nr : (pi+1)*k*nr]
-		j0 := pi * nr
-		cols := min(nr, n-j0)
+	return packPanels(n, k, func(dst []float32, j0, cols int) {
 		for q := 0; q < k; q++ {
 			copy(dst[q*nr:q*nr+cols], w[q*n+j0:q*n+j0+cols])
 		}
+	}), nil
+}
+
+// packPanels packs a B of n rows and k columns in panels of nr rows, in
+// parallel: fill writes rows [j0, j0+cols) of B into the k x nr panel dst,
+// row j0+j of B in column j.
+func packPanels(n, k int, fill func(dst []float32, j0, cols int)) *PackedB {
+	panels := (n + nr - 1) / nr
+	p := &PackedB{N: n, K: k, data: make([]float32, panels*k*nr)}
+	parallelFor(panels, func(pi int) {
+		j0 := pi * nr
+		fill(p.data[pi*k*nr:(pi+1)*k*nr], j0, min(nr, n-j0))
 	})
-	return p, nil
+	return p
 }
 
 // Bytes returns the memory the packed matrix takes.
