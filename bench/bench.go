@@ -66,3 +66,18 @@ func itoa(n int) string {
 	}
 	return string(b)
 }
+
+// Row is what every result row starts with: the layout of the row (its
+// schema and version), where it ran and when.
+type Row struct {
+	Schema  string `json:"schema"`
+	Device  string `json:"device"` // "cpu" or "cuda"
+	Machine string `json:"machine"`
+	Date    string `json:"date"`
+}
+
+// newRow returns the start of a row of schema measured now on device of
+// machine.
+func newRow(schema, device, machine string) Row {
+	return Row{Schema: schema, Device: device, Machine: machine, Date: time.Now().UTC().Format(time.RFC3339)}
+}

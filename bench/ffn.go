@@ -3,7 +3,6 @@ package bench
 import (
 	"fmt"
 	"math/rand/v2"
-	"time"
 
 	"github.com/twell-ai/twell/cpu"
 	"github.com/twell-ai/twell/synth"
@@ -64,10 +63,7 @@ const FFNSchema = "twell.bench.ffn/1"
 
 // FFNResult is one measured case. JSON names are those of the bench record.
 type FFNResult struct {
-	Schema        string  `json:"schema"` // FFNSchema
-	Device        string  `json:"device"`
-	Machine       string  `json:"machine"`
-	Date          string  `json:"date"`
+	Row                   // Schema FFNSchema
 	D             int     `json:"d"`
 	F             int     `json:"f"`
 	M             int     `json:"m"`
@@ -175,9 +171,8 @@ func FFNCPU(o FFNOptions, progress func(string)) ([]FFNResult, error) {
 			return nil, err
 		}
 		res := FFNResult{
-			Schema: FFNSchema,
-			Device: "cpu", Machine: CPUName(), Date: time.Now().UTC().Format(time.RFC3339),
-			D: o.D, F: o.F, M: o.M, Density: density, Dist: string(o.Dist), Gated: o.Gated,
+			Row: newRow(FFNSchema, "cpu", CPUName()),
+			D:   o.D, F: o.F, M: o.M, Density: density, Dist: string(o.Dist), Gated: o.Gated,
 			C: o.Layout.C, Reps: o.Reps,
 			DenseMS: denseMS, TwELLMS: twellMS, Speedup: denseMS / twellMS,
 			RelErr:        synth.RelErr(ys, o.D, refRows, want),

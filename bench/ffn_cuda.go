@@ -3,7 +3,6 @@ package bench
 import (
 	"fmt"
 	"math/rand/v2"
-	"time"
 
 	"github.com/twell-ai/twell/bf16"
 	"github.com/twell-ai/twell/cuda"
@@ -225,8 +224,7 @@ type ffnEnv struct {
 }
 
 func ffnCase(o FFNOptions, density float64, l *gpu.MLP, sl *synth.Layer, e ffnEnv) (FFNResult, error) {
-	res := FFNResult{Schema: FFNSchema,
-		Device: "cuda", Date: time.Now().UTC().Format(time.RFC3339),
+	res := FFNResult{Row: newRow(FFNSchema, "cuda", ""),
 		D: o.D, F: o.F, M: o.M, Density: density, Dist: string(o.Dist), Gated: o.Gated,
 		C: o.Layout.C, Reps: o.Reps,
 		DenseActBytes: l.DenseActBytes(o.M), TwELLActBytes: l.SparseActBytes(o.M),

@@ -89,6 +89,27 @@ func (o ModelOptions) checkPositions(c model.Config) error {
 	return nil
 }
 
+// prepareModel checks o, loads or builds the model and saves it where o
+// asks. It returns the model, its name, and the generator that drew its
+// weights, which then draws the benchmark's tokens.
+func prepareModel(o ModelOptions, progress func(string)) (*model.Model, string, *rand.Rand, error) {
+	if err := o.Validate(); err != nil {
+		return nil, "", nil, err
+	}
+	r := rand.New(rand.NewPCG(o.Seed, 0x30de1))
+	m, name, err := buildModel(o, r, progress)
+	if err != nil {
+		return nil, "", nil, err
+	}
+	if err := saveModel(o, m, progress); err != nil {
+		return nil, "", nil, err
+	}
+	if err := o.checkPositions(m.Config); err != nil {
+		return nil, "", nil, err
+	}
+	return m, name, r, nil
+}
+
 // saveModel writes m to o.SaveDir, if set, as a Hugging Face checkpoint.
 func saveModel(o ModelOptions, m *model.Model, progress func(string)) error {
 	if o.SaveDir == "" {
@@ -175,10 +196,7 @@ const ModelSchema = "twell.bench.model/1"
 
 // ModelResult is one path (dense or TwELL) of a whole-model benchmark.
 type ModelResult struct {
-	Schema          string        `json:"schema"` // ModelSchema
-	Device          string        `json:"device"`
-	Machine         string        `json:"machine"`
-	Date            string        `json:"date"`
+	Row                           // Schema ModelSchema
 	Model           string        `json:"model"`
 	Params          int64         `json:"params"`
 	Path            string        `json:"path"` // "dense" or "twell"
@@ -202,15 +220,8 @@ type ModelResult struct {
 // ModelCPU runs the whole-model benchmark on the CPU: the plain dense MLP
 // path against the TwELL path, on the same weights and tokens.
 func ModelCPU(o ModelOptions, progress func(string)) ([]ModelResult, error) {
-	if err := o.Validate(); err != nil {
-		return nil, err
-	}
-	r := rand.New(rand.NewPCG(o.Seed, 0x30de1))
-	m, name, err := buildModel(o, r, progress)
+	m, name, r, err := prepareModel(o, progress)
 	if err != nil {
-		return nil, err
-	}
-	if err := saveModel(o, m, progress); err != nil {
 		return nil, err
 	}
 	// both paths: decode reads bf16 weight copies
@@ -220,15 +231,9 @@ func ModelCPU(o ModelOptions, progress func(string)) ([]ModelResult, error) {
 	}
 	defer e.Close()
 	c := m.Config
-	if err := o.checkPositions(c); err != nil {
-		return nil, err
-	}
 	prompts := make([][]int, o.Batch)
 	for i := range prompts {
-		prompts[i] = make([]int, o.PromptLen)
-		for j := range prompts[i] {
-			prompts[i][j] = r.IntN(c.VocabSize)
-		}
+		prompts[i] = randTokens(r, o.PromptLen, c.VocabSize)
 	}
 	var results []ModelResult
 	var denseLogits [][]float32
@@ -236,8 +241,7 @@ func ModelCPU(o ModelOptions, progress func(string)) ([]ModelResult, error) {
 		if err := e.SetMLPPath(map[string]mlp.Path{"dense": mlp.Dense, "twell": mlp.Auto}[path]); err != nil {
 			return nil, err
 		}
-		res := ModelResult{Schema: ModelSchema, Device: "cpu", Machine: CPUName(), Date: time.Now().UTC().Format(time.RFC3339),
-			Model: name, Params: c.ParamCount(), Path: path, PrefillTokens: o.Batch * o.PromptLen, MLPWidth: c.IntermediateSize}
+		res := ModelResult{Row: newRow(ModelSchema, "cpu", CPUName()), Model: name, Params: c.ParamCount(), Path: path, PrefillTokens: o.Batch * o.PromptLen, MLPWidth: c.IntermediateSize}
 		progress(fmt.Sprintf("%s: prefill %d x %d tokens", path, o.Batch, o.PromptLen))
 		var logits [][]float32
 		var stats *engine.Stats

@@ -66,24 +66,14 @@ func formatSteps(ms map[string]float64) string {
 // Before timing, the engine's logits on a short prompt are checked against
 // the float32 CPU model.
 func ModelCUDA(o ModelOptions, progress func(string)) ([]ModelCUDAResult, error) {
-	if err := o.Validate(); err != nil {
-		return nil, err
-	}
 	if progress == nil {
 		progress = func(string) {}
 	}
-	r := rand.New(rand.NewPCG(o.Seed, 0x30de1))
-	m, name, err := buildModel(o, r, progress)
+	m, name, r, err := prepareModel(o, progress)
 	if err != nil {
 		return nil, err
 	}
-	if err := saveModel(o, m, progress); err != nil {
-		return nil, err
-	}
 	c := m.Config
-	if err := o.checkPositions(c); err != nil {
-		return nil, err
-	}
 	dev, err := cuda.Open(0)
 	if err != nil {
 		return nil, err
@@ -109,26 +99,17 @@ func ModelCUDA(o ModelOptions, progress func(string)) ([]ModelCUDAResult, error)
 		return nil, err
 	}
 	checkLen := min(32, o.PromptLen)
-	check := [][]int{randTokens(r, checkLen, c.VocabSize)}
+	check := randTokens(r, checkLen, c.VocabSize)
 	ce, err := cpullm.New(m, cpullm.Options{})
 	if err != nil {
 		return nil, err
 	}
-	cpuCache, err := ce.NewCache(checkLen)
-	if err != nil {
-		return nil, err
-	}
-	want, _, err := ce.Forward([]engine.Cache{cpuCache}, check, true)
+	want, err := allLogits(ce, check)
 	ce.Close()
 	if err != nil {
 		return nil, err
 	}
-	cc, err := e.NewCache(checkLen)
-	if err != nil {
-		return nil, err
-	}
-	got, _, err := e.Forward([]engine.Cache{cc}, check, true)
-	cc.Free()
+	got, err := allLogits(e, check)
 	if err != nil {
 		return nil, err
 	}
@@ -170,8 +151,7 @@ func ModelCUDA(o ModelOptions, progress func(string)) ([]ModelCUDAResult, error)
 		if err := e.SetMLPPath(map[string]mlp.Path{"dense": mlp.Dense, "twell": mlp.Auto}[path]); err != nil {
 			return nil, err
 		}
-		res := &ModelCUDAResult{ModelResult: ModelResult{Schema: ModelSchema, Device: "cuda", Machine: props.Name + " / " + CPUName(),
-			Date: time.Now().UTC().Format(time.RFC3339), Model: name, Params: c.ParamCount(), Path: path,
+		res := &ModelCUDAResult{ModelResult: ModelResult{Row: newRow(ModelSchema, "cuda", props.Name+" / "+CPUName()), Model: name, Params: c.ParamCount(), Path: path,
 			PrefillTokens: o.Batch * o.PromptLen, MLPWidth: c.IntermediateSize},
 			WeightBytes: e.WeightBytes(), KVCacheBytes: kvBytes, CPUCheckRelDiff: cpuDiff, TwELLLayers: e.TwELLLayers(),
 			AttentionKernel: attnKernel}
@@ -325,6 +305,18 @@ func decodeSpeedCUDA(e *llm.Engine, r *rand.Rand, batch, ctx, steps, reps int, t
 	return DecodePoint{Batch: batch, Context: ctx, TokensPerSec: float64(batch*steps) / med * 1000, MSPerStep: med / float64(steps),
 		GraphSteps: e.GraphReplays() - graphs0, Steps: (reps + 1) * steps, GraphRecords: e.GraphRecords() - records0,
 		SparseLayers: sparse}, nil
+}
+
+// allLogits runs tokens, one sequence, through e in a fresh cache and
+// returns the logits of every position.
+func allLogits(e engine.Engine, tokens []int) ([][]float32, error) {
+	c, err := e.NewCache(len(tokens))
+	if err != nil {
+		return nil, err
+	}
+	defer c.Free()
+	l, _, err := e.Forward([]engine.Cache{c}, [][]int{tokens}, true)
+	return l, err
 }
 
 func randTokens(r *rand.Rand, n, vocab int) []int {

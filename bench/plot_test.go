@@ -14,6 +14,8 @@ import (
 	"testing"
 
 	"gonum.org/v1/plot"
+
+	"github.com/twell-ai/twell/internal/testutil"
 )
 
 var plotDir = flag.String("plotdir", "", "also write the test figures to this folder, to look at them")
@@ -48,10 +50,12 @@ func checkPNG(t *testing.T, path string) {
 	}
 }
 
+var testRow = Row{Device: "cpu", Machine: "2-core test VM", Date: "2026-12-03"}
+
 func modelResults(r *rand.Rand, batches []int) []ModelResult {
 	var rs []ModelResult
 	for i, p := range []string{"dense", "twell"} {
-		res := ModelResult{Device: "cpu", Machine: "2-core test VM", Date: "2026-12-03", Model: "sparselm-1.5b, 2 layers",
+		res := ModelResult{Row: testRow, Model: "sparselm-1.5b, 2 layers",
 			Path: p, PrefillTokens: 256, PrefillTokPerMS: 0.5 + r.Float64()*(1+float64(i)), Speedup: 1 + float64(i)*r.Float64()}
 		for _, b := range batches {
 			res.Decode = append(res.Decode, DecodePoint{Batch: b, Context: 16, TokensPerSec: float64(b) * (20 + 10*r.Float64()) * (1 + float64(i)*0.4)})
@@ -66,7 +70,7 @@ func ffnResults(r *rand.Rand, densities []float64) []FFNResult {
 	for _, dist := range []string{"uniform", "skewed"} {
 		for _, m := range []int{1, 1024} {
 			for _, d := range densities {
-				rs = append(rs, FFNResult{Device: "cpu", Machine: "2-core test VM", Date: "2026-12-03", D: 2048, F: 5632, C: 8,
+				rs = append(rs, FFNResult{Row: testRow, D: 2048, F: 5632, C: 8,
 					M: m, Density: d, Dist: dist, Gated: true, Speedup: 0.2 / (d + 0.02) * (0.8 + 0.4*r.Float64())})
 			}
 		}
@@ -78,8 +82,7 @@ func ffnResults(r *rand.Rand, densities []float64) []FFNResult {
 // batch size (a log axis once padded to 0) and empty decode lists are drawn
 // or left out with a note, never a panic.
 func TestPlotModelEdgeCases(t *testing.T) {
-	seed := rand.Uint64()
-	r := rand.New(rand.NewPCG(seed, 1))
+	r, seed := testutil.Rand(t)
 	cases := map[string]func() []ModelResult{
 		"typical":       func() []ModelResult { return modelResults(r, []int{1, 8, 32}) },
 		"single batch":  func() []ModelResult { return modelResults(r, []int{1}) },
@@ -122,8 +125,7 @@ func TestPlotModelEdgeCases(t *testing.T) {
 
 // TestPlotFFNEdgeCases: the same for the MLP figure.
 func TestPlotFFNEdgeCases(t *testing.T) {
-	seed := rand.Uint64()
-	r := rand.New(rand.NewPCG(seed, 2))
+	r, seed := testutil.Rand(t)
 	cases := map[string]func() []FFNResult{
 		"typical":        func() []FFNResult { return ffnResults(r, []float64{0.005, 0.02, 0.05}) },
 		"one density":    func() []FFNResult { return ffnResults(r, []float64{0.01}) },
@@ -156,8 +158,7 @@ func labels(ts []plot.Tick) []float64 {
 // values inside the range, ascending, with labels that parse back to a value
 // close to the tick, and the log axis set from data keeps every value in view.
 func TestTicksReadable(t *testing.T) {
-	seed := rand.Uint64()
-	r := rand.New(rand.NewPCG(seed, 3))
+	r, seed := testutil.Rand(t)
 	for i := 0; i < 2000; i++ {
 		lo := math.Pow(10, -6+12*r.Float64())
 		var vs []float64

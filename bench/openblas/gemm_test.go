@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/twell-ai/twell/cpu"
+	"github.com/twell-ai/twell/internal/testutil"
 )
 
 // open loads OpenBLAS from $TWELL_OPENBLAS_DIR, or skips: the library is
@@ -33,8 +34,7 @@ func randMat(r *rand.Rand, n int) []float32 {
 
 func TestAgreesWithTwell(t *testing.T) {
 	l := open(t)
-	seed := rand.Uint64()
-	r := rand.New(rand.NewPCG(seed, 1))
+	r, seed := testutil.Rand(t)
 	m, n, k := 77, 300, 129
 	a, b := randMat(r, m*k), randMat(r, n*k)
 	want := make([]float32, m*n)
