@@ -61,13 +61,10 @@ func PlotFFN(results []FFNResult, path string) error {
 	var xs, ys []float64
 	for i, n := range names {
 		pts := groups[n]
-		slices.SortFunc(pts, func(a, b plotter.XY) int { return cmp.Compare(a.X, b.X) })
 		if err := addLine(p, &leg, i, n, pts); err != nil {
 			return err
 		}
-		for _, q := range pts {
-			xs, ys = append(xs, q.X), append(ys, q.Y)
-		}
+		xs, ys = appendXY(xs, ys, pts)
 	}
 	if len(xs) == 0 {
 		notes.add("no result has a positive density and a finite speedup: nothing to plot")
@@ -166,13 +163,10 @@ func PlotModel(results []ModelResult, path string) error {
 		if len(pts) == 0 {
 			continue
 		}
-		slices.SortFunc(pts, func(a, b plotter.XY) int { return cmp.Compare(a.X, b.X) })
 		if err := addLine(dec, &leg, i, r.Path, pts); err != nil {
 			return err
 		}
-		for _, q := range pts {
-			xs, ys = append(xs, q.X), append(ys, q.Y)
-		}
+		xs, ys = appendXY(xs, ys, pts)
 	}
 	if len(xs) == 0 {
 		notes.add("no decode measurement with a positive batch and tokens/s: the decode panel is empty")
@@ -222,9 +216,10 @@ func newLegend() plot.Legend {
 	return l
 }
 
-// addLine adds pts to p as line i (color, glyph and dashes of plotutil's
-// i-th style) and names it in leg.
+// addLine sorts pts by x and adds them to p as line i (color, glyph and
+// dashes of plotutil's i-th style), named in leg.
 func addLine(p *plot.Plot, leg *plot.Legend, i int, name string, pts plotter.XYs) error {
+	slices.SortFunc(pts, func(a, b plotter.XY) int { return cmp.Compare(a.X, b.X) })
 	l, s, err := plotter.NewLinePoints(pts)
 	if err != nil {
 		return fmt.Errorf("bench: plot line %q: %w", name, err)
@@ -235,6 +230,15 @@ func addLine(p *plot.Plot, leg *plot.Legend, i int, name string, pts plotter.XYs
 	p.Add(l, s)
 	leg.Add(name, l, s)
 	return nil
+}
+
+// appendXY appends the coordinates of pts to xs and ys (the values an axis
+// is fitted to).
+func appendXY(xs, ys []float64, pts plotter.XYs) ([]float64, []float64) {
+	for _, q := range pts {
+		xs, ys = append(xs, q.X), append(ys, q.Y)
+	}
+	return xs, ys
 }
 
 // setLinearAxis fits a linear axis to the finite values vs, from 0 when
