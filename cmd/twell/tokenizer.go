@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -23,25 +24,39 @@ func init() {
 	})
 }
 
-// runTokenizerEncode reads all of stdin as the text (a trailing newline is part of it) and
-// prints its ids as one JSON array.
-func runTokenizerEncode(args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("tokenizer encode", stderr)
+// tokenizerAndStdin parses the flags of the tokenizer command name: the
+// required -tokenizer and those that addFlags defines. It returns the
+// tokenizer and all of stdin, which holds what.
+func tokenizerAndStdin(name string, args []string, stderr io.Writer, what string, addFlags func(*flag.FlagSet)) (*tokenizer.Tokenizer, []byte, error) {
+	fs := newFlagSet(name, stderr)
 	path := fs.String("tokenizer", "", "Hugging Face tokenizer.json file (.json.gz is read too); required")
-	addSpecial := fs.Bool("add-special", true, "add the special tokens of the post-processor's template (e.g. Llama 2's leading <s>), as Hugging Face's encode does by default")
+	addFlags(fs)
 	if err := parseFlags(fs, args); err != nil {
-		return err
+		return nil, nil, err
 	}
 	if *path == "" {
-		return usagef("-tokenizer FILE is required (the text is read from stdin)")
+		return nil, nil, usagef("-tokenizer FILE is required (%s is read from stdin)", what)
 	}
 	tk, err := tokenizer.Load(*path)
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
-	text, err := io.ReadAll(os.Stdin)
+	in, err := io.ReadAll(os.Stdin)
 	if err != nil {
-		return fmt.Errorf("reading stdin: %w", err)
+		return nil, nil, fmt.Errorf("reading stdin: %w", err)
+	}
+	return tk, in, nil
+}
+
+// runTokenizerEncode reads all of stdin as the text (a trailing newline is part of it) and
+// prints its ids as one JSON array.
+func runTokenizerEncode(args []string, stdout, stderr io.Writer) error {
+	var addSpecial *bool
+	tk, text, err := tokenizerAndStdin("tokenizer encode", args, stderr, "the text", func(fs *flag.FlagSet) {
+		addSpecial = fs.Bool("add-special", true, "add the special tokens of the post-processor's template (e.g. Llama 2's leading <s>), as Hugging Face's encode does by default")
+	})
+	if err != nil {
+		return err
 	}
 	ids, err := tk.Encode(string(text), *addSpecial)
 	if err != nil {
@@ -61,22 +76,12 @@ func runTokenizerEncode(args []string, stdout, stderr io.Writer) error {
 // runTokenizerDecode reads a JSON array of ids from stdin and prints their text, exactly (no
 // newline is added).
 func runTokenizerDecode(args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("tokenizer decode", stderr)
-	path := fs.String("tokenizer", "", "Hugging Face tokenizer.json file (.json.gz is read too); required")
-	skipSpecial := fs.Bool("skip-special", false, "leave special tokens such as <s> out of the text (Hugging Face's skip_special_tokens)")
-	if err := parseFlags(fs, args); err != nil {
-		return err
-	}
-	if *path == "" {
-		return usagef("-tokenizer FILE is required (the ids are read from stdin)")
-	}
-	tk, err := tokenizer.Load(*path)
+	var skipSpecial *bool
+	tk, in, err := tokenizerAndStdin("tokenizer decode", args, stderr, "the ids", func(fs *flag.FlagSet) {
+		skipSpecial = fs.Bool("skip-special", false, "leave special tokens such as <s> out of the text (Hugging Face's skip_special_tokens)")
+	})
 	if err != nil {
 		return err
-	}
-	in, err := io.ReadAll(os.Stdin)
-	if err != nil {
-		return fmt.Errorf("reading stdin: %w", err)
 	}
 	var ids []int
 	dec := json.NewDecoder(bytes.NewReader(in))
