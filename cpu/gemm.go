@@ -115,54 +115,41 @@ func gemmBlocks(a []float32, m int, b *PackedB, epi epilogue) {
 	}
 	mBlocks := (m + mc - 1) / mc
 	nBlocks := (b.N + tileN - 1) / tileN
-	items := mBlocks * nBlocks
 	useBF16 := b.bf16 != nil && m <= bf16MaxM
-	workers := min(Workers(), items)
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	for w := 0; w < workers; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			apack := make([]float32, mc*k)
-			tile := make([]float32, mc*tileN)
-			lastM := -1
-			for {
-				it := int(next.Add(1) - 1)
-				if it >= items {
-					return
-				}
-				// Items run block-row by block-row, so a worker often keeps
-				// its packed A block for the next item.
-				ib, jb := it/nBlocks, it%nBlocks
-				i0, j0 := ib*mc, jb*tileN
-				rows, cols := min(mc, m-i0), min(tileN, b.N-j0)
-				if ib != lastM {
-					packA(apack, a, i0, rows, k)
-					lastM = ib
-				}
-				groups := (rows + mr - 1) / mr
-				panels := (cols + nr - 1) / nr
-				for p0 := 0; p0 < k; p0 += kc {
-					kk := min(kc, k-p0)
-					for jp := 0; jp < panels; jp++ {
-						pi := j0/nr + jp
-						off := pi*k*nr + p0*nr
-						for g := 0; g < groups; g++ {
-							ap := apack[g*k*mr+p0*mr:]
-							if useBF16 {
-								microBF16(kk, ap, b.bf16[off:], tile[g*mr*tileN+jp*nr:], tileN, p0 > 0)
-							} else {
-								microkernel(kk, ap, b.data[off:], tile[g*mr*tileN+jp*nr:], tileN, p0 > 0)
-							}
+	parallelWorkers(mBlocks*nBlocks, func() func(int) {
+		apack := make([]float32, mc*k)
+		tile := make([]float32, mc*tileN)
+		lastM := -1
+		return func(it int) {
+			// Items run block-row by block-row, so a worker often keeps
+			// its packed A block for the next item.
+			ib, jb := it/nBlocks, it%nBlocks
+			i0, j0 := ib*mc, jb*tileN
+			rows, cols := min(mc, m-i0), min(tileN, b.N-j0)
+			if ib != lastM {
+				packA(apack, a, i0, rows, k)
+				lastM = ib
+			}
+			groups := (rows + mr - 1) / mr
+			panels := (cols + nr - 1) / nr
+			for p0 := 0; p0 < k; p0 += kc {
+				kk := min(kc, k-p0)
+				for jp := 0; jp < panels; jp++ {
+					pi := j0/nr + jp
+					off := pi*k*nr + p0*nr
+					for g := 0; g < groups; g++ {
+						ap := apack[g*k*mr+p0*mr:]
+						if useBF16 {
+							microBF16(kk, ap, b.bf16[off:], tile[g*mr*tileN+jp*nr:], tileN, p0 > 0)
+						} else {
+							microkernel(kk, ap, b.data[off:], tile[g*mr*tileN+jp*nr:], tileN, p0 > 0)
 						}
 					}
 				}
-				epi(i0, rows, j0, cols, tile)
 			}
-		}()
-	}
-	wg.Wait()
+			epi(i0, rows, j0, cols, tile)
+		}
+	})
 }
 
 // packA packs rows [i0, i0+rows) of a (row length k) into groups of mr rows,
@@ -214,10 +201,20 @@ func checkGemm(c, a []float32, m int, b *PackedB) error {
 
 // parallelFor runs f(0..n-1) on all workers.
 func parallelFor(n int, f func(i int)) {
+	parallelWorkers(n, func() func(int) { return f })
+}
+
+// parallelWorkers runs items 0..n-1 on all workers, each taking the next
+// item as it becomes free. A worker gets the function that runs its items
+// (with its own scratch space) from newWorker, once.
+func parallelWorkers(n int, newWorker func() func(i int)) {
 	workers := min(Workers(), n)
 	if workers <= 1 {
-		for i := 0; i < n; i++ {
-			f(i)
+		if n > 0 {
+			f := newWorker()
+			for i := 0; i < n; i++ {
+				f(i)
+			}
 		}
 		return
 	}
@@ -227,6 +224,7 @@ func parallelFor(n int, f func(i int)) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			f := newWorker()
 			for {
 				i := int(next.Add(1) - 1)
 				if i >= n {
