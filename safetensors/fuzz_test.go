@@ -18,18 +18,7 @@ func seedFiles(t testing.TB) [][]byte {
 			{Name: "c", DType: F16, Shape: []int{1, 2}, Data: []byte{0, 60, 0, 188}}},
 	} {
 		p := filepath.Join(dir, "seed"+string(rune('0'+i))+".safetensors")
-		w, err := Create(p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, tt := range ts {
-			if err := w.AddTensor(tt); err != nil {
-				t.Fatal(err)
-			}
-		}
-		if err := w.Close(); err != nil {
-			t.Fatal(err)
-		}
+		writeFile(t, p, ts...)
 		b, err := os.ReadFile(p)
 		if err != nil {
 			t.Fatal(err)

@@ -11,10 +11,12 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/twell-ai/twell/internal/testutil"
 )
 
 func TestRoundTrip(t *testing.T) {
-	rng, seed := newRNG(t)
+	rng, seed := testutil.Rand(t)
 	for iter := range 20 {
 		path := filepath.Join(t.TempDir(), "m.safetensors")
 		w, err := Create(path)
@@ -95,7 +97,7 @@ func mapsEqual(a, b map[string]string) bool {
 }
 
 func TestAddFloat32(t *testing.T) {
-	rng, seed := newRNG(t)
+	rng, seed := testutil.Rand(t)
 	path := filepath.Join(t.TempDir(), "f.safetensors")
 	w, err := Create(path)
 	if err != nil {
@@ -197,7 +199,7 @@ func assertNoTemps(t *testing.T, dir string) {
 }
 
 func TestWriterIsAtomic(t *testing.T) {
-	rng, _ := newRNG(t)
+	rng, _ := testutil.Rand(t)
 	dir := t.TempDir()
 	path := filepath.Join(dir, "m.safetensors")
 	old := randomTensor(rng, "old")
@@ -230,7 +232,7 @@ func TestWriterIsAtomic(t *testing.T) {
 	}
 }
 
-func writeFile(t *testing.T, path string, ts ...Tensor) {
+func writeFile(t testing.TB, path string, ts ...Tensor) {
 	t.Helper()
 	w, err := Create(path)
 	if err != nil {
@@ -260,7 +262,7 @@ func TestEmptyFile(t *testing.T) {
 }
 
 func TestSharded(t *testing.T) {
-	rng, seed := newRNG(t)
+	rng, seed := testutil.Rand(t)
 	dir := t.TempDir()
 	var want []Tensor
 	var total int64
