@@ -8,8 +8,12 @@ import (
 // BenchmarkEncode measures encoding of the test texts (English prose, code, CJK, emoji, ...),
 // with a warm word cache, as when tokenizing a corpus.
 func BenchmarkEncode(b *testing.B) {
-	text := strings.Join(readTexts(b), "\n")
-	for _, name := range []string{"gpt2", "llama3", "qwen3", "llama2"} {
+	benchEncode(b, strings.Join(readTexts(b), "\n"), "gpt2", "llama3", "qwen3", "llama2")
+}
+
+// benchEncode measures encoding of text with each of the named test tokenizers.
+func benchEncode(b *testing.B, text string, names ...string) {
+	for _, name := range names {
 		b.Run(name, func(b *testing.B) {
 			tk := testTokenizer(b, name)
 			var ids []int
@@ -47,18 +51,5 @@ func BenchmarkDecode(b *testing.B) {
 
 // BenchmarkEncodeProse measures encoding of English prose (repeated, so the word cache is warm).
 func BenchmarkEncodeProse(b *testing.B) {
-	text := strings.Repeat(readTexts(b)[3]+"\n\n", 20)
-	for _, name := range []string{"gpt2", "llama3", "llama2"} {
-		b.Run(name, func(b *testing.B) {
-			tk := testTokenizer(b, name)
-			var ids []int
-			b.SetBytes(int64(len(text)))
-			for b.Loop() {
-				var err error
-				if ids, err = tk.AppendEncode(ids[:0], text); err != nil {
-					b.Fatal(err)
-				}
-			}
-		})
-	}
+	benchEncode(b, strings.Repeat(readTexts(b)[3]+"\n\n", 20), "gpt2", "llama3", "llama2")
 }
