@@ -2,8 +2,9 @@ package bf16
 
 import (
 	"math"
-	"math/rand/v2"
 	"testing"
+
+	"github.com/twell-ai/twell/internal/testutil"
 )
 
 // nearest returns the bfloat16 nearest to f computed through float64, the
@@ -32,8 +33,7 @@ func nearest(f float32) uint16 {
 }
 
 func TestFromFloat32MatchesOracle(t *testing.T) {
-	seed := rand.Uint64()
-	r := rand.New(rand.NewPCG(seed, 1))
+	r, seed := testutil.Rand(t)
 	for i := 0; i < 1_000_000; i++ {
 		u := r.Uint32()
 		f := math.Float32frombits(u)
@@ -93,8 +93,7 @@ func TestRoundTripExact(t *testing.T) {
 }
 
 func TestSlicesMatchScalar(t *testing.T) {
-	seed := rand.Uint64()
-	r := rand.New(rand.NewPCG(seed, 2))
+	r, seed := testutil.Rand(t)
 	n := 1 + r.IntN(5000)
 	src := make([]float32, n)
 	for i := range src {

@@ -4,6 +4,8 @@ import (
 	"math"
 	"math/rand/v2"
 	"testing"
+
+	"github.com/twell-ai/twell/internal/testutil"
 )
 
 // refAttention is causal softmax attention in float64 for one sequence.
@@ -59,8 +61,7 @@ func normals(r *rand.Rand, n int, sd float64) []float32 {
 // stay untouched.
 func TestAttentionMatchesFloat64(t *testing.T) {
 	forEachKernel(t, func(t *testing.T) {
-		seed := rand.Uint64()
-		r := rand.New(rand.NewPCG(seed, 20))
+		r, seed := testutil.Rand(t)
 		for trial := 0; trial < 8; trial++ {
 			kvh := 1 + r.IntN(3)
 			sh := AttentionShape{KVHeads: kvh, Heads: kvh * []int{1, 2, 4, 8}[r.IntN(4)], HeadDim: []int{64, 128, 1 + r.IntN(100)}[r.IntN(3)]}
@@ -147,8 +148,7 @@ func TestAttentionRejectsBadShapes(t *testing.T) {
 // below -150 (masked scores are -inf), NaN kept, and the column sums.
 func TestExp2(t *testing.T) {
 	forEachKernel(t, func(t *testing.T) {
-		seed := rand.Uint64()
-		r := rand.New(rand.NewPCG(seed, 21))
+		r, seed := testutil.Rand(t)
 		rows := 1 + r.IntN(50)
 		s := make([]float32, rows*32)
 		for i := range s {

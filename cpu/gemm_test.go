@@ -5,6 +5,8 @@ import (
 	"math/rand/v2"
 	"slices"
 	"testing"
+
+	"github.com/twell-ai/twell/internal/testutil"
 )
 
 func randMat(r *rand.Rand, n int) []float32 {
@@ -53,8 +55,7 @@ func forEachKernel(t *testing.T, f func(t *testing.T)) {
 
 func TestGemmMatchesFloat64(t *testing.T) {
 	forEachKernel(t, func(t *testing.T) {
-		seed := rand.Uint64()
-		r := rand.New(rand.NewPCG(seed, 1))
+		r, seed := testutil.Rand(t)
 		shapes := [][3]int{{1, 1, 1}, {12, 32, 7}, {13, 33, 300}, {96, 256, 256}, {97, 257, 513}, {200, 70, 64}}
 		for i := 0; i < 4; i++ {
 			shapes = append(shapes, [3]int{1 + r.IntN(150), 1 + r.IntN(600), 1 + r.IntN(700)})
@@ -78,8 +79,7 @@ func TestGemmMatchesFloat64(t *testing.T) {
 }
 
 func TestPackBTMatchesPackB(t *testing.T) {
-	seed := rand.Uint64()
-	r := rand.New(rand.NewPCG(seed, 9))
+	r, seed := testutil.Rand(t)
 	m, n, k := 1+r.IntN(40), 1+r.IntN(100), 1+r.IntN(300)
 	a, w := randMat(r, m*k), randMat(r, k*n) // w is k x n
 	wt := make([]float32, n*k)
@@ -117,8 +117,7 @@ func TestGemmShapeErrors(t *testing.T) {
 }
 
 func TestDotAxpyMatchGo(t *testing.T) {
-	seed := rand.Uint64()
-	r := rand.New(rand.NewPCG(seed, 2))
+	r, seed := testutil.Rand(t)
 	for _, n := range []int{0, 1, 63, 64, 65, 200, 2048} {
 		x, y := randMat(r, n), randMat(r, n)
 		want := 0.0
@@ -152,8 +151,7 @@ func BenchmarkGemm(b *testing.B) {
 
 func TestSmallMBF16(t *testing.T) {
 	forEachKernel(t, func(t *testing.T) {
-		seed := rand.Uint64()
-		r := rand.New(rand.NewPCG(seed, 10))
+		r, seed := testutil.Rand(t)
 		for _, m := range []int{1, 2, 4, 5, 12, 16, 17, 40} {
 			n, k := 1+r.IntN(600), 1+r.IntN(500)
 			a, bw := randMat(r, m*k), randMat(r, n*k)

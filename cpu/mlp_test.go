@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"testing"
 
+	"github.com/twell-ai/twell/internal/testutil"
 	"github.com/twell-ai/twell/mlp"
 	"github.com/twell-ai/twell/synth"
 	"github.com/twell-ai/twell/twell"
@@ -43,8 +44,7 @@ func allRows(m int) []int {
 // reference on fresh random layers, shapes, densities and layouts.
 func TestSparseMatchesDense(t *testing.T) {
 	forEachKernel(t, func(t *testing.T) {
-		seed := rand.Uint64()
-		r := rand.New(rand.NewPCG(seed, 3))
+		r, seed := testutil.Rand(t)
 		layouts := []twell.Layout{{Tile: 256, C: 8}, {Tile: 256, C: 4}, {Tile: 128, C: 2}, {Tile: 128, C: 8}}
 		for iter := 0; iter < 6; iter++ {
 			d := 2 + r.IntN(200)
@@ -85,8 +85,7 @@ func TestSparseMatchesDense(t *testing.T) {
 // TestD2TMatchesPackedGemm checks that the fused D2T equals packing the
 // dense GEMM output, bit for bit.
 func TestD2TMatchesPackedGemm(t *testing.T) {
-	seed := rand.Uint64()
-	r := rand.New(rand.NewPCG(seed, 4))
+	r, seed := testutil.Rand(t)
 	m, d, f := 37, 70, 768
 	sl, l := newLayer(t, r, d, f, 0.1, synth.Skewed, true)
 	_ = sl
@@ -113,8 +112,7 @@ func TestD2TMatchesPackedGemm(t *testing.T) {
 // TestOverflowIsExact drives rows and tiles past capacity, dead layers and
 // NaN inputs through the sparse path.
 func TestOverflowIsExact(t *testing.T) {
-	seed := rand.Uint64()
-	r := rand.New(rand.NewPCG(seed, 5))
+	r, seed := testutil.Rand(t)
 	d, f, m := 64, 512, 20
 	for _, gated := range []bool{true, false} {
 		sl, _ := newLayer(t, r, d, f, 0.01, synth.Uniform, gated)
@@ -193,8 +191,7 @@ func TestMLPShapeErrors(t *testing.T) {
 }
 
 func TestForwardPicksPathAndStaysExact(t *testing.T) {
-	seed := rand.Uint64()
-	r := rand.New(rand.NewPCG(seed, 6))
+	r, seed := testutil.Rand(t)
 	d, f, m := 48, 512, 30
 	for _, gated := range []bool{true, false} {
 		for _, density := range []float64{0.01, 0.3} {
@@ -217,8 +214,7 @@ func TestForwardPicksPathAndStaysExact(t *testing.T) {
 }
 
 func TestSiLUDense(t *testing.T) {
-	seed := rand.Uint64()
-	r := rand.New(rand.NewPCG(seed, 7))
+	r, seed := testutil.Rand(t)
 	d, f, m := 16, 256, 5
 	sl, l := newLayer(t, r, d, f, 0.2, synth.Uniform, true)
 	l.Act = SiLU
@@ -249,8 +245,7 @@ func TestSiLUDense(t *testing.T) {
 }
 
 func TestForwardUntileableWidthRunsDense(t *testing.T) {
-	seed := rand.Uint64()
-	r := rand.New(rand.NewPCG(seed, 8))
+	r, seed := testutil.Rand(t)
 	d, f, m := 16, 100, 4 // 100 is not a multiple of any tile width
 	sl, l := newLayer(t, r, d, f, 0.05, synth.Uniform, true)
 	x := synth.Tokens(r, m, d)

@@ -10,10 +10,11 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 	"unicode"
 
 	"golang.org/x/text/unicode/norm"
+
+	"github.com/twell-ai/twell/internal/testutil"
 )
 
 // byteEncoder is a test tokenizer: one token per byte, EOS = 256.
@@ -66,8 +67,7 @@ func TestNormalize(t *testing.T) {
 			t.Errorf("Normalize(%q) = %q, want %q", c.in, got, c.want)
 		}
 	}
-	seed := uint64(time.Now().UnixNano())
-	r := rand.New(rand.NewPCG(seed, 3))
+	r, seed := testutil.Rand(t)
 	alphabet := []string{"a", "B", " ", "  ", "\t", "\n", "\r\n", "\r", "e\u0301", "\u00e9", "\xff", "\uFEFF", "\u00a0", "."}
 	for range 500 {
 		var sb strings.Builder
@@ -194,8 +194,7 @@ func makeCorpus(t *testing.T, r *rand.Rand, dir string) testCorpus {
 }
 
 func TestBuildRoundTrip(t *testing.T) {
-	seed := uint64(time.Now().UnixNano())
-	r := rand.New(rand.NewPCG(seed, 4))
+	r, seed := testutil.Rand(t)
 	for trial := range 4 {
 		dir := t.TempDir()
 		c := makeCorpus(t, r, dir)

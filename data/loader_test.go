@@ -8,7 +8,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"time"
+
+	"github.com/twell-ai/twell/internal/testutil"
 )
 
 // countingEncoder makes each document one token per word, numbered in stream order, so that a
@@ -69,8 +70,7 @@ func itoa(i int) string {
 }
 
 func TestLoaderDeterministicCoverageResume(t *testing.T) {
-	seed := uint64(time.Now().UnixNano())
-	r := rand.New(rand.NewPCG(seed, 5))
+	r, seed := testutil.Rand(t)
 	for trial := range 6 {
 		d := seqDataset(t, r, 200+r.IntN(3000), 50+r.IntN(400))
 		n := d.TrainTokens()
@@ -219,8 +219,7 @@ func findRow(all, row []int32) int64 {
 }
 
 func TestFeistelIsPermutation(t *testing.T) {
-	seed := uint64(time.Now().UnixNano())
-	r := rand.New(rand.NewPCG(seed, 6))
+	r, seed := testutil.Rand(t)
 	for range 200 {
 		n := 1 + r.Uint64N(3000)
 		f := newFeistel(n, r.Uint64(), r.Uint64N(5))
@@ -259,8 +258,7 @@ func TestLoaderErrors(t *testing.T) {
 }
 
 func TestValIter(t *testing.T) {
-	seed := uint64(time.Now().UnixNano())
-	r := rand.New(rand.NewPCG(seed, 7))
+	r, seed := testutil.Rand(t)
 	var docs []string
 	for i := range 40 {
 		docs = append(docs, strings.Repeat(itoa(i)+" ", 1+r.IntN(30)))

@@ -9,7 +9,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
+
+	"github.com/twell-ai/twell/internal/testutil"
 )
 
 // randTokens returns n random tokens below vocab.
@@ -38,8 +39,7 @@ func rawShard(d Dtype, vocab uint32, tokens []uint64) []byte {
 }
 
 func TestShardRoundTrip(t *testing.T) {
-	seed := uint64(time.Now().UnixNano())
-	r := rand.New(rand.NewPCG(seed, 1))
+	r, seed := testutil.Rand(t)
 	dir := t.TempDir()
 	for trial := range 12 {
 		vocab := 1 + r.IntN(300)
@@ -128,8 +128,7 @@ func TestShardWriterRejectsOutOfRange(t *testing.T) {
 }
 
 func TestShardErrors(t *testing.T) {
-	seed := uint64(time.Now().UnixNano())
-	r := rand.New(rand.NewPCG(seed, 2))
+	r, seed := testutil.Rand(t)
 	good := rawShard(Uint16, 1000, []uint64{1, 2, 3, 999, 0, 7})
 	mod := func(f func(b []byte) []byte) []byte { return f(bytes.Clone(good)) }
 	cases := []struct {

@@ -1,11 +1,10 @@
 package gpu
 
 import (
-	"math/rand/v2"
 	"testing"
-	"time"
 
 	"github.com/twell-ai/twell/cuda/cublas"
+	"github.com/twell-ai/twell/internal/testutil"
 	"github.com/twell-ai/twell/mlp"
 )
 
@@ -15,8 +14,7 @@ import (
 // re-timed every reprobeEvery calls; the
 // density rule overrides the timings; sizes are bucketed by powers of two.
 func TestChooseByTimes(t *testing.T) {
-	seed := uint64(time.Now().UnixNano())
-	r := rand.New(rand.NewPCG(seed, 1))
+	r, seed := testutil.Rand(t)
 	for trial := 0; trial < 50; trial++ {
 		l := &MLP{blas: &cublas.Handle{}, Measure: true}
 		m := 1 + r.IntN(1<<16)
@@ -88,8 +86,7 @@ func TestChooseByTimes(t *testing.T) {
 // rate plus 16 otherwise, in multiples of 16, never above m rounded up or
 // maxGatheredRows, and none without cuBLAS.
 func TestGatheredRows(t *testing.T) {
-	seed := uint64(time.Now().UnixNano())
-	r := rand.New(rand.NewPCG(seed, 2))
+	r, seed := testutil.Rand(t)
 	for trial := 0; trial < 200; trial++ {
 		l := &MLP{blas: &cublas.Handle{}}
 		m := 1 + r.IntN(1<<17)
@@ -149,8 +146,7 @@ func TestUseSplit(t *testing.T) {
 // Measure not before both paths have two timings (the first is dropped);
 // then the faster path, or dense whenever the density rule says so.
 func TestSettled(t *testing.T) {
-	seed := uint64(time.Now().UnixNano())
-	r := rand.New(rand.NewPCG(seed, 2))
+	r, seed := testutil.Rand(t)
 	for trial := 0; trial < 50; trial++ {
 		l := &MLP{blas: &cublas.Handle{}, Measure: true}
 		m := gemvMaxRows + 1 + r.IntN(1<<16)

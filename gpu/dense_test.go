@@ -5,7 +5,7 @@ import (
 	"math"
 	"testing"
 
-	"github.com/twell-ai/twell/cuda/cudatest"
+	"github.com/twell-ai/twell/internal/testutil"
 )
 
 // TestDenseMLPMatchesFloat64 checks NewDenseMLP, gated and not, ReLU and
@@ -19,7 +19,7 @@ func TestDenseMLPMatchesFloat64(t *testing.T) {
 		act   Activation
 	}{{96, 256, true, ActReLU}, {96, 256, true, ActSiLU}, {64, 100, false, ActReLU}, {40, 90, true, ActSiLU}, {64, 100, true, ActReLU}} {
 		t.Run(fmt.Sprintf("d%d-f%d-gated%v-act%d", c.d, c.f, c.gated, c.act), func(t *testing.T) {
-			r, seed := cudatest.Rand()
+			r, seed := testutil.Rand(t)
 			w := func(n int, scale float64) []float32 {
 				v := make([]float32, n)
 				for i := range v {

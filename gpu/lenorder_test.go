@@ -4,7 +4,7 @@ import (
 	"testing"
 
 	"github.com/twell-ai/twell/cuda"
-	"github.com/twell-ai/twell/cuda/cudatest"
+	"github.com/twell-ai/twell/internal/testutil"
 	"github.com/twell-ai/twell/twell"
 )
 
@@ -14,7 +14,7 @@ import (
 // the clamped length.
 func TestLengthOrder(t *testing.T) {
 	dev, blas := setup(t)
-	r, seed := cudatest.Rand()
+	r, seed := testutil.Rand(t)
 	d, f := 256, 512
 	l, err := NewMLP(dev, blas, nil, make([]float32, f*d), make([]float32, d*f), d, f, twell.DefaultLayout)
 	if err != nil {

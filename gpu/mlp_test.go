@@ -10,6 +10,7 @@ import (
 	"github.com/twell-ai/twell/cuda"
 	"github.com/twell-ai/twell/cuda/cublas"
 	"github.com/twell-ai/twell/cuda/cudatest"
+	"github.com/twell-ai/twell/internal/testutil"
 	"github.com/twell-ai/twell/mlp"
 	"github.com/twell-ai/twell/synth"
 	"github.com/twell-ai/twell/twell"
@@ -74,7 +75,7 @@ func TestD2TMatchesFloat64(t *testing.T) {
 	for _, kern := range kernelsToTest(dev) {
 		for _, c := range []int{8, 4, 2} {
 			t.Run(fmt.Sprintf("%v/C%d", kern, c), func(t *testing.T) {
-				r, seed := cudatest.Rand()
+				r, seed := testutil.Rand(t)
 				d, f, m := 192, 768, 300+r.IntN(200)
 				layout := twell.Layout{Tile: 256, C: c}
 				sl, err := synth.NewLayer(r, d, f, 0.06, synth.Skewed, true)
@@ -272,7 +273,7 @@ func TestMLPMatchesFloat64(t *testing.T) {
 		{512, 1024, 0.1, true, KernelAuto},
 	} {
 		t.Run(fmt.Sprintf("d%d_f%d_p%g_gated%v_%v", c.d, c.f, c.density, c.gated, c.kern), func(t *testing.T) {
-			r, seed := cudatest.Rand()
+			r, seed := testutil.Rand(t)
 			m := 257 + r.IntN(400)
 			sl, err := synth.NewLayer(r, c.d, c.f, c.density, synth.Skewed, c.gated)
 			if err != nil {
@@ -326,7 +327,7 @@ func TestOverflowStress(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			r, seed := cudatest.Rand()
+			r, seed := testutil.Rand(t)
 			d, f, m := 256, 512, 200+r.IntN(100)
 			sl, err := synth.NewLayer(r, d, f, c.density, synth.Uniform, true)
 			if err != nil {
@@ -430,7 +431,7 @@ func TestForwardChoosesPath(t *testing.T) {
 		density float64
 		want    mlp.Path
 	}{{0.01, mlp.Sparse}, {0.3, mlp.Dense}} {
-		r, seed := cudatest.Rand()
+		r, seed := testutil.Rand(t)
 		d, f, m := 256, 1024, 512
 		sl, err := synth.NewLayer(r, d, f, c.density, synth.Uniform, true)
 		if err != nil {
@@ -473,7 +474,7 @@ func TestForwardChoosesPath(t *testing.T) {
 // reference; closing either layer first must leave the other working.
 func TestSharedWorkspace(t *testing.T) {
 	dev, blas := setup(t)
-	r, seed := cudatest.Rand()
+	r, seed := testutil.Rand(t)
 	d, f := 256, 1024
 	var sls [2]*synth.Layer
 	var ls [2]*MLP
@@ -542,7 +543,7 @@ func TestSmallBatchMatchesFloat64(t *testing.T) {
 		{2048, 5632, 0.005, true},
 	} {
 		t.Run(fmt.Sprintf("d%d_f%d_gated%v", c.d, c.f, c.gated), func(t *testing.T) {
-			r, seed := cudatest.Rand()
+			r, seed := testutil.Rand(t)
 			sl, err := synth.NewLayer(r, c.d, c.f, c.density, synth.Skewed, c.gated)
 			if err != nil {
 				t.Fatal(err)
@@ -593,7 +594,7 @@ func TestSmallBatchMatchesFloat64(t *testing.T) {
 		})
 	}
 	t.Run("stress", func(t *testing.T) {
-		r, seed := cudatest.Rand()
+		r, seed := testutil.Rand(t)
 		d, f, m := 256, 512, 4
 		sl, err := synth.NewLayer(r, d, f, 0.01, synth.Uniform, true)
 		if err != nil {

@@ -7,7 +7,7 @@ import (
 
 	"github.com/twell-ai/twell/cuda"
 	"github.com/twell-ai/twell/cuda/cublas"
-	"github.com/twell-ai/twell/cuda/cudatest"
+	"github.com/twell-ai/twell/internal/testutil"
 	"github.com/twell-ai/twell/synth"
 	"github.com/twell-ai/twell/twell"
 )
@@ -41,7 +41,7 @@ func medianMS(t *testing.T, dev *cuda.Device, reps int, run func() error) float6
 // device, both freed when the test ends, and the seed they came from.
 func sparseLMLayer(t *testing.T, dev *cuda.Device, blas *cublas.Handle, m int) (*MLP, *cuda.Buffer, uint64) {
 	t.Helper()
-	r, seed := cudatest.Rand()
+	r, seed := testutil.Rand(t)
 	const d, f = 2048, 5632
 	sl, err := synth.NewLayer(r, d, f, 0.005, synth.Uniform, true)
 	if err != nil {

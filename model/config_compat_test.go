@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/twell-ai/twell/internal/testutil"
 	"github.com/twell-ai/twell/safetensors"
 )
 
@@ -14,11 +15,8 @@ import (
 // them with Python safetensors and transformers (on a machine that has them). It runs only
 // when TWELL_HF_COMPAT_DIR names the output directory.
 func TestWriteHFCompatFiles(t *testing.T) {
-	dir := os.Getenv("TWELL_HF_COMPAT_DIR")
-	if dir == "" {
-		t.Skip("TWELL_HF_COMPAT_DIR not set")
-	}
-	rng, seed := newRNG(t)
+	dir := testutil.Getenv(t, "TWELL_HF_COMPAT_DIR", "the directory for safetensors/testdata/hf_compat.py to check")
+	rng, seed := testutil.Rand(t)
 	t.Logf("seed %d", seed)
 
 	// Every dtype, with float values that exercise rounding, subnormals and overflow.

@@ -2,7 +2,6 @@ package model
 
 import (
 	"encoding/json"
-	"flag"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -10,23 +9,9 @@ import (
 	"reflect"
 	"strings"
 	"testing"
-	"time"
+
+	"github.com/twell-ai/twell/internal/testutil"
 )
-
-var seedFlag = flag.Uint64("seed", 0, "random seed for the randomized tests (0: time-based)")
-
-func newRNG(t testing.TB) (*rand.Rand, uint64) {
-	seed := *seedFlag
-	if seed == 0 {
-		seed = uint64(time.Now().UnixNano())
-	}
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("random seed %d (rerun with -seed %d)", seed, seed)
-		}
-	})
-	return rand.New(rand.NewPCG(seed, 0xc0f)), seed
-}
 
 // sparseLMJSON is shaped like the public SparseLM config.json, including its wrong
 // hidden_act and fields twell does not model.
@@ -290,7 +275,7 @@ func randomConfig(rng *rand.Rand) Config {
 }
 
 func TestSaveLoadRoundTrip(t *testing.T) {
-	rng, seed := newRNG(t)
+	rng, seed := testutil.Rand(t)
 	dir := t.TempDir()
 	for i := range 200 {
 		c := randomConfig(rng)

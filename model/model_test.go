@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/twell-ai/twell/internal/testutil"
 	"github.com/twell-ai/twell/safetensors"
 )
 
@@ -65,8 +66,7 @@ func TestLoadErrorsNameTheTensor(t *testing.T) {
 // TestLoadRefusesNonFiniteWeights: a NaN or infinite weight is an error
 // naming the tensor, not a model that prints garbage.
 func TestLoadRefusesNonFiniteWeights(t *testing.T) {
-	seed := rand.Uint64()
-	r := rand.New(rand.NewPCG(seed, 9))
+	r, seed := testutil.Rand(t)
 	c := tinyConfig()
 	for _, bad := range []float32{float32(math.NaN()), float32(math.Inf(1)), float32(math.Inf(-1))} {
 		w := RandomWeights(c, r)

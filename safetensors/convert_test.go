@@ -3,6 +3,8 @@ package safetensors
 import (
 	"math"
 	"testing"
+
+	"github.com/twell-ai/twell/internal/testutil"
 )
 
 // decodeRef decodes a 16-bit float with exponent width ebits independently of the code
@@ -89,7 +91,7 @@ func nearestRef(x float32, inf uint16, decode func(uint16) float64, ulpAtMax flo
 }
 
 func TestEncode16MatchesReference(t *testing.T) {
-	rng, seed := newRNG(t)
+	rng, seed := testutil.Rand(t)
 	bfDec := func(h uint16) float64 { return decodeRef(h, 8, 7) }
 	hDec := func(h uint16) float64 { return decodeRef(h, 5, 10) }
 	inputs := []float32{0, float32(math.Copysign(0, -1)), 1, -1, 65504, 65519.99, 65520, 65536, 1e-8, 2.98e-8, 2.99e-8,
@@ -141,7 +143,7 @@ func TestEncode16KeepsNaN(t *testing.T) {
 }
 
 func TestFloat32ConversionAllDTypes(t *testing.T) {
-	rng, seed := newRNG(t)
+	rng, seed := testutil.Rand(t)
 	vals := make([]float32, 1000)
 	for i := range vals {
 		vals[i] = float32(rng.NormFloat64() * 10)

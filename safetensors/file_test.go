@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/twell-ai/twell/internal/testutil"
 )
 
 const okEntry = `"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}`
@@ -96,7 +98,7 @@ func TestAcceptsEdgeCases(t *testing.T) {
 
 // Cutting a valid file anywhere, or growing it, must give an error and never a panic.
 func TestTruncatedAndExtended(t *testing.T) {
-	rng, seed := newRNG(t)
+	rng, seed := testutil.Rand(t)
 	path := filepath.Join(t.TempDir(), "m.safetensors")
 	writeFile(t, path, randomTensor(rng, "a"), randomTensor(rng, "b"), Tensor{Name: "c", DType: BF16, Shape: []int{3}, Data: randomBytes(rng, 6)})
 	full, err := os.ReadFile(path)
@@ -138,7 +140,7 @@ func TestOpenErrors(t *testing.T) {
 }
 
 func TestExpectAndUnused(t *testing.T) {
-	rng, _ := newRNG(t)
+	rng, _ := testutil.Rand(t)
 	path := filepath.Join(t.TempDir(), "m.safetensors")
 	up := Tensor{Name: "model.layers.3.mlp.up_proj.weight", DType: BF16, Shape: []int{4, 8}, Data: randomBytes(rng, 64)}
 	writeFile(t, path, up, randomTensor(rng, "extra.b"), randomTensor(rng, "extra.a"))
@@ -189,7 +191,7 @@ func writeIndexFile(t *testing.T, dir, body string) string {
 }
 
 func TestCheckpointErrors(t *testing.T) {
-	rng, _ := newRNG(t)
+	rng, _ := testutil.Rand(t)
 	dir := t.TempDir()
 	writeFile(t, filepath.Join(dir, "s1.safetensors"), randomTensor(rng, "a"), randomTensor(rng, "b"))
 	writeFile(t, filepath.Join(dir, "s2.safetensors"), randomTensor(rng, "c"))

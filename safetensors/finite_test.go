@@ -7,6 +7,8 @@ import (
 	"math"
 	"strings"
 	"testing"
+
+	"github.com/twell-ai/twell/internal/testutil"
 )
 
 // badRef reports, by converting, whether element i of t is NaN or infinite
@@ -125,7 +127,7 @@ func TestCheckFinite8BitAndF32Patterns(t *testing.T) {
 // TestCheckFiniteRandom: random tensors of every dtype and shape, and
 // random float tensors with NaN and ±Inf put at random places.
 func TestCheckFiniteRandom(t *testing.T) {
-	rng, seed := newRNG(t)
+	rng, seed := testutil.Rand(t)
 	for iter := 0; iter < 3000; iter++ {
 		tn := randomTensor(rng, fmt.Sprintf("model.layers.%d.mlp.up_proj.weight", iter))
 		checkAgainstRef(t, tn, fmt.Sprintf("seed %d random bytes", seed))

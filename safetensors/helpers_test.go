@@ -2,28 +2,8 @@ package safetensors
 
 import (
 	"encoding/binary"
-	"flag"
 	"math/rand/v2"
-	"testing"
-	"time"
 )
-
-var seedFlag = flag.Uint64("seed", 0, "random seed for the randomized tests (0: time-based)")
-
-// newRNG returns a generator and its seed; failure messages print the seed, and -seed
-// replays a failure.
-func newRNG(t testing.TB) (*rand.Rand, uint64) {
-	seed := *seedFlag
-	if seed == 0 {
-		seed = uint64(time.Now().UnixNano())
-	}
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("random seed %d (rerun with -seed %d)", seed, seed)
-		}
-	})
-	return rand.New(rand.NewPCG(seed, 0x5afe)), seed
-}
 
 // rawFile assembles a file from a header and data section, padding nothing.
 func rawFile(header string, data []byte) []byte {

@@ -2,12 +2,13 @@ package safetensors
 
 import (
 	"encoding/hex"
-	"encoding/json"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/twell-ai/twell/internal/testutil"
 )
 
 // TestReadPythonWritten reads files written by testdata/hf_compat.py with Python safetensors
@@ -18,19 +19,13 @@ func TestReadPythonWritten(t *testing.T) {
 	if dir == "" {
 		dir = filepath.Join("testdata", "python")
 	}
-	raw, err := os.ReadFile(filepath.Join(dir, "py.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
 	var want map[string]struct {
 		DType string    `json:"dtype"`
 		Shape []int     `json:"shape"`
 		Hex   string    `json:"hex"`
 		F32   []float32 `json:"f32"`
 	}
-	if err := json.Unmarshal(raw, &want); err != nil {
-		t.Fatal(err)
-	}
+	testutil.ReadJSON(t, filepath.Join(dir, "py.json"), &want)
 	f, err := Open(filepath.Join(dir, "py.safetensors"))
 	if err != nil {
 		t.Fatal(err)

@@ -6,6 +6,8 @@ import (
 	"math/rand/v2"
 	"strings"
 	"testing"
+
+	"github.com/twell-ai/twell/internal/testutil"
 )
 
 // opts returns Greedy() with the given temperature, top-k and top-p.
@@ -46,8 +48,7 @@ func modes(seed uint64) map[string]Options {
 }
 
 func TestGreedyPicksArgmax(t *testing.T) {
-	seed := rand.Uint64()
-	r := rand.New(rand.NewPCG(seed, 1))
+	r, seed := testutil.Rand(t)
 	s := mustNew(t, Greedy())
 	for i := 0; i < 100; i++ {
 		logits := make([]float32, 1+r.IntN(50))
@@ -250,8 +251,7 @@ func TestPosInfTies(t *testing.T) {
 // mode: the result is never a NaN or -Inf token while a token above -Inf
 // exists, and greedy picks the argmax of the rest.
 func TestNaNNeverSampled(t *testing.T) {
-	seed := rand.Uint64()
-	r := rand.New(rand.NewPCG(seed, 2))
+	r, seed := testutil.Rand(t)
 	specials := []float32{float32(math.NaN()), float32(math.Inf(-1)), math.MaxFloat32, -math.MaxFloat32, 0}
 	for name, o := range modes(seed) {
 		s := mustNew(t, o)

@@ -4,11 +4,12 @@ import (
 	"math"
 	"math/rand/v2"
 	"testing"
+
+	"github.com/twell-ai/twell/internal/testutil"
 )
 
 func TestDensityIsReached(t *testing.T) {
-	seed := rand.Uint64()
-	r := rand.New(rand.NewPCG(seed, 1))
+	r, seed := testutil.Rand(t)
 	d, f, m := 128, 1024, 200
 	for _, dist := range []Dist{Uniform, Skewed} {
 		for _, density := range []float64{0.005, 0.05, 0.3} {

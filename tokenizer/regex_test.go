@@ -1,10 +1,11 @@
 package tokenizer
 
 import (
-	"math/rand/v2"
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/twell-ai/twell/internal/testutil"
 )
 
 func allMatches(m matcher, s string) [][2]int {
@@ -50,8 +51,7 @@ func TestFastMatchersAgreeWithRegexp2(t *testing.T) {
 		for _, s := range readTexts(t) {
 			check(s)
 		}
-		seed := rand.Uint64()
-		rng := rand.New(rand.NewPCG(seed, 1))
+		rng, seed := testutil.Rand(t)
 		alphabet := []string{"a", "Z", "é", "世", "ß", "1", "٣", "½", "'", "'s", "'T", "'ll", "'RE", "!", "..", "$", "_",
 			" ", "  ", "\t", "\n", "\r", "\r\n", "\u00a0", "\u3000", "\u0085", "\u2028", "\u200b", "\ufeff",
 			"\U0001F600", "\u200d", "\u0301", "\x00", "Ġ", "▁"}

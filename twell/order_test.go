@@ -4,6 +4,8 @@ import (
 	"math/rand/v2"
 	"slices"
 	"testing"
+
+	"github.com/twell-ai/twell/internal/testutil"
 )
 
 // shufflePayloads permutes every packed tile's payload words, as the
@@ -23,8 +25,7 @@ func shufflePayloads(r *rand.Rand, m *Matrix) {
 // any order validates, unpacks, converts to Hybrid and lists its rows exactly
 // as the sorted buffer twell packs; Sort brings back the packed words.
 func TestShuffledPayloadsAccepted(t *testing.T) {
-	seed := rand.Uint64()
-	r := rand.New(rand.NewPCG(seed, 11))
+	r, seed := testutil.Rand(t)
 	for iter := 0; iter < 100; iter++ {
 		l := layouts[r.IntN(len(layouts))]
 		rows := 1 + r.IntN(12)
@@ -102,8 +103,7 @@ func TestReferenceOrderExample(t *testing.T) {
 // TestPackersSorted: twell's own packers stay deterministic: the payload of
 // every tile they write is strictly ascending.
 func TestPackersSorted(t *testing.T) {
-	seed := rand.Uint64()
-	r := rand.New(rand.NewPCG(seed, 12))
+	r, seed := testutil.Rand(t)
 	for iter := 0; iter < 50; iter++ {
 		l := layouts[r.IntN(len(layouts))]
 		rows, cols := 1+r.IntN(8), l.Tile*(1+r.IntN(4))

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/twell-ai/twell/bf16"
+	"github.com/twell-ai/twell/internal/testutil"
 )
 
 var layouts = []Layout{{256, 8}, {256, 4}, {256, 2}, {128, 8}, {128, 4}, {128, 2}}
@@ -34,8 +35,7 @@ func reluBF16(v float32) float32 {
 }
 
 func TestPackUnpackRoundTrip(t *testing.T) {
-	seed := rand.Uint64()
-	r := rand.New(rand.NewPCG(seed, 1))
+	r, seed := testutil.Rand(t)
 	for iter := 0; iter < 200; iter++ {
 		l := layouts[r.IntN(len(layouts))]
 		rows := r.IntN(20)
@@ -96,8 +96,7 @@ func TestPayloadSortedAndReferenceBits(t *testing.T) {
 }
 
 func TestOverflowCases(t *testing.T) {
-	seed := rand.Uint64()
-	r := rand.New(rand.NewPCG(seed, 2))
+	r, seed := testutil.Rand(t)
 	l := DefaultLayout
 	cols := 1024
 	cases := map[string]func(row []float32){
@@ -167,8 +166,7 @@ func TestOverflowCases(t *testing.T) {
 }
 
 func TestValidateRejectsCorruption(t *testing.T) {
-	seed := rand.Uint64()
-	r := rand.New(rand.NewPCG(seed, 3))
+	r, seed := testutil.Rand(t)
 	base := func() *Matrix {
 		dense := randomActs(r, 4, 512, 0.05)
 		dense[1*512+10] = 1 // row 1 tile 0 has at least two entries
@@ -224,8 +222,7 @@ func TestLayoutErrors(t *testing.T) {
 }
 
 func TestHybridRoundTripAndTranspose(t *testing.T) {
-	seed := rand.Uint64()
-	r := rand.New(rand.NewPCG(seed, 4))
+	r, seed := testutil.Rand(t)
 	for iter := 0; iter < 100; iter++ {
 		rows, cols := r.IntN(40), 1+r.IntN(300)
 		width := 1 + r.IntN(min(cols, 16))
@@ -288,8 +285,7 @@ func TestHybridTailLimitErrors(t *testing.T) {
 }
 
 func TestHybridFromTwELLMatchesDense(t *testing.T) {
-	seed := rand.Uint64()
-	r := rand.New(rand.NewPCG(seed, 5))
+	r, seed := testutil.Rand(t)
 	dense := randomActs(r, 50, 512, 0.1)
 	for i := 0; i < 512; i++ { // one whole-row overflow
 		dense[7*512+i] = 1 + float32(i)

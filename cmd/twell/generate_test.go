@@ -4,12 +4,12 @@ import (
 	"bytes"
 	"compress/gzip"
 	"io"
-	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/twell-ai/twell/internal/testutil"
 	"github.com/twell-ai/twell/model"
 	"github.com/twell-ai/twell/safetensors"
 	"github.com/twell-ai/twell/synth"
@@ -49,7 +49,7 @@ func tinyCheckpoint(t *testing.T) string {
 		VocabSize: tok.VocabSize(), MaxPositionEmbeddings: 64, RMSNormEps: 1e-5, RopeTheta: 10000,
 		HiddenAct: model.ActReLU, TieWordEmbeddings: true, MLPGated: true, BOSTokenID: &bos, EOSTokenIDs: []int{eos},
 	}
-	r := rand.New(rand.NewPCG(rand.Uint64(), 1))
+	r, _ := testutil.Rand(t)
 	m, err := model.New(c, model.RandomWeights(c, r))
 	if err != nil {
 		t.Fatal(err)

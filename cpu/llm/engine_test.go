@@ -7,7 +7,8 @@ import (
 	"testing"
 
 	"github.com/twell-ai/twell/cpu/llm"
-	"github.com/twell-ai/twell/engine"
+	"github.com/twell-ai/twell/engine/enginetest"
+	"github.com/twell-ai/twell/internal/testutil"
 	"github.com/twell-ai/twell/mlp"
 	"github.com/twell-ai/twell/model"
 	"github.com/twell-ai/twell/safetensors"
@@ -140,23 +141,6 @@ func refForward(c model.Config, w *model.Weights, ids []int) [][]float64 {
 	return logits
 }
 
-func randomIDs(r *rand.Rand, n, vocab int) []int {
-	ids := make([]int, n)
-	for i := range ids {
-		ids[i] = r.IntN(vocab)
-	}
-	return ids
-}
-
-func maxRelDiff(got []float32, want []float64) float64 {
-	var num, den float64
-	for i, w := range want {
-		num = math.Max(num, math.Abs(float64(got[i])-w))
-		den = math.Max(den, math.Abs(w))
-	}
-	return num / den
-}
-
 // newEngine returns a CPU engine for m with options o.
 func newEngine(t *testing.T, m *model.Model, o llm.Options) *llm.Engine {
 	t.Helper()
@@ -167,37 +151,20 @@ func newEngine(t *testing.T, m *model.Model, o llm.Options) *llm.Engine {
 	return e
 }
 
-// caches returns n empty caches of e of capacity positions each.
-func caches(t *testing.T, e engine.Engine, n, capacity int) []engine.Cache {
-	t.Helper()
-	cs := make([]engine.Cache, n)
-	for i := range cs {
-		var err error
-		if cs[i], err = e.NewCache(capacity); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return cs
-}
-
 func TestForwardMatchesFloat64Reference(t *testing.T) {
-	seed := rand.Uint64()
-	r := rand.New(rand.NewPCG(seed, 1))
+	r, seed := testutil.Rand(t)
 	c := tinyConfig()
 	m := tinyModel(t, r, c, 0.02)
-	ids := randomIDs(r, 11, c.VocabSize)
+	ids := enginetest.Tokens(r, 11, c.VocabSize)
 	want := refForward(c, m.Weights, ids)
 	e := newEngine(t, m, llm.Options{})
 	for _, path := range []mlp.Path{mlp.Sparse, mlp.Dense, mlp.Auto} {
 		if err := e.SetMLPPath(path); err != nil {
 			t.Fatal(err)
 		}
-		logits, st, err := e.Forward(caches(t, e, 1, 32), [][]int{ids}, true)
-		if err != nil {
-			t.Fatal(err)
-		}
+		logits, st := enginetest.Forward(t, e, enginetest.Caches(t, e, 1, 32), [][]int{ids}, true)
 		for pos := range ids {
-			if e := maxRelDiff(logits[pos], want[pos]); e > 1e-2 {
+			if e := enginetest.MaxRelDiff(logits[pos], want[pos]); e > 1e-2 {
 				t.Fatalf("seed %d: %s path, position %d: logits differ by %g (relative to max)", seed, path, pos, e)
 			}
 		}
@@ -211,25 +178,16 @@ func TestForwardMatchesFloat64Reference(t *testing.T) {
 }
 
 func TestDecodeWithCacheMatchesRecompute(t *testing.T) {
-	seed := rand.Uint64()
-	r := rand.New(rand.NewPCG(seed, 2))
+	r, seed := testutil.Rand(t)
 	c := tinyConfig()
 	m := tinyModel(t, r, c, 0.02)
-	ids := randomIDs(r, 9, c.VocabSize)
+	ids := enginetest.Tokens(r, 9, c.VocabSize)
 	e := newEngine(t, m, llm.Options{})
-	full, _, err := e.Forward(caches(t, e, 1, 16), [][]int{ids}, true)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cache := caches(t, e, 1, 16)
-	if _, _, err := e.Forward(cache, [][]int{ids[:4]}, false); err != nil {
-		t.Fatal(err)
-	}
+	full, _ := enginetest.Forward(t, e, enginetest.Caches(t, e, 1, 16), [][]int{ids}, true)
+	cache := enginetest.Caches(t, e, 1, 16)
+	enginetest.Forward(t, e, cache, [][]int{ids[:4]}, false)
 	for i := 4; i < len(ids); i++ {
-		step, _, err := e.Forward(cache, [][]int{{ids[i]}}, false)
-		if err != nil {
-			t.Fatal(err)
-		}
+		step, _ := enginetest.Forward(t, e, cache, [][]int{{ids[i]}}, false)
 		for v := range step[0] {
 			if d := math.Abs(float64(step[0][v] - full[i][v])); d > 1e-4 {
 				t.Fatalf("seed %d: position %d logit %d: cached decode %g, recompute %g", seed, i, v, step[0][v], full[i][v])
@@ -239,48 +197,30 @@ func TestDecodeWithCacheMatchesRecompute(t *testing.T) {
 }
 
 func TestBF16DecodeStaysClose(t *testing.T) {
-	seed := rand.Uint64()
-	r := rand.New(rand.NewPCG(seed, 8))
+	r, seed := testutil.Rand(t)
 	c := tinyConfig()
 	m := tinyModel(t, r, c, 0.02)
-	ids := randomIDs(r, 6, c.VocabSize)
+	ids := enginetest.Tokens(r, 6, c.VocabSize)
 	e := newEngine(t, m, llm.Options{})
-	full, _, err := e.Forward(caches(t, e, 1, 8), [][]int{ids}, true)
-	if err != nil {
-		t.Fatal(err)
-	}
+	full, _ := enginetest.Forward(t, e, enginetest.Caches(t, e, 1, 8), [][]int{ids}, true)
 	eb := newEngine(t, m, llm.Options{DecodeBF16: true})
-	cache := caches(t, eb, 1, 8)
+	cache := enginetest.Caches(t, eb, 1, 8)
 	eb.Forward(cache, [][]int{ids[:5]}, false)
-	step, _, err := eb.Forward(cache, [][]int{{ids[5]}}, false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := make([]float64, len(full[5]))
-	for i, v := range full[5] {
-		want[i] = float64(v)
-	}
-	if e := maxRelDiff(step[0], want); e > 2e-2 || e == 0 {
+	step, _ := enginetest.Forward(t, eb, cache, [][]int{{ids[5]}}, false)
+	if e := enginetest.MaxRelDiff(step[0], full[5]); e > 2e-2 || e == 0 {
 		t.Fatalf("seed %d: bf16 decode logits differ from float32 by %g (want bf16-sized, under 2e-2)", seed, e)
 	}
 }
 
 func TestBatchedPrefillMatchesSeparate(t *testing.T) {
-	seed := rand.Uint64()
-	r := rand.New(rand.NewPCG(seed, 3))
+	r, seed := testutil.Rand(t)
 	c := tinyConfig()
 	m := tinyModel(t, r, c, 0.02)
-	a, b := randomIDs(r, 7, c.VocabSize), randomIDs(r, 3, c.VocabSize)
+	a, b := enginetest.Tokens(r, 7, c.VocabSize), enginetest.Tokens(r, 3, c.VocabSize)
 	e := newEngine(t, m, llm.Options{})
-	both, _, err := e.Forward(caches(t, e, 2, 8), [][]int{a, b}, false)
-	if err != nil {
-		t.Fatal(err)
-	}
+	both, _ := enginetest.Forward(t, e, enginetest.Caches(t, e, 2, 8), [][]int{a, b}, false)
 	for i, ids := range [][]int{a, b} {
-		one, _, err := e.Forward(caches(t, e, 1, 8), [][]int{ids}, false)
-		if err != nil {
-			t.Fatal(err)
-		}
+		one, _ := enginetest.Forward(t, e, enginetest.Caches(t, e, 1, 8), [][]int{ids}, false)
 		for v := range one[0] {
 			if d := math.Abs(float64(one[0][v] - both[i][v])); d > 1e-4 {
 				t.Fatalf("seed %d: sequence %d logit %d: batched %g, alone %g", seed, i, v, both[i][v], one[0][v])
@@ -290,8 +230,7 @@ func TestBatchedPrefillMatchesSeparate(t *testing.T) {
 }
 
 func TestSparsifiedGatesReachDensity(t *testing.T) {
-	seed := rand.Uint64()
-	r := rand.New(rand.NewPCG(seed, 7))
+	r, seed := testutil.Rand(t)
 	c := tinyConfig()
 	c.HiddenSize, c.IntermediateSize, c.NumHiddenLayers, c.VocabSize = 128, 1024, 4, 500
 	c.HeadDim = 32
@@ -299,13 +238,10 @@ func TestSparsifiedGatesReachDensity(t *testing.T) {
 		m := tinyModel(t, r, c, density)
 		ids := make([][]int, 4)
 		for i := range ids {
-			ids[i] = randomIDs(r, 32, c.VocabSize)
+			ids[i] = enginetest.Tokens(r, 32, c.VocabSize)
 		}
 		e := newEngine(t, m, llm.Options{})
-		_, st, err := e.Forward(caches(t, e, 4, 32), ids, false)
-		if err != nil {
-			t.Fatal(err)
-		}
+		_, st := enginetest.Forward(t, e, enginetest.Caches(t, e, 4, 32), ids, false)
 		for li, a := range st.MeanActive {
 			got := a / float64(c.IntermediateSize)
 			if got > 2.5*density+0.002 || got < density/2.5 {
@@ -320,10 +256,10 @@ func TestForwardRejectsBadTokens(t *testing.T) {
 	c := tinyConfig()
 	m := tinyModel(t, r, c, 0.02)
 	e := newEngine(t, m, llm.Options{})
-	if _, _, err := e.Forward(caches(t, e, 1, 4), [][]int{{1, 500}}, false); err == nil || !strings.Contains(err.Error(), "id 500") {
+	if _, _, err := e.Forward(enginetest.Caches(t, e, 1, 4), [][]int{{1, 500}}, false); err == nil || !strings.Contains(err.Error(), "id 500") {
 		t.Fatalf("out-of-vocabulary id: err = %v", err)
 	}
-	if _, _, err := e.Forward(caches(t, e, 1, 2), [][]int{{1, 2, 3}}, false); err == nil || !strings.Contains(err.Error(), "past its cache") {
+	if _, _, err := e.Forward(enginetest.Caches(t, e, 1, 2), [][]int{{1, 2, 3}}, false); err == nil || !strings.Contains(err.Error(), "past its cache") {
 		t.Fatalf("cache overflow: err = %v", err)
 	}
 }
@@ -332,28 +268,22 @@ func TestForwardRejectsBadTokens(t *testing.T) {
 // packs the weights) applies to the packing it does, with the same logits,
 // bit for bit, as when it is made after it; and DecodeBF16 copies are read.
 func TestMLPPathSetBeforePacking(t *testing.T) {
-	seed := rand.Uint64()
-	r := rand.New(rand.NewPCG(seed, 11))
+	r, seed := testutil.Rand(t)
 	c := tinyConfig()
 	m, err := model.New(c, model.RandomWeights(c, r))
 	if err != nil {
 		t.Fatal(err)
 	}
-	ids := randomIDs(r, 3, c.VocabSize) // few tokens: the bf16 copies serve them
+	ids := enginetest.Tokens(r, 3, c.VocabSize) // few tokens: the bf16 copies serve them
 	lazy := newEngine(t, m, llm.Options{DecodeBF16: true})
 	eager := newEngine(t, m, llm.Options{DecodeBF16: true})
-	if _, _, err := eager.Forward(caches(t, eager, 1, 8), [][]int{ids}, false); err != nil {
-		t.Fatal(err)
-	}
+	enginetest.Forward(t, eager, enginetest.Caches(t, eager, 1, 8), [][]int{ids}, false)
 	var got [2][][]float32
 	for i, e := range []*llm.Engine{lazy, eager} {
 		if err := e.SetMLPPath(mlp.Sparse); err != nil {
 			t.Fatal(err)
 		}
-		logits, st, err := e.Forward(caches(t, e, 1, 8), [][]int{ids}, true)
-		if err != nil {
-			t.Fatal(err)
-		}
+		logits, st := enginetest.Forward(t, e, enginetest.Caches(t, e, 1, 8), [][]int{ids}, true)
 		for li, p := range st.Paths {
 			if p != mlp.Sparse {
 				t.Errorf("seed %d: engine %d layer %d did not run the sparse path set before packing", seed, i, li)
@@ -361,34 +291,17 @@ func TestMLPPathSetBeforePacking(t *testing.T) {
 		}
 		got[i] = logits
 	}
-	for p := range got[0] {
-		for v := range got[0][p] {
-			if math.Float32bits(got[0][p][v]) != math.Float32bits(got[1][p][v]) {
-				t.Fatalf("seed %d: position %d logit %d: lazy %g, eager %g", seed, p, v, got[0][p][v], got[1][p][v])
-			}
-		}
-	}
+	enginetest.SameBits(t, "lazy vs eager packing", got[0], got[1])
 	// and the bf16 copies were used: float32 weights give other logits
 	plain := newEngine(t, m, llm.Options{MLPPath: mlp.Sparse})
-	f32, _, err := plain.Forward(caches(t, plain, 1, 8), [][]int{ids}, true)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if d := maxRelDiff(f32[0], toF64(got[0][0])); d == 0 || d > 1e-2 {
+	f32, _ := enginetest.Forward(t, plain, enginetest.Caches(t, plain, 1, 8), [][]int{ids}, true)
+	if d := enginetest.MaxRelDiff(f32[0], got[0][0]); d == 0 || d > 1e-2 {
 		t.Errorf("seed %d: bf16 decode logits differ from float32 by %g, want bf16-sized and nonzero", seed, d)
 	}
 }
 
-func toF64(x []float32) []float64 {
-	y := make([]float64, len(x))
-	for i, v := range x {
-		y[i] = float64(v)
-	}
-	return y
-}
 func TestModelSaveLoadRoundTrip(t *testing.T) {
-	seed := rand.Uint64()
-	r := rand.New(rand.NewPCG(seed, 4))
+	r, seed := testutil.Rand(t)
 	c := tinyConfig()
 	c.TieWordEmbeddings = false
 	m := tinyModel(t, r, c, 0.05)
@@ -400,13 +313,10 @@ func TestModelSaveLoadRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ids := randomIDs(r, 5, c.VocabSize)
+	ids := enginetest.Tokens(r, 5, c.VocabSize)
 	e1, e2 := newEngine(t, m, llm.Options{}), newEngine(t, m2, llm.Options{})
-	l1, _, _ := e1.Forward(caches(t, e1, 1, 8), [][]int{ids}, false)
-	l2, _, err := e2.Forward(caches(t, e2, 1, 8), [][]int{ids}, false)
-	if err != nil {
-		t.Fatal(err)
-	}
+	l1, _, _ := e1.Forward(enginetest.Caches(t, e1, 1, 8), [][]int{ids}, false)
+	l2, _ := enginetest.Forward(t, e2, enginetest.Caches(t, e2, 1, 8), [][]int{ids}, false)
 	for v := range l1[0] {
 		if l1[0][v] != l2[0][v] {
 			t.Fatalf("seed %d: logit %d changed across save/load: %g vs %g", seed, v, l1[0][v], l2[0][v])

@@ -9,6 +9,7 @@ import (
 	"github.com/twell-ai/twell/cuda"
 	"github.com/twell-ai/twell/cuda/cudatest"
 	"github.com/twell-ai/twell/gpu"
+	"github.com/twell-ai/twell/internal/testutil"
 )
 
 // TestWGMMAProbe runs attn_wg64's two products alone (attn_wg64_probe: one
@@ -29,7 +30,7 @@ func TestWGMMAProbe(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, seed := cudatest.Rand()
+	r, seed := testutil.Rand(t)
 	const n = 64
 	mat := func() []float32 {
 		m := make([]float32, n*n)

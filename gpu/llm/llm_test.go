@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"os"
 	"strings"
 	"testing"
 
@@ -12,24 +11,15 @@ import (
 	"github.com/twell-ai/twell/cuda"
 	"github.com/twell-ai/twell/cuda/cudatest"
 	"github.com/twell-ai/twell/engine"
+	"github.com/twell-ai/twell/engine/enginetest"
+	"github.com/twell-ai/twell/internal/testutil"
 	"github.com/twell-ai/twell/mlp"
 	"github.com/twell-ai/twell/model"
 	"github.com/twell-ai/twell/synth"
 	"github.com/twell-ai/twell/synth/sparsify"
 )
 
-func TestMain(m *testing.M) {
-	// Keep test compiles out of the user's kernel cache.
-	dir, err := os.MkdirTemp("", "twell-llm-kernel-cache")
-	if err == nil {
-		os.Setenv(cuda.EnvKernelCache, dir)
-	}
-	code := m.Run()
-	if err == nil {
-		os.RemoveAll(dir)
-	}
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { cudatest.Main(m) }
 
 // TestCompile compiles every .cu file of kernelFiles to PTX: it needs NVRTC
 // but no GPU.
@@ -130,36 +120,6 @@ func sparseModel(t *testing.T, c model.Config, r *rand.Rand, seed uint64) *model
 	return m
 }
 
-func randTokens(r *rand.Rand, n, vocab int) []int {
-	ts := make([]int, n)
-	for i := range ts {
-		ts[i] = r.IntN(vocab)
-	}
-	return ts
-}
-
-// relDiff returns max |a-b| / max |b| over all rows.
-func relDiff(a, b [][]float32) (float64, error) {
-	if len(a) != len(b) {
-		return 0, fmt.Errorf("%d rows vs %d", len(a), len(b))
-	}
-	var d, m float64
-	for i := range a {
-		if len(a[i]) != len(b[i]) {
-			return 0, fmt.Errorf("row %d: %d values vs %d", i, len(a[i]), len(b[i]))
-		}
-		for j := range a[i] {
-			x, y := float64(a[i][j]), float64(b[i][j])
-			if math.IsNaN(x) || math.IsInf(x, 0) {
-				return math.Inf(1), fmt.Errorf("row %d col %d: %v", i, j, x)
-			}
-			d = max(d, math.Abs(x-y))
-			m = max(m, math.Abs(y))
-		}
-	}
-	return d / max(m, 1e-30), nil
-}
-
 // bf16Tol is the tolerance on max |diff| / max |logit| between the bf16 GPU
 // forward and the float32 CPU model.
 const bf16Tol = 3e-2
@@ -202,33 +162,8 @@ func cpuForward(t *testing.T, m *model.Model, path string, capacity int, passes 
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer e.Close()
-	caches := gpuCaches(t, e, len(passes[0]), capacity)
-	var out [][]float32
-	for _, toks := range passes {
-		l, _, err := e.Forward(caches, toks, true)
-		if err != nil {
-			t.Fatal(err)
-		}
-		out = append(out, l...)
-	}
-	return out
-}
-
-// gpuCaches returns n caches of e of capacity positions, freed at the end
-// of the test.
-func gpuCaches(t *testing.T, e engine.Engine, n, capacity int) []engine.Cache {
-	t.Helper()
-	cs := make([]engine.Cache, n)
-	for i := range cs {
-		var err error
-		if cs[i], err = e.NewCache(capacity); err != nil {
-			t.Fatal(err)
-		}
-		c := cs[i]
-		t.Cleanup(func() { c.Free() })
-	}
-	return cs
+	t.Cleanup(func() { e.Close() })
+	return enginetest.Passes(t, e, capacity, passes...)
 }
 
 // TestLogitsMatchCPU compares the GPU forward with the CPU model on small
@@ -278,7 +213,7 @@ func TestLogitsMatchCPU(t *testing.T) {
 	}
 	for _, k := range cases {
 		t.Run(k.name, func(t *testing.T) {
-			r, seed := cudatest.Rand()
+			r, seed := testutil.Rand(t)
 			m := sparseModel(t, k.c, r, seed)
 			e := newEngine(t, dev, m, seed)
 			e.Attention = k.attn
@@ -286,16 +221,13 @@ func TestLogitsMatchCPU(t *testing.T) {
 				t.Fatal(err)
 			}
 			// Two sequences of different lengths (one over a query block).
-			toks := [][]int{randTokens(r, 77, k.c.VocabSize), randTokens(r, 5, k.c.VocabSize)}
+			toks := [][]int{enginetest.Tokens(r, 77, k.c.VocabSize), enginetest.Tokens(r, 5, k.c.VocabSize)}
 			step := [][]int{{r.IntN(k.c.VocabSize)}, {r.IntN(k.c.VocabSize)}}
 			cpuOut := cpuForward(t, m, k.mlpPath, 100, toks, step)
 			want, wantStep := cpuOut[:82], cpuOut[82:]
-			gc := gpuCaches(t, e, 2, 100)
-			got, st, err := e.Forward(gc, toks, true)
-			if err != nil {
-				t.Fatalf("seed %d: %v", seed, err)
-			}
-			d, err := relDiff(got, want)
+			gc := enginetest.Caches(t, e, 2, 100)
+			got, st := enginetest.Forward(t, e, gc, toks, true)
+			d, err := enginetest.RelDiff(got, want)
 			if err != nil || d > bf16Tol {
 				t.Fatalf("seed %d: max |diff| / max |logit| = %.3g (err %v), want <= %g", seed, d, err, bf16Tol)
 			}
@@ -308,7 +240,7 @@ func TestLogitsMatchCPU(t *testing.T) {
 			if err != nil {
 				t.Fatalf("seed %d: decode: %v", seed, err)
 			}
-			if d, err := relDiff(got, wantStep); err != nil || d > bf16Tol {
+			if d, err := enginetest.RelDiff(got, wantStep); err != nil || d > bf16Tol {
 				t.Fatalf("seed %d: decode step: rel diff %.3g (err %v)", seed, d, err)
 			}
 		})
@@ -321,37 +253,25 @@ func TestLogitsMatchCPU(t *testing.T) {
 func TestDecodeMatchesRecompute(t *testing.T) {
 	dev := cudatest.Device(t)
 	cudatest.Compiler(t)
-	r, seed := cudatest.Rand()
+	r, seed := testutil.Rand(t)
 	c := testConfig(64, 4, 2, true)
 	m := sparseModel(t, c, r, seed)
 	e := engineOnPath(t, dev, m, seed, "sparse") // the same MLP arithmetic in every step
-	seq := randTokens(r, 90, c.VocabSize)
+	seq := enginetest.Tokens(r, 90, c.VocabSize)
 	const prompt = 70
-	full := gpuCaches(t, e, 1, len(seq))
-	all, _, err := e.Forward(full, [][]int{seq}, true)
-	if err != nil {
-		t.Fatalf("seed %d: %v", seed, err)
-	}
-	inc := gpuCaches(t, e, 1, len(seq))
-	first, _, err := e.Forward(inc, [][]int{seq[:prompt]}, false)
-	if err != nil {
-		t.Fatal(err)
-	}
+	full := enginetest.Caches(t, e, 1, len(seq))
+	all, _ := enginetest.Forward(t, e, full, [][]int{seq}, true)
+	inc := enginetest.Caches(t, e, 1, len(seq))
+	first, _ := enginetest.Forward(t, e, inc, [][]int{seq[:prompt]}, false)
 	steps := [][]float32{first[0]}
 	for i := prompt; i < len(seq)-2; i++ {
-		l, _, err := e.Forward(inc, [][]int{{seq[i]}}, false)
-		if err != nil {
-			t.Fatal(err)
-		}
+		l, _ := enginetest.Forward(t, e, inc, [][]int{{seq[i]}}, false)
 		steps = append(steps, l[0])
 	}
 	// The last two tokens in one step, through the cache too.
-	l, _, err := e.Forward(inc, [][]int{seq[len(seq)-2:]}, true)
-	if err != nil {
-		t.Fatal(err)
-	}
+	l, _ := enginetest.Forward(t, e, inc, [][]int{seq[len(seq)-2:]}, true)
 	steps = append(steps, l...)
-	d, err := relDiff(steps, all[prompt-1:])
+	d, err := enginetest.RelDiff(steps, all[prompt-1:])
 	if err != nil || d > 1e-2 {
 		t.Fatalf("seed %d: decode vs recompute: rel diff %.3g (err %v)", seed, d, err)
 	}
@@ -364,32 +284,20 @@ func TestDecodeMatchesRecompute(t *testing.T) {
 func TestReuseLogits(t *testing.T) {
 	dev := cudatest.Device(t)
 	cudatest.Compiler(t)
-	r, seed := cudatest.Rand()
+	r, seed := testutil.Rand(t)
 	c := testConfig(64, 2, 2, true)
 	m := sparseModel(t, c, r, seed)
 	e := engineOnPath(t, dev, m, seed, "dense") // the same arithmetic in every call
-	seqs := [][]int{randTokens(r, 9, c.VocabSize), randTokens(r, 5, c.VocabSize)}
+	seqs := [][]int{enginetest.Tokens(r, 9, c.VocabSize), enginetest.Tokens(r, 5, c.VocabSize)}
 	run := func(reuse, all bool) [][]float32 {
 		e.ReuseLogits = reuse
-		l, _, err := e.Forward(gpuCaches(t, e, 2, 16), seqs, all)
-		if err != nil {
-			t.Fatalf("seed %d: %v", seed, err)
-		}
+		l, _ := enginetest.Forward(t, e, enginetest.Caches(t, e, 2, 16), seqs, all)
 		return l
 	}
 	for _, all := range []bool{false, true, false} {
 		want := run(false, all)
 		got := run(true, all)
-		if len(got) != len(want) {
-			t.Fatalf("seed %d: all %v: %d rows, want %d", seed, all, len(got), len(want))
-		}
-		for i := range want {
-			for j := range want[i] {
-				if math.Float32bits(got[i][j]) != math.Float32bits(want[i][j]) {
-					t.Fatalf("seed %d: all %v: row %d logit %d: %v with ReuseLogits, %v without", seed, all, i, j, got[i][j], want[i][j])
-				}
-			}
-		}
+		enginetest.SameBits(t, fmt.Sprintf("all %v, with ReuseLogits", all), got, want)
 		again := run(true, all)
 		if &again[0][0] != &got[0][0] {
 			t.Errorf("seed %d: all %v: ReuseLogits returned a new buffer for a call of the same size", seed, all)
@@ -403,23 +311,17 @@ func TestReuseLogits(t *testing.T) {
 func TestProfile(t *testing.T) {
 	dev := cudatest.Device(t)
 	cudatest.Compiler(t)
-	r, seed := cudatest.Rand()
+	r, seed := testutil.Rand(t)
 	c := testConfig(64, 6, 2, true) // grouped-query attention, heads*head_dim != hidden
 	m := sparseModel(t, c, r, seed)
 	e := engineOnPath(t, dev, m, seed, "dense")
-	seqs := [][]int{randTokens(r, 70, c.VocabSize), randTokens(r, 3, c.VocabSize)}
-	want, st, err := e.Forward(gpuCaches(t, e, 2, 80), seqs, false)
-	if err != nil {
-		t.Fatalf("seed %d: %v", seed, err)
-	}
+	seqs := [][]int{enginetest.Tokens(r, 70, c.VocabSize), enginetest.Tokens(r, 3, c.VocabSize)}
+	want, st := enginetest.Forward(t, e, enginetest.Caches(t, e, 2, 80), seqs, false)
 	if st.StepMS != nil {
 		t.Errorf("seed %d: unprofiled pass reported steps %v", seed, st.StepMS)
 	}
 	e.Profile = true
-	got, st, err := e.Forward(gpuCaches(t, e, 2, 80), seqs, false)
-	if err != nil {
-		t.Fatalf("seed %d: %v", seed, err)
-	}
+	got, st := enginetest.Forward(t, e, enginetest.Caches(t, e, 2, 80), seqs, false)
 	for _, step := range []string{"embed", "norm", "qkv", "rope", "attention", "o_proj", "mlp", "head"} {
 		if v, ok := st.StepMS[step]; !ok || !(v > 0) || math.IsInf(v, 0) {
 			t.Errorf("seed %d: step %q: %v ms (reported %v)", seed, step, v, ok)
@@ -428,7 +330,7 @@ func TestProfile(t *testing.T) {
 	if len(st.StepMS) != 8 {
 		t.Errorf("seed %d: steps %v, want 8 kinds", seed, st.StepMS)
 	}
-	if d, err := relDiff(got, want); err != nil || d != 0 {
+	if d, err := enginetest.RelDiff(got, want); err != nil || d != 0 {
 		t.Errorf("seed %d: profiled logits differ: rel diff %g (err %v)", seed, d, err)
 	}
 }
@@ -438,24 +340,15 @@ func TestProfile(t *testing.T) {
 func TestBatchedPrefillMatchesSeparate(t *testing.T) {
 	dev := cudatest.Device(t)
 	cudatest.Compiler(t)
-	r, seed := cudatest.Rand()
+	r, seed := testutil.Rand(t)
 	c := testConfig(64, 8, 2, false)
 	m := sparseModel(t, c, r, seed)
 	e := engineOnPath(t, dev, m, seed, "sparse") // no path switch between the runs
-	a, b := randTokens(r, 130, c.VocabSize), randTokens(r, 9, c.VocabSize)
-	both, _, err := e.Forward(gpuCaches(t, e, 2, 140), [][]int{a, b}, true)
-	if err != nil {
-		t.Fatalf("seed %d: %v", seed, err)
-	}
-	la, _, err := e.Forward(gpuCaches(t, e, 1, 140), [][]int{a}, true)
-	if err != nil {
-		t.Fatal(err)
-	}
-	lb, _, err := e.Forward(gpuCaches(t, e, 1, 140), [][]int{b}, true)
-	if err != nil {
-		t.Fatal(err)
-	}
-	d, err := relDiff(both, append(la, lb...))
+	a, b := enginetest.Tokens(r, 130, c.VocabSize), enginetest.Tokens(r, 9, c.VocabSize)
+	both, _ := enginetest.Forward(t, e, enginetest.Caches(t, e, 2, 140), [][]int{a, b}, true)
+	la, _ := enginetest.Forward(t, e, enginetest.Caches(t, e, 1, 140), [][]int{a}, true)
+	lb, _ := enginetest.Forward(t, e, enginetest.Caches(t, e, 1, 140), [][]int{b}, true)
+	d, err := enginetest.RelDiff(both, append(la, lb...))
 	if err != nil || d > 1e-2 { // GEMMs of other shapes may round differently
 		t.Fatalf("seed %d: batched vs separate: rel diff %.3g (err %v)", seed, d, err)
 	}
@@ -466,11 +359,11 @@ func TestBatchedPrefillMatchesSeparate(t *testing.T) {
 func TestForwardErrors(t *testing.T) {
 	dev := cudatest.Device(t)
 	cudatest.Compiler(t)
-	r, seed := cudatest.Rand()
+	r, seed := testutil.Rand(t)
 	c := testConfig(64, 4, 2, true)
 	m := sparseModel(t, c, r, seed)
 	e := newEngine(t, dev, m, seed)
-	cs := gpuCaches(t, e, 2, 8)
+	cs := enginetest.Caches(t, e, 2, 8)
 	for _, k := range []struct {
 		caches []engine.Cache
 		toks   [][]int
@@ -499,29 +392,25 @@ func TestForwardErrors(t *testing.T) {
 func TestGraphDecodeMatchesEager(t *testing.T) {
 	dev := cudatest.Device(t)
 	cudatest.Compiler(t)
-	r, seed := cudatest.Rand()
+	r, seed := testutil.Rand(t)
 	c := testConfig(64, 4, 2, true)
 	m := sparseModel(t, c, r, seed)
 	e := newEngine(t, dev, m, seed)
-	prompts := [][]int{randTokens(r, 20, c.VocabSize), randTokens(r, 33, c.VocabSize), randTokens(r, 7, c.VocabSize)}
+	prompts := [][]int{enginetest.Tokens(r, 20, c.VocabSize), enginetest.Tokens(r, 33, c.VocabSize), enginetest.Tokens(r, 7, c.VocabSize)}
 	next := make([][]int, 16)
 	for i := range next {
-		next[i] = randTokens(r, len(prompts), c.VocabSize)
+		next[i] = enginetest.Tokens(r, len(prompts), c.VocabSize)
 	}
-	grow := randTokens(r, 300, c.VocabSize)
+	grow := enginetest.Tokens(r, 300, c.VocabSize)
 	// decode returns the logits of every step of the batch.
 	decode := func(graphs bool) [][]float32 {
 		e.NoGraphs = !graphs
-		caches := gpuCaches(t, e, len(prompts), 80)
-		if _, _, err := e.Forward(caches, prompts, false); err != nil {
-			t.Fatalf("seed %d: %v", seed, err)
-		}
+		caches := enginetest.Caches(t, e, len(prompts), 80)
+		enginetest.Forward(t, e, caches, prompts, false)
 		var out [][]float32
 		for i, ids := range next {
 			if i == len(next)/2 { // grow the workspace mid-decode
-				if _, _, err := e.Forward(gpuCaches(t, e, 1, len(grow)), [][]int{grow}, false); err != nil {
-					t.Fatal(err)
-				}
+				enginetest.Forward(t, e, enginetest.Caches(t, e, 1, len(grow)), [][]int{grow}, false)
 			}
 			step := make([][]int, len(ids))
 			for s, id := range ids {
@@ -548,13 +437,7 @@ func TestGraphDecodeMatchesEager(t *testing.T) {
 		if n := e.GraphReplays() - before; n < len(next)-2 {
 			t.Errorf("seed %d: %s: %d of %d decode steps replayed a graph", seed, path, n, len(next))
 		}
-		for i := range eager {
-			for j := range eager[i] {
-				if math.Float32bits(eager[i][j]) != math.Float32bits(graphed[i][j]) {
-					t.Fatalf("seed %d: %s: row %d logit %d: graph %v, eager %v", seed, path, i, j, graphed[i][j], eager[i][j])
-				}
-			}
-		}
+		enginetest.SameBits(t, path+" path, graph vs eager", graphed, eager)
 	}
 	if err := e.SetMLPPath(pathOf(t, "auto")); err != nil {
 		t.Fatal(err)
@@ -565,8 +448,43 @@ func TestGraphDecodeMatchesEager(t *testing.T) {
 	if n := e.GraphReplays() - before; n == 0 || e.GraphError() != nil {
 		t.Errorf("seed %d: auto: %d graph replays (error %v)", seed, n, e.GraphError())
 	}
-	if d, err := relDiff(graphed, eager); err != nil || d > 1e-2 {
+	if d, err := enginetest.RelDiff(graphed, eager); err != nil || d > 1e-2 {
 		t.Errorf("seed %d: auto: graph vs eager rel diff %.3g (%v)", seed, d, err)
+	}
+}
+
+// TestAttentionRepeatable runs each attention build three times on the same
+// long passes and wants bit-identical logits: the kernels are deterministic,
+// so a difference means a race (such as a block read before its cp.async
+// group has landed), which a tolerance check can miss.
+func TestAttentionRepeatable(t *testing.T) {
+	dev := cudatest.Device(t)
+	cudatest.Compiler(t)
+	c := testConfig(64, 4, 2, true)
+	c.MaxPositionEmbeddings = 1024
+	r, seed := testutil.Rand(t)
+	m := sparseModel(t, c, r, seed)
+	toks := [][]int{enginetest.Tokens(r, 1024, c.VocabSize), enginetest.Tokens(r, 1000, c.VocabSize), enginetest.Tokens(r, 700, c.VocabSize)}
+	kernels := []string{"mma"}
+	if dev.Properties().Arch == "sm_90a" {
+		kernels = append(kernels, "wgmma3")
+	}
+	for _, k := range kernels {
+		e := engineOnPath(t, dev, m, seed, "dense")
+		e.Attention = k
+		var first [][]float32
+		for rep := 0; rep < 3; rep++ {
+			caches := enginetest.Caches(t, e, len(toks), 1024)
+			got, _, err := e.Forward(caches, toks, true)
+			if err != nil {
+				t.Fatalf("seed %d: %s: %v", seed, k, err)
+			}
+			if rep == 0 {
+				first = got
+				continue
+			}
+			enginetest.SameBits(t, fmt.Sprintf("%s, run %d vs run 1", k, rep+1), got, first)
+		}
 	}
 }
 
@@ -577,71 +495,21 @@ func TestGraphDecodeMatchesEager(t *testing.T) {
 // 150 and 129 tokens after them (queries that start past block edges, and
 // a cache already holding keys). Logits of every kernel must agree with
 // the plain kernel's and with the CPU model's.
-// TestAttentionRepeatable runs each attention build three times on the same
-// long passes and wants bit-identical logits: the kernels are deterministic,
-// so a difference means a race (such as a block read before its cp.async
-// group has landed), which a tolerance check can miss.
-func TestAttentionRepeatable(t *testing.T) {
-	dev := cudatest.Device(t)
-	cudatest.Compiler(t)
-	c := testConfig(64, 4, 2, true)
-	c.MaxPositionEmbeddings = 1024
-	r, seed := cudatest.Rand()
-	m := sparseModel(t, c, r, seed)
-	toks := [][]int{randTokens(r, 1024, c.VocabSize), randTokens(r, 1000, c.VocabSize), randTokens(r, 700, c.VocabSize)}
-	kernels := []string{"mma"}
-	if dev.Properties().Arch == "sm_90a" {
-		kernels = append(kernels, "wgmma3")
-	}
-	for _, k := range kernels {
-		e := engineOnPath(t, dev, m, seed, "dense")
-		e.Attention = k
-		var first [][]float32
-		for rep := 0; rep < 3; rep++ {
-			caches := gpuCaches(t, e, len(toks), 1024)
-			got, _, err := e.Forward(caches, toks, true)
-			if err != nil {
-				t.Fatalf("seed %d: %s: %v", seed, k, err)
-			}
-			if rep == 0 {
-				first = got
-				continue
-			}
-			for i := range got {
-				for j := range got[i] {
-					if math.Float32bits(got[i][j]) != math.Float32bits(first[i][j]) {
-						t.Fatalf("seed %d: %s, run %d: logit %d of row %d is %g, run 1 gave %g", seed, k, rep+1, j, i, got[i][j], first[i][j])
-					}
-				}
-			}
-		}
-	}
-}
-
 func TestAttentionLongMatchesRef(t *testing.T) {
 	dev := cudatest.Device(t)
 	cudatest.Compiler(t)
 	for _, c := range []model.Config{testConfig(64, 4, 2, true), testConfig(128, 2, 1, true)} {
 		t.Run(fmt.Sprintf("hd%d", c.HeadDim), func(t *testing.T) {
-			r, seed := cudatest.Rand()
+			r, seed := testutil.Rand(t)
 			m := sparseModel(t, c, r, seed)
 			passes := [][][]int{
-				{randTokens(r, 300, c.VocabSize), randTokens(r, 1, c.VocabSize)},
-				{randTokens(r, 150, c.VocabSize), randTokens(r, 129, c.VocabSize)},
+				{enginetest.Tokens(r, 300, c.VocabSize), enginetest.Tokens(r, 1, c.VocabSize)},
+				{enginetest.Tokens(r, 150, c.VocabSize), enginetest.Tokens(r, 129, c.VocabSize)},
 			}
 			run := func(attn string) [][]float32 {
 				e := engineOnPath(t, dev, m, seed, "dense")
 				e.Attention = attn
-				caches := gpuCaches(t, e, 2, 460)
-				var out [][]float32
-				for _, toks := range passes {
-					l, _, err := e.Forward(caches, toks, true)
-					if err != nil {
-						t.Fatalf("seed %d: %s: %v", seed, attn, err)
-					}
-					out = append(out, l...)
-				}
-				return out
+				return enginetest.Passes(t, e, 460, passes...)
 			}
 			kernels := []string{"mma"}
 			if c.HeadDim == 64 && dev.Properties().Arch == "sm_90a" {
@@ -651,10 +519,10 @@ func TestAttentionLongMatchesRef(t *testing.T) {
 			want := cpuForward(t, m, "dense", 460, passes...)
 			for _, k := range kernels {
 				got := run(k)
-				if d, err := relDiff(got, ref); err != nil || d > 1e-2 {
+				if d, err := enginetest.RelDiff(got, ref); err != nil || d > 1e-2 {
 					t.Errorf("seed %d: %s vs plain kernel: rel diff %.3g (err %v)", seed, k, d, err)
 				}
-				d, err := relDiff(got, want)
+				d, err := enginetest.RelDiff(got, want)
 				if err != nil || d > bf16Tol {
 					t.Errorf("seed %d: %s vs CPU: rel diff %.3g (err %v)", seed, k, d, err)
 				}

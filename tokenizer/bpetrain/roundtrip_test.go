@@ -2,14 +2,13 @@ package bpetrain
 
 import (
 	"bytes"
-	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"slices"
 	"testing"
-	"time"
 
 	"github.com/twell-ai/twell/data"
+	"github.com/twell-ai/twell/internal/testutil"
 	"github.com/twell-ai/twell/tokenizer"
 )
 
@@ -111,8 +110,7 @@ func TestTrainedTokenizerLoadsAndRoundTrips(t *testing.T) {
 			t.Errorf("%q encodes to %v (%v), want one token", w, ids, err)
 		}
 	}
-	seed := uint64(time.Now().UnixNano())
-	r := rand.New(rand.NewPCG(seed, 9))
+	r, seed := testutil.Rand(t)
 	sample := data.Sample()
 	for trial := range 300 {
 		var text string

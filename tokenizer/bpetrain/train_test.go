@@ -6,8 +6,9 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"time"
 	"unicode/utf8"
+
+	"github.com/twell-ai/twell/internal/testutil"
 )
 
 func split(s string) []string {
@@ -97,8 +98,7 @@ func TestTrainClassic(t *testing.T) {
 }
 
 func TestTrainDeterministicAndValid(t *testing.T) {
-	seed := uint64(time.Now().UnixNano())
-	r := rand.New(rand.NewPCG(seed, 1))
+	r, seed := testutil.Rand(t)
 	var texts []string
 	for range 200 {
 		texts = append(texts, randText(r, 5+r.IntN(200)))
