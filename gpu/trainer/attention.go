@@ -1,0 +1,266 @@
+package trainer
+
+import (
+	_ "embed"
+	"fmt"
+	"math"
+	"sync"
+
+	"github.com/twell-ai/twell/cuda"
+	"github.com/twell-ai/twell/cuda/cublas"
+	"github.com/twell-ai/twell/gpu"
+)
+
+// attentionCU holds the attention kernels: attn_fwd, attn_bwd_dsum,
+// attn_bwd_dkdv and attn_bwd_dq (flash-attention 2 style, mma.sync bf16
+// tensor cores, fp32 accumulation; no score matrix is stored).
+//
+//go:embed attention.cu
+var attentionCU []byte
+
+// attentionHeadDims are the head sizes the attention kernels are built for.
+// The tiles take any multiple of 32 up to 128, but ptxas spills a few
+// registers of attn_fwd<96>, so 96 is left out until that is fixed.
+var attentionHeadDims = []int{32, 64, 128}
+
+// Tile sizes of attention.cu: 64 queries per forward and dQ CTA, 64 keys
+// per dK/dV CTA, 4 warps each.
+const (
+	attnBlockQ   = 64
+	attnBlockK   = 64
+	attnThreads  = 128
+	attnDsumRows = 8 // warps (token-head rows) per attn_bwd_dsum block
+)
+
+// attnDKDVBlockQ is the query block of attn_bwd_dkdv<hd>: smaller for large
+// heads, whose dK and dV accumulators take most of the registers.
+func attnDKDVBlockQ(hd int) int {
+	if hd <= 64 {
+		return 64
+	}
+	return 32
+}
+
+// attentionExprs are the name expressions of the kernels for head size hd.
+func attentionExprs(hd int) (fwd, dkdv, dq string) {
+	return fmt.Sprintf("attn_fwd<%d>", hd), fmt.Sprintf("attn_bwd_dkdv<%d, %d>", hd, attnDKDVBlockQ(hd)),
+		fmt.Sprintf("attn_bwd_dq<%d>", hd)
+}
+
+// attentionKernels are the compiled attention kernels for one head size on
+// one device.
+type attentionKernels struct {
+	fwd, dsum, dkdv, dq *cuda.Function
+}
+
+type attentionKey struct {
+	dev *cuda.Device
+	hd  int
+}
+
+var (
+	attnKernMu  sync.Mutex
+	attnKernTab = map[attentionKey]*attentionKernels{}
+)
+
+// attentionKernelsFor compiles attention.cu for dev and head size hd (once
+// per process; NVRTC's output is also cached on disk) and looks its kernels
+// up.
+func attentionKernelsFor(dev *cuda.Device, hd int) (*attentionKernels, error) {
+	attnKernMu.Lock()
+	defer attnKernMu.Unlock()
+	key := attentionKey{dev, hd}
+	if k := attnKernTab[key]; k != nil {
+		return k, nil
+	}
+	fwd, dkdv, dq := attentionExprs(hd)
+	mod, err := dev.Compile("attention.cu", attentionCU, append(gpu.Headers(), cuda.WithNameExpressions(fwd, dkdv, dq))...)
+	if err != nil {
+		return nil, fmt.Errorf("trainer: compiling attention.cu: %w", err)
+	}
+	k := &attentionKernels{}
+	for _, f := range []struct {
+		fn   **cuda.Function
+		name string
+	}{{&k.fwd, fwd}, {&k.dsum, "attn_bwd_dsum"}, {&k.dkdv, dkdv}, {&k.dq, dq}} {
+		if *f.fn, err = mod.Function(f.name); err != nil {
+			return nil, fmt.Errorf("trainer: attention kernel %s: %w", f.name, err)
+		}
+	}
+	attnKernTab[key] = k
+	return k, nil
+}
+
+// attention holds the work buffers of causal self-attention over batch
+// independent sequences of seq tokens each (positions 0..seq-1), nq query
+// heads and nkv key/value heads (grouped-query: query head h uses kv head
+// h/(nq/nkv)) of size hd, scale 1/sqrt(hd).
+//
+// The kernels (attention.cu) are flash-attention 2 style: the forward pass
+// computes out and the log-sum-exp of each query row block by block with an
+// online softmax; the backward pass recomputes the probabilities from lse,
+// with D = rowsum(dout * out) from a small kernel, one kernel for dK and dV
+// (a CTA per 64 keys of a kv head, summing its query heads in registers)
+// and one for dQ (a CTA per 64 queries of a head). Products run on
+// mma.sync bf16 tensor cores (probabilities and their gradients rounded to
+// bf16), accumulation and softmax in fp32. Nothing is accumulated with
+// atomics: every output element is written once, in a fixed order, so
+// forward and backward are bitwise deterministic.
+type attention struct {
+	dev                     *cuda.Device
+	k                       *attentionKernels
+	batch, seq, nq, nkv, hd int
+	// dsum is D = rowsum(dout * out), fp32 [batch][nq][seq], recomputed by
+	// every backward call.
+	dsum *cuda.Buffer
+}
+
+// newAttention compiles the kernels for hd (32, 64 or 128)
+// and allocates the backward's work buffer (4 batch nq seq bytes). blas is
+// not used by this implementation; it is part of the constructor so that
+// the caller need not know which products run where.
+func newAttention(dev *cuda.Device, blas *cublas.Handle, batch, seq, nq, nkv, hd int) (*attention, error) {
+	_ = blas
+	if batch < 1 || seq < 1 || nq < 1 || nkv < 1 || hd < 1 {
+		return nil, fmt.Errorf("trainer: attention batch %d, seq %d, %d query and %d kv heads of size %d: all must be positive",
+			batch, seq, nq, nkv, hd)
+	}
+	if nq%nkv != 0 {
+		return nil, fmt.Errorf("trainer: attention with %d query heads and %d kv heads: nq must be a multiple of nkv", nq, nkv)
+	}
+	ok := false
+	for _, d := range attentionHeadDims {
+		ok = ok || d == hd
+	}
+	if !ok {
+		return nil, fmt.Errorf("trainer: attention head size %d: the kernels take %v", hd, attentionHeadDims)
+	}
+	if batch > 65535 || nq > 65535 {
+		return nil, fmt.Errorf("trainer: attention batch %d with %d query heads: at most 65535 of each (CUDA grid)", batch, nq)
+	}
+	if tokens := int64(batch) * int64(seq); tokens*int64(nq) > math.MaxInt32 || tokens*int64(nq+2*nkv)*int64(hd) > 1<<40 {
+		return nil, fmt.Errorf("trainer: attention batch %d x seq %d x %d heads is too large", batch, seq, nq+2*nkv)
+	}
+	k, err := attentionKernelsFor(dev, hd)
+	if err != nil {
+		return nil, err
+	}
+	dsum, err := dev.Alloc(4 * batch * nq * seq)
+	if err != nil {
+		return nil, fmt.Errorf("trainer: attention work buffer (fp32 [%d][%d][%d]): %w", batch, nq, seq, err)
+	}
+	return &attention{dev: dev, k: k, batch: batch, seq: seq, nq: nq, nkv: nkv, hd: hd, dsum: dsum}, nil
+}
+
+// qkvWidth is the row width of qkv and dqkv in elements.
+func (a *attention) qkvWidth() int { return (a.nq + 2*a.nkv) * a.hd }
+
+// check returns an error naming the buffer and its expected shape when b is
+// nil or holds fewer than rows x cols elements of esize bytes.
+func (a *attention) check(op, name string, b *cuda.Buffer, rows, cols, esize int, dtype string) error {
+	want := rows * cols * esize
+	if b == nil {
+		return fmt.Errorf("trainer: attention %s: %s is nil, want %s [%d][%d]", op, name, dtype, rows, cols)
+	}
+	if b.Len() < want {
+		return fmt.Errorf("trainer: attention %s: %s holds %d bytes, want %s [%d][%d] (%d bytes)",
+			op, name, b.Len(), dtype, rows, cols, want)
+	}
+	return nil
+}
+
+// scales returns log2(e)/sqrt(hd), the kernels' score factor for exp2, and
+// 1/sqrt(hd).
+func (a *attention) scales() (scaleLog2, scale float32) {
+	s := 1 / math.Sqrt(float64(a.hd))
+	return float32(s * math.Log2E), float32(s)
+}
+
+// grid returns the launch grid of the per-block kernels: a CTA per block of
+// 64 rows, per head and per sequence.
+func (a *attention) grid(heads int) cuda.Dim3 {
+	return cuda.Dim3{uint32((a.seq + attnBlockQ - 1) / attnBlockQ), uint32(heads), uint32(a.batch)}
+}
+
+// forward reads qkv, bf16 [batch*seq][(nq+2*nkv)*hd] (per token: the nq query
+// heads, then the nkv key heads, then the nkv value heads; RoPE already
+// applied) and writes out, bf16 [batch*seq][nq*hd], and lse, fp32
+// [batch][nq][seq] (log-sum-exp of each query row's scaled, masked
+// scores). The caller keeps one lse per layer: forward runs for every
+// layer, later backward for each layer in reverse order with the same qkv,
+// out and lse buffers, so nothing per layer may live only in the
+// attention's own buffers.
+func (a *attention) forward(s *cuda.Stream, out, qkv, lse *cuda.Buffer) error {
+	T := a.batch * a.seq
+	if err := a.check("forward", "qkv", qkv, T, a.qkvWidth(), 2, "bf16"); err != nil {
+		return err
+	}
+	if err := a.check("forward", "out", out, T, a.nq*a.hd, 2, "bf16"); err != nil {
+		return err
+	}
+	if err := a.check("forward", "lse", lse, a.batch*a.nq, a.seq, 4, "fp32"); err != nil {
+		return err
+	}
+	scaleLog2, _ := a.scales()
+	smem := 2 * 2 * attnBlockK * (a.hd + 8) * 2
+	if err := a.k.fwd.Launch(a.grid(a.nq), cuda.Dim3{attnThreads, 1, 1}, smem, s, qkv, out, lse,
+		int32(a.seq), int32(a.nq), int32(a.nkv), scaleLog2); err != nil {
+		return fmt.Errorf("trainer: attention forward: %w", err)
+	}
+	return nil
+}
+
+// backward writes dqkv, fp32 [batch*seq][(nq+2*nkv)*hd] (overwritten; same
+// layout as qkv; the k and v parts summed over the query heads of their
+// group), from dout, bf16 [batch*seq][nq*hd], and the forward's qkv, out
+// and lse.
+func (a *attention) backward(s *cuda.Stream, dqkv, dout, qkv, out, lse *cuda.Buffer) error {
+	T := a.batch * a.seq
+	for _, c := range []struct {
+		name       string
+		b          *cuda.Buffer
+		rows, cols int
+		esize      int
+		dtype      string
+	}{
+		{"dqkv", dqkv, T, a.qkvWidth(), 4, "fp32"},
+		{"dout", dout, T, a.nq * a.hd, 2, "bf16"},
+		{"qkv", qkv, T, a.qkvWidth(), 2, "bf16"},
+		{"out", out, T, a.nq * a.hd, 2, "bf16"},
+		{"lse", lse, a.batch * a.nq, a.seq, 4, "fp32"},
+	} {
+		if err := a.check("backward", c.name, c.b, c.rows, c.cols, c.esize, c.dtype); err != nil {
+			return err
+		}
+	}
+	scaleLog2, scale := a.scales()
+	block := cuda.Dim3{attnThreads, 1, 1}
+	rows := T * a.nq
+	if err := a.k.dsum.Launch(cuda.Dim3{uint32((rows + attnDsumRows - 1) / attnDsumRows), 1, 1}, cuda.Dim3{32 * attnDsumRows, 1, 1},
+		0, s, dout, out, a.dsum, int32(rows), int32(a.seq), int32(a.nq), int32(a.hd)); err != nil {
+		return fmt.Errorf("trainer: attention backward (D): %w", err)
+	}
+	bq, p := attnDKDVBlockQ(a.hd), a.hd+8
+	smem := (2*attnBlockK+4*bq)*p*2 + 4*bq*4
+	if err := a.k.dkdv.Launch(a.grid(a.nkv), block, smem, s, qkv, dout, lse, a.dsum, dqkv,
+		int32(a.seq), int32(a.nq), int32(a.nkv), scaleLog2, scale); err != nil {
+		return fmt.Errorf("trainer: attention backward (dK, dV): %w", err)
+	}
+	smem = (2*attnBlockQ + 4*attnBlockK) * p * 2
+	if err := a.k.dq.Launch(a.grid(a.nq), block, smem, s, qkv, dout, lse, a.dsum, dqkv,
+		int32(a.seq), int32(a.nq), int32(a.nkv), scaleLog2, scale); err != nil {
+		return fmt.Errorf("trainer: attention backward (dQ): %w", err)
+	}
+	return nil
+}
+
+// close frees the work buffer. Call it when no queued work still uses the
+// attention.
+func (a *attention) close() error {
+	if a.dsum == nil {
+		return nil
+	}
+	err := a.dsum.Free()
+	a.dsum = nil
+	return err
+}
