@@ -237,6 +237,16 @@ func (dev *Device) Do(f func() error) error {
 	return f()
 }
 
+// call makes one driver call, f, like Do and checks its result, naming op
+// in the error.
+func (dev *Device) call(op string, f func() int32) error {
+	if err := dev.lock(); err != nil {
+		return err
+	}
+	defer dev.unlock()
+	return check(f(), op)
+}
+
 // Context returns the raw CUcontext handle (the device's primary context),
 // for libraries that take one.
 func (dev *Device) Context() uintptr { return dev.ctx }
@@ -244,11 +254,7 @@ func (dev *Device) Context() uintptr { return dev.ctx }
 // Synchronize waits until all work on the device has finished and returns
 // the first asynchronous error, if any (cuCtxSynchronize).
 func (dev *Device) Synchronize() error {
-	if err := dev.lock(); err != nil {
-		return err
-	}
-	defer dev.unlock()
-	return check(dev.drv.cuCtxSynchronize(), "cuCtxSynchronize")
+	return dev.call("cuCtxSynchronize", func() int32 { return dev.drv.cuCtxSynchronize() })
 }
 
 // MemInfo returns the device's free and total memory in bytes (cuMemGetInfo).

@@ -184,30 +184,28 @@ func loadedDriver() *driver { return drvLoaded.Load() }
 // DriverVersion returns the CUDA version the driver supports, e.g. 13000
 // for CUDA 13.0 (cuDriverGetVersion).
 func DriverVersion() (int, error) {
-	d, err := loadDriver()
-	if err != nil {
-		return 0, err
-	}
-	var v int32
-	if err := check(d.cuDriverGetVersion(&v), "cuDriverGetVersion"); err != nil {
-		return 0, err
-	}
-	return int(v), nil
+	return driverInt("cuDriverGetVersion", func(d *driver) func(*int32) int32 { return d.cuDriverGetVersion })
 }
 
 // Count returns the number of CUDA devices. It returns an error wrapping
 // ErrNoDriver when there is no driver library, and one that unwraps to
 // ErrorNoDevice when the driver sees no GPU; NoGPU(err) is true for both.
 func Count() (int, error) {
+	return driverInt("cuDeviceGetCount", func(d *driver) func(*int32) int32 { return d.cuDeviceGetCount })
+}
+
+// driverInt loads the driver and returns the number that its function op,
+// picked out of it by get, reports.
+func driverInt(op string, get func(*driver) func(*int32) int32) (int, error) {
 	d, err := loadDriver()
 	if err != nil {
 		return 0, err
 	}
-	var n int32
-	if err := check(d.cuDeviceGetCount(&n), "cuDeviceGetCount"); err != nil {
+	var v int32
+	if err := check(get(d)(&v), op); err != nil {
 		return 0, err
 	}
-	return int(n), nil
+	return int(v), nil
 }
 
 // LibraryPath returns the path of the loaded driver library, or "" if it is

@@ -260,11 +260,7 @@ func (dev *Device) memAlloc(n int) (DevicePtr, error) {
 // MemFree calls cuMemFree directly on memory from MemAlloc. Freeing an
 // address twice returns the driver's error.
 func (dev *Device) MemFree(p DevicePtr) error {
-	if err := dev.lock(); err != nil {
-		return err
-	}
-	defer dev.unlock()
-	return check(dev.drv.cuMemFree(uint64(p)), fmt.Sprintf("cuMemFree(%#x)", uint64(p)))
+	return dev.call(fmt.Sprintf("cuMemFree(%#x)", uint64(p)), func() int32 { return dev.drv.cuMemFree(uint64(p)) })
 }
 
 // Bytes returns the memory of a slice of fixed-size values as bytes, for
@@ -299,13 +295,11 @@ func (dev *Device) CopyHtoD(dst *Buffer, src []byte) error {
 	if err := dev.copyCheck(op, len(src), dst); err != nil || len(src) == 0 {
 		return err
 	}
-	if err := dev.lock(); err != nil {
-		return err
-	}
-	defer dev.unlock()
-	r := dev.drv.cuMemcpyHtoD(uint64(dst.ptr), unsafe.Pointer(&src[0]), uint64(len(src)))
-	runtime.KeepAlive(src)
-	return check(r, "cuMemcpyHtoD")
+	return dev.call("cuMemcpyHtoD", func() int32 {
+		r := dev.drv.cuMemcpyHtoD(uint64(dst.ptr), unsafe.Pointer(&src[0]), uint64(len(src)))
+		runtime.KeepAlive(src)
+		return r
+	})
 }
 
 // CopyDtoH copies len(dst) bytes from the start of src into dst and waits.
@@ -316,13 +310,11 @@ func (dev *Device) CopyDtoH(dst []byte, src *Buffer) error {
 	if err := dev.copyCheck(op, len(dst), src); err != nil || len(dst) == 0 {
 		return err
 	}
-	if err := dev.lock(); err != nil {
-		return err
-	}
-	defer dev.unlock()
-	r := dev.drv.cuMemcpyDtoH(unsafe.Pointer(&dst[0]), uint64(src.ptr), uint64(len(dst)))
-	runtime.KeepAlive(dst)
-	return check(r, "cuMemcpyDtoH")
+	return dev.call("cuMemcpyDtoH", func() int32 {
+		r := dev.drv.cuMemcpyDtoH(unsafe.Pointer(&dst[0]), uint64(src.ptr), uint64(len(dst)))
+		runtime.KeepAlive(dst)
+		return r
+	})
 }
 
 // CopyDtoD copies n bytes from the start of src to the start of dst.
@@ -330,11 +322,9 @@ func (dev *Device) CopyDtoD(dst, src *Buffer, n int) error {
 	if err := dev.copyCheck("CopyDtoD", n, dst, src); err != nil || n == 0 {
 		return err
 	}
-	if err := dev.lock(); err != nil {
-		return err
-	}
-	defer dev.unlock()
-	return check(dev.drv.cuMemcpyDtoD(uint64(dst.ptr), uint64(src.ptr), uint64(n)), "cuMemcpyDtoD")
+	return dev.call("cuMemcpyDtoD", func() int32 {
+		return dev.drv.cuMemcpyDtoD(uint64(dst.ptr), uint64(src.ptr), uint64(n))
+	})
 }
 
 // CopyHtoDAsync queues a copy of src to the start of dst on stream s (nil:
@@ -394,10 +384,16 @@ func (dev *Device) hot3(op string, fn uintptr, a, b, c uintptr, s *Stream) error
 	if err != nil {
 		return err
 	}
+	return dev.hot(op, fn, a, b, c, st)
+}
+
+// hot calls a hot entry point through SyscallN with the device's context
+// current and checks its result.
+func (dev *Device) hot(op string, fn uintptr, args ...uintptr) error {
 	if err := dev.lock(); err != nil {
 		return err
 	}
-	r, _, _ := purego.SyscallN(fn, a, b, c, st)
+	r, _, _ := purego.SyscallN(fn, args...)
 	dev.unlock()
 	return check(int32(r), op)
 }
@@ -436,9 +432,5 @@ func (h *HostBuffer) Free() error {
 	if h.freed.Swap(true) {
 		return misuse("cuMemFreeHost", ErrorInvalidValue, "host buffer of %d bytes was already freed", h.n)
 	}
-	if err := h.dev.lock(); err != nil {
-		return err
-	}
-	defer h.dev.unlock()
-	return check(h.dev.drv.cuMemFreeHost(h.p), "cuMemFreeHost")
+	return h.dev.call("cuMemFreeHost", func() int32 { return h.dev.drv.cuMemFreeHost(h.p) })
 }

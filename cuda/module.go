@@ -113,11 +113,7 @@ func (m *Module) Unload() error {
 		}
 	}
 	m.dev.modMu.Unlock()
-	if err := m.dev.lock(); err != nil {
-		return err
-	}
-	defer m.dev.unlock()
-	return check(m.dev.drv.cuModuleUnload(m.h), "cuModuleUnload("+m.name+")")
+	return m.dev.call("cuModuleUnload("+m.name+")", func() int32 { return m.dev.drv.cuModuleUnload(m.h) })
 }
 
 // Function is a kernel in a loaded module.
@@ -216,12 +212,9 @@ func (f *Function) Attributes() (FuncAttributes, error) {
 // SetAttribute sets a raw CUfunction_attribute (cuFuncSetAttribute).
 func (f *Function) SetAttribute(attr, value int) error {
 	dev := f.mod.dev
-	if err := dev.lock(); err != nil {
-		return err
-	}
-	defer dev.unlock()
-	return check(dev.drv.cuFuncSetAttribute(f.h, int32(attr), int32(value)),
-		fmt.Sprintf("cuFuncSetAttribute(%s, %d, %d)", f.name, attr, value))
+	return dev.call(fmt.Sprintf("cuFuncSetAttribute(%s, %d, %d)", f.name, attr, value), func() int32 {
+		return dev.drv.cuFuncSetAttribute(f.h, int32(attr), int32(value))
+	})
 }
 
 // SetMaxDynamicShared raises (or lowers) the dynamic shared memory a launch

@@ -4,8 +4,6 @@ import (
 	"fmt"
 	"sync/atomic"
 	"time"
-
-	"github.com/ebitengine/purego"
 )
 
 // Stream is a CUDA stream: work queued on it runs in order. A nil *Stream
@@ -20,12 +18,8 @@ type Stream struct {
 
 // NewStream creates a stream on the device (cuStreamCreate).
 func (dev *Device) NewStream() (*Stream, error) {
-	if err := dev.lock(); err != nil {
-		return nil, err
-	}
-	defer dev.unlock()
 	var h uintptr
-	if err := check(dev.drv.cuStreamCreate(&h, 0), "cuStreamCreate"); err != nil {
+	if err := dev.call("cuStreamCreate", func() int32 { return dev.drv.cuStreamCreate(&h, 0) }); err != nil {
 		return nil, err
 	}
 	return &Stream{dev: dev, h: h}, nil
@@ -70,11 +64,7 @@ func (s *Stream) Synchronize() error {
 	if err != nil {
 		return err
 	}
-	if err := dev.lock(); err != nil {
-		return err
-	}
-	defer dev.unlock()
-	return check(dev.drv.cuStreamSynchronize(h), "cuStreamSynchronize")
+	return dev.call("cuStreamSynchronize", func() int32 { return dev.drv.cuStreamSynchronize(h) })
 }
 
 // Done reports whether all work queued on the stream has finished.
@@ -104,12 +94,7 @@ func (s *Stream) Wait(e *Event) error {
 	if e == nil || e.destroyed.Load() {
 		return misuse("cuStreamWaitEvent", ErrorInvalidHandle, "nil or destroyed event")
 	}
-	if err := dev.lock(); err != nil {
-		return err
-	}
-	r, _, _ := purego.SyscallN(dev.drv.pStreamWaitEvent, h, e.h, 0)
-	dev.unlock()
-	return check(int32(r), "cuStreamWaitEvent")
+	return dev.hot("cuStreamWaitEvent", dev.drv.pStreamWaitEvent, h, e.h, 0)
 }
 
 // Destroy releases the stream once its queued work is done. Destroying it
@@ -118,14 +103,16 @@ func (s *Stream) Destroy() error {
 	if s == nil {
 		return misuse("cuStreamDestroy", ErrorInvalidHandle, "nil stream")
 	}
-	if s.destroyed.Swap(true) {
-		return misuse("cuStreamDestroy", ErrorInvalidHandle, "stream was already destroyed")
+	return s.dev.destroyOnce(&s.destroyed, "stream", "cuStreamDestroy", func() int32 { return s.dev.drv.cuStreamDestroy(s.h) })
+}
+
+// destroyOnce marks a stream or event (what) destroyed and frees it with
+// free, the driver call op. Destroying it again returns an error.
+func (dev *Device) destroyOnce(destroyed *atomic.Bool, what, op string, free func() int32) error {
+	if destroyed.Swap(true) {
+		return misuse(op, ErrorInvalidHandle, "%s was already destroyed", what)
 	}
-	if err := s.dev.lock(); err != nil {
-		return err
-	}
-	defer s.dev.unlock()
-	return check(s.dev.drv.cuStreamDestroy(s.h), "cuStreamDestroy")
+	return dev.call(op, free)
 }
 
 // Event marks a point in a stream, for timing and for ordering streams.
@@ -137,12 +124,8 @@ type Event struct {
 
 // NewEvent creates an event that records timestamps (cuEventCreate).
 func (dev *Device) NewEvent() (*Event, error) {
-	if err := dev.lock(); err != nil {
-		return nil, err
-	}
-	defer dev.unlock()
 	var h uintptr
-	if err := check(dev.drv.cuEventCreate(&h, 0), "cuEventCreate"); err != nil {
+	if err := dev.call("cuEventCreate", func() int32 { return dev.drv.cuEventCreate(&h, 0) }); err != nil {
 		return nil, err
 	}
 	return &Event{dev: dev, h: h}, nil
@@ -167,12 +150,7 @@ func (e *Event) Record(s *Stream) error {
 	if err != nil {
 		return err
 	}
-	if err := e.dev.lock(); err != nil {
-		return err
-	}
-	r, _, _ := purego.SyscallN(e.dev.drv.pEventRecord, e.h, st)
-	e.dev.unlock()
-	return check(int32(r), "cuEventRecord")
+	return e.dev.hot("cuEventRecord", e.dev.drv.pEventRecord, e.h, st)
 }
 
 // Synchronize waits until the event has completed.
@@ -180,11 +158,7 @@ func (e *Event) Synchronize() error {
 	if err := e.usable("cuEventSynchronize"); err != nil {
 		return err
 	}
-	if err := e.dev.lock(); err != nil {
-		return err
-	}
-	defer e.dev.unlock()
-	return check(e.dev.drv.cuEventSynchronize(e.h), "cuEventSynchronize")
+	return e.dev.call("cuEventSynchronize", func() int32 { return e.dev.drv.cuEventSynchronize(e.h) })
 }
 
 // Done reports whether the event has completed.
@@ -228,14 +202,7 @@ func (e *Event) Destroy() error {
 	if e == nil {
 		return misuse("cuEventDestroy", ErrorInvalidHandle, "nil event")
 	}
-	if e.destroyed.Swap(true) {
-		return misuse("cuEventDestroy", ErrorInvalidHandle, "event was already destroyed")
-	}
-	if err := e.dev.lock(); err != nil {
-		return err
-	}
-	defer e.dev.unlock()
-	return check(e.dev.drv.cuEventDestroy(e.h), "cuEventDestroy")
+	return e.dev.destroyOnce(&e.destroyed, "event", "cuEventDestroy", func() int32 { return e.dev.drv.cuEventDestroy(e.h) })
 }
 
 // Graph is an executable CUDA graph captured from a stream: replaying it
@@ -293,12 +260,7 @@ func (g *Graph) Launch(s *Stream) error {
 	if err != nil {
 		return err
 	}
-	if err := g.dev.lock(); err != nil {
-		return err
-	}
-	r, _, _ := purego.SyscallN(g.dev.drv.pGraphLaunch, g.exec, st)
-	g.dev.unlock()
-	return check(int32(r), "cuGraphLaunch")
+	return g.dev.hot("cuGraphLaunch", g.dev.drv.pGraphLaunch, g.exec, st)
 }
 
 // Destroy releases the graph. Destroying it twice returns an error.
