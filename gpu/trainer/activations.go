@@ -1,0 +1,166 @@
+package trainer
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/twell-ai/twell/cuda"
+	"github.com/twell-ai/twell/internal/memcheck"
+	"github.com/twell-ai/twell/model"
+)
+
+// activations are the device buffers of one micro-batch of up to batch x
+// seq tokens (M = batch·seq rows): what each layer's backward needs from
+// its forward, and the shared work buffers of the backward pass. Rows are
+// tokens; a smaller micro-batch uses the leading rows.
+type activations struct {
+	batch, seq, rows, logitRows int
+
+	// Per layer: x the layer's input (x[L] the final residual), x2 the
+	// residual after attention (fp32 [M][h]); hn1, hn2 the normed inputs
+	// (bf16 [M][h]) and their rstd (fp32 [M]); qkv after RoPE (bf16
+	// [M][qkvW]); att the attention output (bf16 [M][nq·hd]) and lse
+	// (fp32 [batch][nq][seq]); gu the MLP pre-activations (fp32 [M][guW]);
+	// hid the MLP hidden activations (bf16 [M][f]).
+	x, x2, hn1, hn2, rstd1, rstd2, qkv, att, lse, gu, hid []*cuda.Buffer
+
+	ids, targets *cuda.Buffer // int32 [M]
+	normF, rstdF *cuda.Buffer // final norm: bf16 [M][h], fp32 [M]
+	logits       *cuda.Buffer // fp32 [logitRows][V]
+	dlogits      *cuda.Buffer // bf16 [logitRows][V]
+	dx, dtmp     *cuda.Buffer // fp32 [M][h]: the residual's gradient, a normed input's
+	dxb          *cuda.Buffer // bf16 [M][h]
+	dh           *cuda.Buffer // fp32 [M][f]
+	dgu          *cuda.Buffer // bf16 [M][guW]
+	qkvF         *cuda.Buffer // fp32 [M][qkvW]: q/k/v before RoPE, then their gradient
+	dqkvb        *cuda.Buffer // bf16 [M][qkvW]
+	datt         *cuda.Buffer // bf16 [M][nq·hd]
+	owned        []*cuda.Buffer
+}
+
+// widths returns a model's fused q/k/v width and fused MLP input width.
+func widths(c model.Config) (qkvW, guW int) {
+	qkvW = (c.NumAttentionHeads + 2*c.NumKeyValueHeads) * c.HeadDim
+	guW = c.IntermediateSize
+	if c.MLPGated {
+		guW *= 2
+	}
+	return qkvW, guW
+}
+
+// logitRowsFor returns the rows of logits that exist at once for
+// micro-batches of rows tokens: o's choice, or as many as fit in 64 MiB.
+func logitRowsFor(c model.Config, rows, o int) int {
+	if o <= 0 {
+		o = max(1, (64<<20)/(4*c.VocabSize))
+	}
+	return min(o, rows)
+}
+
+// activationSizes lists the byte sizes of the buffers of activations for
+// micro-batches of batch x seq tokens, per-layer buffers first.
+func activationSizes(c model.Config, batch, seq, logitRows int) (perLayer, shared []int) {
+	M, h, f, V := batch*seq, c.HiddenSize, c.IntermediateSize, c.VocabSize
+	qkvW, guW := widths(c)
+	nqhd := c.NumAttentionHeads * c.HeadDim
+	lr := logitRowsFor(c, M, logitRows)
+	// x, x2, hn1, hn2, rstd1, rstd2, qkv, att, lse, gu, hid
+	perLayer = []int{4 * M * h, 4 * M * h, 2 * M * h, 2 * M * h, 4 * M, 4 * M, 2 * M * qkvW, 2 * M * nqhd,
+		4 * batch * c.NumAttentionHeads * seq, 4 * M * guW, 2 * M * f}
+	// ids, targets, normF, rstdF, logits, dlogits, dx, dtmp, dxb, dh, dgu, qkvF, dqkvb, datt, x[L]
+	shared = []int{4 * M, 4 * M, 2 * M * h, 4 * M, 4 * lr * V, 2 * lr * V, 4 * M * h, 4 * M * h, 2 * M * h, 4 * M * f,
+		2 * M * guW, 4 * M * qkvW, 2 * M * qkvW, 2 * M * nqhd, 4 * M * h}
+	return perLayer, shared
+}
+
+// ActivationBytes returns the device memory of the activations and work
+// buffers of micro-batches of batch x seq tokens (attention's own work
+// buffers not included), with logitRows rows of logits at once (0: the
+// default).
+func ActivationBytes(c model.Config, batch, seq, logitRows int) int64 {
+	perLayer, shared := activationSizes(c, batch, seq, logitRows)
+	n := int64(0)
+	for _, s := range perLayer {
+		n += int64(s) * int64(c.NumHiddenLayers)
+	}
+	for _, s := range shared {
+		n += int64(s)
+	}
+	return n
+}
+
+// newActivations allocates the buffers for micro-batches of batch x seq.
+func newActivations(dev *cuda.Device, c model.Config, batch, seq, logitRows int) (*activations, error) {
+	a := &activations{batch: batch, seq: seq, rows: batch * seq, logitRows: logitRowsFor(c, batch*seq, logitRows)}
+	perLayer, shared := activationSizes(c, batch, seq, logitRows)
+	alloc := func(n int) *cuda.Buffer {
+		if len(a.owned) > 0 && a.owned[len(a.owned)-1] == nil {
+			return nil
+		}
+		buf, err := dev.Alloc(n)
+		if err != nil {
+			buf = nil
+		}
+		a.owned = append(a.owned, buf)
+		return buf
+	}
+	L := c.NumHiddenLayers
+	lists := []*[]*cuda.Buffer{&a.x, &a.x2, &a.hn1, &a.hn2, &a.rstd1, &a.rstd2, &a.qkv, &a.att, &a.lse, &a.gu, &a.hid}
+	for i, p := range lists {
+		for range L {
+			*p = append(*p, alloc(perLayer[i]))
+		}
+	}
+	singles := []**cuda.Buffer{&a.ids, &a.targets, &a.normF, &a.rstdF, &a.logits, &a.dlogits, &a.dx, &a.dtmp, &a.dxb,
+		&a.dh, &a.dgu, &a.qkvF, &a.dqkvb, &a.datt}
+	for i, p := range singles {
+		*p = alloc(shared[i])
+	}
+	a.x = append(a.x, alloc(shared[len(shared)-1]))
+	if a.owned[len(a.owned)-1] == nil {
+		err := a.free()
+		return nil, errors.Join(fmt.Errorf("trainer: allocating %s of activations for micro-batches of %d x %d tokens failed",
+			memcheck.Format(float64(ActivationBytes(c, batch, seq, logitRows))), batch, seq), err)
+	}
+	return a, nil
+}
+
+// free gives the buffers back.
+func (a *activations) free() error {
+	var errs []error
+	for _, b := range a.owned {
+		if b != nil {
+			errs = append(errs, b.Free())
+		}
+	}
+	a.owned = nil
+	return errors.Join(errs...)
+}
+
+// ensureActs makes the activations hold micro-batches of batch x seq
+// tokens, reallocating (after checking free memory) when they are smaller.
+func (b *Backend) ensureActs(batch, seq int) error {
+	if a := b.acts; a != nil && seq <= a.seq && batch <= a.batch {
+		return nil
+	}
+	nb, ns := batch, seq
+	if a := b.acts; a != nil {
+		nb, ns = max(nb, a.batch), max(ns, a.seq)
+		if err := b.s.Synchronize(); err != nil {
+			return err
+		}
+		if err := a.free(); err != nil {
+			return err
+		}
+		b.acts = nil
+	}
+	if err := fits(b.dev, ActivationBytes(b.c, nb, ns, b.opts.LogitRows), b.c, nb, ns); err != nil {
+		return err
+	}
+	a, err := newActivations(b.dev, b.c, nb, ns, b.opts.LogitRows)
+	if err != nil {
+		return err
+	}
+	b.acts = a
+	return nil
+}

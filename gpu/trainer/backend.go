@@ -1,0 +1,466 @@
+// Package trainer trains sparse-activation Llama models on one NVIDIA GPU:
+// Backend implements train.Backend, so the training loop of package train
+// (schedule, data, checkpoints, metrics, resume) drives it unchanged.
+//
+// Parameters, gradients and AdamW moments are fp32 on the device, each in
+// one flat buffer laid out in train.Tensors order; a bf16 copy of the
+// parameters (refreshed by the AdamW kernel) feeds the cuBLASLt GEMMs,
+// which accumulate in fp32. Every layer's forward and backward runs on the
+// device and follows train's CPU reference (train/layers.go): embedding,
+// RMSNorm, the fused q/k/v projection, RoPE, causal attention, the output
+// projection, the dense ReLU MLP with its L1 penalty and firing counts, the
+// final norm, the LM head and a cross-entropy computed over chunks of rows
+// so that the whole logit matrix never exists at once.
+package trainer
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+
+	"github.com/twell-ai/twell/cuda"
+	"github.com/twell-ai/twell/cuda/cublas"
+	"github.com/twell-ai/twell/internal/memcheck"
+	"github.com/twell-ai/twell/model"
+	"github.com/twell-ai/twell/train"
+)
+
+// Options sizes a Backend.
+type Options struct {
+	// Batch and Seq are the largest micro-batch (sequences, tokens each)
+	// the backend will see: its activation memory is sized and checked
+	// for them in New. Zero: sized at the first Accumulate or Loss (and
+	// grown when a later call is larger).
+	Batch, Seq int
+	// LogitRows is the number of token rows whose logits exist at once in
+	// the cross-entropy (0: as many as fit in 64 MiB of fp32 logits).
+	LogitRows int
+}
+
+// Backend is train.Backend on one GPU (see the package comment).
+type Backend struct {
+	dev  *cuda.Device
+	c    model.Config
+	opts Options
+	k    kernels
+	s    *cuda.Stream
+	blas *cublas.Handle
+	run  launcher
+
+	specs []train.Tensor
+	off   []int // element offset of each tensor in the flat buffers
+	n     int   // parameter count
+
+	// Flat fp32 parameters, gradients, moments; bf16 parameters.
+	w, g, m, v, wb *cuda.Buffer
+	optStep        int64
+
+	acts  *activations
+	attn  map[[2]int]*attention
+	ropes map[int][2]*cuda.Buffer // seq -> cos, sin (fp32 [seq][hd/2])
+
+	// Step statistics on the device: stats fp64 [1+2L] (loss, then per
+	// layer the L1 term and L0), active int32 [L][f]; evalStats and
+	// evalActive are Loss's scratch copies; norm2 is ClipGradients'.
+	stats, active, evalStats, evalActive, norm2 *cuda.Buffer
+	stepN, stepDone                             int
+
+	peak int64 // largest device memory in use seen at a synchronisation
+}
+
+// New returns a Backend training w, a model with config c, on dev, with
+// fresh optimizer moments. It refuses, naming both figures, a model (and,
+// when o gives Batch and Seq, a micro-batch) whose training state does
+// not fit in the device's free memory.
+func New(dev *cuda.Device, c model.Config, w *model.Weights, o Options) (*Backend, error) {
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	if o.Batch < 0 || o.Seq < 0 || o.LogitRows < 0 || (o.Batch > 0) != (o.Seq > 0) {
+		return nil, fmt.Errorf("trainer: options batch %d, seq %d, logit rows %d: give both batch and seq (or neither), none negative",
+			o.Batch, o.Seq, o.LogitRows)
+	}
+	if !slices.Contains(attentionHeadDims, c.HeadDim) {
+		return nil, fmt.Errorf("trainer: head_dim %d: the GPU attention kernels take %v", c.HeadDim, attentionHeadDims)
+	}
+	b := &Backend{dev: dev, c: c, opts: o, specs: train.Tensors(c), attn: map[[2]int]*attention{}, ropes: map[int][2]*cuda.Buffer{}}
+	for _, t := range b.specs {
+		b.off = append(b.off, b.n)
+		b.n += t.Size()
+	}
+	need := ParamBytes(c)
+	if o.Batch > 0 {
+		need += ActivationBytes(c, o.Batch, o.Seq, o.LogitRows)
+	}
+	if err := fits(dev, need, c, o.Batch, o.Seq); err != nil {
+		return nil, err
+	}
+	if err := b.init(); err != nil {
+		b.Close()
+		return nil, err
+	}
+	if err := b.Load(w, nil); err != nil {
+		b.Close()
+		return nil, err
+	}
+	if o.Batch > 0 {
+		if err := b.ensureActs(o.Batch, o.Seq); err != nil {
+			b.Close()
+			return nil, err
+		}
+	}
+	return b, nil
+}
+
+// init compiles the kernels and allocates the stream, cuBLAS handle,
+// parameter state and statistics.
+func (b *Backend) init() error {
+	var err error
+	if b.k, err = kernelsFor(b.dev); err != nil {
+		return err
+	}
+	if b.s, err = b.dev.NewStream(); err != nil {
+		return err
+	}
+	if b.blas, err = cublas.New(b.dev); err != nil {
+		return err
+	}
+	b.run = launcher{k: b.k, s: b.s}
+	L, f := b.c.NumHiddenLayers, b.c.IntermediateSize
+	for _, a := range []struct {
+		p *(*cuda.Buffer)
+		n int
+	}{{&b.w, 4 * b.n}, {&b.g, 4 * b.n}, {&b.m, 4 * b.n}, {&b.v, 4 * b.n}, {&b.wb, 2 * b.n},
+		{&b.stats, 8 * (1 + 2*L)}, {&b.active, 4 * L * f}, {&b.evalStats, 8 * (1 + 2*L)}, {&b.evalActive, 4 * L * f},
+		{&b.norm2, 8}} {
+		if *a.p, err = b.dev.Alloc(a.n); err != nil {
+			return fmt.Errorf("trainer: allocating %d bytes of training state: %w", a.n, err)
+		}
+	}
+	return nil
+}
+
+// ParamBytes returns the device memory the training state of a model with
+// config c takes: fp32 parameters, gradients and two moments, and a bf16
+// copy of the parameters (18 bytes a parameter).
+func ParamBytes(c model.Config) int64 {
+	n := int64(0)
+	for _, t := range train.Tensors(c) {
+		n += int64(t.Size())
+	}
+	return 18 * n
+}
+
+// fits returns an error naming both figures when need bytes exceed the
+// device's free memory.
+func fits(dev *cuda.Device, need int64, c model.Config, batch, seq int) error {
+	free, _, err := dev.MemInfo()
+	if err != nil {
+		return err
+	}
+	const slack = 64 << 20 // cuBLASLt workspace, kernels, allocator rounding
+	if need+slack <= free {
+		return nil
+	}
+	what := fmt.Sprintf("training a %.1fM-parameter model", float64(c.ParamCount())/1e6)
+	if batch > 0 {
+		what += fmt.Sprintf(" on micro-batches of %d x %d tokens", batch, seq)
+	}
+	return fmt.Errorf("trainer: %s needs about %s of device memory (%s of weights, gradients and AdamW moments), but %s is free on %v",
+		what, memcheck.Format(float64(need+slack)), memcheck.Format(float64(ParamBytes(c))), memcheck.Format(float64(free)), dev)
+}
+
+// Config returns the configuration of the model being trained.
+func (b *Backend) Config() model.Config { return b.c }
+
+// PeakMemory returns the largest device memory in use (total less free,
+// all processes) seen when the backend waited for the device.
+func (b *Backend) PeakMemory() int64 { return b.peak }
+
+func (b *Backend) samplePeak() {
+	if free, total, err := b.dev.MemInfo(); err == nil && total-free > b.peak {
+		b.peak = total - free
+	}
+}
+
+// slicer cuts views of buffers, keeping the first error.
+type slicer struct{ err error }
+
+func (s *slicer) at(buf *cuda.Buffer, off, n int) *cuda.Buffer {
+	if s.err != nil {
+		return nil
+	}
+	v, err := buf.Slice(off, n)
+	if err != nil {
+		s.err = err
+	}
+	return v
+}
+
+// tensorView returns tensors [i, j) of a flat buffer of esize-byte values.
+func (b *Backend) tensorView(sl *slicer, buf *cuda.Buffer, esize, i, j int) *cuda.Buffer {
+	end := b.n
+	if j < len(b.off) {
+		end = b.off[j]
+	}
+	return sl.at(buf, esize*b.off[i], esize*(end-b.off[i]))
+}
+
+// Tensor indices within a layer, from its first (attention norm).
+const (
+	tAttnNorm = iota
+	tQ
+	tK
+	tV
+	tO
+	tMLPNorm
+	tGateOrUp // gate (gated) or up (ungated): the start of the fused MLP input matrix
+)
+
+// layerBase returns the index in specs of layer l's attention norm.
+func (b *Backend) layerBase(l int) int {
+	per := 8
+	if b.c.MLPGated {
+		per = 9
+	}
+	return 1 + l*per
+}
+
+// normIndex and headIndex are the final norm's and the LM head's indices
+// (the head is the embedding, 0, when tied).
+func (b *Backend) normIndex() int { return b.layerBase(b.c.NumHiddenLayers) }
+func (b *Backend) headIndex() int {
+	if b.c.TieWordEmbeddings {
+		return 0
+	}
+	return b.normIndex() + 1
+}
+
+// hostTensors lists w's tensors in train.Tensors order, checking shapes.
+func (b *Backend) hostTensors(w *model.Weights) ([][]float32, error) {
+	if w == nil {
+		return nil, errors.New("trainer: Load: no weights")
+	}
+	if len(w.Layers) != b.c.NumHiddenLayers {
+		return nil, fmt.Errorf("trainer: weights of %d layers for a %d-layer model", len(w.Layers), b.c.NumHiddenLayers)
+	}
+	out := [][]float32{w.Embed}
+	for _, l := range w.Layers {
+		out = append(out, l.AttnNorm, l.Q, l.K, l.V, l.O, l.MLPNorm)
+		if b.c.MLPGated {
+			out = append(out, l.Gate)
+		}
+		out = append(out, l.Up, l.Down)
+	}
+	out = append(out, w.Norm)
+	if !b.c.TieWordEmbeddings {
+		out = append(out, w.LMHead)
+	}
+	for i, s := range b.specs {
+		if len(out[i]) != s.Size() {
+			return nil, fmt.Errorf("trainer: tensor %s has %d values, want %d (shape %v)", s.Name, len(out[i]), s.Size(), s.Shape)
+		}
+	}
+	return out, nil
+}
+
+// upload copies one fp32 value per parameter, tensor by tensor, into the
+// flat buffer dst (nil tensors: zeros).
+func (b *Backend) upload(dst *cuda.Buffer, ts [][]float32) error {
+	flat := make([]float32, b.n)
+	for i, t := range ts {
+		copy(flat[b.off[i]:], t)
+	}
+	return b.dev.CopyHtoD(dst, cuda.Bytes(flat))
+}
+
+// download copies the flat buffer src to host tensors in train.Tensors
+// order (sharing one allocation).
+func (b *Backend) download(src *cuda.Buffer) ([][]float32, error) {
+	if err := b.s.Synchronize(); err != nil {
+		return nil, err
+	}
+	flat := make([]float32, b.n)
+	if err := b.dev.CopyDtoH(cuda.Bytes(flat), src); err != nil {
+		return nil, err
+	}
+	out := make([][]float32, len(b.specs))
+	for i := range b.specs {
+		end := b.n
+		if i+1 < len(b.off) {
+			end = b.off[i+1]
+		}
+		out[i] = flat[b.off[i]:end:end]
+	}
+	return out, nil
+}
+
+// Load replaces the parameters and the optimizer state (nil: fresh moments,
+// step 0). w's memory is copied, not kept.
+func (b *Backend) Load(w *model.Weights, opt *train.OptimizerState) error {
+	ts, err := b.hostTensors(w)
+	if err != nil {
+		return err
+	}
+	if opt != nil {
+		if len(opt.M) != len(b.specs) || len(opt.V) != len(b.specs) {
+			return fmt.Errorf("trainer: optimizer state of %d and %d moments for %d tensors", len(opt.M), len(opt.V), len(b.specs))
+		}
+		for i, s := range b.specs {
+			if len(opt.M[i]) != s.Size() || len(opt.V[i]) != s.Size() {
+				return fmt.Errorf("trainer: optimizer moments of %s have %d and %d values, want %d", s.Name, len(opt.M[i]), len(opt.V[i]), s.Size())
+			}
+		}
+	}
+	if err := b.s.Synchronize(); err != nil {
+		return err
+	}
+	if err := b.upload(b.w, ts); err != nil {
+		return err
+	}
+	if opt != nil {
+		if err := b.upload(b.m, opt.M); err != nil {
+			return err
+		}
+		if err := b.upload(b.v, opt.V); err != nil {
+			return err
+		}
+		b.optStep = opt.Step
+	} else {
+		if err := b.dev.Memset8(b.m, 0, b.s); err != nil {
+			return err
+		}
+		if err := b.dev.Memset8(b.v, 0, b.s); err != nil {
+			return err
+		}
+		b.optStep = 0
+	}
+	b.stepN, b.stepDone = 0, 0
+	if err := b.run.toBF16(b.wb, b.w, b.n); err != nil {
+		return err
+	}
+	return b.s.Synchronize()
+}
+
+// Weights copies the parameters to host model weights (fresh memory).
+func (b *Backend) Weights() (*model.Weights, error) {
+	ts, err := b.download(b.w)
+	if err != nil {
+		return nil, err
+	}
+	w := &model.Weights{Embed: ts[0], Norm: ts[b.normIndex()]}
+	if !b.c.TieWordEmbeddings {
+		w.LMHead = ts[b.headIndex()]
+	}
+	for l := 0; l < b.c.NumHiddenLayers; l++ {
+		t := ts[b.layerBase(l):]
+		lw := model.LayerWeights{AttnNorm: t[tAttnNorm], Q: t[tQ], K: t[tK], V: t[tV], O: t[tO], MLPNorm: t[tMLPNorm]}
+		if b.c.MLPGated {
+			lw.Gate, lw.Up, lw.Down = t[6], t[7], t[8]
+		} else {
+			lw.Up, lw.Down = t[6], t[7]
+		}
+		w.Layers = append(w.Layers, lw)
+	}
+	return w, nil
+}
+
+// OptimizerState copies the AdamW state to host memory.
+func (b *Backend) OptimizerState() (*train.OptimizerState, error) {
+	m, err := b.download(b.m)
+	if err != nil {
+		return nil, err
+	}
+	v, err := b.download(b.v)
+	if err != nil {
+		return nil, err
+	}
+	return &train.OptimizerState{Step: b.optStep, M: m, V: v}, nil
+}
+
+// Close waits for queued work and frees everything the backend holds.
+func (b *Backend) Close() error {
+	var errs []error
+	if b.s != nil {
+		errs = append(errs, b.s.Synchronize())
+	}
+	for _, a := range b.attn {
+		errs = append(errs, a.close())
+	}
+	b.attn = nil
+	for _, r := range b.ropes {
+		errs = append(errs, r[0].Free(), r[1].Free())
+	}
+	b.ropes = nil
+	if b.acts != nil {
+		errs = append(errs, b.acts.free())
+		b.acts = nil
+	}
+	for _, p := range []**cuda.Buffer{&b.w, &b.g, &b.m, &b.v, &b.wb, &b.stats, &b.active, &b.evalStats, &b.evalActive, &b.norm2} {
+		if *p != nil {
+			errs = append(errs, (*p).Free())
+			*p = nil
+		}
+	}
+	if b.blas != nil {
+		errs = append(errs, b.blas.Close())
+		b.blas = nil
+	}
+	if b.s != nil {
+		errs = append(errs, b.s.Destroy())
+		b.s = nil
+	}
+	return errors.Join(errs...)
+}
+
+// ropeTables returns the fp32 cos and sin tables for sequences of seq
+// tokens (model.RoPEAngles, as the CPU reference), uploaded once.
+func (b *Backend) ropeTables(seq int) (cos, sin *cuda.Buffer, err error) {
+	if t, ok := b.ropes[seq]; ok {
+		return t[0], t[1], nil
+	}
+	c64, s64 := model.RoPEAngles(b.c, seq)
+	var bufs [2]*cuda.Buffer
+	for i, src := range [][]float64{c64, s64} {
+		v := make([]float32, len(src))
+		for j, x := range src {
+			v[j] = float32(x)
+		}
+		if bufs[i], err = b.dev.Alloc(4 * len(v)); err != nil {
+			return nil, nil, err
+		}
+		if err = b.dev.CopyHtoD(bufs[i], cuda.Bytes(v)); err != nil {
+			return nil, nil, err
+		}
+	}
+	b.ropes[seq] = bufs
+	return bufs[0], bufs[1], nil
+}
+
+// attention returns the attention of micro-batches of batch x seq tokens.
+func (b *Backend) attentionFor(batch, seq int) (*attention, error) {
+	if a, ok := b.attn[[2]int{batch, seq}]; ok {
+		return a, nil
+	}
+	c := b.c
+	a, err := newAttention(b.dev, b.blas, batch, seq, c.NumAttentionHeads, c.NumKeyValueHeads, c.HeadDim)
+	if err != nil {
+		return nil, fmt.Errorf("trainer: attention for %d x %d tokens: %w", batch, seq, err)
+	}
+	b.attn[[2]int{batch, seq}] = a
+	return a, nil
+}
+
+// adamWArgsFor returns the AdamW operands of the next step for a tensor
+// that decays or not, exactly as train's CPU AdamW computes them.
+func adamWArgsFor(h train.AdamW, lr float64, step int64, decays bool) adamWArgs {
+	b1c := 1 - math.Pow(h.Beta1, float64(step))
+	b2c := 1 - math.Pow(h.Beta2, float64(step))
+	a := adamWArgs{b1: float32(h.Beta1), b2: float32(h.Beta2), stepSize: float32(lr / b1c),
+		invB2c: float32(1 / math.Sqrt(b2c)), eps: float32(h.Eps)}
+	if decays {
+		a.wd = float32(lr * h.WeightDecay)
+	}
+	return a
+}

@@ -1,0 +1,289 @@
+package trainer
+
+import (
+	_ "embed"
+	"fmt"
+	"sync"
+
+	"github.com/twell-ai/twell/cuda"
+	"github.com/twell-ai/twell/gpu"
+)
+
+var (
+	//go:embed layers.cu
+	layersSrc []byte
+	//go:embed optim.cu
+	optimSrc []byte
+)
+
+// kernelFiles are this package's .cu files (but attention's, which its own
+// launcher compiles) and the kernels looked up in each.
+var kernelFiles = []struct {
+	name    string
+	src     *[]byte
+	kernels []string
+}{
+	{"layers.cu", &layersSrc, []string{"embed_fwd", "embed_bwd", "rmsnorm_fwd", "rmsnorm_bwd_dx", "rmsnorm_bwd_dw",
+		"rope_cast", "cast_bf16", "relu_fwd", "relu_bwd", "ce_chunk"}},
+	{"optim.cu", &optimSrc, []string{"sumsq", "scale", "adamw", "to_bf16", "reinit_rows", "reinit_cols"}},
+}
+
+// kernels are the compiled functions of kernelFiles on one device, by name.
+type kernels map[string]*cuda.Function
+
+var (
+	kernMu  sync.Mutex
+	kernTab = map[*cuda.Device]kernels{}
+)
+
+// kernelsFor compiles kernelFiles for dev with package gpu's headers (once
+// per process; NVRTC's output is also cached on disk) and looks their
+// kernels up.
+func kernelsFor(dev *cuda.Device) (kernels, error) {
+	kernMu.Lock()
+	defer kernMu.Unlock()
+	if k := kernTab[dev]; k != nil {
+		return k, nil
+	}
+	k := kernels{}
+	for _, file := range kernelFiles {
+		mod, err := dev.Compile(file.name, *file.src, gpu.Headers()...)
+		if err != nil {
+			return nil, fmt.Errorf("trainer: compiling %s: %w", file.name, err)
+		}
+		for _, name := range file.kernels {
+			if k[name], err = mod.Function(name); err != nil {
+				return nil, fmt.Errorf("trainer: kernel %s: %w", name, err)
+			}
+		}
+	}
+	kernTab[dev] = k
+	return k, nil
+}
+
+// Launch geometry, in one place.
+const (
+	rowBlock  = 256  // threads of a one-block-per-row kernel
+	wideBlock = 1024 // threads of ce_chunk (rows of a vocabulary)
+	flatBlock = 256  // threads of a grid-stride kernel
+	flatGrid  = 1024 // at most this many blocks for a grid-stride kernel
+	rowsPer   = 64   // rows each block of a column-parallel reduction takes
+)
+
+func dim(x int) cuda.Dim3     { return cuda.Dim3{uint32(x), 1, 1} }
+func dim2(x, y int) cuda.Dim3 { return cuda.Dim3{uint32(x), uint32(y), 1} }
+func ceil(a, b int) int       { return (a + b - 1) / b }
+func flat(n int) cuda.Dim3    { return dim(max(1, min(flatGrid, ceil(n, flatBlock)))) }
+func optional(b *cuda.Buffer) any {
+	if b == nil {
+		return cuda.DevicePtr(0)
+	}
+	return b
+}
+
+// need checks that buffer b (named what) holds at least n bytes.
+func need(what string, b *cuda.Buffer, n int) error {
+	if b == nil {
+		return fmt.Errorf("trainer: %s buffer is nil", what)
+	}
+	if b.Len() < n {
+		return fmt.Errorf("trainer: %s buffer has %d bytes, needs %d", what, b.Len(), n)
+	}
+	return nil
+}
+
+func check(checks ...error) error {
+	for _, e := range checks {
+		if e != nil {
+			return e
+		}
+	}
+	return nil
+}
+
+// launcher queues this package's kernels on one stream.
+type launcher struct {
+	k kernels
+	s *cuda.Stream
+}
+
+// embedFwd sets x[t] = table[ids[t]] for n tokens of h values (fp32).
+func (l launcher) embedFwd(x, table, ids *cuda.Buffer, n, h int) error {
+	if err := check(need("embedding output", x, 4*n*h), need("token ids", ids, 4*n)); err != nil {
+		return err
+	}
+	return l.k["embed_fwd"].Launch(dim(n), dim(rowBlock), 0, l.s, table, ids, x, int32(h))
+}
+
+// embedBwd adds dx[t] into gtable[ids[t]] for n tokens.
+func (l launcher) embedBwd(gtable, ids, dx *cuda.Buffer, n, h int) error {
+	if err := check(need("embedding gradient input", dx, 4*n*h), need("token ids", ids, 4*n)); err != nil {
+		return err
+	}
+	return l.k["embed_bwd"].Launch(dim(n), dim(rowBlock), 0, l.s, gtable, ids, dx, int32(h))
+}
+
+// rmsNormFwd sets y (bf16) and rstd (fp32) from x (fp32), rows of h.
+func (l launcher) rmsNormFwd(y, rstd, x, w *cuda.Buffer, rows, h int, eps float64) error {
+	if err := check(need("norm output", y, 2*rows*h), need("norm rstd", rstd, 4*rows), need("norm input", x, 4*rows*h),
+		need("norm gain", w, 4*h)); err != nil {
+		return err
+	}
+	return l.k["rmsnorm_fwd"].Launch(dim(rows), dim(rowBlock), 0, l.s, x, w, y, rstd, int32(h), float32(eps))
+}
+
+// rmsNormBwd adds the input gradient into dx and the gain's into dw, from
+// dy (fp32) and the forward's x and rstd.
+func (l launcher) rmsNormBwd(dx, dw, dy, x, w, rstd *cuda.Buffer, rows, h int) error {
+	if err := check(need("norm dx", dx, 4*rows*h), need("norm dy", dy, 4*rows*h), need("norm input", x, 4*rows*h),
+		need("norm rstd", rstd, 4*rows), need("norm gain gradient", dw, 4*h)); err != nil {
+		return err
+	}
+	if err := l.k["rmsnorm_bwd_dx"].Launch(dim(rows), dim(rowBlock), 0, l.s, dx, dy, x, w, rstd, int32(h)); err != nil {
+		return err
+	}
+	return l.k["rmsnorm_bwd_dw"].Launch(dim2(ceil(h, rowBlock), ceil(rows, rowsPer)), dim(rowBlock), 0, l.s,
+		dw, dy, x, rstd, int32(rows), int32(h), int32(rowsPer))
+}
+
+// ropeCast writes dst (bf16) = src (fp32), n tokens of width values, with
+// the first nrot heads of hd rotated (sign 1) or rotated back (sign -1).
+func (l launcher) ropeCast(dst, src, cos, sin *cuda.Buffer, n, seq, nrot, hd, width int, sign float32) error {
+	if err := check(need("rope output", dst, 2*n*width), need("rope input", src, 4*n*width),
+		need("rope cos", cos, 4*seq*hd/2), need("rope sin", sin, 4*seq*hd/2)); err != nil {
+		return err
+	}
+	return l.k["rope_cast"].Launch(dim(n), dim(rowBlock), 0, l.s, src, dst, cos, sin, int32(seq), int32(nrot),
+		int32(hd), int32(width), sign)
+}
+
+// castBF16 writes dst = bf16(src) for n values.
+func (l launcher) castBF16(dst, src *cuda.Buffer, n int) error {
+	if err := check(need("cast output", dst, 2*n), need("cast input", src, 4*n)); err != nil {
+		return err
+	}
+	return l.k["cast_bf16"].Launch(flat(n), dim(flatBlock), 0, l.s, src, dst, int64(n))
+}
+
+// reluArgs are the operands of the MLP activation of m rows of f units:
+// gu the fp32 pre-activations (gated: [m][2f], gate then up; else [m][f]).
+type reluArgs struct {
+	gu    *cuda.Buffer
+	m, f  int
+	gated bool
+}
+
+func (a reluArgs) check() error {
+	w := a.f
+	if a.gated {
+		w *= 2
+	}
+	return need("MLP pre-activations", a.gu, 4*a.m*w)
+}
+
+func b2i(b bool) int32 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// reluFwd writes h (bf16 [m][f]) and adds the firing counts into active
+// (int32 [f]) and l1Scale·Σ|h|, l0Scale·(units fired) into stats[0], stats[1]
+// (fp64).
+func (l launcher) reluFwd(a reluArgs, h, active, stats *cuda.Buffer, l1Scale, l0Scale float64) error {
+	if err := check(a.check(), need("MLP hidden", h, 2*a.m*a.f), need("firing counts", active, 4*a.f),
+		need("statistics", stats, 16)); err != nil {
+		return err
+	}
+	return l.k["relu_fwd"].Launch(dim2(ceil(a.f, rowBlock), ceil(a.m, rowsPer)), dim(rowBlock), 0, l.s,
+		a.gu, h, active, stats, int32(a.m), int32(a.f), b2i(a.gated), int32(rowsPer), l1Scale, l0Scale)
+}
+
+// reluBwd writes dgu (bf16, gu's layout) from dh (fp32 [m][f]) plus
+// l1Grad·sign(h).
+func (l launcher) reluBwd(a reluArgs, dgu, dh *cuda.Buffer, l1Grad float32) error {
+	w := a.f
+	if a.gated {
+		w *= 2
+	}
+	if err := check(a.check(), need("MLP pre-activation gradient", dgu, 2*a.m*w), need("MLP hidden gradient", dh, 4*a.m*a.f)); err != nil {
+		return err
+	}
+	return l.k["relu_bwd"].Launch(flat(a.m*a.f), dim(flatBlock), 0, l.s, a.gu, dh, dgu, int32(a.m), int32(a.f),
+		b2i(a.gated), l1Grad)
+}
+
+// crossEntropy adds lossScale·Σ NLL over rows of fp32 logits [rows][V] into
+// loss (fp64) and, with dlogits set, writes gradScale·(softmax - onehot)
+// there (bf16).
+func (l launcher) crossEntropy(logits, targets, dlogits, loss *cuda.Buffer, rows, V int, gradScale float32, lossScale float64) error {
+	if err := check(need("logits", logits, 4*rows*V), need("targets", targets, 4*rows), need("loss", loss, 8)); err != nil {
+		return err
+	}
+	if dlogits != nil {
+		if err := need("logit gradient", dlogits, 2*rows*V); err != nil {
+			return err
+		}
+	}
+	return l.k["ce_chunk"].Launch(dim(rows), dim(wideBlock), 0, l.s, logits, targets, optional(dlogits), loss,
+		int32(V), gradScale, lossScale)
+}
+
+// sumSq adds Σ x² over n fp32 values into out (fp64).
+func (l launcher) sumSq(out, x *cuda.Buffer, n int) error {
+	if err := check(need("sum of squares input", x, 4*n), need("sum of squares", out, 8)); err != nil {
+		return err
+	}
+	return l.k["sumsq"].Launch(flat(n), dim(flatBlock), 0, l.s, x, int64(n), out)
+}
+
+// scale multiplies n fp32 values by s.
+func (l launcher) scale(x *cuda.Buffer, n int, s float32) error {
+	if err := need("scaled values", x, 4*n); err != nil {
+		return err
+	}
+	return l.k["scale"].Launch(flat(n), dim(flatBlock), 0, l.s, x, int64(n), s)
+}
+
+// adamWArgs are the per-tensor operands of an AdamW step.
+type adamWArgs struct {
+	b1, b2, wd, stepSize, invB2c, eps float32
+}
+
+// adamW applies one step to n values of w (fp32) with gradient g and
+// moments m, v, and refreshes wb (bf16).
+func (l launcher) adamW(w, wb, g, m, v *cuda.Buffer, n int, a adamWArgs) error {
+	if err := check(need("weights", w, 4*n), need("bf16 weights", wb, 2*n), need("gradient", g, 4*n),
+		need("first moment", m, 4*n), need("second moment", v, 4*n)); err != nil {
+		return err
+	}
+	return l.k["adamw"].Launch(flat(n), dim(flatBlock), 0, l.s, w, wb, g, m, v, int64(n), a.b1, a.b2, a.wd,
+		a.stepSize, a.invB2c, a.eps)
+}
+
+// toBF16 refreshes wb = bf16(w) for n values.
+func (l launcher) toBF16(wb, w *cuda.Buffer, n int) error {
+	if err := check(need("weights", w, 4*n), need("bf16 weights", wb, 2*n)); err != nil {
+		return err
+	}
+	return l.k["to_bf16"].Launch(flat(n), dim(flatBlock), 0, l.s, w, wb, int64(n))
+}
+
+// reinitRows gives rows units (int32 [n]) of a tensor of rows of h values
+// the values rows ([n][h] fp32; nil: zeros) and zero moments.
+func (l launcher) reinitRows(w, wb, m, v, rows, units *cuda.Buffer, n, h int) error {
+	if err := need("unit ids", units, 4*n); err != nil {
+		return err
+	}
+	return l.k["reinit_rows"].Launch(dim(n), dim(rowBlock), 0, l.s, w, wb, m, v, optional(rows), units, int32(h))
+}
+
+// reinitCols zeroes columns units (int32 [n]) of a tensor of h rows of f
+// values, and their moments.
+func (l launcher) reinitCols(w, wb, m, v, units *cuda.Buffer, n, h, f int) error {
+	if err := need("unit ids", units, 4*n); err != nil {
+		return err
+	}
+	return l.k["reinit_cols"].Launch(dim(n), dim(rowBlock), 0, l.s, w, wb, m, v, units, int32(h), int32(f))
+}

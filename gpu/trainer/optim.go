@@ -1,0 +1,237 @@
+package trainer
+
+import (
+	"errors"
+	"fmt"
+	"math"
+
+	"github.com/twell-ai/twell/cuda"
+	"github.com/twell-ai/twell/train"
+)
+
+// BeginStep clears the gradients and the statistics for a step of
+// microBatches micro-batches.
+func (b *Backend) BeginStep(microBatches int) error {
+	if microBatches <= 0 {
+		return fmt.Errorf("trainer: a step of %d micro-batches", microBatches)
+	}
+	for _, buf := range []*cuda.Buffer{b.g, b.stats, b.active} {
+		if err := b.dev.Memset8(buf, 0, b.s); err != nil {
+			return err
+		}
+	}
+	b.stepN, b.stepDone = microBatches, 0
+	return nil
+}
+
+// Accumulate queues the forward and backward pass of one micro-batch,
+// adding its gradient (already divided by the step's micro-batch count,
+// so that the sum is their mean) and statistics to the step's. It returns
+// before the device has finished.
+func (b *Backend) Accumulate(tokens []int, batch, seq int, l1 float64) error {
+	if b.stepDone >= b.stepN {
+		return errors.New("trainer: Accumulate outside a step, or more micro-batches than BeginStep announced")
+	}
+	if err := b.uploadTokens(tokens, batch, seq); err != nil {
+		return err
+	}
+	m, n, L := float64(batch*seq), float64(b.stepN), float64(b.c.NumHiddenLayers)
+	err := b.forwardBackward(pass{batch: batch, seq: seq, m: batch * seq, backward: true, stats: b.stats, active: b.active,
+		lossScale: 1 / (m * n), gradScale: float32(1 / (m * n)), l1Stat: l1 / L / m / n,
+		l1Grad: float32(l1 / L / m / n), l0Scale: 1 / (m * n)})
+	if err != nil {
+		b.stepN = 0 // the step is broken: EndStep refuses it
+		return err
+	}
+	b.stepDone++
+	return nil
+}
+
+// readStats waits for the device and reads statistics buffers (fp64
+// [1+2L], int32 [L][f]) into a StepStats.
+func (b *Backend) readStats(stats, active *cuda.Buffer) (*train.StepStats, error) {
+	if err := b.s.Synchronize(); err != nil {
+		return nil, err
+	}
+	b.samplePeak()
+	L, f := b.c.NumHiddenLayers, b.c.IntermediateSize
+	s := make([]float64, 1+2*L)
+	act := make([]int32, L*f)
+	if err := b.dev.CopyDtoH(cuda.Bytes(s), stats); err != nil {
+		return nil, err
+	}
+	if err := b.dev.CopyDtoH(cuda.Bytes(act), active); err != nil {
+		return nil, err
+	}
+	st := &train.StepStats{Loss: s[0], Active: make([][]int32, L), L0: make([]float64, L)}
+	for l := range L {
+		st.L1 += s[1+2*l]
+		st.L0[l] = s[2+2*l]
+		st.Active[l] = act[l*f : (l+1)*f : (l+1)*f]
+	}
+	return st, nil
+}
+
+// EndStep waits for the step's micro-batches and returns its statistics.
+// The gradient is already the mean over the micro-batches.
+func (b *Backend) EndStep() (*train.StepStats, error) {
+	if b.stepN == 0 || b.stepDone != b.stepN {
+		return nil, fmt.Errorf("trainer: EndStep after %d of %d micro-batches", b.stepDone, b.stepN)
+	}
+	b.stepN, b.stepDone = 0, 0
+	return b.readStats(b.stats, b.active)
+}
+
+// ClipGradients scales the gradient so that its global L2 norm is at most
+// maxNorm (0: no clipping) and returns the norm before clipping. It waits
+// for the device once.
+func (b *Backend) ClipGradients(maxNorm float64) (float64, error) {
+	if err := b.dev.Memset8(b.norm2, 0, b.s); err != nil {
+		return 0, err
+	}
+	if err := b.run.sumSq(b.norm2, b.g, b.n); err != nil {
+		return 0, err
+	}
+	if err := b.s.Synchronize(); err != nil {
+		return 0, err
+	}
+	ss := make([]float64, 1)
+	if err := b.dev.CopyDtoH(cuda.Bytes(ss), b.norm2); err != nil {
+		return 0, err
+	}
+	norm := math.Sqrt(ss[0])
+	if maxNorm > 0 && norm > maxNorm {
+		if err := b.run.scale(b.g, b.n, float32(maxNorm/norm)); err != nil {
+			return 0, err
+		}
+	}
+	return norm, nil
+}
+
+// Update queues one AdamW step with learning rate lr: decoupled weight
+// decay on the matrices, none on the RMSNorm gains (the 1-D tensors).
+func (b *Backend) Update(h train.AdamW, lr float64) error {
+	b.optStep++
+	sl := &slicer{}
+	for i, t := range b.specs {
+		w, wb := b.tensorView(sl, b.w, 4, i, i+1), b.tensorView(sl, b.wb, 2, i, i+1)
+		g, m, v := b.tensorView(sl, b.g, 4, i, i+1), b.tensorView(sl, b.m, 4, i, i+1), b.tensorView(sl, b.v, 4, i, i+1)
+		if sl.err != nil {
+			return sl.err
+		}
+		if err := b.run.adamW(w, wb, g, m, v, t.Size(), adamWArgsFor(h, lr, b.optStep, len(t.Shape) > 1)); err != nil {
+			return fmt.Errorf("trainer: AdamW on %s: %w", t.Name, err)
+		}
+	}
+	return nil
+}
+
+// ReinitUnits gives MLP units fresh gate and up rows, a zero down column
+// and zero moments for all three. It waits for the device.
+func (b *Backend) ReinitUnits(units []train.UnitInit) error {
+	h, f, L := b.c.HiddenSize, b.c.IntermediateSize, b.c.NumHiddenLayers
+	byLayer := make([][]train.UnitInit, L)
+	for _, u := range units {
+		if u.Layer < 0 || u.Layer >= L || u.Unit < 0 || u.Unit >= f {
+			return fmt.Errorf("trainer: re-initialise unit %d of layer %d: outside the model (%d layers of %d units)", u.Unit, u.Layer, L, f)
+		}
+		if len(u.Up) != h || b.c.MLPGated != (u.Gate != nil) || (u.Gate != nil && len(u.Gate) != h) {
+			return fmt.Errorf("trainer: re-initialise unit %d of layer %d: rows of %d (gate) and %d (up) values, want %d", u.Unit, u.Layer, len(u.Gate), len(u.Up), h)
+		}
+		byLayer[u.Layer] = append(byLayer[u.Layer], u)
+	}
+	for l, us := range byLayer {
+		if len(us) == 0 {
+			continue
+		}
+		if err := b.reinitLayer(l, us); err != nil {
+			return err
+		}
+	}
+	return b.s.Synchronize()
+}
+
+// reinitLayer re-initialises units us of layer l.
+func (b *Backend) reinitLayer(l int, us []train.UnitInit) error {
+	h, f, n := b.c.HiddenSize, b.c.IntermediateSize, len(us)
+	ids := make([]int32, n)
+	gate, up := make([]float32, 0, n*h), make([]float32, 0, n*h)
+	for k, u := range us {
+		ids[k] = int32(u.Unit)
+		gate, up = append(gate, u.Gate...), append(up, u.Up...)
+	}
+	var tmp []*cuda.Buffer
+	defer func() {
+		if err := b.s.Synchronize(); err == nil {
+			for _, t := range tmp {
+				t.Free()
+			}
+		}
+	}()
+	upload := func(src []byte) (*cuda.Buffer, error) {
+		buf, err := b.dev.Alloc(len(src))
+		if err != nil {
+			return nil, err
+		}
+		tmp = append(tmp, buf)
+		return buf, b.dev.CopyHtoD(buf, src)
+	}
+	idBuf, err := upload(cuda.Bytes(ids))
+	if err != nil {
+		return err
+	}
+	i := b.layerBase(l) + tGateOrUp
+	sl := &slicer{}
+	views := func(i int) (w, wb, m, v *cuda.Buffer) {
+		return b.tensorView(sl, b.w, 4, i, i+1), b.tensorView(sl, b.wb, 2, i, i+1), b.tensorView(sl, b.m, 4, i, i+1),
+			b.tensorView(sl, b.v, 4, i, i+1)
+	}
+	rows := [][]float32{up}
+	if b.c.MLPGated {
+		rows = [][]float32{gate, up}
+	}
+	for _, r := range rows {
+		src, err := upload(cuda.Bytes(r))
+		if err != nil {
+			return err
+		}
+		w, wb, m, v := views(i)
+		if sl.err != nil {
+			return sl.err
+		}
+		if err := b.run.reinitRows(w, wb, m, v, src, idBuf, n, h); err != nil {
+			return err
+		}
+		i++
+	}
+	w, wb, m, v := views(i) // down: [h][f]
+	if sl.err != nil {
+		return sl.err
+	}
+	return b.run.reinitCols(w, wb, m, v, idBuf, n, h, f)
+}
+
+// Loss returns the mean cross-entropy of one batch, without the L1 term,
+// touching neither the gradients nor the step's statistics. It waits for
+// the device.
+func (b *Backend) Loss(tokens []int, batch, seq int) (float64, error) {
+	if err := b.uploadTokens(tokens, batch, seq); err != nil {
+		return 0, err
+	}
+	for _, buf := range []*cuda.Buffer{b.evalStats, b.evalActive} {
+		if err := b.dev.Memset8(buf, 0, b.s); err != nil {
+			return 0, err
+		}
+	}
+	m := float64(batch * seq)
+	err := b.forwardBackward(pass{batch: batch, seq: seq, m: batch * seq, stats: b.evalStats, active: b.evalActive,
+		lossScale: 1 / m, l0Scale: 1 / m})
+	if err != nil {
+		return 0, err
+	}
+	st, err := b.readStats(b.evalStats, b.evalActive)
+	if err != nil {
+		return 0, err
+	}
+	return st.Loss, nil
+}

@@ -1,0 +1,259 @@
+package trainer
+
+import (
+	"fmt"
+
+	"github.com/twell-ai/twell/cuda"
+	"github.com/twell-ai/twell/cuda/cublas"
+)
+
+// GEMMs of a linear layer y = x Wᵀ (x [m][in], W [out][in], row-major),
+// bf16 inputs, fp32 accumulation.
+
+// linear sets y = x·Wᵀ (+ y when add), y of type ct.
+func (b *Backend) linear(y, x, w *cuda.Buffer, m, in, out int, ct cublas.DataType, add bool) error {
+	g := cublas.Gemm{M: m, N: out, K: in, TransB: true, Alpha: 1, CType: ct}
+	if add {
+		g.Beta = 1
+	}
+	return b.blas.Matmul(b.s, g, x, w, y)
+}
+
+// linearDX sets dx = dy·W (dy [m][out]), dx of type ct.
+func (b *Backend) linearDX(dx, dy, w *cuda.Buffer, m, in, out int, ct cublas.DataType) error {
+	return b.blas.Matmul(b.s, cublas.Gemm{M: m, N: in, K: out, Alpha: 1, CType: ct}, dy, w, dx)
+}
+
+// linearDW adds dyᵀ·x into dw (fp32 [out][in]).
+func (b *Backend) linearDW(dw, dy, x *cuda.Buffer, m, in, out int) error {
+	return b.blas.Matmul(b.s, cublas.Gemm{M: out, N: in, K: m, TransA: true, Alpha: 1, Beta: 1, CType: cublas.F32}, dy, x, dw)
+}
+
+// layerViews are one layer's parameter views (fused where the layout
+// allows: q, k, v are consecutive tensors, and so are gate and up).
+type layerViews struct {
+	attnNorm, qkv, o, mlpNorm, gu, down       *cuda.Buffer // fp32 parameters (norms) or bf16 (matrices)
+	gAttnNorm, gQKV, gO, gMLPNorm, gGU, gDown *cuda.Buffer // fp32 gradients
+}
+
+// layer returns layer l's views.
+func (b *Backend) layer(sl *slicer, l int) layerViews {
+	i := b.layerBase(l)
+	up := i + tGateOrUp
+	if b.c.MLPGated {
+		up++
+	}
+	return layerViews{
+		attnNorm: b.tensorView(sl, b.w, 4, i+tAttnNorm, i+tQ), qkv: b.tensorView(sl, b.wb, 2, i+tQ, i+tO),
+		o: b.tensorView(sl, b.wb, 2, i+tO, i+tMLPNorm), mlpNorm: b.tensorView(sl, b.w, 4, i+tMLPNorm, i+tGateOrUp),
+		gu: b.tensorView(sl, b.wb, 2, i+tGateOrUp, up+1), down: b.tensorView(sl, b.wb, 2, up+1, up+2),
+		gAttnNorm: b.tensorView(sl, b.g, 4, i+tAttnNorm, i+tQ), gQKV: b.tensorView(sl, b.g, 4, i+tQ, i+tO),
+		gO: b.tensorView(sl, b.g, 4, i+tO, i+tMLPNorm), gMLPNorm: b.tensorView(sl, b.g, 4, i+tMLPNorm, i+tGateOrUp),
+		gGU: b.tensorView(sl, b.g, 4, i+tGateOrUp, up+1), gDown: b.tensorView(sl, b.g, 4, up+1, up+2),
+	}
+}
+
+// pass describes one micro-batch: its shape and where its statistics go.
+type pass struct {
+	batch, seq, m int
+	backward      bool
+	stats, active *cuda.Buffer // fp64 [1+2L], int32 [L][f]
+	lossScale     float64      // per token NLL into stats[0]
+	gradScale     float32      // d(loss)/d(NLL of a token)
+	l1Stat        float64      // per |h| into a layer's L1 statistic
+	l1Grad        float32      // gradient of the L1 term per unit of sign(h)
+	l0Scale       float64      // per firing into a layer's L0 statistic
+}
+
+// uploadTokens checks tokens (batch rows of seq+1 ids) and queues the
+// copies of the inputs and targets.
+func (b *Backend) uploadTokens(tokens []int, batch, seq int) error {
+	V := b.c.VocabSize
+	if batch <= 0 || seq <= 0 {
+		return fmt.Errorf("trainer: a micro-batch of %d x %d tokens", batch, seq)
+	}
+	if len(tokens) != batch*(seq+1) {
+		return fmt.Errorf("trainer: %d tokens for a batch of %d x (%d+1)", len(tokens), batch, seq)
+	}
+	for i, id := range tokens {
+		if id < 0 || id >= V {
+			return fmt.Errorf("trainer: token %d at position %d outside the vocabulary [0, %d)", id, i, V)
+		}
+	}
+	if err := b.ensureActs(batch, seq); err != nil {
+		return err
+	}
+	m := batch * seq
+	ids, targets := make([]int32, m), make([]int32, m)
+	for r := 0; r < batch; r++ {
+		for t := 0; t < seq; t++ {
+			ids[r*seq+t] = int32(tokens[r*(seq+1)+t])
+			targets[r*seq+t] = int32(tokens[r*(seq+1)+t+1])
+		}
+	}
+	if err := b.dev.CopyHtoDAsync(b.acts.ids, cuda.Bytes(ids), b.s); err != nil {
+		return err
+	}
+	return b.dev.CopyHtoDAsync(b.acts.targets, cuda.Bytes(targets), b.s)
+}
+
+// forwardBackward queues the forward pass of the micro-batch whose tokens
+// were uploaded and, when p.backward, its backward pass, adding gradients
+// into b.g and statistics into p.stats and p.active.
+func (b *Backend) forwardBackward(p pass) error {
+	c, a := b.c, b.acts
+	m, h, f, V, L := p.m, c.HiddenSize, c.IntermediateSize, c.VocabSize, c.NumHiddenLayers
+	nq, nkv, hd := c.NumAttentionHeads, c.NumKeyValueHeads, c.HeadDim
+	qkvW, guW := widths(c)
+	cos, sin, err := b.ropeTables(p.seq)
+	if err != nil {
+		return err
+	}
+	att, err := b.attentionFor(p.batch, p.seq)
+	if err != nil {
+		return err
+	}
+	sl := &slicer{}
+	rows := func(buf *cuda.Buffer, esize, width int) *cuda.Buffer { return sl.at(buf, 0, esize*m*width) }
+	layers := make([]layerViews, L)
+	for l := range layers {
+		layers[l] = b.layer(sl, l)
+	}
+	embed := b.tensorView(sl, b.w, 4, 0, 1)
+	gEmbed := b.tensorView(sl, b.g, 4, 0, 1)
+	norm := b.tensorView(sl, b.w, 4, b.normIndex(), b.normIndex()+1)
+	gNorm := b.tensorView(sl, b.g, 4, b.normIndex(), b.normIndex()+1)
+	head := b.tensorView(sl, b.wb, 2, b.headIndex(), b.headIndex()+1)
+	gHead := b.tensorView(sl, b.g, 4, b.headIndex(), b.headIndex()+1)
+	lse := make([]*cuda.Buffer, L)
+	for l := range lse {
+		lse[l] = sl.at(a.lse[l], 0, 4*p.batch*nq*p.seq)
+	}
+	qkvF, dqkvb, datt := rows(a.qkvF, 4, qkvW), rows(a.dqkvb, 2, qkvW), rows(a.datt, 2, nq*hd)
+	if sl.err != nil {
+		return sl.err
+	}
+	r := b.run
+	eps := c.RMSNormEps
+
+	// Forward.
+	if err := r.embedFwd(a.x[0], embed, a.ids, m, h); err != nil {
+		return err
+	}
+	for l, lv := range layers {
+		stat := sl.at(p.stats, 8*(1+2*l), 16)
+		active := sl.at(p.active, 4*l*f, 4*f)
+		att1, qkv := rows(a.att[l], 2, nq*hd), rows(a.qkv[l], 2, qkvW)
+		if sl.err != nil {
+			return sl.err
+		}
+		err := inOrder(
+			func() error { return r.rmsNormFwd(a.hn1[l], a.rstd1[l], a.x[l], lv.attnNorm, m, h, eps) },
+			func() error { return b.linear(qkvF, a.hn1[l], lv.qkv, m, h, qkvW, cublas.F32, false) },
+			func() error { return r.ropeCast(qkv, qkvF, cos, sin, m, p.seq, nq+nkv, hd, qkvW, 1) },
+			func() error { return att.forward(b.s, att1, qkv, lse[l]) },
+			func() error { return b.dev.CopyDtoDAsync(a.x2[l], a.x[l], 4*m*h, b.s) },
+			func() error { return b.linear(a.x2[l], att1, lv.o, m, nq*hd, h, cublas.F32, true) },
+			func() error { return r.rmsNormFwd(a.hn2[l], a.rstd2[l], a.x2[l], lv.mlpNorm, m, h, eps) },
+			func() error { return b.linear(a.gu[l], a.hn2[l], lv.gu, m, h, guW, cublas.F32, false) },
+			func() error {
+				return r.reluFwd(reluArgs{gu: a.gu[l], m: m, f: f, gated: c.MLPGated}, a.hid[l], active, stat, p.l1Stat, p.l0Scale)
+			},
+			func() error { return b.dev.CopyDtoDAsync(a.x[l+1], a.x2[l], 4*m*h, b.s) },
+			func() error { return b.linear(a.x[l+1], a.hid[l], lv.down, m, f, h, cublas.F32, true) },
+		)
+		if err != nil {
+			return fmt.Errorf("trainer: layer %d forward: %w", l, err)
+		}
+	}
+	if err := r.rmsNormFwd(a.normF, a.rstdF, a.x[L], norm, m, h, eps); err != nil {
+		return err
+	}
+
+	// Cross-entropy, chunk by chunk of rows; the backward of the LM head
+	// leaves the final norm's output gradient in dtmp.
+	var dlogits *cuda.Buffer
+	if p.backward {
+		dlogits = a.dlogits
+	}
+	lossAt := sl.at(p.stats, 0, 8)
+	for r0 := 0; r0 < m; r0 += a.logitRows {
+		n := min(a.logitRows, m-r0)
+		normed, targets := sl.at(a.normF, 2*r0*h, 2*n*h), sl.at(a.targets, 4*r0, 4*n)
+		dnormed := sl.at(a.dtmp, 4*r0*h, 4*n*h)
+		if sl.err != nil {
+			return sl.err
+		}
+		err := inOrder(
+			func() error { return b.linear(a.logits, normed, head, n, h, V, cublas.F32, false) },
+			func() error {
+				return r.crossEntropy(a.logits, targets, dlogits, lossAt, n, V, p.gradScale, p.lossScale)
+			})
+		if err == nil && p.backward {
+			err = inOrder(
+				func() error { return b.linearDX(dnormed, dlogits, head, n, h, V, cublas.F32) },
+				func() error { return b.linearDW(gHead, dlogits, normed, n, h, V) })
+		}
+		if err != nil {
+			return fmt.Errorf("trainer: cross-entropy of rows [%d, %d): %w", r0, r0+n, err)
+		}
+	}
+	if !p.backward {
+		return nil
+	}
+
+	// Backward: dx is the gradient of the residual stream.
+	dx, dtmp, dxb := rows(a.dx, 4, h), rows(a.dtmp, 4, h), rows(a.dxb, 2, h)
+	dh, dgu := rows(a.dh, 4, f), rows(a.dgu, 2, guW)
+	if sl.err != nil {
+		return sl.err
+	}
+	if err := inOrder(
+		func() error { return b.dev.Memset8(dx, 0, b.s) },
+		func() error { return r.rmsNormBwd(dx, gNorm, dtmp, a.x[L], norm, a.rstdF, m, h) }); err != nil {
+		return err
+	}
+	for l := L - 1; l >= 0; l-- {
+		lv := layers[l]
+		att1, qkv := rows(a.att[l], 2, nq*hd), rows(a.qkv[l], 2, qkvW)
+		if sl.err != nil {
+			return sl.err
+		}
+		err := inOrder(
+			// MLP: y = hid·Wdᵀ, hid = act(hn2·Wguᵀ).
+			func() error { return r.castBF16(dxb, dx, m*h) },
+			func() error { return b.linearDW(lv.gDown, dxb, a.hid[l], m, f, h) },
+			func() error { return b.linearDX(dh, dxb, lv.down, m, f, h, cublas.F32) },
+			func() error {
+				return r.reluBwd(reluArgs{gu: a.gu[l], m: m, f: f, gated: c.MLPGated}, dgu, dh, p.l1Grad)
+			},
+			func() error { return b.linearDW(lv.gGU, dgu, a.hn2[l], m, h, guW) },
+			func() error { return b.linearDX(dtmp, dgu, lv.gu, m, h, guW, cublas.F32) },
+			func() error { return r.rmsNormBwd(dx, lv.gMLPNorm, dtmp, a.x2[l], lv.mlpNorm, a.rstd2[l], m, h) },
+			// Attention: x2 = x + att·Woᵀ.
+			func() error { return r.castBF16(dxb, dx, m*h) },
+			func() error { return b.linearDW(lv.gO, dxb, att1, m, nq*hd, h) },
+			func() error { return b.linearDX(datt, dxb, lv.o, m, nq*hd, h, cublas.BF16) },
+			func() error { return att.backward(b.s, qkvF, datt, qkv, att1, lse[l]) },
+			func() error { return r.ropeCast(dqkvb, qkvF, cos, sin, m, p.seq, nq+nkv, hd, qkvW, -1) },
+			func() error { return b.linearDW(lv.gQKV, dqkvb, a.hn1[l], m, h, qkvW) },
+			func() error { return b.linearDX(dtmp, dqkvb, lv.qkv, m, h, qkvW, cublas.F32) },
+			func() error { return r.rmsNormBwd(dx, lv.gAttnNorm, dtmp, a.x[l], lv.attnNorm, a.rstd1[l], m, h) },
+		)
+		if err != nil {
+			return fmt.Errorf("trainer: layer %d backward: %w", l, err)
+		}
+	}
+	return r.embedBwd(gEmbed, a.ids, dx, m, h)
+}
+
+// inOrder runs the steps in order and returns the first error, queuing
+// nothing after it.
+func inOrder(steps ...func() error) error {
+	for _, f := range steps {
+		if err := f(); err != nil {
+			return err
+		}
+	}
+	return nil
+}

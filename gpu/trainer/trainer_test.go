@@ -1,0 +1,298 @@
+package trainer
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/twell-ai/twell/cuda/cudatest"
+	"github.com/twell-ai/twell/model"
+	"github.com/twell-ai/twell/train"
+)
+
+// testModel is a small model the GPU attention takes (head_dim 32).
+func testModel(gated, tied bool) model.Config {
+	return model.Config{
+		ModelType: "llama", HiddenSize: 64, IntermediateSize: 256, NumHiddenLayers: 2,
+		NumAttentionHeads: 2, NumKeyValueHeads: 1, HeadDim: 32, VocabSize: 100,
+		MaxPositionEmbeddings: 128, RMSNormEps: 1e-5, RopeTheta: 10000,
+		HiddenAct: model.ActReLU, TieWordEmbeddings: tied, MLPGated: gated,
+	}
+}
+
+func randomTokens(r *rand.Rand, n, vocab int) []int {
+	out := make([]int, n)
+	for i := range out {
+		out[i] = r.IntN(vocab)
+	}
+	return out
+}
+
+// cloneWeights deep-copies w (the CPU backend trains in its weights' memory).
+func cloneWeights(w *model.Weights) *model.Weights {
+	cp := func(s []float32) []float32 {
+		if s == nil {
+			return nil
+		}
+		return append([]float32(nil), s...)
+	}
+	out := &model.Weights{Embed: cp(w.Embed), Norm: cp(w.Norm), LMHead: cp(w.LMHead)}
+	for _, l := range w.Layers {
+		out.Layers = append(out.Layers, model.LayerWeights{AttnNorm: cp(l.AttnNorm), Q: cp(l.Q), K: cp(l.K), V: cp(l.V),
+			O: cp(l.O), MLPNorm: cp(l.MLPNorm), Gate: cp(l.Gate), Up: cp(l.Up), Down: cp(l.Down)})
+	}
+	return out
+}
+
+// flatTensors lists w's tensors in train.Tensors order.
+func flatTensors(c model.Config, w *model.Weights) [][]float32 {
+	out := [][]float32{w.Embed}
+	for _, l := range w.Layers {
+		out = append(out, l.AttnNorm, l.Q, l.K, l.V, l.O, l.MLPNorm)
+		if c.MLPGated {
+			out = append(out, l.Gate)
+		}
+		out = append(out, l.Up, l.Down)
+	}
+	out = append(out, w.Norm)
+	if !c.TieWordEmbeddings {
+		out = append(out, w.LMHead)
+	}
+	return out
+}
+
+// relDiff returns ||a-b|| / ||b||.
+func relDiff(a, b []float32) float64 {
+	var d, n float64
+	for i := range b {
+		e := float64(a[i]) - float64(b[i])
+		d += e * e
+		n += float64(b[i]) * float64(b[i])
+	}
+	return math.Sqrt(d / max(n, 1e-30))
+}
+
+// TestStepMatchesCPU runs one step (two micro-batches, the logits in
+// chunks that do not divide the rows) on the GPU and on train.CPU from the
+// same weights and tokens, and compares the statistics, every gradient
+// tensor (read as AdamW's first moment with Beta1 = 0), and the weights
+// after the update.
+func TestStepMatchesCPU(t *testing.T) {
+	dev := cudatest.Device(t)
+	for _, tc := range []struct{ gated, tied bool }{{true, true}, {true, false}, {false, true}, {false, false}} {
+		t.Run(fmt.Sprintf("gated=%v,tied=%v", tc.gated, tc.tied), func(t *testing.T) {
+			seed := rand.Uint64()
+			r := rand.New(rand.NewPCG(seed, 1))
+			c := testModel(tc.gated, tc.tied)
+			w := model.RandomWeights(c, r)
+			const batch, seq, micro, l1 = 4, 32, 2, 0.05
+			toks := [][]int{randomTokens(r, batch*(seq+1), c.VocabSize), randomTokens(r, batch*(seq+1), c.VocabSize)}
+			gb, err := New(dev, c, cloneWeights(w), Options{Batch: batch, Seq: seq, LogitRows: 40})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer gb.Close()
+			cb, err := train.NewCPU(c, cloneWeights(w))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var stats [2]*train.StepStats
+			var norms [2]float64
+			h := train.AdamW{Beta1: 0, Beta2: 0.9, Eps: 0.1, WeightDecay: 0.1}
+			for i, b := range []train.Backend{gb, cb} {
+				if err := b.BeginStep(micro); err != nil {
+					t.Fatal(err)
+				}
+				for _, tk := range toks {
+					if err := b.Accumulate(tk, batch, seq, l1); err != nil {
+						t.Fatal(err)
+					}
+				}
+				if stats[i], err = b.EndStep(); err != nil {
+					t.Fatal(err)
+				}
+				if norms[i], err = b.ClipGradients(0); err != nil {
+					t.Fatal(err)
+				}
+				if err := b.Update(h, 1e-2); err != nil {
+					t.Fatal(err)
+				}
+			}
+			g, want := stats[0], stats[1]
+			if e := math.Abs(g.Loss-want.Loss) / want.Loss; e > 1e-2 {
+				t.Errorf("seed %d: loss %g, CPU %g", seed, g.Loss, want.Loss)
+			}
+			if e := math.Abs(g.L1-want.L1) / want.L1; e > 2e-2 {
+				t.Errorf("seed %d: L1 %g, CPU %g", seed, g.L1, want.L1)
+			}
+			if e := math.Abs(norms[0]-norms[1]) / norms[1]; e > 2e-2 {
+				t.Errorf("seed %d: gradient norm %g, CPU %g", seed, norms[0], norms[1])
+			}
+			for l := range want.L0 {
+				if math.Abs(g.L0[l]-want.L0[l]) > 0.01*float64(c.IntermediateSize) {
+					t.Errorf("seed %d: layer %d L0 %g, CPU %g", seed, l, g.L0[l], want.L0[l])
+				}
+				diff, total := 0, 0
+				for j, n := range want.Active[l] {
+					diff += int(math.Abs(float64(g.Active[l][j] - n)))
+					total += int(n)
+				}
+				if float64(diff) > 0.01*float64(total) {
+					t.Errorf("seed %d: layer %d firing counts differ by %d of %d", seed, l, diff, total)
+				}
+			}
+			gs, err := gb.OptimizerState()
+			if err != nil {
+				t.Fatal(err)
+			}
+			cs, _ := cb.OptimizerState()
+			gw, err := gb.Weights()
+			if err != nil {
+				t.Fatal(err)
+			}
+			cw, _ := cb.Weights()
+			gwt, cwt := flatTensors(c, gw), flatTensors(c, cw)
+			for i, ts := range train.Tensors(c) {
+				if e := relDiff(gs.M[i], cs.M[i]); e > 3e-2 {
+					t.Errorf("seed %d: gradient of %s: relative error %.3g", seed, ts.Name, e)
+				}
+				if e := relDiff(gwt[i], cwt[i]); e > 1e-2 {
+					t.Errorf("seed %d: %s after the update: relative error %.3g", seed, ts.Name, e)
+				}
+			}
+			if gs.Step != 1 {
+				t.Errorf("optimizer step %d after one update", gs.Step)
+			}
+		})
+	}
+}
+
+// TestLossCurveMatchesCPU trains 20 steps through train.NewRun on both
+// backends from the same weights and data; the loss curves agree.
+func TestLossCurveMatchesCPU(t *testing.T) {
+	dev := cudatest.Device(t)
+	seed := rand.Uint64()
+	r := rand.New(rand.NewPCG(seed, 2))
+	c := testModel(true, true)
+	mj, _ := c.MarshalJSON()
+	cfg, err := train.ParseConfig([]byte(fmt.Sprintf(`{"model": %s, "steps": 20, "batch": 4, "seq": 32, "accum": 2, "lr": 3e-3,
+		"min_lr": 3e-4, "warmup": 5, "l1": 1e-2, "eval_every": 10, "eval_batches": 2, "checkpoint_every": 10, "dead_window": 100000, "seed": 3}`, mj)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	toks := randomTokens(r, 20000, c.VocabSize)
+	for i := 1; i < len(toks); i += 3 { // something to learn
+		toks[i] = (toks[i-1] * 7) % c.VocabSize
+	}
+	w := model.RandomWeights(c, r)
+	curves := make([][]float64, 2)
+	for i := range 2 {
+		var b train.Backend
+		if i == 0 {
+			b, err = New(dev, c, cloneWeights(w), Options{})
+		} else {
+			b, err = train.NewCPU(c, cloneWeights(w))
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer b.Close()
+		out := t.TempDir()
+		run := train.NewRun(cfg, out, b, train.NewStreamSource(toks[:18000], 3), train.Windows(toks[18000:], 32, 20))
+		if err := run.Loop(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		f, err := os.ReadFile(filepath.Join(out, "metrics.jsonl"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(strings.TrimSpace(string(f)), "\n") {
+			var m train.Metrics
+			if err := json.Unmarshal([]byte(line), &m); err != nil {
+				t.Fatal(err)
+			}
+			curves[i] = append(curves[i], m.Loss)
+		}
+	}
+	if len(curves[0]) != len(curves[1]) || len(curves[0]) == 0 {
+		t.Fatalf("%d and %d metrics", len(curves[0]), len(curves[1]))
+	}
+	for s := range curves[0] {
+		if e := math.Abs(curves[0][s]-curves[1][s]) / curves[1][s]; e > 0.03 {
+			t.Errorf("seed %d: logged point %d: GPU loss %g, CPU %g", seed, s, curves[0][s], curves[1][s])
+		}
+	}
+}
+
+// TestWeightsLoadRoundTrip checks that Load then Weights and
+// OptimizerState give back exactly what was loaded.
+func TestWeightsLoadRoundTrip(t *testing.T) {
+	dev := cudatest.Device(t)
+	seed := rand.Uint64()
+	r := rand.New(rand.NewPCG(seed, 3))
+	c := testModel(true, false)
+	w := model.RandomWeights(c, r)
+	b, err := New(dev, c, cloneWeights(w), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	opt := &train.OptimizerState{Step: 17}
+	for _, ts := range train.Tensors(c) {
+		m, v := make([]float32, ts.Size()), make([]float32, ts.Size())
+		for k := range m {
+			m[k], v[k] = float32(r.NormFloat64()), float32(r.Float64())
+		}
+		opt.M, opt.V = append(opt.M, m), append(opt.V, v)
+	}
+	if err := b.Load(w, opt); err != nil {
+		t.Fatal(err)
+	}
+	gw, err := b.Weights()
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs, err := b.OptimizerState()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, got := flatTensors(c, w), flatTensors(c, gw)
+	for i, ts := range train.Tensors(c) {
+		for k := range want[i] {
+			if math.Float32bits(got[i][k]) != math.Float32bits(want[i][k]) || gs.M[i][k] != opt.M[i][k] || gs.V[i][k] != opt.V[i][k] {
+				t.Fatalf("seed %d: %s[%d] did not round-trip", seed, ts.Name, k)
+			}
+		}
+	}
+	if gs.Step != 17 {
+		t.Errorf("step %d, want 17", gs.Step)
+	}
+}
+
+// TestRefusesModelTooLarge asks for a model whose training state exceeds
+// the device's memory: New names both figures.
+func TestRefusesModelTooLarge(t *testing.T) {
+	dev := cudatest.Device(t)
+	_, total, err := dev.MemInfo()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := testModel(true, true)
+	c.VocabSize = int(total/18/int64(c.HiddenSize)) + 1 // the embedding alone overflows
+	_, err = New(dev, c, nil, Options{})
+	if err == nil || !strings.Contains(err.Error(), "needs about") || !strings.Contains(err.Error(), "is free") {
+		t.Fatalf("New on a model larger than the device: %v", err)
+	}
+	// The activations of a huge micro-batch do not fit either.
+	_, err = New(dev, testModel(true, true), model.RandomWeights(testModel(true, true), rand.New(rand.NewPCG(1, 1))),
+		Options{Batch: 1 << 16, Seq: 1 << 12})
+	if err == nil || !strings.Contains(err.Error(), "micro-batches of 65536 x 4096") {
+		t.Fatalf("New with a micro-batch larger than the device: %v", err)
+	}
+}
