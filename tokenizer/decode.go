@@ -13,6 +13,15 @@ type decoder interface {
 
 type decSequence []decoder
 
+// eachPiece returns f(i, toks[i]) for each piece.
+func eachPiece(toks []string, f func(i int, t string) string) []string {
+	out := make([]string, len(toks))
+	for i, t := range toks {
+		out[i] = f(i, t)
+	}
+	return out
+}
+
 func (d decSequence) decodeChain(toks []string) []string {
 	for _, x := range d {
 		toks = x.decodeChain(toks)
@@ -96,8 +105,7 @@ type decStrip struct {
 }
 
 func (d decStrip) decodeChain(toks []string) []string {
-	out := make([]string, len(toks))
-	for i, t := range toks {
+	return eachPiece(toks, func(_ int, t string) string {
 		r := []rune(t)
 		lo := 0
 		for lo < d.start && lo < len(r) && r[lo] == d.content {
@@ -107,9 +115,8 @@ func (d decStrip) decodeChain(toks []string) []string {
 		for k := 0; k < d.stop && hi > lo && r[hi-1] == d.content; k++ {
 			hi--
 		}
-		out[i] = string(r[lo:hi])
-	}
-	return out
+		return string(r[lo:hi])
+	})
 }
 
 // decReplace replaces a pattern in each piece.
@@ -119,11 +126,7 @@ type decReplace struct {
 }
 
 func (d decReplace) decodeChain(toks []string) []string {
-	out := make([]string, len(toks))
-	for i, t := range toks {
-		out[i] = replaceAll(t, d.pattern, d.content)
-	}
-	return out
+	return eachPiece(toks, func(_ int, t string) string { return replaceAll(t, d.pattern, d.content) })
 }
 
 // decMetaspace turns the meta character back into spaces; in the first piece it is dropped
@@ -134,10 +137,9 @@ type decMetaspace struct {
 }
 
 func (d decMetaspace) decodeChain(toks []string) []string {
-	out := make([]string, len(toks))
-	for i, t := range toks {
+	return eachPiece(toks, func(i int, t string) string {
 		drop := i == 0 && d.prepend != prependNever
-		out[i] = strings.Map(func(r rune) rune {
+		return strings.Map(func(r rune) rune {
 			if r != d.replacement {
 				return r
 			}
@@ -146,21 +148,18 @@ func (d decMetaspace) decodeChain(toks []string) []string {
 			}
 			return ' '
 		}, t)
-	}
-	return out
+	})
 }
 
 // decBPE replaces the end-of-word suffix by a space (by nothing in the last piece).
 type decBPE struct{ suffix string }
 
 func (d decBPE) decodeChain(toks []string) []string {
-	out := make([]string, len(toks))
-	for i, t := range toks {
+	return eachPiece(toks, func(i int, t string) string {
 		rep := " "
 		if i == len(toks)-1 {
 			rep = ""
 		}
-		out[i] = strings.ReplaceAll(t, d.suffix, rep)
-	}
-	return out
+		return strings.ReplaceAll(t, d.suffix, rep)
+	})
 }

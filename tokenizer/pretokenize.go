@@ -149,20 +149,17 @@ func applyBehavior(spans []span, b splitBehavior) []span {
 				out = append(out, sp)
 			}
 		}
-	case splitContiguous:
+	case splitContiguous, splitMergedWithPrevious:
+		// Contiguous joins a span to the one before when both match or
+		// neither does; MergedWithPrevious joins a match to the non-match
+		// before it.
 		prev := false
 		for _, sp := range spans {
-			if sp.match == prev && len(out) > 0 {
-				out[len(out)-1].end = sp.end
-			} else {
-				out = append(out, sp)
+			join := sp.match == prev
+			if b == splitMergedWithPrevious {
+				join = sp.match && !prev
 			}
-			prev = sp.match
-		}
-	case splitMergedWithPrevious:
-		prev := false
-		for _, sp := range spans {
-			if sp.match && !prev && len(out) > 0 {
+			if join && len(out) > 0 {
 				out[len(out)-1].end = sp.end
 			} else {
 				out = append(out, sp)
