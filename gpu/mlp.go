@@ -163,24 +163,23 @@ func (l *MLP) Close() error {
 	}
 	l.gate, l.up, l.down, l.nnz = nil, nil, nil, nil
 	errs = append(errs, l.dropWorkspace())
-	if l.hostNNZ != nil {
-		errs = append(errs, l.hostNNZ.Free())
-		l.hostNNZ = nil
-	}
-	if l.evt != nil {
-		errs = append(errs, l.evt.Destroy())
-		l.evt = nil
-	}
-	if l.hostOvf != nil {
-		errs = append(errs, l.hostOvf.Free())
-		l.hostOvf = nil
-	}
-	if l.evtOvf != nil {
-		errs = append(errs, l.evtOvf.Destroy())
-		l.evtOvf = nil
-	}
-	errs = append(errs, l.destroyEvents())
+	errs = append(errs,
+		release(&l.hostNNZ, (*cuda.HostBuffer).Free),
+		release(&l.evt, (*cuda.Event).Destroy),
+		release(&l.hostOvf, (*cuda.HostBuffer).Free),
+		release(&l.evtOvf, (*cuda.Event).Destroy),
+		l.destroyEvents())
 	return errors.Join(errs...)
+}
+
+// release frees *p with free, if it is set, and clears it.
+func release[T any](p **T, free func(*T) error) error {
+	if *p == nil {
+		return nil
+	}
+	err := free(*p)
+	*p = nil
+	return err
 }
 
 // WeightBytes returns the device memory the weights take.

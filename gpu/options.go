@@ -27,25 +27,25 @@ const EnvTail = "TWELL_TAIL"
 // an error naming a value it does not know.
 func OptionsFromEnv() (Options, error) {
 	var o Options
-	switch v := os.Getenv(EnvD2TKernel); v {
-	case "", "auto":
-	case "wgmma":
-		o.Kernel = KernelWGMMA
-	case "mma":
-		o.Kernel = KernelMMA
-	default:
-		return o, fmt.Errorf("gpu: %s=%q: want auto, wgmma or mma", EnvD2TKernel, v)
+	var err error
+	o.Kernel, err = envChoice(EnvD2TKernel, "auto, wgmma or mma", map[string]Kernel{"wgmma": KernelWGMMA, "mma": KernelMMA})
+	if err != nil {
+		return o, err
 	}
-	switch v := os.Getenv(EnvTail); v {
-	case "", "auto":
-	case "warp":
-		o.Tail = TailWarp
-	case "sorted":
-		o.Tail = TailSorted
-	default:
-		return o, fmt.Errorf("gpu: %s=%q: want auto, warp or sorted", EnvTail, v)
+	o.Tail, err = envChoice(EnvTail, "auto, warp or sorted", map[string]Tail{"warp": TailWarp, "sorted": TailSorted})
+	return o, err
+}
+
+// envChoice returns the choice that environment variable name picks: the
+// zero value when it is unset or "auto", else an error naming the values it
+// takes (want).
+func envChoice[T any](name, want string, choices map[string]T) (T, error) {
+	v := os.Getenv(name)
+	c, ok := choices[v]
+	if !ok && v != "" && v != "auto" {
+		return c, fmt.Errorf("gpu: %s=%q: want %s", name, v, want)
 	}
-	return o, nil
+	return c, nil
 }
 
 // Apply sets l's kernel choices to o.
