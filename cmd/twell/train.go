@@ -15,8 +15,11 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/twell-ai/twell/cuda"
 	"github.com/twell-ai/twell/data"
+	"github.com/twell-ai/twell/gpu/trainer"
 	"github.com/twell-ai/twell/internal/atomicfile"
+	"github.com/twell-ai/twell/internal/memcheck"
 	"github.com/twell-ai/twell/model"
 	"github.com/twell-ai/twell/tokenizer"
 	"github.com/twell-ai/twell/tokenizer/bpetrain"
@@ -79,9 +82,7 @@ func parseTrainFlags(args []string, stderr io.Writer) (*trainFlags, error) {
 		}
 	}
 	switch f.device {
-	case "auto", "cpu":
-	case "cuda":
-		return nil, errors.New("-device cuda: GPU training is not part of this build yet; use -device cpu")
+	case "auto", "cpu", "cuda":
 	default:
 		return nil, usagef("-device %q: want cpu, cuda or auto", f.device)
 	}
@@ -159,7 +160,7 @@ func runTrain(args []string, stdout, stderr io.Writer) error {
 	if s.saved != nil {
 		w = s.saved.Weights
 	}
-	backend, err := train.NewCPU(mc, w)
+	backend, gpuBackend, err := newTrainBackend(f.device, cfg, w, stderr)
 	if err != nil {
 		return err
 	}
@@ -194,7 +195,35 @@ func runTrain(args []string, stdout, stderr io.Writer) error {
 	}
 	fmt.Fprintf(stdout, "trained %d steps (%d to %d) in %.1fs; checkpoint: %s\n", run.Step()-s.startStep, s.startStep, run.Step(),
 		time.Since(t0).Seconds(), filepath.Join(f.out, "checkpoint"))
+	if gpuBackend != nil {
+		fmt.Fprintf(stdout, "peak device memory in use: %s\n", memcheck.Format(float64(gpuBackend.PeakMemory())))
+	}
 	return nil
+}
+
+// newTrainBackend returns the backend of -device: cpu, cuda (GPU 0), or
+// auto (cuda when a GPU is found and can train this model, else cpu). The
+// GPU backend is also returned as such, for its memory report.
+func newTrainBackend(device string, cfg *train.Config, w *model.Weights, stderr io.Writer) (train.Backend, *trainer.Backend, error) {
+	mc := cfg.ModelConfig()
+	if device == "cpu" {
+		b, err := train.NewCPU(mc, w)
+		return b, nil, err
+	}
+	dev, err := cuda.Open(0)
+	if err == nil {
+		var b *trainer.Backend
+		if b, err = trainer.New(dev, mc, w, trainer.Options{Batch: cfg.Batch, Seq: cfg.Seq}); err == nil {
+			fmt.Fprintf(stderr, "training on %v\n", dev)
+			return b, b, nil
+		}
+	}
+	if device == "cuda" {
+		return nil, nil, fmt.Errorf("-device cuda: %w", err)
+	}
+	fmt.Fprintf(stderr, "training on the CPU (no usable GPU: %v)\n", err)
+	b, err := train.NewCPU(mc, w)
+	return b, nil, err
 }
 
 // prepareTrain reads and checks the config, the run folder, the tokenizer

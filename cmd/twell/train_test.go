@@ -315,3 +315,21 @@ func TestTrainResumeReadsTheRun(t *testing.T) {
 		t.Error("a refused resume changed the checkpoint")
 	}
 }
+
+// TestTrainDeviceCUDA checks -device cuda: without a GPU it fails with an
+// error naming the device; with one, the tiny preset (head_dim 16, which the
+// GPU attention kernels do not take) is refused with the reason, and auto
+// falls back to the CPU.
+func TestTrainDeviceCUDA(t *testing.T) {
+	var so, se bytes.Buffer
+	code := run([]string{"train", "-preset", "tiny", "-steps", "2", "-device", "cuda", "-out", t.TempDir()}, &so, &se)
+	if code != 1 || !strings.Contains(se.String(), "-device cuda:") {
+		t.Fatalf("-device cuda: exit %d, stderr %q", code, se.String())
+	}
+	so.Reset()
+	se.Reset()
+	if code := run([]string{"train", "-preset", "tiny", "-steps", "2", "-device", "auto", "-out", t.TempDir()}, &so, &se); code != 0 ||
+		!strings.Contains(se.String(), "training on the CPU") {
+		t.Fatalf("-device auto: exit %d, stderr %q", code, se.String())
+	}
+}

@@ -154,7 +154,7 @@ func (b *Backend) ensureActs(batch, seq int) error {
 		}
 		b.acts = nil
 	}
-	if err := fits(b.dev, ActivationBytes(b.c, nb, ns, b.opts.LogitRows), b.c, nb, ns); err != nil {
+	if err := fits(b.dev, ActivationBytes(b.c, nb, ns, b.opts.LogitRows), b.c, nb, ns, b.opts.LogitRows); err != nil {
 		return err
 	}
 	a, err := newActivations(b.dev, b.c, nb, ns, b.opts.LogitRows)

@@ -93,7 +93,7 @@ func New(dev *cuda.Device, c model.Config, w *model.Weights, o Options) (*Backen
 	if o.Batch > 0 {
 		need += ActivationBytes(c, o.Batch, o.Seq, o.LogitRows)
 	}
-	if err := fits(dev, need, c, o.Batch, o.Seq); err != nil {
+	if err := fits(dev, need, c, o.Batch, o.Seq, o.LogitRows); err != nil {
 		return nil, err
 	}
 	if err := b.init(); err != nil {
@@ -152,9 +152,10 @@ func ParamBytes(c model.Config) int64 {
 	return 18 * n
 }
 
-// fits returns an error naming both figures when need bytes exceed the
-// device's free memory.
-func fits(dev *cuda.Device, need int64, c model.Config, batch, seq int) error {
+// fits returns an error naming both figures when need bytes (with
+// batch > 0: including the activations of micro-batches of batch x seq)
+// exceed the device's free memory, and what micro-batch would fit.
+func fits(dev *cuda.Device, need int64, c model.Config, batch, seq, logitRows int) error {
 	free, _, err := dev.MemInfo()
 	if err != nil {
 		return err
@@ -164,11 +165,24 @@ func fits(dev *cuda.Device, need int64, c model.Config, batch, seq int) error {
 		return nil
 	}
 	what := fmt.Sprintf("training a %.1fM-parameter model", float64(c.ParamCount())/1e6)
+	hint := ""
 	if batch > 0 {
 		what += fmt.Sprintf(" on micro-batches of %d x %d tokens", batch, seq)
+		base := need - ActivationBytes(c, batch, seq, logitRows)
+		fit := 0
+		for b := batch - 1; b >= 1 && fit == 0; b-- {
+			if base+ActivationBytes(c, b, seq, logitRows)+slack <= free {
+				fit = b
+			}
+		}
+		if fit > 0 {
+			hint = fmt.Sprintf("; micro-batches of at most %d x %d tokens would fit (use gradient accumulation)", fit, seq)
+		} else {
+			hint = fmt.Sprintf("; not even one sequence of %d tokens fits", seq)
+		}
 	}
-	return fmt.Errorf("trainer: %s needs about %s of device memory (%s of weights, gradients and AdamW moments), but %s is free on %v",
-		what, memcheck.Format(float64(need+slack)), memcheck.Format(float64(ParamBytes(c))), memcheck.Format(float64(free)), dev)
+	return fmt.Errorf("trainer: %s needs about %s of device memory (%s of weights, gradients and AdamW moments), but %s is free on %v%s",
+		what, memcheck.Format(float64(need+slack)), memcheck.Format(float64(ParamBytes(c))), memcheck.Format(float64(free)), dev, hint)
 }
 
 // Config returns the configuration of the model being trained.
