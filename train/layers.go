@@ -86,103 +86,109 @@ type attnShape struct {
 	batch, seq, heads, kvHeads, headDim int
 }
 
+// forHeads calls f for each sequence b and query head h, with the KV head kh
+// that h reads and P, its [T][T] block of p ([B][heads][T][T]).
+func forHeads[T Float](p []T, s attnShape, f func(b, h, kh int, P []T)) {
+	group, n := s.heads/s.kvHeads, s.seq*s.seq
+	for b := 0; b < s.batch; b++ {
+		for h := 0; h < s.heads; h++ {
+			f(b, h, h/group, p[(b*s.heads+h)*n:(b*s.heads+h+1)*n])
+		}
+	}
+}
+
+// headOf returns head h (hd values) of row r of x, whose rows hold heads
+// heads.
+func headOf[T any](x []T, r, heads, h, hd int) []T {
+	w := heads * hd
+	return x[r*w+h*hd : r*w+(h+1)*hd]
+}
+
 // attentionForward computes, for each sequence and head, P = softmax(Q K^T *
 // scale) with a causal mask and O = P V. q is [B*T][heads*hd], k and v are
 // [B*T][kvHeads*hd], o is [B*T][heads*hd], p is [B][heads][T][T].
 func attentionForward[T Float](o, p, q, k, v []T, s attnShape) {
 	hd, T_ := s.headDim, s.seq
-	qw, kw := s.heads*hd, s.kvHeads*hd
 	scale := 1 / sqrt(T(hd))
-	group := s.heads / s.kvHeads
-	for b := 0; b < s.batch; b++ {
-		for h := 0; h < s.heads; h++ {
-			kh := h / group
-			P := p[(b*s.heads+h)*T_*T_ : (b*s.heads+h+1)*T_*T_]
-			for i := 0; i < T_; i++ {
-				qi := q[(b*T_+i)*qw+h*hd : (b*T_+i)*qw+(h+1)*hd]
-				row := P[i*T_ : (i+1)*T_]
-				mx := T(-1e30)
-				for j := 0; j <= i; j++ {
-					kj := k[(b*T_+j)*kw+kh*hd : (b*T_+j)*kw+(kh+1)*hd]
-					var d T
-					for c := range qi {
-						d += qi[c] * kj[c]
-					}
-					row[j] = d * scale
-					mx = max(mx, row[j])
+	forHeads(p, s, func(b, h, kh int, P []T) {
+		for i := 0; i < T_; i++ {
+			qi := headOf(q, b*T_+i, s.heads, h, hd)
+			row := P[i*T_ : (i+1)*T_]
+			mx := T(-1e30)
+			for j := 0; j <= i; j++ {
+				kj := headOf(k, b*T_+j, s.kvHeads, kh, hd)
+				var d T
+				for c := range qi {
+					d += qi[c] * kj[c]
 				}
-				var sum T
-				for j := 0; j <= i; j++ {
-					row[j] = exp(row[j] - mx)
-					sum += row[j]
-				}
-				for j := 0; j <= i; j++ {
-					row[j] /= sum
-				}
-				clear(row[i+1:])
-				oi := o[(b*T_+i)*qw+h*hd : (b*T_+i)*qw+(h+1)*hd]
-				clear(oi)
-				for j := 0; j <= i; j++ {
-					vj := v[(b*T_+j)*kw+kh*hd : (b*T_+j)*kw+(kh+1)*hd]
-					pj := row[j]
-					for c := range oi {
-						oi[c] += pj * vj[c]
-					}
+				row[j] = d * scale
+				mx = max(mx, row[j])
+			}
+			var sum T
+			for j := 0; j <= i; j++ {
+				row[j] = exp(row[j] - mx)
+				sum += row[j]
+			}
+			for j := 0; j <= i; j++ {
+				row[j] /= sum
+			}
+			clear(row[i+1:])
+			oi := headOf(o, b*T_+i, s.heads, h, hd)
+			clear(oi)
+			for j := 0; j <= i; j++ {
+				vj := headOf(v, b*T_+j, s.kvHeads, kh, hd)
+				pj := row[j]
+				for c := range oi {
+					oi[c] += pj * vj[c]
 				}
 			}
 		}
-	}
+	})
 }
 
 // attentionBackward sets dq, dk, dv (dk and dv are accumulated over the
 // query heads sharing a KV head, so they are cleared first).
 func attentionBackward[T Float](dq, dk, dv, do, p, q, k, v []T, s attnShape) {
 	hd, T_ := s.headDim, s.seq
-	qw, kw := s.heads*hd, s.kvHeads*hd
 	scale := 1 / sqrt(T(hd))
-	group := s.heads / s.kvHeads
 	clear(dk)
 	clear(dv)
 	dp := make([]T, T_)
-	for b := 0; b < s.batch; b++ {
-		for h := 0; h < s.heads; h++ {
-			kh := h / group
-			P := p[(b*s.heads+h)*T_*T_ : (b*s.heads+h+1)*T_*T_]
-			for i := 0; i < T_; i++ {
-				doi := do[(b*T_+i)*qw+h*hd : (b*T_+i)*qw+(h+1)*hd]
-				row := P[i*T_ : (i+1)*T_]
-				// dP = dO V^T; dV += P^T dO.
-				var rowDot T
-				for j := 0; j <= i; j++ {
-					vj := v[(b*T_+j)*kw+kh*hd : (b*T_+j)*kw+(kh+1)*hd]
-					dvj := dv[(b*T_+j)*kw+kh*hd : (b*T_+j)*kw+(kh+1)*hd]
-					var d T
-					for c := range doi {
-						d += doi[c] * vj[c]
-						dvj[c] += row[j] * doi[c]
-					}
-					dp[j] = d
-					rowDot += d * row[j]
+	forHeads(p, s, func(b, h, kh int, P []T) {
+		for i := 0; i < T_; i++ {
+			doi := headOf(do, b*T_+i, s.heads, h, hd)
+			row := P[i*T_ : (i+1)*T_]
+			// dP = dO V^T; dV += P^T dO.
+			var rowDot T
+			for j := 0; j <= i; j++ {
+				vj := headOf(v, b*T_+j, s.kvHeads, kh, hd)
+				dvj := headOf(dv, b*T_+j, s.kvHeads, kh, hd)
+				var d T
+				for c := range doi {
+					d += doi[c] * vj[c]
+					dvj[c] += row[j] * doi[c]
 				}
-				// dS = P * (dP - sum(dP * P)); dQ = dS K scale; dK += dS^T Q scale.
-				qi := q[(b*T_+i)*qw+h*hd : (b*T_+i)*qw+(h+1)*hd]
-				dqi := dq[(b*T_+i)*qw+h*hd : (b*T_+i)*qw+(h+1)*hd]
-				clear(dqi)
-				for j := 0; j <= i; j++ {
-					ds := row[j] * (dp[j] - rowDot) * scale
-					if ds == 0 {
-						continue
-					}
-					kj := k[(b*T_+j)*kw+kh*hd : (b*T_+j)*kw+(kh+1)*hd]
-					dkj := dk[(b*T_+j)*kw+kh*hd : (b*T_+j)*kw+(kh+1)*hd]
-					for c := range qi {
-						dqi[c] += ds * kj[c]
-						dkj[c] += ds * qi[c]
-					}
+				dp[j] = d
+				rowDot += d * row[j]
+			}
+			// dS = P * (dP - sum(dP * P)); dQ = dS K scale; dK += dS^T Q scale.
+			qi := headOf(q, b*T_+i, s.heads, h, hd)
+			dqi := headOf(dq, b*T_+i, s.heads, h, hd)
+			clear(dqi)
+			for j := 0; j <= i; j++ {
+				ds := row[j] * (dp[j] - rowDot) * scale
+				if ds == 0 {
+					continue
+				}
+				kj := headOf(k, b*T_+j, s.kvHeads, kh, hd)
+				dkj := headOf(dk, b*T_+j, s.kvHeads, kh, hd)
+				for c := range qi {
+					dqi[c] += ds * kj[c]
+					dkj[c] += ds * qi[c]
 				}
 			}
 		}
-	}
+	})
 }
 
 // crossEntropy returns the mean negative log-likelihood of targets under
