@@ -44,10 +44,7 @@ const sparseLMJSON = `{
 }`
 
 func TestParseSparseLM(t *testing.T) {
-	c, err := ParseConfig([]byte(sparseLMJSON))
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := mustParse(t, sparseLMJSON)
 	want := SparseLM1B5()
 	want.HiddenAct = ActSiLU // as the file says
 	want.NameOrPath = "SakanaAI/SparseLM-1.5B"
@@ -100,10 +97,7 @@ const transformers5JSON = `{
 }`
 
 func TestParseTransformers5(t *testing.T) {
-	c, err := ParseConfig([]byte(transformers5JSON))
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := mustParse(t, transformers5JSON)
 	if c.RopeTheta != 10000 || c.RopeScaling != nil || c.TorchDType != "float32" || c.HeadDim != 16 || c.NumKeyValueHeads != 2 || !c.TieWordEmbeddings {
 		t.Errorf("parsed %+v", c)
 	}
@@ -117,10 +111,7 @@ func TestParseTransformers5(t *testing.T) {
 
 func TestDefaultsFollowLlamaConfig(t *testing.T) {
 	for _, in := range []string{`{}`, `{"num_key_value_heads": null, "head_dim": null, "rope_theta": null, "hidden_act": null}`} {
-		c, err := ParseConfig([]byte(in))
-		if err != nil {
-			t.Fatal(err)
-		}
+		c := mustParse(t, in)
 		if c.HiddenSize != 4096 || c.IntermediateSize != 11008 || c.NumHiddenLayers != 32 || c.NumAttentionHeads != 32 ||
 			c.NumKeyValueHeads != 32 || c.HeadDim != 128 || c.VocabSize != 32000 || c.MaxPositionEmbeddings != 2048 ||
 			c.RMSNormEps != 1e-6 || c.RopeTheta != 10000 || c.HiddenAct != ActSiLU || c.TieWordEmbeddings ||
@@ -128,10 +119,7 @@ func TestDefaultsFollowLlamaConfig(t *testing.T) {
 			t.Errorf("%s: defaults %+v", in, c)
 		}
 	}
-	c, err := ParseConfig([]byte(`{"hidden_size": 1024, "num_attention_heads": 8, "num_key_value_heads": 2, "bos_token_id": null, "eos_token_id": [5, 7], "mlp_gated": false}`))
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := mustParse(t, `{"hidden_size": 1024, "num_attention_heads": 8, "num_key_value_heads": 2, "bos_token_id": null, "eos_token_id": [5, 7], "mlp_gated": false}`)
 	if c.HeadDim != 128 || c.NumKeyValueHeads != 2 || c.BOSTokenID != nil || !reflect.DeepEqual(c.EOSTokenIDs, []int{5, 7}) || c.MLPGated {
 		t.Errorf("parsed %+v", c)
 	}
@@ -145,10 +133,7 @@ func TestRopeScaling(t *testing.T) {
 		// transformers 5 writes rope_parameters instead of rope_theta + rope_scaling.
 		`{"max_position_embeddings": 131072, "rope_parameters": {"rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192, "rope_type": "llama3"}}`,
 	} {
-		c, err := ParseConfig([]byte(in))
-		if err != nil {
-			t.Fatal(err)
-		}
+		c := mustParse(t, in)
 		if !reflect.DeepEqual(c.RopeScaling, want) || c.RopeTheta != 500000 {
 			t.Errorf("%s: rope %+v theta %v", in, c.RopeScaling, c.RopeTheta)
 		}
@@ -349,10 +334,7 @@ func TestSaveFormat(t *testing.T) {
 
 func TestSaveMakesSparseLMExplicit(t *testing.T) {
 	// A SparseLM config that says silu is saved with the activation the model really uses.
-	c, err := ParseConfig([]byte(sparseLMJSON))
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := mustParse(t, sparseLMJSON)
 	p := filepath.Join(t.TempDir(), "config.json")
 	if err := c.Save(p); err != nil {
 		t.Fatal(err)
@@ -475,4 +457,14 @@ func ExampleParseConfig() {
 	// SparseLM checkpoint (_name_or_path "org/SparseLM-1.5B"); its hidden_act "silu" is ignored
 	// <nil>
 	// config.json: num_attention_heads 0 must be positive
+}
+
+// mustParse is ParseConfig, failing the test on an error.
+func mustParse(t *testing.T, js string) Config {
+	t.Helper()
+	c, err := ParseConfig([]byte(js))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
 }

@@ -28,16 +28,11 @@ func TestLoadErrorsNameTheTensor(t *testing.T) {
 	r := rand.New(rand.NewPCG(5, 5))
 	c := tinyConfig()
 	w := RandomWeights(c, r)
-	dir := t.TempDir()
-	if err := Save(dir, c, w, safetensors.BF16); err != nil {
-		t.Fatal(err)
-	}
+	dir := saveModel(t, c, w)
 	// Wrong shape: save a config with a different MLP width over the same weights.
 	bad := c
 	bad.IntermediateSize = 256
-	if err := bad.Save(filepath.Join(dir, "config.json")); err != nil {
-		t.Fatal(err)
-	}
+	saveConfig(t, dir, bad)
 	_, err := Load(dir)
 	if err == nil || !strings.Contains(err.Error(), "model.layers.0.mlp.up_proj.weight") || !strings.Contains(err.Error(), "want [256 64]") {
 		t.Fatalf("wrong shape: err = %v", err)
@@ -45,19 +40,19 @@ func TestLoadErrorsNameTheTensor(t *testing.T) {
 	// Missing tensor: a config with one more layer.
 	bad = c
 	bad.NumHiddenLayers = 3
-	bad.Save(filepath.Join(dir, "config.json"))
+	saveConfig(t, dir, bad)
 	if _, err := Load(dir); err == nil || !strings.Contains(err.Error(), `"model.layers.2.input_layernorm.weight" missing`) {
 		t.Fatalf("missing tensor: err = %v", err)
 	}
 	// Extra tensor: a config with one layer fewer.
 	bad = c
 	bad.NumHiddenLayers = 1
-	bad.Save(filepath.Join(dir, "config.json"))
+	saveConfig(t, dir, bad)
 	if _, err := Load(dir); err == nil || !strings.Contains(err.Error(), "model.layers.1.") {
 		t.Fatalf("extra tensor: err = %v", err)
 	}
 	os.Remove(filepath.Join(dir, "model.safetensors"))
-	c.Save(filepath.Join(dir, "config.json"))
+	saveConfig(t, dir, c)
 	if _, err := Load(dir); err == nil {
 		t.Fatal("missing weights file accepted")
 	}
@@ -72,10 +67,7 @@ func TestLoadRefusesNonFiniteWeights(t *testing.T) {
 		w := RandomWeights(c, r)
 		i := r.IntN(len(w.Layers[1].Down))
 		w.Layers[1].Down[i] = bad
-		dir := t.TempDir()
-		if err := Save(dir, c, w, safetensors.BF16); err != nil {
-			t.Fatal(err)
-		}
+		dir := saveModel(t, c, w)
 		_, err := Load(dir)
 		if err == nil || !strings.Contains(err.Error(), "model.layers.1.mlp.down_proj.weight") {
 			t.Fatalf("seed %d: weight %d = %v: err = %v, want one naming the tensor", seed, i, bad, err)
@@ -94,14 +86,31 @@ func TestLoadRefusesWhatCannotFit(t *testing.T) {
 	}
 	huge := c
 	huge.NumHiddenLayers = 1e12
-	if err := huge.Save(filepath.Join(dir, "config.json")); err != nil {
-		t.Fatal(err)
-	}
+	saveConfig(t, dir, huge)
 	_, err := Load(dir)
 	if err == nil || !strings.Contains(err.Error(), "memory") {
 		t.Fatalf("10^12 layers: err = %v, want a memory estimate", err)
 	}
 	if got := huge.ParamCount(); got <= 0 {
 		t.Errorf("ParamCount overflowed: %d", got)
+	}
+}
+
+// saveModel saves c and w as a bf16 checkpoint in a fresh folder and
+// returns the folder.
+func saveModel(t *testing.T, c Config, w *Weights) string {
+	t.Helper()
+	dir := t.TempDir()
+	if err := Save(dir, c, w, safetensors.BF16); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// saveConfig writes c over the config.json of the checkpoint in dir.
+func saveConfig(t *testing.T, dir string, c Config) {
+	t.Helper()
+	if err := c.Save(filepath.Join(dir, "config.json")); err != nil {
+		t.Fatal(err)
 	}
 }
