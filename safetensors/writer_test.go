@@ -234,7 +234,21 @@ func TestWriterIsAtomic(t *testing.T) {
 
 func writeFile(t testing.TB, path string, ts ...Tensor) {
 	t.Helper()
-	w, err := Create(path)
+	writeAll(t, path, Create, ts)
+}
+
+// writeSharded writes ts as a checkpoint in dir, in shards of at most
+// maxShard bytes.
+func writeSharded(t testing.TB, dir string, maxShard int64, ts []Tensor) {
+	t.Helper()
+	writeAll(t, dir, func(dir string) (*Writer, error) { return CreateSharded(dir, maxShard) }, ts)
+}
+
+// writeAll writes ts with the writer that create makes for path (Create, or
+// CreateSharded with a shard size) and closes it.
+func writeAll(t testing.TB, path string, create func(string) (*Writer, error), ts []Tensor) {
+	t.Helper()
+	w, err := create(path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -274,18 +288,7 @@ func TestSharded(t *testing.T) {
 		want = append(want, tt)
 		total += int64(len(tt.Data))
 	}
-	w, err := CreateSharded(dir, maxShard)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, tt := range want {
-		if err := w.AddTensor(tt); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := w.Close(); err != nil {
-		t.Fatalf("seed %d: %v", seed, err)
-	}
+	writeSharded(t, dir, maxShard, want)
 	assertNoTemps(t, dir)
 
 	var idx struct {
@@ -338,18 +341,7 @@ func TestSharded(t *testing.T) {
 	c.Close()
 
 	// Saving again into the same directory with one shard replaces the sharded checkpoint.
-	w, err = CreateSharded(dir, 1<<30)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, tt := range want[:3] {
-		if err := w.AddTensor(tt); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := w.Close(); err != nil {
-		t.Fatal(err)
-	}
+	writeSharded(t, dir, 1<<30, want[:3])
 	ents, _ := os.ReadDir(dir)
 	if len(ents) != 1 || ents[0].Name() != SingleFileName {
 		var names []string
