@@ -410,18 +410,19 @@ __global__ void __launch_bounds__(128)
 
 // attn_bwd_dq: dQ. One CTA of 4 warps per (64-query block, head, sequence),
 // the longest first; warp w owns queries 16w .. 16w+15, the CTA's Q and dO
-// rows stay in shared memory and blocks of 64 keys and values stream
+// rows stay in shared memory and blocks of BK keys and values stream
 // through a two-stage pipeline. Per block:
 //   S = Q K^T, P = exp2(S scale_log2 - lse log2 e), dP = dO V^T,
 //   dS = P (dP - D), dQ += dS K,
-// and dQ is scaled by 1/sqrt(HD) at the end.
-// Dynamic shared memory: (2 x 64 + 2 stages x 2 x 64) x (HD + 8) bf16.
-template <int HD>
+// and dQ is scaled by 1/sqrt(HD) at the end. BK is 32 for HD 128, whose
+// dQ accumulators leave fewer registers for the score tiles.
+// Dynamic shared memory: (2 x 64 + 2 stages x 2 x BK) x (HD + 8) bf16.
+template <int HD, int BK>
 __global__ void __launch_bounds__(128)
     attn_bwd_dq(const u16* __restrict__ qkv, const u16* __restrict__ dout, const float* __restrict__ lse,
                 const float* __restrict__ dsum, float* __restrict__ dqkv, int seq, int nq, int nkv,
                 float scale_log2, float scale) {
-  constexpr int NW = 4, BQ = 16 * NW, BK = 64, P = HD + 8, TILE = BK * P;
+  constexpr int NW = 4, BQ = 16 * NW, P = HD + 8, TILE = BK * P;
   extern __shared__ __align__(16) u16 smem[];
   u16* sQ = smem;            // [BQ][P]
   u16* sO = sQ + BQ * P;     // [BQ][P] dO

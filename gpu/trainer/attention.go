@@ -24,7 +24,7 @@ var attentionCU []byte
 var attentionHeadDims = []int{32, 64, 128}
 
 // Tile sizes of attention.cu: 64 queries per forward and dQ CTA, 64 keys
-// per dK/dV CTA, 4 warps each.
+// per dK/dV CTA and per forward key block, 4 warps each.
 const (
 	attnBlockQ   = 64
 	attnBlockK   = 64
@@ -41,10 +41,19 @@ func attnDKDVBlockQ(hd int) int {
 	return 32
 }
 
+// attnDQBlockK is the key block of attn_bwd_dq<hd>, smaller for large heads
+// for the same reason.
+func attnDQBlockK(hd int) int {
+	if hd <= 64 {
+		return 64
+	}
+	return 32
+}
+
 // attentionExprs are the name expressions of the kernels for head size hd.
 func attentionExprs(hd int) (fwd, dkdv, dq string) {
 	return fmt.Sprintf("attn_fwd<%d>", hd), fmt.Sprintf("attn_bwd_dkdv<%d, %d>", hd, attnDKDVBlockQ(hd)),
-		fmt.Sprintf("attn_bwd_dq<%d>", hd)
+		fmt.Sprintf("attn_bwd_dq<%d, %d>", hd, attnDQBlockK(hd))
 }
 
 // attentionKernels are the compiled attention kernels for one head size on
@@ -246,7 +255,7 @@ func (a *attention) backward(s *cuda.Stream, dqkv, dout, qkv, out, lse *cuda.Buf
 		int32(a.seq), int32(a.nq), int32(a.nkv), scaleLog2, scale); err != nil {
 		return fmt.Errorf("trainer: attention backward (dK, dV): %w", err)
 	}
-	smem = (2*attnBlockQ + 4*attnBlockK) * p * 2
+	smem = (2*attnBlockQ + 4*attnDQBlockK(a.hd)) * p * 2
 	if err := a.k.dq.Launch(a.grid(a.nq), block, smem, s, qkv, dout, lse, a.dsum, dqkv,
 		int32(a.seq), int32(a.nq), int32(a.nkv), scaleLog2, scale); err != nil {
 		return fmt.Errorf("trainer: attention backward (dQ): %w", err)

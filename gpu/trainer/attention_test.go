@@ -271,13 +271,16 @@ func TestAttentionMatchesReference(t *testing.T) {
 				return v
 			}
 			got := f64(len(out), func(i int) float64 { return float64(bf16.ToFloat32(out[i])) })
-			if e := relErr(got, ref.out, nil); !(e < 1e-2) {
+			e := relErr(got, ref.out, nil)
+			if !(e < 1e-2) {
 				t.Errorf("seed %d: out relative error %.3g", seed, e)
 			}
+			errs := fmt.Sprintf("out %.2g", e)
 			got = f64(len(lse), func(i int) float64 { return float64(lse[i]) })
-			if e := relErr(got, ref.lse, nil); !(e < 1e-3) {
+			if e = relErr(got, ref.lse, nil); !(e < 1e-3) {
 				t.Errorf("seed %d: lse relative error %.3g", seed, e)
 			}
+			errs += fmt.Sprintf(", lse %.2g", e)
 			got = f64(len(dqkv), func(i int) float64 { return float64(dqkv[i]) })
 			qw, kw := c.nq*c.hd, c.nkv*c.hd
 			for _, part := range []struct {
@@ -285,10 +288,12 @@ func TestAttentionMatchesReference(t *testing.T) {
 				lo, hi int
 			}{{"dq", 0, qw}, {"dk", qw, qw + kw}, {"dv", qw + kw, qw + 2*kw}} {
 				pick := func(i int) bool { col := i % r.W; return col >= part.lo && col < part.hi }
-				if e := relErr(got, ref.dqkv, pick); !(e < 1e-2) {
+				if e = relErr(got, ref.dqkv, pick); !(e < 1e-2) {
 					t.Errorf("seed %d: %s relative error %.3g", seed, part.name, e)
 				}
+				errs += fmt.Sprintf(", %s %.2g", part.name, e)
 			}
+			t.Logf("seed %d: relative errors %s", seed, errs)
 		})
 	}
 }
@@ -307,4 +312,53 @@ func TestAttentionDeterministic(t *testing.T) {
 		!bytes.Equal(cuda.Bytes(dqkv1), cuda.Bytes(dqkv2)) {
 		t.Errorf("seed %d, %v: two runs on the same inputs differ", seed, c)
 	}
+}
+
+// TestAttentionTiming logs the time and tensor throughput of forward and
+// backward at training shapes (causal FLOPs: 2 products forward, 5
+// backward, over half the score matrix). It checks nothing.
+func TestAttentionTiming(t *testing.T) {
+	dev := cudatest.Device(t)
+	for _, c := range []attnShape{{8, 2048, 16, 4, 64}, {4, 2048, 16, 8, 128}, {16, 1024, 8, 2, 64}} {
+		r := newAttnRun(t, dev, c, rand.New(rand.NewSource(1)))
+		start, mid, end := newEvent(t, dev), newEvent(t, dev), newEvent(t, dev)
+		const reps = 5
+		var fwd, bwd time.Duration
+		for i := 0; i <= reps; i++ {
+			for _, step := range []func() error{
+				func() error { return start.Record(nil) },
+				func() error { return r.a.forward(nil, r.out, r.qkv, r.lse) },
+				func() error { return mid.Record(nil) },
+				func() error { return r.a.backward(nil, r.dqkv, r.dout, r.qkv, r.out, r.lse) },
+				func() error { return end.Record(nil) },
+				end.Synchronize,
+			} {
+				if err := step(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			f, err1 := start.Elapsed(mid)
+			b, err2 := mid.Elapsed(end)
+			if err1 != nil || err2 != nil {
+				t.Fatal(err1, err2)
+			}
+			if i > 0 { // the first run loads the kernels
+				fwd, bwd = fwd+f/reps, bwd+b/reps
+			}
+		}
+		flop := float64(c.batch*c.nq) * float64(c.seq) * float64(c.seq) * float64(c.hd) // one causal product: 2 seq^2 hd / 2 a head
+		t.Logf("%v: forward %v (%.0f TFLOP/s), backward %v (%.0f TFLOP/s)", c,
+			fwd, 2*flop/fwd.Seconds()/1e12, bwd, 5*flop/bwd.Seconds()/1e12)
+	}
+}
+
+// newEvent returns a CUDA event destroyed at the test's end.
+func newEvent(t *testing.T, dev *cuda.Device) *cuda.Event {
+	t.Helper()
+	e, err := dev.NewEvent()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Destroy() })
+	return e
 }
