@@ -47,16 +47,8 @@ func TestDenseMLPMatchesFloat64(t *testing.T) {
 			}
 			m := 37
 			x := w(m*c.d, 1)
-			xb, err := Upload(dev, x)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer xb.Free()
-			yb, err := dev.Alloc(2 * m * c.d)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer yb.Free()
+			xb := upload(t, dev, x)
+			yb := alloc(t, dev, 2*m*c.d)
 			var maxDiff, maxWant float64
 			for _, layer := range []*DenseMLP{l, l2} {
 				if err := layer.Forward(nil, yb, xb, m); err != nil {

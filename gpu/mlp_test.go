@@ -3,6 +3,7 @@ package gpu
 import (
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"slices"
 	"testing"
 
@@ -27,6 +28,50 @@ func setup(t *testing.T) (*cuda.Device, *cublas.Handle) {
 	}
 	t.Cleanup(func() { h.Close() })
 	return dev, h
+}
+
+// newLayer is synth.NewLayer, failing the test on an error.
+func newLayer(t *testing.T, r *rand.Rand, d, f int, density float64, dist synth.Dist, gated bool) *synth.Layer {
+	t.Helper()
+	sl, err := synth.NewLayer(r, d, f, density, dist, gated)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sl
+}
+
+// newMLP puts the layer sl on the device with layout, closed when the test
+// ends.
+func newMLP(t *testing.T, dev *cuda.Device, blas *cublas.Handle, sl *synth.Layer, layout twell.Layout, seed uint64) *MLP {
+	t.Helper()
+	l, err := NewMLP(dev, blas, sl.Gate, sl.Up, sl.Down, sl.D, sl.F, layout)
+	if err != nil {
+		t.Fatalf("seed %d: %v", seed, err)
+	}
+	t.Cleanup(func() { l.Close() })
+	return l
+}
+
+// upload copies x to the device, freed when the test ends.
+func upload(t *testing.T, dev *cuda.Device, x []float32) *cuda.Buffer {
+	t.Helper()
+	b, err := Upload(dev, x)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Free() })
+	return b
+}
+
+// alloc allocates n bytes on the device, freed when the test ends.
+func alloc(t *testing.T, dev *cuda.Device, n int) *cuda.Buffer {
+	t.Helper()
+	b, err := dev.Alloc(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Free() })
+	return b
 }
 
 // roundBF16 returns v rounded to bf16 values, as the GPU sees them.
@@ -78,22 +123,11 @@ func TestD2TMatchesFloat64(t *testing.T) {
 				r, seed := testutil.Rand(t)
 				d, f, m := 192, 768, 300+r.IntN(200)
 				layout := twell.Layout{Tile: 256, C: c}
-				sl, err := synth.NewLayer(r, d, f, 0.06, synth.Skewed, true)
-				if err != nil {
-					t.Fatal(err)
-				}
-				l, err := NewMLP(dev, blas, sl.Gate, sl.Up, sl.Down, d, f, layout)
-				if err != nil {
-					t.Fatalf("seed %d: %v", seed, err)
-				}
-				defer l.Close()
+				sl := newLayer(t, r, d, f, 0.06, synth.Skewed, true)
+				l := newMLP(t, dev, blas, sl, layout, seed)
 				l.Kernel = kern
 				x := synth.Tokens(r, m, d)
-				xb, err := Upload(dev, x)
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer xb.Free()
+				xb := upload(t, dev, x)
 				p, err := l.D2T(nil, xb, m)
 				if err != nil {
 					t.Fatalf("seed %d: D2T: %v", seed, err)
@@ -217,19 +251,12 @@ func bf16Layer(sl *synth.Layer) *synth.Layer {
 
 func runPath(t *testing.T, dev *cuda.Device, l *MLP, path string, x []float32, m int) []float32 {
 	t.Helper()
-	xb, err := Upload(dev, x)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer xb.Free()
-	yb, err := dev.Alloc(2 * m * l.D)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer yb.Free()
+	xb := upload(t, dev, x)
+	yb := alloc(t, dev, 2*m*l.D)
 	if err := dev.Memset8(yb, 0xff, nil); err != nil { // poison: NaN everywhere
 		t.Fatal(err)
 	}
+	var err error
 	switch path {
 	case "sparse", "sparse-warp", "sparse-sorted":
 		tail := l.Tail
@@ -275,15 +302,8 @@ func TestMLPMatchesFloat64(t *testing.T) {
 		t.Run(fmt.Sprintf("d%d_f%d_p%g_gated%v_%v", c.d, c.f, c.density, c.gated, c.kern), func(t *testing.T) {
 			r, seed := testutil.Rand(t)
 			m := 257 + r.IntN(400)
-			sl, err := synth.NewLayer(r, c.d, c.f, c.density, synth.Skewed, c.gated)
-			if err != nil {
-				t.Fatal(err)
-			}
-			l, err := NewMLP(dev, blas, sl.Gate, sl.Up, sl.Down, c.d, c.f, twell.DefaultLayout)
-			if err != nil {
-				t.Fatalf("seed %d: %v", seed, err)
-			}
-			defer l.Close()
+			sl := newLayer(t, r, c.d, c.f, c.density, synth.Skewed, c.gated)
+			l := newMLP(t, dev, blas, sl, twell.DefaultLayout, seed)
 			l.Kernel = c.kern
 			x := synth.Tokens(r, m, c.d)
 			rows := synth.SampleRows(r, m, 48)
@@ -329,15 +349,8 @@ func TestOverflowStress(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			r, seed := testutil.Rand(t)
 			d, f, m := 256, 512, 200+r.IntN(100)
-			sl, err := synth.NewLayer(r, d, f, c.density, synth.Uniform, true)
-			if err != nil {
-				t.Fatal(err)
-			}
-			l, err := NewMLP(dev, blas, sl.Gate, sl.Up, sl.Down, d, f, c.layout)
-			if err != nil {
-				t.Fatalf("seed %d: %v", seed, err)
-			}
-			defer l.Close()
+			sl := newLayer(t, r, d, f, c.density, synth.Uniform, true)
+			l := newMLP(t, dev, blas, sl, c.layout, seed)
 			l.Kernel = c.kern
 			x := synth.Tokens(r, m, d)
 			allOn, nanRow, infRow := 3, 5, m-1
@@ -544,15 +557,8 @@ func TestSmallBatchMatchesFloat64(t *testing.T) {
 	} {
 		t.Run(fmt.Sprintf("d%d_f%d_gated%v", c.d, c.f, c.gated), func(t *testing.T) {
 			r, seed := testutil.Rand(t)
-			sl, err := synth.NewLayer(r, c.d, c.f, c.density, synth.Skewed, c.gated)
-			if err != nil {
-				t.Fatal(err)
-			}
-			l, err := NewMLP(dev, blas, sl.Gate, sl.Up, sl.Down, c.d, c.f, twell.DefaultLayout)
-			if err != nil {
-				t.Fatalf("seed %d: %v", seed, err)
-			}
-			defer l.Close()
+			sl := newLayer(t, r, c.d, c.f, c.density, synth.Skewed, c.gated)
+			l := newMLP(t, dev, blas, sl, twell.DefaultLayout, seed)
 			// Per batch against the reference on the bf16 inputs (the
 			// kernels' own error); all tokens together against the exact
 			// reference (below).
@@ -596,15 +602,8 @@ func TestSmallBatchMatchesFloat64(t *testing.T) {
 	t.Run("stress", func(t *testing.T) {
 		r, seed := testutil.Rand(t)
 		d, f, m := 256, 512, 4
-		sl, err := synth.NewLayer(r, d, f, 0.01, synth.Uniform, true)
-		if err != nil {
-			t.Fatal(err)
-		}
-		l, err := NewMLP(dev, blas, sl.Gate, sl.Up, sl.Down, d, f, twell.Layout{Tile: 256, C: 8})
-		if err != nil {
-			t.Fatalf("seed %d: %v", seed, err)
-		}
-		defer l.Close()
+		sl := newLayer(t, r, d, f, 0.01, synth.Uniform, true)
+		l := newMLP(t, dev, blas, sl, twell.Layout{Tile: 256, C: 8}, seed)
 		x := synth.Tokens(r, m, d)
 		x[0*d] = -1000 // every unit fires
 		x[1*d+7] = float32(math.NaN())

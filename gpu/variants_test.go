@@ -43,20 +43,9 @@ func sparseLMLayer(t *testing.T, dev *cuda.Device, blas *cublas.Handle, m int) (
 	t.Helper()
 	r, seed := testutil.Rand(t)
 	const d, f = 2048, 5632
-	sl, err := synth.NewLayer(r, d, f, 0.005, synth.Uniform, true)
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := NewMLP(dev, blas, sl.Gate, sl.Up, sl.Down, d, f, twell.DefaultLayout)
-	if err != nil {
-		t.Fatalf("seed %d: %v", seed, err)
-	}
-	t.Cleanup(func() { l.Close() })
-	xb, err := Upload(dev, synth.Tokens(r, m, d))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { xb.Free() })
+	sl := newLayer(t, r, d, f, 0.005, synth.Uniform, true)
+	l := newMLP(t, dev, blas, sl, twell.DefaultLayout, seed)
+	xb := upload(t, dev, synth.Tokens(r, m, d))
 	return l, xb, seed
 }
 
@@ -72,11 +61,7 @@ func TestKernelTimes(t *testing.T) {
 	dev, blas := setup(t)
 	d, f, m := 2048, 5632, 65536
 	l, xb, seed := sparseLMLayer(t, dev, blas, m)
-	yb, err := dev.Alloc(2 * m * d)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer yb.Free()
+	yb := alloc(t, dev, 2*m*d)
 	flop := 2 * float64(m) * float64(d) * float64(f)
 	// The dense gate GEMM alone (cuBLASLt), the mainloop's yardstick.
 	gb, err := dev.Alloc(2 * m * f)
@@ -154,11 +139,7 @@ func TestProfileKernels(t *testing.T) {
 	d, f, m := 2048, 5632, 65536
 	l, xb, _ := sparseLMLayer(t, dev, blas, m)
 	l.Tail = TailSorted
-	yb, err := dev.Alloc(max(2*m*d, 2*m*f))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer yb.Free()
+	yb := alloc(t, dev, max(2*m*d, 2*m*f))
 	for i := 0; i < 2; i++ {
 		if err := blas.Matmul(nil, cublas.Gemm{M: m, N: f, K: d, TransB: true}, xb, l.gate, yb); err != nil {
 			t.Fatal(err)

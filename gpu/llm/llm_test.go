@@ -144,6 +144,21 @@ func engineOnPath(t *testing.T, dev *cuda.Device, m *model.Model, seed uint64, p
 	return e
 }
 
+// gpuEngine skips the test without a GPU or a kernel compiler and returns
+// an engine for a random sparse model of config c, with its MLP path set
+// unless path is "", the random source and its seed.
+func gpuEngine(t *testing.T, c model.Config, path string) (*Engine, *rand.Rand, uint64) {
+	t.Helper()
+	dev := cudatest.Device(t)
+	cudatest.Compiler(t)
+	r, seed := testutil.Rand(t)
+	m := sparseModel(t, c, r, seed)
+	if path == "" {
+		return newEngine(t, dev, m, seed), r, seed
+	}
+	return engineOnPath(t, dev, m, seed, path), r, seed
+}
+
 // pathOf parses an MLP path name.
 func pathOf(t *testing.T, s string) mlp.Path {
 	t.Helper()
@@ -251,12 +266,8 @@ func TestLogitsMatchCPU(t *testing.T) {
 // single-token steps through the cache gives the logits of recomputing the
 // whole sequence at once.
 func TestDecodeMatchesRecompute(t *testing.T) {
-	dev := cudatest.Device(t)
-	cudatest.Compiler(t)
-	r, seed := testutil.Rand(t)
 	c := testConfig(64, 4, 2, true)
-	m := sparseModel(t, c, r, seed)
-	e := engineOnPath(t, dev, m, seed, "sparse") // the same MLP arithmetic in every step
+	e, r, seed := gpuEngine(t, c, "sparse") // the same MLP arithmetic in every step
 	seq := enginetest.Tokens(r, 90, c.VocabSize)
 	const prompt = 70
 	full := enginetest.Caches(t, e, 1, len(seq))
@@ -282,12 +293,8 @@ func TestDecodeMatchesRecompute(t *testing.T) {
 // slice gets, bit for bit, in one buffer that later (and larger) calls
 // reuse.
 func TestReuseLogits(t *testing.T) {
-	dev := cudatest.Device(t)
-	cudatest.Compiler(t)
-	r, seed := testutil.Rand(t)
 	c := testConfig(64, 2, 2, true)
-	m := sparseModel(t, c, r, seed)
-	e := engineOnPath(t, dev, m, seed, "dense") // the same arithmetic in every call
+	e, r, seed := gpuEngine(t, c, "dense") // the same arithmetic in every call
 	seqs := [][]int{enginetest.Tokens(r, 9, c.VocabSize), enginetest.Tokens(r, 5, c.VocabSize)}
 	run := func(reuse, all bool) [][]float32 {
 		e.ReuseLogits = reuse
@@ -309,12 +316,8 @@ func TestReuseLogits(t *testing.T) {
 // logits identical to an unprofiled pass, and that an unprofiled pass
 // reports none.
 func TestProfile(t *testing.T) {
-	dev := cudatest.Device(t)
-	cudatest.Compiler(t)
-	r, seed := testutil.Rand(t)
 	c := testConfig(64, 6, 2, true) // grouped-query attention, heads*head_dim != hidden
-	m := sparseModel(t, c, r, seed)
-	e := engineOnPath(t, dev, m, seed, "dense")
+	e, r, seed := gpuEngine(t, c, "dense")
 	seqs := [][]int{enginetest.Tokens(r, 70, c.VocabSize), enginetest.Tokens(r, 3, c.VocabSize)}
 	want, st := enginetest.Forward(t, e, enginetest.Caches(t, e, 2, 80), seqs, false)
 	if st.StepMS != nil {
@@ -338,12 +341,8 @@ func TestProfile(t *testing.T) {
 // TestBatchedPrefillMatchesSeparate checks that a batch of two sequences of
 // different lengths gives each sequence the logits of running it alone.
 func TestBatchedPrefillMatchesSeparate(t *testing.T) {
-	dev := cudatest.Device(t)
-	cudatest.Compiler(t)
-	r, seed := testutil.Rand(t)
 	c := testConfig(64, 8, 2, false)
-	m := sparseModel(t, c, r, seed)
-	e := engineOnPath(t, dev, m, seed, "sparse") // no path switch between the runs
+	e, r, seed := gpuEngine(t, c, "sparse") // no path switch between the runs
 	a, b := enginetest.Tokens(r, 130, c.VocabSize), enginetest.Tokens(r, 9, c.VocabSize)
 	both, _ := enginetest.Forward(t, e, enginetest.Caches(t, e, 2, 140), [][]int{a, b}, true)
 	la, _ := enginetest.Forward(t, e, enginetest.Caches(t, e, 1, 140), [][]int{a}, true)
@@ -357,12 +356,8 @@ func TestBatchedPrefillMatchesSeparate(t *testing.T) {
 
 // TestForwardErrors checks that bad calls return errors naming the fault.
 func TestForwardErrors(t *testing.T) {
-	dev := cudatest.Device(t)
-	cudatest.Compiler(t)
-	r, seed := testutil.Rand(t)
 	c := testConfig(64, 4, 2, true)
-	m := sparseModel(t, c, r, seed)
-	e := newEngine(t, dev, m, seed)
+	e, _, _ := gpuEngine(t, c, "")
 	cs := enginetest.Caches(t, e, 2, 8)
 	for _, k := range []struct {
 		caches []engine.Cache
@@ -390,12 +385,8 @@ func TestForwardErrors(t *testing.T) {
 // grew the buffers the graph uses (it must be recorded again); on the
 // automatic path the graphs must take over once the paths have settled.
 func TestGraphDecodeMatchesEager(t *testing.T) {
-	dev := cudatest.Device(t)
-	cudatest.Compiler(t)
-	r, seed := testutil.Rand(t)
 	c := testConfig(64, 4, 2, true)
-	m := sparseModel(t, c, r, seed)
-	e := newEngine(t, dev, m, seed)
+	e, r, seed := gpuEngine(t, c, "")
 	prompts := [][]int{enginetest.Tokens(r, 20, c.VocabSize), enginetest.Tokens(r, 33, c.VocabSize), enginetest.Tokens(r, 7, c.VocabSize)}
 	next := make([][]int, 16)
 	for i := range next {
