@@ -158,14 +158,25 @@ func TestStepMatchesCPU(t *testing.T) {
 			}
 			cw, _ := cb.Weights()
 			gwt, cwt := flatTensors(c, gw), flatTensors(c, cw)
+			worst, worstName := 0.0, ""
 			for i, ts := range train.Tensors(c) {
-				if e := relDiff(gs.M[i], cs.M[i]); e > 3e-2 {
+				// The GEMMs read bf16 activations and activation gradients:
+				// measured on the H200 (2-layer model, 8 seeds), up to 4.0e-2
+				// in the MLP gate/up and the attention projections, 2.6e-3 to
+				// 3.2e-3 for the final norm gain. A wrong kernel is off by
+				// far more.
+				e := relDiff(gs.M[i], cs.M[i])
+				if e > worst {
+					worst, worstName = e, ts.Name
+				}
+				if e > 8e-2 {
 					t.Errorf("seed %d: gradient of %s: relative error %.3g", seed, ts.Name, e)
 				}
 				if e := relDiff(gwt[i], cwt[i]); e > 1e-2 {
 					t.Errorf("seed %d: %s after the update: relative error %.3g", seed, ts.Name, e)
 				}
 			}
+			t.Logf("seed %d: largest gradient error %.3g (%s)", seed, worst, worstName)
 			if gs.Step != 1 {
 				t.Errorf("optimizer step %d after one update", gs.Step)
 			}
