@@ -39,16 +39,6 @@ func fn(t *testing.T, mod *cuda.Module, name string) *cuda.Function {
 	return f
 }
 
-func alloc(t *testing.T, dev *cuda.Device, n int) *cuda.Buffer {
-	t.Helper()
-	b, err := dev.Alloc(n)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { b.Free() })
-	return b
-}
-
 func TestDeviceProperties(t *testing.T) {
 	dev := cudatest.Device(t)
 	p := dev.Properties()
@@ -82,7 +72,7 @@ func TestVectorAddBF16(t *testing.T) {
 		a[i] = bf16.FromFloat32(float32(rng.NormFloat64()))
 		b[i] = bf16.FromFloat32(float32(rng.NormFloat64() * 4))
 	}
-	da, db, dout := alloc(t, dev, 2*n), alloc(t, dev, 2*n), alloc(t, dev, 2*n)
+	da, db, dout := cudatest.Alloc(t, dev, 2*n), cudatest.Alloc(t, dev, 2*n), cudatest.Alloc(t, dev, 2*n)
 	if err := dev.CopyHtoD(da, cuda.Bytes(a)); err != nil {
 		t.Fatal(err)
 	}
@@ -130,7 +120,7 @@ func TestLargeDynamicShared(t *testing.T) {
 	for i := range in {
 		in[i] = rng.Uint32()
 	}
-	din, dout := alloc(t, dev, 4*len(in)), alloc(t, dev, 4*len(in))
+	din, dout := cudatest.Alloc(t, dev, 4*len(in)), cudatest.Alloc(t, dev, 4*len(in))
 	if err := dev.CopyHtoD(din, cuda.Bytes(in)); err != nil {
 		t.Fatal(err)
 	}
@@ -165,7 +155,7 @@ func TestClusterLaunch(t *testing.T) {
 	k := fn(t, mod, "cluster_info")
 	for _, size := range []uint32{2, 4, 8, 16} {
 		blocks := size * 6
-		out := alloc(t, dev, 4*int(blocks))
+		out := cudatest.Alloc(t, dev, 4*int(blocks))
 		err := k.LaunchEx(cuda.LaunchConfig{Grid: cuda.Dim3{blocks, 1, 1}, Block: cuda.Dim3{32, 1, 1}, Cluster: cuda.Dim3{size, 1, 1}}, out)
 		if size == 16 && err != nil {
 			t.Logf("non-portable cluster of 16: %v", err)
@@ -207,7 +197,7 @@ func TestTensorMapTMA(t *testing.T) {
 	for i := range src {
 		src[i] = uint16(rng.Uint32())
 	}
-	dsrc, dout := alloc(t, dev, 2*len(src)), alloc(t, dev, 2*len(src))
+	dsrc, dout := cudatest.Alloc(t, dev, 2*len(src)), cudatest.Alloc(t, dev, 2*len(src))
 	if err := dev.CopyHtoD(dsrc, cuda.Bytes(src)); err != nil {
 		t.Fatal(err)
 	}
@@ -272,7 +262,7 @@ func TestStreamsEventsAsync(t *testing.T) {
 	defer end.Destroy()
 
 	const n = 256 << 20 / 4 // 256 MiB of words
-	big := alloc(t, dev, 4*n)
+	big := cudatest.Alloc(t, dev, 4*n)
 	v := rng.Uint32()
 	if err := start.Record(s1); err != nil {
 		t.Fatal(err)
@@ -326,7 +316,7 @@ func TestStreamsEventsAsync(t *testing.T) {
 	for i := range in.Bytes() {
 		in.Bytes()[i] = byte(rng.Uint32())
 	}
-	d := alloc(t, dev, 1<<20)
+	d := cudatest.Alloc(t, dev, 1<<20)
 	back := make([]byte, 1<<20)
 	if err := dev.CopyHtoDAsync(d, in.Bytes(), s1); err != nil {
 		t.Fatal(err)
@@ -352,7 +342,7 @@ func TestGraphReplay(t *testing.T) {
 	for i := range a {
 		a[i] = bf16.FromFloat32(float32(rng.IntN(16)))
 	}
-	da, acc := alloc(t, dev, 2*n), alloc(t, dev, 2*n)
+	da, acc := cudatest.Alloc(t, dev, 2*n), cudatest.Alloc(t, dev, 2*n)
 	if err := dev.CopyHtoD(da, cuda.Bytes(a)); err != nil {
 		t.Fatal(err)
 	}
@@ -497,7 +487,7 @@ func TestMisuseErrors(t *testing.T) {
 	}
 
 	// Launches with invalid dimensions.
-	buf := alloc(t, dev, 4096)
+	buf := cudatest.Alloc(t, dev, 4096)
 	expect("block of 2048 threads", fill.Launch(cuda.Dim3{1, 1, 1}, cuda.Dim3{2048, 1, 1}, 0, nil, buf, uint32(1), int64(1024)), cuda.ErrorInvalidValue)
 	expect("grid of 0 blocks", fill.Launch(cuda.Dim3{0, 1, 1}, cuda.Dim3{32, 1, 1}, 0, nil, buf, uint32(1), int64(1024)), cuda.ErrorInvalidValue)
 	expect("grid y of 70000", fill.Launch(cuda.Dim3{1, 70000, 1}, cuda.Dim3{32, 1, 1}, 0, nil, buf, uint32(1), int64(1024)), cuda.ErrorInvalidValue)
@@ -538,7 +528,7 @@ func TestMisuseErrors(t *testing.T) {
 	// Copies out of bounds.
 	expect("copy of 4097 bytes into 4096", dev.CopyHtoD(buf, make([]byte, 4097)), cuda.ErrorInvalidValue)
 	expect("copy of 8192 bytes out of 4096", dev.CopyDtoH(make([]byte, 8192), buf), cuda.ErrorInvalidValue)
-	other := alloc(t, dev, 1024)
+	other := cudatest.Alloc(t, dev, 1024)
 	expect("device copy past the end", dev.CopyDtoD(other, buf, 2048), cuda.ErrorInvalidValue)
 	_, err = buf.Slice(4000, 200)
 	expect("slice past the end", err, cuda.ErrorInvalidValue)

@@ -5,6 +5,7 @@ import (
 	"math"
 	"testing"
 
+	"github.com/twell-ai/twell/cuda/cudatest"
 	"github.com/twell-ai/twell/internal/testutil"
 )
 
@@ -48,7 +49,7 @@ func TestDenseMLPMatchesFloat64(t *testing.T) {
 			m := 37
 			x := w(m*c.d, 1)
 			xb := upload(t, dev, x)
-			yb := alloc(t, dev, 2*m*c.d)
+			yb := cudatest.Alloc(t, dev, 2*m*c.d)
 			var maxDiff, maxWant float64
 			for _, layer := range []*DenseMLP{l, l2} {
 				if err := layer.Forward(nil, yb, xb, m); err != nil {

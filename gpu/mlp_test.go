@@ -63,17 +63,6 @@ func upload(t *testing.T, dev *cuda.Device, x []float32) *cuda.Buffer {
 	return b
 }
 
-// alloc allocates n bytes on the device, freed when the test ends.
-func alloc(t *testing.T, dev *cuda.Device, n int) *cuda.Buffer {
-	t.Helper()
-	b, err := dev.Alloc(n)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { b.Free() })
-	return b
-}
-
 // roundBF16 returns v rounded to bf16 values, as the GPU sees them.
 func roundBF16(v []float32) []float32 {
 	out := make([]float32, len(v))
@@ -252,7 +241,7 @@ func bf16Layer(sl *synth.Layer) *synth.Layer {
 func runPath(t *testing.T, dev *cuda.Device, l *MLP, path string, x []float32, m int) []float32 {
 	t.Helper()
 	xb := upload(t, dev, x)
-	yb := alloc(t, dev, 2*m*l.D)
+	yb := cudatest.Alloc(t, dev, 2*m*l.D)
 	if err := dev.Memset8(yb, 0xff, nil); err != nil { // poison: NaN everywhere
 		t.Fatal(err)
 	}

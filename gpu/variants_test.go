@@ -7,6 +7,7 @@ import (
 
 	"github.com/twell-ai/twell/cuda"
 	"github.com/twell-ai/twell/cuda/cublas"
+	"github.com/twell-ai/twell/cuda/cudatest"
 	"github.com/twell-ai/twell/internal/testutil"
 	"github.com/twell-ai/twell/synth"
 	"github.com/twell-ai/twell/twell"
@@ -61,7 +62,7 @@ func TestKernelTimes(t *testing.T) {
 	dev, blas := setup(t)
 	d, f, m := 2048, 5632, 65536
 	l, xb, seed := sparseLMLayer(t, dev, blas, m)
-	yb := alloc(t, dev, 2*m*d)
+	yb := cudatest.Alloc(t, dev, 2*m*d)
 	flop := 2 * float64(m) * float64(d) * float64(f)
 	// The dense gate GEMM alone (cuBLASLt), the mainloop's yardstick.
 	gb, err := dev.Alloc(2 * m * f)
@@ -139,7 +140,7 @@ func TestProfileKernels(t *testing.T) {
 	d, f, m := 2048, 5632, 65536
 	l, xb, _ := sparseLMLayer(t, dev, blas, m)
 	l.Tail = TailSorted
-	yb := alloc(t, dev, max(2*m*d, 2*m*f))
+	yb := cudatest.Alloc(t, dev, max(2*m*d, 2*m*f))
 	for i := 0; i < 2; i++ {
 		if err := blas.Matmul(nil, cublas.Gemm{M: m, N: f, K: d, TransB: true}, xb, l.gate, yb); err != nil {
 			t.Fatal(err)

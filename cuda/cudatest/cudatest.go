@@ -30,6 +30,17 @@ func Device(tb testing.TB) *cuda.Device {
 	return dev
 }
 
+// Alloc allocates n bytes on dev, freed when the test ends.
+func Alloc(tb testing.TB, dev *cuda.Device, n int) *cuda.Buffer {
+	tb.Helper()
+	b, err := dev.Alloc(n)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { b.Free() })
+	return b
+}
+
 // Compiler skips the test (fails it under TWELL_REQUIRE_GPU=1) when NVRTC
 // cannot be loaded.
 func Compiler(tb testing.TB) {
