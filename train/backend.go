@@ -78,6 +78,15 @@ type Backend interface {
 	Close() error
 }
 
+// PeakRater is implemented by backends that know their device's peak dense
+// bf16 rate; the loop then reports model FLOPs utilisation (MFU) in its
+// progress lines.
+type PeakRater interface {
+	// PeakFLOPS returns the device's peak dense bf16 FLOP/s, or 0 when
+	// unknown.
+	PeakFLOPS() float64
+}
+
 // StepStats reports a forward and backward pass, or a whole step (see
 // Backend.EndStep).
 type StepStats struct {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 
+	"github.com/twell-ai/twell/internal/memcheck"
 	"github.com/twell-ai/twell/model"
 )
 
@@ -29,11 +30,27 @@ func NewCPU(c model.Config, w *model.Weights) (*CPU, error) {
 	if err := c.Validate(); err != nil {
 		return nil, err
 	}
+	// The weights are there already; gradients and the two AdamW moments
+	// take three times as much again (activations come on top: CPUMemory).
+	if err := memcheck.Fits("training on the CPU (gradients and AdamW moments)", 3*c.WeightBytes(), "train a smaller model, or use -device cuda"); err != nil {
+		return nil, fmt.Errorf("train: %w", err)
+	}
 	b := &CPU{c: c}
 	if err := b.Load(w, nil); err != nil {
 		return nil, err
 	}
 	return b, nil
+}
+
+// CPUMemory estimates the host memory of training a model of config c on
+// the CPU with micro-batches of batch sequences of seq tokens: weights,
+// gradients and AdamW moments (four float32 copies), each layer's saved
+// activations (about 14 hidden-sized and 4 MLP-sized float32 rows per
+// token) and the float32 logits of a micro-batch.
+func CPUMemory(c model.Config, batch, seq int) float64 {
+	tokens := float64(batch) * float64(seq)
+	perToken := float64(c.NumHiddenLayers)*(14*float64(c.HiddenSize)+4*float64(c.IntermediateSize)) + 2*float64(c.VocabSize)
+	return 4*c.WeightBytes() + 4*tokens*perToken
 }
 
 // Config returns the configuration of the model being trained.

@@ -10,6 +10,8 @@ import (
 	"os"
 	"path/filepath"
 	"time"
+
+	"github.com/twell-ai/twell/model"
 )
 
 // Run is a training run: the loop, written once over a Backend. It owns the
@@ -108,6 +110,9 @@ func (r *Run) Loop(ctx context.Context) error {
 	}
 	defer mw.Close()
 	prog := newProgress(r.step, r.tokens)
+	if pr, ok := r.Backend.(PeakRater); ok {
+		prog.peak, prog.flopsPerToken = pr.PeakFLOPS(), FLOPsPerToken(c.ModelConfig(), c.Seq)
+	}
 	for r.step < c.Steps {
 		if ctx.Err() != nil {
 			return r.interrupted()
@@ -332,6 +337,9 @@ type progress struct {
 	startStep  int
 	last       time.Time
 	lastTokens int64
+	// peak is the device's peak dense bf16 FLOP/s (0: unknown, no MFU) and
+	// flopsPerToken the training FLOPs of one token.
+	peak, flopsPerToken float64
 }
 
 func newProgress(step int, tokens int64) *progress {
@@ -352,9 +360,30 @@ func (p *progress) line(m Metrics, c *Config) string {
 	perStep := now.Sub(p.start) / time.Duration(max(m.Step-p.startStep, 1))
 	eta := perStep * time.Duration(c.Steps-m.Step)
 	p.last, p.lastTokens = now, m.Tokens
-	return fmt.Sprintf("step %d/%d loss %.4f%s l1 %.4f l0 %.1f/%d dead %.2f lr %.2e | %s tok/s %.0fms/step ETA %s",
+	mfu := ""
+	if p.peak > 0 {
+		mfu = fmt.Sprintf(" MFU %.1f%%", 100*rate*p.flopsPerToken/p.peak)
+	}
+	return fmt.Sprintf("step %d/%d loss %.4f%s l1 %.4f l0 %.1f/%d dead %.2f lr %.2e | %s tok/s%s %.0fms/step ETA %s",
 		m.Step, c.Steps, m.Loss, val, m.L1, m.L0Mean, c.ModelConfig().IntermediateSize, m.DeadFrac, m.LR,
-		humanRate(rate), float64(perStep.Microseconds())/1000, eta.Round(time.Second))
+		humanRate(rate), mfu, float64(perStep.Microseconds())/1000, eta.Round(time.Second))
+}
+
+// FLOPsPerToken returns the training FLOPs of one token of a sequence of
+// seq tokens: 6 per weight of every matrix product (forward, and the two
+// backward products), the LM head included and the embedding lookup not,
+// plus causal attention's score and value products, 6 * layers * seq *
+// heads * head_dim (half of the 12 a full attention matrix would take).
+func FLOPsPerToken(c model.Config, seq int) float64 {
+	h, f, hd := float64(c.HiddenSize), float64(c.IntermediateSize), float64(c.HeadDim)
+	q, kv := float64(c.NumAttentionHeads), float64(c.NumKeyValueHeads)
+	mlp := 2.0
+	if c.MLPGated {
+		mlp = 3
+	}
+	perLayer := h*hd*(q+2*kv) + q*hd*h + mlp*h*f
+	matmul := float64(c.NumHiddenLayers)*perLayer + float64(c.VocabSize)*h
+	return 6*matmul + 6*float64(c.NumHiddenLayers)*float64(seq)*q*hd
 }
 
 func humanRate(v float64) string {

@@ -226,6 +226,12 @@ func newTrainBackend(device string, cfg *train.Config, w *model.Weights, stderr 
 	return b, nil, err
 }
 
+// gpuPresent reports whether a CUDA device is found.
+func gpuPresent() bool {
+	n, err := cuda.Count()
+	return err == nil && n > 0
+}
+
 // prepareTrain reads and checks the config, the run folder, the tokenizer
 // and the data, writing nothing.
 func prepareTrain(f *trainFlags, stderr io.Writer) (*trainSetup, error) {
@@ -389,6 +395,15 @@ func prepareTrain(f *trainFlags, stderr io.Writer) (*trainSetup, error) {
 	if s.val, err = valWindows(s.ds, cfg.Seq, cfg.EvalBatches*cfg.Batch); err != nil {
 		s.ds.Close()
 		return nil, err
+	}
+	// Training on the CPU must fit in host memory; the GPU backend checks
+	// device memory itself.
+	if f.device == "cpu" || (f.device == "auto" && !gpuPresent()) {
+		need := train.CPUMemory(cfg.ModelConfig(), cfg.Batch, cfg.Seq)
+		if err := memcheck.Fits(fmt.Sprintf("training %s on the CPU", countString(cfg.ModelConfig().ParamCount())+" parameters"), need, "a smaller model, batch or seq, or -device cuda"); err != nil {
+			s.ds.Close()
+			return nil, err
+		}
 	}
 	return s, nil
 }

@@ -333,3 +333,29 @@ func TestTrainDeviceCUDA(t *testing.T) {
 		t.Fatalf("-device auto: exit %d, stderr %q", code, se.String())
 	}
 }
+
+// TestTrainRefusesWhatCannotFit: a model whose CPU training cannot fit in
+// memory is refused with both figures before anything is written.
+func TestTrainRefusesWhatCannotFit(t *testing.T) {
+	cfg := `{"model": {"model_type": "llama", "hidden_size": 8192, "intermediate_size": 28672,
+		"num_hidden_layers": 80, "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 128,
+		"vocab_size": 32000, "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "rope_theta": 10000,
+		"hidden_act": "relu", "tie_word_embeddings": true},
+		"steps": 1, "batch": 1, "seq": 64, "accum": 1, "lr": 1e-3, "min_lr": 1e-4, "warmup": 0,
+		"weight_decay": 0.1, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8, "clip": 1, "l1": 0,
+		"eval_every": 0, "eval_batches": 1, "checkpoint_every": 0, "log_every": 1, "dead_window": 1000}`
+	dir := t.TempDir()
+	path := filepath.Join(dir, "big.json")
+	if err := os.WriteFile(path, []byte(cfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(dir, "run")
+	var so, se bytes.Buffer
+	code := run([]string{"train", "-device", "cpu", "-config", path, "-out", out}, &so, &se)
+	if code != 1 || !strings.Contains(se.String(), "memory") || !strings.Contains(se.String(), "available") {
+		t.Fatalf("exit %d, stderr %q; want exit 1 with the memory needed and available", code, se.String())
+	}
+	if _, err := os.Stat(out); err == nil {
+		t.Errorf("%s was created for a run that cannot fit", out)
+	}
+}

@@ -192,6 +192,22 @@ func (b *Backend) Config() model.Config { return b.c }
 // all processes) seen when the backend waited for the device.
 func (b *Backend) PeakMemory() int64 { return b.peak }
 
+// PeakFLOPS returns the GPU's peak dense bf16 tensor-core rate at its peak
+// clock: 4096 FLOP per cycle and SM on Hopper (sm_90: 989 TFLOP/s for an
+// H100 or H200 SXM), 2048 on Ampere and Ada (sm_80, sm_86, sm_89); 0 for
+// other GPUs or when the driver reports no clock.
+func (b *Backend) PeakFLOPS() float64 {
+	p := b.dev.Properties()
+	perSM := 0.0
+	switch {
+	case p.Major == 9:
+		perSM = 4096
+	case p.Major == 8:
+		perSM = 2048
+	}
+	return perSM * float64(p.SMs) * float64(p.ClockKHz) * 1e3
+}
+
 func (b *Backend) samplePeak() {
 	if free, total, err := b.dev.MemInfo(); err == nil && total-free > b.peak {
 		b.peak = total - free
