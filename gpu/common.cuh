@@ -40,6 +40,25 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
+// block_sum returns the sum of v over the block (blockDim.x a multiple of
+// 32, at most 1024) to every thread. It may be called repeatedly.
+__device__ __forceinline__ float block_sum(float v) {
+  __shared__ float part[32];
+  __shared__ float total;
+  __syncthreads();  // earlier readers of total are done
+  v = warp_sum(v);
+  int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (lane == 0) part[w] = v;
+  __syncthreads();
+  if (w == 0) {
+    float s = lane < (int)(blockDim.x >> 5) ? part[lane] : 0.f;
+    s = warp_sum(s);
+    if (lane == 0) total = s;
+  }
+  __syncthreads();
+  return total;
+}
+
 // L2 cache policies: weights are kept (evict_last), streamed activations go
 // first (evict_first).
 __device__ __forceinline__ u64 policy_evict_last() {

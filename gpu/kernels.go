@@ -17,6 +17,8 @@ var (
 	wgmmaCUH []byte
 	//go:embed rowdot.cuh
 	rowdotCUH []byte
+	//go:embed mma.cuh
+	mmaCUH []byte
 )
 
 // kernels are the compiled modules of one device. Each .cu file is compiled
@@ -60,12 +62,13 @@ func kernelsFor(dev *cuda.Device) *kernels {
 
 // Headers returns the compile options that let a .cu file include this
 // package's device headers: common.cuh (types, bf16 helpers, dot8,
-// cp.async, L2 hints), rowdot.cuh (weight-row dot products for a few
-// tokens) and wgmma.cuh (Hopper only). Package gpu/llm compiles its
-// kernels with them.
+// cp.async, L2 hints, block sums), rowdot.cuh (weight-row dot products for
+// a few tokens), mma.cuh (mma.sync and ldmatrix building blocks of the
+// attention kernels) and wgmma.cuh (Hopper only). Packages gpu/llm and
+// gpu/trainer compile their kernels with them.
 func Headers() []cuda.CompileOption {
 	return []cuda.CompileOption{cuda.WithHeader("common.cuh", commonCUH), cuda.WithHeader("rowdot.cuh", rowdotCUH),
-		cuda.WithHeader("wgmma.cuh", wgmmaCUH)}
+		cuda.WithHeader("mma.cuh", mmaCUH), cuda.WithHeader("wgmma.cuh", wgmmaCUH)}
 }
 
 func (k *kernels) compile(name string, src []byte, exprs []string, opts ...cuda.CompileOption) (map[string]*cuda.Function, error) {

@@ -6,9 +6,8 @@
 // layout: in a warp, lane = 4 g + tq holds x[j][2h + e] = row g + 8h,
 // column 8j + 2tq + e.
 #pragma once
-#include "common.cuh"
+#include "mma.cuh"
 
-#define NEG_INF __uint_as_float(0xff800000u)
 #define ATT_BQ 128  // queries per work item (one CTA of an attention kernel)
 
 // AttnItem is what every attention kernel's CTA reads first: its work item
@@ -36,12 +35,6 @@ __device__ __forceinline__ AttnItem attn_item(const int* __restrict__ items, con
   return a;
 }
 
-// ex2 is 2^x (flushing denormals; 2^-inf = 0).
-__device__ __forceinline__ float ex2(float x) {
-  float r;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
-  return r;
-}
 
 
 // mask_after sets to -inf the scores of keys k0 + column past each row's
@@ -114,15 +107,6 @@ __device__ __forceinline__ void softmax_step(float (&sc)[NJ][4], float (&mrow)[2
   rescale(o, corr);
 }
 
-// p_frag packs the probabilities of keys 16kk .. 16kk+15 (score columns
-// 2kk and 2kk+1) into the bf16 A fragment of the P V product.
-template <int NJ>
-__device__ __forceinline__ void p_frag(const float (&sc)[NJ][4], int kk, u32 (&a)[4]) {
-  a[0] = cvt_bf2(sc[2 * kk][0], sc[2 * kk][1]);
-  a[1] = cvt_bf2(sc[2 * kk][2], sc[2 * kk][3]);
-  a[2] = cvt_bf2(sc[2 * kk + 1][0], sc[2 * kk + 1][1]);
-  a[3] = cvt_bf2(sc[2 * kk + 1][2], sc[2 * kk + 1][3]);
-}
 
 // store_rows writes a 16-row output tile, normalized by the row sums (summed
 // over the quad here), for the rows below n; orow0 points at row g's first

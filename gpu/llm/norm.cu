@@ -7,23 +7,6 @@
 
 #include "common.cuh"
 
-// block_sum returns the sum of v over the block (blockDim.x a multiple of
-// 32, at most 1024) to every thread.
-__device__ __forceinline__ float block_sum(float v) {
-  __shared__ float part[32];
-  __shared__ float total;
-  v = warp_sum(v);
-  int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  if (lane == 0) part[w] = v;
-  __syncthreads();
-  if (w == 0) {
-    float s = lane < (int)(blockDim.x >> 5) ? part[lane] : 0.f;
-    s = warp_sum(s);
-    if (lane == 0) total = s;
-  }
-  __syncthreads();
-  return total;
-}
 
 // embed: resid[t] = table[ids[t]] (bf16 -> fp32). One block per token.
 extern "C" __global__ void embed(const u16* __restrict__ table, const int* __restrict__ ids, float* __restrict__ resid,
