@@ -84,6 +84,7 @@ type gemmResult struct {
 
 // gemmReport is the JSON file -json writes.
 type gemmReport struct {
+	Schema      string       `json:"schema"` // "twell.bench.gemm/1"
 	Date        string       `json:"date"`
 	Host        string       `json:"host"`
 	GPU         string       `json:"gpu"`
@@ -172,7 +173,7 @@ func runBenchGemm(args []string, stdout, stderr io.Writer) error {
 	}
 	defer h.Close()
 	p := dev.Properties()
-	rep := gemmReport{Date: time.Now().UTC().Format(time.RFC3339), GPU: p.Name, Arch: p.Arch, SMs: p.SMs,
+	rep := gemmReport{Schema: "twell.bench.gemm/1", Date: time.Now().UTC().Format(time.RFC3339), GPU: p.Name, Arch: p.Arch, SMs: p.SMs,
 		MemoryGiB: gib(p.TotalMemory), Seed: *seed,
 		Description: "bf16 A·B → bf16 C with fp32 accumulation, row-major, no transposes; CUDA-event time per GEMM, median over reps after warm-up, inputs rotated so L2 holds none; output sampled against a float64 CPU product of the same bf16 inputs"}
 	rep.Host, _ = os.Hostname()

@@ -193,6 +193,7 @@ func runTokenizerTrain(args []string, stdout, stderr io.Writer) error {
 
 // tokenizerExpect is the JSON file that scripts/check-tokenizer-hf.py reads.
 type tokenizerExpect struct {
+	Schema    string               `json:"schema"` // "twell.tokenizer.expect/1"
 	Tokenizer string               `json:"tokenizer"`
 	VocabSize int                  `json:"vocab_size"`
 	Special   map[string]int       `json:"special"`
@@ -226,7 +227,7 @@ func writeTokenizerExpect(path, tokPath string, tk *tokenizer.Tokenizer, docs, s
 			texts = append(texts, d[i:j])
 		}
 	}
-	e := tokenizerExpect{Tokenizer: tokPath, VocabSize: tk.VocabSize(), Special: map[string]int{}}
+	e := tokenizerExpect{Schema: "twell.tokenizer.expect/1", Tokenizer: tokPath, VocabSize: tk.VocabSize(), Special: map[string]int{}}
 	for _, s := range specials {
 		id, _ := tk.TokenID(s)
 		e.Special[s] = id
