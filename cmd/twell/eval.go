@@ -77,18 +77,11 @@ func runEval(args []string, stdout, stderr io.Writer) error {
 		}
 	}
 
-	tok, err := tokenizer.Load(filepath.Join(*dir, "tokenizer.json"))
-	if err != nil {
-		return err
-	}
-	m, err := model.Load(*dir)
+	m, tok, err := loadCheckpoint(*dir)
 	if err != nil {
 		return err
 	}
 	c := m.Config
-	if tok.VocabSize() > c.VocabSize {
-		return fmt.Errorf("tokenizer has %d tokens but the model's vocabulary is %d", tok.VocabSize(), c.VocabSize)
-	}
 	ctx := c.MaxPositionEmbeddings
 	if *stride >= ctx {
 		return usagef("-stride %d: must be less than the model's context of %d", *stride, ctx)

@@ -68,18 +68,11 @@ func runGenerate(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 
-	tok, err := tokenizer.Load(filepath.Join(*dir, "tokenizer.json"))
-	if err != nil {
-		return err
-	}
-	m, err := model.Load(*dir)
+	m, tok, err := loadCheckpoint(*dir)
 	if err != nil {
 		return err
 	}
 	c := m.Config
-	if tok.VocabSize() > c.VocabSize {
-		return fmt.Errorf("tokenizer has %d tokens but the model's vocabulary is %d", tok.VocabSize(), c.VocabSize)
-	}
 	if tok.VocabSize() < c.VocabSize {
 		fmt.Fprintf(stderr, "generate: the model's vocabulary has %d entries, the tokenizer %d; ids past the tokenizer's are never sampled\n", c.VocabSize, tok.VocabSize())
 	}
@@ -139,6 +132,23 @@ func runGenerate(args []string, stdout, stderr io.Writer) error {
 	}
 	fmt.Fprintf(stderr, "MLP active units per token, per layer (percent of %d):%s\n", c.IntermediateSize, b.String())
 	return nil
+}
+
+// loadCheckpoint loads the model and tokenizer of a checkpoint folder and
+// checks that the model's vocabulary covers the tokenizer's.
+func loadCheckpoint(dir string) (*model.Model, *tokenizer.Tokenizer, error) {
+	tok, err := tokenizer.Load(filepath.Join(dir, "tokenizer.json"))
+	if err != nil {
+		return nil, nil, err
+	}
+	m, err := model.Load(dir)
+	if err != nil {
+		return nil, nil, err
+	}
+	if tok.VocabSize() > m.Config.VocabSize {
+		return nil, nil, fmt.Errorf("tokenizer has %d tokens but the model's vocabulary is %d", tok.VocabSize(), m.Config.VocabSize)
+	}
+	return m, tok, nil
 }
 
 // maxPromptBytes bounds a prompt read from stdin.
