@@ -3,7 +3,6 @@ package serve
 import (
 	"bufio"
 	"bytes"
-	"compress/gzip"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -11,7 +10,6 @@ import (
 	"math"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -20,13 +18,10 @@ import (
 
 	cpullm "github.com/twell-ai/twell/cpu/llm"
 	"github.com/twell-ai/twell/engine"
+	"github.com/twell-ai/twell/engine/enginetest"
 	"github.com/twell-ai/twell/generate"
-	"github.com/twell-ai/twell/internal/testutil"
 	"github.com/twell-ai/twell/mlp"
-	"github.com/twell-ai/twell/model"
 	"github.com/twell-ai/twell/sample"
-	"github.com/twell-ai/twell/synth"
-	"github.com/twell-ai/twell/synth/sparsify"
 	"github.com/twell-ai/twell/tokenizer"
 )
 
@@ -63,63 +58,13 @@ func (e *countingEngine) Forward(cs []engine.Cache, toks [][]int, all bool) ([][
 	return e.Engine.Forward(inner, toks, all)
 }
 
-var tokOnce struct {
-	sync.Once
-	tok *tokenizer.Tokenizer
-	err error
-}
-
-// llama2 returns the Llama-2 tokenizer of the tokenizer tests.
-func llama2(t *testing.T) *tokenizer.Tokenizer {
-	tokOnce.Do(func() {
-		f, err := os.Open("../tokenizer/testdata/llama2.json.gz")
-		if err != nil {
-			tokOnce.err = err
-			return
-		}
-		defer f.Close()
-		zr, err := gzip.NewReader(f)
-		if err != nil {
-			tokOnce.err = err
-			return
-		}
-		raw, err := io.ReadAll(zr)
-		if err != nil {
-			tokOnce.err = err
-			return
-		}
-		tokOnce.tok, tokOnce.err = tokenizer.Parse(raw)
-	})
-	if tokOnce.err != nil {
-		t.Fatal(tokOnce.err)
-	}
-	return tokOnce.tok
-}
-
 // tinyEngine returns the CPU engine of a small random sparse model (128
 // positions) with the Llama-2 tokenizer. The MLP path is fixed and the
 // weights are float32 in every pass, so a row's numbers do not depend on
 // the batch.
 func tinyEngine(t *testing.T) (*countingEngine, *tokenizer.Tokenizer) {
 	t.Helper()
-	tok := llama2(t)
-	bos, eos := 1, 2
-	c := model.Config{
-		ModelType: "llama", Architectures: []string{"LlamaForCausalLM"},
-		HiddenSize: 32, IntermediateSize: 256, NumHiddenLayers: 2, NumAttentionHeads: 4, NumKeyValueHeads: 2, HeadDim: 8,
-		VocabSize: tok.VocabSize(), MaxPositionEmbeddings: 128, RMSNormEps: 1e-5, RopeTheta: 10000,
-		HiddenAct: model.ActReLU, TieWordEmbeddings: true, MLPGated: true, BOSTokenID: &bos, EOSTokenIDs: []int{eos},
-	}
-	r, _ := testutil.Rand(t)
-	m, err := model.New(c, model.RandomWeights(c, r))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := sparsify.Gates(m, 0.02, synth.Skewed, r); err != nil {
-		t.Fatal(err)
-	}
-	// A zero EOS embedding (tied head): EOS is never the greedy choice.
-	clear(m.Weights.Embed[eos*c.HiddenSize : (eos+1)*c.HiddenSize])
+	m, tok := enginetest.TinyModel(t, 128)
 	e, err := cpullm.New(m, cpullm.Options{MLPPath: mlp.Sparse})
 	if err != nil {
 		t.Fatal(err)

@@ -2,66 +2,29 @@ package main
 
 import (
 	"bytes"
-	"compress/gzip"
 	"io"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
-	"github.com/twell-ai/twell/internal/testutil"
+	"github.com/twell-ai/twell/engine/enginetest"
 	"github.com/twell-ai/twell/model"
 	"github.com/twell-ai/twell/safetensors"
-	"github.com/twell-ai/twell/synth"
-	"github.com/twell-ai/twell/synth/sparsify"
-	"github.com/twell-ai/twell/tokenizer"
 )
 
 // tinyCheckpoint writes a small random sparse model with the Llama-2
-// tokenizer from the tokenizer tests into a temporary folder.
+// tokenizer from the tokenizer tests into a temporary folder (64 positions;
+// see enginetest.TinyModel).
 func tinyCheckpoint(t *testing.T) string {
 	t.Helper()
 	dir := t.TempDir()
-	f, err := os.Open("../../tokenizer/testdata/llama2.json.gz")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	zr, err := gzip.NewReader(f)
-	if err != nil {
-		t.Fatal(err)
-	}
-	raw, err := io.ReadAll(zr)
-	if err != nil {
-		t.Fatal(err)
-	}
+	m, _ := enginetest.TinyModel(t, 64)
+	_, raw := enginetest.Llama2Tokenizer(t)
 	if err := os.WriteFile(filepath.Join(dir, "tokenizer.json"), raw, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	tok, err := tokenizer.Parse(raw)
-	if err != nil {
-		t.Fatal(err)
-	}
-	bos, eos := 1, 2
-	c := model.Config{
-		ModelType: "llama", Architectures: []string{"LlamaForCausalLM"},
-		HiddenSize: 32, IntermediateSize: 256, NumHiddenLayers: 2, NumAttentionHeads: 4, NumKeyValueHeads: 2, HeadDim: 8,
-		VocabSize: tok.VocabSize(), MaxPositionEmbeddings: 64, RMSNormEps: 1e-5, RopeTheta: 10000,
-		HiddenAct: model.ActReLU, TieWordEmbeddings: true, MLPGated: true, BOSTokenID: &bos, EOSTokenIDs: []int{eos},
-	}
-	r, _ := testutil.Rand(t)
-	m, err := model.New(c, model.RandomWeights(c, r))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := sparsify.Gates(m, 0.02, synth.Skewed, r); err != nil {
-		t.Fatal(err)
-	}
-	// A zero embedding row (the LM head is tied) gives EOS logit 0: never
-	// the greedy choice among 32000 random logits, so greedy runs are not
-	// cut short by chance.
-	clear(m.Weights.Embed[eos*c.HiddenSize : (eos+1)*c.HiddenSize])
-	if err := model.Save(dir, c, m.Weights, safetensors.BF16); err != nil {
+	if err := model.Save(dir, m.Config, m.Weights, safetensors.BF16); err != nil {
 		t.Fatal(err)
 	}
 	return dir
