@@ -1,7 +1,8 @@
-// Package enginetest holds what the tests of the engine backends (cpu/llm,
-// gpu/llm) share: caches and forward passes that fail the test on error,
-// random tokens, logit comparisons, and the Hugging Face cross-check
-// checkpoints.
+// Package enginetest holds what tests over engines share: caches and
+// forward passes that fail the test on error, random tokens, logit
+// comparisons, the Hugging Face cross-check checkpoints (for cpu/llm and
+// gpu/llm), and a tiny random model over the Llama-2 tokenizer (for the
+// command and server tests).
 package enginetest
 
 import (
