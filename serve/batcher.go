@@ -49,7 +49,6 @@ type job struct {
 	topN     int  // alternatives per position; -1: no logprobs at all
 	out      chan piece
 	done     chan struct{}
-	run      func() // when set, the job is this call on the batcher goroutine
 
 	// owned by the batcher
 	seq        *generate.Sequence
@@ -61,6 +60,11 @@ type job struct {
 	text       string
 	reason     generate.StopReason
 	err        error
+}
+
+// usage counts the job's prompt and generated tokens.
+func (j *job) usage() usage {
+	return usage{PromptTokens: len(j.prompt), CompletionTokens: len(j.tokens), TotalTokens: len(j.prompt) + len(j.tokens)}
 }
 
 // finish records err (nil on success), frees the job's cache and wakes its
@@ -117,14 +121,12 @@ func (s *Server) loop() {
 		// Drop cancelled waiting jobs; admit the others while there is room.
 		// At most one new job per step asks for all its prompt's logits, so
 		// that no step computes the logits of several long prompts.
-		var keep, calls []*job
+		var keep []*job
 		allLogits := false
 		for _, j := range s.queue {
 			switch {
 			case j.ctx.Err() != nil:
 				s.finish(j, j.ctx.Err())
-			case j.run != nil:
-				calls = append(calls, j)
 			case len(running) < s.o.MaxConcurrent && !(allLogits && j.echoLogp):
 				allLogits = allLogits || j.echoLogp
 				if err := s.start(j); err != nil {
@@ -140,10 +142,6 @@ func (s *Server) loop() {
 		waiting := len(keep)
 		s.metrics.queued.Store(int64(waiting))
 		s.mu.Unlock()
-		for _, j := range calls {
-			j.run()
-			s.finish(j, nil)
-		}
 
 		live := running[:0]
 		for _, j := range running {

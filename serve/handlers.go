@@ -330,7 +330,8 @@ func (s *Server) doChat(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	resp.Choices = []chatChoice{{Message: &chatMessageFull{Role: "assistant", Content: j.text}, FinishReason: finishReason(j.reason)}}
-	resp.Usage = &usage{PromptTokens: len(ids), CompletionTokens: len(j.tokens), TotalTokens: len(ids) + len(j.tokens)}
+	u := j.usage()
+	resp.Usage = &u
 	writeJSON(w, http.StatusOK, resp)
 	return nil
 }

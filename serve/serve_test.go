@@ -26,9 +26,12 @@ import (
 )
 
 // countingEngine wraps an engine and counts the caches alive.
+// countingEngine counts the live caches of the engine it wraps; ref is a
+// second engine over the same model and options, for reference results.
 type countingEngine struct {
 	engine.Engine
 	live atomic.Int64
+	ref  engine.Engine
 }
 
 type countedCache struct {
@@ -69,7 +72,11 @@ func tinyEngine(t *testing.T) (*countingEngine, *tokenizer.Tokenizer) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &countingEngine{Engine: e}, tok
+	ref, err := cpullm.New(m, cpullm.Options{MLPPath: mlp.Sparse})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &countingEngine{Engine: e, ref: ref}, tok
 }
 
 // newTestServer starts a server over a tiny engine behind httptest.
@@ -167,15 +174,11 @@ func direct(t *testing.T, s *Server, text string, maxTokens int) *generate.Resul
 	return res
 }
 
-// onEngine runs f with the engine on the batcher goroutine, between steps.
+// onEngine runs f with the reference engine: the same model and options as
+// the server's engine, driven by the test goroutine alone.
 func (s *Server) onEngine(t *testing.T, f func(engine.Engine)) {
-	done := make(chan struct{})
-	j := &job{ctx: context.Background(), done: make(chan struct{}), run: func() { f(s.e); close(done) }}
-	if err := s.enqueue([]*job{j}); err != nil {
-		t.Fatal(err)
-	}
-	<-done
-	<-j.done
+	t.Helper()
+	f(s.e.(*countingEngine).ref)
 }
 
 func choice(t *testing.T, m map[string]any) map[string]any {

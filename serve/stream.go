@@ -110,22 +110,12 @@ func (s *Server) streamCompletion(w http.ResponseWriter, r *http.Request, j *job
 		}
 		return chunk(p.text, lb, nil)
 	})
-	if err != nil {
-		if r.Context().Err() == nil {
-			ev.fail(err)
-		}
-		return nil
-	}
-	if chunk("", nil, finishReason(j.reason)) != nil {
-		return nil
-	}
-	if so != nil && so.IncludeUsage {
+	endStream(ev, r, j, err, so, func() error { return chunk("", nil, finishReason(j.reason)) }, func(u *usage) {
 		c := resp
 		c.Choices = []completionChoice{}
-		c.Usage = &usage{PromptTokens: len(j.prompt), CompletionTokens: len(j.tokens), TotalTokens: len(j.prompt) + len(j.tokens)}
+		c.Usage = u
 		ev.send(c)
-	}
-	ev.raw([]byte("[DONE]"))
+	})
 	return nil
 }
 
@@ -147,21 +137,31 @@ func (s *Server) streamChat(w http.ResponseWriter, r *http.Request, j *job, resp
 		}
 		return chunk(chatMessageOut{Content: p.text}, nil)
 	})
+	endStream(ev, r, j, err, so, func() error { return chunk(chatMessageOut{}, finishReason(j.reason)) }, func(u *usage) {
+		c := resp
+		c.Choices = []chatChoice{}
+		c.Usage = u
+		ev.send(c)
+	})
+	return nil
+}
+
+// endStream ends a stream after its pieces: the error event if following
+// the job failed (unless the client left), else the finishing chunk, the
+// usage chunk when the client asked for it, and [DONE].
+func endStream(ev *sse, r *http.Request, j *job, err error, so *streamOptions, finish func() error, sendUsage func(*usage)) {
 	if err != nil {
 		if r.Context().Err() == nil {
 			ev.fail(err)
 		}
-		return nil
+		return
 	}
-	if chunk(chatMessageOut{}, finishReason(j.reason)) != nil {
-		return nil
+	if finish() != nil {
+		return
 	}
 	if so != nil && so.IncludeUsage {
-		c := resp
-		c.Choices = []chatChoice{}
-		c.Usage = &usage{PromptTokens: len(j.prompt), CompletionTokens: len(j.tokens), TotalTokens: len(j.prompt) + len(j.tokens)}
-		ev.send(c)
+		u := j.usage()
+		sendUsage(&u)
 	}
 	ev.raw([]byte("[DONE]"))
-	return nil
 }
