@@ -40,14 +40,10 @@ func Parse(s string) (Kind, error) {
 	return "", fmt.Errorf("-device %q: want cpu, cuda or auto", s)
 }
 
-// GPUs returns the number of CUDA devices, or 0 with the reason when there
-// is no usable driver.
-func GPUs() (int, error) {
+// GPUPresent reports whether a CUDA device and its driver are found.
+func GPUPresent() bool {
 	n, err := cuda.Count()
-	if err != nil {
-		return 0, err
-	}
-	return n, nil
+	return err == nil && n > 0
 }
 
 // Resolve turns Auto into CPU or CUDA: CUDA when a GPU is found and, when c
@@ -58,7 +54,7 @@ func Resolve(k Kind, c *model.Config) (Kind, string) {
 	if k != Auto {
 		return k, ""
 	}
-	if n, err := GPUs(); err != nil || n == 0 {
+	if !GPUPresent() {
 		return CPU, ""
 	}
 	if c != nil {

@@ -15,6 +15,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/twell-ai/twell/backend"
+
 	"github.com/twell-ai/twell/cuda"
 	"github.com/twell-ai/twell/data"
 	"github.com/twell-ai/twell/gpu/trainer"
@@ -226,12 +228,6 @@ func newTrainBackend(device string, cfg *train.Config, w *model.Weights, stderr 
 	return b, nil, err
 }
 
-// gpuPresent reports whether a CUDA device is found.
-func gpuPresent() bool {
-	n, err := cuda.Count()
-	return err == nil && n > 0
-}
-
 // prepareTrain reads and checks the config, the run folder, the tokenizer
 // and the data, writing nothing.
 func prepareTrain(f *trainFlags, stderr io.Writer) (*trainSetup, error) {
@@ -398,7 +394,7 @@ func prepareTrain(f *trainFlags, stderr io.Writer) (*trainSetup, error) {
 	}
 	// Training on the CPU must fit in host memory; the GPU backend checks
 	// device memory itself.
-	if f.device == "cpu" || (f.device == "auto" && !gpuPresent()) {
+	if f.device == "cpu" || (f.device == "auto" && !backend.GPUPresent()) {
 		need := train.CPUMemory(cfg.ModelConfig(), cfg.Batch, cfg.Seq)
 		if err := memcheck.Fits(fmt.Sprintf("training %s on the CPU", countString(cfg.ModelConfig().ParamCount())+" parameters"), need, "a smaller model, batch or seq, or -device cuda"); err != nil {
 			s.ds.Close()
