@@ -55,7 +55,7 @@ func parseTrainFlags(args []string, stderr io.Writer) (*trainFlags, error) {
 	fs.Float64Var(&f.l1, "l1", 0, "lambda, the L1 weight on MLP activations: finite, >= 0, 0 disables (default: the config's)")
 	fs.StringVar(&f.dataDir, "data", "", "token-shard folder from \"twell data\" (default: the bundled sample)")
 	fs.StringVar(&f.tokPath, "tokenizer", "", "tokenizer.json matching -data (default: trained on the bundled sample)")
-	fs.StringVar(&f.device, "device", "auto", "cpu, cuda or auto")
+	fs.StringVar(&f.device, "device", "auto", backend.FlagUsage)
 	fs.BoolVar(&f.resume, "resume", false, "continue the run in -out from its newest checkpoint (its config is read from there)")
 	fs.BoolVar(&f.overwrite, "overwrite", false, "start over in an -out that holds an earlier run, deleting its checkpoints, metrics and plots")
 	if err := parseFlags(fs, args); err != nil {
@@ -83,10 +83,8 @@ func parseTrainFlags(args []string, stderr io.Writer) (*trainFlags, error) {
 			return nil, usagef("-preset: %v", err)
 		}
 	}
-	switch f.device {
-	case "auto", "cpu", "cuda":
-	default:
-		return nil, usagef("-device %q: want cpu, cuda or auto", f.device)
+	if _, err := backend.Parse(f.device); err != nil {
+		return nil, usagef("%v", err)
 	}
 	return f, nil
 }
@@ -162,12 +160,12 @@ func runTrain(args []string, stdout, stderr io.Writer) error {
 	if s.saved != nil {
 		w = s.saved.Weights
 	}
-	backend, gpuBackend, err := newTrainBackend(f.device, cfg, w, stderr)
+	tb, gpuBackend, err := newTrainBackend(f.device, cfg, w, stderr)
 	if err != nil {
 		return err
 	}
-	defer backend.Close()
-	run := train.NewRun(cfg, f.out, backend, &datasetSource{ds: s.ds, seed: cfg.Seed}, s.val)
+	defer tb.Close()
+	run := train.NewRun(cfg, f.out, tb, &datasetSource{ds: s.ds, seed: cfg.Seed}, s.val)
 	run.Files = map[string][]byte{"tokenizer.json": s.tokJSON, "tokenizer_config.json": tokenizerConfig(s.tok, mc, s.eos)}
 	run.Log = stderr
 	if s.saved != nil {
