@@ -55,43 +55,80 @@ func (p *PackedB) UseBF16ForSmallM() {
 
 // PackB packs w, an n x k row-major matrix (the nn.Linear weight layout, so
 // that C = A w^T), for Gemm.
-func PackB(w []float32, n, k int) (*PackedB, error) {
+func PackB(w []float32, n, k int) (*PackedB, error) { return (*Packer)(nil).PackB(w, n, k) }
+
+// PackBT packs w, a k x n row-major matrix, for Gemm computing c = a w
+// (the B of C = A B^T is then w^T).
+func PackBT(w []float32, k, n int) (*PackedB, error) { return (*Packer)(nil).PackBT(w, k, n) }
+
+// Packer packs matrices into one buffer that it keeps: a PackedB it returns
+// is valid until its next call. Code that packs a changing matrix on every
+// step (training) saves the allocation, whose page faults cost more than
+// the packing. A nil Packer allocates afresh on every call.
+type Packer struct{ buf []float32 }
+
+// PackB is the package's PackB into the Packer's buffer.
+func (pk *Packer) PackB(w []float32, n, k int) (*PackedB, error) {
 	if n < 1 || k < 1 || len(w) != n*k {
 		return nil, fmt.Errorf("cpu: PackB: %d values for a %d x %d matrix", len(w), n, k)
 	}
-	return packPanels(n, k, func(dst []float32, j0, cols int) {
+	p := pk.alloc(n, k)
+	parallelFor(len(p.data)/(k*nr), func(pi int) {
+		j0 := pi * nr
+		cols := min(nr, n-j0)
+		dst := p.data[pi*k*nr : (pi+1)*k*nr]
+		if cols < nr {
+			clear(dst)
+		}
 		for j := 0; j < cols; j++ {
 			for q, v := range w[(j0+j)*k : (j0+j+1)*k] {
 				dst[q*nr+j] = v
 			}
 		}
-	}), nil
+	})
+	return p, nil
 }
 
-// PackBT packs w, a k x n row-major matrix, for Gemm computing c = a w
-// (the B of C = A B^T is then w^T).
-func PackBT(w []float32, k, n int) (*PackedB, error) {
+// PackBT is the package's PackBT into the Packer's buffer. Workers take
+// blocks of packBTRows rows of w, read them whole and write their part of
+// every panel: reading one panel's columns down all k rows would stride
+// through w.
+func (pk *Packer) PackBT(w []float32, k, n int) (*PackedB, error) {
 	if n < 1 || k < 1 || len(w) != n*k {
 		return nil, fmt.Errorf("cpu: PackBT: %d values for a %d x %d matrix", len(w), k, n)
 	}
-	return packPanels(n, k, func(dst []float32, j0, cols int) {
-		for q := 0; q < k; q++ {
-			copy(dst[q*nr:q*nr+cols], w[q*n+j0:q*n+j0+cols])
+	p := pk.alloc(n, k)
+	panels := len(p.data) / (k * nr)
+	parallelFor((k+packBTRows-1)/packBTRows, func(bi int) {
+		q0, q1 := bi*packBTRows, min(k, (bi+1)*packBTRows)
+		for pi := 0; pi < panels; pi++ {
+			j0 := pi * nr
+			cols := min(nr, n-j0)
+			dst := p.data[pi*k*nr:]
+			for q := q0; q < q1; q++ {
+				copy(dst[q*nr:q*nr+cols], w[q*n+j0:q*n+j0+cols])
+				clear(dst[q*nr+cols : (q+1)*nr])
+			}
 		}
-	}), nil
+	})
+	return p, nil
 }
 
-// packPanels packs a B of n rows and k columns in panels of nr rows, in
-// parallel: fill writes rows [j0, j0+cols) of B into the k x nr panel dst,
-// row j0+j of B in column j.
-func packPanels(n, k int, fill func(dst []float32, j0, cols int)) *PackedB {
-	panels := (n + nr - 1) / nr
-	p := &PackedB{N: n, K: k, data: make([]float32, panels*k*nr)}
-	parallelFor(panels, func(pi int) {
-		j0 := pi * nr
-		fill(p.data[pi*k*nr:(pi+1)*k*nr], j0, min(nr, n-j0))
-	})
-	return p
+// packBTRows is the rows of w per PackBT work item: 64 rows of a few
+// thousand columns stay in L2 while their panels are written.
+const packBTRows = 64
+
+// alloc returns a PackedB of n x k over the Packer's buffer (a fresh one for
+// a nil Packer). Its values are not cleared.
+func (pk *Packer) alloc(n, k int) *PackedB {
+	size := (n + nr - 1) / nr * nr * k
+	if pk == nil {
+		return &PackedB{N: n, K: k, data: make([]float32, size)}
+	}
+	if cap(pk.buf) < size {
+		pk.buf = make([]float32, size)
+	}
+	return &PackedB{N: n, K: k, data: pk.buf[:size]}
 }
 
 // Bytes returns the memory the packed matrix takes.
@@ -108,11 +145,18 @@ func Workers() int { return runtime.GOMAXPROCS(0) }
 // gemmBlocks computes C = A B^T for A (m x K, row-major) block by block and
 // hands each finished block to epi. No full C is ever held.
 func gemmBlocks(a []float32, m int, b *PackedB, epi epilogue) {
-	k := b.K
 	if m <= smallM {
 		gemvBlocks(a, m, b, epi)
 		return
 	}
+	k := b.K
+	gemmPacked(m, b, func(dst []float32, i0, rows int) { packA(dst, a, i0, rows, k) }, epi)
+}
+
+// gemmPacked is gemmBlocks over an A that pack writes, mc rows at a time,
+// in packA's layout.
+func gemmPacked(m int, b *PackedB, pack func(dst []float32, i0, rows int), epi epilogue) {
+	k := b.K
 	mBlocks := (m + mc - 1) / mc
 	nBlocks := (b.N + tileN - 1) / tileN
 	useBF16 := b.bf16 != nil && m <= bf16MaxM
@@ -127,7 +171,7 @@ func gemmBlocks(a []float32, m int, b *PackedB, epi epilogue) {
 			i0, j0 := ib*mc, jb*tileN
 			rows, cols := min(mc, m-i0), min(tileN, b.N-j0)
 			if ib != lastM {
-				packA(apack, a, i0, rows, k)
+				pack(apack, i0, rows)
 				lastM = ib
 			}
 			groups := (rows + mr - 1) / mr
@@ -186,6 +230,47 @@ func Gemm(c, a []float32, m int, b *PackedB) error {
 			copy(c[(i0+i)*n+j0:(i0+i)*n+j0+cols], tile[i*tileN:i*tileN+cols])
 		}
 	})
+	return nil
+}
+
+// packAT is packA for an A given transposed: at is k x m row-major, and
+// rows [i0, i0+rows) of A are its columns.
+func packAT(dst, at []float32, m, i0, rows, k int) {
+	groups := (rows + mr - 1) / mr
+	for q := 0; q < k; q++ {
+		src := at[q*m+i0 : q*m+i0+rows]
+		for g := 0; g < groups; g++ {
+			dq := dst[g*k*mr+q*mr : g*k*mr+(q+1)*mr]
+			n := copy(dq, src[g*mr:min(rows, (g+1)*mr)])
+			clear(dq[n:])
+		}
+	}
+}
+
+// GemmTA computes c = at^T b^T, or adds it to c when acc is set: at is
+// K x m row-major (A transposed), b packed N x K, c m x N row-major. It is
+// the weight-gradient product dW += dY^T X without transposing dY.
+func GemmTA(c, at []float32, m int, b *PackedB, acc bool) error {
+	if m < 1 || len(at) != m*b.K {
+		return fmt.Errorf("cpu: GemmTA: A^T has %d values, want %d x %d", len(at), b.K, m)
+	}
+	if len(c) != m*b.N {
+		return fmt.Errorf("cpu: GemmTA: C has %d values, want %d x %d", len(c), m, b.N)
+	}
+	n, k := b.N, b.K
+	gemmPacked(m, b, func(dst []float32, i0, rows int) { packAT(dst, at, m, i0, rows, k) },
+		func(i0, rows, j0, cols int, tile []float32) {
+			for i := 0; i < rows; i++ {
+				dst, src := c[(i0+i)*n+j0:(i0+i)*n+j0+cols], tile[i*tileN:i*tileN+cols]
+				if !acc {
+					copy(dst, src)
+					continue
+				}
+				for j, v := range src {
+					dst[j] += v
+				}
+			}
+		})
 	return nil
 }
 

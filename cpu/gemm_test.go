@@ -127,6 +127,51 @@ func TestPackBTMatchesPackB(t *testing.T) {
 	}
 }
 
+func TestGemmTA(t *testing.T) {
+	forEachKernel(t, func(t *testing.T) {
+		r, seed := testutil.Rand(t)
+		shapes := [][3]int{{1, 1, 1}, {5, 40, 9}, {13, 33, 300}, {97, 257, 513}}
+		for i := 0; i < 4; i++ {
+			shapes = append(shapes, [3]int{1 + r.IntN(200), 1 + r.IntN(300), 1 + r.IntN(600)})
+		}
+		for _, s := range shapes {
+			m, n, k := s[0], s[1], s[2]
+			a, bw := randMat(r, m*k), randMat(r, n*k)
+			at := make([]float32, k*m)
+			for i := 0; i < m; i++ {
+				for q := 0; q < k; q++ {
+					at[q*m+i] = a[i*k+q]
+				}
+			}
+			b, _ := PackB(bw, n, k)
+			c := randMat(r, m*n) // overwritten without acc
+			if err := GemmTA(c, at, m, b, false); err != nil {
+				t.Fatal(err)
+			}
+			if i, e, bound := fp32Exceeds(c, a, bw, m, n, k); i >= 0 {
+				t.Fatalf("seed %d: GemmTA %dx%dx%d element %d off by %g, more than float32 summation allows (%g)", seed, m, n, k, i, e, bound)
+			}
+			c0 := randMat(r, m*n)
+			acc := slices.Clone(c0)
+			if err := GemmTA(acc, at, m, b, true); err != nil {
+				t.Fatal(err)
+			}
+			for i := range acc {
+				if want := c0[i] + c[i]; acc[i] != want {
+					t.Fatalf("seed %d: GemmTA acc %dx%dx%d element %d: %g, want %g + %g", seed, m, n, k, i, acc[i], c0[i], c[i])
+				}
+			}
+		}
+		b, _ := PackB(make([]float32, 6), 2, 3)
+		if err := GemmTA(make([]float32, 4), make([]float32, 5), 2, b, false); err == nil {
+			t.Error("short A^T accepted")
+		}
+		if err := GemmTA(make([]float32, 3), make([]float32, 6), 2, b, true); err == nil {
+			t.Error("short C accepted")
+		}
+	})
+}
+
 func TestGemmShapeErrors(t *testing.T) {
 	b, _ := PackB(make([]float32, 6), 2, 3)
 	if err := Gemm(make([]float32, 4), make([]float32, 5), 2, b); err == nil {

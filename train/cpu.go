@@ -17,6 +17,7 @@ type CPU struct {
 	params *Params[float32]
 	grads  *Params[float32]
 	opt    *adamW
+	ws     arena[float32] // lossAndGrad's buffers, kept across steps
 	step   struct {
 		n, done int
 		stats   *StepStats
@@ -84,7 +85,7 @@ func (b *CPU) Accumulate(tokens []int, batch, seq int, l1 float64) error {
 	if st == nil || b.step.done >= b.step.n {
 		return errors.New("train: Accumulate outside a step, or more micro-batches than BeginStep announced")
 	}
-	mb, err := lossAndGrad(b.c, b.params, b.grads, tokens, batch, seq, l1)
+	mb, err := lossAndGrad(b.c, b.params, b.grads, tokens, batch, seq, l1, &b.ws)
 	if err != nil {
 		return err
 	}
@@ -171,7 +172,7 @@ func (b *CPU) ReinitUnits(units []UnitInit) error {
 
 // Loss returns the mean cross-entropy of one batch.
 func (b *CPU) Loss(tokens []int, batch, seq int) (float64, error) {
-	st, err := lossAndGrad(b.c, b.params, nil, tokens, batch, seq, 0)
+	st, err := lossAndGrad(b.c, b.params, nil, tokens, batch, seq, 0, &b.ws)
 	if err != nil {
 		return 0, err
 	}

@@ -63,9 +63,9 @@ func TestLayerGradients(t *testing.T) {
 	m, in, out := 4, 5, 3
 	x, w, dy = randVec(r, m*in, 1), randVec(r, out*in, 1), randVec(r, m*out, 1)
 	y = make([]float64, m*out)
-	loss = func() float64 { linearForward(y, x, w, m, in, out); return dotf(dy, y) }
+	loss = func() float64 { linearForward(y, x, w, m, in, out, nil); return dotf(dy, y) }
 	dx, dw = make([]float64, m*in), make([]float64, out*in)
-	linearBackward(dx, dw, dy, x, w, m, in, out)
+	linearBackward(dx, dw, dy, x, w, m, in, out, nil)
 	checkGrad(t, "linear dx", seed, x, dx, loss)
 	checkGrad(t, "linear dw", seed, w, dw, loss)
 
@@ -139,11 +139,11 @@ func TestWholeModelGradient(t *testing.T) {
 				}
 				const lambda = 0.05
 				g := zerosLike[float64](p)
-				if _, err := lossAndGrad(c, p, g, tokens, batch, seq, lambda); err != nil {
+				if _, err := lossAndGrad(c, p, g, tokens, batch, seq, lambda, nil); err != nil {
 					t.Fatal(err)
 				}
 				loss := func() float64 {
-					st, err := lossAndGrad(c, p, zerosLike[float64](p), tokens, batch, seq, lambda)
+					st, err := lossAndGrad(c, p, zerosLike[float64](p), tokens, batch, seq, lambda, nil)
 					if err != nil {
 						t.Fatal(err)
 					}
@@ -187,11 +187,11 @@ func TestFloat32MatchesFloat64(t *testing.T) {
 		tokens[i] = r.IntN(c.VocabSize)
 	}
 	g32, g64 := zerosLike[float32](p32), zerosLike[float64](p64)
-	s32, err := lossAndGrad(c, p32, g32, tokens, batch, seq, 0.01)
+	s32, err := lossAndGrad(c, p32, g32, tokens, batch, seq, 0.01, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	s64, _ := lossAndGrad(c, p64, g64, tokens, batch, seq, 0.01)
+	s64, _ := lossAndGrad(c, p64, g64, tokens, batch, seq, 0.01, nil)
 	if math.Abs(s32.Loss-s64.Loss) > 1e-4*s64.Loss || math.Abs(s32.L1-s64.L1) > 1e-3*s64.L1+1e-9 {
 		t.Fatalf("seed %d: float32 loss %g l1 %g, float64 %g %g", seed, s32.Loss, s32.L1, s64.Loss, s64.L1)
 	}

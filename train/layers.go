@@ -40,14 +40,16 @@ func rmsNormBackward[T Float](dx, dw, dy, x, w, inv []T, rows, h int) {
 }
 
 // linearForward sets y (m x out) = x (m x in) W^T, W being out x in.
-func linearForward[T Float](y, x, w []T, m, in, out int) { mmNT(y, x, w, m, out, in) }
+func linearForward[T Float](y, x, w []T, m, in, out int, pk *cpu.Packer) {
+	mmNT(y, x, w, m, out, in, pk)
+}
 
 // linearBackward sets dx = dy W (when dx is not nil) and adds dy^T x to dw.
-func linearBackward[T Float](dx, dw, dy, x, w []T, m, in, out int) {
+func linearBackward[T Float](dx, dw, dy, x, w []T, m, in, out int, pk *cpu.Packer) {
 	if dx != nil {
-		mmNN(dx, dy, w, m, in, out)
+		mmNN(dx, dy, w, m, in, out, pk)
 	}
-	mmTNAcc(dw, dy, x, out, in, m)
+	mmTNAcc(dw, dy, x, out, in, m, pk)
 }
 
 // applyRopeAll rotates every query and key head by the angles of
@@ -86,15 +88,15 @@ type attnShape struct {
 	batch, seq, heads, kvHeads, headDim int
 }
 
-// forHeads calls f for each sequence b and query head h, with the KV head kh
-// that h reads and P, its [T][T] block of p ([B][heads][T][T]).
-func forHeads[T Float](p []T, s attnShape, f func(b, h, kh int, P []T)) {
-	group, n := s.heads/s.kvHeads, s.seq*s.seq
-	for b := 0; b < s.batch; b++ {
-		for h := 0; h < s.heads; h++ {
-			f(b, h, h/group, p[(b*s.heads+h)*n:(b*s.heads+h+1)*n])
-		}
-	}
+// forGroups calls f for each sequence b and KV head kh, in parallel, with
+// the query heads h0..h0+group-1 that read kh. Calls write disjoint rows
+// of q, k, v and their gradients, so they need no locks.
+func forGroups(s attnShape, f func(b, kh, h0 int)) {
+	group := s.heads / s.kvHeads
+	cpu.ParallelFor(s.batch*s.kvHeads, func(i int) {
+		b, kh := i/s.kvHeads, i%s.kvHeads
+		f(b, kh, kh*group)
+	})
 }
 
 // headOf returns head h (hd values) of row r of x, whose rows hold heads
@@ -110,36 +112,31 @@ func headOf[T any](x []T, r, heads, h, hd int) []T {
 func attentionForward[T Float](o, p, q, k, v []T, s attnShape) {
 	hd, T_ := s.headDim, s.seq
 	scale := 1 / sqrt(T(hd))
-	forHeads(p, s, func(b, h, kh int, P []T) {
-		for i := 0; i < T_; i++ {
-			qi := headOf(q, b*T_+i, s.heads, h, hd)
-			row := P[i*T_ : (i+1)*T_]
-			mx := T(-1e30)
-			for j := 0; j <= i; j++ {
-				kj := headOf(k, b*T_+j, s.kvHeads, kh, hd)
-				var d T
-				for c := range qi {
-					d += qi[c] * kj[c]
+	ops := vectorOps[T]()
+	forGroups(s, func(b, kh, h0 int) {
+		for h := h0; h < h0+s.heads/s.kvHeads; h++ {
+			P := p[(b*s.heads+h)*T_*T_ : (b*s.heads+h+1)*T_*T_]
+			for i := 0; i < T_; i++ {
+				qi := headOf(q, b*T_+i, s.heads, h, hd)
+				row := P[i*T_ : (i+1)*T_]
+				mx := T(-1e30)
+				for j := 0; j <= i; j++ {
+					row[j] = ops.dot(qi, headOf(k, b*T_+j, s.kvHeads, kh, hd)) * scale
+					mx = max(mx, row[j])
 				}
-				row[j] = d * scale
-				mx = max(mx, row[j])
-			}
-			var sum T
-			for j := 0; j <= i; j++ {
-				row[j] = exp(row[j] - mx)
-				sum += row[j]
-			}
-			for j := 0; j <= i; j++ {
-				row[j] /= sum
-			}
-			clear(row[i+1:])
-			oi := headOf(o, b*T_+i, s.heads, h, hd)
-			clear(oi)
-			for j := 0; j <= i; j++ {
-				vj := headOf(v, b*T_+j, s.kvHeads, kh, hd)
-				pj := row[j]
-				for c := range oi {
-					oi[c] += pj * vj[c]
+				var sum T
+				for j := 0; j <= i; j++ {
+					row[j] = exp(row[j] - mx)
+					sum += row[j]
+				}
+				for j := 0; j <= i; j++ {
+					row[j] /= sum
+				}
+				clear(row[i+1:])
+				oi := headOf(o, b*T_+i, s.heads, h, hd)
+				clear(oi)
+				for j := 0; j <= i; j++ {
+					ops.axpy(row[j], headOf(v, b*T_+j, s.kvHeads, kh, hd), oi)
 				}
 			}
 		}
@@ -151,40 +148,35 @@ func attentionForward[T Float](o, p, q, k, v []T, s attnShape) {
 func attentionBackward[T Float](dq, dk, dv, do, p, q, k, v []T, s attnShape) {
 	hd, T_ := s.headDim, s.seq
 	scale := 1 / sqrt(T(hd))
+	ops := vectorOps[T]()
 	clear(dk)
 	clear(dv)
-	dp := make([]T, T_)
-	forHeads(p, s, func(b, h, kh int, P []T) {
-		for i := 0; i < T_; i++ {
-			doi := headOf(do, b*T_+i, s.heads, h, hd)
-			row := P[i*T_ : (i+1)*T_]
-			// dP = dO V^T; dV += P^T dO.
-			var rowDot T
-			for j := 0; j <= i; j++ {
-				vj := headOf(v, b*T_+j, s.kvHeads, kh, hd)
-				dvj := headOf(dv, b*T_+j, s.kvHeads, kh, hd)
-				var d T
-				for c := range doi {
-					d += doi[c] * vj[c]
-					dvj[c] += row[j] * doi[c]
+	forGroups(s, func(b, kh, h0 int) {
+		dp := make([]T, T_)
+		for h := h0; h < h0+s.heads/s.kvHeads; h++ {
+			P := p[(b*s.heads+h)*T_*T_ : (b*s.heads+h+1)*T_*T_]
+			for i := 0; i < T_; i++ {
+				doi := headOf(do, b*T_+i, s.heads, h, hd)
+				row := P[i*T_ : (i+1)*T_]
+				// dP = dO V^T; dV += P^T dO.
+				var rowDot T
+				for j := 0; j <= i; j++ {
+					d := ops.dot(doi, headOf(v, b*T_+j, s.kvHeads, kh, hd))
+					ops.axpy(row[j], doi, headOf(dv, b*T_+j, s.kvHeads, kh, hd))
+					dp[j] = d
+					rowDot += d * row[j]
 				}
-				dp[j] = d
-				rowDot += d * row[j]
-			}
-			// dS = P * (dP - sum(dP * P)); dQ = dS K scale; dK += dS^T Q scale.
-			qi := headOf(q, b*T_+i, s.heads, h, hd)
-			dqi := headOf(dq, b*T_+i, s.heads, h, hd)
-			clear(dqi)
-			for j := 0; j <= i; j++ {
-				ds := row[j] * (dp[j] - rowDot) * scale
-				if ds == 0 {
-					continue
-				}
-				kj := headOf(k, b*T_+j, s.kvHeads, kh, hd)
-				dkj := headOf(dk, b*T_+j, s.kvHeads, kh, hd)
-				for c := range qi {
-					dqi[c] += ds * kj[c]
-					dkj[c] += ds * qi[c]
+				// dS = P * (dP - sum(dP * P)); dQ = dS K scale; dK += dS^T Q scale.
+				qi := headOf(q, b*T_+i, s.heads, h, hd)
+				dqi := headOf(dq, b*T_+i, s.heads, h, hd)
+				clear(dqi)
+				for j := 0; j <= i; j++ {
+					ds := row[j] * (dp[j] - rowDot) * scale
+					if ds == 0 {
+						continue
+					}
+					ops.axpy(ds, headOf(k, b*T_+j, s.kvHeads, kh, hd), dqi)
+					ops.axpy(ds, qi, headOf(dk, b*T_+j, s.kvHeads, kh, hd))
 				}
 			}
 		}
@@ -195,18 +187,38 @@ func attentionBackward[T Float](dq, dk, dv, do, p, q, k, v []T, s attnShape) {
 // logits (rows x vocab) and sets dlogits to its gradient. Targets < 0 are
 // ignored.
 func crossEntropy[T Float](dlogits, logits []T, targets []int, vocab int) float64 {
+	n := countTargets(targets)
+	if n == 0 {
+		clear(dlogits)
+		return 0
+	}
+	return crossEntropySum(dlogits, logits, targets, vocab, n) / float64(n)
+}
+
+// countTargets returns the number of targets >= 0.
+func countTargets(targets []int) int {
 	n := 0
 	for _, t := range targets {
 		if t >= 0 {
 			n++
 		}
 	}
-	loss := 0.0
-	for r, t := range targets {
+	return n
+}
+
+// crossEntropySum returns the summed negative log-likelihood of targets
+// under logits (rows x vocab) and sets dlogits to the gradient of that sum
+// divided by n, the number of targets of the whole batch (the rows may be a
+// chunk of it). Targets < 0 are ignored. Rows run in parallel; the loss is
+// summed in row order.
+func crossEntropySum[T Float](dlogits, logits []T, targets []int, vocab, n int) float64 {
+	rowLoss := make([]float64, len(targets))
+	cpu.ParallelFor(len(targets), func(r int) {
+		t := targets[r]
 		row, drow := logits[r*vocab:(r+1)*vocab], dlogits[r*vocab:(r+1)*vocab]
-		if t < 0 || n == 0 {
+		if t < 0 {
 			clear(drow)
-			continue
+			return
 		}
 		mx := row[0]
 		for _, v := range row {
@@ -218,14 +230,15 @@ func crossEntropy[T Float](dlogits, logits []T, targets []int, vocab int) float6
 			drow[i] = e
 			sum += e
 		}
-		loss += -float64(row[t]-mx) + logf(float64(sum))
+		rowLoss[r] = -float64(row[t]-mx) + logf(float64(sum))
 		for i := range drow {
 			drow[i] /= sum * T(n)
 		}
 		drow[t] -= 1 / T(n)
+	})
+	loss := 0.0
+	for _, l := range rowLoss {
+		loss += l
 	}
-	if n == 0 {
-		return 0
-	}
-	return loss / float64(n)
+	return loss
 }

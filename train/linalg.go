@@ -10,10 +10,11 @@ import (
 // float64 for gradient checks.
 type Float interface{ float32 | float64 }
 
-// mmNT sets c (m x n) = a (m x k) b^T (b is n x k).
-func mmNT[T Float](c, a, b []T, m, n, k int) {
+// mmNT sets c (m x n) = a (m x k) b^T (b is n x k). The float32 products
+// pack b with pk (nil: a fresh buffer); so do mmNN and mmTNAcc.
+func mmNT[T Float](c, a, b []T, m, n, k int, pk *cpu.Packer) {
 	if c32, ok := any(c).([]float32); ok && m > 0 {
-		pb, err := cpu.PackB(any(b).([]float32), n, k)
+		pb, err := pk.PackB(any(b).([]float32), n, k)
 		if err != nil {
 			panic(err) // shapes are internal invariants here
 		}
@@ -34,9 +35,9 @@ func mmNT[T Float](c, a, b []T, m, n, k int) {
 }
 
 // mmNN sets c (m x n) = a (m x k) b (b is k x n).
-func mmNN[T Float](c, a, b []T, m, n, k int) {
+func mmNN[T Float](c, a, b []T, m, n, k int, pk *cpu.Packer) {
 	if c32, ok := any(c).([]float32); ok && m > 0 {
-		pb, err := cpu.PackBT(any(b).([]float32), k, n)
+		pb, err := pk.PackBT(any(b).([]float32), k, n)
 		if err != nil {
 			panic(err)
 		}
@@ -62,14 +63,24 @@ func mmNN[T Float](c, a, b []T, m, n, k int) {
 
 // mmTNAcc adds a^T b to c: a is k x m, b is k x n, c is m x n. It is the
 // weight-gradient product dW += dY^T X.
-func mmTNAcc[T Float](c, a, b []T, m, n, k int) {
+func mmTNAcc[T Float](c, a, b []T, m, n, k int, pk *cpu.Packer) {
 	if k == 0 {
+		return
+	}
+	if c32, ok := any(c).([]float32); ok {
+		pb, err := pk.PackBT(any(b).([]float32), k, n)
+		if err != nil {
+			panic(err)
+		}
+		if err := cpu.GemmTA(c32, any(a).([]float32), m, pb, true); err != nil {
+			panic(err)
+		}
 		return
 	}
 	at := make([]T, m*k)
 	transpose(at, a, k, m)
 	tmp := make([]T, m*n)
-	mmNN(tmp, at, b, m, n, k)
+	mmNN(tmp, at, b, m, n, k, nil)
 	for i, v := range tmp {
 		c[i] += v
 	}
@@ -86,6 +97,33 @@ func transpose[T Float](dst, src []T, rows, cols int) {
 				}
 			}
 		}
+	}
+}
+
+// vecOps are the vector kernels of the attention loops: the AVX-512 ones of
+// package cpu for float32, plain loops for float64 (gradient checks).
+type vecOps[T Float] struct {
+	dot  func(x, y []T) T
+	axpy func(alpha T, x, y []T) // y += alpha x
+}
+
+func vectorOps[T Float]() vecOps[T] {
+	if dot, ok := any(cpu.Dot).(func(x, y []T) T); ok {
+		return vecOps[T]{dot: dot, axpy: any(cpu.Axpy).(func(alpha T, x, y []T))}
+	}
+	return vecOps[T]{
+		dot: func(x, y []T) T {
+			var s T
+			for i, v := range x {
+				s += v * y[i]
+			}
+			return s
+		},
+		axpy: func(alpha T, x, y []T) {
+			for i, v := range x {
+				y[i] += alpha * v
+			}
+		},
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 
+	"github.com/twell-ai/twell/cpu"
 	"github.com/twell-ai/twell/model"
 )
 
@@ -106,8 +107,11 @@ type layerCache[T Float] struct {
 // lossAndGrad runs the model on tokens (batch x (seq+1): inputs are the
 // first seq tokens of each row, targets the last seq), adds the gradient of
 // cross-entropy + lambda * L1 into g (which must start at zero; nil skips
-// the backward pass) and returns the statistics.
-func lossAndGrad[T Float](c model.Config, p, g *Params[T], tokens []int, batch, seq int, lambda float64) (*StepStats, error) {
+// the backward pass) and returns the statistics. Its buffers come from ws
+// (nil: fresh allocations), and none of them outlives the call.
+func lossAndGrad[T Float](c model.Config, p, g *Params[T], tokens []int, batch, seq int, lambda float64, ws *arena[T]) (*StepStats, error) {
+	ws.reset()
+	pk := ws.packer()
 	h, hd, nq, nkv, f := c.HiddenSize, c.HeadDim, c.NumAttentionHeads, c.NumKeyValueHeads, c.IntermediateSize
 	V, L := c.VocabSize, c.NumHiddenLayers
 	if len(tokens) != batch*(seq+1) {
@@ -132,7 +136,7 @@ func lossAndGrad[T Float](c model.Config, p, g *Params[T], tokens []int, batch, 
 	as := attnShape{batch: batch, seq: seq, heads: nq, kvHeads: nkv, headDim: hd}
 	st := &StepStats{Active: make([][]int32, L), L0: make([]float64, L)}
 
-	x := make([]T, m*h)
+	x := ws.get(m * h)
 	for t, id := range ids {
 		copy(x[t*h:(t+1)*h], p.Embed[id*h:(id+1)*h])
 	}
@@ -142,32 +146,32 @@ func lossAndGrad[T Float](c model.Config, p, g *Params[T], tokens []int, batch, 
 		lp := &p.Layers[li]
 		lc := &caches[li]
 		lc.x = x
-		lc.hn1, lc.inv1 = make([]T, m*h), make([]T, m)
+		lc.hn1, lc.inv1 = ws.get(m*h), ws.get(m)
 		rmsNormForward(lc.hn1, lc.inv1, x, lp.AttnNorm, m, h, c.RMSNormEps)
-		lc.q, lc.k, lc.v = make([]T, m*nq*hd), make([]T, m*nkv*hd), make([]T, m*nkv*hd)
-		linearForward(lc.q, lc.hn1, lp.Q, m, h, nq*hd)
-		linearForward(lc.k, lc.hn1, lp.K, m, h, nkv*hd)
-		linearForward(lc.v, lc.hn1, lp.V, m, h, nkv*hd)
+		lc.q, lc.k, lc.v = ws.get(m*nq*hd), ws.get(m*nkv*hd), ws.get(m*nkv*hd)
+		linearForward(lc.q, lc.hn1, lp.Q, m, h, nq*hd, pk)
+		linearForward(lc.k, lc.hn1, lp.K, m, h, nkv*hd, pk)
+		linearForward(lc.v, lc.hn1, lp.V, m, h, nkv*hd, pk)
 		applyRopeAll(lc.q, lc.k, cos, sin, m, seq, nq, nkv, hd, 1)
-		lc.p, lc.att = make([]T, batch*nq*seq*seq), make([]T, m*nq*hd)
+		lc.p, lc.att = ws.get(batch*nq*seq*seq), ws.get(m*nq*hd)
 		attentionForward(lc.att, lc.p, lc.q, lc.k, lc.v, as)
-		proj := make([]T, m*h)
-		linearForward(proj, lc.att, lp.O, m, nq*hd, h)
-		x2 := make([]T, m*h)
+		proj := ws.get(m * h)
+		linearForward(proj, lc.att, lp.O, m, nq*hd, h, pk)
+		x2 := ws.get(m * h)
 		for i := range x2 {
 			x2[i] = x[i] + proj[i]
 		}
 		lc.x2 = x2
-		lc.hn2, lc.inv2 = make([]T, m*h), make([]T, m)
+		lc.hn2, lc.inv2 = ws.get(m*h), ws.get(m)
 		rmsNormForward(lc.hn2, lc.inv2, x2, lp.MLPNorm, m, h, c.RMSNormEps)
-		lc.u, lc.h = make([]T, m*f), make([]T, m*f)
-		linearForward(lc.u, lc.hn2, lp.Up, m, h, f)
+		lc.u, lc.h = ws.get(m*f), ws.get(m*f)
+		linearForward(lc.u, lc.hn2, lp.Up, m, h, f, pk)
 		active := make([]int32, f)
 		var sumAbs float64
 		nnz := 0
 		if gated {
-			lc.g = make([]T, m*f)
-			linearForward(lc.g, lc.hn2, lp.Gate, m, h, f)
+			lc.g = ws.get(m * f)
+			linearForward(lc.g, lc.hn2, lp.Gate, m, h, f, pk)
 			for i, gv := range lc.g {
 				if gv > 0 {
 					lc.h[i] = gv * lc.u[i]
@@ -190,44 +194,62 @@ func lossAndGrad[T Float](c model.Config, p, g *Params[T], tokens []int, batch, 
 		st.L1 += l1Scale * sumAbs
 		st.Active[li] = active
 		st.L0[li] = float64(nnz) / float64(m)
-		y := make([]T, m*h)
-		linearForward(y, lc.h, lp.Down, m, f, h)
-		next := make([]T, m*h)
+		y := ws.get(m * h)
+		linearForward(y, lc.h, lp.Down, m, f, h, pk)
+		next := ws.get(m * h)
 		for i := range next {
 			next[i] = x2[i] + y[i]
 		}
 		x = next
 	}
 	// Final norm, LM head, loss.
-	normed, invF := make([]T, m*h), make([]T, m)
+	normed, invF := ws.get(m*h), ws.get(m)
 	rmsNormForward(normed, invF, x, p.Norm, m, h, c.RMSNormEps)
 	head := p.LMHead
 	if c.TieWordEmbeddings {
 		head = p.Embed
 	}
-	logits := make([]T, m*V)
-	linearForward(logits, normed, head, m, h, V)
-	dlogits := make([]T, m*V)
-	st.Loss = crossEntropy(dlogits, logits, targets, V)
+	// The LM head and the loss run over chunks of rows, so that only one
+	// chunk of logits (about 4M values) exists at a time.
+	var dhead []T
+	if g != nil {
+		dhead = g.LMHead
+		if c.TieWordEmbeddings {
+			dhead = g.Embed
+		}
+	}
+	chunk := max(1, min(m, (4<<20)/V))
+	logits, dlogits := ws.get(chunk*V), ws.get(chunk*V)
+	dnormed := ws.get(m * h)
+	n := countTargets(targets)
+	for r0 := 0; r0 < m; r0 += chunk {
+		rows := min(chunk, m-r0)
+		lg, dl := logits[:rows*V], dlogits[:rows*V]
+		nc := normed[r0*h : (r0+rows)*h]
+		linearForward(lg, nc, head, rows, h, V, pk)
+		if n > 0 {
+			st.Loss += crossEntropySum(dl, lg, targets[r0:r0+rows], V, n)
+		}
+		if g != nil {
+			linearBackward(dnormed[r0*h:(r0+rows)*h], dhead, dl, nc, head, rows, h, V, pk)
+		}
+	}
+	if n > 0 {
+		st.Loss /= float64(n)
+	}
 	if g == nil {
 		return st, nil // evaluation: no backward pass
 	}
 
 	// Backward.
-	dhead := g.LMHead
-	if c.TieWordEmbeddings {
-		dhead = g.Embed
-	}
-	dnormed := make([]T, m*h)
-	linearBackward(dnormed, dhead, dlogits, normed, head, m, h, V)
-	dx := make([]T, m*h)
+	dx := ws.get(m * h)
 	rmsNormBackward(dx, g.Norm, dnormed, x, p.Norm, invF, m, h)
-	tmp := make([]T, m*h)
+	tmp := ws.get(m * h)
 	for li := L - 1; li >= 0; li-- {
 		lp, lg, lc := &p.Layers[li], &g.Layers[li], &caches[li]
 		// MLP branch: y = h Wd^T.
-		dh := make([]T, m*f)
-		linearBackward(dh, lg.Down, dx, lc.h, lp.Down, m, f, h)
+		dh := ws.get(m * f)
+		linearBackward(dh, lg.Down, dx, lc.h, lp.Down, m, f, h, pk)
 		for i, hv := range lc.h {
 			switch {
 			case hv > 0:
@@ -236,18 +258,18 @@ func lossAndGrad[T Float](c model.Config, p, g *Params[T], tokens []int, batch, 
 				dh[i] -= T(l1Scale)
 			}
 		}
-		dhn2 := make([]T, m*h)
-		du := make([]T, m*f)
+		dhn2 := ws.get(m * h)
+		du := ws.get(m * f)
 		if gated {
-			dg := make([]T, m*f)
+			dg := ws.get(m * f)
 			for i, gv := range lc.g {
 				if gv > 0 {
 					dg[i] = dh[i] * lc.u[i]
 					du[i] = dh[i] * gv
 				}
 			}
-			linearBackward(dhn2, lg.Gate, dg, lc.hn2, lp.Gate, m, h, f)
-			linearBackward(tmp, lg.Up, du, lc.hn2, lp.Up, m, h, f)
+			linearBackward(dhn2, lg.Gate, dg, lc.hn2, lp.Gate, m, h, f, pk)
+			linearBackward(tmp, lg.Up, du, lc.hn2, lp.Up, m, h, f, pk)
 			for i := range dhn2 {
 				dhn2[i] += tmp[i]
 			}
@@ -257,25 +279,25 @@ func lossAndGrad[T Float](c model.Config, p, g *Params[T], tokens []int, batch, 
 					du[i] = dh[i]
 				}
 			}
-			linearBackward(dhn2, lg.Up, du, lc.hn2, lp.Up, m, h, f)
+			linearBackward(dhn2, lg.Up, du, lc.hn2, lp.Up, m, h, f, pk)
 		}
 		rmsNormBackward(tmp, lg.MLPNorm, dhn2, lc.x2, lp.MLPNorm, lc.inv2, m, h)
 		for i := range dx {
 			dx[i] += tmp[i]
 		}
 		// Attention branch.
-		datt := make([]T, m*nq*hd)
-		linearBackward(datt, lg.O, dx, lc.att, lp.O, m, nq*hd, h)
-		dq, dk, dv := make([]T, m*nq*hd), make([]T, m*nkv*hd), make([]T, m*nkv*hd)
+		datt := ws.get(m * nq * hd)
+		linearBackward(datt, lg.O, dx, lc.att, lp.O, m, nq*hd, h, pk)
+		dq, dk, dv := ws.get(m*nq*hd), ws.get(m*nkv*hd), ws.get(m*nkv*hd)
 		attentionBackward(dq, dk, dv, datt, lc.p, lc.q, lc.k, lc.v, as)
 		applyRopeAll(dq, dk, cos, sin, m, seq, nq, nkv, hd, -1)
-		dhn1 := make([]T, m*h)
-		linearBackward(dhn1, lg.Q, dq, lc.hn1, lp.Q, m, h, nq*hd)
-		linearBackward(tmp, lg.K, dk, lc.hn1, lp.K, m, h, nkv*hd)
+		dhn1 := ws.get(m * h)
+		linearBackward(dhn1, lg.Q, dq, lc.hn1, lp.Q, m, h, nq*hd, pk)
+		linearBackward(tmp, lg.K, dk, lc.hn1, lp.K, m, h, nkv*hd, pk)
 		for i := range dhn1 {
 			dhn1[i] += tmp[i]
 		}
-		linearBackward(tmp, lg.V, dv, lc.hn1, lp.V, m, h, nkv*hd)
+		linearBackward(tmp, lg.V, dv, lc.hn1, lp.V, m, h, nkv*hd, pk)
 		for i := range dhn1 {
 			dhn1[i] += tmp[i]
 		}
@@ -291,4 +313,48 @@ func lossAndGrad[T Float](c model.Config, p, g *Params[T], tokens []int, batch, 
 		}
 	}
 	return st, nil
+}
+
+// arena hands out the buffers of one lossAndGrad call and keeps them for the
+// next: the calls of a run ask for the same sizes in the same order, so after
+// the first step no buffer is allocated (fresh multi-megabyte allocations
+// cost page faults on every step). A nil arena allocates.
+type arena[T Float] struct {
+	bufs [][]T
+	next int
+	pk   cpu.Packer // packs the products' B operands (float32 only)
+}
+
+// packer returns the arena's Packer, nil (fresh buffers) for a nil arena.
+func (a *arena[T]) packer() *cpu.Packer {
+	if a == nil {
+		return nil
+	}
+	return &a.pk
+}
+
+func (a *arena[T]) reset() {
+	if a != nil {
+		a.next = 0
+	}
+}
+
+// get returns a zeroed buffer of n values.
+func (a *arena[T]) get(n int) []T {
+	if a == nil {
+		return make([]T, n)
+	}
+	if a.next == len(a.bufs) {
+		a.bufs = append(a.bufs, nil)
+	}
+	b := a.bufs[a.next]
+	if cap(b) < n {
+		b = make([]T, n)
+		a.bufs[a.next] = b
+	} else {
+		b = b[:n]
+		clear(b)
+	}
+	a.next++
+	return b
 }
