@@ -13,6 +13,8 @@
 package engine
 
 import (
+	"errors"
+
 	"github.com/twell-ai/twell/mlp"
 	"github.com/twell-ai/twell/model"
 )
@@ -54,6 +56,51 @@ type Cache interface {
 	// after it.
 	Free() error
 }
+
+// Paged is implemented by an engine whose caches take memory in fixed-size
+// pages from one pool as tokens are appended, and give them back on
+// Truncate and Free, so that the memory of its caches follows the tokens
+// they hold rather than their capacities. A server asks it how many pages
+// are free to admit requests by what their prompts need instead of their
+// worst cases. The CPU engine (package cpu/llm) implements it; an engine
+// that does not (the GPU engine allocates each cache whole at NewCache) is
+// treated as one whose every cache takes its capacity up front.
+type Paged interface {
+	Engine
+	// KVPages returns the state of the engine's page pool.
+	KVPages() PageStats
+}
+
+// PageStats is the state of a Paged engine's KV page pool.
+type PageStats struct {
+	// PageSize is the number of positions one page holds.
+	PageSize int
+	// PageBytes is the memory of one page: keys and values of every layer
+	// for PageSize positions.
+	PageBytes int64
+	// InUse is the number of pages the engine's live caches hold: per
+	// cache, Len rounded up to whole pages.
+	InUse int
+	// Total is the pool's budget in pages, or 0 when it has none (pages
+	// are then limited by memory alone).
+	Total int
+}
+
+// Free returns the pages left under the budget (0 when there is none).
+func (p PageStats) Free() int { return max(0, p.Total-p.InUse) }
+
+// PagesFor returns the pages a cache of n positions holds.
+func (p PageStats) PagesFor(n int) int {
+	if p.PageSize < 1 || n <= 0 {
+		return 0
+	}
+	return (n + p.PageSize - 1) / p.PageSize
+}
+
+// ErrOutOfPages is wrapped by the error a Paged engine's Forward returns
+// when its pool has too few free pages for the new tokens; the call then
+// changes no cache, and freeing or truncating caches makes room.
+var ErrOutOfPages = errors.New("out of KV cache pages")
 
 // Stats reports what one Forward call did in its MLPs.
 type Stats struct {

@@ -29,6 +29,13 @@ type Options struct {
 	// bandwidth, and bf16 halves the bytes. Their logits then carry bf16
 	// rounding of the weights, and the copies cost memory.
 	DecodeBF16 bool
+	// KVPageSize is the number of positions in one page of the KV caches
+	// (0: DefaultPageSize of the model). See KVPages.
+	KVPageSize int
+	// KVMemory is the budget of the KV caches in bytes, counted in whole
+	// pages: a Forward whose new tokens would take the caches past it
+	// fails with engine.ErrOutOfPages. 0: no budget.
+	KVMemory int64
 }
 
 // Engine runs a model on the CPU. The kernels' packed copies of the weights
@@ -40,6 +47,7 @@ type Engine struct {
 	layout twell.Layout
 	act    cpu.Activation
 	rope   *model.RoPETables
+	pool   *pagePool // KV cache pages
 
 	packMu sync.Mutex   // guards the first packing
 	layers []cpuLayer   // nil until packed
@@ -84,7 +92,21 @@ func New(m *model.Model, o Options) (*Engine, error) {
 	if o.MLPPath > mlp.Dense {
 		return nil, fmt.Errorf("cpu/llm: %v", o.MLPPath)
 	}
-	return &Engine{model: m, opts: o, layout: twell.DefaultLayout, act: mact, rope: model.NewRoPETables(c)}, nil
+	if o.KVPageSize < 0 || o.KVMemory < 0 {
+		return nil, fmt.Errorf("cpu/llm: KV page size %d and budget %d bytes: must be >= 0", o.KVPageSize, o.KVMemory)
+	}
+	pool := &pagePool{size: o.KVPageSize}
+	if pool.size == 0 {
+		pool.size = DefaultPageSize(c)
+	}
+	pool.bytes = PageBytes(c, pool.size)
+	if o.KVMemory > 0 {
+		if pool.total = int(min(o.KVMemory/pool.bytes, math.MaxInt32)); pool.total < 1 {
+			return nil, fmt.Errorf("cpu/llm: a KV budget of %s holds no page of %d positions (%s)",
+				memcheck.Format(float64(o.KVMemory)), pool.size, memcheck.Format(float64(pool.bytes)))
+		}
+	}
+	return &Engine{model: m, opts: o, layout: twell.DefaultLayout, act: mact, rope: model.NewRoPETables(c), pool: pool}, nil
 }
 
 // Config returns the model's configuration.
@@ -200,70 +222,4 @@ func (e *Engine) SetMLPPath(p mlp.Path) error {
 		l.mlp.Path = p
 	}
 	return nil
-}
-
-// cache is the KV cache of one sequence: per layer, [capacity][kvHeads*headDim].
-type cache struct {
-	k, v [][]float32
-	n    int
-	e    *Engine
-}
-
-// NewCache returns an empty cache for a sequence of up to capacity tokens.
-func (e *Engine) NewCache(capacity int) (engine.Cache, error) {
-	c := e.model.Config
-	if capacity < 1 {
-		return nil, fmt.Errorf("cpu/llm: cache capacity %d: must be positive", capacity)
-	}
-	kvw := c.NumKeyValueHeads * c.HeadDim
-	if bytes := float64(capacity) * float64(kvw) * 8 * float64(c.NumHiddenLayers); bytes > math.MaxInt/2 {
-		return nil, fmt.Errorf("cpu/llm: a cache of %d tokens would take %.3g GiB", capacity, bytes/(1<<30))
-	}
-	kc := &cache{e: e}
-	for range c.NumHiddenLayers {
-		kc.k = append(kc.k, make([]float32, capacity*kvw))
-		kc.v = append(kc.v, make([]float32, capacity*kvw))
-	}
-	return kc, nil
-}
-
-func (c *cache) Len() int { return c.n }
-
-func (c *cache) Capacity() int {
-	if len(c.k) == 0 {
-		return 0
-	}
-	return len(c.k[0]) / (c.e.model.Config.NumKeyValueHeads * c.e.model.Config.HeadDim)
-}
-
-func (c *cache) Truncate(n int) error {
-	if n < 0 || n > c.n {
-		return fmt.Errorf("cpu/llm: truncate to %d positions: the cache holds %d", n, c.n)
-	}
-	c.n = n
-	return nil
-}
-
-func (c *cache) Free() error {
-	if c.k == nil {
-		return errors.New("cpu/llm: cache was already freed")
-	}
-	c.k, c.v, c.n = nil, nil, 0
-	return nil
-}
-
-// caches checks that every cache is this engine's and live.
-func (e *Engine) caches(cs []engine.Cache) ([]*cache, error) {
-	out := make([]*cache, len(cs))
-	for i, c := range cs {
-		kc, ok := c.(*cache)
-		if !ok || kc.e != e {
-			return nil, fmt.Errorf("cpu/llm: cache %d was not made by this engine", i)
-		}
-		if kc.k == nil {
-			return nil, fmt.Errorf("cpu/llm: cache %d was freed", i)
-		}
-		out[i] = kc
-	}
-	return out, nil
 }

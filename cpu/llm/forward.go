@@ -11,8 +11,10 @@ import (
 
 // Forward appends tokens[i] to sequence i (whose cache is caches[i]) and
 // returns, for each sequence, the logits of its last new token, or of every
-// new token when allLogits is set (rows of VocabSize values).
-func (e *Engine) Forward(caches []engine.Cache, tokens [][]int, allLogits bool) ([][]float32, *engine.Stats, error) {
+// new token when allLogits is set (rows of VocabSize values). The caches
+// take the pages their new tokens need from the engine's pool first; when
+// it has too few the error wraps engine.ErrOutOfPages and no cache changes.
+func (e *Engine) Forward(caches []engine.Cache, tokens [][]int, allLogits bool) (_ [][]float32, _ *engine.Stats, err error) {
 	c := e.model.Config
 	if len(caches) != len(tokens) {
 		return nil, nil, fmt.Errorf("cpu/llm: %d caches for %d sequences", len(caches), len(tokens))
@@ -43,6 +45,18 @@ func (e *Engine) Forward(caches []engine.Cache, tokens [][]int, allLogits bool) 
 			pos = append(pos, kcs[s].n+i)
 		}
 	}
+	news := make([]int, len(tokens))
+	for s, toks := range tokens {
+		news[s] = len(toks)
+	}
+	if err := e.grow(kcs, news); err != nil {
+		return nil, nil, err
+	}
+	defer func() {
+		if err != nil { // give back what the new tokens took
+			e.ungrow(kcs)
+		}
+	}()
 	w := e.model.Weights
 	T := len(seqOf)
 	x := make([]float32, T*h)
