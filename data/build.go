@@ -79,8 +79,8 @@ type srcPlan struct {
 	stats    SourceStats // filled as the build goes
 }
 
-// newPlan checks cfg and lists the input files. Everything that can be known about bad input
-// before reading documents fails here.
+// newPlan checks cfg for a build (the encoder, the shard size) and lists the input files.
+// Everything that can be known about bad input before reading documents fails here.
 func newPlan(cfg BuildConfig) (*plan, error) {
 	if cfg.Encoder == nil {
 		return nil, errors.New("data: no encoder (tokenizer) given")
@@ -92,9 +92,6 @@ func newPlan(cfg BuildConfig) (*plan, error) {
 	if e := cfg.Encoder.EOS(); e < 0 || e >= v {
 		return nil, fmt.Errorf("data: end-of-text id %d is outside the vocabulary [0,%d)", e, v)
 	}
-	if math.IsNaN(cfg.ValFrac) || cfg.ValFrac < 0 || cfg.ValFrac >= 1 {
-		return nil, fmt.Errorf("data: validation fraction %v out of range [0, 1)", cfg.ValFrac)
-	}
 	if cfg.ShardTokens < 0 {
 		return nil, fmt.Errorf("data: shard size %d tokens, want > 0", cfg.ShardTokens)
 	}
@@ -103,6 +100,15 @@ func newPlan(cfg BuildConfig) (*plan, error) {
 	}
 	if cfg.Workers <= 0 {
 		cfg.Workers = runtime.GOMAXPROCS(0)
+	}
+	return newSplitPlan(cfg)
+}
+
+// newSplitPlan checks what decides the train/validation split (the sources and ValFrac) and
+// lists the input files; Build and HeldOut share it.
+func newSplitPlan(cfg BuildConfig) (*plan, error) {
+	if math.IsNaN(cfg.ValFrac) || cfg.ValFrac < 0 || cfg.ValFrac >= 1 {
+		return nil, fmt.Errorf("data: validation fraction %v out of range [0, 1)", cfg.ValFrac)
 	}
 	if len(cfg.Sources) == 0 {
 		return nil, errors.New("data: empty corpus: no sources given")
@@ -250,6 +256,55 @@ func abs(x int) int {
 		return -x
 	}
 	return x
+}
+
+// docPart is a kept document, or one part of a source's single document cut in two, as Build
+// writes it.
+type docPart struct {
+	src  int    // index of the source in plan.sources
+	loc  string // where the document is in the input (see eachDoc)
+	text string // the normalized document, or the part of it
+	val  bool   // it goes to the validation split
+	cut  bool   // text is a part of a document that splitDoc cut in two
+	size int    // bytes of the normalized document it accounts for (progress)
+}
+
+// eachPart reads the documents again after scan and calls fn with every kept document, in
+// order, as it goes to the train or the validation split: this is the one place that applies
+// the split that scan decided. It stops at the first error from fn.
+func (p *plan) eachPart(fn func(docPart) error) error {
+	for si, sp := range p.sources {
+		di, ki := 0, 0
+		err := eachDoc(sp.src.Name, sp.files, sp.src.Docs, func(loc, text string) error {
+			d := di
+			di++
+			if d >= len(sp.kept) {
+				return fmt.Errorf("data: %s: the input changed during the build (more documents than before)", loc)
+			}
+			if !sp.kept[d] {
+				return nil
+			}
+			n := Normalize(text)
+			if n == "" || docHash(n) != sp.hashes[d] {
+				return fmt.Errorf("data: %s: the document changed during the build", loc)
+			}
+			k := ki
+			ki++
+			if sp.splitOne {
+				if tr, va, ok := splitDoc(n, p.cfg.ValFrac); ok {
+					if err := fn(docPart{src: si, loc: loc, text: tr, cut: true, size: len(n) - len(va)}); err != nil {
+						return err
+					}
+					return fn(docPart{src: si, loc: loc, text: va, val: true, cut: true, size: len(va)})
+				}
+			}
+			return fn(docPart{src: si, loc: loc, text: n, val: k >= sp.nKept-sp.nVal, size: len(n)})
+		})
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // sink receives finished shards.
@@ -401,43 +456,15 @@ func (p *plan) tokenize(out sink) (*Index, error) {
 			}
 		}
 		errStopped := errors.New("stopped")
-		for si, sp := range p.sources {
-			di, ki := 0, 0
-			err := eachDoc(sp.src.Name, sp.files, sp.src.Docs, func(loc, text string) error {
-				d := di
-				di++
-				if d >= len(sp.kept) {
-					return fmt.Errorf("data: %s: the input changed during the build (more documents than before)", loc)
-				}
-				if !sp.kept[d] {
-					return nil
-				}
-				n := Normalize(text)
-				if n == "" || docHash(n) != sp.hashes[d] {
-					return fmt.Errorf("data: %s: the document changed during the build", loc)
-				}
-				k := ki
-				ki++
-				if sp.splitOne {
-					if tr, va, ok := splitDoc(n, cfg.ValFrac); ok {
-						if !send(tokJob{src: si, text: tr, size: len(n) - len(va)}) || !send(tokJob{src: si, val: true, text: va, size: len(va)}) {
-							return errStopped
-						}
-						return nil
-					}
-				}
-				if !send(tokJob{src: si, val: k >= sp.nKept-sp.nVal, text: n, size: len(n)}) {
-					return errStopped
-				}
-				return nil
-			})
-			if err != nil {
-				if err != errStopped {
-					prodErr = err
-					halt()
-				}
-				return
+		err := p.eachPart(func(d docPart) error {
+			if !send(tokJob{src: d.src, val: d.val, text: d.text, size: d.size}) {
+				return errStopped
 			}
+			return nil
+		})
+		if err != nil && err != errStopped {
+			prodErr = err
+			halt()
 		}
 	}()
 
