@@ -73,6 +73,22 @@ type Options struct {
 	// bf16 copies of the weights (see cpu/llm.Options); the GPU engine
 	// always runs bf16.
 	DecodeBF16 bool
+	// KVPageSize and KVMemory are the CPU engine's KV cache page size in
+	// positions (0: its default) and page budget in bytes (0: none); see
+	// cpu/llm.Options. The GPU engine allocates each cache whole and
+	// ignores them.
+	KVPageSize int
+	KVMemory   int64
+}
+
+// KVPage returns the CPU engine's KV cache page for a model of config c:
+// its size in positions (pageSize, or the engine's default when 0) and its
+// memory in bytes.
+func KVPage(c model.Config, pageSize int) (int, int64) {
+	if pageSize == 0 {
+		pageSize = cpullm.DefaultPageSize(c)
+	}
+	return pageSize, cpullm.PageBytes(c, pageSize)
 }
 
 // Open returns the engine for m on k (CPU or CUDA; resolve Auto first).
@@ -80,7 +96,7 @@ type Options struct {
 func Open(k Kind, m *model.Model, o Options) (engine.Engine, error) {
 	switch k {
 	case CPU:
-		return cpullm.New(m, cpullm.Options{MLPPath: o.MLPPath, DecodeBF16: o.DecodeBF16})
+		return cpullm.New(m, cpullm.Options{MLPPath: o.MLPPath, DecodeBF16: o.DecodeBF16, KVPageSize: o.KVPageSize, KVMemory: o.KVMemory})
 	case CUDA:
 		dev, err := cuda.Open(0)
 		if err != nil {

@@ -67,7 +67,9 @@ type Cache interface {
 // treated as one whose every cache takes its capacity up front.
 type Paged interface {
 	Engine
-	// KVPages returns the state of the engine's page pool.
+	// KVPages returns the state of the engine's page pool. Unlike the
+	// other methods it may be called from any goroutine, also while
+	// another one runs Forward.
 	KVPages() PageStats
 }
 

@@ -135,6 +135,9 @@ type sampling struct {
 	N             *int            `json:"n"`
 	Stream        bool            `json:"stream"`
 	StreamOptions *streamOptions  `json:"stream_options"`
+	// IgnoreEOS (a vLLM extension, for benchmarks) generates past the end
+	// of sequence token, up to max_tokens.
+	IgnoreEOS bool `json:"ignore_eos"`
 	// Accepted only at their neutral values.
 	PresencePenalty  *float64 `json:"presence_penalty"`
 	FrequencyPenalty *float64 `json:"frequency_penalty"`

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"time"
 
 	"github.com/twell-ai/twell/engine"
 	"github.com/twell-ai/twell/generate"
@@ -49,11 +50,15 @@ type job struct {
 	topN     int  // alternatives per position; -1: no logprobs at all
 	out      chan piece
 	done     chan struct{}
+	arrived  time.Time // when it was queued
 
 	// owned by the batcher
 	seq        *generate.Sequence
 	cache      engine.Cache
-	next       []int // tokens to feed at the next step
+	feed       []int // what the cache must hold before the next sample: the prompt, then each sampled token
+	started    bool  // admitted once (its prompt tokens are counted)
+	logpUpTo   int   // prompt positions whose log-probabilities are known
+	lastToken  time.Time
 	promptLogp []tokenLogprob
 	genLogp    []tokenLogprob
 	tokens     []int
@@ -79,6 +84,9 @@ func (s *Server) finish(j *job, err error) {
 		j.tokens, j.text, j.reason = j.seq.Tokens(), j.seq.Text(), j.seq.Reason()
 		s.metrics.generated.Add(int64(len(j.tokens)))
 	}
+	if err == nil {
+		s.metrics.e2e.observe(time.Since(j.arrived).Seconds())
+	}
 	close(j.done)
 }
 
@@ -94,6 +102,10 @@ func (s *Server) enqueue(jobs []*job) error {
 		return &apiError{status: 429, typ: "rate_limit_error",
 			msg: fmt.Sprintf("the server is busy: %d requests wait already (-max-queue %d); retry later", len(s.queue), s.o.MaxQueue)}
 	}
+	now := time.Now()
+	for _, j := range jobs {
+		j.arrived = now
+	}
 	s.queue = append(s.queue, jobs...)
 	s.metrics.queued.Store(int64(len(s.queue)))
 	select {
@@ -104,11 +116,14 @@ func (s *Server) enqueue(jobs []*job) error {
 }
 
 // loop is the batcher: it owns the engine. Each iteration admits waiting
-// jobs while there is room, drops cancelled ones, and runs one Forward over
-// every running job: a new job's whole prompt, a running job's last token.
+// jobs while there is room (a slot under -max-concurrent and, on an engine
+// with a page budget, pages for their prompts), drops cancelled ones, plans
+// one step (a chunk of prompt for jobs still prefilling, under the prefill
+// budget; one token for the others), preempts the newest jobs if the step
+// needs more pages than are free, and runs the step as one Forward.
 func (s *Server) loop() {
 	defer close(s.stopped)
-	var running []*job
+	var running []*job // in the order they were admitted
 	for {
 		s.mu.Lock()
 		stop, cancelAll := s.stop, s.cancelAll
@@ -118,25 +133,44 @@ func (s *Server) loop() {
 			}
 			s.queue = nil
 		}
-		// Drop cancelled waiting jobs; admit the others while there is room.
-		// At most one new job per step asks for all its prompt's logits, so
-		// that no step computes the logits of several long prompts.
+		// Drop cancelled waiting jobs; admit the others, first come first
+		// served: a job that does not fit holds back the ones after it.
+		free := s.freePages(running)
 		var keep []*job
-		allLogits := false
+		blocked := false
 		for _, j := range s.queue {
 			switch {
 			case j.ctx.Err() != nil:
 				s.finish(j, j.ctx.Err())
-			case len(running) < s.o.MaxConcurrent && !(allLogits && j.echoLogp):
-				allLogits = allLogits || j.echoLogp
-				if err := s.start(j); err != nil {
-					s.finish(j, err)
-					continue
-				}
-				running = append(running, j)
-			default:
+				continue
+			case blocked || len(running) >= s.o.MaxConcurrent:
 				keep = append(keep, j)
+				continue
 			}
+			need := 0
+			if s.pages != nil {
+				need = s.pageStats().PagesFor(len(j.input()))
+			}
+			if need > free && len(running) == 0 {
+				// Nothing runs that could give pages back: the pool holds too
+				// few for this job however long it waits.
+				ps := s.pageStats()
+				s.finish(j, &apiError{status: 503, typ: "server_error", msg: fmt.Sprintf(
+					"the request needs %d KV pages of %d positions, and only %d of the server's %d are free with no request running",
+					need, ps.PageSize, free, ps.Total)})
+				continue
+			}
+			if need > free {
+				blocked = true
+				keep = append(keep, j)
+				continue
+			}
+			if err := s.start(j); err != nil {
+				s.finish(j, err)
+				continue
+			}
+			free -= need
+			running = append(running, j)
 		}
 		s.queue = keep
 		waiting := len(keep)
@@ -166,44 +200,182 @@ func (s *Server) loop() {
 			<-s.wake
 			continue
 		}
+		items, allLogits := s.plan(running)
+		var preempted []*job
+		items, running, preempted = s.makeRoom(items, running)
+		if len(preempted) > 0 {
+			s.requeue(preempted)
+		}
+		s.metrics.running.Store(int64(len(running)))
+		if len(items) == 0 {
+			continue
+		}
 		if s.stepHook != nil {
 			s.stepHook()
 		}
-		running = s.step(running, allLogits)
+		running = s.step(items, allLogits, running)
 		s.metrics.running.Store(int64(len(running)))
 	}
 }
 
 var errShutdown = &apiError{status: 503, typ: "server_error", msg: "the server shut down before the request finished"}
 
-// start gives a new job its sequence and cache.
+// input returns what the job's cache must hold before its next sample:
+// the prompt and every token sampled so far.
+func (j *job) input() []int {
+	if j.feed == nil {
+		return j.prompt
+	}
+	return j.feed
+}
+
+// start gives a job its sequence (the first time) and a cache. A job that
+// was preempted keeps its sequence and feeds its input again.
 func (s *Server) start(j *job) error {
 	capacity := len(j.prompt)
 	if !j.score {
-		seq, err := generate.NewSequence(s.tok, j.prompt, j.opts)
-		if err != nil {
-			return badRequest("prompt", "%v", err)
+		if j.seq == nil {
+			seq, err := generate.NewSequence(s.tok, j.prompt, j.opts)
+			if err != nil {
+				return badRequest("prompt", "%v", err)
+			}
+			j.seq = seq
 		}
-		j.seq = seq
-		capacity = seq.CacheCapacity()
+		capacity = j.seq.CacheCapacity()
 	}
 	c, err := s.e.NewCache(capacity)
 	if err != nil {
 		return err
 	}
 	j.cache = c
-	j.next = j.prompt
-	s.metrics.prompt.Add(int64(len(j.prompt)))
+	if j.feed == nil {
+		j.feed = append([]int(nil), j.prompt...)
+	}
+	if !j.started {
+		j.started = true
+		s.metrics.prompt.Add(int64(len(j.prompt)))
+	}
 	return nil
 }
 
-// step runs one Forward over the running jobs and hands each its logits;
-// it returns the jobs still running.
-func (s *Server) step(running []*job, allLogits bool) []*job {
-	caches := make([]engine.Cache, len(running))
-	tokens := make([][]int, len(running))
-	for i, j := range running {
-		caches[i], tokens[i] = j.cache, j.next
+// pageStats returns the engine's page pool (the server has one).
+func (s *Server) pageStats() engine.PageStats { return s.pages.KVPages() }
+
+// freePages returns the pages free for new jobs: the pool's free pages
+// less those the running jobs will still take for input they already have
+// (the rest of a prompt, or the input a preempted job feeds again). It is
+// 0 without a page budget (new jobs need none then).
+func (s *Server) freePages(running []*job) int {
+	if s.pages == nil {
+		return 0
+	}
+	ps := s.pageStats()
+	free := ps.Free()
+	for _, j := range running {
+		free -= ps.PagesFor(len(j.input())) - ps.PagesFor(j.cache.Len())
+	}
+	return free
+}
+
+// item is one job's part of a step: the tokens it feeds, and whether the
+// prompt log-probabilities of those tokens are wanted.
+type item struct {
+	j    *job
+	toks []int
+	logp bool
+}
+
+// plan returns the step's items: for each running job still feeding its
+// prompt, the next chunk of it while the step's prefill budget lasts; for
+// each other job one token (its last sampled token, or the next one of the
+// input a preempted job feeds again). Chunks start at multiples of the
+// budget (-prefill-tokens) from the start of the prompt, whatever else is
+// in the batch, so that a prompt is cut the same way alone and in any
+// batch; a chunk that does not fit in what is left of this step's budget
+// waits for the next step. At most one job's chunk per step needs the
+// prompt's log-probabilities (the step then computes the logits of every
+// token it feeds). allLogits reports whether it does.
+func (s *Server) plan(running []*job) (items []item, allLogits bool) {
+	budget := s.o.PrefillTokens
+	for _, j := range running {
+		in, n := j.input(), j.cache.Len()
+		if n >= len(j.prompt) {
+			items = append(items, item{j: j, toks: in[n : n+1]})
+			continue
+		}
+		end := min(len(j.prompt), (n/s.o.PrefillTokens+1)*s.o.PrefillTokens)
+		logp := j.echoLogp && j.logpUpTo < min(end+1, len(j.prompt))
+		if end-n > budget || logp && allLogits {
+			continue
+		}
+		budget -= end - n
+		allLogits = allLogits || logp
+		items = append(items, item{j: j, toks: in[n:end], logp: logp})
+	}
+	return items, allLogits
+}
+
+// makeRoom checks that the step's items fit in the free pages; where they
+// do not, it takes the newest running jobs out of the batch (their caches
+// are freed; they wait again and, admitted, feed their input again) until
+// they do. The oldest job always fits: a request is refused up front when
+// its cache alone would not fit in the whole pool. It returns the items and
+// running jobs left and the jobs preempted, newest first.
+func (s *Server) makeRoom(items []item, running []*job) ([]item, []*job, []*job) {
+	if s.pages == nil {
+		return items, running, nil
+	}
+	ps := s.pageStats()
+	needOf := func(it item) int {
+		n := it.j.cache.Len()
+		return ps.PagesFor(n+len(it.toks)) - ps.PagesFor(n)
+	}
+	need := 0
+	for _, it := range items {
+		need += needOf(it)
+	}
+	free := ps.Free()
+	var preempted []*job
+	for need > free && len(running) > 1 {
+		j := running[len(running)-1]
+		running = running[:len(running)-1]
+		for i, it := range items {
+			if it.j == j {
+				need -= needOf(it)
+				items = append(items[:i], items[i+1:]...)
+				break
+			}
+		}
+		free += ps.PagesFor(j.cache.Len())
+		j.cache.Free()
+		j.cache = nil
+		preempted = append(preempted, j)
+		s.metrics.preemptions.Add(1)
+	}
+	return items, running, preempted
+}
+
+// requeue puts preempted jobs (newest first) back at the front of the
+// queue, oldest first.
+func (s *Server) requeue(jobs []*job) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	q := make([]*job, 0, len(jobs)+len(s.queue))
+	for i := len(jobs) - 1; i >= 0; i-- {
+		q = append(q, jobs[i])
+	}
+	s.queue = append(q, s.queue...)
+	s.metrics.queued.Store(int64(len(s.queue)))
+}
+
+// step runs one Forward over the items and hands each job that has fed
+// all of its input the logits of its last token; it returns the running
+// jobs still running, in order.
+func (s *Server) step(items []item, allLogits bool, running []*job) []*job {
+	caches := make([]engine.Cache, len(items))
+	tokens := make([][]int, len(items))
+	for i, it := range items {
+		caches[i], tokens[i] = it.j.cache, it.toks
 	}
 	logits, st, err := s.e.Forward(caches, tokens, allLogits)
 	if err != nil {
@@ -213,52 +385,85 @@ func (s *Server) step(running []*job, allLogits bool) []*job {
 		return nil
 	}
 	s.metrics.addStats(st)
-	live := running[:0]
+	now := time.Now()
+	ended := map[*job]bool{}
 	row := 0
-	for i, j := range running {
+	for i, it := range items {
+		j := it.j
 		rows := 1
 		if allLogits {
 			rows = len(tokens[i])
 		}
 		last := logits[row+rows-1]
-		if allLogits && j.echoLogp && len(j.promptLogp) == 0 {
-			j.promptLogp = make([]tokenLogprob, len(j.prompt))
-			j.promptLogp[0] = tokenLogprob{id: j.prompt[0], logprob: math.NaN()}
-			for k := 1; k < len(j.prompt); k++ {
-				j.promptLogp[k] = logprobOf(logits[row+k-1], j.prompt[k], j.topN, s.vocab)
-			}
+		if it.logp {
+			s.promptLogprobs(j, logits[row:row+rows], j.cache.Len()-len(it.toks))
 		}
 		row += rows
+		if j.cache.Len() < len(j.input()) {
+			continue // more of its input to feed
+		}
 		if j.score {
 			s.finish(j, nil)
+			ended[j] = true
 			continue
 		}
 		stp, err := j.seq.Next(last)
 		if err != nil {
 			s.finish(j, err)
+			ended[j] = true
 			continue
 		}
 		var lp []tokenLogprob
-		if j.topN >= 0 && stp.Token >= 0 {
-			lp = []tokenLogprob{logprobOf(last, stp.Token, j.topN, s.vocab)}
-			j.genLogp = append(j.genLogp, lp...)
+		if stp.Token >= 0 {
+			if len(j.seq.Tokens()) == 1 {
+				s.metrics.ttft.observe(now.Sub(j.arrived).Seconds())
+			} else {
+				s.metrics.itl.observe(now.Sub(j.lastToken).Seconds())
+			}
+			j.lastToken = now
+			if j.topN >= 0 {
+				lp = []tokenLogprob{logprobOf(last, stp.Token, j.topN, s.vocab)}
+				j.genLogp = append(j.genLogp, lp...)
+			}
 		}
 		if j.out != nil && (stp.Text != "" || lp != nil) {
 			select {
 			case j.out <- piece{text: stp.Text, logprobs: lp}:
 			default:
 				s.finish(j, errTooSlow)
+				ended[j] = true
 				continue
 			}
 		}
 		if stp.Done {
 			s.finish(j, nil)
+			ended[j] = true
 			continue
 		}
-		j.next = []int{stp.Token}
-		live = append(live, j)
+		j.feed = append(j.feed, stp.Token)
+	}
+	live := running[:0]
+	for _, j := range running {
+		if !ended[j] {
+			live = append(live, j)
+		}
 	}
 	return live
+}
+
+// promptLogprobs records the log-probabilities of the prompt tokens that
+// rows (the logits of the prompt's positions from, from+1, ...) predict
+// and that are not known yet.
+func (s *Server) promptLogprobs(j *job, rows [][]float32, from int) {
+	if j.promptLogp == nil {
+		j.promptLogp = make([]tokenLogprob, len(j.prompt))
+		j.promptLogp[0] = tokenLogprob{id: j.prompt[0], logprob: math.NaN()}
+		j.logpUpTo = 1
+	}
+	for k := max(j.logpUpTo, from+1); k < len(j.prompt) && k <= from+len(rows); k++ {
+		j.promptLogp[k] = logprobOf(rows[k-1-from], j.prompt[k], j.topN, s.vocab)
+		j.logpUpTo = k + 1
+	}
 }
 
 // logprobOf returns the log-probability of token id under logits (a

@@ -50,12 +50,19 @@ func (s *Server) options(sp *sampling, maxTokens int) (generate.Options, error) 
 	if err != nil {
 		return o, err
 	}
+	eos := s.eos
+	if sp.IgnoreEOS {
+		eos = nil
+	}
 	return generate.Options{MaxTokens: max(maxTokens, 1), Context: s.o.Context, Sample: so, Stop: stops,
-		EOS: s.eos, Vocab: s.vocab}, nil
+		EOS: eos, Vocab: s.vocab}, nil
 }
 
-// checkPrompt checks a prompt's ids and its length against the context.
-func (s *Server) checkPrompt(i int, ids []int, generating bool) error {
+// checkPrompt checks a prompt's ids, its length against the context and,
+// on an engine with a KV page budget, that the request (the prompt and
+// maxTokens generated tokens, 0 for none) fits in the whole pool.
+func (s *Server) checkPrompt(i int, ids []int, maxTokens int) error {
+	generating := maxTokens > 0
 	if len(ids) == 0 {
 		return badRequest("prompt", "prompt %d encodes to no tokens", i)
 	}
@@ -72,6 +79,17 @@ func (s *Server) checkPrompt(i int, ids []int, generating bool) error {
 	if len(ids) > limit {
 		return badRequest("prompt", "prompt %d has %d tokens; the context is %d positions (prompt and generated tokens together), so a prompt may have at most %d tokens",
 			i, len(ids), s.o.Context, limit)
+	}
+	if s.pages != nil {
+		positions := len(ids) // the last generated token is not fed back
+		if generating {
+			positions += min(maxTokens, s.o.Context-len(ids)) - 1
+		}
+		ps := s.pageStats()
+		if need := ps.PagesFor(positions); need > ps.Total {
+			return badRequest("max_tokens", "prompt %d: %d prompt tokens and max_tokens %d take up to %d positions of KV cache; the server's KV memory holds %d (%d pages of %d positions): lower max_tokens or shorten the prompt",
+				i, len(ids), maxTokens, positions, ps.Total*ps.PageSize, ps.Total, ps.PageSize)
+		}
 	}
 	return nil
 }
@@ -135,7 +153,7 @@ func (s *Server) doCompletions(w http.ResponseWriter, r *http.Request) error {
 		} else if texts[i], err = s.tok.Decode(ids[i], true); err != nil {
 			return badRequest("prompt", "prompt %d: %v", i, err)
 		}
-		if err := s.checkPrompt(i, ids[i], maxTokens > 0); err != nil {
+		if err := s.checkPrompt(i, ids[i], maxTokens); err != nil {
 			return err
 		}
 		jobs[i] = &job{ctx: r.Context(), prompt: ids[i], opts: o, topN: topN, done: make(chan struct{}),
@@ -312,7 +330,7 @@ func (s *Server) doChat(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return badRequest("messages", "%v", err)
 	}
-	if err := s.checkPrompt(0, ids, true); err != nil {
+	if err := s.checkPrompt(0, ids, maxTokens); err != nil {
 		return err
 	}
 	j := &job{ctx: r.Context(), prompt: ids, opts: o, topN: -1, done: make(chan struct{})}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/http"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -15,6 +16,13 @@ import (
 type metrics struct {
 	running, queued   atomic.Int64
 	prompt, generated atomic.Int64
+	preemptions       atomic.Int64
+
+	// Latencies in seconds: time to first token (from the request's arrival
+	// to its first generated token), inter-token latency (between two
+	// tokens of one request) and end-to-end (arrival to the end of a
+	// request that succeeded).
+	ttft, itl, e2e *histogram
 
 	mu       sync.Mutex
 	requests map[[2]string]int64 // endpoint, status -> count
@@ -23,7 +31,55 @@ type metrics struct {
 }
 
 func newMetrics(layers int) *metrics {
-	return &metrics{requests: map[[2]string]int64{}, units: make([]float64, layers), tokens: make([]int64, layers)}
+	return &metrics{requests: map[[2]string]int64{}, units: make([]float64, layers), tokens: make([]int64, layers),
+		ttft: newHistogram(ttftBuckets), itl: newHistogram(itlBuckets), e2e: newHistogram(e2eBuckets)}
+}
+
+// The histograms' bucket bounds in seconds (vLLM's, with finer steps at
+// the short end for small models).
+var (
+	ttftBuckets = []float64{0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80, 160, 640, 2560}
+	itlBuckets  = []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80}
+	e2eBuckets  = []float64{0.01, 0.05, 0.1, 0.3, 0.5, 0.8, 1, 1.5, 2, 2.5, 5, 10, 15, 20, 30, 40, 50, 60, 120, 240, 480, 960, 1920, 7680}
+)
+
+// histogram is a Prometheus histogram: counts of observations per bucket
+// (each bucket holds what is at most its bound and more than the one
+// before), their sum and their number.
+type histogram struct {
+	mu     sync.Mutex
+	bounds []float64
+	counts []int64 // per bucket, and one past the last bound
+	sum    float64
+	n      int64
+}
+
+func newHistogram(bounds []float64) *histogram {
+	return &histogram{bounds: bounds, counts: make([]int64, len(bounds)+1)}
+}
+
+// observe adds one value.
+func (h *histogram) observe(v float64) {
+	i := sort.SearchFloat64s(h.bounds, v) // the first bound >= v
+	h.mu.Lock()
+	h.counts[i]++
+	h.sum += v
+	h.n++
+	h.mu.Unlock()
+}
+
+// write writes the histogram in the text format: cumulative _bucket lines
+// up to le="+Inf", then _sum and _count.
+func (h *histogram) write(b *strings.Builder, name, help string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	fmt.Fprintf(b, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name)
+	var cum int64
+	for i, le := range h.bounds {
+		cum += h.counts[i]
+		fmt.Fprintf(b, "%s_bucket{le=\"%s\"} %d\n", name, strconv.FormatFloat(le, 'g', -1, 64), cum)
+	}
+	fmt.Fprintf(b, "%s_bucket{le=\"+Inf\"} %d\n%s_sum %s\n%s_count %d\n", name, h.n, name, strconv.FormatFloat(h.sum, 'g', -1, 64), name, h.n)
 }
 
 // addStats adds one Forward's MLP statistics.
@@ -117,6 +173,16 @@ func (s *Server) serveMetrics(w http.ResponseWriter, r *http.Request) {
 	gauge("twell_prompt_tokens_total", "Prompt tokens prefilled.", "counter", m.prompt.Load())
 	gauge("twell_generated_tokens_total", "Tokens generated.", "counter", m.generated.Load())
 	gauge("twell_mlp_units", "MLP hidden units per layer (the model's intermediate size).", "gauge", int64(s.e.Config().IntermediateSize))
+	gauge("twell_preemptions_total", "Requests taken out of the batch because the KV pages ran out (they feed their tokens again later).", "counter", m.preemptions.Load())
+	if s.pages != nil {
+		ps := s.pageStats()
+		gauge("twell_kv_pages_used", "KV cache pages held by running requests.", "gauge", int64(ps.InUse))
+		gauge("twell_kv_pages_total", "KV cache pages in the budget (-kv-memory).", "gauge", int64(ps.Total))
+		gauge("twell_kv_page_positions", "Positions (tokens) one KV cache page holds.", "gauge", int64(ps.PageSize))
+	}
+	m.ttft.write(&b, "twell_time_to_first_token_seconds", "Time from a request's arrival to its first generated token.")
+	m.itl.write(&b, "twell_inter_token_latency_seconds", "Time between two generated tokens of a request.")
+	m.e2e.write(&b, "twell_e2e_request_latency_seconds", "Time from a request's arrival to its end, for requests that succeeded.")
 	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
 	w.Write([]byte(b.String()))
 }

@@ -10,6 +10,7 @@ import (
 	"math"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -25,13 +26,26 @@ import (
 	"github.com/twell-ai/twell/tokenizer"
 )
 
-// countingEngine wraps an engine and counts the caches alive.
-// countingEngine counts the live caches of the engine it wraps; ref is a
-// second engine over the same model and options, for reference results.
+// countingEngine counts the live caches of the engine it wraps and records
+// the tokens of each sequence of each Forward call; ref is a second engine
+// over the same model and options, for reference results.
 type countingEngine struct {
 	engine.Engine
 	live atomic.Int64
 	ref  engine.Engine
+
+	mu    sync.Mutex
+	calls [][]int // per Forward call, the number of tokens of each sequence
+}
+
+// KVPages passes the wrapped engine's page pool on.
+func (e *countingEngine) KVPages() engine.PageStats { return e.Engine.(engine.Paged).KVPages() }
+
+// forwardCalls returns the calls recorded so far.
+func (e *countingEngine) forwardCalls() [][]int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return append([][]int(nil), e.calls...)
 }
 
 type countedCache struct {
@@ -55,9 +69,14 @@ func (c *countedCache) Free() error {
 
 func (e *countingEngine) Forward(cs []engine.Cache, toks [][]int, all bool) ([][]float32, *engine.Stats, error) {
 	inner := make([]engine.Cache, len(cs))
+	lens := make([]int, len(cs))
 	for i, c := range cs {
 		inner[i] = c.(*countedCache).Cache
+		lens[i] = len(toks[i])
 	}
+	e.mu.Lock()
+	e.calls = append(e.calls, lens)
+	e.mu.Unlock()
 	return e.Engine.Forward(inner, toks, all)
 }
 
@@ -66,9 +85,23 @@ func (e *countingEngine) Forward(cs []engine.Cache, toks [][]int, all bool) ([][
 // weights are float32 in every pass, so a row's numbers do not depend on
 // the batch.
 func tinyEngine(t *testing.T) (*countingEngine, *tokenizer.Tokenizer) {
+	return tinyPagedEngine(t, 0, 0)
+}
+
+// tinyPagedEngine is tinyEngine with KV pages of pageSize positions (0:
+// the default) and a budget of pages pages (0: none).
+func tinyPagedEngine(t *testing.T, pageSize, pages int) (*countingEngine, *tokenizer.Tokenizer) {
 	t.Helper()
 	m, tok := enginetest.TinyModel(t, 128)
-	e, err := cpullm.New(m, cpullm.Options{MLPPath: mlp.Sparse})
+	o := cpullm.Options{MLPPath: mlp.Sparse, KVPageSize: pageSize}
+	if pages > 0 {
+		ps := pageSize
+		if ps == 0 {
+			ps = cpullm.DefaultPageSize(m.Config)
+		}
+		o.KVMemory = int64(pages) * cpullm.PageBytes(m.Config, ps)
+	}
+	e, err := cpullm.New(m, o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -82,7 +115,13 @@ func tinyEngine(t *testing.T) (*countingEngine, *tokenizer.Tokenizer) {
 // newTestServer starts a server over a tiny engine behind httptest.
 func newTestServer(t *testing.T, o Options) (*Server, *httptest.Server, *countingEngine) {
 	t.Helper()
-	e, tok := tinyEngine(t)
+	return newPagedTestServer(t, o, 0, 0)
+}
+
+// newPagedTestServer is newTestServer over tinyPagedEngine.
+func newPagedTestServer(t *testing.T, o Options, pageSize, pages int) (*Server, *httptest.Server, *countingEngine) {
+	t.Helper()
+	e, tok := tinyPagedEngine(t, pageSize, pages)
 	s, err := New(e, tok, o)
 	if err != nil {
 		t.Fatal(err)
@@ -274,8 +313,21 @@ func TestChat(t *testing.T) {
 // lm-evaluation-harness's local-completions model) returns each prompt
 // token's log-probability, equal to a float64 log-softmax of one direct
 // all-logits pass.
+// With a prefill budget of 3 tokens the prompts are fed in chunks over
+// several steps, in caches of 4-position pages, with the same answers.
 func TestEchoLogprobs(t *testing.T) {
-	s, hs, e := newTestServer(t, DefaultOptions())
+	t.Run("whole", func(t *testing.T) { testEchoLogprobs(t, DefaultOptions(), 0) })
+	o := DefaultOptions()
+	o.PrefillTokens = 3
+	t.Run("chunked", func(t *testing.T) { testEchoLogprobs(t, o, 4) })
+}
+
+func testEchoLogprobs(t *testing.T, o Options, pageSize int) {
+	pages := 0
+	if pageSize > 0 {
+		pages = 64
+	}
+	s, hs, e := newPagedTestServer(t, o, pageSize, pages)
 	prompts := [][]int{{1, 450, 4996, 17354, 1701, 29916, 432, 17204}, {1, 9038, 2501, 263, 931}}
 	for _, maxTokens := range []int{0, 1} {
 		code, out := post(t, hs.URL+"/v1/completions", map[string]any{"prompt": prompts, "echo": true, "logprobs": 1,
@@ -529,8 +581,8 @@ func TestSlowClientCancelled(t *testing.T) {
 }
 
 func TestModelsHealthMetrics(t *testing.T) {
-	s, hs, e := newTestServer(t, DefaultOptions())
-	post(t, hs.URL+"/v1/completions", map[string]any{"prompt": "hi", "max_tokens": 2})
+	s, hs, e := newPagedTestServer(t, DefaultOptions(), 16, 20)
+	post(t, hs.URL+"/v1/completions", map[string]any{"prompt": "hi", "max_tokens": 2, "temperature": 0})
 	post(t, hs.URL+"/v1/completions", map[string]any{"prompt": "hi", "n": 2})
 	get := func(path string) string {
 		resp, err := http.Get(hs.URL + path)
@@ -559,11 +611,20 @@ func TestModelsHealthMetrics(t *testing.T) {
 		`twell_requests_total{endpoint="/v1/completions",status="400"} 1`,
 		"twell_requests_running 0", "twell_requests_queued 0", "twell_generated_tokens_total 2",
 		`twell_mlp_active_units{layer="1"} `,
+		"twell_kv_pages_used 0", "twell_kv_pages_total 20", "twell_kv_page_positions 16", "twell_preemptions_total 0",
+		// one request of two tokens: one first token, one gap between tokens
+		"# TYPE twell_time_to_first_token_seconds histogram", `twell_time_to_first_token_seconds_bucket{le="+Inf"} 1`,
+		"twell_time_to_first_token_seconds_count 1",
+		"# TYPE twell_inter_token_latency_seconds histogram", `twell_inter_token_latency_seconds_bucket{le="+Inf"} 1`,
+		"twell_inter_token_latency_seconds_count 1",
+		"# TYPE twell_e2e_request_latency_seconds histogram", `twell_e2e_request_latency_seconds_bucket{le="+Inf"} 1`,
+		"twell_e2e_request_latency_seconds_count 1",
 	} {
 		if !strings.Contains(m, want) {
 			t.Errorf("metrics lack %q:\n%s", want, m)
 		}
 	}
+	checkHistograms(t, m)
 	if strings.Contains(m, `layer="0"} NaN`) {
 		t.Errorf("layer 0 not measured:\n%s", m)
 	}
@@ -615,5 +676,72 @@ func TestShutdown(t *testing.T) {
 				t.Errorf("a request after shutdown got %d; want 503", c)
 			}
 		})
+	}
+}
+
+// checkHistograms checks every histogram in a /metrics page: bucket bounds
+// rising to +Inf, cumulative counts that never fall, the +Inf count equal
+// to _count, and a non-negative _sum that is positive when _count is.
+func checkHistograms(t *testing.T, page string) {
+	t.Helper()
+	type hist struct {
+		les    []float64
+		counts []int64
+		sum    float64
+		count  int64
+		seen   int
+	}
+	hs := map[string]*hist{}
+	get := func(name string) *hist {
+		if hs[name] == nil {
+			hs[name] = &hist{}
+		}
+		return hs[name]
+	}
+	for _, line := range strings.Split(page, "\n") {
+		if !strings.HasPrefix(line, "# TYPE ") || !strings.HasSuffix(line, " histogram") {
+			continue
+		}
+		get(strings.Fields(line)[2])
+	}
+	if len(hs) != 3 {
+		t.Errorf("%d histograms, want 3 (time to first token, inter-token, end-to-end)", len(hs))
+	}
+	for _, line := range strings.Split(page, "\n") {
+		f := strings.Fields(line)
+		if len(f) != 2 || strings.HasPrefix(line, "#") {
+			continue
+		}
+		for name, h := range hs {
+			switch {
+			case strings.HasPrefix(f[0], name+"_bucket{le=\""):
+				le, err := strconv.ParseFloat(strings.TrimSuffix(strings.TrimPrefix(f[0], name+"_bucket{le=\""), "\"}"), 64)
+				n, err2 := strconv.ParseInt(f[1], 10, 64)
+				if err != nil || err2 != nil {
+					t.Errorf("line %q: %v %v", line, err, err2)
+				}
+				h.les, h.counts = append(h.les, le), append(h.counts, n)
+			case f[0] == name+"_sum":
+				h.sum, _ = strconv.ParseFloat(f[1], 64)
+				h.seen++
+			case f[0] == name+"_count":
+				h.count, _ = strconv.ParseInt(f[1], 10, 64)
+				h.seen++
+			}
+		}
+	}
+	for name, h := range hs {
+		if len(h.les) < 2 || h.seen != 2 || !math.IsInf(h.les[len(h.les)-1], 1) {
+			t.Errorf("%s: %d buckets, last le %v, sum and count lines %d", name, len(h.les), h.les, h.seen)
+			continue
+		}
+		for i := 1; i < len(h.les); i++ {
+			if h.les[i] <= h.les[i-1] || h.counts[i] < h.counts[i-1] {
+				t.Errorf("%s: bucket %d: le %g count %d after le %g count %d", name, i, h.les[i], h.counts[i], h.les[i-1], h.counts[i-1])
+			}
+		}
+		if h.counts[len(h.counts)-1] != h.count || h.sum < 0 || h.count > 0 && h.sum <= 0 {
+			t.Errorf("%s: +Inf bucket %d, count %d, sum %g", name, h.counts[len(h.counts)-1], h.count, h.sum)
+		}
 	}
 }

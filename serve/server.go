@@ -3,11 +3,15 @@
 // /metrics, over one engine driven by a continuous batcher.
 //
 // One goroutine, the batcher, owns the engine. Requests wait in a bounded
-// queue, join the running batch as soon as there is room, and leave it when
+// queue, join the running batch as soon as there is room (a slot and, on an
+// engine with a KV page budget, pages for their prompt), and leave it when
 // they finish, fail or their client goes away; each step of the batcher is
-// one engine.Forward over every running request (a new one's prompt, a
-// running one's last token). Each request has its own KV cache and
-// generate.Sequence, so at temperature 0 its output does not depend on its
+// one engine.Forward over the running requests: a chunk of prompt for those
+// still prefilling, within a per-step prefill token budget, and one token
+// for the others. When the pages run out the newest requests are preempted
+// and later feed their tokens again. Each request has its own KV cache and
+// generate.Sequence, and its prompt is cut into chunks the same way whatever
+// else runs, so at temperature 0 its output does not depend on its
 // neighbours in the batch. See docs/serve.md.
 package serve
 
@@ -39,11 +43,15 @@ type Options struct {
 	// Context is the most positions a request takes (prompt and generated
 	// tokens); 0 means the model's max_position_embeddings.
 	Context int
+	// PrefillTokens is the most prompt tokens one step of the batcher
+	// feeds, beside one token of each running request: longer prompts are
+	// fed in chunks of this many tokens over several steps.
+	PrefillTokens int
 }
 
 // DefaultOptions are the flags' defaults.
 func DefaultOptions() Options {
-	return Options{ModelName: "twell", MaxConcurrent: 8, MaxQueue: 64, MaxTokens: 1024, MaxBody: 4 << 20}
+	return Options{ModelName: "twell", MaxConcurrent: 8, MaxQueue: 64, MaxTokens: 1024, MaxBody: 4 << 20, PrefillTokens: 512}
 }
 
 // Validate reports the first option out of its range:
@@ -53,6 +61,7 @@ func DefaultOptions() Options {
 //	MaxTokens      1..1000000
 //	MaxBody        1 KiB..1 GiB
 //	Context        >= 0 (0: the model's)
+//	PrefillTokens  1..1048576
 func (o Options) Validate() error {
 	switch {
 	case o.MaxConcurrent < 1 || o.MaxConcurrent > 4096:
@@ -65,6 +74,8 @@ func (o Options) Validate() error {
 		return fmt.Errorf("-max-body %d: must be in 1024..1073741824 bytes", o.MaxBody)
 	case o.Context < 0:
 		return fmt.Errorf("context %d: must be >= 0", o.Context)
+	case o.PrefillTokens < 1 || o.PrefillTokens > 1<<20:
+		return fmt.Errorf("-prefill-tokens %d: must be in 1..1048576", o.PrefillTokens)
 	}
 	return nil
 }
@@ -73,6 +84,7 @@ func (o Options) Validate() error {
 // Handler, and end it with Shutdown.
 type Server struct {
 	e     engine.Engine
+	pages engine.Paged // e, when its caches take pages from a budget; else nil
 	tok   *tokenizer.Tokenizer
 	o     Options
 	eos   []int
@@ -110,6 +122,9 @@ func New(e engine.Engine, tok *tokenizer.Tokenizer, o Options) (*Server, error) 
 		created: time.Now().Unix()}
 	if id, ok := tok.EOS(); ok {
 		s.eos = append(s.eos, id)
+	}
+	if p, ok := e.(engine.Paged); ok && p.KVPages().Total > 0 {
+		s.pages = p
 	}
 	go s.loop()
 	return s, nil

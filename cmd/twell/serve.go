@@ -5,17 +5,22 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
 	"github.com/twell-ai/twell/backend"
+	"github.com/twell-ai/twell/engine"
 	"github.com/twell-ai/twell/internal/memcheck"
 	"github.com/twell-ai/twell/mlp"
+	"github.com/twell-ai/twell/model"
 	"github.com/twell-ai/twell/serve"
 )
 
@@ -39,6 +44,9 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	maxBody := fs.Int64("max-body", d.MaxBody, "largest request body in bytes, 1024..1073741824")
 	ctxLen := fs.Int("context", 0, "most positions per request, prompt and generated (0: the model's max_position_embeddings)")
 	grace := fs.Duration("shutdown-timeout", 30*time.Second, "on SIGINT/SIGTERM, how long running requests may finish before they are cancelled")
+	prefill := fs.Int("prefill-tokens", d.PrefillTokens, "most prompt tokens fed per batcher step beside the running requests' tokens, 1..1048576; longer prompts go in chunks")
+	kvMem := fs.String("kv-memory", "", "CPU: KV cache budget, e.g. 2GiB or 512MB (default: what -max-concurrent full-context requests take); requests are admitted by the pages free")
+	kvPage := fs.Int("kv-page-size", 0, "CPU: positions per KV cache page (0: 16, or more where a page would not fill the OS's memory pages)")
 	decodeBF16 := fs.Bool("decode-bf16", false, "CPU passes of <= 16 tokens read bf16 weight copies (faster, but a greedy result may then depend on the batch)")
 	path := mlp.Auto
 	fs.Var(&path, "mlp", "MLP path: auto, sparse or dense (auto picks per pass by density, so a greedy result may depend on the batch)")
@@ -58,7 +66,14 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	if *grace < 0 {
 		return usagef("-shutdown-timeout %v: must be >= 0", *grace)
 	}
-	o := serve.Options{ModelName: *name, MaxConcurrent: *maxConc, MaxQueue: *maxQueue, MaxTokens: *maxTokens, MaxBody: *maxBody, Context: *ctxLen}
+	budget, err := parseBytes(*kvMem)
+	if err != nil {
+		return usagef("-kv-memory: %v", err)
+	}
+	if *kvPage < 0 || *kvPage > 1<<16 {
+		return usagef("-kv-page-size %d: must be in 0..65536", *kvPage)
+	}
+	o := serve.Options{ModelName: *name, MaxConcurrent: *maxConc, MaxQueue: *maxQueue, MaxTokens: *maxTokens, MaxBody: *maxBody, Context: *ctxLen, PrefillTokens: *prefill}
 	if o.ModelName == "" {
 		o.ModelName = filepath.Base(filepath.Clean(*dir))
 	}
@@ -77,13 +92,15 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	if note != "" {
 		fmt.Fprintln(stderr, "serve: "+note)
 	}
+	bo := backend.Options{MLPPath: path, DecodeBF16: *decodeBF16}
 	if kind == backend.CPU {
-		kv := float64(o.MaxConcurrent) * float64(o.Context) * float64(c.NumHiddenLayers) * float64(c.NumKeyValueHeads*c.HeadDim) * 8
-		if err := memcheck.Fits(fmt.Sprintf("the KV caches of %d full-context requests (%d positions)", o.MaxConcurrent, o.Context), kv, "lower -max-concurrent or -context"); err != nil {
+		if bo.KVPageSize, bo.KVMemory, err = kvBudget(c, o, *kvPage, budget, stderr); err != nil {
 			return err
 		}
+	} else if budget > 0 || *kvPage > 0 {
+		fmt.Fprintln(stderr, "serve: -kv-memory and -kv-page-size apply to the CPU engine only; the GPU engine allocates each request's cache whole")
 	}
-	e, err := backend.Open(kind, m, backend.Options{MLPPath: path, DecodeBF16: *decodeBF16})
+	e, err := backend.Open(kind, m, bo)
 	if err != nil {
 		return err
 	}
@@ -100,8 +117,8 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second}
 	served := make(chan error, 1)
 	go func() { served <- hs.Serve(ln) }()
-	fmt.Fprintf(stderr, "serve: listening on http://%s (model %q on %s, %d positions, %d concurrent, %d queued)\n",
-		ln.Addr(), o.ModelName, kind, o.Context, o.MaxConcurrent, o.MaxQueue)
+	fmt.Fprintf(stderr, "serve: listening on http://%s (model %q on %s, %d positions, %d concurrent, %d queued, %d prefill tokens per step%s)\n",
+		ln.Addr(), o.ModelName, kind, o.Context, o.MaxConcurrent, o.MaxQueue, o.PrefillTokens, kvNote(e))
 
 	sig, stopSignals := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stopSignals()
@@ -133,6 +150,78 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	}
 	fmt.Fprintln(stderr, "serve: stopped")
 	return nil
+}
+
+// kvBudget returns the CPU engine's KV page size and budget in bytes for
+// the server's options: the budget given (-kv-memory), or by default what
+// MaxConcurrent full-context requests take, checked against the memory
+// available. A budget smaller than one full-context request is allowed
+// (longer requests are refused) and noted.
+func kvBudget(c model.Config, o serve.Options, pageSize int, budget int64, stderr io.Writer) (int, int64, error) {
+	pageSize, pageBytes := backend.KVPage(c, pageSize)
+	perRequest := int64((o.Context+pageSize-1)/pageSize) * pageBytes
+	what := fmt.Sprintf("the KV cache budget (-kv-memory %s)", memcheck.Format(float64(budget)))
+	hint := "set a smaller -kv-memory"
+	if budget == 0 {
+		if float64(o.MaxConcurrent)*float64(perRequest) > math.MaxInt64/2 {
+			return 0, 0, fmt.Errorf("the KV caches of %d full-context requests (%d positions) would take %s: set -kv-memory",
+				o.MaxConcurrent, o.Context, memcheck.Format(float64(o.MaxConcurrent)*float64(perRequest)))
+		}
+		budget = int64(o.MaxConcurrent) * perRequest
+		what = fmt.Sprintf("the KV caches of %d full-context requests (%d positions)", o.MaxConcurrent, o.Context)
+		hint = "lower -max-concurrent or -context, or set a smaller -kv-memory (requests are then admitted by the pages free)"
+	}
+	if budget < pageBytes {
+		return 0, 0, usagef("-kv-memory %s: less than one page of %d positions (%s)", memcheck.Format(float64(budget)), pageSize, memcheck.Format(float64(pageBytes)))
+	}
+	if err := memcheck.Fits(what, float64(budget), hint); err != nil {
+		return 0, 0, err
+	}
+	if budget < perRequest {
+		fmt.Fprintf(stderr, "serve: the KV budget holds %d positions, fewer than the context (%d): requests that could reach more are refused\n",
+			budget/pageBytes*int64(pageSize), o.Context)
+	}
+	return pageSize, budget, nil
+}
+
+// kvNote describes e's KV page pool for the log line, if it has one.
+func kvNote(e engine.Engine) string {
+	p, ok := e.(engine.Paged)
+	if !ok {
+		return ""
+	}
+	ps := p.KVPages()
+	if ps.Total == 0 {
+		return ""
+	}
+	return fmt.Sprintf(", KV cache %d pages of %d positions (%s)", ps.Total, ps.PageSize, memcheck.Format(float64(ps.Total)*float64(ps.PageBytes)))
+}
+
+// parseBytes reads a size: a number of bytes, or a number with a unit,
+// KB, MB, GB, TB (powers of 1000) or KiB, MiB, GiB, TiB (powers of 1024).
+// The empty string is 0.
+func parseBytes(s string) (int64, error) {
+	s = strings.TrimSpace(s)
+	if s == "" {
+		return 0, nil
+	}
+	units := []struct {
+		suffix string
+		mult   float64
+	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"TiB", 1 << 40}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12}, {"B", 1}}
+	mult := 1.0
+	num := s
+	for _, u := range units {
+		if n, ok := strings.CutSuffix(s, u.suffix); ok {
+			num, mult = strings.TrimSpace(n), u.mult
+			break
+		}
+	}
+	v, err := strconv.ParseFloat(num, 64)
+	if err != nil || math.IsNaN(v) || v < 0 || v*mult >= 1<<62 {
+		return 0, fmt.Errorf("%q: want a size such as 512MiB, 2GiB or 1500000000", s)
+	}
+	return int64(v * mult), nil
 }
 
 func closed() chan struct{} {

@@ -21,7 +21,8 @@ func TestServeRunsAndStops(t *testing.T) {
 	pr, pw := io.Pipe()
 	code := make(chan int, 1)
 	go func() {
-		code <- run([]string{"serve", "-model", dir, "-device", "cpu", "-addr", "127.0.0.1:0", "-max-concurrent", "2"}, io.Discard, pw)
+		code <- run([]string{"serve", "-model", dir, "-device", "cpu", "-addr", "127.0.0.1:0", "-max-concurrent", "2",
+			"-kv-memory", "64KiB", "-kv-page-size", "8", "-prefill-tokens", "3"}, io.Discard, pw)
 		pw.Close()
 	}()
 	sc := bufio.NewScanner(pr)
@@ -35,6 +36,9 @@ func TestServeRunsAndStops(t *testing.T) {
 	}
 	if url == "" {
 		t.Fatalf("no listening line; exit %d", <-code)
+	}
+	if want := "KV cache 32 pages of 8 positions (64 KiB)"; !strings.Contains(sc.Text(), want) {
+		t.Errorf("listening line %q lacks %q", sc.Text(), want)
 	}
 	var logs strings.Builder
 	logsDone := make(chan struct{})
@@ -88,12 +92,31 @@ func TestServeBadFlags(t *testing.T) {
 		{[]string{"serve", "-model", ".", "-device", "tpu"}, 2, "tpu"},
 		{[]string{"serve", "-model", ".", "-mlp", "fast"}, 2, "fast"},
 		{[]string{"serve", "-model", "/nonexistent"}, 1, "nonexistent"},
+		{[]string{"serve", "-model", ".", "-prefill-tokens", "0"}, 2, "-prefill-tokens 0"},
+		{[]string{"serve", "-model", ".", "-kv-memory", "lots"}, 2, "-kv-memory: \"lots\""},
+		{[]string{"serve", "-model", ".", "-kv-memory", "-3GiB"}, 2, "-kv-memory"},
+		{[]string{"serve", "-model", ".", "-kv-page-size", "-1"}, 2, "-kv-page-size -1"},
+		{[]string{"serve", "-model", tinyCheckpoint(t), "-device", "cpu", "-kv-memory", "100B"}, 2, "less than one page"},
+		{[]string{"serve", "-model", tinyCheckpoint(t), "-device", "cpu", "-kv-memory", "1TB"}, 1, "-kv-memory"},
 	}
 	for _, c := range cases {
 		var out, errb bytes.Buffer
 		code := run(c.args, &out, &errb)
 		if code != c.code || !strings.Contains(errb.String(), c.want) {
 			t.Errorf("%v: exit %d, stderr %q; want exit %d mentioning %q", c.args, code, errb.String(), c.code, c.want)
+		}
+	}
+}
+
+func TestParseBytes(t *testing.T) {
+	for in, want := range map[string]int64{"": 0, "0": 0, "1500": 1500, "2KiB": 2048, "1.5 MiB": 3 << 19, "2GB": 2e9, "3TiB": 3 << 40, "7B": 7} {
+		if got, err := parseBytes(in); err != nil || got != want {
+			t.Errorf("parseBytes(%q) = %d, %v; want %d", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"x", "-1", "1QB", "NaN", "1e30", "GiB"} {
+		if got, err := parseBytes(in); err == nil {
+			t.Errorf("parseBytes(%q) = %d; want an error", in, got)
 		}
 	}
 }
