@@ -1,0 +1,112 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/twell-ai/twell/bench"
+)
+
+// TestBenchServeInProcess runs bench serve on the tiny random model in
+// this process with a few requests, and checks the report: every request
+// done, the tokens asked, throughputs and latency summaries that are
+// positive and ordered, the JSON and the PNG written.
+func TestBenchServeInProcess(t *testing.T) {
+	dir := t.TempDir()
+	jsonPath, plotPath := filepath.Join(dir, "serve.json"), filepath.Join(dir, "serve.png")
+	const n, maxTokens = 5, 6
+	var out, errb bytes.Buffer
+	code := run([]string{"bench", "serve", "-device", "cpu", "-requests", "5", "-max-tokens", "6", "-ignore-eos", "-concurrency", "3",
+		"-prompt-words", "12", "-max-concurrent", "2", "-prefill-tokens", "16", "-kv-memory", "256KiB", "-json", jsonPath, "-plot", plotPath},
+		&out, &errb)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	for _, want := range []string{"request throughput:", "output throughput:", "time to first token", "inter-token latency", "time per output token"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("report lacks %q:\n%s", want, out.String())
+		}
+	}
+	b, err := os.ReadFile(jsonPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r bench.ServeResult
+	if err := json.Unmarshal(b, &r); err != nil {
+		t.Fatal(err)
+	}
+	switch {
+	case r.Schema != bench.ServeSchema || r.Device != "cpu" || !strings.Contains(r.Server, "tiny-random") || !strings.Contains(r.Server, "KV cache"):
+		t.Errorf("header %+v", r.Row)
+	case r.Requests != n || r.Completed != n || r.Failed != 0 || len(r.PerRequest) != n || r.Concurrency != 3:
+		t.Errorf("%d requests, %d done, %d failed, %d rows", r.Requests, r.Completed, r.Failed, len(r.PerRequest))
+	case r.OutputTokens != n*maxTokens || r.InputTokens < n*12:
+		t.Errorf("%d output tokens (want %d), %d input tokens (want at least a token a word)", r.OutputTokens, n*maxTokens, r.InputTokens)
+	case !(r.DurationS > 0 && r.RequestsPerS > 0 && r.OutputTokPerS > 0 && r.TotalTokPerS > r.OutputTokPerS):
+		t.Errorf("duration %g s, %g requests/s, %g tokens/s, %g total tokens/s", r.DurationS, r.RequestsPerS, r.OutputTokPerS, r.TotalTokPerS)
+	case r.TTFT.N != n || r.TPOT.N != n || r.E2E.N != n || r.ITL.N < 1 || r.Preemptions < 0:
+		t.Errorf("samples: TTFT %d, TPOT %d, E2E %d, ITL %d; preemptions %d", r.TTFT.N, r.TPOT.N, r.E2E.N, r.ITL.N, r.Preemptions)
+	}
+	for name, d := range map[string]bench.Dist{"ttft": r.TTFT, "tpot": r.TPOT, "itl": r.ITL, "e2e": r.E2E} {
+		if !(d.Mean > 0 && d.Median > 0 && d.Median <= d.P90 && d.P90 <= d.P99 && d.P99 <= d.Max) {
+			t.Errorf("%s: %+v", name, d)
+		}
+	}
+	if r.TTFT.Max > r.E2E.Max || r.TTFT.Median > r.E2E.Median {
+		t.Errorf("time to first token %+v past end-to-end %+v", r.TTFT, r.E2E)
+	}
+	for i, q := range r.PerRequest {
+		if q.Error != "" || q.OutputTokens != maxTokens || q.TTFTMS > q.E2EMS || q.StartS < 0 {
+			t.Errorf("request %d: %+v", i, q)
+		}
+	}
+	if st, err := os.Stat(plotPath); err != nil || st.Size() < 1000 {
+		t.Errorf("plot: %v", err)
+	}
+}
+
+func TestBenchServeBadFlags(t *testing.T) {
+	txt := filepath.Join(t.TempDir(), "empty")
+	if err := os.Mkdir(txt, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{"-requests", "0"}, 2, "-requests 0"},
+		{[]string{"-rate", "-1"}, 2, "-rate -1"},
+		{[]string{"-concurrency", "-1"}, 2, "-concurrency -1"},
+		{[]string{"-max-tokens", "0"}, 2, "-max-tokens 0"},
+		{[]string{"-prompt-words", "0"}, 2, "-prompt-words 0"},
+		{[]string{"-url", "localhost"}, 2, "-url"},
+		{[]string{"-url", "http://127.0.0.1:1", "-model", "x"}, 2, "-model sets up the in-process server"},
+		{[]string{"-prompts", "/nonexistent"}, 1, "nonexistent"},
+		{[]string{"-prompts", txt}, 1, "no .txt file"},
+		{[]string{"-max-concurrent", "0"}, 2, "-max-concurrent 0"},
+		{[]string{"-prefill-tokens", "0"}, 2, "-prefill-tokens 0"},
+		{[]string{"-kv-memory", "much"}, 2, "-kv-memory"},
+		{[]string{"-device", "tpu"}, 2, "tpu"},
+		{[]string{"-model", "/nonexistent"}, 1, "nonexistent"},
+		{[]string{"-json", "/nonexistent/x.json"}, 1, "does not exist"},
+		{[]string{"-url", "http://127.0.0.1:1", "-requests", "2"}, 1, "all 2 requests failed"},
+	}
+	for _, c := range cases {
+		var out, errb bytes.Buffer
+		code := run(append([]string{"bench", "serve"}, c.args...), &out, &errb)
+		if code != c.code || !strings.Contains(errb.String(), c.want) || strings.Count(strings.TrimSpace(lastLine(errb.String())), "\n") != 0 {
+			t.Errorf("%v: exit %d, stderr %q; want exit %d mentioning %q", c.args, code, errb.String(), c.code, c.want)
+		}
+	}
+}
+
+// lastLine returns the last line of s.
+func lastLine(s string) string {
+	s = strings.TrimRight(s, "\n")
+	return s[strings.LastIndexByte(s, '\n')+1:]
+}
