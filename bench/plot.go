@@ -357,10 +357,11 @@ func prevStep(step float64) float64 {
 }
 
 // logTicks labels a logarithmic axis at the marked values (the data's own:
-// batch sizes, densities) and at 1, 2 and 5 times the powers of ten, or at
-// every digit when that gives fewer than three labels; labels closer than a
-// factor 1.3 to a marked value are dropped. Minor ticks mark the other
-// digits.
+// batch sizes, densities) and at 1, 2 and 5 times the powers of ten (only
+// the powers of ten over more than three decades, where 2 and 5 would
+// crowd), or at every digit when that gives fewer than three labels; labels
+// closer than a factor 1.3 to a marked value are dropped. Minor ticks mark
+// the other digits.
 type logTicks struct {
 	marked []float64
 }
@@ -398,6 +399,11 @@ func (t logTicks) Ticks(lo, hi float64) []plot.Tick {
 		return labelled, minor
 	}
 	labelled, minor := digits([]int{1, 2, 5})
+	if hi/lo > 1e3 {
+		if l, m := digits([]int{1}); len(l) >= 3 {
+			labelled, minor = l, m
+		}
+	}
 	if len(labelled) < 3 {
 		labelled, minor = digits([]int{1, 2, 3, 4, 5, 6, 7, 8, 9})
 	}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strings"
 
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
@@ -120,9 +121,9 @@ func PlotServe(res *ServeResult, path string) error {
 		fmt.Sprintf("twell bench serve: %d requests, %s, %s, max_tokens %d", res.Requests, rate, conc, res.MaxTokens),
 		fmt.Sprintf("%d done in %.2f s: %.2f requests/s, %.1f output tokens/s; TTFT median %.1f ms, ITL median %.2f ms",
 			res.Completed, res.DurationS, res.RequestsPerS, res.OutputTokPerS, res.TTFT.Median, res.ITL.Median),
-		res.Server,
-		res.Machine + ", " + res.Date,
 	}
+	header = append(header, wrap(res.Server, 130)...)
+	header = append(header, res.Machine+", "+res.Date)
 	return render(path, 12*vg.Inch, 5.5*vg.Inch, header, []*plot.Plot{lat, dist}, &leg, notes)
 }
 
@@ -155,4 +156,22 @@ func cdf(name string, vs []float64, n *notes) plotter.XYs {
 		pts = append(pts, plotter.XY{X: ok[last], Y: 1})
 	}
 	return pts
+}
+
+// wrap cuts s into lines of at most width bytes at ", " (a longer part
+// stays whole).
+func wrap(s string, width int) []string {
+	var lines []string
+	line := ""
+	for _, part := range strings.SplitAfter(s, ", ") {
+		if line != "" && len(line)+len(part) > width {
+			lines = append(lines, strings.TrimSuffix(line, " "))
+			line = ""
+		}
+		line += part
+	}
+	if line != "" {
+		lines = append(lines, line)
+	}
+	return lines
 }
