@@ -70,8 +70,8 @@ func (o ServeOptions) Validate() error {
 		return fmt.Errorf("-url %q: want http://host:port", o.URL)
 	case o.Requests < 1 || o.Requests > 1000000:
 		return fmt.Errorf("-requests %d: must be in 1..1000000", o.Requests)
-	case !(o.Rate >= 0) || math.IsInf(o.Rate, 0):
-		return fmt.Errorf("-rate %g: must be a finite number >= 0 (0: all at once)", o.Rate)
+	case !(o.Rate == 0 || o.Rate >= 0.001) || math.IsInf(o.Rate, 0):
+		return fmt.Errorf("-rate %g: must be 0 (all at once) or a finite number of requests per second >= 0.001", o.Rate)
 	case o.Concurrency < 0:
 		return fmt.Errorf("-concurrency %d: must be >= 0 (0: no limit)", o.Concurrency)
 	case o.MaxTokens < 1 || o.MaxTokens > 1000000:
@@ -91,7 +91,8 @@ func (o ServeOptions) Validate() error {
 	return nil
 }
 
-// Dist summarises a set of latencies in milliseconds.
+// Dist summarises a set of latencies in milliseconds: the number of
+// samples, their mean, median, 90th and 99th percentiles and maximum.
 type Dist struct {
 	N      int     `json:"n"`
 	Mean   float64 `json:"mean_ms"`

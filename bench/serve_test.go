@@ -169,6 +169,7 @@ func TestServeOptionsChecked(t *testing.T) {
 		{func(o *ServeOptions) { o.Requests = 0 }, "-requests 0"},
 		{func(o *ServeOptions) { o.Rate = math.NaN() }, "-rate"},
 		{func(o *ServeOptions) { o.Rate = math.Inf(1) }, "-rate"},
+		{func(o *ServeOptions) { o.Rate = 1e-9 }, "-rate"},
 		{func(o *ServeOptions) { o.Concurrency = -2 }, "-concurrency -2"},
 		{func(o *ServeOptions) { o.MaxTokens = 0 }, "-max-tokens 0"},
 		{func(o *ServeOptions) { o.Temperature = -1 }, "-temperature"},

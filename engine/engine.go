@@ -9,7 +9,9 @@
 // logits. The batch may differ from call to call, which is all continuous
 // batching needs: a server keeps one Cache per live request and passes the
 // caches of whichever requests are running (a prefill of new prompts beside
-// one decode token of the others) to each call.
+// one decode token of the others) to each call. An engine whose caches take
+// memory in pages as they fill also implements Paged, so that the server
+// can admit requests by the pages free.
 package engine
 
 import (

@@ -99,6 +99,9 @@ func New(m *model.Model, o Options) (*Engine, error) {
 	if pool.size == 0 {
 		pool.size = DefaultPageSize(c)
 	}
+	if bytes := float64(pool.size) * float64(c.NumKeyValueHeads*c.HeadDim) * 8 * float64(c.NumHiddenLayers); bytes > 1<<50 {
+		return nil, fmt.Errorf("cpu/llm: a KV page of %d positions would take %s", pool.size, memcheck.Format(bytes))
+	}
 	pool.bytes = PageBytes(c, pool.size)
 	if o.KVMemory > 0 {
 		if pool.total = int(min(o.KVMemory/pool.bytes, math.MaxInt32)); pool.total < 1 {

@@ -158,13 +158,13 @@ func TestPagesOutOfBudget(t *testing.T) {
 	}
 }
 
-// TestKVOptionsChecked: a negative page size or budget, and a budget under
-// one page, are refused.
+// TestKVOptionsChecked: a negative page size or budget, a budget under one
+// page and a page past any memory are refused.
 func TestKVOptionsChecked(t *testing.T) {
 	r, _ := testutil.Rand(t)
 	c := tinyConfig()
 	m := tinyModel(t, r, c, 0.02)
-	for _, o := range []llm.Options{{KVPageSize: -1}, {KVMemory: -5}, {KVPageSize: 16, KVMemory: llm.PageBytes(c, 16) - 1}} {
+	for _, o := range []llm.Options{{KVPageSize: -1}, {KVMemory: -5}, {KVPageSize: 16, KVMemory: llm.PageBytes(c, 16) - 1}, {KVPageSize: 1 << 45}} {
 		if _, err := llm.New(m, o); err == nil {
 			t.Errorf("options %+v: no error", o)
 		}
