@@ -117,16 +117,15 @@ func readJSON(path string, v any) error {
 	return nil
 }
 
-// heldOutCE is the token-weighted cross-entropy over the eval report's
-// perplexity sources.
+// heldOutCE is the cross-entropy and bits per byte of the eval report's
+// pooled perplexity row ("all", the last).
 func (r *run) heldOutCE() (ce, bpb float64) {
-	var nats, toks, bytes float64
-	for _, p := range r.eval.Perplexity {
-		nats += p.Nats
-		toks += float64(p.Tokens)
-		bytes += float64(p.Bytes)
+	ps := r.eval.Perplexity
+	if len(ps) == 0 {
+		return math.NaN(), math.NaN()
 	}
-	return nats / toks, nats / math.Ln2 / bytes
+	p := ps[len(ps)-1]
+	return p.CE, p.BitsPerByte
 }
 
 // active returns the per-layer fraction of active MLP units on held-out
