@@ -20,6 +20,10 @@ type FFNOptions struct {
 	Seed      uint64
 	// RefRows is how many tokens are checked against the float64 reference.
 	RefRows int
+	// DumpDir, when set, is an existing folder that receives the run's
+	// inputs as safetensors files (see FFNInputsSchema), so that another
+	// implementation can be timed on exactly the same numbers.
+	DumpDir string
 }
 
 // Validate reports the first bad option, naming it.
@@ -112,6 +116,14 @@ func FFNCPU(o FFNOptions, progress func(string)) ([]FFNResult, error) {
 	// is timed on data left in cache by the previous call.
 	xs := [][]float32{synth.Tokens(r, o.M, o.D), synth.Tokens(r, o.M, o.D)}
 	refRows := synth.SampleRows(r, o.M, o.RefRows)
+	if err := o.checkDumpDir(); err != nil {
+		return nil, err
+	}
+	if o.DumpDir != "" {
+		if err := dumpFFNInputs(o, xs[0], refRows); err != nil {
+			return nil, err
+		}
+	}
 	var out []FFNResult
 	for _, density := range o.Densities {
 		if progress != nil {
@@ -127,6 +139,11 @@ func FFNCPU(o FFNOptions, progress func(string)) ([]FFNResult, error) {
 			// float64 reference below sees the same weights.
 			for _, w := range [][]float32{sl.Gate, sl.Up, sl.Down} {
 				roundBF16(w)
+			}
+		}
+		if o.DumpDir != "" {
+			if err := dumpFFNLayer(o, density, sl); err != nil {
+				return nil, err
 			}
 		}
 		l, err := cpu.NewMLP(sl.Gate, sl.Up, sl.Down, o.D, o.F)

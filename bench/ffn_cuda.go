@@ -31,6 +31,9 @@ func FFNCUDA(o FFNOptions, progress func(string)) ([]FFNResult, error) {
 	if o.RefRows == 0 {
 		o.RefRows = 16
 	}
+	if err := o.checkDumpDir(); err != nil {
+		return nil, err
+	}
 	kernOpts, err := gpu.OptionsFromEnv()
 	if err != nil {
 		return nil, err
@@ -91,6 +94,12 @@ func FFNCUDA(o FFNOptions, progress func(string)) ([]FFNResult, error) {
 	}
 	defer timer.Destroy()
 	refRows := synth.SampleRows(r, o.M, o.RefRows)
+	if o.DumpDir != "" {
+		say("writing the inputs to %s", o.DumpDir)
+		if err := dumpFFNInputs(o, x0, refRows); err != nil {
+			return nil, err
+		}
+	}
 
 	// timeMS returns, for each of runs, the median event-timed milliseconds
 	// over o.Reps repetitions after 3 warm-up calls, rotating the input
@@ -193,6 +202,11 @@ func FFNCUDA(o FFNOptions, progress func(string)) ([]FFNResult, error) {
 		// reference computes the same model the kernels hold.
 		for _, w := range [][]float32{sl.Gate, sl.Up, sl.Down} {
 			roundBF16(w)
+		}
+		if o.DumpDir != "" {
+			if err := dumpFFNLayer(o, density, sl); err != nil {
+				return nil, err
+			}
 		}
 		l, err := gpu.NewMLP(dev, blas, sl.Gate, sl.Up, sl.Down, o.D, o.F, o.Layout)
 		if err != nil {

@@ -35,6 +35,7 @@ func runBenchFFN(args []string, stdout, stderr io.Writer) error {
 	seed := fs.Uint64("seed", 0, "random seed (0: a fresh one, printed)")
 	jsonPath := fs.String("json", "", "write the results as JSON to this file")
 	plotPath := fs.String("plot", "", "write a speedup-vs-density plot to this PNG file")
+	dumpDir := fs.String("dump-inputs", "", "write the inputs (batch 0, reference rows, each density's bf16 weights) as safetensors files into this folder, created if needed")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -76,6 +77,12 @@ func runBenchFFN(args []string, stdout, stderr io.Writer) error {
 	}
 	if err := checkWritable(*jsonPath, *plotPath); err != nil {
 		return err
+	}
+	if *dumpDir != "" {
+		if err := os.MkdirAll(*dumpDir, 0o755); err != nil {
+			return fmt.Errorf("-dump-inputs: %w", err)
+		}
+		o.DumpDir = *dumpDir
 	}
 	fmt.Fprintf(stderr, "bench ffn: %s, d=%d f=%d m=%d %s gated=%v C=%d seed=%d\n", bench.CPUName(), o.D, o.F, o.M, dst, o.Gated, o.Layout.C, o.Seed)
 	results, err := run(o, func(s string) { fmt.Fprintln(stderr, "  "+s) })

@@ -96,3 +96,20 @@ func TestBenchFFNRefusesWhatCannotFit(t *testing.T) {
 		t.Errorf("exit %d, stderr %q; want exit 1 naming the memory needed and available", code, msg)
 	}
 }
+
+// TestBenchFFNDumpInputs: -dump-inputs creates the folder and writes the
+// batch and one layer file per density.
+func TestBenchFFNDumpInputs(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "inputs")
+	var out, errb bytes.Buffer
+	code := run([]string{"bench", "ffn", "-device", "cpu", "-d", "32", "-f", "256", "-m", "8", "-reps", "1",
+		"-density", "0.05,0.1", "-seed", "3", "-dump-inputs", dir}, &out, &errb)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	for _, name := range []string{"x.safetensors", "layer-0.05.safetensors", "layer-0.1.safetensors"} {
+		if st, err := os.Stat(filepath.Join(dir, name)); err != nil || st.Size() == 0 {
+			t.Errorf("%s not written: %v", name, err)
+		}
+	}
+}
