@@ -246,6 +246,7 @@ func ModelCPU(o ModelOptions, progress func(string)) ([]ModelResult, error) {
 		var logits [][]float32
 		var stats *engine.Stats
 		var allocated uint64
+		var used []engine.Cache // freed after the timing (the CPU engine's hold memory until freed)
 		ms, err := timeMS(o.Reps, func(int) error {
 			caches := make([]engine.Cache, o.Batch)
 			for i := range caches {
@@ -253,6 +254,7 @@ func ModelCPU(o ModelOptions, progress func(string)) ([]ModelResult, error) {
 				if caches[i], err = e.NewCache(o.PromptLen); err != nil {
 					return err
 				}
+				used = append(used, caches[i])
 			}
 			var before, after runtime.MemStats
 			runtime.ReadMemStats(&before)
@@ -262,6 +264,7 @@ func ModelCPU(o ModelOptions, progress func(string)) ([]ModelResult, error) {
 			allocated = after.TotalAlloc - before.TotalAlloc
 			return err
 		})
+		freeCaches(used)
 		if err != nil {
 			return nil, err
 		}
@@ -327,9 +330,19 @@ func decodeSpeed(e engine.Engine, r *rand.Rand, batch, ctx, steps, reps int) (De
 		if rep >= 0 {
 			times = append(times, float64(time.Since(t0).Microseconds())/1000)
 		}
+		freeCaches(caches)
 	}
 	med := Median(times)
 	return DecodePoint{Batch: batch, Context: ctx, TokensPerSec: float64(batch*steps) / med * 1000, MSPerStep: med / float64(steps)}, nil
+}
+
+// freeCaches frees the caches that are not nil.
+func freeCaches(cs []engine.Cache) {
+	for _, c := range cs {
+		if c != nil {
+			c.Free()
+		}
+	}
 }
 
 func maxAbsDiff(a, b [][]float32) float64 {

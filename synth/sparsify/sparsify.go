@@ -91,6 +91,13 @@ func Gates(m *model.Model, density float64, dist synth.Dist, r *rand.Rand) error
 	}
 	const seqs, seqLen = 4, 64
 	caches := make([]engine.Cache, seqs)
+	defer func() { // the CPU engine's caches hold memory until freed
+		for _, c := range caches {
+			if c != nil {
+				c.Free()
+			}
+		}
+	}()
 	toks := make([][]int, seqs)
 	for i := range toks {
 		if caches[i], err = e.NewCache(seqLen); err != nil {
