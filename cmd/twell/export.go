@@ -55,6 +55,9 @@ func runExport(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer os.RemoveAll(tmp)
+	if err := os.Chmod(tmp, 0o755); err != nil { // MkdirTemp makes it private
+		return err
+	}
 	c := m.Config
 	c.TorchDType = torch
 	if err := model.Save(tmp, c, m.Weights, dt); err != nil {
