@@ -104,6 +104,10 @@ type ItemScore struct {
 	// LogLik is, per choice, the summed log-probability of its
 	// continuation tokens given the context, in nats.
 	LogLik []float64 `json:"loglik"`
+	// TokenLogProbs is, per choice, the log-probability of each of its
+	// continuation tokens in order; LogLik[j] is the sum of
+	// TokenLogProbs[j], added in that order.
+	TokenLogProbs [][]float64 `json:"token_logprobs"`
 	// Pred is the argmax of LogLik, PredNorm the argmax of LogLik divided
 	// by the choice's length in characters (the first of ties).
 	Pred     int `json:"pred"`
@@ -144,7 +148,10 @@ func (ev *Evaluator) Score(name string, items []Encoded) (TaskResult, []ItemScor
 				return res, nil, fmt.Errorf("eval: %s line %d: choice %d: %d continuation tokens after %d of context do not fit the window of %d", name, it.Line, j, len(c), len(it.Context), ev.o.Context)
 			}
 		}
-		scores[i] = ItemScore{Line: it.Line, Gold: it.Gold, LogLik: make([]float64, len(it.Conts))}
+		scores[i] = ItemScore{Line: it.Line, Gold: it.Gold, LogLik: make([]float64, len(it.Conts)), TokenLogProbs: make([][]float64, len(it.Conts))}
+		for j, c := range it.Conts {
+			scores[i].TokenLogProbs[j] = make([]float64, len(c))
+		}
 		if it.Truncated > 0 {
 			res.Truncated++
 		}
@@ -169,7 +176,9 @@ func (ev *Evaluator) Score(name string, items []Encoded) (TaskResult, []ItemScor
 		}
 		for k, it := range b {
 			for j, c := range it.Conts {
-				sc[k].LogLik[j] = LogProb(logits[k], c[0])
+				lp := LogProb(logits[k], c[0])
+				sc[k].TokenLogProbs[j][0] = lp
+				sc[k].LogLik[j] = lp
 			}
 		}
 		for j := range most {
@@ -195,7 +204,9 @@ func (ev *Evaluator) Score(name string, items []Encoded) (TaskResult, []ItemScor
 			for _, k := range who {
 				c := b[k].Conts[j]
 				for t := 1; t < len(c); t++ {
-					sc[k].LogLik[j] += LogProb(logits[row], c[t])
+					lp := LogProb(logits[row], c[t])
+					sc[k].TokenLogProbs[j][t] = lp
+					sc[k].LogLik[j] += lp
 					row++
 				}
 				if err := caches[k].Truncate(len(b[k].Context)); err != nil {

@@ -211,6 +211,32 @@ func Total(name string, results []PPL) PPL {
 // returns one result per sequence. A sequence of fewer than 2 tokens is
 // an error.
 func (ev *Evaluator) Perplexity(seqs []Sequence) ([]PPL, error) {
+	out, _, err := ev.perplexity(seqs, false)
+	return out, err
+}
+
+// WindowNLL is what one rolling window contributed to the perplexity of
+// its sequence.
+type WindowNLL struct {
+	Window
+	// LogProbs is the log-probability of each scored token, those at
+	// positions [Score, End) of the sequence, in order; each is predicted
+	// from the window's tokens before it, the window's first token at
+	// position 0 of a fresh cache.
+	LogProbs []float64
+	// Nats is minus the sum of LogProbs, added in order.
+	Nats float64
+}
+
+// PerplexityWindows is Perplexity that also returns, per sequence, its
+// windows in order with the log-probability of every token they scored.
+// A sequence's Nats is the sum of its windows' Nats, added in order.
+func (ev *Evaluator) PerplexityWindows(seqs []Sequence) ([]PPL, [][]WindowNLL, error) {
+	return ev.perplexity(seqs, true)
+}
+
+// perplexity implements Perplexity and, with keep, PerplexityWindows.
+func (ev *Evaluator) perplexity(seqs []Sequence, keep bool) ([]PPL, [][]WindowNLL, error) {
 	type job struct {
 		seq int
 		w   Window
@@ -218,9 +244,13 @@ func (ev *Evaluator) Perplexity(seqs []Sequence) ([]PPL, error) {
 	var jobs []job
 	var total int64
 	out := make([]PPL, len(seqs))
+	var wins [][]WindowNLL
+	if keep {
+		wins = make([][]WindowNLL, len(seqs))
+	}
 	for i, s := range seqs {
 		if len(s.Tokens) < 2 {
-			return nil, fmt.Errorf("eval: %s: %d tokens; perplexity needs at least 2", s.Name, len(s.Tokens))
+			return nil, nil, fmt.Errorf("eval: %s: %d tokens; perplexity needs at least 2", s.Name, len(s.Tokens))
 		}
 		out[i] = PPL{Name: s.Name, Bytes: s.Bytes}
 		for _, w := range Windows(len(s.Tokens), ev.o.Context, ev.o.Stride) {
@@ -234,7 +264,7 @@ func (ev *Evaluator) Perplexity(seqs []Sequence) ([]PPL, error) {
 		jobs = jobs[len(b):]
 		caches, err := ev.cachesFor(len(b))
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		toks := make([][]int, len(b))
 		for k, j := range b {
@@ -242,16 +272,28 @@ func (ev *Evaluator) Perplexity(seqs []Sequence) ([]PPL, error) {
 		}
 		logits, err := ev.forward(caches, toks, true)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		row := 0
 		for k, j := range b {
 			s := seqs[j.seq].Tokens
-			for t := j.w.Score; t < j.w.End; t++ {
-				out[j.seq].Nats -= LogProb(logits[row+t-1-j.w.Start], s[t])
+			wn := WindowNLL{Window: j.w}
+			if keep {
+				wn.LogProbs = make([]float64, 0, j.w.End-j.w.Score)
 			}
+			for t := j.w.Score; t < j.w.End; t++ {
+				lp := LogProb(logits[row+t-1-j.w.Start], s[t])
+				wn.Nats -= lp
+				if keep {
+					wn.LogProbs = append(wn.LogProbs, lp)
+				}
+			}
+			out[j.seq].Nats += wn.Nats
 			out[j.seq].Tokens += int64(j.w.End - j.w.Score)
 			out[j.seq].Windows++
+			if keep {
+				wins[j.seq] = append(wins[j.seq], wn)
+			}
 			row += len(toks[k])
 			done += int64(j.w.End - j.w.Score)
 		}
@@ -262,5 +304,5 @@ func (ev *Evaluator) Perplexity(seqs []Sequence) ([]PPL, error) {
 	for i := range out {
 		out[i].finish()
 	}
-	return out, nil
+	return out, wins, nil
 }
