@@ -36,6 +36,7 @@ func runEval(args []string, stdout, stderr io.Writer) error {
 	stride := fs.Int("stride", 0, "tokens between the starts of perplexity windows, 1 to context-1 (0: half the context)")
 	batch := fs.Int("batch", 4, "windows or task items per forward pass, >= 1")
 	jsonPath := fs.String("json", "", `also write the results as JSON (schema "`+eval.Schema+`") to this file`)
+	itemsPath := fs.String("items", "", `also write JSON lines (schema "`+eval.ItemsSchema+`") to this file: per task item and per perplexity window the token ids scored and their log-likelihoods, for scripts/eval-crosscheck.py`)
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -54,6 +55,14 @@ func runEval(args []string, stdout, stderr io.Writer) error {
 	kind, err := backend.Parse(*device)
 	if err != nil {
 		return usagef("%v", err)
+	}
+	for _, p := range []string{*jsonPath, *itemsPath} {
+		if p == "" {
+			continue
+		}
+		if st, err := os.Stat(filepath.Dir(p)); err != nil || !st.IsDir() {
+			return usagef("%s: its folder %s does not exist", p, filepath.Dir(p))
+		}
 	}
 	for _, p := range append(append([]string{*dataDir}, texts...), tasks...) {
 		if p == "" {
@@ -133,17 +142,31 @@ func runEval(args []string, stdout, stderr io.Writer) error {
 	o := ev.Options()
 	rep := eval.Report{Schema: eval.Schema, Model: *dir, Device: string(kind), Context: o.Context, Stride: o.Stride, Batch: o.Batch,
 		Perplexity: []eval.PPL{}, Tasks: []eval.TaskResult{}, MLPWidth: c.IntermediateSize}
+	var windowRows []eval.WindowRow
+	var itemRows []eval.ItemRow
 	if len(seqs) > 0 {
-		res, err := ev.Perplexity(seqs)
+		res, wins, err := ev.PerplexityWindows(seqs)
 		if err != nil {
 			return err
 		}
 		rep.Perplexity = append(res, eval.Total("all", res))
+		if *itemsPath != "" {
+			if windowRows, err = eval.WindowRows(seqs, wins); err != nil {
+				return err
+			}
+		}
 	}
 	for i, enc := range encoded {
-		res, _, err := ev.Score(tasks[i], enc)
+		res, scores, err := ev.Score(tasks[i], enc)
 		if err != nil {
 			return err
+		}
+		if *itemsPath != "" {
+			rows, err := eval.ItemRows(tasks[i], enc, scores)
+			if err != nil {
+				return err
+			}
+			itemRows = append(itemRows, rows...)
 		}
 		if res.Truncated > 0 {
 			fmt.Fprintf(stderr, "eval: %s: %d items had their context cut from the left to fit %d positions\n", tasks[i], res.Truncated, o.Context)
@@ -163,6 +186,15 @@ func runEval(args []string, stdout, stderr io.Writer) error {
 		}
 		if err := atomicfile.WriteFile(*jsonPath, append(b, '\n')); err != nil {
 			return fmt.Errorf("writing -json %s: %w", *jsonPath, err)
+		}
+	}
+	if *itemsPath != "" {
+		act, _ := c.GateActivation()
+		run := eval.RunRow{Model: *dir, Device: string(kind), Context: o.Context, Stride: o.Stride, Batch: o.Batch,
+			HiddenAct: act, MLPGated: c.MLPGated, VocabSize: c.VocabSize}
+		err := atomicfile.Write(*itemsPath, 0o644, func(w io.Writer) error { return eval.WriteItems(w, run, windowRows, itemRows) })
+		if err != nil {
+			return fmt.Errorf("writing -items %s: %w", *itemsPath, err)
 		}
 	}
 	return nil
