@@ -28,6 +28,10 @@ type RunRow struct {
 	Kind   string `json:"kind"`
 	Model  string `json:"model"`
 	Device string `json:"device"`
+	// MLPPath is how the MLPs ran: "auto", "sparse" or "dense". The sparse
+	// path holds the gate activations in bf16 (TwELL); on the CPU the
+	// dense path is float32 throughout.
+	MLPPath string `json:"mlp"`
 	// Context, Stride and Batch are the evaluator's options.
 	Context int `json:"context"`
 	Stride  int `json:"stride"`

@@ -17,6 +17,9 @@ type Report struct {
 	Schema string `json:"schema"`
 	Model  string `json:"model"`
 	Device string `json:"device"`
+	// MLPPath is how the MLPs ran: "auto", "sparse" or "dense" (see
+	// mlp.Path).
+	MLPPath string `json:"mlp"`
 	// Context, Stride and Batch are the evaluator's options.
 	Context int `json:"context"`
 	Stride  int `json:"stride"`
@@ -38,8 +41,8 @@ type Report struct {
 // WriteTable writes r as readable tables.
 func (r *Report) WriteTable(w io.Writer) error {
 	var b strings.Builder
-	fmt.Fprintf(&b, "model %s on %s: context %d, stride %d, batch %d; %d tokens in %.1f s (%.0f tokens/s)\n",
-		r.Model, r.Device, r.Context, r.Stride, r.Batch, r.Tokens, r.Seconds, r.TokensPerSec)
+	fmt.Fprintf(&b, "model %s on %s: MLP %s, context %d, stride %d, batch %d; %d tokens in %.1f s (%.0f tokens/s)\n",
+		r.Model, r.Device, r.MLPPath, r.Context, r.Stride, r.Batch, r.Tokens, r.Seconds, r.TokensPerSec)
 	if len(r.Perplexity) > 0 {
 		fmt.Fprintf(&b, "\n%-28s %10s %12s %9s %11s %9s\n", "perplexity", "tokens", "bytes", "CE nats", "perplexity", "bits/byte")
 		for _, p := range r.Perplexity {

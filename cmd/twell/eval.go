@@ -13,6 +13,7 @@ import (
 	"github.com/twell-ai/twell/eval"
 	"github.com/twell-ai/twell/internal/atomicfile"
 	"github.com/twell-ai/twell/internal/memcheck"
+	"github.com/twell-ai/twell/mlp"
 	"github.com/twell-ai/twell/model"
 	"github.com/twell-ai/twell/tokenizer"
 )
@@ -37,6 +38,8 @@ func runEval(args []string, stdout, stderr io.Writer) error {
 	batch := fs.Int("batch", 4, "windows or task items per forward pass, >= 1")
 	jsonPath := fs.String("json", "", `also write the results as JSON (schema "`+eval.Schema+`") to this file`)
 	itemsPath := fs.String("items", "", `also write JSON lines (schema "`+eval.ItemsSchema+`") to this file: per task item and per perplexity window the token ids scored and their log-likelihoods, for scripts/eval-crosscheck.py`)
+	path := mlp.Auto
+	fs.Var(&path, "mlp", "MLP path: auto, sparse or dense; the sparse path (TwELL) holds the gate activations in bf16, dense is float32 throughout on the CPU (auto picks per pass by density)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -122,7 +125,7 @@ func runEval(args []string, stdout, stderr io.Writer) error {
 		fmt.Sprintf("try -batch %d", max(*batch/2, 1))); err != nil {
 		return err
 	}
-	e, err := backend.Open(kind, m, backend.Options{})
+	e, err := backend.Open(kind, m, backend.Options{MLPPath: path})
 	if err != nil {
 		return err
 	}
@@ -140,7 +143,7 @@ func runEval(args []string, stdout, stderr io.Writer) error {
 	}
 	defer ev.Close()
 	o := ev.Options()
-	rep := eval.Report{Schema: eval.Schema, Model: *dir, Device: string(kind), Context: o.Context, Stride: o.Stride, Batch: o.Batch,
+	rep := eval.Report{Schema: eval.Schema, Model: *dir, Device: string(kind), MLPPath: path.String(), Context: o.Context, Stride: o.Stride, Batch: o.Batch,
 		Perplexity: []eval.PPL{}, Tasks: []eval.TaskResult{}, MLPWidth: c.IntermediateSize}
 	var windowRows []eval.WindowRow
 	var itemRows []eval.ItemRow
@@ -190,7 +193,7 @@ func runEval(args []string, stdout, stderr io.Writer) error {
 	}
 	if *itemsPath != "" {
 		act, _ := c.GateActivation()
-		run := eval.RunRow{Model: *dir, Device: string(kind), Context: o.Context, Stride: o.Stride, Batch: o.Batch,
+		run := eval.RunRow{Model: *dir, Device: string(kind), MLPPath: path.String(), Context: o.Context, Stride: o.Stride, Batch: o.Batch,
 			HiddenAct: act, MLPGated: c.MLPGated, VocabSize: c.VocabSize}
 		err := atomicfile.Write(*itemsPath, 0o644, func(w io.Writer) error { return eval.WriteItems(w, run, windowRows, itemRows) })
 		if err != nil {

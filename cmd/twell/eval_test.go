@@ -100,6 +100,8 @@ func TestEvalBadInput(t *testing.T) {
 		{[]string{"eval", "-model", dir}, 2, "nothing to evaluate"},
 		{[]string{"eval", "-model", dir, "-text", "x", "-batch", "0"}, 2, "-batch 0"},
 		{[]string{"eval", "-model", dir, "-text", "x", "-device", "tpu"}, 2, "tpu"},
+		{[]string{"eval", "-model", dir, "-text", "x", "-mlp", "fast"}, 2, "fast"},
+		{[]string{"eval", "-model", dir, "-text", "x", "-items", filepath.Join(tmp, "no", "i.jsonl")}, 2, "does not exist"},
 		{[]string{"eval", "-model", dir, "-text", write("t.txt", "hello there"), "-stride", "64"}, 2, "-stride 64"},
 		{[]string{"eval", "-model", dir, "-text", filepath.Join(tmp, "missing.txt")}, 1, "missing.txt"},
 		{[]string{"eval", "-model", dir, "-tasks", write("bad.jsonl", good+"{\"context\": \"a\", \"choices\": [\" b\"]}\n")}, 1, `bad.jsonl line 2: field "gold"`},
