@@ -7,6 +7,11 @@
 //
 // Log-probabilities are computed in float64 from each row of float32
 // logits (a log-softmax per row); sums and means are float64.
+//
+// ItemRows, WindowRows and WriteItems write what was scored, token ids and
+// per-token log-probabilities, as JSON lines (`twell eval -items`), which
+// scripts/eval-crosscheck.py recomputes with PyTorch; docs/eval.md says how
+// to run that cross-check on the GPU machine (it has not been run yet).
 package eval
 
 import (

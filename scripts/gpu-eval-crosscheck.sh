@@ -9,11 +9,19 @@
 #   scripts/gpu-eval-crosscheck.sh [CHECKPOINT] [LOGDIR]   (default LOGDIR /tmp/eval-xcheck)
 #
 # Without CHECKPOINT a tiny model is trained on the bundled sample
-# (twell train -preset tiny, on the CPU) and checked. The float32 check is
-# twell's CPU engine (-device cpu) against PyTorch, tolerance 1e-3 nats per
-# token (TOL overrides); its exit status is this script's. When a GPU is
-# present, twell's GPU engine (bf16) is compared too, for information only.
-# Logs, the items files and the JSON summaries go to LOGDIR.
+# (twell train -preset tiny, on the CPU) and checked. Each twell run is
+# compared with PyTorch at a tolerance of 1e-3 nats per token (TOL
+# overrides):
+#   cpu-dense  twell's CPU engine with -mlp dense: float32 throughout, the
+#              numerical check;
+#   cpu-auto   the CPU engine as `twell eval` runs by default (-mlp auto):
+#              where the model is sparse enough, the TwELL path holds the
+#              gate activations in bf16;
+#   cuda-auto  when a GPU is present, the GPU engine (bf16), for
+#              information only.
+# Exits 0 when both CPU runs are within the tolerance, 1 otherwise, 2 when
+# something could not run. Logs, items files and JSON summaries go to LOGDIR;
+# LOGDIR/summary.txt has one line per run.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ckpt=${1:-}
@@ -26,29 +34,41 @@ if [ ! -x "$bin" ]; then
 fi
 mkdir -p "$log"
 if [ -z "$ckpt" ]; then
-  "$bin" train -preset tiny -device cpu -overwrite -out "$log/tiny" > "$log/train.txt" 2>&1 || { cat "$log/train.txt"; exit 1; }
+  "$bin" train -preset tiny -device cpu -overwrite -out "$log/tiny" > "$log/train.txt" 2>&1 || { cat "$log/train.txt"; exit 2; }
   ckpt=$log/tiny/checkpoint
 fi
 rm -rf "$log/data"
-"$bin" data -tokenizer "$ckpt/tokenizer.json" -out "$log/data" -sample > "$log/data.txt" 2>&1 || { cat "$log/data.txt"; exit 1; }
+"$bin" data -tokenizer "$ckpt/tokenizer.json" -out "$log/data" -sample > "$log/data.txt" 2>&1 || { cat "$log/data.txt"; exit 2; }
 evalargs=(-model "$ckpt" -data "$log/data" -max-tokens 20000 -tasks tasks/lastword.jsonl -tasks tasks/nextsentence.jsonl)
+: > "$log/summary.txt"
 
-"$bin" eval "${evalargs[@]}" -device cpu -items "$log/items-cpu.jsonl" -json "$log/eval-cpu.json" > "$log/eval-cpu.txt" 2>&1 ||
-  { cat "$log/eval-cpu.txt"; exit 1; }
-python3 scripts/eval-crosscheck.py "$ckpt" "$log/items-cpu.jsonl" --tolerance "$tol" --json "$log/xcheck-cpu.json" > "$log/xcheck-cpu.txt" 2>&1
-status=$?
-echo "twell cpu (float32) vs PyTorch: exit $status" >> "$log/xcheck-cpu.txt"
-
-if nvidia-smi > /dev/null 2>&1; then
-  if "$bin" eval "${evalargs[@]}" -device cuda -items "$log/items-cuda.jsonl" -json "$log/eval-cuda.json" > "$log/eval-cuda.txt" 2>&1; then
-    python3 scripts/eval-crosscheck.py "$ckpt" "$log/items-cuda.jsonl" --tolerance "$tol" --json "$log/xcheck-cuda.json" > "$log/xcheck-cuda.txt" 2>&1
-    echo "twell cuda (bf16, for information) vs PyTorch: exit $?" >> "$log/xcheck-cuda.txt"
-  else
-    echo "twell eval -device cuda failed (for information only)" >> "$log/xcheck-cuda.txt"
-    cat "$log/eval-cuda.txt" >> "$log/xcheck-cuda.txt"
+# check NAME DEVICE MLP: twell eval, then eval-crosscheck.py; returns the latter's exit status.
+check() {
+  local name=$1 dev=$2 path=$3
+  if ! "$bin" eval "${evalargs[@]}" -device "$dev" -mlp "$path" -items "$log/items-$name.jsonl" -json "$log/eval-$name.json" > "$log/eval-$name.txt" 2>&1; then
+    echo "$name: twell eval failed (see $log/eval-$name.txt)" >> "$log/summary.txt"
+    return 2
   fi
-  nvidia-smi --query-gpu=name,driver_version --format=csv >> "$log/xcheck-cuda.txt"
-  cat "$log/xcheck-cuda.txt"
+  python3 scripts/eval-crosscheck.py "$ckpt" "$log/items-$name.jsonl" --tolerance "$tol" --json "$log/xcheck-$name.json" > "$log/xcheck-$name.txt" 2>&1
+  local rc=$?
+  echo "$name: exit $rc; $(tail -n 1 "$log/xcheck-$name.txt")" >> "$log/summary.txt"
+  return $rc
+}
+
+check cpu-dense cpu dense
+dense=$?
+check cpu-auto cpu auto
+auto=$?
+if nvidia-smi > /dev/null 2>&1; then
+  check cuda-auto cuda auto
+  echo "(cuda-auto is for information only) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -n 1)" >> "$log/summary.txt"
 fi
-cat "$log/eval-cpu.txt" "$log/xcheck-cpu.txt"
-exit $status
+for f in "$log"/xcheck-*.txt; do
+  echo "=== $f"
+  cat "$f"
+done
+cat "$log/summary.txt"
+if [ $dense -eq 2 ] || [ $auto -eq 2 ]; then
+  exit 2
+fi
+[ $dense -eq 0 ] && [ $auto -eq 0 ]
