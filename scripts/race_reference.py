@@ -290,7 +290,7 @@ def load_twell(ref, build_dir):
     """Returns (the built inference extension, the reference's twell.py)."""
     import importlib.util
 
-    import torch  # noqa: F401  (the extension needs libtorch loaded)
+    __import__("torch")  # the extension needs libtorch loaded first
 
     stamp = read_json(os.path.join(build_dir, "twell", "stamp.json"), {})
     if not stamp.get("so"):
@@ -481,8 +481,9 @@ def summarize(v):
 
 
 def rel_err(got, want):
-    """||got - want|| / ||want|| (Frobenius), in float64."""
-    g, w = got.double(), want.double()
+    """||got - want|| / ||want|| (Frobenius, any shapes of as many
+    elements), in float64."""
+    g, w = got.double().reshape(-1), want.double().reshape(-1)
     den = w.norm().item()
     num = (g - w).norm().item()
     return num / den if den else num
@@ -598,13 +599,18 @@ def child_train(a, want_paths, prog):
     G = inp["gate"].clone().requires_grad_()
     K = inp["up"].clone().requires_grad_()
     V = inp["down"].t().contiguous().requires_grad_()
+    # The op takes X as [batch, sequence, d] (it reads M as size(0) x size(1)):
+    # sequences of 2048 tokens, as in the reference's training micro-batch.
+    seq = 2048 if m % 2048 == 0 else m
+    shape3 = (m // seq, seq, a.d)
     gen = torch.Generator(device=dev)
     gen.manual_seed(a.seed + 2)
-    gout = torch.randn(m, a.d, generator=gen, device=dev).to(torch.bfloat16)
+    gout = torch.randn(m, a.d, generator=gen, device=dev).to(torch.bfloat16).reshape(shape3)
     gl1 = torch.tensor(a.l1_coeff, device=dev, dtype=torch.float32)
     x0 = inp["x"]
-    xs = [x.clone().requires_grad_() for x in input_batches(x0, a.seed)]
+    xs = [x.reshape(shape3).clone().requires_grad_() for x in input_batches(x0, a.seed)]
     leaves = [G, K, V] + xs
+    prog.doc["x_shape"] = list(shape3)
 
     def prepare():
         for t in leaves:
@@ -612,11 +618,11 @@ def child_train(a, want_paths, prog):
 
     def dense(X, Gw, Kw, Vw):
         h = F.relu(X @ Gw.t()) * (X @ Kw.t())
-        l1 = h.abs().sum(dtype=torch.float32) / X.shape[0]
+        l1 = h.abs().sum(dtype=torch.float32) / (X.numel() // X.shape[-1])
         return h @ Vw, l1
 
     # fp32 reference: out, l1 and the gradients of <out, gout> + l1_coeff * l1.
-    ref = [t.detach().float().requires_grad_() for t in (x0, G, K, V)]
+    ref = [t.detach().float().requires_grad_() for t in (xs[0], G, K, V)]
     out32, l132 = dense(*ref)
     torch.autograd.backward([out32, l132], [gout.float(), gl1])
     want = {"out": out32.detach(), "dX": ref[0].grad, "dG": ref[1].grad, "dK": ref[2].grad, "dV": ref[3].grad}
@@ -769,11 +775,11 @@ def cmd_measure(a, kind):
     doc = read_json(a.out, None) or {"schema": REFERENCE_SCHEMA, "ffn": [], "train": []}
     if doc.get("schema") != REFERENCE_SCHEMA:
         sys.exit(f"race_reference: {a.out} is not a {REFERENCE_SCHEMA} file")
-    doc.update({k: entry[k] for k in MACHINE_KEYS if k in entry}, reference=entry["reference"], updated=entry["date"])
+    doc.update({k: entry[k] for k in MACHINE_KEYS if k in entry}, reference=entry["reference"], date=entry["date"])
     lst = doc.setdefault(kind, [])
     lst[:] = [e for e in lst if e.get("key") != key] + [entry]
     write_json(a.out, doc)
-    print_entry(entry)
+    print_table(doc)
     return 0
 
 
@@ -814,9 +820,13 @@ def fmt_ms(r):
     return f"{r.get('status')} ({r.get('exit')})"
 
 
-def print_entry(e):
-    cells = [f"{p} {fmt_ms(r)}" for p, r in e["paths"].items()]
-    print(f"{e['key']}: " + ", ".join(cells), flush=True)
+def print_table(doc):
+    """Every shape of doc so far, one line each."""
+    print(f"{'shape':32} {'PyTorch dense':>22} {'reference':>22}")
+    for kind in ("ffn", "train"):
+        for e in doc.get(kind, []):
+            base, ref = PATHS[kind]
+            print(f"{e['key']:32} {fmt_ms(e['paths'].get(base)):>22} {fmt_ms(e['paths'].get(ref)):>22}", flush=True)
 
 
 # --------------------------------------------------------------------------
@@ -943,7 +953,9 @@ def render_md(race):
              f"PyTorch {mc.get('torch') or '?'} (CUDA {mc.get('torch_cuda') or '?'}); reference commit "
              f"{ref.get('commit', 'unknown')}.")
     L.append("Method: " + race["method"] + ". Compare ratios within this run only.")
-    L += ["", "## MLP block (inference), d 2048, f 5632, C 8, bf16", ""]
+    dims = sorted({(r.get("d"), r.get("f")) for r in race["ffn"] + race["train"] if r.get("d")})
+    dims = ", ".join(f"d {d}, f {f}" for d, f in dims) or "d ?, f ?"
+    L += ["", f"## MLP block (inference), {dims}, C 8, bf16", ""]
     L.append("| m | density | dist | twell dense ms | PyTorch dense ms | reference TwELL ms | twell TwELL ms "
              "| twell auto ms | twell / reference | rel err reference / twell |")
     L.append("|---|---|---|---|---|---|---|---|---|---|")
