@@ -85,6 +85,10 @@ type PageStats struct {
 	// InUse is the number of pages the engine's live caches hold: per
 	// cache, Len rounded up to whole pages.
 	InUse int
+	// Idle is the number of pages of memory the engine keeps for reuse
+	// (given back by Truncate and Free, not yet returned to the system).
+	// They are free: a Forward gives them back when it needs the room.
+	Idle int
 	// Total is the pool's budget in pages, or 0 when it has none (pages
 	// are then limited by memory alone).
 	Total int

@@ -177,6 +177,7 @@ func (s *Server) serveMetrics(w http.ResponseWriter, r *http.Request) {
 	if s.pages != nil {
 		ps := s.pageStats()
 		gauge("twell_kv_pages_used", "KV cache pages held by running requests.", "gauge", int64(ps.InUse))
+		gauge("twell_kv_pages_idle", "KV cache pages of memory kept for reuse after requests ended (free to take).", "gauge", int64(ps.Idle))
 		gauge("twell_kv_pages_total", "KV cache pages in the budget (-kv-memory).", "gauge", int64(ps.Total))
 		gauge("twell_kv_page_positions", "Positions (tokens) one KV cache page holds.", "gauge", int64(ps.PageSize))
 	}

@@ -611,7 +611,7 @@ func TestModelsHealthMetrics(t *testing.T) {
 		`twell_requests_total{endpoint="/v1/completions",status="400"} 1`,
 		"twell_requests_running 0", "twell_requests_queued 0", "twell_generated_tokens_total 2",
 		`twell_mlp_active_units{layer="1"} `,
-		"twell_kv_pages_used 0", "twell_kv_pages_total 20", "twell_kv_page_positions 16", "twell_preemptions_total 0",
+		"twell_kv_pages_used 0", "twell_kv_pages_idle 1", "twell_kv_pages_total 20", "twell_kv_page_positions 16", "twell_preemptions_total 0",
 		// one request of two tokens: one first token, one gap between tokens
 		"# TYPE twell_time_to_first_token_seconds histogram", `twell_time_to_first_token_seconds_bucket{le="+Inf"} 1`,
 		"twell_time_to_first_token_seconds_count 1",

@@ -95,21 +95,22 @@ func New(m *model.Model, o Options) (*Engine, error) {
 	if o.KVPageSize < 0 || o.KVMemory < 0 {
 		return nil, fmt.Errorf("cpu/llm: KV page size %d and budget %d bytes: must be >= 0", o.KVPageSize, o.KVMemory)
 	}
-	pool := &pagePool{size: o.KVPageSize}
-	if pool.size == 0 {
-		pool.size = DefaultPageSize(c)
+	size := o.KVPageSize
+	if size == 0 {
+		size = DefaultPageSize(c)
 	}
-	if bytes := float64(pool.size) * float64(c.NumKeyValueHeads*c.HeadDim) * 8 * float64(c.NumHiddenLayers); bytes > 1<<50 {
-		return nil, fmt.Errorf("cpu/llm: a KV page of %d positions would take %s", pool.size, memcheck.Format(bytes))
+	if bytes := float64(size) * float64(c.NumKeyValueHeads*c.HeadDim) * 8 * float64(c.NumHiddenLayers); bytes > 1<<50 {
+		return nil, fmt.Errorf("cpu/llm: a KV page of %d positions would take %s", size, memcheck.Format(bytes))
 	}
-	pool.bytes = PageBytes(c, pool.size)
+	total := 0
 	if o.KVMemory > 0 {
-		if pool.total = int(min(o.KVMemory/pool.bytes, math.MaxInt32)); pool.total < 1 {
+		pageBytes := PageBytes(c, size)
+		if total = int(min(o.KVMemory/pageBytes, math.MaxInt32)); total < 1 {
 			return nil, fmt.Errorf("cpu/llm: a KV budget of %s holds no page of %d positions (%s)",
-				memcheck.Format(float64(o.KVMemory)), pool.size, memcheck.Format(float64(pool.bytes)))
+				memcheck.Format(float64(o.KVMemory)), size, memcheck.Format(float64(pageBytes)))
 		}
 	}
-	return &Engine{model: m, opts: o, layout: twell.DefaultLayout, act: mact, rope: model.NewRoPETables(c), pool: pool}, nil
+	return &Engine{model: m, opts: o, layout: twell.DefaultLayout, act: mact, rope: model.NewRoPETables(c), pool: newPagePool(c, size, total)}, nil
 }
 
 // Config returns the model's configuration.
@@ -118,11 +119,13 @@ func (e *Engine) Config() model.Config { return e.model.Config }
 // Model returns the model the engine runs.
 func (e *Engine) Model() *model.Model { return e.model }
 
-// Close releases the packed copies of the weights.
+// Close releases the packed copies of the weights and the KV memory kept
+// for reuse.
 func (e *Engine) Close() error {
 	e.packMu.Lock()
 	defer e.packMu.Unlock()
 	e.layers, e.head = nil, nil
+	e.pool.close()
 	return nil
 }
 
