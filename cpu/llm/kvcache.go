@@ -96,11 +96,12 @@ type pagePool struct {
 	stdPos    int   // with a budget: the positions of the mappings kept for reuse (0: none kept)
 	stdRegion int   // their region bytes
 
-	mu    sync.Mutex
-	inUse int                    // pages of the live caches' lengths
-	idle  int                    // pages written and not given back, past the live caches' lengths and in the stash
-	live  map[*kvMemory]struct{} // with a budget: the mappings of live caches
-	stash []*kvMemory            // with a budget: mappings of freed caches, oldest first
+	mu     sync.Mutex
+	inUse  int                    // pages of the live caches' lengths
+	idle   int                    // pages written and not given back, past the live caches' lengths and in the stash
+	live   map[*kvMemory]struct{} // with a budget: the mappings of live caches
+	stash  []*kvMemory            // with a budget: mappings of freed caches, oldest first
+	closed bool                   // the engine is closed: nothing more is kept
 }
 
 // maxStash bounds the mappings kept for reuse (address space, not memory:
@@ -230,7 +231,7 @@ func (m *kvMemory) release() {
 	p.inUse -= m.pages
 	p.idle += m.pages
 	m.pages = 0
-	if m.std && p.total > 0 && m.resident > 0 {
+	if m.std && p.total > 0 && m.resident > 0 && !p.closed {
 		p.stash = append(p.stash, m)
 		if len(p.stash) > maxStash {
 			p.unmap(p.stash[0])
@@ -275,7 +276,7 @@ func (p *pagePool) close() {
 	for _, m := range p.stash {
 		p.unmap(m)
 	}
-	p.stash = nil
+	p.stash, p.closed = nil, true
 }
 
 func roundUp(n, to int) int { return (n + to - 1) / to * to }

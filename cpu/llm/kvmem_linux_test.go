@@ -196,6 +196,8 @@ func TestFreedMemoryKeptForReuse(t *testing.T) {
 	if got := e.KVPages(); got.InUse != ps.PagesFor(n2) || got.Idle != ps.PagesFor(n1)-ps.PagesFor(n2) {
 		t.Fatalf("seed %d: %d pages in use, %d idle; want %d and %d", seed, got.InUse, got.Idle, ps.PagesFor(n2), ps.PagesFor(n1)-ps.PagesFor(n2))
 	}
+	third, _ := e.NewCache(8) // a mapping of its own: the stash is empty
+	forward(third, 1)
 	second.Free()
 	if !mapped(t, addr) || residentBytes(t, addr, size) != rss1 {
 		t.Fatal("the freed memory was not kept")
@@ -203,5 +205,9 @@ func TestFreedMemoryKeptForReuse(t *testing.T) {
 	e.Close()
 	if mapped(t, addr) {
 		t.Fatal("the kept memory is still mapped after Close")
+	}
+	third.Free() // after Close: given back, not kept
+	if got := e.KVPages(); got.InUse != 0 || got.Idle != 0 {
+		t.Fatalf("after Close and Free: %d pages in use, %d idle", got.InUse, got.Idle)
 	}
 }
