@@ -85,12 +85,13 @@ var ErrNoCandidate = errors.New("no token to sample")
 
 // Sampler draws tokens. It is not safe for concurrent use.
 type Sampler struct {
-	o    Options
-	r    *rand.Rand
-	z    []float64
-	seen []bool
-	idx  []int
-	prob []float64
+	o      Options
+	r      *rand.Rand
+	z      []float64
+	seen   []bool
+	idx    []int
+	prob   []float64
+	ranked []ranked // Pick's sort buffer
 }
 
 // New returns a Sampler for o, or o's validation error.
@@ -173,16 +174,24 @@ func (s *Sampler) Pick(logits []float32, history []int) (int, error) {
 		}
 		return best, nil
 	}
-	// Most likely first; equal logits keep index order.
-	slices.SortStableFunc(s.idx, func(a, b int) int {
+	// Most likely first; equal logits keep index order. The sort runs over
+	// (logit, index) pairs: comparing through z costs twice as much.
+	s.ranked = s.ranked[:0]
+	for _, i := range s.idx {
+		s.ranked = append(s.ranked, ranked{z[i], i})
+	}
+	slices.SortFunc(s.ranked, func(a, b ranked) int {
 		switch {
-		case z[a] > z[b]:
+		case a.z > b.z:
 			return -1
-		case z[a] < z[b]:
+		case a.z < b.z:
 			return 1
 		}
-		return 0
+		return a.i - b.i
 	})
+	for j, r := range s.ranked {
+		s.idx[j] = r.i
+	}
 	if k := s.o.TopK; k > 0 && k < len(s.idx) {
 		s.idx = s.idx[:k]
 	}
@@ -219,6 +228,12 @@ func (s *Sampler) Pick(logits []float32, history []int) (int, error) {
 		}
 	}
 	return s.idx[n-1], nil
+}
+
+// ranked is a candidate token and its logit, as Pick sorts them.
+type ranked struct {
+	z float64
+	i int
 }
 
 // logits returns the logits in float64 with the repetition penalty applied,
