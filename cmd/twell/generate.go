@@ -31,7 +31,7 @@ var stdin io.Reader = os.Stdin
 
 func runGenerate(args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("generate", stderr)
-	dir := fs.String("model", "", "checkpoint folder: config.json, model.safetensors, tokenizer.json")
+	dir := fs.String("model", "", "checkpoint folder: config.json, model.safetensors, tokenizer.json (default: the embedded default model)")
 	prompt := fs.String("prompt", "", `prompt text; "-" or none with a piped stdin reads it from stdin`)
 	maxTokens := fs.Int("max-tokens", 128, "most tokens to generate, >= 1")
 	temp := fs.Float64("temperature", 0.8, "sampling temperature, >= 0; 0 = greedy")
@@ -45,9 +45,6 @@ func runGenerate(args []string, stdout, stderr io.Writer) error {
 	fs.Var(&stops, "stop", "stop when this text is generated (repeatable)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
-	}
-	if *dir == "" {
-		return usagef("-model is required")
 	}
 	if *maxTokens < 1 {
 		return usagef("-max-tokens %d: must be >= 1", *maxTokens)
@@ -68,7 +65,11 @@ func runGenerate(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 
-	m, tok, err := loadCheckpoint(*dir)
+	ckpt, err := checkpointDir("generate", *dir, stderr)
+	if err != nil {
+		return err
+	}
+	m, tok, err := loadCheckpoint(ckpt)
 	if err != nil {
 		return err
 	}

@@ -51,13 +51,26 @@ func TestGenerateRunsOnCPU(t *testing.T) {
 	}
 }
 
+// TestGenerateDefaultModel: with no -model, generate runs the embedded
+// default model and says so.
+func TestGenerateDefaultModel(t *testing.T) {
+	t.Setenv("XDG_CACHE_HOME", t.TempDir())
+	var out, errb bytes.Buffer
+	code := run([]string{"generate", "-prompt", "The", "-max-tokens", "8", "-temperature", "0", "-device", "cpu"}, &out, &errb)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	if !strings.Contains(errb.String(), "default model") || strings.TrimSpace(out.String()) == "" {
+		t.Errorf("stdout %q, stderr %q: want generated text and a note naming the default model", out.String(), errb.String())
+	}
+}
+
 func TestGenerateBadInput(t *testing.T) {
 	cases := []struct {
 		args []string
 		code int
 		want string
 	}{
-		{[]string{"generate", "-prompt", "x"}, 2, "-model is required"},
 		{[]string{"generate", "-model", "/nonexistent", "-prompt", "x"}, 1, "nonexistent"},
 		{[]string{"generate", "-model", ".", "-temperature", "-1"}, 2, "temperature"},
 		{[]string{"generate", "-model", ".", "-top-p", "2"}, 2, "top-p"},

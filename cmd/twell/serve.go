@@ -21,6 +21,7 @@ import (
 	"github.com/twell-ai/twell/internal/memcheck"
 	"github.com/twell-ai/twell/mlp"
 	"github.com/twell-ai/twell/model"
+	"github.com/twell-ai/twell/models"
 	"github.com/twell-ai/twell/serve"
 )
 
@@ -34,7 +35,7 @@ var serveStop <-chan struct{}
 func runServe(args []string, stdout, stderr io.Writer) error {
 	d := serve.DefaultOptions()
 	fs := newFlagSet("serve", stderr)
-	dir := fs.String("model", "", "checkpoint folder: config.json, model.safetensors, tokenizer.json")
+	dir := fs.String("model", "", "checkpoint folder: config.json, model.safetensors, tokenizer.json (default: the embedded default model)")
 	addr := fs.String("addr", "127.0.0.1:8080", "host:port to listen on")
 	device := fs.String("device", "auto", backend.FlagUsage)
 	name := fs.String("name", "", "model id the API shows (default: the folder's name)")
@@ -52,9 +53,6 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	fs.Var(&path, "mlp", "MLP path: auto, sparse or dense (auto picks per pass by density, so a greedy result may depend on the batch)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
-	}
-	if *dir == "" {
-		return usagef("-model is required")
 	}
 	kind, err := backend.Parse(*device)
 	if err != nil {
@@ -76,11 +74,18 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	o := serve.Options{ModelName: *name, MaxConcurrent: *maxConc, MaxQueue: *maxQueue, MaxTokens: *maxTokens, MaxBody: *maxBody, Context: *ctxLen, PrefillTokens: *prefill}
 	if o.ModelName == "" {
 		o.ModelName = filepath.Base(filepath.Clean(*dir))
+		if *dir == "" {
+			o.ModelName = models.DefaultName
+		}
 	}
 	if err := o.Validate(); err != nil {
 		return usagef("%v", err)
 	}
-	m, tok, err := loadCheckpoint(*dir)
+	ckpt, err := checkpointDir("serve", *dir, stderr)
+	if err != nil {
+		return err
+	}
+	m, tok, err := loadCheckpoint(ckpt)
 	if err != nil {
 		return err
 	}

@@ -9,20 +9,36 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/twell-ai/twell/models"
 )
 
 // TestServeRunsAndStops: twell serve answers a completion on a tiny CPU
 // model, then stops cleanly (exit 0) when asked to, as on SIGINT.
 func TestServeRunsAndStops(t *testing.T) {
-	dir := tinyCheckpoint(t)
+	serveOnce(t, []string{"-model", tinyCheckpoint(t)}, "KV cache 32 pages of 8 positions (64 KiB)", "")
+}
+
+// TestServeDefaultModel: with no -model, twell serve serves the embedded
+// default model under its name.
+func TestServeDefaultModel(t *testing.T) {
+	t.Setenv("XDG_CACHE_HOME", t.TempDir())
+	serveOnce(t, nil, "KV cache", models.DefaultName)
+}
+
+// serveOnce starts twell serve with args and small limits, checks its
+// listening line for wantKV, asks for one completion (answered by model
+// wantModel, when given) and stops the server.
+func serveOnce(t *testing.T, args []string, wantKV, wantModel string) {
+	t.Helper()
 	stop := make(chan struct{})
 	serveStop = stop
 	defer func() { serveStop = nil }()
 	pr, pw := io.Pipe()
 	code := make(chan int, 1)
 	go func() {
-		code <- run([]string{"serve", "-model", dir, "-device", "cpu", "-addr", "127.0.0.1:0", "-max-concurrent", "2",
-			"-kv-memory", "64KiB", "-kv-page-size", "8", "-prefill-tokens", "3"}, io.Discard, pw)
+		code <- run(append([]string{"serve", "-device", "cpu", "-addr", "127.0.0.1:0", "-max-concurrent", "2",
+			"-kv-memory", "64KiB", "-kv-page-size", "8", "-prefill-tokens", "3"}, args...), io.Discard, pw)
 		pw.Close()
 	}()
 	sc := bufio.NewScanner(pr)
@@ -37,8 +53,8 @@ func TestServeRunsAndStops(t *testing.T) {
 	if url == "" {
 		t.Fatalf("no listening line; exit %d", <-code)
 	}
-	if want := "KV cache 32 pages of 8 positions (64 KiB)"; !strings.Contains(sc.Text(), want) {
-		t.Errorf("listening line %q lacks %q", sc.Text(), want)
+	if !strings.Contains(sc.Text(), wantKV) {
+		t.Errorf("listening line %q lacks %q", sc.Text(), wantKV)
 	}
 	var logs strings.Builder
 	logsDone := make(chan struct{})
@@ -64,8 +80,8 @@ func TestServeRunsAndStops(t *testing.T) {
 		t.Fatalf("status %d: %v", resp.StatusCode, err)
 	}
 	resp.Body.Close()
-	if len(out.Choices) != 1 || out.Choices[0].FinishReason != "length" || out.Model == "" {
-		t.Errorf("answer %+v", out)
+	if len(out.Choices) != 1 || out.Choices[0].FinishReason != "length" || out.Model == "" || (wantModel != "" && out.Model != wantModel) {
+		t.Errorf("answer %+v (model wanted: %q)", out, wantModel)
 	}
 	close(stop)
 	select {
@@ -85,7 +101,6 @@ func TestServeBadFlags(t *testing.T) {
 		code int
 		want string
 	}{
-		{[]string{"serve"}, 2, "-model is required"},
 		{[]string{"serve", "-model", ".", "-max-concurrent", "0"}, 2, "-max-concurrent 0"},
 		{[]string{"serve", "-model", ".", "-max-queue", "-1"}, 2, "-max-queue -1"},
 		{[]string{"serve", "-model", ".", "-max-body", "10"}, 2, "-max-body 10"},
