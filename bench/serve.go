@@ -60,6 +60,14 @@ type ServeOptions struct {
 	Seed uint64
 	// Timeout bounds one request (0: none).
 	Timeout time.Duration
+	// Duration stops sending new requests once it has passed since the
+	// start (0: send all Requests); requests in flight then finish.
+	Duration time.Duration
+	// Disconnect is the probability, in [0, 1], that a request's client
+	// hangs up mid-stream, after a number of streamed chunks drawn
+	// uniformly from 1..max(1, MaxTokens/2): the abuse a server must
+	// survive without leaking. Such requests count as Disconnected.
+	Disconnect float64
 }
 
 // Validate reports the first bad option, naming its flag.
@@ -82,6 +90,10 @@ func (o ServeOptions) Validate() error {
 		return errors.New("no prompts")
 	case o.Timeout < 0:
 		return fmt.Errorf("timeout %v: must be >= 0", o.Timeout)
+	case o.Duration < 0:
+		return fmt.Errorf("-duration %v: must be >= 0", o.Duration)
+	case !(o.Disconnect >= 0 && o.Disconnect <= 1):
+		return fmt.Errorf("-disconnect %g: must be a probability in [0, 1]", o.Disconnect)
 	}
 	for i, p := range o.Prompts {
 		if strings.TrimSpace(p) == "" {
@@ -140,6 +152,8 @@ type ServeRequest struct {
 	PromptTokens int     `json:"prompt_tokens"`
 	OutputTokens int     `json:"output_tokens"`
 	Error        string  `json:"error,omitempty"`
+	// Disconnected says the client hung up on purpose (ServeOptions.Disconnect).
+	Disconnected bool `json:"disconnected,omitempty"`
 	// itl are the gaps between the request's streamed chunks of text.
 	itl []float64
 }
@@ -155,6 +169,8 @@ type ServeResult struct {
 	MaxTokens     int            `json:"max_tokens"`
 	Completed     int            `json:"completed"`
 	Failed        int            `json:"failed"`
+	Disconnected  int            `json:"disconnected"` // clients that hung up on purpose
+	Leaks         *LeakCheck     `json:"leak_check,omitempty"`
 	Errors        []string       `json:"errors,omitempty"` // the first distinct errors
 	DurationS     float64        `json:"duration_s"`
 	InputTokens   int            `json:"input_tokens"`
@@ -190,8 +206,12 @@ func Serve(ctx context.Context, o ServeOptions, progress func(done, total int)) 
 		}
 	}
 	seeds := make([]int64, o.Requests)
+	cuts := make([]int, o.Requests) // chunks after which the client hangs up; 0: never
 	for i := range seeds {
 		seeds[i] = int64(r.Uint64() >> 1)
+		if o.Disconnect > 0 && r.Float64() < o.Disconnect {
+			cuts[i] = 1 + r.IntN(max(1, o.MaxTokens/2))
+		}
 	}
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: max(o.Concurrency, min(o.Requests, 1024)), DisableCompression: true}}
 	defer client.CloseIdleConnections()
@@ -221,11 +241,18 @@ func Serve(ctx context.Context, o ServeOptions, progress func(done, total int)) 
 		if cancelled = ctx.Err(); cancelled != nil {
 			break
 		}
+		if o.Duration > 0 && time.Since(t0) >= o.Duration {
+			if sem != nil {
+				<-sem
+			}
+			reqs = reqs[:i]
+			break
+		}
 		wg.Go(func() {
 			if sem != nil {
 				defer func() { <-sem }()
 			}
-			reqs[i] = sendOne(ctx, client, base, o, o.Prompts[i%len(o.Prompts)], seeds[i], t0)
+			reqs[i] = sendOne(ctx, client, base, o, o.Prompts[i%len(o.Prompts)], seeds[i], cuts[i], t0)
 			mu.Lock()
 			done++
 			n := done
@@ -239,12 +266,16 @@ func Serve(ctx context.Context, o ServeOptions, progress func(done, total int)) 
 	if cancelled != nil {
 		return nil, cancelled
 	}
-	res := &ServeResult{Row: newRow(ServeSchema, "remote", CPUName()), Server: base, Model: o.Model, Requests: o.Requests,
+	res := &ServeResult{Row: newRow(ServeSchema, "remote", CPUName()), Server: base, Model: o.Model, Requests: len(reqs),
 		Rate: o.Rate, Concurrency: o.Concurrency, MaxTokens: o.MaxTokens, PerRequest: reqs, Preemptions: scrapePreemptions(client, base)}
 	var ttft, tpot, e2e []float64
 	end := 0.0
 	for _, q := range reqs {
 		end = max(end, q.StartS+q.E2EMS/1000)
+		if q.Disconnected {
+			res.Disconnected++
+			continue
+		}
 		if q.Error != "" {
 			res.Failed++
 			if len(res.Errors) < 5 && !slices.Contains(res.Errors, q.Error) {
@@ -280,7 +311,8 @@ func Serve(ctx context.Context, o ServeOptions, progress func(done, total int)) 
 func (r *ServeResult) ITLSamples() []float64 { return r.itl }
 
 // sendOne sends one streamed completion and times its chunks.
-func sendOne(ctx context.Context, client *http.Client, base string, o ServeOptions, prompt string, seed int64, t0 time.Time) ServeRequest {
+// With cut > 0 the client hangs up after cut chunks of text.
+func sendOne(ctx context.Context, client *http.Client, base string, o ServeOptions, prompt string, seed int64, cut int, t0 time.Time) ServeRequest {
 	body, _ := json.Marshal(map[string]any{
 		"model": o.Model, "prompt": prompt, "max_tokens": o.MaxTokens, "temperature": o.Temperature, "seed": seed,
 		"ignore_eos": o.IgnoreEOS, "stream": true, "stream_options": map[string]any{"include_usage": true},
@@ -290,6 +322,8 @@ func sendOne(ctx context.Context, client *http.Client, base string, o ServeOptio
 		ctx, cancel = context.WithTimeout(ctx, o.Timeout)
 		defer cancel()
 	}
+	ctx, hangUp := context.WithCancel(ctx)
+	defer hangUp()
 	start := time.Now()
 	q := ServeRequest{StartS: start.Sub(t0).Seconds()}
 	fail := func(format string, a ...any) ServeRequest {
@@ -355,6 +389,12 @@ func sendOne(ctx context.Context, client *http.Client, base string, o ServeOptio
 			}
 			last = now
 			chunks++
+			if chunks == cut {
+				hangUp()
+				q.Disconnected = true
+				q.E2EMS = ms(time.Since(start))
+				return q
+			}
 		}
 	}
 	if err := sc.Err(); err != nil {
@@ -505,4 +545,17 @@ func TinyServeModel(seed uint64) (*model.Model, *tokenizer.Tokenizer, error) {
 	}
 	clear(m.Weights.Embed[eos*c.HiddenSize : (eos+1)*c.HiddenSize])
 	return m, tok, nil
+}
+
+// LeakCheck compares an in-process server before a load test and after it
+// has gone idle: what a server that frees everything keeps equal.
+type LeakCheck struct {
+	GoroutinesBefore int     `json:"goroutines_before"`
+	GoroutinesAfter  int     `json:"goroutines_after"`
+	HeapMiBBefore    float64 `json:"heap_mib_before"` // Go heap in use after a collection
+	HeapMiBAfter     float64 `json:"heap_mib_after"`
+	KVPagesBefore    int64   `json:"kv_pages_used_before"` // -1 where the engine has no page pool
+	KVPagesAfter     int64   `json:"kv_pages_used_after"`
+	RunningAfter     int     `json:"running_after"` // the server's requests once idle
+	QueuedAfter      int     `json:"queued_after"`
 }

@@ -12,6 +12,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/twell-ai/twell/internal/testutil"
 )
@@ -253,5 +254,32 @@ func TestPlotServeEdgeCases(t *testing.T) {
 	}
 	if err := PlotServe(nil, figurePath(t, "nil.png")); err == nil {
 		t.Error("a nil result was drawn")
+	}
+}
+
+// TestServeDisconnectAndDuration: with Disconnect 1 every client hangs up
+// mid-stream (counted apart from failures), and Duration stops the arrivals.
+func TestServeDisconnectAndDuration(t *testing.T) {
+	r, seed := testutil.Rand(t)
+	f := &fakeServer{chunks: 4 + r.IntN(8)}
+	hs := httptest.NewServer(f)
+	defer hs.Close()
+	n := 5 + r.IntN(10)
+	o := ServeOptions{URL: hs.URL, Model: "m", Prompts: []string{"a b"}, Requests: n, Concurrency: 2, MaxTokens: 2 * f.chunks,
+		Seed: r.Uint64(), Disconnect: 1}
+	res, err := Serve(context.Background(), o, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Disconnected != n || res.Completed != 0 || res.Failed != 0 || res.E2E.N != 0 {
+		t.Errorf("seed %d: %d hung up, %d completed, %d failed, %d latencies; want %d, 0, 0, 0", seed, res.Disconnected, res.Completed, res.Failed, res.E2E.N, n)
+	}
+	o.Disconnect, o.Requests, o.Rate, o.Duration = 0, 1000, 100, 150*time.Millisecond
+	res, err = Serve(context.Background(), o, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Requests < 1 || res.Requests >= 1000 || len(res.PerRequest) != res.Requests || res.Completed != res.Requests {
+		t.Errorf("seed %d: with a 150 ms duration at 100/s: %d requests, %d rows, %d completed", seed, res.Requests, len(res.PerRequest), res.Completed)
 	}
 }

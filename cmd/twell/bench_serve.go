@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime"
 	"sort"
 	"strings"
 	"text/tabwriter"
@@ -19,6 +20,7 @@ import (
 
 	"github.com/twell-ai/twell/backend"
 	"github.com/twell-ai/twell/bench"
+	"github.com/twell-ai/twell/engine"
 	"github.com/twell-ai/twell/mlp"
 	"github.com/twell-ai/twell/model"
 	"github.com/twell-ai/twell/serve"
@@ -48,6 +50,8 @@ func runBenchServe(args []string, stdout, stderr io.Writer) error {
 	ignoreEOS := fs.Bool("ignore-eos", false, "ask the server to generate max-tokens tokens past any end of sequence")
 	seed := fs.Uint64("seed", 0, "random seed of the prompts, arrivals and sampling (0: fresh, printed)")
 	timeout := fs.Duration("timeout", 0, "bound on one request (0: none)")
+	duration := fs.Duration("duration", 0, "stop sending new requests after this long, e.g. 10m (0: send all -requests); a soak test")
+	disconnect := fs.Float64("disconnect", 0, "probability in [0, 1] that a client hangs up mid-stream (the in-process server is then checked for leaks)")
 	jsonPath := fs.String("json", "", "write the result (summary and every request) as JSON to this file")
 	plotPath := fs.String("plot", "", "write a PNG of latencies per request and their distributions to this file")
 	device := fs.String("device", "auto", "in-process server: "+backend.FlagUsage)
@@ -76,7 +80,8 @@ func runBenchServe(args []string, stdout, stderr io.Writer) error {
 		*seed = rand.Uint64()
 	}
 	o := bench.ServeOptions{URL: "http://127.0.0.1:1", Prompts: []string{"x"}, Requests: *requests, Rate: *rate, Concurrency: *concurrency,
-		MaxTokens: *maxTokens, Temperature: *temp, IgnoreEOS: *ignoreEOS, Seed: *seed, Timeout: *timeout}
+		MaxTokens: *maxTokens, Temperature: *temp, IgnoreEOS: *ignoreEOS, Seed: *seed, Timeout: *timeout,
+		Duration: *duration, Disconnect: *disconnect}
 	if *url != "" {
 		o.URL = *url
 	}
@@ -95,11 +100,11 @@ func runBenchServe(args []string, stdout, stderr io.Writer) error {
 	}
 
 	deviceName, server := "remote", *url
+	var is *inProcess
 	if *url == "" {
 		st := serverSetup{dir: *dir, device: *device, path: path, maxConc: *maxConc, prefill: *prefill, kvMem: *kvMem, kvPage: *kvPage,
 			context: *ctxLen, queue: *requests}
-		is, err := startInProcess(st, stderr)
-		if err != nil {
+		if is, err = startInProcess(st, stderr); err != nil {
 			return err
 		}
 		defer is.stop()
@@ -108,6 +113,10 @@ func runBenchServe(args []string, stdout, stderr io.Writer) error {
 	fmt.Fprintf(stderr, "bench serve: %d requests to %s, seed %d; prompts of %d words from %s\n", *requests, o.URL, *seed, *words, source)
 	ctx, stopSignals := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stopSignals()
+	var before *bench.LeakCheck
+	if *url == "" {
+		before = is.snapshot()
+	}
 	step := max(1, *requests/10)
 	res, err := bench.Serve(ctx, o, func(done, total int) {
 		if done%step == 0 || done == total {
@@ -118,11 +127,14 @@ func runBenchServe(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	res.Device, res.Server = deviceName, server
+	if before != nil {
+		res.Leaks = is.leakCheck(before)
+	}
 	printServeReport(stdout, res)
 	if err := writeResults(*jsonPath, res, *plotPath, func() error { return bench.PlotServe(res, *plotPath) }); err != nil {
 		return err
 	}
-	if res.Completed == 0 {
+	if res.Completed == 0 && res.Failed > 0 {
 		return fmt.Errorf("all %d requests failed; the first error: %s", res.Failed, res.Errors[0])
 	}
 	if res.Failed > 0 {
@@ -186,6 +198,38 @@ type serverSetup struct {
 type inProcess struct {
 	url, name, device, desc string
 	stop                    func()
+	srv                     *serve.Server
+	e                       engine.Engine
+}
+
+// snapshot measures what a leak would grow: goroutines, the Go heap after
+// a collection, the KV pages in use.
+func (is *inProcess) snapshot() *bench.LeakCheck {
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	lc := &bench.LeakCheck{GoroutinesBefore: runtime.NumGoroutine(), HeapMiBBefore: float64(ms.HeapInuse) / (1 << 20), KVPagesBefore: -1}
+	if p, ok := is.e.(engine.Paged); ok {
+		lc.KVPagesBefore = int64(p.KVPages().InUse)
+	}
+	return lc
+}
+
+// leakCheck waits (up to 30 s) for the server to go idle and the clients'
+// connections to close, then measures again and returns both sides.
+func (is *inProcess) leakCheck(before *bench.LeakCheck) *bench.LeakCheck {
+	lc := *before
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		after := is.snapshot()
+		lc.RunningAfter, lc.QueuedAfter = is.srv.Load()
+		lc.GoroutinesAfter, lc.HeapMiBAfter, lc.KVPagesAfter = after.GoroutinesBefore, after.HeapMiBBefore, after.KVPagesBefore
+		idle := lc.RunningAfter == 0 && lc.QueuedAfter == 0 && lc.KVPagesAfter <= lc.KVPagesBefore && lc.GoroutinesAfter <= lc.GoroutinesBefore
+		if idle || time.Now().After(deadline) {
+			return &lc
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
 
 // startInProcess loads the model (or builds the tiny one) and serves it on
@@ -268,7 +312,7 @@ func startInProcess(st serverSetup, stderr io.Writer) (*inProcess, error) {
 			fmt.Fprintf(stderr, "bench serve: the in-process server: %v\n", err)
 		}
 	}
-	return &inProcess{url: "http://" + ln.Addr().String(), name: o.ModelName, device: string(kind), desc: desc, stop: stop}, nil
+	return &inProcess{url: "http://" + ln.Addr().String(), name: o.ModelName, device: string(kind), desc: desc, stop: stop, srv: srv, e: e}, nil
 }
 
 // printServeReport prints the summary and a table of the latencies.
@@ -282,7 +326,11 @@ func printServeReport(w io.Writer, r *bench.ServeResult) {
 		conc = fmt.Sprint(r.Concurrency)
 	}
 	fmt.Fprintf(w, "server:              %s\n", r.Server)
-	fmt.Fprintf(w, "requests:            %d (rate %s, concurrency %s, max_tokens %d): %d done, %d failed\n", r.Requests, rate, conc, r.MaxTokens, r.Completed, r.Failed)
+	fmt.Fprintf(w, "requests:            %d (rate %s, concurrency %s, max_tokens %d): %d done, %d failed, %d hung up by the client\n", r.Requests, rate, conc, r.MaxTokens, r.Completed, r.Failed, r.Disconnected)
+	if l := r.Leaks; l != nil {
+		fmt.Fprintf(w, "leak check:          goroutines %d -> %d, Go heap %.1f -> %.1f MiB, KV pages in use %d -> %d, running %d, queued %d\n",
+			l.GoroutinesBefore, l.GoroutinesAfter, l.HeapMiBBefore, l.HeapMiBAfter, l.KVPagesBefore, l.KVPagesAfter, l.RunningAfter, l.QueuedAfter)
+	}
 	fmt.Fprintf(w, "duration:            %.3f s\n", r.DurationS)
 	fmt.Fprintf(w, "tokens:              %d in, %d out\n", r.InputTokens, r.OutputTokens)
 	fmt.Fprintf(w, "request throughput:  %.3f requests/s\n", r.RequestsPerS)

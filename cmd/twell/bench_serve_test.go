@@ -110,3 +110,36 @@ func lastLine(s string) string {
 	s = strings.TrimRight(s, "\n")
 	return s[strings.LastIndexByte(s, '\n')+1:]
 }
+
+// TestBenchServeLeakCheck: clients that hang up mid-stream leave the
+// in-process server with nothing running, no KV pages held and no extra
+// goroutines.
+func TestBenchServeLeakCheck(t *testing.T) {
+	jsonPath := filepath.Join(t.TempDir(), "soak.json")
+	var out, errb bytes.Buffer
+	code := run([]string{"bench", "serve", "-device", "cpu", "-requests", "24", "-max-tokens", "8", "-ignore-eos", "-concurrency", "6",
+		"-prompt-words", "10", "-disconnect", "0.5", "-kv-memory", "256KiB", "-json", jsonPath}, &out, &errb)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	b, err := os.ReadFile(jsonPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r bench.ServeResult
+	if err := json.Unmarshal(b, &r); err != nil {
+		t.Fatal(err)
+	}
+	l := r.Leaks
+	switch {
+	case l == nil:
+		t.Fatalf("no leak check in %s", b)
+	case r.Completed+r.Disconnected != 24 || r.Failed != 0:
+		t.Errorf("%d completed + %d hung up (want 24 together), %d failed", r.Completed, r.Disconnected, r.Failed)
+	case l.RunningAfter != 0 || l.QueuedAfter != 0 || l.KVPagesAfter != l.KVPagesBefore || l.GoroutinesAfter > l.GoroutinesBefore:
+		t.Errorf("leak check %+v", *l)
+	}
+	if !strings.Contains(out.String(), "leak check:") {
+		t.Errorf("report lacks the leak check:\n%s", out.String())
+	}
+}
