@@ -33,21 +33,39 @@ func Default() (string, error) {
 	if err != nil {
 		return "", err
 	}
-	base, err := os.UserCacheDir()
-	if err != nil || base == "" {
-		base = os.TempDir()
+	// The user's cache folder, else the temporary folder when that one
+	// cannot be written (a read-only home, no HOME at all).
+	var roots []string
+	if base, err := os.UserCacheDir(); err == nil && base != "" {
+		roots = append(roots, filepath.Join(base, "twell", "models"))
 	}
-	root := filepath.Join(base, "twell", "models")
+	roots = append(roots, filepath.Join(os.TempDir(), "twell-models"))
+	var firstErr error
+	for _, root := range roots {
+		dir, err := materialize(root, names, sum)
+		if err == nil {
+			return dir, nil
+		}
+		if firstErr == nil {
+			firstErr = err
+		}
+	}
+	return "", fmt.Errorf("models: writing the default model: %w", firstErr)
+}
+
+// materialize writes the embedded files into root/default-HASH, unless a
+// complete copy is there already, and returns that folder.
+func materialize(root string, names []string, sum string) (string, error) {
 	dir := filepath.Join(root, "default-"+sum[:16])
 	if complete(dir, names) {
 		return dir, nil
 	}
 	if err := os.MkdirAll(root, 0o755); err != nil {
-		return "", fmt.Errorf("models: writing the default model: %w", err)
+		return "", err
 	}
 	tmp, err := os.MkdirTemp(root, ".default-tmp-")
 	if err != nil {
-		return "", fmt.Errorf("models: writing the default model: %w", err)
+		return "", err
 	}
 	defer os.RemoveAll(tmp)
 	for _, n := range names {
@@ -56,8 +74,11 @@ func Default() (string, error) {
 			return "", err
 		}
 		if err := os.WriteFile(filepath.Join(tmp, n), b, 0o644); err != nil {
-			return "", fmt.Errorf("models: writing the default model: %w", err)
+			return "", err
 		}
+	}
+	if err := os.Chmod(tmp, 0o755); err != nil { // MkdirTemp makes it private
+		return "", err
 	}
 	if complete(dir, names) { // another process finished first
 		return dir, nil
@@ -67,7 +88,7 @@ func Default() (string, error) {
 		if complete(dir, names) {
 			return dir, nil
 		}
-		return "", fmt.Errorf("models: writing the default model: %w", err)
+		return "", err
 	}
 	return dir, nil
 }

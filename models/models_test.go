@@ -6,6 +6,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 
@@ -77,5 +78,27 @@ func TestDefaultLoads(t *testing.T) {
 	}
 	if act, _ := m.Config.GateActivation(); act != model.ActReLU {
 		t.Fatalf("default model's gate is %v, want ReLU (a sparse model)", act)
+	}
+}
+
+// TestDefaultFallsBackToTemp: with a cache folder that cannot be written,
+// the model goes under the temporary folder.
+func TestDefaultFallsBackToTemp(t *testing.T) {
+	ro := filepath.Join(t.TempDir(), "ro")
+	if err := os.WriteFile(ro, []byte("a file, not a folder"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("XDG_CACHE_HOME", ro) // twell/models under a file: cannot be made
+	tmp := t.TempDir()
+	t.Setenv("TMPDIR", tmp)
+	dir, err := Default()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(dir, tmp) {
+		t.Fatalf("default model written to %q, want under %q", dir, tmp)
+	}
+	if _, err := model.Load(dir); err != nil {
+		t.Fatal(err)
 	}
 }
