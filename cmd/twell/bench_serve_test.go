@@ -31,14 +31,7 @@ func TestBenchServeInProcess(t *testing.T) {
 			t.Errorf("report lacks %q:\n%s", want, out.String())
 		}
 	}
-	b, err := os.ReadFile(jsonPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var r bench.ServeResult
-	if err := json.Unmarshal(b, &r); err != nil {
-		t.Fatal(err)
-	}
+	r := readServeResult(t, jsonPath)
 	switch {
 	case r.Schema != bench.ServeSchema || r.Device != "cpu" || !strings.Contains(r.Server, "tiny-random") || !strings.Contains(r.Server, "KV cache"):
 		t.Errorf("header %+v", r.Row)
@@ -122,18 +115,11 @@ func TestBenchServeLeakCheck(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errb.String())
 	}
-	b, err := os.ReadFile(jsonPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var r bench.ServeResult
-	if err := json.Unmarshal(b, &r); err != nil {
-		t.Fatal(err)
-	}
+	r := readServeResult(t, jsonPath)
 	l := r.Leaks
 	switch {
 	case l == nil:
-		t.Fatalf("no leak check in %s", b)
+		t.Fatalf("no leak check in %s", jsonPath)
 	case r.Completed+r.Disconnected != 24 || r.Failed != 0:
 		t.Errorf("%d completed + %d hung up (want 24 together), %d failed", r.Completed, r.Disconnected, r.Failed)
 	case l.RunningAfter != 0 || l.QueuedAfter != 0 || l.KVPagesAfter != l.KVPagesBefore || l.GoroutinesAfter > l.GoroutinesBefore:
@@ -142,4 +128,18 @@ func TestBenchServeLeakCheck(t *testing.T) {
 	if !strings.Contains(out.String(), "leak check:") {
 		t.Errorf("report lacks the leak check:\n%s", out.String())
 	}
+}
+
+// readServeResult reads the JSON that bench serve -json wrote.
+func readServeResult(t *testing.T, path string) bench.ServeResult {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r bench.ServeResult
+	if err := json.Unmarshal(b, &r); err != nil {
+		t.Fatal(err)
+	}
+	return r
 }

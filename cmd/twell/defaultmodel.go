@@ -4,19 +4,21 @@ import (
 	"fmt"
 	"io"
 
+	"github.com/twell-ai/twell/model"
 	"github.com/twell-ai/twell/models"
+	"github.com/twell-ai/twell/tokenizer"
 )
 
-// checkpointDir returns dir, or the default model's folder (with a note on
-// stderr) when dir is empty.
-func checkpointDir(cmd, dir string, stderr io.Writer) (string, error) {
-	if dir != "" {
-		return dir, nil
+// loadCheckpointOrDefault loads the checkpoint in dir, or the default
+// model (with a note on stderr) when dir is empty.
+func loadCheckpointOrDefault(cmd, dir string, stderr io.Writer) (*model.Model, *tokenizer.Tokenizer, error) {
+	if dir == "" {
+		d, err := models.Default()
+		if err != nil {
+			return nil, nil, err
+		}
+		fmt.Fprintf(stderr, "%s: no -model given: using the default model %s (models/default in the source tree)\n", cmd, models.DefaultName)
+		dir = d
 	}
-	d, err := models.Default()
-	if err != nil {
-		return "", err
-	}
-	fmt.Fprintf(stderr, "%s: no -model given: using the default model %s (models/default in the source tree)\n", cmd, models.DefaultName)
-	return d, nil
+	return loadCheckpoint(dir)
 }

@@ -65,11 +65,7 @@ func runGenerate(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 
-	ckpt, err := checkpointDir("generate", *dir, stderr)
-	if err != nil {
-		return err
-	}
-	m, tok, err := loadCheckpoint(ckpt)
+	m, tok, err := loadCheckpointOrDefault("generate", *dir, stderr)
 	if err != nil {
 		return err
 	}

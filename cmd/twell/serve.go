@@ -81,11 +81,7 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	if err := o.Validate(); err != nil {
 		return usagef("%v", err)
 	}
-	ckpt, err := checkpointDir("serve", *dir, stderr)
-	if err != nil {
-		return err
-	}
-	m, tok, err := loadCheckpoint(ckpt)
+	m, tok, err := loadCheckpointOrDefault("serve", *dir, stderr)
 	if err != nil {
 		return err
 	}
