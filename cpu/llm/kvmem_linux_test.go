@@ -5,6 +5,7 @@ package llm
 import (
 	"bufio"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"strconv"
 	"strings"
@@ -83,15 +84,8 @@ func residentKiB(t *testing.T, addr uintptr) (int, bool) {
 // the mapping goes on Free; a large capacity costs address space only.
 func TestMemoryFollowsTokens(t *testing.T) {
 	r, seed := testutil.Rand(t)
-	bos := 1
-	c := model.Config{ModelType: "llama", Architectures: []string{"LlamaForCausalLM"},
-		HiddenSize: 64, IntermediateSize: 256, NumHiddenLayers: 2, NumAttentionHeads: 4, NumKeyValueHeads: 2, HeadDim: 16,
-		VocabSize: 97, MaxPositionEmbeddings: 8192, RMSNormEps: 1e-5, RopeTheta: 10000,
-		HiddenAct: model.ActReLU, TieWordEmbeddings: true, MLPGated: true, BOSTokenID: &bos, EOSTokenIDs: []int{2}}
-	m, err := model.New(c, model.RandomWeights(c, r))
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := pagedTestModel(t, r, 8192)
+	c := m.Config
 	e, err := New(m, Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -150,15 +144,8 @@ func TestMemoryFollowsTokens(t *testing.T) {
 // taking more; Close gives it back.
 func TestFreedMemoryKeptForReuse(t *testing.T) {
 	r, seed := testutil.Rand(t)
-	bos := 1
-	c := model.Config{ModelType: "llama", Architectures: []string{"LlamaForCausalLM"},
-		HiddenSize: 64, IntermediateSize: 256, NumHiddenLayers: 2, NumAttentionHeads: 4, NumKeyValueHeads: 2, HeadDim: 16,
-		VocabSize: 97, MaxPositionEmbeddings: 1024, RMSNormEps: 1e-5, RopeTheta: 10000,
-		HiddenAct: model.ActReLU, TieWordEmbeddings: true, MLPGated: true, BOSTokenID: &bos, EOSTokenIDs: []int{2}}
-	m, err := model.New(c, model.RandomWeights(c, r))
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := pagedTestModel(t, r, 1024)
+	c := m.Config
 	e, err := New(m, Options{KVMemory: 64 * PageBytes(c, DefaultPageSize(c))})
 	if err != nil {
 		t.Fatal(err)
@@ -210,4 +197,20 @@ func TestFreedMemoryKeptForReuse(t *testing.T) {
 	if got := e.KVPages(); got.InUse != 0 || got.Idle != 0 {
 		t.Fatalf("after Close and Free: %d pages in use, %d idle", got.InUse, got.Idle)
 	}
+}
+
+// pagedTestModel is a small random ReLU model of maxPos positions for the
+// KV memory tests.
+func pagedTestModel(t *testing.T, r *rand.Rand, maxPos int) *model.Model {
+	t.Helper()
+	bos := 1
+	c := model.Config{ModelType: "llama", Architectures: []string{"LlamaForCausalLM"},
+		HiddenSize: 64, IntermediateSize: 256, NumHiddenLayers: 2, NumAttentionHeads: 4, NumKeyValueHeads: 2, HeadDim: 16,
+		VocabSize: 97, MaxPositionEmbeddings: maxPos, RMSNormEps: 1e-5, RopeTheta: 10000,
+		HiddenAct: model.ActReLU, TieWordEmbeddings: true, MLPGated: true, BOSTokenID: &bos, EOSTokenIDs: []int{2}}
+	m, err := model.New(c, model.RandomWeights(c, r))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
 }
