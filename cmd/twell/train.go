@@ -40,7 +40,8 @@ const sampleVocab = 1024
 type trainFlags struct {
 	cfgPath, preset, out, dataDir, tokPath, device string
 	steps                                          int
-	l1                                             float64
+	l1, sparseBelow                                float64
+	mlp                                            trainer.MLPPath
 	resume, overwrite                              bool
 	set                                            map[string]bool // the flags given
 }
@@ -58,8 +59,18 @@ func parseTrainFlags(args []string, stderr io.Writer) (*trainFlags, error) {
 	fs.StringVar(&f.device, "device", "auto", backend.FlagUsage)
 	fs.BoolVar(&f.resume, "resume", false, "continue the run in -out from its newest checkpoint (its config is read from there)")
 	fs.BoolVar(&f.overwrite, "overwrite", false, "start over in an -out that holds an earlier run, deleting its checkpoints, metrics and plots")
+	mlpPath := fs.String("mlp", "auto", "GPU MLP path: auto (sparse per layer while its density is below -sparse-below), dense or sparse")
+	fs.Float64Var(&f.sparseBelow, "sparse-below", trainer.DefaultSparseBelow, "with -mlp auto, the density under which a layer's MLP runs sparse on the GPU")
 	if err := parseFlags(fs, args); err != nil {
 		return nil, err
+	}
+	p, err := trainer.ParseMLPPath(*mlpPath)
+	if err != nil {
+		return nil, usagef("-mlp: %v", err)
+	}
+	f.mlp = p
+	if !(f.sparseBelow >= 0 && f.sparseBelow <= 1) {
+		return nil, usagef("-sparse-below %v: must be a density in [0, 1]", f.sparseBelow)
 	}
 	fs.Visit(func(fl *flag.Flag) { f.set[fl.Name] = true })
 	switch {
@@ -160,7 +171,7 @@ func runTrain(args []string, stdout, stderr io.Writer) error {
 	if s.saved != nil {
 		w = s.saved.Weights
 	}
-	tb, gpuBackend, err := newTrainBackend(f.device, cfg, w, stderr)
+	tb, gpuBackend, err := newTrainBackend(f, cfg, w, stderr)
 	if err != nil {
 		return err
 	}
@@ -204,7 +215,8 @@ func runTrain(args []string, stdout, stderr io.Writer) error {
 // newTrainBackend returns the backend of -device: cpu, cuda (GPU 0), or
 // auto (cuda when a GPU is found and can train this model, else cpu). The
 // GPU backend is also returned as such, for its memory report.
-func newTrainBackend(device string, cfg *train.Config, w *model.Weights, stderr io.Writer) (train.Backend, *trainer.Backend, error) {
+func newTrainBackend(f *trainFlags, cfg *train.Config, w *model.Weights, stderr io.Writer) (train.Backend, *trainer.Backend, error) {
+	device := f.device
 	mc := cfg.ModelConfig()
 	if device == "cpu" {
 		b, err := train.NewCPU(mc, w)
@@ -213,7 +225,7 @@ func newTrainBackend(device string, cfg *train.Config, w *model.Weights, stderr 
 	dev, err := cuda.Open(0)
 	if err == nil {
 		var b *trainer.Backend
-		if b, err = trainer.New(dev, mc, w, trainer.Options{Batch: cfg.Batch, Seq: cfg.Seq}); err == nil {
+		if b, err = trainer.New(dev, mc, w, trainer.Options{Batch: cfg.Batch, Seq: cfg.Seq, MLP: f.mlp, SparseBelow: f.sparseBelow}); err == nil {
 			fmt.Fprintf(stderr, "training on %v\n", dev)
 			return b, b, nil
 		}

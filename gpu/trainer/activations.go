@@ -20,9 +20,9 @@ type activations struct {
 	// residual after attention (fp32 [M][h]); hn1, hn2 the normed inputs
 	// (bf16 [M][h]) and their rstd (fp32 [M]); qkv after RoPE (bf16
 	// [M][qkvW]); att the attention output (bf16 [M][nq·hd]) and lse
-	// (fp32 [batch][nq][seq]); gu the MLP pre-activations (fp32 [M][guW]);
-	// hid the MLP hidden activations (bf16 [M][f]).
-	x, x2, hn1, hn2, rstd1, rstd2, qkv, att, lse, gu, hid []*cuda.Buffer
+	// (fp32 [batch][nq][seq]); mlp what the MLP block keeps for its
+	// backward (mlpShape.saveBytes: the dense or the sparse path's views).
+	x, x2, hn1, hn2, rstd1, rstd2, qkv, att, lse, mlp []*cuda.Buffer
 
 	ids, targets *cuda.Buffer // int32 [M]
 	normF, rstdF *cuda.Buffer // final norm: bf16 [M][h], fp32 [M]
@@ -30,8 +30,7 @@ type activations struct {
 	dlogits      *cuda.Buffer // bf16 [logitRows][V]
 	dx, dtmp     *cuda.Buffer // fp32 [M][h]: the residual's gradient, a normed input's
 	dxb          *cuda.Buffer // bf16 [M][h]
-	dh           *cuda.Buffer // fp32 [M][f]
-	dgu          *cuda.Buffer // bf16 [M][guW]
+	mlpScratch                // the MLP blocks' work buffers
 	qkvF         *cuda.Buffer // fp32 [M][qkvW]: q/k/v before RoPE, then their gradient
 	dqkvb        *cuda.Buffer // bf16 [M][qkvW]
 	datt         *cuda.Buffer // bf16 [M][nq·hd]
@@ -57,42 +56,51 @@ func logitRowsFor(c model.Config, rows, o int) int {
 	return min(o, rows)
 }
 
+// mlpShapeOf is the MLP block shape of model c for m tokens.
+func mlpShapeOf(c model.Config, m int) mlpShape {
+	return mlpShape{m: m, h: c.HiddenSize, f: c.IntermediateSize, gated: c.MLPGated}
+}
+
 // activationSizes lists the byte sizes of the buffers of activations for
-// micro-batches of batch x seq tokens, per-layer buffers first.
-func activationSizes(c model.Config, batch, seq, logitRows int) (perLayer, shared []int) {
+// micro-batches of batch x seq tokens, per-layer buffers first, and the
+// sparse MLP path's work buffers (none with o.MLP dense).
+func activationSizes(c model.Config, batch, seq int, o Options) (perLayer, shared, sparse []int) {
 	M, h, f, V := batch*seq, c.HiddenSize, c.IntermediateSize, c.VocabSize
 	qkvW, guW := widths(c)
 	nqhd := c.NumAttentionHeads * c.HeadDim
-	lr := logitRowsFor(c, M, logitRows)
-	// x, x2, hn1, hn2, rstd1, rstd2, qkv, att, lse, gu, hid
+	lr := logitRowsFor(c, M, o.LogitRows)
+	ms := mlpShapeOf(c, M)
+	// x, x2, hn1, hn2, rstd1, rstd2, qkv, att, lse, mlp
 	perLayer = []int{4 * M * h, 4 * M * h, 2 * M * h, 2 * M * h, 4 * M, 4 * M, 2 * M * qkvW, 2 * M * nqhd,
-		4 * batch * c.NumAttentionHeads * seq, 4 * M * guW, 2 * M * f}
+		4 * batch * c.NumAttentionHeads * seq, ms.saveBytes(o.MLP)}
 	// ids, targets, normF, rstdF, logits, dlogits, dx, dtmp, dxb, dh, dgu, qkvF, dqkvb, datt, x[L]
 	shared = []int{4 * M, 4 * M, 2 * M * h, 4 * M, 4 * lr * V, 2 * lr * V, 4 * M * h, 4 * M * h, 2 * M * h, 4 * M * f,
 		2 * M * guW, 4 * M * qkvW, 2 * M * qkvW, 2 * M * nqhd, 4 * M * h}
-	return perLayer, shared
+	if o.MLP != MLPDense {
+		sparse = ms.sparseScratchBytes()
+	}
+	return perLayer, shared, sparse
 }
 
 // ActivationBytes returns the device memory of the activations and work
 // buffers of micro-batches of batch x seq tokens (attention's own work
-// buffers not included), with logitRows rows of logits at once (0: the
-// default).
-func ActivationBytes(c model.Config, batch, seq, logitRows int) int64 {
-	perLayer, shared := activationSizes(c, batch, seq, logitRows)
+// buffers not included), with o's logit rows and MLP path.
+func ActivationBytes(c model.Config, batch, seq int, o Options) int64 {
+	perLayer, shared, sparse := activationSizes(c, batch, seq, o)
 	n := int64(0)
 	for _, s := range perLayer {
 		n += int64(s) * int64(c.NumHiddenLayers)
 	}
-	for _, s := range shared {
+	for _, s := range append(shared, sparse...) {
 		n += int64(s)
 	}
 	return n
 }
 
 // newActivations allocates the buffers for micro-batches of batch x seq.
-func newActivations(dev *cuda.Device, c model.Config, batch, seq, logitRows int) (*activations, error) {
-	a := &activations{batch: batch, seq: seq, rows: batch * seq, logitRows: logitRowsFor(c, batch*seq, logitRows)}
-	perLayer, shared := activationSizes(c, batch, seq, logitRows)
+func newActivations(dev *cuda.Device, c model.Config, batch, seq int, o Options) (*activations, error) {
+	a := &activations{batch: batch, seq: seq, rows: batch * seq, logitRows: logitRowsFor(c, batch*seq, o.LogitRows)}
+	perLayer, shared, sparse := activationSizes(c, batch, seq, o)
 	alloc := func(n int) *cuda.Buffer {
 		if len(a.owned) > 0 && a.owned[len(a.owned)-1] == nil {
 			return nil
@@ -105,7 +113,7 @@ func newActivations(dev *cuda.Device, c model.Config, batch, seq, logitRows int)
 		return buf
 	}
 	L := c.NumHiddenLayers
-	lists := []*[]*cuda.Buffer{&a.x, &a.x2, &a.hn1, &a.hn2, &a.rstd1, &a.rstd2, &a.qkv, &a.att, &a.lse, &a.gu, &a.hid}
+	lists := []*[]*cuda.Buffer{&a.x, &a.x2, &a.hn1, &a.hn2, &a.rstd1, &a.rstd2, &a.qkv, &a.att, &a.lse, &a.mlp}
 	for i, p := range lists {
 		for range L {
 			*p = append(*p, alloc(perLayer[i]))
@@ -117,10 +125,13 @@ func newActivations(dev *cuda.Device, c model.Config, batch, seq, logitRows int)
 		*p = alloc(shared[i])
 	}
 	a.x = append(a.x, alloc(shared[len(shared)-1]))
+	for i, p := range []**cuda.Buffer{&a.cnt, &a.chunk, &a.wdT, &a.dwdT}[:len(sparse)] {
+		*p = alloc(sparse[i])
+	}
 	if a.owned[len(a.owned)-1] == nil {
 		err := a.free()
 		return nil, errors.Join(fmt.Errorf("trainer: allocating %s of activations for micro-batches of %d x %d tokens failed",
-			memcheck.Format(float64(ActivationBytes(c, batch, seq, logitRows))), batch, seq), err)
+			memcheck.Format(float64(ActivationBytes(c, batch, seq, o))), batch, seq), err)
 	}
 	return a, nil
 }
@@ -154,10 +165,10 @@ func (b *Backend) ensureActs(batch, seq int) error {
 		}
 		b.acts = nil
 	}
-	if err := fits(b.dev, ActivationBytes(b.c, nb, ns, b.opts.LogitRows), b.c, nb, ns, b.opts.LogitRows); err != nil {
+	if err := fits(b.dev, ActivationBytes(b.c, nb, ns, b.opts), b.c, nb, ns, b.opts); err != nil {
 		return err
 	}
-	a, err := newActivations(b.dev, b.c, nb, ns, b.opts.LogitRows)
+	a, err := newActivations(b.dev, b.c, nb, ns, b.opts)
 	if err != nil {
 		return err
 	}

@@ -36,17 +36,28 @@ type Options struct {
 	// LogitRows is the number of token rows whose logits exist at once in
 	// the cross-entropy (0: as many as fit in 64 MiB of fp32 logits).
 	LogitRows int
+	// MLP is how the MLP blocks run (MLPAuto by default). Any path but
+	// MLPDense sizes each layer's saved activations for the sparse path's
+	// worst case (every unit firing), so that no row is ever dropped.
+	MLP MLPPath
+	// SparseBelow is MLPAuto's density threshold (0: DefaultSparseBelow).
+	SparseBelow float64
+}
+
+// sparseBelow returns MLPAuto's threshold.
+func (o Options) sparseBelow() float64 {
+	if o.SparseBelow > 0 {
+		return o.SparseBelow
+	}
+	return DefaultSparseBelow
 }
 
 // Backend is train.Backend on one GPU (see the package comment).
 type Backend struct {
-	dev  *cuda.Device
+	gpuCtx
 	c    model.Config
 	opts Options
 	k    kernels
-	s    *cuda.Stream
-	blas *cublas.Handle
-	run  launcher
 
 	specs []train.Tensor
 	off   []int // element offset of each tensor in the flat buffers
@@ -67,6 +78,10 @@ type Backend struct {
 	stepN, stepDone                             int
 
 	peak int64 // largest device memory in use seen at a synchronisation
+
+	// sparse[l] says whether layer l's MLP runs sparse (MLPAuto: decided
+	// from the density the last step measured).
+	sparse []bool
 }
 
 // New returns a Backend training w, a model with config c, on dev, with
@@ -81,19 +96,35 @@ func New(dev *cuda.Device, c model.Config, w *model.Weights, o Options) (*Backen
 		return nil, fmt.Errorf("trainer: options batch %d, seq %d, logit rows %d: give both batch and seq (or neither), none negative",
 			o.Batch, o.Seq, o.LogitRows)
 	}
+	if o.MLP < MLPAuto || o.MLP > MLPSparse || o.SparseBelow < 0 || o.SparseBelow > 1 {
+		return nil, fmt.Errorf("trainer: options MLP path %v, sparse below %g: want auto, dense or sparse and a density in [0, 1]",
+			o.MLP, o.SparseBelow)
+	}
+	if o.MLP != MLPDense {
+		if err := sparseOK(max(1, o.Batch*o.Seq), c.HiddenSize, c.IntermediateSize); err != nil {
+			if o.MLP == MLPSparse {
+				return nil, err
+			}
+			o.MLP = MLPDense // auto: the sparse kernels cannot take this shape
+		}
+	}
 	if !slices.Contains(attentionHeadDims, c.HeadDim) {
 		return nil, fmt.Errorf("trainer: head_dim %d: the GPU attention kernels take %v", c.HeadDim, attentionHeadDims)
 	}
-	b := &Backend{dev: dev, c: c, opts: o, specs: train.Tensors(c), attn: map[[2]int]*attention{}, ropes: map[int][2]*cuda.Buffer{}}
+	b := &Backend{gpuCtx: gpuCtx{dev: dev}, c: c, opts: o, specs: train.Tensors(c), attn: map[[2]int]*attention{},
+		ropes: map[int][2]*cuda.Buffer{}, sparse: make([]bool, c.NumHiddenLayers)}
+	for l := range b.sparse {
+		b.sparse[l] = o.MLP == MLPSparse
+	}
 	for _, t := range b.specs {
 		b.off = append(b.off, b.n)
 		b.n += t.Size()
 	}
 	need := ParamBytes(c)
 	if o.Batch > 0 {
-		need += ActivationBytes(c, o.Batch, o.Seq, o.LogitRows)
+		need += ActivationBytes(c, o.Batch, o.Seq, o)
 	}
-	if err := fits(dev, need, c, o.Batch, o.Seq, o.LogitRows); err != nil {
+	if err := fits(dev, need, c, o.Batch, o.Seq, o); err != nil {
 		return nil, err
 	}
 	if err := b.init(); err != nil {
@@ -155,7 +186,7 @@ func ParamBytes(c model.Config) int64 {
 // fits returns an error naming both figures when need bytes (with
 // batch > 0: including the activations of micro-batches of batch x seq)
 // exceed the device's free memory, and what micro-batch would fit.
-func fits(dev *cuda.Device, need int64, c model.Config, batch, seq, logitRows int) error {
+func fits(dev *cuda.Device, need int64, c model.Config, batch, seq int, o Options) error {
 	free, _, err := dev.MemInfo()
 	if err != nil {
 		return err
@@ -168,10 +199,10 @@ func fits(dev *cuda.Device, need int64, c model.Config, batch, seq, logitRows in
 	hint := ""
 	if batch > 0 {
 		what += fmt.Sprintf(" on micro-batches of %d x %d tokens", batch, seq)
-		base := need - ActivationBytes(c, batch, seq, logitRows)
+		base := need - ActivationBytes(c, batch, seq, o)
 		fit := 0
 		for b := batch - 1; b >= 1 && fit == 0; b-- {
-			if base+ActivationBytes(c, b, seq, logitRows)+slack <= free {
+			if base+ActivationBytes(c, b, seq, o)+slack <= free {
 				fit = b
 			}
 		}
@@ -179,6 +210,9 @@ func fits(dev *cuda.Device, need int64, c model.Config, batch, seq, logitRows in
 			hint = fmt.Sprintf("; micro-batches of at most %d x %d tokens would fit (use gradient accumulation)", fit, seq)
 		} else {
 			hint = fmt.Sprintf("; not even one sequence of %d tokens fits", seq)
+		}
+		if o.MLP != MLPDense {
+			hint += "; the dense MLP path (-mlp dense) needs less activation memory"
 		}
 	}
 	return fmt.Errorf("trainer: %s needs about %s of device memory (%s of weights, gradients and AdamW moments), but %s is free on %v%s",

@@ -14,6 +14,8 @@ var (
 	layersSrc []byte
 	//go:embed optim.cu
 	optimSrc []byte
+	//go:embed sparse.cu
+	sparseSrc []byte
 )
 
 // kernelFiles are this package's .cu files (but attention's, which its own
@@ -26,6 +28,8 @@ var kernelFiles = []struct {
 	{"layers.cu", &layersSrc, []string{"embed_fwd", "embed_bwd", "rmsnorm_fwd", "rmsnorm_bwd_dx", "rmsnorm_bwd_dw",
 		"rope_cast", "cast_bf16", "relu_fwd", "relu_bwd", "ce_chunk"}},
 	{"optim.cu", &optimSrc, []string{"sumsq", "scale", "adamw", "to_bf16", "reinit_rows", "reinit_cols"}},
+	{"sparse.cu", &sparseSrc, []string{"sp_count", "sp_scan", "sp_pack", "sp_col_count", "sp_col_prefix", "sp_col_fill",
+		"sp_up", "sp_grad", "sp_rows", "sp_cols", "transpose_bf16", "transpose_add"}},
 }
 
 // kernels are the compiled functions of kernelFiles on one device, by name.

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 
 	"github.com/twell-ai/twell/cuda"
 	"github.com/twell-ai/twell/train"
@@ -79,8 +80,17 @@ func (b *Backend) EndStep() (*train.StepStats, error) {
 		return nil, fmt.Errorf("trainer: EndStep after %d of %d micro-batches", b.stepDone, b.stepN)
 	}
 	b.stepN, b.stepDone = 0, 0
-	return b.readStats(b.stats, b.active)
+	st, err := b.readStats(b.stats, b.active)
+	if err == nil && b.opts.MLP == MLPAuto {
+		for l, units := range st.L0 {
+			b.sparse[l] = units/float64(b.c.IntermediateSize) < b.opts.sparseBelow()
+		}
+	}
+	return st, err
 }
+
+// SparseLayers reports which layers' MLP blocks the next step runs sparse.
+func (b *Backend) SparseLayers() []bool { return slices.Clone(b.sparse) }
 
 // ClipGradients scales the gradient so that its global L2 norm is at most
 // maxNorm (0: no clipping) and returns the norm before clipping. It waits

@@ -2,32 +2,11 @@ package trainer
 
 import (
 	"fmt"
+	"slices"
 
 	"github.com/twell-ai/twell/cuda"
 	"github.com/twell-ai/twell/cuda/cublas"
 )
-
-// GEMMs of a linear layer y = x Wᵀ (x [m][in], W [out][in], row-major),
-// bf16 inputs, fp32 accumulation.
-
-// linear sets y = x·Wᵀ (+ y when add), y of type ct.
-func (b *Backend) linear(y, x, w *cuda.Buffer, m, in, out int, ct cublas.DataType, add bool) error {
-	g := cublas.Gemm{M: m, N: out, K: in, TransB: true, Alpha: 1, CType: ct}
-	if add {
-		g.Beta = 1
-	}
-	return b.blas.Matmul(b.s, g, x, w, y)
-}
-
-// linearDX sets dx = dy·W (dy [m][out]), dx of type ct.
-func (b *Backend) linearDX(dx, dy, w *cuda.Buffer, m, in, out int, ct cublas.DataType) error {
-	return b.blas.Matmul(b.s, cublas.Gemm{M: m, N: in, K: out, Alpha: 1, CType: ct}, dy, w, dx)
-}
-
-// linearDW adds dyᵀ·x into dw (fp32 [out][in]).
-func (b *Backend) linearDW(dw, dy, x *cuda.Buffer, m, in, out int) error {
-	return b.blas.Matmul(b.s, cublas.Gemm{M: out, N: in, K: m, TransA: true, Alpha: 1, Beta: 1, CType: cublas.F32}, dy, x, dw)
-}
 
 // layerViews are one layer's parameter views (fused where the layout
 // allows: q, k, v are consecutive tensors, and so are gate and up).
@@ -104,7 +83,7 @@ func (b *Backend) forwardBackward(p pass) error {
 	c, a := b.c, b.acts
 	m, h, f, V, L := p.m, c.HiddenSize, c.IntermediateSize, c.VocabSize, c.NumHiddenLayers
 	nq, nkv, hd := c.NumAttentionHeads, c.NumKeyValueHeads, c.HeadDim
-	qkvW, guW := widths(c)
+	qkvW, _ := widths(c)
 	cos, sin, err := b.ropeTables(p.seq)
 	if err != nil {
 		return err
@@ -135,6 +114,10 @@ func (b *Backend) forwardBackward(p pass) error {
 	}
 	r := b.run
 	eps := c.RMSNormEps
+	sparse, err := b.mlpPaths(m)
+	if err != nil {
+		return err
+	}
 
 	// Forward.
 	if err := r.embedFwd(a.x[0], embed, a.ids, m, h); err != nil {
@@ -155,12 +138,11 @@ func (b *Backend) forwardBackward(p pass) error {
 			func() error { return b.dev.CopyDtoDAsync(a.x2[l], a.x[l], 4*m*h, b.s) },
 			func() error { return b.linear(a.x2[l], att1, lv.o, m, nq*hd, h, cublas.F32, true) },
 			func() error { return r.rmsNormFwd(a.hn2[l], a.rstd2[l], a.x2[l], lv.mlpNorm, m, h, eps) },
-			func() error { return b.linear(a.gu[l], a.hn2[l], lv.gu, m, h, guW, cublas.F32, false) },
 			func() error {
-				return r.reluFwd(reluArgs{gu: a.gu[l], m: m, f: f, gated: c.MLPGated}, a.hid[l], active, stat, p.l1Stat, p.l0Scale)
+				ma := b.mlpArgsFor(l, lv, m, p)
+				ma.stat, ma.active = stat, active
+				return b.mlpForward(ma, sparse[l])
 			},
-			func() error { return b.dev.CopyDtoDAsync(a.x[l+1], a.x2[l], 4*m*h, b.s) },
-			func() error { return b.linear(a.x[l+1], a.hid[l], lv.down, m, f, h, cublas.F32, true) },
 		)
 		if err != nil {
 			return fmt.Errorf("trainer: layer %d forward: %w", l, err)
@@ -204,7 +186,6 @@ func (b *Backend) forwardBackward(p pass) error {
 
 	// Backward: dx is the gradient of the residual stream.
 	dx, dtmp, dxb := rows(a.dx, 4, h), rows(a.dtmp, 4, h), rows(a.dxb, 2, h)
-	dh, dgu := rows(a.dh, 4, f), rows(a.dgu, 2, guW)
 	if sl.err != nil {
 		return sl.err
 	}
@@ -220,15 +201,13 @@ func (b *Backend) forwardBackward(p pass) error {
 			return sl.err
 		}
 		err := inOrder(
-			// MLP: y = hid·Wdᵀ, hid = act(hn2·Wguᵀ).
+			// MLP: x[l+1] = x2 + MLP(hn2).
 			func() error { return r.castBF16(dxb, dx, m*h) },
-			func() error { return b.linearDW(lv.gDown, dxb, a.hid[l], m, f, h) },
-			func() error { return b.linearDX(dh, dxb, lv.down, m, f, h, cublas.F32) },
 			func() error {
-				return r.reluBwd(reluArgs{gu: a.gu[l], m: m, f: f, gated: c.MLPGated}, dgu, dh, p.l1Grad)
+				ma := b.mlpArgsFor(l, lv, m, p)
+				ma.dy, ma.dx = dxb, dtmp
+				return b.mlpBackward(ma, sparse[l])
 			},
-			func() error { return b.linearDW(lv.gGU, dgu, a.hn2[l], m, h, guW) },
-			func() error { return b.linearDX(dtmp, dgu, lv.gu, m, h, guW, cublas.F32) },
 			func() error { return r.rmsNormBwd(dx, lv.gMLPNorm, dtmp, a.x2[l], lv.mlpNorm, a.rstd2[l], m, h) },
 			// Attention: x2 = x + att·Woᵀ.
 			func() error { return r.castBF16(dxb, dx, m*h) },
@@ -256,4 +235,29 @@ func inOrder(steps ...func() error) error {
 		}
 	}
 	return nil
+}
+
+// mlpPaths returns which layers run their MLP sparse for micro-batches of
+// m tokens.
+func (b *Backend) mlpPaths(m int) ([]bool, error) {
+	out := slices.Clone(b.sparse)
+	if b.opts.MLP == MLPDense {
+		return make([]bool, len(out)), nil
+	}
+	if err := sparseOK(m, b.c.HiddenSize, b.c.IntermediateSize); err != nil {
+		if b.opts.MLP == MLPSparse {
+			return nil, err
+		}
+		return make([]bool, len(out)), nil
+	}
+	return out, nil
+}
+
+// mlpArgsFor returns layer l's MLP operands for a micro-batch of m tokens
+// (but the statistics buffers and the backward's dy and dx).
+func (b *Backend) mlpArgsFor(l int, lv layerViews, m int, p pass) mlpArgs {
+	a := b.acts
+	return mlpArgs{mlpShape: mlpShapeOf(b.c, m), x: a.hn2[l], wgu: lv.gu, wd: lv.down, base: a.x2[l], out: a.x[l+1],
+		region: a.mlp[l], sc: a.mlpScratch, l1Stat: p.l1Stat, l0Scale: p.l0Scale, gGU: lv.gGU, gDown: lv.gDown,
+		l1Grad: p.l1Grad}
 }

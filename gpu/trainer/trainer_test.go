@@ -85,15 +85,19 @@ func relDiff(a, b []float32) float64 {
 // after the update.
 func TestStepMatchesCPU(t *testing.T) {
 	dev := cudatest.Device(t)
-	for _, tc := range []struct{ gated, tied bool }{{true, true}, {true, false}, {false, true}, {false, false}} {
-		t.Run(fmt.Sprintf("gated=%v,tied=%v", tc.gated, tc.tied), func(t *testing.T) {
+	for _, tc := range []struct {
+		gated, tied bool
+		mlp         MLPPath
+	}{{true, true, MLPDense}, {true, false, MLPDense}, {false, true, MLPDense}, {false, false, MLPDense},
+		{true, true, MLPSparse}, {false, false, MLPSparse}} {
+		t.Run(fmt.Sprintf("gated=%v,tied=%v,mlp=%v", tc.gated, tc.tied, tc.mlp), func(t *testing.T) {
 			seed := rand.Uint64()
 			r := rand.New(rand.NewPCG(seed, 1))
 			c := testModel(tc.gated, tc.tied)
 			w := model.RandomWeights(c, r)
 			const batch, seq, micro, l1 = 4, 32, 2, 0.05
 			toks := [][]int{randomTokens(r, batch*(seq+1), c.VocabSize), randomTokens(r, batch*(seq+1), c.VocabSize)}
-			gb, err := New(dev, c, cloneWeights(w), Options{Batch: batch, Seq: seq, LogitRows: 40})
+			gb, err := New(dev, c, cloneWeights(w), Options{Batch: batch, Seq: seq, LogitRows: 40, MLP: tc.mlp})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -202,11 +206,11 @@ func TestLossCurveMatchesCPU(t *testing.T) {
 		toks[i] = (toks[i-1] * 7) % c.VocabSize
 	}
 	w := model.RandomWeights(c, r)
-	curves := make([][]float64, 2)
-	for i := range 2 {
+	curves := make([][]float64, 3)
+	for i := range 3 {
 		var b train.Backend
-		if i == 0 {
-			b, err = New(dev, c, cloneWeights(w), Options{})
+		if i < 2 {
+			b, err = New(dev, c, cloneWeights(w), Options{MLP: []MLPPath{MLPAuto, MLPSparse}[i]})
 		} else {
 			b, err = train.NewCPU(c, cloneWeights(w))
 		}
@@ -231,12 +235,14 @@ func TestLossCurveMatchesCPU(t *testing.T) {
 			curves[i] = append(curves[i], m.Loss)
 		}
 	}
-	if len(curves[0]) != len(curves[1]) || len(curves[0]) == 0 {
-		t.Fatalf("%d and %d metrics", len(curves[0]), len(curves[1]))
-	}
-	for s := range curves[0] {
-		if e := math.Abs(curves[0][s]-curves[1][s]) / curves[1][s]; e > 0.03 {
-			t.Errorf("seed %d: logged point %d: GPU loss %g, CPU %g", seed, s, curves[0][s], curves[1][s])
+	for i, name := range []string{"auto", "sparse"} {
+		if len(curves[i]) != len(curves[2]) || len(curves[2]) == 0 {
+			t.Fatalf("%d and %d metrics", len(curves[i]), len(curves[2]))
+		}
+		for s := range curves[2] {
+			if e := math.Abs(curves[i][s]-curves[2][s]) / curves[2][s]; e > 0.03 {
+				t.Errorf("seed %d: logged point %d: GPU loss (MLP %s) %g, CPU %g", seed, s, name, curves[i][s], curves[2][s])
+			}
 		}
 	}
 }

@@ -1,0 +1,88 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"text/tabwriter"
+
+	"github.com/twell-ai/twell/backend"
+	"github.com/twell-ai/twell/bench"
+	"github.com/twell-ai/twell/gpu/trainer"
+	"github.com/twell-ai/twell/internal/memcheck"
+	"github.com/twell-ai/twell/synth"
+)
+
+func init() {
+	register(command{name: "bench train", summary: "time one MLP block's training forward + backward, dense against sparse (GPU)", run: runBenchTrain})
+}
+
+func runBenchTrain(args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("bench train", stderr)
+	device := fs.String("device", "cuda", "where to run: cuda (the sparse training kernels are GPU kernels)")
+	d := fs.Int("d", 2048, "hidden size, a positive multiple of 8")
+	f := fs.Int("f", 5632, "MLP width, a positive multiple of 8")
+	m := fs.Int("m", 16384, "tokens in the micro-batch")
+	densities := fs.String("density", "0.005,0.02,0.05", "comma-separated fractions of MLP units active per token, each in (0,1)")
+	dist := fs.String("dist", "uniform", "per-unit firing rates: uniform or skewed (heavy-tailed, ~30% dead units)")
+	gated := fs.Bool("gated", true, "gated MLP (relu(x Wg^T) * x Wu^T); false for relu(x Wu^T)")
+	reps := fs.Int("reps", 30, "timed repetitions per path, >= 1, median reported")
+	l1 := fs.Float64("l1", 2e-3, "L1 coefficient on the mean over tokens of sum |h|")
+	seed := fs.Uint64("seed", 0, "random seed (0: a fresh one, printed)")
+	jsonPath := fs.String("json", "", "write the results as JSON to this file")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	dens, err := parseFloats(*densities)
+	if err != nil {
+		return usagef("-density: %v", err)
+	}
+	dst, err := synth.ParseDist(*dist)
+	if err != nil {
+		return usagef("-dist: %v", err)
+	}
+	kind, err := backend.Parse(*device)
+	if err != nil {
+		return usagef("%v", err)
+	}
+	if kind != backend.CUDA {
+		return usagef("-device %s: bench train times the GPU kernels; give -device cuda", *device)
+	}
+	if *seed == 0 {
+		*seed = rand.Uint64()
+	}
+	o := bench.TrainMLPOptions{D: *d, F: *f, M: *m, Densities: dens, Dist: dst, Gated: *gated, Reps: *reps, Seed: *seed, L1: *l1}
+	if err := o.Validate(); err != nil {
+		return usageError{err.Error()}
+	}
+	if err := memcheck.Fits(fmt.Sprintf("the d=%d f=%d m=%d benchmark", o.D, o.F, o.M), o.HostBytes(), ""); err != nil {
+		return err
+	}
+	if err := checkWritable(*jsonPath); err != nil {
+		return err
+	}
+	fmt.Fprintf(stderr, "bench train: d=%d f=%d m=%d %s gated=%v l1=%g seed=%d\n", o.D, o.F, o.M, dst, o.Gated, o.L1, o.Seed)
+	results, err := bench.TrainMLPCUDA(o, func(s string) { fmt.Fprintln(stderr, "  "+s) })
+	if err != nil {
+		return err
+	}
+	printTrainMLP(stdout, results)
+	return writeResults(*jsonPath, results, "", nil)
+}
+
+func printTrainMLP(w io.Writer, rs []bench.TrainMLPResult) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "m\tdensity\tdist\tnnz mean\tdense ms\tsparse ms\tspeedup\tauto\tauto ms\tauto speedup\tdense TFLOP/s\tmax rel err\t")
+	for _, r := range rs {
+		e := max(r.OutRelErr, r.DXRelErr, r.DGateRelErr, r.DUpRelErr, r.DDownRelErr)
+		fmt.Fprintf(tw, "%d\t%g\t%s\t%.1f\t%.3f\t%.3f\t%.2fx\t%s\t%.3f\t%.2fx\t%.0f\t%.1e\t\n",
+			r.M, r.Density, r.Dist, r.NNZMean, r.DenseMS, r.TwellMS, r.Speedup, r.AutoPath, r.AutoMS, r.AutoSpeedup, r.DenseTFLOPS, e)
+	}
+	tw.Flush()
+	fmt.Fprint(w, `
+  dense ms     forward + backward of the block (L1 term included) through cuBLASLt GEMMs, median
+  sparse ms    the same through the sparse kernels (gate GEMM, then only the active units), median
+  auto         the path training takes at the measured density (sparse below `+fmt.Sprint(100*trainer.DefaultSparseBelow)+`%)
+  max rel err  sparse against dense over the output, dx and the three weight gradients
+`)
+}

@@ -1,0 +1,306 @@
+package trainer
+
+import (
+	"fmt"
+
+	"github.com/twell-ai/twell/cuda"
+	"github.com/twell-ai/twell/cuda/cublas"
+)
+
+// MLPPath is how the MLP blocks of a step run.
+type MLPPath int
+
+// The MLP paths.
+const (
+	// MLPAuto runs each layer sparse while its measured density (active
+	// units per token over the MLP width, from the previous step) is below
+	// Options.SparseBelow, dense otherwise; the first step runs dense.
+	MLPAuto MLPPath = iota
+	// MLPDense runs every layer through dense GEMMs.
+	MLPDense
+	// MLPSparse runs every layer through the sparse kernels (sparse.cu).
+	MLPSparse
+)
+
+// String returns the name ParseMLPPath takes.
+func (p MLPPath) String() string {
+	switch p {
+	case MLPAuto:
+		return "auto"
+	case MLPDense:
+		return "dense"
+	case MLPSparse:
+		return "sparse"
+	}
+	return fmt.Sprintf("MLPPath(%d)", int(p))
+}
+
+// ParseMLPPath returns the path named s: auto, dense or sparse.
+func ParseMLPPath(s string) (MLPPath, error) {
+	for _, p := range []MLPPath{MLPAuto, MLPDense, MLPSparse} {
+		if p.String() == s {
+			return p, nil
+		}
+	}
+	return 0, fmt.Errorf("MLP path %q: want auto, dense or sparse", s)
+}
+
+// DefaultSparseBelow is the density under which MLPAuto runs a layer
+// sparse: below it the sparse forward and backward of an MLP block beat
+// the dense GEMMs on an H200 (docs/gpu-train.md).
+const DefaultSparseBelow = 0.01
+
+// sparseRowsPer is the number of token rows per chunk of the column index
+// (sp_col_count, sp_col_fill); it must stay below 65536.
+const sparseRowsPer = 64
+
+// sparseOK reports whether the sparse kernels take a block of width h and
+// f units for m tokens: 16-byte rows and an entry count that fits int32.
+func sparseOK(m, h, f int) error {
+	if h%8 != 0 || f%8 != 0 {
+		return fmt.Errorf("trainer: the sparse MLP needs hidden size and MLP width divisible by 8 (have %d and %d)", h, f)
+	}
+	if int64(m)*int64(f) >= 1<<31 {
+		return fmt.Errorf("trainer: the sparse MLP takes at most 2^31 - 1 entries per micro-batch (%d tokens x %d units)", m, f)
+	}
+	return nil
+}
+
+// mlpShape is one MLP block's shape for m tokens.
+type mlpShape struct {
+	m, h, f int
+	gated   bool
+}
+
+func (s mlpShape) guW() int {
+	if s.gated {
+		return 2 * s.f
+	}
+	return s.f
+}
+
+// align16 rounds n up to a multiple of 16.
+func align16(n int) int { return (n + 15) &^ 15 }
+
+// denseSaveBytes is what the dense path keeps from forward to backward:
+// the fp32 pre-activations and the bf16 hidden activations.
+func (s mlpShape) denseSaveBytes() int { return align16(4*s.m*s.guW()) + align16(2*s.m*s.f) }
+
+// sparseSaveBytes is what the sparse path keeps, sized for every unit of
+// every token firing: the row-major form (row pointers, columns, P, and
+// gated R and T) and the column index (pointers, tokens, positions).
+func (s mlpShape) sparseSaveBytes() int {
+	nnz := s.m * s.f
+	vals := 1
+	if s.gated {
+		vals = 3
+	}
+	return align16(4*(s.m+1)) + align16(4*(s.f+1)) + 3*align16(4*nnz) + vals*align16(2*nnz)
+}
+
+// saveBytes is a layer's saved-activation region for the path p.
+func (s mlpShape) saveBytes(p MLPPath) int {
+	if p == MLPDense {
+		return s.denseSaveBytes()
+	}
+	return max(s.denseSaveBytes(), s.sparseSaveBytes())
+}
+
+// sparseScratchBytes lists the sparse path's work buffers: row or column
+// counts, the chunk counts of the column index, Wdᵀ (bf16) and the down
+// projection's transposed gradient (fp32).
+func (s mlpShape) sparseScratchBytes() []int {
+	chunks := (s.m + sparseRowsPer - 1) / sparseRowsPer
+	return []int{4 * (max(s.m, s.f) + 1), 4 * chunks * s.f, 2 * s.f * s.h, 4 * s.f * s.h}
+}
+
+// carver cuts consecutive 16-byte aligned views out of a region.
+type carver struct {
+	sl  *slicer
+	buf *cuda.Buffer
+	off int
+}
+
+func (c *carver) next(n int) *cuda.Buffer {
+	v := c.sl.at(c.buf, c.off, n)
+	c.off += align16(n)
+	return v
+}
+
+// denseSave are the dense path's views of a layer's region.
+type denseSave struct{ gu, hid *cuda.Buffer }
+
+func (s mlpShape) carveDense(sl *slicer, region *cuda.Buffer) denseSave {
+	c := carver{sl: sl, buf: region}
+	return denseSave{gu: c.next(4 * s.m * s.guW()), hid: c.next(2 * s.m * s.f)}
+}
+
+// sparseSave are the sparse path's views of a layer's region: the
+// row-major form (rowptr int32 [m+1], col int32 [nnz], pv, rv, tv bf16
+// [nnz]; ungated, rv is nil and tv is pv) and the column index (colptr
+// int32 [f+1], coltok, colpos int32 [nnz]).
+type sparseSave struct {
+	rowptr, col, pv, rv, tv, colptr, coltok, colpos *cuda.Buffer
+}
+
+func (s mlpShape) carveSparse(sl *slicer, region *cuda.Buffer) sparseSave {
+	nnz := s.m * s.f
+	c := carver{sl: sl, buf: region}
+	v := sparseSave{rowptr: c.next(4 * (s.m + 1)), colptr: c.next(4 * (s.f + 1)), col: c.next(4 * nnz),
+		coltok: c.next(4 * nnz), colpos: c.next(4 * nnz), pv: c.next(2 * nnz)}
+	v.tv = v.pv
+	if s.gated {
+		v.rv, v.tv = c.next(2*nnz), c.next(2*nnz)
+	}
+	return v
+}
+
+// mlpScratch are the work buffers an MLP block's forward and backward share
+// across layers: dh (fp32 [m][f]; the sparse path's bf16 gate
+// pre-activations) and dgu (bf16 [m][guW]) of the dense backward, and the
+// sparse path's (sparseScratchBytes; nil when only dense runs).
+type mlpScratch struct {
+	dh, dgu               *cuda.Buffer
+	cnt, chunk, wdT, dwdT *cuda.Buffer
+}
+
+// mlpArgs are one MLP block's operands: out = base + MLP(x) forward;
+// backward, from dy, the input gradient into dx and the weight gradients
+// added into gGU and gDown.
+type mlpArgs struct {
+	mlpShape
+	x         *cuda.Buffer // bf16 [m][h]: the normed input
+	wgu, wd   *cuda.Buffer // bf16 [guW][h] (gate rows, then up rows), [h][f]
+	base, out *cuda.Buffer // fp32 [m][h]
+	region    *cuda.Buffer // saved activations (saveBytes)
+	sc        mlpScratch
+
+	stat, active    *cuda.Buffer // fp64 [2] (L1 term, L0), int32 [f] firing counts
+	l1Stat, l0Scale float64
+
+	dy         *cuda.Buffer // bf16 [m][h]
+	dx         *cuda.Buffer // fp32 [m][h]
+	gGU, gDown *cuda.Buffer // fp32 [guW][h], [h][f]
+	l1Grad     float32
+}
+
+// gpuCtx is what queues work on a device: the stream, cuBLASLt and this
+// package's kernels.
+type gpuCtx struct {
+	dev  *cuda.Device
+	s    *cuda.Stream
+	blas *cublas.Handle
+	run  launcher
+}
+
+// linear sets y = x·Wᵀ (+ y when add), y of type ct.
+func (g *gpuCtx) linear(y, x, w *cuda.Buffer, m, in, out int, ct cublas.DataType, add bool) error {
+	gm := cublas.Gemm{M: m, N: out, K: in, TransB: true, Alpha: 1, CType: ct}
+	if add {
+		gm.Beta = 1
+	}
+	return g.blas.Matmul(g.s, gm, x, w, y)
+}
+
+// linearDX sets dx = dy·W (dy [m][out]), dx of type ct.
+func (g *gpuCtx) linearDX(dx, dy, w *cuda.Buffer, m, in, out int, ct cublas.DataType) error {
+	return g.blas.Matmul(g.s, cublas.Gemm{M: m, N: in, K: out, Alpha: 1, CType: ct}, dy, w, dx)
+}
+
+// linearDW adds dyᵀ·x into dw (fp32 [out][in]).
+func (g *gpuCtx) linearDW(dw, dy, x *cuda.Buffer, m, in, out int) error {
+	return g.blas.Matmul(g.s, cublas.Gemm{M: out, N: in, K: m, TransA: true, Alpha: 1, Beta: 1, CType: cublas.F32}, dy, x, dw)
+}
+
+// mlpForward queues the forward of an MLP block on path dense or sparse.
+func (g *gpuCtx) mlpForward(a mlpArgs, sparse bool) error {
+	sl := &slicer{}
+	if !sparse {
+		d := a.carveDense(sl, a.region)
+		if sl.err != nil {
+			return sl.err
+		}
+		return inOrder(
+			func() error { return g.linear(d.gu, a.x, a.wgu, a.m, a.h, a.guW(), cublas.F32, false) },
+			func() error {
+				return g.run.reluFwd(reluArgs{gu: d.gu, m: a.m, f: a.f, gated: a.gated}, d.hid, a.active, a.stat, a.l1Stat, a.l0Scale)
+			},
+			func() error { return g.dev.CopyDtoDAsync(a.out, a.base, 4*a.m*a.h, g.s) },
+			func() error { return g.linear(a.out, d.hid, a.wd, a.m, a.f, a.h, cublas.F32, true) },
+		)
+	}
+	sp := a.carveSparse(sl, a.region)
+	gate := sl.at(a.wgu, 0, 2*a.f*a.h)
+	up := sl.at(a.wgu, 2*a.f*a.h*b2int(a.gated), 2*a.f*a.h)
+	gbf := sl.at(a.sc.dh, 0, 2*a.m*a.f)
+	if sl.err != nil {
+		return sl.err
+	}
+	steps := []func() error{
+		func() error { return g.linear(gbf, a.x, gate, a.m, a.h, a.f, cublas.BF16, false) },
+		func() error { return g.run.spIndex(a.mlpShape, gbf, sp, a.sc, a.active, a.stat, a.l0Scale, a.l1Stat) },
+	}
+	if a.gated {
+		steps = append(steps, func() error { return g.run.spUp(a.mlpShape, a.x, up, sp, a.stat, a.l1Stat) })
+	}
+	steps = append(steps,
+		func() error { return g.run.transposeBF16(a.sc.wdT, a.wd, a.h, a.f) },
+		func() error { return g.run.spRows(a.out, a.base, sp, sp.tv, a.sc.wdT, nil, nil, a.m, a.h) })
+	return inOrder(steps...)
+}
+
+// mlpBackward queues the backward of an MLP block whose forward ran on the
+// same path.
+func (g *gpuCtx) mlpBackward(a mlpArgs, sparse bool) error {
+	sl := &slicer{}
+	if !sparse {
+		d := a.carveDense(sl, a.region)
+		dh, dgu := sl.at(a.sc.dh, 0, 4*a.m*a.f), sl.at(a.sc.dgu, 0, 2*a.m*a.guW())
+		if sl.err != nil {
+			return sl.err
+		}
+		return inOrder(
+			func() error { return g.linearDW(a.gDown, a.dy, d.hid, a.m, a.f, a.h) },
+			func() error { return g.linearDX(dh, a.dy, a.wd, a.m, a.f, a.h, cublas.F32) },
+			func() error {
+				return g.run.reluBwd(reluArgs{gu: d.gu, m: a.m, f: a.f, gated: a.gated}, dgu, dh, a.l1Grad)
+			},
+			func() error { return g.linearDW(a.gGU, dgu, a.x, a.m, a.h, a.guW()) },
+			func() error { return g.linearDX(a.dx, dgu, a.wgu, a.m, a.h, a.guW(), cublas.F32) },
+		)
+	}
+	sp := a.carveSparse(sl, a.region)
+	gate := sl.at(a.wgu, 0, 2*a.f*a.h)
+	up := sl.at(a.wgu, 2*a.f*a.h*b2int(a.gated), 2*a.f*a.h)
+	gGate := sl.at(a.gGU, 0, 4*a.f*a.h)
+	gUp := sl.at(a.gGU, 4*a.f*a.h*b2int(a.gated), 4*a.f*a.h)
+	if sl.err != nil {
+		return sl.err
+	}
+	// dWd first: it reads T, which the ungated sp_grad overwrites (T = P).
+	steps := []func() error{
+		func() error { return g.run.transposeBF16(a.sc.wdT, a.wd, a.h, a.f) },
+		func() error { return g.dev.Memset8(a.sc.dwdT, 0, g.s) },
+		func() error { return g.run.spCols(a.sc.dwdT, nil, sp, sp.tv, nil, a.dy, a.f, a.h) },
+		func() error { return g.run.transposeAdd(a.gDown, a.sc.dwdT, a.f, a.h) },
+		func() error { return g.run.spGrad(a.mlpShape, a.dy, a.sc.wdT, sp, a.l1Grad) },
+	}
+	if a.gated {
+		// sp_grad left dR in pv and dG in rv.
+		steps = append(steps,
+			func() error { return g.run.spCols(gGate, gUp, sp, sp.rv, sp.pv, a.x, a.f, a.h) },
+			func() error { return g.run.spRows(a.dx, nil, sp, sp.rv, gate, sp.pv, up, a.m, a.h) })
+	} else {
+		steps = append(steps,
+			func() error { return g.run.spCols(gUp, nil, sp, sp.pv, nil, a.x, a.f, a.h) },
+			func() error { return g.run.spRows(a.dx, nil, sp, sp.pv, up, nil, nil, a.m, a.h) })
+	}
+	return inOrder(steps...)
+}
+
+func b2int(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}

@@ -1,0 +1,207 @@
+package trainer
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/twell-ai/twell/bf16"
+	"github.com/twell-ai/twell/cuda"
+	"github.com/twell-ai/twell/cuda/cublas"
+)
+
+// MLPBlock is one MLP block's training forward and backward on a GPU,
+// outside a model, with the L1 penalty on its hidden activations: what
+// `twell bench train` times and the tests compare path against path. It
+// runs exactly the code a training step runs for one layer.
+type MLPBlock struct {
+	gpuCtx
+	shape mlpShape
+	l1    float64
+
+	x, dy, wgu, wd       *cuda.Buffer // bf16
+	base, out, dx        *cuda.Buffer // fp32 (base zero)
+	gGU, gDown           *cuda.Buffer // fp32
+	stat, active, region *cuda.Buffer
+	sc                   mlpScratch
+	owned                []*cuda.Buffer
+}
+
+// MLPBlockBytes is the device memory an MLPBlock of m tokens, hidden size
+// h and f units takes.
+func MLPBlockBytes(m, h, f int, gated bool) int64 {
+	s := mlpShape{m: m, h: h, f: f, gated: gated}
+	n := int64(0)
+	for _, b := range s.blockBuffers() {
+		n += int64(b)
+	}
+	return n
+}
+
+// blockBuffers lists an MLPBlock's buffer sizes in allocation order.
+func (s mlpShape) blockBuffers() []int {
+	out := []int{2 * s.m * s.h, 2 * s.m * s.h, 2 * s.guW() * s.h, 2 * s.h * s.f, // x, dy, wgu, wd
+		4 * s.m * s.h, 4 * s.m * s.h, 4 * s.m * s.h, // base, out, dx
+		4 * s.guW() * s.h, 4 * s.h * s.f, 16, 4 * s.f, s.saveBytes(MLPAuto), // gGU, gDown, stat, active, region
+		4 * s.m * s.f, 2 * s.m * s.guW()} // dh, dgu
+	return append(out, s.sparseScratchBytes()...)
+}
+
+// NewMLPBlock allocates a block of m tokens, hidden size h and f units
+// (gated: relu(x·Wgᵀ)·(x·Wuᵀ); else relu(x·Wuᵀ)) with L1 coefficient l1
+// on the mean over tokens of Σ|h|, checking free device memory first.
+func NewMLPBlock(dev *cuda.Device, m, h, f int, gated bool, l1 float64) (*MLPBlock, error) {
+	if m < 1 || h < 1 || f < 1 {
+		return nil, fmt.Errorf("trainer: an MLP block of %d tokens, hidden size %d, %d units", m, h, f)
+	}
+	if err := sparseOK(m, h, f); err != nil {
+		return nil, err
+	}
+	s := mlpShape{m: m, h: h, f: f, gated: gated}
+	free, _, err := dev.MemInfo()
+	if err != nil {
+		return nil, err
+	}
+	if need := MLPBlockBytes(m, h, f, gated); need+(64<<20) > free {
+		return nil, fmt.Errorf("trainer: an MLP block of %d x %d x %d needs %d MiB of device memory, %d MiB free",
+			m, h, f, need>>20, free>>20)
+	}
+	b := &MLPBlock{gpuCtx: gpuCtx{dev: dev}, shape: s, l1: l1}
+	if err := b.init(); err != nil {
+		return nil, errors.Join(err, b.Close())
+	}
+	return b, nil
+}
+
+func (b *MLPBlock) init() error {
+	k, err := kernelsFor(b.dev)
+	if err != nil {
+		return err
+	}
+	if b.s, err = b.dev.NewStream(); err != nil {
+		return err
+	}
+	if b.blas, err = cublas.New(b.dev); err != nil {
+		return err
+	}
+	b.run = launcher{k: k, s: b.s}
+	ptrs := []**cuda.Buffer{&b.x, &b.dy, &b.wgu, &b.wd, &b.base, &b.out, &b.dx, &b.gGU, &b.gDown, &b.stat, &b.active,
+		&b.region, &b.sc.dh, &b.sc.dgu, &b.sc.cnt, &b.sc.chunk, &b.sc.wdT, &b.sc.dwdT}
+	for i, n := range b.shape.blockBuffers() {
+		buf, err := b.dev.Alloc(n)
+		if err != nil {
+			return fmt.Errorf("trainer: allocating %d bytes for an MLP block: %w", n, err)
+		}
+		b.owned = append(b.owned, buf)
+		*ptrs[i] = buf
+	}
+	return b.dev.Memset8(b.base, 0, b.s)
+}
+
+// Load sets the weights (gate and up [f][h], gate nil ungated; down
+// [h][f]), the input x [m][h] and the output gradient dy [m][h], rounded
+// to bf16.
+func (b *MLPBlock) Load(gate, up, down, x, dy []float32) error {
+	s := b.shape
+	if (gate != nil) != s.gated || (gate != nil && len(gate) != s.f*s.h) || len(up) != s.f*s.h || len(down) != s.h*s.f ||
+		len(x) != s.m*s.h || len(dy) != s.m*s.h {
+		return fmt.Errorf("trainer: MLP block operands of %d, %d, %d, %d and %d values for m %d, h %d, f %d, gated %v",
+			len(gate), len(up), len(down), len(x), len(dy), s.m, s.h, s.f, s.gated)
+	}
+	wgu := append(append([]float32(nil), gate...), up...)
+	for _, c := range []struct {
+		dst *cuda.Buffer
+		src []float32
+	}{{b.x, x}, {b.dy, dy}, {b.wgu, wgu}, {b.wd, down}} {
+		h := make([]uint16, len(c.src))
+		bf16.FromFloat32s(h, c.src)
+		if err := b.dev.CopyHtoD(c.dst, cuda.Bytes(h)); err != nil {
+			return err
+		}
+	}
+	return b.Reset()
+}
+
+// Reset zeroes the weight gradients and the statistics, which Run adds to.
+func (b *MLPBlock) Reset() error {
+	for _, buf := range []*cuda.Buffer{b.gGU, b.gDown, b.stat, b.active} {
+		if err := b.dev.Memset8(buf, 0, b.s); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Run queues one forward and backward, dense or sparse, on Stream: the
+// output and dx are overwritten, the weight gradients and statistics
+// added to.
+func (b *MLPBlock) Run(sparse bool) error {
+	a := mlpArgs{mlpShape: b.shape, x: b.x, wgu: b.wgu, wd: b.wd, base: b.base, out: b.out, region: b.region, sc: b.sc,
+		stat: b.stat, active: b.active, l1Stat: b.l1 / float64(b.shape.m), l0Scale: 1 / float64(b.shape.m),
+		dy: b.dy, dx: b.dx, gGU: b.gGU, gDown: b.gDown, l1Grad: float32(b.l1 / float64(b.shape.m))}
+	if err := b.mlpForward(a, sparse); err != nil {
+		return err
+	}
+	return b.mlpBackward(a, sparse)
+}
+
+// Stream is the stream Run queues on.
+func (b *MLPBlock) Stream() *cuda.Stream { return b.s }
+
+// MLPBlockResult is what Runs since the last Reset produced: the last
+// output and input gradient, the summed weight gradients and statistics.
+type MLPBlockResult struct {
+	Out, DX    []float32 // [m][h]
+	DGate, DUp []float32 // [f][h]; DGate nil ungated
+	DDown      []float32 // [h][f]
+	L1, L0     float64   // mean over tokens of Σ|h| times l1, of units fired
+	Active     []int32   // [f] tokens each unit fired for
+}
+
+// Result waits for the device and copies the results to the host.
+func (b *MLPBlock) Result() (*MLPBlockResult, error) {
+	if err := b.s.Synchronize(); err != nil {
+		return nil, err
+	}
+	s := b.shape
+	r := &MLPBlockResult{Out: make([]float32, s.m*s.h), DX: make([]float32, s.m*s.h), DDown: make([]float32, s.h*s.f),
+		Active: make([]int32, s.f)}
+	gu := make([]float32, s.guW()*s.h)
+	st := make([]float64, 2)
+	for _, c := range []struct {
+		dst []byte
+		src *cuda.Buffer
+	}{{cuda.Bytes(r.Out), b.out}, {cuda.Bytes(r.DX), b.dx}, {cuda.Bytes(r.DDown), b.gDown}, {cuda.Bytes(gu), b.gGU},
+		{cuda.Bytes(st), b.stat}, {cuda.Bytes(r.Active), b.active}} {
+		if err := b.dev.CopyDtoH(c.dst, c.src); err != nil {
+			return nil, err
+		}
+	}
+	r.L1, r.L0 = st[0], st[1]
+	if s.gated {
+		r.DGate, r.DUp = gu[:s.f*s.h], gu[s.f*s.h:]
+	} else {
+		r.DUp = gu
+	}
+	return r, nil
+}
+
+// Close waits for queued work and frees the block.
+func (b *MLPBlock) Close() error {
+	var errs []error
+	if b.s != nil {
+		errs = append(errs, b.s.Synchronize())
+	}
+	for _, buf := range b.owned {
+		errs = append(errs, buf.Free())
+	}
+	b.owned = nil
+	if b.blas != nil {
+		errs = append(errs, b.blas.Close())
+		b.blas = nil
+	}
+	if b.s != nil {
+		errs = append(errs, b.s.Destroy())
+		b.s = nil
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,420 @@
+// sparse.cu: the sparse MLP block of GPU training (package gpu/trainer).
+//
+// The gate pre-activations G = X·Wgᵀ (bf16 [m][f], one dense GEMM) are
+// packed into a row-major compressed form (CSR: rowptr [m+1], col [nnz],
+// ascending columns) of the active units (g > 0) and a column-major index
+// of the same entries (colptr [f+1]; per entry its token and its position
+// in the row-major form, tokens ascending). Every entry of every row is
+// kept: the caller sizes nnz for the worst case (m·f), so no row is ever
+// dropped and no count has to reach the host. The up projection, the down
+// projection and all five gradients then touch only the active entries:
+//
+//   forward   R = (X·Wuᵀ) on the support (SDDMM), T = R ⊙ P, out = base + T·Wd
+//   backward  dT = (dY·Wdᵀ) on the support + l1·sign(T)
+//             dR = dT ⊙ P, dG = dT ⊙ R                    (gated)
+//             dX = dG·Wg + dR·Wu                            (row SpMM)
+//             dWg += dGᵀ·X, dWu += dRᵀ·X, dWd += (Tᵀ·dY)ᵀ  (column SpMM)
+//
+// Values are bf16 (P, R, T, dR, dG: rounded once each, the rounding points
+// of a bf16 PyTorch MLP); every dot product and sum is fp32; every sum runs
+// in a fixed order (but the weight gradients of units firing for more than
+// spColChunk tokens: see sp_cols), so results are repeatable bit for bit. Ungated (h =
+// relu(u)), P is the single activation and T = P.
+
+#include "common.cuh"
+
+// is_on: a unit fires when its bf16 pre-activation is > 0 (NaN does not).
+__device__ __forceinline__ bool is_on(u16 v) { return bf_to_f(v) > 0.f; }
+
+// sp_count: rowcnt[r] = active units of row r of G (bf16 [m][f], f % 8 ==
+// 0); stats[1] += l0_scale · (units fired). One warp per row.
+extern "C" __global__ void sp_count(const u16* __restrict__ G, int* __restrict__ rowcnt, double* __restrict__ stats,
+                                    int m, int f, double l0_scale) {
+  int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+  int cnt = 0;
+  if (r < m) {
+    const uint4* row = reinterpret_cast<const uint4*>(G + (size_t)r * f);
+    for (int c = lane; c < f / 8; c += 32) {
+      uint4 v = ldg_nc(row + c);
+      u32 w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+      for (int q = 0; q < 4; ++q) cnt += is_on((u16)(w[q] & 0xffffu)) + is_on((u16)(w[q] >> 16));
+    }
+  }
+  float total = warp_sum((float)cnt);
+  if (r < m && lane == 0) rowcnt[r] = (int)total;
+  total = block_sum(lane == 0 ? total : 0.f);
+  if (threadIdx.x == 0 && stats) atomicAdd(&stats[1], (double)total * l0_scale);
+}
+
+// sp_scan: ptr[i] = sum of cnt[0..i) for i <= n (exclusive scan with the
+// total at ptr[n]). One block of 1024 threads.
+extern "C" __global__ void sp_scan(const int* __restrict__ cnt, int* __restrict__ ptr, int n) {
+  __shared__ int warp_tot[32];
+  __shared__ int carry;
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+  if (threadIdx.x == 0) carry = 0;
+  __syncthreads();
+  for (int base = 0; base < n; base += blockDim.x) {
+    int i = base + threadIdx.x;
+    int v = i < n ? cnt[i] : 0, x = v;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      int y = __shfl_up_sync(0xffffffffu, x, o);
+      if (lane >= o) x += y;
+    }
+    if (lane == 31) warp_tot[w] = x;
+    __syncthreads();
+    if (w == 0) {
+      int t = lane < (int)(blockDim.x >> 5) ? warp_tot[lane] : 0, s = t;
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        int y = __shfl_up_sync(0xffffffffu, s, o);
+        if (lane >= o) s += y;
+      }
+      warp_tot[lane] = s - t;  // exclusive prefix of the warps
+    }
+    __syncthreads();
+    int c = carry;
+    if (i < n) ptr[i] = c + warp_tot[w] + x - v;
+    __syncthreads();
+    if (threadIdx.x == blockDim.x - 1) carry = c + warp_tot[w] + x;
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) ptr[n] = carry;
+}
+
+// sp_pack: the active entries of each row of G in ascending column order:
+// col and pv (bf16 P) from rowptr[r]. When tv is set (ungated: T = P), it
+// gets P too and stats[0] += l1_scale · Σ P. active[j] (when set) counts
+// the rows where unit j fired. One warp per row.
+extern "C" __global__ void sp_pack(const u16* __restrict__ G, const int* __restrict__ rowptr, int* __restrict__ col,
+                                   u16* __restrict__ pv, u16* __restrict__ tv, int* __restrict__ active,
+                                   double* __restrict__ stats, int m, int f, double l1_scale) {
+  int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+  float l1 = 0.f;
+  if (r < m) {
+    const uint4* row = reinterpret_cast<const uint4*>(G + (size_t)r * f);
+    int base = rowptr[r];
+    for (int c0 = 0; c0 < f / 8; c0 += 32) {
+      int c = c0 + lane;
+      u32 w[4] = {0, 0, 0, 0};
+      if (c < f / 8) {
+        uint4 v = ldg_nc(row + c);
+        w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
+      }
+      u32 mask = 0;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) mask |= (u32)is_on((u16)((w[e >> 1] >> (16 * (e & 1))) & 0xffffu)) << e;
+      int n = __popc(mask), x = n;
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        int y = __shfl_up_sync(0xffffffffu, x, o);
+        if (lane >= o) x += y;
+      }
+      int at = base + x - n;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        if (mask & (1u << e)) {
+          u16 b = (u16)((w[e >> 1] >> (16 * (e & 1))) & 0xffffu);
+          int j = 8 * c + e;
+          col[at] = j;
+          pv[at] = b;
+          if (tv) {
+            tv[at] = b;
+            l1 += bf_to_f(b);
+          }
+          if (active) atomicAdd(&active[j], 1);
+          ++at;
+        }
+      }
+      base += __shfl_sync(0xffffffffu, x, 31);
+    }
+  }
+  if (tv) {
+    l1 = block_sum(l1);
+    if (threadIdx.x == 0 && stats) atomicAdd(&stats[0], (double)l1 * l1_scale);
+  }
+}
+
+// Column index. Rows are cut into chunks of rows_per rows; 16-bit counters
+// (rows_per < 65536) packed two to a word keep f columns in 2f bytes of
+// shared memory.
+__device__ __forceinline__ void ctr_zero(u32* ctr, int f) {
+  for (int i = threadIdx.x; i < (f + 1) / 2; i += blockDim.x) ctr[i] = 0;
+}
+__device__ __forceinline__ int ctr_get(const u32* ctr, int j) { return (int)((ctr[j >> 1] >> (16 * (j & 1))) & 0xffffu); }
+
+// sp_col_count: chunk[b][j] = entries of column j in chunk b's rows. One
+// block per chunk; dynamic shared memory 2f bytes (rounded up to 4).
+extern "C" __global__ void sp_col_count(const int* __restrict__ rowptr, const int* __restrict__ col,
+                                        int* __restrict__ chunk, int m, int f, int rows_per) {
+  extern __shared__ u32 ctr[];
+  ctr_zero(ctr, f);
+  __syncthreads();
+  int r0 = blockIdx.x * rows_per, r1 = min(m, r0 + rows_per);
+  for (int k = rowptr[r0] + threadIdx.x; k < rowptr[r1]; k += blockDim.x) {
+    int j = col[k];
+    atomicAdd(&ctr[j >> 1], 1u << (16 * (j & 1)));
+  }
+  __syncthreads();
+  for (int j = threadIdx.x; j < f; j += blockDim.x) chunk[(size_t)blockIdx.x * f + j] = ctr_get(ctr, j);
+}
+
+// sp_col_prefix: per column j, chunk[b][j] becomes the entries of column j
+// in chunks before b, and colcnt[j] the column's total. One thread per
+// column.
+extern "C" __global__ void sp_col_prefix(int* __restrict__ chunk, int* __restrict__ colcnt, int chunks, int f) {
+  int j = blockIdx.x * blockDim.x + threadIdx.x;
+  if (j >= f) return;
+  int s = 0;
+  for (int b = 0; b < chunks; ++b) {
+    int v = chunk[(size_t)b * f + j];
+    chunk[(size_t)b * f + j] = s;
+    s += v;
+  }
+  colcnt[j] = s;
+}
+
+// sp_col_fill: for every entry k (row i, column j) of the row-major form,
+// colpos[e] = k and coltok[e] = i at e = colptr[j] + its rank among column
+// j's entries, tokens ascending. One warp per chunk; rows in order, so a
+// row's entries (distinct columns) never race. Dynamic shared memory 2f
+// bytes (rounded up to 4).
+extern "C" __global__ void sp_col_fill(const int* __restrict__ rowptr, const int* __restrict__ col,
+                                       const int* __restrict__ chunk, const int* __restrict__ colptr,
+                                       int* __restrict__ coltok, int* __restrict__ colpos, int m, int f, int rows_per) {
+  extern __shared__ u32 ctr[];
+  ctr_zero(ctr, f);
+  __syncwarp();
+  const int lane = threadIdx.x;
+  const int* base = chunk + (size_t)blockIdx.x * f;
+  int r0 = blockIdx.x * rows_per, r1 = min(m, r0 + rows_per);
+  for (int r = r0; r < r1; ++r) {
+    for (int k = rowptr[r] + lane; k < rowptr[r + 1]; k += 32) {
+      int j = col[k];
+      // Columns 2q and 2q+1 share a word: the add is atomic; a column
+      // appears once per row, and rows go in order.
+      u32 old = atomicAdd(&ctr[j >> 1], 1u << (16 * (j & 1)));
+      int e = colptr[j] + base[j] + (int)((old >> (16 * (j & 1))) & 0xffffu);
+      coltok[e] = r;
+      colpos[e] = k;
+    }
+    __syncwarp();
+  }
+}
+
+// stage_row copies n bf16 values (n % 8 == 0) of src into shared memory.
+__device__ __forceinline__ void stage_row(uint4* dst, const u16* src, int n) {
+  const uint4* s = reinterpret_cast<const uint4*>(src);
+  for (int c = threadIdx.x; c < n / 8; c += blockDim.x) dst[c] = ldg_nc(s + c);
+  __syncthreads();
+}
+
+// row_dot: one warp's dot product of the staged row xs with row j of B
+// (bf16 [.][h]), on every lane.
+__device__ __forceinline__ float row_dot(const uint4* xs, const u16* B, int j, int h) {
+  const uint4* b = reinterpret_cast<const uint4*>(B + (size_t)j * h);
+  float s = 0.f;
+  for (int c = threadIdx.x & 31; c < h / 8; c += 32) s = dot8(xs[c], ldg_nc(b + c), s);
+  return warp_sum(s);
+}
+
+// sp_up: the gated forward's SDDMM. For each entry k of row r: rv[k] =
+// bf16(X[r]·Wu[j]), tv[k] = bf16(rv[k]·pv[k]); stats[0] += l1_scale·Σ|T|.
+// One block per row, X's row staged in shared memory (2h bytes).
+extern "C" __global__ void sp_up(const u16* __restrict__ X, const u16* __restrict__ Wu, const int* __restrict__ rowptr,
+                                 const int* __restrict__ col, const u16* __restrict__ pv, u16* __restrict__ rv,
+                                 u16* __restrict__ tv, double* __restrict__ stats, int h, double l1_scale) {
+  extern __shared__ uint4 xs[];
+  const int r = blockIdx.x, lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  stage_row(xs, X + (size_t)r * h, h);
+  float l1 = 0.f;
+  for (int k = rowptr[r] + w; k < rowptr[r + 1]; k += nw) {
+    float d = row_dot(xs, Wu, col[k], h);
+    if (lane == 0) {
+      u32 rb = f_to_bf(d);
+      u32 t = f_to_bf(bf_to_f((u16)rb) * bf_to_f(pv[k]));
+      rv[k] = (u16)rb;
+      tv[k] = (u16)t;
+      l1 += fabsf(bf_to_f((u16)t));
+    }
+  }
+  l1 = block_sum(l1);
+  if (threadIdx.x == 0 && stats) atomicAdd(&stats[0], (double)l1 * l1_scale);
+}
+
+// sp_grad: the backward's SDDMM. For each entry k of row r: d = dY[r]·WdT[j]
+// + l1_grad·sign(tv[k]); gated, pv[k] becomes dR = bf16(d·P) and rv[k]
+// becomes dG = bf16(d·R); ungated, pv[k] becomes bf16(d). One block per
+// row, dY's row staged (2h bytes).
+extern "C" __global__ void sp_grad(const u16* __restrict__ dY, const u16* __restrict__ WdT,
+                                   const int* __restrict__ rowptr, const int* __restrict__ col, u16* __restrict__ pv,
+                                   u16* __restrict__ rv, const u16* __restrict__ tv, int h, int gated, float l1_grad) {
+  extern __shared__ uint4 xs[];
+  const int r = blockIdx.x, lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  stage_row(xs, dY + (size_t)r * h, h);
+  for (int k = rowptr[r] + w; k < rowptr[r + 1]; k += nw) {
+    float d = row_dot(xs, WdT, col[k], h);
+    if (lane == 0) {
+      float t = bf_to_f(tv[k]);
+      if (t > 0.f) d += l1_grad;
+      if (t < 0.f) d -= l1_grad;
+      if (gated) {
+        float p = bf_to_f(pv[k]), u = bf_to_f(rv[k]);
+        pv[k] = (u16)f_to_bf(d * p);
+        rv[k] = (u16)f_to_bf(d * u);
+      } else {
+        pv[k] = (u16)f_to_bf(d);
+      }
+    }
+  }
+}
+
+// sp_rows: out[r] = base[r] (or 0) + Σ_k v1[k]·B1[col[k]] (+ v2[k]·B2[col[k]])
+// over row r's entries; B1, B2 bf16 [.][h], out and base fp32 [m][h]. One
+// block per row; thread t takes columns 8t, 8t + 8·blockDim, ...
+extern "C" __global__ void sp_rows(float* __restrict__ out, const float* __restrict__ base,
+                                   const int* __restrict__ rowptr, const int* __restrict__ col,
+                                   const u16* __restrict__ v1, const u16* __restrict__ B1, const u16* __restrict__ v2,
+                                   const u16* __restrict__ B2, int h) {
+  __shared__ int sj[128];
+  __shared__ float s1[128], s2[128];
+  const int r = blockIdx.x;
+  const int k0 = rowptr[r], k1 = rowptr[r + 1];
+  for (int c0 = 0; c0 < h; c0 += 8 * blockDim.x) {
+    // Every thread runs every pass (the staging below synchronises the block).
+    const int c = min(c0 + 8 * (int)threadIdx.x, h - 8);
+    const bool mine = c0 + 8 * (int)threadIdx.x < h;
+    float acc[8];
+    if (base) {
+      const float4* b = reinterpret_cast<const float4*>(base + (size_t)r * h + c);
+      float4 a = b[0], z = b[1];
+      acc[0] = a.x, acc[1] = a.y, acc[2] = a.z, acc[3] = a.w, acc[4] = z.x, acc[5] = z.y, acc[6] = z.z, acc[7] = z.w;
+    } else {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc[e] = 0.f;
+    }
+    for (int kb = k0; kb < k1; kb += 128) {
+      int n = min(128, k1 - kb);
+      __syncthreads();
+      for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        sj[i] = col[kb + i];
+        s1[i] = bf_to_f(v1[kb + i]);
+        if (v2) s2[i] = bf_to_f(v2[kb + i]);
+      }
+      __syncthreads();
+      if (v2) {
+#pragma unroll 4
+        for (int i = 0; i < n; ++i) {
+          size_t o = (size_t)sj[i] * h + c;
+          uint4 a = ldg_nc(B1 + o), b = ldg_nc(B2 + o);
+          axpy8(acc, s1[i], a);
+          axpy8(acc, s2[i], b);
+        }
+      } else {
+#pragma unroll 4
+        for (int i = 0; i < n; ++i) axpy8(acc, s1[i], ldg_nc(B1 + (size_t)sj[i] * h + c));
+      }
+    }
+    if (!mine) continue;
+    float4* o = reinterpret_cast<float4*>(out + (size_t)r * h + c);
+    o[0] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+    o[1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
+  }
+}
+
+// sp_cols: for each unit j, out1[j] += Σ_e v1[pos]·A[tok] and out2[j] +=
+// Σ_e v2[pos]·A[tok] over column j's entries e (tokens ascending); A bf16
+// [m][h], out1 and out2 fp32 rows of h. Block (j, p) takes part p of unit
+// j's entries: a unit with at most chunk entries is one part, summed in
+// order and added plainly (bitwise repeatable); a busier one (a unit that
+// fires for most tokens) is cut into up to gridDim.y parts whose sums are
+// added with atomics, so that one unit does not hold up the whole grid.
+extern "C" __global__ void sp_cols(float* __restrict__ out1, float* __restrict__ out2,
+                                   const int* __restrict__ colptr, const int* __restrict__ coltok,
+                                   const int* __restrict__ colpos, const u16* __restrict__ v1,
+                                   const u16* __restrict__ v2, const u16* __restrict__ A, int h, int chunk) {
+  __shared__ int st[128];
+  __shared__ float s1[128], s2[128];
+  const int j = blockIdx.x, p = blockIdx.y;
+  const int e0 = colptr[j], cnt = colptr[j + 1] - e0;
+  const int parts = min((int)gridDim.y, max(1, (cnt + chunk - 1) / chunk));
+  if (cnt == 0 || p >= parts) return;
+  const int a0 = e0 + (int)((long long)cnt * p / parts), a1 = e0 + (int)((long long)cnt * (p + 1) / parts);
+  for (int c0 = 0; c0 < h; c0 += 8 * blockDim.x) {
+    const int c = min(c0 + 8 * (int)threadIdx.x, h - 8);
+    const bool mine = c0 + 8 * (int)threadIdx.x < h;
+    float a1v[8], a2v[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) a1v[e] = 0.f, a2v[e] = 0.f;
+    for (int eb = a0; eb < a1; eb += 128) {
+      int n = min(128, a1 - eb);
+      __syncthreads();
+      for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        int q = colpos[eb + i];
+        st[i] = coltok[eb + i];
+        s1[i] = bf_to_f(v1[q]);
+        if (v2) s2[i] = bf_to_f(v2[q]);
+      }
+      __syncthreads();
+      if (v2) {
+#pragma unroll 4
+        for (int i = 0; i < n; ++i) {
+          uint4 a = ldg_nc(A + (size_t)st[i] * h + c);
+          axpy8(a1v, s1[i], a);
+          axpy8(a2v, s2[i], a);
+        }
+      } else {
+#pragma unroll 4
+        for (int i = 0; i < n; ++i) axpy8(a1v, s1[i], ldg_nc(A + (size_t)st[i] * h + c));
+      }
+    }
+    if (!mine) continue;
+    float* o1 = out1 + (size_t)j * h + c;
+    float* o2 = v2 ? out2 + (size_t)j * h + c : nullptr;
+    if (parts > 1) {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        atomicAdd(o1 + e, a1v[e]);
+        if (o2) atomicAdd(o2 + e, a2v[e]);
+      }
+      continue;
+    }
+    float4* q1 = reinterpret_cast<float4*>(o1);
+    float4 x = q1[0], y = q1[1];
+    q1[0] = make_float4(a1v[0] + x.x, a1v[1] + x.y, a1v[2] + x.z, a1v[3] + x.w);
+    q1[1] = make_float4(a1v[4] + y.x, a1v[5] + y.y, a1v[6] + y.z, a1v[7] + y.w);
+    if (o2) {
+      float4* q2 = reinterpret_cast<float4*>(o2);
+      x = q2[0], y = q2[1];
+      q2[0] = make_float4(a2v[0] + x.x, a2v[1] + x.y, a2v[2] + x.z, a2v[3] + x.w);
+      q2[1] = make_float4(a2v[4] + y.x, a2v[5] + y.y, a2v[6] + y.z, a2v[7] + y.w);
+    }
+  }
+}
+
+// transpose_bf16: dst [cols][rows] = src [rows][cols]ᵀ (bf16). 32 x 32
+// tiles, blocks of 32 x 8 threads.
+extern "C" __global__ void transpose_bf16(u16* __restrict__ dst, const u16* __restrict__ src, int rows, int cols) {
+  __shared__ u16 t[32][33];
+  int c = blockIdx.x * 32 + threadIdx.x, r0 = blockIdx.y * 32;
+  for (int i = threadIdx.y; i < 32; i += 8)
+    if (r0 + i < rows && c < cols) t[i][threadIdx.x] = src[(size_t)(r0 + i) * cols + c];
+  __syncthreads();
+  int r = r0 + threadIdx.x, c0 = blockIdx.x * 32;
+  for (int i = threadIdx.y; i < 32; i += 8)
+    if (c0 + i < cols && r < rows) dst[(size_t)(c0 + i) * rows + r] = t[threadIdx.x][i];
+}
+
+// transpose_add: dst [cols][rows] += src [rows][cols]ᵀ (fp32).
+extern "C" __global__ void transpose_add(float* __restrict__ dst, const float* __restrict__ src, int rows, int cols) {
+  __shared__ float t[32][33];
+  int c = blockIdx.x * 32 + threadIdx.x, r0 = blockIdx.y * 32;
+  for (int i = threadIdx.y; i < 32; i += 8)
+    if (r0 + i < rows && c < cols) t[i][threadIdx.x] = src[(size_t)(r0 + i) * cols + c];
+  __syncthreads();
+  int r = r0 + threadIdx.x, c0 = blockIdx.x * 32;
+  for (int i = threadIdx.y; i < 32; i += 8)
+    if (c0 + i < cols && r < rows) dst[(size_t)(c0 + i) * rows + r] += t[threadIdx.x][i];
+}

@@ -1,0 +1,127 @@
+package trainer
+
+import "github.com/twell-ai/twell/cuda"
+
+// Launchers of sparse.cu's kernels (see its header for the algorithm).
+
+// vecThreads is the block of a kernel whose threads take 8 of h columns
+// each: enough warps to cover h once, at most 256.
+func vecThreads(h int) int { return min(256, max(32, (h/8+31)&^31)) }
+
+// spIndex builds the row-major form and the column index of the active
+// units of g (bf16 [m][f] gate pre-activations) into sp, with the firing
+// counts added into active (may be nil) and the L0 (and, ungated, the L1)
+// statistic into stat (may be nil).
+func (l launcher) spIndex(s mlpShape, g *cuda.Buffer, sp sparseSave, sc mlpScratch, active, stat *cuda.Buffer, l0Scale, l1Scale float64) error {
+	m, f := s.m, s.f
+	if err := check(need("gate pre-activations", g, 2*m*f), need("row counts", sc.cnt, 4*(max(m, f)+1)),
+		need("column chunk counts", sc.chunk, 4*ceil(m, sparseRowsPer)*f)); err != nil {
+		return err
+	}
+	var tv any = cuda.DevicePtr(0)
+	if !s.gated {
+		tv = sp.pv
+	}
+	rowsPerBlock := rowBlock / 32
+	chunks := ceil(m, sparseRowsPer)
+	ctrBytes := 4 * ceil(f, 2)
+	return inOrder(
+		func() error {
+			return l.k["sp_count"].Launch(dim(ceil(m, rowsPerBlock)), dim(rowBlock), 0, l.s, g, sc.cnt, optional(stat),
+				int32(m), int32(f), l0Scale)
+		},
+		func() error { return l.k["sp_scan"].Launch(dim(1), dim(1024), 0, l.s, sc.cnt, sp.rowptr, int32(m)) },
+		func() error {
+			return l.k["sp_pack"].Launch(dim(ceil(m, rowsPerBlock)), dim(rowBlock), 0, l.s, g, sp.rowptr, sp.col, sp.pv, tv,
+				optional(active), optional(stat), int32(m), int32(f), l1Scale)
+		},
+		func() error {
+			return l.k["sp_col_count"].Launch(dim(chunks), dim(rowBlock), ctrBytes, l.s, sp.rowptr, sp.col, sc.chunk,
+				int32(m), int32(f), int32(sparseRowsPer))
+		},
+		func() error {
+			return l.k["sp_col_prefix"].Launch(dim(ceil(f, rowBlock)), dim(rowBlock), 0, l.s, sc.chunk, sc.cnt, int32(chunks), int32(f))
+		},
+		func() error { return l.k["sp_scan"].Launch(dim(1), dim(1024), 0, l.s, sc.cnt, sp.colptr, int32(f)) },
+		func() error {
+			return l.k["sp_col_fill"].Launch(dim(chunks), dim(32), ctrBytes, l.s, sp.rowptr, sp.col, sc.chunk, sp.colptr,
+				sp.coltok, sp.colpos, int32(m), int32(f), int32(sparseRowsPer))
+		},
+	)
+}
+
+// spUp computes R and T on the support (gated forward), adding the L1
+// statistic into stat (may be nil).
+func (l launcher) spUp(s mlpShape, x, up *cuda.Buffer, sp sparseSave, stat *cuda.Buffer, l1Scale float64) error {
+	if err := check(need("MLP input", x, 2*s.m*s.h), need("up weights", up, 2*s.f*s.h)); err != nil {
+		return err
+	}
+	return l.k["sp_up"].Launch(dim(s.m), dim(rowBlock), 2*s.h, l.s, x, up, sp.rowptr, sp.col, sp.pv, sp.rv, sp.tv,
+		optional(stat), int32(s.h), l1Scale)
+}
+
+// spGrad computes the gradient on the support from dy (bf16 [m][h]) and
+// wdT (bf16 [f][h]): dR into pv and dG into rv (gated), dU into pv
+// (ungated).
+func (l launcher) spGrad(s mlpShape, dy, wdT *cuda.Buffer, sp sparseSave, l1Grad float32) error {
+	if err := check(need("MLP output gradient", dy, 2*s.m*s.h), need("transposed down weights", wdT, 2*s.f*s.h)); err != nil {
+		return err
+	}
+	rv := any(cuda.DevicePtr(0))
+	if s.gated {
+		rv = sp.rv
+	}
+	return l.k["sp_grad"].Launch(dim(s.m), dim(rowBlock), 2*s.h, l.s, dy, wdT, sp.rowptr, sp.col, sp.pv, rv, sp.tv,
+		int32(s.h), b2i(s.gated), l1Grad)
+}
+
+// spRows sets out = base (nil: 0) + v1·B1 (+ v2·B2) over the row-major
+// form, B1 and B2 bf16 [f][h].
+func (l launcher) spRows(out, base *cuda.Buffer, sp sparseSave, v1, b1, v2, b2 *cuda.Buffer, m, h int) error {
+	if err := check(need("sparse product output", out, 4*m*h), need("sparse product weights", b1, 32*h)); err != nil {
+		return err
+	}
+	return l.k["sp_rows"].Launch(dim(m), dim(vecThreads(h)), 0, l.s, out, optional(base), sp.rowptr, sp.col, v1, b1,
+		optional(v2), optional(b2), int32(h))
+}
+
+// spColChunk and spColParts cut the weight-gradient sums of busy units:
+// a unit firing for more than spColChunk tokens of a micro-batch is
+// summed in up to spColParts parts, added with atomics.
+const (
+	spColChunk = 256
+	spColParts = 16
+)
+
+// spCols adds out1[j] += Σ v1·A over unit j's tokens, and out2[j] += Σ v2·A
+// when v2 is set; A bf16 [m][h], outputs fp32 [f][h].
+func (l launcher) spCols(out1, out2 *cuda.Buffer, sp sparseSave, v1, v2, a *cuda.Buffer, f, h int) error {
+	if err := need("sparse gradient output", out1, 4*f*h); err != nil {
+		return err
+	}
+	if v2 != nil {
+		if err := need("sparse gradient output", out2, 4*f*h); err != nil {
+			return err
+		}
+	}
+	return l.k["sp_cols"].Launch(dim2(f, spColParts), dim(vecThreads(h)), 0, l.s, out1, optional(out2), sp.colptr,
+		sp.coltok, sp.colpos, v1, optional(v2), a, int32(h), int32(spColChunk))
+}
+
+// transposeBF16 sets dst (bf16 [cols][rows]) = srcᵀ.
+func (l launcher) transposeBF16(dst, src *cuda.Buffer, rows, cols int) error {
+	if err := check(need("transpose output", dst, 2*rows*cols), need("transpose input", src, 2*rows*cols)); err != nil {
+		return err
+	}
+	return l.k["transpose_bf16"].Launch(dim2(ceil(cols, 32), ceil(rows, 32)), dim2(32, 8), 0, l.s, dst, src,
+		int32(rows), int32(cols))
+}
+
+// transposeAdd adds srcᵀ (fp32 [rows][cols]) into dst (fp32 [cols][rows]).
+func (l launcher) transposeAdd(dst, src *cuda.Buffer, rows, cols int) error {
+	if err := check(need("transpose output", dst, 4*rows*cols), need("transpose input", src, 4*rows*cols)); err != nil {
+		return err
+	}
+	return l.k["transpose_add"].Launch(dim2(ceil(cols, 32), ceil(rows, 32)), dim2(32, 8), 0, l.s, dst, src,
+		int32(rows), int32(cols))
+}
