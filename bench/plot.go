@@ -31,30 +31,62 @@ func PlotFFN(results []FFNResult, path string) error {
 	if len(results) == 0 {
 		return fmt.Errorf("bench: no MLP results to plot")
 	}
-	p := newPanel("TwELL MLP speedup over the dense MLP (same run)",
-		"density (fraction of MLP units active per token, log scale)",
-		"speedup (dense time / TwELL time, x)")
-	var notes notes
-	groups := map[string]plotter.XYs{}
-	var names []string
+	var pts []speedupPoint
 	for _, r := range results {
 		kind := "gated"
 		if !r.Gated {
 			kind = "non-gated"
 		}
-		name := fmt.Sprintf("%s, %s, m=%d, %s", r.Device, r.Dist, r.M, kind)
-		if !(r.Density > 0) || math.IsInf(r.Density, 0) {
-			notes.drop(name, "density", r.Density, "log x axis")
+		pts = append(pts, speedupPoint{fmt.Sprintf("%s, %s, m=%d, %s", r.Device, r.Dist, r.M, kind), r.Density, r.Speedup})
+	}
+	r0 := results[0]
+	header := []string{fmt.Sprintf("MLP block d=%d, f=%d, compression %d", r0.D, r0.F, r0.C), r0.Machine + ", " + r0.Date}
+	return plotSpeedups(path, "TwELL MLP speedup over the dense MLP (same run)", "speedup (dense time / TwELL time, x)", header, pts)
+}
+
+// PlotTrainMLP writes a PNG of the training MLP block's speedup over dense
+// against density: the sparse path and the automatic path, one line per
+// distribution and token count.
+func PlotTrainMLP(results []TrainMLPResult, path string) error {
+	if len(results) == 0 {
+		return fmt.Errorf("bench: no training MLP results to plot")
+	}
+	var pts []speedupPoint
+	for _, r := range results {
+		pts = append(pts, speedupPoint{fmt.Sprintf("sparse, %s, m=%d", r.Dist, r.M), r.Density, r.Speedup},
+			speedupPoint{fmt.Sprintf("auto, %s, m=%d", r.Dist, r.M), r.Density, r.AutoSpeedup})
+	}
+	r0 := results[0]
+	header := []string{fmt.Sprintf("training MLP block forward + backward (L1 term included), d=%d, f=%d", r0.D, r0.F), r0.Machine + ", " + r0.Date}
+	return plotSpeedups(path, "Sparse training MLP speedup over the dense path (same run)", "speedup (dense time / path time, x)", header, pts)
+}
+
+// speedupPoint is one point of a speedup-against-density line.
+type speedupPoint struct {
+	line             string
+	density, speedup float64
+}
+
+// plotSpeedups draws speedup lines against density (log scale) with the 1x
+// line, dropping (and noting) points that cannot be drawn.
+func plotSpeedups(path, title, ylabel string, header []string, points []speedupPoint) error {
+	p := newPanel(title, "density (fraction of MLP units active per token, log scale)", ylabel)
+	var notes notes
+	groups := map[string]plotter.XYs{}
+	var names []string
+	for _, pt := range points {
+		if !(pt.density > 0) || math.IsInf(pt.density, 0) {
+			notes.drop(pt.line, "density", pt.density, "log x axis")
 			continue
 		}
-		if !finite(r.Speedup) {
-			notes.drop(name, "speedup", r.Speedup, "y axis")
+		if !finite(pt.speedup) {
+			notes.drop(pt.line, "speedup", pt.speedup, "y axis")
 			continue
 		}
-		if _, ok := groups[name]; !ok {
-			names = append(names, name)
+		if _, ok := groups[pt.line]; !ok {
+			names = append(names, pt.line)
 		}
-		groups[name] = append(groups[name], plotter.XY{X: r.Density, Y: r.Speedup})
+		groups[pt.line] = append(groups[pt.line], plotter.XY{X: pt.density, Y: pt.speedup})
 	}
 	slices.Sort(names)
 	leg := newLegend()
@@ -80,9 +112,6 @@ func PlotFFN(results []FFNResult, path string) error {
 	one.Dashes = []vg.Length{vg.Points(4), vg.Points(4)}
 	p.Add(one)
 	leg.Add("1x (as fast as dense)", one)
-
-	r0 := results[0]
-	header := []string{fmt.Sprintf("MLP block d=%d, f=%d, compression %d", r0.D, r0.F, r0.C), r0.Machine + ", " + r0.Date}
 	return render(path, 10*vg.Inch, 5*vg.Inch, header, []*plot.Plot{p}, &leg, notes)
 }
 

@@ -210,3 +210,33 @@ func checkTicks(t *testing.T, what string, ts []plot.Tick, lo, hi float64, log b
 		}
 	}
 }
+
+func TestPlotTrainMLPEdgeCases(t *testing.T) {
+	r, seed := testutil.Rand(t)
+	mk := func(ds ...float64) []TrainMLPResult {
+		var rs []TrainMLPResult
+		for _, d := range ds {
+			rs = append(rs, TrainMLPResult{Row: testRow, D: 2048, F: 5632, M: 16384, Density: d, Dist: "uniform",
+				Speedup: 0.2 + 2*r.Float64(), AutoSpeedup: 1 + r.Float64()})
+		}
+		return rs
+	}
+	cases := map[string]func() []TrainMLPResult{
+		"typical":      func() []TrainMLPResult { return mk(0.005, 0.01, 0.02, 0.05) },
+		"one density":  func() []TrainMLPResult { return mk(0.01) },
+		"zero density": func() []TrainMLPResult { return mk(0, 0.02) },
+		"NaN speedup":  func() []TrainMLPResult { rs := mk(0.01, 0.1); rs[1].Speedup = math.NaN(); return rs },
+		"infinite":     func() []TrainMLPResult { rs := mk(0.01, 0.1); rs[0].AutoSpeedup = math.Inf(1); return rs },
+		"nothing":      func() []TrainMLPResult { return mk(-1) },
+	}
+	for name, f := range cases {
+		path := figurePath(t, "train-mlp-"+name+".png")
+		if err := PlotTrainMLP(f(), path); err != nil {
+			t.Fatalf("seed %d: %s: %v", seed, name, err)
+		}
+		checkPNG(t, path)
+	}
+	if err := PlotTrainMLP(nil, figurePath(t, "train-mlp-empty.png")); err == nil {
+		t.Error("no results: no error")
+	}
+}

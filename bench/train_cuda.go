@@ -22,6 +22,7 @@ type TrainMLPOptions struct {
 	Reps      int
 	Seed      uint64
 	L1        float64 // L1 coefficient on the mean over tokens of Σ|h|
+	Profile   bool    // also time each stage of both paths alone
 }
 
 // Validate reports the first bad option, naming it.
@@ -87,6 +88,9 @@ type TrainMLPResult struct {
 	DDownRelErr     float64 `json:"ddown_rel_err"`   //
 	DenseMJPerToken float64 `json:"dense_mj_per_token,omitempty"`
 	TwellMJPerToken float64 `json:"twell_mj_per_token,omitempty"`
+
+	DenseStages  []trainer.MLPStage `json:"dense_stages,omitempty"` // with Profile
+	SparseStages []trainer.MLPStage `json:"sparse_stages,omitempty"`
 }
 
 // TrainMLPCUDA times one MLP block's training forward and backward (the
@@ -202,6 +206,19 @@ func TrainMLPCUDA(o TrainMLPOptions, progress func(string)) ([]TrainMLPResult, e
 			for i, p := range []*float64{&res.DenseMJPerToken, &res.TwellMJPerToken} {
 				if *p, err = energyPerToken(dev, s, meter, runs[i], []float64{res.DenseMS, res.TwellMS}[i], o.Reps, o.M); err != nil {
 					return nil, err
+				}
+			}
+		}
+		if o.Profile {
+			if res.DenseStages, err = blk.Profile(false, 5); err != nil {
+				return nil, err
+			}
+			if res.SparseStages, err = blk.Profile(true, 5); err != nil {
+				return nil, err
+			}
+			for i, stages := range [][]trainer.MLPStage{res.DenseStages, res.SparseStages} {
+				for _, st := range stages {
+					say("density %g: %s %-40s %.3f ms", density, []string{"dense ", "sparse"}[i], st.Name, st.MS)
 				}
 			}
 		}

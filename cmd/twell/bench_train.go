@@ -30,6 +30,13 @@ func runBenchTrain(args []string, stdout, stderr io.Writer) error {
 	l1 := fs.Float64("l1", 2e-3, "L1 coefficient on the mean over tokens of sum |h|")
 	seed := fs.Uint64("seed", 0, "random seed (0: a fresh one, printed)")
 	jsonPath := fs.String("json", "", "write the results as JSON to this file")
+	plotPath := fs.String("plot", "", "write a speedup-vs-density plot to this PNG file (MLP block)")
+	profile := fs.Bool("profile", false, "also time each stage of the dense and sparse paths alone (MLP block)")
+	step := fs.Bool("step", false, "time whole training steps of the SparseLM-1.5B shape instead (dense, sparse and auto MLP paths; -density is the gates' calibrated density, one value)")
+	layers := fs.Int("layers", 0, "with -step: layers (0: the shape's 28)")
+	batch := fs.Int("batch", 8, "with -step: sequences per step")
+	seq := fs.Int("seq", 2048, "with -step: tokens per sequence")
+	steps := fs.Int("steps", 5, "with -step: timed steps per path, after 2 warm-up steps")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -51,14 +58,34 @@ func runBenchTrain(args []string, stdout, stderr io.Writer) error {
 	if *seed == 0 {
 		*seed = rand.Uint64()
 	}
-	o := bench.TrainMLPOptions{D: *d, F: *f, M: *m, Densities: dens, Dist: dst, Gated: *gated, Reps: *reps, Seed: *seed, L1: *l1}
+	if *step {
+		if len(dens) != 1 {
+			return usagef("-step takes one -density (the gates' calibrated density), not %d", len(dens))
+		}
+		o := bench.TrainStepOptions{Layers: *layers, Batch: *batch, Seq: *seq, Density: dens[0], Dist: dst, Steps: *steps, Seed: *seed, L1: *l1}
+		if err := o.Validate(); err != nil {
+			return usageError{err.Error()}
+		}
+		if err := checkWritable(*jsonPath); err != nil {
+			return err
+		}
+		fmt.Fprintf(stderr, "bench train -step: SparseLM-1.5B shape, %d x %d tokens, density %g %s, seed %d\n", o.Batch, o.Seq, o.Density, dst, o.Seed)
+		results, err := bench.TrainStepCUDA(o, func(s string) { fmt.Fprintln(stderr, "  "+s) })
+		if err != nil {
+			return err
+		}
+		printTrainStep(stdout, results)
+		return writeResults(*jsonPath, results, "", nil)
+	}
+	o := bench.TrainMLPOptions{D: *d, F: *f, M: *m, Densities: dens, Dist: dst, Gated: *gated, Reps: *reps, Seed: *seed, L1: *l1,
+		Profile: *profile}
 	if err := o.Validate(); err != nil {
 		return usageError{err.Error()}
 	}
 	if err := memcheck.Fits(fmt.Sprintf("the d=%d f=%d m=%d benchmark", o.D, o.F, o.M), o.HostBytes(), ""); err != nil {
 		return err
 	}
-	if err := checkWritable(*jsonPath); err != nil {
+	if err := checkWritable(*jsonPath, *plotPath); err != nil {
 		return err
 	}
 	fmt.Fprintf(stderr, "bench train: d=%d f=%d m=%d %s gated=%v l1=%g seed=%d\n", o.D, o.F, o.M, dst, o.Gated, o.L1, o.Seed)
@@ -67,7 +94,7 @@ func runBenchTrain(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	printTrainMLP(stdout, results)
-	return writeResults(*jsonPath, results, "", nil)
+	return writeResults(*jsonPath, results, *plotPath, func() error { return bench.PlotTrainMLP(results, *plotPath) })
 }
 
 func printTrainMLP(w io.Writer, rs []bench.TrainMLPResult) {
@@ -85,4 +112,14 @@ func printTrainMLP(w io.Writer, rs []bench.TrainMLPResult) {
   auto         the path training takes at the measured density (sparse below `+fmt.Sprint(100*trainer.DefaultSparseBelow)+`%)
   max rel err  sparse against dense over the output, dx and the three weight gradients
 `)
+}
+
+func printTrainStep(w io.Writer, rs []bench.TrainStepResult) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "MLP path\tlayers\tsparse layers\tl0 mean\tstep ms\ttokens/ms\tMFU\tpeak GiB\tvs dense\t")
+	for _, r := range rs {
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%.1f\t%.1f\t%.1f\t%.1f%%\t%.1f\t%.2fx\t\n", r.Path, r.Layers, r.SparseLayers, r.L0Mean,
+			r.StepMS, r.TokensPerMS, 100*r.MFU, float64(r.PeakBytes)/(1<<30), rs[0].StepMS/r.StepMS)
+	}
+	tw.Flush()
 }

@@ -169,11 +169,12 @@ type mlpScratch struct {
 // added into gGU and gDown.
 type mlpArgs struct {
 	mlpShape
-	x         *cuda.Buffer // bf16 [m][h]: the normed input
-	wgu, wd   *cuda.Buffer // bf16 [guW][h] (gate rows, then up rows), [h][f]
-	base, out *cuda.Buffer // fp32 [m][h]
-	region    *cuda.Buffer // saved activations (saveBytes)
-	sc        mlpScratch
+	x          *cuda.Buffer // bf16 [m][h]: the normed input
+	wgu, wd    *cuda.Buffer // bf16 [guW][h] (gate rows, then up rows), [h][f]
+	base, out  *cuda.Buffer // fp32 [m][h]
+	region     *cuda.Buffer // saved activations (saveBytes)
+	sc         mlpScratch
+	noBackward bool // forward only: the sparse path skips the column index
 
 	stat, active    *cuda.Buffer // fp64 [2] (L1 term, L0), int32 [f] firing counts
 	l1Stat, l0Scale float64
@@ -212,90 +213,142 @@ func (g *gpuCtx) linearDW(dw, dy, x *cuda.Buffer, m, in, out int) error {
 	return g.blas.Matmul(g.s, cublas.Gemm{M: out, N: in, K: m, TransA: true, Alpha: 1, Beta: 1, CType: cublas.F32}, dy, x, dw)
 }
 
+// mlpStep is one queued stage of an MLP block's forward or backward.
+type mlpStep struct {
+	name string
+	run  func() error
+}
+
+// runSteps queues steps in order, stopping at the first error.
+func runSteps(steps []mlpStep) error {
+	for _, st := range steps {
+		if err := st.run(); err != nil {
+			return fmt.Errorf("%s: %w", st.name, err)
+		}
+	}
+	return nil
+}
+
 // mlpForward queues the forward of an MLP block on path dense or sparse.
 func (g *gpuCtx) mlpForward(a mlpArgs, sparse bool) error {
-	sl := &slicer{}
-	if !sparse {
-		d := a.carveDense(sl, a.region)
-		if sl.err != nil {
-			return sl.err
-		}
-		return inOrder(
-			func() error { return g.linear(d.gu, a.x, a.wgu, a.m, a.h, a.guW(), cublas.F32, false) },
-			func() error {
-				return g.run.reluFwd(reluArgs{gu: d.gu, m: a.m, f: a.f, gated: a.gated}, d.hid, a.active, a.stat, a.l1Stat, a.l0Scale)
-			},
-			func() error { return g.dev.CopyDtoDAsync(a.out, a.base, 4*a.m*a.h, g.s) },
-			func() error { return g.linear(a.out, d.hid, a.wd, a.m, a.f, a.h, cublas.F32, true) },
-		)
+	steps, err := g.mlpForwardSteps(a, sparse)
+	if err != nil {
+		return err
 	}
-	sp := a.carveSparse(sl, a.region)
-	gate := sl.at(a.wgu, 0, 2*a.f*a.h)
-	up := sl.at(a.wgu, 2*a.f*a.h*b2int(a.gated), 2*a.f*a.h)
-	gbf := sl.at(a.sc.dh, 0, 2*a.m*a.f)
-	if sl.err != nil {
-		return sl.err
-	}
-	steps := []func() error{
-		func() error { return g.linear(gbf, a.x, gate, a.m, a.h, a.f, cublas.BF16, false) },
-		func() error { return g.run.spIndex(a.mlpShape, gbf, sp, a.sc, a.active, a.stat, a.l0Scale, a.l1Stat) },
-	}
-	if a.gated {
-		steps = append(steps, func() error { return g.run.spUp(a.mlpShape, a.x, up, sp, a.stat, a.l1Stat) })
-	}
-	steps = append(steps,
-		func() error { return g.run.transposeBF16(a.sc.wdT, a.wd, a.h, a.f) },
-		func() error { return g.run.spRows(a.out, a.base, sp, sp.tv, a.sc.wdT, nil, nil, a.m, a.h) })
-	return inOrder(steps...)
+	return runSteps(steps)
 }
 
 // mlpBackward queues the backward of an MLP block whose forward ran on the
 // same path.
 func (g *gpuCtx) mlpBackward(a mlpArgs, sparse bool) error {
+	steps, err := g.mlpBackwardSteps(a, sparse)
+	if err != nil {
+		return err
+	}
+	return runSteps(steps)
+}
+
+// sparseViews are the weight and gradient views the sparse path reads:
+// gate and up rows (the same matrix ungated) and their gradients.
+type sparseViews struct{ gate, up, gGate, gUp *cuda.Buffer }
+
+func (a mlpArgs) sparseViews(sl *slicer) sparseViews {
+	fh, gated := a.f*a.h, b2int(a.gated)
+	v := sparseViews{gate: sl.at(a.wgu, 0, 2*fh), up: sl.at(a.wgu, 2*fh*gated, 2*fh)}
+	if a.gGU != nil {
+		v.gGate, v.gUp = sl.at(a.gGU, 0, 4*fh), sl.at(a.gGU, 4*fh*gated, 4*fh)
+	}
+	return v
+}
+
+func (g *gpuCtx) mlpForwardSteps(a mlpArgs, sparse bool) ([]mlpStep, error) {
+	sl := &slicer{}
+	if !sparse {
+		d := a.carveDense(sl, a.region)
+		if sl.err != nil {
+			return nil, sl.err
+		}
+		return []mlpStep{
+			{"gate/up GEMM", func() error { return g.linear(d.gu, a.x, a.wgu, a.m, a.h, a.guW(), cublas.F32, false) }},
+			{"activation", func() error {
+				return g.run.reluFwd(reluArgs{gu: d.gu, m: a.m, f: a.f, gated: a.gated}, d.hid, a.active, a.stat, a.l1Stat, a.l0Scale)
+			}},
+			{"residual copy", func() error { return g.dev.CopyDtoDAsync(a.out, a.base, 4*a.m*a.h, g.s) }},
+			{"down GEMM", func() error { return g.linear(a.out, d.hid, a.wd, a.m, a.f, a.h, cublas.F32, true) }},
+		}, nil
+	}
+	sp := a.carveSparse(sl, a.region)
+	w := a.sparseViews(sl)
+	gbf := sl.at(a.sc.dh, 0, 2*a.m*a.f)
+	if sl.err != nil {
+		return nil, sl.err
+	}
+	steps := []mlpStep{
+		{"gate GEMM", func() error { return g.linear(gbf, a.x, w.gate, a.m, a.h, a.f, cublas.BF16, false) }},
+		{"row index", func() error {
+			return g.run.spRowIndex(a.mlpShape, gbf, sp, a.sc, a.active, a.stat, a.l0Scale, a.l1Stat)
+		}},
+	}
+	if !a.noBackward {
+		steps = append(steps, mlpStep{"column index", func() error { return g.run.spColIndex(a.mlpShape, sp, a.sc) }})
+	}
+	if a.gated {
+		steps = append(steps, mlpStep{"up SDDMM", func() error { return g.run.spUp(a.mlpShape, a.x, w.up, sp, a.stat, a.l1Stat) }})
+	}
+	return append(steps,
+		mlpStep{"transpose Wd", func() error { return g.run.transposeBF16(a.sc.wdT, a.wd, a.h, a.f) }},
+		mlpStep{"down SpMM", func() error { return g.run.spRows(a.out, a.base, sp, sp.tv, a.sc.wdT, nil, nil, a.m, a.h) }},
+	), nil
+}
+
+func (g *gpuCtx) mlpBackwardSteps(a mlpArgs, sparse bool) ([]mlpStep, error) {
 	sl := &slicer{}
 	if !sparse {
 		d := a.carveDense(sl, a.region)
 		dh, dgu := sl.at(a.sc.dh, 0, 4*a.m*a.f), sl.at(a.sc.dgu, 0, 2*a.m*a.guW())
 		if sl.err != nil {
-			return sl.err
+			return nil, sl.err
 		}
-		return inOrder(
-			func() error { return g.linearDW(a.gDown, a.dy, d.hid, a.m, a.f, a.h) },
-			func() error { return g.linearDX(dh, a.dy, a.wd, a.m, a.f, a.h, cublas.F32) },
-			func() error {
+		return []mlpStep{
+			{"dWd GEMM", func() error { return g.linearDW(a.gDown, a.dy, d.hid, a.m, a.f, a.h) }},
+			{"dh GEMM", func() error { return g.linearDX(dh, a.dy, a.wd, a.m, a.f, a.h, cublas.F32) }},
+			{"activation backward", func() error {
 				return g.run.reluBwd(reluArgs{gu: d.gu, m: a.m, f: a.f, gated: a.gated}, dgu, dh, a.l1Grad)
-			},
-			func() error { return g.linearDW(a.gGU, dgu, a.x, a.m, a.h, a.guW()) },
-			func() error { return g.linearDX(a.dx, dgu, a.wgu, a.m, a.h, a.guW(), cublas.F32) },
-		)
+			}},
+			{"dWgu GEMM", func() error { return g.linearDW(a.gGU, dgu, a.x, a.m, a.h, a.guW()) }},
+			{"dx GEMM", func() error { return g.linearDX(a.dx, dgu, a.wgu, a.m, a.h, a.guW(), cublas.F32) }},
+		}, nil
 	}
 	sp := a.carveSparse(sl, a.region)
-	gate := sl.at(a.wgu, 0, 2*a.f*a.h)
-	up := sl.at(a.wgu, 2*a.f*a.h*b2int(a.gated), 2*a.f*a.h)
-	gGate := sl.at(a.gGU, 0, 4*a.f*a.h)
-	gUp := sl.at(a.gGU, 4*a.f*a.h*b2int(a.gated), 4*a.f*a.h)
+	w := a.sparseViews(sl)
 	if sl.err != nil {
-		return sl.err
+		return nil, sl.err
 	}
 	// dWd first: it reads T, which the ungated sp_grad overwrites (T = P).
-	steps := []func() error{
-		func() error { return g.run.transposeBF16(a.sc.wdT, a.wd, a.h, a.f) },
-		func() error { return g.dev.Memset8(a.sc.dwdT, 0, g.s) },
-		func() error { return g.run.spCols(a.sc.dwdT, nil, sp, sp.tv, nil, a.dy, a.f, a.h) },
-		func() error { return g.run.transposeAdd(a.gDown, a.sc.dwdT, a.f, a.h) },
-		func() error { return g.run.spGrad(a.mlpShape, a.dy, a.sc.wdT, sp, a.l1Grad) },
+	steps := []mlpStep{
+		{"transpose Wd", func() error { return g.run.transposeBF16(a.sc.wdT, a.wd, a.h, a.f) }},
+		{"dWd SpMM", func() error {
+			if err := g.dev.Memset8(a.sc.dwdT, 0, g.s); err != nil {
+				return err
+			}
+			if err := g.run.spCols(a.sc.dwdT, nil, sp, sp.tv, nil, a.dy, a.f, a.h); err != nil {
+				return err
+			}
+			return g.run.transposeAdd(a.gDown, a.sc.dwdT, a.f, a.h)
+		}},
+		{"grad SDDMM", func() error { return g.run.spGrad(a.mlpShape, a.dy, a.sc.wdT, sp, a.l1Grad) }},
 	}
 	if a.gated {
 		// sp_grad left dR in pv and dG in rv.
-		steps = append(steps,
-			func() error { return g.run.spCols(gGate, gUp, sp, sp.rv, sp.pv, a.x, a.f, a.h) },
-			func() error { return g.run.spRows(a.dx, nil, sp, sp.rv, gate, sp.pv, up, a.m, a.h) })
-	} else {
-		steps = append(steps,
-			func() error { return g.run.spCols(gUp, nil, sp, sp.pv, nil, a.x, a.f, a.h) },
-			func() error { return g.run.spRows(a.dx, nil, sp, sp.pv, up, nil, nil, a.m, a.h) })
+		return append(steps,
+			mlpStep{"dWg dWu SpMM", func() error { return g.run.spCols(w.gGate, w.gUp, sp, sp.rv, sp.pv, a.x, a.f, a.h) }},
+			mlpStep{"dx SpMM", func() error { return g.run.spRows(a.dx, nil, sp, sp.rv, w.gate, sp.pv, w.up, a.m, a.h) }},
+		), nil
 	}
-	return inOrder(steps...)
+	return append(steps,
+		mlpStep{"dWu SpMM", func() error { return g.run.spCols(w.gUp, nil, sp, sp.pv, nil, a.x, a.f, a.h) }},
+		mlpStep{"dx SpMM", func() error { return g.run.spRows(a.dx, nil, sp, sp.pv, w.up, nil, nil, a.m, a.h) }},
+	), nil
 }
 
 func b2int(b bool) int {

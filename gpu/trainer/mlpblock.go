@@ -3,6 +3,7 @@ package trainer
 import (
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/twell-ai/twell/bf16"
 	"github.com/twell-ai/twell/cuda"
@@ -135,13 +136,72 @@ func (b *MLPBlock) Reset() error {
 // output and dx are overwritten, the weight gradients and statistics
 // added to.
 func (b *MLPBlock) Run(sparse bool) error {
+	steps, err := b.steps(sparse)
+	if err != nil {
+		return err
+	}
+	return runSteps(steps)
+}
+
+// steps lists the stages of one forward and backward.
+func (b *MLPBlock) steps(sparse bool) ([]mlpStep, error) {
 	a := mlpArgs{mlpShape: b.shape, x: b.x, wgu: b.wgu, wd: b.wd, base: b.base, out: b.out, region: b.region, sc: b.sc,
 		stat: b.stat, active: b.active, l1Stat: b.l1 / float64(b.shape.m), l0Scale: 1 / float64(b.shape.m),
 		dy: b.dy, dx: b.dx, gGU: b.gGU, gDown: b.gDown, l1Grad: float32(b.l1 / float64(b.shape.m))}
-	if err := b.mlpForward(a, sparse); err != nil {
-		return err
+	fwd, err := b.mlpForwardSteps(a, sparse)
+	if err != nil {
+		return nil, err
 	}
-	return b.mlpBackward(a, sparse)
+	bwd, err := b.mlpBackwardSteps(a, sparse)
+	if err != nil {
+		return nil, err
+	}
+	for i := range fwd {
+		fwd[i].name = "forward: " + fwd[i].name
+	}
+	for i := range bwd {
+		bwd[i].name = "backward: " + bwd[i].name
+	}
+	return append(fwd, bwd...), nil
+}
+
+// MLPStage is one stage of an MLP block's forward or backward and its
+// median time.
+type MLPStage struct {
+	Name string  `json:"name"`
+	MS   float64 `json:"ms"`
+}
+
+// Profile times each stage of reps forwards and backwards on one path,
+// every stage alone (queued after the one before it finished), and
+// returns the median time of each. Their sum exceeds Run's time by the
+// launch gaps the stages no longer hide.
+func (b *MLPBlock) Profile(sparse bool, reps int) ([]MLPStage, error) {
+	steps, err := b.steps(sparse)
+	if err != nil {
+		return nil, err
+	}
+	timer, err := b.dev.NewTimer()
+	if err != nil {
+		return nil, err
+	}
+	defer timer.Destroy()
+	ts := make([][]float64, len(steps))
+	for range max(reps, 1) {
+		for i, st := range steps {
+			ms, err := timer.TimeMS(b.s, st.run)
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w", st.name, err)
+			}
+			ts[i] = append(ts[i], ms)
+		}
+	}
+	out := make([]MLPStage, len(steps))
+	for i, st := range steps {
+		slices.Sort(ts[i])
+		out[i] = MLPStage{Name: st.name, MS: ts[i][len(ts[i])/2]}
+	}
+	return out, nil
 }
 
 // Stream is the stream Run queues on.

@@ -8,14 +8,13 @@ import "github.com/twell-ai/twell/cuda"
 // each: enough warps to cover h once, at most 256.
 func vecThreads(h int) int { return min(256, max(32, (h/8+31)&^31)) }
 
-// spIndex builds the row-major form and the column index of the active
-// units of g (bf16 [m][f] gate pre-activations) into sp, with the firing
-// counts added into active (may be nil) and the L0 (and, ungated, the L1)
-// statistic into stat (may be nil).
-func (l launcher) spIndex(s mlpShape, g *cuda.Buffer, sp sparseSave, sc mlpScratch, active, stat *cuda.Buffer, l0Scale, l1Scale float64) error {
+// spRowIndex builds the row-major form of the active units of g (bf16
+// [m][f] gate pre-activations) into sp, with the firing counts added into
+// active (may be nil) and the L0 (and, ungated, the L1) statistic into
+// stat (may be nil).
+func (l launcher) spRowIndex(s mlpShape, g *cuda.Buffer, sp sparseSave, sc mlpScratch, active, stat *cuda.Buffer, l0Scale, l1Scale float64) error {
 	m, f := s.m, s.f
-	if err := check(need("gate pre-activations", g, 2*m*f), need("row counts", sc.cnt, 4*(max(m, f)+1)),
-		need("column chunk counts", sc.chunk, 4*ceil(m, sparseRowsPer)*f)); err != nil {
+	if err := check(need("gate pre-activations", g, 2*m*f), need("row counts", sc.cnt, 4*(max(m, f)+1))); err != nil {
 		return err
 	}
 	var tv any = cuda.DevicePtr(0)
@@ -23,8 +22,6 @@ func (l launcher) spIndex(s mlpShape, g *cuda.Buffer, sp sparseSave, sc mlpScrat
 		tv = sp.pv
 	}
 	rowsPerBlock := rowBlock / 32
-	chunks := ceil(m, sparseRowsPer)
-	ctrBytes := 4 * ceil(f, 2)
 	return inOrder(
 		func() error {
 			return l.k["sp_count"].Launch(dim(ceil(m, rowsPerBlock)), dim(rowBlock), 0, l.s, g, sc.cnt, optional(stat),
@@ -35,6 +32,19 @@ func (l launcher) spIndex(s mlpShape, g *cuda.Buffer, sp sparseSave, sc mlpScrat
 			return l.k["sp_pack"].Launch(dim(ceil(m, rowsPerBlock)), dim(rowBlock), 0, l.s, g, sp.rowptr, sp.col, sp.pv, tv,
 				optional(active), optional(stat), int32(m), int32(f), l1Scale)
 		},
+	)
+}
+
+// spColIndex builds the column index of sp's row-major form.
+func (l launcher) spColIndex(s mlpShape, sp sparseSave, sc mlpScratch) error {
+	m, f := s.m, s.f
+	if err := check(need("column counts", sc.cnt, 4*(max(m, f)+1)),
+		need("column chunk counts", sc.chunk, 4*ceil(m, sparseRowsPer)*f)); err != nil {
+		return err
+	}
+	chunks := ceil(m, sparseRowsPer)
+	ctrBytes := 4 * ceil(f, 2)
+	return inOrder(
 		func() error {
 			return l.k["sp_col_count"].Launch(dim(chunks), dim(rowBlock), ctrBytes, l.s, sp.rowptr, sp.col, sc.chunk,
 				int32(m), int32(f), int32(sparseRowsPer))

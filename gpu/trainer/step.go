@@ -140,7 +140,7 @@ func (b *Backend) forwardBackward(p pass) error {
 			func() error { return r.rmsNormFwd(a.hn2[l], a.rstd2[l], a.x2[l], lv.mlpNorm, m, h, eps) },
 			func() error {
 				ma := b.mlpArgsFor(l, lv, m, p)
-				ma.stat, ma.active = stat, active
+				ma.stat, ma.active, ma.noBackward = stat, active, !p.backward
 				return b.mlpForward(ma, sparse[l])
 			},
 		)

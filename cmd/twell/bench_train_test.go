@@ -1,0 +1,57 @@
+package main
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+)
+
+func TestBenchTrainBadInputExits2(t *testing.T) {
+	cases := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"bench", "train", "-bogus"}, "flag provided but not defined: -bogus"},
+		{[]string{"bench", "train", "-density", "0"}, "-density 0: must be inside (0, 1)"},
+		{[]string{"bench", "train", "-density", "abc"}, "is not a number"},
+		{[]string{"bench", "train", "-d", "100"}, "-d 100: the hidden size must be a positive multiple of 8"},
+		{[]string{"bench", "train", "-f", "0"}, "-f 0"},
+		{[]string{"bench", "train", "-m", "0"}, "-m 0"},
+		{[]string{"bench", "train", "-m", "1000000", "-f", "4096"}, "at most 2^31 - 1"},
+		{[]string{"bench", "train", "-reps", "0"}, "-reps 0"},
+		{[]string{"bench", "train", "-l1", "-1"}, "-l1 -1"},
+		{[]string{"bench", "train", "-dist", "zipf"}, "unknown distribution"},
+		{[]string{"bench", "train", "-device", "cpu"}, "give -device cuda"},
+		{[]string{"bench", "train", "-mlp", "x"}, "flag provided but not defined: -mlp"},
+		{[]string{"bench", "train", "-step", "-density", "0.005,0.01"}, "-step takes one -density"},
+		{[]string{"bench", "train", "-step", "-batch", "0", "-density", "0.005"}, "-batch 0"},
+		{[]string{"bench", "train", "-step", "-steps", "0", "-density", "0.005"}, "-steps 0"},
+		{[]string{"bench", "train", "-step", "-layers", "-1", "-density", "0.005"}, "-layers -1"},
+	}
+	for _, c := range cases {
+		var out, errb bytes.Buffer
+		code := run(c.args, &out, &errb)
+		msg := errb.String()
+		if code != 2 {
+			t.Errorf("%v: exit %d, want 2 (stderr %q)", c.args, code, msg)
+		}
+		if !strings.Contains(msg, c.want) || strings.Count(strings.TrimSpace(msg), "\n") != 0 {
+			t.Errorf("%v: stderr %q, want one line containing %q", c.args, msg, c.want)
+		}
+	}
+}
+
+func TestTrainMLPFlagBadValues(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"train", "-preset", "tiny", "-out", "x", "-mlp", "fast"}, "-mlp: MLP path \"fast\""},
+		{[]string{"train", "-preset", "tiny", "-out", "x", "-sparse-below", "2"}, "-sparse-below 2"},
+	} {
+		var out, errb bytes.Buffer
+		if code := run(c.args, &out, &errb); code != 2 || !strings.Contains(errb.String(), c.want) {
+			t.Errorf("%v: exit %d, stderr %q, want 2 and %q", c.args, code, errb.String(), c.want)
+		}
+	}
+}
