@@ -146,6 +146,10 @@ func TrainStepCUDA(o TrainStepOptions, progress func(string)) ([]TrainStepResult
 		if err := b.Close(); err != nil {
 			return nil, err
 		}
+		// The next path's peak is measured from an empty device.
+		if err := dev.EmptyCache(); err != nil {
+			return nil, err
+		}
 		res.StepMS = Median(ms)
 		res.TokensPerMS = float64(o.Batch*o.Seq) / res.StepMS
 		if peak := b.PeakFLOPS(); peak > 0 {

@@ -187,7 +187,7 @@ func ParamBytes(c model.Config) int64 {
 // batch > 0: including the activations of micro-batches of batch x seq)
 // exceed the device's free memory, and what micro-batch would fit.
 func fits(dev *cuda.Device, need int64, c model.Config, batch, seq int, o Options) error {
-	free, _, err := dev.MemInfo()
+	free, err := freeMemory(dev)
 	if err != nil {
 		return err
 	}
@@ -217,6 +217,14 @@ func fits(dev *cuda.Device, need int64, c model.Config, batch, seq int, o Option
 	}
 	return fmt.Errorf("trainer: %s needs about %s of device memory (%s of weights, gradients and AdamW moments), but %s is free on %v%s",
 		what, memcheck.Format(float64(need+slack)), memcheck.Format(float64(ParamBytes(c))), memcheck.Format(float64(free)), dev, hint)
+}
+
+// freeMemory is the device memory an allocation can get: what the driver
+// has free plus what the caching allocator holds for reuse (given back to
+// the driver when an allocation would otherwise fail).
+func freeMemory(dev *cuda.Device) (int64, error) {
+	free, _, err := dev.MemInfo()
+	return free + dev.MemStats().Cached, err
 }
 
 // Config returns the configuration of the model being trained.

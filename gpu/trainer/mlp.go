@@ -52,7 +52,7 @@ const DefaultSparseBelow = 0.01
 
 // sparseRowsPer is the number of token rows per chunk of the column index
 // (sp_col_count, sp_col_fill); it must stay below 65536.
-const sparseRowsPer = 64
+const sparseRowsPer = 32
 
 // sparseOK reports whether the sparse kernels take a block of width h and
 // f units for m tokens: 16-byte rows and an entry count that fits int32.
@@ -111,7 +111,7 @@ func (s mlpShape) saveBytes(p MLPPath) int {
 // projection's transposed gradient (fp32).
 func (s mlpShape) sparseScratchBytes() []int {
 	chunks := (s.m + sparseRowsPer - 1) / sparseRowsPer
-	return []int{4 * (max(s.m, s.f) + 1), 4 * chunks * s.f, 2 * s.f * s.h, 4 * s.f * s.h}
+	return []int{countBytes(s.m, s.f), 4 * chunks * s.f, 2 * s.f * s.h, 4 * s.f * s.h}
 }
 
 // carver cuts consecutive 16-byte aligned views out of a region.

@@ -58,7 +58,7 @@ func NewMLPBlock(dev *cuda.Device, m, h, f int, gated bool, l1 float64) (*MLPBlo
 		return nil, err
 	}
 	s := mlpShape{m: m, h: h, f: f, gated: gated}
-	free, _, err := dev.MemInfo()
+	free, err := freeMemory(dev)
 	if err != nil {
 		return nil, err
 	}

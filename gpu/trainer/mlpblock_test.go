@@ -25,6 +25,7 @@ func TestMLPBlockSparseMatchesDense(t *testing.T) {
 	}{
 		{300, 64, 256, 0.05, true}, {300, 64, 256, 0.5, true}, {130, 136, 512, 0.02, true},
 		{300, 64, 256, 0.05, false}, {97, 2048, 64, 0.3, true}, {1100, 64, 128, 0.3, true},
+		{70, 64, 16384, 0.01, true}, // f past 48 KiB of 16-bit column counters
 	} {
 		t.Run(fmt.Sprintf("m%d_h%d_f%d_%g_gated=%v", tc.m, tc.h, tc.f, tc.density, tc.gated), func(t *testing.T) {
 			seed := rand.Uint64()

@@ -27,13 +27,15 @@
 __device__ __forceinline__ bool is_on(u16 v) { return bf_to_f(v) > 0.f; }
 
 // sp_count: rowcnt[r] = active units of row r of G (bf16 [m][f], f % 8 ==
-// 0); stats[1] += l0_scale · (units fired). One warp per row.
-extern "C" __global__ void sp_count(const u16* __restrict__ G, int* __restrict__ rowcnt, double* __restrict__ stats,
-                                    int m, int f, double l0_scale) {
+// 0) and blocktot[b] = those of block b's rows; stats[1] += l0_scale ·
+// (units fired). One warp per row.
+extern "C" __global__ void sp_count(const u16* __restrict__ G, int* __restrict__ rowcnt, int* __restrict__ blocktot,
+                                    double* __restrict__ stats, int m, int f, double l0_scale) {
   int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
   int cnt = 0;
   if (r < m) {
     const uint4* row = reinterpret_cast<const uint4*>(G + (size_t)r * f);
+#pragma unroll 4
     for (int c = lane; c < f / 8; c += 32) {
       uint4 v = ldg_nc(row + c);
       u32 w[4] = {v.x, v.y, v.z, v.w};
@@ -41,10 +43,13 @@ extern "C" __global__ void sp_count(const u16* __restrict__ G, int* __restrict__
       for (int q = 0; q < 4; ++q) cnt += is_on((u16)(w[q] & 0xffffu)) + is_on((u16)(w[q] >> 16));
     }
   }
-  float total = warp_sum((float)cnt);
+  float total = warp_sum((float)cnt);  // exact: at most 8 rows of f < 2^21 units
   if (r < m && lane == 0) rowcnt[r] = (int)total;
   total = block_sum(lane == 0 ? total : 0.f);
-  if (threadIdx.x == 0 && stats) atomicAdd(&stats[1], (double)total * l0_scale);
+  if (threadIdx.x == 0) {
+    blocktot[blockIdx.x] = (int)total;
+    if (stats) atomicAdd(&stats[1], (double)total * l0_scale);
+  }
 }
 
 // sp_scan: ptr[i] = sum of cnt[0..i) for i <= n (exclusive scan with the
@@ -85,17 +90,24 @@ extern "C" __global__ void sp_scan(const int* __restrict__ cnt, int* __restrict_
 }
 
 // sp_pack: the active entries of each row of G in ascending column order:
-// col and pv (bf16 P) from rowptr[r]. When tv is set (ungated: T = P), it
+// col and pv (bf16 P) from rowptr[r], which it writes from sp_count's row
+// counts and the scanned block totals blockptr. When tv is set (ungated: T = P), it
 // gets P too and stats[0] += l1_scale · Σ P. active[j] (when set) counts
 // the rows where unit j fired. One warp per row.
-extern "C" __global__ void sp_pack(const u16* __restrict__ G, const int* __restrict__ rowptr, int* __restrict__ col,
+extern "C" __global__ void sp_pack(const u16* __restrict__ G, const int* __restrict__ rowcnt,
+                                   const int* __restrict__ blockptr, int* __restrict__ rowptr, int* __restrict__ col,
                                    u16* __restrict__ pv, u16* __restrict__ tv, int* __restrict__ active,
                                    double* __restrict__ stats, int m, int f, double l1_scale) {
-  int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+  const int w = threadIdx.x >> 5, r = blockIdx.x * (blockDim.x >> 5) + w, lane = threadIdx.x & 31;
   float l1 = 0.f;
   if (r < m) {
     const uint4* row = reinterpret_cast<const uint4*>(G + (size_t)r * f);
-    int base = rowptr[r];
+    int base = blockptr[blockIdx.x];
+    for (int i = r - w; i < r; ++i) base += rowcnt[i];
+    if (lane == 0) {
+      rowptr[r] = base;
+      if (r == m - 1) rowptr[m] = base + rowcnt[r];
+    }
     for (int c0 = 0; c0 < f / 8; c0 += 32) {
       int c = c0 + lane;
       u32 w[4] = {0, 0, 0, 0};
@@ -137,20 +149,15 @@ extern "C" __global__ void sp_pack(const u16* __restrict__ G, const int* __restr
   }
 }
 
-// Column index. Rows are cut into chunks of rows_per rows; 16-bit counters
-// (rows_per < 65536) packed two to a word keep f columns in 2f bytes of
-// shared memory.
-__device__ __forceinline__ void ctr_zero(u32* ctr, int f) {
-  for (int i = threadIdx.x; i < (f + 1) / 2; i += blockDim.x) ctr[i] = 0;
-}
-__device__ __forceinline__ int ctr_get(const u32* ctr, int j) { return (int)((ctr[j >> 1] >> (16 * (j & 1))) & 0xffffu); }
+// Column index. Rows are cut into chunks of rows_per rows (< 65536).
 
 // sp_col_count: chunk[b][j] = entries of column j in chunk b's rows. One
-// block per chunk; dynamic shared memory 2f bytes (rounded up to 4).
+// block per chunk; dynamic shared memory 4·ceil(f/2) bytes: 16-bit
+// counters, two to a word.
 extern "C" __global__ void sp_col_count(const int* __restrict__ rowptr, const int* __restrict__ col,
                                         int* __restrict__ chunk, int m, int f, int rows_per) {
   extern __shared__ u32 ctr[];
-  ctr_zero(ctr, f);
+  for (int i = threadIdx.x; i < (f + 1) / 2; i += blockDim.x) ctr[i] = 0;
   __syncthreads();
   int r0 = blockIdx.x * rows_per, r1 = min(m, r0 + rows_per);
   for (int k = rowptr[r0] + threadIdx.x; k < rowptr[r1]; k += blockDim.x) {
@@ -158,45 +165,63 @@ extern "C" __global__ void sp_col_count(const int* __restrict__ rowptr, const in
     atomicAdd(&ctr[j >> 1], 1u << (16 * (j & 1)));
   }
   __syncthreads();
-  for (int j = threadIdx.x; j < f; j += blockDim.x) chunk[(size_t)blockIdx.x * f + j] = ctr_get(ctr, j);
+  for (int j = threadIdx.x; j < f; j += blockDim.x)
+    chunk[(size_t)blockIdx.x * f + j] = (int)((ctr[j >> 1] >> (16 * (j & 1))) & 0xffffu);
 }
 
 // sp_col_prefix: per column j, chunk[b][j] becomes the entries of column j
-// in chunks before b, and colcnt[j] the column's total. One thread per
-// column.
+// in chunks before b, and colcnt[j] the column's total. Blocks of 32 x 32
+// threads: x a column of the block's 32, y a slice of the chunks.
 extern "C" __global__ void sp_col_prefix(int* __restrict__ chunk, int* __restrict__ colcnt, int chunks, int f) {
-  int j = blockIdx.x * blockDim.x + threadIdx.x;
-  if (j >= f) return;
+  __shared__ int part[32][33];
+  const int j = blockIdx.x * 32 + threadIdx.x, per = (chunks + 31) / 32;
+  const int b0 = min(chunks, (int)threadIdx.y * per), b1 = min(chunks, b0 + per);
   int s = 0;
-  for (int b = 0; b < chunks; ++b) {
-    int v = chunk[(size_t)b * f + j];
-    chunk[(size_t)b * f + j] = s;
-    s += v;
+  if (j < f)
+    for (int b = b0; b < b1; ++b) s += chunk[(size_t)b * f + j];
+  part[threadIdx.y][threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.y == 0) {
+    int run = 0;
+    for (int y = 0; y < 32; ++y) {
+      int v = part[y][threadIdx.x];
+      part[y][threadIdx.x] = run;
+      run += v;
+    }
+    if (j < f) colcnt[j] = run;
   }
-  colcnt[j] = s;
+  __syncthreads();
+  if (j < f) {
+    int run = part[threadIdx.y][threadIdx.x];
+    for (int b = b0; b < b1; ++b) {
+      int v = chunk[(size_t)b * f + j];
+      chunk[(size_t)b * f + j] = run;
+      run += v;
+    }
+  }
 }
 
 // sp_col_fill: for every entry k (row i, column j) of the row-major form,
 // colpos[e] = k and coltok[e] = i at e = colptr[j] + its rank among column
-// j's entries, tokens ascending. One warp per chunk; rows in order, so a
-// row's entries (distinct columns) never race. Dynamic shared memory 2f
-// bytes (rounded up to 4).
+// j's entries, tokens ascending. One warp per chunk, its rows in order (a
+// row's columns are distinct, so its entries never race); dynamic shared
+// memory 4f bytes: each column's next position.
 extern "C" __global__ void sp_col_fill(const int* __restrict__ rowptr, const int* __restrict__ col,
                                        const int* __restrict__ chunk, const int* __restrict__ colptr,
                                        int* __restrict__ coltok, int* __restrict__ colpos, int m, int f, int rows_per) {
-  extern __shared__ u32 ctr[];
-  ctr_zero(ctr, f);
-  __syncwarp();
+  extern __shared__ int next[];
   const int lane = threadIdx.x;
   const int* base = chunk + (size_t)blockIdx.x * f;
+  for (int j = lane; j < f; j += 32) next[j] = colptr[j] + base[j];
+  __syncwarp();
   int r0 = blockIdx.x * rows_per, r1 = min(m, r0 + rows_per);
+  int k1 = rowptr[r0];
   for (int r = r0; r < r1; ++r) {
-    for (int k = rowptr[r] + lane; k < rowptr[r + 1]; k += 32) {
+    const int k0 = k1;
+    k1 = rowptr[r + 1];
+    for (int k = k0 + lane; k < k1; k += 32) {
       int j = col[k];
-      // Columns 2q and 2q+1 share a word: the add is atomic; a column
-      // appears once per row, and rows go in order.
-      u32 old = atomicAdd(&ctr[j >> 1], 1u << (16 * (j & 1)));
-      int e = colptr[j] + base[j] + (int)((old >> (16 * (j & 1))) & 0xffffu);
+      int e = next[j]++;
       coltok[e] = r;
       colpos[e] = k;
     }
@@ -211,13 +236,21 @@ __device__ __forceinline__ void stage_row(uint4* dst, const u16* src, int n) {
   __syncthreads();
 }
 
-// row_dot: one warp's dot product of the staged row xs with row j of B
-// (bf16 [.][h]), on every lane.
-__device__ __forceinline__ float row_dot(const uint4* xs, const u16* B, int j, int h) {
-  const uint4* b = reinterpret_cast<const uint4*>(B + (size_t)j * h);
-  float s = 0.f;
-  for (int c = threadIdx.x & 31; c < h / 8; c += 32) s = dot8(xs[c], ldg_nc(b + c), s);
-  return warp_sum(s);
+// row_dot2: one warp's dot products of the staged row xs with rows j0 and
+// j1 of B (bf16 [.][h]), on every lane: two rows in flight hide the
+// gathers' latency.
+__device__ __forceinline__ void row_dot2(const uint4* xs, const u16* B, int j0, int j1, int h, float& d0, float& d1) {
+  const uint4* b0 = reinterpret_cast<const uint4*>(B + (size_t)j0 * h);
+  const uint4* b1 = reinterpret_cast<const uint4*>(B + (size_t)j1 * h);
+  float s0 = 0.f, s1 = 0.f;
+#pragma unroll 4
+  for (int c = threadIdx.x & 31; c < h / 8; c += 32) {
+    uint4 x = xs[c];
+    s0 = dot8(x, ldg_nc(b0 + c), s0);
+    s1 = dot8(x, ldg_nc(b1 + c), s1);
+  }
+  d0 = warp_sum(s0);
+  d1 = warp_sum(s1);
 }
 
 // sp_up: the gated forward's SDDMM. For each entry k of row r: rv[k] =
@@ -230,13 +263,17 @@ extern "C" __global__ void sp_up(const u16* __restrict__ X, const u16* __restric
   const int r = blockIdx.x, lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
   stage_row(xs, X + (size_t)r * h, h);
   float l1 = 0.f;
-  for (int k = rowptr[r] + w; k < rowptr[r + 1]; k += nw) {
-    float d = row_dot(xs, Wu, col[k], h);
-    if (lane == 0) {
-      u32 rb = f_to_bf(d);
-      u32 t = f_to_bf(bf_to_f((u16)rb) * bf_to_f(pv[k]));
-      rv[k] = (u16)rb;
-      tv[k] = (u16)t;
+  const int k1 = rowptr[r + 1];
+  for (int k = rowptr[r] + 2 * w; k < k1; k += 2 * nw) {
+    const bool two = k + 1 < k1;
+    float d[2];
+    row_dot2(xs, Wu, col[k], col[two ? k + 1 : k], h, d[0], d[1]);
+    if (lane < 2 && (lane == 0 || two)) {
+      const int kk = k + lane;
+      u32 rb = f_to_bf(d[lane]);
+      u32 t = f_to_bf(bf_to_f((u16)rb) * bf_to_f(pv[kk]));
+      rv[kk] = (u16)rb;
+      tv[kk] = (u16)t;
       l1 += fabsf(bf_to_f((u16)t));
     }
   }
@@ -254,18 +291,23 @@ extern "C" __global__ void sp_grad(const u16* __restrict__ dY, const u16* __rest
   extern __shared__ uint4 xs[];
   const int r = blockIdx.x, lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
   stage_row(xs, dY + (size_t)r * h, h);
-  for (int k = rowptr[r] + w; k < rowptr[r + 1]; k += nw) {
-    float d = row_dot(xs, WdT, col[k], h);
-    if (lane == 0) {
-      float t = bf_to_f(tv[k]);
+  const int k1 = rowptr[r + 1];
+  for (int k = rowptr[r] + 2 * w; k < k1; k += 2 * nw) {
+    const bool two = k + 1 < k1;
+    float dd[2];
+    row_dot2(xs, WdT, col[k], col[two ? k + 1 : k], h, dd[0], dd[1]);
+    if (lane < 2 && (lane == 0 || two)) {
+      const int kk = k + lane;
+      float d = dd[lane];
+      float t = bf_to_f(tv[kk]);
       if (t > 0.f) d += l1_grad;
       if (t < 0.f) d -= l1_grad;
       if (gated) {
-        float p = bf_to_f(pv[k]), u = bf_to_f(rv[k]);
-        pv[k] = (u16)f_to_bf(d * p);
-        rv[k] = (u16)f_to_bf(d * u);
+        float p = bf_to_f(pv[kk]), u = bf_to_f(rv[kk]);
+        pv[kk] = (u16)f_to_bf(d * p);
+        rv[kk] = (u16)f_to_bf(d * u);
       } else {
-        pv[k] = (u16)f_to_bf(d);
+        pv[kk] = (u16)f_to_bf(d);
       }
     }
   }
@@ -305,7 +347,7 @@ extern "C" __global__ void sp_rows(float* __restrict__ out, const float* __restr
       }
       __syncthreads();
       if (v2) {
-#pragma unroll 4
+#pragma unroll 8
         for (int i = 0; i < n; ++i) {
           size_t o = (size_t)sj[i] * h + c;
           uint4 a = ldg_nc(B1 + o), b = ldg_nc(B2 + o);
@@ -313,7 +355,7 @@ extern "C" __global__ void sp_rows(float* __restrict__ out, const float* __restr
           axpy8(acc, s2[i], b);
         }
       } else {
-#pragma unroll 4
+#pragma unroll 8
         for (int i = 0; i < n; ++i) axpy8(acc, s1[i], ldg_nc(B1 + (size_t)sj[i] * h + c));
       }
     }
@@ -359,14 +401,14 @@ extern "C" __global__ void sp_cols(float* __restrict__ out1, float* __restrict__
       }
       __syncthreads();
       if (v2) {
-#pragma unroll 4
+#pragma unroll 8
         for (int i = 0; i < n; ++i) {
           uint4 a = ldg_nc(A + (size_t)st[i] * h + c);
           axpy8(a1v, s1[i], a);
           axpy8(a2v, s2[i], a);
         }
       } else {
-#pragma unroll 4
+#pragma unroll 8
         for (int i = 0; i < n; ++i) axpy8(a1v, s1[i], ldg_nc(A + (size_t)st[i] * h + c));
       }
     }

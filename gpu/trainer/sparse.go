@@ -4,6 +4,14 @@ import "github.com/twell-ai/twell/cuda"
 
 // Launchers of sparse.cu's kernels (see its header for the algorithm).
 
+// countBytes is the size of the sparse path's count buffer for m tokens
+// and f units: row counts, the totals of the blocks of sp_count and their
+// prefix, or column counts.
+func countBytes(m, f int) int {
+	nb := ceil(m, rowBlock/32)
+	return 4 * max(m+2*nb+1, f+1)
+}
+
 // vecThreads is the block of a kernel whose threads take 8 of h columns
 // each: enough warps to cover h once, at most 256.
 func vecThreads(h int) int { return min(256, max(32, (h/8+31)&^31)) }
@@ -14,7 +22,7 @@ func vecThreads(h int) int { return min(256, max(32, (h/8+31)&^31)) }
 // stat (may be nil).
 func (l launcher) spRowIndex(s mlpShape, g *cuda.Buffer, sp sparseSave, sc mlpScratch, active, stat *cuda.Buffer, l0Scale, l1Scale float64) error {
 	m, f := s.m, s.f
-	if err := check(need("gate pre-activations", g, 2*m*f), need("row counts", sc.cnt, 4*(max(m, f)+1))); err != nil {
+	if err := check(need("gate pre-activations", g, 2*m*f), need("row counts", sc.cnt, countBytes(m, f))); err != nil {
 		return err
 	}
 	var tv any = cuda.DevicePtr(0)
@@ -22,14 +30,20 @@ func (l launcher) spRowIndex(s mlpShape, g *cuda.Buffer, sp sparseSave, sc mlpSc
 		tv = sp.pv
 	}
 	rowsPerBlock := rowBlock / 32
+	nb := ceil(m, rowsPerBlock)
+	sl := &slicer{}
+	rowcnt, blocktot, blockptr := sl.at(sc.cnt, 0, 4*m), sl.at(sc.cnt, 4*m, 4*nb), sl.at(sc.cnt, 4*(m+nb), 4*(nb+1))
+	if sl.err != nil {
+		return sl.err
+	}
 	return inOrder(
 		func() error {
-			return l.k["sp_count"].Launch(dim(ceil(m, rowsPerBlock)), dim(rowBlock), 0, l.s, g, sc.cnt, optional(stat),
+			return l.k["sp_count"].Launch(dim(nb), dim(rowBlock), 0, l.s, g, rowcnt, blocktot, optional(stat),
 				int32(m), int32(f), l0Scale)
 		},
-		func() error { return l.k["sp_scan"].Launch(dim(1), dim(1024), 0, l.s, sc.cnt, sp.rowptr, int32(m)) },
+		func() error { return l.k["sp_scan"].Launch(dim(1), dim(1024), 0, l.s, blocktot, blockptr, int32(nb)) },
 		func() error {
-			return l.k["sp_pack"].Launch(dim(ceil(m, rowsPerBlock)), dim(rowBlock), 0, l.s, g, sp.rowptr, sp.col, sp.pv, tv,
+			return l.k["sp_pack"].Launch(dim(nb), dim(rowBlock), 0, l.s, g, rowcnt, blockptr, sp.rowptr, sp.col, sp.pv, tv,
 				optional(active), optional(stat), int32(m), int32(f), l1Scale)
 		},
 	)
@@ -38,23 +52,22 @@ func (l launcher) spRowIndex(s mlpShape, g *cuda.Buffer, sp sparseSave, sc mlpSc
 // spColIndex builds the column index of sp's row-major form.
 func (l launcher) spColIndex(s mlpShape, sp sparseSave, sc mlpScratch) error {
 	m, f := s.m, s.f
-	if err := check(need("column counts", sc.cnt, 4*(max(m, f)+1)),
+	if err := check(need("column counts", sc.cnt, countBytes(m, f)),
 		need("column chunk counts", sc.chunk, 4*ceil(m, sparseRowsPer)*f)); err != nil {
 		return err
 	}
 	chunks := ceil(m, sparseRowsPer)
-	ctrBytes := 4 * ceil(f, 2)
 	return inOrder(
 		func() error {
-			return l.k["sp_col_count"].Launch(dim(chunks), dim(rowBlock), ctrBytes, l.s, sp.rowptr, sp.col, sc.chunk,
+			return l.k["sp_col_count"].Launch(dim(chunks), dim(rowBlock), 4*ceil(f, 2), l.s, sp.rowptr, sp.col, sc.chunk,
 				int32(m), int32(f), int32(sparseRowsPer))
 		},
 		func() error {
-			return l.k["sp_col_prefix"].Launch(dim(ceil(f, rowBlock)), dim(rowBlock), 0, l.s, sc.chunk, sc.cnt, int32(chunks), int32(f))
+			return l.k["sp_col_prefix"].Launch(dim(ceil(f, 32)), dim2(32, 32), 0, l.s, sc.chunk, sc.cnt, int32(chunks), int32(f))
 		},
 		func() error { return l.k["sp_scan"].Launch(dim(1), dim(1024), 0, l.s, sc.cnt, sp.colptr, int32(f)) },
 		func() error {
-			return l.k["sp_col_fill"].Launch(dim(chunks), dim(32), ctrBytes, l.s, sp.rowptr, sp.col, sc.chunk, sp.colptr,
+			return l.k["sp_col_fill"].Launch(dim(chunks), dim(32), 4*f, l.s, sp.rowptr, sp.col, sc.chunk, sp.colptr,
 				sp.coltok, sp.colpos, int32(m), int32(f), int32(sparseRowsPer))
 		},
 	)
