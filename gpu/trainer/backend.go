@@ -157,7 +157,7 @@ func (b *Backend) init() error {
 	if b.blas, err = cublas.New(b.dev); err != nil {
 		return err
 	}
-	b.run = launcher{k: b.k, s: b.s}
+	b.run = launcher{k: b.k, s: b.s, grid: persistentGrid(b.dev)}
 	L, f := b.c.NumHiddenLayers, b.c.IntermediateSize
 	for _, a := range []struct {
 		p *(*cuda.Buffer)

@@ -29,7 +29,7 @@ var kernelFiles = []struct {
 		"rope_cast", "cast_bf16", "relu_fwd", "relu_bwd", "ce_chunk"}},
 	{"optim.cu", &optimSrc, []string{"sumsq", "scale", "adamw", "to_bf16", "reinit_rows", "reinit_cols"}},
 	{"sparse.cu", &sparseSrc, []string{"sp_count", "sp_scan", "sp_pack", "sp_col_count", "sp_col_prefix", "sp_col_fill",
-		"sp_up", "sp_grad", "sp_rows", "sp_cols", "transpose_bf16", "transpose_add"}},
+		"sp_up", "sp_grad", "sp_rows", "sp_col_parts", "sp_cols", "transpose_bf16", "transpose_add"}},
 }
 
 // kernels are the compiled functions of kernelFiles on one device, by name.
@@ -109,7 +109,13 @@ func check(checks ...error) error {
 type launcher struct {
 	k kernels
 	s *cuda.Stream
+	// grid is the block count of the persistent kernels (those that loop
+	// over their work items): enough 256-thread blocks to fill the GPU.
+	grid int
 }
+
+// persistentGrid is the block count that fills dev with 256-thread blocks.
+func persistentGrid(dev *cuda.Device) int { return 8 * max(1, dev.Properties().SMs) }
 
 // embedFwd sets x[t] = table[ids[t]] for n tokens of h values (fp32).
 func (l launcher) embedFwd(x, table, ids *cuda.Buffer, n, h int) error {

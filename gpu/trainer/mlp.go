@@ -325,13 +325,18 @@ func (g *gpuCtx) mlpBackwardSteps(a mlpArgs, sparse bool) ([]mlpStep, error) {
 		return nil, sl.err
 	}
 	// dWd first: it reads T, which the ungated sp_grad overwrites (T = P).
+	var partptr *cuda.Buffer
 	steps := []mlpStep{
 		{"transpose Wd", func() error { return g.run.transposeBF16(a.sc.wdT, a.wd, a.h, a.f) }},
 		{"dWd SpMM", func() error {
+			var err error
+			if partptr, err = g.run.spColParts(sp, a.sc, a.m, a.f); err != nil {
+				return err
+			}
 			if err := g.dev.Memset8(a.sc.dwdT, 0, g.s); err != nil {
 				return err
 			}
-			if err := g.run.spCols(a.sc.dwdT, nil, sp, sp.tv, nil, a.dy, a.f, a.h); err != nil {
+			if err := g.run.spCols(a.sc.dwdT, nil, sp, partptr, sp.tv, nil, a.dy, a.f, a.h); err != nil {
 				return err
 			}
 			return g.run.transposeAdd(a.gDown, a.sc.dwdT, a.f, a.h)
@@ -341,12 +346,12 @@ func (g *gpuCtx) mlpBackwardSteps(a mlpArgs, sparse bool) ([]mlpStep, error) {
 	if a.gated {
 		// sp_grad left dR in pv and dG in rv.
 		return append(steps,
-			mlpStep{"dWg dWu SpMM", func() error { return g.run.spCols(w.gGate, w.gUp, sp, sp.rv, sp.pv, a.x, a.f, a.h) }},
+			mlpStep{"dWg dWu SpMM", func() error { return g.run.spCols(w.gGate, w.gUp, sp, partptr, sp.rv, sp.pv, a.x, a.f, a.h) }},
 			mlpStep{"dx SpMM", func() error { return g.run.spRows(a.dx, nil, sp, sp.rv, w.gate, sp.pv, w.up, a.m, a.h) }},
 		), nil
 	}
 	return append(steps,
-		mlpStep{"dWu SpMM", func() error { return g.run.spCols(w.gUp, nil, sp, sp.pv, nil, a.x, a.f, a.h) }},
+		mlpStep{"dWu SpMM", func() error { return g.run.spCols(w.gUp, nil, sp, partptr, sp.pv, nil, a.x, a.f, a.h) }},
 		mlpStep{"dx SpMM", func() error { return g.run.spRows(a.dx, nil, sp, sp.pv, w.up, nil, nil, a.m, a.h) }},
 	), nil
 }

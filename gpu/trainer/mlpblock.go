@@ -84,7 +84,7 @@ func (b *MLPBlock) init() error {
 	if b.blas, err = cublas.New(b.dev); err != nil {
 		return err
 	}
-	b.run = launcher{k: k, s: b.s}
+	b.run = launcher{k: k, s: b.s, grid: persistentGrid(b.dev)}
 	ptrs := []**cuda.Buffer{&b.x, &b.dy, &b.wgu, &b.wd, &b.base, &b.out, &b.dx, &b.gGU, &b.gDown, &b.stat, &b.active,
 		&b.region, &b.sc.dh, &b.sc.dgu, &b.sc.cnt, &b.sc.chunk, &b.sc.wdT, &b.sc.dwdT}
 	for i, n := range b.shape.blockBuffers() {

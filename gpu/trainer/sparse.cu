@@ -18,7 +18,9 @@
 // Values are bf16 (P, R, T, dR, dG: rounded once each, the rounding points
 // of a bf16 PyTorch MLP); every dot product and sum is fp32; every sum runs
 // in a fixed order (but the weight gradients of units firing for more than
-// spColChunk tokens: see sp_cols), so results are repeatable bit for bit. Ungated (h =
+// spColChunk tokens: see sp_cols), so results are repeatable bit for bit.
+// The row kernels take one block per token row; the column kernel loops a
+// grid that fills the GPU over its work items (measured faster each way). Ungated (h =
 // relu(u)), P is the single activation and T = P.
 
 #include "common.cuh"
@@ -366,72 +368,93 @@ extern "C" __global__ void sp_rows(float* __restrict__ out, const float* __restr
   }
 }
 
+// sp_col_parts: parts[j] = how many parts unit j's entries are summed in:
+// none for a unit that never fired, one up to chunk entries, up to
+// max_parts for a busier unit (a unit that fires for most tokens), so
+// that one unit does not hold up the whole kernel.
+extern "C" __global__ void sp_col_parts(const int* __restrict__ colptr, int* __restrict__ parts, int f, int chunk,
+                                        int max_parts) {
+  int j = blockIdx.x * blockDim.x + threadIdx.x;
+  if (j >= f) return;
+  int cnt = colptr[j + 1] - colptr[j];
+  parts[j] = cnt == 0 ? 0 : min(max_parts, (cnt + chunk - 1) / chunk);
+}
+
 // sp_cols: for each unit j, out1[j] += Σ_e v1[pos]·A[tok] and out2[j] +=
 // Σ_e v2[pos]·A[tok] over column j's entries e (tokens ascending); A bf16
-// [m][h], out1 and out2 fp32 rows of h. Block (j, p) takes part p of unit
-// j's entries: a unit with at most chunk entries is one part, summed in
-// order and added plainly (bitwise repeatable); a busier one (a unit that
-// fires for most tokens) is cut into up to gridDim.y parts whose sums are
-// added with atomics, so that one unit does not hold up the whole grid.
+// [m][h], out1 and out2 fp32 rows of h. Work items are the parts of
+// partptr (the scanned sp_col_parts); blocks loop over them. A unit in
+// one part is summed in order and added plainly (bitwise repeatable); the
+// parts of a busier one are added with atomics.
 extern "C" __global__ void sp_cols(float* __restrict__ out1, float* __restrict__ out2,
                                    const int* __restrict__ colptr, const int* __restrict__ coltok,
-                                   const int* __restrict__ colpos, const u16* __restrict__ v1,
-                                   const u16* __restrict__ v2, const u16* __restrict__ A, int h, int chunk) {
+                                   const int* __restrict__ colpos, const int* __restrict__ partptr,
+                                   const u16* __restrict__ v1, const u16* __restrict__ v2, const u16* __restrict__ A,
+                                   int f, int h) {
   __shared__ int st[128];
   __shared__ float s1[128], s2[128];
-  const int j = blockIdx.x, p = blockIdx.y;
-  const int e0 = colptr[j], cnt = colptr[j + 1] - e0;
-  const int parts = min((int)gridDim.y, max(1, (cnt + chunk - 1) / chunk));
-  if (cnt == 0 || p >= parts) return;
-  const int a0 = e0 + (int)((long long)cnt * p / parts), a1 = e0 + (int)((long long)cnt * (p + 1) / parts);
-  for (int c0 = 0; c0 < h; c0 += 8 * blockDim.x) {
-    const int c = min(c0 + 8 * (int)threadIdx.x, h - 8);
-    const bool mine = c0 + 8 * (int)threadIdx.x < h;
-    float a1v[8], a2v[8];
+  const int items = partptr[f];
+  for (int it = blockIdx.x; it < items; it += gridDim.x) {
+    int lo = 0, hi = f - 1;  // the unit: the last j with partptr[j] <= it
+    while (lo < hi) {
+      int mid = (lo + hi + 1) >> 1;
+      if (partptr[mid] <= it)
+        lo = mid;
+      else
+        hi = mid - 1;
+    }
+    const int j = lo, parts = partptr[j + 1] - partptr[j], p = it - partptr[j];
+    const int e0 = colptr[j], cnt = colptr[j + 1] - e0;
+    const int a0 = e0 + (int)((long long)cnt * p / parts), a1 = e0 + (int)((long long)cnt * (p + 1) / parts);
+    for (int c0 = 0; c0 < h; c0 += 8 * blockDim.x) {
+      const int c = min(c0 + 8 * (int)threadIdx.x, h - 8);
+      const bool mine = c0 + 8 * (int)threadIdx.x < h;
+      float a1v[8], a2v[8];
 #pragma unroll
-    for (int e = 0; e < 8; ++e) a1v[e] = 0.f, a2v[e] = 0.f;
-    for (int eb = a0; eb < a1; eb += 128) {
-      int n = min(128, a1 - eb);
-      __syncthreads();
-      for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        int q = colpos[eb + i];
-        st[i] = coltok[eb + i];
-        s1[i] = bf_to_f(v1[q]);
-        if (v2) s2[i] = bf_to_f(v2[q]);
-      }
-      __syncthreads();
-      if (v2) {
-#pragma unroll 8
-        for (int i = 0; i < n; ++i) {
-          uint4 a = ldg_nc(A + (size_t)st[i] * h + c);
-          axpy8(a1v, s1[i], a);
-          axpy8(a2v, s2[i], a);
+      for (int e = 0; e < 8; ++e) a1v[e] = 0.f, a2v[e] = 0.f;
+      for (int eb = a0; eb < a1; eb += 128) {
+        int n = min(128, a1 - eb);
+        __syncthreads();
+        for (int i = threadIdx.x; i < n; i += blockDim.x) {
+          int q = colpos[eb + i];
+          st[i] = coltok[eb + i];
+          s1[i] = bf_to_f(v1[q]);
+          if (v2) s2[i] = bf_to_f(v2[q]);
         }
-      } else {
+        __syncthreads();
+        if (v2) {
 #pragma unroll 8
-        for (int i = 0; i < n; ++i) axpy8(a1v, s1[i], ldg_nc(A + (size_t)st[i] * h + c));
+          for (int i = 0; i < n; ++i) {
+            uint4 a = ldg_nc(A + (size_t)st[i] * h + c);
+            axpy8(a1v, s1[i], a);
+            axpy8(a2v, s2[i], a);
+          }
+        } else {
+#pragma unroll 8
+          for (int i = 0; i < n; ++i) axpy8(a1v, s1[i], ldg_nc(A + (size_t)st[i] * h + c));
+        }
       }
-    }
-    if (!mine) continue;
-    float* o1 = out1 + (size_t)j * h + c;
-    float* o2 = v2 ? out2 + (size_t)j * h + c : nullptr;
-    if (parts > 1) {
+      if (!mine) continue;
+      float* o1 = out1 + (size_t)j * h + c;
+      float* o2 = v2 ? out2 + (size_t)j * h + c : nullptr;
+      if (parts > 1) {
 #pragma unroll
-      for (int e = 0; e < 8; ++e) {
-        atomicAdd(o1 + e, a1v[e]);
-        if (o2) atomicAdd(o2 + e, a2v[e]);
+        for (int e = 0; e < 8; ++e) {
+          atomicAdd(o1 + e, a1v[e]);
+          if (o2) atomicAdd(o2 + e, a2v[e]);
+        }
+        continue;
       }
-      continue;
-    }
-    float4* q1 = reinterpret_cast<float4*>(o1);
-    float4 x = q1[0], y = q1[1];
-    q1[0] = make_float4(a1v[0] + x.x, a1v[1] + x.y, a1v[2] + x.z, a1v[3] + x.w);
-    q1[1] = make_float4(a1v[4] + y.x, a1v[5] + y.y, a1v[6] + y.z, a1v[7] + y.w);
-    if (o2) {
-      float4* q2 = reinterpret_cast<float4*>(o2);
-      x = q2[0], y = q2[1];
-      q2[0] = make_float4(a2v[0] + x.x, a2v[1] + x.y, a2v[2] + x.z, a2v[3] + x.w);
-      q2[1] = make_float4(a2v[4] + y.x, a2v[5] + y.y, a2v[6] + y.z, a2v[7] + y.w);
+      float4* q1 = reinterpret_cast<float4*>(o1);
+      float4 x = q1[0], y = q1[1];
+      q1[0] = make_float4(a1v[0] + x.x, a1v[1] + x.y, a1v[2] + x.z, a1v[3] + x.w);
+      q1[1] = make_float4(a1v[4] + y.x, a1v[5] + y.y, a1v[6] + y.z, a1v[7] + y.w);
+      if (o2) {
+        float4* q2 = reinterpret_cast<float4*>(o2);
+        x = q2[0], y = q2[1];
+        q2[0] = make_float4(a2v[0] + x.x, a2v[1] + x.y, a2v[2] + x.z, a2v[3] + x.w);
+        q2[1] = make_float4(a2v[4] + y.x, a2v[5] + y.y, a2v[6] + y.z, a2v[7] + y.w);
+      }
     }
   }
 }

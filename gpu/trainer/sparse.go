@@ -6,10 +6,10 @@ import "github.com/twell-ai/twell/cuda"
 
 // countBytes is the size of the sparse path's count buffer for m tokens
 // and f units: row counts, the totals of the blocks of sp_count and their
-// prefix, or column counts.
+// prefix; or column counts; or the parts of spColParts and their prefix.
 func countBytes(m, f int) int {
 	nb := ceil(m, rowBlock/32)
-	return 4 * max(m+2*nb+1, f+1)
+	return 4 * max(m+2*nb+1, 2*f+1)
 }
 
 // vecThreads is the block of a kernel whose threads take 8 of h columns
@@ -116,10 +116,29 @@ const (
 	spColParts = 16
 )
 
+// spColParts cuts each unit's entries into the parts spCols sums (see
+// sp_col_parts), leaving their prefix (int32 [f+1]) in partptr, a view of
+// sc.cnt that spCols takes.
+func (l launcher) spColParts(sp sparseSave, sc mlpScratch, m, f int) (partptr *cuda.Buffer, err error) {
+	sl := &slicer{}
+	parts, partptr := sl.at(sc.cnt, 0, 4*f), sl.at(sc.cnt, 4*f, 4*(f+1))
+	if sl.err != nil {
+		return nil, sl.err
+	}
+	return partptr, inOrder(
+		func() error {
+			return l.k["sp_col_parts"].Launch(dim(ceil(f, rowBlock)), dim(rowBlock), 0, l.s, sp.colptr, parts, int32(f),
+				int32(spColChunk), int32(spColParts))
+		},
+		func() error { return l.k["sp_scan"].Launch(dim(1), dim(1024), 0, l.s, parts, partptr, int32(f)) },
+	)
+}
+
 // spCols adds out1[j] += Σ v1·A over unit j's tokens, and out2[j] += Σ v2·A
-// when v2 is set; A bf16 [m][h], outputs fp32 [f][h].
-func (l launcher) spCols(out1, out2 *cuda.Buffer, sp sparseSave, v1, v2, a *cuda.Buffer, f, h int) error {
-	if err := need("sparse gradient output", out1, 4*f*h); err != nil {
+// when v2 is set; A bf16 [m][h], outputs fp32 [f][h]; partptr from
+// spColParts.
+func (l launcher) spCols(out1, out2 *cuda.Buffer, sp sparseSave, partptr, v1, v2, a *cuda.Buffer, f, h int) error {
+	if err := check(need("sparse gradient output", out1, 4*f*h), need("part offsets", partptr, 4*(f+1))); err != nil {
 		return err
 	}
 	if v2 != nil {
@@ -127,8 +146,8 @@ func (l launcher) spCols(out1, out2 *cuda.Buffer, sp sparseSave, v1, v2, a *cuda
 			return err
 		}
 	}
-	return l.k["sp_cols"].Launch(dim2(f, spColParts), dim(vecThreads(h)), 0, l.s, out1, optional(out2), sp.colptr,
-		sp.coltok, sp.colpos, v1, optional(v2), a, int32(h), int32(spColChunk))
+	return l.k["sp_cols"].Launch(dim(l.grid), dim(vecThreads(h)), 0, l.s, out1, optional(out2), sp.colptr, sp.coltok,
+		sp.colpos, partptr, v1, optional(v2), a, int32(f), int32(h))
 }
 
 // transposeBF16 sets dst (bf16 [cols][rows]) = srcᵀ.
