@@ -9,6 +9,7 @@ import (
 	"github.com/twell-ai/twell/cuda"
 	"github.com/twell-ai/twell/cuda/nvml"
 	"github.com/twell-ai/twell/gpu/trainer"
+	"github.com/twell-ai/twell/mlp"
 	"github.com/twell-ai/twell/synth"
 )
 
@@ -77,7 +78,7 @@ type TrainMLPResult struct {
 	DenseMS         float64 `json:"dense_ms"`        // forward + backward, dense GEMMs
 	TwellMS         float64 `json:"twell_ms"`        // forward + backward, sparse kernels
 	Speedup         float64 `json:"speedup"`         // dense / sparse
-	AutoPath        string  `json:"auto_path"`       // the path MLPAuto takes at the measured density
+	AutoPath        string  `json:"auto_path"`       // the path mlp.Auto takes at the measured density
 	AutoMS          float64 `json:"auto_ms"`         // that path's time
 	AutoSpeedup     float64 `json:"auto_speedup"`    // dense / auto
 	DenseTFLOPS     float64 `json:"dense_tflops"`    // dense path: 6 GEMMs' worth (9 gated) per token
@@ -169,8 +170,9 @@ func TrainMLPCUDA(o TrainMLPOptions, progress func(string)) ([]TrainMLPResult, e
 		res.MaxUnitTokens = int(slices.Max(sp.Active))
 		res.OutRelErr, res.DXRelErr = relErr32(sp.Out, d.Out), relErr32(sp.DX, d.DX)
 		res.DGateRelErr, res.DUpRelErr, res.DDownRelErr = relErr32(sp.DGate, d.DGate), relErr32(sp.DUp, d.DUp), relErr32(sp.DDown, d.DDown)
-		autoSparse := sp.L0/float64(o.F) < trainer.DefaultSparseBelow
-		res.AutoPath = map[bool]string{false: "dense", true: "sparse"}[autoSparse]
+		auto := mlp.Choose(mlp.Auto, sp.L0/float64(o.F), trainer.DefaultDenseAbove)
+		autoSparse := auto == mlp.Sparse
+		res.AutoPath = auto.String()
 
 		say("density %g: timing dense, sparse and auto (%s), in turns", density, res.AutoPath)
 		runs := []func() error{func() error { return blk.Run(false) }, func() error { return blk.Run(true) },

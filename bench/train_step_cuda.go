@@ -7,6 +7,7 @@ import (
 
 	"github.com/twell-ai/twell/cuda"
 	"github.com/twell-ai/twell/gpu/trainer"
+	"github.com/twell-ai/twell/mlp"
 	"github.com/twell-ai/twell/model"
 	"github.com/twell-ai/twell/synth"
 	"github.com/twell-ai/twell/synth/sparsify"
@@ -106,7 +107,7 @@ func TrainStepCUDA(o TrainStepOptions, progress func(string)) ([]TrainStepResult
 	h := train.AdamW{Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, WeightDecay: 0.1}
 	flops := train.FLOPsPerToken(c, o.Seq)
 	var out []TrainStepResult
-	for _, path := range []trainer.MLPPath{trainer.MLPDense, trainer.MLPSparse, trainer.MLPAuto} {
+	for _, path := range []mlp.Path{mlp.Dense, mlp.Sparse, mlp.Auto} {
 		say("%v MLP path: loading the model", path)
 		b, err := trainer.New(dev, c, m.Weights, trainer.Options{Batch: o.Batch, Seq: o.Seq, MLP: path})
 		if err != nil {

@@ -109,7 +109,7 @@ func printTrainMLP(w io.Writer, rs []bench.TrainMLPResult) {
 	fmt.Fprint(w, `
   dense ms     forward + backward of the block (L1 term included) through cuBLASLt GEMMs, median
   sparse ms    the same through the sparse kernels (gate GEMM, then only the active units), median
-  auto         the path training takes at the measured density (sparse below `+fmt.Sprint(100*trainer.DefaultSparseBelow)+`%)
+  auto         the path training takes at the measured density (sparse at most `+fmt.Sprint(100*trainer.DefaultDenseAbove)+`%)
   max rel err  sparse against dense over the output, dx and the three weight gradients
 `)
 }

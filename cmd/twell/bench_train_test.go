@@ -46,8 +46,9 @@ func TestTrainMLPFlagBadValues(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"train", "-preset", "tiny", "-out", "x", "-mlp", "fast"}, "-mlp: MLP path \"fast\""},
-		{[]string{"train", "-preset", "tiny", "-out", "x", "-sparse-below", "2"}, "-sparse-below 2"},
+		{[]string{"train", "-preset", "tiny", "-out", "x", "-mlp", "fast"}, "MLP path \"fast\""},
+		{[]string{"train", "-preset", "tiny", "-out", "x", "-dense-above", "2"}, "-dense-above 2"},
+		{[]string{"train", "-preset", "tiny", "-out", "x", "-dense-above", "0"}, "-dense-above 0"},
 	} {
 		var out, errb bytes.Buffer
 		if code := run(c.args, &out, &errb); code != 2 || !strings.Contains(errb.String(), c.want) {

@@ -22,6 +22,7 @@ import (
 	"github.com/twell-ai/twell/gpu/trainer"
 	"github.com/twell-ai/twell/internal/atomicfile"
 	"github.com/twell-ai/twell/internal/memcheck"
+	"github.com/twell-ai/twell/mlp"
 	"github.com/twell-ai/twell/model"
 	"github.com/twell-ai/twell/tokenizer"
 	"github.com/twell-ai/twell/tokenizer/bpetrain"
@@ -40,8 +41,8 @@ const sampleVocab = 1024
 type trainFlags struct {
 	cfgPath, preset, out, dataDir, tokPath, device string
 	steps                                          int
-	l1, sparseBelow                                float64
-	mlp                                            trainer.MLPPath
+	l1, denseAbove                                 float64
+	mlp                                            mlp.Path
 	resume, overwrite                              bool
 	set                                            map[string]bool // the flags given
 }
@@ -59,18 +60,13 @@ func parseTrainFlags(args []string, stderr io.Writer) (*trainFlags, error) {
 	fs.StringVar(&f.device, "device", "auto", backend.FlagUsage)
 	fs.BoolVar(&f.resume, "resume", false, "continue the run in -out from its newest checkpoint (its config is read from there)")
 	fs.BoolVar(&f.overwrite, "overwrite", false, "start over in an -out that holds an earlier run, deleting its checkpoints, metrics and plots")
-	mlpPath := fs.String("mlp", "auto", "GPU MLP path: auto (sparse per layer while its density is below -sparse-below), dense or sparse")
-	fs.Float64Var(&f.sparseBelow, "sparse-below", trainer.DefaultSparseBelow, "with -mlp auto, the density under which a layer's MLP runs sparse on the GPU")
+	fs.Var(&f.mlp, "mlp", "GPU MLP path: auto (per layer: sparse while its density is at most -dense-above), sparse or dense")
+	fs.Float64Var(&f.denseAbove, "dense-above", trainer.DefaultDenseAbove, "with -mlp auto, the density above which a layer's MLP runs dense on the GPU")
 	if err := parseFlags(fs, args); err != nil {
 		return nil, err
 	}
-	p, err := trainer.ParseMLPPath(*mlpPath)
-	if err != nil {
-		return nil, usagef("-mlp: %v", err)
-	}
-	f.mlp = p
-	if !(f.sparseBelow >= 0 && f.sparseBelow <= 1) {
-		return nil, usagef("-sparse-below %v: must be a density in [0, 1]", f.sparseBelow)
+	if !(f.denseAbove > 0 && f.denseAbove <= 1) {
+		return nil, usagef("-dense-above %v: must be a density in (0, 1]", f.denseAbove)
 	}
 	fs.Visit(func(fl *flag.Flag) { f.set[fl.Name] = true })
 	switch {
@@ -225,7 +221,7 @@ func newTrainBackend(f *trainFlags, cfg *train.Config, w *model.Weights, stderr 
 	dev, err := cuda.Open(0)
 	if err == nil {
 		var b *trainer.Backend
-		if b, err = trainer.New(dev, mc, w, trainer.Options{Batch: cfg.Batch, Seq: cfg.Seq, MLP: f.mlp, SparseBelow: f.sparseBelow}); err == nil {
+		if b, err = trainer.New(dev, mc, w, trainer.Options{Batch: cfg.Batch, Seq: cfg.Seq, MLP: f.mlp, DenseAbove: f.denseAbove}); err == nil {
 			fmt.Fprintf(stderr, "training on %v\n", dev)
 			return b, b, nil
 		}

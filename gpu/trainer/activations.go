@@ -6,6 +6,7 @@ import (
 
 	"github.com/twell-ai/twell/cuda"
 	"github.com/twell-ai/twell/internal/memcheck"
+	"github.com/twell-ai/twell/mlp"
 	"github.com/twell-ai/twell/model"
 )
 
@@ -76,7 +77,7 @@ func activationSizes(c model.Config, batch, seq int, o Options) (perLayer, share
 	// ids, targets, normF, rstdF, logits, dlogits, dx, dtmp, dxb, dh, dgu, qkvF, dqkvb, datt, x[L]
 	shared = []int{4 * M, 4 * M, 2 * M * h, 4 * M, 4 * lr * V, 2 * lr * V, 4 * M * h, 4 * M * h, 2 * M * h, 4 * M * f,
 		2 * M * guW, 4 * M * qkvW, 2 * M * qkvW, 2 * M * nqhd, 4 * M * h}
-	if o.MLP != MLPDense {
+	if o.MLP != mlp.Dense {
 		sparse = ms.sparseScratchBytes()
 	}
 	return perLayer, shared, sparse

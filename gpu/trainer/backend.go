@@ -22,6 +22,7 @@ import (
 	"github.com/twell-ai/twell/cuda"
 	"github.com/twell-ai/twell/cuda/cublas"
 	"github.com/twell-ai/twell/internal/memcheck"
+	"github.com/twell-ai/twell/mlp"
 	"github.com/twell-ai/twell/model"
 	"github.com/twell-ai/twell/train"
 )
@@ -36,20 +37,23 @@ type Options struct {
 	// LogitRows is the number of token rows whose logits exist at once in
 	// the cross-entropy (0: as many as fit in 64 MiB of fp32 logits).
 	LogitRows int
-	// MLP is how the MLP blocks run (MLPAuto by default). Any path but
-	// MLPDense sizes each layer's saved activations for the sparse path's
-	// worst case (every unit firing), so that no row is ever dropped.
-	MLP MLPPath
-	// SparseBelow is MLPAuto's density threshold (0: DefaultSparseBelow).
-	SparseBelow float64
+	// MLP is how the MLP blocks run: mlp.Auto (the zero value) chooses
+	// per layer and step from the density the previous step measured
+	// (mlp.Choose with DenseAbove; the first step runs dense). Any path
+	// but mlp.Dense sizes each layer's saved activations for the sparse
+	// path's worst case (every unit firing), so that no row is ever
+	// dropped.
+	MLP mlp.Path
+	// DenseAbove is mlp.Auto's density threshold (0: DefaultDenseAbove).
+	DenseAbove float64
 }
 
-// sparseBelow returns MLPAuto's threshold.
-func (o Options) sparseBelow() float64 {
-	if o.SparseBelow > 0 {
-		return o.SparseBelow
+// denseAbove returns mlp.Auto's threshold.
+func (o Options) denseAbove() float64 {
+	if o.DenseAbove > 0 {
+		return o.DenseAbove
 	}
-	return DefaultSparseBelow
+	return DefaultDenseAbove
 }
 
 // Backend is train.Backend on one GPU (see the package comment).
@@ -79,7 +83,7 @@ type Backend struct {
 
 	peak int64 // largest device memory in use seen at a synchronisation
 
-	// sparse[l] says whether layer l's MLP runs sparse (MLPAuto: decided
+	// sparse[l] says whether layer l's MLP runs sparse (mlp.Auto: decided
 	// from the density the last step measured).
 	sparse []bool
 }
@@ -96,16 +100,16 @@ func New(dev *cuda.Device, c model.Config, w *model.Weights, o Options) (*Backen
 		return nil, fmt.Errorf("trainer: options batch %d, seq %d, logit rows %d: give both batch and seq (or neither), none negative",
 			o.Batch, o.Seq, o.LogitRows)
 	}
-	if o.MLP < MLPAuto || o.MLP > MLPSparse || o.SparseBelow < 0 || o.SparseBelow > 1 {
-		return nil, fmt.Errorf("trainer: options MLP path %v, sparse below %g: want auto, dense or sparse and a density in [0, 1]",
-			o.MLP, o.SparseBelow)
+	if o.MLP > mlp.Dense || o.DenseAbove < 0 || o.DenseAbove > 1 {
+		return nil, fmt.Errorf("trainer: options MLP path %v, dense above %g: want auto, sparse or dense and a density in [0, 1]",
+			o.MLP, o.DenseAbove)
 	}
-	if o.MLP != MLPDense {
+	if o.MLP != mlp.Dense {
 		if err := sparseOK(max(1, o.Batch*o.Seq), c.HiddenSize, c.IntermediateSize); err != nil {
-			if o.MLP == MLPSparse {
+			if o.MLP == mlp.Sparse {
 				return nil, err
 			}
-			o.MLP = MLPDense // auto: the sparse kernels cannot take this shape
+			o.MLP = mlp.Dense // auto: the sparse kernels cannot take this shape
 		}
 	}
 	if !slices.Contains(attentionHeadDims, c.HeadDim) {
@@ -114,7 +118,7 @@ func New(dev *cuda.Device, c model.Config, w *model.Weights, o Options) (*Backen
 	b := &Backend{gpuCtx: gpuCtx{dev: dev}, c: c, opts: o, specs: train.Tensors(c), attn: map[[2]int]*attention{},
 		ropes: map[int][2]*cuda.Buffer{}, sparse: make([]bool, c.NumHiddenLayers)}
 	for l := range b.sparse {
-		b.sparse[l] = o.MLP == MLPSparse
+		b.sparse[l] = o.MLP == mlp.Sparse
 	}
 	for _, t := range b.specs {
 		b.off = append(b.off, b.n)
@@ -211,7 +215,7 @@ func fits(dev *cuda.Device, need int64, c model.Config, batch, seq int, o Option
 		} else {
 			hint = fmt.Sprintf("; not even one sequence of %d tokens fits", seq)
 		}
-		if o.MLP != MLPDense {
+		if o.MLP != mlp.Dense {
 			hint += "; the dense MLP path (-mlp dense) needs less activation memory"
 		}
 	}

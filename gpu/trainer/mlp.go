@@ -5,50 +5,15 @@ import (
 
 	"github.com/twell-ai/twell/cuda"
 	"github.com/twell-ai/twell/cuda/cublas"
+	"github.com/twell-ai/twell/mlp"
 )
 
-// MLPPath is how the MLP blocks of a step run.
-type MLPPath int
-
-// The MLP paths.
-const (
-	// MLPAuto runs each layer sparse while its measured density (active
-	// units per token over the MLP width, from the previous step) is below
-	// Options.SparseBelow, dense otherwise; the first step runs dense.
-	MLPAuto MLPPath = iota
-	// MLPDense runs every layer through dense GEMMs.
-	MLPDense
-	// MLPSparse runs every layer through the sparse kernels (sparse.cu).
-	MLPSparse
-)
-
-// String returns the name ParseMLPPath takes.
-func (p MLPPath) String() string {
-	switch p {
-	case MLPAuto:
-		return "auto"
-	case MLPDense:
-		return "dense"
-	case MLPSparse:
-		return "sparse"
-	}
-	return fmt.Sprintf("MLPPath(%d)", int(p))
-}
-
-// ParseMLPPath returns the path named s: auto, dense or sparse.
-func ParseMLPPath(s string) (MLPPath, error) {
-	for _, p := range []MLPPath{MLPAuto, MLPDense, MLPSparse} {
-		if p.String() == s {
-			return p, nil
-		}
-	}
-	return 0, fmt.Errorf("MLP path %q: want auto, dense or sparse", s)
-}
-
-// DefaultSparseBelow is the density under which MLPAuto runs a layer
-// sparse: below it the sparse forward and backward of an MLP block beat
-// the dense GEMMs on an H200 (docs/gpu-train.md).
-const DefaultSparseBelow = 0.01
+// DefaultDenseAbove is the density (active units per token over the MLP
+// width, measured in the previous step) above which mlp.Auto runs a
+// layer's MLP dense: below it the sparse forward and backward of an MLP
+// block beat the dense GEMMs on an H200 (docs/gpu-train.md: 1.29x at 1%,
+// 0.71x at 2%).
+const DefaultDenseAbove = 0.01
 
 // sparseRowsPer is the number of token rows per chunk of the column index
 // (sp_col_count, sp_col_fill); it must stay below 65536.
@@ -99,8 +64,8 @@ func (s mlpShape) sparseSaveBytes() int {
 }
 
 // saveBytes is a layer's saved-activation region for the path p.
-func (s mlpShape) saveBytes(p MLPPath) int {
-	if p == MLPDense {
+func (s mlpShape) saveBytes(p mlp.Path) int {
+	if p == mlp.Dense {
 		return s.denseSaveBytes()
 	}
 	return max(s.denseSaveBytes(), s.sparseSaveBytes())

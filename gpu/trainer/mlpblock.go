@@ -8,6 +8,7 @@ import (
 	"github.com/twell-ai/twell/bf16"
 	"github.com/twell-ai/twell/cuda"
 	"github.com/twell-ai/twell/cuda/cublas"
+	"github.com/twell-ai/twell/mlp"
 )
 
 // MLPBlock is one MLP block's training forward and backward on a GPU,
@@ -42,7 +43,7 @@ func MLPBlockBytes(m, h, f int, gated bool) int64 {
 func (s mlpShape) blockBuffers() []int {
 	out := []int{2 * s.m * s.h, 2 * s.m * s.h, 2 * s.guW() * s.h, 2 * s.h * s.f, // x, dy, wgu, wd
 		4 * s.m * s.h, 4 * s.m * s.h, 4 * s.m * s.h, // base, out, dx
-		4 * s.guW() * s.h, 4 * s.h * s.f, 16, 4 * s.f, s.saveBytes(MLPAuto), // gGU, gDown, stat, active, region
+		4 * s.guW() * s.h, 4 * s.h * s.f, 16, 4 * s.f, s.saveBytes(mlp.Sparse), // gGU, gDown, stat, active, region
 		4 * s.m * s.f, 2 * s.m * s.guW()} // dh, dgu
 	return append(out, s.sparseScratchBytes()...)
 }

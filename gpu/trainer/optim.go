@@ -7,6 +7,7 @@ import (
 	"slices"
 
 	"github.com/twell-ai/twell/cuda"
+	"github.com/twell-ai/twell/mlp"
 	"github.com/twell-ai/twell/train"
 )
 
@@ -81,9 +82,9 @@ func (b *Backend) EndStep() (*train.StepStats, error) {
 	}
 	b.stepN, b.stepDone = 0, 0
 	st, err := b.readStats(b.stats, b.active)
-	if err == nil && b.opts.MLP == MLPAuto {
+	if err == nil && b.opts.MLP == mlp.Auto {
 		for l, units := range st.L0 {
-			b.sparse[l] = units/float64(b.c.IntermediateSize) < b.opts.sparseBelow()
+			b.sparse[l] = mlp.Choose(mlp.Auto, units/float64(b.c.IntermediateSize), b.opts.denseAbove()) == mlp.Sparse
 		}
 	}
 	return st, err

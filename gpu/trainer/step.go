@@ -6,6 +6,7 @@ import (
 
 	"github.com/twell-ai/twell/cuda"
 	"github.com/twell-ai/twell/cuda/cublas"
+	"github.com/twell-ai/twell/mlp"
 )
 
 // layerViews are one layer's parameter views (fused where the layout
@@ -241,11 +242,11 @@ func inOrder(steps ...func() error) error {
 // m tokens.
 func (b *Backend) mlpPaths(m int) ([]bool, error) {
 	out := slices.Clone(b.sparse)
-	if b.opts.MLP == MLPDense {
+	if b.opts.MLP == mlp.Dense {
 		return make([]bool, len(out)), nil
 	}
 	if err := sparseOK(m, b.c.HiddenSize, b.c.IntermediateSize); err != nil {
-		if b.opts.MLP == MLPSparse {
+		if b.opts.MLP == mlp.Sparse {
 			return nil, err
 		}
 		return make([]bool, len(out)), nil

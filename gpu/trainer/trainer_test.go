@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/twell-ai/twell/cuda/cudatest"
+	"github.com/twell-ai/twell/mlp"
 	"github.com/twell-ai/twell/model"
 	"github.com/twell-ai/twell/train"
 )
@@ -87,9 +88,9 @@ func TestStepMatchesCPU(t *testing.T) {
 	dev := cudatest.Device(t)
 	for _, tc := range []struct {
 		gated, tied bool
-		mlp         MLPPath
-	}{{true, true, MLPDense}, {true, false, MLPDense}, {false, true, MLPDense}, {false, false, MLPDense},
-		{true, true, MLPSparse}, {false, false, MLPSparse}} {
+		mlp         mlp.Path
+	}{{true, true, mlp.Dense}, {true, false, mlp.Dense}, {false, true, mlp.Dense}, {false, false, mlp.Dense},
+		{true, true, mlp.Sparse}, {false, false, mlp.Sparse}} {
 		t.Run(fmt.Sprintf("gated=%v,tied=%v,mlp=%v", tc.gated, tc.tied, tc.mlp), func(t *testing.T) {
 			seed := rand.Uint64()
 			r := rand.New(rand.NewPCG(seed, 1))
@@ -210,7 +211,7 @@ func TestLossCurveMatchesCPU(t *testing.T) {
 	for i := range 3 {
 		var b train.Backend
 		if i < 2 {
-			b, err = New(dev, c, cloneWeights(w), Options{MLP: []MLPPath{MLPAuto, MLPSparse}[i]})
+			b, err = New(dev, c, cloneWeights(w), Options{MLP: []mlp.Path{mlp.Auto, mlp.Sparse}[i]})
 		} else {
 			b, err = train.NewCPU(c, cloneWeights(w))
 		}
