@@ -79,20 +79,12 @@ func FFNCUDA(o FFNOptions, progress func(string)) ([]FFNResult, error) {
 		return nil, err
 	}
 	defer y.Free()
-	// Written before every timed call (outside its events) so that each
-	// starts with no weights in L2, as in a model, whose consecutive MLPs
-	// have different weights; with the paths taking turns, a path would
-	// otherwise find the weights the one before it left.
-	flush, err := dev.Alloc(2 * props.L2Bytes)
+	gt, err := newGPUTiming(dev)
 	if err != nil {
 		return nil, err
 	}
-	defer flush.Free()
-	timer, err := dev.NewTimer()
-	if err != nil {
-		return nil, err
-	}
-	defer timer.Destroy()
+	defer gt.close()
+	flush, timer := gt.flush, gt.timer
 	refRows := synth.SampleRows(r, o.M, o.RefRows)
 	if o.DumpDir != "" {
 		say("writing the inputs to %s", o.DumpDir)
@@ -321,4 +313,32 @@ func roundBF16(v []float32) []float32 {
 		v[i] = bf16.Round(x)
 	}
 	return v
+}
+
+// gpuTiming is what the GPU benchmarks time with: a buffer twice the size
+// of L2, written before every timed call (outside its events) so that each
+// starts with no weights in L2, as in a model, whose consecutive layers
+// have different weights (with the paths taking turns, a path would
+// otherwise find the weights the one before it left); and an event timer.
+type gpuTiming struct {
+	flush *cuda.Buffer
+	timer *cuda.Timer
+}
+
+func newGPUTiming(dev *cuda.Device) (*gpuTiming, error) {
+	flush, err := dev.Alloc(2 * dev.Properties().L2Bytes)
+	if err != nil {
+		return nil, err
+	}
+	timer, err := dev.NewTimer()
+	if err != nil {
+		flush.Free()
+		return nil, err
+	}
+	return &gpuTiming{flush: flush, timer: timer}, nil
+}
+
+func (g *gpuTiming) close() {
+	g.timer.Destroy()
+	g.flush.Free()
 }

@@ -118,16 +118,12 @@ func TrainMLPCUDA(o TrainMLPOptions, progress func(string)) ([]TrainMLPResult, e
 	if nvErr != nil {
 		say("no energy figures: %v", nvErr)
 	}
-	flush, err := dev.Alloc(2 * props.L2Bytes)
+	gt, err := newGPUTiming(dev)
 	if err != nil {
 		return nil, err
 	}
-	defer flush.Free()
-	timer, err := dev.NewTimer()
-	if err != nil {
-		return nil, err
-	}
-	defer timer.Destroy()
+	defer gt.close()
+	flush, timer := gt.flush, gt.timer
 	blk, err := trainer.NewMLPBlock(dev, o.M, o.D, o.F, o.Gated, o.L1)
 	if err != nil {
 		return nil, err

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"flag"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -23,32 +24,18 @@ func init() {
 func runBenchFFN(args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("bench ffn", stderr)
 	device := fs.String("device", "auto", "where to run: cpu, cuda or auto (auto: cuda when a GPU is found)")
-	d := fs.Int("d", 2048, "hidden size, >= 2")
-	f := fs.Int("f", 5632, "MLP width, a positive multiple of the tile width")
-	m := fs.Int("m", 1024, "tokens, >= 1 (default 1024 on CPU, 65536 on GPU)")
-	densities := fs.String("density", "0.005,0.02,0.05", "comma-separated fractions of MLP units active per token, each in (0,1)")
-	dist := fs.String("dist", "uniform", "per-unit firing rates: uniform or skewed (heavy-tailed, ~30% dead units)")
-	gated := fs.Bool("gated", true, "gated MLP (relu(x Wg^T) * x Wu^T); false for relu(x Wu^T)")
-	reps := fs.Int("reps", 7, "timed repetitions per path, >= 1, median reported (default 7 on CPU, 30 on GPU)")
+	mf := addMLPBenchFlags(fs, "hidden size, >= 2", "MLP width, a positive multiple of the tile width",
+		1024, "tokens, >= 1 (default 1024 on CPU, 65536 on GPU)", 7, "timed repetitions per path, >= 1, median reported (default 7 on CPU, 30 on GPU)")
+	d, f, m, gated, reps, seed, jsonPath, plotPath := mf.d, mf.f, mf.m, mf.gated, mf.reps, mf.seed, mf.jsonPath, mf.plotPath
 	c := fs.Int("c", 8, "TwELL compression factor: 2, 4 or 8")
 	tile := fs.Int("tile", 256, "TwELL tile width: 256 or 128")
-	seed := fs.Uint64("seed", 0, "random seed (0: a fresh one, printed)")
-	jsonPath := fs.String("json", "", "write the results as JSON to this file")
-	plotPath := fs.String("plot", "", "write a speedup-vs-density plot to this PNG file")
 	dumpDir := fs.String("dump-inputs", "", "write the inputs (batch 0, reference rows, each density's bf16 weights) as safetensors files into this folder, created if needed")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	dens, err := parseFloats(*densities)
+	dens, dst, err := mf.parse()
 	if err != nil {
-		return usagef("-density: %v", err)
-	}
-	dst, err := synth.ParseDist(*dist)
-	if err != nil {
-		return usagef("-dist: %v", err)
-	}
-	if *seed == 0 {
-		*seed = rand.Uint64()
+		return err
 	}
 	kind, err := backend.Parse(*device)
 	if err != nil {
@@ -144,4 +131,49 @@ func checkWritable(paths ...string) error {
 		}
 	}
 	return nil
+}
+
+// mlpBenchFlags are the flags of the MLP-block benchmarks (bench ffn,
+// bench train): the block's shape, densities, distribution, repetitions,
+// seed and output files.
+type mlpBenchFlags struct {
+	d, f, m, reps      *int
+	densities, dist    *string
+	gated              *bool
+	seed               *uint64
+	jsonPath, plotPath *string
+}
+
+// addMLPBenchFlags defines the shared flags on fs with the command's own
+// descriptions and defaults for the sizes and repetitions.
+func addMLPBenchFlags(fs *flag.FlagSet, dUsage, fUsage string, m int, mUsage string, reps int, repsUsage string) mlpBenchFlags {
+	return mlpBenchFlags{
+		d:         fs.Int("d", 2048, dUsage),
+		f:         fs.Int("f", 5632, fUsage),
+		m:         fs.Int("m", m, mUsage),
+		densities: fs.String("density", "0.005,0.02,0.05", "comma-separated fractions of MLP units active per token, each in (0,1)"),
+		dist:      fs.String("dist", "uniform", "per-unit firing rates: uniform or skewed (heavy-tailed, ~30% dead units)"),
+		gated:     fs.Bool("gated", true, "gated MLP (relu(x Wg^T) * x Wu^T); false for relu(x Wu^T)"),
+		reps:      fs.Int("reps", reps, repsUsage),
+		seed:      fs.Uint64("seed", 0, "random seed (0: a fresh one, printed)"),
+		jsonPath:  fs.String("json", "", "write the results as JSON to this file"),
+		plotPath:  fs.String("plot", "", "write a speedup-vs-density plot to this PNG file"),
+	}
+}
+
+// parse reads the densities and the distribution (usage errors when bad)
+// and draws a seed when none was given.
+func (mf mlpBenchFlags) parse() ([]float64, synth.Dist, error) {
+	dens, err := parseFloats(*mf.densities)
+	if err != nil {
+		return nil, "", usagef("-density: %v", err)
+	}
+	dst, err := synth.ParseDist(*mf.dist)
+	if err != nil {
+		return nil, "", usagef("-dist: %v", err)
+	}
+	if *mf.seed == 0 {
+		*mf.seed = rand.Uint64()
+	}
+	return dens, dst, nil
 }

@@ -10,10 +10,7 @@ import (
 )
 
 func TestBenchFFNBadInputExits2(t *testing.T) {
-	cases := []struct {
-		args []string
-		want string
-	}{
+	cases := []usageCase{
 		{[]string{"bench", "ffn", "-bogus"}, "flag provided but not defined: -bogus"},
 		{[]string{"bench", "ffn", "-density", "0"}, "-density 0: must be inside (0, 1)"},
 		{[]string{"bench", "ffn", "-density", "1.5"}, "-density 1.5"},
@@ -28,6 +25,18 @@ func TestBenchFFNBadInputExits2(t *testing.T) {
 		{[]string{"bench", "ffn", "-reps", "0"}, "-reps 0"},
 		{[]string{"bench", "nope"}, "unknown command \"bench nope\""},
 	}
+	checkUsageErrors(t, cases)
+}
+
+// usageCase is a command line that must fail with exit status 2 and one
+// line on stderr containing want.
+type usageCase struct {
+	args []string
+	want string
+}
+
+func checkUsageErrors(t *testing.T, cases []usageCase) {
+	t.Helper()
 	for _, c := range cases {
 		var out, errb bytes.Buffer
 		code := run(c.args, &out, &errb)

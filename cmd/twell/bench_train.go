@@ -3,14 +3,12 @@ package main
 import (
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"text/tabwriter"
 
 	"github.com/twell-ai/twell/backend"
 	"github.com/twell-ai/twell/bench"
 	"github.com/twell-ai/twell/gpu/trainer"
 	"github.com/twell-ai/twell/internal/memcheck"
-	"github.com/twell-ai/twell/synth"
 )
 
 func init() {
@@ -20,17 +18,10 @@ func init() {
 func runBenchTrain(args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("bench train", stderr)
 	device := fs.String("device", "cuda", "where to run: cuda (the sparse training kernels are GPU kernels)")
-	d := fs.Int("d", 2048, "hidden size, a positive multiple of 8")
-	f := fs.Int("f", 5632, "MLP width, a positive multiple of 8")
-	m := fs.Int("m", 16384, "tokens in the micro-batch")
-	densities := fs.String("density", "0.005,0.02,0.05", "comma-separated fractions of MLP units active per token, each in (0,1)")
-	dist := fs.String("dist", "uniform", "per-unit firing rates: uniform or skewed (heavy-tailed, ~30% dead units)")
-	gated := fs.Bool("gated", true, "gated MLP (relu(x Wg^T) * x Wu^T); false for relu(x Wu^T)")
-	reps := fs.Int("reps", 30, "timed repetitions per path, >= 1, median reported")
+	mf := addMLPBenchFlags(fs, "hidden size, a positive multiple of 8", "MLP width, a positive multiple of 8",
+		16384, "tokens in the micro-batch", 30, "timed repetitions per path, >= 1, median reported")
+	d, f, m, gated, reps, seed, jsonPath, plotPath := mf.d, mf.f, mf.m, mf.gated, mf.reps, mf.seed, mf.jsonPath, mf.plotPath
 	l1 := fs.Float64("l1", 2e-3, "L1 coefficient on the mean over tokens of sum |h|")
-	seed := fs.Uint64("seed", 0, "random seed (0: a fresh one, printed)")
-	jsonPath := fs.String("json", "", "write the results as JSON to this file")
-	plotPath := fs.String("plot", "", "write a speedup-vs-density plot to this PNG file (MLP block)")
 	profile := fs.Bool("profile", false, "also time each stage of the dense and sparse paths alone (MLP block)")
 	step := fs.Bool("step", false, "time whole training steps of the SparseLM-1.5B shape instead (dense, sparse and auto MLP paths; -density is the gates' calibrated density, one value)")
 	layers := fs.Int("layers", 0, "with -step: layers (0: the shape's 28)")
@@ -40,13 +31,9 @@ func runBenchTrain(args []string, stdout, stderr io.Writer) error {
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	dens, err := parseFloats(*densities)
+	dens, dst, err := mf.parse()
 	if err != nil {
-		return usagef("-density: %v", err)
-	}
-	dst, err := synth.ParseDist(*dist)
-	if err != nil {
-		return usagef("-dist: %v", err)
+		return err
 	}
 	kind, err := backend.Parse(*device)
 	if err != nil {
@@ -54,9 +41,6 @@ func runBenchTrain(args []string, stdout, stderr io.Writer) error {
 	}
 	if kind != backend.CUDA {
 		return usagef("-device %s: bench train times the GPU kernels; give -device cuda", *device)
-	}
-	if *seed == 0 {
-		*seed = rand.Uint64()
 	}
 	if *step {
 		if len(dens) != 1 {

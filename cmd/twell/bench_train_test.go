@@ -1,16 +1,11 @@
 package main
 
 import (
-	"bytes"
-	"strings"
 	"testing"
 )
 
 func TestBenchTrainBadInputExits2(t *testing.T) {
-	cases := []struct {
-		args []string
-		want string
-	}{
+	checkUsageErrors(t, []usageCase{
 		{[]string{"bench", "train", "-bogus"}, "flag provided but not defined: -bogus"},
 		{[]string{"bench", "train", "-density", "0"}, "-density 0: must be inside (0, 1)"},
 		{[]string{"bench", "train", "-density", "abc"}, "is not a number"},
@@ -27,32 +22,13 @@ func TestBenchTrainBadInputExits2(t *testing.T) {
 		{[]string{"bench", "train", "-step", "-batch", "0", "-density", "0.005"}, "-batch 0"},
 		{[]string{"bench", "train", "-step", "-steps", "0", "-density", "0.005"}, "-steps 0"},
 		{[]string{"bench", "train", "-step", "-layers", "-1", "-density", "0.005"}, "-layers -1"},
-	}
-	for _, c := range cases {
-		var out, errb bytes.Buffer
-		code := run(c.args, &out, &errb)
-		msg := errb.String()
-		if code != 2 {
-			t.Errorf("%v: exit %d, want 2 (stderr %q)", c.args, code, msg)
-		}
-		if !strings.Contains(msg, c.want) || strings.Count(strings.TrimSpace(msg), "\n") != 0 {
-			t.Errorf("%v: stderr %q, want one line containing %q", c.args, msg, c.want)
-		}
-	}
+	})
 }
 
 func TestTrainMLPFlagBadValues(t *testing.T) {
-	for _, c := range []struct {
-		args []string
-		want string
-	}{
+	checkUsageErrors(t, []usageCase{
 		{[]string{"train", "-preset", "tiny", "-out", "x", "-mlp", "fast"}, "MLP path \"fast\""},
 		{[]string{"train", "-preset", "tiny", "-out", "x", "-dense-above", "2"}, "-dense-above 2"},
 		{[]string{"train", "-preset", "tiny", "-out", "x", "-dense-above", "0"}, "-dense-above 0"},
-	} {
-		var out, errb bytes.Buffer
-		if code := run(c.args, &out, &errb); code != 2 || !strings.Contains(errb.String(), c.want) {
-			t.Errorf("%v: exit %d, stderr %q, want 2 and %q", c.args, code, errb.String(), c.want)
-		}
-	}
+	})
 }

@@ -457,10 +457,12 @@ func (b *Backend) OptimizerState() (*train.OptimizerState, error) {
 
 // Close waits for queued work and frees everything the backend holds.
 func (b *Backend) Close() error {
+	return b.close(b.freeAll)
+}
+
+// freeAll frees the backend's buffers (the device is idle).
+func (b *Backend) freeAll() error {
 	var errs []error
-	if b.s != nil {
-		errs = append(errs, b.s.Synchronize())
-	}
 	for _, a := range b.attn {
 		errs = append(errs, a.close())
 	}
@@ -478,14 +480,6 @@ func (b *Backend) Close() error {
 			errs = append(errs, (*p).Free())
 			*p = nil
 		}
-	}
-	if b.blas != nil {
-		errs = append(errs, b.blas.Close())
-		b.blas = nil
-	}
-	if b.s != nil {
-		errs = append(errs, b.s.Destroy())
-		b.s = nil
 	}
 	return errors.Join(errs...)
 }

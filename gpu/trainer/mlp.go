@@ -1,6 +1,7 @@
 package trainer
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/twell-ai/twell/cuda"
@@ -157,6 +158,25 @@ type gpuCtx struct {
 	s    *cuda.Stream
 	blas *cublas.Handle
 	run  launcher
+}
+
+// close waits for queued work, runs free (the owner's buffers), then
+// closes cuBLASLt and the stream; every error is returned.
+func (g *gpuCtx) close(free func() error) error {
+	var errs []error
+	if g.s != nil {
+		errs = append(errs, g.s.Synchronize())
+	}
+	errs = append(errs, free())
+	if g.blas != nil {
+		errs = append(errs, g.blas.Close())
+		g.blas = nil
+	}
+	if g.s != nil {
+		errs = append(errs, g.s.Destroy())
+		g.s = nil
+	}
+	return errors.Join(errs...)
 }
 
 // linear sets y = x·Wᵀ (+ y when add), y of type ct.

@@ -248,21 +248,12 @@ func (b *MLPBlock) Result() (*MLPBlockResult, error) {
 
 // Close waits for queued work and frees the block.
 func (b *MLPBlock) Close() error {
-	var errs []error
-	if b.s != nil {
-		errs = append(errs, b.s.Synchronize())
-	}
-	for _, buf := range b.owned {
-		errs = append(errs, buf.Free())
-	}
-	b.owned = nil
-	if b.blas != nil {
-		errs = append(errs, b.blas.Close())
-		b.blas = nil
-	}
-	if b.s != nil {
-		errs = append(errs, b.s.Destroy())
-		b.s = nil
-	}
-	return errors.Join(errs...)
+	return b.close(func() error {
+		var errs []error
+		for _, buf := range b.owned {
+			errs = append(errs, buf.Free())
+		}
+		b.owned = nil
+		return errors.Join(errs...)
+	})
 }
