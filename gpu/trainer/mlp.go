@@ -48,21 +48,34 @@ func (s mlpShape) guW() int {
 // align16 rounds n up to a multiple of 16.
 func align16(n int) int { return (n + 15) &^ 15 }
 
-// denseSaveBytes is what the dense path keeps from forward to backward:
-// the fp32 pre-activations and the bf16 hidden activations.
-func (s mlpShape) denseSaveBytes() int { return align16(4*s.m*s.guW()) + align16(2*s.m*s.f) }
+// denseSizes are the byte sizes of the dense path's saved views, in
+// carving order: the fp32 pre-activations and the bf16 hidden activations.
+func (s mlpShape) denseSizes() []int { return []int{4 * s.m * s.guW(), 2 * s.m * s.f} }
 
-// sparseSaveBytes is what the sparse path keeps, sized for every unit of
-// every token firing: the row-major form (row pointers, columns, P, and
-// gated R and T) and the column index (pointers, tokens, positions).
-func (s mlpShape) sparseSaveBytes() int {
+// sparseSizes are the byte sizes of the sparse path's saved views, in
+// carving order, sized for every unit of every token firing: row and
+// column pointers, columns, tokens and positions, then P (and gated, R and
+// T).
+func (s mlpShape) sparseSizes() []int {
 	nnz := s.m * s.f
-	vals := 1
+	out := []int{4 * (s.m + 1), 4 * (s.f + 1), 4 * nnz, 4 * nnz, 4 * nnz, 2 * nnz}
 	if s.gated {
-		vals = 3
+		out = append(out, 2*nnz, 2*nnz)
 	}
-	return align16(4*(s.m+1)) + align16(4*(s.f+1)) + 3*align16(4*nnz) + vals*align16(2*nnz)
+	return out
 }
+
+// carvedBytes is the region that views of sizes take, each 16-byte aligned.
+func carvedBytes(sizes []int) int {
+	n := 0
+	for _, sz := range sizes {
+		n += align16(sz)
+	}
+	return n
+}
+
+func (s mlpShape) denseSaveBytes() int  { return carvedBytes(s.denseSizes()) }
+func (s mlpShape) sparseSaveBytes() int { return carvedBytes(s.sparseSizes()) }
 
 // saveBytes is a layer's saved-activation region for the path p.
 func (s mlpShape) saveBytes(p mlp.Path) int {
@@ -80,25 +93,23 @@ func (s mlpShape) sparseScratchBytes() []int {
 	return []int{countBytes(s.m, s.f), 4 * chunks * s.f, 2 * s.f * s.h, 4 * s.f * s.h}
 }
 
-// carver cuts consecutive 16-byte aligned views out of a region.
-type carver struct {
-	sl  *slicer
-	buf *cuda.Buffer
-	off int
-}
-
-func (c *carver) next(n int) *cuda.Buffer {
-	v := c.sl.at(c.buf, c.off, n)
-	c.off += align16(n)
-	return v
+// carve cuts consecutive 16-byte aligned views of sizes out of region.
+func carve(sl *slicer, region *cuda.Buffer, sizes []int) []*cuda.Buffer {
+	out := make([]*cuda.Buffer, len(sizes))
+	off := 0
+	for i, n := range sizes {
+		out[i] = sl.at(region, off, n)
+		off += align16(n)
+	}
+	return out
 }
 
 // denseSave are the dense path's views of a layer's region.
 type denseSave struct{ gu, hid *cuda.Buffer }
 
 func (s mlpShape) carveDense(sl *slicer, region *cuda.Buffer) denseSave {
-	c := carver{sl: sl, buf: region}
-	return denseSave{gu: c.next(4 * s.m * s.guW()), hid: c.next(2 * s.m * s.f)}
+	v := carve(sl, region, s.denseSizes())
+	return denseSave{gu: v[0], hid: v[1]}
 }
 
 // sparseSave are the sparse path's views of a layer's region: the
@@ -110,15 +121,12 @@ type sparseSave struct {
 }
 
 func (s mlpShape) carveSparse(sl *slicer, region *cuda.Buffer) sparseSave {
-	nnz := s.m * s.f
-	c := carver{sl: sl, buf: region}
-	v := sparseSave{rowptr: c.next(4 * (s.m + 1)), colptr: c.next(4 * (s.f + 1)), col: c.next(4 * nnz),
-		coltok: c.next(4 * nnz), colpos: c.next(4 * nnz), pv: c.next(2 * nnz)}
-	v.tv = v.pv
+	v := carve(sl, region, s.sparseSizes())
+	out := sparseSave{rowptr: v[0], colptr: v[1], col: v[2], coltok: v[3], colpos: v[4], pv: v[5], tv: v[5]}
 	if s.gated {
-		v.rv, v.tv = c.next(2*nnz), c.next(2*nnz)
+		out.rv, out.tv = v[6], v[7]
 	}
-	return v
+	return out
 }
 
 // mlpScratch are the work buffers an MLP block's forward and backward share

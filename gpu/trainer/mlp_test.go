@@ -1,0 +1,50 @@
+package trainer
+
+import (
+	"testing"
+
+	"github.com/twell-ai/twell/internal/testutil"
+	"github.com/twell-ai/twell/mlp"
+)
+
+// TestMLPSaveLayout: on random shapes, a layer's saved region holds the
+// views of either path, each the size its kernels read (every unit of
+// every token firing, on the sparse path) and 16-byte aligned; the count
+// buffer holds each of its uses.
+func TestMLPSaveLayout(t *testing.T) {
+	r, seed := testutil.Rand(t)
+	for range 200 {
+		s := mlpShape{m: 1 + r.IntN(5000), h: 8 * (1 + r.IntN(300)), f: 8 * (1 + r.IntN(2000)), gated: r.IntN(2) == 0}
+		nnz := s.m * s.f
+		sp := s.sparseSizes()
+		want := []int{4 * (s.m + 1), 4 * (s.f + 1), 4 * nnz, 4 * nnz, 4 * nnz, 2 * nnz}
+		if s.gated {
+			want = append(want, 2*nnz, 2*nnz)
+		}
+		for i := range want {
+			if sp[i] != want[i] {
+				t.Fatalf("seed %d: %+v: sparse view %d of %d bytes, want %d", seed, s, i, sp[i], want[i])
+			}
+		}
+		for _, p := range []mlp.Path{mlp.Auto, mlp.Sparse, mlp.Dense} {
+			region := s.saveBytes(p)
+			if region < s.denseSaveBytes() || (p != mlp.Dense && region < s.sparseSaveBytes()) {
+				t.Fatalf("seed %d: %+v: %v region of %d bytes, dense needs %d, sparse %d", seed, s, p, region, s.denseSaveBytes(), s.sparseSaveBytes())
+			}
+		}
+		per := 14 // bytes per token and unit: column, token, position, P
+		if s.gated {
+			per = 18 // and R, T
+		}
+		if got := carvedBytes(sp); got%16 != 0 || got < per*nnz {
+			t.Fatalf("seed %d: %+v: sparse region %d bytes", seed, s, got)
+		}
+		nb := ceil(s.m, rowBlock/32)
+		if c := countBytes(s.m, s.f); c < 4*(s.m+2*nb+1) || c < 4*(2*s.f+1) {
+			t.Fatalf("seed %d: %+v: count buffer of %d bytes", seed, s, c)
+		}
+		if v := vecThreads(s.h); v%32 != 0 || v < 32 || v > 256 || (v < 256 && 8*v < s.h) {
+			t.Fatalf("seed %d: h %d: %d threads", seed, s.h, v)
+		}
+	}
+}
