@@ -61,7 +61,7 @@ type TrainStepResult struct {
 	L0Mean       float64 `json:"l0_mean"`       // measured active units per token, mean over layers
 	StepMS       float64 `json:"step_ms"`       // median
 	TokensPerMS  float64 `json:"tokens_per_ms"`
-	MFU          float64 `json:"mfu"` // of the dense bf16 peak
+	MFU          float64 `json:"mfu"` // the dense model's training FLOPs per token (the same for every path) at this rate, over the dense bf16 peak
 	PeakBytes    int64   `json:"peak_bytes"`
 	Steps        int     `json:"steps"`
 }
