@@ -214,7 +214,13 @@ func runTrain(args []string, stdout, stderr io.Writer) error {
 func newTrainBackend(f *trainFlags, cfg *train.Config, w *model.Weights, stderr io.Writer) (train.Backend, *trainer.Backend, error) {
 	device := f.device
 	mc := cfg.ModelConfig()
+	cpuNote := func() {
+		if f.set["mlp"] || f.set["dense-above"] {
+			fmt.Fprintf(stderr, "note: -mlp and -dense-above choose the GPU trainer's MLP kernels; the CPU trainer runs its MLPs dense\n")
+		}
+	}
 	if device == "cpu" {
+		cpuNote()
 		b, err := train.NewCPU(mc, w)
 		return b, nil, err
 	}
@@ -230,6 +236,7 @@ func newTrainBackend(f *trainFlags, cfg *train.Config, w *model.Weights, stderr 
 		return nil, nil, fmt.Errorf("-device cuda: %w", err)
 	}
 	fmt.Fprintf(stderr, "training on the CPU (no usable GPU: %v)\n", err)
+	cpuNote()
 	b, err := train.NewCPU(mc, w)
 	return b, nil, err
 }

@@ -359,3 +359,15 @@ func TestTrainRefusesWhatCannotFit(t *testing.T) {
 		t.Errorf("%s was created for a run that cannot fit", out)
 	}
 }
+
+// TestTrainCPUNotesGPUMLPFlags: -mlp on the CPU trains (dense) and says so.
+func TestTrainCPUNotesGPUMLPFlags(t *testing.T) {
+	code, _, se := trainRun("train", "-preset", "tiny", "-steps", "1", "-device", "cpu", "-mlp", "sparse", "-out", t.TempDir())
+	if code != 0 || !strings.Contains(se, "the CPU trainer runs its MLPs dense") {
+		t.Errorf("exit %d, stderr %q", code, se)
+	}
+	code, _, se = trainRun("train", "-preset", "tiny", "-steps", "1", "-device", "cpu", "-out", t.TempDir())
+	if code != 0 || strings.Contains(se, "-mlp") {
+		t.Errorf("without -mlp: exit %d, stderr %q", code, se)
+	}
+}
