@@ -105,7 +105,7 @@ func New(dev *cuda.Device, c model.Config, w *model.Weights, o Options) (*Backen
 			o.MLP, o.DenseAbove)
 	}
 	if o.MLP != mlp.Dense {
-		if err := sparseOK(max(1, o.Batch*o.Seq), c.HiddenSize, c.IntermediateSize); err != nil {
+		if err := sparseOK(max(1, o.Batch*o.Seq), c.HiddenSize, c.IntermediateSize, sharedPerBlock(dev)); err != nil {
 			if o.MLP == mlp.Sparse {
 				return nil, err
 			}

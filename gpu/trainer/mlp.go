@@ -21,15 +21,29 @@ const DefaultDenseAbove = 0.01
 const sparseRowsPer = 32
 
 // sparseOK reports whether the sparse kernels take a block of width h and
-// f units for m tokens: 16-byte rows and an entry count that fits int32.
-func sparseOK(m, h, f int) error {
+// f units for m tokens on a device whose blocks may use smem bytes of
+// shared memory: 16-byte rows, an entry count that fits int32, and the
+// column index's per-unit counters (4f bytes) and a staged row (2h bytes)
+// in shared memory.
+func sparseOK(m, h, f, smem int) error {
 	if h%8 != 0 || f%8 != 0 {
 		return fmt.Errorf("trainer: the sparse MLP needs hidden size and MLP width divisible by 8 (have %d and %d)", h, f)
 	}
 	if int64(m)*int64(f) >= 1<<31 {
 		return fmt.Errorf("trainer: the sparse MLP takes at most 2^31 - 1 entries per micro-batch (%d tokens x %d units)", m, f)
 	}
+	if need := max(4*f, 2*h); need > smem {
+		return fmt.Errorf("trainer: the sparse MLP of hidden size %d and %d units needs %d bytes of shared memory per block, the device gives %d",
+			h, f, need, smem)
+	}
 	return nil
+}
+
+// sharedPerBlock is the shared memory a block of dev may use (after
+// opting in).
+func sharedPerBlock(dev *cuda.Device) int {
+	p := dev.Properties()
+	return max(p.SharedPerBlockOptin, 48<<10)
 }
 
 // mlpShape is one MLP block's shape for m tokens.

@@ -1,6 +1,7 @@
 package trainer
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/twell-ai/twell/internal/testutil"
@@ -45,6 +46,31 @@ func TestMLPSaveLayout(t *testing.T) {
 		}
 		if v := vecThreads(s.h); v%32 != 0 || v < 32 || v > 256 || (v < 256 && 8*v < s.h) {
 			t.Fatalf("seed %d: h %d: %d threads", seed, s.h, v)
+		}
+	}
+}
+
+// TestSparseOK: the sparse path refuses, naming the cause, the shapes its
+// kernels cannot take.
+func TestSparseOK(t *testing.T) {
+	const hopper = 227 << 10
+	for _, c := range []struct {
+		m, h, f, smem int
+		want          string // "" accepted
+	}{
+		{16384, 2048, 5632, hopper, ""},
+		{16384, 2048, 5632, 48 << 10, ""},
+		{1, 8, 8, 48 << 10, ""},
+		{16384, 2044, 5632, hopper, "divisible by 8"},
+		{16384, 2048, 5630, hopper, "divisible by 8"},
+		{1 << 20, 2048, 4096, hopper, "2^31 - 1"},
+		{16384, 2048, 16384, 48 << 10, "shared memory"},
+		{16384, 2048, 58112, hopper, ""},
+		{16384, 2048, 58120, hopper, "shared memory"},
+	} {
+		err := sparseOK(c.m, c.h, c.f, c.smem)
+		if (err == nil) != (c.want == "") || (err != nil && !strings.Contains(err.Error(), c.want)) {
+			t.Errorf("sparseOK(%d, %d, %d, %d) = %v, want %q", c.m, c.h, c.f, c.smem, err, c.want)
 		}
 	}
 }

@@ -55,7 +55,7 @@ func NewMLPBlock(dev *cuda.Device, m, h, f int, gated bool, l1 float64) (*MLPBlo
 	if m < 1 || h < 1 || f < 1 {
 		return nil, fmt.Errorf("trainer: an MLP block of %d tokens, hidden size %d, %d units", m, h, f)
 	}
-	if err := sparseOK(m, h, f); err != nil {
+	if err := sparseOK(m, h, f, sharedPerBlock(dev)); err != nil {
 		return nil, err
 	}
 	s := mlpShape{m: m, h: h, f: f, gated: gated}

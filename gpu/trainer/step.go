@@ -245,7 +245,7 @@ func (b *Backend) mlpPaths(m int) ([]bool, error) {
 	if b.opts.MLP == mlp.Dense {
 		return make([]bool, len(out)), nil
 	}
-	if err := sparseOK(m, b.c.HiddenSize, b.c.IntermediateSize); err != nil {
+	if err := sparseOK(m, b.c.HiddenSize, b.c.IntermediateSize, sharedPerBlock(b.dev)); err != nil {
 		if b.opts.MLP == mlp.Sparse {
 			return nil, err
 		}
