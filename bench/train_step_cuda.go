@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/twell-ai/twell/cuda"
+	"github.com/twell-ai/twell/cuda/nvml"
 	"github.com/twell-ai/twell/gpu/trainer"
 	"github.com/twell-ai/twell/mlp"
 	"github.com/twell-ai/twell/model"
@@ -63,6 +64,7 @@ type TrainStepResult struct {
 	TokensPerMS  float64 `json:"tokens_per_ms"`
 	MFU          float64 `json:"mfu"` // the dense model's training FLOPs per token (the same for every path) at this rate, over the dense bf16 peak
 	PeakBytes    int64   `json:"peak_bytes"`
+	MJPerToken   float64 `json:"mj_per_token,omitempty"` // NVML energy over the timed steps
 	Steps        int     `json:"steps"`
 }
 
@@ -90,6 +92,10 @@ func TrainStepCUDA(o TrainStepOptions, progress func(string)) ([]TrainStepResult
 		return nil, err
 	}
 	props := dev.Properties()
+	meter, nvErr := nvml.DeviceByPCIBusID(props.PCIBusID)
+	if nvErr != nil {
+		say("no energy figures: %v", nvErr)
+	}
 	r := rand.New(rand.NewPCG(o.Seed, 0x57e9))
 	say("building the %d-layer model (%.2fB parameters) and calibrating its gates to %g %s (CPU)",
 		c.NumHiddenLayers, float64(c.ParamCount())/1e9, o.Density, o.Dist)
@@ -117,7 +123,11 @@ func TrainStepCUDA(o TrainStepOptions, progress func(string)) ([]TrainStepResult
 			Model: "SparseLM-1.5B shape, random weights, calibrated gates", Params: c.ParamCount(), Layers: c.NumHiddenLayers,
 			Batch: o.Batch, Seq: o.Seq, Density: o.Density, Path: path.String(), Steps: o.Steps}
 		var ms []float64
+		var mt *nvml.Meter
 		for step := range o.Steps + 2 {
+			if step == 2 && meter != nil {
+				mt, _ = meter.StartMeter() // no figure when the meter cannot start
+			}
 			sparse := b.SparseLayers()
 			t0 := time.Now()
 			st, err := trainStep(b, tokens, o, h)
@@ -143,6 +153,11 @@ func TrainStepCUDA(o TrainStepOptions, progress func(string)) ([]TrainStepResult
 				}
 			}
 		}
+		if mt != nil {
+			if j, _, err := mt.Stop(); err == nil {
+				res.MJPerToken = 1000 * j / float64(o.Steps*o.Batch*o.Seq)
+			}
+		}
 		res.PeakBytes = b.PeakMemory()
 		if err := b.Close(); err != nil {
 			return nil, err
@@ -156,8 +171,8 @@ func TrainStepCUDA(o TrainStepOptions, progress func(string)) ([]TrainStepResult
 		if peak := b.PeakFLOPS(); peak > 0 {
 			res.MFU = flops * res.TokensPerMS * 1e3 / peak
 		}
-		say("%v MLP path: %.1f ms a step, %.1f tokens/ms, MFU %.1f%%, %d sparse layers, l0 %.1f/%d, peak %.1f GiB",
-			path, res.StepMS, res.TokensPerMS, 100*res.MFU, res.SparseLayers, res.L0Mean, c.IntermediateSize, float64(res.PeakBytes)/(1<<30))
+		say("%v MLP path: %.1f ms a step, %.1f tokens/ms, MFU %.1f%%, %d sparse layers, l0 %.1f/%d, peak %.1f GiB, %.3f mJ/token",
+			path, res.StepMS, res.TokensPerMS, 100*res.MFU, res.SparseLayers, res.L0Mean, c.IntermediateSize, float64(res.PeakBytes)/(1<<30), res.MJPerToken)
 		out = append(out, res)
 	}
 	return out, nil

@@ -100,10 +100,10 @@ func printTrainMLP(w io.Writer, rs []bench.TrainMLPResult) {
 
 func printTrainStep(w io.Writer, rs []bench.TrainStepResult) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "MLP path\tlayers\tsparse layers\tl0 mean\tstep ms\ttokens/ms\tMFU\tpeak GiB\tvs dense\t")
+	fmt.Fprintln(tw, "MLP path\tlayers\tsparse layers\tl0 mean\tstep ms\ttokens/ms\tMFU\tpeak GiB\tmJ/token\tvs dense\t")
 	for _, r := range rs {
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%.1f\t%.1f\t%.1f\t%.1f%%\t%.1f\t%.2fx\t\n", r.Path, r.Layers, r.SparseLayers, r.L0Mean,
-			r.StepMS, r.TokensPerMS, 100*r.MFU, float64(r.PeakBytes)/(1<<30), rs[0].StepMS/r.StepMS)
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%.1f\t%.1f\t%.1f\t%.1f%%\t%.1f\t%.3f\t%.2fx\t\n", r.Path, r.Layers, r.SparseLayers, r.L0Mean,
+			r.StepMS, r.TokensPerMS, 100*r.MFU, float64(r.PeakBytes)/(1<<30), r.MJPerToken, rs[0].StepMS/r.StepMS)
 	}
 	tw.Flush()
 }
