@@ -7,7 +7,6 @@ import (
 	"github.com/twell-ai/twell/bf16"
 	"github.com/twell-ai/twell/cuda"
 	"github.com/twell-ai/twell/cuda/cublas"
-	"github.com/twell-ai/twell/cuda/nvml"
 	"github.com/twell-ai/twell/gpu"
 	"github.com/twell-ai/twell/mlp"
 	"github.com/twell-ai/twell/synth"
@@ -38,7 +37,12 @@ func FFNCUDA(o FFNOptions, progress func(string)) ([]FFNResult, error) {
 	if err != nil {
 		return nil, err
 	}
-	dev, err := cuda.Open(0)
+	say := func(format string, a ...any) {
+		if progress != nil {
+			progress(fmt.Sprintf(format, a...))
+		}
+	}
+	dev, meter, err := openGPU(say)
 	if err != nil {
 		return nil, err
 	}
@@ -48,15 +52,6 @@ func FFNCUDA(o FFNOptions, progress func(string)) ([]FFNResult, error) {
 	}
 	defer blas.Close()
 	props := dev.Properties()
-	meter, nvErr := nvml.DeviceByPCIBusID(props.PCIBusID)
-	say := func(format string, a ...any) {
-		if progress != nil {
-			progress(fmt.Sprintf(format, a...))
-		}
-	}
-	if nvErr != nil {
-		say("no energy figures: %v", nvErr)
-	}
 
 	r := rand.New(rand.NewPCG(o.Seed, 0x7e11))
 	xBytes := 2 * o.M * o.D

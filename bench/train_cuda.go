@@ -109,15 +109,11 @@ func TrainMLPCUDA(o TrainMLPOptions, progress func(string)) ([]TrainMLPResult, e
 			progress(fmt.Sprintf(format, a...))
 		}
 	}
-	dev, err := cuda.Open(0)
+	dev, meter, err := openGPU(say)
 	if err != nil {
 		return nil, err
 	}
 	props := dev.Properties()
-	meter, nvErr := nvml.DeviceByPCIBusID(props.PCIBusID)
-	if nvErr != nil {
-		say("no energy figures: %v", nvErr)
-	}
 	gt, err := newGPUTiming(dev)
 	if err != nil {
 		return nil, err
@@ -266,4 +262,19 @@ func relErr32(a, b []float32) float64 {
 		return math.Sqrt(d)
 	}
 	return math.Sqrt(d / n)
+}
+
+// openGPU opens CUDA device 0 and its NVML energy meter (nil, said, when
+// NVML cannot give one).
+func openGPU(say func(string, ...any)) (*cuda.Device, *nvml.Device, error) {
+	dev, err := cuda.Open(0)
+	if err != nil {
+		return nil, nil, err
+	}
+	meter, err := nvml.DeviceByPCIBusID(dev.Properties().PCIBusID)
+	if err != nil {
+		say("no energy figures: %v", err)
+		meter = nil
+	}
+	return dev, meter, nil
 }

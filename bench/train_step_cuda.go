@@ -5,7 +5,6 @@ import (
 	"math/rand/v2"
 	"time"
 
-	"github.com/twell-ai/twell/cuda"
 	"github.com/twell-ai/twell/cuda/nvml"
 	"github.com/twell-ai/twell/gpu/trainer"
 	"github.com/twell-ai/twell/mlp"
@@ -87,15 +86,11 @@ func TrainStepCUDA(o TrainStepOptions, progress func(string)) ([]TrainStepResult
 	if o.Layers > 0 {
 		c.NumHiddenLayers = o.Layers
 	}
-	dev, err := cuda.Open(0)
+	dev, meter, err := openGPU(say)
 	if err != nil {
 		return nil, err
 	}
 	props := dev.Properties()
-	meter, nvErr := nvml.DeviceByPCIBusID(props.PCIBusID)
-	if nvErr != nil {
-		say("no energy figures: %v", nvErr)
-	}
 	r := rand.New(rand.NewPCG(o.Seed, 0x57e9))
 	say("building the %d-layer model (%.2fB parameters) and calibrating its gates to %g %s (CPU)",
 		c.NumHiddenLayers, float64(c.ParamCount())/1e9, o.Density, o.Dist)

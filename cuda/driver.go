@@ -218,16 +218,7 @@ func LibraryPath() string {
 }
 
 // goString copies the NUL-terminated C string at p.
-func goString(p *byte) string {
-	if p == nil {
-		return ""
-	}
-	n := 0
-	for *(*byte)(unsafe.Add(unsafe.Pointer(p), n)) != 0 {
-		n++
-	}
-	return string(unsafe.Slice(p, n))
-}
+func goString(p *byte) string { return dl.GoString(p) }
 
 // cBytes trims a fixed C char buffer at its first NUL.
 func cBytes(b []byte) string {

@@ -19,7 +19,6 @@ import (
 	"runtime"
 	"sync"
 	"time"
-	"unsafe"
 
 	"github.com/twell-ai/twell/cuda"
 	"github.com/twell-ai/twell/cuda/internal/dl"
@@ -152,25 +151,13 @@ func (l *library) check(res int32, op string, comm uintptr) error {
 	if res == resSuccess {
 		return nil
 	}
-	detail := goString(l.getErrorString(res))
+	detail := dl.GoString(l.getErrorString(res))
 	if comm != 0 && l.getLastError != nil {
-		if last := goString(l.getLastError(comm)); last != "" {
+		if last := dl.GoString(l.getLastError(comm)); last != "" {
 			detail += ": " + last
 		}
 	}
 	return &Error{Op: op, Code: res, Detail: detail}
-}
-
-// goString copies the NUL-terminated C string at p.
-func goString(p *byte) string {
-	if p == nil {
-		return ""
-	}
-	n := 0
-	for *(*byte)(unsafe.Add(unsafe.Pointer(p), n)) != 0 {
-		n++
-	}
-	return string(unsafe.Slice(p, n))
 }
 
 // Version returns NCCL's version code (e.g. 22703 for 2.27.3) and the

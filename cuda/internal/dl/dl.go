@@ -19,6 +19,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"unsafe"
 
 	"github.com/ebitengine/purego"
 )
@@ -346,4 +347,16 @@ func set(target any, addr uintptr) (err error) {
 	}()
 	purego.RegisterFunc(target, addr)
 	return nil
+}
+
+// GoString copies the NUL-terminated C string at p ("" for nil).
+func GoString(p *byte) string {
+	if p == nil {
+		return ""
+	}
+	n := 0
+	for *(*byte)(unsafe.Add(unsafe.Pointer(p), n)) != 0 {
+		n++
+	}
+	return string(unsafe.Slice(p, n))
 }
