@@ -192,12 +192,12 @@ ffn_shape() {
   [ "$dry" = 1 ] || rm -rf "$dump"
 }
 
-# twell_bench_train M DENSITY DIST TAG: twell's side of the training race.
-# When gpubin/twell has `bench train` (`twell bench train -h` succeeds), it
-# runs with the flags bench ffn takes (-device cuda -m -density -dist -seed
-# -reps -json; adjust here if bench train's differ) and its JSON rows
-# (m, density, dist, and the fwd+bwd time as twell_ms) land in
-# OUTDIR/twell-train-TAG.json; otherwise that file records "not available".
+# twell_bench_train M DENSITY DIST TAG: twell's side of the training race:
+# `twell bench train` (the MLP block's forward + backward with the L1 term,
+# dense, sparse and the automatic path) writes its JSON rows (m, density,
+# dist, dense_ms, twell_ms for the sparse path, auto_ms) to
+# OUTDIR/twell-train-TAG.json. A twell binary without `bench train` records
+# "not available" there instead.
 twell_bench_train() {
   local m=$1 d=$2 dist=$3 tag=$4
   local js=$out/twell-train-$tag.json
