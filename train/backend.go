@@ -96,6 +96,9 @@ type StepStats struct {
 	Active [][]int32
 	// L0 is the mean number of active MLP units per token, per layer.
 	L0 []float64
+	// SparseMLP says, per layer, whether its MLP ran the sparse kernels in
+	// the step; nil for a backend whose MLPs always run dense.
+	SparseMLP []bool
 }
 
 // AdamW holds the hyperparameters of an AdamW update (Loshchilov & Hutter).

@@ -34,6 +34,9 @@ type Metrics struct {
 	LR       float64   `json:"lr"`
 	GradNorm float64   `json:"grad_norm"`
 	MS       float64   `json:"ms"` // wall time of the step
+	// SparseLayers is how many layers' MLPs ran the sparse kernels (GPU;
+	// left out when the backend has only the dense path).
+	SparseLayers *int `json:"sparse_layers,omitempty"`
 }
 
 func newMetrics(step int, tokens int64, st *StepStats, dead, lr, norm float64, took time.Duration) Metrics {
@@ -41,6 +44,15 @@ func newMetrics(step int, tokens int64, st *StepStats, dead, lr, norm float64, t
 		DeadFrac: dead, LR: lr, GradNorm: norm, MS: float64(took.Microseconds()) / 1000}
 	for _, v := range st.L0 {
 		m.L0Mean += v / float64(len(st.L0))
+	}
+	if st.SparseMLP != nil {
+		n := 0
+		for _, s := range st.SparseMLP {
+			if s {
+				n++
+			}
+		}
+		m.SparseLayers = &n
 	}
 	return m
 }

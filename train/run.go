@@ -364,8 +364,12 @@ func (p *progress) line(m Metrics, c *Config) string {
 	if p.peak > 0 {
 		mfu = fmt.Sprintf(" MFU %.1f%%", 100*rate*p.flopsPerToken/p.peak)
 	}
-	return fmt.Sprintf("step %d/%d loss %.4f%s l1 %.4f l0 %.1f/%d dead %.2f lr %.2e | %s tok/s%s %.0fms/step ETA %s",
-		m.Step, c.Steps, m.Loss, val, m.L1, m.L0Mean, c.ModelConfig().IntermediateSize, m.DeadFrac, m.LR,
+	sparse := ""
+	if m.SparseLayers != nil {
+		sparse = fmt.Sprintf(" sparse MLP %d/%d", *m.SparseLayers, len(m.L0))
+	}
+	return fmt.Sprintf("step %d/%d loss %.4f%s l1 %.4f l0 %.1f/%d%s dead %.2f lr %.2e | %s tok/s%s %.0fms/step ETA %s",
+		m.Step, c.Steps, m.Loss, val, m.L1, m.L0Mean, c.ModelConfig().IntermediateSize, sparse, m.DeadFrac, m.LR,
 		humanRate(rate), mfu, float64(perStep.Microseconds())/1000, eta.Round(time.Second))
 }
 

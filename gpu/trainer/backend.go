@@ -84,8 +84,10 @@ type Backend struct {
 	peak int64 // largest device memory in use seen at a synchronisation
 
 	// sparse[l] says whether layer l's MLP runs sparse (mlp.Auto: decided
-	// from the density the last step measured).
-	sparse []bool
+	// from the density the last step measured); stepSparse is what the
+	// step's micro-batches ran (a layer counts when any of them ran it
+	// sparse).
+	sparse, stepSparse []bool
 }
 
 // New returns a Backend training w, a model with config c, on dev, with
@@ -116,7 +118,7 @@ func New(dev *cuda.Device, c model.Config, w *model.Weights, o Options) (*Backen
 		return nil, fmt.Errorf("trainer: head_dim %d: the GPU attention kernels take %v", c.HeadDim, attentionHeadDims)
 	}
 	b := &Backend{gpuCtx: gpuCtx{dev: dev}, c: c, opts: o, specs: train.Tensors(c), attn: map[[2]int]*attention{},
-		ropes: map[int][2]*cuda.Buffer{}, sparse: make([]bool, c.NumHiddenLayers)}
+		ropes: map[int][2]*cuda.Buffer{}, sparse: make([]bool, c.NumHiddenLayers), stepSparse: make([]bool, c.NumHiddenLayers)}
 	for l := range b.sparse {
 		b.sparse[l] = o.MLP == mlp.Sparse
 	}

@@ -23,6 +23,7 @@ func (b *Backend) BeginStep(microBatches int) error {
 		}
 	}
 	b.stepN, b.stepDone = microBatches, 0
+	b.stepSparse = make([]bool, b.c.NumHiddenLayers)
 	return nil
 }
 
@@ -82,6 +83,9 @@ func (b *Backend) EndStep() (*train.StepStats, error) {
 	}
 	b.stepN, b.stepDone = 0, 0
 	st, err := b.readStats(b.stats, b.active)
+	if err == nil {
+		st.SparseMLP = b.stepSparse
+	}
 	if err == nil && b.opts.MLP == mlp.Auto {
 		for l, units := range st.L0 {
 			b.sparse[l] = mlp.Choose(mlp.Auto, units/float64(b.c.IntermediateSize), b.opts.denseAbove()) == mlp.Sparse

@@ -119,6 +119,11 @@ func (b *Backend) forwardBackward(p pass) error {
 	if err != nil {
 		return err
 	}
+	if p.backward {
+		for l, s := range sparse {
+			b.stepSparse[l] = b.stepSparse[l] || s
+		}
+	}
 
 	// Forward.
 	if err := r.embedFwd(a.x[0], embed, a.ids, m, h); err != nil {

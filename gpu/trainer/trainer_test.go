@@ -130,6 +130,14 @@ func TestStepMatchesCPU(t *testing.T) {
 				}
 			}
 			g, want := stats[0], stats[1]
+			for l, sp := range g.SparseMLP {
+				if sp != (tc.mlp == mlp.Sparse) {
+					t.Errorf("layer %d: SparseMLP %v on the %v path", l, sp, tc.mlp)
+				}
+			}
+			if len(g.SparseMLP) != c.NumHiddenLayers || want.SparseMLP != nil {
+				t.Errorf("SparseMLP: GPU %v, CPU %v", g.SparseMLP, want.SparseMLP)
+			}
 			if e := math.Abs(g.Loss-want.Loss) / want.Loss; e > 1e-2 {
 				t.Errorf("seed %d: loss %g, CPU %g", seed, g.Loss, want.Loss)
 			}
