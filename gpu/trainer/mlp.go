@@ -260,7 +260,7 @@ func (g *gpuCtx) mlpBackward(a mlpArgs, sparse bool) error {
 type sparseViews struct{ gate, up, gGate, gUp *cuda.Buffer }
 
 func (a mlpArgs) sparseViews(sl *slicer) sparseViews {
-	fh, gated := a.f*a.h, b2int(a.gated)
+	fh, gated := a.f*a.h, int(b2i(a.gated))
 	v := sparseViews{gate: sl.at(a.wgu, 0, 2*fh), up: sl.at(a.wgu, 2*fh*gated, 2*fh)}
 	if a.gGU != nil {
 		v.gGate, v.gUp = sl.at(a.gGU, 0, 4*fh), sl.at(a.gGU, 4*fh*gated, 4*fh)
@@ -361,11 +361,4 @@ func (g *gpuCtx) mlpBackwardSteps(a mlpArgs, sparse bool) ([]mlpStep, error) {
 		mlpStep{"dWu SpMM", func() error { return g.run.spCols(w.gUp, nil, sp, partptr, sp.pv, nil, a.x, a.f, a.h) }},
 		mlpStep{"dx SpMM", func() error { return g.run.spRows(a.dx, nil, sp, sp.pv, w.up, nil, nil, a.m, a.h) }},
 	), nil
-}
-
-func b2int(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
 }
