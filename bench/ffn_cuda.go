@@ -37,11 +37,7 @@ func FFNCUDA(o FFNOptions, progress func(string)) ([]FFNResult, error) {
 	if err != nil {
 		return nil, err
 	}
-	say := func(format string, a ...any) {
-		if progress != nil {
-			progress(fmt.Sprintf(format, a...))
-		}
-	}
+	say := sayer(progress)
 	dev, meter, err := openGPU(say)
 	if err != nil {
 		return nil, err

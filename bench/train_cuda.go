@@ -104,11 +104,7 @@ func TrainMLPCUDA(o TrainMLPOptions, progress func(string)) ([]TrainMLPResult, e
 	if err := o.Validate(); err != nil {
 		return nil, err
 	}
-	say := func(format string, a ...any) {
-		if progress != nil {
-			progress(fmt.Sprintf(format, a...))
-		}
-	}
+	say := sayer(progress)
 	dev, meter, err := openGPU(say)
 	if err != nil {
 		return nil, err
@@ -262,6 +258,15 @@ func relErr32(a, b []float32) float64 {
 		return math.Sqrt(d)
 	}
 	return math.Sqrt(d / n)
+}
+
+// sayer formats progress messages for progress (nil: none).
+func sayer(progress func(string)) func(string, ...any) {
+	return func(format string, a ...any) {
+		if progress != nil {
+			progress(fmt.Sprintf(format, a...))
+		}
+	}
 }
 
 // openGPU opens CUDA device 0 and its NVML energy meter (nil, said, when

@@ -77,11 +77,7 @@ func TrainStepCUDA(o TrainStepOptions, progress func(string)) ([]TrainStepResult
 	if err := o.Validate(); err != nil {
 		return nil, err
 	}
-	say := func(format string, a ...any) {
-		if progress != nil {
-			progress(fmt.Sprintf(format, a...))
-		}
-	}
+	say := sayer(progress)
 	c := model.SparseLM1B5()
 	if o.Layers > 0 {
 		c.NumHiddenLayers = o.Layers
