@@ -18,6 +18,8 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"runtime"
+	"sync"
 
 	"github.com/twell-ai/twell/engine"
 )
@@ -125,6 +127,26 @@ func LogProb(logits []float32, target int) float64 {
 		s += math.Exp(float64(l) - m)
 	}
 	return float64(logits[target]) - m - math.Log(s)
+}
+
+// logProbs returns LogProb(logits[rows[i]], targets[i]) for every i,
+// spread over the CPUs: a row of a large vocabulary takes tens of
+// microseconds, which would otherwise bound a GPU evaluation.
+func logProbs(logits [][]float32, rows, targets []int) []float64 {
+	out := make([]float64, len(rows))
+	workers := min(runtime.GOMAXPROCS(0), (len(rows)+63)/64)
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; i < len(rows); i += workers {
+				out[i] = LogProb(logits[rows[i]], targets[i])
+			}
+		}()
+	}
+	wg.Wait()
+	return out
 }
 
 // Window is one rolling perplexity window of a sequence: tokens [Start,
@@ -279,15 +301,25 @@ func (ev *Evaluator) perplexity(seqs []Sequence, keep bool) ([]PPL, [][]WindowNL
 		if err != nil {
 			return nil, nil, err
 		}
+		var rows, targets []int
 		row := 0
 		for k, j := range b {
 			s := seqs[j.seq].Tokens
+			for t := j.w.Score; t < j.w.End; t++ {
+				rows = append(rows, row+t-1-j.w.Start)
+				targets = append(targets, s[t])
+			}
+			row += len(toks[k])
+		}
+		lps := logProbs(logits, rows, targets)
+		for _, j := range b {
 			wn := WindowNLL{Window: j.w}
 			if keep {
 				wn.LogProbs = make([]float64, 0, j.w.End-j.w.Score)
 			}
-			for t := j.w.Score; t < j.w.End; t++ {
-				lp := LogProb(logits[row+t-1-j.w.Start], s[t])
+			for range j.w.End - j.w.Score {
+				lp := lps[0]
+				lps = lps[1:]
 				wn.Nats -= lp
 				if keep {
 					wn.LogProbs = append(wn.LogProbs, lp)
@@ -299,7 +331,6 @@ func (ev *Evaluator) perplexity(seqs []Sequence, keep bool) ([]PPL, [][]WindowNL
 			if keep {
 				wins[j.seq] = append(wins[j.seq], wn)
 			}
-			row += len(toks[k])
 			done += int64(j.w.End - j.w.Score)
 		}
 		if ev.o.Progress != nil {
