@@ -31,7 +31,7 @@ type activations struct {
 	dlogits      *cuda.Buffer // bf16 [logitRows][V]
 	dx, dtmp     *cuda.Buffer // fp32 [M][h]: the residual's gradient, a normed input's
 	dxb          *cuda.Buffer // bf16 [M][h]
-	mlpScratch                // the MLP blocks' work buffers
+	mlpScratch                // the MLP blocks' work buffers; part also the other reductions' (partBytes)
 	qkvF         *cuda.Buffer // fp32 [M][qkvW]: q/k/v before RoPE, then their gradient
 	dqkvb        *cuda.Buffer // bf16 [M][qkvW]
 	datt         *cuda.Buffer // bf16 [M][nq·hd]
@@ -62,6 +62,15 @@ func mlpShapeOf(c model.Config, m int) mlpShape {
 	return mlpShape{m: m, h: c.HiddenSize, f: c.IntermediateSize, gated: c.MLPGated}
 }
 
+// partBytes is the size of the work buffer of a micro-batch's fixed-order
+// reductions for micro-batches of m tokens: the largest of the MLP
+// statistics' and the loss's partial sums (fp64, statPartBytes), the
+// RMSNorm gain gradient's (fp32 [normParts][h]) and the embedding
+// gradient's sort and pieces (embedSizes).
+func partBytes(c model.Config, m int) int {
+	return max(mlpShapeOf(c, m).statPartBytes(), 4*normParts*c.HiddenSize, carvedBytes(embedSizes(m, c.HiddenSize)))
+}
+
 // activationSizes lists the byte sizes of the buffers of activations for
 // micro-batches of batch x seq tokens, per-layer buffers first, and the
 // sparse MLP path's work buffers (none with o.MLP dense).
@@ -74,9 +83,9 @@ func activationSizes(c model.Config, batch, seq int, o Options) (perLayer, share
 	// x, x2, hn1, hn2, rstd1, rstd2, qkv, att, lse, mlp
 	perLayer = []int{4 * M * h, 4 * M * h, 2 * M * h, 2 * M * h, 4 * M, 4 * M, 2 * M * qkvW, 2 * M * nqhd,
 		4 * batch * c.NumAttentionHeads * seq, ms.saveBytes(o.MLP)}
-	// ids, targets, normF, rstdF, logits, dlogits, dx, dtmp, dxb, dh, dgu, qkvF, dqkvb, datt, x[L]
+	// ids, targets, normF, rstdF, logits, dlogits, dx, dtmp, dxb, dh, dgu, part, qkvF, dqkvb, datt, x[L]
 	shared = []int{4 * M, 4 * M, 2 * M * h, 4 * M, 4 * lr * V, 2 * lr * V, 4 * M * h, 4 * M * h, 2 * M * h, 4 * M * f,
-		2 * M * guW, 4 * M * qkvW, 2 * M * qkvW, 2 * M * nqhd, 4 * M * h}
+		2 * M * guW, partBytes(c, M), 4 * M * qkvW, 2 * M * qkvW, 2 * M * nqhd, 4 * M * h}
 	if o.MLP != mlp.Dense {
 		sparse = ms.sparseScratchBytes()
 	}
@@ -121,7 +130,7 @@ func newActivations(dev *cuda.Device, c model.Config, batch, seq int, o Options)
 		}
 	}
 	singles := []**cuda.Buffer{&a.ids, &a.targets, &a.normF, &a.rstdF, &a.logits, &a.dlogits, &a.dx, &a.dtmp, &a.dxb,
-		&a.dh, &a.dgu, &a.qkvF, &a.dqkvb, &a.datt}
+		&a.dh, &a.dgu, &a.part, &a.qkvF, &a.dqkvb, &a.datt}
 	for i, p := range singles {
 		*p = alloc(shared[i])
 	}

@@ -77,7 +77,8 @@ type Backend struct {
 
 	// Step statistics on the device: stats fp64 [1+2L] (loss, then per
 	// layer the L1 term and L0), active int32 [L][f]; evalStats and
-	// evalActive are Loss's scratch copies; norm2 is ClipGradients'.
+	// evalActive are Loss's scratch copies; norm2 is ClipGradients' (fp64:
+	// the sum of squares, then flatGrid partial sums).
 	stats, active, evalStats, evalActive, norm2 *cuda.Buffer
 	stepN, stepDone                             int
 
@@ -170,7 +171,7 @@ func (b *Backend) init() error {
 		n int
 	}{{&b.w, 4 * b.n}, {&b.g, 4 * b.n}, {&b.m, 4 * b.n}, {&b.v, 4 * b.n}, {&b.wb, 2 * b.n},
 		{&b.stats, 8 * (1 + 2*L)}, {&b.active, 4 * L * f}, {&b.evalStats, 8 * (1 + 2*L)}, {&b.evalActive, 4 * L * f},
-		{&b.norm2, 8}} {
+		{&b.norm2, 8 * (1 + flatGrid)}} {
 		if *a.p, err = b.dev.Alloc(a.n); err != nil {
 			return fmt.Errorf("trainer: allocating %d bytes of training state: %w", a.n, err)
 		}

@@ -25,8 +25,8 @@ var kernelFiles = []struct {
 	src     *[]byte
 	kernels []string
 }{
-	{"layers.cu", &layersSrc, []string{"embed_fwd", "embed_bwd", "rmsnorm_fwd", "rmsnorm_bwd_dx", "rmsnorm_bwd_dw",
-		"rope_cast", "cast_bf16", "relu_fwd", "relu_bwd", "ce_chunk"}},
+	{"layers.cu", &layersSrc, []string{"sum_f64", "embed_fwd", "sort_pass", "embed_seg", "embed_join", "rmsnorm_fwd",
+		"rmsnorm_bwd_dx", "rmsnorm_bwd_dw", "rmsnorm_dw_sum", "rope_cast", "cast_bf16", "relu_fwd", "relu_bwd", "ce_chunk"}},
 	{"optim.cu", &optimSrc, []string{"sumsq", "scale", "adamw", "to_bf16", "reinit_rows", "reinit_cols"}},
 	{"sparse.cu", &sparseSrc, []string{"sp_count", "sp_scan", "sp_pack", "sp_col_count", "sp_col_prefix", "sp_col_fill",
 		"sp_up", "sp_grad", "sp_rows", "sp_col_parts", "sp_cols", "transpose_bf16", "transpose_add"}},
@@ -72,12 +72,16 @@ const (
 	flatBlock = 256  // threads of a grid-stride kernel
 	flatGrid  = 1024 // at most this many blocks for a grid-stride kernel
 	rowsPer   = 64   // rows each block of a column-parallel reduction takes
+	normParts = 64   // at most this many partial sums of an RMSNorm gain gradient
+	sortTile  = 1024 // keys per block of sort_pass (its threads)
+	embChunk  = 256  // sorted tokens per block of embed_seg and embed_join (their threads)
 )
 
 func dim(x int) cuda.Dim3     { return cuda.Dim3{uint32(x), 1, 1} }
 func dim2(x, y int) cuda.Dim3 { return cuda.Dim3{uint32(x), uint32(y), 1} }
 func ceil(a, b int) int       { return (a + b - 1) / b }
-func flat(n int) cuda.Dim3    { return dim(max(1, min(flatGrid, ceil(n, flatBlock)))) }
+func flatBlocks(n int) int    { return max(1, min(flatGrid, ceil(n, flatBlock))) }
+func flat(n int) cuda.Dim3    { return dim(flatBlocks(n)) }
 func optional(b *cuda.Buffer) any {
 	if b == nil {
 		return cuda.DevicePtr(0)
@@ -125,12 +129,66 @@ func (l launcher) embedFwd(x, table, ids *cuda.Buffer, n, h int) error {
 	return l.k["embed_fwd"].Launch(dim(n), dim(rowBlock), 0, l.s, table, ids, x, int32(h))
 }
 
-// embedBwd adds dx[t] into gtable[ids[t]] for n tokens.
-func (l launcher) embedBwd(gtable, ids, dx *cuda.Buffer, n, h int) error {
-	if err := check(need("embedding gradient input", dx, 4*n*h), need("token ids", ids, 4*n)); err != nil {
+// sumF64 adds, for q < k, the n fp64 partial sums part[q·n:(q+1)·n] into
+// out[q], in a fixed order.
+func (l launcher) sumF64(out, part *cuda.Buffer, n, k int) error {
+	if err := check(need("sums", out, 8*k), need("partial sums", part, 8*n*k)); err != nil {
 		return err
 	}
-	return l.k["embed_bwd"].Launch(dim(n), dim(rowBlock), 0, l.s, gtable, ids, dx, int32(h))
+	return l.k["sum_f64"].Launch(dim(k), dim(wideBlock), 0, l.s, out, part, int32(n))
+}
+
+// embedSizes are the byte sizes of embedBwd's work views for n tokens of h
+// values, in carving order: two buffers of sorted ids and two of their
+// positions (the sort's passes alternate), the tiles' digit counts and
+// their prefix, and the pieces of the runs that cross chunks ([chunks][2][h]
+// fp32).
+func embedSizes(n, h int) []int {
+	tiles := ceil(n, sortTile)
+	return []int{4 * n, 4 * n, 4 * n, 4 * n, 4 * 256 * tiles, 4 * (256*tiles + 1), 8 * ceil(n, embChunk) * h}
+}
+
+// embedBwd adds dx[t] into gtable[ids[t]] for n tokens of ids below V, in a
+// fixed order (see layers.cu): a radix sort of the positions by id, 8 bits
+// a pass, then the sums of each id's rows in position order. work holds
+// embedSizes(n, h).
+func (l launcher) embedBwd(gtable, ids, dx, work *cuda.Buffer, n, h, V int) error {
+	if err := check(need("embedding gradient input", dx, 4*n*h), need("token ids", ids, 4*n),
+		need("embedding gradient", gtable, 4*V*h)); err != nil {
+		return err
+	}
+	sl := &slicer{}
+	v := carve(sl, work, embedSizes(n, h))
+	if sl.err != nil {
+		return sl.err
+	}
+	tiles := ceil(n, sortTile)
+	var kin, vin any = ids, cuda.DevicePtr(0) // the first pass's values are the positions
+	for shift, p := 0, 0; p == 0 || (V-1)>>shift != 0; shift, p = shift+8, p+1 {
+		kout, vout := v[p&1], v[2+(p&1)]
+		err := inOrder(
+			func() error {
+				return l.k["sort_pass"].Launch(dim(tiles), dim(sortTile), 0, l.s, kin, vin, cuda.DevicePtr(0), cuda.DevicePtr(0),
+					v[4], cuda.DevicePtr(0), int32(n), int32(shift))
+			},
+			func() error { return l.k["sp_scan"].Launch(dim(1), dim(1024), 0, l.s, v[4], v[5], int32(256*tiles)) },
+			func() error {
+				return l.k["sort_pass"].Launch(dim(tiles), dim(sortTile), 0, l.s, kin, vin, kout, vout, cuda.DevicePtr(0), v[5],
+					int32(n), int32(shift))
+			})
+		if err != nil {
+			return err
+		}
+		kin, vin = kout, vout
+	}
+	grid := dim2(ceil(n, embChunk), ceil(h, embChunk))
+	return inOrder(
+		func() error {
+			return l.k["embed_seg"].Launch(grid, dim(embChunk), 0, l.s, gtable, kin, vin, dx, v[6], int32(n), int32(h))
+		},
+		func() error {
+			return l.k["embed_join"].Launch(grid, dim(embChunk), 0, l.s, gtable, kin, v[6], int32(n), int32(h))
+		})
 }
 
 // rmsNormFwd sets y (bf16) and rstd (fp32) from x (fp32), rows of h.
@@ -143,17 +201,27 @@ func (l launcher) rmsNormFwd(y, rstd, x, w *cuda.Buffer, rows, h int, eps float6
 }
 
 // rmsNormBwd adds the input gradient into dx and the gain's into dw, from
-// dy (fp32) and the forward's x and rstd.
-func (l launcher) rmsNormBwd(dx, dw, dy, x, w, rstd *cuda.Buffer, rows, h int) error {
+// dy (fp32) and the forward's x and rstd; part (fp32 [normParts][h]) takes
+// the gain gradient's partial sums over blocks of rows.
+func (l launcher) rmsNormBwd(dx, dw, dy, x, w, rstd, part *cuda.Buffer, rows, h int) error {
+	per := ceil(rows, normParts)
+	parts := ceil(rows, per)
 	if err := check(need("norm dx", dx, 4*rows*h), need("norm dy", dy, 4*rows*h), need("norm input", x, 4*rows*h),
-		need("norm rstd", rstd, 4*rows), need("norm gain gradient", dw, 4*h)); err != nil {
+		need("norm rstd", rstd, 4*rows), need("norm gain gradient", dw, 4*h),
+		need("norm gain partial sums", part, 4*parts*h)); err != nil {
 		return err
 	}
-	if err := l.k["rmsnorm_bwd_dx"].Launch(dim(rows), dim(rowBlock), 0, l.s, dx, dy, x, w, rstd, int32(h)); err != nil {
-		return err
-	}
-	return l.k["rmsnorm_bwd_dw"].Launch(dim2(ceil(h, rowBlock), ceil(rows, rowsPer)), dim(rowBlock), 0, l.s,
-		dw, dy, x, rstd, int32(rows), int32(h), int32(rowsPer))
+	return inOrder(
+		func() error {
+			return l.k["rmsnorm_bwd_dx"].Launch(dim(rows), dim(rowBlock), 0, l.s, dx, dy, x, w, rstd, int32(h))
+		},
+		func() error {
+			return l.k["rmsnorm_bwd_dw"].Launch(dim2(ceil(h, rowBlock), parts), dim(rowBlock), 0, l.s, part, dy, x, rstd,
+				int32(rows), int32(h), int32(per))
+		},
+		func() error {
+			return l.k["rmsnorm_dw_sum"].Launch(dim(ceil(h, rowBlock)), dim(rowBlock), 0, l.s, dw, part, int32(parts), int32(h))
+		})
 }
 
 // ropeCast writes dst (bf16) = src (fp32), n tokens of width values, with
@@ -200,14 +268,19 @@ func b2i(b bool) int32 {
 
 // reluFwd writes h (bf16 [m][f]) and adds the firing counts into active
 // (int32 [f]) and l1Scale·Σ|h|, l0Scale·(units fired) into stats[0], stats[1]
-// (fp64).
-func (l launcher) reluFwd(a reluArgs, h, active, stats *cuda.Buffer, l1Scale, l0Scale float64) error {
+// (fp64), through per-block partial sums in part.
+func (l launcher) reluFwd(a reluArgs, h, active, stats, part *cuda.Buffer, l1Scale, l0Scale float64) error {
+	nb := ceil(a.f, rowBlock) * ceil(a.m, rowsPer)
 	if err := check(a.check(), need("MLP hidden", h, 2*a.m*a.f), need("firing counts", active, 4*a.f),
-		need("statistics", stats, 16)); err != nil {
+		need("statistics", stats, 16), need("statistics partial sums", part, 16*nb)); err != nil {
 		return err
 	}
-	return l.k["relu_fwd"].Launch(dim2(ceil(a.f, rowBlock), ceil(a.m, rowsPer)), dim(rowBlock), 0, l.s,
-		a.gu, h, active, stats, int32(a.m), int32(a.f), b2i(a.gated), int32(rowsPer), l1Scale, l0Scale)
+	return inOrder(
+		func() error {
+			return l.k["relu_fwd"].Launch(dim2(ceil(a.f, rowBlock), ceil(a.m, rowsPer)), dim(rowBlock), 0, l.s,
+				a.gu, h, active, part, int32(a.m), int32(a.f), b2i(a.gated), int32(rowsPer), l1Scale, l0Scale)
+		},
+		func() error { return l.sumF64(stats, part, nb, 2) })
 }
 
 // reluBwd writes dgu (bf16, gu's layout) from dh (fp32 [m][f]) plus
@@ -224,11 +297,11 @@ func (l launcher) reluBwd(a reluArgs, dgu, dh *cuda.Buffer, l1Grad float32) erro
 		b2i(a.gated), l1Grad)
 }
 
-// crossEntropy adds lossScale·Σ NLL over rows of fp32 logits [rows][V] into
-// loss (fp64) and, with dlogits set, writes gradScale·(softmax - onehot)
-// there (bf16).
+// crossEntropy writes lossScale·NLL of each row of fp32 logits [rows][V]
+// into loss (fp64 [rows], for sumF64) and, with dlogits set,
+// gradScale·(softmax - onehot) into dlogits (bf16).
 func (l launcher) crossEntropy(logits, targets, dlogits, loss *cuda.Buffer, rows, V int, gradScale float32, lossScale float64) error {
-	if err := check(need("logits", logits, 4*rows*V), need("targets", targets, 4*rows), need("loss", loss, 8)); err != nil {
+	if err := check(need("logits", logits, 4*rows*V), need("targets", targets, 4*rows), need("loss", loss, 8*rows)); err != nil {
 		return err
 	}
 	if dlogits != nil {
@@ -240,12 +313,17 @@ func (l launcher) crossEntropy(logits, targets, dlogits, loss *cuda.Buffer, rows
 		int32(V), gradScale, lossScale)
 }
 
-// sumSq adds Σ x² over n fp32 values into out (fp64).
-func (l launcher) sumSq(out, x *cuda.Buffer, n int) error {
-	if err := check(need("sum of squares input", x, 4*n), need("sum of squares", out, 8)); err != nil {
+// sumSq adds Σ x² over n fp32 values into out (fp64), through per-block
+// partial sums in part (fp64, flatGrid at most).
+func (l launcher) sumSq(out, part, x *cuda.Buffer, n int) error {
+	nb := flatBlocks(n)
+	if err := check(need("sum of squares input", x, 4*n), need("sum of squares", out, 8),
+		need("sum of squares partial sums", part, 8*nb)); err != nil {
 		return err
 	}
-	return l.k["sumsq"].Launch(flat(n), dim(flatBlock), 0, l.s, x, int64(n), out)
+	return inOrder(
+		func() error { return l.k["sumsq"].Launch(dim(nb), dim(flatBlock), 0, l.s, x, int64(n), part) },
+		func() error { return l.sumF64(out, part, nb, 1) })
 }
 
 // scale multiplies n fp32 values by s.

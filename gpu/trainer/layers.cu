@@ -3,6 +3,10 @@
 // statistics, and the cross-entropy of a chunk of logits, each forward
 // beside its backward. Master values are fp32; bf16 only feeds GEMMs.
 // No CUDA headers: package gpu's common.cuh comes from the launcher.
+//
+// No floating-point atomics: a sum across blocks is written as per-block
+// partial sums that a second kernel adds up in a fixed order, so that a
+// training step repeats bit for bit.
 
 #include "common.cuh"
 
@@ -34,13 +38,139 @@ extern "C" __global__ void embed_fwd(const float* __restrict__ table, const int*
   for (int i = threadIdx.x; i < h; i += blockDim.x) x[(size_t)t * h + i] = row[i];
 }
 
-// embed_bwd: gtable[ids[t]] += dx[t]. One block per token; tokens sharing
-// an id add through atomics.
-extern "C" __global__ void embed_bwd(float* __restrict__ gtable, const int* __restrict__ ids,
-                                     const float* __restrict__ dx, int h) {
-  int t = blockIdx.x;
-  float* row = gtable + (size_t)ids[t] * h;
-  for (int i = threadIdx.x; i < h; i += blockDim.x) atomicAdd(&row[i], dx[(size_t)t * h + i]);
+// block_sum_f64 returns the sum of v over the block (blockDim.x a multiple
+// of 32) to thread 0, in a fixed tree.
+__device__ __forceinline__ double block_sum_f64(double v) {
+  __shared__ double part[32];
+  __syncthreads();
+  int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  if (lane == 0) part[w] = v;
+  __syncthreads();
+  if (w == 0) {
+    v = lane < (int)(blockDim.x >> 5) ? part[lane] : 0.0;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  }
+  return v;
+}
+
+// sum_f64: out[q] += the sum of the n partial sums part[q·n ..] for q =
+// blockIdx.x: thread i adds elements i, i + blockDim.x, ... in turn, then a
+// fixed tree. The second pass of every fp64 statistic, the loss and the
+// gradient norm.
+extern "C" __global__ void sum_f64(double* __restrict__ out, const double* __restrict__ part, int n) {
+  const double* p = part + (size_t)blockIdx.x * n;
+  double s = 0.0;
+#pragma unroll 8
+  for (int i = threadIdx.x; i < n; i += blockDim.x) s += p[i];
+  s = block_sum_f64(s);
+  if (threadIdx.x == 0) out[blockIdx.x] += s;
+}
+
+// The embedding gradient gtable[ids[t]] += dx[t] in a fixed order: the
+// token positions are sorted by id (sort_pass, a stable radix sort of 8 bits
+// a pass, so that each id's positions ascend), embed_seg sums chunks of
+// sorted positions, one id's run at a time, and embed_join adds up, in
+// chunk order, the pieces of the runs that cross chunks.
+
+// sort_pass: one pass of the stable radix sort of m keys on the digit (key
+// >> shift) & 255, a tile of 1024 keys per block (blockDim 1024). With hist
+// set it writes each tile's digit counts to hist[digit][tile] (to be
+// scanned); else it moves each key and its value (vin null: its index) to
+// off[digit][tile] plus its rank among the tile's keys of that digit.
+extern "C" __global__ void sort_pass(const int* __restrict__ kin, const int* __restrict__ vin, int* __restrict__ kout,
+                                     int* __restrict__ vout, int* __restrict__ hist, const int* __restrict__ off, int m,
+                                     int shift) {
+  __shared__ int wc[33][256];  // per warp and digit: count, then the warps' exclusive prefix; row 32: tile total
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, t = blockIdx.x * 1024 + threadIdx.x;
+  for (int i = threadIdx.x; i < 32 * 256; i += blockDim.x) wc[i >> 8][i & 255] = 0;
+  __syncthreads();
+  const int key = t < m ? kin[t] : 0, d = t < m ? (key >> shift) & 255 : 256;
+  const u32 peers = __match_any_sync(0xffffffffu, d);
+  const int r = __popc(peers & ((1u << lane) - 1u));  // rank among the warp's lanes of digit d
+  if (d < 256 && r == 0) wc[w][d] = __popc(peers);
+  __syncthreads();
+  if (threadIdx.x < 256) {
+    int s = 0;
+    for (int i = 0; i < 32; ++i) {
+      int c = wc[i][threadIdx.x];
+      wc[i][threadIdx.x] = s;
+      s += c;
+    }
+    wc[32][threadIdx.x] = s;
+  }
+  __syncthreads();
+  if (hist) {
+    if (threadIdx.x < 256) hist[threadIdx.x * gridDim.x + blockIdx.x] = wc[32][threadIdx.x];
+    return;
+  }
+  if (d < 256) {
+    const int at = off[d * gridDim.x + blockIdx.x] + wc[w][d] + r;
+    kout[at] = key;
+    vout[at] = vin ? vin[t] : t;
+  }
+}
+
+// embed_seg: for chunk blockIdx.x of 256 sorted positions (blockDim 256;
+// sid the sorted ids, pos their positions) and column c of h: each run of
+// one id, its dx rows summed in position order. A run inside the chunk is
+// added into gtable; the piece of a run begun in an earlier chunk goes to
+// part[chunk][0], that of a run going on past the chunk to part[chunk][1]
+// (part [chunks][2][h]), for embed_join.
+extern "C" __global__ void embed_seg(float* __restrict__ gtable, const int* __restrict__ sid,
+                                     const int* __restrict__ pos, const float* __restrict__ dx,
+                                     float* __restrict__ part, int m, int h) {
+  __shared__ int sk[256], sp[256];
+  const int i0 = blockIdx.x * 256, n = min(256, m - i0);
+  if ((int)threadIdx.x < n) {
+    sk[threadIdx.x] = sid[i0 + threadIdx.x];
+    sp[threadIdx.x] = pos[i0 + threadIdx.x];
+  }
+  __syncthreads();
+  const int c = blockIdx.y * 256 + threadIdx.x;
+  if (c >= h) return;
+  const bool before = i0 > 0 && sid[i0 - 1] == sk[0], after = i0 + n < m && sid[i0 + n] == sk[n - 1];
+  float* pc = part + (size_t)blockIdx.x * 2 * h + c;
+  float s = 0.f;
+  for (int k0 = 0; k0 < n; k0 += 8) {
+    float v[8];  // loaded ahead: eight rows in flight
+#pragma unroll
+    for (int q = 0; q < 8; ++q) v[q] = k0 + q < n ? dx[(size_t)sp[k0 + q] * h + c] : 0.f;
+#pragma unroll
+    for (int q = 0; q < 8; ++q) {
+      const int k = k0 + q;
+      if (k >= n) break;
+      s += v[q];
+      if (k + 1 < n && sk[k + 1] == sk[k]) continue;
+      if (before && sk[k] == sk[0])
+        pc[0] = s;
+      else if (after && k == n - 1)
+        pc[h] = s;
+      else
+        gtable[(size_t)sk[k] * h + c] += s;
+      s = 0.f;
+    }
+  }
+}
+
+// embed_join: the run that begins in chunk blockIdx.x and goes on past it:
+// its piece there (part[chunk][1]) plus its pieces in the chunks after, in
+// chunk order, added into gtable. Column c = blockIdx.y·256 + threadIdx.x.
+extern "C" __global__ void embed_join(float* __restrict__ gtable, const int* __restrict__ sid,
+                                      const float* __restrict__ part, int m, int h) {
+  const int c = blockIdx.y * 256 + threadIdx.x, i0 = blockIdx.x * 256, i1 = i0 + 256;
+  if (c >= h || i1 >= m) return;
+  const int id = sid[i1 - 1];
+  if (sid[i1] != id || (i0 > 0 && sid[i0 - 1] == id && sid[i0] == id)) return;
+  float s = part[(size_t)blockIdx.x * 2 * h + h + c];
+  for (int k = blockIdx.x + 1;; ++k) {  // chunk k holds a piece of the run, from its start
+    s += part[(size_t)k * 2 * h + c];
+    const int e = (k + 1) * 256;
+    if (e >= m || sid[e - 1] != id || sid[e] != id) break;
+  }
+  gtable[(size_t)id * h + c] += s;
 }
 
 // rmsnorm_fwd: rstd[r] = 1/sqrt(mean(x[r]^2) + eps), y[r] = bf16(x[r] *
@@ -72,9 +202,9 @@ extern "C" __global__ void rmsnorm_bwd_dx(float* __restrict__ dx, const float* _
   for (int i = threadIdx.x; i < h; i += blockDim.x) dxr[i] += dyr[i] * w[i] * iv - xr[i] * c;
 }
 
-// rmsnorm_bwd_dw: dw[i] += sum over rows of dy[r][i] * x[r][i] * rstd[r].
-// Thread = column; blockIdx.y takes rows_per rows; one atomic per thread.
-extern "C" __global__ void rmsnorm_bwd_dw(float* __restrict__ dw, const float* __restrict__ dy,
+// rmsnorm_bwd_dw: part[y][i] = sum over rows y·rows_per .. of dy[r][i] *
+// x[r][i] * rstd[r], y = blockIdx.y. Thread = column.
+extern "C" __global__ void rmsnorm_bwd_dw(float* __restrict__ part, const float* __restrict__ dy,
                                           const float* __restrict__ x, const float* __restrict__ rstd, int rows,
                                           int h, int rows_per) {
   int i = blockIdx.x * blockDim.x + threadIdx.x;
@@ -82,7 +212,17 @@ extern "C" __global__ void rmsnorm_bwd_dw(float* __restrict__ dw, const float* _
   int r0 = blockIdx.y * rows_per, r1 = min(rows, r0 + rows_per);
   float s = 0.f;
   for (int r = r0; r < r1; ++r) s += dy[(size_t)r * h + i] * x[(size_t)r * h + i] * rstd[r];
-  atomicAdd(&dw[i], s);
+  part[(size_t)blockIdx.y * h + i] = s;
+}
+
+// rmsnorm_dw_sum: dw[i] += part[0][i] + part[1][i] + ... (n rows, in order).
+extern "C" __global__ void rmsnorm_dw_sum(float* __restrict__ dw, const float* __restrict__ part, int n, int h) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= h) return;
+  float s = 0.f;
+#pragma unroll 8
+  for (int y = 0; y < n; ++y) s += part[(size_t)y * h + i];
+  dw[i] += s;
 }
 
 // rope_cast: dst (bf16) = src (fp32) with the first nrot heads of hd values
@@ -132,11 +272,11 @@ __device__ __forceinline__ float unit_out(float g, float u, int gated) {
 }
 
 // relu_fwd: h = bf16(relu(g) * u) or bf16(relu(u)) for m rows of f units,
-// and the statistics: active[j] += rows where unit j fired (g > 0),
-// stats[0] += l1_scale * sum |h|, stats[1] += l0_scale * (units fired).
-// Thread = unit; blockIdx.y takes rows_per rows.
+// active[j] += rows where unit j fired (g > 0), and per block b (of nb) the
+// statistics' partial sums: part[b] = l1_scale * sum |h|, part[nb + b] =
+// l0_scale * (units fired). Thread = unit; blockIdx.y takes rows_per rows.
 extern "C" __global__ void relu_fwd(const float* __restrict__ gu, u16* __restrict__ hout, int* __restrict__ active,
-                                    double* __restrict__ stats, int m, int f, int gated, int rows_per,
+                                    double* __restrict__ part, int m, int f, int gated, int rows_per,
                                     double l1_scale, double l0_scale) {
   int j = blockIdx.x * blockDim.x + threadIdx.x;
   int r0 = blockIdx.y * rows_per, r1 = min(m, r0 + rows_per);
@@ -153,11 +293,12 @@ extern "C" __global__ void relu_fwd(const float* __restrict__ gu, u16* __restric
     }
     if (cnt) atomicAdd(&active[j], cnt);
   }
-  float c = warp_sum((float)cnt);
-  sabs = warp_sum(sabs);
-  if ((threadIdx.x & 31) == 0) {
-    atomicAdd(&stats[0], (double)sabs * l1_scale);
-    atomicAdd(&stats[1], (double)c * l0_scale);
+  float c = block_sum((float)cnt);  // exact: at most 2^24 firings a block
+  sabs = block_sum(sabs);
+  if (threadIdx.x == 0) {
+    const int b = blockIdx.y * gridDim.x + blockIdx.x, nb = gridDim.x * gridDim.y;
+    part[b] = (double)sabs * l1_scale;
+    part[nb + b] = (double)c * l0_scale;
   }
 }
 
@@ -185,9 +326,10 @@ extern "C" __global__ void relu_bwd(const float* __restrict__ gu, const float* _
   }
 }
 
-// ce_chunk: for each row (one block) of fp32 logits [rows][V] with its
-// target: loss[0] += loss_scale * (logsumexp(row) - row[target]); with
-// dlogits set, dlogits (bf16) = grad_scale * (softmax(row) - onehot(target)).
+// ce_chunk: for each row r (one block) of fp32 logits [rows][V] with its
+// target: loss[r] = loss_scale * (logsumexp(row) - row[target]) (summed by
+// sum_f64); with dlogits set, dlogits (bf16) = grad_scale * (softmax(row) -
+// onehot(target)).
 extern "C" __global__ void ce_chunk(const float* __restrict__ logits, const int* __restrict__ targets,
                                     u16* __restrict__ dlogits, double* __restrict__ loss, int V, float grad_scale,
                                     double loss_scale) {
@@ -200,7 +342,7 @@ extern "C" __global__ void ce_chunk(const float* __restrict__ logits, const int*
   float s = 0.f;
   for (int i = threadIdx.x; i < V; i += blockDim.x) s += expf(row[i] - mx);
   s = block_sum(s);
-  if (threadIdx.x == 0) atomicAdd(loss, (double)(logf(s) - (row[t] - mx)) * loss_scale);
+  if (threadIdx.x == 0) loss[r] = (double)(logf(s) - (row[t] - mx)) * loss_scale;
   if (!dlogits) return;
   float inv = grad_scale / s;
   u16* d = dlogits + (size_t)r * V;

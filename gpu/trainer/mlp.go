@@ -99,6 +99,13 @@ func (s mlpShape) saveBytes(p mlp.Path) int {
 	return max(s.denseSaveBytes(), s.sparseSaveBytes())
 }
 
+// statPartBytes is the size of the partial sums of an MLP block's
+// statistics (fp64, added up by sum_f64): two a block of relu_fwd, one a
+// token row of sp_up (more than sp_count's and sp_pack's one per 8 rows).
+func (s mlpShape) statPartBytes() int {
+	return 8 * max(2*ceil(s.f, rowBlock)*ceil(s.m, rowsPer), s.m)
+}
+
 // sparseScratchBytes lists the sparse path's work buffers: row or column
 // counts, the chunk counts of the column index, Wdᵀ (bf16) and the down
 // projection's transposed gradient (fp32).
@@ -145,10 +152,11 @@ func (s mlpShape) carveSparse(sl *slicer, region *cuda.Buffer) sparseSave {
 
 // mlpScratch are the work buffers an MLP block's forward and backward share
 // across layers: dh (fp32 [m][f]; the sparse path's bf16 gate
-// pre-activations) and dgu (bf16 [m][guW]) of the dense backward, and the
-// sparse path's (sparseScratchBytes; nil when only dense runs).
+// pre-activations) and dgu (bf16 [m][guW]) of the dense backward, part for
+// the statistics' partial sums (statPartBytes at least), and the sparse
+// path's (sparseScratchBytes; nil when only dense runs).
 type mlpScratch struct {
-	dh, dgu               *cuda.Buffer
+	dh, dgu, part         *cuda.Buffer
 	cnt, chunk, wdT, dwdT *cuda.Buffer
 }
 
@@ -278,7 +286,8 @@ func (g *gpuCtx) mlpForwardSteps(a mlpArgs, sparse bool) ([]mlpStep, error) {
 		return []mlpStep{
 			{"gate/up GEMM", func() error { return g.linear(d.gu, a.x, a.wgu, a.m, a.h, a.guW(), cublas.F32, false) }},
 			{"activation", func() error {
-				return g.run.reluFwd(reluArgs{gu: d.gu, m: a.m, f: a.f, gated: a.gated}, d.hid, a.active, a.stat, a.l1Stat, a.l0Scale)
+				return g.run.reluFwd(reluArgs{gu: d.gu, m: a.m, f: a.f, gated: a.gated}, d.hid, a.active, a.stat, a.sc.part,
+					a.l1Stat, a.l0Scale)
 			}},
 			{"residual copy", func() error { return g.dev.CopyDtoDAsync(a.out, a.base, 4*a.m*a.h, g.s) }},
 			{"down GEMM", func() error { return g.linear(a.out, d.hid, a.wd, a.m, a.f, a.h, cublas.F32, true) }},
@@ -300,7 +309,9 @@ func (g *gpuCtx) mlpForwardSteps(a mlpArgs, sparse bool) ([]mlpStep, error) {
 		steps = append(steps, mlpStep{"column index", func() error { return g.run.spColIndex(a.mlpShape, sp, a.sc) }})
 	}
 	if a.gated {
-		steps = append(steps, mlpStep{"up SDDMM", func() error { return g.run.spUp(a.mlpShape, a.x, w.up, sp, a.stat, a.l1Stat) }})
+		steps = append(steps, mlpStep{"up SDDMM", func() error {
+			return g.run.spUp(a.mlpShape, a.x, w.up, sp, a.stat, a.sc.part, a.l1Stat)
+		}})
 	}
 	return append(steps,
 		mlpStep{"transpose Wd", func() error { return g.run.transposeBF16(a.sc.wdT, a.wd, a.h, a.f) }},
@@ -337,7 +348,7 @@ func (g *gpuCtx) mlpBackwardSteps(a mlpArgs, sparse bool) ([]mlpStep, error) {
 		{"transpose Wd", func() error { return g.run.transposeBF16(a.sc.wdT, a.wd, a.h, a.f) }},
 		{"dWd SpMM", func() error {
 			var err error
-			if partptr, err = g.run.spColParts(sp, a.sc, a.m, a.f); err != nil {
+			if partptr, err = g.run.spColParts(a.mlpShape, sp, a.sc); err != nil {
 				return err
 			}
 			if err := g.dev.Memset8(a.sc.dwdT, 0, g.s); err != nil {

@@ -44,7 +44,7 @@ func (s mlpShape) blockBuffers() []int {
 	out := []int{2 * s.m * s.h, 2 * s.m * s.h, 2 * s.guW() * s.h, 2 * s.h * s.f, // x, dy, wgu, wd
 		4 * s.m * s.h, 4 * s.m * s.h, 4 * s.m * s.h, // base, out, dx
 		4 * s.guW() * s.h, 4 * s.h * s.f, 16, 4 * s.f, s.saveBytes(mlp.Sparse), // gGU, gDown, stat, active, region
-		4 * s.m * s.f, 2 * s.m * s.guW()} // dh, dgu
+		4 * s.m * s.f, 2 * s.m * s.guW(), s.statPartBytes()} // dh, dgu, part
 	return append(out, s.sparseScratchBytes()...)
 }
 
@@ -87,7 +87,7 @@ func (b *MLPBlock) init() error {
 	}
 	b.run = launcher{k: k, s: b.s, grid: persistentGrid(b.dev)}
 	ptrs := []**cuda.Buffer{&b.x, &b.dy, &b.wgu, &b.wd, &b.base, &b.out, &b.dx, &b.gGU, &b.gDown, &b.stat, &b.active,
-		&b.region, &b.sc.dh, &b.sc.dgu, &b.sc.cnt, &b.sc.chunk, &b.sc.wdT, &b.sc.dwdT}
+		&b.region, &b.sc.dh, &b.sc.dgu, &b.sc.part, &b.sc.cnt, &b.sc.chunk, &b.sc.wdT, &b.sc.dwdT}
 	for i, n := range b.shape.blockBuffers() {
 		buf, err := b.dev.Alloc(n)
 		if err != nil {

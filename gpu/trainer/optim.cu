@@ -6,14 +6,15 @@
 
 #include "common.cuh"
 
-// sumsq: out[0] += sum of x[i]^2 over n values (grid-stride; one double
-// atomic per warp).
-extern "C" __global__ void sumsq(const float* __restrict__ x, long long n, double* __restrict__ out) {
+// sumsq: part[b] = block b's sum of x[i]^2 over its grid-stride share of n
+// values; sum_f64 adds the blocks' sums in order (no atomics: the
+// gradient norm, and so the clipping, repeats bit for bit).
+extern "C" __global__ void sumsq(const float* __restrict__ x, long long n, double* __restrict__ part) {
   float s = 0.f;
   for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
     s += x[i] * x[i];
-  s = warp_sum(s);
-  if ((threadIdx.x & 31) == 0) atomicAdd(out, (double)s);
+  s = block_sum(s);
+  if (threadIdx.x == 0) part[blockIdx.x] = (double)s;
 }
 
 // scale: x *= s over n values.

@@ -104,7 +104,12 @@ func (b *Backend) ClipGradients(maxNorm float64) (float64, error) {
 	if err := b.dev.Memset8(b.norm2, 0, b.s); err != nil {
 		return 0, err
 	}
-	if err := b.run.sumSq(b.norm2, b.g, b.n); err != nil {
+	sl := &slicer{}
+	sum, part := sl.at(b.norm2, 0, 8), sl.at(b.norm2, 8, 8*flatGrid)
+	if sl.err != nil {
+		return 0, sl.err
+	}
+	if err := b.run.sumSq(sum, part, b.g, b.n); err != nil {
 		return 0, err
 	}
 	if err := b.s.Synchronize(); err != nil {

@@ -17,8 +17,9 @@
 //
 // Values are bf16 (P, R, T, dR, dG: rounded once each, the rounding points
 // of a bf16 PyTorch MLP); every dot product and sum is fp32; every sum runs
-// in a fixed order (but the weight gradients of units firing for more than
-// spColChunk tokens: see sp_cols), so results are repeatable bit for bit.
+// in a fixed order, with no floating-point atomics (the statistics go
+// through per-block partial sums and sum_f64), so results are repeatable
+// bit for bit.
 // The row kernels take one block per token row; the column kernel loops a
 // grid that fills the GPU over its work items (measured faster each way). Ungated (h =
 // relu(u)), P is the single activation and T = P.
@@ -29,10 +30,10 @@
 __device__ __forceinline__ bool is_on(u16 v) { return bf_to_f(v) > 0.f; }
 
 // sp_count: rowcnt[r] = active units of row r of G (bf16 [m][f], f % 8 ==
-// 0) and blocktot[b] = those of block b's rows; stats[1] += l0_scale ·
-// (units fired). One warp per row.
+// 0) and blocktot[b] = those of block b's rows; part[b] = l0_scale · the
+// same (when set; for sum_f64). One warp per row.
 extern "C" __global__ void sp_count(const u16* __restrict__ G, int* __restrict__ rowcnt, int* __restrict__ blocktot,
-                                    double* __restrict__ stats, int m, int f, double l0_scale) {
+                                    double* __restrict__ part, int m, int f, double l0_scale) {
   int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
   int cnt = 0;
   if (r < m) {
@@ -50,7 +51,7 @@ extern "C" __global__ void sp_count(const u16* __restrict__ G, int* __restrict__
   total = block_sum(lane == 0 ? total : 0.f);
   if (threadIdx.x == 0) {
     blocktot[blockIdx.x] = (int)total;
-    if (stats) atomicAdd(&stats[1], (double)total * l0_scale);
+    if (part) part[blockIdx.x] = (double)total * l0_scale;
   }
 }
 
@@ -94,12 +95,13 @@ extern "C" __global__ void sp_scan(const int* __restrict__ cnt, int* __restrict_
 // sp_pack: the active entries of each row of G in ascending column order:
 // col and pv (bf16 P) from rowptr[r], which it writes from sp_count's row
 // counts and the scanned block totals blockptr. When tv is set (ungated: T = P), it
-// gets P too and stats[0] += l1_scale · Σ P. active[j] (when set) counts
-// the rows where unit j fired. One warp per row.
+// gets P too and part[b] = l1_scale · Σ P over block b's rows (when part is
+// set). active[j] (when set) counts the rows where unit j fired. One warp
+// per row.
 extern "C" __global__ void sp_pack(const u16* __restrict__ G, const int* __restrict__ rowcnt,
                                    const int* __restrict__ blockptr, int* __restrict__ rowptr, int* __restrict__ col,
                                    u16* __restrict__ pv, u16* __restrict__ tv, int* __restrict__ active,
-                                   double* __restrict__ stats, int m, int f, double l1_scale) {
+                                   double* __restrict__ part, int m, int f, double l1_scale) {
   const int w = threadIdx.x >> 5, r = blockIdx.x * (blockDim.x >> 5) + w, lane = threadIdx.x & 31;
   float l1 = 0.f;
   if (r < m) {
@@ -147,7 +149,7 @@ extern "C" __global__ void sp_pack(const u16* __restrict__ G, const int* __restr
   }
   if (tv) {
     l1 = block_sum(l1);
-    if (threadIdx.x == 0 && stats) atomicAdd(&stats[0], (double)l1 * l1_scale);
+    if (threadIdx.x == 0 && part) part[blockIdx.x] = (double)l1 * l1_scale;
   }
 }
 
@@ -256,11 +258,12 @@ __device__ __forceinline__ void row_dot2(const uint4* xs, const u16* B, int j0, 
 }
 
 // sp_up: the gated forward's SDDMM. For each entry k of row r: rv[k] =
-// bf16(X[r]·Wu[j]), tv[k] = bf16(rv[k]·pv[k]); stats[0] += l1_scale·Σ|T|.
-// One block per row, X's row staged in shared memory (2h bytes).
+// bf16(X[r]·Wu[j]), tv[k] = bf16(rv[k]·pv[k]); part[r] = l1_scale·Σ|T|
+// (when part is set). One block per row, X's row staged in shared memory
+// (2h bytes).
 extern "C" __global__ void sp_up(const u16* __restrict__ X, const u16* __restrict__ Wu, const int* __restrict__ rowptr,
                                  const int* __restrict__ col, const u16* __restrict__ pv, u16* __restrict__ rv,
-                                 u16* __restrict__ tv, double* __restrict__ stats, int h, double l1_scale) {
+                                 u16* __restrict__ tv, double* __restrict__ part, int h, double l1_scale) {
   extern __shared__ uint4 xs[];
   const int r = blockIdx.x, lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
   stage_row(xs, X + (size_t)r * h, h);
@@ -280,7 +283,7 @@ extern "C" __global__ void sp_up(const u16* __restrict__ X, const u16* __restric
     }
   }
   l1 = block_sum(l1);
-  if (threadIdx.x == 0 && stats) atomicAdd(&stats[0], (double)l1 * l1_scale);
+  if (threadIdx.x == 0 && part) part[r] = (double)l1 * l1_scale;
 }
 
 // sp_grad: the backward's SDDMM. For each entry k of row r: d = dY[r]·WdT[j]
@@ -368,10 +371,10 @@ extern "C" __global__ void sp_rows(float* __restrict__ out, const float* __restr
   }
 }
 
-// sp_col_parts: parts[j] = how many parts unit j's entries are summed in:
-// none for a unit that never fired, one up to chunk entries, up to
-// max_parts for a busier unit (a unit that fires for most tokens), so
-// that one unit does not hold up the whole kernel.
+// sp_col_parts: parts[j] = how many parts unit j's gradient rows are cut
+// into: none for a unit that never fired, one up to chunk entries, up to
+// max_parts (at most h/8) for a busier unit (a unit that fires for most
+// tokens), so that one unit does not hold up the whole kernel.
 extern "C" __global__ void sp_col_parts(const int* __restrict__ colptr, int* __restrict__ parts, int f, int chunk,
                                         int max_parts) {
   int j = blockIdx.x * blockDim.x + threadIdx.x;
@@ -380,12 +383,34 @@ extern "C" __global__ void sp_col_parts(const int* __restrict__ colptr, int* __r
   parts[j] = cnt == 0 ? 0 : min(max_parts, (cnt + chunk - 1) / chunk);
 }
 
+// group_add: on the threads of group 0, acc += the acc of the same column
+// thread (q of ct) in groups 1 .. G-1, in group order. red: shared, 8 floats
+// a thread.
+__device__ __forceinline__ void group_add(float* acc, float4* red, int G, int ct, int g, int q) {
+  __syncthreads();
+  if (g < G) {
+    red[2 * threadIdx.x] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+    red[2 * threadIdx.x + 1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
+  }
+  __syncthreads();
+  if (g != 0) return;
+  for (int k = 1; k < G; ++k) {
+    float4 a = red[2 * (k * ct + q)], b = red[2 * (k * ct + q) + 1];
+    acc[0] += a.x, acc[1] += a.y, acc[2] += a.z, acc[3] += a.w;
+    acc[4] += b.x, acc[5] += b.y, acc[6] += b.z, acc[7] += b.w;
+  }
+}
+
 // sp_cols: for each unit j, out1[j] += Σ_e v1[pos]·A[tok] and out2[j] +=
 // Σ_e v2[pos]·A[tok] over column j's entries e (tokens ascending); A bf16
 // [m][h], out1 and out2 fp32 rows of h. Work items are the parts of
-// partptr (the scanned sp_col_parts); blocks loop over them. A unit in
-// one part is summed in order and added plainly (bitwise repeatable); the
-// parts of a busier one are added with atomics.
+// partptr (the scanned sp_col_parts); blocks loop over them. Part p of a
+// unit in P parts owns the p-th of P slices of the row's columns (8 at a
+// time), so that no two blocks add into the same values: no atomics, and
+// the sums repeat bit for bit. A unit in one part is summed in entry order;
+// the block of a part of a busier unit splits its threads into G groups,
+// group g summing entries g, g + G, ... in order, then adds the groups'
+// sums in group order.
 extern "C" __global__ void sp_cols(float* __restrict__ out1, float* __restrict__ out2,
                                    const int* __restrict__ colptr, const int* __restrict__ coltok,
                                    const int* __restrict__ colpos, const int* __restrict__ partptr,
@@ -393,7 +418,8 @@ extern "C" __global__ void sp_cols(float* __restrict__ out1, float* __restrict__
                                    int f, int h) {
   __shared__ int st[128];
   __shared__ float s1[128], s2[128];
-  const int items = partptr[f];
+  __shared__ float4 red[2 * 256];
+  const int items = partptr[f], oct = h / 8;
   for (int it = blockIdx.x; it < items; it += gridDim.x) {
     int lo = 0, hi = f - 1;  // the unit: the last j with partptr[j] <= it
     while (lo < hi) {
@@ -404,11 +430,18 @@ extern "C" __global__ void sp_cols(float* __restrict__ out1, float* __restrict__
         hi = mid - 1;
     }
     const int j = lo, parts = partptr[j + 1] - partptr[j], p = it - partptr[j];
-    const int e0 = colptr[j], cnt = colptr[j + 1] - e0;
-    const int a0 = e0 + (int)((long long)cnt * p / parts), a1 = e0 + (int)((long long)cnt * (p + 1) / parts);
-    for (int c0 = 0; c0 < h; c0 += 8 * blockDim.x) {
-      const int c = min(c0 + 8 * (int)threadIdx.x, h - 8);
-      const bool mine = c0 + 8 * (int)threadIdx.x < h;
+    const int a0 = colptr[j], a1 = colptr[j + 1];
+    // This part's octets of columns [o0, o1): ct column threads in each of
+    // G groups (G a power of two dividing the 128 staged entries).
+    const int o0 = oct * p / parts, o1 = oct * (p + 1) / parts;
+    const int ct = min((int)blockDim.x, o1 - o0);
+    int G = 1;
+    while (parts > 1 && G < 32 && 2 * G * ct <= (int)blockDim.x) G *= 2;
+    const int g = threadIdx.x / ct, q = threadIdx.x % ct;
+    for (int ob = o0; ob < o1; ob += ct) {
+      // Every thread runs every pass (the staging below synchronises the block).
+      const int c = 8 * min(ob + q, o1 - 1);
+      const bool mine = g < G && ob + q < o1;
       float a1v[8], a2v[8];
 #pragma unroll
       for (int e = 0; e < 8; ++e) a1v[e] = 0.f, a2v[e] = 0.f;
@@ -416,41 +449,36 @@ extern "C" __global__ void sp_cols(float* __restrict__ out1, float* __restrict__
         int n = min(128, a1 - eb);
         __syncthreads();
         for (int i = threadIdx.x; i < n; i += blockDim.x) {
-          int q = colpos[eb + i];
+          int k = colpos[eb + i];
           st[i] = coltok[eb + i];
-          s1[i] = bf_to_f(v1[q]);
-          if (v2) s2[i] = bf_to_f(v2[q]);
+          s1[i] = bf_to_f(v1[k]);
+          if (v2) s2[i] = bf_to_f(v2[k]);
         }
         __syncthreads();
+        if (g >= G) continue;
         if (v2) {
 #pragma unroll 8
-          for (int i = 0; i < n; ++i) {
+          for (int i = g; i < n; i += G) {
             uint4 a = ldg_nc(A + (size_t)st[i] * h + c);
             axpy8(a1v, s1[i], a);
             axpy8(a2v, s2[i], a);
           }
         } else {
 #pragma unroll 8
-          for (int i = 0; i < n; ++i) axpy8(a1v, s1[i], ldg_nc(A + (size_t)st[i] * h + c));
+          for (int i = g; i < n; i += G) axpy8(a1v, s1[i], ldg_nc(A + (size_t)st[i] * h + c));
         }
       }
-      if (!mine) continue;
-      float* o1 = out1 + (size_t)j * h + c;
-      float* o2 = v2 ? out2 + (size_t)j * h + c : nullptr;
-      if (parts > 1) {
-#pragma unroll
-        for (int e = 0; e < 8; ++e) {
-          atomicAdd(o1 + e, a1v[e]);
-          if (o2) atomicAdd(o2 + e, a2v[e]);
-        }
-        continue;
+      if (G > 1) {
+        group_add(a1v, red, G, ct, g, q);
+        if (v2) group_add(a2v, red, G, ct, g, q);
       }
-      float4* q1 = reinterpret_cast<float4*>(o1);
+      if (!mine || g != 0) continue;
+      float4* q1 = reinterpret_cast<float4*>(out1 + (size_t)j * h + c);
       float4 x = q1[0], y = q1[1];
       q1[0] = make_float4(a1v[0] + x.x, a1v[1] + x.y, a1v[2] + x.z, a1v[3] + x.w);
       q1[1] = make_float4(a1v[4] + y.x, a1v[5] + y.y, a1v[6] + y.z, a1v[7] + y.w);
-      if (o2) {
-        float4* q2 = reinterpret_cast<float4*>(o2);
+      if (v2) {
+        float4* q2 = reinterpret_cast<float4*>(out2 + (size_t)j * h + c);
         x = q2[0], y = q2[1];
         q2[0] = make_float4(a2v[0] + x.x, a2v[1] + x.y, a2v[2] + x.z, a2v[3] + x.w);
         q2[1] = make_float4(a2v[4] + y.x, a2v[5] + y.y, a2v[6] + y.z, a2v[7] + y.w);

@@ -19,7 +19,7 @@ func vecThreads(h int) int { return min(256, max(32, (h/8+31)&^31)) }
 // spRowIndex builds the row-major form of the active units of g (bf16
 // [m][f] gate pre-activations) into sp, with the firing counts added into
 // active (may be nil) and the L0 (and, ungated, the L1) statistic into
-// stat (may be nil).
+// stat (may be nil; through partial sums in sc.part).
 func (l launcher) spRowIndex(s mlpShape, g *cuda.Buffer, sp sparseSave, sc mlpScratch, active, stat *cuda.Buffer, l0Scale, l1Scale float64) error {
 	m, f := s.m, s.f
 	if err := check(need("gate pre-activations", g, 2*m*f), need("row counts", sc.cnt, countBytes(m, f))); err != nil {
@@ -33,19 +33,34 @@ func (l launcher) spRowIndex(s mlpShape, g *cuda.Buffer, sp sparseSave, sc mlpSc
 	nb := ceil(m, rowsPerBlock)
 	sl := &slicer{}
 	rowcnt, blocktot, blockptr := sl.at(sc.cnt, 0, 4*m), sl.at(sc.cnt, 4*m, 4*nb), sl.at(sc.cnt, 4*(m+nb), 4*(nb+1))
+	var part, l1, l0 *cuda.Buffer
+	if stat != nil {
+		part, l1, l0 = sl.at(sc.part, 0, 8*nb), sl.at(stat, 0, 8), sl.at(stat, 8, 8)
+	}
 	if sl.err != nil {
 		return sl.err
 	}
+	// sum adds the partial sums sp_count (then sp_pack, ungated) left in part.
+	sum := func(out *cuda.Buffer, wrote bool) func() error {
+		return func() error {
+			if stat == nil || !wrote {
+				return nil
+			}
+			return l.sumF64(out, part, nb, 1)
+		}
+	}
 	return inOrder(
 		func() error {
-			return l.k["sp_count"].Launch(dim(nb), dim(rowBlock), 0, l.s, g, rowcnt, blocktot, optional(stat),
+			return l.k["sp_count"].Launch(dim(nb), dim(rowBlock), 0, l.s, g, rowcnt, blocktot, optional(part),
 				int32(m), int32(f), l0Scale)
 		},
+		sum(l0, true),
 		func() error { return l.k["sp_scan"].Launch(dim(1), dim(1024), 0, l.s, blocktot, blockptr, int32(nb)) },
 		func() error {
 			return l.k["sp_pack"].Launch(dim(nb), dim(rowBlock), 0, l.s, g, rowcnt, blockptr, sp.rowptr, sp.col, sp.pv, tv,
-				optional(active), optional(stat), int32(m), int32(f), l1Scale)
+				optional(active), optional(part), int32(m), int32(f), l1Scale)
 		},
+		sum(l1, !s.gated),
 	)
 }
 
@@ -74,13 +89,22 @@ func (l launcher) spColIndex(s mlpShape, sp sparseSave, sc mlpScratch) error {
 }
 
 // spUp computes R and T on the support (gated forward), adding the L1
-// statistic into stat (may be nil).
-func (l launcher) spUp(s mlpShape, x, up *cuda.Buffer, sp sparseSave, stat *cuda.Buffer, l1Scale float64) error {
+// statistic into stat (may be nil) through per-row partial sums in part.
+func (l launcher) spUp(s mlpShape, x, up *cuda.Buffer, sp sparseSave, stat, part *cuda.Buffer, l1Scale float64) error {
 	if err := check(need("MLP input", x, 2*s.m*s.h), need("up weights", up, 2*s.f*s.h)); err != nil {
 		return err
 	}
-	return l.k["sp_up"].Launch(dim(s.m), dim(rowBlock), 2*s.h, l.s, x, up, sp.rowptr, sp.col, sp.pv, sp.rv, sp.tv,
-		optional(stat), int32(s.h), l1Scale)
+	if stat == nil {
+		part = nil
+	} else if err := need("statistics partial sums", part, 8*s.m); err != nil {
+		return err
+	}
+	err := l.k["sp_up"].Launch(dim(s.m), dim(rowBlock), 2*s.h, l.s, x, up, sp.rowptr, sp.col, sp.pv, sp.rv, sp.tv,
+		optional(part), int32(s.h), l1Scale)
+	if err != nil || stat == nil {
+		return err
+	}
+	return l.sumF64(stat, part, s.m, 1)
 }
 
 // spGrad computes the gradient on the support from dy (bf16 [m][h]) and
@@ -109,17 +133,19 @@ func (l launcher) spRows(out, base *cuda.Buffer, sp sparseSave, v1, b1, v2, b2 *
 }
 
 // spColChunk and spColParts cut the weight-gradient sums of busy units:
-// a unit firing for more than spColChunk tokens of a micro-batch is
-// summed in up to spColParts parts, added with atomics.
+// the gradient rows of a unit firing for more than spColChunk tokens of a
+// micro-batch are cut into up to spColParts slices of columns (at most
+// h/8), each summed by its own block.
 const (
 	spColChunk = 256
 	spColParts = 16
 )
 
-// spColParts cuts each unit's entries into the parts spCols sums (see
-// sp_col_parts), leaving their prefix (int32 [f+1]) in partptr, a view of
-// sc.cnt that spCols takes.
-func (l launcher) spColParts(sp sparseSave, sc mlpScratch, m, f int) (partptr *cuda.Buffer, err error) {
+// spColParts cuts each unit's gradient rows into the parts spCols sums
+// (see sp_col_parts), leaving their prefix (int32 [f+1]) in partptr, a
+// view of sc.cnt that spCols takes.
+func (l launcher) spColParts(s mlpShape, sp sparseSave, sc mlpScratch) (partptr *cuda.Buffer, err error) {
+	f := s.f
 	sl := &slicer{}
 	parts, partptr := sl.at(sc.cnt, 0, 4*f), sl.at(sc.cnt, 4*f, 4*(f+1))
 	if sl.err != nil {
@@ -128,7 +154,7 @@ func (l launcher) spColParts(sp sparseSave, sc mlpScratch, m, f int) (partptr *c
 	return partptr, inOrder(
 		func() error {
 			return l.k["sp_col_parts"].Launch(dim(ceil(f, rowBlock)), dim(rowBlock), 0, l.s, sp.colptr, parts, int32(f),
-				int32(spColChunk), int32(spColParts))
+				int32(spColChunk), int32(min(spColParts, s.h/8)))
 		},
 		func() error { return l.k["sp_scan"].Launch(dim(1), dim(1024), 0, l.s, parts, partptr, int32(f)) },
 	)

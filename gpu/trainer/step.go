@@ -164,18 +164,19 @@ func (b *Backend) forwardBackward(p pass) error {
 	if p.backward {
 		dlogits = a.dlogits
 	}
+	// Each row's loss goes to a.part, summed after the last chunk.
 	lossAt := sl.at(p.stats, 0, 8)
 	for r0 := 0; r0 < m; r0 += a.logitRows {
 		n := min(a.logitRows, m-r0)
 		normed, targets := sl.at(a.normF, 2*r0*h, 2*n*h), sl.at(a.targets, 4*r0, 4*n)
-		dnormed := sl.at(a.dtmp, 4*r0*h, 4*n*h)
+		dnormed, loss := sl.at(a.dtmp, 4*r0*h, 4*n*h), sl.at(a.part, 8*r0, 8*n)
 		if sl.err != nil {
 			return sl.err
 		}
 		err := inOrder(
 			func() error { return b.linear(a.logits, normed, head, n, h, V, cublas.F32, false) },
 			func() error {
-				return r.crossEntropy(a.logits, targets, dlogits, lossAt, n, V, p.gradScale, p.lossScale)
+				return r.crossEntropy(a.logits, targets, dlogits, loss, n, V, p.gradScale, p.lossScale)
 			})
 		if err == nil && p.backward {
 			err = inOrder(
@@ -186,8 +187,8 @@ func (b *Backend) forwardBackward(p pass) error {
 			return fmt.Errorf("trainer: cross-entropy of rows [%d, %d): %w", r0, r0+n, err)
 		}
 	}
-	if !p.backward {
-		return nil
+	if err := r.sumF64(lossAt, a.part, m, 1); err != nil || !p.backward {
+		return err
 	}
 
 	// Backward: dx is the gradient of the residual stream.
@@ -197,7 +198,7 @@ func (b *Backend) forwardBackward(p pass) error {
 	}
 	if err := inOrder(
 		func() error { return b.dev.Memset8(dx, 0, b.s) },
-		func() error { return r.rmsNormBwd(dx, gNorm, dtmp, a.x[L], norm, a.rstdF, m, h) }); err != nil {
+		func() error { return r.rmsNormBwd(dx, gNorm, dtmp, a.x[L], norm, a.rstdF, a.part, m, h) }); err != nil {
 		return err
 	}
 	for l := L - 1; l >= 0; l-- {
@@ -214,7 +215,9 @@ func (b *Backend) forwardBackward(p pass) error {
 				ma.dy, ma.dx = dxb, dtmp
 				return b.mlpBackward(ma, sparse[l])
 			},
-			func() error { return r.rmsNormBwd(dx, lv.gMLPNorm, dtmp, a.x2[l], lv.mlpNorm, a.rstd2[l], m, h) },
+			func() error {
+				return r.rmsNormBwd(dx, lv.gMLPNorm, dtmp, a.x2[l], lv.mlpNorm, a.rstd2[l], a.part, m, h)
+			},
 			// Attention: x2 = x + att·Woᵀ.
 			func() error { return r.castBF16(dxb, dx, m*h) },
 			func() error { return b.linearDW(lv.gO, dxb, att1, m, nq*hd, h) },
@@ -223,13 +226,15 @@ func (b *Backend) forwardBackward(p pass) error {
 			func() error { return r.ropeCast(dqkvb, qkvF, cos, sin, m, p.seq, nq+nkv, hd, qkvW, -1) },
 			func() error { return b.linearDW(lv.gQKV, dqkvb, a.hn1[l], m, h, qkvW) },
 			func() error { return b.linearDX(dtmp, dqkvb, lv.qkv, m, h, qkvW, cublas.F32) },
-			func() error { return r.rmsNormBwd(dx, lv.gAttnNorm, dtmp, a.x[l], lv.attnNorm, a.rstd1[l], m, h) },
+			func() error {
+				return r.rmsNormBwd(dx, lv.gAttnNorm, dtmp, a.x[l], lv.attnNorm, a.rstd1[l], a.part, m, h)
+			},
 		)
 		if err != nil {
 			return fmt.Errorf("trainer: layer %d backward: %w", l, err)
 		}
 	}
-	return r.embedBwd(gEmbed, a.ids, dx, m, h)
+	return r.embedBwd(gEmbed, a.ids, dx, a.part, m, h, V)
 }
 
 // inOrder runs the steps in order and returns the first error, queuing

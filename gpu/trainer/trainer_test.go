@@ -2,12 +2,9 @@ package trainer
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
@@ -232,15 +229,7 @@ func TestLossCurveMatchesCPU(t *testing.T) {
 		if err := run.Loop(context.Background()); err != nil {
 			t.Fatal(err)
 		}
-		f, err := os.ReadFile(filepath.Join(out, "metrics.jsonl"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, line := range strings.Split(strings.TrimSpace(string(f)), "\n") {
-			var m train.Metrics
-			if err := json.Unmarshal([]byte(line), &m); err != nil {
-				t.Fatal(err)
-			}
+		for _, m := range readMetricsFile(t, out) {
 			curves[i] = append(curves[i], m.Loss)
 		}
 	}
