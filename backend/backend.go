@@ -75,8 +75,9 @@ type Options struct {
 	DecodeBF16 bool
 	// KVPageSize and KVMemory are the CPU engine's KV cache page size in
 	// positions (0: its default) and page budget in bytes (0: none); see
-	// cpu/llm.Options. The GPU engine allocates each cache whole and
-	// ignores them.
+	// cpu/llm.Options. The GPU engine takes its page settings after it is
+	// open, from gpu/llm.Engine.SetKVPages, once the device memory left
+	// beside the weights is known.
 	KVPageSize int
 	KVMemory   int64
 }

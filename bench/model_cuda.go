@@ -124,12 +124,10 @@ func ModelCUDA(o ModelOptions, progress func(string)) ([]ModelCUDAResult, error)
 		prompts[i] = randTokens(r, o.PromptLen, c.VocabSize)
 	}
 	caches := make([]engine.Cache, o.Batch)
-	var kvBytes int64
 	for i := range caches {
 		if caches[i], err = e.NewCache(o.PromptLen); err != nil {
 			return nil, err
 		}
-		kvBytes += e.CacheBytes(caches[i])
 		defer caches[i].Free()
 	}
 	timer, err := dev.NewTimer()
@@ -153,7 +151,7 @@ func ModelCUDA(o ModelOptions, progress func(string)) ([]ModelCUDAResult, error)
 		}
 		res := &ModelCUDAResult{ModelResult: ModelResult{Row: newRow(ModelSchema, "cuda", props.Name+" / "+CPUName()), Model: name, Params: c.ParamCount(), Path: path,
 			PrefillTokens: o.Batch * o.PromptLen, MLPWidth: c.IntermediateSize},
-			WeightBytes: e.WeightBytes(), KVCacheBytes: kvBytes, CPUCheckRelDiff: cpuDiff, TwELLLayers: e.TwELLLayers(),
+			WeightBytes: e.WeightBytes(), CPUCheckRelDiff: cpuDiff, TwELLLayers: e.TwELLLayers(),
 			AttentionKernel: attnKernel}
 		peak = 0
 		progress(fmt.Sprintf("%s: prefill %d x %d tokens", path, o.Batch, o.PromptLen))
@@ -181,6 +179,9 @@ func ModelCUDA(o ModelOptions, progress func(string)) ([]ModelCUDAResult, error)
 			warm++
 		}
 		progress(fmt.Sprintf("%s: %d warm-up passes (MLP paths settled: %v)", path, warm, e.MLPSettled(o.Batch*o.PromptLen)))
+		for _, cache := range caches { // the pages a prefill takes
+			res.KVCacheBytes += e.CacheBytes(cache)
+		}
 		times := make([]float64, 0, o.Reps)
 		for range o.Reps {
 			ms, err := timed(prefill)

@@ -64,9 +64,9 @@ type Cache interface {
 // Truncate and Free, so that the memory of its caches follows the tokens
 // they hold rather than their capacities. A server asks it how many pages
 // are free to admit requests by what their prompts need instead of their
-// worst cases. The CPU engine (package cpu/llm) implements it; an engine
-// that does not (the GPU engine allocates each cache whole at NewCache) is
-// treated as one whose every cache takes its capacity up front.
+// worst cases. The CPU engine (package cpu/llm) and the GPU engine (package
+// gpu/llm) implement it; an engine that does not is treated as one whose
+// every cache takes its capacity up front.
 type Paged interface {
 	Engine
 	// KVPages returns the state of the engine's page pool. Unlike the

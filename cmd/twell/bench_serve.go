@@ -59,8 +59,8 @@ func runBenchServe(args []string, stdout, stderr io.Writer) error {
 	fs.Var(&path, "mlp", "in-process server: MLP path, auto, sparse or dense")
 	maxConc := fs.Int("max-concurrent", d.MaxConcurrent, "in-process server: requests running in the batch at once")
 	prefill := fs.Int("prefill-tokens", d.PrefillTokens, "in-process server: prompt tokens fed per step")
-	kvMem := fs.String("kv-memory", "", "in-process server (CPU): KV cache budget, e.g. 256MiB (default: what -max-concurrent full-context requests take)")
-	kvPage := fs.Int("kv-page-size", 0, "in-process server (CPU): positions per KV page (0: the engine's default)")
+	kvMem := fs.String("kv-memory", "", "in-process server: KV cache budget, e.g. 256MiB (default: what -max-concurrent full-context requests take)")
+	kvPage := fs.Int("kv-page-size", 0, "in-process server: positions per KV page (0: the engine's default)")
 	ctxLen := fs.Int("context", 0, "in-process server: positions per request (0: the model's)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -278,13 +278,7 @@ func startInProcess(st serverSetup, stderr io.Writer) (*inProcess, error) {
 	if note != "" {
 		fmt.Fprintln(stderr, "bench serve: "+note)
 	}
-	bo := backend.Options{MLPPath: st.path}
-	if kind == backend.CPU {
-		if bo.KVPageSize, bo.KVMemory, err = kvBudget(c, o, st.kvPage, budget, stderr); err != nil {
-			return nil, err
-		}
-	}
-	e, err := backend.Open(kind, m, bo)
+	e, err := openServing(kind, m, backend.Options{MLPPath: st.path}, o, st.kvPage, budget, stderr)
 	if err != nil {
 		return nil, err
 	}

@@ -18,6 +18,7 @@ import (
 
 	"github.com/twell-ai/twell/backend"
 	"github.com/twell-ai/twell/engine"
+	gpullm "github.com/twell-ai/twell/gpu/llm"
 	"github.com/twell-ai/twell/internal/memcheck"
 	"github.com/twell-ai/twell/mlp"
 	"github.com/twell-ai/twell/model"
@@ -46,8 +47,8 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	ctxLen := fs.Int("context", 0, "most positions per request, prompt and generated (0: the model's max_position_embeddings)")
 	grace := fs.Duration("shutdown-timeout", 30*time.Second, "on SIGINT/SIGTERM, how long running requests may finish before they are cancelled")
 	prefill := fs.Int("prefill-tokens", d.PrefillTokens, "most prompt tokens fed per batcher step beside the running requests' tokens, 1..1048576; longer prompts go in chunks")
-	kvMem := fs.String("kv-memory", "", "CPU: KV cache budget, e.g. 2GiB or 512MB (default: what -max-concurrent full-context requests take); requests are admitted by the pages free")
-	kvPage := fs.Int("kv-page-size", 0, "CPU: positions per KV cache page (0: 16, or more where a page would not fill the OS's memory pages)")
+	kvMem := fs.String("kv-memory", "", "KV cache budget, e.g. 2GiB or 512MB (default: what -max-concurrent full-context requests take); requests are admitted by the pages free")
+	kvPage := fs.Int("kv-page-size", 0, "positions per KV cache page (0: on the CPU 16, or more where a page would not fill the OS's memory pages; on the GPU 64, and a multiple of 64 if set)")
 	decodeBF16 := fs.Bool("decode-bf16", false, "CPU passes of <= 16 tokens read bf16 weight copies (faster, but a greedy result may then depend on the batch)")
 	path := mlp.Auto
 	fs.Var(&path, "mlp", "MLP path: auto, sparse or dense (auto picks per pass by density, so a greedy result may depend on the batch)")
@@ -93,15 +94,7 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	if note != "" {
 		fmt.Fprintln(stderr, "serve: "+note)
 	}
-	bo := backend.Options{MLPPath: path, DecodeBF16: *decodeBF16}
-	if kind == backend.CPU {
-		if bo.KVPageSize, bo.KVMemory, err = kvBudget(c, o, *kvPage, budget, stderr); err != nil {
-			return err
-		}
-	} else if budget > 0 || *kvPage > 0 {
-		fmt.Fprintln(stderr, "serve: -kv-memory and -kv-page-size apply to the CPU engine only; the GPU engine allocates each request's cache whole")
-	}
-	e, err := backend.Open(kind, m, bo)
+	e, err := openServing(kind, m, backend.Options{MLPPath: path, DecodeBF16: *decodeBF16}, o, *kvPage, budget, stderr)
 	if err != nil {
 		return err
 	}
@@ -153,6 +146,33 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	return nil
 }
 
+// openServing opens the engine of a server with options o: its KV cache
+// pages of kvPage positions (0: the engine's default) under budget bytes
+// (0: what o.MaxConcurrent full-context requests take), checked against the
+// memory of the machine (CPU) or the device memory left beside the weights
+// (GPU).
+func openServing(kind backend.Kind, m *model.Model, bo backend.Options, o serve.Options, kvPage int, budget int64, stderr io.Writer) (engine.Engine, error) {
+	var err error
+	if kind == backend.CPU {
+		if bo.KVPageSize, bo.KVMemory, err = kvBudget(m.Config, o, kvPage, budget, stderr); err != nil {
+			return nil, err
+		}
+	} else if kvPage%gpullm.PageMultiple != 0 {
+		return nil, usagef("-kv-page-size %d: the GPU engine takes multiples of %d", kvPage, gpullm.PageMultiple)
+	}
+	e, err := backend.Open(kind, m, bo)
+	if err != nil {
+		return nil, err
+	}
+	if g, ok := e.(*gpullm.Engine); ok {
+		if err := gpuKVBudget(g, o, kvPage, budget, stderr); err != nil {
+			e.Close()
+			return nil, err
+		}
+	}
+	return e, nil
+}
+
 // kvBudget returns the CPU engine's KV page size and budget in bytes for
 // the server's options: the budget given (-kv-memory), or by default what
 // MaxConcurrent full-context requests take, checked against the memory
@@ -160,12 +180,45 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 // (longer requests are refused) and noted.
 func kvBudget(c model.Config, o serve.Options, pageSize int, budget int64, stderr io.Writer) (int, int64, error) {
 	pageSize, pageBytes := backend.KVPage(c, pageSize)
+	budget, err := pageBudget(o, pageSize, pageBytes, budget, memcheck.Fits, stderr)
+	return pageSize, budget, err
+}
+
+// gpuKVBudget gives the GPU engine g its KV page size (0: the engine's
+// default) and budget by kvBudget's rules, the budget checked against the
+// device memory free once the weights are loaded.
+func gpuKVBudget(g *gpullm.Engine, o serve.Options, pageSize int, budget int64, stderr io.Writer) error {
+	if pageSize == 0 {
+		pageSize = gpullm.DefaultPageSize
+	}
+	fits := func(what string, need float64, hint string) error {
+		free, _, err := g.Device().MemInfo()
+		if err != nil {
+			return err
+		}
+		if need > float64(free) {
+			return fmt.Errorf("%s needs %s of device memory, but %s is free on %v beside the weights; %s",
+				what, memcheck.Format(need), memcheck.Format(float64(free)), g.Device(), hint)
+		}
+		return nil
+	}
+	budget, err := pageBudget(o, pageSize, gpullm.PageBytes(g.Config(), pageSize), budget, fits, stderr)
+	if err != nil {
+		return err
+	}
+	return g.SetKVPages(pageSize, budget)
+}
+
+// pageBudget returns the KV budget in bytes for pages of pageSize positions
+// of pageBytes each: budget, or by default what MaxConcurrent full-context
+// requests take, checked by fits (what, bytes, hint).
+func pageBudget(o serve.Options, pageSize int, pageBytes, budget int64, fits func(string, float64, string) error, stderr io.Writer) (int64, error) {
 	perRequest := int64((o.Context+pageSize-1)/pageSize) * pageBytes
 	what := fmt.Sprintf("the KV cache budget (-kv-memory %s)", memcheck.Format(float64(budget)))
 	hint := "set a smaller -kv-memory"
 	if budget == 0 {
 		if float64(o.MaxConcurrent)*float64(perRequest) > math.MaxInt64/2 {
-			return 0, 0, fmt.Errorf("the KV caches of %d full-context requests (%d positions) would take %s: set -kv-memory",
+			return 0, fmt.Errorf("the KV caches of %d full-context requests (%d positions) would take %s: set -kv-memory",
 				o.MaxConcurrent, o.Context, memcheck.Format(float64(o.MaxConcurrent)*float64(perRequest)))
 		}
 		budget = int64(o.MaxConcurrent) * perRequest
@@ -173,16 +226,16 @@ func kvBudget(c model.Config, o serve.Options, pageSize int, budget int64, stder
 		hint = "lower -max-concurrent or -context, or set a smaller -kv-memory (requests are then admitted by the pages free)"
 	}
 	if budget < pageBytes {
-		return 0, 0, usagef("-kv-memory %s: less than one page of %d positions (%s)", memcheck.Format(float64(budget)), pageSize, memcheck.Format(float64(pageBytes)))
+		return 0, usagef("-kv-memory %s: less than one page of %d positions (%s)", memcheck.Format(float64(budget)), pageSize, memcheck.Format(float64(pageBytes)))
 	}
-	if err := memcheck.Fits(what, float64(budget), hint); err != nil {
-		return 0, 0, err
+	if err := fits(what, float64(budget), hint); err != nil {
+		return 0, err
 	}
 	if budget < perRequest {
 		fmt.Fprintf(stderr, "serve: the KV budget holds %d positions, fewer than the context (%d): requests that could reach more are refused\n",
 			budget/pageBytes*int64(pageSize), o.Context)
 	}
-	return pageSize, budget, nil
+	return budget, nil
 }
 
 // kvNote describes e's KV page pool for the log line, if it has one.

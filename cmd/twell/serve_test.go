@@ -16,7 +16,7 @@ import (
 // TestServeRunsAndStops: twell serve answers a completion on a tiny CPU
 // model, then stops cleanly (exit 0) when asked to, as on SIGINT.
 func TestServeRunsAndStops(t *testing.T) {
-	serveOnce(t, []string{"-model", tinyCheckpoint(t)}, "KV cache 32 pages of 8 positions (64 KiB)", "")
+	serveOnce(t, []string{"-model", tinyCheckpoint(t)}, "KV cache 512 pages of 8 positions (1 MiB)", "")
 }
 
 // TestServeDefaultModel: with no -model, twell serve serves the embedded
@@ -38,7 +38,7 @@ func serveOnce(t *testing.T, args []string, wantKV, wantModel string) {
 	code := make(chan int, 1)
 	go func() {
 		code <- run(append([]string{"serve", "-device", "cpu", "-addr", "127.0.0.1:0", "-max-concurrent", "2",
-			"-kv-memory", "64KiB", "-kv-page-size", "8", "-prefill-tokens", "3"}, args...), io.Discard, pw)
+			"-kv-memory", "1MiB", "-kv-page-size", "8", "-prefill-tokens", "3"}, args...), io.Discard, pw)
 		pw.Close()
 	}()
 	sc := bufio.NewScanner(pr)

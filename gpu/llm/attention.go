@@ -21,10 +21,10 @@ type attnKernel struct {
 // attnArgs are the operands of the attention kernels (attn.cu,
 // attn_wgmma.cu) for one layer of a pass: the q/k/v rows (qkvW bf16 each),
 // the output rows (nq hd bf16), the nItems work items (sequence, first
-// query) and the per-sequence metadata.
+// query), the per-sequence metadata and the page size.
 type attnArgs struct {
-	qkv, out, items, seqQ0, seqN, seqPast, base, seqCap *cuda.Buffer
-	nItems, layer, nq, nkv, hd, qkvW                    int
+	qkv, out, items, seqQ0, seqN, seqPast, pt *cuda.Buffer
+	nItems, page, layer, nq, nkv, hd, qkvW    int
 }
 
 // launch queues the kernel: one 256-thread block per (work item, head).
@@ -32,10 +32,10 @@ func (k attnKernel) launch(s *cuda.Stream, a attnArgs) error {
 	grid, block := cuda.Dim3{uint32(a.nItems * a.nq), 1, 1}, cuda.Dim3{256, 1, 1}
 	scaleLog2 := float32(math.Log2E / math.Sqrt(float64(a.hd)))
 	if k.ref {
-		return k.fn.Launch(grid, block, 0, s, a.qkv, a.out, a.items, a.seqQ0, a.seqN, a.seqPast, a.base, a.seqCap,
+		return k.fn.Launch(grid, block, 0, s, a.qkv, a.out, a.items, a.seqQ0, a.seqN, a.seqPast, a.pt, int32(a.page),
 			int32(a.layer), int32(a.nq), int32(a.nkv), int32(a.hd), int32(a.qkvW), scaleLog2)
 	}
-	return k.fn.Launch(grid, block, k.smem, s, a.qkv, a.out, a.items, a.seqQ0, a.seqN, a.seqPast, a.base, a.seqCap,
+	return k.fn.Launch(grid, block, k.smem, s, a.qkv, a.out, a.items, a.seqQ0, a.seqN, a.seqPast, a.pt, int32(a.page),
 		int32(a.layer), int32(a.nq), int32(a.nkv), int32(a.qkvW), scaleLog2)
 }
 

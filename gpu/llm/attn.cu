@@ -10,10 +10,11 @@
 //   tok_seq[t], tok_pos[t]   sequence and absolute position of flat token t
 //   seq_q0[s]                flat index of sequence s's first new token
 //   seq_n[s], seq_past[s]    new tokens of s, and positions already cached
-//   seq_base[s], seq_cap[s]  s's KV cache: base address and capacity
+//   seq_pt[s]                s's KV cache: the address of its page table
 //   items[2i], items[2i+1]   attention work item i: sequence, first query
 //
-// KV cache of one sequence: bf16 [layer][k|v][kv_head][capacity][head_dim].
+// KV cache of one sequence: pages of `page` positions (a kernel argument),
+// each bf16 [layer][k|v][kv_head][page][head_dim]; see kvpage.cuh.
 
 #include "common.cuh"
 #include "attn.cuh"
@@ -30,12 +31,11 @@
 extern "C" __global__ void __launch_bounds__(256)
     attn_ref(const u16* __restrict__ qkv, u16* __restrict__ out, const int* __restrict__ items,
              const int* __restrict__ seq_q0, const int* __restrict__ seq_n, const int* __restrict__ seq_past,
-             const u64* __restrict__ seq_base, const int* __restrict__ seq_cap, int layer, int nq, int nkv, int hd,
-             int qkv_w, float scale_log2) {
+             const u64* __restrict__ seq_pt, int page, int layer, int nq, int nkv, int hd, int qkv_w,
+             float scale_log2) {
   const int MAXD = 8;  // dims per lane: hd <= 256
-  const AttnItem a = attn_item(items, seq_q0, seq_n, seq_past, seq_base, seq_cap, layer, nq, nkv, hd);
+  const AttnItem a = attn_item(items, seq_q0, seq_n, seq_past, seq_pt, page, layer, nq, nkv, hd);
   const int head = a.head, q0 = a.q0, n = a.n, past = a.past, qs = a.qs;
-  const u16 *K = a.K, *V = a.V;
   int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   int qend = min(q0 + ATT_BQ, n);
   for (int qi = q0 + warp; qi < qend; qi += blockDim.x >> 5) {
@@ -48,26 +48,30 @@ extern "C" __global__ void __launch_bounds__(256)
       acc[k] = 0.f;
     }
     float m = NEG_INF, l = 0.f;
-    int last = past + qi;  // keys 0..last
-    for (int p = 0; p <= last; ++p) {
-      const u16* kp = K + (size_t)p * hd;
-      float dot = 0.f;
+    int last = past + qi;  // keys 0..last, page by page
+    for (int p0 = 0; p0 <= last; p0 += page) {
+      const u16* K = (const u16*)a.pt[p0 / page] + a.koff;
+      const u16* V = K + a.vstep;
+      for (int p = 0, pn = min(page, last + 1 - p0); p < pn; ++p) {
+        const u16* kp = K + p * hd;
+        float dot = 0.f;
 #pragma unroll
-      for (int k = 0; k < MAXD; ++k) {
-        int j = lane + 32 * k;
-        if (j < hd) dot += qv[k] * bf_to_f(kp[j]);
-      }
-      dot = warp_sum(dot);
-      float mn = fmaxf(m, dot);
-      float corr = exp2f(m - mn), e = exp2f(dot - mn);
-      l = l * corr + e;
-      const u16* vp = V + (size_t)p * hd;
+        for (int k = 0; k < MAXD; ++k) {
+          int j = lane + 32 * k;
+          if (j < hd) dot += qv[k] * bf_to_f(kp[j]);
+        }
+        dot = warp_sum(dot);
+        float mn = fmaxf(m, dot);
+        float corr = exp2f(m - mn), e = exp2f(dot - mn);
+        l = l * corr + e;
+        const u16* vp = V + p * hd;
 #pragma unroll
-      for (int k = 0; k < MAXD; ++k) {
-        int j = lane + 32 * k;
-        if (j < hd) acc[k] = acc[k] * corr + e * bf_to_f(vp[j]);
+        for (int k = 0; k < MAXD; ++k) {
+          int j = lane + 32 * k;
+          if (j < hd) acc[k] = acc[k] * corr + e * bf_to_f(vp[j]);
+        }
+        m = mn;
       }
-      m = mn;
     }
     u16* o = out + (size_t)(qs + qi) * nq * hd + head * hd;
     float il = 1.f / l;
@@ -100,38 +104,42 @@ template <int HD, int NW, int WM>
 __device__ __forceinline__ void attn_fa_body(const u16* __restrict__ qkv, u16* __restrict__ out,
                                              const int* __restrict__ items, const int* __restrict__ seq_q0,
                                              const int* __restrict__ seq_n, const int* __restrict__ seq_past,
-                                             const u64* __restrict__ seq_base, const int* __restrict__ seq_cap,
-                                             int layer, int nq, int nkv, int qkv_w, float scale_log2) {
+                                             const u64* __restrict__ seq_pt, int page, int layer, int nq,
+                                             int nkv, int qkv_w, float scale_log2) {
   static_assert(NW * WM * 16 == ATT_BQ, "a CTA covers one work item");
-  constexpr int BK = 64;
+  constexpr int BK = ATT_BK;
   constexpr int P = HD + 8;      // shared row pitch (bf16)
   constexpr int TILE = BK * P;   // one K or V block
   constexpr int CH = HD / 8;     // 16-byte chunks per row
   extern __shared__ __align__(16) u16 smem[];  // [stage][K | V][BK][P]
 
-  const AttnItem a = attn_item(items, seq_q0, seq_n, seq_past, seq_base, seq_cap, layer, nq, nkv, HD);
+  const AttnItem a = attn_item(items, seq_q0, seq_n, seq_past, seq_pt, page, layer, nq, nkv, HD);
   const int head = a.head, q0 = a.q0, n = a.n, past = a.past, qs = a.qs;
-  const u16 *K = a.K, *V = a.V;
   int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   int g = lane >> 2, tq = lane & 3;
   int kend = past + min(q0 + ATT_BQ, n);  // keys [0, kend) are needed by the CTA
   int nblk = (kend + BK - 1) / BK;
 
-  auto load = [&](int blk) {
+  // load queues block blk, whose page is pg.
+  auto load = [&](int blk, u64 pg) {
     int k0 = blk * BK;
+    const u16* K = block_keys(a, pg, blk, HD);
+    const u16* V = K + a.vstep;
     u16* sk = smem + (blk & 1) * 2 * TILE;
     u16* sv = sk + TILE;
     for (int idx = threadIdx.x; idx < BK * CH; idx += NW * 32) {
       int r = idx / CH, c = (idx % CH) * 8;
-      int key = k0 + r;
-      bool ok = key < kend;
-      size_t off = (size_t)(ok ? key : 0) * HD + c;
+      bool ok = k0 + r < kend;
+      int off = (ok ? r : 0) * HD + c;
       cp_async16(smem_addr(sk + r * P + c), K + off, ok);
       cp_async16(smem_addr(sv + r * P + c), V + off, ok);
     }
     cp_async_commit();
   };
-  load(0);
+  load(0, block_page(a, 0));
+  // The page of the next block to load, read from the page table an
+  // iteration ahead so that queuing a block does not wait for it.
+  u64 pg = nblk > 1 ? block_page(a, 1) : 0;
 
   // The warp's query tiles: first row (index among the sequence's new
   // tokens), and the last key each needs (-1: the tile has no valid row).
@@ -173,7 +181,8 @@ __device__ __forceinline__ void attn_fa_body(const u16* __restrict__ qkv, u16* _
 
   for (int kb = 0; kb < nblk; ++kb) {
     if (kb + 1 < nblk) {
-      load(kb + 1);
+      load(kb + 1, pg);
+      if (kb + 2 < nblk) pg = block_page(a, kb + 2);
       cp_async_wait<1>();
     } else {
       cp_async_wait<0>();
@@ -244,17 +253,17 @@ __device__ __forceinline__ void attn_fa_body(const u16* __restrict__ qkv, u16* _
 extern "C" __global__ void __launch_bounds__(256, 2)
     attn_fa64(const u16* __restrict__ qkv, u16* __restrict__ out, const int* __restrict__ items,
               const int* __restrict__ seq_q0, const int* __restrict__ seq_n, const int* __restrict__ seq_past,
-              const u64* __restrict__ seq_base, const int* __restrict__ seq_cap, int layer, int nq, int nkv,
-              int qkv_w, float scale_log2) {
-  attn_fa_body<64, 8, 1>(qkv, out, items, seq_q0, seq_n, seq_past, seq_base, seq_cap, layer, nq, nkv, qkv_w,
+              const u64* __restrict__ seq_pt, int page, int layer, int nq, int nkv, int qkv_w,
+              float scale_log2) {
+  attn_fa_body<64, 8, 1>(qkv, out, items, seq_q0, seq_n, seq_past, seq_pt, page, layer, nq, nkv, qkv_w,
                          scale_log2);
 }
 
 extern "C" __global__ void __launch_bounds__(256)
     attn_fa128(const u16* __restrict__ qkv, u16* __restrict__ out, const int* __restrict__ items,
                const int* __restrict__ seq_q0, const int* __restrict__ seq_n, const int* __restrict__ seq_past,
-               const u64* __restrict__ seq_base, const int* __restrict__ seq_cap, int layer, int nq, int nkv,
-               int qkv_w, float scale_log2) {
-  attn_fa_body<128, 8, 1>(qkv, out, items, seq_q0, seq_n, seq_past, seq_base, seq_cap, layer, nq, nkv, qkv_w,
+               const u64* __restrict__ seq_pt, int page, int layer, int nq, int nkv, int qkv_w,
+               float scale_log2) {
+  attn_fa_body<128, 8, 1>(qkv, out, items, seq_q0, seq_n, seq_past, seq_pt, page, layer, nq, nkv, qkv_w,
                           scale_log2);
 }

@@ -95,17 +95,17 @@ template <int STAGES>
 __global__ void __launch_bounds__(256, 2)
     attn_wg64(const u16* __restrict__ qkv, u16* __restrict__ out, const int* __restrict__ items,
               const int* __restrict__ seq_q0, const int* __restrict__ seq_n, const int* __restrict__ seq_past,
-              const u64* __restrict__ seq_base, const int* __restrict__ seq_cap, int layer, int nq, int nkv,
-              int qkv_w, float scale_log2) {
+              const u64* __restrict__ seq_pt, int page, int layer, int nq, int nkv, int qkv_w,
+              float scale_log2) {
   constexpr int HD = 64, BK = WG_BK;
+  static_assert(BK == ATT_BK, "the blocks of keys are the ones a page holds whole");
   constexpr int AHEAD = STAGES - 1;                     // blocks loaded ahead of the one computed
   constexpr u32 QBYTES = ATT_BQ * 128, BLK = BK * 128;  // Q tile; one K or V block
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const u32 sQ = (smem_addr(smem_raw) + 1023u) & ~1023u, sKV = sQ + QBYTES;
 
-  const AttnItem a = attn_item(items, seq_q0, seq_n, seq_past, seq_base, seq_cap, layer, nq, nkv, HD);
+  const AttnItem a = attn_item(items, seq_q0, seq_n, seq_past, seq_pt, page, layer, nq, nkv, HD);
   const int head = a.head, q0 = a.q0, n = a.n, past = a.past, qs = a.qs;
-  const u16 *K = a.K, *V = a.V;
   const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
   const int g = lane >> 2, tq = lane & 3;
   const int kend = past + min(q0 + ATT_BQ, n);  // keys [0, kend) are needed by the CTA
@@ -120,16 +120,18 @@ __global__ void __launch_bounds__(256, 2)
     cp_async16(sQ + swz(r, c), qkv + (size_t)(qs + (ok ? row : 0)) * qkv_w + head * HD + c * 8, ok);
   }
   auto stage = [&](int blk) { return sKV + (u32)(blk % STAGES) * 2 * BLK; };  // K block; V at + BLK
-  // load queues block blk (if any) and commits a group either way, so that
-  // every iteration waits for the same count.
-  auto load = [&](int blk) {
+  // load queues block blk (if any), whose page is pg, and commits a group
+  // either way, so that every iteration waits for the same count.
+  auto load = [&](int blk, u64 pg) {
     if (blk < nblk) {
       int k0 = blk * BK;
+      const u16* K = block_keys(a, pg, blk, HD);
+      const u16* V = K + a.vstep;
       u32 sk = stage(blk), sv = sk + BLK;
       for (int idx = tid; idx < BK * 8; idx += 256) {
-        int r = idx >> 3, c = idx & 7, key = k0 + r;
-        bool ok = key < kend;
-        size_t off = (size_t)(ok ? key : 0) * HD + c * 8;
+        int r = idx >> 3, c = idx & 7;
+        bool ok = k0 + r < kend;
+        int off = (ok ? r : 0) * HD + c * 8;
         cp_async16(sk + swz(r, c), K + off, ok);
         cp_async16(sv + swz(r, c), V + off, ok);
       }
@@ -137,7 +139,10 @@ __global__ void __launch_bounds__(256, 2)
     cp_async_commit();
   };
 #pragma unroll
-  for (int i = 0; i < AHEAD; ++i) load(i);
+  for (int i = 0; i < AHEAD; ++i) load(i, i < nblk ? block_page(a, i) : 0);
+  // The page of the next block to load, read from the page table an
+  // iteration ahead so that queuing a block does not wait for it.
+  u64 pg = AHEAD < nblk ? block_page(a, AHEAD) : 0;
 
   float o[HD / 8][4];
 #pragma unroll
@@ -156,7 +161,8 @@ __global__ void __launch_bounds__(256, 2)
   };
 
   for (int kb = 0; kb < nblk; ++kb) {
-    load(kb + AHEAD);
+    load(kb + AHEAD, pg);
+    if (kb + AHEAD + 1 < nblk) pg = block_page(a, kb + AHEAD + 1);
     // Groups 0 .. kb + AHEAD are committed.
     cp_async_wait<AHEAD>();
     // cp.async wrote through the generic proxy; wgmma reads through the async one.

@@ -8,6 +8,12 @@
 // to a batch of sequences of any lengths (prefill and decode are the same
 // call) and returns logits:
 //
+//   - the KV cache is in pages of 64 positions by default (kvcache.go): a
+//     sequence holds the pages its length needs, taken from the engine's
+//     pool as tokens are appended and given back by Truncate and Free, so
+//     the Engine implements engine.Paged and a server admits requests by
+//     the pages they use; the kernels find a position's page through the
+//     sequence's page table, once per block of 64 keys;
 //   - the residual stream is fp32; embedding gather and RMSNorm fused with
 //     the residual add (norm.cu), and RoPE fused with the KV-cache write
 //     (rope.cu) are kernels compiled by NVRTC on first use (for decode
@@ -30,5 +36,6 @@
 //     gpu.MLP's dense path, ReLU or SiLU) otherwise.
 //
 // Results agree with the float32 CPU model within bf16 rounding; the tests
-// check logits, decoding against recomputation, and batching.
+// check logits, decoding against recomputation, batching, and caches in
+// pages against caches of one page each.
 package llm

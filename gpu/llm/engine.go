@@ -3,7 +3,6 @@ package llm
 import (
 	"errors"
 	"fmt"
-	"math"
 
 	"github.com/twell-ai/twell/cuda"
 	"github.com/twell-ai/twell/cuda/cublas"
@@ -15,7 +14,7 @@ import (
 	"github.com/twell-ai/twell/twell"
 )
 
-var _ engine.Engine = (*Engine)(nil)
+var _ engine.Paged = (*Engine)(nil)
 
 // DefaultMLPChunk is the default for Engine.MLPChunk.
 const DefaultMLPChunk = 1 << 17
@@ -75,6 +74,7 @@ type Engine struct {
 	ropePtr      *float32
 	ropeLen      int
 	ws           workspace
+	pool         *kvPool // the KV caches' pages
 	closed       bool
 	sparseLayers int
 	weightBytes  int64
@@ -176,7 +176,7 @@ func NewEngine(dev *cuda.Device, m *model.Model) (*Engine, error) {
 		return nil, err
 	}
 	e := &Engine{cfg: c, dev: dev, k: k, mlpPath: mlp.Auto, rope: model.NewRoPETables(c), Attention: opts.Attention,
-		NoGraphs: opts.NoGraphs, NoGEMV: opts.NoGEMV}
+		NoGraphs: opts.NoGraphs, NoGEMV: opts.NoGEMV, pool: &kvPool{dev: dev, cfg: c}}
 	if act, _ := c.GateActivation(); act == model.ActSiLU {
 		e.act = gpu.ActSiLU
 	}
@@ -186,6 +186,9 @@ func NewEngine(dev *cuda.Device, m *model.Model) (*Engine, error) {
 			e.Close()
 		}
 	}()
+	if err := e.pool.configure(opts.KVPageSize, opts.KVMemory); err != nil {
+		return nil, err
+	}
 	if e.blas, err = cublas.New(dev); err != nil {
 		return nil, err
 	}
@@ -332,8 +335,8 @@ func (e *Engine) SetMLPPath(path mlp.Path) error {
 // MLPPath returns the path SetMLPPath chose (mlp.Auto at first).
 func (e *Engine) MLPPath() mlp.Path { return e.mlpPath }
 
-// Close frees the engine's device memory, stream and cuBLAS handle. Caches
-// made by NewCache must be freed separately.
+// Close frees the engine's device memory (the KV caches' pages too), stream
+// and cuBLAS handle. Caches made by NewCache must not be used after it.
 func (e *Engine) Close() error {
 	if e.closed {
 		return nil
@@ -350,7 +353,7 @@ func (e *Engine) Close() error {
 	if e.stream != nil {
 		errs = append(errs, e.stream.Synchronize())
 	}
-	errs = append(errs, e.dropGraphs())
+	errs = append(errs, e.dropGraphs(), e.pool.close())
 	if e.head != e.embed {
 		free(e.head)
 	}
@@ -379,66 +382,6 @@ func (e *Engine) Close() error {
 		errs = append(errs, e.blas.Close())
 	}
 	return errors.Join(errs...)
-}
-
-// cache is the key/value cache of one sequence on the GPU: bf16, laid out
-// [layer][k|v][kv head][capacity][head_dim].
-type cache struct {
-	n   int // positions held
-	cap int
-	buf *cuda.Buffer
-	e   *Engine
-}
-
-// NewCache returns an empty cache for a sequence of up to capacity tokens.
-func (e *Engine) NewCache(capacity int) (engine.Cache, error) {
-	if e.closed {
-		return nil, errors.New("llm: engine was closed")
-	}
-	c := e.cfg
-	if capacity < 1 {
-		return nil, fmt.Errorf("llm: cache capacity %d: must be positive", capacity)
-	}
-	n := int64(c.NumHiddenLayers) * 2 * int64(c.NumKeyValueHeads) * int64(capacity) * int64(c.HeadDim) * 2
-	if n > math.MaxInt {
-		return nil, fmt.Errorf("llm: cache of %d tokens is too large", capacity)
-	}
-	b, err := e.dev.Alloc(int(n))
-	if err != nil {
-		return nil, fmt.Errorf("llm: cache of %d tokens (%d MiB): %w", capacity, n>>20, err)
-	}
-	return &cache{cap: capacity, buf: b, e: e}, nil
-}
-
-// CacheBytes returns the device memory that the cache c of e takes.
-func (e *Engine) CacheBytes(c engine.Cache) int64 {
-	kc, ok := c.(*cache)
-	if !ok || kc.buf == nil {
-		return 0
-	}
-	return int64(kc.buf.Len())
-}
-
-func (c *cache) Len() int      { return c.n }
-func (c *cache) Capacity() int { return c.cap }
-
-func (c *cache) Truncate(n int) error {
-	if n < 0 || n > c.n {
-		return fmt.Errorf("llm: truncate to %d positions: the cache holds %d", n, c.n)
-	}
-	c.n = n
-	return nil
-}
-
-// Free gives the cache's device memory back. Free it only when no forward
-// pass that uses it is running (Forward returns after its work is done).
-func (c *cache) Free() error {
-	if c.buf == nil {
-		return errors.New("llm: cache was already freed")
-	}
-	err := c.buf.Free()
-	c.buf = nil
-	return err
 }
 
 // firstMLP returns the TwELL MLP of the first layer that has one, or nil.

@@ -23,7 +23,10 @@ type batch struct {
 	maxPos            int
 	words             []int32 // the metadata, uploaded as one buffer
 	// offsets (in int32 words) of the sections of words
-	base, tokSeq, tokPos, ids, seqQ0, seqN, seqPast, seqCap, item, row int
+	pt, tokSeq, tokPos, ids, seqQ0, seqN, seqPast, item, row int
+	// tables[s] is the offset of sequence s's page table (2 words a page);
+	// pages[s] the number of pages in it.
+	tables, pages []int
 }
 
 // plan validates a forward pass like model.Model.Forward does and lays out
@@ -45,7 +48,7 @@ func (e *Engine) plan(caches []*cache, tokens [][]int, allLogits bool) (*batch, 
 			return nil, fmt.Errorf("llm: sequence %d has a nil cache", s)
 		case cache.e != e:
 			return nil, fmt.Errorf("llm: sequence %d: cache belongs to another engine", s)
-		case cache.buf == nil:
+		case cache.pt == nil:
 			return nil, fmt.Errorf("llm: sequence %d: cache was freed", s)
 		case len(toks) == 0:
 			return nil, fmt.Errorf("llm: sequence %d has no new tokens", s)
@@ -73,23 +76,29 @@ func (e *Engine) plan(caches []*cache, tokens [][]int, allLogits bool) (*batch, 
 	if b.T > math.MaxInt32/max(c.HiddenSize, 1) {
 		return nil, fmt.Errorf("llm: %d tokens in one forward pass is too many", b.T)
 	}
-	// Layout: seq_base (2 words each, first: 8-byte aligned), then the
-	// int32 sections.
+	// Layout: seq_pt (2 words each, first: 8-byte aligned), the int32
+	// sections, then the page tables (8-byte aligned). The tables come last:
+	// their length changes from one decode step to the next, and the
+	// sections before them must stay where a recorded graph reads them.
 	off := 0
 	next := func(n int) int { o := off; off += n; return o }
-	b.base = next(2 * b.S)
+	b.pt = next(2 * b.S)
 	b.tokSeq, b.tokPos, b.ids = next(b.T), next(b.T), next(b.T)
-	b.seqQ0, b.seqN, b.seqPast, b.seqCap = next(b.S), next(b.S), next(b.S), next(b.S)
+	b.seqQ0, b.seqN, b.seqPast = next(b.S), next(b.S), next(b.S)
 	b.item, b.row = next(2*b.items), next(b.rows)
+	off += off & 1
+	b.tables, b.pages = make([]int, b.S), make([]int, b.S)
+	for s, toks := range tokens {
+		b.pages[s] = e.pool.pagesFor(caches[s].n + len(toks))
+		b.tables[s] = next(2 * b.pages[s])
+	}
 	w := make([]int32, off)
 	b.words = w
 	work := make([]attnItem, b.items)
 	t, it, r := 0, 0, 0
 	for s, toks := range tokens {
 		cache := caches[s]
-		p := uint64(cache.buf.Ptr())
-		w[b.base+2*s], w[b.base+2*s+1] = int32(uint32(p)), int32(uint32(p>>32))
-		w[b.seqQ0+s], w[b.seqN+s], w[b.seqPast+s], w[b.seqCap+s] = int32(t), int32(len(toks)), int32(cache.n), int32(cache.cap)
+		w[b.seqQ0+s], w[b.seqN+s], w[b.seqPast+s] = int32(t), int32(len(toks)), int32(cache.n)
 		for i, id := range toks {
 			w[b.tokSeq+t+i], w[b.tokPos+t+i], w[b.ids+t+i] = int32(s), int32(cache.n+i), int32(id)
 		}
@@ -123,6 +132,19 @@ func (e *Engine) plan(caches []*cache, tokens [][]int, allLogits bool) (*batch, 
 type attnItem struct {
 	s, q0 int32
 	keys  int
+}
+
+// putU64 writes v into words w[i] and w[i+1], low word first.
+func putU64(w []int32, i int, v uint64) { w[i], w[i+1] = int32(uint32(v)), int32(uint32(v>>32)) }
+
+// setPages writes the page tables of the caches, which hold the pages of
+// their new tokens now (kvPool.grow).
+func (b *batch) setPages(caches []*cache) {
+	for s, kc := range caches {
+		for i, pg := range kc.pt.pages[:b.pages[s]] {
+			putU64(b.words, b.tables[s]+2*i, pg)
+		}
+	}
 }
 
 // realloc returns b if it holds n bytes, else a new buffer (freeing b).
@@ -178,7 +200,16 @@ func (e *Engine) workspaceFor(T, rows, metaBytes int) error {
 		}
 		ws.rows = r
 	}
-	ws.meta, err = e.realloc(ws.meta, metaBytes)
+	if ws.meta == nil || ws.meta.Len() < metaBytes {
+		// Page tables grow with the sequences: room to spare, so that the
+		// decode graphs, which read the buffer where they were recorded,
+		// are seldom recorded again for it.
+		n := metaBytes
+		if ws.meta != nil {
+			n = max(n, 2*ws.meta.Len())
+		}
+		ws.meta, err = e.realloc(ws.meta, n)
+	}
 	return err
 }
 
@@ -257,6 +288,16 @@ func (e *Engine) Forward(ecaches []engine.Cache, tokens [][]int, allLogits bool)
 	if err != nil {
 		return nil, nil, err
 	}
+	if err := e.pool.grow(caches, tokens); err != nil {
+		return nil, nil, err
+	}
+	done := false
+	defer func() {
+		if !done {
+			e.pool.ungrow(caches)
+		}
+	}()
+	b.setPages(caches)
 	st, err := e.queue(b)
 	if err != nil {
 		return nil, nil, err
@@ -279,6 +320,7 @@ func (e *Engine) Forward(ecaches []engine.Cache, tokens [][]int, allLogits bool)
 	for s, toks := range tokens {
 		caches[s].n += len(toks)
 	}
+	done = true
 	for i, l := range e.layers {
 		if l.mlp != nil && e.mlpPath != mlp.Dense {
 			if a, ok := l.mlp.LastActive(); ok {
@@ -305,11 +347,16 @@ func (e *Engine) queue(b *batch) (*engine.Stats, error) {
 	return st, e.layersQueue(b, st, nil)
 }
 
-// prepare sizes the workspace and RoPE tables for b and uploads its
-// metadata.
+// prepare sizes the workspace and RoPE tables for b, points each
+// sequence's seq_pt at its page table in the metadata buffer, and uploads
+// the metadata.
 func (e *Engine) prepare(b *batch) error {
 	if err := e.workspaceFor(b.T, b.rows, 4*len(b.words)); err != nil {
 		return err
+	}
+	meta := uint64(e.ws.meta.Ptr())
+	for s, off := range b.tables {
+		putU64(b.words, b.pt+2*s, meta+4*uint64(off))
 	}
 	if err := e.ropeFor(b.maxPos + 1); err != nil {
 		return err
@@ -326,8 +373,9 @@ func (e *Engine) layersQueue(b *batch, st *engine.Stats, paths []mlp.Path) error
 	T := b.T
 	ws, s := &e.ws, e.stream
 	sec := func(off, n int) *cuda.Buffer { return view(ws.meta, 4*off, 4*max(n, 1)) }
-	base, tokSeq, tokPos, ids := sec(b.base, 2*b.S), sec(b.tokSeq, T), sec(b.tokPos, T), sec(b.ids, T)
-	seqQ0, seqN, seqPast, seqCap := sec(b.seqQ0, b.S), sec(b.seqN, b.S), sec(b.seqPast, b.S), sec(b.seqCap, b.S)
+	pt, tokSeq, tokPos, ids := sec(b.pt, 2*b.S), sec(b.tokSeq, T), sec(b.tokPos, T), sec(b.ids, T)
+	seqQ0, seqN, seqPast := sec(b.seqQ0, b.S), sec(b.seqN, b.S), sec(b.seqPast, b.S)
+	page := e.pool.size
 	items := sec(b.item, 2*b.items)
 	qkvW := (nq + 2*nkv) * hd
 	eps := float32(c.RMSNormEps)
@@ -349,7 +397,7 @@ func (e *Engine) layersQueue(b *batch, st *engine.Stats, paths []mlp.Path) error
 		if li > 0 {
 			delta = ws.proj
 		}
-		rope := ropeArgs{qkv: ws.qkv, cos: e.cosB, sin: e.sinB, tokSeq: tokSeq, tokPos: tokPos, base: base, seqCap: seqCap,
+		rope := ropeArgs{qkv: ws.qkv, cos: e.cosB, sin: e.sinB, tokSeq: tokSeq, tokPos: tokPos, pt: pt, page: page,
 			T: T, layer: li, nq: nq, nkv: nkv, hd: hd, qkvW: qkvW}
 		if err := (normArgs{resid: ws.resid, delta: delta, w: l.attnNorm, out: ws.hn, n: T, d: h, eps: eps}).launch(e.k.addNorm, s); err != nil {
 			return fmt.Errorf("llm: layer %d norm: %w", li, err)
@@ -376,7 +424,7 @@ func (e *Engine) layersQueue(b *batch, st *engine.Stats, paths []mlp.Path) error
 			prof("rope")
 		}
 		if err := attn.launch(s, attnArgs{qkv: ws.qkv, out: ws.hn, items: items, seqQ0: seqQ0, seqN: seqN, seqPast: seqPast,
-			base: base, seqCap: seqCap, nItems: b.items, layer: li, nq: nq, nkv: nkv, hd: hd, qkvW: qkvW}); err != nil {
+			pt: pt, page: page, nItems: b.items, layer: li, nq: nq, nkv: nkv, hd: hd, qkvW: qkvW}); err != nil {
 			return fmt.Errorf("llm: layer %d attention: %w", li, err)
 		}
 		prof("attention")

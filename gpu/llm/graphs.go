@@ -14,11 +14,15 @@ import (
 // GPU needs to run them at small batches. So a decode step (one new token
 // per sequence) is recorded into a CUDA graph and later steps of the same
 // batch replay it with one launch. What changes from step to step (token
-// ids, positions, cache lengths and addresses) is in the metadata buffer
-// the kernels read, uploaded before each replay. A graph is recorded once
-// every TwELL layer's MLP path has settled (gpu.MLP.Settled: the automatic
-// choice is frozen in the graph, without its bookkeeping), and recorded
-// again when a buffer it uses was reallocated or a path changed.
+// ids, positions, cache lengths, the caches' page tables) is in the
+// metadata buffer the kernels read, uploaded before each replay: a step of
+// S sequences lays its sections out at the same offsets every time, the
+// page tables last, as they grow when sequences cross into new pages. A
+// graph is recorded once every TwELL layer's MLP path has settled
+// (gpu.MLP.Settled: the automatic choice is frozen in the graph, without
+// its bookkeeping), and recorded again when a buffer it uses was
+// reallocated (the metadata buffer too, which doubles when the page tables
+// outgrow it) or a path changed.
 
 // stepGraph is a recorded decode step of some number of sequences.
 type stepGraph struct {

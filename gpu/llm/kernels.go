@@ -20,6 +20,8 @@ var (
 	attnSrc []byte
 	//go:embed attn.cuh
 	attnCUH []byte
+	//go:embed kvpage.cuh
+	kvPageCUH []byte
 	//go:embed attn_wgmma.cu
 	attnWGMMASrc []byte
 )
@@ -88,7 +90,7 @@ func kernelsFor(dev *cuda.Device) (*kernels, error) {
 }
 
 // headers are the compile options of this package's .cu files: package
-// gpu's headers and attn.cuh.
+// gpu's headers, attn.cuh and kvpage.cuh.
 func headers() []cuda.CompileOption {
-	return append(gpu.Headers(), cuda.WithHeader("attn.cuh", attnCUH))
+	return append(gpu.Headers(), cuda.WithHeader("attn.cuh", attnCUH), cuda.WithHeader("kvpage.cuh", kvPageCUH))
 }

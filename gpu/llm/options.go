@@ -2,7 +2,10 @@ package llm
 
 import (
 	"fmt"
+	"math"
 	"os"
+	"strconv"
+	"strings"
 
 	"github.com/twell-ai/twell/gpu"
 )
@@ -16,6 +19,10 @@ type Options struct {
 	NoGraphs  bool        // Engine.NoGraphs: EnvGraphs = "0"
 	NoGEMV    bool        // Engine.NoGEMV: EnvGEMV = "0"
 	MLP       gpu.Options // each TwELL layer's kernels: gpu.EnvD2TKernel, gpu.EnvTail
+	// KVPageSize and KVMemory are the KV cache page size in positions (0:
+	// DefaultPageSize) and budget in bytes (0: none): see SetKVPages.
+	KVPageSize int   // EnvKVPageSize
+	KVMemory   int64 // EnvKVMemory
 }
 
 // EnvAttention names the environment variable that sets a new Engine's
@@ -32,6 +39,15 @@ const EnvGraphs = "TWELL_GRAPHS"
 // Engine run every projection through cuBLASLt (NoGEMV).
 const EnvGEMV = "TWELL_GEMV"
 
+// EnvKVPageSize names the environment variable that sets a new Engine's KV
+// cache page size in positions (a multiple of 64).
+const EnvKVPageSize = "TWELL_LLM_KV_PAGE_SIZE"
+
+// EnvKVMemory names the environment variable that sets a new Engine's KV
+// cache budget: bytes, or a number with a binary unit (KiB, MiB, GiB,
+// TiB), e.g. 8GiB.
+const EnvKVMemory = "TWELL_LLM_KV_MEMORY"
+
 // OptionsFromEnv returns the Options the environment sets, or an error
 // naming a value it does not know.
 func OptionsFromEnv() (Options, error) {
@@ -41,7 +57,38 @@ func OptionsFromEnv() (Options, error) {
 	default:
 		return o, fmt.Errorf("llm: %s=%q: want auto, wgmma3, mma or ref", EnvAttention, o.Attention)
 	}
+	if v := os.Getenv(EnvKVPageSize); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			return o, fmt.Errorf("llm: %s=%q: want a number of positions, a multiple of %d", EnvKVPageSize, v, PageMultiple)
+		}
+		o.KVPageSize = n
+	}
+	if v := os.Getenv(EnvKVMemory); v != "" {
+		n, ok := parseBytes(v)
+		if !ok {
+			return o, fmt.Errorf("llm: %s=%q: want a size in bytes, such as 8589934592 or 8GiB", EnvKVMemory, v)
+		}
+		o.KVMemory = n
+	}
 	var err error
 	o.MLP, err = gpu.OptionsFromEnv()
 	return o, err
+}
+
+// parseBytes reads a number of bytes, optionally followed by a binary unit
+// (KiB, MiB, GiB, TiB).
+func parseBytes(s string) (int64, bool) {
+	mult := int64(1)
+	for i, unit := range []string{"KiB", "MiB", "GiB", "TiB"} {
+		if n, ok := strings.CutSuffix(s, unit); ok {
+			s, mult = strings.TrimSpace(n), 1<<(10*(i+1))
+			break
+		}
+	}
+	v, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || v < 0 || v > math.MaxInt64/mult {
+		return 0, false
+	}
+	return v * mult, true
 }

@@ -9,13 +9,15 @@
 //   tok_seq[t], tok_pos[t]   sequence and absolute position of flat token t
 //   seq_q0[s]                flat index of sequence s's first new token
 //   seq_n[s], seq_past[s]    new tokens of s, and positions already cached
-//   seq_base[s], seq_cap[s]  s's KV cache: base address and capacity
+//   seq_pt[s]                s's KV cache: the address of its page table
 //   items[2i], items[2i+1]   attention work item i: sequence, first query
 //
-// KV cache of one sequence: bf16 [layer][k|v][kv_head][capacity][head_dim].
+// KV cache of one sequence: pages of `page` positions (a kernel argument),
+// each bf16 [layer][k|v][kv_head][page][head_dim]; see kvpage.cuh.
 
 #include "common.cuh"
 #include "rowdot.cuh"
+#include "kvpage.cuh"
 
 // The projections of decode steps (passes of at most 4 tokens) are bound by
 // reading the weights once; cuBLASLt's kernels for a handful of rows reach
@@ -61,9 +63,9 @@ template <int MB>
 __device__ __forceinline__ void qkv_rope_body(const u16* __restrict__ x, const u16* __restrict__ w,
                                               u16* __restrict__ qkv, const float* __restrict__ cosT,
                                               const float* __restrict__ sinT, const int* __restrict__ tok_seq,
-                                              const int* __restrict__ tok_pos, const u64* __restrict__ seq_base,
-                                              const int* __restrict__ seq_cap, int m, int k, int layer, int nq,
-                                              int nkv, int hd, int qkv_w) {
+                                              const int* __restrict__ tok_pos, const u64* __restrict__ seq_pt,
+                                              int page, int m, int k, int layer, int nq, int nkv, int hd,
+                                              int qkv_w) {
   extern __shared__ __align__(16) u16 xs[];
   int lane = threadIdx.x & 31;
   int half = hd / 2, pairs = qkv_w / 2;
@@ -94,21 +96,21 @@ __device__ __forceinline__ void qkv_rope_body(const u16* __restrict__ x, const u
   }
   int kv = head < nq + nkv ? 0 : 1;
   int h2 = head - nq - kv * nkv;
-  u16* dst = (u16*)seq_base[s] + (((size_t)(layer * 2 + kv) * nkv + h2) * seq_cap[s] + p) * hd;
+  u16* dst = (u16*)kv_table(seq_pt, s)[p / page] + kv_off(page, layer, kv, nkv, h2, p % page, hd);
   dst[j] = (u16)f_to_bf(a);
   dst[j + half] = (u16)f_to_bf(b);
 }
 
 extern "C" __global__ void __launch_bounds__(256)
     qkv_rope1(const u16* x, const u16* w, u16* qkv, const float* cosT, const float* sinT, const int* tok_seq,
-              const int* tok_pos, const u64* seq_base, const int* seq_cap, int m, int k, int layer, int nq, int nkv,
-              int hd, int qkv_w) {
-  qkv_rope_body<1>(x, w, qkv, cosT, sinT, tok_seq, tok_pos, seq_base, seq_cap, m, k, layer, nq, nkv, hd, qkv_w);
+              const int* tok_pos, const u64* seq_pt, int page, int m, int k, int layer, int nq, int nkv, int hd,
+              int qkv_w) {
+  qkv_rope_body<1>(x, w, qkv, cosT, sinT, tok_seq, tok_pos, seq_pt, page, m, k, layer, nq, nkv, hd, qkv_w);
 }
 extern "C" __global__ void __launch_bounds__(256)
     qkv_rope4(const u16* x, const u16* w, u16* qkv, const float* cosT, const float* sinT, const int* tok_seq,
-              const int* tok_pos, const u64* seq_base, const int* seq_cap, int m, int k, int layer, int nq, int nkv,
-              int hd, int qkv_w) {
-  qkv_rope_body<4>(x, w, qkv, cosT, sinT, tok_seq, tok_pos, seq_base, seq_cap, m, k, layer, nq, nkv, hd, qkv_w);
+              const int* tok_pos, const u64* seq_pt, int page, int m, int k, int layer, int nq, int nkv, int hd,
+              int qkv_w) {
+  qkv_rope_body<4>(x, w, qkv, cosT, sinT, tok_seq, tok_pos, seq_pt, page, m, k, layer, nq, nkv, hd, qkv_w);
 }
 

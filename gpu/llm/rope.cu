@@ -9,12 +9,14 @@
 //   tok_seq[t], tok_pos[t]   sequence and absolute position of flat token t
 //   seq_q0[s]                flat index of sequence s's first new token
 //   seq_n[s], seq_past[s]    new tokens of s, and positions already cached
-//   seq_base[s], seq_cap[s]  s's KV cache: base address and capacity
+//   seq_pt[s]                s's KV cache: the address of its page table
 //   items[2i], items[2i+1]   attention work item i: sequence, first query
 //
-// KV cache of one sequence: bf16 [layer][k|v][kv_head][capacity][head_dim].
+// KV cache of one sequence: pages of `page` positions (a kernel argument),
+// each bf16 [layer][k|v][kv_head][page][head_dim]; see kvpage.cuh.
 
 #include "common.cuh"
+#include "kvpage.cuh"
 
 // rope_kv: for flat token t (one block each), rotate its query heads in
 // place in qkv (rows of qkv_w bf16: nq query heads, nkv key heads, nkv value
@@ -24,13 +26,14 @@
 // cos and sin are fp32 [position][hd/2].
 extern "C" __global__ void rope_kv(u16* __restrict__ qkv, const float* __restrict__ cosT,
                                    const float* __restrict__ sinT, const int* __restrict__ tok_seq,
-                                   const int* __restrict__ tok_pos, const u64* __restrict__ seq_base,
-                                   const int* __restrict__ seq_cap, int layer, int nq, int nkv, int hd, int qkv_w) {
+                                   const int* __restrict__ tok_pos, const u64* __restrict__ seq_pt, int page,
+                                   int layer, int nq, int nkv, int hd, int qkv_w) {
   int t = blockIdx.x;
-  int s = tok_seq[t], p = tok_pos[t], cap = seq_cap[s];
+  int s = tok_seq[t], p = tok_pos[t];
   int half = hd / 2;
   u16* row = qkv + (size_t)t * qkv_w;
-  u16* cache = (u16*)seq_base[s];
+  u16* pg = (u16*)kv_table(seq_pt, s)[p / page];  // the page of position p, row pp of it
+  int pp = p % page;
   const float* c = cosT + (size_t)p * half;
   const float* sn = sinT + (size_t)p * half;
   if (hd % 8 == 0) {
@@ -52,7 +55,7 @@ extern "C" __global__ void rope_kv(u16* __restrict__ qkv, const float* __restric
         ra[k] = a[k] * cc[k] - b[k] * ss[k];
         rb[k] = b[k] * cc[k] + a[k] * ss[k];
       }
-      u16* dst = h < nq ? v : cache + (((size_t)(layer * 2) * nkv + (h - nq)) * cap + p) * hd;
+      u16* dst = h < nq ? v : pg + kv_off(page, layer, 0, nkv, h - nq, pp, hd);
       *(uint2*)(dst + j) = make_uint2(pack_bf2(ra[0], ra[1]), pack_bf2(ra[2], ra[3]));
       *(uint2*)(dst + j + half) = make_uint2(pack_bf2(rb[0], rb[1]), pack_bf2(rb[2], rb[3]));
     }
@@ -60,7 +63,7 @@ extern "C" __global__ void rope_kv(u16* __restrict__ qkv, const float* __restric
     const uint4* vals = (const uint4*)(row + (nq + nkv) * hd);
     for (int i = threadIdx.x; i < nv8; i += blockDim.x) {
       int kh = i * 8 / hd, j = i * 8 - kh * hd;
-      *(uint4*)(cache + (((size_t)(layer * 2 + 1) * nkv + kh) * cap + p) * hd + j) = vals[i];
+      *(uint4*)(pg + kv_off(page, layer, 1, nkv, kh, pp, hd) + j) = vals[i];
     }
     return;
   }
@@ -76,7 +79,7 @@ extern "C" __global__ void rope_kv(u16* __restrict__ qkv, const float* __restric
       v[j + half] = ob;
     } else {
       int kh = h - nq;
-      u16* dst = cache + (((size_t)(layer * 2) * nkv + kh) * cap + p) * hd;
+      u16* dst = pg + kv_off(page, layer, 0, nkv, kh, pp, hd);
       dst[j] = oa;
       dst[j + half] = ob;
     }
@@ -84,7 +87,7 @@ extern "C" __global__ void rope_kv(u16* __restrict__ qkv, const float* __restric
   int nv = nkv * hd;
   for (int i = threadIdx.x; i < nv; i += blockDim.x) {
     int kh = i / hd, j = i % hd;
-    u16* dst = cache + (((size_t)(layer * 2 + 1) * nkv + kh) * cap + p) * hd;
+    u16* dst = pg + kv_off(page, layer, 1, nkv, kh, pp, hd);
     dst[j] = row[(nq + nkv) * hd + i];
   }
 }

@@ -5,17 +5,18 @@ import "github.com/twell-ai/twell/cuda"
 // ropeArgs are the operands of rope_kv (rope.cu) and qkv_rope (proj.cu) for
 // a pass of T tokens of one layer: the q/k/v rows (qkvW = (nq + 2 nkv) hd
 // bf16 each), the fp32 cos and sin tables, and the pass's metadata (each
-// token's sequence and position, each sequence's cache base and capacity).
+// token's sequence and position, each sequence's page table; page
+// positions a page).
 type ropeArgs struct {
-	qkv, cos, sin, tokSeq, tokPos, base, seqCap *cuda.Buffer
-	T, layer, nq, nkv, hd, qkvW                 int
+	qkv, cos, sin, tokSeq, tokPos, pt *cuda.Buffer
+	T, page, layer, nq, nkv, hd, qkvW int
 }
 
 // ropeKV queues rope_kv: one block per token rotates its query heads in
 // place and writes its rotated keys and its values into the cache.
 func (a ropeArgs) ropeKV(fn *cuda.Function, s *cuda.Stream) error {
 	return fn.Launch(cuda.Dim3{uint32(a.T), 1, 1}, cuda.Dim3{256, 1, 1}, 0, s, a.qkv, a.cos, a.sin, a.tokSeq, a.tokPos,
-		a.base, a.seqCap, int32(a.layer), int32(a.nq), int32(a.nkv), int32(a.hd), int32(a.qkvW))
+		a.pt, int32(a.page), int32(a.layer), int32(a.nq), int32(a.nkv), int32(a.hd), int32(a.qkvW))
 }
 
 // qkvRope queues qkv_rope1 or qkv_rope4: the projection of x (T x h bf16)
@@ -23,6 +24,6 @@ func (a ropeArgs) ropeKV(fn *cuda.Function, s *cuda.Stream) error {
 // pair of rotated columns, x staged in shared memory.
 func (a ropeArgs) qkvRope(fn *cuda.Function, s *cuda.Stream, x, w *cuda.Buffer, h int) error {
 	return fn.Launch(cuda.Dim3{uint32((a.qkvW/2 + 7) / 8), 1, 1}, cuda.Dim3{256, 1, 1}, 2*a.T*h, s, x, w, a.qkv,
-		a.cos, a.sin, a.tokSeq, a.tokPos, a.base, a.seqCap, int32(a.T), int32(h), int32(a.layer), int32(a.nq), int32(a.nkv),
+		a.cos, a.sin, a.tokSeq, a.tokPos, a.pt, int32(a.page), int32(a.T), int32(h), int32(a.layer), int32(a.nq), int32(a.nkv),
 		int32(a.hd), int32(a.qkvW))
 }
