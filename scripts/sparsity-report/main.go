@@ -24,6 +24,7 @@ import (
 	"gonum.org/v1/plot/vg"
 
 	"github.com/twell-ai/twell/eval"
+	"github.com/twell-ai/twell/model"
 	"github.com/twell-ai/twell/train"
 )
 
@@ -35,6 +36,9 @@ type run struct {
 	tokens  int64
 	width   int
 	layers  int
+	params  int64 // model parameters
+	reinit  bool  // dead units re-initialised
+	sizes   bool  // the report holds more than one model size: name the size
 	metrics []train.Metrics
 	eval    eval.Report
 }
@@ -59,7 +63,21 @@ func main() {
 		}
 		runs = append(runs, r)
 	}
-	sort.SliceStable(runs, func(i, j int) bool { return runs[i].l1 < runs[j].l1 })
+	sort.SliceStable(runs, func(i, j int) bool {
+		a, b := runs[i], runs[j]
+		if a.params != b.params {
+			return a.params < b.params
+		}
+		if a.reinit != b.reinit {
+			return !a.reinit
+		}
+		return a.l1 < b.l1
+	})
+	if runs[len(runs)-1].params != runs[0].params {
+		for _, r := range runs {
+			r.sizes = true
+		}
+	}
 	table(os.Stdout, runs)
 	if *out != "" {
 		if err := plots(*out, runs); err != nil {
@@ -78,14 +96,12 @@ func load(dir string) (*run, error) {
 	if err := readJSON(filepath.Join(dir, "checkpoint", "trainer_state.json"), &st); err != nil {
 		return nil, err
 	}
-	var mc struct {
-		Intermediate int `json:"intermediate_size"`
-		Layers       int `json:"num_hidden_layers"`
-	}
-	if err := json.Unmarshal(st.Config.Model, &mc); err != nil {
+	mc, err := model.ParseConfig(st.Config.Model)
+	if err != nil {
 		return nil, fmt.Errorf("%s: model config: %w", dir, err)
 	}
-	r := &run{dir: dir, l1: st.Config.L1, steps: st.Step, tokens: st.Tokens, width: mc.Intermediate, layers: mc.Layers}
+	r := &run{dir: dir, l1: st.Config.L1, steps: st.Step, tokens: st.Tokens, width: mc.IntermediateSize, layers: mc.NumHiddenLayers,
+		params: mc.ParamCount(), reinit: st.Config.ReinitDead}
 	if err := readJSON(filepath.Join(dir, "eval.json"), &r.eval); err != nil {
 		return nil, err
 	}
@@ -141,10 +157,31 @@ func (r *run) active() []float64 {
 }
 
 func (r *run) name() string {
+	n := fmt.Sprintf("λ %g", r.l1)
 	if r.l1 == 0 {
-		return "dense (λ 0)"
+		n = "dense (λ 0)"
 	}
-	return fmt.Sprintf("λ %g", r.l1)
+	if r.reinit {
+		n += ", re-init"
+	}
+	if r.sizes {
+		n = r.size() + " " + n
+	}
+	return n
+}
+
+// size names the model's parameter count, e.g. "7.2M".
+func (r *run) size() string { return fmt.Sprintf("%.3gM", float64(r.params)/1e6) }
+
+// meanActive is the mean over layers of the fraction of active MLP units on
+// held-out text.
+func (r *run) meanActive() float64 {
+	a := r.active()
+	var s float64
+	for _, f := range a {
+		s += f
+	}
+	return s / float64(max(1, len(a)))
 }
 
 func table(w io.Writer, runs []*run) {
@@ -156,7 +193,7 @@ func table(w io.Writer, runs []*run) {
 	for _, t := range tasks {
 		fmt.Fprintf(w, " %s acc (norm) |", t)
 	}
-	fmt.Fprintf(w, " active units per layer (%% of %d) | dead |\n|---|---|---|---|---|", runs[0].width)
+	fmt.Fprintf(w, " active units per layer (%% of the MLP width) | dead |\n|---|---|---|---|---|")
 	for range tasks {
 		fmt.Fprintf(w, "---|")
 	}
@@ -210,12 +247,64 @@ func plots(dir string, runs []*run) error {
 		}
 		layers = append(layers, r.name(), pts)
 	}
-	return save(dir, "active-per-layer.png", "Active MLP units per token on held-out text, by layer", "layer", "% of the MLP width (log)", true, layers)
+	if err := save(dir, "active-per-layer.png", "Active MLP units per token on held-out text, by layer", "layer", "% of the MLP width (log)", true, layers); err != nil {
+		return err
+	}
+	// The sweep: per model size, held-out CE and mean active units against
+	// λ (runs without re-initialisation; λ 0 drawn at a tenth of the
+	// smallest λ > 0, so that it fits the log axis).
+	least := math.Inf(1)
+	for _, r := range runs {
+		if r.l1 > 0 {
+			least = min(least, r.l1)
+		}
+	}
+	var ce, act []any
+	for i := 0; i < len(runs); {
+		j := i
+		var c, a plotter.XYs
+		for ; j < len(runs) && runs[j].params == runs[i].params; j++ {
+			r := runs[j]
+			if r.reinit {
+				continue
+			}
+			x := r.l1
+			if x == 0 {
+				x = least / 10
+			}
+			v, _ := r.heldOutCE()
+			c = append(c, plotter.XY{X: x, Y: v})
+			a = append(a, plotter.XY{X: x, Y: math.Max(100*r.meanActive(), 1e-3)})
+		}
+		ce = append(ce, runs[i].size()+" parameters", c)
+		act = append(act, runs[i].size()+" parameters", a)
+		i = j
+	}
+	if math.IsInf(least, 1) {
+		return nil
+	}
+	if err := saveXY(dir, "l1-sweep-ce.png", "Held-out cross-entropy against the L1 weight (λ 0 at the far left)", "λ (log)", "cross-entropy (nats/token)", false, ce); err != nil {
+		return err
+	}
+	return saveXY(dir, "l1-sweep-active.png", "Active MLP units on held-out text against the L1 weight (mean over layers)", "λ (log)", "% of the MLP width (log)", true, act)
+}
+
+// saveXY is save with a log x axis.
+func saveXY(dir, file, title, xl, yl string, logY bool, lines []any) error {
+	return saveScaled(dir, file, title, xl, yl, true, logY, lines)
 }
 
 func save(dir, file, title, xl, yl string, logY bool, lines []any) error {
+	return saveScaled(dir, file, title, xl, yl, false, logY, lines)
+}
+
+func saveScaled(dir, file, title, xl, yl string, logX, logY bool, lines []any) error {
 	p := plot.New()
 	p.Title.Text, p.X.Label.Text, p.Y.Label.Text = title, xl, yl
+	if logX {
+		p.X.Scale = plot.LogScale{}
+		p.X.Tick.Marker = logTicks{}
+	}
 	if logY {
 		p.Y.Scale = plot.LogScale{}
 		p.Y.Tick.Marker = logTicks{}
