@@ -170,7 +170,38 @@ func openServing(kind backend.Kind, m *model.Model, bo backend.Options, o serve.
 			return nil, err
 		}
 	}
+	if err := warmUp(e, o.Context); err != nil {
+		e.Close()
+		return nil, fmt.Errorf("warm-up pass: %w", err)
+	}
 	return e, nil
+}
+
+// warmUp runs a short prompt and two decode steps through e and frees
+// their cache, so that what an engine does once (compiling GPU kernels,
+// packing CPU weights) happens before the server listens rather than in
+// its first request.
+func warmUp(e engine.Engine, context int) error {
+	n := min(64, context-2)
+	if n < 1 {
+		return nil
+	}
+	c, err := e.NewCache(n + 2)
+	if err != nil {
+		return err
+	}
+	defer c.Free()
+	vocab := e.Config().VocabSize
+	prompt := make([]int, n)
+	for i := range prompt {
+		prompt[i] = (i * 7919) % vocab
+	}
+	for _, toks := range [][]int{prompt, {1 % vocab}, {2 % vocab}} {
+		if _, _, err := e.Forward([]engine.Cache{c}, [][]int{toks}, false); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // kvBudget returns the CPU engine's KV page size and budget in bytes for

@@ -10,7 +10,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twell-ai/twell/backend"
+	"github.com/twell-ai/twell/engine"
 	"github.com/twell-ai/twell/models"
+	"github.com/twell-ai/twell/serve"
 )
 
 // TestServeRunsAndStops: twell serve answers a completion on a tiny CPU
@@ -132,6 +135,34 @@ func TestParseBytes(t *testing.T) {
 	for _, in := range []string{"x", "-1", "1QB", "NaN", "1e30", "GiB"} {
 		if got, err := parseBytes(in); err == nil {
 			t.Errorf("parseBytes(%q) = %d; want an error", in, got)
+		}
+	}
+}
+
+// TestWarmUpLeavesNoPages: the warm-up pass runs on the engine a server
+// opens and gives back every KV page it took.
+func TestWarmUpLeavesNoPages(t *testing.T) {
+	m, _, err := loadCheckpoint(tinyCheckpoint(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := serve.DefaultOptions()
+	o.Context = m.Config.MaxPositionEmbeddings
+	e, err := openServing(backend.CPU, m, backend.Options{}, o, 8, 0, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	p, ok := e.(engine.Paged)
+	if !ok {
+		t.Fatal("the CPU engine is not paged")
+	}
+	if st := p.KVPages(); st.InUse != 0 || st.Total == 0 {
+		t.Fatalf("after the warm-up: %+v, want no page in use under a budget", st)
+	}
+	for _, context := range []int{0, 1, 2, 3} { // too short to warm up, or just long enough
+		if err := warmUp(e, context); err != nil {
+			t.Fatalf("warmUp(context %d): %v", context, err)
 		}
 	}
 }
