@@ -87,6 +87,20 @@ type PeakRater interface {
 	PeakFLOPS() float64
 }
 
+// PathKeeper is implemented by a backend that chooses each layer's MLP path
+// for a step from the density of the step before (the GPU backend under
+// mlp.Auto). The loop saves the choice with each checkpoint and gives it
+// back on resume, so that a resumed run takes the paths an uninterrupted
+// one takes.
+type PathKeeper interface {
+	// SparseLayers reports, per layer, whether the next step runs the
+	// MLP's sparse kernels.
+	SparseLayers() []bool
+	// SetSparseLayers sets that choice for the next step (one entry per
+	// layer). A backend whose path is fixed by its options keeps it.
+	SetSparseLayers(sparse []bool) error
+}
+
 // StepStats reports a forward and backward pass, or a whole step (see
 // Backend.EndStep).
 type StepStats struct {

@@ -40,13 +40,17 @@ const StateSchema = "twell.train.state/1"
 
 // trainerState is trainer_state.json in a checkpoint.
 type trainerState struct {
-	Schema   string          `json:"schema"` // StateSchema
-	Step     int             `json:"step"`
-	Tokens   int64           `json:"tokens"`
-	AdamStep int64           `json:"adam_step"`
-	LastFire [][]int64       `json:"last_fire"` // per layer, per unit: token count at its last firing
-	Fires    [][]int64       `json:"fires"`     // per layer, per unit: tokens it fired on
-	Config   json.RawMessage `json:"config"`
+	Schema   string    `json:"schema"` // StateSchema
+	Step     int       `json:"step"`
+	Tokens   int64     `json:"tokens"`
+	AdamStep int64     `json:"adam_step"`
+	LastFire [][]int64 `json:"last_fire"` // per layer, per unit: token count at its last firing
+	Fires    [][]int64 `json:"fires"`     // per layer, per unit: tokens it fired on
+	// SparseMLP is, per layer, whether the next step runs the MLP's sparse
+	// kernels, for a backend that chooses from the step before
+	// (PathKeeper); absent otherwise.
+	SparseMLP []bool          `json:"sparse_mlp,omitempty"`
+	Config    json.RawMessage `json:"config"`
 }
 
 // Checkpoint writes the model (Hugging Face format), the optimizer and the
@@ -104,6 +108,9 @@ func (r *Run) Checkpoint() error {
 	}
 	st := trainerState{Schema: StateSchema, Step: r.step, Tokens: r.tokens, AdamStep: opt.Step,
 		LastFire: r.lastFire, Fires: r.fires, Config: cfgJSON}
+	if pk, ok := r.Backend.(PathKeeper); ok {
+		st.SparseMLP = pk.SparseLayers()
+	}
 	b, err := json.Marshal(st)
 	if err != nil {
 		return err
@@ -365,6 +372,9 @@ func decodeState(data []byte) (*trainerState, *Config, error) {
 				}
 			}
 		}
+	}
+	if st.SparseMLP != nil && len(st.SparseMLP) != mc.NumHiddenLayers {
+		return nil, nil, fmt.Errorf("sparse_mlp: %d layers, the model has %d", len(st.SparseMLP), mc.NumHiddenLayers)
 	}
 	return &st, cfg, nil
 }

@@ -237,6 +237,8 @@ func TestResumeRefusesBadState(t *testing.T) {
 		{"negative count", "last_fire: layer", func(m map[string]any) { m["last_fire"].([]any)[layer].([]any)[unit] = -1 }},
 		{"count past tokens", "fires: layer", func(m map[string]any) { m["fires"].([]any)[layer].([]any)[unit] = 1e12 }},
 		{"null fires", "fires", func(m map[string]any) { m["fires"] = nil }},
+		{"sparse_mlp short", "sparse_mlp: 1 layers", func(m map[string]any) { m["sparse_mlp"] = []any{true} }},
+		{"sparse_mlp not bools", "sparse_mlp", func(m map[string]any) { m["sparse_mlp"] = []any{1, 2} }},
 		{"negative step", "step -1000000", func(m map[string]any) { m["step"] = -1000000 }},
 		{"step 0", "step 0", func(m map[string]any) { m["step"] = 0 }},
 		{"step past steps", "step 7", func(m map[string]any) { m["step"] = 7 }},
@@ -466,5 +468,60 @@ func TestPlotsReadable(t *testing.T) {
 		if err != nil || !bytes.HasPrefix(b, []byte("\x89PNG")) {
 			t.Errorf("%s: not a PNG (%v)", f, err)
 		}
+	}
+}
+
+// keeper is a backend that chooses MLP paths from the step before: the CPU
+// backend plus a path per layer that flips with each step's L0.
+type keeper struct {
+	Backend
+	paths []bool
+	set   [][]bool // what SetSparseLayers was given
+}
+
+func (k *keeper) EndStep() (*StepStats, error) {
+	st, err := k.Backend.EndStep()
+	if err == nil {
+		for l, u := range st.L0 {
+			k.paths[l] = int(u*1000)%2 == 1 // depends on the run's history
+		}
+	}
+	return st, err
+}
+
+func (k *keeper) SparseLayers() []bool { return slices.Clone(k.paths) }
+
+func (k *keeper) SetSparseLayers(s []bool) error {
+	k.set = append(k.set, slices.Clone(s))
+	copy(k.paths, s)
+	return nil
+}
+
+// TestResumeRestoresMLPPaths: a checkpoint records the paths a PathKeeper
+// backend chose for the next step, and a resume hands them back.
+func TestResumeRestoresMLPPaths(t *testing.T) {
+	seed := rand.Uint64()
+	c := testConfig(t, 8, 1e-3)
+	c.CheckpointEvery = 4
+	r1 := newTestRun(t, c, t.TempDir(), seed)
+	k1 := &keeper{Backend: r1.Backend, paths: make([]bool, c.ModelConfig().NumHiddenLayers)}
+	r1.Backend = k1
+	r1.StopAt = 4
+	if err := r1.Loop(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	want := k1.SparseLayers()
+	r2 := newTestRun(t, c, r1.Out, seed)
+	k2 := &keeper{Backend: r2.Backend, paths: make([]bool, len(want))}
+	r2.Backend = k2
+	if err := r2.Resume(); err != nil {
+		t.Fatal(err)
+	}
+	if len(k2.set) != 1 || !slices.Equal(k2.set[0], want) {
+		t.Fatalf("seed %d: resume set the paths %v, want once %v", seed, k2.set, want)
+	}
+	st, _ := os.ReadFile(filepath.Join(r1.Out, checkpointDir, stateFile))
+	if !bytes.Contains(st, []byte(`"sparse_mlp":[`)) {
+		t.Errorf("seed %d: trainer_state.json lacks sparse_mlp: %.200s", seed, st)
 	}
 }

@@ -147,6 +147,11 @@ func (r *Run) restore(s *Saved) error {
 	if err := r.Backend.Load(s.Weights, s.Optimizer); err != nil {
 		return fmt.Errorf("train: resume: %w", err)
 	}
+	if pk, ok := r.Backend.(PathKeeper); ok && s.state.SparseMLP != nil {
+		if err := pk.SetSparseLayers(s.state.SparseMLP); err != nil {
+			return fmt.Errorf("train: resume: %w", err)
+		}
+	}
 	r.step, r.tokens, r.lastFire, r.fires = s.state.Step, s.state.Tokens, s.state.LastFire, s.state.Fires
 	return nil
 }

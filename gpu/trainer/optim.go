@@ -97,6 +97,20 @@ func (b *Backend) EndStep() (*train.StepStats, error) {
 // SparseLayers reports which layers' MLP blocks the next step runs sparse.
 func (b *Backend) SparseLayers() []bool { return slices.Clone(b.sparse) }
 
+// SetSparseLayers sets which layers' MLP blocks the next step runs sparse,
+// as a resumed run restores the choice the automatic path had made; with
+// a fixed path (Options.MLP sparse or dense, or a shape only the dense
+// kernels take) it changes nothing.
+func (b *Backend) SetSparseLayers(sparse []bool) error {
+	if len(sparse) != len(b.sparse) {
+		return fmt.Errorf("trainer: %d layers' MLP paths for a model of %d layers", len(sparse), len(b.sparse))
+	}
+	if b.opts.MLP == mlp.Auto {
+		copy(b.sparse, sparse)
+	}
+	return nil
+}
+
 // ClipGradients scales the gradient so that its global L2 norm is at most
 // maxNorm (0: no clipping) and returns the norm before clipping. It waits
 // for the device once.
@@ -255,3 +269,6 @@ func (b *Backend) Loss(tokens []int, batch, seq int) (float64, error) {
 	}
 	return st.Loss, nil
 }
+
+// The GPU backend keeps its MLP path choice across a resume.
+var _ train.PathKeeper = (*Backend)(nil)
