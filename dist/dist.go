@@ -4,7 +4,8 @@
 // a small TCP rendezvous through which rank 0 hands every rank a payload
 // (the NCCL unique id) after checking that all ranks are present once and
 // run the same configuration. Every failure ends every rank with an error
-// naming the cause; nothing waits past its context's deadline.
+// naming the cause; nothing waits past its context's deadline. Launch
+// starts and supervises the ranks of a run on one host.
 package dist
 
 import (
