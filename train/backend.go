@@ -87,6 +87,28 @@ type PeakRater interface {
 	PeakFLOPS() float64
 }
 
+// Parallel is implemented by a backend that can be one rank of a
+// data-parallel run (the GPU backend with a communicator). In such a run
+// every rank drives its own Run over the same config and data: micro-batch
+// a of a step is run by rank MicroBatchRank(a, world) (BeginStep is given
+// the step's total; the backend sums gradients and statistics over the
+// ranks), every rank evaluates and tracks units alike, ranks agree at each
+// step whether to stop, and only rank 0 writes the run folder (metrics,
+// checkpoints, plots); every rank takes part in a checkpoint's
+// OptimizerState, which gathers the sharded moments.
+type Parallel interface {
+	// Ranks returns this process's rank and the number of ranks; world 0
+	// when the backend is not part of a data-parallel run.
+	Ranks() (rank, world int)
+	// AnyStop tells every rank whether this one asks to stop and returns
+	// whether any does, waiting for all of them.
+	AnyStop(stop bool) (bool, error)
+}
+
+// MicroBatchRank returns the rank that runs micro-batch a of a step in a
+// data-parallel run of world ranks.
+func MicroBatchRank(a, world int) int { return a % world }
+
 // PathKeeper is implemented by a backend that chooses each layer's MLP path
 // for a step from the density of the step before (the GPU backend under
 // mlp.Auto). The loop saves the choice with each checkpoint and gives it

@@ -57,6 +57,13 @@ type trainerState struct {
 // trainer state to Out/checkpoint, so that an interruption at any moment
 // leaves a complete checkpoint on disk (see the rotation above).
 func (r *Run) Checkpoint() error {
+	if !r.writes() { // a data-parallel rank other than 0: only the gather
+		if _, err := r.Backend.OptimizerState(); err != nil {
+			return err
+		}
+		r.saved = r.step
+		return nil
+	}
 	if err := removeTemps(r.Out); err != nil {
 		return err
 	}

@@ -35,7 +35,7 @@ type chart struct {
 // Plot writes loss.png, l0.png and dead.png into Out from the run's
 // metrics history.
 func (r *Run) Plot() error {
-	if r.noPlots {
+	if r.noPlots || !r.writes() {
 		return nil
 	}
 	charts, err := r.charts()

@@ -127,6 +127,10 @@ func (r *Run) ResumeFrom(s *Saved) error {
 	if err := r.restore(s); err != nil {
 		return err
 	}
+	if !r.writes() { // rank 0 of a data-parallel run tidies the folder
+		r.saved = r.step
+		return nil
+	}
 	if err := r.install(s.Dir); err != nil {
 		return fmt.Errorf("train: resume: tidying the checkpoints: %w", oneLine(err))
 	}

@@ -104,17 +104,27 @@ func (r *Run) Loop(ctx context.Context) error {
 	if err := os.MkdirAll(r.Out, 0o755); err != nil {
 		return err
 	}
-	mw, err := openMetrics(r.Out)
-	if err != nil {
-		return err
+	var mw *metricsWriter
+	if r.writes() {
+		var err error
+		if mw, err = openMetrics(r.Out); err != nil {
+			return err
+		}
+		defer mw.Close()
 	}
-	defer mw.Close()
 	prog := newProgress(r.step, r.tokens)
 	if pr, ok := r.Backend.(PeakRater); ok {
 		prog.peak, prog.flopsPerToken = pr.PeakFLOPS(), FLOPsPerToken(c.ModelConfig(), c.Seq)
 	}
 	for r.step < c.Steps {
-		if ctx.Err() != nil {
+		stop := ctx.Err() != nil
+		if p, _, world := r.parallel(); world > 0 {
+			var err error
+			if stop, err = p.AnyStop(stop); err != nil {
+				return err
+			}
+		}
+		if stop {
 			return r.interrupted()
 		}
 		m, err := r.trainStep(ctx)
@@ -133,8 +143,10 @@ func (r *Run) Loop(ctx context.Context) error {
 			m.ValLoss = &v
 		}
 		if r.step%c.LogEvery == 0 || m.ValLoss != nil || last {
-			if err := mw.write(m); err != nil {
-				return err
+			if mw != nil {
+				if err := mw.write(m); err != nil {
+					return err
+				}
 			}
 			r.history = append(r.history, m)
 			r.logf("%s", prog.line(m, c))
@@ -149,6 +161,24 @@ func (r *Run) Loop(ctx context.Context) error {
 		}
 	}
 	return r.Plot()
+}
+
+// parallel returns the backend as a Parallel with its rank and world, or
+// world 0 when the run is not data-parallel.
+func (r *Run) parallel() (Parallel, int, int) {
+	p, ok := r.Backend.(Parallel)
+	if !ok {
+		return nil, 0, 0
+	}
+	rank, world := p.Ranks()
+	return p, rank, world
+}
+
+// writes reports whether this process writes the run folder: always, but
+// in a data-parallel run only rank 0.
+func (r *Run) writes() bool {
+	_, rank, _ := r.parallel()
+	return rank == 0
 }
 
 // interrupted saves what an interruption must not lose and returns the
@@ -181,8 +211,15 @@ func (r *Run) trainStep(ctx context.Context) (Metrics, error) {
 	win := make([]int, c.Seq+1)
 	batchTokens := make([]int, c.Batch*(c.Seq+1))
 	tokens0 := r.tokens
+	_, rank, world := r.parallel()
 	for a := 0; a < c.Accum; a++ {
-		if a > 0 && ctx.Err() != nil {
+		if world > 0 && MicroBatchRank(a, world) != rank { // another rank's
+			r.tokens += int64(c.Batch * c.Seq)
+			continue
+		}
+		// A data-parallel step is never abandoned alone: the ranks agree
+		// on stopping between steps.
+		if a > 0 && world == 0 && ctx.Err() != nil {
 			r.tokens = tokens0
 			return Metrics{}, errAbandoned
 		}

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/twell-ai/twell/backend"
+	"github.com/twell-ai/twell/dist"
 
 	"github.com/twell-ai/twell/cuda"
 	"github.com/twell-ai/twell/data"
@@ -40,12 +41,21 @@ const sampleVocab = 1024
 // trainFlags are the flags of twell train.
 type trainFlags struct {
 	cfgPath, preset, out, dataDir, tokPath, device string
-	steps                                          int
+	steps, gpus                                    int
 	l1, denseAbove                                 float64
 	mlp                                            mlp.Path
 	resume, overwrite                              bool
 	set                                            map[string]bool // the flags given
+
+	// A rank of a data-parallel run (started by -gpus, or by torchrun's
+	// variables): where it stands; ranked false for a single process.
+	env    dist.Env
+	ranked bool
 }
+
+// writer reports whether this process writes the run folder and reports
+// progress: a single process, or rank 0 of a data-parallel run.
+func (f *trainFlags) writer() bool { return !f.ranked || f.env.Rank == 0 }
 
 func parseTrainFlags(args []string, stderr io.Writer) (*trainFlags, error) {
 	f := &trainFlags{set: map[string]bool{}}
@@ -62,6 +72,7 @@ func parseTrainFlags(args []string, stderr io.Writer) (*trainFlags, error) {
 	fs.BoolVar(&f.overwrite, "overwrite", false, "start over in an -out that holds an earlier run, deleting its checkpoints, metrics and plots")
 	fs.Var(&f.mlp, "mlp", "GPU MLP path: auto (per layer: sparse while its density is at most -dense-above), sparse or dense")
 	fs.Float64Var(&f.denseAbove, "dense-above", trainer.DefaultDenseAbove, "with -mlp auto, the density above which a layer's MLP runs dense on the GPU")
+	fs.IntVar(&f.gpus, "gpus", 1, "GPUs of this host to train on, data-parallel, one process each; the global batch stays the config's")
 	if err := parseFlags(fs, args); err != nil {
 		return nil, err
 	}
@@ -117,6 +128,24 @@ func runTrain(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	if f.gpus > 1 && f.device == "cpu" {
+		return usagef("-gpus %d with -device cpu: data-parallel training runs on GPUs", f.gpus)
+	}
+	if launched, err := launchTrain(f, args, stdout, stderr); launched {
+		return err
+	}
+	if f.env, f.ranked, err = dist.FromEnv(os.Getenv); err == nil && f.ranked {
+		err = f.env.Validate()
+	}
+	if err != nil {
+		return usagef("%v", err)
+	}
+	if f.ranked && f.device == "cpu" {
+		return usagef("-device cpu: data-parallel training (WORLD_SIZE=%d) runs on GPUs", f.env.WorldSize)
+	}
+	if !f.writer() { // only rank 0 speaks; the others' errors still show
+		stdout = io.Discard
+	}
 	s, err := prepareTrain(f, stderr)
 	if err != nil {
 		return err
@@ -141,12 +170,21 @@ func runTrain(args []string, stdout, stderr io.Writer) error {
 			return
 		}
 		cancel()
-		if _, ok := <-sigs; ok {
-			os.Exit(130) // a second Ctrl-C: stop now; the last complete checkpoint stays on disk
+		first := time.Now()
+		for {
+			if _, ok := <-sigs; !ok {
+				return
+			}
+			// A rank can get one signal from its launcher and the same one
+			// from a supervisor that signals every process: only a signal
+			// well after the first means "now".
+			if !f.ranked || time.Since(first) > 2*time.Second {
+				os.Exit(130) // a second Ctrl-C: stop now; the last complete checkpoint stays on disk
+			}
 		}
 	}()
 
-	if s.clearRun {
+	if s.clearRun && f.writer() {
 		extra := []string{}
 		if s.writeTok {
 			extra = append(extra, "tokenizer.json")
@@ -158,7 +196,7 @@ func runTrain(args []string, stdout, stderr io.Writer) error {
 	if err := os.MkdirAll(f.out, 0o755); err != nil {
 		return err
 	}
-	if s.writeTok {
+	if s.writeTok && f.writer() {
 		if err := atomicfile.WriteFile(filepath.Join(f.out, "tokenizer.json"), s.tokJSON); err != nil {
 			return err
 		}
@@ -167,22 +205,28 @@ func runTrain(args []string, stdout, stderr io.Writer) error {
 	if s.saved != nil {
 		w = s.saved.Weights
 	}
-	tb, gpuBackend, err := newTrainBackend(f, cfg, w, stderr)
+	tb, gpuBackend, err := newTrainBackend(ctx, f, cfg, w, stderr)
 	if err != nil {
 		return err
 	}
 	defer tb.Close()
+	log := stderr
+	if !f.writer() {
+		log = io.Discard
+	}
 	run := train.NewRun(cfg, f.out, tb, &datasetSource{ds: s.ds, seed: cfg.Seed}, s.val)
 	run.Files = map[string][]byte{"tokenizer.json": s.tokJSON, "tokenizer_config.json": tokenizerConfig(s.tok, mc, s.eos)}
-	run.Log = stderr
+	if f.writer() {
+		run.Log = stderr
+	}
 	if s.saved != nil {
 		from := s.saved.Dir
 		if err := run.ResumeFrom(s.saved); err != nil {
 			return err
 		}
-		fmt.Fprintf(stderr, "resuming %s at step %d of %d (from %s)\n", f.out, run.Step(), cfg.Steps, from)
+		fmt.Fprintf(log, "resuming %s at step %d of %d (from %s)\n", f.out, run.Step(), cfg.Steps, from)
 	}
-	fmt.Fprintf(stderr, "train: %.2fM parameters, %d train tokens, %d held-out windows, %d steps of %d x %d tokens, l1 %g\n",
+	fmt.Fprintf(log, "train: %.2fM parameters, %d train tokens, %d held-out windows, %d steps of %d x %d tokens, l1 %g\n",
 		float64(mc.ParamCount())/1e6, s.ds.TrainTokens(), len(s.val), cfg.Steps, cfg.Batch*cfg.Accum, cfg.Seq, cfg.L1)
 
 	t0 := time.Now()
@@ -190,9 +234,9 @@ func runTrain(args []string, stdout, stderr io.Writer) error {
 	var intr *train.Interrupted
 	if errors.As(err, &intr) {
 		if intr.Checkpoint == "" {
-			fmt.Fprintf(stderr, "twell train: interrupted before the first step finished: nothing to resume; start again with -overwrite\n")
+			fmt.Fprintf(log, "twell train: interrupted before the first step finished: nothing to resume; start again with -overwrite\n")
 		} else {
-			fmt.Fprintf(stderr, "twell train: interrupted at step %d of %d: saved checkpoint %s, metrics.jsonl and plots in %s; resume with: twell train -out %s -resume\n",
+			fmt.Fprintf(log, "twell train: interrupted at step %d of %d: saved checkpoint %s, metrics.jsonl and plots in %s; resume with: twell train -out %s -resume\n",
 				intr.Step, cfg.Steps, intr.Checkpoint, f.out, f.out)
 		}
 		return exitCode{code: 130} // as a shell reports death by SIGINT
@@ -209,9 +253,14 @@ func runTrain(args []string, stdout, stderr io.Writer) error {
 }
 
 // newTrainBackend returns the backend of -device: cpu, cuda (GPU 0), or
-// auto (cuda when a GPU is found and can train this model, else cpu). The
-// GPU backend is also returned as such, for its memory report.
-func newTrainBackend(f *trainFlags, cfg *train.Config, w *model.Weights, stderr io.Writer) (train.Backend, *trainer.Backend, error) {
+// auto (cuda when a GPU is found and can train this model, else cpu); for
+// a rank of a data-parallel run, the GPU of its local rank joined to the
+// other ranks' (see rankBackend). The GPU backend is also returned as
+// such, for its memory report.
+func newTrainBackend(ctx context.Context, f *trainFlags, cfg *train.Config, w *model.Weights, stderr io.Writer) (train.Backend, *trainer.Backend, error) {
+	if f.ranked {
+		return rankBackend(ctx, f, cfg, w, stderr)
+	}
 	device := f.device
 	mc := cfg.ModelConfig()
 	cpuNote := func() {
@@ -284,12 +333,17 @@ func prepareTrain(f *trainFlags, stderr io.Writer) (*trainSetup, error) {
 				return nil, fmt.Errorf("%s: data %q needs a tokenizer (the tokenizer.json the shards were built with)", f.cfgPath, dataDir)
 			}
 		}
-		earlier, err := train.EarlierRun(f.out)
-		if err != nil {
-			return nil, err
+		// Only the process that writes the folder looks at what is there
+		// (rank 0 may be clearing it while the others start).
+		var earlier []string
+		if f.writer() {
+			var err error
+			if earlier, err = train.EarlierRun(f.out); err != nil {
+				return nil, err
+			}
 		}
 		s.writeTok = tokPath == ""
-		if s.writeTok {
+		if s.writeTok && f.writer() {
 			if _, err := os.Stat(filepath.Join(f.out, "tokenizer.json")); err == nil {
 				earlier = append(earlier, "tokenizer.json")
 			}

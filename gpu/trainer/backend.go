@@ -18,9 +18,11 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"time"
 
 	"github.com/twell-ai/twell/cuda"
 	"github.com/twell-ai/twell/cuda/cublas"
+	"github.com/twell-ai/twell/cuda/nccl"
 	"github.com/twell-ai/twell/internal/memcheck"
 	"github.com/twell-ai/twell/mlp"
 	"github.com/twell-ai/twell/model"
@@ -46,6 +48,17 @@ type Options struct {
 	MLP mlp.Path
 	// DenseAbove is mlp.Auto's density threshold (0: DefaultDenseAbove).
 	DenseAbove float64
+	// Comm, when set, makes the backend one rank of a data-parallel run
+	// with a sharded optimizer (ZeRO-1; see parallel.go): each rank runs
+	// its share of a step's micro-batches, the gradients are
+	// reduce-scattered, each rank updates its slice of the fp32 weights
+	// and AdamW moments, and the updated weights are all-gathered. Nil: a
+	// single GPU.
+	Comm *nccl.Comm
+	// CommTimeout bounds every wait for collectives (0:
+	// DefaultCommTimeout): past it the communicator is aborted and the
+	// step fails, so that a dead or stuck rank ends every rank.
+	CommTimeout time.Duration
 }
 
 // denseAbove returns mlp.Auto's threshold.
@@ -67,8 +80,14 @@ type Backend struct {
 	off   []int // element offset of each tensor in the flat buffers
 	n     int   // parameter count
 
-	// Flat fp32 parameters, gradients, moments; bf16 parameters.
+	// Flat fp32 parameters and gradients and bf16 parameters, each of
+	// nPad values (n, padded to a whole number of equal shards when
+	// sharded); the AdamW moments m and v hold only this rank's shard,
+	// values [lo, hi) of the flat order (all n on a single GPU).
 	w, g, m, v, wb *cuda.Buffer
+	nPad, lo, hi   int
+	comm           *nccl.Comm
+	flag           *cuda.Buffer // int32 scratch of AnyStop
 	optStep        int64
 
 	acts  *activations
@@ -80,7 +99,11 @@ type Backend struct {
 	// evalActive are Loss's scratch copies; norm2 is ClipGradients' (fp64:
 	// the sum of squares, then flatGrid partial sums).
 	stats, active, evalStats, evalActive, norm2 *cuda.Buffer
-	stepN, stepDone                             int
+	// A step of stepTotal micro-batches over all ranks, of which this
+	// rank runs stepN (all of them on a single GPU) and has queued
+	// stepDone; inStep is false outside a step and after a failed one.
+	stepTotal, stepN, stepDone int
+	inStep                     bool
 
 	peak int64 // largest device memory in use seen at a synchronisation
 
@@ -127,7 +150,13 @@ func New(dev *cuda.Device, c model.Config, w *model.Weights, o Options) (*Backen
 		b.off = append(b.off, b.n)
 		b.n += t.Size()
 	}
-	need := ParamBytes(c)
+	if o.Comm != nil {
+		b.comm = o.Comm
+		b.shard(o.Comm.Rank(), o.Comm.Size())
+	} else {
+		b.shard(0, 0)
+	}
+	need := b.stateBytes()
 	if o.Batch > 0 {
 		need += ActivationBytes(c, o.Batch, o.Seq, o)
 	}
@@ -169,11 +198,18 @@ func (b *Backend) init() error {
 	for _, a := range []struct {
 		p *(*cuda.Buffer)
 		n int
-	}{{&b.w, 4 * b.n}, {&b.g, 4 * b.n}, {&b.m, 4 * b.n}, {&b.v, 4 * b.n}, {&b.wb, 2 * b.n},
+	}{{&b.w, 4 * b.nPad}, {&b.g, 4 * b.nPad}, {&b.m, 4 * (b.hi - b.lo)}, {&b.v, 4 * (b.hi - b.lo)}, {&b.wb, 2 * b.nPad},
 		{&b.stats, 8 * (1 + 2*L)}, {&b.active, 4 * L * f}, {&b.evalStats, 8 * (1 + 2*L)}, {&b.evalActive, 4 * L * f},
-		{&b.norm2, 8 * (1 + flatGrid)}} {
+		{&b.norm2, 8 * (1 + flatGrid)}, {&b.flag, 4}} {
 		if *a.p, err = b.dev.Alloc(a.n); err != nil {
 			return fmt.Errorf("trainer: allocating %d bytes of training state: %w", a.n, err)
+		}
+	}
+	if b.nPad > b.n { // the padding takes part in collectives: keep it zero
+		for _, buf := range []*cuda.Buffer{b.w, b.g, b.m, b.v, b.wb} {
+			if err := b.dev.Memset8(buf, 0, b.s); err != nil {
+				return err
+			}
 		}
 	}
 	return nil
@@ -203,6 +239,9 @@ func fits(dev *cuda.Device, need int64, c model.Config, batch, seq int, o Option
 		return nil
 	}
 	what := fmt.Sprintf("training a %.1fM-parameter model", float64(c.ParamCount())/1e6)
+	if o.Comm != nil {
+		what += fmt.Sprintf(" (rank %d of %d)", o.Comm.Rank(), o.Comm.Size())
+	}
 	hint := ""
 	if batch > 0 {
 		what += fmt.Sprintf(" on micro-batches of %d x %d tokens", batch, seq)
@@ -222,8 +261,12 @@ func fits(dev *cuda.Device, need int64, c model.Config, batch, seq int, o Option
 			hint += "; the dense MLP path (-mlp dense) needs less activation memory"
 		}
 	}
+	state := need
+	if batch > 0 {
+		state -= ActivationBytes(c, batch, seq, o)
+	}
 	return fmt.Errorf("trainer: %s needs about %s of device memory (%s of weights, gradients and AdamW moments), but %s is free on %v%s",
-		what, memcheck.Format(float64(need+slack)), memcheck.Format(float64(ParamBytes(c))), memcheck.Format(float64(free)), dev, hint)
+		what, memcheck.Format(float64(need+slack)), memcheck.Format(float64(state)), memcheck.Format(float64(free)), dev, hint)
 }
 
 // freeMemory is the device memory an allocation can get: what the driver
@@ -399,10 +442,10 @@ func (b *Backend) Load(w *model.Weights, opt *train.OptimizerState) error {
 		return err
 	}
 	if opt != nil {
-		if err := b.upload(b.m, opt.M); err != nil {
+		if err := b.uploadShard(b.m, opt.M); err != nil {
 			return err
 		}
-		if err := b.upload(b.v, opt.V); err != nil {
+		if err := b.uploadShard(b.v, opt.V); err != nil {
 			return err
 		}
 		b.optStep = opt.Step
@@ -415,7 +458,7 @@ func (b *Backend) Load(w *model.Weights, opt *train.OptimizerState) error {
 		}
 		b.optStep = 0
 	}
-	b.stepN, b.stepDone = 0, 0
+	b.inStep = false
 	if err := b.run.toBF16(b.wb, b.w, b.n); err != nil {
 		return err
 	}
@@ -447,11 +490,15 @@ func (b *Backend) Weights() (*model.Weights, error) {
 
 // OptimizerState copies the AdamW state to host memory.
 func (b *Backend) OptimizerState() (*train.OptimizerState, error) {
-	m, err := b.download(b.m)
+	load := b.download
+	if b.comm != nil { // every rank must call it: the moments are gathered
+		load = b.gatherMoment
+	}
+	m, err := load(b.m)
 	if err != nil {
 		return nil, err
 	}
-	v, err := b.download(b.v)
+	v, err := load(b.v)
 	if err != nil {
 		return nil, err
 	}
@@ -478,7 +525,7 @@ func (b *Backend) freeAll() error {
 		errs = append(errs, b.acts.free())
 		b.acts = nil
 	}
-	for _, p := range []**cuda.Buffer{&b.w, &b.g, &b.m, &b.v, &b.wb, &b.stats, &b.active, &b.evalStats, &b.evalActive, &b.norm2} {
+	for _, p := range []**cuda.Buffer{&b.w, &b.g, &b.m, &b.v, &b.wb, &b.stats, &b.active, &b.evalStats, &b.evalActive, &b.norm2, &b.flag} {
 		if *p != nil {
 			errs = append(errs, (*p).Free())
 			*p = nil

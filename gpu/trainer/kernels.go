@@ -359,19 +359,23 @@ func (l launcher) toBF16(wb, w *cuda.Buffer, n int) error {
 }
 
 // reinitRows gives rows units (int32 [n]) of a tensor of rows of h values
-// the values rows ([n][h] fp32; nil: zeros) and zero moments.
-func (l launcher) reinitRows(w, wb, m, v, rows, units *cuda.Buffer, n, h int) error {
+// the values rows ([n][h] fp32; nil: zeros) and zero moments. The moment
+// buffers m and v hold the tensor's values [mlo, mhi) only (a rank's
+// shard); moments outside it are left to their ranks.
+func (l launcher) reinitRows(w, wb, m, v, rows, units *cuda.Buffer, n, h, mlo, mhi int) error {
 	if err := need("unit ids", units, 4*n); err != nil {
 		return err
 	}
-	return l.k["reinit_rows"].Launch(dim(n), dim(rowBlock), 0, l.s, w, wb, m, v, optional(rows), units, int32(h))
+	return l.k["reinit_rows"].Launch(dim(n), dim(rowBlock), 0, l.s, w, wb, m, v, optional(rows), units, int32(h),
+		int64(mlo), int64(mhi))
 }
 
 // reinitCols zeroes columns units (int32 [n]) of a tensor of h rows of f
-// values, and their moments.
-func (l launcher) reinitCols(w, wb, m, v, units *cuda.Buffer, n, h, f int) error {
+// values, and their moments (held for values [mlo, mhi), as reinitRows).
+func (l launcher) reinitCols(w, wb, m, v, units *cuda.Buffer, n, h, f, mlo, mhi int) error {
 	if err := need("unit ids", units, 4*n); err != nil {
 		return err
 	}
-	return l.k["reinit_cols"].Launch(dim(n), dim(rowBlock), 0, l.s, w, wb, m, v, units, int32(h), int32(f))
+	return l.k["reinit_cols"].Launch(dim(n), dim(rowBlock), 0, l.s, w, wb, m, v, units, int32(h), int32(f),
+		int64(mlo), int64(mhi))
 }

@@ -53,31 +53,39 @@ extern "C" __global__ void to_bf16(const float* __restrict__ w, u16* __restrict_
 
 // reinit_rows: for each of n units (blockIdx.x), row units[k] of a tensor
 // of rows of h values gets rows[k] (rows null: zeros), its bf16 copy too,
-// and zero moments.
+// and zero moments. m and v hold the moments of the tensor's values
+// [mlo, mhi) only (a data-parallel rank's shard: m[0] is value mlo's).
 extern "C" __global__ void reinit_rows(float* __restrict__ w, u16* __restrict__ wb, float* __restrict__ m,
                                        float* __restrict__ v, const float* __restrict__ rows,
-                                       const int* __restrict__ units, int h) {
+                                       const int* __restrict__ units, int h, long long mlo, long long mhi) {
   int k = blockIdx.x;
   size_t base = (size_t)units[k] * h;
   for (int i = threadIdx.x; i < h; i += blockDim.x) {
     float x = rows ? rows[(size_t)k * h + i] : 0.f;
-    w[base + i] = x;
-    wb[base + i] = (u16)f_to_bf(x);
-    m[base + i] = 0.f;
-    v[base + i] = 0.f;
+    long long e = (long long)(base + i);
+    w[e] = x;
+    wb[e] = (u16)f_to_bf(x);
+    if (e >= mlo && e < mhi) {
+      m[e - mlo] = 0.f;
+      v[e - mlo] = 0.f;
+    }
   }
 }
 
 // reinit_cols: for each of n units (blockIdx.x), column units[k] of a
-// tensor of h rows of f values becomes zero, with its bf16 copy and moments.
+// tensor of h rows of f values becomes zero, with its bf16 copy and moments
+// (held for values [mlo, mhi), as in reinit_rows).
 extern "C" __global__ void reinit_cols(float* __restrict__ w, u16* __restrict__ wb, float* __restrict__ m,
-                                       float* __restrict__ v, const int* __restrict__ units, int h, int f) {
+                                       float* __restrict__ v, const int* __restrict__ units, int h, int f,
+                                       long long mlo, long long mhi) {
   int j = units[blockIdx.x];
   for (int i = threadIdx.x; i < h; i += blockDim.x) {
-    size_t e = (size_t)i * f + j;
+    long long e = (long long)i * f + j;
     w[e] = 0.f;
     wb[e] = 0;
-    m[e] = 0.f;
-    v[e] = 0.f;
+    if (e >= mlo && e < mhi) {
+      m[e - mlo] = 0.f;
+      v[e - mlo] = 0.f;
+    }
   }
 }

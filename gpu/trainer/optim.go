@@ -7,12 +7,14 @@ import (
 	"slices"
 
 	"github.com/twell-ai/twell/cuda"
+	"github.com/twell-ai/twell/cuda/nccl"
 	"github.com/twell-ai/twell/mlp"
 	"github.com/twell-ai/twell/train"
 )
 
 // BeginStep clears the gradients and the statistics for a step of
-// microBatches micro-batches.
+// microBatches micro-batches (over all ranks, of which this one runs those
+// train.MicroBatchRank gives it).
 func (b *Backend) BeginStep(microBatches int) error {
 	if microBatches <= 0 {
 		return fmt.Errorf("trainer: a step of %d micro-batches", microBatches)
@@ -22,7 +24,7 @@ func (b *Backend) BeginStep(microBatches int) error {
 			return err
 		}
 	}
-	b.stepN, b.stepDone = microBatches, 0
+	b.stepTotal, b.stepN, b.stepDone, b.inStep = microBatches, b.localMicroBatches(microBatches), 0, true
 	b.stepSparse = make([]bool, b.c.NumHiddenLayers)
 	return nil
 }
@@ -32,18 +34,18 @@ func (b *Backend) BeginStep(microBatches int) error {
 // so that the sum is their mean) and statistics to the step's. It returns
 // before the device has finished.
 func (b *Backend) Accumulate(tokens []int, batch, seq int, l1 float64) error {
-	if b.stepDone >= b.stepN {
+	if !b.inStep || b.stepDone >= b.stepN {
 		return errors.New("trainer: Accumulate outside a step, or more micro-batches than BeginStep announced")
 	}
 	if err := b.uploadTokens(tokens, batch, seq); err != nil {
 		return err
 	}
-	m, n, L := float64(batch*seq), float64(b.stepN), float64(b.c.NumHiddenLayers)
+	m, n, L := float64(batch*seq), float64(b.stepTotal), float64(b.c.NumHiddenLayers)
 	err := b.forwardBackward(pass{batch: batch, seq: seq, m: batch * seq, backward: true, stats: b.stats, active: b.active,
 		lossScale: 1 / (m * n), gradScale: float32(1 / (m * n)), l1Stat: l1 / L / m / n,
 		l1Grad: float32(l1 / L / m / n), l0Scale: 1 / (m * n)})
 	if err != nil {
-		b.stepN = 0 // the step is broken: EndStep refuses it
+		b.inStep = false // the step is broken: EndStep refuses it
 		return err
 	}
 	b.stepDone++
@@ -78,10 +80,15 @@ func (b *Backend) readStats(stats, active *cuda.Buffer) (*train.StepStats, error
 // EndStep waits for the step's micro-batches and returns its statistics.
 // The gradient is already the mean over the micro-batches.
 func (b *Backend) EndStep() (*train.StepStats, error) {
-	if b.stepN == 0 || b.stepDone != b.stepN {
+	if !b.inStep || b.stepDone != b.stepN {
 		return nil, fmt.Errorf("trainer: EndStep after %d of %d micro-batches", b.stepDone, b.stepN)
 	}
-	b.stepN, b.stepDone = 0, 0
+	b.inStep = false
+	if b.comm != nil {
+		if err := b.reduceStep(); err != nil {
+			return nil, err
+		}
+	}
 	st, err := b.readStats(b.stats, b.active)
 	if err == nil {
 		st.SparseMLP = b.stepSparse
@@ -118,13 +125,24 @@ func (b *Backend) ClipGradients(maxNorm float64) (float64, error) {
 	if err := b.dev.Memset8(b.norm2, 0, b.s); err != nil {
 		return 0, err
 	}
+	// This rank's shard of the gradient (all of it on a single GPU); the
+	// sum of squares is then summed over the ranks.
+	lo, hi := b.lo, min(b.hi, b.n)
 	sl := &slicer{}
-	sum, part := sl.at(b.norm2, 0, 8), sl.at(b.norm2, 8, 8*flatGrid)
+	sum, part, g := sl.at(b.norm2, 0, 8), sl.at(b.norm2, 8, 8*flatGrid), sl.at(b.g, 4*lo, 4*(hi-lo))
 	if sl.err != nil {
 		return 0, sl.err
 	}
-	if err := b.run.sumSq(sum, part, b.g, b.n); err != nil {
+	if err := b.run.sumSq(sum, part, g, hi-lo); err != nil {
 		return 0, err
+	}
+	if b.comm != nil {
+		if err := b.comm.AllReduce(sum, sum, 1, nccl.Float64, nccl.Sum, b.s); err != nil {
+			return 0, err
+		}
+		if err := b.comm.Wait(b.s, b.timeout()); err != nil {
+			return 0, err
+		}
 	}
 	if err := b.s.Synchronize(); err != nil {
 		return 0, err
@@ -135,7 +153,7 @@ func (b *Backend) ClipGradients(maxNorm float64) (float64, error) {
 	}
 	norm := math.Sqrt(ss[0])
 	if maxNorm > 0 && norm > maxNorm {
-		if err := b.run.scale(b.g, b.n, float32(maxNorm/norm)); err != nil {
+		if err := b.run.scale(g, hi-lo, float32(maxNorm/norm)); err != nil {
 			return 0, err
 		}
 	}
@@ -148,14 +166,21 @@ func (b *Backend) Update(h train.AdamW, lr float64) error {
 	b.optStep++
 	sl := &slicer{}
 	for i, t := range b.specs {
-		w, wb := b.tensorView(sl, b.w, 4, i, i+1), b.tensorView(sl, b.wb, 2, i, i+1)
-		g, m, v := b.tensorView(sl, b.g, 4, i, i+1), b.tensorView(sl, b.m, 4, i, i+1), b.tensorView(sl, b.v, 4, i, i+1)
+		a, e := b.owned(i) // the whole tensor on a single GPU
+		if a >= e {
+			continue
+		}
+		w, wb, g := sl.at(b.w, 4*a, 4*(e-a)), sl.at(b.wb, 2*a, 2*(e-a)), sl.at(b.g, 4*a, 4*(e-a))
+		m, v := b.momentView(sl, b.m, a, e), b.momentView(sl, b.v, a, e)
 		if sl.err != nil {
 			return sl.err
 		}
-		if err := b.run.adamW(w, wb, g, m, v, t.Size(), adamWArgsFor(h, lr, b.optStep, len(t.Shape) > 1)); err != nil {
+		if err := b.run.adamW(w, wb, g, m, v, e-a, adamWArgsFor(h, lr, b.optStep, len(t.Shape) > 1)); err != nil {
 			return fmt.Errorf("trainer: AdamW on %s: %w", t.Name, err)
 		}
+	}
+	if b.comm != nil {
+		return b.gatherWeights()
 	}
 	return nil
 }
@@ -216,9 +241,16 @@ func (b *Backend) reinitLayer(l int, us []train.UnitInit) error {
 	}
 	i := b.layerBase(l) + tGateOrUp
 	sl := &slicer{}
-	views := func(i int) (w, wb, m, v *cuda.Buffer) {
-		return b.tensorView(sl, b.w, 4, i, i+1), b.tensorView(sl, b.wb, 2, i, i+1), b.tensorView(sl, b.m, 4, i, i+1),
-			b.tensorView(sl, b.v, 4, i, i+1)
+	// views returns tensor i's weights, bf16 copy, and the moments of the
+	// part [lo, hi) of its values that this rank holds (relative to the
+	// tensor; all of it on a single GPU).
+	views := func(i int) (w, wb, m, v *cuda.Buffer, lo, hi int) {
+		w, wb = b.tensorView(sl, b.w, 4, i, i+1), b.tensorView(sl, b.wb, 2, i, i+1)
+		a, e := b.owned(i)
+		if a >= e { // none: any valid pointer, never written
+			return w, wb, sl.at(b.m, 0, 4), sl.at(b.v, 0, 4), 0, 0
+		}
+		return w, wb, b.momentView(sl, b.m, a, e), b.momentView(sl, b.v, a, e), a - b.off[i], e - b.off[i]
 	}
 	rows := [][]float32{up}
 	if b.c.MLPGated {
@@ -229,20 +261,20 @@ func (b *Backend) reinitLayer(l int, us []train.UnitInit) error {
 		if err != nil {
 			return err
 		}
-		w, wb, m, v := views(i)
+		w, wb, m, v, lo, hi := views(i)
 		if sl.err != nil {
 			return sl.err
 		}
-		if err := b.run.reinitRows(w, wb, m, v, src, idBuf, n, h); err != nil {
+		if err := b.run.reinitRows(w, wb, m, v, src, idBuf, n, h, lo, hi); err != nil {
 			return err
 		}
 		i++
 	}
-	w, wb, m, v := views(i) // down: [h][f]
+	w, wb, m, v, lo, hi := views(i) // down: [h][f]
 	if sl.err != nil {
 		return sl.err
 	}
-	return b.run.reinitCols(w, wb, m, v, idBuf, n, h, f)
+	return b.run.reinitCols(w, wb, m, v, idBuf, n, h, f, lo, hi)
 }
 
 // Loss returns the mean cross-entropy of one batch, without the L1 term,
