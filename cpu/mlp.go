@@ -5,6 +5,7 @@ import (
 	"math"
 	"slices"
 	"sync"
+	"sync/atomic"
 
 	"github.com/twell-ai/twell/mlp"
 	"github.com/twell-ai/twell/twell"
@@ -149,23 +150,39 @@ func (l *MLP) DenseActBytes(m int) int {
 // Dense computes the MLP with dense GEMMs: the honest baseline. For the
 // gated MLP the elementwise product is fused into the up GEMM's epilogue.
 func (l *MLP) Dense(y, x []float32, m int) error {
+	_, err := l.dense(y, x, m)
+	return err
+}
+
+// dense is Dense, also returning how many (token, unit) pairs of the
+// activation (the gate's, when gated) are non-zero.
+func (l *MLP) dense(y, x []float32, m int) (int64, error) {
 	if err := l.check(y, x, m); err != nil {
-		return err
+		return 0, err
 	}
 	f := l.F
 	hp := getScratch(m * f)
 	defer scratch.Put(hp)
 	h := *hp
+	var active atomic.Int64 // the epilogues run in parallel
+	act := func(out, tile []float32) {
+		n := 0
+		for j, v := range tile {
+			a := l.Act.apply(v)
+			out[j] = a
+			if a != 0 {
+				n++
+			}
+		}
+		active.Add(int64(n))
+	}
 	if l.Gated {
 		gp := getScratch(m * f)
 		defer scratch.Put(gp)
 		g := *gp
 		gemmBlocks(x, m, l.gate, func(i0, rows, j0, cols int, tile []float32) {
 			for i := 0; i < rows; i++ {
-				out := g[(i0+i)*f+j0 : (i0+i)*f+j0+cols]
-				for j, v := range tile[i*tileN : i*tileN+cols] {
-					out[j] = l.Act.apply(v)
-				}
+				act(g[(i0+i)*f+j0:(i0+i)*f+j0+cols], tile[i*tileN:i*tileN+cols])
 			}
 		})
 		gemmBlocks(x, m, l.up, func(i0, rows, j0, cols int, tile []float32) {
@@ -180,14 +197,11 @@ func (l *MLP) Dense(y, x []float32, m int) error {
 	} else {
 		gemmBlocks(x, m, l.up, func(i0, rows, j0, cols int, tile []float32) {
 			for i := 0; i < rows; i++ {
-				out := h[(i0+i)*f+j0 : (i0+i)*f+j0+cols]
-				for j, v := range tile[i*tileN : i*tileN+cols] {
-					out[j] = l.Act.apply(v)
-				}
+				act(h[(i0+i)*f+j0:(i0+i)*f+j0+cols], tile[i*tileN:i*tileN+cols])
 			}
 		})
 	}
-	return Gemm(y, h, m, l.down)
+	return active.Load(), Gemm(y, h, m, l.down)
 }
 
 // D2T computes relu(x w^T) for x (m x K) and packed w (N x K), packing the
@@ -317,21 +331,28 @@ func (l *MLP) Sparse(y, x []float32, m int, layout twell.Layout) (*twell.Matrix,
 // then finishes with the sparse T2D when mlp.Choose picks the sparse path
 // for the measured density, and with dense GEMMs fed by the unpacked gate
 // otherwise, so the gate GEMM is never computed twice. It returns the packed
-// activation (nil when D2T did not run) and the path of the finish.
-func (l *MLP) Forward(y, x []float32, m int, layout twell.Layout) (*twell.Matrix, mlp.Path, error) {
+// activation (nil when D2T did not run), the number of its (token, unit)
+// pairs that are non-zero (-1 for an MLP whose activation has no exact
+// zeros, SiLU), and the path of the finish.
+func (l *MLP) Forward(y, x []float32, m int, layout twell.Layout) (*twell.Matrix, int64, mlp.Path, error) {
 	if err := l.check(y, x, m); err != nil {
-		return nil, mlp.Dense, err
+		return nil, 0, mlp.Dense, err
 	}
 	if l.Path == mlp.Dense || l.Act != ReLU || layout.Check(l.F) != nil {
-		return nil, mlp.Dense, l.Dense(y, x, m) // asked for, no exact zeros, or a width TwELL cannot tile
+		// Asked for, no exact zeros, or a width TwELL cannot tile.
+		active, err := l.dense(y, x, m)
+		if l.Act != ReLU {
+			active = -1
+		}
+		return nil, active, mlp.Dense, err
 	}
 	p, err := D2T(x, m, l.sparseInput(), layout)
 	if err != nil {
-		return nil, mlp.Dense, err
+		return nil, 0, mlp.Dense, err
 	}
-	nnz := 0
+	var nnz int64
 	for r := 0; r < m; r++ {
-		nnz += p.RowNNZ(r)
+		nnz += int64(p.RowNNZ(r))
 	}
 	if mlp.Choose(l.Path, float64(nnz)/(float64(m)*float64(l.F)), l.DenseAbove) == mlp.Sparse {
 		if l.Gated {
@@ -339,7 +360,7 @@ func (l *MLP) Forward(y, x []float32, m int, layout twell.Layout) (*twell.Matrix
 		} else {
 			err = T2D(y, p, l.downRows, l.D)
 		}
-		return p, mlp.Sparse, err
+		return p, nnz, mlp.Sparse, err
 	}
 	h := p.Unpack()
 	if l.Gated {
@@ -353,5 +374,5 @@ func (l *MLP) Forward(y, x []float32, m int, layout twell.Layout) (*twell.Matrix
 			}
 		})
 	}
-	return p, mlp.Dense, Gemm(y, h, m, l.down)
+	return p, nnz, mlp.Dense, Gemm(y, h, m, l.down)
 }

@@ -198,10 +198,20 @@ func TestForwardPicksPathAndStaysExact(t *testing.T) {
 			sl, l := newLayer(t, r, d, f, density, synth.Uniform, gated)
 			x := synth.Tokens(r, m, d)
 			y := make([]float32, m*d)
-			_, path, err := l.Forward(y, x, m, twell.DefaultLayout)
+			_, active, path, err := l.Forward(y, x, m, twell.DefaultLayout)
 			sparse := path == mlp.Sparse
 			if err != nil {
 				t.Fatal(err)
+			}
+			// The dense path counts the active units as well, alike.
+			l.Path = mlp.Dense
+			_, activeDense, _, err := l.Forward(make([]float32, m*d), x, m, twell.DefaultLayout)
+			l.Path = mlp.Auto
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := activeRef(sl, x, m); active < 0 || abs64(active-want) > int64(m*f)/1000 || abs64(activeDense-want) > int64(m*f)/1000 {
+				t.Errorf("seed %d: density %g gated=%v: %d active pairs (dense path %d), float64 reference %d", seed, density, gated, active, activeDense, want)
 			}
 			if sparse != (density < DefaultDenseAbove) {
 				t.Errorf("seed %d: density %g gated=%v: sparse path = %v", seed, density, gated, sparse)
@@ -220,8 +230,8 @@ func TestSiLUDense(t *testing.T) {
 	l.Act = SiLU
 	x := synth.Tokens(r, m, d)
 	y := make([]float32, m*d)
-	if _, path, err := l.Forward(y, x, m, twell.DefaultLayout); err != nil || path == mlp.Sparse {
-		t.Fatalf("silu forward: path=%v err=%v", path, err)
+	if _, active, path, err := l.Forward(y, x, m, twell.DefaultLayout); err != nil || path == mlp.Sparse || active != -1 {
+		t.Fatalf("silu forward: path=%v active=%d err=%v; want dense, -1 (no exact zeros)", path, active, err)
 	}
 	for row := 0; row < m; row++ {
 		for k := 0; k < d; k++ {
@@ -250,7 +260,7 @@ func TestForwardUntileableWidthRunsDense(t *testing.T) {
 	sl, l := newLayer(t, r, d, f, 0.05, synth.Uniform, true)
 	x := synth.Tokens(r, m, d)
 	y := make([]float32, m*d)
-	p, path, err := l.Forward(y, x, m, twell.DefaultLayout)
+	p, _, path, err := l.Forward(y, x, m, twell.DefaultLayout)
 	sparse := path == mlp.Sparse
 	if err != nil || sparse || p != nil {
 		t.Fatalf("f=%d: sparse=%v err=%v", f, sparse, err)
@@ -258,4 +268,34 @@ func TestForwardUntileableWidthRunsDense(t *testing.T) {
 	if e := synth.RelErr(y, d, allRows(m), reference(sl, x, allRows(m))); e > 1e-4 { // few active units: see TestSparseMatchesDense
 		t.Fatalf("seed %d: rel err %g", seed, e)
 	}
+}
+
+// activeRef counts, in float64, the (token, unit) pairs whose gate (up,
+// when not gated) pre-activation is positive.
+func activeRef(sl *synth.Layer, x []float32, m int) int64 {
+	w := sl.Gate
+	if w == nil { // not gated
+		w = sl.Up
+	}
+	d := len(x) / m
+	var n int64
+	for i := range m {
+		for j := 0; j < len(w)/d; j++ {
+			var s float64
+			for q := range d {
+				s += float64(x[i*d+q]) * float64(w[j*d+q])
+			}
+			if s > 0 {
+				n++
+			}
+		}
+	}
+	return n
+}
+
+func abs64(v int64) int64 {
+	if v < 0 {
+		return -v
+	}
+	return v
 }

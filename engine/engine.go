@@ -115,8 +115,9 @@ type Stats struct {
 	// Tokens is the number of tokens the call processed.
 	Tokens int
 	// MeanActive is, per layer, the mean number of active MLP units per
-	// token, or -1 where the call did not measure it (a dense layer, or a
-	// GPU step that did not copy its counts back).
+	// token, or -1 where the call did not measure it (a GPU dense layer,
+	// an MLP without exact zeros such as SiLU, or a GPU step that did not
+	// copy its counts back).
 	MeanActive []float64
 	// Paths is, per layer, the path the MLP ran: mlp.Sparse when every
 	// MLP call of the pass ran the TwELL path, mlp.Dense otherwise.

@@ -12,14 +12,14 @@
 # (twell train -preset tiny, on the CPU) and checked. Each twell run is
 # compared with PyTorch at a tolerance of 1e-3 nats per token (TOL
 # overrides):
-#   cpu-dense  twell's CPU engine with -mlp dense: float32 throughout, the
-#              numerical check;
-#   cpu-auto   the CPU engine as `twell eval` runs by default (-mlp auto):
-#              where the model is sparse enough, the TwELL path holds the
-#              gate activations in bf16;
+#   cpu-dense  twell's CPU engine with -mlp dense, as `twell eval` runs on
+#              the CPU by default: float32 throughout, the numerical check;
+#   cpu-auto   the CPU engine with -mlp auto, for information: where the
+#              model is sparse enough, the TwELL path holds the gate
+#              activations in bf16 (about 1e-2 nats per token);
 #   cuda-auto  when a GPU is present, the GPU engine (bf16), for
 #              information only.
-# Exits 0 when both CPU runs are within the tolerance, 1 otherwise, 2 when
+# Exits 0 when the cpu-dense run is within the tolerance, 1 otherwise, 2 when
 # something could not run. Logs, items files and JSON summaries go to LOGDIR;
 # LOGDIR/summary.txt has one line per run.
 set -uo pipefail
@@ -67,8 +67,7 @@ for f in "$log"/xcheck-*.txt; do
   echo "=== $f"
   cat "$f"
 done
+echo "(cpu-auto is for information only: exit $auto)" >> "$log/summary.txt"
 cat "$log/summary.txt"
-if [ $dense -eq 2 ] || [ $auto -eq 2 ]; then
-  exit 2
-fi
-[ $dense -eq 0 ] && [ $auto -eq 0 ]
+[ $dense -eq 2 ] && exit 2
+[ $dense -eq 0 ]

@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -39,10 +40,12 @@ func runEval(args []string, stdout, stderr io.Writer) error {
 	jsonPath := fs.String("json", "", `also write the results as JSON (schema "`+eval.Schema+`") to this file`)
 	itemsPath := fs.String("items", "", `also write JSON lines (schema "`+eval.ItemsSchema+`") to this file: per task item and per perplexity window the token ids scored and their log-likelihoods, for scripts/eval-crosscheck.py`)
 	path := mlp.Auto
-	fs.Var(&path, "mlp", "MLP path: auto, sparse or dense; the sparse path (TwELL) holds the gate activations in bf16, dense is float32 throughout on the CPU (auto picks per pass by density)")
+	fs.Var(&path, "mlp", "MLP path: auto, sparse or dense (default: dense on the CPU, float32 throughout, so the log-likelihoods are exact; auto on the GPU, bf16 either way); the sparse path (TwELL) holds the gate activations in bf16, auto picks per pass by density")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	switch {
 	case *dir == "":
 		return usagef("-model is required")
@@ -124,6 +127,9 @@ func runEval(args []string, stdout, stderr io.Writer) error {
 	if err := memcheck.Fits(fmt.Sprintf("a batch of %d windows of %d tokens", *batch, ctx), evalBatchBytes(c, *batch, ctx, kind),
 		fmt.Sprintf("try -batch %d", max(*batch/2, 1))); err != nil {
 		return err
+	}
+	if kind == backend.CPU && !set["mlp"] {
+		path = mlp.Dense // exact; the dense path measures the sparsity as well
 	}
 	e, err := backend.Open(kind, m, backend.Options{MLPPath: path})
 	if err != nil {

@@ -6,7 +6,6 @@ import (
 
 	"github.com/twell-ai/twell/cpu"
 	"github.com/twell-ai/twell/engine"
-	"github.com/twell-ai/twell/twell"
 )
 
 // Forward appends tokens[i] to sequence i (whose cache is caches[i]) and
@@ -123,13 +122,13 @@ func (e *Engine) Forward(caches []engine.Cache, tokens [][]int, allLogits bool) 
 			}
 			l = e.layers[li]
 		}
-		p, path, err := l.mlp.Forward(proj, hn, T, e.layout)
+		_, active, path, err := l.mlp.Forward(proj, hn, T, e.layout)
 		if err != nil {
 			return nil, nil, fmt.Errorf("cpu/llm: layer %d MLP: %w", li, err)
 		}
 		st.Paths[li] = path
-		if p != nil {
-			st.MeanActive[li] = float64(activeUnits(p)) / float64(T)
+		if active >= 0 {
+			st.MeanActive[li] = float64(active) / float64(T)
 		}
 		addInto(x, proj)
 	}
@@ -175,15 +174,6 @@ func (e *Engine) logits(x []float32, tokens [][]int, allLogits bool) ([][]float3
 		out[i] = logits[i*c.VocabSize : (i+1)*c.VocabSize]
 	}
 	return out, nil
-}
-
-// activeUnits counts the active units of every row of p.
-func activeUnits(p *twell.Matrix) int64 {
-	var n int64
-	for r := 0; r < p.Rows; r++ {
-		n += int64(p.RowNNZ(r))
-	}
-	return n
 }
 
 // applyRoPE rotates one head vector in place, in Hugging Face's rotate_half
