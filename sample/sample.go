@@ -174,6 +174,12 @@ func (s *Sampler) Pick(logits []float32, history []int) (int, error) {
 		}
 		return best, nil
 	}
+	if (s.o.TopK == 0 || s.o.TopK >= len(s.idx)) && s.o.TopP == 1 {
+		// No filter: draw from the softmax over every candidate, in index
+		// order (the same distribution as in rank order, without the sort
+		// that would cost most of a small model's decode step).
+		return s.draw(z), nil
+	}
 	// Most likely first; equal logits keep index order. The sort runs over
 	// (logit, index) pairs: comparing through z costs twice as much.
 	s.ranked = s.ranked[:0]
@@ -228,6 +234,36 @@ func (s *Sampler) Pick(logits []float32, history []int) (int, error) {
 		}
 	}
 	return s.idx[n-1], nil
+}
+
+// draw samples one of the candidates s.idx from the softmax of z at the
+// temperature.
+func (s *Sampler) draw(z []float64) int {
+	top := z[s.idx[0]]
+	for _, i := range s.idx[1:] {
+		top = max(top, z[i])
+	}
+	s.prob = s.prob[:0]
+	sum := 0.0
+	for _, i := range s.idx {
+		e := math.Exp((z[i] - top) / s.o.Temperature)
+		s.prob = append(s.prob, e)
+		sum += e
+	}
+	u := s.r.Float64() * sum
+	for j, e := range s.prob {
+		u -= e
+		if u < 0 {
+			return s.idx[j]
+		}
+	}
+	// Rounding left u at or above 0: the last candidate with weight.
+	for j := len(s.prob) - 1; j > 0; j-- {
+		if s.prob[j] > 0 {
+			return s.idx[j]
+		}
+	}
+	return s.idx[0]
 }
 
 // ranked is a candidate token and its logit, as Pick sorts them.

@@ -97,6 +97,11 @@ func runGenerate(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer e.Close()
+	if p, ok := e.(interface{ Pack() error }); ok { // before the timed prefill
+		if err := p.Pack(); err != nil {
+			return err
+		}
+	}
 	res, err := generate.Run(e, tok, ids, o, func(s string) error {
 		_, err := io.WriteString(stdout, s)
 		if f, ok := stdout.(*os.File); ok {

@@ -129,6 +129,11 @@ func (e *Engine) Close() error {
 	return nil
 }
 
+// Pack makes the packed copies of the weights the CPU kernels read, which
+// the first Forward otherwise makes, so that a caller timing its first
+// pass (generate's prefill) times the pass alone.
+func (e *Engine) Pack() error { return e.pack() }
+
 // pack makes the packed copies of the weights unless they exist.
 func (e *Engine) pack() error {
 	e.packMu.Lock()

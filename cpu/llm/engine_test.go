@@ -323,3 +323,23 @@ func TestModelSaveLoadRoundTrip(t *testing.T) {
 		}
 	}
 }
+
+// TestPackAheadMatchesLazy: packing the weights before the first Forward
+// (as generate does before its timed prefill) gives the logits of packing
+// at the first Forward, bit for bit, and packing twice is a no-op.
+func TestPackAheadMatchesLazy(t *testing.T) {
+	r, _ := testutil.Rand(t)
+	c := tinyConfig()
+	m := tinyModel(t, r, c, 0.05)
+	ids := enginetest.Tokens(r, 9, c.VocabSize)
+	lazy := newEngine(t, m, llm.Options{})
+	ahead := newEngine(t, m, llm.Options{})
+	for range 2 {
+		if err := ahead.Pack(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a, _ := enginetest.Forward(t, lazy, enginetest.Caches(t, lazy, 1, 16), [][]int{ids}, true)
+	b, _ := enginetest.Forward(t, ahead, enginetest.Caches(t, ahead, 1, 16), [][]int{ids}, true)
+	enginetest.SameBits(t, "packed ahead vs at the first Forward", a, b)
+}
