@@ -132,14 +132,29 @@ func buildModel(o ModelOptions, r *rand.Rand, progress func(string)) (*model.Mod
 	if err := fitsOnHost(c, o); err != nil {
 		return nil, "", err
 	}
-	name := fmt.Sprintf("%s (random weights, %d layers, gate density %g %s)", o.Preset, c.NumHiddenLayers, o.Density, o.Dist)
+	return PresetModel(o.Layers, o.Density, o.Dist, r, progress)
+}
+
+// PresetModel builds the sparselm-1.5b preset: the SparseLM-1.5B shape
+// (its first layers when layers > 0) with random weights whose gates are
+// calibrated on the CPU to fire at the given mean density under dist. It
+// returns the model and a description of it.
+func PresetModel(layers int, density float64, dist synth.Dist, r *rand.Rand, progress func(string)) (*model.Model, string, error) {
+	c := model.SparseLM1B5()
+	if layers > 0 {
+		c.NumHiddenLayers = min(layers, c.NumHiddenLayers)
+	}
+	if err := memcheck.Fits("the sparselm-1.5b preset's float32 weights", 4*float64(c.ParamCount()), "use fewer layers"); err != nil {
+		return nil, "", fmt.Errorf("bench: %w", err)
+	}
+	name := fmt.Sprintf("sparselm-1.5b (random weights, %d layers, gate density %g %s)", c.NumHiddenLayers, density, dist)
 	progress(fmt.Sprintf("building %s", name))
 	m, err := model.New(c, model.RandomWeights(c, r))
 	if err != nil {
 		return nil, "", err
 	}
 	progress("calibrating the gates (CPU)")
-	if err := sparsify.Gates(m, o.Density, o.Dist, r); err != nil {
+	if err := sparsify.Gates(m, density, dist, r); err != nil {
 		return nil, "", err
 	}
 	return m, name, nil

@@ -513,15 +513,7 @@ const TinyServeModelName = "tiny-random (hidden 128, 4 layers, MLP 512, 1024-tok
 // positions. The end-of-text token's embedding is zero, so that its tied
 // logit is 0 and greedy generations do not end early by chance.
 func TinyServeModel(seed uint64) (*model.Model, *tokenizer.Tokenizer, error) {
-	bm, err := bpetrain.Train(SampleText(), bpetrain.Config{VocabSize: 1024})
-	if err != nil {
-		return nil, nil, err
-	}
-	raw, err := bm.JSON()
-	if err != nil {
-		return nil, nil, err
-	}
-	tok, err := tokenizer.Parse(raw)
+	tok, err := SampleTokenizer()
 	if err != nil {
 		return nil, nil, err
 	}
@@ -545,6 +537,20 @@ func TinyServeModel(seed uint64) (*model.Model, *tokenizer.Tokenizer, error) {
 	}
 	clear(m.Weights.Embed[eos*c.HiddenSize : (eos+1)*c.HiddenSize])
 	return m, tok, nil
+}
+
+// SampleTokenizer returns a 1024-token byte-level BPE trained on the
+// bundled text sample (deterministic; no download).
+func SampleTokenizer() (*tokenizer.Tokenizer, error) {
+	bm, err := bpetrain.Train(SampleText(), bpetrain.Config{VocabSize: 1024})
+	if err != nil {
+		return nil, err
+	}
+	raw, err := bm.JSON()
+	if err != nil {
+		return nil, err
+	}
+	return tokenizer.Parse(raw)
 }
 
 // LeakCheck compares an in-process server before a load test and after it

@@ -24,6 +24,7 @@ import (
 	"github.com/twell-ai/twell/mlp"
 	"github.com/twell-ai/twell/model"
 	"github.com/twell-ai/twell/serve"
+	"github.com/twell-ai/twell/synth"
 	"github.com/twell-ai/twell/tokenizer"
 )
 
@@ -40,6 +41,8 @@ func runBenchServe(args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("bench serve", stderr)
 	url := fs.String("url", "", "a running server's base URL, e.g. http://127.0.0.1:8080 (default: start one in this process, over loopback)")
 	dir := fs.String("model", "", "in-process server: checkpoint folder (default: a tiny random model with a tokenizer trained on the bundled sample, no download)")
+	preset := fs.String("preset", "", "in-process server: random weights at a known shape instead of -model: sparselm-1.5b (gates calibrated to 0.5% skewed; prompts through the sample tokenizer)")
+	layers := fs.Int("layers", 0, "with -preset: keep only the first N layers (0: all)")
 	requests := fs.Int("requests", 64, "requests to send, 1..1000000")
 	rate := fs.Float64("rate", 0, "mean requests per second, Poisson arrivals (0: all at once)")
 	concurrency := fs.Int("concurrency", 0, "most requests in flight (0: no limit)")
@@ -67,14 +70,21 @@ func runBenchServe(args []string, stdout, stderr io.Writer) error {
 	}
 	set := setFlags(fs)
 	if *url != "" {
-		for _, f := range []string{"model", "device", "mlp", "max-concurrent", "prefill-tokens", "kv-memory", "kv-page-size", "context"} {
+		for _, f := range []string{"model", "preset", "layers", "device", "mlp", "max-concurrent", "prefill-tokens", "kv-memory", "kv-page-size", "context"} {
 			if set[f] {
 				return usagef("-%s sets up the in-process server; it does not apply with -url", f)
 			}
 		}
 	}
-	if *words < 1 {
+	switch {
+	case *words < 1:
 		return usagef("-prompt-words %d: must be >= 1", *words)
+	case *preset != "" && *preset != "sparselm-1.5b":
+		return usagef("-preset %q: the known preset is sparselm-1.5b", *preset)
+	case *preset != "" && *dir != "":
+		return usagef("give -model DIR or -preset NAME, not both")
+	case *layers < 0 || (*layers > 0 && *preset == ""):
+		return usagef("-layers %d: a number of layers >= 0, with -preset", *layers)
 	}
 	if *seed == 0 {
 		*seed = rand.Uint64()
@@ -102,7 +112,7 @@ func runBenchServe(args []string, stdout, stderr io.Writer) error {
 	deviceName, server := "remote", *url
 	var is *inProcess
 	if *url == "" {
-		st := serverSetup{dir: *dir, device: *device, path: path, maxConc: *maxConc, prefill: *prefill, kvMem: *kvMem, kvPage: *kvPage,
+		st := serverSetup{dir: *dir, preset: *preset, layers: *layers, device: *device, path: path, maxConc: *maxConc, prefill: *prefill, kvMem: *kvMem, kvPage: *kvPage,
 			context: *ctxLen, queue: *requests}
 		if is, err = startInProcess(st, stderr); err != nil {
 			return err
@@ -188,10 +198,10 @@ func promptTexts(path string) ([]string, string, error) {
 
 // serverSetup is the in-process server's settings (the serve flags).
 type serverSetup struct {
-	dir, device, kvMem     string
-	path                   mlp.Path
-	maxConc, prefill       int
-	kvPage, context, queue int
+	dir, preset, device, kvMem string
+	path                       mlp.Path
+	maxConc, prefill, layers   int
+	kvPage, context, queue     int
 }
 
 // inProcess is a server run in this process for the load test.
@@ -257,13 +267,23 @@ func startInProcess(st serverSetup, stderr io.Writer) (*inProcess, error) {
 	var m *model.Model
 	var tok *tokenizer.Tokenizer
 	modelDesc := bench.TinyServeModelName
-	if st.dir != "" {
+	switch {
+	case st.dir != "":
 		if m, tok, err = loadCheckpoint(st.dir); err != nil {
 			return nil, err
 		}
 		o.ModelName = filepath.Base(filepath.Clean(st.dir))
 		modelDesc = o.ModelName
-	} else {
+	case st.preset != "":
+		say := func(s string) { fmt.Fprintln(stderr, "bench serve: "+s) }
+		if m, modelDesc, err = bench.PresetModel(st.layers, 0.005, synth.Skewed, rand.New(rand.NewPCG(tinyServeSeed, 0x15b)), say); err != nil {
+			return nil, err
+		}
+		if tok, err = bench.SampleTokenizer(); err != nil {
+			return nil, err
+		}
+		o.ModelName = st.preset
+	default:
 		fmt.Fprintln(stderr, "bench serve: no -model: building a tiny random model (tokenizer trained on the bundled sample)")
 		if m, tok, err = bench.TinyServeModel(tinyServeSeed); err != nil {
 			return nil, err

@@ -86,6 +86,11 @@ func TestBenchServeBadFlags(t *testing.T) {
 		{[]string{"-kv-memory", "much"}, 2, "-kv-memory"},
 		{[]string{"-device", "tpu"}, 2, "tpu"},
 		{[]string{"-model", "/nonexistent"}, 1, "nonexistent"},
+		{[]string{"-preset", "gpt-5"}, 2, "-preset \"gpt-5\""},
+		{[]string{"-preset", "sparselm-1.5b", "-model", "x"}, 2, "not both"},
+		{[]string{"-layers", "2"}, 2, "-layers 2"},
+		{[]string{"-preset", "sparselm-1.5b", "-layers", "-1"}, 2, "-layers -1"},
+		{[]string{"-url", "http://127.0.0.1:1", "-preset", "sparselm-1.5b"}, 2, "-preset sets up the in-process server"},
 		{[]string{"-json", "/nonexistent/x.json"}, 1, "does not exist"},
 		{[]string{"-url", "http://127.0.0.1:1", "-requests", "2"}, 1, "all 2 requests failed"},
 	}
