@@ -63,3 +63,14 @@ func TestCompileWGMMAPTX(t *testing.T) {
 	}
 	cudatest.CleanSASS(t, "d2t_wgmma.cu", d2tWGMMASrc, append([]cuda.CompileOption{cuda.WithNameExpressions(exprs...)}, Headers()...)...)
 }
+
+// TestGEMVCleanSASS: the small-batch kernels, every batch size of gemvRows,
+// compile to sm_90a machine code without spills (each token adds
+// accumulators per unit in flight).
+func TestGEMVCleanSASS(t *testing.T) {
+	cudatest.Compiler(t)
+	if major, minor, _, _ := cuda.NVRTCVersion(); major < 12 {
+		t.Skipf("NVRTC %d.%d cannot target sm_90a", major, minor)
+	}
+	cudatest.CleanSASS(t, "gemv.cu", gemvSrc, append([]cuda.CompileOption{cuda.WithNameExpressions(gemvExprs()...)}, Headers()...)...)
+}

@@ -1,4 +1,4 @@
-// gemv.cu: the sparse MLP for batches of at most 4 tokens (decode steps).
+// gemv.cu: the sparse MLP for batches of at most 8 tokens (decode steps).
 //
 // D2T works on 128-row tiles: for one token it computes 128 rows of the
 // gate GEMM, compute-bound, and its tail kernels give one CTA per 8 tokens.
@@ -121,9 +121,11 @@ __device__ __forceinline__ void act_group(const u16* __restrict__ x, const int* 
 }
 
 // gemv_act: grid F/32 blocks of 256 threads, warp w taking units 4w..4w+3
-// of the block's 32; dynamic shared memory MB*d*2 (LIST) or m*d*2.
+// of the block's 32; dynamic shared memory MB*d*2 (LIST) or m*d*2. Eight
+// tokens' accumulators need more than 128 registers a thread: one block
+// per SM is then asked for, so that ptxas does not spill.
 template <int MB, bool GATED, bool LIST>
-__global__ void __launch_bounds__(256)
+__global__ void __launch_bounds__(256, MB >= 8 ? 1 : 0)
     gemv_act(const u16* __restrict__ x, const u16* __restrict__ w, const u16* __restrict__ up, float* __restrict__ h,
              u32* __restrict__ mask, u32* __restrict__ cnt, int m, int d, int f, const int* __restrict__ list,
              int first, int cap) {

@@ -52,7 +52,7 @@ func (l *MLP) sparseGEMV(s *cuda.Stream, y, x *cuda.Buffer, m int) error {
 }
 
 // gemvSet are the kernels of the small-batch sparse MLP (gemv.cu), by
-// rows per call (1, 2 or 4: the template's MB) and, for act, gated or not.
+// rows per call (1, 2, 4 or 8: the template's MB) and, for act, gated or not.
 type gemvSet struct {
 	actGated, actPlain, down map[int]*cuda.Function
 	// The LIST forms (MB = 4), which recompute the rows D2T flagged.
@@ -61,10 +61,10 @@ type gemvSet struct {
 
 // gemvRows are the batch sizes gemv.cu is instantiated for; a call of m
 // tokens uses the smallest that holds m.
-var gemvRows = []int{1, 2, 4}
+var gemvRows = []int{1, 2, 4, 8}
 
 // gemvMaxRows is the largest batch the small-batch sparse MLP takes.
-const gemvMaxRows = 4
+const gemvMaxRows = 8
 
 // gemvExprs lists the kernels of gemv.cu: gated act, plain act and down
 // per batch size of gemvRows, then the same three LIST forms.

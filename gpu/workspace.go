@@ -85,7 +85,7 @@ func padRows(m int) int { return (m + 255) / 256 * 256 }
 // m tokens: the packed gate, the row flags and the overflow list (the
 // fallback scratch is fixed, one f-vector per multiprocessor), the split
 // tail's list lengths, and the gathered dense pass at its current size; for
-// m <= 4, the small-batch kernels' h, mask and counts.
+// m <= gemvMaxRows, the small-batch kernels' h, mask and counts.
 func (l *MLP) SparseActBytes(m int) int64 {
 	if m <= gemvMaxRows {
 		return int64(4*gemvMaxRows*l.F + 2*4*(l.F/32))
