@@ -131,6 +131,14 @@ func (s *Sampler) Pick(logits []float32, history []int) (int, error) {
 	if len(logits) == 0 {
 		return 0, fmt.Errorf("sample: %w: no logits", ErrNoCandidate)
 	}
+	if s.o.Temperature == 0 && (s.o.RepetitionPenalty == 1 || len(history) == 0) {
+		// Greedy without a penalty: one pass over the float32 logits, with
+		// the rules below (+Inf first, then the largest finite; the lowest
+		// index among equals; never NaN, never -Inf alone).
+		if best := argmax(logits); best >= 0 {
+			return best, nil
+		}
+	}
 	z := s.logits(logits, history)
 
 	// Restrict to the candidates: the +Inf tokens when there are any, else
@@ -234,6 +242,45 @@ func (s *Sampler) Pick(logits []float32, history []int) (int, error) {
 		}
 	}
 	return s.idx[n-1], nil
+}
+
+// argmax returns the index of the largest logit above -Inf (+Inf counts
+// as largest), the lowest among equals, never a NaN; -1 when there is
+// none. Four running maxima keep the comparisons of the first pass
+// independent; the second finds the value's first index.
+func argmax(x []float32) int {
+	ninf := float32(math.Inf(-1))
+	m0, m1, m2, m3 := ninf, ninf, ninf, ninf
+	i := 0
+	for ; i+4 <= len(x); i += 4 {
+		if x[i] > m0 { // false for NaN
+			m0 = x[i]
+		}
+		if x[i+1] > m1 {
+			m1 = x[i+1]
+		}
+		if x[i+2] > m2 {
+			m2 = x[i+2]
+		}
+		if x[i+3] > m3 {
+			m3 = x[i+3]
+		}
+	}
+	for ; i < len(x); i++ {
+		if x[i] > m0 {
+			m0 = x[i]
+		}
+	}
+	m := max(m0, m1, m2, m3) // no NaN among them
+	if m == ninf {
+		return -1
+	}
+	for i, v := range x {
+		if v == m {
+			return i
+		}
+	}
+	return -1
 }
 
 // draw samples one of the candidates s.idx from the softmax of z at the

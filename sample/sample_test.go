@@ -329,3 +329,34 @@ func TestPenaltyKeepsFinite(t *testing.T) {
 		t.Fatalf("penalty 1e-300 made a finite logit +Inf: Sample = %d, want 1", id)
 	}
 }
+
+// TestArgmaxMatchesScan: the four-lane greedy scan picks what a plain scan
+// with the package's rules picks (+Inf first, the lowest index among
+// equals, never NaN, nothing when every value is -Inf or NaN), on random
+// rows of every short length with special values and ties mixed in.
+func TestArgmaxMatchesScan(t *testing.T) {
+	r, seed := testutil.Rand(t)
+	special := []float32{float32(math.NaN()), float32(math.Inf(1)), float32(math.Inf(-1)), 0, 1, -1}
+	for trial := range 20000 {
+		x := make([]float32, r.IntN(40))
+		for i := range x {
+			switch r.IntN(5) {
+			case 0:
+				x[i] = special[r.IntN(len(special))]
+			case 1:
+				x[i] = float32(r.IntN(3)) // ties
+			default:
+				x[i] = float32(r.NormFloat64())
+			}
+		}
+		want := -1
+		for i, v := range x {
+			if v > float32(math.Inf(-1)) && (want < 0 || v > x[want]) {
+				want = i
+			}
+		}
+		if got := argmax(x); got != want {
+			t.Fatalf("seed %d trial %d: argmax(%v) = %d, want %d", seed, trial, x, got, want)
+		}
+	}
+}
