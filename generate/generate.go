@@ -109,6 +109,11 @@ type Sequence struct {
 	limit    int    // the most tokens this sequence may generate
 	emitted  string // text already returned in steps
 	text     string // text so far, cut at a stop string once found
+	// Incremental detokenising: gen[decOff:readOff] was decoded last step
+	// as context for the tokens after it (a decoder treats a sequence's
+	// first token specially, e.g. dropping its leading space), so each
+	// step decodes a short window, not the whole generation.
+	decOff, readOff int
 	reason   StopReason
 	maxStop  int
 	promptN  int
@@ -175,18 +180,26 @@ func (s *Sequence) Next(logits []float32) (Step, error) {
 		return Step{}, err
 	}
 	if s.eos[tok] {
+		if err := s.decodeNew(true); err != nil {
+			return Step{}, err
+		}
 		return s.finish(EndOfSequence, -1)
 	}
 	s.gen = append(s.gen, tok)
 	s.history = append(s.history, tok)
-	text, err := s.dec.Decode(s.gen, true)
-	if err != nil {
+	old := len(s.text)
+	// At the last token the text is complete: an unfinished UTF-8
+	// sequence then shows as U+FFFD, as a decode of the whole would.
+	if err := s.decodeNew(len(s.gen) == s.limit); err != nil {
 		return Step{}, err
 	}
-	s.text = text
-	if cut, ok := stopAt(text, s.o.Stop); ok {
-		s.text = cut
-		return s.finish(StopString, tok)
+	if s.maxStop > 0 {
+		// Earlier steps found no stop string: one must end in the new text.
+		from := max(0, old-s.maxStop+1)
+		if cut, ok := stopAt(s.text[from:], s.o.Stop); ok {
+			s.text = s.text[:from] + cut
+			return s.finish(StopString, tok)
+		}
 	}
 	if len(s.gen) == s.limit {
 		if s.limit == s.o.MaxTokens {
@@ -195,6 +208,42 @@ func (s *Sequence) Next(logits []float32) (Step, error) {
 		return s.finish(ContextFull, tok)
 	}
 	return Step{Token: tok, Text: s.release(false)}, nil
+}
+
+// decodeNew appends to s.text the text of the tokens generated since the
+// last text appended: the decode of the window gen[decOff:] less that of
+// its context gen[decOff:readOff]. Unless final, it waits while the new
+// text is empty or ends in an unfinished UTF-8 sequence (U+FFFD), so that
+// a character split over tokens comes whole.
+func (s *Sequence) decodeNew(final bool) error {
+	if s.readOff == len(s.gen) {
+		return nil
+	}
+	ctx, err := s.dec.Decode(s.gen[s.decOff:s.readOff], true)
+	if err != nil {
+		return err
+	}
+	win, err := s.dec.Decode(s.gen[s.decOff:], true)
+	if err != nil {
+		return err
+	}
+	if len(win) <= len(ctx) || (!final && strings.HasSuffix(win, string(utf8.RuneError))) {
+		return nil
+	}
+	if strings.HasPrefix(win, ctx) && !strings.ContainsRune(win, utf8.RuneError) {
+		s.text += win[len(ctx):]
+	} else {
+		// Bytes that form no valid UTF-8: how they decode can depend on
+		// tokens outside the window (a byte-fallback decoder replaces a
+		// whole run of byte tokens), so decode everything.
+		all, err := s.dec.Decode(s.gen, true)
+		if err != nil {
+			return err
+		}
+		s.text = all
+	}
+	s.decOff, s.readOff = s.readOff, len(s.gen)
+	return nil
 }
 
 // finish ends the sequence for reason r after token tok.

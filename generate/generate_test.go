@@ -4,12 +4,16 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/twell-ai/twell/engine"
+	"github.com/twell-ai/twell/engine/enginetest"
 	"github.com/twell-ai/twell/internal/testutil"
 	"github.com/twell-ai/twell/mlp"
 	"github.com/twell-ai/twell/model"
 	"github.com/twell-ai/twell/sample"
+	"github.com/twell-ai/twell/tokenizer"
+	"github.com/twell-ai/twell/tokenizer/bpetrain"
 )
 
 // pieces is a toy vocabulary: token i decodes to pieces[i].
@@ -186,6 +190,78 @@ func TestVocabLimitsSampling(t *testing.T) {
 	for _, id := range res.Tokens {
 		if id >= len(voc) {
 			t.Fatalf("sampled id %d past the vocabulary of %d", id, len(voc))
+		}
+	}
+}
+
+// TestIncrementalTextMatchesWholeDecode: the text a sequence builds step by
+// step, decoding short windows, equals the decode of all its tokens at
+// once, for random token sequences of a SentencePiece tokenizer with byte
+// fallback (characters split over byte tokens, leading spaces) and a
+// byte-level BPE; and, where the bytes are valid UTF-8, every step's
+// released text adds up to it.
+func TestIncrementalTextMatchesWholeDecode(t *testing.T) {
+	r, seed := testutil.Rand(t)
+	llama, _ := enginetest.Llama2Tokenizer(t)
+	bm, err := bpetrain.Train([]string{"the quick brown fox jumps over the lazy dog; naïve café — ünïcödé ✓ 日本語 テキスト",
+		strings.Repeat("sparse transformers skip the zeros. ", 20)}, bpetrain.Config{VocabSize: 400})
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := bm.JSON()
+	if err != nil {
+		t.Fatal(err)
+	}
+	bpe, err := tokenizer.Parse(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, tok := range map[string]*tokenizer.Tokenizer{"llama-2": llama, "byte-level": bpe} {
+		for trial := range 200 {
+			n := 1 + r.IntN(60)
+			ids := make([]int, n)
+			for i := range ids {
+				ids[i] = r.IntN(tok.VocabSize())
+				if name == "llama-2" && r.IntN(3) == 0 {
+					ids[i] = 3 + r.IntN(256) // byte-fallback tokens: split characters
+				}
+			}
+			s, err := NewSequence(tok, []int{1}, Options{MaxTokens: n, Context: n + 2, Sample: sample.Greedy()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var released strings.Builder
+			for i, id := range ids {
+				logits := make([]float32, tok.VocabSize())
+				logits[id] = 1
+				st, err := s.Next(logits)
+				if err != nil {
+					t.Fatal(err)
+				}
+				released.WriteString(st.Text)
+				if st.Done != (i == n-1) {
+					t.Fatalf("%s seed %d trial %d: step %d of %d: done %v", name, seed, trial, i, n, st.Done)
+				}
+			}
+			want, err := tok.Decode(ids, true)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// Where bytes form no valid UTF-8, later tokens can change how
+			// earlier ones decode: text already released then stands.
+			stable := !strings.ContainsRune(want, utf8.RuneError)
+			if s.Text() != want || (stable && released.String() != want) {
+				got := s.Text()
+				if got == want {
+					got = released.String()
+				}
+				i := 0
+				for i < len(got) && i < len(want) && got[i] == want[i] {
+					i++
+				}
+				t.Fatalf("%s seed %d trial %d: ids %v: text (or released text) differs from the whole decode at byte %d: %q against %q",
+					name, seed, trial, ids, i, got[max(0, i-8):min(len(got), i+12)], want[max(0, i-8):min(len(want), i+12)])
+			}
 		}
 	}
 }
