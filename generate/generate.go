@@ -100,24 +100,24 @@ type Step struct {
 
 // Sequence is the state of one generation.
 type Sequence struct {
-	o        Options
-	dec      Decoder
-	sampler  *sample.Sampler
-	eos      map[int]bool
-	history  []int // prompt and generated tokens (for the repetition penalty)
-	gen      []int
-	limit    int    // the most tokens this sequence may generate
-	emitted  string // text already returned in steps
-	text     string // text so far, cut at a stop string once found
+	o       Options
+	dec     Decoder
+	sampler *sample.Sampler
+	eos     map[int]bool
+	history []int // prompt and generated tokens (for the repetition penalty)
+	gen     []int
+	limit   int    // the most tokens this sequence may generate
+	emitted string // text already returned in steps
+	text    string // text so far, cut at a stop string once found
 	// Incremental detokenising: gen[decOff:readOff] was decoded last step
 	// as context for the tokens after it (a decoder treats a sequence's
 	// first token specially, e.g. dropping its leading space), so each
 	// step decodes a short window, not the whole generation.
 	decOff, readOff int
-	reason   StopReason
-	maxStop  int
-	promptN  int
-	capacity int
+	reason          StopReason
+	maxStop         int
+	promptN         int
+	capacity        int
 }
 
 // NewSequence starts a generation after prompt (token ids, not empty). The
