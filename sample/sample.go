@@ -91,7 +91,8 @@ type Sampler struct {
 	seen   []bool
 	idx    []int
 	prob   []float64
-	ranked []ranked // Pick's sort buffer
+	w      []float32 // drawFast's weights
+	ranked []ranked  // Pick's sort buffer
 }
 
 // New returns a Sampler for o, or o's validation error.
@@ -130,6 +131,11 @@ func (s *Sampler) Sample(logits []float32, history []int) int {
 func (s *Sampler) Pick(logits []float32, history []int) (int, error) {
 	if len(logits) == 0 {
 		return 0, fmt.Errorf("sample: %w: no logits", ErrNoCandidate)
+	}
+	if s.o.Temperature > 0 && s.o.TopK == 0 && s.o.TopP == 1 && (s.o.RepetitionPenalty == 1 || len(history) == 0) {
+		if id, ok := s.drawFast(logits); ok {
+			return id, nil
+		}
 	}
 	if s.o.Temperature == 0 && (s.o.RepetitionPenalty == 1 || len(history) == 0) {
 		// Greedy without a penalty: one pass over the float32 logits, with
@@ -281,6 +287,60 @@ func argmax(x []float32) int {
 		}
 	}
 	return -1
+}
+
+// drawFast is the draw over every logit above -Inf, without a filter or a
+// penalty, straight from the float32 logits: weights exp((z-max)/T) in
+// float32 (expNeg, relative error below 1e-6), summed in float64. It
+// reports false, leaving the general path to decide, when the maximum is
+// +Inf or no logit is a candidate.
+func (s *Sampler) drawFast(logits []float32) (int, bool) {
+	top := argmax(logits)
+	if top < 0 || math.IsInf(float64(logits[top]), 1) {
+		return 0, false
+	}
+	m, inv := logits[top], float32(1/s.o.Temperature)
+	if math.IsInf(float64(inv), 1) { // a temperature below float32's range: the top token
+		return top, true
+	}
+	w := slices.Grow(s.w[:0], len(logits))[:len(logits)]
+	s.w = w
+	sum := 0.0
+	for i, v := range logits {
+		e := float32(0)
+		if v > float32(math.Inf(-1)) { // false for NaN
+			e = expNeg((v - m) * inv)
+		}
+		w[i] = e
+		sum += float64(e)
+	}
+	u := s.r.Float64() * sum
+	last := top
+	for i, e := range w {
+		if e == 0 {
+			continue
+		}
+		last = i
+		if u -= float64(e); u < 0 {
+			return i, true
+		}
+	}
+	return last, true // rounding left u at or above 0
+}
+
+// expNeg returns e^x for x <= 0 in float32 (0 below float32's smallest
+// normal): x = k ln 2 + r with |r| <= ln2/2, e^r by a degree-6 Taylor
+// polynomial (relative error below 2e-7 there), scaled by 2^k through the
+// exponent bits.
+func expNeg(x float32) float32 {
+	if x < -87.3 || x != x {
+		return 0
+	}
+	const log2e, ln2hi, ln2lo = 1.44269504088896341, 0.693359375, -2.12194440e-4
+	k := float32(math.Floor(float64(x*log2e + 0.5)))
+	r := x - k*ln2hi - k*ln2lo
+	p := 1 + r*(1+r*(1.0/2+r*(1.0/6+r*(1.0/24+r*(1.0/120+r*(1.0/720))))))
+	return p * math.Float32frombits(uint32(int32(k)+127)<<23)
 }
 
 // draw samples one of the candidates s.idx from the softmax of z at the

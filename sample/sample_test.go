@@ -360,3 +360,26 @@ func TestArgmaxMatchesScan(t *testing.T) {
 		}
 	}
 }
+
+// TestExpNeg: the float32 exponential of the fast draw is within 1e-6 of
+// math.Exp, relatively, over its range, and 0 below it.
+func TestExpNeg(t *testing.T) {
+	r, seed := testutil.Rand(t)
+	for range 200000 {
+		x := float32(-r.Float64() * 87)
+		want := math.Exp(float64(x))
+		if got := float64(expNeg(x)); math.Abs(got-want) > 1e-6*want {
+			t.Fatalf("seed %d: expNeg(%g) = %g, want %g", seed, x, got, want)
+		}
+	}
+	for _, x := range []float32{0, -1e-30} {
+		if got := expNeg(x); got != 1 {
+			t.Errorf("expNeg(%g) = %g, want 1", x, got)
+		}
+	}
+	for _, x := range []float32{-88, -1e30, float32(math.Inf(-1)), float32(math.NaN())} {
+		if got := expNeg(x); got != 0 {
+			t.Errorf("expNeg(%g) = %g, want 0", x, got)
+		}
+	}
+}
