@@ -15,6 +15,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 
@@ -38,7 +39,9 @@ type run struct {
 	layers  int
 	params  int64 // model parameters
 	reinit  bool  // dead units re-initialised
-	sizes   bool  // the report holds more than one model size: name the size
+	seed    uint64
+	seeds   bool // the report holds more than one seed: name it
+	sizes   bool // the report holds more than one model size: name the size
 	metrics []train.Metrics
 	eval    eval.Report
 }
@@ -68,15 +71,18 @@ func main() {
 		if a.params != b.params {
 			return a.params < b.params
 		}
+		if a.seed != b.seed {
+			return a.seed < b.seed
+		}
 		if a.reinit != b.reinit {
 			return !a.reinit
 		}
 		return a.l1 < b.l1
 	})
-	if runs[len(runs)-1].params != runs[0].params {
-		for _, r := range runs {
-			r.sizes = true
-		}
+	sizes := runs[len(runs)-1].params != runs[0].params // sorted by size
+	seeds := slices.ContainsFunc(runs, func(o *run) bool { return o.seed != runs[0].seed })
+	for _, r := range runs {
+		r.sizes, r.seeds = sizes, seeds
 	}
 	table(os.Stdout, runs)
 	if *out != "" {
@@ -101,7 +107,7 @@ func load(dir string) (*run, error) {
 		return nil, fmt.Errorf("%s: model config: %w", dir, err)
 	}
 	r := &run{dir: dir, l1: st.Config.L1, steps: st.Step, tokens: st.Tokens, width: mc.IntermediateSize, layers: mc.NumHiddenLayers,
-		params: mc.ParamCount(), reinit: st.Config.ReinitDead}
+		params: mc.ParamCount(), reinit: st.Config.ReinitDead, seed: st.Config.Seed}
 	if err := readJSON(filepath.Join(dir, "eval.json"), &r.eval); err != nil {
 		return nil, err
 	}
@@ -163,6 +169,9 @@ func (r *run) name() string {
 	}
 	if r.reinit {
 		n += ", re-init"
+	}
+	if r.seeds {
+		n += fmt.Sprintf(", seed %d", r.seed)
 	}
 	if r.sizes {
 		n = r.size() + " " + n
@@ -263,7 +272,7 @@ func plots(dir string, runs []*run) error {
 	for i := 0; i < len(runs); {
 		j := i
 		var c, a plotter.XYs
-		for ; j < len(runs) && runs[j].params == runs[i].params; j++ {
+		for ; j < len(runs) && runs[j].params == runs[i].params && runs[j].seed == runs[i].seed; j++ {
 			r := runs[j]
 			if r.reinit {
 				continue
@@ -276,8 +285,12 @@ func plots(dir string, runs []*run) error {
 			c = append(c, plotter.XY{X: x, Y: v})
 			a = append(a, plotter.XY{X: x, Y: math.Max(100*r.meanActive(), 1e-3)})
 		}
-		ce = append(ce, runs[i].size()+" parameters", c)
-		act = append(act, runs[i].size()+" parameters", a)
+		label := runs[i].size() + " parameters"
+		if runs[i].seeds {
+			label += fmt.Sprintf(", seed %d", runs[i].seed)
+		}
+		ce = append(ce, label, c)
+		act = append(act, label, a)
 		i = j
 	}
 	if math.IsInf(least, 1) {
