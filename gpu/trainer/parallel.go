@@ -26,8 +26,9 @@ import (
 //   - Update runs AdamW on the rank's shard, then all-gathers the fp32 and
 //     bf16 weights.
 //
-// Every wait for collectives is bounded by Options.CommTimeout, past which
-// the communicator is aborted. With one rank the collectives copy or do
+// Each of those waits for its collectives, bounded by Options.CommTimeout.
+//
+// Past the timeout the communicator is aborted. With one rank the collectives copy or do
 // nothing, so the results equal a single GPU's bit for bit.
 
 // shardAlign is the granularity of a shard in values (256 bytes of fp32).
@@ -150,8 +151,10 @@ func (b *Backend) reduceStep() error {
 	return b.comm.Wait(b.s, b.timeout())
 }
 
-// gatherWeights queues the all-gather of every rank's updated shard of the
-// fp32 weights and their bf16 copy.
+// gatherWeights all-gathers every rank's updated shard of the fp32
+// weights and their bf16 copy, and waits for it (bounded, as every wait
+// for collectives: a later plain synchronisation would hang on a dead
+// rank).
 func (b *Backend) gatherWeights() error {
 	sl := &slicer{}
 	per := b.hi - b.lo
@@ -162,7 +165,10 @@ func (b *Backend) gatherWeights() error {
 	if err := b.comm.AllGather(w, b.w, per, nccl.Float32, b.s); err != nil {
 		return err
 	}
-	return b.comm.AllGather(wb, b.wb, per, nccl.BFloat16, b.s)
+	if err := b.comm.AllGather(wb, b.wb, per, nccl.BFloat16, b.s); err != nil {
+		return err
+	}
+	return b.comm.Wait(b.s, b.timeout())
 }
 
 // gatherMoment gathers every rank's shard of the moment buffer m into the
