@@ -26,10 +26,9 @@ import (
 //   - Update runs AdamW on the rank's shard, then all-gathers the fp32 and
 //     bf16 weights.
 //
-// Each of those waits for its collectives, bounded by Options.CommTimeout.
-//
-// Past the timeout the communicator is aborted. With one rank the collectives copy or do
-// nothing, so the results equal a single GPU's bit for bit.
+// Each of those waits for its collectives, bounded by Options.CommTimeout:
+// past it the communicator is aborted. With one rank the collectives copy
+// or do nothing, so the results equal a single GPU's bit for bit.
 
 // shardAlign is the granularity of a shard in values (256 bytes of fp32).
 const shardAlign = 64
