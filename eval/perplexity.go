@@ -18,9 +18,8 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"runtime"
-	"sync"
 
+	"github.com/twell-ai/twell/cpu"
 	"github.com/twell-ai/twell/engine"
 )
 
@@ -134,18 +133,7 @@ func LogProb(logits []float32, target int) float64 {
 // microseconds, which would otherwise bound a GPU evaluation.
 func logProbs(logits [][]float32, rows, targets []int) []float64 {
 	out := make([]float64, len(rows))
-	workers := min(runtime.GOMAXPROCS(0), (len(rows)+63)/64)
-	var wg sync.WaitGroup
-	for w := range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := w; i < len(rows); i += workers {
-				out[i] = LogProb(logits[rows[i]], targets[i])
-			}
-		}()
-	}
-	wg.Wait()
+	cpu.ParallelFor(len(rows), func(i int) { out[i] = LogProb(logits[rows[i]], targets[i]) })
 	return out
 }
 

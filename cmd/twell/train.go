@@ -9,10 +9,8 @@ import (
 	"math"
 	"math/rand/v2"
 	"os"
-	"os/signal"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/twell-ai/twell/backend"
@@ -156,33 +154,17 @@ func runTrain(args []string, stdout, stderr io.Writer) error {
 
 	// Everything is checked: from here on the run writes into -out. Ctrl-C
 	// (or SIGTERM) ends it after the step under way, saved; a second one at
-	// once.
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	sigs := make(chan os.Signal, 2)
-	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
-	defer func() {
-		signal.Stop(sigs)
-		close(sigs)
-	}()
-	go func() {
-		if _, ok := <-sigs; !ok {
-			return
-		}
-		cancel()
-		first := time.Now()
-		for {
-			if _, ok := <-sigs; !ok {
-				return
-			}
-			// A rank can get one signal from its launcher and the same one
-			// from a supervisor that signals every process: only a signal
-			// well after the first means "now".
-			if !f.ranked || time.Since(first) > 2*time.Second {
-				os.Exit(130) // a second Ctrl-C: stop now; the last complete checkpoint stays on disk
-			}
-		}
-	}()
+	// once. A rank can get one signal from its launcher and the same one
+	// from a supervisor that signals every process: for it only a signal
+	// well after the first means "now".
+	gap := time.Duration(0)
+	if f.ranked {
+		gap = 2 * time.Second
+	}
+	ctx, stopSignals := onInterrupt(func() {
+		os.Exit(130) // a second Ctrl-C: stop now; the last complete checkpoint stays on disk
+	}, gap)
+	defer stopSignals()
 
 	if s.clearRun && f.writer() {
 		extra := []string{}

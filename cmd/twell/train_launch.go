@@ -1,14 +1,11 @@
 package main
 
 import (
-	"context"
 	"errors"
 	"flag"
 	"io"
 	"os"
-	"os/signal"
 	"strings"
-	"syscall"
 
 	"github.com/twell-ai/twell/dist"
 )
@@ -34,24 +31,9 @@ func launchTrain(f *trainFlags, args []string, stdout, stderr io.Writer) (bool, 
 
 	// The first Ctrl-C (or SIGTERM) has every rank save a checkpoint and
 	// stop; a second one kills them.
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
 	kill := make(chan struct{})
-	sigs := make(chan os.Signal, 2)
-	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
-	defer func() {
-		signal.Stop(sigs)
-		close(sigs)
-	}()
-	go func() {
-		if _, ok := <-sigs; !ok {
-			return
-		}
-		cancel()
-		if _, ok := <-sigs; ok {
-			close(kill)
-		}
-	}()
+	ctx, stopSignals := onInterrupt(func() { close(kill) }, 0)
+	defer stopSignals()
 
 	err = dist.Launch(ctx, dist.LaunchOptions{
 		Ranks: f.gpus, Path: exe, Args: append([]string{"train"}, withoutFlag(flagSets["train"], args, "gpus")...),

@@ -34,36 +34,16 @@ func TestPagedCacheMatchesContiguous(t *testing.T) {
 	pc := enginetest.Caches(t, paged, seqs, capacity)
 	fc := enginetest.Caches(t, flat, seqs, capacity)
 	for step := 0; step < 40; step++ {
-		var idx []int
-		var toks [][]int
-		for s := range seqs {
-			room := capacity - pc[s].Len()
-			if room == 0 || r.IntN(4) == 0 {
-				continue
-			}
-			n := 1
-			if r.IntN(3) == 0 {
-				n = 1 + r.IntN(min(room, 40))
-			}
-			idx = append(idx, s)
-			toks = append(toks, enginetest.Tokens(r, n, c.VocabSize))
-		}
+		idx, toks := enginetest.RandomBatch(r, pc, capacity, 40, c.VocabSize)
 		var other engine.Cache
 		if r.IntN(3) == 0 { // another cache holds pages during the step
 			other = enginetest.Caches(t, paged, 1, 64)[0]
 			enginetest.Forward(t, paged, []engine.Cache{other}, [][]int{enginetest.Tokens(r, 1+r.IntN(30), c.VocabSize)}, false)
 		}
 		if len(idx) > 0 {
-			sub := func(cs []engine.Cache) []engine.Cache {
-				out := make([]engine.Cache, len(idx))
-				for i, s := range idx {
-					out[i] = cs[s]
-				}
-				return out
-			}
 			all := r.IntN(2) == 0
-			got, _ := enginetest.Forward(t, paged, sub(pc), toks, all)
-			want, _ := enginetest.Forward(t, flat, sub(fc), toks, all)
+			got, _ := enginetest.Forward(t, paged, enginetest.Pick(pc, idx), toks, all)
+			want, _ := enginetest.Forward(t, flat, enginetest.Pick(fc, idx), toks, all)
 			enginetest.SameBits(t, "paged vs contiguous (seed in the log)", got, want)
 		}
 		if other != nil && r.IntN(2) == 0 {

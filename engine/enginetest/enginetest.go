@@ -66,6 +66,35 @@ func Tokens(r *rand.Rand, n, vocab int) []int {
 	return ts
 }
 
+// RandomBatch draws the sequences of one random step over caches (each of
+// capacity positions): a sequence with room joins with probability 3/4,
+// with one new token, or, a third of the time, with 1 to min(room,
+// maxChunk) tokens. It returns the sequences' indices and their tokens.
+func RandomBatch(r *rand.Rand, caches []engine.Cache, capacity, maxChunk, vocab int) (idx []int, toks [][]int) {
+	for s, c := range caches {
+		room := capacity - c.Len()
+		if room == 0 || r.IntN(4) == 0 {
+			continue
+		}
+		n := 1
+		if r.IntN(3) == 0 {
+			n = 1 + r.IntN(min(room, maxChunk))
+		}
+		idx = append(idx, s)
+		toks = append(toks, Tokens(r, n, vocab))
+	}
+	return idx, toks
+}
+
+// Pick returns caches[i] for each i of idx.
+func Pick(caches []engine.Cache, idx []int) []engine.Cache {
+	out := make([]engine.Cache, len(idx))
+	for i, s := range idx {
+		out[i] = caches[s]
+	}
+	return out
+}
+
 // Argmax returns the index of the largest logit (the first of ties).
 func Argmax(logits []float32) int {
 	best := 0

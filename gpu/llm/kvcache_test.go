@@ -141,41 +141,21 @@ func TestPagedCacheMatchesOnePage(t *testing.T) {
 	pc := enginetest.Caches(t, paged, seqs, capacity)
 	wc := enginetest.Caches(t, whole, seqs, capacity)
 	for step := range 60 {
-		var idx []int
-		var toks [][]int
-		for s := range seqs {
-			room := capacity - pc[s].Len()
-			if room == 0 || r.IntN(4) == 0 {
-				continue
-			}
-			n := 1
-			if r.IntN(3) == 0 {
-				n = 1 + r.IntN(min(room, 150))
-			}
-			idx = append(idx, s)
-			toks = append(toks, enginetest.Tokens(r, n, c.VocabSize))
-		}
+		idx, toks := enginetest.RandomBatch(r, pc, capacity, 150, c.VocabSize)
 		var other engine.Cache
 		if r.IntN(3) == 0 { // another cache holds pages during the step
 			other = enginetest.Caches(t, paged, 1, 128)[0]
 			enginetest.Forward(t, paged, []engine.Cache{other}, [][]int{enginetest.Tokens(r, 1+r.IntN(128), c.VocabSize)}, false)
 		}
 		if len(idx) > 0 {
-			sub := func(cs []engine.Cache) []engine.Cache {
-				out := make([]engine.Cache, len(idx))
-				for i, s := range idx {
-					out[i] = cs[s]
-				}
-				return out
-			}
 			k := kernels[r.IntN(len(kernels))]
 			paged.Attention, whole.Attention = k, k
 			all := r.IntN(2) == 0
-			got, _, err := paged.Forward(sub(pc), toks, all)
+			got, _, err := paged.Forward(enginetest.Pick(pc, idx), toks, all)
 			if err != nil {
 				t.Fatalf("seed %d: step %d: %v", seed, step, err)
 			}
-			want, _ := enginetest.Forward(t, whole, sub(wc), toks, all)
+			want, _ := enginetest.Forward(t, whole, enginetest.Pick(wc, idx), toks, all)
 			enginetest.SameBits(t, fmt.Sprintf("seed %d: step %d (%s): paged vs one page", seed, step, k), got, want)
 		}
 		if other != nil && r.IntN(2) == 0 {

@@ -86,7 +86,6 @@ type Backend struct {
 	// values [lo, hi) of the flat order (all n on a single GPU).
 	w, g, m, v, wb *cuda.Buffer
 	nPad, lo, hi   int
-	comm           *nccl.Comm
 	flag           *cuda.Buffer // int32 scratch of AnyStop
 	optStep        int64
 
@@ -151,7 +150,6 @@ func New(dev *cuda.Device, c model.Config, w *model.Weights, o Options) (*Backen
 		b.n += t.Size()
 	}
 	if o.Comm != nil {
-		b.comm = o.Comm
 		b.shard(o.Comm.Rank(), o.Comm.Size())
 	} else {
 		b.shard(0, 0)
@@ -491,7 +489,7 @@ func (b *Backend) Weights() (*model.Weights, error) {
 // OptimizerState copies the AdamW state to host memory.
 func (b *Backend) OptimizerState() (*train.OptimizerState, error) {
 	load := b.download
-	if b.comm != nil { // every rank must call it: the moments are gathered
+	if b.opts.Comm != nil { // every rank must call it: the moments are gathered
 		load = b.gatherMoment
 	}
 	m, err := load(b.m)

@@ -84,7 +84,7 @@ func (b *Backend) EndStep() (*train.StepStats, error) {
 		return nil, fmt.Errorf("trainer: EndStep after %d of %d micro-batches", b.stepDone, b.stepN)
 	}
 	b.inStep = false
-	if b.comm != nil {
+	if b.opts.Comm != nil {
 		if err := b.reduceStep(); err != nil {
 			return nil, err
 		}
@@ -136,11 +136,11 @@ func (b *Backend) ClipGradients(maxNorm float64) (float64, error) {
 	if err := b.run.sumSq(sum, part, g, hi-lo); err != nil {
 		return 0, err
 	}
-	if b.comm != nil {
-		if err := b.comm.AllReduce(sum, sum, 1, nccl.Float64, nccl.Sum, b.s); err != nil {
+	if b.opts.Comm != nil {
+		if err := b.opts.Comm.AllReduce(sum, sum, 1, nccl.Float64, nccl.Sum, b.s); err != nil {
 			return 0, err
 		}
-		if err := b.comm.Wait(b.s, b.timeout()); err != nil {
+		if err := b.opts.Comm.Wait(b.s, b.timeout()); err != nil {
 			return 0, err
 		}
 	}
@@ -179,7 +179,7 @@ func (b *Backend) Update(h train.AdamW, lr float64) error {
 			return fmt.Errorf("trainer: AdamW on %s: %w", t.Name, err)
 		}
 	}
-	if b.comm != nil {
+	if b.opts.Comm != nil {
 		return b.gatherWeights()
 	}
 	return nil

@@ -80,16 +80,16 @@ func (b *Backend) timeout() time.Duration {
 // Ranks returns this backend's rank and the number of ranks of its
 // data-parallel run (0, 0 without Options.Comm).
 func (b *Backend) Ranks() (rank, world int) {
-	if b.comm == nil {
+	if b.opts.Comm == nil {
 		return 0, 0
 	}
-	return b.comm.Rank(), b.comm.Size()
+	return b.opts.Comm.Rank(), b.opts.Comm.Size()
 }
 
 // AnyStop tells the other ranks whether this one asks to stop and returns
 // whether any does; it waits for every rank, so all stop at the same step.
 func (b *Backend) AnyStop(stop bool) (bool, error) {
-	if b.comm == nil {
+	if b.opts.Comm == nil {
 		return stop, nil
 	}
 	v := []int32{0}
@@ -102,10 +102,10 @@ func (b *Backend) AnyStop(stop bool) (bool, error) {
 	if err := b.dev.CopyHtoD(b.flag, cuda.Bytes(v)); err != nil {
 		return false, err
 	}
-	if err := b.comm.AllReduce(b.flag, b.flag, 1, nccl.Int32, nccl.Max, b.s); err != nil {
+	if err := b.opts.Comm.AllReduce(b.flag, b.flag, 1, nccl.Int32, nccl.Max, b.s); err != nil {
 		return false, err
 	}
-	if err := b.comm.Wait(b.s, b.timeout()); err != nil {
+	if err := b.opts.Comm.Wait(b.s, b.timeout()); err != nil {
 		return false, err
 	}
 	if err := b.dev.CopyDtoH(cuda.Bytes(v), b.flag); err != nil {
@@ -133,10 +133,10 @@ func (b *Backend) localMicroBatches(n int) int {
 // (reduce-scattered) gradient, and waits for them.
 func (b *Backend) reduceStep() error {
 	L, f := b.c.NumHiddenLayers, b.c.IntermediateSize
-	if err := b.comm.AllReduce(b.stats, b.stats, 1+2*L, nccl.Float64, nccl.Sum, b.s); err != nil {
+	if err := b.opts.Comm.AllReduce(b.stats, b.stats, 1+2*L, nccl.Float64, nccl.Sum, b.s); err != nil {
 		return err
 	}
-	if err := b.comm.AllReduce(b.active, b.active, L*f, nccl.Int32, nccl.Sum, b.s); err != nil {
+	if err := b.opts.Comm.AllReduce(b.active, b.active, L*f, nccl.Int32, nccl.Sum, b.s); err != nil {
 		return err
 	}
 	sl := &slicer{}
@@ -144,10 +144,10 @@ func (b *Backend) reduceStep() error {
 	if sl.err != nil {
 		return sl.err
 	}
-	if err := b.comm.ReduceScatter(b.g, mine, b.hi-b.lo, nccl.Float32, nccl.Sum, b.s); err != nil {
+	if err := b.opts.Comm.ReduceScatter(b.g, mine, b.hi-b.lo, nccl.Float32, nccl.Sum, b.s); err != nil {
 		return err
 	}
-	return b.comm.Wait(b.s, b.timeout())
+	return b.opts.Comm.Wait(b.s, b.timeout())
 }
 
 // gatherWeights all-gathers every rank's updated shard of the fp32
@@ -161,22 +161,22 @@ func (b *Backend) gatherWeights() error {
 	if sl.err != nil {
 		return sl.err
 	}
-	if err := b.comm.AllGather(w, b.w, per, nccl.Float32, b.s); err != nil {
+	if err := b.opts.Comm.AllGather(w, b.w, per, nccl.Float32, b.s); err != nil {
 		return err
 	}
-	if err := b.comm.AllGather(wb, b.wb, per, nccl.BFloat16, b.s); err != nil {
+	if err := b.opts.Comm.AllGather(wb, b.wb, per, nccl.BFloat16, b.s); err != nil {
 		return err
 	}
-	return b.comm.Wait(b.s, b.timeout())
+	return b.opts.Comm.Wait(b.s, b.timeout())
 }
 
 // gatherMoment gathers every rank's shard of the moment buffer m into the
 // gradient buffer (free between steps) and downloads it.
 func (b *Backend) gatherMoment(m *cuda.Buffer) ([][]float32, error) {
-	if err := b.comm.AllGather(m, b.g, b.hi-b.lo, nccl.Float32, b.s); err != nil {
+	if err := b.opts.Comm.AllGather(m, b.g, b.hi-b.lo, nccl.Float32, b.s); err != nil {
 		return nil, err
 	}
-	if err := b.comm.Wait(b.s, b.timeout()); err != nil {
+	if err := b.opts.Comm.Wait(b.s, b.timeout()); err != nil {
 		return nil, err
 	}
 	return b.download(b.g)

@@ -1,14 +1,11 @@
 package trainer
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"math/rand/v2"
 	"os"
-	"path/filepath"
 	"testing"
 
 	"github.com/twell-ai/twell/cuda/cudatest"
@@ -121,30 +118,7 @@ func TestOneRankMatchesSingleGPU(t *testing.T) {
 			if err := r2.Loop(context.Background()); err != nil {
 				t.Fatal(err)
 			}
-			ms, ms2 := readMetricsFile(t, plain), readMetricsFile(t, ranked)
-			if len(ms) != 16 || len(ms2) != len(ms) {
-				t.Fatalf("%d and %d metrics lines, want 16", len(ms), len(ms2))
-			}
-			for i, m := range ms {
-				n := ms2[i]
-				same := firstDiff([]float64{m.Loss, m.L1, m.GradNorm, m.DeadFrac}, []float64{n.Loss, n.L1, n.GradNorm, n.DeadFrac}) < 0 &&
-					firstDiff(m.L0, n.L0) < 0 && (m.ValLoss == nil) == (n.ValLoss == nil) &&
-					(m.ValLoss == nil || math.Float64bits(*m.ValLoss) == math.Float64bits(*n.ValLoss))
-				if !same {
-					t.Errorf("seed %d: step %d: one rank: loss %v, L1 %v, gradient norm %v; single GPU %v, %v, %v", seed, m.Step,
-						n.Loss, n.L1, n.GradNorm, m.Loss, m.L1, m.GradNorm)
-				}
-			}
-			for _, f := range []string{"model.safetensors", "optimizer.safetensors"} {
-				x, err1 := os.ReadFile(filepath.Join(plain, "checkpoint", f))
-				y, err2 := os.ReadFile(filepath.Join(ranked, "checkpoint", f))
-				if err1 != nil || err2 != nil {
-					t.Fatal(err1, err2)
-				}
-				if !bytes.Equal(x, y) {
-					t.Errorf("seed %d: the final %s differ", seed, f)
-				}
-			}
+			sameRuns(t, seed, plain, ranked, "single GPU", "one rank", true)
 		})
 	}
 }

@@ -217,31 +217,43 @@ func TestResumeIsBitwise(t *testing.T) {
 			if err := r2.Loop(context.Background()); err != nil {
 				t.Fatal(err)
 			}
-			ms, ms2 := readMetricsFile(t, straight), readMetricsFile(t, resumed)
-			if len(ms) != 16 || len(ms2) != len(ms) {
-				t.Fatalf("%d and %d metrics lines, want 16", len(ms), len(ms2))
-			}
-			for i, m := range ms {
-				n := ms2[i]
-				same := firstDiff([]float64{m.Loss, m.L1, m.GradNorm}, []float64{n.Loss, n.L1, n.GradNorm}) < 0 &&
-					firstDiff(m.L0, n.L0) < 0 && (m.ValLoss == nil) == (n.ValLoss == nil) &&
-					(m.ValLoss == nil || math.Float64bits(*m.ValLoss) == math.Float64bits(*n.ValLoss))
-				if !same {
-					t.Errorf("seed %d: step %d: resumed loss %v, L1 %v, gradient norm %v; straight %v, %v, %v", seed, m.Step,
-						n.Loss, n.L1, n.GradNorm, m.Loss, m.L1, m.GradNorm)
-				}
-			}
-			for _, f := range []string{"model.safetensors", "optimizer.safetensors"} {
-				x, err1 := os.ReadFile(filepath.Join(straight, "checkpoint", f))
-				y, err2 := os.ReadFile(filepath.Join(resumed, "checkpoint", f))
-				if err1 != nil || err2 != nil {
-					t.Fatal(err1, err2)
-				}
-				if !bytes.Equal(x, y) {
-					t.Errorf("seed %d: the final %s differ", seed, f)
-				}
-			}
+			sameRuns(t, seed, straight, resumed, "resumed", "straight", false)
 		})
+	}
+}
+
+// sameRuns requires two 16-step runs in folders a and b (named for the
+// messages) to have logged bit-identical metrics (with deadFrac, the dead
+// fractions too) and written byte-identical final weights and optimizer
+// state.
+func sameRuns(t *testing.T, seed uint64, a, b, nameA, nameB string, deadFrac bool) {
+	t.Helper()
+	ms, ms2 := readMetricsFile(t, a), readMetricsFile(t, b)
+	if len(ms) != 16 || len(ms2) != len(ms) {
+		t.Fatalf("%d and %d metrics lines, want 16", len(ms), len(ms2))
+	}
+	for i, m := range ms {
+		n := ms2[i]
+		x, y := []float64{m.Loss, m.L1, m.GradNorm}, []float64{n.Loss, n.L1, n.GradNorm}
+		if deadFrac {
+			x, y = append(x, m.DeadFrac), append(y, n.DeadFrac)
+		}
+		same := firstDiff(x, y) < 0 && firstDiff(m.L0, n.L0) < 0 && (m.ValLoss == nil) == (n.ValLoss == nil) &&
+			(m.ValLoss == nil || math.Float64bits(*m.ValLoss) == math.Float64bits(*n.ValLoss))
+		if !same {
+			t.Errorf("seed %d: step %d: %s loss %v, L1 %v, gradient norm %v; %s %v, %v, %v", seed, m.Step,
+				nameB, n.Loss, n.L1, n.GradNorm, nameA, m.Loss, m.L1, m.GradNorm)
+		}
+	}
+	for _, f := range []string{"model.safetensors", "optimizer.safetensors"} {
+		x, err1 := os.ReadFile(filepath.Join(a, "checkpoint", f))
+		y, err2 := os.ReadFile(filepath.Join(b, "checkpoint", f))
+		if err1 != nil || err2 != nil {
+			t.Fatal(err1, err2)
+		}
+		if !bytes.Equal(x, y) {
+			t.Errorf("seed %d: the final %s differ", seed, f)
+		}
 	}
 }
 

@@ -401,6 +401,14 @@ __device__ __forceinline__ void group_add(float* acc, float4* red, int G, int ct
   }
 }
 
+// add8 adds a[0..8) to the 8 floats at out (16-byte aligned).
+__device__ __forceinline__ void add8(float* out, const float (&a)[8]) {
+  float4* q = reinterpret_cast<float4*>(out);
+  float4 x = q[0], y = q[1];
+  q[0] = make_float4(a[0] + x.x, a[1] + x.y, a[2] + x.z, a[3] + x.w);
+  q[1] = make_float4(a[4] + y.x, a[5] + y.y, a[6] + y.z, a[7] + y.w);
+}
+
 // sp_cols: for each unit j, out1[j] += Σ_e v1[pos]·A[tok] and out2[j] +=
 // Σ_e v2[pos]·A[tok] over column j's entries e (tokens ascending); A bf16
 // [m][h], out1 and out2 fp32 rows of h. Work items are the parts of
@@ -473,16 +481,8 @@ extern "C" __global__ void sp_cols(float* __restrict__ out1, float* __restrict__
         if (v2) group_add(a2v, red, G, ct, g, q);
       }
       if (!mine || g != 0) continue;
-      float4* q1 = reinterpret_cast<float4*>(out1 + (size_t)j * h + c);
-      float4 x = q1[0], y = q1[1];
-      q1[0] = make_float4(a1v[0] + x.x, a1v[1] + x.y, a1v[2] + x.z, a1v[3] + x.w);
-      q1[1] = make_float4(a1v[4] + y.x, a1v[5] + y.y, a1v[6] + y.z, a1v[7] + y.w);
-      if (v2) {
-        float4* q2 = reinterpret_cast<float4*>(out2 + (size_t)j * h + c);
-        x = q2[0], y = q2[1];
-        q2[0] = make_float4(a2v[0] + x.x, a2v[1] + x.y, a2v[2] + x.z, a2v[3] + x.w);
-        q2[1] = make_float4(a2v[4] + y.x, a2v[5] + y.y, a2v[6] + y.z, a2v[7] + y.w);
-      }
+      add8(out1 + (size_t)j * h + c, a1v);
+      if (v2) add8(out2 + (size_t)j * h + c, a2v);
     }
   }
 }
