@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"time"
@@ -25,6 +26,10 @@ type TrainStepOptions struct {
 	Steps      int // timed steps per path, after 2 warm-up steps
 	Seed       uint64
 	L1         float64
+	// Profile adds, after the timed steps, one step per path timed stage
+	// by stage (trainer.Backend.Profile; the events it records are not
+	// in the timed steps).
+	Profile bool
 }
 
 // Validate reports the first bad option, naming it.
@@ -65,6 +70,8 @@ type TrainStepResult struct {
 	PeakBytes    int64   `json:"peak_bytes"`
 	MJPerToken   float64 `json:"mj_per_token,omitempty"` // NVML energy over the timed steps
 	Steps        int     `json:"steps"`
+	// Stages is the profiled step's GPU time per stage (Profile).
+	Stages []trainer.StageTime `json:"stages,omitempty"`
 }
 
 // TrainStepCUDA times whole training steps (forward, backward, clipping,
@@ -150,6 +157,12 @@ func TrainStepCUDA(o TrainStepOptions, progress func(string)) ([]TrainStepResult
 			}
 		}
 		res.PeakBytes = b.PeakMemory()
+		if o.Profile {
+			if res.Stages, err = profileStep(b, tokens, o, h); err != nil {
+				b.Close()
+				return nil, fmt.Errorf("%v path, profiled step: %w", path, err)
+			}
+		}
 		if err := b.Close(); err != nil {
 			return nil, err
 		}
@@ -167,6 +180,20 @@ func TrainStepCUDA(o TrainStepOptions, progress func(string)) ([]TrainStepResult
 		out = append(out, res)
 	}
 	return out, nil
+}
+
+// profileStep runs one more step with the stage clock on and returns its
+// stage times.
+func profileStep(b *trainer.Backend, tokens []int, o TrainStepOptions, h train.AdamW) ([]trainer.StageTime, error) {
+	if err := b.Profile(true); err != nil {
+		return nil, err
+	}
+	_, err := trainStep(b, tokens, o, h)
+	var st []trainer.StageTime
+	if err == nil {
+		st, err = b.StageTimes()
+	}
+	return st, errors.Join(err, b.Profile(false))
 }
 
 // trainStep runs one step of one micro-batch with learning rate 0.

@@ -22,7 +22,7 @@ func runBenchTrain(args []string, stdout, stderr io.Writer) error {
 		16384, "tokens in the micro-batch", 30, "timed repetitions per path, >= 1, median reported")
 	d, f, m, gated, reps, seed, jsonPath, plotPath := mf.d, mf.f, mf.m, mf.gated, mf.reps, mf.seed, mf.jsonPath, mf.plotPath
 	l1 := fs.Float64("l1", 2e-3, "L1 coefficient on the mean over tokens of sum |h|")
-	profile := fs.Bool("profile", false, "also time each stage of the dense and sparse paths alone (MLP block)")
+	profile := fs.Bool("profile", false, "also time each stage: of the dense and sparse paths alone (MLP block), or with -step of one more step per path")
 	step := fs.Bool("step", false, "time whole training steps of the SparseLM-1.5B shape instead (dense, sparse and auto MLP paths; -density is the gates' calibrated density, one value)")
 	layers := fs.Int("layers", 0, "with -step: layers (0: the shape's 28)")
 	batch := fs.Int("batch", 8, "with -step: sequences per step")
@@ -46,7 +46,7 @@ func runBenchTrain(args []string, stdout, stderr io.Writer) error {
 		if len(dens) != 1 {
 			return usagef("-step takes one -density (the gates' calibrated density), not %d", len(dens))
 		}
-		o := bench.TrainStepOptions{Layers: *layers, Batch: *batch, Seq: *seq, Density: dens[0], Dist: dst, Steps: *steps, Seed: *seed, L1: *l1}
+		o := bench.TrainStepOptions{Layers: *layers, Batch: *batch, Seq: *seq, Density: dens[0], Dist: dst, Steps: *steps, Seed: *seed, L1: *l1, Profile: *profile}
 		if err := o.Validate(); err != nil {
 			return usageError{err.Error()}
 		}
@@ -106,4 +106,20 @@ func printTrainStep(w io.Writer, rs []bench.TrainStepResult) {
 			r.StepMS, r.TokensPerMS, 100*r.MFU, float64(r.PeakBytes)/(1<<30), r.MJPerToken, rs[0].StepMS/r.StepMS)
 	}
 	tw.Flush()
+	for _, r := range rs {
+		if len(r.Stages) == 0 {
+			continue
+		}
+		total := 0.0
+		for _, s := range r.Stages {
+			total += s.MS
+		}
+		fmt.Fprintf(w, "\n%s MLP path, one profiled step: %.1f ms of GPU time\n", r.Path, total)
+		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+		fmt.Fprintln(tw, "stage\truns\tms\tshare\t")
+		for _, s := range r.Stages {
+			fmt.Fprintf(tw, "%s\t%d\t%.2f\t%.1f%%\t\n", s.Name, s.Count, s.MS, 100*s.MS/total)
+		}
+		tw.Flush()
+	}
 }

@@ -111,6 +111,8 @@ type Backend struct {
 	// step's micro-batches ran (a layer counts when any of them ran it
 	// sparse).
 	sparse, stepSparse []bool
+
+	prof *stageClock // nil: profiling off (Profile)
 }
 
 // New returns a Backend training w, a model with config c, on dev, with
@@ -519,6 +521,8 @@ func (b *Backend) freeAll() error {
 		errs = append(errs, r[0].Free(), r[1].Free())
 	}
 	b.ropes = nil
+	errs = append(errs, b.prof.free())
+	b.prof = nil
 	if b.acts != nil {
 		errs = append(errs, b.acts.free())
 		b.acts = nil

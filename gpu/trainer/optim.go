@@ -55,6 +55,9 @@ func (b *Backend) Accumulate(tokens []int, batch, seq int, l1 float64) error {
 // readStats waits for the device and reads statistics buffers (fp64
 // [1+2L], int32 [L][f]) into a StepStats.
 func (b *Backend) readStats(stats, active *cuda.Buffer) (*train.StepStats, error) {
+	if err := b.mark("host wait"); err != nil {
+		return nil, err
+	}
 	if err := b.s.Synchronize(); err != nil {
 		return nil, err
 	}
@@ -85,7 +88,7 @@ func (b *Backend) EndStep() (*train.StepStats, error) {
 	}
 	b.inStep = false
 	if b.opts.Comm != nil {
-		if err := b.reduceStep(); err != nil {
+		if err := inOrder(b.at("reduce-scatter"), b.reduceStep); err != nil {
 			return nil, err
 		}
 	}
@@ -122,7 +125,7 @@ func (b *Backend) SetSparseLayers(sparse []bool) error {
 // maxNorm (0: no clipping) and returns the norm before clipping. It waits
 // for the device once.
 func (b *Backend) ClipGradients(maxNorm float64) (float64, error) {
-	if err := b.dev.Memset8(b.norm2, 0, b.s); err != nil {
+	if err := inOrder(b.at("clipping"), func() error { return b.dev.Memset8(b.norm2, 0, b.s) }); err != nil {
 		return 0, err
 	}
 	// This rank's shard of the gradient (all of it on a single GPU); the
@@ -144,7 +147,7 @@ func (b *Backend) ClipGradients(maxNorm float64) (float64, error) {
 			return 0, err
 		}
 	}
-	if err := b.s.Synchronize(); err != nil {
+	if err := inOrder(b.at("host wait"), b.s.Synchronize); err != nil {
 		return 0, err
 	}
 	ss := make([]float64, 1)
@@ -153,7 +156,7 @@ func (b *Backend) ClipGradients(maxNorm float64) (float64, error) {
 	}
 	norm := math.Sqrt(ss[0])
 	if maxNorm > 0 && norm > maxNorm {
-		if err := b.run.scale(g, hi-lo, float32(maxNorm/norm)); err != nil {
+		if err := inOrder(b.at("clipping"), func() error { return b.run.scale(g, hi-lo, float32(maxNorm/norm)) }); err != nil {
 			return 0, err
 		}
 	}
@@ -164,6 +167,9 @@ func (b *Backend) ClipGradients(maxNorm float64) (float64, error) {
 // decay on the matrices, none on the RMSNorm gains (the 1-D tensors).
 func (b *Backend) Update(h train.AdamW, lr float64) error {
 	b.optStep++
+	if err := b.mark("adamw"); err != nil {
+		return err
+	}
 	sl := &slicer{}
 	for i, t := range b.specs {
 		a, e := b.owned(i) // the whole tensor on a single GPU
@@ -180,7 +186,7 @@ func (b *Backend) Update(h train.AdamW, lr float64) error {
 		}
 	}
 	if b.opts.Comm != nil {
-		return b.gatherWeights()
+		return inOrder(b.at("all-gather"), b.gatherWeights)
 	}
 	return nil
 }

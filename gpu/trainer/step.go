@@ -126,6 +126,9 @@ func (b *Backend) forwardBackward(p pass) error {
 	}
 
 	// Forward.
+	if err := b.mark("embedding"); err != nil {
+		return err
+	}
 	if err := r.embedFwd(a.x[0], embed, a.ids, m, h); err != nil {
 		return err
 	}
@@ -137,13 +140,20 @@ func (b *Backend) forwardBackward(p pass) error {
 			return sl.err
 		}
 		err := inOrder(
+			b.at("norm fwd"),
 			func() error { return r.rmsNormFwd(a.hn1[l], a.rstd1[l], a.x[l], lv.attnNorm, m, h, eps) },
+			b.at("qkv fwd"),
 			func() error { return b.linear(qkvF, a.hn1[l], lv.qkv, m, h, qkvW, cublas.F32, false) },
+			b.at("rope fwd"),
 			func() error { return r.ropeCast(qkv, qkvF, cos, sin, m, p.seq, nq+nkv, hd, qkvW, 1) },
+			b.at("attention fwd"),
 			func() error { return att.forward(b.s, att1, qkv, lse[l]) },
+			b.at("o fwd"),
 			func() error { return b.dev.CopyDtoDAsync(a.x2[l], a.x[l], 4*m*h, b.s) },
 			func() error { return b.linear(a.x2[l], att1, lv.o, m, nq*hd, h, cublas.F32, true) },
+			b.at("norm fwd"),
 			func() error { return r.rmsNormFwd(a.hn2[l], a.rstd2[l], a.x2[l], lv.mlpNorm, m, h, eps) },
+			b.at("mlp fwd"),
 			func() error {
 				ma := b.mlpArgsFor(l, lv, m, p)
 				ma.stat, ma.active, ma.noBackward = stat, active, !p.backward
@@ -154,7 +164,7 @@ func (b *Backend) forwardBackward(p pass) error {
 			return fmt.Errorf("trainer: layer %d forward: %w", l, err)
 		}
 	}
-	if err := r.rmsNormFwd(a.normF, a.rstdF, a.x[L], norm, m, h, eps); err != nil {
+	if err := inOrder(b.at("norm fwd"), func() error { return r.rmsNormFwd(a.normF, a.rstdF, a.x[L], norm, m, h, eps) }); err != nil {
 		return err
 	}
 
@@ -174,12 +184,15 @@ func (b *Backend) forwardBackward(p pass) error {
 			return sl.err
 		}
 		err := inOrder(
+			b.at("lm head fwd"),
 			func() error { return b.linear(a.logits, normed, head, n, h, V, cublas.F32, false) },
+			b.at("cross-entropy"),
 			func() error {
 				return r.crossEntropy(a.logits, targets, dlogits, loss, n, V, p.gradScale, p.lossScale)
 			})
 		if err == nil && p.backward {
 			err = inOrder(
+				b.at("lm head bwd"),
 				func() error { return b.linearDX(dnormed, dlogits, head, n, h, V, cublas.F32) },
 				func() error { return b.linearDW(gHead, dlogits, normed, n, h, V) })
 		}
@@ -197,6 +210,7 @@ func (b *Backend) forwardBackward(p pass) error {
 		return sl.err
 	}
 	if err := inOrder(
+		b.at("norm bwd"),
 		func() error { return b.dev.Memset8(dx, 0, b.s) },
 		func() error { return r.rmsNormBwd(dx, gNorm, dtmp, a.x[L], norm, a.rstdF, a.part, m, h) }); err != nil {
 		return err
@@ -209,23 +223,32 @@ func (b *Backend) forwardBackward(p pass) error {
 		}
 		err := inOrder(
 			// MLP: x[l+1] = x2 + MLP(hn2).
+			b.at("cast"),
 			func() error { return r.castBF16(dxb, dx, m*h) },
+			b.at("mlp bwd"),
 			func() error {
 				ma := b.mlpArgsFor(l, lv, m, p)
 				ma.dy, ma.dx = dxb, dtmp
 				return b.mlpBackward(ma, sparse[l])
 			},
+			b.at("norm bwd"),
 			func() error {
 				return r.rmsNormBwd(dx, lv.gMLPNorm, dtmp, a.x2[l], lv.mlpNorm, a.rstd2[l], a.part, m, h)
 			},
 			// Attention: x2 = x + att·Woᵀ.
+			b.at("cast"),
 			func() error { return r.castBF16(dxb, dx, m*h) },
+			b.at("o bwd"),
 			func() error { return b.linearDW(lv.gO, dxb, att1, m, nq*hd, h) },
 			func() error { return b.linearDX(datt, dxb, lv.o, m, nq*hd, h, cublas.BF16) },
+			b.at("attention bwd"),
 			func() error { return att.backward(b.s, qkvF, datt, qkv, att1, lse[l]) },
+			b.at("rope bwd"),
 			func() error { return r.ropeCast(dqkvb, qkvF, cos, sin, m, p.seq, nq+nkv, hd, qkvW, -1) },
+			b.at("qkv bwd"),
 			func() error { return b.linearDW(lv.gQKV, dqkvb, a.hn1[l], m, h, qkvW) },
 			func() error { return b.linearDX(dtmp, dqkvb, lv.qkv, m, h, qkvW, cublas.F32) },
+			b.at("norm bwd"),
 			func() error {
 				return r.rmsNormBwd(dx, lv.gAttnNorm, dtmp, a.x[l], lv.attnNorm, a.rstd1[l], a.part, m, h)
 			},
@@ -234,7 +257,7 @@ func (b *Backend) forwardBackward(p pass) error {
 			return fmt.Errorf("trainer: layer %d backward: %w", l, err)
 		}
 	}
-	return r.embedBwd(gEmbed, a.ids, dx, a.part, m, h, V)
+	return inOrder(b.at("embedding bwd"), func() error { return r.embedBwd(gEmbed, a.ids, dx, a.part, m, h, V) })
 }
 
 // inOrder runs the steps in order and returns the first error, queuing
