@@ -37,7 +37,8 @@ type Options struct {
 	// grown when a later call is larger).
 	Batch, Seq int
 	// LogitRows is the number of token rows whose logits exist at once in
-	// the cross-entropy (0: as many as fit in 64 MiB of fp32 logits).
+	// the cross-entropy (0: a micro-batch's rows in as few even chunks as
+	// fit in 512 MiB of fp32 logits each).
 	LogitRows int
 	// MLP is how the MLP blocks run: mlp.Auto (the zero value) chooses
 	// per layer and step from the density the previous step measured
@@ -283,6 +284,15 @@ func (b *Backend) Config() model.Config { return b.c }
 // PeakMemory returns the largest device memory in use (total less free,
 // all processes) seen when the backend waited for the device.
 func (b *Backend) PeakMemory() int64 { return b.peak }
+
+// LogitRows returns the token rows whose logits exist at once in the
+// cross-entropy (0 before the activations are sized).
+func (b *Backend) LogitRows() int {
+	if b.acts == nil {
+		return 0
+	}
+	return b.acts.logitRows
+}
 
 // PeakFLOPS returns the GPU's peak dense bf16 tensor-core rate at its peak
 // clock: 4096 FLOP per cycle and SM on Hopper (sm_90: 989 TFLOP/s for an

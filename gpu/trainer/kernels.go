@@ -29,7 +29,7 @@ var kernelFiles = []struct {
 		"rmsnorm_bwd_dx", "rmsnorm_bwd_dw", "rmsnorm_dw_sum", "rope_cast", "cast_bf16", "relu_fwd", "relu_bwd", "ce_chunk"}},
 	{"optim.cu", &optimSrc, []string{"sumsq", "scale", "adamw", "to_bf16", "reinit_rows", "reinit_cols"}},
 	{"sparse.cu", &sparseSrc, []string{"sp_count", "sp_scan", "sp_pack", "sp_col_count", "sp_col_prefix", "sp_col_fill",
-		"sp_up", "sp_grad", "sp_rows", "sp_col_parts", "sp_cols", "transpose_bf16", "transpose_add"}},
+		"sp_up", "sp_grad", "sp_rows", "sp_col_parts", "sp_cols", "sp_col_reduce", "transpose_bf16", "transpose_add"}},
 }
 
 // kernels are the compiled functions of kernelFiles on one device, by name.

@@ -107,11 +107,11 @@ func (s mlpShape) statPartBytes() int {
 }
 
 // sparseScratchBytes lists the sparse path's work buffers: row or column
-// counts, the chunk counts of the column index, Wdᵀ (bf16) and the down
-// projection's transposed gradient (fp32).
+// counts, the chunk counts of the column index, Wdᵀ (bf16), the down
+// projection's transposed gradient (fp32) and the column sums' slots.
 func (s mlpShape) sparseScratchBytes() []int {
 	chunks := (s.m + sparseRowsPer - 1) / sparseRowsPer
-	return []int{countBytes(s.m, s.f), 4 * chunks * s.f, 2 * s.f * s.h, 4 * s.f * s.h}
+	return []int{countBytes(s.m, s.f), 4 * chunks * s.f, 2 * s.f * s.h, 4 * s.f * s.h, 8 * spColSlots(s.m, s.f) * s.h}
 }
 
 // carve cuts consecutive 16-byte aligned views of sizes out of region.
@@ -158,6 +158,7 @@ func (s mlpShape) carveSparse(sl *slicer, region *cuda.Buffer) sparseSave {
 type mlpScratch struct {
 	dh, dgu, part         *cuda.Buffer
 	cnt, chunk, wdT, dwdT *cuda.Buffer
+	slots                 *cuda.Buffer // partial sums of busy units' weight gradients (spCols)
 }
 
 // mlpArgs are one MLP block's operands: out = base + MLP(x) forward;
@@ -343,18 +344,18 @@ func (g *gpuCtx) mlpBackwardSteps(a mlpArgs, sparse bool) ([]mlpStep, error) {
 		return nil, sl.err
 	}
 	// dWd first: it reads T, which the ungated sp_grad overwrites (T = P).
-	var partptr *cuda.Buffer
+	var cp colParts
 	steps := []mlpStep{
 		{"transpose Wd", func() error { return g.run.transposeBF16(a.sc.wdT, a.wd, a.h, a.f) }},
 		{"dWd SpMM", func() error {
 			var err error
-			if partptr, err = g.run.spColParts(a.mlpShape, sp, a.sc); err != nil {
+			if cp, err = g.run.spColParts(a.mlpShape, sp, a.sc); err != nil {
 				return err
 			}
 			if err := g.dev.Memset8(a.sc.dwdT, 0, g.s); err != nil {
 				return err
 			}
-			if err := g.run.spCols(a.sc.dwdT, nil, sp, partptr, sp.tv, nil, a.dy, a.f, a.h); err != nil {
+			if err := g.run.spCols(a.sc.dwdT, nil, sp, a.sc, cp, sp.tv, nil, a.dy, a.m, a.f, a.h); err != nil {
 				return err
 			}
 			return g.run.transposeAdd(a.gDown, a.sc.dwdT, a.f, a.h)
@@ -364,12 +365,12 @@ func (g *gpuCtx) mlpBackwardSteps(a mlpArgs, sparse bool) ([]mlpStep, error) {
 	if a.gated {
 		// sp_grad left dR in pv and dG in rv.
 		return append(steps,
-			mlpStep{"dWg dWu SpMM", func() error { return g.run.spCols(w.gGate, w.gUp, sp, partptr, sp.rv, sp.pv, a.x, a.f, a.h) }},
+			mlpStep{"dWg dWu SpMM", func() error { return g.run.spCols(w.gGate, w.gUp, sp, a.sc, cp, sp.rv, sp.pv, a.x, a.m, a.f, a.h) }},
 			mlpStep{"dx SpMM", func() error { return g.run.spRows(a.dx, nil, sp, sp.rv, w.gate, sp.pv, w.up, a.m, a.h) }},
 		), nil
 	}
 	return append(steps,
-		mlpStep{"dWu SpMM", func() error { return g.run.spCols(w.gUp, nil, sp, partptr, sp.pv, nil, a.x, a.f, a.h) }},
+		mlpStep{"dWu SpMM", func() error { return g.run.spCols(w.gUp, nil, sp, a.sc, cp, sp.pv, nil, a.x, a.m, a.f, a.h) }},
 		mlpStep{"dx SpMM", func() error { return g.run.spRows(a.dx, nil, sp, sp.pv, w.up, nil, nil, a.m, a.h) }},
 	), nil
 }

@@ -6,6 +6,7 @@ import (
 
 	"github.com/twell-ai/twell/internal/testutil"
 	"github.com/twell-ai/twell/mlp"
+	"github.com/twell-ai/twell/model"
 )
 
 // TestMLPSaveLayout: on random shapes, a layer's saved region holds the
@@ -41,7 +42,7 @@ func TestMLPSaveLayout(t *testing.T) {
 			t.Fatalf("seed %d: %+v: sparse region %d bytes", seed, s, got)
 		}
 		nb := ceil(s.m, rowBlock/32)
-		if c := countBytes(s.m, s.f); c < 4*(s.m+2*nb+1) || c < 4*(2*s.f+1) {
+		if c := countBytes(s.m, s.f); c < 4*(s.m+2*nb+1) || c < 4*(4*s.f+2) {
 			t.Fatalf("seed %d: %+v: count buffer of %d bytes", seed, s, c)
 		}
 		if v := vecThreads(s.h); v%32 != 0 || v < 32 || v > 256 || (v < 256 && 8*v < s.h) {
@@ -71,6 +72,26 @@ func TestSparseOK(t *testing.T) {
 		err := sparseOK(c.m, c.h, c.f, c.smem)
 		if (err == nil) != (c.want == "") || (err != nil && !strings.Contains(err.Error(), c.want)) {
 			t.Errorf("sparseOK(%d, %d, %d, %d) = %v, want %q", c.m, c.h, c.f, c.smem, err, c.want)
+		}
+	}
+}
+
+// TestLogitRowsFor: the default logit chunks are even, within the budget
+// (one row at least), and as few as the budget allows; a chosen row count
+// is kept up to the micro-batch.
+func TestLogitRowsFor(t *testing.T) {
+	r, seed := testutil.Rand(t)
+	for range 1000 {
+		c := model.Config{VocabSize: 1 + r.IntN(300000)}
+		rows := 1 + r.IntN(1<<17)
+		got := logitRowsFor(c, rows, 0)
+		most := max(1, logitBudget/(4*c.VocabSize))
+		chunks := ceil(rows, got)
+		if got < 1 || got > rows || got > most || chunks != ceil(rows, most) || got*chunks-rows >= chunks {
+			t.Fatalf("seed %d: vocab %d, %d rows: %d rows a chunk (%d chunks, at most %d rows fit)", seed, c.VocabSize, rows, got, chunks, most)
+		}
+		if o := 1 + r.IntN(2*rows); logitRowsFor(c, rows, o) != min(o, rows) {
+			t.Fatalf("seed %d: %d rows, chosen %d: got %d", seed, rows, o, logitRowsFor(c, rows, o))
 		}
 	}
 }

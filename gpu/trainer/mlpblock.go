@@ -87,7 +87,7 @@ func (b *MLPBlock) init() error {
 	}
 	b.run = launcher{k: k, s: b.s, grid: persistentGrid(b.dev)}
 	ptrs := []**cuda.Buffer{&b.x, &b.dy, &b.wgu, &b.wd, &b.base, &b.out, &b.dx, &b.gGU, &b.gDown, &b.stat, &b.active,
-		&b.region, &b.sc.dh, &b.sc.dgu, &b.sc.part, &b.sc.cnt, &b.sc.chunk, &b.sc.wdT, &b.sc.dwdT}
+		&b.region, &b.sc.dh, &b.sc.dgu, &b.sc.part, &b.sc.cnt, &b.sc.chunk, &b.sc.wdT, &b.sc.dwdT, &b.sc.slots}
 	for i, n := range b.shape.blockBuffers() {
 		buf, err := b.dev.Alloc(n)
 		if err != nil {

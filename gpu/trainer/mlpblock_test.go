@@ -14,8 +14,8 @@ import (
 // on both paths with the same bf16 operands, at a trained-like density and
 // at an untrained one (every row far past any fixed width): outputs,
 // gradients and statistics agree within bf16 rounding, and the sparse path
-// repeats itself bit for bit (the busy units of m 1100 sum their gradients
-// in parts).
+// repeats itself bit for bit (the busy units of m 1100 and up sum their
+// gradients in parts).
 func TestMLPBlockSparseMatchesDense(t *testing.T) {
 	dev := cudatest.Device(t)
 	for _, tc := range []struct {
@@ -25,6 +25,8 @@ func TestMLPBlockSparseMatchesDense(t *testing.T) {
 	}{
 		{300, 64, 256, 0.05, true}, {300, 64, 256, 0.5, true}, {130, 136, 512, 0.02, true},
 		{300, 64, 256, 0.05, false}, {97, 2048, 64, 0.3, true}, {1100, 64, 128, 0.3, true},
+		{3000, 64, 128, 0.5, true},  // units past one staging of sp_cols, in several parts
+		{6000, 64, 256, 0.5, true},  // more entries than 4096 slots of 256: longer parts
 		{70, 64, 16384, 0.01, true}, // f past 48 KiB of 16-bit column counters
 	} {
 		t.Run(fmt.Sprintf("m%d_h%d_f%d_%g_gated=%v", tc.m, tc.h, tc.f, tc.density, tc.gated), func(t *testing.T) {

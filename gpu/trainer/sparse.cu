@@ -371,16 +371,24 @@ extern "C" __global__ void sp_rows(float* __restrict__ out, const float* __restr
   }
 }
 
-// sp_col_parts: parts[j] = how many parts unit j's gradient rows are cut
-// into: none for a unit that never fired, one up to chunk entries, up to
-// max_parts (at most h/8) for a busier unit (a unit that fires for most
-// tokens), so that one unit does not hold up the whole kernel.
-extern "C" __global__ void sp_col_parts(const int* __restrict__ colptr, int* __restrict__ parts, int f, int chunk,
-                                        int max_parts) {
+// sp_col_parts: parts[j] = how many token ranges unit j's gradient rows
+// are summed in: none for a unit that never fired, one up to chunk entries,
+// ceil(entries / chunk) for a busier unit (a unit that fires for most
+// tokens), so that one unit does not hold up the whole kernel; multi[j] =
+// parts[j] when that is more than one (the partial-sum slots the unit
+// takes), else 0. chunk grows from chunk0 with the total entry count so
+// that the units in parts take at most slots slots: a unit in p > 1 parts
+// has more than (p - 1) chunks of entries, so p < 2 entries / chunk.
+extern "C" __global__ void sp_col_parts(const int* __restrict__ colptr, int* __restrict__ parts,
+                                        int* __restrict__ multi, int f, int chunk0, int slots) {
   int j = blockIdx.x * blockDim.x + threadIdx.x;
   if (j >= f) return;
+  const long long nnz = colptr[f];
+  const int chunk = (int)max((long long)chunk0, (2 * nnz + slots - 1) / slots);
   int cnt = colptr[j + 1] - colptr[j];
-  parts[j] = cnt == 0 ? 0 : min(max_parts, (cnt + chunk - 1) / chunk);
+  int p = cnt == 0 ? 0 : (cnt + chunk - 1) / chunk;
+  parts[j] = p;
+  multi[j] = p > 1 ? p : 0;
 }
 
 // group_add: on the threads of group 0, acc += the acc of the same column
@@ -409,25 +417,42 @@ __device__ __forceinline__ void add8(float* out, const float (&a)[8]) {
   q[1] = make_float4(a[4] + y.x, a[5] + y.y, a[6] + y.z, a[7] + y.w);
 }
 
+// store8 sets the 8 floats at out (16-byte aligned) to a[0..8).
+__device__ __forceinline__ void store8(float* out, const float (&a)[8]) {
+  float4* q = reinterpret_cast<float4*>(out);
+  q[0] = make_float4(a[0], a[1], a[2], a[3]);
+  q[1] = make_float4(a[4], a[5], a[6], a[7]);
+}
+
 // sp_cols: for each unit j, out1[j] += Σ_e v1[pos]·A[tok] and out2[j] +=
 // Σ_e v2[pos]·A[tok] over column j's entries e (tokens ascending); A bf16
 // [m][h], out1 and out2 fp32 rows of h. Work items are the parts of
 // partptr (the scanned sp_col_parts); blocks loop over them. Part p of a
-// unit in P parts owns the p-th of P slices of the row's columns (8 at a
-// time), so that no two blocks add into the same values: no atomics, and
-// the sums repeat bit for bit. A unit in one part is summed in entry order;
-// the block of a part of a busier unit splits its threads into G groups,
-// group g summing entries g, g + G, ... in order, then adds the groups'
-// sums in group order.
+// unit in P parts sums the p-th of P ranges of its entries. A unit in one
+// part adds its sum into out; the parts of a busier unit store theirs in
+// slot slotptr[j] + p (2h floats: out1's, then out2's), which
+// sp_col_reduce adds in part order: no atomics, and the sums repeat bit
+// for bit. When a row takes fewer column threads (ct) than the block has,
+// the block splits into G groups, group g summing entries g, g + G, ...
+// of the range in order, then adds the groups' sums in group order.
+// Entries are staged SP_COLS_STAGE at a time.
+#define SP_COLS_STAGE 1024
 extern "C" __global__ void sp_cols(float* __restrict__ out1, float* __restrict__ out2,
                                    const int* __restrict__ colptr, const int* __restrict__ coltok,
                                    const int* __restrict__ colpos, const int* __restrict__ partptr,
+                                   const int* __restrict__ slotptr, float* __restrict__ slot,
                                    const u16* __restrict__ v1, const u16* __restrict__ v2, const u16* __restrict__ A,
                                    int f, int h) {
-  __shared__ int st[128];
-  __shared__ float s1[128], s2[128];
+  __shared__ int st[SP_COLS_STAGE];
+  __shared__ float s1[SP_COLS_STAGE], s2[SP_COLS_STAGE];
   __shared__ float4 red[2 * 256];
   const int items = partptr[f], oct = h / 8;
+  // ct column threads in each of G groups (G a power of two dividing the
+  // staged entries).
+  const int ct = min((int)blockDim.x, oct);
+  int G = 1;
+  while (G < 32 && 2 * G * ct <= (int)blockDim.x) G *= 2;
+  const int g = threadIdx.x / ct, q = threadIdx.x % ct;
   for (int it = blockIdx.x; it < items; it += gridDim.x) {
     int lo = 0, hi = f - 1;  // the unit: the last j with partptr[j] <= it
     while (lo < hi) {
@@ -438,23 +463,17 @@ extern "C" __global__ void sp_cols(float* __restrict__ out1, float* __restrict__
         hi = mid - 1;
     }
     const int j = lo, parts = partptr[j + 1] - partptr[j], p = it - partptr[j];
-    const int a0 = colptr[j], a1 = colptr[j + 1];
-    // This part's octets of columns [o0, o1): ct column threads in each of
-    // G groups (G a power of two dividing the 128 staged entries).
-    const int o0 = oct * p / parts, o1 = oct * (p + 1) / parts;
-    const int ct = min((int)blockDim.x, o1 - o0);
-    int G = 1;
-    while (parts > 1 && G < 32 && 2 * G * ct <= (int)blockDim.x) G *= 2;
-    const int g = threadIdx.x / ct, q = threadIdx.x % ct;
-    for (int ob = o0; ob < o1; ob += ct) {
+    const int e0 = colptr[j], cnt = colptr[j + 1] - e0;
+    const int a0 = e0 + (int)((long long)cnt * p / parts), a1 = e0 + (int)((long long)cnt * (p + 1) / parts);
+    for (int ob = 0; ob < oct; ob += ct) {
       // Every thread runs every pass (the staging below synchronises the block).
-      const int c = 8 * min(ob + q, o1 - 1);
-      const bool mine = g < G && ob + q < o1;
+      const int c = 8 * min(ob + q, oct - 1);
+      const bool mine = g < G && ob + q < oct;
       float a1v[8], a2v[8];
 #pragma unroll
       for (int e = 0; e < 8; ++e) a1v[e] = 0.f, a2v[e] = 0.f;
-      for (int eb = a0; eb < a1; eb += 128) {
-        int n = min(128, a1 - eb);
+      for (int eb = a0; eb < a1; eb += SP_COLS_STAGE) {
+        int n = min(SP_COLS_STAGE, a1 - eb);
         __syncthreads();
         for (int i = threadIdx.x; i < n; i += blockDim.x) {
           int k = colpos[eb + i];
@@ -464,16 +483,23 @@ extern "C" __global__ void sp_cols(float* __restrict__ out1, float* __restrict__
         }
         __syncthreads();
         if (g >= G) continue;
+        // A counted loop: unrolled with its loads batched (the form
+        // i += G checks its end after every entry and keeps one load in flight).
+        const int kn = (n - g + G - 1) / G;
         if (v2) {
 #pragma unroll 8
-          for (int i = g; i < n; i += G) {
+          for (int k = 0; k < kn; ++k) {
+            const int i = g + k * G;
             uint4 a = ldg_nc(A + (size_t)st[i] * h + c);
             axpy8(a1v, s1[i], a);
             axpy8(a2v, s2[i], a);
           }
         } else {
 #pragma unroll 8
-          for (int i = g; i < n; i += G) axpy8(a1v, s1[i], ldg_nc(A + (size_t)st[i] * h + c));
+          for (int k = 0; k < kn; ++k) {
+            const int i = g + k * G;
+            axpy8(a1v, s1[i], ldg_nc(A + (size_t)st[i] * h + c));
+          }
         }
       }
       if (G > 1) {
@@ -481,8 +507,41 @@ extern "C" __global__ void sp_cols(float* __restrict__ out1, float* __restrict__
         if (v2) group_add(a2v, red, G, ct, g, q);
       }
       if (!mine || g != 0) continue;
-      add8(out1 + (size_t)j * h + c, a1v);
-      if (v2) add8(out2 + (size_t)j * h + c, a2v);
+      if (parts == 1) {
+        add8(out1 + (size_t)j * h + c, a1v);
+        if (v2) add8(out2 + (size_t)j * h + c, a2v);
+      } else {
+        float* s = slot + (size_t)(slotptr[j] + p) * 2 * h + c;
+        store8(s, a1v);
+        if (v2) store8(s + h, a2v);
+      }
+    }
+  }
+}
+
+// sp_col_reduce: for each unit j in more than one part, out1[j] (and
+// out2[j]) += the sum of its parts' slots, in part order. Blocks loop over
+// the units; thread t takes columns 8t, 8t + 8·blockDim, ...
+extern "C" __global__ void sp_col_reduce(float* __restrict__ out1, float* __restrict__ out2,
+                                         const int* __restrict__ partptr, const int* __restrict__ slotptr,
+                                         const float* __restrict__ slot, int f, int h) {
+  for (int j = blockIdx.x; j < f; j += gridDim.x) {
+    const int parts = partptr[j + 1] - partptr[j];
+    if (parts < 2) continue;
+    const float* s0 = slot + (size_t)slotptr[j] * 2 * h;
+    for (int c = 8 * threadIdx.x; c < h; c += 8 * blockDim.x) {
+      for (int o = 0; o < (out2 ? 2 : 1); ++o) {
+        float acc[8];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[e] = 0.f;
+        for (int p = 0; p < parts; ++p) {
+          const float4* q = reinterpret_cast<const float4*>(s0 + (size_t)p * 2 * h + o * h + c);
+          float4 x = q[0], y = q[1];
+          acc[0] += x.x, acc[1] += x.y, acc[2] += x.z, acc[3] += x.w;
+          acc[4] += y.x, acc[5] += y.y, acc[6] += y.z, acc[7] += y.w;
+        }
+        add8((o ? out2 : out1) + (size_t)j * h + c, acc);
+      }
     }
   }
 }

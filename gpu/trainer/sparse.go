@@ -6,10 +6,11 @@ import "github.com/twell-ai/twell/cuda"
 
 // countBytes is the size of the sparse path's count buffer for m tokens
 // and f units: row counts, the totals of the blocks of sp_count and their
-// prefix; or column counts; or the parts of spColParts and their prefix.
+// prefix; or column counts; or the parts and slots of spColParts and their
+// prefixes.
 func countBytes(m, f int) int {
 	nb := ceil(m, rowBlock/32)
-	return 4 * max(m+2*nb+1, 2*f+1)
+	return 4 * max(m+2*nb+1, 4*f+2)
 }
 
 // vecThreads is the block of a kernel whose threads take 8 of h columns
@@ -132,39 +133,48 @@ func (l launcher) spRows(out, base *cuda.Buffer, sp sparseSave, v1, b1, v2, b2 *
 		optional(v2), optional(b2), int32(h))
 }
 
-// spColChunk and spColParts cut the weight-gradient sums of busy units:
-// the gradient rows of a unit firing for more than spColChunk tokens of a
-// micro-batch are cut into up to spColParts slices of columns (at most
-// h/8), each summed by its own block.
-const (
-	spColChunk = 256
-	spColParts = 16
-)
+// spColChunk is the most entries of a unit that one block of spCols sums:
+// the gradient rows of a busier unit are summed in token ranges of at most
+// spColChunk entries each (more when the column-sum slots run short; see
+// sp_col_parts), so that one hot unit does not hold up the kernel.
+const spColChunk = 256
+
+// spColSlots is the number of partial-sum slots (2h floats each) of the
+// column sums for m tokens and f units: at most 4096, and no more than the
+// parts of every entry firing.
+func spColSlots(m, f int) int { return min(4096, ceil(2*m*f, spColChunk)) }
+
+// colParts are spColParts' views of the count buffer: the part prefix
+// (int32 [f+1]) and the slot prefix of the units in more than one part.
+type colParts struct{ partptr, slotptr *cuda.Buffer }
 
 // spColParts cuts each unit's gradient rows into the parts spCols sums
-// (see sp_col_parts), leaving their prefix (int32 [f+1]) in partptr, a
-// view of sc.cnt that spCols takes.
-func (l launcher) spColParts(s mlpShape, sp sparseSave, sc mlpScratch) (partptr *cuda.Buffer, err error) {
+// (see sp_col_parts), leaving their prefixes in views of sc.cnt.
+func (l launcher) spColParts(s mlpShape, sp sparseSave, sc mlpScratch) (colParts, error) {
 	f := s.f
 	sl := &slicer{}
 	parts, partptr := sl.at(sc.cnt, 0, 4*f), sl.at(sc.cnt, 4*f, 4*(f+1))
+	multi, slotptr := sl.at(sc.cnt, 4*(2*f+1), 4*f), sl.at(sc.cnt, 4*(3*f+1), 4*(f+1))
 	if sl.err != nil {
-		return nil, sl.err
+		return colParts{}, sl.err
 	}
-	return partptr, inOrder(
+	cp := colParts{partptr, slotptr}
+	return cp, inOrder(
 		func() error {
-			return l.k["sp_col_parts"].Launch(dim(ceil(f, rowBlock)), dim(rowBlock), 0, l.s, sp.colptr, parts, int32(f),
-				int32(spColChunk), int32(min(spColParts, s.h/8)))
+			return l.k["sp_col_parts"].Launch(dim(ceil(f, rowBlock)), dim(rowBlock), 0, l.s, sp.colptr, parts, multi,
+				int32(f), int32(spColChunk), int32(spColSlots(s.m, f)))
 		},
 		func() error { return l.k["sp_scan"].Launch(dim(1), dim(1024), 0, l.s, parts, partptr, int32(f)) },
+		func() error { return l.k["sp_scan"].Launch(dim(1), dim(1024), 0, l.s, multi, slotptr, int32(f)) },
 	)
 }
 
 // spCols adds out1[j] += Σ v1·A over unit j's tokens, and out2[j] += Σ v2·A
-// when v2 is set; A bf16 [m][h], outputs fp32 [f][h]; partptr from
-// spColParts.
-func (l launcher) spCols(out1, out2 *cuda.Buffer, sp sparseSave, partptr, v1, v2, a *cuda.Buffer, f, h int) error {
-	if err := check(need("sparse gradient output", out1, 4*f*h), need("part offsets", partptr, 4*(f+1))); err != nil {
+// when v2 is set; A bf16 [m][h], outputs fp32 [f][h]; cp from spColParts,
+// partial sums of busy units through sc.slots.
+func (l launcher) spCols(out1, out2 *cuda.Buffer, sp sparseSave, sc mlpScratch, cp colParts, v1, v2, a *cuda.Buffer, m, f, h int) error {
+	if err := check(need("sparse gradient output", out1, 4*f*h), need("part offsets", cp.partptr, 4*(f+1)),
+		need("column-sum slots", sc.slots, 8*spColSlots(m, f)*h)); err != nil {
 		return err
 	}
 	if v2 != nil {
@@ -172,8 +182,16 @@ func (l launcher) spCols(out1, out2 *cuda.Buffer, sp sparseSave, partptr, v1, v2
 			return err
 		}
 	}
-	return l.k["sp_cols"].Launch(dim(l.grid), dim(vecThreads(h)), 0, l.s, out1, optional(out2), sp.colptr, sp.coltok,
-		sp.colpos, partptr, v1, optional(v2), a, int32(f), int32(h))
+	return inOrder(
+		func() error {
+			return l.k["sp_cols"].Launch(dim(l.grid), dim(vecThreads(h)), 0, l.s, out1, optional(out2), sp.colptr,
+				sp.coltok, sp.colpos, cp.partptr, cp.slotptr, sc.slots, v1, optional(v2), a, int32(f), int32(h))
+		},
+		func() error {
+			return l.k["sp_col_reduce"].Launch(dim(min(f, l.grid)), dim(vecThreads(h)), 0, l.s, out1, optional(out2),
+				cp.partptr, cp.slotptr, sc.slots, int32(f), int32(h))
+		},
+	)
 }
 
 // transposeBF16 sets dst (bf16 [cols][rows]) = srcᵀ.
