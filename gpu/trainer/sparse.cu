@@ -435,7 +435,8 @@ __device__ __forceinline__ void store8(float* out, const float (&a)[8]) {
 // for bit. When a row takes fewer column threads (ct) than the block has,
 // the block splits into G groups, group g summing entries g, g + G, ...
 // of the range in order, then adds the groups' sums in group order.
-// Entries are staged SP_COLS_STAGE at a time.
+// Entries are staged SP_COLS_STAGE at a time (1024 measured faster than
+// 128 at 0.5% density, uniform and skewed, on an H200).
 #define SP_COLS_STAGE 1024
 extern "C" __global__ void sp_cols(float* __restrict__ out1, float* __restrict__ out2,
                                    const int* __restrict__ colptr, const int* __restrict__ coltok,
