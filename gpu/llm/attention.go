@@ -5,6 +5,7 @@ import (
 	"math"
 
 	"github.com/twell-ai/twell/cuda"
+	"github.com/twell-ai/twell/model"
 )
 
 // wgMinTokens is the pass size above which auto runs the wgmma attention
@@ -80,9 +81,64 @@ func (e *Engine) attentionKernel(T int) (attnKernel, error) {
 	}
 }
 
+// decSplits is ATT_DEC_SPLITS (attn.cu): the runs a decode step's keys are
+// cut into, per sequence and head.
+const decSplits = 16
+
+// decBytes is the size of the decode attention's buffer for S sequences of
+// model c: per sequence and head, decSplits runs of head_dim outputs, a
+// maximum and a sum (fp32), and a counter (0 when c's head_dim has no
+// decode kernel).
+func decBytes(c model.Config, S int) int {
+	if c.HeadDim != 64 && c.HeadDim != 128 {
+		return 0
+	}
+	return S * c.NumAttentionHeads * (4*decSplits*(c.HeadDim+2) + 4)
+}
+
+// decAttention is the decode attention kernel and its buffer's views.
+type decAttention struct {
+	fn                *cuda.Function
+	po, pm, pl, count *cuda.Buffer
+}
+
+// decodeAttention returns the decode kernel for pass b, and whether b runs
+// it: under auto, when every sequence of b has one new token, head_dim is
+// 64 or 128, and the (sequence, head) pairs are at most twice the SMs. On
+// an H200 at 512 cached tokens (SparseLM-1.5B preset, 32 heads) it took
+// decode from 775 to 884 tokens/s at batch 1 (TwELL MLPs; dense 596 to
+// 654), but at batch 64, where the prefill kernel already has 2048 CTAs,
+// from 12558 to 11745: there the split and merge cost more than they
+// spread.
+func (e *Engine) decodeAttention(b *batch) (decAttention, bool) {
+	c := e.cfg
+	if (e.Attention != "" && e.Attention != "auto") || b.T != b.S || decBytes(c, b.S) == 0 || e.ws.decSeq < b.S ||
+		b.S*c.NumAttentionHeads > 2*e.dev.Properties().SMs {
+		return decAttention{}, false
+	}
+	fn := e.k.attnDec64
+	if c.HeadDim == 128 {
+		fn = e.k.attnDec128
+	}
+	runs := b.S * c.NumAttentionHeads * decSplits
+	po, pm := view(e.ws.dec, 0, 4*runs*c.HeadDim), view(e.ws.dec, 4*runs*c.HeadDim, 4*runs)
+	pl, count := view(e.ws.dec, 4*runs*(c.HeadDim+1), 4*runs), view(e.ws.dec, 4*runs*(c.HeadDim+2), 4*b.S*c.NumAttentionHeads)
+	return decAttention{fn: fn, po: po, pm: pm, pl: pl, count: count}, true
+}
+
+// launch queues the decode kernel: a 128-thread CTA per (work item, head,
+// run).
+func (d decAttention) launch(s *cuda.Stream, a attnArgs) error {
+	grid := cuda.Dim3{uint32(a.nItems * a.nq), decSplits, 1}
+	scaleLog2 := float32(math.Log2E / math.Sqrt(float64(a.hd)))
+	return d.fn.Launch(grid, cuda.Dim3{128, 1, 1}, 0, s, a.qkv, a.out, a.items, a.seqQ0, a.seqN, a.seqPast, a.pt,
+		int32(a.page), int32(a.layer), int32(a.nq), int32(a.nkv), int32(a.qkvW), scaleLog2, d.po, d.pm, d.pl, d.count)
+}
+
 // AttentionKernel names the attention kernel that prefill passes (over
 // wgMinTokens tokens) run, e.g. "attn_fa64" or "attn_wg64<3>" (see
-// Attention); decode steps under auto run the mma.sync kernel.
+// Attention); decode steps of few sequences under auto run attn_dec64 or
+// attn_dec128 (decodeAttention).
 func (e *Engine) AttentionKernel() (string, error) {
 	k, err := e.attentionKernel(wgMinTokens + 1)
 	if err != nil {

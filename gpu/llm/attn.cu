@@ -267,3 +267,129 @@ extern "C" __global__ void __launch_bounds__(256)
   attn_fa_body<128, 8, 1>(qkv, out, items, seq_q0, seq_n, seq_past, seq_pt, page, layer, nq, nkv, qkv_w,
                           scale_log2);
 }
+
+// attn_dec64, attn_dec128: attention of decode steps, where every sequence
+// of the pass has one new token (flash-decoding). blockIdx.x = item * nq +
+// head as above, blockIdx.y = split: the query's keys (past + 1 of them)
+// are cut into ATT_DEC_SPLITS runs of whole 64-key blocks, one CTA each, so
+// that a short batch still spreads over the SMs (the prefill kernels walk
+// one sequence's keys in one CTA). In a CTA of ATT_DEC_THREADS threads,
+// groups of hd / 8 lanes take one key at a time (a lane: 8 dimensions of
+// q, k, v), each group with its own online softmax over keys g, g + G, ...
+// of the run; the CTA merges its groups, and stores the run's maximum,
+// sum and unnormalized output in part (pm, pl, po). The last CTA of a
+// (sequence, head) to finish (a counter in cnt, reset to 0 by it) merges
+// the runs in split order and writes the output: the result does not
+// depend on which CTA finishes last, so it repeats bit for bit. The split
+// count is fixed, so a CUDA graph of a decode step stays valid as the
+// sequences grow.
+#define ATT_DEC_SPLITS 16
+#define ATT_DEC_THREADS 128
+
+template <int HD>
+__device__ __forceinline__ void attn_dec_body(const u16* __restrict__ qkv, u16* __restrict__ out,
+                                              const int* __restrict__ items, const int* __restrict__ seq_q0,
+                                              const int* __restrict__ seq_n, const int* __restrict__ seq_past,
+                                              const u64* __restrict__ seq_pt, int page, int layer, int nq, int nkv,
+                                              int qkv_w, float scale_log2, float* __restrict__ po,
+                                              float* __restrict__ pm, float* __restrict__ pl, int* __restrict__ cnt) {
+  constexpr int LPK = HD / 8;                   // lanes per key
+  constexpr int NG = ATT_DEC_THREADS / LPK;     // key groups of the CTA
+  __shared__ float sm[NG], sl[NG];
+  __shared__ float so[NG][HD];
+  __shared__ int last;
+  const AttnItem a = attn_item(items, seq_q0, seq_n, seq_past, seq_pt, page, layer, nq, nkv, HD);
+  const int id = blockIdx.x, sp = blockIdx.y;
+  const int grp = threadIdx.x / LPK, sub = threadIdx.x % LPK;
+  const int keys = a.past + 1;  // positions 0 .. past: the cache, the new token's included
+  const int nblk = (keys + ATT_BK - 1) / ATT_BK, per = (nblk + ATT_DEC_SPLITS - 1) / ATT_DEC_SPLITS;
+  const int b0 = sp * per, b1 = min(nblk, b0 + per);
+  const uint4 q = *(const uint4*)(qkv + (size_t)a.qs * qkv_w + a.head * HD + sub * 8);
+  float m = NEG_INF, l = 0.f, acc[8];
+#pragma unroll
+  for (int e = 0; e < 8; ++e) acc[e] = 0.f;
+  for (int blk = b0; blk < b1; ++blk) {
+    const u16* K = block_keys(a, block_page(a, blk), blk, HD);
+    const u16* V = K + a.vstep;
+    const int kn = min(ATT_BK, keys - blk * ATT_BK);
+    // Every lane runs every pass (the score's sum crosses the group's
+    // lanes), the loads of all passes issued together; rows past the
+    // block's last key read row 0 and are dropped.
+#pragma unroll
+    for (int r0 = 0; r0 < ATT_BK; r0 += NG) {
+      const int r = r0 + grp;
+      const bool ok = r < kn;
+      const int rr = ok ? r : 0;
+      const uint4 kr = ldg_nc(K + rr * HD + sub * 8), vr = ldg_nc(V + rr * HD + sub * 8);
+      float d = dot8(q, kr, 0.f);
+#pragma unroll
+      for (int o = LPK / 2; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
+      if (!ok) continue;
+      d *= scale_log2;
+      const float mn = fmaxf(m, d), corr = ex2(m - mn), p = ex2(d - mn);
+      l = l * corr + p;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc[e] *= corr;
+      axpy8(acc, p, vr);
+      m = mn;
+    }
+  }
+  if (sub == 0) sm[grp] = m, sl[grp] = l;
+#pragma unroll
+  for (int e = 0; e < 8; ++e) so[grp][sub * 8 + e] = acc[e];
+  __syncthreads();
+  const size_t run = (size_t)id * ATT_DEC_SPLITS + sp;
+  if (threadIdx.x < HD) {
+    const int d = threadIdx.x;
+    float M = NEG_INF;
+    for (int g = 0; g < NG; ++g) M = fmaxf(M, sm[g]);
+    float L = 0.f, O = 0.f;
+    if (M != NEG_INF)
+      for (int g = 0; g < NG; ++g) {
+        const float w = ex2(sm[g] - M);  // 0 for a group that saw no key
+        L = fmaf(sl[g], w, L);
+        O = fmaf(so[g][d], w, O);
+      }
+    po[run * HD + d] = O;
+    if (d == 0) pm[run] = M, pl[run] = L;
+  }
+  // The last run of this (sequence, head) merges them all.
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(&cnt[id], 1) == ATT_DEC_SPLITS - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  if (threadIdx.x < HD) {
+    const int d = threadIdx.x;
+    const size_t r0 = (size_t)id * ATT_DEC_SPLITS;
+    float M = NEG_INF;
+    for (int s = 0; s < ATT_DEC_SPLITS; ++s) M = fmaxf(M, __ldcg(pm + r0 + s));
+    float L = 0.f, O = 0.f;
+    for (int s = 0; s < ATT_DEC_SPLITS; ++s) {
+      const float w = ex2(__ldcg(pm + r0 + s) - M);
+      L = fmaf(__ldcg(pl + r0 + s), w, L);
+      O = fmaf(__ldcg(po + (r0 + s) * HD + d), w, O);
+    }
+    out[(size_t)a.qs * nq * HD + a.head * HD + d] = (u16)f_to_bf(O / L);
+  }
+  if (threadIdx.x == 0) cnt[id] = 0;
+}
+
+extern "C" __global__ void __launch_bounds__(ATT_DEC_THREADS)
+    attn_dec64(const u16* __restrict__ qkv, u16* __restrict__ out, const int* __restrict__ items,
+               const int* __restrict__ seq_q0, const int* __restrict__ seq_n, const int* __restrict__ seq_past,
+               const u64* __restrict__ seq_pt, int page, int layer, int nq, int nkv, int qkv_w, float scale_log2,
+               float* __restrict__ po, float* __restrict__ pm, float* __restrict__ pl, int* __restrict__ cnt) {
+  attn_dec_body<64>(qkv, out, items, seq_q0, seq_n, seq_past, seq_pt, page, layer, nq, nkv, qkv_w, scale_log2, po,
+                    pm, pl, cnt);
+}
+
+extern "C" __global__ void __launch_bounds__(ATT_DEC_THREADS)
+    attn_dec128(const u16* __restrict__ qkv, u16* __restrict__ out, const int* __restrict__ items,
+                const int* __restrict__ seq_q0, const int* __restrict__ seq_n, const int* __restrict__ seq_past,
+                const u64* __restrict__ seq_pt, int page, int layer, int nq, int nkv, int qkv_w, float scale_log2,
+                float* __restrict__ po, float* __restrict__ pm, float* __restrict__ pl, int* __restrict__ cnt) {
+  attn_dec_body<128>(qkv, out, items, seq_q0, seq_n, seq_past, seq_pt, page, layer, nq, nkv, qkv_w, scale_log2, po,
+                     pm, pl, cnt);
+}

@@ -33,7 +33,9 @@ type Engine struct {
 	// Attention picks the attention kernel: "" or "auto" (for head_dim 64
 	// on Hopper, sm_90a, the wgmma kernel with a 3-stage pipeline in passes
 	// of more than 64 tokens; else the mma.sync kernel for head_dim 64 and
-	// 128, and the plain one for other head dims); "wgmma3" (head_dim 64,
+	// 128, and the plain one for other head dims; decode steps of few
+	// sequences, each with one new token, split each query's keys across
+	// CTAs with the decode kernel, head_dim 64 or 128); "wgmma3" (head_dim 64,
 	// sm_90a), "mma" (head_dim 64 or 128) or "ref" (the plain kernel, any
 	// head_dim), to compare them.
 	Attention string
@@ -111,6 +113,8 @@ type workspace struct {
 	mlpTok int          // tokens the dense MLP layers' workspace holds
 	meta   *cuda.Buffer // per-forward metadata (see rope.cu)
 	rows   int          // rows the head buffers hold
+	decSeq int          // sequences the decode attention's buffer holds
+	dec    *cuda.Buffer // the decode attention's runs and counters (decBytes)
 	sel    *cuda.Buffer // bf16 [rows][d]: final-normed rows whose logits are wanted
 	logits *cuda.Buffer // fp32 [rows][vocab]
 }
@@ -368,7 +372,7 @@ func (e *Engine) Close() error {
 		}
 	}
 	ws := &e.ws
-	free(ws.resid, ws.hn, ws.qkv, ws.proj, ws.meta, ws.sel, ws.logits)
+	free(ws.resid, ws.hn, ws.qkv, ws.proj, ws.meta, ws.dec, ws.sel, ws.logits)
 	if e.hostLogits != nil {
 		errs = append(errs, e.hostLogits.Free())
 		e.hostLogits = nil

@@ -162,8 +162,9 @@ func (e *Engine) realloc(b *cuda.Buffer, n int) (*cuda.Buffer, error) {
 }
 
 // workspaceFor grows the workspace for a pass of T tokens with rows logit
-// rows and metadata of metaBytes.
-func (e *Engine) workspaceFor(T, rows, metaBytes int) error {
+// rows and metadata of metaBytes; a decode step (T sequences of one token)
+// also needs the decode attention's buffer.
+func (e *Engine) workspaceFor(T, rows, metaBytes int, decode bool) error {
 	c := e.cfg
 	h, hd, nq, nkv := c.HiddenSize, c.HeadDim, c.NumAttentionHeads, c.NumKeyValueHeads
 	ws := &e.ws
@@ -199,6 +200,16 @@ func (e *Engine) workspaceFor(T, rows, metaBytes int) error {
 			return err
 		}
 		ws.rows = r
+	}
+	if n := decBytes(e.cfg, T); decode && n > 0 && ws.decSeq < T {
+		if ws.dec, err = e.realloc(ws.dec, n); err != nil {
+			return err
+		}
+		// The counters start at 0; each decode launch leaves them at 0.
+		if err = e.dev.Memset8(ws.dec, 0, e.stream); err != nil {
+			return err
+		}
+		ws.decSeq = T
 	}
 	if ws.meta == nil || ws.meta.Len() < metaBytes {
 		// Page tables grow with the sequences: room to spare, so that the
@@ -351,7 +362,7 @@ func (e *Engine) queue(b *batch) (*engine.Stats, error) {
 // sequence's seq_pt at its page table in the metadata buffer, and uploads
 // the metadata.
 func (e *Engine) prepare(b *batch) error {
-	if err := e.workspaceFor(b.T, b.rows, 4*len(b.words)); err != nil {
+	if err := e.workspaceFor(b.T, b.rows, 4*len(b.words), b.T == b.S); err != nil {
 		return err
 	}
 	meta := uint64(e.ws.meta.Ptr())
@@ -392,6 +403,7 @@ func (e *Engine) layersQueue(b *batch, st *engine.Stats, paths []mlp.Path) error
 	if err != nil {
 		return err
 	}
+	dec, decode := e.decodeAttention(b)
 	for li, l := range e.layers {
 		var delta *cuda.Buffer
 		if li > 0 {
@@ -423,8 +435,13 @@ func (e *Engine) layersQueue(b *batch, st *engine.Stats, paths []mlp.Path) error
 			}
 			prof("rope")
 		}
-		if err := attn.launch(s, attnArgs{qkv: ws.qkv, out: ws.hn, items: items, seqQ0: seqQ0, seqN: seqN, seqPast: seqPast,
-			pt: pt, page: page, nItems: b.items, layer: li, nq: nq, nkv: nkv, hd: hd, qkvW: qkvW}); err != nil {
+		aa := attnArgs{qkv: ws.qkv, out: ws.hn, items: items, seqQ0: seqQ0, seqN: seqN, seqPast: seqPast,
+			pt: pt, page: page, nItems: b.items, layer: li, nq: nq, nkv: nkv, hd: hd, qkvW: qkvW}
+		launch := attn.launch
+		if decode {
+			launch = dec.launch
+		}
+		if err := launch(s, aa); err != nil {
 			return fmt.Errorf("llm: layer %d attention: %w", li, err)
 		}
 		prof("attention")

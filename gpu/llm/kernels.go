@@ -32,6 +32,7 @@ type kernels struct {
 	embed, addNorm, ropeKV *cuda.Function
 	attnRef                *cuda.Function
 	attnFA64, attnFA128    *cuda.Function
+	attnDec64, attnDec128  *cuda.Function
 	gemv1, gemv4           *cuda.Function
 	qkvRope1, qkvRope4     *cuda.Function
 
@@ -58,7 +59,7 @@ var kernelFiles = []struct {
 	{"norm.cu", &normSrc, []string{"embed", "add_rmsnorm"}},
 	{"proj.cu", &projSrc, []string{"gemv_rows1", "gemv_rows4", "qkv_rope1", "qkv_rope4"}},
 	{"rope.cu", &ropeSrc, []string{"rope_kv"}},
-	{"attn.cu", &attnSrc, []string{"attn_ref", "attn_fa64", "attn_fa128"}},
+	{"attn.cu", &attnSrc, []string{"attn_ref", "attn_fa64", "attn_fa128", "attn_dec64", "attn_dec128"}},
 }
 
 // kernelsFor compiles the .cu files of kernelFiles for dev, with package
@@ -84,6 +85,7 @@ func kernelsFor(dev *cuda.Device) (*kernels, error) {
 	}
 	k := &kernels{dev: dev, embed: fs["embed"], addNorm: fs["add_rmsnorm"], ropeKV: fs["rope_kv"],
 		attnRef: fs["attn_ref"], attnFA64: fs["attn_fa64"], attnFA128: fs["attn_fa128"],
+		attnDec64: fs["attn_dec64"], attnDec128: fs["attn_dec128"],
 		gemv1: fs["gemv_rows1"], gemv4: fs["gemv_rows4"], qkvRope1: fs["qkv_rope1"], qkvRope4: fs["qkv_rope4"]}
 	kernTab[dev] = k
 	return k, nil
