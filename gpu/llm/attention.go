@@ -102,18 +102,24 @@ type decAttention struct {
 	po, pm, pl, count *cuda.Buffer
 }
 
+// decodeSplit reports whether a decode step of S sequences (one new token
+// each) runs the decode kernel: under auto, for head_dim 64 or 128, when
+// the (sequence, head) pairs are at most twice the SMs. On an H200 at 512
+// cached tokens (SparseLM-1.5B preset, 32 heads) it took decode from 775
+// to 884 tokens/s at batch 1 (TwELL MLPs; dense 596 to 654), but at batch
+// 64, where the prefill kernel already has 2048 CTAs, from 12558 to 11745:
+// there the split and merge cost more than they spread.
+func (e *Engine) decodeSplit(S int) bool {
+	c := e.cfg
+	return (e.Attention == "" || e.Attention == "auto") && decBytes(c, S) > 0 &&
+		S*c.NumAttentionHeads <= 2*e.dev.Properties().SMs
+}
+
 // decodeAttention returns the decode kernel for pass b, and whether b runs
-// it: under auto, when every sequence of b has one new token, head_dim is
-// 64 or 128, and the (sequence, head) pairs are at most twice the SMs. On
-// an H200 at 512 cached tokens (SparseLM-1.5B preset, 32 heads) it took
-// decode from 775 to 884 tokens/s at batch 1 (TwELL MLPs; dense 596 to
-// 654), but at batch 64, where the prefill kernel already has 2048 CTAs,
-// from 12558 to 11745: there the split and merge cost more than they
-// spread.
+// it: when b is a decode step that decodeSplit takes.
 func (e *Engine) decodeAttention(b *batch) (decAttention, bool) {
 	c := e.cfg
-	if (e.Attention != "" && e.Attention != "auto") || b.T != b.S || decBytes(c, b.S) == 0 || e.ws.decSeq < b.S ||
-		b.S*c.NumAttentionHeads > 2*e.dev.Properties().SMs {
+	if b.T != b.S || !e.decodeSplit(b.S) || e.ws.decSeq < b.S {
 		return decAttention{}, false
 	}
 	fn := e.k.attnDec64

@@ -163,7 +163,7 @@ func (e *Engine) realloc(b *cuda.Buffer, n int) (*cuda.Buffer, error) {
 
 // workspaceFor grows the workspace for a pass of T tokens with rows logit
 // rows and metadata of metaBytes; a decode step (T sequences of one token)
-// also needs the decode attention's buffer.
+// that runs the decode attention kernel also needs its buffer.
 func (e *Engine) workspaceFor(T, rows, metaBytes int, decode bool) error {
 	c := e.cfg
 	h, hd, nq, nkv := c.HiddenSize, c.HeadDim, c.NumAttentionHeads, c.NumKeyValueHeads
@@ -201,8 +201,8 @@ func (e *Engine) workspaceFor(T, rows, metaBytes int, decode bool) error {
 		}
 		ws.rows = r
 	}
-	if n := decBytes(e.cfg, T); decode && n > 0 && ws.decSeq < T {
-		if ws.dec, err = e.realloc(ws.dec, n); err != nil {
+	if decode && e.decodeSplit(T) && ws.decSeq < T {
+		if ws.dec, err = e.realloc(ws.dec, decBytes(c, T)); err != nil {
 			return err
 		}
 		// The counters start at 0; each decode launch leaves them at 0.

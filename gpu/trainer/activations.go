@@ -51,8 +51,8 @@ func widths(c model.Config) (qkvW, guW int) {
 // logitBudget is the default memory of the fp32 logits that exist at once.
 // Each chunk of logit rows adds its LM-head weight gradient into the fp32
 // [V][h] accumulator (read and written once a chunk), so fewer chunks move
-// less: at the 1.5B shape (V 50k, h 2048) 49 chunks of 64 MiB moved about
-// 40 GB a step there.
+// less: at the 1.5B shape (V 49152, h 2048) 49 chunks of 64 MiB read and
+// wrote the 403 MB accumulator 49 times, about 40 GB a step.
 const logitBudget = 512 << 20
 
 // logitRowsFor returns the rows of logits that exist at once for
