@@ -126,10 +126,19 @@ func (e *Engine) decodeAttention(b *batch) (decAttention, bool) {
 	if c.HeadDim == 128 {
 		fn = e.k.attnDec128
 	}
-	runs := b.S * c.NumAttentionHeads * decSplits
-	po, pm := view(e.ws.dec, 0, 4*runs*c.HeadDim), view(e.ws.dec, 4*runs*c.HeadDim, 4*runs)
-	pl, count := view(e.ws.dec, 4*runs*(c.HeadDim+1), 4*runs), view(e.ws.dec, 4*runs*(c.HeadDim+2), 4*b.S*c.NumAttentionHeads)
-	return decAttention{fn: fn, po: po, pm: pm, pl: pl, count: count}, true
+	l := decLayout(c, b.S)
+	v := func(i int) *cuda.Buffer { return view(e.ws.dec, l[i][0], l[i][1]) }
+	return decAttention{fn: fn, po: v(0), pm: v(1), pl: v(2), count: v(3)}, true
+}
+
+// decLayout returns where the decode attention's buffer for S sequences of
+// model c keeps the runs' outputs, maxima and sums and the counters:
+// {offset, size} in bytes, in that order, within decBytes(c, S).
+func decLayout(c model.Config, S int) [4][2]int {
+	pairs := S * c.NumAttentionHeads
+	runs := pairs * decSplits
+	return [4][2]int{{0, 4 * runs * c.HeadDim}, {4 * runs * c.HeadDim, 4 * runs}, {4 * runs * (c.HeadDim + 1), 4 * runs},
+		{4 * runs * (c.HeadDim + 2), 4 * pairs}}
 }
 
 // launch queues the decode kernel: a 128-thread CTA per (work item, head,

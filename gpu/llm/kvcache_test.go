@@ -434,3 +434,31 @@ func TestPagesRandomBatches(t *testing.T) {
 		}
 	}
 }
+
+// TestDecodeBufferLayout: for random shapes, the decode attention's views
+// lie inside its buffer, one after the other without overlap, each
+// 4-byte aligned and as large as the kernel reads.
+func TestDecodeBufferLayout(t *testing.T) {
+	r, seed := testutil.Rand(t)
+	for range 500 {
+		c := model.Config{HeadDim: []int{64, 128}[r.IntN(2)], NumAttentionHeads: 1 + r.IntN(64)}
+		S := 1 + r.IntN(512)
+		l, n := decLayout(c, S), decBytes(c, S)
+		runs := S * c.NumAttentionHeads * decSplits
+		want := []int{4 * runs * c.HeadDim, 4 * runs, 4 * runs, 4 * S * c.NumAttentionHeads}
+		end := 0
+		for i, v := range l {
+			if v[0] != end || v[1] != want[i] || v[0]%4 != 0 {
+				t.Fatalf("seed %d: hd %d, %d heads, %d sequences: view %d at %d of %d bytes (want at %d, %d bytes)",
+					seed, c.HeadDim, c.NumAttentionHeads, S, i, v[0], v[1], end, want[i])
+			}
+			end += v[1]
+		}
+		if end != n {
+			t.Fatalf("seed %d: views end at %d, buffer of %d bytes", seed, end, n)
+		}
+	}
+	if n := decBytes(model.Config{HeadDim: 96, NumAttentionHeads: 8}, 4); n != 0 {
+		t.Fatalf("head_dim 96: decode buffer of %d bytes, want none (no decode kernel)", n)
+	}
+}
