@@ -81,9 +81,13 @@ func (e *Engine) attentionKernel(T int) (attnKernel, error) {
 	}
 }
 
-// decSplits is ATT_DEC_SPLITS (attn.cu): the runs a decode step's keys are
-// cut into, per sequence and head.
-const decSplits = 16
+// decSplits and decThreads are ATT_DEC_SPLITS and ATT_DEC_THREADS
+// (attn.cu): the runs a decode step's keys are cut into, per sequence and
+// head, and the threads of the CTA that takes one run.
+const (
+	decSplits  = 16
+	decThreads = 128
+)
 
 // decBytes is the size of the decode attention's buffer for S sequences of
 // model c: per sequence and head, decSplits runs of head_dim outputs, a
@@ -141,12 +145,11 @@ func decLayout(c model.Config, S int) [4][2]int {
 		{4 * runs * (c.HeadDim + 2), 4 * pairs}}
 }
 
-// launch queues the decode kernel: a 128-thread CTA per (work item, head,
-// run).
+// launch queues the decode kernel: a CTA per (work item, head, run).
 func (d decAttention) launch(s *cuda.Stream, a attnArgs) error {
 	grid := cuda.Dim3{uint32(a.nItems * a.nq), decSplits, 1}
 	scaleLog2 := float32(math.Log2E / math.Sqrt(float64(a.hd)))
-	return d.fn.Launch(grid, cuda.Dim3{128, 1, 1}, 0, s, a.qkv, a.out, a.items, a.seqQ0, a.seqN, a.seqPast, a.pt,
+	return d.fn.Launch(grid, cuda.Dim3{decThreads, 1, 1}, 0, s, a.qkv, a.out, a.items, a.seqQ0, a.seqN, a.seqPast, a.pt,
 		int32(a.page), int32(a.layer), int32(a.nq), int32(a.nkv), int32(a.qkvW), scaleLog2, d.po, d.pm, d.pl, d.count)
 }
 

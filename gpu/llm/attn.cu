@@ -376,20 +376,15 @@ __device__ __forceinline__ void attn_dec_body(const u16* __restrict__ qkv, u16* 
   if (threadIdx.x == 0) cnt[id] = 0;
 }
 
-extern "C" __global__ void __launch_bounds__(ATT_DEC_THREADS)
-    attn_dec64(const u16* __restrict__ qkv, u16* __restrict__ out, const int* __restrict__ items,
-               const int* __restrict__ seq_q0, const int* __restrict__ seq_n, const int* __restrict__ seq_past,
-               const u64* __restrict__ seq_pt, int page, int layer, int nq, int nkv, int qkv_w, float scale_log2,
-               float* __restrict__ po, float* __restrict__ pm, float* __restrict__ pl, int* __restrict__ cnt) {
-  attn_dec_body<64>(qkv, out, items, seq_q0, seq_n, seq_past, seq_pt, page, layer, nq, nkv, qkv_w, scale_log2, po,
-                    pm, pl, cnt);
-}
-
-extern "C" __global__ void __launch_bounds__(ATT_DEC_THREADS)
-    attn_dec128(const u16* __restrict__ qkv, u16* __restrict__ out, const int* __restrict__ items,
-                const int* __restrict__ seq_q0, const int* __restrict__ seq_n, const int* __restrict__ seq_past,
-                const u64* __restrict__ seq_pt, int page, int layer, int nq, int nkv, int qkv_w, float scale_log2,
-                float* __restrict__ po, float* __restrict__ pm, float* __restrict__ pl, int* __restrict__ cnt) {
-  attn_dec_body<128>(qkv, out, items, seq_q0, seq_n, seq_past, seq_pt, page, layer, nq, nkv, qkv_w, scale_log2, po,
-                     pm, pl, cnt);
-}
+// ATTN_DEC defines attn_dec<HD>, the entry point of attn_dec_body<HD>.
+#define ATTN_DEC(HD)                                                                                                  \
+  extern "C" __global__ void __launch_bounds__(ATT_DEC_THREADS)                                                       \
+      attn_dec##HD(const u16* __restrict__ qkv, u16* __restrict__ out, const int* __restrict__ items,                 \
+                   const int* __restrict__ seq_q0, const int* __restrict__ seq_n, const int* __restrict__ seq_past,   \
+                   const u64* __restrict__ seq_pt, int page, int layer, int nq, int nkv, int qkv_w, float scale_log2, \
+                   float* __restrict__ po, float* __restrict__ pm, float* __restrict__ pl, int* __restrict__ cnt) {   \
+    attn_dec_body<HD>(qkv, out, items, seq_q0, seq_n, seq_past, seq_pt, page, layer, nq, nkv, qkv_w, scale_log2, po,  \
+                      pm, pl, cnt);                                                                                   \
+  }
+ATTN_DEC(64)
+ATTN_DEC(128)
