@@ -78,7 +78,7 @@ func mmTNAcc[T Float](c, a, b []T, m, n, k int, pk *cpu.Packer) {
 		return
 	}
 	at := make([]T, m*k)
-	transpose(at, a, k, m)
+	Transpose(at, a, k, m)
 	tmp := make([]T, m*n)
 	mmNN(tmp, at, b, m, n, k, nil)
 	for i, v := range tmp {
@@ -86,8 +86,8 @@ func mmTNAcc[T Float](c, a, b []T, m, n, k int, pk *cpu.Packer) {
 	}
 }
 
-// transpose writes the transpose of src (rows x cols) into dst (cols x rows).
-func transpose[T Float](dst, src []T, rows, cols int) {
+// Transpose writes the transpose of src (rows x cols) into dst (cols x rows).
+func Transpose[T Float](dst, src []T, rows, cols int) {
 	const blk = 32
 	for i0 := 0; i0 < rows; i0 += blk {
 		for j0 := 0; j0 < cols; j0 += blk {

@@ -144,7 +144,7 @@ func newActivations(dev *cuda.Device, c model.Config, batch, seq int, o Options)
 		*p = alloc(shared[i])
 	}
 	a.x = append(a.x, alloc(shared[len(shared)-1]))
-	for i, p := range []**cuda.Buffer{&a.cnt, &a.chunk, &a.wdT, &a.dwdT, &a.slots}[:len(sparse)] {
+	for i, p := range []**cuda.Buffer{&a.cnt, &a.chunk, &a.slots}[:len(sparse)] {
 		*p = alloc(sparse[i])
 	}
 	if a.owned[len(a.owned)-1] == nil {

@@ -3,7 +3,8 @@
 // (schedule, data, checkpoints, metrics, resume) drives it unchanged.
 //
 // Parameters, gradients and AdamW moments are fp32 on the device, each in
-// one flat buffer laid out in train.Tensors order; a bf16 copy of the
+// one flat buffer laid out in train.Tensors order (each down projection
+// transposed, [f][h]; the host sees train's shapes); a bf16 copy of the
 // parameters (refreshed by the AdamW kernel) feeds the cuBLASLt GEMMs,
 // which accumulate in fp32. Every layer's forward and backward runs on the
 // device and follows train's CPU reference (train/layers.go): embedding,
@@ -148,10 +149,7 @@ func New(dev *cuda.Device, c model.Config, w *model.Weights, o Options) (*Backen
 	for l := range b.sparse {
 		b.sparse[l] = o.MLP == mlp.Sparse
 	}
-	for _, t := range b.specs {
-		b.off = append(b.off, b.n)
-		b.n += t.Size()
-	}
+	b.layout()
 	if o.Comm != nil {
 		b.shard(o.Comm.Rank(), o.Comm.Size())
 	} else {
@@ -179,6 +177,15 @@ func New(dev *cuda.Device, c model.Config, w *model.Weights, o Options) (*Backen
 		}
 	}
 	return b, nil
+}
+
+// layout sets each tensor's offset in the flat buffers and their length.
+func (b *Backend) layout() {
+	b.off, b.n = nil, 0
+	for _, t := range b.specs {
+		b.off = append(b.off, b.n)
+		b.n += t.Size()
+	}
 }
 
 // init compiles the kernels and allocates the stream, cuBLAS handle,
@@ -401,14 +408,37 @@ func (b *Backend) hostTensors(w *model.Weights) ([][]float32, error) {
 // flat buffer dst (nil tensors: zeros).
 func (b *Backend) upload(dst *cuda.Buffer, ts [][]float32) error {
 	flat := make([]float32, b.n)
-	for i, t := range ts {
-		copy(flat[b.off[i]:], t)
-	}
+	b.flatten(flat, ts)
 	return b.dev.CopyHtoD(dst, cuda.Bytes(flat))
 }
 
+// downTransposed reports whether tensor i is a layer's down projection,
+// which every device buffer holds transposed, [f][h] (Wdᵀ): the sparse MLP
+// then reads and adds whole rows per unit, and the dense path's GEMMs take
+// either layout.
+func (b *Backend) downTransposed(i int) bool {
+	per := b.layerBase(1) - b.layerBase(0)
+	return i >= b.layerBase(0) && i < b.normIndex() && (i-b.layerBase(0))%per == per-1
+}
+
+// flatten copies host tensors (train.Tensors order and shapes; nil:
+// left as it is) into the flat device layout.
+func (b *Backend) flatten(flat []float32, ts [][]float32) {
+	for i, t := range ts {
+		if t == nil {
+			continue
+		}
+		if b.downTransposed(i) {
+			s := b.specs[i].Shape
+			train.Transpose(flat[b.off[i]:b.off[i]+len(t)], t, s[0], s[1])
+			continue
+		}
+		copy(flat[b.off[i]:], t)
+	}
+}
+
 // download copies the flat buffer src to host tensors in train.Tensors
-// order (sharing one allocation).
+// order and shapes (sharing one allocation, but for the down projections).
 func (b *Backend) download(src *cuda.Buffer) ([][]float32, error) {
 	if err := b.s.Synchronize(); err != nil {
 		return nil, err
@@ -417,15 +447,26 @@ func (b *Backend) download(src *cuda.Buffer) ([][]float32, error) {
 	if err := b.dev.CopyDtoH(cuda.Bytes(flat), src); err != nil {
 		return nil, err
 	}
+	return b.unflatten(flat), nil
+}
+
+// unflatten cuts the flat device layout into host tensors, flatten's
+// inverse.
+func (b *Backend) unflatten(flat []float32) [][]float32 {
 	out := make([][]float32, len(b.specs))
-	for i := range b.specs {
+	for i, s := range b.specs {
 		end := b.n
 		if i+1 < len(b.off) {
 			end = b.off[i+1]
 		}
 		out[i] = flat[b.off[i]:end:end]
+		if b.downTransposed(i) {
+			t := make([]float32, len(out[i]))
+			train.Transpose(t, out[i], s.Shape[1], s.Shape[0])
+			out[i] = t
+		}
 	}
-	return out, nil
+	return out
 }
 
 // Load replaces the parameters and the optimizer state (nil: fresh moments,

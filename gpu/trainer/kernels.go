@@ -27,9 +27,9 @@ var kernelFiles = []struct {
 }{
 	{"layers.cu", &layersSrc, []string{"sum_f64", "embed_fwd", "sort_pass", "embed_seg", "embed_join", "rmsnorm_fwd",
 		"rmsnorm_bwd_dx", "rmsnorm_bwd_dw", "rmsnorm_dw_sum", "rope_cast", "cast_bf16", "relu_fwd", "relu_bwd", "ce_chunk"}},
-	{"optim.cu", &optimSrc, []string{"sumsq", "scale", "adamw", "to_bf16", "reinit_rows", "reinit_cols"}},
+	{"optim.cu", &optimSrc, []string{"sumsq", "scale", "adamw", "to_bf16", "reinit_rows"}},
 	{"sparse.cu", &sparseSrc, []string{"sp_count", "sp_scan", "sp_pack", "sp_col_count", "sp_col_prefix", "sp_col_fill",
-		"sp_up", "sp_grad", "sp_rows", "sp_col_parts", "sp_cols", "sp_col_reduce", "transpose_bf16", "transpose_add"}},
+		"sp_up", "sp_grad", "sp_rows", "sp_col_parts", "sp_cols", "sp_col_reduce"}},
 }
 
 // kernels are the compiled functions of kernelFiles on one device, by name.
@@ -367,15 +367,5 @@ func (l launcher) reinitRows(w, wb, m, v, rows, units *cuda.Buffer, n, h, mlo, m
 		return err
 	}
 	return l.k["reinit_rows"].Launch(dim(n), dim(rowBlock), 0, l.s, w, wb, m, v, optional(rows), units, int32(h),
-		int64(mlo), int64(mhi))
-}
-
-// reinitCols zeroes columns units (int32 [n]) of a tensor of h rows of f
-// values, and their moments (held for values [mlo, mhi), as reinitRows).
-func (l launcher) reinitCols(w, wb, m, v, units *cuda.Buffer, n, h, f, mlo, mhi int) error {
-	if err := need("unit ids", units, 4*n); err != nil {
-		return err
-	}
-	return l.k["reinit_cols"].Launch(dim(n), dim(rowBlock), 0, l.s, w, wb, m, v, units, int32(h), int32(f),
 		int64(mlo), int64(mhi))
 }

@@ -107,11 +107,10 @@ func (s mlpShape) statPartBytes() int {
 }
 
 // sparseScratchBytes lists the sparse path's work buffers: row or column
-// counts, the chunk counts of the column index, Wdᵀ (bf16), the down
-// projection's transposed gradient (fp32) and the column sums' slots.
+// counts, the chunk counts of the column index and the column sums' slots.
 func (s mlpShape) sparseScratchBytes() []int {
 	chunks := (s.m + sparseRowsPer - 1) / sparseRowsPer
-	return []int{countBytes(s.m, s.f), 4 * chunks * s.f, 2 * s.f * s.h, 4 * s.f * s.h, 8 * spColSlots(s.m, s.f) * s.h}
+	return []int{countBytes(s.m, s.f), 4 * chunks * s.f, 8 * spColSlots(s.m, s.f) * s.h}
 }
 
 // carve cuts consecutive 16-byte aligned views of sizes out of region.
@@ -156,9 +155,9 @@ func (s mlpShape) carveSparse(sl *slicer, region *cuda.Buffer) sparseSave {
 // the statistics' partial sums (statPartBytes at least), and the sparse
 // path's (sparseScratchBytes; nil when only dense runs).
 type mlpScratch struct {
-	dh, dgu, part         *cuda.Buffer
-	cnt, chunk, wdT, dwdT *cuda.Buffer
-	slots                 *cuda.Buffer // partial sums of busy units' weight gradients (spCols)
+	dh, dgu, part *cuda.Buffer
+	cnt, chunk    *cuda.Buffer
+	slots         *cuda.Buffer // partial sums of busy units' weight gradients (spCols)
 }
 
 // mlpArgs are one MLP block's operands: out = base + MLP(x) forward;
@@ -167,7 +166,7 @@ type mlpScratch struct {
 type mlpArgs struct {
 	mlpShape
 	x          *cuda.Buffer // bf16 [m][h]: the normed input
-	wgu, wd    *cuda.Buffer // bf16 [guW][h] (gate rows, then up rows), [h][f]
+	wgu, wd    *cuda.Buffer // bf16 [guW][h] (gate rows, then up rows), [f][h] (Wdᵀ: a row per unit)
 	base, out  *cuda.Buffer // fp32 [m][h]
 	region     *cuda.Buffer // saved activations (saveBytes)
 	sc         mlpScratch
@@ -178,7 +177,7 @@ type mlpArgs struct {
 
 	dy         *cuda.Buffer // bf16 [m][h]
 	dx         *cuda.Buffer // fp32 [m][h]
-	gGU, gDown *cuda.Buffer // fp32 [guW][h], [h][f]
+	gGU, gDown *cuda.Buffer // fp32 [guW][h], [f][h]
 	l1Grad     float32
 }
 
@@ -222,6 +221,12 @@ func (g *gpuCtx) linear(y, x, w *cuda.Buffer, m, in, out int, ct cublas.DataType
 // linearDX sets dx = dy·W (dy [m][out]), dx of type ct.
 func (g *gpuCtx) linearDX(dx, dy, w *cuda.Buffer, m, in, out int, ct cublas.DataType) error {
 	return g.blas.Matmul(g.s, cublas.Gemm{M: m, N: in, K: out, Alpha: 1, CType: ct}, dy, w, dx)
+}
+
+// addLinearT adds x·W into y (fp32 [m][out]) for W stored transposed,
+// [in][out].
+func (g *gpuCtx) addLinearT(y, x, w *cuda.Buffer, m, in, out int) error {
+	return g.blas.Matmul(g.s, cublas.Gemm{M: m, N: out, K: in, Alpha: 1, Beta: 1, CType: cublas.F32}, x, w, y)
 }
 
 // linearDW adds dyᵀ·x into dw (fp32 [out][in]).
@@ -291,7 +296,7 @@ func (g *gpuCtx) mlpForwardSteps(a mlpArgs, sparse bool) ([]mlpStep, error) {
 					a.l1Stat, a.l0Scale)
 			}},
 			{"residual copy", func() error { return g.dev.CopyDtoDAsync(a.out, a.base, 4*a.m*a.h, g.s) }},
-			{"down GEMM", func() error { return g.linear(a.out, d.hid, a.wd, a.m, a.f, a.h, cublas.F32, true) }},
+			{"down GEMM", func() error { return g.addLinearT(a.out, d.hid, a.wd, a.m, a.f, a.h) }},
 		}, nil
 	}
 	sp := a.carveSparse(sl, a.region)
@@ -315,8 +320,7 @@ func (g *gpuCtx) mlpForwardSteps(a mlpArgs, sparse bool) ([]mlpStep, error) {
 		}})
 	}
 	return append(steps,
-		mlpStep{"transpose Wd", func() error { return g.run.transposeBF16(a.sc.wdT, a.wd, a.h, a.f) }},
-		mlpStep{"down SpMM", func() error { return g.run.spRows(a.out, a.base, sp, sp.tv, a.sc.wdT, nil, nil, a.m, a.h) }},
+		mlpStep{"down SpMM", func() error { return g.run.spRows(a.out, a.base, sp, sp.tv, a.wd, nil, nil, a.m, a.h) }},
 	), nil
 }
 
@@ -329,8 +333,8 @@ func (g *gpuCtx) mlpBackwardSteps(a mlpArgs, sparse bool) ([]mlpStep, error) {
 			return nil, sl.err
 		}
 		return []mlpStep{
-			{"dWd GEMM", func() error { return g.linearDW(a.gDown, a.dy, d.hid, a.m, a.f, a.h) }},
-			{"dh GEMM", func() error { return g.linearDX(dh, a.dy, a.wd, a.m, a.f, a.h, cublas.F32) }},
+			{"dWd GEMM", func() error { return g.linearDW(a.gDown, d.hid, a.dy, a.m, a.h, a.f) }},
+			{"dh GEMM", func() error { return g.linear(dh, a.dy, a.wd, a.m, a.h, a.f, cublas.F32, false) }},
 			{"activation backward", func() error {
 				return g.run.reluBwd(reluArgs{gu: d.gu, m: a.m, f: a.f, gated: a.gated}, dgu, dh, a.l1Grad)
 			}},
@@ -346,21 +350,14 @@ func (g *gpuCtx) mlpBackwardSteps(a mlpArgs, sparse bool) ([]mlpStep, error) {
 	// dWd first: it reads T, which the ungated sp_grad overwrites (T = P).
 	var cp colParts
 	steps := []mlpStep{
-		{"transpose Wd", func() error { return g.run.transposeBF16(a.sc.wdT, a.wd, a.h, a.f) }},
 		{"dWd SpMM", func() error {
 			var err error
 			if cp, err = g.run.spColParts(a.mlpShape, sp, a.sc); err != nil {
 				return err
 			}
-			if err := g.dev.Memset8(a.sc.dwdT, 0, g.s); err != nil {
-				return err
-			}
-			if err := g.run.spCols(a.sc.dwdT, nil, sp, a.sc, cp, sp.tv, nil, a.dy, a.m, a.f, a.h); err != nil {
-				return err
-			}
-			return g.run.transposeAdd(a.gDown, a.sc.dwdT, a.f, a.h)
+			return g.run.spCols(a.gDown, nil, sp, a.sc, cp, sp.tv, nil, a.dy, a.m, a.f, a.h)
 		}},
-		{"grad SDDMM", func() error { return g.run.spGrad(a.mlpShape, a.dy, a.sc.wdT, sp, a.l1Grad) }},
+		{"grad SDDMM", func() error { return g.run.spGrad(a.mlpShape, a.dy, a.wd, sp, a.l1Grad) }},
 	}
 	if a.gated {
 		// sp_grad left dR in pv and dG in rv.

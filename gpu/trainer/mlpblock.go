@@ -9,6 +9,7 @@ import (
 	"github.com/twell-ai/twell/cuda"
 	"github.com/twell-ai/twell/cuda/cublas"
 	"github.com/twell-ai/twell/mlp"
+	"github.com/twell-ai/twell/train"
 )
 
 // MLPBlock is one MLP block's training forward and backward on a GPU,
@@ -41,7 +42,7 @@ func MLPBlockBytes(m, h, f int, gated bool) int64 {
 
 // blockBuffers lists an MLPBlock's buffer sizes in allocation order.
 func (s mlpShape) blockBuffers() []int {
-	out := []int{2 * s.m * s.h, 2 * s.m * s.h, 2 * s.guW() * s.h, 2 * s.h * s.f, // x, dy, wgu, wd
+	out := []int{2 * s.m * s.h, 2 * s.m * s.h, 2 * s.guW() * s.h, 2 * s.h * s.f, // x, dy, wgu, wd (transposed)
 		4 * s.m * s.h, 4 * s.m * s.h, 4 * s.m * s.h, // base, out, dx
 		4 * s.guW() * s.h, 4 * s.h * s.f, 16, 4 * s.f, s.saveBytes(mlp.Sparse), // gGU, gDown, stat, active, region
 		4 * s.m * s.f, 2 * s.m * s.guW(), s.statPartBytes()} // dh, dgu, part
@@ -87,7 +88,7 @@ func (b *MLPBlock) init() error {
 	}
 	b.run = launcher{k: k, s: b.s, grid: persistentGrid(b.dev)}
 	ptrs := []**cuda.Buffer{&b.x, &b.dy, &b.wgu, &b.wd, &b.base, &b.out, &b.dx, &b.gGU, &b.gDown, &b.stat, &b.active,
-		&b.region, &b.sc.dh, &b.sc.dgu, &b.sc.part, &b.sc.cnt, &b.sc.chunk, &b.sc.wdT, &b.sc.dwdT, &b.sc.slots}
+		&b.region, &b.sc.dh, &b.sc.dgu, &b.sc.part, &b.sc.cnt, &b.sc.chunk, &b.sc.slots}
 	for i, n := range b.shape.blockBuffers() {
 		buf, err := b.dev.Alloc(n)
 		if err != nil {
@@ -110,10 +111,12 @@ func (b *MLPBlock) Load(gate, up, down, x, dy []float32) error {
 			len(gate), len(up), len(down), len(x), len(dy), s.m, s.h, s.f, s.gated)
 	}
 	wgu := append(append([]float32(nil), gate...), up...)
+	downT := make([]float32, len(down)) // the device layout: [f][h]
+	train.Transpose(downT, down, s.h, s.f)
 	for _, c := range []struct {
 		dst *cuda.Buffer
 		src []float32
-	}{{b.x, x}, {b.dy, dy}, {b.wgu, wgu}, {b.wd, down}} {
+	}{{b.x, x}, {b.dy, dy}, {b.wgu, wgu}, {b.wd, downT}} {
 		h := make([]uint16, len(c.src))
 		bf16.FromFloat32s(h, c.src)
 		if err := b.dev.CopyHtoD(c.dst, cuda.Bytes(h)); err != nil {
@@ -226,17 +229,19 @@ func (b *MLPBlock) Result() (*MLPBlockResult, error) {
 	s := b.shape
 	r := &MLPBlockResult{Out: make([]float32, s.m*s.h), DX: make([]float32, s.m*s.h), DDown: make([]float32, s.h*s.f),
 		Active: make([]int32, s.f)}
+	dDownT := make([]float32, s.f*s.h)
 	gu := make([]float32, s.guW()*s.h)
 	st := make([]float64, 2)
 	for _, c := range []struct {
 		dst []byte
 		src *cuda.Buffer
-	}{{cuda.Bytes(r.Out), b.out}, {cuda.Bytes(r.DX), b.dx}, {cuda.Bytes(r.DDown), b.gDown}, {cuda.Bytes(gu), b.gGU},
+	}{{cuda.Bytes(r.Out), b.out}, {cuda.Bytes(r.DX), b.dx}, {cuda.Bytes(dDownT), b.gDown}, {cuda.Bytes(gu), b.gGU},
 		{cuda.Bytes(st), b.stat}, {cuda.Bytes(r.Active), b.active}} {
 		if err := b.dev.CopyDtoH(c.dst, c.src); err != nil {
 			return nil, err
 		}
 	}
+	train.Transpose(r.DDown, dDownT, s.f, s.h)
 	r.L1, r.L0 = st[0], st[1]
 	if s.gated {
 		r.DGate, r.DUp = gu[:s.f*s.h], gu[s.f*s.h:]

@@ -71,21 +71,3 @@ extern "C" __global__ void reinit_rows(float* __restrict__ w, u16* __restrict__ 
     }
   }
 }
-
-// reinit_cols: for each of n units (blockIdx.x), column units[k] of a
-// tensor of h rows of f values becomes zero, with its bf16 copy and moments
-// (held for values [mlo, mhi), as in reinit_rows).
-extern "C" __global__ void reinit_cols(float* __restrict__ w, u16* __restrict__ wb, float* __restrict__ m,
-                                       float* __restrict__ v, const int* __restrict__ units, int h, int f,
-                                       long long mlo, long long mhi) {
-  int j = units[blockIdx.x];
-  for (int i = threadIdx.x; i < h; i += blockDim.x) {
-    long long e = (long long)i * f + j;
-    w[e] = 0.f;
-    wb[e] = 0;
-    if (e >= mlo && e < mhi) {
-      m[e - mlo] = 0.f;
-      v[e - mlo] = 0.f;
-    }
-  }
-}

@@ -218,7 +218,7 @@ func (b *Backend) ReinitUnits(units []train.UnitInit) error {
 
 // reinitLayer re-initialises units us of layer l.
 func (b *Backend) reinitLayer(l int, us []train.UnitInit) error {
-	h, f, n := b.c.HiddenSize, b.c.IntermediateSize, len(us)
+	h, n := b.c.HiddenSize, len(us)
 	ids := make([]int32, n)
 	gate, up := make([]float32, 0, n*h), make([]float32, 0, n*h)
 	for k, u := range us {
@@ -276,11 +276,11 @@ func (b *Backend) reinitLayer(l int, us []train.UnitInit) error {
 		}
 		i++
 	}
-	w, wb, m, v, lo, hi := views(i) // down: [h][f]
+	w, wb, m, v, lo, hi := views(i) // down, transposed on the device: a row per unit
 	if sl.err != nil {
 		return sl.err
 	}
-	return b.run.reinitCols(w, wb, m, v, idBuf, n, h, f, lo, hi)
+	return b.run.reinitRows(w, wb, m, v, nil, idBuf, n, h, lo, hi)
 }
 
 // Loss returns the mean cross-entropy of one batch, without the L1 term,

@@ -186,9 +186,7 @@ func (b *Backend) gatherMoment(m *cuda.Buffer) ([][]float32, error) {
 // given tensor by tensor, into the moment buffer dst.
 func (b *Backend) uploadShard(dst *cuda.Buffer, ts [][]float32) error {
 	flat := make([]float32, b.nPad)
-	for i, t := range ts {
-		copy(flat[b.off[i]:], t)
-	}
+	b.flatten(flat, ts)
 	if len(flat) < b.hi {
 		return fmt.Errorf("trainer: shard [%d, %d) of %d values", b.lo, b.hi, len(flat))
 	}

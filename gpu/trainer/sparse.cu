@@ -546,28 +546,3 @@ extern "C" __global__ void sp_col_reduce(float* __restrict__ out1, float* __rest
     }
   }
 }
-
-// transpose_bf16: dst [cols][rows] = src [rows][cols]ᵀ (bf16). 32 x 32
-// tiles, blocks of 32 x 8 threads.
-extern "C" __global__ void transpose_bf16(u16* __restrict__ dst, const u16* __restrict__ src, int rows, int cols) {
-  __shared__ u16 t[32][33];
-  int c = blockIdx.x * 32 + threadIdx.x, r0 = blockIdx.y * 32;
-  for (int i = threadIdx.y; i < 32; i += 8)
-    if (r0 + i < rows && c < cols) t[i][threadIdx.x] = src[(size_t)(r0 + i) * cols + c];
-  __syncthreads();
-  int r = r0 + threadIdx.x, c0 = blockIdx.x * 32;
-  for (int i = threadIdx.y; i < 32; i += 8)
-    if (c0 + i < cols && r < rows) dst[(size_t)(c0 + i) * rows + r] = t[threadIdx.x][i];
-}
-
-// transpose_add: dst [cols][rows] += src [rows][cols]ᵀ (fp32).
-extern "C" __global__ void transpose_add(float* __restrict__ dst, const float* __restrict__ src, int rows, int cols) {
-  __shared__ float t[32][33];
-  int c = blockIdx.x * 32 + threadIdx.x, r0 = blockIdx.y * 32;
-  for (int i = threadIdx.y; i < 32; i += 8)
-    if (r0 + i < rows && c < cols) t[i][threadIdx.x] = src[(size_t)(r0 + i) * cols + c];
-  __syncthreads();
-  int r = r0 + threadIdx.x, c0 = blockIdx.x * 32;
-  for (int i = threadIdx.y; i < 32; i += 8)
-    if (c0 + i < cols && r < rows) dst[(size_t)(c0 + i) * rows + r] += t[threadIdx.x][i];
-}

@@ -193,21 +193,3 @@ func (l launcher) spCols(out1, out2 *cuda.Buffer, sp sparseSave, sc mlpScratch, 
 		},
 	)
 }
-
-// transposeBF16 sets dst (bf16 [cols][rows]) = srcᵀ.
-func (l launcher) transposeBF16(dst, src *cuda.Buffer, rows, cols int) error {
-	if err := check(need("transpose output", dst, 2*rows*cols), need("transpose input", src, 2*rows*cols)); err != nil {
-		return err
-	}
-	return l.k["transpose_bf16"].Launch(dim2(ceil(cols, 32), ceil(rows, 32)), dim2(32, 8), 0, l.s, dst, src,
-		int32(rows), int32(cols))
-}
-
-// transposeAdd adds srcᵀ (fp32 [rows][cols]) into dst (fp32 [cols][rows]).
-func (l launcher) transposeAdd(dst, src *cuda.Buffer, rows, cols int) error {
-	if err := check(need("transpose output", dst, 4*rows*cols), need("transpose input", src, 4*rows*cols)); err != nil {
-		return err
-	}
-	return l.k["transpose_add"].Launch(dim2(ceil(cols, 32), ceil(rows, 32)), dim2(32, 8), 0, l.s, dst, src,
-		int32(rows), int32(cols))
-}

@@ -5,8 +5,10 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/twell-ai/twell/cuda/cudatest"
 	"github.com/twell-ai/twell/mlp"
@@ -309,5 +311,59 @@ func TestRefusesModelTooLarge(t *testing.T) {
 		Options{Batch: 1 << 16, Seq: 1 << 12})
 	if err == nil || !strings.Contains(err.Error(), "micro-batches of 65536 x 4096") {
 		t.Fatalf("New with a micro-batch larger than the device: %v", err)
+	}
+}
+
+// TestFlatLayoutRoundTrip checks the device layout of the parameters: the
+// down projections are transposed ([f][h]), every other tensor is copied
+// as it is, and unflatten inverts flatten.
+func TestFlatLayoutRoundTrip(t *testing.T) {
+	for _, gated := range []bool{true, false} {
+		seed := uint64(time.Now().UnixNano())
+		rng := rand.New(rand.NewPCG(seed, 7))
+		c := testModel(gated, gated)
+		c.NumHiddenLayers = 3
+		b := &Backend{c: c, specs: train.Tensors(c)}
+		b.layout()
+		ts := make([][]float32, len(b.specs))
+		for i, s := range b.specs {
+			ts[i] = make([]float32, s.Size())
+			for j := range ts[i] {
+				ts[i][j] = rng.Float32()
+			}
+		}
+		flat := make([]float32, b.n)
+		b.flatten(flat, ts)
+		downs := 0
+		for i, s := range b.specs {
+			got := flat[b.off[i] : b.off[i]+s.Size()]
+			if strings.HasSuffix(s.Name, "down_proj.weight") {
+				downs++
+				if !b.downTransposed(i) {
+					t.Fatalf("gated %v: %s is not transposed", gated, s.Name)
+				}
+				h, f := s.Shape[0], s.Shape[1]
+				for r := range h {
+					for k := range f {
+						if got[k*h+r] != ts[i][r*f+k] {
+							t.Fatalf("seed %d: %s[%d][%d] is not at [%d][%d] of the device layout", seed, s.Name, r, k, k, r)
+						}
+					}
+				}
+				continue
+			}
+			if b.downTransposed(i) || !slices.Equal(got, ts[i]) {
+				t.Fatalf("seed %d, gated %v: %s changed on the way to the device layout", seed, gated, s.Name)
+			}
+		}
+		if downs != c.NumHiddenLayers {
+			t.Fatalf("gated %v: %d down projections, want %d", gated, downs, c.NumHiddenLayers)
+		}
+		back := b.unflatten(flat)
+		for i, s := range b.specs {
+			if !slices.Equal(back[i], ts[i]) {
+				t.Fatalf("seed %d, gated %v: %s differs after the round trip", seed, gated, s.Name)
+			}
+		}
 	}
 }
