@@ -233,25 +233,28 @@ extern "C" __global__ void sp_col_fill(const int* __restrict__ rowptr, const int
   }
 }
 
-// stage_row copies n bf16 values (n % 8 == 0) of src into shared memory.
+// stage_row copies n bf16 values (n % 8 == 0) of src into shared memory
+// (read once: evict_first).
 __device__ __forceinline__ void stage_row(uint4* dst, const u16* src, int n) {
   const uint4* s = reinterpret_cast<const uint4*>(src);
-  for (int c = threadIdx.x; c < n / 8; c += blockDim.x) dst[c] = ldg_nc(s + c);
+  const u64 stream = policy_evict_first();
+  for (int c = threadIdx.x; c < n / 8; c += blockDim.x) dst[c] = ld_hint(s + c, stream);
   __syncthreads();
 }
 
 // row_dot2: one warp's dot products of the staged row xs with rows j0 and
-// j1 of B (bf16 [.][h]), on every lane: two rows in flight hide the
-// gathers' latency.
+// j1 of B (bf16 [.][h], kept in the L2), on every lane: two rows in flight
+// hide the gathers' latency.
 __device__ __forceinline__ void row_dot2(const uint4* xs, const u16* B, int j0, int j1, int h, float& d0, float& d1) {
   const uint4* b0 = reinterpret_cast<const uint4*>(B + (size_t)j0 * h);
   const uint4* b1 = reinterpret_cast<const uint4*>(B + (size_t)j1 * h);
+  const u64 keep = policy_evict_last();
   float s0 = 0.f, s1 = 0.f;
 #pragma unroll 4
   for (int c = threadIdx.x & 31; c < h / 8; c += 32) {
     uint4 x = xs[c];
-    s0 = dot8(x, ldg_nc(b0 + c), s0);
-    s1 = dot8(x, ldg_nc(b1 + c), s1);
+    s0 = dot8(x, ld_hint(b0 + c, keep), s0);
+    s1 = dot8(x, ld_hint(b1 + c, keep), s1);
   }
   d0 = warp_sum(s0);
   d1 = warp_sum(s1);
@@ -318,6 +321,40 @@ extern "C" __global__ void sp_grad(const u16* __restrict__ dY, const u16* __rest
   }
 }
 
+// Eight fp32 values at a time (16-byte aligned), with an L2 policy: the
+// gathered weight or activation rows are kept (evict_last), the rows a
+// kernel streams out go first (evict_first), so that they do not push the
+// gathered rows out of the L2.
+
+// ld8 sets a[0..8) to the 8 floats at p.
+__device__ __forceinline__ void ld8(float (&a)[8], const float* p, u64 pol) {
+  uint4 x, y;
+  asm volatile("ld.global.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %5;"
+               : "=r"(x.x), "=r"(x.y), "=r"(x.z), "=r"(x.w)
+               : "l"(p), "l"(pol));
+  asm volatile("ld.global.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %5;"
+               : "=r"(y.x), "=r"(y.y), "=r"(y.z), "=r"(y.w)
+               : "l"(p + 4), "l"(pol));
+  a[0] = __uint_as_float(x.x), a[1] = __uint_as_float(x.y), a[2] = __uint_as_float(x.z), a[3] = __uint_as_float(x.w);
+  a[4] = __uint_as_float(y.x), a[5] = __uint_as_float(y.y), a[6] = __uint_as_float(y.z), a[7] = __uint_as_float(y.w);
+}
+
+// store8 sets the 8 floats at p to a[0..8).
+__device__ __forceinline__ void store8(float* p, const float (&a)[8], u64 pol) {
+  st_hint(p, make_uint4(__float_as_uint(a[0]), __float_as_uint(a[1]), __float_as_uint(a[2]), __float_as_uint(a[3])), pol);
+  st_hint(p + 4, make_uint4(__float_as_uint(a[4]), __float_as_uint(a[5]), __float_as_uint(a[6]), __float_as_uint(a[7])),
+          pol);
+}
+
+// add8 adds a[0..8) to the 8 floats at p.
+__device__ __forceinline__ void add8(float* p, const float (&a)[8], u64 pol) {
+  float s[8];
+  ld8(s, p, pol);
+#pragma unroll
+  for (int e = 0; e < 8; ++e) s[e] += a[e];
+  store8(p, s, pol);
+}
+
 // sp_rows: out[r] = base[r] (or 0) + Σ_k v1[k]·B1[col[k]] (+ v2[k]·B2[col[k]])
 // over row r's entries; B1, B2 bf16 [.][h], out and base fp32 [m][h]. One
 // block per row; thread t takes columns 8t, 8t + 8·blockDim, ...
@@ -327,6 +364,7 @@ extern "C" __global__ void sp_rows(float* __restrict__ out, const float* __restr
                                    const u16* __restrict__ B2, int h) {
   __shared__ int sj[128];
   __shared__ float s1[128], s2[128];
+  const u64 keep = policy_evict_last(), stream = policy_evict_first();
   const int r = blockIdx.x;
   const int k0 = rowptr[r], k1 = rowptr[r + 1];
   for (int c0 = 0; c0 < h; c0 += 8 * blockDim.x) {
@@ -335,9 +373,7 @@ extern "C" __global__ void sp_rows(float* __restrict__ out, const float* __restr
     const bool mine = c0 + 8 * (int)threadIdx.x < h;
     float acc[8];
     if (base) {
-      const float4* b = reinterpret_cast<const float4*>(base + (size_t)r * h + c);
-      float4 a = b[0], z = b[1];
-      acc[0] = a.x, acc[1] = a.y, acc[2] = a.z, acc[3] = a.w, acc[4] = z.x, acc[5] = z.y, acc[6] = z.z, acc[7] = z.w;
+      ld8(acc, base + (size_t)r * h + c, stream);
     } else {
 #pragma unroll
       for (int e = 0; e < 8; ++e) acc[e] = 0.f;
@@ -355,19 +391,16 @@ extern "C" __global__ void sp_rows(float* __restrict__ out, const float* __restr
 #pragma unroll 8
         for (int i = 0; i < n; ++i) {
           size_t o = (size_t)sj[i] * h + c;
-          uint4 a = ldg_nc(B1 + o), b = ldg_nc(B2 + o);
+          uint4 a = ld_hint(B1 + o, keep), b = ld_hint(B2 + o, keep);
           axpy8(acc, s1[i], a);
           axpy8(acc, s2[i], b);
         }
       } else {
 #pragma unroll 8
-        for (int i = 0; i < n; ++i) axpy8(acc, s1[i], ldg_nc(B1 + (size_t)sj[i] * h + c));
+        for (int i = 0; i < n; ++i) axpy8(acc, s1[i], ld_hint(B1 + (size_t)sj[i] * h + c, keep));
       }
     }
-    if (!mine) continue;
-    float4* o = reinterpret_cast<float4*>(out + (size_t)r * h + c);
-    o[0] = make_float4(acc[0], acc[1], acc[2], acc[3]);
-    o[1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
+    if (mine) store8(out + (size_t)r * h + c, acc, stream);
   }
 }
 
@@ -409,21 +442,6 @@ __device__ __forceinline__ void group_add(float* acc, float4* red, int G, int ct
   }
 }
 
-// add8 adds a[0..8) to the 8 floats at out (16-byte aligned).
-__device__ __forceinline__ void add8(float* out, const float (&a)[8]) {
-  float4* q = reinterpret_cast<float4*>(out);
-  float4 x = q[0], y = q[1];
-  q[0] = make_float4(a[0] + x.x, a[1] + x.y, a[2] + x.z, a[3] + x.w);
-  q[1] = make_float4(a[4] + y.x, a[5] + y.y, a[6] + y.z, a[7] + y.w);
-}
-
-// store8 sets the 8 floats at out (16-byte aligned) to a[0..8).
-__device__ __forceinline__ void store8(float* out, const float (&a)[8]) {
-  float4* q = reinterpret_cast<float4*>(out);
-  q[0] = make_float4(a[0], a[1], a[2], a[3]);
-  q[1] = make_float4(a[4], a[5], a[6], a[7]);
-}
-
 // sp_cols: for each unit j, out1[j] += Σ_e v1[pos]·A[tok] and out2[j] +=
 // Σ_e v2[pos]·A[tok] over column j's entries e (tokens ascending); A bf16
 // [m][h], out1 and out2 fp32 rows of h. Work items are the parts of
@@ -447,6 +465,7 @@ extern "C" __global__ void sp_cols(float* __restrict__ out1, float* __restrict__
   __shared__ int st[SP_COLS_STAGE];
   __shared__ float s1[SP_COLS_STAGE], s2[SP_COLS_STAGE];
   __shared__ float4 red[2 * 256];
+  const u64 keep = policy_evict_last(), stream = policy_evict_first();
   const int items = partptr[f], oct = h / 8;
   // ct column threads in each of G groups (G a power of two dividing the
   // staged entries).
@@ -491,7 +510,7 @@ extern "C" __global__ void sp_cols(float* __restrict__ out1, float* __restrict__
 #pragma unroll 8
           for (int k = 0; k < kn; ++k) {
             const int i = g + k * G;
-            uint4 a = ldg_nc(A + (size_t)st[i] * h + c);
+            uint4 a = ld_hint(A + (size_t)st[i] * h + c, keep);
             axpy8(a1v, s1[i], a);
             axpy8(a2v, s2[i], a);
           }
@@ -499,7 +518,7 @@ extern "C" __global__ void sp_cols(float* __restrict__ out1, float* __restrict__
 #pragma unroll 8
           for (int k = 0; k < kn; ++k) {
             const int i = g + k * G;
-            axpy8(a1v, s1[i], ldg_nc(A + (size_t)st[i] * h + c));
+            axpy8(a1v, s1[i], ld_hint(A + (size_t)st[i] * h + c, keep));
           }
         }
       }
@@ -509,12 +528,12 @@ extern "C" __global__ void sp_cols(float* __restrict__ out1, float* __restrict__
       }
       if (!mine || g != 0) continue;
       if (parts == 1) {
-        add8(out1 + (size_t)j * h + c, a1v);
-        if (v2) add8(out2 + (size_t)j * h + c, a2v);
+        add8(out1 + (size_t)j * h + c, a1v, stream);
+        if (v2) add8(out2 + (size_t)j * h + c, a2v, stream);
       } else {
         float* s = slot + (size_t)(slotptr[j] + p) * 2 * h + c;
-        store8(s, a1v);
-        if (v2) store8(s + h, a2v);
+        store8(s, a1v, stream);
+        if (v2) store8(s + h, a2v, stream);
       }
     }
   }
@@ -541,7 +560,7 @@ extern "C" __global__ void sp_col_reduce(float* __restrict__ out1, float* __rest
           acc[0] += x.x, acc[1] += x.y, acc[2] += x.z, acc[3] += x.w;
           acc[4] += y.x, acc[5] += y.y, acc[6] += y.z, acc[7] += y.w;
         }
-        add8((o ? out2 : out1) + (size_t)j * h + c, acc);
+        add8((o ? out2 : out1) + (size_t)j * h + c, acc, policy_evict_first());
       }
     }
   }
