@@ -7,7 +7,8 @@
 // inactive units. Two kernels:
 //
 //   gemv_act   every gate row once (all SMs, 4 units per warp, their loads
-//              in flight together): g = x . Wg_j
+//              in flight together; gemv_act_mma for more than 4 tokens,
+//              on tensor cores): g = x . Wg_j
 //              for each token; for a unit active in some token (g > 0 or
 //              NaN, g rounded to bf16 as the GEMM output would be) it reads
 //              the up row and writes h[t][j] = g * (x_t . Wu_j) where active,
@@ -33,6 +34,7 @@
 // of the weights spread over all SMs, not one CTA's walk over every unit.
 #include "common.cuh"
 #include "rowdot.cuh"
+#include "mma.cuh"
 
 // stage_rows copies the m token rows rows[0..m) of x into shared memory
 // and waits for them.
@@ -141,6 +143,123 @@ __global__ void __launch_bounds__(256, MB >= 8 ? 1 : 0)
                          nullptr, min(MB, total - g0), d, f, xs, wmask, wcnt);
 }
 
+// gemv_act_mma: gemv_act (not LIST) for up to 8 tokens on tensor cores,
+// where the FMA form is bound by its arithmetic and by a grid of one
+// 256-thread block per SM. Block b takes units 16b .. 16b+15; its eight
+// warps split the d columns, each computing its share of the 16 units x 8
+// tokens with mma.sync m16n8k16 (bf16 in, fp32 accumulate; tokens past m
+// are zero rows of xs), and warp 0 adds the shares in warp order. Within
+// each 32 columns, lane (g, q) feeds the MMA columns 8q .. 8q+7 of rows g
+// and g + 8 as whole 16-byte loads: the k order of a product is permuted
+// the same way for both operands, so the sums are the dot products. The up
+// rows of the units active in some token follow the same way (gated). The
+// mask and the per-block count (of 16 units) are stored as halves: mask as
+// u16 [f/16] within gemv_down's words, cnt as u32 [f/16]. Dynamic shared
+// memory 8 (d + 32) * 2 bytes: the 32-element pad puts odd rows 16 banks
+// from even ones, so the B loads are free of bank conflicts. d % 64 == 0.
+#define MMA_STEPS 8  // 32-column steps whose loads a warp issues at once
+
+// mma_rows computes this warp's share, steps [s0, s1) of 32 columns, of
+// the 16 x 8 products of rows j0 .. j0+15 of w (rows whose bit is clear in
+// live are zeros, never read) with the staged tokens xs (row stride ld);
+// wa, wb hold the first steps' loads when first is set.
+__device__ __forceinline__ void mma_rows(const u16* __restrict__ w, int j0, u32 live, const u16* xs, int ld, int d,
+                                         int s0, int s1, float (&c)[4]) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+  const bool la = live >> g & 1, lb = live >> (g + 8) & 1;
+  const u16* ra = w + (size_t)(j0 + g) * d + 8 * q;
+  const u16* rb = w + (size_t)(j0 + g + 8) * d + 8 * q;
+  c[0] = c[1] = c[2] = c[3] = 0.f;
+  for (int sb = s0; sb < s1; sb += MMA_STEPS) {
+    uint4 wa[MMA_STEPS], wb[MMA_STEPS];
+#pragma unroll
+    for (int i = 0; i < MMA_STEPS; ++i) {
+      const int col = 32 * (sb + i);
+      const bool in = sb + i < s1;
+      wa[i] = in && la ? ldg_nc(ra + col) : make_uint4(0, 0, 0, 0);
+      wb[i] = in && lb ? ldg_nc(rb + col) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int i = 0; i < MMA_STEPS; ++i) {
+      if (sb + i >= s1) break;
+      const uint4 xv = *(const uint4*)(xs + g * ld + 32 * (sb + i) + 8 * q);
+      const u32 a0[4] = {wa[i].x, wb[i].x, wa[i].y, wb[i].y}, a1[4] = {wa[i].z, wb[i].z, wa[i].w, wb[i].w};
+      mma16816(c, a0, xv.x, xv.y);
+      mma16816(c, a1, xv.z, xv.w);
+    }
+  }
+}
+
+// mma_sum adds the warps' products c in warp order into warp 0's c; red is
+// shared, 4 floats per thread.
+__device__ __forceinline__ void mma_sum(float (&c)[4], float4* red) {
+  __syncthreads();  // red's previous contents have been read
+  red[threadIdx.x] = make_float4(c[0], c[1], c[2], c[3]);
+  __syncthreads();
+  if (threadIdx.x >= 32) return;
+  for (int wi = 1; wi < (int)(blockDim.x >> 5); ++wi) {
+    const float4 v = red[wi * 32 + threadIdx.x];
+    c[0] += v.x, c[1] += v.y, c[2] += v.z, c[3] += v.w;
+  }
+}
+
+template <bool GATED>
+__global__ void __launch_bounds__(256)
+    gemv_act_mma(const u16* __restrict__ x, const u16* __restrict__ w, const u16* __restrict__ up,
+                 float* __restrict__ h, u32* __restrict__ mask, u32* __restrict__ cnt, int m, int d, int f) {
+  extern __shared__ __align__(16) u16 xs[];
+  __shared__ float4 red[256];
+  __shared__ u32 live_up;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+  const int j0 = blockIdx.x * 16, ld = d + 32;
+  const int steps = d / 32, per = (steps + (blockDim.x >> 5) - 1) / (blockDim.x >> 5);
+  const int s0 = min(steps, warp * per), s1 = min(steps, s0 + per);
+  for (int i = threadIdx.x; i < 8 * d / 8; i += blockDim.x) {
+    const int t = i / (d / 8), c = i - t * (d / 8);
+    ((uint4*)(xs + t * ld))[c] = t < m ? ldg_nc((const uint4*)(x + (size_t)t * d) + c) : make_uint4(0, 0, 0, 0);
+  }
+  __syncthreads();
+  float gc[4];
+  mma_rows(w, j0, 0xffffu, xs, ld, d, s0, s1, gc);
+  mma_sum(gc, red);
+  // Warp 0: gate values of units j0 + g (gc[0], gc[1]) and j0 + g + 8
+  // (gc[2], gc[3]) for tokens 2q, 2q + 1, rounded to bf16 as a GEMM's output.
+  bool on[4] = {false, false, false, false};
+  if (warp == 0) {
+    u32 any = 0;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      gc[e] = __uint_as_float(f_to_bf(gc[e]) << 16);
+      on[e] = 2 * q + (e & 1) < m && (gc[e] > 0.f || gc[e] != gc[e]);
+      if (on[e]) any |= 1u << (g + 8 * (e >> 1));
+    }
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) any |= __shfl_xor_sync(0xffffffffu, any, o);
+    if (lane == 0) live_up = any;
+  }
+  __syncthreads();
+  const u32 live = live_up;
+  float uc[4] = {1.f, 1.f, 1.f, 1.f};
+  if (GATED && live) {
+    mma_rows(up, j0, live, xs, ld, d, s0, s1, uc);
+    mma_sum(uc, red);
+  }
+  if (warp != 0) return;
+  u32 n = 0;
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const int t = 2 * q + (e & 1), j = j0 + g + 8 * (e >> 1);
+    if (t < m) h[(size_t)t * f + j] = on[e] ? gc[e] * uc[e] : 0.f;
+    n += on[e];
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) n += __shfl_xor_sync(0xffffffffu, n, o);
+  if (lane == 0) {
+    reinterpret_cast<unsigned short*>(mask)[blockIdx.x] = (unsigned short)live;
+    cnt[blockIdx.x] = n;
+  }
+}
+
 // down_group computes gemv_down's outputs for the mg <= MB tokens of one
 // group, whose h and mask gemv_act wrote, into rows ylist[0..mg) of y (rows
 // 0..mg without a list).
@@ -214,12 +333,13 @@ __device__ __forceinline__ void down_group(const float* __restrict__ h, const u3
 // share of the mask in shared memory (ascending; dynamic shared memory
 // 8 * ceil(f/256) * 32 ints), then reads their down rows and h values
 // eight units at a time, so that a token's few dozen units cost a round
-// trip or two rather than one per unit.
+// trip or two rather than one per unit. Block 0 sums the ncnt per-block
+// counts of the act kernel into *nnz.
 template <int MB, bool LIST>
 __global__ void __launch_bounds__(256)
     gemv_down(const float* __restrict__ h, const u32* __restrict__ mask, const u16* __restrict__ down,
               u16* __restrict__ y, const u32* __restrict__ cnt, u64* __restrict__ nnz, int m, int d, int f,
-              const int* __restrict__ ylist, int first, int cap) {
+              int ncnt, const int* __restrict__ ylist, int first, int cap) {
   __shared__ float red[8][MB][64];
   extern __shared__ int lists[];
   int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -239,7 +359,7 @@ __global__ void __launch_bounds__(256)
     // All threads load the counts (one round trip for f <= 8192).
     __shared__ u32 part[8];
     u32 c = 0;
-    for (int i = threadIdx.x; i < words; i += blockDim.x) c += cnt[i];
+    for (int i = threadIdx.x; i < ncnt; i += blockDim.x) c += cnt[i];
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) c += __shfl_xor_sync(0xffffffffu, c, o);
     if (lane == 0) part[warp] = c;

@@ -23,7 +23,7 @@ func (l *MLP) sparseGEMV(s *cuda.Stream, y, x *cuda.Buffer, m int) error {
 	for _, b := range []struct {
 		p **cuda.Buffer
 		n int
-	}{{&ws.gh, 4 * gemvMaxRows * l.F}, {&ws.gmask, 4 * words}, {&ws.gcnt, 4 * words}} {
+	}{{&ws.gh, 4 * gemvMaxRows * l.F}, {&ws.gmask, 4 * words}, {&ws.gcnt, 4 * l.F / 16}} {
 		if *b.p, err = l.realloc(*b.p, b.n); err != nil {
 			return err
 		}
@@ -41,7 +41,14 @@ func (l *MLP) sparseGEMV(s *cuda.Stream, y, x *cuda.Buffer, m int) error {
 	}
 	a := gemvArgs{x: x, w: l.sparseIn(), up: l.up, down: l.down, y: y, h: ws.gh, mask: ws.gmask, cnt: ws.gcnt, nnz: l.nnz,
 		m: m, d: l.D, f: l.F}
-	if err := a.launchAct(act, s); err != nil {
+	launch := a.launchAct
+	if m > gemvFMARows {
+		act, launch = ks.actMMAPlain, a.launchActMMA
+		if l.Gated {
+			act = ks.actMMAGated
+		}
+	}
+	if err := launch(act, s); err != nil {
 		return fmt.Errorf("gpu: gemv_act: %w", err)
 	}
 	if err := a.launchDown(ks.down[mb], s); err != nil {
@@ -57,7 +64,14 @@ type gemvSet struct {
 	actGated, actPlain, down map[int]*cuda.Function
 	// The LIST forms (MB = 4), which recompute the rows D2T flagged.
 	fbActGated, fbActPlain, fbDown *cuda.Function
+	// gemv_act_mma, gated and not: act on tensor cores, for more than
+	// gemvFMARows tokens.
+	actMMAGated, actMMAPlain *cuda.Function
 }
+
+// gemvFMARows is the largest batch whose act kernel is gemv_act (FMAs);
+// larger batches run gemv_act_mma.
+const gemvFMARows = 4
 
 // gemvRows are the batch sizes gemv.cu is instantiated for; a call of m
 // tokens uses the smallest that holds m.
@@ -67,7 +81,8 @@ var gemvRows = []int{1, 2, 4, 8}
 const gemvMaxRows = 8
 
 // gemvExprs lists the kernels of gemv.cu: gated act, plain act and down
-// per batch size of gemvRows, then the same three LIST forms.
+// per batch size of gemvRows, the same three LIST forms, then gated and
+// plain gemv_act_mma.
 func gemvExprs() []string {
 	var exprs []string
 	for _, mb := range gemvRows {
@@ -75,7 +90,7 @@ func gemvExprs() []string {
 			fmt.Sprintf("gemv_down<%d,false>", mb))
 	}
 	return append(exprs, fmt.Sprintf("gemv_act<%d,true,true>", fbGroup), fmt.Sprintf("gemv_act<%d,false,true>", fbGroup),
-		fmt.Sprintf("gemv_down<%d,true>", fbGroup))
+		fmt.Sprintf("gemv_down<%d,true>", fbGroup), "gemv_act_mma<true>", "gemv_act_mma<false>")
 }
 
 // gemvKernels compiles gemv.cu once and returns its kernels.
@@ -92,7 +107,8 @@ func (k *kernels) gemvKernels() (*gemvSet, error) {
 			k.gemv.actGated[mb], k.gemv.actPlain[mb], k.gemv.down[mb] = fs[exprs[3*i]], fs[exprs[3*i+1]], fs[exprs[3*i+2]]
 		}
 		n := len(exprs)
-		k.gemv.fbActGated, k.gemv.fbActPlain, k.gemv.fbDown = fs[exprs[n-3]], fs[exprs[n-2]], fs[exprs[n-1]]
+		k.gemv.fbActGated, k.gemv.fbActPlain, k.gemv.fbDown = fs[exprs[n-5]], fs[exprs[n-4]], fs[exprs[n-3]]
+		k.gemv.actMMAGated, k.gemv.actMMAPlain = fs[exprs[n-2]], fs[exprs[n-1]]
 	})
 	return &k.gemv, k.gemvErr
 }
@@ -126,12 +142,24 @@ func (a gemvArgs) launchAct(fn *cuda.Function, s *cuda.Stream) error {
 		optional(a.list), int32(a.first), int32(a.cap))
 }
 
+// launchActMMA launches gemv_act_mma: one block per 16 units, the tokens
+// staged as 8 rows of d + 32.
+func (a gemvArgs) launchActMMA(fn *cuda.Function, s *cuda.Stream) error {
+	return fn.Launch(cuda.Dim3{uint32(a.f / 16), 1, 1}, cuda.Dim3{256, 1, 1}, 2*8*(a.d+32), s,
+		a.x, a.w, a.up, a.h, a.mask, a.cnt, int32(a.m), int32(a.d), int32(a.f))
+}
+
 // launchDown launches gemv_down: one block per 64 output columns, with
-// shared memory for its per-warp lists of active units.
+// shared memory for its per-warp lists of active units. Block 0 sums the
+// act kernel's counts: one per 16 units after gemv_act_mma, else per 32.
 func (a gemvArgs) launchDown(fn *cuda.Function, s *cuda.Stream) error {
 	words := a.f / 32
 	lists := 8 * ((words + 7) / 8) * 32 * 4
+	ncnt := words
+	if a.list == nil && a.m > gemvFMARows {
+		ncnt = a.f / 16
+	}
 	return fn.Launch(cuda.Dim3{uint32(a.d / 64), 1, 1}, cuda.Dim3{256, 1, 1}, lists, s,
-		a.h, a.mask, a.down, a.y, optional(a.cnt), optional(a.nnz), int32(a.m), int32(a.d), int32(a.f),
+		a.h, a.mask, a.down, a.y, optional(a.cnt), optional(a.nnz), int32(a.m), int32(a.d), int32(a.f), int32(ncnt),
 		optional(a.list), int32(a.first), int32(a.cap))
 }

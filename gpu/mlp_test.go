@@ -528,11 +528,12 @@ func TestSharedWorkspace(t *testing.T) {
 }
 
 // TestSmallBatchMatchesFloat64 checks the small-batch sparse kernels
-// (batches of 1 to 4 tokens) against the float64 reference, gated and not,
-// on shapes where d is not a multiple of 256; their result must not change
-// from one call to the next (fixed summation order). Then a batch of 4 with
-// a row where every unit fires and rows holding NaN and Inf: exact results,
-// NaN and Inf where the reference has them.
+// (batches of 1 to 8 tokens: gemv_act up to 4, gemv_act_mma above) against
+// the float64 reference, gated and not, on shapes where d is not a
+// multiple of 256; their result must not change from one call to the next
+// (fixed summation order). Then batches of 4 and 8 with a row where every
+// unit fires and rows holding NaN and Inf: exact results, NaN and Inf
+// where the reference has them.
 func TestSmallBatchMatchesFloat64(t *testing.T) {
 	dev, blas := setup(t)
 	for _, c := range []struct {
@@ -590,14 +591,20 @@ func TestSmallBatchMatchesFloat64(t *testing.T) {
 	}
 	t.Run("stress", func(t *testing.T) {
 		r, seed := testutil.Rand(t)
-		d, f, m := 256, 512, 4
+		d, f := 256, 512
 		sl := newLayer(t, r, d, f, 0.01, synth.Uniform, true)
 		l := newMLP(t, dev, blas, sl, twell.Layout{Tile: 256, C: 8}, seed)
-		x := synth.Tokens(r, m, d)
-		x[0*d] = -1000 // every unit fires
-		x[1*d+7] = float32(math.NaN())
-		x[3*d+9] = float32(math.Inf(1))
-		rows := []int{0, 1, 2, 3}
-		checkStress(t, seed, "sparse (small batch)", runPath(t, dev, l, "sparse", x, m), refRows(sl, x, d, rows), rows, d, m)
+		for _, m := range []int{gemvFMARows, gemvMaxRows} { // gemv_act, then gemv_act_mma
+			x := synth.Tokens(r, m, d)
+			x[0*d] = -1000 // every unit fires
+			x[1*d+7] = float32(math.NaN())
+			x[3*d+9] = float32(math.Inf(1))
+			rows := make([]int, m)
+			for i := range rows {
+				rows[i] = i
+			}
+			checkStress(t, seed, fmt.Sprintf("sparse (small batch of %d)", m), runPath(t, dev, l, "sparse", x, m),
+				refRows(sl, x, d, rows), rows, d, m)
+		}
 	})
 }

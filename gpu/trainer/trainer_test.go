@@ -292,6 +292,93 @@ func TestWeightsLoadRoundTrip(t *testing.T) {
 	}
 }
 
+// TestReinitUnitsMatchesCPU re-initialises units of several layers on the
+// GPU and on the CPU trainer from the same weights and optimizer state:
+// weights (fp32 and the bf16 copy the next step reads, through Loss) and
+// moments come out bit for bit the same, gated and not.
+func TestReinitUnitsMatchesCPU(t *testing.T) {
+	dev := cudatest.Device(t)
+	for _, gated := range []bool{true, false} {
+		seed := rand.Uint64()
+		r := rand.New(rand.NewPCG(seed, 5))
+		c := testModel(gated, false)
+		w := model.RandomWeights(c, r)
+		opt := &train.OptimizerState{Step: 9}
+		for _, ts := range train.Tensors(c) {
+			m, v := make([]float32, ts.Size()), make([]float32, ts.Size())
+			for k := range m {
+				m[k], v[k] = float32(r.NormFloat64()), float32(r.Float64())
+			}
+			opt.M, opt.V = append(opt.M, m), append(opt.V, v)
+		}
+		var units []train.UnitInit
+		for l := range c.NumHiddenLayers {
+			for _, j := range r.Perm(c.IntermediateSize)[:5] {
+				u := train.UnitInit{Layer: l, Unit: j, Up: make([]float32, c.HiddenSize)}
+				if gated {
+					u.Gate = make([]float32, c.HiddenSize)
+				}
+				for k := range u.Up {
+					u.Up[k] = float32(r.NormFloat64())
+					if gated {
+						u.Gate[k] = float32(r.NormFloat64())
+					}
+				}
+				units = append(units, u)
+			}
+		}
+		gb, err := New(dev, c, cloneWeights(w), Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cb, err := train.NewCPU(c, cloneWeights(w))
+		if err != nil {
+			gb.Close()
+			t.Fatal(err)
+		}
+		tokens := make([]int, 2*16)
+		for i := range tokens {
+			tokens[i] = r.IntN(c.VocabSize)
+		}
+		var ws [2]*model.Weights
+		var os [2]*train.OptimizerState
+		var losses [2]float64
+		for i, b := range []train.Backend{gb, cb} {
+			if err := b.Load(cloneWeights(w), opt); err != nil {
+				t.Fatal(err)
+			}
+			if err := b.ReinitUnits(units); err != nil {
+				t.Fatal(err)
+			}
+			if ws[i], err = b.Weights(); err != nil {
+				t.Fatal(err)
+			}
+			if os[i], err = b.OptimizerState(); err != nil {
+				t.Fatal(err)
+			}
+			if losses[i], err = b.Loss(tokens, 2, 16); err != nil {
+				t.Fatal(err)
+			}
+		}
+		gb.Close()
+		got, want := flatTensors(c, ws[0]), flatTensors(c, ws[1])
+		for i, ts := range train.Tensors(c) {
+			for k := range want[i] {
+				if math.Float32bits(got[i][k]) != math.Float32bits(want[i][k]) || os[0].M[i][k] != os[1].M[i][k] ||
+					os[0].V[i][k] != os[1].V[i][k] {
+					t.Fatalf("seed %d, gated %v: %s[%d] after re-initialisation: GPU %g (moments %g, %g), CPU %g (%g, %g)",
+						seed, gated, ts.Name, k, got[i][k], os[0].M[i][k], os[0].V[i][k], want[i][k], os[1].M[i][k], os[1].V[i][k])
+				}
+			}
+		}
+		// The loss reads the bf16 copy: it must see the new units (the
+		// bf16 forward differs from the CPU's fp32 one by rounding only).
+		if d := math.Abs(losses[0] - losses[1]); !(d <= 2e-2*losses[1]) {
+			t.Errorf("seed %d, gated %v: loss after re-initialisation %g on the GPU, %g on the CPU", seed, gated, losses[0], losses[1])
+		}
+	}
+}
+
 // TestRefusesModelTooLarge asks for a model whose training state exceeds
 // the device's memory: New names both figures.
 func TestRefusesModelTooLarge(t *testing.T) {
