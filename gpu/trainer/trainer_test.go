@@ -336,7 +336,7 @@ func TestReinitUnitsMatchesCPU(t *testing.T) {
 			gb.Close()
 			t.Fatal(err)
 		}
-		tokens := make([]int, 2*16)
+		tokens := make([]int, 2*(16+1))
 		for i := range tokens {
 			tokens[i] = r.IntN(c.VocabSize)
 		}
