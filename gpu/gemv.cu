@@ -157,28 +157,36 @@ __global__ void __launch_bounds__(256, MB >= 8 ? 1 : 0)
 // u16 [f/16] within gemv_down's words, cnt as u32 [f/16]. Dynamic shared
 // memory 8 (d + 32) * 2 bytes: the 32-element pad puts odd rows 16 banks
 // from even ones, so the B loads are free of bank conflicts. d % 64 == 0.
-#define MMA_STEPS 8  // 32-column steps whose loads a warp issues at once
+#define MMA_STEPS 4  // 32-column steps whose loads a warp issues at once (4: measured faster than 6 and 8)
 
-// mma_rows computes this warp's share, steps [s0, s1) of 32 columns, of
-// the 16 x 8 products of rows j0 .. j0+15 of w (rows whose bit is clear in
-// live are zeros, never read) with the staged tokens xs (row stride ld);
-// wa, wb hold the first steps' loads when first is set.
-__device__ __forceinline__ void mma_rows(const u16* __restrict__ w, int j0, u32 live, const u16* xs, int ld, int d,
-                                         int s0, int s1, float (&c)[4]) {
+// mma_load issues the loads of steps [sb, sb + MMA_STEPS) (those below s1)
+// of rows j0 + g and j0 + g + 8 of w for lane (g, q); rows whose bit is
+// clear in live are zeros, never read.
+__device__ __forceinline__ void mma_load(const u16* __restrict__ w, int j0, u32 live, int d, int sb, int s1,
+                                         uint4 (&wa)[MMA_STEPS], uint4 (&wb)[MMA_STEPS]) {
   const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
   const bool la = live >> g & 1, lb = live >> (g + 8) & 1;
   const u16* ra = w + (size_t)(j0 + g) * d + 8 * q;
   const u16* rb = w + (size_t)(j0 + g + 8) * d + 8 * q;
-  c[0] = c[1] = c[2] = c[3] = 0.f;
-  for (int sb = s0; sb < s1; sb += MMA_STEPS) {
-    uint4 wa[MMA_STEPS], wb[MMA_STEPS];
 #pragma unroll
-    for (int i = 0; i < MMA_STEPS; ++i) {
-      const int col = 32 * (sb + i);
-      const bool in = sb + i < s1;
-      wa[i] = in && la ? ldg_nc(ra + col) : make_uint4(0, 0, 0, 0);
-      wb[i] = in && lb ? ldg_nc(rb + col) : make_uint4(0, 0, 0, 0);
-    }
+  for (int i = 0; i < MMA_STEPS; ++i) {
+    const int col = 32 * (sb + i);
+    const bool in = sb + i < s1;
+    wa[i] = in && la ? ldg_nc(ra + col) : make_uint4(0, 0, 0, 0);
+    wb[i] = in && lb ? ldg_nc(rb + col) : make_uint4(0, 0, 0, 0);
+  }
+}
+
+// mma_rows adds this warp's share, steps [s0, s1) of 32 columns, of the
+// 16 x 8 products of rows j0 .. j0+15 of w (live: as mma_load) with the
+// staged tokens xs (row stride ld) into c; wa, wb hold the loads of the
+// first MMA_STEPS steps, which the caller issued.
+__device__ __forceinline__ void mma_rows(const u16* __restrict__ w, int j0, u32 live, const u16* xs, int ld, int d,
+                                         int s0, int s1, uint4 (&wa)[MMA_STEPS], uint4 (&wb)[MMA_STEPS],
+                                         float (&c)[4]) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+  for (int sb = s0; sb < s1; sb += MMA_STEPS) {
+    if (sb > s0) mma_load(w, j0, live, d, sb, s1, wa, wb);
 #pragma unroll
     for (int i = 0; i < MMA_STEPS; ++i) {
       if (sb + i >= s1) break;
@@ -204,35 +212,47 @@ __device__ __forceinline__ void mma_sum(float (&c)[4], float4* red) {
 }
 
 template <bool GATED>
-__global__ void __launch_bounds__(256)
+__global__ void __launch_bounds__(256, 2)
     gemv_act_mma(const u16* __restrict__ x, const u16* __restrict__ w, const u16* __restrict__ up,
                  float* __restrict__ h, u32* __restrict__ mask, u32* __restrict__ cnt, int m, int d, int f) {
   extern __shared__ __align__(16) u16 xs[];
-  __shared__ float4 red[256];
+  __shared__ float4 red[256], gsave[32];
   __shared__ u32 live_up;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
   const int j0 = blockIdx.x * 16, ld = d + 32;
   const int steps = d / 32, per = (steps + (blockDim.x >> 5) - 1) / (blockDim.x >> 5);
   const int s0 = min(steps, warp * per), s1 = min(steps, s0 + per);
-  for (int i = threadIdx.x; i < 8 * d / 8; i += blockDim.x) {
-    const int t = i / (d / 8), c = i - t * (d / 8);
-    ((uint4*)(xs + t * ld))[c] = t < m ? ldg_nc((const uint4*)(x + (size_t)t * d) + c) : make_uint4(0, 0, 0, 0);
-  }
+  uint4 wa[MMA_STEPS], wb[MMA_STEPS];
+  mma_load(w, j0, 0xffffu, d, s0, s1, wa, wb);  // in flight while x is staged
+  for (int c = threadIdx.x; c < d / 8; c += blockDim.x)
+#pragma unroll
+    for (int t0 = 0; t0 < 8; t0 += 4) {
+      uint4 v[4];  // four rows' loads in flight together
+#pragma unroll
+      for (int t = 0; t < 4; ++t)
+        v[t] = t0 + t < m ? ldg_nc((const uint4*)(x + (size_t)(t0 + t) * d) + c) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+      for (int t = 0; t < 4; ++t) ((uint4*)(xs + (t0 + t) * ld))[c] = v[t];
+    }
   __syncthreads();
-  float gc[4];
-  mma_rows(w, j0, 0xffffu, xs, ld, d, s0, s1, gc);
+  float gc[4] = {0.f, 0.f, 0.f, 0.f};
+  mma_rows(w, j0, 0xffffu, xs, ld, d, s0, s1, wa, wb, gc);
   mma_sum(gc, red);
   // Warp 0: gate values of units j0 + g (gc[0], gc[1]) and j0 + g + 8
   // (gc[2], gc[3]) for tokens 2q, 2q + 1, rounded to bf16 as a GEMM's output.
-  bool on[4] = {false, false, false, false};
+  // Warp 0 parks the rounded gate values (0 where inactive) in gsave while
+  // the up rows are read: registers are short there.
   if (warp == 0) {
     u32 any = 0;
+    float gv[4];
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      gc[e] = __uint_as_float(f_to_bf(gc[e]) << 16);
-      on[e] = 2 * q + (e & 1) < m && (gc[e] > 0.f || gc[e] != gc[e]);
-      if (on[e]) any |= 1u << (g + 8 * (e >> 1));
+      const float v = __uint_as_float(f_to_bf(gc[e]) << 16);
+      const bool on = 2 * q + (e & 1) < m && (v > 0.f || v != v);
+      gv[e] = on ? v : 0.f;
+      if (on) any |= 1u << (g + 8 * (e >> 1));
     }
+    gsave[lane] = make_float4(gv[0], gv[1], gv[2], gv[3]);
 #pragma unroll
     for (int o = 1; o < 32; o <<= 1) any |= __shfl_xor_sync(0xffffffffu, any, o);
     if (lane == 0) live_up = any;
@@ -241,16 +261,21 @@ __global__ void __launch_bounds__(256)
   const u32 live = live_up;
   float uc[4] = {1.f, 1.f, 1.f, 1.f};
   if (GATED && live) {
-    mma_rows(up, j0, live, xs, ld, d, s0, s1, uc);
+    uc[0] = uc[1] = uc[2] = uc[3] = 0.f;
+    mma_load(up, j0, live, d, s0, s1, wa, wb);
+    mma_rows(up, j0, live, xs, ld, d, s0, s1, wa, wb, uc);
     mma_sum(uc, red);
   }
   if (warp != 0) return;
+  const float4 gs = gsave[lane];
+  const float gv[4] = {gs.x, gs.y, gs.z, gs.w};
   u32 n = 0;
 #pragma unroll
   for (int e = 0; e < 4; ++e) {
     const int t = 2 * q + (e & 1), j = j0 + g + 8 * (e >> 1);
-    if (t < m) h[(size_t)t * f + j] = on[e] ? gc[e] * uc[e] : 0.f;
-    n += on[e];
+    const bool on = live >> (g + 8 * (e >> 1)) & 1 && t < m && gv[e] != 0.f;
+    if (t < m) h[(size_t)t * f + j] = on ? gv[e] * uc[e] : 0.f;
+    n += on;
   }
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) n += __shfl_xor_sync(0xffffffffu, n, o);
@@ -260,6 +285,11 @@ __global__ void __launch_bounds__(256)
   }
 }
 
+// DOWN_COLS is the number of output columns of a gemv_down block (16: four
+// times the blocks of 64-column ones, which left 100 of 132 SMs idle at d
+// 2048).
+#define DOWN_COLS 16
+
 // down_group computes gemv_down's outputs for the mg <= MB tokens of one
 // group, whose h and mask gemv_act wrote, into rows ylist[0..mg) of y (rows
 // 0..mg without a list).
@@ -267,12 +297,14 @@ template <int MB>
 __device__ __forceinline__ void down_group(const float* __restrict__ h, const u32* __restrict__ mask,
                                            const u16* __restrict__ down, u16* __restrict__ y,
                                            const int* __restrict__ ylist, int mg, int d, int f, int* list,
-                                           float (*red)[MB][64]) {
+                                           float (*red)[MB][DOWN_COLS]) {
   int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   int words = f / 32;
   int per = (words + 7) / 8;  // mask words per warp
   int w0 = warp * per, w1 = min(words, w0 + per);
-  int c0 = blockIdx.x * 64, col = c0 + 2 * lane;
+  // Lane l takes column c0 + l % 16 of the units at odd (l >= 16) or even
+  // places of the warp's list: each row's 16 columns are one 32-byte sector.
+  int c0 = blockIdx.x * DOWN_COLS, col = c0 + (lane & 15), half = lane >> 4;
   int len = 0;
   for (int wb = w0; wb < w1; wb += 32) {
     u32 mine = wb + lane < w1 ? mask[wb + lane] : 0u;
@@ -287,18 +319,18 @@ __device__ __forceinline__ void down_group(const float* __restrict__ h, const u3
     len += __shfl_sync(0xffffffffu, incl, 31);
   }
   __syncwarp();
-  float acc[MB][2];
+  float acc[MB];
 #pragma unroll
-  for (int t = 0; t < MB; ++t) acc[t][0] = acc[t][1] = 0.f;
-  for (int i0 = 0; i0 < len; i0 += 8) {
+  for (int t = 0; t < MB; ++t) acc[t] = 0.f;
+  for (int i0 = half; i0 < len; i0 += 16) {
     int js[8];
-    u32 dv[8];
+    u16 dv[8];
     float hv[8][MB];
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
-      js[k] = i0 + k < len ? list[i0 + k] : -1;
+      js[k] = i0 + 2 * k < len ? list[i0 + 2 * k] : -1;
       if (js[k] < 0) continue;
-      dv[k] = *(const u32*)(down + (size_t)js[k] * d + col);
+      dv[k] = down[(size_t)js[k] * d + col];
 #pragma unroll
       for (int t = 0; t < MB; ++t) hv[k][t] = t < mg ? h[(size_t)t * f + js[k]] : 0.f;
     }
@@ -306,20 +338,17 @@ __device__ __forceinline__ void down_group(const float* __restrict__ h, const u3
     for (int k = 0; k < 8; ++k) {
       if (js[k] < 0) continue;
 #pragma unroll
-      for (int t = 0; t < MB; ++t) {
-        acc[t][0] = fmaf(hv[k][t], bf_lo(dv[k]), acc[t][0]);
-        acc[t][1] = fmaf(hv[k][t], bf_hi(dv[k]), acc[t][1]);
-      }
+      for (int t = 0; t < MB; ++t) acc[t] = fmaf(hv[k][t], bf_to_f(dv[k]), acc[t]);
     }
   }
 #pragma unroll
   for (int t = 0; t < MB; ++t) {
-    red[warp][t][2 * lane] = acc[t][0];
-    red[warp][t][2 * lane + 1] = acc[t][1];
+    float other = __shfl_down_sync(0xffffffffu, acc[t], 16);
+    if (half == 0) red[warp][t][lane] = acc[t] + other;
   }
   __syncthreads();
-  for (int i = threadIdx.x; i < mg * 64; i += blockDim.x) {
-    int t = i / 64, c = i % 64;
+  for (int i = threadIdx.x; i < mg * DOWN_COLS; i += blockDim.x) {
+    int t = i / DOWN_COLS, c = i % DOWN_COLS;
     float s = 0.f;
 #pragma unroll
     for (int w = 0; w < 8; ++w) s += red[w][t][c];
@@ -328,19 +357,18 @@ __device__ __forceinline__ void down_group(const float* __restrict__ h, const u3
   }
 }
 
-// gemv_down: grid d/64 blocks of 256 threads; lane l of every warp owns
-// columns c0 + 2l, c0 + 2l + 1. Warp w first lists the active units of its
-// share of the mask in shared memory (ascending; dynamic shared memory
-// 8 * ceil(f/256) * 32 ints), then reads their down rows and h values
-// eight units at a time, so that a token's few dozen units cost a round
-// trip or two rather than one per unit. Block 0 sums the ncnt per-block
+// gemv_down: grid d/DOWN_COLS blocks of 256 threads. Warp w first lists
+// the active units of its share of the mask in shared memory (ascending;
+// dynamic shared memory 8 * ceil(f/256) * 32 ints), then reads their down
+// rows and h values eight units a half-warp at a time, so that a token's
+// few dozen units cost a round trip or two rather than one per unit. Block 0 sums the ncnt per-block
 // counts of the act kernel into *nnz.
 template <int MB, bool LIST>
 __global__ void __launch_bounds__(256)
     gemv_down(const float* __restrict__ h, const u32* __restrict__ mask, const u16* __restrict__ down,
               u16* __restrict__ y, const u32* __restrict__ cnt, u64* __restrict__ nnz, int m, int d, int f,
               int ncnt, const int* __restrict__ ylist, int first, int cap) {
-  __shared__ float red[8][MB][64];
+  __shared__ float red[8][MB][DOWN_COLS];
   extern __shared__ int lists[];
   int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   int words = f / 32;

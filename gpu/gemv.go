@@ -149,7 +149,11 @@ func (a gemvArgs) launchActMMA(fn *cuda.Function, s *cuda.Stream) error {
 		a.x, a.w, a.up, a.h, a.mask, a.cnt, int32(a.m), int32(a.d), int32(a.f))
 }
 
-// launchDown launches gemv_down: one block per 64 output columns, with
+// downCols is the number of output columns of a gemv_down block (gemv.cu's
+// DOWN_COLS).
+const downCols = 16
+
+// launchDown launches gemv_down: one block per downCols output columns, with
 // shared memory for its per-warp lists of active units. Block 0 sums the
 // act kernel's counts: one per 16 units after gemv_act_mma, else per 32.
 func (a gemvArgs) launchDown(fn *cuda.Function, s *cuda.Stream) error {
@@ -159,7 +163,7 @@ func (a gemvArgs) launchDown(fn *cuda.Function, s *cuda.Stream) error {
 	if a.list == nil && a.m > gemvFMARows {
 		ncnt = a.f / 16
 	}
-	return fn.Launch(cuda.Dim3{uint32(a.d / 64), 1, 1}, cuda.Dim3{256, 1, 1}, lists, s,
+	return fn.Launch(cuda.Dim3{uint32(a.d / downCols), 1, 1}, cuda.Dim3{256, 1, 1}, lists, s,
 		a.h, a.mask, a.down, a.y, optional(a.cnt), optional(a.nnz), int32(a.m), int32(a.d), int32(a.f), int32(ncnt),
 		optional(a.list), int32(a.first), int32(a.cap))
 }
