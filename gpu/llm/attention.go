@@ -81,16 +81,33 @@ func (e *Engine) attentionKernel(T int) (attnKernel, error) {
 	}
 }
 
-// decSplits and decThreads are ATT_DEC_SPLITS and ATT_DEC_THREADS
-// (attn.cu): the runs a decode step's keys are cut into, per sequence and
-// head, and the threads of the CTA that takes one run.
+// decSplits is the most runs a decode step's keys are cut into, per
+// sequence and head (decRuns), and decThreads is ATT_DEC_THREADS (attn.cu),
+// the threads of the CTA that takes one run.
 const (
 	decSplits  = 16
 	decThreads = 128
 )
 
+// decRuns is the number of runs a decode step of S sequences cuts each
+// query's keys into: decSplits, halved (down to 4) while the CTAs would
+// fill the SMs more than once (16 CTAs of decThreads threads each): a
+// second wave of CTAs costs more than longer runs.
+func (e *Engine) decRuns(S int) int {
+	return decRunsFor(S*e.cfg.NumAttentionHeads, e.dev.Properties().SMs)
+}
+
+// decRunsFor is decRuns for pairs (sequence, head) pairs on sms SMs.
+func decRunsFor(pairs, sms int) int {
+	runs := decSplits
+	for runs > 4 && pairs*runs > 16*sms {
+		runs /= 2
+	}
+	return runs
+}
+
 // decBytes is the size of the decode attention's buffer for S sequences of
-// model c: per sequence and head, decSplits runs of head_dim outputs, a
+// model c: per sequence and head, up to decSplits runs of head_dim outputs, a
 // maximum and a sum (fp32), and a counter (0 when c's head_dim has no
 // decode kernel).
 func decBytes(c model.Config, S int) int {
@@ -100,10 +117,12 @@ func decBytes(c model.Config, S int) int {
 	return S * c.NumAttentionHeads * (4*decSplits*(c.HeadDim+2) + 4)
 }
 
-// decAttention is the decode attention kernel and its buffer's views.
+// decAttention is the decode attention kernel, its buffer's views and the
+// runs per (sequence, head).
 type decAttention struct {
 	fn                *cuda.Function
 	po, pm, pl, count *cuda.Buffer
+	runs              int
 }
 
 // decodeSplit reports whether a decode step of S sequences (one new token
@@ -132,7 +151,7 @@ func (e *Engine) decodeAttention(b *batch) (decAttention, bool) {
 	}
 	l := decLayout(c, b.S)
 	v := func(i int) *cuda.Buffer { return view(e.ws.dec, l[i][0], l[i][1]) }
-	return decAttention{fn: fn, po: v(0), pm: v(1), pl: v(2), count: v(3)}, true
+	return decAttention{fn: fn, po: v(0), pm: v(1), pl: v(2), count: v(3), runs: e.decRuns(b.S)}, true
 }
 
 // decLayout returns where the decode attention's buffer for S sequences of
@@ -147,7 +166,7 @@ func decLayout(c model.Config, S int) [4][2]int {
 
 // launch queues the decode kernel: a CTA per (work item, head, run).
 func (d decAttention) launch(s *cuda.Stream, a attnArgs) error {
-	grid := cuda.Dim3{uint32(a.nItems * a.nq), decSplits, 1}
+	grid := cuda.Dim3{uint32(a.nItems * a.nq), uint32(d.runs), 1}
 	scaleLog2 := float32(math.Log2E / math.Sqrt(float64(a.hd)))
 	return d.fn.Launch(grid, cuda.Dim3{decThreads, 1, 1}, 0, s, a.qkv, a.out, a.items, a.seqQ0, a.seqN, a.seqPast, a.pt,
 		int32(a.page), int32(a.layer), int32(a.nq), int32(a.nkv), int32(a.qkvW), scaleLog2, d.po, d.pm, d.pl, d.count)

@@ -271,7 +271,7 @@ extern "C" __global__ void __launch_bounds__(256)
 // attn_dec64, attn_dec128: attention of decode steps, where every sequence
 // of the pass has one new token (flash-decoding). blockIdx.x = item * nq +
 // head as above, blockIdx.y = split: the query's keys (past + 1 of them)
-// are cut into ATT_DEC_SPLITS runs of whole 64-key blocks, one CTA each, so
+// are cut into gridDim.y runs of whole 64-key blocks, one CTA each, so
 // that a short batch still spreads over the SMs (the prefill kernels walk
 // one sequence's keys in one CTA). In a CTA of ATT_DEC_THREADS threads,
 // groups of hd / 8 lanes take one key at a time (a lane: 8 dimensions of
@@ -281,9 +281,8 @@ extern "C" __global__ void __launch_bounds__(256)
 // (sequence, head) to finish (a counter in cnt, reset to 0 by it) merges
 // the runs in split order and writes the output: the result does not
 // depend on which CTA finishes last, so it repeats bit for bit. The split
-// count is fixed, so a CUDA graph of a decode step stays valid as the
-// sequences grow.
-#define ATT_DEC_SPLITS 16
+// count depends on the batch only, so a CUDA graph of a decode step stays
+// valid as the sequences grow.
 #define ATT_DEC_THREADS 128
 
 template <int HD>
@@ -302,7 +301,8 @@ __device__ __forceinline__ void attn_dec_body(const u16* __restrict__ qkv, u16* 
   const int id = blockIdx.x, sp = blockIdx.y;
   const int grp = threadIdx.x / LPK, sub = threadIdx.x % LPK;
   const int keys = a.past + 1;  // positions 0 .. past: the cache, the new token's included
-  const int nblk = (keys + ATT_BK - 1) / ATT_BK, per = (nblk + ATT_DEC_SPLITS - 1) / ATT_DEC_SPLITS;
+  const int splits = gridDim.y;
+  const int nblk = (keys + ATT_BK - 1) / ATT_BK, per = (nblk + splits - 1) / splits;
   const int b0 = sp * per, b1 = min(nblk, b0 + per);
   const uint4 q = *(const uint4*)(qkv + (size_t)a.qs * qkv_w + a.head * HD + sub * 8);
   float m = NEG_INF, l = 0.f, acc[8];
@@ -338,7 +338,7 @@ __device__ __forceinline__ void attn_dec_body(const u16* __restrict__ qkv, u16* 
 #pragma unroll
   for (int e = 0; e < 8; ++e) so[grp][sub * 8 + e] = acc[e];
   __syncthreads();
-  const size_t run = (size_t)id * ATT_DEC_SPLITS + sp;
+  const size_t run = (size_t)id * splits + sp;
   if (threadIdx.x < HD) {
     const int d = threadIdx.x;
     float M = NEG_INF;
@@ -356,17 +356,17 @@ __device__ __forceinline__ void attn_dec_body(const u16* __restrict__ qkv, u16* 
   // The last run of this (sequence, head) merges them all.
   __threadfence();
   __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(&cnt[id], 1) == ATT_DEC_SPLITS - 1;
+  if (threadIdx.x == 0) last = atomicAdd(&cnt[id], 1) == splits - 1;
   __syncthreads();
   if (!last) return;
   __threadfence();
   if (threadIdx.x < HD) {
     const int d = threadIdx.x;
-    const size_t r0 = (size_t)id * ATT_DEC_SPLITS;
+    const size_t r0 = (size_t)id * splits;
     float M = NEG_INF;
-    for (int s = 0; s < ATT_DEC_SPLITS; ++s) M = fmaxf(M, __ldcg(pm + r0 + s));
+    for (int s = 0; s < splits; ++s) M = fmaxf(M, __ldcg(pm + r0 + s));
     float L = 0.f, O = 0.f;
-    for (int s = 0; s < ATT_DEC_SPLITS; ++s) {
+    for (int s = 0; s < splits; ++s) {
       const float w = ex2(__ldcg(pm + r0 + s) - M);
       L = fmaf(__ldcg(pl + r0 + s), w, L);
       O = fmaf(__ldcg(po + (r0 + s) * HD + d), w, O);

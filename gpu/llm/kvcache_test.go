@@ -462,3 +462,16 @@ func TestDecodeBufferLayout(t *testing.T) {
 		t.Fatalf("head_dim 96: decode buffer of %d bytes, want none (no decode kernel)", n)
 	}
 }
+
+// TestDecodeRuns checks the decode attention's run count: 16 while the
+// CTAs fit in one wave of 16 per SM, then halved, never below 4, and
+// always within the buffer decBytes sizes (decSplits runs).
+func TestDecodeRuns(t *testing.T) {
+	for _, c := range []struct{ pairs, sms, want int }{
+		{32, 132, 16}, {132, 132, 16}, {133, 132, 8}, {256, 132, 8}, {264, 132, 8}, {265, 132, 4}, {10000, 132, 4}, {1, 1, 16},
+	} {
+		if got := decRunsFor(c.pairs, c.sms); got != c.want || got > decSplits {
+			t.Errorf("%d pairs on %d SMs: %d runs, want %d", c.pairs, c.sms, got, c.want)
+		}
+	}
+}
