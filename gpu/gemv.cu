@@ -13,10 +13,11 @@
 //              NaN, g rounded to bf16 as the GEMM output would be) it reads
 //              the up row and writes h[t][j] = g * (x_t . Wu_j) where active,
 //              else 0 (non-gated: h = g where active). Each CTA writes the
-//              bit mask of its 32 units' activity and its count of active
-//              (token, unit) pairs: plain stores, no memset, no atomics.
+//              bit mask of its 32 (gemv_act_mma: 16) units' activity and its
+//              count of active (token, unit) pairs: plain stores, no memset,
+//              no atomics.
 //   gemv_down  y[t][c] = sum over the active units j, ascending, of
-//              h[t][j] down[j][c]: each CTA owns 64 columns; warp w lists
+//              h[t][j] down[j][c]: each CTA owns DOWN_COLS columns; warp w lists
 //              the active units of its share of the mask and reads only those
 //              down rows; the warps' partial sums are added in warp order.
 //              The summation order is fixed: results are deterministic.
@@ -238,10 +239,10 @@ __global__ void __launch_bounds__(256, 2)
   float gc[4] = {0.f, 0.f, 0.f, 0.f};
   mma_rows(w, j0, 0xffffu, xs, ld, d, s0, s1, wa, wb, gc);
   mma_sum(gc, red);
-  // Warp 0: gate values of units j0 + g (gc[0], gc[1]) and j0 + g + 8
-  // (gc[2], gc[3]) for tokens 2q, 2q + 1, rounded to bf16 as a GEMM's output.
-  // Warp 0 parks the rounded gate values (0 where inactive) in gsave while
-  // the up rows are read: registers are short there.
+  // Warp 0 holds the gate values of units j0 + g (gc[0], gc[1]) and
+  // j0 + g + 8 (gc[2], gc[3]) for tokens 2q, 2q + 1. It rounds them to bf16
+  // as a GEMM's output would be and parks them (0 where inactive) in gsave
+  // while the up rows are read: registers are short there.
   if (warp == 0) {
     u32 any = 0;
     float gv[4];

@@ -40,9 +40,10 @@ func (l *MLP) sparseGEMV(s *cuda.Stream, y, x *cuda.Buffer, m int) error {
 		act = ks.actGated[mb]
 	}
 	a := gemvArgs{x: x, w: l.sparseIn(), up: l.up, down: l.down, y: y, h: ws.gh, mask: ws.gmask, cnt: ws.gcnt, nnz: l.nnz,
-		m: m, d: l.D, f: l.F}
+		m: m, d: l.D, f: l.F, ncnt: words}
 	launch := a.launchAct
 	if m > gemvFMARows {
+		a.ncnt = l.F / 16
 		act, launch = ks.actMMAPlain, a.launchActMMA
 		if l.Gated {
 			act = ks.actMMAGated
@@ -115,15 +116,15 @@ func (k *kernels) gemvKernels() (*gemvSet, error) {
 
 // gemvArgs are the operands of gemv_act and gemv_down (gemv.cu): x (m x d
 // bf16), the sparse-input weights w and, gated, up (f x d), down (f x d),
-// y (m x d), h (rows x f fp32), the activity mask and per-block counts of
-// gemv_act, and the active-unit counter. The LIST forms (list set: the
+// y (m x d), h (rows x f fp32), the activity mask and the ncnt per-block
+// counts of the act kernel, and the active-unit counter. The LIST forms (list set: the
 // overflow list) take rows first .. first+cap-1 of it in groups of
 // fbGroup, with m = 0 and no cnt or nnz.
 type gemvArgs struct {
 	x, w, up, down, y *cuda.Buffer
 	h, mask, cnt, nnz *cuda.Buffer
 	list              *cuda.Buffer
-	m, d, f           int
+	m, d, f, ncnt     int
 	first, cap        int
 }
 
@@ -155,15 +156,12 @@ const downCols = 16
 
 // launchDown launches gemv_down: one block per downCols output columns, with
 // shared memory for its per-warp lists of active units. Block 0 sums the
-// act kernel's counts: one per 16 units after gemv_act_mma, else per 32.
+// act kernel's ncnt counts (one per 16 units after gemv_act_mma, per 32
+// after gemv_act).
 func (a gemvArgs) launchDown(fn *cuda.Function, s *cuda.Stream) error {
 	words := a.f / 32
 	lists := 8 * ((words + 7) / 8) * 32 * 4
-	ncnt := words
-	if a.list == nil && a.m > gemvFMARows {
-		ncnt = a.f / 16
-	}
 	return fn.Launch(cuda.Dim3{uint32(a.d / downCols), 1, 1}, cuda.Dim3{256, 1, 1}, lists, s,
-		a.h, a.mask, a.down, a.y, optional(a.cnt), optional(a.nnz), int32(a.m), int32(a.d), int32(a.f), int32(ncnt),
+		a.h, a.mask, a.down, a.y, optional(a.cnt), optional(a.nnz), int32(a.m), int32(a.d), int32(a.f), int32(a.ncnt),
 		optional(a.list), int32(a.first), int32(a.cap))
 }
