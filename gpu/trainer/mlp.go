@@ -220,13 +220,17 @@ func (g *gpuCtx) linear(y, x, w *cuda.Buffer, m, in, out int, ct cublas.DataType
 
 // linearDX sets dx = dy·W (dy [m][out]), dx of type ct.
 func (g *gpuCtx) linearDX(dx, dy, w *cuda.Buffer, m, in, out int, ct cublas.DataType) error {
-	return g.blas.Matmul(g.s, cublas.Gemm{M: m, N: in, K: out, Alpha: 1, CType: ct}, dy, w, dx)
+	return g.linearT(dx, dy, w, m, out, in, ct, false)
 }
 
-// addLinearT adds x·W into y (fp32 [m][out]) for W stored transposed,
-// [in][out].
-func (g *gpuCtx) addLinearT(y, x, w *cuda.Buffer, m, in, out int) error {
-	return g.blas.Matmul(g.s, cublas.Gemm{M: m, N: out, K: in, Alpha: 1, Beta: 1, CType: cublas.F32}, x, w, y)
+// linearT sets y = x·W (+ y when add), y of type ct, for W stored
+// transposed against linear's layout: [in][out].
+func (g *gpuCtx) linearT(y, x, w *cuda.Buffer, m, in, out int, ct cublas.DataType, add bool) error {
+	gm := cublas.Gemm{M: m, N: out, K: in, Alpha: 1, CType: ct}
+	if add {
+		gm.Beta = 1
+	}
+	return g.blas.Matmul(g.s, gm, x, w, y)
 }
 
 // linearDW adds dyᵀ·x into dw (fp32 [out][in]).
@@ -296,7 +300,7 @@ func (g *gpuCtx) mlpForwardSteps(a mlpArgs, sparse bool) ([]mlpStep, error) {
 					a.l1Stat, a.l0Scale)
 			}},
 			{"residual copy", func() error { return g.dev.CopyDtoDAsync(a.out, a.base, 4*a.m*a.h, g.s) }},
-			{"down GEMM", func() error { return g.addLinearT(a.out, d.hid, a.wd, a.m, a.f, a.h) }},
+			{"down GEMM", func() error { return g.linearT(a.out, d.hid, a.wd, a.m, a.f, a.h, cublas.F32, true) }},
 		}, nil
 	}
 	sp := a.carveSparse(sl, a.region)

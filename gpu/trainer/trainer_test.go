@@ -260,14 +260,7 @@ func TestWeightsLoadRoundTrip(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer b.Close()
-	opt := &train.OptimizerState{Step: 17}
-	for _, ts := range train.Tensors(c) {
-		m, v := make([]float32, ts.Size()), make([]float32, ts.Size())
-		for k := range m {
-			m[k], v[k] = float32(r.NormFloat64()), float32(r.Float64())
-		}
-		opt.M, opt.V = append(opt.M, m), append(opt.V, v)
-	}
+	opt := randomOptimizerState(c, r, 17)
 	if err := b.Load(w, opt); err != nil {
 		t.Fatal(err)
 	}
@@ -303,14 +296,7 @@ func TestReinitUnitsMatchesCPU(t *testing.T) {
 		r := rand.New(rand.NewPCG(seed, 5))
 		c := testModel(gated, false)
 		w := model.RandomWeights(c, r)
-		opt := &train.OptimizerState{Step: 9}
-		for _, ts := range train.Tensors(c) {
-			m, v := make([]float32, ts.Size()), make([]float32, ts.Size())
-			for k := range m {
-				m[k], v[k] = float32(r.NormFloat64()), float32(r.Float64())
-			}
-			opt.M, opt.V = append(opt.M, m), append(opt.V, v)
-		}
+		opt := randomOptimizerState(c, r, 9)
 		var units []train.UnitInit
 		for l := range c.NumHiddenLayers {
 			for _, j := range r.Perm(c.IntermediateSize)[:5] {
@@ -341,7 +327,7 @@ func TestReinitUnitsMatchesCPU(t *testing.T) {
 			tokens[i] = r.IntN(c.VocabSize)
 		}
 		var ws [2]*model.Weights
-		var os [2]*train.OptimizerState
+		var states [2]*train.OptimizerState
 		var losses [2]float64
 		for i, b := range []train.Backend{gb, cb} {
 			if err := b.Load(cloneWeights(w), opt); err != nil {
@@ -353,7 +339,7 @@ func TestReinitUnitsMatchesCPU(t *testing.T) {
 			if ws[i], err = b.Weights(); err != nil {
 				t.Fatal(err)
 			}
-			if os[i], err = b.OptimizerState(); err != nil {
+			if states[i], err = b.OptimizerState(); err != nil {
 				t.Fatal(err)
 			}
 			if losses[i], err = b.Loss(tokens, 2, 16); err != nil {
@@ -364,10 +350,10 @@ func TestReinitUnitsMatchesCPU(t *testing.T) {
 		got, want := flatTensors(c, ws[0]), flatTensors(c, ws[1])
 		for i, ts := range train.Tensors(c) {
 			for k := range want[i] {
-				if math.Float32bits(got[i][k]) != math.Float32bits(want[i][k]) || os[0].M[i][k] != os[1].M[i][k] ||
-					os[0].V[i][k] != os[1].V[i][k] {
+				if math.Float32bits(got[i][k]) != math.Float32bits(want[i][k]) || states[0].M[i][k] != states[1].M[i][k] ||
+					states[0].V[i][k] != states[1].V[i][k] {
 					t.Fatalf("seed %d, gated %v: %s[%d] after re-initialisation: GPU %g (moments %g, %g), CPU %g (%g, %g)",
-						seed, gated, ts.Name, k, got[i][k], os[0].M[i][k], os[0].V[i][k], want[i][k], os[1].M[i][k], os[1].V[i][k])
+						seed, gated, ts.Name, k, got[i][k], states[0].M[i][k], states[0].V[i][k], want[i][k], states[1].M[i][k], states[1].V[i][k])
 				}
 			}
 		}
@@ -377,6 +363,20 @@ func TestReinitUnitsMatchesCPU(t *testing.T) {
 			t.Errorf("seed %d, gated %v: loss after re-initialisation %g on the GPU, %g on the CPU", seed, gated, losses[0], losses[1])
 		}
 	}
+}
+
+// randomOptimizerState returns AdamW moments of c's tensors drawn from r
+// (m normal, v uniform in [0, 1)) at the given step.
+func randomOptimizerState(c model.Config, r *rand.Rand, step int64) *train.OptimizerState {
+	opt := &train.OptimizerState{Step: step}
+	for _, ts := range train.Tensors(c) {
+		m, v := make([]float32, ts.Size()), make([]float32, ts.Size())
+		for k := range m {
+			m[k], v[k] = float32(r.NormFloat64()), float32(r.Float64())
+		}
+		opt.M, opt.V = append(opt.M, m), append(opt.V, v)
+	}
+	return opt
 }
 
 // TestRefusesModelTooLarge asks for a model whose training state exceeds
