@@ -258,7 +258,7 @@ func (f *Function) MaxActiveClusters(cfg LaunchConfig) (int, error) {
 		return 0, err
 	}
 	var c cuLaunchConfig
-	var attrs [2]cuLaunchAttribute
+	var attrs [3]cuLaunchAttribute
 	c.fill(cfg, 0, &attrs)
 	if err := dev.lock(); err != nil {
 		return 0, err
@@ -290,6 +290,15 @@ type LaunchConfig struct {
 	Cluster Dim3
 	// Cooperative launches all blocks at once so that grid-wide sync works.
 	Cooperative bool
+	// EarlyStart lets the kernel start while the kernel queued before it on
+	// the stream still runs (programmatic dependent launch, Hopper and
+	// later): its blocks may begin once every block of that kernel has run
+	// griddepcontrol.launch_dependents, or exited. The kernel must run
+	// griddepcontrol.wait in every thread before it reads what earlier
+	// kernels wrote or writes what they read; before the wait it may only
+	// read data that no kernel in flight writes (weights), so that their
+	// loads overlap the kernel before.
+	EarlyStart bool
 }
 
 // ensureShared raises the kernel's dynamic shared limit if a launch needs it.
@@ -319,7 +328,8 @@ func (f *Function) Launch(grid, block Dim3, sharedBytes int, s *Stream, args ...
 }
 
 // LaunchEx queues the kernel with cuLaunchKernelEx, which adds thread-block
-// clusters (needed by TMA multicast kernels) and cooperative launches.
+// clusters (needed by TMA multicast kernels), cooperative launches and
+// early starts.
 // Arguments are as for Launch.
 func (f *Function) LaunchEx(cfg LaunchConfig, args ...any) error {
 	return f.launch(cfg, true, args)
@@ -339,6 +349,9 @@ func (f *Function) launch(cfg LaunchConfig, ex bool, args []any) error {
 	}
 	if err := f.ensureShared(cfg.SharedBytes); err != nil {
 		return err
+	}
+	if ex && cfg.Cluster == (Dim3{}) && !cfg.Cooperative && !cfg.EarlyStart {
+		ex = false // nothing cuLaunchKernel lacks: it works on any driver
 	}
 	if ex {
 		if dev.drv.pLaunchKernelEx == 0 {
@@ -388,8 +401,9 @@ func (f *Function) launch(cfg LaunchConfig, ex bool, args []any) error {
 
 // Launch attribute ids (CUlaunchAttributeID).
 const (
-	launchAttrCooperative = 2
-	launchAttrClusterDim  = 4
+	launchAttrCooperative  = 2
+	launchAttrClusterDim   = 4
+	launchAttrProgrammatic = 6 // CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
 )
 
 // cuLaunchConfig mirrors CUlaunchConfig (56 bytes on 64-bit).
@@ -404,9 +418,10 @@ type cuLaunchConfig struct {
 	_                      uint32
 }
 
-// fill sets c to cfg on stream st, with its cluster shape and cooperative
-// flag as attributes stored in attrs (which must outlive the driver call).
-func (c *cuLaunchConfig) fill(cfg LaunchConfig, st uintptr, attrs *[2]cuLaunchAttribute) {
+// fill sets c to cfg on stream st, with its cluster shape, cooperative and
+// early-start flags as attributes stored in attrs (which must outlive the
+// driver call).
+func (c *cuLaunchConfig) fill(cfg LaunchConfig, st uintptr, attrs *[3]cuLaunchAttribute) {
 	*c = cuLaunchConfig{
 		gridX: cfg.Grid[0], gridY: cfg.Grid[1], gridZ: cfg.Grid[2],
 		blockX: cfg.Block[0], blockY: cfg.Block[1], blockZ: cfg.Block[2],
@@ -422,6 +437,12 @@ func (c *cuLaunchConfig) fill(cfg LaunchConfig, st uintptr, attrs *[2]cuLaunchAt
 	if cfg.Cooperative {
 		a := &attrs[n]
 		*a = cuLaunchAttribute{id: launchAttrCooperative}
+		*(*int32)(unsafe.Pointer(&a.val[0])) = 1
+		n++
+	}
+	if cfg.EarlyStart {
+		a := &attrs[n]
+		*a = cuLaunchAttribute{id: launchAttrProgrammatic}
 		*(*int32)(unsafe.Pointer(&a.val[0])) = 1
 		n++
 	}
@@ -450,7 +471,7 @@ type paramBlock struct {
 	words [paramArenaLen / 8]uint64
 	ptrs  [maxParams]uintptr
 	cfg   cuLaunchConfig
-	attrs [2]cuLaunchAttribute
+	attrs [3]cuLaunchAttribute
 }
 
 var paramPool = sync.Pool{New: func() any { return new(paramBlock) }}

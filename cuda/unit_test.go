@@ -252,10 +252,11 @@ func TestBufferViewsAndMisuse(t *testing.T) {
 
 // TestLaunchConfigFill checks the CUlaunchConfig that LaunchEx and
 // MaxActiveClusters hand the driver: dimensions, shared memory, stream, and
-// the cluster (unset dimensions as 1) and cooperative attributes.
+// the cluster (unset dimensions as 1), cooperative and early-start
+// attributes.
 func TestLaunchConfigFill(t *testing.T) {
 	var c cuLaunchConfig
-	var attrs [2]cuLaunchAttribute
+	var attrs [3]cuLaunchAttribute
 	c.fill(LaunchConfig{Grid: Dim3{132, 1, 1}, Block: Dim3{384, 1, 1}, SharedBytes: 1 << 17}, 7, &attrs)
 	if c.gridX != 132 || c.blockX != 384 || c.shared != 1<<17 || c.stream != 7 || c.numAttrs != 0 || c.attrs != 0 {
 		t.Fatalf("plain config: %+v", c)
@@ -269,5 +270,9 @@ func TestLaunchConfigFill(t *testing.T) {
 	}
 	if attrs[1].id != launchAttrCooperative || *(*int32)(unsafe.Pointer(&attrs[1].val[0])) != 1 {
 		t.Errorf("cooperative attribute %d", attrs[1].id)
+	}
+	c.fill(LaunchConfig{Grid: Dim3{4, 1, 1}, Block: Dim3{32, 1, 1}, EarlyStart: true}, 0, &attrs)
+	if c.numAttrs != 1 || attrs[0].id != launchAttrProgrammatic || *(*int32)(unsafe.Pointer(&attrs[0].val[0])) != 1 {
+		t.Errorf("early start: %d attributes, first %d", c.numAttrs, attrs[0].id)
 	}
 }

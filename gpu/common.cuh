@@ -98,6 +98,33 @@ __device__ __forceinline__ uint4 ldg_nc(const void* p) {
   return r;
 }
 
+// ldg_cg loads 16 bytes through the L2 only: for what an earlier kernel
+// wrote, read by an early-start kernel after grid_wait (the read-only path
+// is for data that does not change while the kernel runs).
+__device__ __forceinline__ uint4 ldg_cg(const void* p) {
+  uint4 r;
+  asm volatile("ld.global.cg.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+  return r;
+}
+
+// Early start (programmatic dependent launch, sm_90 and later): a kernel
+// launched with cuda.LaunchConfig.EarlyStart may begin while the kernel
+// before it on the stream still runs. grid_wait blocks until the earlier
+// kernels have finished and their writes are visible: before it, a kernel
+// only reads weights (issuing those loads is the point) and writes nothing.
+// grid_release lets the next early-start kernel's blocks take free SM slots
+// now rather than when this grid exits. For plain launches both do nothing.
+__device__ __forceinline__ void grid_wait() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void grid_release() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 // dot8 returns sum_i a[i]*b[i] over 8 bf16 pairs, in fp32 (exact products).
 __device__ __forceinline__ float dot8(uint4 a, uint4 b, float s) {
   s = fmaf(bf_lo(a.x), bf_lo(b.x), s);

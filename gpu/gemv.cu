@@ -23,6 +23,11 @@
 //              The summation order is fixed: results are deterministic.
 //              Block 0 also sums gemv_act's counts into *nnz.
 //
+// Both may be launched with early start (cuda.LaunchConfig.EarlyStart): the
+// act kernels issue their first gate loads (and gemv_act prefetches the rest
+// of its rows into the L2) before grid_wait, and every kernel reads what
+// earlier kernels wrote (x, h, the mask and counts) after it, through the L2.
+//
 // Rows are bf16 [F][D] (gate or up, and down = Wd^T); x and y are bf16
 // [m][D]; h is fp32 [m][F]. D is a multiple of 64, F of 32.
 //
@@ -70,6 +75,9 @@ __device__ __forceinline__ void act_group(const u16* __restrict__ x, const int* 
   for (int k = 0; k < 4; ++k) rows[k] = w + (size_t)(j0 + k) * d;
   uint4 wv[4][4];
   rows_load<4>(wv, rows, 0, d, lane);
+  rows_prefetch<4>(rows, 1024, d, lane);
+  grid_wait();
+  grid_release();
   if (rows_of_x)
     stage_rows(xs, x, rows_of_x, mg, d);
   else
@@ -138,6 +146,7 @@ __global__ void __launch_bounds__(256, MB >= 8 ? 1 : 0)
     act_group<MB, GATED>(x, nullptr, w, up, h, mask, cnt, m, d, f, xs, wmask, wcnt);
     return;
   }
+  grid_wait();  // the list is the kernel before's
   const int total = listed(list, first, cap);
   for (int g0 = 0; g0 < total; g0 += MB)
     act_group<MB, GATED>(x, list + 1 + first + g0, w, up, h + (size_t)g0 * f, mask + (size_t)(g0 / MB) * gridDim.x,
@@ -225,13 +234,15 @@ __global__ void __launch_bounds__(256, 2)
   const int s0 = min(steps, warp * per), s1 = min(steps, s0 + per);
   uint4 wa[MMA_STEPS], wb[MMA_STEPS];
   mma_load(w, j0, 0xffffu, d, s0, s1, wa, wb);  // in flight while x is staged
+  grid_wait();
+  grid_release();
   for (int c = threadIdx.x; c < d / 8; c += blockDim.x)
 #pragma unroll
     for (int t0 = 0; t0 < 8; t0 += 4) {
       uint4 v[4];  // four rows' loads in flight together
 #pragma unroll
       for (int t = 0; t < 4; ++t)
-        v[t] = t0 + t < m ? ldg_nc((const uint4*)(x + (size_t)(t0 + t) * d) + c) : make_uint4(0, 0, 0, 0);
+        v[t] = t0 + t < m ? ldg_cg((const uint4*)(x + (size_t)(t0 + t) * d) + c) : make_uint4(0, 0, 0, 0);
 #pragma unroll
       for (int t = 0; t < 4; ++t) ((uint4*)(xs + (t0 + t) * ld))[c] = v[t];
     }
@@ -308,7 +319,7 @@ __device__ __forceinline__ void down_group(const float* __restrict__ h, const u3
   int c0 = blockIdx.x * DOWN_COLS, col = c0 + (lane & 15), half = lane >> 4;
   int len = 0;
   for (int wb = w0; wb < w1; wb += 32) {
-    u32 mine = wb + lane < w1 ? mask[wb + lane] : 0u;
+    u32 mine = wb + lane < w1 ? __ldcg(mask + wb + lane) : 0u;
     int c = __popc(mine), incl = c;
 #pragma unroll
     for (int o = 1; o < 32; o <<= 1) {
@@ -333,7 +344,7 @@ __device__ __forceinline__ void down_group(const float* __restrict__ h, const u3
       if (js[k] < 0) continue;
       dv[k] = down[(size_t)js[k] * d + col];
 #pragma unroll
-      for (int t = 0; t < MB; ++t) hv[k][t] = t < mg ? h[(size_t)t * f + js[k]] : 0.f;
+      for (int t = 0; t < MB; ++t) hv[k][t] = t < mg ? __ldcg(h + (size_t)t * f + js[k]) : 0.f;
     }
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
@@ -374,6 +385,8 @@ __global__ void __launch_bounds__(256)
   int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   int words = f / 32;
   int* list = lists + warp * ((words + 7) / 8) * 32;
+  grid_wait();
+  grid_release();
   if (LIST) {
     const int total = listed(ylist, first, cap);
     for (int g0 = 0; g0 < total; g0 += MB) {
@@ -388,7 +401,7 @@ __global__ void __launch_bounds__(256)
     // All threads load the counts (one round trip for f <= 8192).
     __shared__ u32 part[8];
     u32 c = 0;
-    for (int i = threadIdx.x; i < ncnt; i += blockDim.x) c += cnt[i];
+    for (int i = threadIdx.x; i < ncnt; i += blockDim.x) c += __ldcg(cnt + i);
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) c += __shfl_xor_sync(0xffffffffu, c, o);
     if (lane == 0) part[warp] = c;

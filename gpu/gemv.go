@@ -40,7 +40,7 @@ func (l *MLP) sparseGEMV(s *cuda.Stream, y, x *cuda.Buffer, m int) error {
 		act = ks.actGated[mb]
 	}
 	a := gemvArgs{x: x, w: l.sparseIn(), up: l.up, down: l.down, y: y, h: ws.gh, mask: ws.gmask, cnt: ws.gcnt, nnz: l.nnz,
-		m: m, d: l.D, f: l.F, ncnt: words}
+		m: m, d: l.D, f: l.F, ncnt: words, early: l.earlyStart()}
 	launch := a.launchAct
 	if m > gemvFMARows {
 		a.ncnt = l.F / 16
@@ -126,6 +126,14 @@ type gemvArgs struct {
 	list              *cuda.Buffer
 	m, d, f, ncnt     int
 	first, cap        int
+	// early launches the kernels with early start (they wait with
+	// grid_wait), so that their weight loads overlap the kernel before.
+	early bool
+}
+
+// launch queues fn with a's early-start choice.
+func (a gemvArgs) launch(fn *cuda.Function, grid, block cuda.Dim3, shared int, s *cuda.Stream, args ...any) error {
+	return fn.LaunchEx(cuda.LaunchConfig{Grid: grid, Block: block, SharedBytes: shared, Stream: s, EarlyStart: a.early}, args...)
 }
 
 // rows is how many tokens a block of gemv_act stages in shared memory.
@@ -138,7 +146,7 @@ func (a gemvArgs) rows() int {
 
 // launchAct launches gemv_act: one block per 32 units.
 func (a gemvArgs) launchAct(fn *cuda.Function, s *cuda.Stream) error {
-	return fn.Launch(cuda.Dim3{uint32(a.f / 32), 1, 1}, cuda.Dim3{256, 1, 1}, 2*a.rows()*a.d, s,
+	return a.launch(fn, cuda.Dim3{uint32(a.f / 32), 1, 1}, cuda.Dim3{256, 1, 1}, 2*a.rows()*a.d, s,
 		a.x, a.w, a.up, a.h, a.mask, optional(a.cnt), int32(a.m), int32(a.d), int32(a.f),
 		optional(a.list), int32(a.first), int32(a.cap))
 }
@@ -146,7 +154,7 @@ func (a gemvArgs) launchAct(fn *cuda.Function, s *cuda.Stream) error {
 // launchActMMA launches gemv_act_mma: one block per 16 units, the tokens
 // staged as 8 rows of d + 32.
 func (a gemvArgs) launchActMMA(fn *cuda.Function, s *cuda.Stream) error {
-	return fn.Launch(cuda.Dim3{uint32(a.f / 16), 1, 1}, cuda.Dim3{256, 1, 1}, 2*8*(a.d+32), s,
+	return a.launch(fn, cuda.Dim3{uint32(a.f / 16), 1, 1}, cuda.Dim3{256, 1, 1}, 2*8*(a.d+32), s,
 		a.x, a.w, a.up, a.h, a.mask, a.cnt, int32(a.m), int32(a.d), int32(a.f))
 }
 
@@ -161,7 +169,7 @@ const downCols = 16
 func (a gemvArgs) launchDown(fn *cuda.Function, s *cuda.Stream) error {
 	words := a.f / 32
 	lists := 8 * ((words + 7) / 8) * 32 * 4
-	return fn.Launch(cuda.Dim3{uint32(a.d / downCols), 1, 1}, cuda.Dim3{256, 1, 1}, lists, s,
+	return a.launch(fn, cuda.Dim3{uint32(a.d / downCols), 1, 1}, cuda.Dim3{256, 1, 1}, lists, s,
 		a.h, a.mask, a.down, a.y, optional(a.cnt), optional(a.nnz), int32(a.m), int32(a.d), int32(a.f), int32(a.ncnt),
 		optional(a.list), int32(a.first), int32(a.cap))
 }

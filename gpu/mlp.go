@@ -41,6 +41,11 @@ type MLP struct {
 	// sets it; see autopath.go). Off, Forward follows the density rule
 	// alone.
 	Measure bool
+	// Serial launches the small-batch kernels without early start: each
+	// then begins only when the kernel before it has finished (see
+	// cuda.LaunchConfig.EarlyStart; early start needs compute capability
+	// 9.0 or later and is used there unless Serial is set).
+	Serial bool
 
 	dev            *cuda.Device
 	k              *kernels

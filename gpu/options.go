@@ -3,6 +3,8 @@ package gpu
 import (
 	"fmt"
 	"os"
+
+	"github.com/twell-ai/twell/cuda"
 )
 
 // Options are the kernel choices of an MLP that experiments change; the
@@ -13,6 +15,7 @@ import (
 type Options struct {
 	Kernel Kernel // D2T kernel: EnvD2TKernel
 	Tail   Tail   // sparse tail: EnvTail
+	Serial bool   // no early start of the decode-step kernels: EnvEarlyStart = "0"
 }
 
 // EnvD2TKernel names the environment variable that, set to "mma" or
@@ -23,11 +26,23 @@ const EnvD2TKernel = "TWELL_D2T_KERNEL"
 // sets Options.Tail (unset or "auto": TailAuto).
 const EnvTail = "TWELL_TAIL"
 
-// OptionsFromEnv returns the Options that EnvD2TKernel and EnvTail set, or
-// an error naming a value it does not know.
+// EnvEarlyStart names the environment variable that, set to "0", sets
+// Options.Serial: decode-step kernels then start only when the kernel
+// before them has finished (to compare; see cuda.LaunchConfig.EarlyStart).
+const EnvEarlyStart = "TWELL_EARLY_START"
+
+// OptionsFromEnv returns the Options that EnvD2TKernel, EnvTail and
+// EnvEarlyStart set, or an error naming a value it does not know.
 func OptionsFromEnv() (Options, error) {
 	var o Options
 	var err error
+	switch v := os.Getenv(EnvEarlyStart); v {
+	case "", "1":
+	case "0":
+		o.Serial = true
+	default:
+		return o, fmt.Errorf("gpu: %s=%q: want 0 or 1", EnvEarlyStart, v)
+	}
 	o.Kernel, err = envChoice(EnvD2TKernel, "auto, wgmma or mma", map[string]Kernel{"wgmma": KernelWGMMA, "mma": KernelMMA})
 	if err != nil {
 		return o, err
@@ -49,4 +64,13 @@ func envChoice[T any](name, want string, choices map[string]T) (T, error) {
 }
 
 // Apply sets l's kernel choices to o.
-func (l *MLP) Apply(o Options) { l.Kernel, l.Tail = o.Kernel, o.Tail }
+func (l *MLP) Apply(o Options) { l.Kernel, l.Tail, l.Serial = o.Kernel, o.Tail, o.Serial }
+
+// EarlyStart reports whether kernels that wait with grid_wait (common.cuh)
+// should be launched with early start on dev: compute capability 9.0 or
+// later, and not serial.
+func EarlyStart(dev *cuda.Device, serial bool) bool { return !serial && dev.Properties().Major >= 9 }
+
+// earlyStart reports whether l launches its small-batch kernels with early
+// start.
+func (l *MLP) earlyStart() bool { return EarlyStart(l.dev, l.Serial) }

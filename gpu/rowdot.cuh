@@ -53,9 +53,20 @@ __device__ __forceinline__ void rows_dot(uint4 (&wv)[U][4], const u16* const (&r
     for (int t = 0; t < MB; ++t) acc[u][t] = warp_sum(acc[u][t]);
 }
 
-// stage_x copies the m x d tokens into shared memory and waits for them.
+// rows_prefetch asks the L2 for columns [base, d) of the U rows, a
+// 128-byte line per lane and step (for the columns past rows_load's first
+// 1024, before an early-start kernel's grid_wait).
+template <int U>
+__device__ __forceinline__ void rows_prefetch(const u16* const (&rows)[U], int base, int d, int lane) {
+#pragma unroll
+  for (int u = 0; u < U; ++u)
+    for (int c = base + lane * 64; c < d; c += 32 * 64) asm volatile("prefetch.global.L2 [%0];" ::"l"(rows[u] + c));
+}
+
+// stage_x copies the m x d tokens (what the kernel before wrote: read
+// through the L2) into shared memory and waits for them.
 __device__ __forceinline__ void stage_x(u16* xs, const u16* __restrict__ x, int m, int d) {
-  for (int i = threadIdx.x; i < m * d / 8; i += blockDim.x) ((uint4*)xs)[i] = ldg_nc((const uint4*)x + i);
+  for (int i = threadIdx.x; i < m * d / 8; i += blockDim.x) ((uint4*)xs)[i] = ldg_cg((const uint4*)x + i);
   __syncthreads();
 }
 

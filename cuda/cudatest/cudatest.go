@@ -94,3 +94,42 @@ func CleanSASS(tb testing.TB, name string, src []byte, opts ...cuda.CompileOptio
 		tb.Errorf("%s: ptxas spilled registers:\n%s", name, prog.Log)
 	}
 }
+
+// touchesResults matches the PTX instructions that write memory or read
+// what an earlier kernel wrote (the kernels read those through the L2,
+// ld.global.cg).
+var touchesResults = regexp.MustCompile(`\bst\.global|\batom\.global|\bred\.global|\bld\.global\.cg`)
+
+// WaitsFirst fails the test unless kernel entry of prog (PTX, a compute_XX
+// target) runs griddepcontrol.wait before its first global store, global
+// atomic and L2-only load: what a kernel launched with early start
+// (cuda.LaunchConfig.EarlyStart) must do before it touches the results of
+// the kernels before it. entry is the kernel's name, or its name
+// expression when prog was compiled with WithNameExpressions. The check
+// reads the PTX in text order, which follows the source's for a kernel's
+// straight-line prologue.
+func WaitsFirst(tb testing.TB, prog *cuda.Program, entry string) {
+	tb.Helper()
+	name := entry
+	if l, ok := prog.LoweredNames[entry]; ok {
+		name = l
+	}
+	ptx := string(prog.Image)
+	i := strings.Index(ptx, ".entry "+name+"(")
+	if i < 0 {
+		tb.Errorf("%s: kernel %s not in the PTX", prog.Name, entry)
+		return
+	}
+	body := ptx[i+len(".entry "):]
+	if j := strings.Index(body, ".entry "); j >= 0 {
+		body = body[:j]
+	}
+	w := strings.Index(body, "griddepcontrol.wait")
+	if w < 0 {
+		tb.Errorf("%s: kernel %s never runs griddepcontrol.wait", prog.Name, entry)
+		return
+	}
+	if loc := touchesResults.FindStringIndex(body); loc != nil && loc[0] < w {
+		tb.Errorf("%s: kernel %s runs %q before griddepcontrol.wait", prog.Name, entry, body[loc[0]:loc[1]])
+	}
+}

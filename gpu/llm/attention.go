@@ -123,6 +123,7 @@ type decAttention struct {
 	fn                *cuda.Function
 	po, pm, pl, count *cuda.Buffer
 	runs              int
+	early             bool // launch with early start
 }
 
 // decodeSplit reports whether a decode step of S sequences (one new token
@@ -151,7 +152,7 @@ func (e *Engine) decodeAttention(b *batch) (decAttention, bool) {
 	}
 	l := decLayout(c, b.S)
 	v := func(i int) *cuda.Buffer { return view(e.ws.dec, l[i][0], l[i][1]) }
-	return decAttention{fn: fn, po: v(0), pm: v(1), pl: v(2), count: v(3), runs: e.decRuns(b.S)}, true
+	return decAttention{fn: fn, po: v(0), pm: v(1), pl: v(2), count: v(3), runs: e.decRuns(b.S), early: e.early()}, true
 }
 
 // decLayout returns where the decode attention's buffer for S sequences of
@@ -168,7 +169,8 @@ func decLayout(c model.Config, S int) [4][2]int {
 func (d decAttention) launch(s *cuda.Stream, a attnArgs) error {
 	grid := cuda.Dim3{uint32(a.nItems * a.nq), uint32(d.runs), 1}
 	scaleLog2 := float32(math.Log2E / math.Sqrt(float64(a.hd)))
-	return d.fn.Launch(grid, cuda.Dim3{decThreads, 1, 1}, 0, s, a.qkv, a.out, a.items, a.seqQ0, a.seqN, a.seqPast, a.pt,
+	return d.fn.LaunchEx(cuda.LaunchConfig{Grid: grid, Block: cuda.Dim3{decThreads, 1, 1}, Stream: s, EarlyStart: d.early},
+		a.qkv, a.out, a.items, a.seqQ0, a.seqN, a.seqPast, a.pt,
 		int32(a.page), int32(a.layer), int32(a.nq), int32(a.nkv), int32(a.qkvW), scaleLog2, d.po, d.pm, d.pl, d.count)
 }
 

@@ -282,7 +282,10 @@ extern "C" __global__ void __launch_bounds__(256)
 // the runs in split order and writes the output: the result does not
 // depend on which CTA finishes last, so it repeats bit for bit. The split
 // count depends on the batch only, so a CUDA graph of a decode step stays
-// valid as the sequences grow.
+// valid as the sequences grow. Launched with early start, a CTA asks the L2
+// for its run's keys and values (the pass's metadata and page tables do not
+// change within a pass) before grid_wait, and then reads q, keys and values
+// through the L2: the new token's key and value are the kernel before's.
 #define ATT_DEC_THREADS 128
 
 template <int HD>
@@ -304,7 +307,15 @@ __device__ __forceinline__ void attn_dec_body(const u16* __restrict__ qkv, u16* 
   const int splits = gridDim.y;
   const int nblk = (keys + ATT_BK - 1) / ATT_BK, per = (nblk + splits - 1) / splits;
   const int b0 = sp * per, b1 = min(nblk, b0 + per);
-  const uint4 q = *(const uint4*)(qkv + (size_t)a.qs * qkv_w + a.head * HD + sub * 8);
+  for (int blk = b0; blk < b1; ++blk) {
+    const u16* K = block_keys(a, block_page(a, blk), blk, HD);
+    const int lines = min(ATT_BK, keys - blk * ATT_BK) * HD / 64;  // 128-byte lines of keys, and of values
+    for (int i = threadIdx.x; i < 2 * lines; i += ATT_DEC_THREADS)
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(K + (i < lines ? 0 : a.vstep) + (i % lines) * 64));
+  }
+  grid_wait();
+  grid_release();
+  const uint4 q = ldg_cg(qkv + (size_t)a.qs * qkv_w + a.head * HD + sub * 8);
   float m = NEG_INF, l = 0.f, acc[8];
 #pragma unroll
   for (int e = 0; e < 8; ++e) acc[e] = 0.f;
@@ -320,7 +331,7 @@ __device__ __forceinline__ void attn_dec_body(const u16* __restrict__ qkv, u16* 
       const int r = r0 + grp;
       const bool ok = r < kn;
       const int rr = ok ? r : 0;
-      const uint4 kr = ldg_nc(K + rr * HD + sub * 8), vr = ldg_nc(V + rr * HD + sub * 8);
+      const uint4 kr = ldg_cg(K + rr * HD + sub * 8), vr = ldg_cg(V + rr * HD + sub * 8);
       float d = dot8(q, kr, 0.f);
 #pragma unroll
       for (int o = LPK / 2; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);

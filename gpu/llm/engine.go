@@ -52,6 +52,14 @@ type Engine struct {
 	// kernel (to compare them). NewEngine sets it when the environment
 	// variable TWELL_GEMV is "0".
 	NoGEMV bool
+	// Serial launches the kernels of decode steps without early start: each
+	// then begins only when the kernel before it has finished. By default
+	// (compute capability 9.0 and later) the norm, projection, attention
+	// and small-batch MLP kernels start while the kernel before them runs,
+	// issuing their weight loads, and wait for its results on the device
+	// (cuda.LaunchConfig.EarlyStart). NewEngine sets it, and the TwELL MLPs'
+	// Serial, when the environment variable TWELL_EARLY_START is "0".
+	Serial bool
 	// ReuseLogits makes Forward return its logits in host memory that the
 	// engine owns (page-locked, so the copy from the GPU is one fast DMA)
 	// and overwrites at the next Forward call or frees at Close, instead
@@ -180,7 +188,7 @@ func NewEngine(dev *cuda.Device, m *model.Model) (*Engine, error) {
 		return nil, err
 	}
 	e := &Engine{cfg: c, dev: dev, k: k, mlpPath: mlp.Auto, rope: model.NewRoPETables(c), Attention: opts.Attention,
-		NoGraphs: opts.NoGraphs, NoGEMV: opts.NoGEMV, pool: &kvPool{dev: dev, cfg: c}}
+		NoGraphs: opts.NoGraphs, NoGEMV: opts.NoGEMV, Serial: opts.MLP.Serial, pool: &kvPool{dev: dev, cfg: c}}
 	if act, _ := c.GateActivation(); act == model.ActSiLU {
 		e.act = gpu.ActSiLU
 	}

@@ -404,14 +404,15 @@ func (e *Engine) layersQueue(b *batch, st *engine.Stats, paths []mlp.Path) error
 		return err
 	}
 	dec, decode := e.decodeAttention(b)
+	early := e.early()
 	for li, l := range e.layers {
 		var delta *cuda.Buffer
 		if li > 0 {
 			delta = ws.proj
 		}
 		rope := ropeArgs{qkv: ws.qkv, cos: e.cosB, sin: e.sinB, tokSeq: tokSeq, tokPos: tokPos, pt: pt, page: page,
-			T: T, layer: li, nq: nq, nkv: nkv, hd: hd, qkvW: qkvW}
-		if err := (normArgs{resid: ws.resid, delta: delta, w: l.attnNorm, out: ws.hn, n: T, d: h, eps: eps}).launch(e.k.addNorm, s); err != nil {
+			T: T, layer: li, nq: nq, nkv: nkv, hd: hd, qkvW: qkvW, early: early}
+		if err := (normArgs{resid: ws.resid, delta: delta, w: l.attnNorm, out: ws.hn, n: T, d: h, eps: eps, early: early}).launch(e.k.addNorm, s); err != nil {
 			return fmt.Errorf("llm: layer %d norm: %w", li, err)
 		}
 		prof("norm")
@@ -449,7 +450,7 @@ func (e *Engine) layersQueue(b *batch, st *engine.Stats, paths []mlp.Path) error
 			return fmt.Errorf("llm: layer %d o_proj: %w", li, err)
 		}
 		prof("o_proj")
-		if err := (normArgs{resid: ws.resid, delta: ws.proj, w: l.mlpNorm, out: ws.hn, n: T, d: h, eps: eps}).launch(e.k.addNorm, s); err != nil {
+		if err := (normArgs{resid: ws.resid, delta: ws.proj, w: l.mlpNorm, out: ws.hn, n: T, d: h, eps: eps, early: early}).launch(e.k.addNorm, s); err != nil {
 			return fmt.Errorf("llm: layer %d norm: %w", li, err)
 		}
 		prof("norm")
@@ -481,6 +482,7 @@ func (e *Engine) mlp(l layer, T int, fixed *mlp.Path) (bool, error) {
 		m := min(ch, T-off)
 		x, y := view(ws.hn, 2*off*h, 2*m*h), view(ws.proj, 2*off*h, 2*m*h)
 		if l.mlp != nil {
+			l.mlp.Serial = e.Serial
 			if fixed != nil {
 				if err := l.mlp.Queue(s, y, x, m, *fixed); err != nil {
 					return false, err
@@ -548,7 +550,7 @@ func (e *Engine) logits(b *batch) ([][]float32, error) {
 	for r0 := 0; r0 < b.rows; r0 += headChunk {
 		rc := min(headChunk, b.rows-r0)
 		rows := view(ws.meta, 4*(b.row+r0), 4*rc)
-		norm := normArgs{resid: ws.resid, delta: delta, rows: rows, w: e.norm, out: ws.sel, n: rc, d: h, eps: float32(c.RMSNormEps)}
+		norm := normArgs{resid: ws.resid, delta: delta, rows: rows, w: e.norm, out: ws.sel, n: rc, d: h, eps: float32(c.RMSNormEps), early: e.early()}
 		if err := norm.launch(e.k.addNorm, s); err != nil {
 			return nil, fmt.Errorf("llm: final norm: %w", err)
 		}

@@ -21,8 +21,14 @@ import (
 
 func TestMain(m *testing.M) { cudatest.Main(m) }
 
+// earlyStartKernels are the kernels the engine launches with early start
+// (normArgs, gemvRows, ropeArgs.qkvRope, decAttention): each must wait with
+// griddepcontrol.wait before it touches earlier kernels' results.
+var earlyStartKernels = map[string]bool{"add_rmsnorm": true, "gemv_rows1": true, "gemv_rows4": true,
+	"qkv_rope1": true, "qkv_rope4": true, "attn_dec64": true, "attn_dec128": true}
+
 // TestCompile compiles every .cu file of kernelFiles to PTX: it needs NVRTC
-// but no GPU.
+// but no GPU. The kernels launched with early start must wait first.
 func TestCompile(t *testing.T) {
 	cudatest.Compiler(t)
 	for _, file := range kernelFiles {
@@ -42,6 +48,11 @@ func TestCompile(t *testing.T) {
 			}
 			if strings.Contains(ptx, ".local") {
 				t.Logf("note: the PTX uses local memory (register arrays indexed at run time?)")
+			}
+			for _, k := range file.kernels {
+				if earlyStartKernels[k] {
+					cudatest.WaitsFirst(t, prog, k)
+				}
 			}
 			if prog.Log != "" {
 				t.Logf("NVRTC log:\n%s", prog.Log)

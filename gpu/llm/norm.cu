@@ -26,10 +26,15 @@ extern "C" __global__ void embed(const u16* __restrict__ table, const int* __res
 // its values in registers between the sum of squares and the output (one
 // pass over memory, its loads issued together: decode steps run this at a
 // few tokens, where latency is all that counts); else a plain two-pass loop.
+//
+// Launched with early start, it waits (grid_wait) before reading resid and
+// delta, and reads them through the L2.
 extern "C" __global__ void add_rmsnorm(float* __restrict__ resid, const u16* __restrict__ delta,
                                        const int* __restrict__ rows, const float* __restrict__ w,
                                        u16* __restrict__ out, int d, float eps) {
   constexpr int MAXV = 4;  // float4 per thread
+  grid_wait();
+  grid_release();
   int b = blockIdx.x;
   int r = rows ? rows[b] : b;
   float* x = resid + (size_t)r * d;
@@ -42,10 +47,10 @@ extern "C" __global__ void add_rmsnorm(float* __restrict__ resid, const u16* __r
     for (int k = 0; k < MAXV; ++k) {
       int i = threadIdx.x + k * blockDim.x;
       if (i >= n4) continue;
-      v[k] = ((const float4*)x)[i];
+      v[k] = __ldcg((const float4*)x + i);
       wv[k] = ((const float4*)w)[i];
       if (dl) {
-        uint2 dd = ((const uint2*)dl)[i];
+        uint2 dd = __ldcg((const uint2*)dl + i);
         v[k].x += bf_lo(dd.x);
         v[k].y += bf_hi(dd.x);
         v[k].z += bf_lo(dd.y);
@@ -74,9 +79,9 @@ extern "C" __global__ void add_rmsnorm(float* __restrict__ resid, const u16* __r
   }
   float ss = 0.f;
   for (int i = threadIdx.x; i < d; i += blockDim.x) {
-    float v = x[i];
+    float v = __ldcg(x + i);
     if (dl) {
-      v += bf_to_f(dl[i]);
+      v += bf_to_f(__ldcg(dl + i));
       if (!rows) x[i] = v;
     }
     ss += v * v;
@@ -86,7 +91,7 @@ extern "C" __global__ void add_rmsnorm(float* __restrict__ resid, const u16* __r
   float inv = rsqrtf(block_sum(ss) / (float)d + eps);
   for (int i = threadIdx.x; i < d; i += blockDim.x) {
     float v = x[i];
-    if (dl && rows) v += bf_to_f(dl[i]);
+    if (dl && rows) v += bf_to_f(__ldcg(dl + i));
     o[i] = (u16)f_to_bf(v * inv * w[i]);
   }
 }

@@ -22,7 +22,9 @@
 // The projections of decode steps (passes of at most 4 tokens) are bound by
 // reading the weights once; cuBLASLt's kernels for a handful of rows reach
 // about half the memory bandwidth. They use rowdot.cuh: the first weight
-// loads are issued before x is staged in shared memory. k % 8 == 0.
+// loads are issued, and the rest of the rows prefetched into the L2, before
+// grid_wait (launched with early start, that overlaps the kernel before)
+// and before x is staged in shared memory. k % 8 == 0.
 
 // gemv_rows: y[t][n] = bf16(sum_k x[t][k] w[n][k]) for t < m <= MB. One
 // warp per output column (grid n/8 blocks of 256 threads, rounded up);
@@ -36,6 +38,9 @@ __device__ __forceinline__ void gemv_rows_body(const u16* __restrict__ x, const 
   const u16* rows[1] = {w + (size_t)min(col, n - 1) * k};
   uint4 wv[1][4];
   rows_load<1>(wv, rows, 0, k, lane);
+  rows_prefetch<1>(rows, 1024, k, lane);
+  grid_wait();
+  grid_release();
   stage_x(xs, x, m, k);
   if (col >= n) return;
   float acc[1][MB];
@@ -76,6 +81,9 @@ __device__ __forceinline__ void qkv_rope_body(const u16* __restrict__ x, const u
   const u16* rows[2] = {w + (size_t)c1 * k, w + (size_t)c2 * k};
   uint4 wv[2][4];
   rows_load<2>(wv, rows, 0, k, lane);
+  rows_prefetch<2>(rows, 1024, k, lane);
+  grid_wait();
+  grid_release();
   stage_x(xs, x, m, k);
   if (!ok) return;
   float acc[2][MB];

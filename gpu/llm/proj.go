@@ -3,6 +3,7 @@ package llm
 import (
 	"github.com/twell-ai/twell/cuda"
 	"github.com/twell-ai/twell/cuda/cublas"
+	"github.com/twell-ai/twell/gpu"
 )
 
 // gemvMaxRows is the largest token count whose projections run gemv_rows
@@ -23,13 +24,17 @@ func (e *Engine) project(m, n, k int, x, w, y *cuda.Buffer) error {
 	if m == 1 {
 		fn = e.k.gemv1
 	}
-	return gemvRows(fn, e.stream, x, w, y, m, n, k)
+	return gemvRows(fn, e.stream, e.early(), x, w, y, m, n, k)
 }
 
 // gemvRows queues gemv_rows1 or gemv_rows4 (proj.cu): y = x w^T for m
 // tokens (x m x k, w n x k, y m x n, bf16), one warp per output column, x
-// staged in shared memory.
-func gemvRows(fn *cuda.Function, s *cuda.Stream, x, w, y *cuda.Buffer, m, n, k int) error {
-	return fn.Launch(cuda.Dim3{uint32((n + 7) / 8), 1, 1}, cuda.Dim3{256, 1, 1}, 2*m*k, s,
-		x, w, y, int32(m), int32(n), int32(k))
+// staged in shared memory; with early start if early.
+func gemvRows(fn *cuda.Function, s *cuda.Stream, early bool, x, w, y *cuda.Buffer, m, n, k int) error {
+	return fn.LaunchEx(cuda.LaunchConfig{Grid: cuda.Dim3{uint32((n + 7) / 8), 1, 1}, Block: cuda.Dim3{256, 1, 1}, SharedBytes: 2 * m * k,
+		Stream: s, EarlyStart: early}, x, w, y, int32(m), int32(n), int32(k))
 }
+
+// early reports whether the engine launches the kernels that wait with
+// grid_wait with early start.
+func (e *Engine) early() bool { return gpu.EarlyStart(e.dev, e.Serial) }

@@ -6,10 +6,11 @@ import "github.com/twell-ai/twell/cuda"
 // a pass of T tokens of one layer: the q/k/v rows (qkvW = (nq + 2 nkv) hd
 // bf16 each), the fp32 cos and sin tables, and the pass's metadata (each
 // token's sequence and position, each sequence's page table; page
-// positions a page).
+// positions a page). early launches qkv_rope with early start.
 type ropeArgs struct {
 	qkv, cos, sin, tokSeq, tokPos, pt *cuda.Buffer
 	T, page, layer, nq, nkv, hd, qkvW int
+	early                             bool
 }
 
 // ropeKV queues rope_kv: one block per token rotates its query heads in
@@ -23,7 +24,8 @@ func (a ropeArgs) ropeKV(fn *cuda.Function, s *cuda.Stream) error {
 // by w (qkvW x h) with RoPE and the cache write fused in; one warp per
 // pair of rotated columns, x staged in shared memory.
 func (a ropeArgs) qkvRope(fn *cuda.Function, s *cuda.Stream, x, w *cuda.Buffer, h int) error {
-	return fn.Launch(cuda.Dim3{uint32((a.qkvW/2 + 7) / 8), 1, 1}, cuda.Dim3{256, 1, 1}, 2*a.T*h, s, x, w, a.qkv,
+	return fn.LaunchEx(cuda.LaunchConfig{Grid: cuda.Dim3{uint32((a.qkvW/2 + 7) / 8), 1, 1}, Block: cuda.Dim3{256, 1, 1}, SharedBytes: 2 * a.T * h,
+		Stream: s, EarlyStart: a.early}, x, w, a.qkv,
 		a.cos, a.sin, a.tokSeq, a.tokPos, a.pt, int32(a.page), int32(a.T), int32(h), int32(a.layer), int32(a.nq), int32(a.nkv),
 		int32(a.hd), int32(a.qkvW))
 }
