@@ -132,11 +132,10 @@ __device__ __forceinline__ void act_group(const u16* __restrict__ x, const int* 
 }
 
 // gemv_act: grid F/32 blocks of 256 threads, warp w taking units 4w..4w+3
-// of the block's 32; dynamic shared memory MB*d*2 (LIST) or m*d*2. Eight
-// tokens' accumulators need more than 128 registers a thread: one block
-// per SM is then asked for, so that ptxas does not spill.
+// of the block's 32; dynamic shared memory MB*d*2 (LIST) or m*d*2. MB is
+// at most 4 (more tokens run gemv_act_mma).
 template <int MB, bool GATED, bool LIST>
-__global__ void __launch_bounds__(256, MB >= 8 ? 1 : 0)
+__global__ void __launch_bounds__(256)
     gemv_act(const u16* __restrict__ x, const u16* __restrict__ w, const u16* __restrict__ up, float* __restrict__ h,
              u32* __restrict__ mask, u32* __restrict__ cnt, int m, int d, int f, const int* __restrict__ list,
              int first, int cap) {

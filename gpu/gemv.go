@@ -35,7 +35,7 @@ func (l *MLP) sparseGEMV(s *cuda.Stream, y, x *cuda.Buffer, m int) error {
 			break
 		}
 	}
-	act := ks.actPlain[mb]
+	act := ks.actPlain[mb] // nil past gemvFMARows: gemv_act_mma below
 	if l.Gated {
 		act = ks.actGated[mb]
 	}
@@ -60,7 +60,8 @@ func (l *MLP) sparseGEMV(s *cuda.Stream, y, x *cuda.Buffer, m int) error {
 }
 
 // gemvSet are the kernels of the small-batch sparse MLP (gemv.cu), by
-// rows per call (1, 2, 4 or 8: the template's MB) and, for act, gated or not.
+// rows per call (the template's MB: 1, 2 or 4 for act, gated or not, and
+// 1, 2, 4 or 8 for down).
 type gemvSet struct {
 	actGated, actPlain, down map[int]*cuda.Function
 	// The LIST forms (MB = 4), which recompute the rows D2T flagged.
@@ -81,14 +82,16 @@ var gemvRows = []int{1, 2, 4, 8}
 // gemvMaxRows is the largest batch the small-batch sparse MLP takes.
 const gemvMaxRows = 8
 
-// gemvExprs lists the kernels of gemv.cu: gated act, plain act and down
-// per batch size of gemvRows, the same three LIST forms, then gated and
-// plain gemv_act_mma.
+// gemvExprs lists the kernels of gemv.cu: per batch size of gemvRows the
+// gated and the plain act (up to gemvFMARows) and down, the same three LIST
+// forms, then gated and plain gemv_act_mma.
 func gemvExprs() []string {
 	var exprs []string
 	for _, mb := range gemvRows {
-		exprs = append(exprs, fmt.Sprintf("gemv_act<%d,true,false>", mb), fmt.Sprintf("gemv_act<%d,false,false>", mb),
-			fmt.Sprintf("gemv_down<%d,false>", mb))
+		if mb <= gemvFMARows {
+			exprs = append(exprs, fmt.Sprintf("gemv_act<%d,true,false>", mb), fmt.Sprintf("gemv_act<%d,false,false>", mb))
+		}
+		exprs = append(exprs, fmt.Sprintf("gemv_down<%d,false>", mb))
 	}
 	return append(exprs, fmt.Sprintf("gemv_act<%d,true,true>", fbGroup), fmt.Sprintf("gemv_act<%d,false,true>", fbGroup),
 		fmt.Sprintf("gemv_down<%d,true>", fbGroup), "gemv_act_mma<true>", "gemv_act_mma<false>")
@@ -104,8 +107,12 @@ func (k *kernels) gemvKernels() (*gemvSet, error) {
 			return
 		}
 		k.gemv = gemvSet{actGated: map[int]*cuda.Function{}, actPlain: map[int]*cuda.Function{}, down: map[int]*cuda.Function{}}
-		for i, mb := range gemvRows {
-			k.gemv.actGated[mb], k.gemv.actPlain[mb], k.gemv.down[mb] = fs[exprs[3*i]], fs[exprs[3*i+1]], fs[exprs[3*i+2]]
+		for _, mb := range gemvRows {
+			if mb <= gemvFMARows {
+				k.gemv.actGated[mb] = fs[fmt.Sprintf("gemv_act<%d,true,false>", mb)]
+				k.gemv.actPlain[mb] = fs[fmt.Sprintf("gemv_act<%d,false,false>", mb)]
+			}
+			k.gemv.down[mb] = fs[fmt.Sprintf("gemv_down<%d,false>", mb)]
 		}
 		n := len(exprs)
 		k.gemv.fbActGated, k.gemv.fbActPlain, k.gemv.fbDown = fs[exprs[n-5]], fs[exprs[n-4]], fs[exprs[n-3]]

@@ -61,6 +61,19 @@ func TestCompile(t *testing.T) {
 	}
 }
 
+// TestDecodeKernelsCleanSASS: the kernels of decode steps compile to sm_90a
+// machine code without spills (norm.cu and proj.cu; attn.cu has the
+// prefill kernels, which attn_fa64 at 128 registers spills 16 bytes).
+func TestDecodeKernelsCleanSASS(t *testing.T) {
+	cudatest.Compiler(t)
+	for _, f := range []struct {
+		name string
+		src  []byte
+	}{{"norm.cu", normSrc}, {"proj.cu", projSrc}} {
+		cudatest.CleanSASS(t, f.name, f.src, headers()...)
+	}
+}
+
 // TestCompileWGMMA compiles attn_wgmma.cu for compute_90a, which needs
 // NVRTC 12 or later (but no GPU).
 func TestCompileWGMMA(t *testing.T) {
