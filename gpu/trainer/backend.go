@@ -90,6 +90,10 @@ type Backend struct {
 	nPad, lo, hi   int
 	flag           *cuda.Buffer // int32 scratch of AnyStop
 	optStep        int64
+	// clip is the factor ClipGradients set for the next Update to apply to
+	// the gradient as AdamW reads it, if clipped.
+	clip    float32
+	clipped bool
 
 	acts  *activations
 	attn  map[[2]int]*attention
@@ -143,6 +147,9 @@ func New(dev *cuda.Device, c model.Config, w *model.Weights, o Options) (*Backen
 	}
 	if !slices.Contains(attentionHeadDims, c.HeadDim) {
 		return nil, fmt.Errorf("trainer: head_dim %d: the GPU attention kernels take %v", c.HeadDim, attentionHeadDims)
+	}
+	if c.HiddenSize%4 != 0 || c.HiddenSize > maxNormWidth {
+		return nil, fmt.Errorf("trainer: hidden size %d: the GPU RMSNorm kernels take multiples of 4 up to %d", c.HiddenSize, maxNormWidth)
 	}
 	b := &Backend{gpuCtx: gpuCtx{dev: dev}, c: c, opts: o, specs: train.Tensors(c), attn: map[[2]int]*attention{},
 		ropes: map[int][2]*cuda.Buffer{}, sparse: make([]bool, c.NumHiddenLayers), stepSparse: make([]bool, c.NumHiddenLayers)}
@@ -630,7 +637,7 @@ func (b *Backend) attentionFor(batch, seq int) (*attention, error) {
 func adamWArgsFor(h train.AdamW, lr float64, step int64, decays bool) adamWArgs {
 	b1c := 1 - math.Pow(h.Beta1, float64(step))
 	b2c := 1 - math.Pow(h.Beta2, float64(step))
-	a := adamWArgs{b1: float32(h.Beta1), b2: float32(h.Beta2), stepSize: float32(lr / b1c),
+	a := adamWArgs{gradScale: 1, b1: float32(h.Beta1), b2: float32(h.Beta2), stepSize: float32(lr / b1c),
 		invB2c: float32(1 / math.Sqrt(b2c)), eps: float32(h.Eps)}
 	if decays {
 		a.wd = float32(lr * h.WeightDecay)

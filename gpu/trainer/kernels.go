@@ -26,8 +26,8 @@ var kernelFiles = []struct {
 	kernels []string
 }{
 	{"layers.cu", &layersSrc, []string{"sum_f64", "embed_fwd", "sort_pass", "embed_seg", "embed_join", "rmsnorm_fwd",
-		"rmsnorm_bwd_dx", "rmsnorm_bwd_dw", "rmsnorm_dw_sum", "rope_cast", "cast_bf16", "relu_fwd", "relu_bwd", "ce_chunk"}},
-	{"optim.cu", &optimSrc, []string{"sumsq", "scale", "adamw", "to_bf16", "reinit_rows"}},
+		"rmsnorm_bwd", "rmsnorm_dw_sum", "rope_cast", "cast_bf16", "relu_fwd", "relu_bwd", "ce_chunk"}},
+	{"optim.cu", &optimSrc, []string{"sumsq", "adamw", "to_bf16", "reinit_rows"}},
 	{"sparse.cu", &sparseSrc, []string{"sp_count", "sp_scan", "sp_pack", "sp_col_count", "sp_col_prefix", "sp_col_fill",
 		"sp_up", "sp_grad", "sp_rows", "sp_col_parts", "sp_cols", "sp_col_reduce"}},
 }
@@ -72,7 +72,8 @@ const (
 	flatBlock = 256  // threads of a grid-stride kernel
 	flatGrid  = 1024 // at most this many blocks for a grid-stride kernel
 	rowsPer   = 64   // rows each block of a column-parallel reduction takes
-	normParts = 64   // at most this many partial sums of an RMSNorm gain gradient
+	normParts = 256  // at most this many partial sums of an RMSNorm gain gradient (blocks of rmsnorm_bwd)
+	normVec   = 4    // float4 columns an RMSNorm thread keeps (layers.cu's NORM_VEC)
 	sortTile  = 1024 // keys per block of sort_pass (its threads)
 	embChunk  = 256  // sorted tokens per block of embed_seg and embed_join (their threads)
 )
@@ -197,8 +198,21 @@ func (l launcher) rmsNormFwd(y, rstd, x, w *cuda.Buffer, rows, h int, eps float6
 		need("norm gain", w, 4*h)); err != nil {
 		return err
 	}
-	return l.k["rmsnorm_fwd"].Launch(dim(rows), dim(rowBlock), 0, l.s, x, w, y, rstd, int32(h), float32(eps))
+	return l.k["rmsnorm_fwd"].Launch(dim(rows), dim(normThreads(h)), 0, l.s, x, w, y, rstd, int32(h), float32(eps))
 }
+
+// normThreads is the block size of the RMSNorm kernels for rows of h
+// values: each thread keeps at most normVec float4 of a row.
+func normThreads(h int) int {
+	if h <= 4*normVec*256 {
+		return 256
+	}
+	return 1024
+}
+
+// maxNormWidth is the widest row the RMSNorm kernels take (1024 threads of
+// normVec float4).
+const maxNormWidth = 4 * normVec * 1024
 
 // rmsNormBwd adds the input gradient into dx and the gain's into dw, from
 // dy (fp32) and the forward's x and rstd; part (fp32 [normParts][h]) takes
@@ -213,10 +227,7 @@ func (l launcher) rmsNormBwd(dx, dw, dy, x, w, rstd, part *cuda.Buffer, rows, h 
 	}
 	return inOrder(
 		func() error {
-			return l.k["rmsnorm_bwd_dx"].Launch(dim(rows), dim(rowBlock), 0, l.s, dx, dy, x, w, rstd, int32(h))
-		},
-		func() error {
-			return l.k["rmsnorm_bwd_dw"].Launch(dim2(ceil(h, rowBlock), parts), dim(rowBlock), 0, l.s, part, dy, x, rstd,
+			return l.k["rmsnorm_bwd"].Launch(dim(parts), dim(normThreads(h)), 0, l.s, dx, part, dy, x, w, rstd,
 				int32(rows), int32(h), int32(per))
 		},
 		func() error {
@@ -326,27 +337,20 @@ func (l launcher) sumSq(out, part, x *cuda.Buffer, n int) error {
 		func() error { return l.sumF64(out, part, nb, 1) })
 }
 
-// scale multiplies n fp32 values by s.
-func (l launcher) scale(x *cuda.Buffer, n int, s float32) error {
-	if err := need("scaled values", x, 4*n); err != nil {
-		return err
-	}
-	return l.k["scale"].Launch(flat(n), dim(flatBlock), 0, l.s, x, int64(n), s)
-}
-
-// adamWArgs are the per-tensor operands of an AdamW step.
+// adamWArgs are the per-tensor operands of an AdamW step; gradScale
+// multiplies the gradient as it is read (the clipping factor).
 type adamWArgs struct {
-	b1, b2, wd, stepSize, invB2c, eps float32
+	gradScale, b1, b2, wd, stepSize, invB2c, eps float32
 }
 
-// adamW applies one step to n values of w (fp32) with gradient g and
-// moments m, v, and refreshes wb (bf16).
+// adamW applies one step to n values of w (fp32) with gradient g (times
+// a.gradScale) and moments m, v, and refreshes wb (bf16).
 func (l launcher) adamW(w, wb, g, m, v *cuda.Buffer, n int, a adamWArgs) error {
 	if err := check(need("weights", w, 4*n), need("bf16 weights", wb, 2*n), need("gradient", g, 4*n),
 		need("first moment", m, 4*n), need("second moment", v, 4*n)); err != nil {
 		return err
 	}
-	return l.k["adamw"].Launch(flat(n), dim(flatBlock), 0, l.s, w, wb, g, m, v, int64(n), a.b1, a.b2, a.wd,
+	return l.k["adamw"].Launch(flat(ceil(n, 4)), dim(flatBlock), 0, l.s, w, wb, g, m, v, int64(n), a.gradScale, a.b1, a.b2, a.wd,
 		a.stepSize, a.invB2c, a.eps)
 }
 

@@ -173,46 +173,133 @@ extern "C" __global__ void embed_join(float* __restrict__ gtable, const int* __r
   gtable[(size_t)id * h + c] += s;
 }
 
+// The RMSNorm kernels keep a row in registers: thread t of a block of
+// blockDim threads (normThreads in Go: 256 up to h = 4096, else 1024) owns
+// float4 columns t, t + blockDim, ... (at most NORM_VEC of them; h % 4 ==
+// 0), and every load of a row is issued before its sum is taken.
+#define NORM_VEC 4
+
 // rmsnorm_fwd: rstd[r] = 1/sqrt(mean(x[r]^2) + eps), y[r] = bf16(x[r] *
-// rstd[r] * w). One block per row.
+// rstd[r] * w). One block per row; x is read once.
 extern "C" __global__ void rmsnorm_fwd(const float* __restrict__ x, const float* __restrict__ w,
                                        u16* __restrict__ y, float* __restrict__ rstd, int h, float eps) {
-  int r = blockIdx.x;
-  const float* xr = x + (size_t)r * h;
+  const int r = blockIdx.x, n4 = h / 4;
+  const float4* xr = (const float4*)(x + (size_t)r * h);
+  float4 v[NORM_VEC];
   float ss = 0.f;
-  for (int i = threadIdx.x; i < h; i += blockDim.x) ss += xr[i] * xr[i];
-  float iv = 1.f / sqrtf(block_sum(ss) / (float)h + eps);
+#pragma unroll
+  for (int k = 0; k < NORM_VEC; ++k) {
+    const int i = threadIdx.x + k * blockDim.x;
+    if (i < n4) v[k] = xr[i];
+  }
+#pragma unroll
+  for (int k = 0; k < NORM_VEC; ++k)
+    if (threadIdx.x + k * blockDim.x < n4) ss += v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
+  const float iv = 1.f / sqrtf(block_sum(ss) / (float)h + eps);
   if (threadIdx.x == 0) rstd[r] = iv;
-  for (int i = threadIdx.x; i < h; i += blockDim.x) y[(size_t)r * h + i] = (u16)f_to_bf(xr[i] * iv * w[i]);
+  uint2* yr = (uint2*)(y + (size_t)r * h);
+#pragma unroll
+  for (int k = 0; k < NORM_VEC; ++k) {
+    const int i = threadIdx.x + k * blockDim.x;
+    if (i >= n4) continue;
+    const float4 wv = ((const float4*)w)[i];
+    yr[i] = make_uint2(pack_bf2(v[k].x * iv * wv.x, v[k].y * iv * wv.y), pack_bf2(v[k].z * iv * wv.z, v[k].w * iv * wv.w));
+  }
 }
 
-// rmsnorm_bwd_dx: dx[r] += dy*w*iv - x*(sum(dy*w*x) * iv^3 / h), the
-// input gradient added into the residual stream's. One block per row.
-extern "C" __global__ void rmsnorm_bwd_dx(float* __restrict__ dx, const float* __restrict__ dy,
-                                          const float* __restrict__ x, const float* __restrict__ w,
-                                          const float* __restrict__ rstd, int h) {
-  int r = blockIdx.x;
-  const float* xr = x + (size_t)r * h;
-  const float* dyr = dy + (size_t)r * h;
-  float* dxr = dx + (size_t)r * h;
-  float dot = 0.f;
-  for (int i = threadIdx.x; i < h; i += blockDim.x) dot += dyr[i] * w[i] * xr[i];
-  float iv = rstd[r];
-  float c = block_sum(dot) * iv * iv * iv / (float)h;
-  for (int i = threadIdx.x; i < h; i += blockDim.x) dxr[i] += dyr[i] * w[i] * iv - xr[i] * c;
+// block_sum2 returns the block-wide sums of a and b to every thread (one
+// round of barriers for both).
+__device__ __forceinline__ float2 block_sum2(float a, float b) {
+  __shared__ float2 part[32];
+  __shared__ float2 total;
+  __syncthreads();  // earlier readers of total are done
+  a = warp_sum(a);
+  b = warp_sum(b);
+  const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (lane == 0) part[w] = make_float2(a, b);
+  __syncthreads();
+  if (w == 0) {
+    float2 s = lane < (int)(blockDim.x >> 5) ? part[lane] : make_float2(0.f, 0.f);
+    s.x = warp_sum(s.x);
+    s.y = warp_sum(s.y);
+    if (lane == 0) total = s;
+  }
+  __syncthreads();
+  return total;
 }
 
-// rmsnorm_bwd_dw: part[y][i] = sum over rows y·rows_per .. of dy[r][i] *
-// x[r][i] * rstd[r], y = blockIdx.y. Thread = column.
-extern "C" __global__ void rmsnorm_bwd_dw(float* __restrict__ part, const float* __restrict__ dy,
-                                          const float* __restrict__ x, const float* __restrict__ rstd, int rows,
-                                          int h, int rows_per) {
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= h) return;
-  int r0 = blockIdx.y * rows_per, r1 = min(rows, r0 + rows_per);
-  float s = 0.f;
-  for (int r = r0; r < r1; ++r) s += dy[(size_t)r * h + i] * x[(size_t)r * h + i] * rstd[r];
-  part[(size_t)blockIdx.y * h + i] = s;
+// rmsnorm_bwd: block b takes rows r0 = b per .. min(rows, r0 + per) - 1,
+// two at a time, and for each row r, with iv = rstd[r] and g = dy[r] * w,
+//   dx[r] += g * iv - x[r] * (sum(g * x[r]) * iv^3 / h)
+// (the input gradient added into the residual stream's); it also sums
+// dy[r] * x[r] * iv over its rows, in order, into part[b] (the gain
+// gradient's partial sums, which rmsnorm_dw_sum adds up). dy, x and dx are
+// each read once.
+extern "C" __global__ void rmsnorm_bwd(float* __restrict__ dx, float* __restrict__ part, const float* __restrict__ dy,
+                                       const float* __restrict__ x, const float* __restrict__ w,
+                                       const float* __restrict__ rstd, int rows, int h, int per) {
+  const int n4 = h / 4;
+  const int r0 = blockIdx.x * per, r1 = min(rows, r0 + per);
+  float4 wv[NORM_VEC], acc[NORM_VEC];
+#pragma unroll
+  for (int k = 0; k < NORM_VEC; ++k) {
+    const int i = threadIdx.x + k * blockDim.x;
+    acc[k] = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (i < n4) wv[k] = ((const float4*)w)[i];
+  }
+  for (int r = r0; r < r1; r += 2) {
+    const bool two = r + 1 < r1;
+    float4 d[2][NORM_VEC], xv[2][NORM_VEC];
+    float dot[2] = {0.f, 0.f}, iv[2];
+#pragma unroll
+    for (int q = 0; q < 2; ++q) {
+      const size_t row = (size_t)(q == 0 || two ? r + q : r) * n4;
+#pragma unroll
+      for (int k = 0; k < NORM_VEC; ++k) {
+        const int i = threadIdx.x + k * blockDim.x;
+        if (i >= n4) continue;
+        d[q][k] = ((const float4*)dy)[row + i];
+        xv[q][k] = ((const float4*)x)[row + i];
+      }
+      iv[q] = rstd[q == 0 || two ? r + q : r];
+    }
+#pragma unroll
+    for (int q = 0; q < 2; ++q)
+#pragma unroll
+      for (int k = 0; k < NORM_VEC; ++k) {
+        if (threadIdx.x + k * blockDim.x >= n4) continue;
+        const float4 a = d[q][k], b = xv[q][k], c = wv[k];
+        dot[q] += a.x * c.x * b.x + a.y * c.y * b.y + a.z * c.z * b.z + a.w * c.w * b.w;
+      }
+    const float2 sums = block_sum2(dot[0], dot[1]);
+#pragma unroll
+    for (int q = 0; q < 2; ++q) {
+      if (q == 1 && !two) break;
+      const float c = (q == 0 ? sums.x : sums.y) * iv[q] * iv[q] * iv[q] / (float)h;
+      float4* dxr = (float4*)dx + (size_t)(r + q) * n4;
+#pragma unroll
+      for (int k = 0; k < NORM_VEC; ++k) {
+        const int i = threadIdx.x + k * blockDim.x;
+        if (i >= n4) continue;
+        const float4 a = d[q][k], b = xv[q][k], ww = wv[k];
+        float4 o = dxr[i];
+        o.x += a.x * ww.x * iv[q] - b.x * c;
+        o.y += a.y * ww.y * iv[q] - b.y * c;
+        o.z += a.z * ww.z * iv[q] - b.z * c;
+        o.w += a.w * ww.w * iv[q] - b.w * c;
+        dxr[i] = o;
+        acc[k].x += a.x * b.x * iv[q];
+        acc[k].y += a.y * b.y * iv[q];
+        acc[k].z += a.z * b.z * iv[q];
+        acc[k].w += a.w * b.w * iv[q];
+      }
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < NORM_VEC; ++k) {
+    const int i = threadIdx.x + k * blockDim.x;
+    if (i < n4) ((float4*)part)[(size_t)blockIdx.x * n4 + i] = acc[k];
+  }
 }
 
 // rmsnorm_dw_sum: dw[i] += part[0][i] + part[1][i] + ... (n rows, in order).

@@ -123,7 +123,9 @@ func (b *Backend) SetSparseLayers(sparse []bool) error {
 
 // ClipGradients scales the gradient so that its global L2 norm is at most
 // maxNorm (0: no clipping) and returns the norm before clipping. It waits
-// for the device once.
+// for the device once. The scaling happens as the next Update's AdamW reads
+// the gradient (the same float32 product a separate pass would store),
+// which saves a pass over it.
 func (b *Backend) ClipGradients(maxNorm float64) (float64, error) {
 	if err := inOrder(b.at("clipping"), func() error { return b.dev.Memset8(b.norm2, 0, b.s) }); err != nil {
 		return 0, err
@@ -155,11 +157,7 @@ func (b *Backend) ClipGradients(maxNorm float64) (float64, error) {
 		return 0, err
 	}
 	norm := math.Sqrt(ss[0])
-	if maxNorm > 0 && norm > maxNorm {
-		if err := inOrder(b.at("clipping"), func() error { return b.run.scale(g, hi-lo, float32(maxNorm/norm)) }); err != nil {
-			return 0, err
-		}
-	}
+	b.clip, b.clipped = float32(maxNorm/norm), maxNorm > 0 && norm > maxNorm
 	return norm, nil
 }
 
@@ -181,10 +179,15 @@ func (b *Backend) Update(h train.AdamW, lr float64) error {
 		if sl.err != nil {
 			return sl.err
 		}
-		if err := b.run.adamW(w, wb, g, m, v, e-a, adamWArgsFor(h, lr, b.optStep, len(t.Shape) > 1)); err != nil {
+		args := adamWArgsFor(h, lr, b.optStep, len(t.Shape) > 1)
+		if b.clipped {
+			args.gradScale = b.clip
+		}
+		if err := b.run.adamW(w, wb, g, m, v, e-a, args); err != nil {
 			return fmt.Errorf("trainer: AdamW on %s: %w", t.Name, err)
 		}
 	}
+	b.clipped = false
 	if b.opts.Comm != nil {
 		return inOrder(b.at("all-gather"), b.gatherWeights)
 	}

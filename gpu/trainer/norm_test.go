@@ -1,0 +1,126 @@
+package trainer
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"testing"
+
+	"github.com/twell-ai/twell/cuda"
+	"github.com/twell-ai/twell/cuda/cudatest"
+)
+
+// TestRMSNormMatchesFloat64 runs the RMSNorm forward and backward kernels
+// on random rows against a float64 reference: y and rstd, dx added into a
+// random residual gradient, and the gain gradient added into a random dw.
+// Row counts cover one row per part, parts of an odd number of rows and
+// the full 256 parts; widths cover a mostly idle block, the 1.5B model's
+// and one past 4096 (1024 threads). The kernels run twice and must repeat
+// bit for bit.
+func TestRMSNormMatchesFloat64(t *testing.T) {
+	dev := cudatest.Device(t)
+	k, err := kernelsFor(dev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := dev.NewStream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Destroy()
+	l := launcher{k: k, s: s, grid: persistentGrid(dev)}
+	for _, c := range []struct{ rows, h int }{{3, 64}, {300, 2048}, {1001, 192}, {16384, 2048}, {517, 6144}} {
+		t.Run(fmt.Sprintf("rows%d_h%d", c.rows, c.h), func(t *testing.T) {
+			seed := rand.Uint64()
+			r := rand.New(rand.NewPCG(seed, 11))
+			rows, h := c.rows, c.h
+			const eps = 1e-5
+			rnd := func(n int, scale float64) []float32 {
+				v := make([]float32, n)
+				for i := range v {
+					v[i] = float32(r.NormFloat64() * scale)
+				}
+				return v
+			}
+			x, w, dy, dx0, dw0 := rnd(rows*h, 1.5), rnd(h, 1), rnd(rows*h, 0.1), rnd(rows*h, 0.1), rnd(h, 0.1)
+			up := func(v []float32) *cuda.Buffer {
+				b := cudatest.Alloc(t, dev, 4*len(v))
+				if err := dev.CopyHtoD(b, cuda.Bytes(v)); err != nil {
+					t.Fatal(err)
+				}
+				return b
+			}
+			xB, wB, dyB := up(x), up(w), up(dy)
+			yB, rstdB := cudatest.Alloc(t, dev, 2*rows*h), cudatest.Alloc(t, dev, 4*rows)
+			part := cudatest.Alloc(t, dev, 4*normParts*h)
+			// run queues both kernels on fresh copies of dx and dw and
+			// downloads y, rstd, dx and dw.
+			run := func() (y []uint16, rstd, dx, dw []float32) {
+				dxB, dwB := up(dx0), up(dw0)
+				if err := l.rmsNormFwd(yB, rstdB, xB, wB, rows, h, eps); err != nil {
+					t.Fatal(err)
+				}
+				if err := l.rmsNormBwd(dxB, dwB, dyB, xB, wB, rstdB, part, rows, h); err != nil {
+					t.Fatal(err)
+				}
+				if err := s.Synchronize(); err != nil {
+					t.Fatal(err)
+				}
+				y, rstd, dx, dw = make([]uint16, rows*h), make([]float32, rows), make([]float32, rows*h), make([]float32, h)
+				for _, c := range []struct {
+					dst []byte
+					src *cuda.Buffer
+				}{{cuda.Bytes(y), yB}, {cuda.Bytes(rstd), rstdB}, {cuda.Bytes(dx), dxB}, {cuda.Bytes(dw), dwB}} {
+					if err := dev.CopyDtoH(c.dst, c.src); err != nil {
+						t.Fatal(err)
+					}
+				}
+				return y, rstd, dx, dw
+			}
+			y, rstd, dx, dw := run()
+			y2, rstd2, dx2, dw2 := run()
+			if !slices.Equal(y, y2) || !slices.Equal(rstd, rstd2) || !slices.Equal(dx, dx2) || !slices.Equal(dw, dw2) {
+				t.Errorf("seed %d: two runs differ", seed)
+			}
+			wantDW := make([]float64, h)
+			for i := range wantDW {
+				wantDW[i] = float64(dw0[i])
+			}
+			var yErr, rErr, dxErr, dwErr, yMax, dxMax, dwMax float64
+			for row := range rows {
+				xr, dyr := x[row*h:][:h], dy[row*h:][:h]
+				ss, dot := 0.0, 0.0
+				for i := range h {
+					ss += float64(xr[i]) * float64(xr[i])
+				}
+				iv := 1 / math.Sqrt(ss/float64(h)+eps)
+				for i := range h {
+					dot += float64(dyr[i]) * float64(w[i]) * float64(xr[i])
+				}
+				cc := dot * iv * iv * iv / float64(h)
+				rErr = max(rErr, math.Abs(float64(rstd[row])-iv)/iv)
+				for i := range h {
+					wy := float64(xr[i]) * iv * float64(w[i])
+					yErr, yMax = max(yErr, math.Abs(float64(math.Float32frombits(uint32(y[row*h+i])<<16))-wy)), max(yMax, math.Abs(wy))
+					wdx := float64(dx0[row*h+i]) + float64(dyr[i])*float64(w[i])*iv - float64(xr[i])*cc
+					dxErr, dxMax = max(dxErr, math.Abs(float64(dx[row*h+i])-wdx)), max(dxMax, math.Abs(wdx))
+					wantDW[i] += float64(dyr[i]) * float64(xr[i]) * iv
+				}
+			}
+			for i := range h {
+				dwErr, dwMax = max(dwErr, math.Abs(float64(dw[i])-wantDW[i])), max(dwMax, math.Abs(wantDW[i]))
+			}
+			// y is bf16 (relative step 2^-8); the rest fp32 sums of up to
+			// thousands of terms.
+			for _, e := range []struct {
+				name     string
+				err, tol float64
+			}{{"y", yErr / yMax, 8e-3}, {"rstd", rErr, 1e-5}, {"dx", dxErr / dxMax, 1e-4}, {"dw", dwErr / dwMax, 1e-4}} {
+				if !(e.err <= e.tol) {
+					t.Errorf("seed %d: %s: error %.3g of the largest value, want at most %g", seed, e.name, e.err, e.tol)
+				}
+			}
+		})
+	}
+}
