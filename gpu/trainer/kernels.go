@@ -202,17 +202,13 @@ func (l launcher) rmsNormFwd(y, rstd, x, w *cuda.Buffer, rows, h int, eps float6
 }
 
 // normThreads is the block size of the RMSNorm kernels for rows of h
-// values: each thread keeps at most normVec float4 of a row.
-func normThreads(h int) int {
-	if h <= 4*normVec*256 {
-		return 256
-	}
-	return 1024
-}
+// values: each thread keeps at most normVec float4 of a row; at least 256
+// threads, a multiple of 32.
+func normThreads(h int) int { return max(256, 32*ceil(ceil(h/4, normVec), 32)) }
 
-// maxNormWidth is the widest row the RMSNorm kernels take (1024 threads of
-// normVec float4).
-const maxNormWidth = 4 * normVec * 1024
+// maxNormWidth is the widest row the RMSNorm kernels take (layers.cu's
+// NORM_THREADS threads of normVec float4).
+const maxNormWidth = 4 * normVec * 512
 
 // rmsNormBwd adds the input gradient into dx and the gain's into dw, from
 // dy (fp32) and the forward's x and rstd; part (fp32 [normParts][h]) takes

@@ -174,14 +174,16 @@ extern "C" __global__ void embed_join(float* __restrict__ gtable, const int* __r
 }
 
 // The RMSNorm kernels keep a row in registers: thread t of a block of
-// blockDim threads (normThreads in Go: 256 up to h = 4096, else 1024) owns
-// float4 columns t, t + blockDim, ... (at most NORM_VEC of them; h % 4 ==
-// 0), and every load of a row is issued before its sum is taken.
+// blockDim threads (normThreads in Go: 256 up to h = 4096, then 32 more per
+// 512 columns, at most NORM_THREADS) owns float4 columns t, t + blockDim,
+// ... (at most NORM_VEC of them; h % 4 == 0), and every load of a row is
+// issued before its sum is taken.
 #define NORM_VEC 4
+#define NORM_THREADS 512  // the backward's registers (about 110 a thread) allow no more
 
 // rmsnorm_fwd: rstd[r] = 1/sqrt(mean(x[r]^2) + eps), y[r] = bf16(x[r] *
 // rstd[r] * w). One block per row; x is read once.
-extern "C" __global__ void rmsnorm_fwd(const float* __restrict__ x, const float* __restrict__ w,
+extern "C" __global__ void __launch_bounds__(NORM_THREADS) rmsnorm_fwd(const float* __restrict__ x, const float* __restrict__ w,
                                        u16* __restrict__ y, float* __restrict__ rstd, int h, float eps) {
   const int r = blockIdx.x, n4 = h / 4;
   const float4* xr = (const float4*)(x + (size_t)r * h);
@@ -235,7 +237,7 @@ __device__ __forceinline__ float2 block_sum2(float a, float b) {
 // dy[r] * x[r] * iv over its rows, in order, into part[b] (the gain
 // gradient's partial sums, which rmsnorm_dw_sum adds up). dy, x and dx are
 // each read once.
-extern "C" __global__ void rmsnorm_bwd(float* __restrict__ dx, float* __restrict__ part, const float* __restrict__ dy,
+extern "C" __global__ void __launch_bounds__(NORM_THREADS) rmsnorm_bwd(float* __restrict__ dx, float* __restrict__ part, const float* __restrict__ dy,
                                        const float* __restrict__ x, const float* __restrict__ w,
                                        const float* __restrict__ rstd, int rows, int h, int per) {
   const int n4 = h / 4;
