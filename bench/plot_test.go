@@ -15,6 +15,7 @@ import (
 
 	"gonum.org/v1/plot"
 
+	"github.com/twell-ai/twell/gpu/trainer"
 	"github.com/twell-ai/twell/internal/testutil"
 )
 
@@ -237,6 +238,57 @@ func TestPlotTrainMLPEdgeCases(t *testing.T) {
 		checkPNG(t, path)
 	}
 	if err := PlotTrainMLP(nil, figurePath(t, "train-mlp-empty.png")); err == nil {
+		t.Error("no results: no error")
+	}
+}
+
+func TestPlotTrainStepEdgeCases(t *testing.T) {
+	r, seed := testutil.Rand(t)
+	stages := func() []trainer.StageTime {
+		var st []trainer.StageTime
+		for _, n := range []string{"embedding", "norm fwd", "mlp fwd", "attention bwd", "mlp bwd", "adamw"} {
+			st = append(st, trainer.StageTime{Name: n, MS: 100 * r.Float64() * r.Float64(), Count: 1 + r.IntN(57)})
+		}
+		return st
+	}
+	mk := func(profile bool) []TrainStepResult {
+		var rs []TrainStepResult
+		for _, p := range []string{"dense", "sparse", "auto"} {
+			x := TrainStepResult{Row: testRow, Model: "SparseLM-1.5B shape", Layers: 28, Batch: 8, Seq: 2048, Density: 0.005,
+				Path: p, StepMS: 250 + 150*r.Float64()}
+			if profile {
+				x.Stages = stages()
+			}
+			rs = append(rs, x)
+		}
+		return rs
+	}
+	cases := map[string]func() []TrainStepResult{
+		"typical":  func() []TrainStepResult { return mk(false) },
+		"profiled": func() []TrainStepResult { return mk(true) },
+		"no dense": func() []TrainStepResult { return mk(true)[1:] },
+		"NaN step": func() []TrainStepResult { rs := mk(true); rs[1].StepMS = math.NaN(); return rs },
+		"bad stage": func() []TrainStepResult {
+			rs := mk(true)
+			rs[0].Stages[2].MS = math.Inf(1)
+			rs[2].Stages[0].MS = -1
+			return rs
+		},
+		"one profiled": func() []TrainStepResult { rs := mk(false); rs[2].Stages = stages(); return rs },
+		"zero steps": func() []TrainStepResult {
+			rs := mk(true)
+			rs[0].StepMS, rs[1].StepMS, rs[2].StepMS = 0, 0, 0
+			return rs
+		},
+	}
+	for name, f := range cases {
+		path := figurePath(t, "train-step-"+name+".png")
+		if err := PlotTrainStep(f(), path); err != nil {
+			t.Fatalf("seed %d: %s: %v", seed, name, err)
+		}
+		checkPNG(t, path)
+	}
+	if err := PlotTrainStep(nil, figurePath(t, "train-step-empty.png")); err == nil {
 		t.Error("no results: no error")
 	}
 }

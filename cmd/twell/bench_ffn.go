@@ -157,7 +157,7 @@ func addMLPBenchFlags(fs *flag.FlagSet, dUsage, fUsage string, m int, mUsage str
 		reps:      fs.Int("reps", reps, repsUsage),
 		seed:      fs.Uint64("seed", 0, "random seed (0: a fresh one, printed)"),
 		jsonPath:  fs.String("json", "", "write the results as JSON to this file"),
-		plotPath:  fs.String("plot", "", "write a speedup-vs-density plot to this PNG file"),
+		plotPath:  fs.String("plot", "", "write a plot to this PNG file: speedup against density (bench train -step: step time per path, and time per stage with -profile)"),
 	}
 }
 

@@ -51,7 +51,7 @@ func runBenchTrain(args []string, stdout, stderr io.Writer) error {
 		if err := o.Validate(); err != nil {
 			return usageError{err.Error()}
 		}
-		if err := checkWritable(*jsonPath); err != nil {
+		if err := checkWritable(*jsonPath, *plotPath); err != nil {
 			return err
 		}
 		fmt.Fprintf(stderr, "bench train -step: SparseLM-1.5B shape, %d x %d tokens, density %g %s, seed %d\n", o.Batch, o.Seq, o.Density, dst, o.Seed)
@@ -60,7 +60,7 @@ func runBenchTrain(args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 		printTrainStep(stdout, results)
-		return writeResults(*jsonPath, results, "", nil)
+		return writeResults(*jsonPath, results, *plotPath, func() error { return bench.PlotTrainStep(results, *plotPath) })
 	}
 	o := bench.TrainMLPOptions{D: *d, F: *f, M: *m, Densities: dens, Dist: dst, Gated: *gated, Reps: *reps, Seed: *seed, L1: *l1,
 		Profile: *profile}

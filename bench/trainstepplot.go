@@ -1,0 +1,168 @@
+package bench
+
+import (
+	"fmt"
+	"slices"
+	"strconv"
+
+	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/plotutil"
+	"gonum.org/v1/plot/vg"
+	"gonum.org/v1/plot/vg/draw"
+)
+
+// stageShareShown is the share of a profiled step below which a stage is
+// drawn in "other" (in every path).
+const stageShareShown = 0.015
+
+// PlotTrainStep writes a PNG of a whole-step training benchmark: the step
+// time per MLP path (bars, labelled with the speedup over the dense path),
+// and, when the steps were profiled, the GPU time per stage of each path
+// (horizontal bars, stages under stageShareShown of the step in every
+// path summed as "other").
+func PlotTrainStep(results []TrainStepResult, path string) error {
+	if len(results) == 0 {
+		return fmt.Errorf("bench: no training step results to plot")
+	}
+	var notes notes
+	dense := 0.0
+	for _, r := range results {
+		if r.Path == "dense" && finite(r.StepMS) && r.StepMS > 0 {
+			dense = r.StepMS
+		}
+	}
+	steps := newPanel("time per training step", "MLP path (speedup over the dense path)", "step time (ms, median)")
+	var vals plotter.Values
+	var names []string
+	var at plotter.XYLabels
+	for i, r := range results {
+		v, label := r.StepMS, ""
+		if !finite(v) || v < 0 {
+			notes.drop(r.Path, "step ms", v, "bar chart")
+			v, label = 0, "n/a"
+		} else {
+			label = strconv.FormatFloat(v, 'f', decimalsFor(v), 64)
+		}
+		speedup := "n/a"
+		if dense > 0 && v > 0 {
+			speedup = fmt.Sprintf("%.2fx", dense/v)
+		}
+		vals = append(vals, v)
+		names = append(names, fmt.Sprintf("%s (%s)", r.Path, speedup))
+		at.XYs = append(at.XYs, plotter.XY{X: float64(i), Y: v})
+		at.Labels = append(at.Labels, label)
+	}
+	bars, err := plotter.NewBarChart(vals, vg.Points(40))
+	if err != nil {
+		return err
+	}
+	bars.Color = plotutil.Color(0)
+	steps.Add(bars)
+	labels, err := plotter.NewLabels(at)
+	if err != nil {
+		return err
+	}
+	for i := range labels.TextStyle {
+		labels.TextStyle[i].XAlign = draw.XCenter
+	}
+	labels.Offset = vg.Point{Y: vg.Points(4)}
+	steps.Add(labels)
+	steps.NominalX(names...)
+	setLinearAxis(&steps.Y, append(slices.Clone(vals), slices.Max(vals)*1.12), true)
+	panels := []*plot.Plot{steps}
+
+	leg := newLegend()
+	if st, err := stagePanel(results, &leg, &notes); err != nil {
+		return err
+	} else if st != nil {
+		panels = append(panels, st)
+	}
+	r0 := results[0]
+	header := []string{fmt.Sprintf("%s, %d layers, %d x %d tokens a step, gate density %g", r0.Model, r0.Layers, r0.Batch, r0.Seq, r0.Density),
+		r0.Machine + ", " + r0.Date}
+	return render(path, 14*vg.Inch, 6*vg.Inch, header, panels, &leg, notes)
+}
+
+// stagePanel returns horizontal bars of each profiled path's GPU time per
+// stage, or nil when no result has a profile.
+func stagePanel(results []TrainStepResult, leg *plot.Legend, notes *notes) (*plot.Plot, error) {
+	var profiled []TrainStepResult
+	for _, r := range results {
+		if len(r.Stages) > 0 {
+			profiled = append(profiled, r)
+		}
+	}
+	if len(profiled) == 0 {
+		return nil, nil
+	}
+	// The stages shown: those at stageShareShown or more of some path's
+	// step, in the order the first profile lists them.
+	shown := map[string]bool{}
+	var order []string
+	for _, r := range profiled {
+		total := 0.0
+		for _, s := range r.Stages {
+			if finite(s.MS) && s.MS > 0 {
+				total += s.MS
+			}
+		}
+		for _, s := range r.Stages {
+			if !slices.Contains(order, s.Name) {
+				order = append(order, s.Name)
+			}
+			if total > 0 && s.MS >= stageShareShown*total {
+				shown[s.Name] = true
+			}
+		}
+	}
+	var rows []string
+	for _, n := range order {
+		if shown[n] {
+			rows = append(rows, n)
+		}
+	}
+	rows = append(rows, "other")
+	sums := make([]plotter.Values, len(profiled))
+	other := false
+	for i, r := range profiled {
+		sums[i] = make(plotter.Values, len(rows))
+		for _, s := range r.Stages {
+			if !finite(s.MS) || s.MS < 0 {
+				notes.drop(r.Path, "stage "+s.Name+" ms", s.MS, "bar chart")
+				continue
+			}
+			k := slices.Index(rows, s.Name)
+			if k < 0 {
+				k, other = len(rows)-1, true
+			}
+			sums[i][k] += s.MS
+		}
+	}
+	if !other {
+		rows = rows[:len(rows)-1]
+	}
+	p := newPanel("GPU time per stage, one profiled step", "GPU time (ms)", "")
+	w := vg.Points(min(14, 260/float64(len(rows)*len(profiled))))
+	var all []float64
+	for i, r := range profiled {
+		vals := sums[i][:len(rows)]
+		slices.Reverse(vals) // bars from top to bottom in the profile's order
+		b, err := plotter.NewBarChart(vals, w)
+		if err != nil {
+			return nil, err
+		}
+		b.Horizontal = true
+		b.Color = plotutil.Color(i + 1)
+		b.LineStyle.Width = 0
+		b.Offset = w * vg.Length(float64(len(profiled)-1)/2-float64(i))
+		p.Add(b)
+		leg.Add(r.Path+" MLP path", b)
+		all = append(all, vals...)
+	}
+	labels := slices.Clone(rows)
+	slices.Reverse(labels)
+	p.NominalY(labels...)
+	setLinearAxis(&p.X, append(all, 0), true)
+	return p, nil
+}
