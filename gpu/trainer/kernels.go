@@ -233,7 +233,11 @@ func (l launcher) rmsNormBwd(dx, dw, dy, x, w, rstd, part *cuda.Buffer, rows, h 
 
 // ropeCast writes dst (bf16) = src (fp32), n tokens of width values, with
 // the first nrot heads of hd rotated (sign 1) or rotated back (sign -1).
+// The kernel takes four values at a time: hd % 8 == 0, width % 4 == 0.
 func (l launcher) ropeCast(dst, src, cos, sin *cuda.Buffer, n, seq, nrot, hd, width int, sign float32) error {
+	if hd%8 != 0 || width%4 != 0 {
+		return fmt.Errorf("trainer: rope over heads of %d in rows of %d: want multiples of 8 and 4", hd, width)
+	}
 	if err := check(need("rope output", dst, 2*n*width), need("rope input", src, 4*n*width),
 		need("rope cos", cos, 4*seq*hd/2), need("rope sin", sin, 4*seq*hd/2)); err != nil {
 		return err

@@ -10,26 +10,6 @@
 
 #include "common.cuh"
 
-
-__device__ __forceinline__ float block_max(float v) {
-  __shared__ float part[32];
-  __shared__ float total;
-  __syncthreads();
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  if (lane == 0) part[w] = v;
-  __syncthreads();
-  if (w == 0) {
-    float s = lane < (int)(blockDim.x >> 5) ? part[lane] : -3.0e38f;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) s = fmaxf(s, __shfl_xor_sync(0xffffffffu, s, o));
-    if (lane == 0) total = s;
-  }
-  __syncthreads();
-  return total;
-}
-
 // embed_fwd: x[t] = table[ids[t]] (fp32). One block per token.
 extern "C" __global__ void embed_fwd(const float* __restrict__ table, const int* __restrict__ ids,
                                      float* __restrict__ x, int h) {
@@ -318,22 +298,29 @@ extern "C" __global__ void rmsnorm_dw_sum(float* __restrict__ dw, const float* _
 // of each token rotated by its position's angles (sign -1: the inverse
 // rotation, the backward), the other columns of the width-wide row copied.
 // Token t sits at position t % seq; cos and sin are [position][hd/2].
-// One block per token.
+// One block per token; four values a thread at a time (16-byte loads,
+// 8-byte stores: hd % 8 == 0 and width % 4 == 0).
 extern "C" __global__ void rope_cast(const float* __restrict__ src, u16* __restrict__ dst,
                                      const float* __restrict__ cosT, const float* __restrict__ sinT, int seq,
                                      int nrot, int hd, int width, float sign) {
-  int t = blockIdx.x;
-  int half = hd / 2, pos = t % seq;
+  const int t = blockIdx.x;
+  const int half = hd / 2, q = half / 4, pos = t % seq;
   const float* s = src + (size_t)t * width;
   u16* d = dst + (size_t)t * width;
-  for (int p = threadIdx.x; p < nrot * half; p += blockDim.x) {
-    int head = p / half, i = p % half;
-    float c = cosT[pos * half + i], sn = sign * sinT[pos * half + i];
-    float a = s[head * hd + i], b = s[head * hd + i + half];
-    d[head * hd + i] = (u16)f_to_bf(a * c - b * sn);
-    d[head * hd + i + half] = (u16)f_to_bf(b * c + a * sn);
+  for (int p = threadIdx.x; p < nrot * q; p += blockDim.x) {
+    const int head = p / q, i = 4 * (p % q);
+    const float4 c = *(const float4*)(cosT + pos * half + i), sn = *(const float4*)(sinT + pos * half + i);
+    const float4 a = *(const float4*)(s + head * hd + i), b = *(const float4*)(s + head * hd + i + half);
+    const float4 ns = make_float4(sign * sn.x, sign * sn.y, sign * sn.z, sign * sn.w);
+    *(uint2*)(d + head * hd + i) = make_uint2(pack_bf2(a.x * c.x - b.x * ns.x, a.y * c.y - b.y * ns.y),
+                                              pack_bf2(a.z * c.z - b.z * ns.z, a.w * c.w - b.w * ns.w));
+    *(uint2*)(d + head * hd + i + half) = make_uint2(pack_bf2(b.x * c.x + a.x * ns.x, b.y * c.y + a.y * ns.y),
+                                                     pack_bf2(b.z * c.z + a.z * ns.z, b.w * c.w + a.w * ns.w));
   }
-  for (int i = nrot * hd + threadIdx.x; i < width; i += blockDim.x) d[i] = (u16)f_to_bf(s[i]);
+  for (int i = nrot * hd + 4 * threadIdx.x; i < width; i += 4 * blockDim.x) {
+    const float4 v = *(const float4*)(s + i);
+    *(uint2*)(d + i) = make_uint2(pack_bf2(v.x, v.y), pack_bf2(v.z, v.w));
+  }
 }
 
 // cast_bf16: dst = bf16(src), n values.
@@ -415,27 +402,78 @@ extern "C" __global__ void relu_bwd(const float* __restrict__ gu, const float* _
   }
 }
 
+// max_sum is a running softmax normaliser: the largest value m seen and
+// s = sum of exp(x - m) over the values seen.
+struct max_sum {
+  float m, s;
+};
+
+// ms_add adds value x to a.
+__device__ __forceinline__ max_sum ms_add(max_sum a, float x) {
+  if (x <= a.m) return {a.m, a.s + expf(x - a.m)};
+  return {x, a.s * expf(a.m - x) + 1.f};
+}
+
+// ms_merge merges two normalisers (a.m and b.m may be -3e38: none seen).
+__device__ __forceinline__ max_sum ms_merge(max_sum a, max_sum b) {
+  const float m = fmaxf(a.m, b.m);
+  return {m, a.s * expf(a.m - m) + b.s * expf(b.m - m)};
+}
+
+// block_max_sum merges the threads' normalisers over the block, in a fixed
+// tree (warps by shuffles, then warp 0 over the warps).
+__device__ __forceinline__ max_sum block_max_sum(max_sum v) {
+  __shared__ max_sum part[32];
+  __shared__ max_sum total;
+  __syncthreads();
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1)
+    v = ms_merge(v, {__shfl_xor_sync(0xffffffffu, v.m, o), __shfl_xor_sync(0xffffffffu, v.s, o)});
+  const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (lane == 0) part[w] = v;
+  __syncthreads();
+  if (w == 0) {
+    max_sum x = lane < (int)(blockDim.x >> 5) ? part[lane] : max_sum{-3.0e38f, 0.f};
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+      x = ms_merge(x, {__shfl_xor_sync(0xffffffffu, x.m, o), __shfl_xor_sync(0xffffffffu, x.s, o)});
+    if (lane == 0) total = x;
+  }
+  __syncthreads();
+  return total;
+}
+
 // ce_chunk: for each row r (one block) of fp32 logits [rows][V] with its
 // target: loss[r] = loss_scale * (logsumexp(row) - row[target]) (summed by
 // sum_f64); with dlogits set, dlogits (bf16) = grad_scale * (softmax(row) -
-// onehot(target)).
+// onehot(target)). Two passes over the row: the maximum and the sum of
+// exponentials together (an online softmax), then the gradient; 16-byte
+// loads and 8-byte stores when V % 4 == 0.
 extern "C" __global__ void ce_chunk(const float* __restrict__ logits, const int* __restrict__ targets,
                                     u16* __restrict__ dlogits, double* __restrict__ loss, int V, float grad_scale,
                                     double loss_scale) {
-  int r = blockIdx.x;
+  const int r = blockIdx.x, t = targets[r];
   const float* row = logits + (size_t)r * V;
-  int t = targets[r];
-  float mx = -3.0e38f;
-  for (int i = threadIdx.x; i < V; i += blockDim.x) mx = fmaxf(mx, row[i]);
-  mx = block_max(mx);
-  float s = 0.f;
-  for (int i = threadIdx.x; i < V; i += blockDim.x) s += expf(row[i] - mx);
-  s = block_sum(s);
+  const int n4 = V % 4 == 0 ? V / 4 : 0;
+  max_sum ms = {-3.0e38f, 0.f};
+  for (int i = threadIdx.x; i < n4; i += blockDim.x) {
+    const float4 v = ((const float4*)row)[i];
+    ms = ms_add(ms_add(ms_add(ms_add(ms, v.x), v.y), v.z), v.w);
+  }
+  for (int i = 4 * n4 + threadIdx.x; i < V; i += blockDim.x) ms = ms_add(ms, row[i]);
+  ms = block_max_sum(ms);
+  const float mx = ms.m, s = ms.s;
   if (threadIdx.x == 0) loss[r] = (double)(logf(s) - (row[t] - mx)) * loss_scale;
   if (!dlogits) return;
-  float inv = grad_scale / s;
+  const float inv = grad_scale / s;
   u16* d = dlogits + (size_t)r * V;
-  for (int i = threadIdx.x; i < V; i += blockDim.x) {
+  for (int i = threadIdx.x; i < n4; i += blockDim.x) {
+    const float4 v = ((const float4*)row)[i];
+    float p[4] = {expf(v.x - mx) * inv, expf(v.y - mx) * inv, expf(v.z - mx) * inv, expf(v.w - mx) * inv};
+    if (t / 4 == i) p[t % 4] -= grad_scale;
+    ((uint2*)d)[i] = make_uint2(pack_bf2(p[0], p[1]), pack_bf2(p[2], p[3]));
+  }
+  for (int i = 4 * n4 + threadIdx.x; i < V; i += blockDim.x) {
     float p = expf(row[i] - mx) * inv;
     if (i == t) p -= grad_scale;
     d[i] = (u16)f_to_bf(p);

@@ -124,3 +124,90 @@ func TestRMSNormMatchesFloat64(t *testing.T) {
 		})
 	}
 }
+
+// TestCrossEntropyMatchesFloat64 runs ce_chunk on random logit rows
+// against a float64 reference: each row's loss (scaled) and the bf16
+// gradient grad_scale (softmax - onehot), with the 16-byte path (V % 4 ==
+// 0) and the scalar one, logits spread wide enough that the running maximum
+// moves often; two runs must give the same bits.
+func TestCrossEntropyMatchesFloat64(t *testing.T) {
+	dev := cudatest.Device(t)
+	k, err := kernelsFor(dev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := dev.NewStream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Destroy()
+	l := launcher{k: k, s: s, grid: persistentGrid(dev)}
+	for _, c := range []struct{ rows, V int }{{5, 64}, {37, 1001}, {300, 49152}} {
+		t.Run(fmt.Sprintf("rows%d_V%d", c.rows, c.V), func(t *testing.T) {
+			seed := rand.Uint64()
+			r := rand.New(rand.NewPCG(seed, 13))
+			rows, V := c.rows, c.V
+			const gradScale, lossScale = float32(0.25), 0.5
+			logits, targets := make([]float32, rows*V), make([]int32, rows)
+			for i := range logits {
+				logits[i] = float32(r.NormFloat64() * 8)
+			}
+			for i := range targets {
+				targets[i] = int32(r.IntN(V))
+			}
+			lB, tB := cudatest.Alloc(t, dev, 4*rows*V), cudatest.Alloc(t, dev, 4*rows)
+			dB, lossB := cudatest.Alloc(t, dev, 2*rows*V), cudatest.Alloc(t, dev, 8*rows)
+			if err := dev.CopyHtoD(lB, cuda.Bytes(logits)); err != nil {
+				t.Fatal(err)
+			}
+			if err := dev.CopyHtoD(tB, cuda.Bytes(targets)); err != nil {
+				t.Fatal(err)
+			}
+			run := func() ([]float64, []uint16) {
+				if err := l.crossEntropy(lB, tB, dB, lossB, rows, V, gradScale, lossScale); err != nil {
+					t.Fatal(err)
+				}
+				if err := s.Synchronize(); err != nil {
+					t.Fatal(err)
+				}
+				loss, d := make([]float64, rows), make([]uint16, rows*V)
+				if err := dev.CopyDtoH(cuda.Bytes(loss), lossB); err != nil {
+					t.Fatal(err)
+				}
+				if err := dev.CopyDtoH(cuda.Bytes(d), dB); err != nil {
+					t.Fatal(err)
+				}
+				return loss, d
+			}
+			loss, d := run()
+			loss2, d2 := run()
+			if !slices.Equal(loss, loss2) || !slices.Equal(d, d2) {
+				t.Errorf("seed %d: two runs differ", seed)
+			}
+			for row := range rows {
+				x := logits[row*V:][:V]
+				mx := float64(slices.Max(x))
+				sum := 0.0
+				for _, v := range x {
+					sum += math.Exp(float64(v) - mx)
+				}
+				tg := int(targets[row])
+				want := (math.Log(sum) - (float64(x[tg]) - mx)) * lossScale
+				if math.Abs(loss[row]-want) > 1e-5*math.Max(1, math.Abs(want)) {
+					t.Fatalf("seed %d: row %d: loss %.9g, want %.9g", seed, row, loss[row], want)
+				}
+				for i, v := range x {
+					p := math.Exp(float64(v)-mx) / sum
+					if i == tg {
+						p--
+					}
+					want := p * float64(gradScale)
+					got := float64(math.Float32frombits(uint32(d[row*V+i]) << 16))
+					if math.Abs(got-want) > 4e-3*math.Abs(want)+2e-7 { // bf16 rounding, and fp32 cancellation at the target
+						t.Fatalf("seed %d: row %d column %d: gradient %.6g, want %.6g", seed, row, i, got, want)
+					}
+				}
+			}
+		})
+	}
+}
