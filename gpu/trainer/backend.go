@@ -90,8 +90,10 @@ type Backend struct {
 	nPad, lo, hi   int
 	flag           *cuda.Buffer // int32 scratch of AnyStop
 	optStep        int64
-	// clip is the factor ClipGradients set for the next Update to apply to
-	// the gradient as AdamW reads it, if clipped.
+	// clip is the factor ClipGradients found for this step's gradient
+	// (clipped: below 1); AdamW multiplies each gradient value by it as it
+	// reads it, g itself is never scaled. BeginStep, which clears g, drops
+	// it.
 	clip    float32
 	clipped bool
 

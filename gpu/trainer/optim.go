@@ -25,6 +25,7 @@ func (b *Backend) BeginStep(microBatches int) error {
 		}
 	}
 	b.stepTotal, b.stepN, b.stepDone, b.inStep = microBatches, b.localMicroBatches(microBatches), 0, true
+	b.clipped = false // a clipping factor belongs to the gradient just cleared
 	b.stepSparse = make([]bool, b.c.NumHiddenLayers)
 	return nil
 }
@@ -123,9 +124,12 @@ func (b *Backend) SetSparseLayers(sparse []bool) error {
 
 // ClipGradients scales the gradient so that its global L2 norm is at most
 // maxNorm (0: no clipping) and returns the norm before clipping. It waits
-// for the device once. The scaling happens as the next Update's AdamW reads
-// the gradient (the same float32 product a separate pass would store),
-// which saves a pass over it.
+// for the device once. The gradient buffer is not rewritten: the factor is
+// kept until the next BeginStep, and AdamW, the only reader of the gradient
+// after this call, multiplies each value by it as it reads it (the same
+// float32 product an in-place scaling would store), which saves a read and
+// a write of the whole gradient. Called twice in a step, it measures the
+// unscaled gradient again and replaces the factor.
 func (b *Backend) ClipGradients(maxNorm float64) (float64, error) {
 	if err := inOrder(b.at("clipping"), func() error { return b.dev.Memset8(b.norm2, 0, b.s) }); err != nil {
 		return 0, err
@@ -162,7 +166,9 @@ func (b *Backend) ClipGradients(maxNorm float64) (float64, error) {
 }
 
 // Update queues one AdamW step with learning rate lr: decoupled weight
-// decay on the matrices, none on the RMSNorm gains (the 1-D tensors).
+// decay on the matrices, none on the RMSNorm gains (the 1-D tensors). It
+// reads the gradient times the step's clipping factor (ClipGradients; 1
+// when the step clipped nothing or did not call it).
 func (b *Backend) Update(h train.AdamW, lr float64) error {
 	b.optStep++
 	if err := b.mark("adamw"); err != nil {
@@ -187,7 +193,6 @@ func (b *Backend) Update(h train.AdamW, lr float64) error {
 			return fmt.Errorf("trainer: AdamW on %s: %w", t.Name, err)
 		}
 	}
-	b.clipped = false
 	if b.opts.Comm != nil {
 		return inOrder(b.at("all-gather"), b.gatherWeights)
 	}

@@ -170,6 +170,80 @@ func TestStepRepeatsBitwise(t *testing.T) {
 	}
 }
 
+// TestClipFactorEndsWithStep checks that a clipping factor lasts only as
+// long as the gradient it was found for: a step that clips but is not
+// applied, then a step that updates without calling ClipGradients, leaves
+// the same weights and moments, to the bit, as that second step alone on a
+// fresh backend (an in-place scaling of the first step's gradient was
+// cleared with it).
+func TestClipFactorEndsWithStep(t *testing.T) {
+	dev := cudatest.Device(t)
+	seed := rand.Uint64()
+	r := rand.New(rand.NewPCG(seed, 9))
+	c := testModel(true, true)
+	w := model.RandomWeights(c, r)
+	const batch, seq, maxNorm = 4, 32, 1e-3
+	toks := [][]int{randomTokens(r, batch*(seq+1), c.VocabSize), randomTokens(r, batch*(seq+1), c.VocabSize)}
+	h := train.AdamW{Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, WeightDecay: 0.1}
+	// run runs one step of one micro-batch per token batch on a fresh
+	// backend (the dense path: the automatic one could change course after
+	// the first step), clipping and updating only where asked, and returns
+	// the weights and moments.
+	run := func(tks [][]int, clip, update []bool) ([][]float32, *train.OptimizerState) {
+		b, err := New(dev, c, cloneWeights(w), Options{Batch: batch, Seq: seq, MLP: mlp.Dense})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer b.Close()
+		for s, tk := range tks {
+			if err := b.BeginStep(1); err != nil {
+				t.Fatal(err)
+			}
+			if err := b.Accumulate(tk, batch, seq, 0.01); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := b.EndStep(); err != nil {
+				t.Fatal(err)
+			}
+			if clip[s] {
+				norm, err := b.ClipGradients(maxNorm)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !(norm > 10*maxNorm) {
+					t.Fatalf("seed %d: gradient norm %g: clipping to %g tests little", seed, norm, maxNorm)
+				}
+			}
+			if update[s] {
+				if err := b.Update(h, 1e-3); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		gw, err := b.Weights()
+		if err != nil {
+			t.Fatal(err)
+		}
+		opt, err := b.OptimizerState()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return flatTensors(c, gw), opt
+	}
+	wa, oa := run(toks, []bool{true, false}, []bool{false, true})
+	wb, ob := run(toks[1:], []bool{false}, []bool{true})
+	for i, ts := range train.Tensors(c) {
+		for _, v := range []struct {
+			what string
+			x, y []float32
+		}{{"weights", wa[i], wb[i]}, {"first moment", oa.M[i], ob.M[i]}, {"second moment", oa.V[i], ob.V[i]}} {
+			if k := firstDiff(v.x, v.y); k >= 0 {
+				t.Errorf("seed %d: %s %s differ first at %d", seed, ts.Name, v.what, k)
+			}
+		}
+	}
+}
+
 // TestResumeIsBitwise runs 16 steps through train.NewRun straight, and
 // again stopped after step 11 and resumed from the checkpoint of step 8:
 // both log the same metrics to the bit and end with byte-identical

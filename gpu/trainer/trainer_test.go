@@ -82,15 +82,18 @@ func relDiff(a, b []float32) float64 {
 // chunks that do not divide the rows) on the GPU and on train.CPU from the
 // same weights and tokens, and compares the statistics, every gradient
 // tensor (read as AdamW's first moment with Beta1 = 0), and the weights
-// after the update.
+// after the update. Some cases clip the gradient (to a norm far below
+// its own): the first moment is then the clipped gradient, whose norm
+// must be the clipping norm.
 func TestStepMatchesCPU(t *testing.T) {
 	dev := cudatest.Device(t)
 	for _, tc := range []struct {
 		gated, tied bool
 		mlp         mlp.Path
-	}{{true, true, mlp.Dense}, {true, false, mlp.Dense}, {false, true, mlp.Dense}, {false, false, mlp.Dense},
-		{true, true, mlp.Sparse}, {false, false, mlp.Sparse}} {
-		t.Run(fmt.Sprintf("gated=%v,tied=%v,mlp=%v", tc.gated, tc.tied, tc.mlp), func(t *testing.T) {
+		clip        float64
+	}{{true, true, mlp.Dense, 0}, {true, false, mlp.Dense, 1e-3}, {false, true, mlp.Dense, 0}, {false, false, mlp.Dense, 0},
+		{true, true, mlp.Sparse, 1e-3}, {false, false, mlp.Sparse, 0}} {
+		t.Run(fmt.Sprintf("gated=%v,tied=%v,mlp=%v,clip=%g", tc.gated, tc.tied, tc.mlp, tc.clip), func(t *testing.T) {
 			seed := rand.Uint64()
 			r := rand.New(rand.NewPCG(seed, 1))
 			c := testModel(tc.gated, tc.tied)
@@ -121,7 +124,7 @@ func TestStepMatchesCPU(t *testing.T) {
 				if stats[i], err = b.EndStep(); err != nil {
 					t.Fatal(err)
 				}
-				if norms[i], err = b.ClipGradients(0); err != nil {
+				if norms[i], err = b.ClipGradients(tc.clip); err != nil {
 					t.Fatal(err)
 				}
 				if err := b.Update(h, 1e-2); err != nil {
@@ -145,6 +148,9 @@ func TestStepMatchesCPU(t *testing.T) {
 			}
 			if e := math.Abs(norms[0]-norms[1]) / norms[1]; e > 2e-2 {
 				t.Errorf("seed %d: gradient norm %g, CPU %g", seed, norms[0], norms[1])
+			}
+			if tc.clip > 0 && !(min(norms[0], norms[1]) > 10*tc.clip) {
+				t.Fatalf("seed %d: gradient norm %g (CPU %g): clipping to %g tests little", seed, norms[0], norms[1], tc.clip)
 			}
 			for l := range want.L0 {
 				if math.Abs(g.L0[l]-want.L0[l]) > 0.01*float64(c.IntermediateSize) {
@@ -170,6 +176,17 @@ func TestStepMatchesCPU(t *testing.T) {
 			}
 			cw, _ := cb.Weights()
 			gwt, cwt := flatTensors(c, gw), flatTensors(c, cw)
+			if tc.clip > 0 {
+				ss := 0.0
+				for _, m := range gs.M {
+					for _, v := range m {
+						ss += float64(v) * float64(v)
+					}
+				}
+				if e := math.Abs(math.Sqrt(ss)-tc.clip) / tc.clip; e > 1e-4 {
+					t.Errorf("seed %d: clipped gradient's norm %g, want %g", seed, math.Sqrt(ss), tc.clip)
+				}
+			}
 			worst, worstName := 0.0, ""
 			for i, ts := range train.Tensors(c) {
 				// The GEMMs read bf16 activations and activation gradients:
