@@ -127,9 +127,8 @@ func PlotModel(results []ModelResult, path string) error {
 	pre := newPanel(fmt.Sprintf("prefill, %d tokens per pass", r0.PrefillTokens),
 		"MLP path (prefill speedup over dense)", "prefill throughput (tokens/ms)")
 	var vals plotter.Values
-	var names []string
-	var at plotter.XYLabels
-	for i, r := range results {
+	var names, labels []string
+	for _, r := range results {
 		v, label := r.PrefillTokPerMS, ""
 		if !finite(v) || v < 0 {
 			notes.drop(r.Path, "prefill tokens/ms", v, "bar chart")
@@ -143,26 +142,11 @@ func PlotModel(results []ModelResult, path string) error {
 			speedup = fmt.Sprintf("%.2fx", r.Speedup)
 		}
 		names = append(names, fmt.Sprintf("%s (%s)", r.Path, speedup))
-		at.XYs = append(at.XYs, plotter.XY{X: float64(i), Y: v})
-		at.Labels = append(at.Labels, label)
+		labels = append(labels, label)
 	}
-	bars, err := plotter.NewBarChart(vals, vg.Points(40))
-	if err != nil {
+	if err := addValueBars(pre, vals, labels, names); err != nil {
 		return err
 	}
-	bars.Color = plotutil.Color(0)
-	pre.Add(bars)
-	labels, err := plotter.NewLabels(at)
-	if err != nil {
-		return err
-	}
-	for i := range labels.TextStyle {
-		labels.TextStyle[i].XAlign = draw.XCenter
-	}
-	labels.Offset = vg.Point{Y: vg.Points(4)}
-	pre.Add(labels)
-	pre.NominalX(names...)
-	setLinearAxis(&pre.Y, append(slices.Clone(vals), slices.Max(vals)*1.12), true) // room for the value labels
 
 	context := 0
 	for _, r := range results {
@@ -206,6 +190,35 @@ func PlotModel(results []ModelResult, path string) error {
 
 	header := []string{r0.Model, r0.Machine + ", " + r0.Date}
 	return render(path, 12*vg.Inch, 5*vg.Inch, header, []*plot.Plot{pre, dec}, &leg, notes)
+}
+
+// addValueBars draws vals as bars on p's nominal x axis (names), each
+// labelled above with its label, and fits the y axis from 0 with room for
+// the labels.
+func addValueBars(p *plot.Plot, vals plotter.Values, labels, names []string) error {
+	bars, err := plotter.NewBarChart(vals, vg.Points(40))
+	if err != nil {
+		return err
+	}
+	bars.Color = plotutil.Color(0)
+	p.Add(bars)
+	var at plotter.XYLabels
+	for i, v := range vals {
+		at.XYs = append(at.XYs, plotter.XY{X: float64(i), Y: v})
+	}
+	at.Labels = labels
+	l, err := plotter.NewLabels(at)
+	if err != nil {
+		return err
+	}
+	for i := range l.TextStyle {
+		l.TextStyle[i].XAlign = draw.XCenter
+	}
+	l.Offset = vg.Point{Y: vg.Points(4)}
+	p.Add(l)
+	p.NominalX(names...)
+	setLinearAxis(&p.Y, append(slices.Clone(vals), slices.Max(vals)*1.12), true) // room for the value labels
+	return nil
 }
 
 // finite reports whether v is neither NaN nor infinite.

@@ -9,7 +9,6 @@ import (
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/plotutil"
 	"gonum.org/v1/plot/vg"
-	"gonum.org/v1/plot/vg/draw"
 )
 
 // stageShareShown is the share of a profiled step below which a stage is
@@ -34,9 +33,8 @@ func PlotTrainStep(results []TrainStepResult, path string) error {
 	}
 	steps := newPanel("time per training step", "MLP path (speedup over the dense path)", "step time (ms, median)")
 	var vals plotter.Values
-	var names []string
-	var at plotter.XYLabels
-	for i, r := range results {
+	var names, labels []string
+	for _, r := range results {
 		v, label := r.StepMS, ""
 		if !finite(v) || v < 0 {
 			notes.drop(r.Path, "step ms", v, "bar chart")
@@ -50,26 +48,11 @@ func PlotTrainStep(results []TrainStepResult, path string) error {
 		}
 		vals = append(vals, v)
 		names = append(names, fmt.Sprintf("%s (%s)", r.Path, speedup))
-		at.XYs = append(at.XYs, plotter.XY{X: float64(i), Y: v})
-		at.Labels = append(at.Labels, label)
+		labels = append(labels, label)
 	}
-	bars, err := plotter.NewBarChart(vals, vg.Points(40))
-	if err != nil {
+	if err := addValueBars(steps, vals, labels, names); err != nil {
 		return err
 	}
-	bars.Color = plotutil.Color(0)
-	steps.Add(bars)
-	labels, err := plotter.NewLabels(at)
-	if err != nil {
-		return err
-	}
-	for i := range labels.TextStyle {
-		labels.TextStyle[i].XAlign = draw.XCenter
-	}
-	labels.Offset = vg.Point{Y: vg.Points(4)}
-	steps.Add(labels)
-	steps.NominalX(names...)
-	setLinearAxis(&steps.Y, append(slices.Clone(vals), slices.Max(vals)*1.12), true)
 	panels := []*plot.Plot{steps}
 
 	leg := newLegend()

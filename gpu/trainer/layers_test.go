@@ -16,20 +16,11 @@ import (
 // random residual gradient, and the gain gradient added into a random dw.
 // Row counts cover one row per part, parts of an odd number of rows and
 // the full 256 parts; widths cover a mostly idle block, the 1.5B model's
-// and one past 4096 (1024 threads). The kernels run twice and must repeat
+// and one past 4096 (384 threads). The kernels run twice and must repeat
 // bit for bit.
 func TestRMSNormMatchesFloat64(t *testing.T) {
-	dev := cudatest.Device(t)
-	k, err := kernelsFor(dev)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := dev.NewStream()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Destroy()
-	l := launcher{k: k, s: s, grid: persistentGrid(dev)}
+	dev, l := testLauncher(t)
+	s := l.s
 	for _, c := range []struct{ rows, h int }{{3, 64}, {300, 2048}, {1001, 192}, {16384, 2048}, {517, 6144}} {
 		t.Run(fmt.Sprintf("rows%d_h%d", c.rows, c.h), func(t *testing.T) {
 			seed := rand.Uint64()
@@ -131,17 +122,8 @@ func TestRMSNormMatchesFloat64(t *testing.T) {
 // 0) and the scalar one, logits spread wide enough that the running maximum
 // moves often; two runs must give the same bits.
 func TestCrossEntropyMatchesFloat64(t *testing.T) {
-	dev := cudatest.Device(t)
-	k, err := kernelsFor(dev)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := dev.NewStream()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Destroy()
-	l := launcher{k: k, s: s, grid: persistentGrid(dev)}
+	dev, l := testLauncher(t)
+	s := l.s
 	for _, c := range []struct{ rows, V int }{{5, 64}, {37, 1001}, {300, 49152}} {
 		t.Run(fmt.Sprintf("rows%d_V%d", c.rows, c.V), func(t *testing.T) {
 			seed := rand.Uint64()
@@ -210,4 +192,22 @@ func TestCrossEntropyMatchesFloat64(t *testing.T) {
 			}
 		})
 	}
+}
+
+// testLauncher returns device 0 and a launcher of the package's kernels on
+// a stream of its own, destroyed when the test ends (skipping the test
+// without a GPU).
+func testLauncher(t *testing.T) (*cuda.Device, launcher) {
+	t.Helper()
+	dev := cudatest.Device(t)
+	k, err := kernelsFor(dev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := dev.NewStream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Destroy() })
+	return dev, launcher{k: k, s: s, grid: persistentGrid(dev)}
 }

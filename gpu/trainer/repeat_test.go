@@ -354,17 +354,8 @@ func readMetricsFile(t *testing.T, dir string) []train.Metrics {
 // vocabulary that takes three passes of the sort, a token count that fills
 // no tile, a width that fills no block, and one id that spans many chunks.
 func TestEmbedBwdOrder(t *testing.T) {
-	dev := cudatest.Device(t)
-	k, err := kernelsFor(dev)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := dev.NewStream()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Destroy()
-	l := launcher{k: k, s: s, grid: persistentGrid(dev)}
+	dev, l := testLauncher(t)
+	s := l.s
 	seed := rand.Uint64()
 	r := rand.New(rand.NewPCG(seed, 9))
 	const n, h, V = 3000, 72, 70000
