@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -90,6 +91,20 @@ func TestPrefillChunksInterleave(t *testing.T) {
 	o := DefaultOptions()
 	o.PrefillTokens = 8
 	s, hs, e := newTestServer(t, o)
+	// After its first step the running stream waits for the long prompt to
+	// arrive: on a busy machine it could otherwise finish its 100 tokens
+	// before that prompt's chunks go in.
+	var steps atomic.Int32
+	var arrived atomic.Bool
+	s.stepHook = func() {
+		if steps.Add(1) == 1 || arrived.Load() {
+			return
+		}
+		for r, q := s.Load(); r+q < 2; r, q = s.Load() {
+			time.Sleep(time.Millisecond)
+		}
+		arrived.Store(true)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	b, _ := json.Marshal(map[string]any{"prompt": "x", "max_tokens": 100, "temperature": 0, "stream": true})
