@@ -175,28 +175,58 @@ func (b *Backend) Update(h train.AdamW, lr float64) error {
 		return err
 	}
 	sl := &slicer{}
-	for i, t := range b.specs {
-		a, e := b.owned(i) // the whole tensor on a single GPU
-		if a >= e {
-			continue
-		}
+	for _, r := range b.adamRuns() {
+		a, e := r.a, r.e
 		w, wb, g := sl.at(b.w, 4*a, 4*(e-a)), sl.at(b.wb, 2*a, 2*(e-a)), sl.at(b.g, 4*a, 4*(e-a))
 		m, v := b.momentView(sl, b.m, a, e), b.momentView(sl, b.v, a, e)
 		if sl.err != nil {
 			return sl.err
 		}
-		args := adamWArgsFor(h, lr, b.optStep, len(t.Shape) > 1)
+		args := adamWArgsFor(h, lr, b.optStep, r.decays)
 		if b.clipped {
 			args.gradScale = b.clip
 		}
 		if err := b.run.adamW(w, wb, g, m, v, e-a, args); err != nil {
-			return fmt.Errorf("trainer: AdamW on %s: %w", t.Name, err)
+			return fmt.Errorf("trainer: AdamW on %s to %s: %w", b.specs[r.first].Name, b.specs[r.last].Name, err)
 		}
 	}
 	if b.opts.Comm != nil {
 		return inOrder(b.at("all-gather"), b.gatherWeights)
 	}
 	return nil
+}
+
+// adamRun is one AdamW launch of Update: values [a, e) of the flat order,
+// this rank's part of tensors first to last, which all decay or all do
+// not.
+type adamRun struct {
+	a, e, first, last int
+	decays            bool
+}
+
+// adamRuns cuts this rank's shard (everything on a single GPU) into
+// Update's launches: a run of consecutive tensors that all decay (the
+// matrices) or all do not (the RMSNorm gains), contiguous in the flat
+// buffers; 4 a layer. Every tensor holds a multiple of 4 values (New takes
+// hidden sizes that are multiples of 4) and a shard a multiple of
+// shardAlign, so each run starts 16-byte aligned and AdamW's 16-byte path
+// covers it all.
+func (b *Backend) adamRuns() []adamRun {
+	var runs []adamRun
+	for i := 0; i < len(b.specs); {
+		decays := len(b.specs[i].Shape) > 1
+		j := i + 1
+		for j < len(b.specs) && (len(b.specs[j].Shape) > 1) == decays {
+			j++
+		}
+		a, _ := b.owned(i)
+		_, e := b.owned(j - 1)
+		if a < e {
+			runs = append(runs, adamRun{a: a, e: e, first: i, last: j - 1, decays: decays})
+		}
+		i = j
+	}
+	return runs
 }
 
 // ReinitUnits gives MLP units fresh gate and up rows, a zero down column

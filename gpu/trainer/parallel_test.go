@@ -16,8 +16,9 @@ import (
 )
 
 // TestShardsCoverTheModel: for any world size the ranks' shards tile the
-// padded flat buffers, equal and aligned, and the parts of each tensor
-// whose moments the ranks hold tile that tensor.
+// padded flat buffers, equal and aligned, the parts of each tensor whose
+// moments the ranks hold tile that tensor, and Update's AdamW launches
+// (adamRuns) tile each rank's shard of the model.
 func TestShardsCoverTheModel(t *testing.T) {
 	seed := rand.Uint64()
 	r := rand.New(rand.NewPCG(seed, 1))
@@ -45,6 +46,23 @@ func TestShardsCoverTheModel(t *testing.T) {
 				for x := a; x < e; x++ {
 					held[x]++
 				}
+			}
+			// Update's launches tile the shard, in order, each within
+			// tensors of one kind, starting at a multiple of 4 values.
+			next := min(b.lo, b.n)
+			for _, run := range b.adamRuns() {
+				if run.a != next || run.e <= run.a || run.a%4 != 0 || run.a < b.off[run.first] || run.e > b.off[run.last]+b.specs[run.last].Size() {
+					t.Fatalf("seed %d: %d values, rank %d of %d: AdamW run %+v after value %d", seed, b.n, rank, world, run, next)
+				}
+				for i := run.first; i <= run.last; i++ {
+					if (len(b.specs[i].Shape) > 1) != run.decays {
+						t.Fatalf("seed %d: AdamW run %+v holds %s", seed, run, b.specs[i].Name)
+					}
+				}
+				next = run.e
+			}
+			if next != min(b.hi, b.n) {
+				t.Fatalf("seed %d: %d values, rank %d of %d: AdamW runs end at %d", seed, b.n, rank, world, next)
 			}
 		}
 		for x, h := range held {
