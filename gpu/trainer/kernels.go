@@ -227,7 +227,7 @@ func (l launcher) rmsNormBwd(dx, dw, dy, x, w, rstd, part *cuda.Buffer, rows, h 
 				int32(rows), int32(h), int32(per))
 		},
 		func() error {
-			return l.k["rmsnorm_dw_sum"].Launch(dim(ceil(h, rowBlock)), dim(rowBlock), 0, l.s, dw, part, int32(parts), int32(h))
+			return l.k["rmsnorm_dw_sum"].Launch(dim(ceil(h, 32)), dim(rowBlock), 0, l.s, dw, part, int32(parts), int32(h))
 		})
 }
 

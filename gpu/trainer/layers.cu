@@ -284,14 +284,25 @@ extern "C" __global__ void __launch_bounds__(NORM_THREADS) rmsnorm_bwd(float* __
   }
 }
 
-// rmsnorm_dw_sum: dw[i] += part[0][i] + part[1][i] + ... (n rows, in order).
+// rmsnorm_dw_sum: dw[c] += the sum over the n parts of part[p][c] (fp32
+// [n][h]). A block (blockDim.x a multiple of 32, at most 1024) takes 32
+// columns, blockIdx.x * 32 + lane: warp q adds parts q, q + W, q + 2W, ...
+// (W warps) in order, then warp 0 adds the W sums in warp order; a fixed
+// order for given n and blockDim. Grid: ceil(h / 32) blocks.
 extern "C" __global__ void rmsnorm_dw_sum(float* __restrict__ dw, const float* __restrict__ part, int n, int h) {
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= h) return;
+  __shared__ float ws[32][32];
+  const int lane = threadIdx.x & 31, q = threadIdx.x >> 5, nw = blockDim.x >> 5, c = blockIdx.x * 32 + lane;
   float s = 0.f;
+  if (c < h) {
 #pragma unroll 8
-  for (int y = 0; y < n; ++y) s += part[(size_t)y * h + i];
-  dw[i] += s;
+    for (int p = q; p < n; p += nw) s += part[(size_t)p * h + c];
+  }
+  ws[q][lane] = s;
+  __syncthreads();
+  if (q == 0 && c < h) {
+    for (int k = 1; k < nw; ++k) s += ws[k][lane];
+    dw[c] += s;
+  }
 }
 
 // rope_cast: dst (bf16) = src (fp32) with the first nrot heads of hd values
