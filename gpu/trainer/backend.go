@@ -150,8 +150,8 @@ func New(dev *cuda.Device, c model.Config, w *model.Weights, o Options) (*Backen
 	if !slices.Contains(attentionHeadDims, c.HeadDim) {
 		return nil, fmt.Errorf("trainer: head_dim %d: the GPU attention kernels take %v", c.HeadDim, attentionHeadDims)
 	}
-	if c.HiddenSize%4 != 0 || c.HiddenSize > maxNormWidth {
-		return nil, fmt.Errorf("trainer: hidden size %d: the GPU RMSNorm kernels take multiples of 4 up to %d", c.HiddenSize, maxNormWidth)
+	if err := normWidth(c.HiddenSize); err != nil {
+		return nil, err
 	}
 	b := &Backend{gpuCtx: gpuCtx{dev: dev}, c: c, opts: o, specs: train.Tensors(c), attn: map[[2]int]*attention{},
 		ropes: map[int][2]*cuda.Buffer{}, sparse: make([]bool, c.NumHiddenLayers), stepSparse: make([]bool, c.NumHiddenLayers)}

@@ -26,7 +26,7 @@ var kernelFiles = []struct {
 	kernels []string
 }{
 	{"layers.cu", &layersSrc, []string{"sum_f64", "embed_fwd", "sort_pass", "embed_seg", "embed_join", "rmsnorm_fwd",
-		"rmsnorm_bwd", "rmsnorm_dw_sum", "rope_cast", "cast_bf16", "relu_fwd", "relu_bwd", "ce_chunk"}},
+		"rmsnorm_bwd1", "rmsnorm_bwd2", "rmsnorm_bwd4", "rmsnorm_dw_sum", "rope_cast", "cast_bf16", "relu_fwd", "relu_bwd", "ce_chunk"}},
 	{"optim.cu", &optimSrc, []string{"sumsq", "adamw", "to_bf16", "reinit_rows"}},
 	{"sparse.cu", &sparseSrc, []string{"sp_count", "sp_scan", "sp_pack", "sp_col_count", "sp_col_prefix", "sp_col_fill",
 		"sp_up", "sp_grad", "sp_rows", "sp_col_parts", "sp_cols", "sp_col_reduce"}},
@@ -194,8 +194,8 @@ func (l launcher) embedBwd(gtable, ids, dx, work *cuda.Buffer, n, h, V int) erro
 
 // rmsNormFwd sets y (bf16) and rstd (fp32) from x (fp32), rows of h.
 func (l launcher) rmsNormFwd(y, rstd, x, w *cuda.Buffer, rows, h int, eps float64) error {
-	if err := check(need("norm output", y, 2*rows*h), need("norm rstd", rstd, 4*rows), need("norm input", x, 4*rows*h),
-		need("norm gain", w, 4*h)); err != nil {
+	if err := check(normWidth(h), need("norm output", y, 2*rows*h), need("norm rstd", rstd, 4*rows),
+		need("norm input", x, 4*rows*h), need("norm gain", w, 4*h)); err != nil {
 		return err
 	}
 	return l.k["rmsnorm_fwd"].Launch(dim(rows), dim(normThreads(h)), 0, l.s, x, w, y, rstd, int32(h), float32(eps))
@@ -210,20 +210,44 @@ func normThreads(h int) int { return max(256, 32*ceil(ceil(h/4, normVec), 32)) }
 // NORM_THREADS threads of normVec float4).
 const maxNormWidth = 4 * normVec * 512
 
+// normWidth returns an error unless the RMSNorm kernels take rows of h
+// values: a multiple of 4 (16-byte loads) up to maxNormWidth.
+func normWidth(h int) error {
+	if h <= 0 || h%4 != 0 || h > maxNormWidth {
+		return fmt.Errorf("trainer: hidden size %d: the GPU RMSNorm kernels take multiples of 4 up to %d", h, maxNormWidth)
+	}
+	return nil
+}
+
+// normBwdKernel names the RMSNorm backward kernel for rows of h values:
+// the one whose threads keep as many float4 columns as normThreads(h)
+// threads need (rmsnorm_bwd1 and rmsnorm_bwd2 run only where that is 256).
+func normBwdKernel(h int) string {
+	switch ceil(h/4, normThreads(h)) {
+	case 1:
+		return "rmsnorm_bwd1"
+	case 2:
+		return "rmsnorm_bwd2"
+	}
+	return "rmsnorm_bwd4"
+}
+
 // rmsNormBwd adds the input gradient into dx and the gain's into dw, from
-// dy (fp32) and the forward's x and rstd; part (fp32 [normParts][h]) takes
-// the gain gradient's partial sums over blocks of rows.
+// dy (fp32) and the forward's x and rstd, in one pass over dy, x and dx:
+// min(rows, normParts) blocks of consecutive rows each write their partial
+// sums of the gain gradient into part (fp32 [normParts][h]), which
+// rmsnorm_dw_sum then adds up in a fixed order.
 func (l launcher) rmsNormBwd(dx, dw, dy, x, w, rstd, part *cuda.Buffer, rows, h int) error {
 	per := ceil(rows, normParts)
 	parts := ceil(rows, per)
-	if err := check(need("norm dx", dx, 4*rows*h), need("norm dy", dy, 4*rows*h), need("norm input", x, 4*rows*h),
-		need("norm rstd", rstd, 4*rows), need("norm gain gradient", dw, 4*h),
+	if err := check(normWidth(h), need("norm dx", dx, 4*rows*h), need("norm dy", dy, 4*rows*h),
+		need("norm input", x, 4*rows*h), need("norm rstd", rstd, 4*rows), need("norm gain gradient", dw, 4*h),
 		need("norm gain partial sums", part, 4*parts*h)); err != nil {
 		return err
 	}
 	return inOrder(
 		func() error {
-			return l.k["rmsnorm_bwd"].Launch(dim(parts), dim(normThreads(h)), 0, l.s, dx, part, dy, x, w, rstd,
+			return l.k[normBwdKernel(h)].Launch(dim(parts), dim(normThreads(h)), 0, l.s, dx, part, dy, x, w, rstd,
 				int32(rows), int32(h), int32(per))
 		},
 		func() error {

@@ -159,7 +159,7 @@ extern "C" __global__ void embed_join(float* __restrict__ gtable, const int* __r
 // ... (at most NORM_VEC of them; h % 4 == 0), and every load of a row is
 // issued before its sum is taken.
 #define NORM_VEC 4
-#define NORM_THREADS 512  // the backward's registers (about 110 a thread) allow no more
+#define NORM_THREADS 512  // the backward's registers (rmsnorm_bwd4) allow no more
 
 // rmsnorm_fwd: rstd[r] = 1/sqrt(mean(x[r]^2) + eps), y[r] = bf16(x[r] *
 // rstd[r] * w). One block per row; x is read once.
@@ -189,87 +189,103 @@ extern "C" __global__ void __launch_bounds__(NORM_THREADS) rmsnorm_fwd(const flo
   }
 }
 
-// block_sum2 returns the block-wide sums of a and b to every thread (one
-// round of barriers for both).
-__device__ __forceinline__ float2 block_sum2(float a, float b) {
-  __shared__ float2 part[32];
-  __shared__ float2 total;
+// block_sum_n replaces each of the R values v[q] by its sum over the block
+// (blockDim.x a multiple of 32), in the same fixed tree as block_sum, one
+// round of barriers for all R.
+template <int R>
+__device__ __forceinline__ void block_sum_n(float (&v)[R]) {
+  __shared__ float part[R][32];
+  __shared__ float total[R];
   __syncthreads();  // earlier readers of total are done
-  a = warp_sum(a);
-  b = warp_sum(b);
+#pragma unroll
+  for (int q = 0; q < R; ++q) v[q] = warp_sum(v[q]);
   const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  if (lane == 0) part[w] = make_float2(a, b);
-  __syncthreads();
-  if (w == 0) {
-    float2 s = lane < (int)(blockDim.x >> 5) ? part[lane] : make_float2(0.f, 0.f);
-    s.x = warp_sum(s.x);
-    s.y = warp_sum(s.y);
-    if (lane == 0) total = s;
+  if (lane == 0) {
+#pragma unroll
+    for (int q = 0; q < R; ++q) part[q][w] = v[q];
   }
   __syncthreads();
-  return total;
+  if (w == 0) {
+#pragma unroll
+    for (int q = 0; q < R; ++q) {
+      const float s = warp_sum(lane < (int)(blockDim.x >> 5) ? part[q][lane] : 0.f);
+      if (lane == 0) total[q] = s;
+    }
+  }
+  __syncthreads();
+#pragma unroll
+  for (int q = 0; q < R; ++q) v[q] = total[q];
 }
 
-// rmsnorm_bwd: block b takes rows r0 = b per .. min(rows, r0 + per) - 1,
-// two at a time, and for each row r, with iv = rstd[r] and g = dy[r] * w,
+// rmsnorm_bwd_rows is the body of the RMSNorm backward kernels: block b
+// takes rows r0 = b per .. min(rows, r0 + per) - 1, R at a time, and for
+// each row r, with iv = rstd[r] and g = dy[r] * w,
 //   dx[r] += g * iv - x[r] * (sum(g * x[r]) * iv^3 / h)
 // (the input gradient added into the residual stream's); it also sums
 // dy[r] * x[r] * iv over its rows, in order, into part[b] (the gain
-// gradient's partial sums, which rmsnorm_dw_sum adds up). dy, x and dx are
-// each read once.
-extern "C" __global__ void __launch_bounds__(NORM_THREADS) rmsnorm_bwd(float* __restrict__ dx, float* __restrict__ part, const float* __restrict__ dy,
-                                       const float* __restrict__ x, const float* __restrict__ w,
-                                       const float* __restrict__ rstd, int rows, int h, int per) {
+// gradient's partial sums, which rmsnorm_dw_sum adds up). Each thread
+// keeps VEC float4 columns of a row (the RMSNorm layout above). The R rows'
+// dy, x and dx are all loaded before their sums are taken (R·VEC = 4:
+// twelve 16-byte loads in flight a thread), so a round of R rows waits for
+// memory once; dy, x and dx are each read once.
+template <int VEC, int R>
+__device__ __forceinline__ void rmsnorm_bwd_rows(float* __restrict__ dx, float* __restrict__ part,
+                                                 const float* __restrict__ dy, const float* __restrict__ x,
+                                                 const float* __restrict__ w, const float* __restrict__ rstd, int rows,
+                                                 int h, int per) {
   const int n4 = h / 4;
   const int r0 = blockIdx.x * per, r1 = min(rows, r0 + per);
-  float4 wv[NORM_VEC], acc[NORM_VEC];
+  float4 wv[VEC], acc[VEC];
 #pragma unroll
-  for (int k = 0; k < NORM_VEC; ++k) {
+  for (int k = 0; k < VEC; ++k) {
     const int i = threadIdx.x + k * blockDim.x;
     acc[k] = make_float4(0.f, 0.f, 0.f, 0.f);
     if (i < n4) wv[k] = ((const float4*)w)[i];
   }
-  for (int r = r0; r < r1; r += 2) {
-    const bool two = r + 1 < r1;
-    float4 d[2][NORM_VEC], xv[2][NORM_VEC];
-    float dot[2] = {0.f, 0.f}, iv[2];
+  for (int r = r0; r < r1; r += R) {
+    float4 d[R][VEC], xv[R][VEC], o[R][VEC];
+    float dot[R], iv[R];
 #pragma unroll
-    for (int q = 0; q < 2; ++q) {
-      const size_t row = (size_t)(q == 0 || two ? r + q : r) * n4;
+    for (int q = 0; q < R; ++q) {
+      const int rq = min(r + q, r1 - 1);  // past r1: row r1 - 1 again, not written
+      const size_t row = (size_t)rq * n4;
 #pragma unroll
-      for (int k = 0; k < NORM_VEC; ++k) {
+      for (int k = 0; k < VEC; ++k) {
         const int i = threadIdx.x + k * blockDim.x;
         if (i >= n4) continue;
         d[q][k] = ((const float4*)dy)[row + i];
         xv[q][k] = ((const float4*)x)[row + i];
+        o[q][k] = ((const float4*)dx)[row + i];
       }
-      iv[q] = rstd[q == 0 || two ? r + q : r];
+      iv[q] = rstd[rq];
     }
 #pragma unroll
-    for (int q = 0; q < 2; ++q)
+    for (int q = 0; q < R; ++q) {
+      dot[q] = 0.f;
 #pragma unroll
-      for (int k = 0; k < NORM_VEC; ++k) {
+      for (int k = 0; k < VEC; ++k) {
         if (threadIdx.x + k * blockDim.x >= n4) continue;
         const float4 a = d[q][k], b = xv[q][k], c = wv[k];
         dot[q] += a.x * c.x * b.x + a.y * c.y * b.y + a.z * c.z * b.z + a.w * c.w * b.w;
       }
-    const float2 sums = block_sum2(dot[0], dot[1]);
+    }
+    block_sum_n<R>(dot);
 #pragma unroll
-    for (int q = 0; q < 2; ++q) {
-      if (q == 1 && !two) break;
-      const float c = (q == 0 ? sums.x : sums.y) * iv[q] * iv[q] * iv[q] / (float)h;
+    for (int q = 0; q < R; ++q) {
+      if (r + q >= r1) break;
+      const float c = dot[q] * iv[q] * iv[q] * iv[q] / (float)h;
       float4* dxr = (float4*)dx + (size_t)(r + q) * n4;
 #pragma unroll
-      for (int k = 0; k < NORM_VEC; ++k) {
+      for (int k = 0; k < VEC; ++k) {
         const int i = threadIdx.x + k * blockDim.x;
         if (i >= n4) continue;
         const float4 a = d[q][k], b = xv[q][k], ww = wv[k];
-        float4 o = dxr[i];
-        o.x += a.x * ww.x * iv[q] - b.x * c;
-        o.y += a.y * ww.y * iv[q] - b.y * c;
-        o.z += a.z * ww.z * iv[q] - b.z * c;
-        o.w += a.w * ww.w * iv[q] - b.w * c;
-        dxr[i] = o;
+        float4 y = o[q][k];
+        y.x += a.x * ww.x * iv[q] - b.x * c;
+        y.y += a.y * ww.y * iv[q] - b.y * c;
+        y.z += a.z * ww.z * iv[q] - b.z * c;
+        y.w += a.w * ww.w * iv[q] - b.w * c;
+        dxr[i] = y;
         acc[k].x += a.x * b.x * iv[q];
         acc[k].y += a.y * b.y * iv[q];
         acc[k].z += a.z * b.z * iv[q];
@@ -278,10 +294,27 @@ extern "C" __global__ void __launch_bounds__(NORM_THREADS) rmsnorm_bwd(float* __
     }
   }
 #pragma unroll
-  for (int k = 0; k < NORM_VEC; ++k) {
+  for (int k = 0; k < VEC; ++k) {
     const int i = threadIdx.x + k * blockDim.x;
     if (i < n4) ((float4*)part)[(size_t)blockIdx.x * n4 + i] = acc[k];
   }
+}
+
+// rmsnorm_bwd1, rmsnorm_bwd2, rmsnorm_bwd4: rmsnorm_bwd_rows for threads
+// that keep 1, 2 or 4 float4 columns (h up to 1024, up to 2048 with 256
+// threads; wider rows). Grid: the parts, min(rows, normParts) blocks of
+// normThreads(h) threads (256 for the first two).
+#define RMSNORM_BWD_ARGS                                                                                       \
+  float* __restrict__ dx, float* __restrict__ part, const float* __restrict__ dy, const float* __restrict__ x, \
+      const float* __restrict__ w, const float* __restrict__ rstd, int rows, int h, int per
+extern "C" __global__ void __launch_bounds__(256) rmsnorm_bwd1(RMSNORM_BWD_ARGS) {
+  rmsnorm_bwd_rows<1, 4>(dx, part, dy, x, w, rstd, rows, h, per);
+}
+extern "C" __global__ void __launch_bounds__(256) rmsnorm_bwd2(RMSNORM_BWD_ARGS) {
+  rmsnorm_bwd_rows<2, 2>(dx, part, dy, x, w, rstd, rows, h, per);
+}
+extern "C" __global__ void __launch_bounds__(NORM_THREADS) rmsnorm_bwd4(RMSNORM_BWD_ARGS) {
+  rmsnorm_bwd_rows<4, 1>(dx, part, dy, x, w, rstd, rows, h, per);
 }
 
 // rmsnorm_dw_sum: dw[c] += the sum over the n parts of part[p][c] (fp32

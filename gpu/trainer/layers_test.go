@@ -14,14 +14,15 @@ import (
 // TestRMSNormMatchesFloat64 runs the RMSNorm forward and backward kernels
 // on random rows against a float64 reference: y and rstd, dx added into a
 // random residual gradient, and the gain gradient added into a random dw.
-// Row counts cover one row per part, parts of an odd number of rows and
-// the full 256 parts; widths cover a mostly idle block, the 1.5B model's
-// and one past 4096 (384 threads). The kernels run twice and must repeat
-// bit for bit.
+// Row counts cover one row per part, parts of an odd number of rows, a
+// last part shorter than the others and the full 256 parts; widths cover
+// each backward kernel (rmsnorm_bwd1: a mostly idle block; rmsnorm_bwd2:
+// the 1.5B model's; rmsnorm_bwd4 with 256 threads and with 384). The
+// kernels run twice and must repeat bit for bit.
 func TestRMSNormMatchesFloat64(t *testing.T) {
 	dev, l := testLauncher(t)
 	s := l.s
-	for _, c := range []struct{ rows, h int }{{3, 64}, {300, 2048}, {1001, 192}, {16384, 2048}, {517, 6144}} {
+	for _, c := range []struct{ rows, h int }{{3, 64}, {300, 2048}, {1001, 192}, {999, 2048}, {16384, 2048}, {700, 4096}, {517, 6144}} {
 		t.Run(fmt.Sprintf("rows%d_h%d", c.rows, c.h), func(t *testing.T) {
 			seed := rand.Uint64()
 			r := rand.New(rand.NewPCG(seed, 11))
@@ -113,6 +114,30 @@ func TestRMSNormMatchesFloat64(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestNormGeometry checks the RMSNorm launch shapes for every width the
+// kernels take: whole warps, at most NORM_THREADS (512) threads, each
+// keeping at most as many float4 columns as its backward kernel holds
+// (rmsnorm_bwd1 and rmsnorm_bwd2 only in blocks of 256), and that
+// normWidth refuses the others.
+func TestNormGeometry(t *testing.T) {
+	vec := map[string]int{"rmsnorm_bwd1": 1, "rmsnorm_bwd2": 2, "rmsnorm_bwd4": 4}
+	for h := 4; h <= maxNormWidth; h += 4 {
+		if err := normWidth(h); err != nil {
+			t.Fatal(err)
+		}
+		n, k := normThreads(h), normBwdKernel(h)
+		per := ceil(h/4, n)
+		if n%32 != 0 || n < 256 || n > 512 || per > vec[k] || (vec[k] < 4 && n != 256) {
+			t.Fatalf("h %d: %d threads of %d float4 columns, kernel %s", h, n, per, k)
+		}
+	}
+	for _, h := range []int{0, -4, 6, 2050, maxNormWidth + 4} {
+		if normWidth(h) == nil {
+			t.Errorf("normWidth(%d) takes it", h)
+		}
 	}
 }
 
