@@ -14,6 +14,8 @@ __device__ __forceinline__ bool aligned16(const void* p) { return ((unsigned lon
 // values (float4 at a time when x is 16-byte aligned, the last n % 4 by
 // block 0's first threads); sum_f64 adds the blocks' sums in order (no
 // atomics: the gradient norm, and so the clipping, repeats bit for bit).
+// Grid: flatBlocks(n) blocks of 256 threads (at most 1024, whatever the
+// device, so the order of the sum depends on n alone).
 extern "C" __global__ void sumsq(const float* __restrict__ x, long long n, double* __restrict__ part) {
   float s = 0.f;
   const long long n4 = aligned16(x) ? n / 4 : 0;
@@ -44,7 +46,9 @@ __device__ __forceinline__ void adamw_one(float& w, float& m, float& v, float g,
 
 // adamw: one AdamW step (adamw_one) over n values, and wb = bf16(w): four
 // values a thread at a time (16-byte loads of w, g, m, v, an 8-byte store
-// of wb) when every pointer allows, the rest one at a time.
+// of wb) when every pointer allows, the rest one at a time. Grid-stride:
+// flatBlocks(ceil(n / 4)) blocks of 256 threads, one launch per run of
+// tensors of Update.
 extern "C" __global__ void adamw(float* __restrict__ w, u16* __restrict__ wb, const float* __restrict__ g,
                                  float* __restrict__ m, float* __restrict__ v, long long n, float gs, float b1,
                                  float b2, float wd, float step_size, float inv_b2c, float eps) {
