@@ -102,8 +102,8 @@ func activationSizes(c model.Config, batch, seq int, o Options) (perLayer, share
 }
 
 // ActivationBytes returns the device memory of the activations and work
-// buffers of micro-batches of batch x seq tokens (attention's own work
-// buffers not included), with o's logit rows and MLP path.
+// buffers of micro-batches of batch x seq tokens, attention's included,
+// with o's logit rows and MLP path.
 func ActivationBytes(c model.Config, batch, seq int, o Options) int64 {
 	perLayer, shared, sparse := activationSizes(c, batch, seq, o)
 	n := int64(0)
@@ -113,7 +113,7 @@ func ActivationBytes(c model.Config, batch, seq int, o Options) int64 {
 	for _, s := range append(shared, sparse...) {
 		n += int64(s)
 	}
-	return n
+	return n + attnWorkBytes(batch, seq, c.NumAttentionHeads)
 }
 
 // newActivations allocates the buffers for micro-batches of batch x seq.

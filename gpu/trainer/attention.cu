@@ -12,6 +12,10 @@
 //         scaled, masked scores
 //   dqkv  fp32 [batch*seq][W]
 //   dsum  fp32 [batch][nq][seq]: D = rowsum(dO * O)
+//   ds    bf16 [z][nq][tile][64][64]: dS^T = (P (dP - D))^T of the causal
+//         64 x 64 tiles of sequence b0 + z (tile qb (qb + 1) / 2 + kb for
+//         query block qb, key block kb <= qb; keys as rows), written by
+//         attn_bwd_dkdv and read by attn_bwd_dq
 // Query head h reads kv head h / (nq / nkv). Query q sees keys 0..q.
 //
 // Every kernel writes each of its outputs exactly once, with a fixed order
@@ -278,8 +282,8 @@ extern "C" __global__ void __launch_bounds__(256)
 template <int HD, int BQ>
 __global__ void __launch_bounds__(128)
     attn_bwd_dkdv(const u16* __restrict__ qkv, const u16* __restrict__ dout, const float* __restrict__ lse,
-                  const float* __restrict__ dsum, float* __restrict__ dqkv, int seq, int nq, int nkv,
-                  float scale_log2, float scale) {
+                  const float* __restrict__ dsum, float* __restrict__ dqkv, u16* __restrict__ ds, int seq, int nq,
+                  int nkv, int b0, float scale_log2, float scale) {
   constexpr int NW = 4, BKK = 16 * NW, P = HD + 8;
   extern __shared__ __align__(16) u16 smem[];
   u16* sK = smem;                       // [BKK][P]
@@ -288,8 +292,9 @@ __global__ void __launch_bounds__(128)
   float* sL = (float*)(sQ + 4 * BQ * P);  // [stage][BQ] lse log2 e
   float* sD = sL + 2 * BQ;                // [stage][BQ] D
   const size_t W = (size_t)(nq + 2 * nkv) * HD, OW = (size_t)nq * HD;
-  const int G = nq / nkv, kh = blockIdx.y, b = blockIdx.z;
+  const int G = nq / nkv, kh = blockIdx.y, b = b0 + blockIdx.z;
   const int k0 = (gridDim.x - 1 - blockIdx.x) * BKK;
+  const size_t ntile = (size_t)gridDim.x * (gridDim.x + 1) / 2;  // causal tiles per (sequence, head)
   const size_t tok0 = (size_t)b * seq;
   const int nqb = (seq - k0 + BQ - 1) / BQ;  // query blocks from k0 on, per head
   const int nit = G * nqb;
@@ -327,9 +332,18 @@ __global__ void __launch_bounds__(128)
       cp_async_wait<0>();
     }
     __syncthreads();
-    const int st = it & 1, q0 = k0 + (it % nqb) * BQ;
-    // Skip blocks where every query is before the warp's keys.
-    if (kw0 < seq && q0 + BQ - 1 >= kw0) {
+    const int st = it & 1, head = kh * G + it / nqb, q0 = k0 + (it % nqb) * BQ;
+    // The warp's 16 rows of dS^T in this block: tile (q0 / 64, k0 / 64),
+    // columns from q0 % 64.
+    const int qb = q0 / 64;
+    u16* dst = ds + (((size_t)blockIdx.z * nq + head) * ntile + (size_t)qb * (qb + 1) / 2 + k0 / 64) * 4096 +
+               (16 * warp + g) * 64 + q0 % 64 + tq * 2;
+    // Skip blocks where every query is before the warp's keys (their dS^T
+    // is zero, and stored so for attn_bwd_dq).
+    if (kw0 < seq && q0 + BQ - 1 < kw0) {
+#pragma unroll
+      for (int j = 0; j < BQ / 8; ++j) *(u32*)(dst + j * 8) = *(u32*)(dst + 8 * 64 + j * 8) = 0u;
+    } else if (kw0 < seq) {
       const u32 sq = smem_addr(sQ + st * 2 * BQ * P), sdo = sq + 2 * BQ * P;
       const float* l2 = sL + st * BQ;
       const float* dd = sD + st * BQ;
@@ -347,6 +361,11 @@ __global__ void __launch_bounds__(128)
           s[j][e] = p;
           dp[j][e] = p * (dp[j][e] - dd[ql]);
         }
+#pragma unroll
+      for (int j = 0; j < BQ / 8; ++j) {
+        *(u32*)(dst + j * 8) = cvt_bf2(dp[j][0], dp[j][1]);
+        *(u32*)(dst + 8 * 64 + j * 8) = cvt_bf2(dp[j][2], dp[j][3]);
+      }
       tile_mma_pv<HD, BQ / 16>(dv, s, sdo, off);
       tile_mma_pv<HD, BQ / 16>(dk, dp, sq, off);
     }
@@ -369,88 +388,74 @@ __global__ void __launch_bounds__(128)
   }
 }
 
-// attn_bwd_dq: dQ. One CTA of 4 warps per (64-query block, head, sequence),
-// the longest first; warp w owns queries 16w .. 16w+15, the CTA's Q and dO
-// rows stay in shared memory and blocks of BK keys and values stream
-// through a two-stage pipeline. Per block:
-//   S = Q K^T, P = exp2(S scale_log2 - lse log2 e), dP = dO V^T,
-//   dS = P (dP - D), dQ += dS K,
-// and dQ is scaled by 1/sqrt(HD) at the end. BK is 32 for HD 128, whose
-// dQ accumulators leave fewer registers for the score tiles.
-// Dynamic shared memory: (2 x 64 + 2 stages x 2 x BK) x (HD + 8) bf16.
-template <int HD, int BK>
+// attn_bwd_dq: dQ = dS K / sqrt(HD) from the dS^T tiles attn_bwd_dkdv
+// stored. One CTA of 4 warps per (64-query block qb, head, sequence b0 + z),
+// the longest first; warp w owns queries 16w .. 16w+15. The key blocks
+// 0 .. qb stream K (64 x HD) and the tile's dS^T (64 x 64) through a
+// two-stage pipeline; the A fragments of dS come from the transposed tile
+// with ldmatrix.trans. Keys past the sequence load as zeros, so that
+// whatever their tile rows hold never counts.
+// Dynamic shared memory: 2 stages x 64 x (HD + 8 + 72) bf16.
+template <int HD>
 __global__ void __launch_bounds__(128)
-    attn_bwd_dq(const u16* __restrict__ qkv, const u16* __restrict__ dout, const float* __restrict__ lse,
-                const float* __restrict__ dsum, float* __restrict__ dqkv, int seq, int nq, int nkv,
-                float scale_log2, float scale) {
-  constexpr int NW = 4, BQ = 16 * NW, P = HD + 8, TILE = BK * P;
-  extern __shared__ __align__(16) u16 smem[];
-  u16* sQ = smem;            // [BQ][P]
-  u16* sO = sQ + BQ * P;     // [BQ][P] dO
-  u16* sKV = sO + BQ * P;    // [stage][K | V][BK][P]
-  const size_t W = (size_t)(nq + 2 * nkv) * HD, OW = (size_t)nq * HD;
-  const int head = blockIdx.y, b = blockIdx.z, kh = head / (nq / nkv);
-  const int q0 = (gridDim.x - 1 - blockIdx.x) * BQ;
+    attn_bwd_dq(const u16* __restrict__ qkv, const u16* __restrict__ ds, float* __restrict__ dqkv, int seq, int nq,
+                int nkv, int b0, float scale) {
+  constexpr int NW = 4, BQ = 16 * NW, BK = 64, P = HD + 8, PS = BK + 8;
+  constexpr int STAGE = BK * P + BK * PS;
+  extern __shared__ __align__(16) u16 smem[];  // [stage][K [BK][P] | dS^T [BK][PS]]
+  const size_t W = (size_t)(nq + 2 * nkv) * HD;
+  const int head = blockIdx.y, b = b0 + blockIdx.z, kh = head / (nq / nkv);
+  const int qb = gridDim.x - 1 - blockIdx.x, q0 = qb * BQ;
   const size_t tok0 = (size_t)b * seq;
   const u16* K = qkv + tok0 * W + (nq + kh) * HD;
-  const u16* V = qkv + tok0 * W + (nq + nkv + kh) * HD;
+  const u16* T = ds + (((size_t)blockIdx.z * nq + head) * ((size_t)gridDim.x * (gridDim.x + 1) / 2) +
+                       (size_t)qb * (qb + 1) / 2) * 4096;  // tile (qb, 0)
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
-  const int kend = min(q0 + BQ, seq);
-  const int nblk = (kend + BK - 1) / BK;
   const LdOff off(lane, P);
+  // ldmatrix.trans offsets of an A fragment (16 queries x 16 keys) in a
+  // [key][query] tile of pitch PS: matrix mi holds keys +8 for mi >= 2 and
+  // queries +8 for odd mi.
+  const int mi = lane >> 3, mr = lane & 7;
+  const int aoff = (mr + (mi >> 1) * 8) * PS + (mi & 1) * 8 + 16 * warp;
 
-  load_rows<HD, NW * 32, BQ>(sQ, qkv + tok0 * W + head * HD, W, q0, seq);
-  load_rows<HD, NW * 32, BQ>(sO, dout + tok0 * OW + head * HD, OW, q0, seq);
-  auto load = [&](int blk) {
-    u16* sk = sKV + (blk & 1) * 2 * TILE;
-    load_rows<HD, NW * 32, BK>(sk, K, W, blk * BK, kend);
-    load_rows<HD, NW * 32, BK>(sk + TILE, V, W, blk * BK, kend);
+  auto load = [&](int kb) {
+    u16* st = smem + (kb & 1) * STAGE;
+    load_rows<HD, NW * 32, BK>(st, K, W, kb * BK, seq);
+    load_rows<BK, NW * 32, BK>(st + BK * P, T + (size_t)kb * 4096, BK, 0, seq - kb * BK);
     cp_async_commit();
   };
-  load(0);  // the same group as Q and dO
+  load(0);
 
-  const int row0 = q0 + 16 * warp;
-  const int wlast = row0 < seq ? min(row0 + 15, seq - 1) : -1;
-  float l2[2], dd[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int row = row0 + g + 8 * h;
-    const size_t i = ((size_t)b * nq + head) * seq + row;
-    l2[h] = row < seq ? lse[i] * LOG2E : 0.f;
-    dd[h] = row < seq ? dsum[i] : 0.f;
-  }
   float dq[HD / 8][4];
   zero(dq);
-  const u32 sqw = smem_addr(sQ + 16 * warp * P), sow = smem_addr(sO + 16 * warp * P);
-
-  for (int kb = 0; kb < nblk; ++kb) {
-    if (kb + 1 < nblk) {
+  for (int kb = 0; kb <= qb; ++kb) {
+    if (kb < qb) {
       load(kb + 1);
       cp_async_wait<1>();
     } else {
       cp_async_wait<0>();
     }
     __syncthreads();
-    const int k0 = kb * BK;
-    if (k0 <= wlast) {
-      const u32 sk = smem_addr(sKV + (kb & 1) * 2 * TILE), sv = sk + 2 * TILE;
-      float s[BK / 8][4], dp[BK / 8][4];
-      zero(s);
-      zero(dp);
-      tile_mma<HD, BK / 8>(s, sqw, sk, off);
-      tile_mma<HD, BK / 8>(dp, sow, sv, off);
+    const u32 sk = smem_addr(smem + (kb & 1) * STAGE), sd = sk + 2 * BK * P;
+    // In the diagonal tile the warp's queries see keys up to 16 warp + 15.
+    const int kks = kb < qb ? BK / 16 : warp + 1;
 #pragma unroll
-      for (int j = 0; j < BK / 8; ++j)
+    for (int kk = 0; kk < BK / 16; ++kk) {
+      if (kk < kks) {
+        u32 a[4];
+        ldsm4t(sd + 2 * (kk * 16 * PS + aoff), a[0], a[1], a[2], a[3]);
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int row = row0 + g + (e >> 1) * 8, key = k0 + j * 8 + tq * 2 + (e & 1);
-          const float p = (key <= row && row < seq) ? ex2(fmaf(s[j][e], scale_log2, -l2[e >> 1])) : 0.f;
-          s[j][e] = p * (dp[j][e] - dd[e >> 1]);
+        for (int j = 0; j < HD / 8; j += 2) {
+          u32 b0_, b1, b2, b3;
+          ldsm4t(sk + 2 * (kk * 16 * P + j * 8 + off.t), b0_, b1, b2, b3);
+          mma16816(dq[j], a, b0_, b1);
+          mma16816(dq[j + 1], a, b2, b3);
         }
-      tile_mma_pv<HD, BK / 16>(dq, s, sk, off);
+      }
     }
     __syncthreads();  // the stage just read is the next load's target
   }
+  const int row0 = q0 + 16 * warp;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int row = row0 + g + 8 * h;

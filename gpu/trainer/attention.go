@@ -2,6 +2,7 @@ package trainer
 
 import (
 	_ "embed"
+	"errors"
 	"fmt"
 	"math"
 	"sync"
@@ -9,11 +10,13 @@ import (
 	"github.com/twell-ai/twell/cuda"
 	"github.com/twell-ai/twell/cuda/cublas"
 	"github.com/twell-ai/twell/gpu"
+	"github.com/twell-ai/twell/internal/memcheck"
 )
 
 // attentionCU holds the attention kernels: attn_fwd, attn_bwd_dsum,
 // attn_bwd_dkdv and attn_bwd_dq (flash-attention 2 style, mma.sync bf16
-// tensor cores, fp32 accumulation; no score matrix is stored).
+// tensor cores, fp32 accumulation; the forward stores no score matrix, the
+// backward its bf16 dS once).
 //
 //go:embed attention.cu
 var attentionCU []byte
@@ -24,7 +27,7 @@ var attentionCU []byte
 var attentionHeadDims = []int{32, 64, 128}
 
 // Tile sizes of attention.cu: 64 queries per forward and dQ CTA, 64 keys
-// per dK/dV CTA and per forward key block, 4 warps each.
+// per dK/dV CTA and per forward and dQ key block, 4 warps each.
 const (
 	attnBlockQ   = 64
 	attnBlockK   = 64
@@ -41,19 +44,34 @@ func attnDKDVBlockQ(hd int) int {
 	return 32
 }
 
-// attnDQBlockK is the key block of attn_bwd_dq<hd>, smaller for large heads
-// for the same reason.
-func attnDQBlockK(hd int) int {
-	if hd <= 64 {
-		return 64
-	}
-	return 32
+// attnScratchCap bounds the dS^T tiles the backward keeps at once: it runs
+// in chunks of as many sequences as fit (at least one). At the 1.5B shape
+// (8 x 2048 tokens, 32 heads) the whole micro-batch takes 1.1 GB.
+var attnScratchCap int64 = 2 << 30
+
+// attnSeqScratch is the size of one sequence's dS^T tiles: a bf16 64 x 64
+// tile per causal (query block, key block) pair and query head.
+func attnSeqScratch(seq, nq int) int64 {
+	nt := int64(ceil(seq, attnBlockQ))
+	return nt * (nt + 1) / 2 * attnBlockQ * attnBlockK * 2 * int64(nq)
+}
+
+// attnChunk returns the sequences of a backward launch for micro-batches of
+// batch sequences.
+func attnChunk(batch, seq, nq int) int {
+	return int(max(1, min(int64(batch), attnScratchCap/attnSeqScratch(seq, nq))))
+}
+
+// attnWorkBytes is the device memory of an attention's work buffers: D
+// (fp32 per query row and head) and the dS^T tiles of one chunk.
+func attnWorkBytes(batch, seq, nq int) int64 {
+	return 4*int64(batch)*int64(nq)*int64(seq) + int64(attnChunk(batch, seq, nq))*attnSeqScratch(seq, nq)
 }
 
 // attentionExprs are the name expressions of the kernels for head size hd.
 func attentionExprs(hd int) (fwd, dkdv, dq string) {
 	return fmt.Sprintf("attn_fwd<%d>", hd), fmt.Sprintf("attn_bwd_dkdv<%d, %d>", hd, attnDKDVBlockQ(hd)),
-		fmt.Sprintf("attn_bwd_dq<%d, %d>", hd, attnDQBlockK(hd))
+		fmt.Sprintf("attn_bwd_dq<%d>", hd)
 }
 
 // attentionKernels are the compiled attention kernels for one head size on
@@ -110,7 +128,10 @@ func attentionKernelsFor(dev *cuda.Device, hd int) (*attentionKernels, error) {
 // online softmax; the backward pass recomputes the probabilities from lse,
 // with D = rowsum(dout * out) from a small kernel, one kernel for dK and dV
 // (a CTA per 64 keys of a kv head, summing its query heads in registers)
-// and one for dQ (a CTA per 64 queries of a head). Products run on
+// that also stores the score gradient dS (bf16, the causal 64 x 64 tiles),
+// and one for dQ = dS K (a CTA per 64 queries of a head). Storing dS costs
+// 2 bytes written and read per causal score; recomputing it for dQ cost two
+// more products (scores and dP) over the same scores. Products run on
 // mma.sync bf16 tensor cores (probabilities and their gradients rounded to
 // bf16), accumulation and softmax in fp32. Nothing is accumulated with
 // atomics: every output element is written once, in a fixed order, so
@@ -122,10 +143,13 @@ type attention struct {
 	// dsum is D = rowsum(dout * out), fp32 [batch][nq][seq], recomputed by
 	// every backward call.
 	dsum *cuda.Buffer
+	// ds holds the dS^T tiles of chunk sequences (attention.cu's ds).
+	ds    *cuda.Buffer
+	chunk int
 }
 
 // newAttention compiles the kernels for hd (32, 64 or 128)
-// and allocates the backward's work buffer (4 batch nq seq bytes). blas is
+// and allocates the backward's work buffers (attnWorkBytes). blas is
 // not used by this implementation; it is part of the constructor so that
 // the caller need not know which products run where.
 func newAttention(dev *cuda.Device, blas *cublas.Handle, batch, seq, nq, nkv, hd int) (*attention, error) {
@@ -154,11 +178,16 @@ func newAttention(dev *cuda.Device, blas *cublas.Handle, batch, seq, nq, nkv, hd
 	if err != nil {
 		return nil, err
 	}
-	dsum, err := dev.Alloc(4 * batch * nq * seq)
-	if err != nil {
+	a := &attention{dev: dev, k: k, batch: batch, seq: seq, nq: nq, nkv: nkv, hd: hd, chunk: attnChunk(batch, seq, nq)}
+	if a.dsum, err = dev.Alloc(4 * batch * nq * seq); err != nil {
 		return nil, fmt.Errorf("trainer: attention work buffer (fp32 [%d][%d][%d]): %w", batch, nq, seq, err)
 	}
-	return &attention{dev: dev, k: k, batch: batch, seq: seq, nq: nq, nkv: nkv, hd: hd, dsum: dsum}, nil
+	if a.ds, err = dev.Alloc(int(int64(a.chunk) * attnSeqScratch(seq, nq))); err != nil {
+		a.close()
+		return nil, fmt.Errorf("trainer: attention score gradient tiles (%d sequences of %d tokens, %d heads: %s): %w",
+			a.chunk, seq, nq, memcheck.Format(float64(int64(a.chunk)*attnSeqScratch(seq, nq))), err)
+	}
+	return a, nil
 }
 
 // qkvWidth is the row width of qkv and dqkv in elements.
@@ -250,26 +279,35 @@ func (a *attention) backward(s *cuda.Stream, dqkv, dout, qkv, out, lse *cuda.Buf
 		return fmt.Errorf("trainer: attention backward (D): %w", err)
 	}
 	bq, p := attnDKDVBlockQ(a.hd), a.hd+8
-	smem := (2*attnBlockK+4*bq)*p*2 + 4*bq*4
-	if err := a.k.dkdv.Launch(a.grid(a.nkv), block, smem, s, qkv, dout, lse, a.dsum, dqkv,
-		int32(a.seq), int32(a.nq), int32(a.nkv), scaleLog2, scale); err != nil {
-		return fmt.Errorf("trainer: attention backward (dK, dV): %w", err)
-	}
-	smem = (2*attnBlockQ + 4*attnDQBlockK(a.hd)) * p * 2
-	if err := a.k.dq.Launch(a.grid(a.nq), block, smem, s, qkv, dout, lse, a.dsum, dqkv,
-		int32(a.seq), int32(a.nq), int32(a.nkv), scaleLog2, scale); err != nil {
-		return fmt.Errorf("trainer: attention backward (dQ): %w", err)
+	smemKV := (2*attnBlockK+4*bq)*p*2 + 4*bq*4
+	smemQ := 2 * attnBlockK * (p + attnBlockQ + 8) * 2
+	for b0 := 0; b0 < a.batch; b0 += a.chunk {
+		n := uint32(min(a.chunk, a.batch-b0))
+		g := a.grid(a.nkv)
+		g[2] = n
+		if err := a.k.dkdv.Launch(g, block, smemKV, s, qkv, dout, lse, a.dsum, dqkv, a.ds,
+			int32(a.seq), int32(a.nq), int32(a.nkv), int32(b0), scaleLog2, scale); err != nil {
+			return fmt.Errorf("trainer: attention backward (dK, dV): %w", err)
+		}
+		g = a.grid(a.nq)
+		g[2] = n
+		if err := a.k.dq.Launch(g, block, smemQ, s, qkv, a.ds, dqkv,
+			int32(a.seq), int32(a.nq), int32(a.nkv), int32(b0), scale); err != nil {
+			return fmt.Errorf("trainer: attention backward (dQ): %w", err)
+		}
 	}
 	return nil
 }
 
-// close frees the work buffer. Call it when no queued work still uses the
+// close frees the work buffers. Call it when no queued work still uses the
 // attention.
 func (a *attention) close() error {
-	if a.dsum == nil {
-		return nil
+	var err error
+	for _, b := range []**cuda.Buffer{&a.dsum, &a.ds} {
+		if *b != nil {
+			err = errors.Join(err, (*b).Free())
+			*b = nil
+		}
 	}
-	err := a.dsum.Free()
-	a.dsum = nil
 	return err
 }

@@ -314,6 +314,56 @@ func TestAttentionDeterministic(t *testing.T) {
 	}
 }
 
+// TestAttentionChunks runs the backward in chunks of one sequence (a small
+// scratch cap) and checks that dqkv is bitwise the one-launch result.
+func TestAttentionChunks(t *testing.T) {
+	dev := cudatest.Device(t)
+	seed := time.Now().UnixNano()
+	c := attnShape{3, 130, 4, 2, 64}
+	r := newAttnRun(t, dev, c, rand.New(rand.NewSource(seed)))
+	if r.a.chunk != c.batch {
+		t.Fatalf("chunk %d with the default cap, want %d", r.a.chunk, c.batch)
+	}
+	_, _, whole := r.run(t)
+	defer func(v int64) { attnScratchCap = v }(attnScratchCap)
+	attnScratchCap = attnSeqScratch(c.seq, c.nq) + 1
+	rc := newAttnRun(t, dev, c, rand.New(rand.NewSource(seed)))
+	if rc.a.chunk != 1 {
+		t.Fatalf("chunk %d with a cap of one sequence, want 1", rc.a.chunk)
+	}
+	_, _, chunked := rc.run(t)
+	if !bytes.Equal(cuda.Bytes(whole), cuda.Bytes(chunked)) {
+		t.Errorf("seed %d, %v: dqkv in chunks of one sequence differs from one launch", seed, c)
+	}
+}
+
+// TestAttentionWorkBytes checks the chunking arithmetic: a chunk is at
+// least one sequence, at most the batch, and within the cap unless one
+// sequence alone exceeds it.
+func TestAttentionWorkBytes(t *testing.T) {
+	seed := time.Now().UnixNano()
+	rng := rand.New(rand.NewSource(seed))
+	for range 1000 {
+		batch, seq, nq := 1+rng.Intn(64), 1+rng.Intn(16384), 1+rng.Intn(64)
+		n, one := attnChunk(batch, seq, nq), attnSeqScratch(seq, nq)
+		nt := int64((seq + 63) / 64)
+		if one != nt*(nt+1)/2*8192*int64(nq) {
+			t.Fatalf("seed %d: one sequence of %d tokens, %d heads: %d bytes of tiles", seed, seq, nq, one)
+		}
+		if n < 1 || n > batch || (n > 1 && int64(n)*one > attnScratchCap) ||
+			(n < batch && int64(n+1)*one <= attnScratchCap) {
+			t.Fatalf("seed %d: batch %d, seq %d, %d heads: chunk %d (one sequence %d bytes, cap %d)",
+				seed, batch, seq, nq, n, one, attnScratchCap)
+		}
+		if w := attnWorkBytes(batch, seq, nq); w != 4*int64(batch*seq*nq)+int64(n)*one {
+			t.Fatalf("seed %d: work bytes %d", seed, w)
+		}
+	}
+	if n := attnChunk(8, 2048, 32); n != 8 {
+		t.Errorf("the 1.5B shape's backward in chunks of %d sequences, want all 8", n)
+	}
+}
+
 // TestAttentionTiming logs the time and tensor throughput of forward and
 // backward at training shapes (causal FLOPs: 2 products forward, 5
 // backward, over half the score matrix). It checks nothing.
