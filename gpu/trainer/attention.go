@@ -36,12 +36,13 @@ const (
 )
 
 // attnDKDVBlockQ is the query block of attn_bwd_dkdv<hd>: smaller for large
-// heads, whose dK and dV accumulators take most of the registers.
+// heads, whose dK and dV accumulators take most of the registers (at 32,
+// hd 128 spilled with CUDA 13's ptxas once the kernel also stored dS).
 func attnDKDVBlockQ(hd int) int {
 	if hd <= 64 {
 		return 64
 	}
-	return 32
+	return 16
 }
 
 // attnScratchCap bounds the dS^T tiles the backward keeps at once: it runs
