@@ -6,8 +6,9 @@
 #                                       density 0.5%, uniform and skewed rates (TwELL vs cuBLASLt)
 #   scripts/gpu-bench.sh model OUTDIR   the 28-layer SparseLM-1.5B shape (random weights, calibrated
 #                                       gates): prefill 64 x 2048 tokens, decode at 512 cached tokens
-#   scripts/gpu-bench.sh decode OUTDIR  the same model's decode steps at 512 and at 2048 cached
-#                                       tokens, batches 1, 8 and 64 (a short prefill)
+#   scripts/gpu-bench.sh decode OUTDIR  the same model's decode steps at 512 and at 2016 cached
+#                                       tokens (the 32 timed steps end at the model's 2048
+#                                       positions), batches 1, 8 and 64 (a short prefill)
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 what=${1:?usage: gpu-bench.sh ffn|model|decode OUTDIR}
@@ -27,7 +28,7 @@ model)
     -json "$out/model.json" 2>&1 | tee "$out/model.txt" || status=1
   ;;
 decode)
-  for ctx in 512 2048; do
+  for ctx in 512 2016; do
     "$tw" bench model -device cuda -preset sparselm-1.5b -seed 9596107621982983358 -reps 3 -batch 8 -prompt-len 512 \
       -decode-batch 1,8,64 -decode-context "$ctx" -decode-steps 32 \
       -json "$out/decode-$ctx.json" -plot "$out/decode-$ctx.png" 2>&1 | tee "$out/decode-$ctx.txt" || status=1
