@@ -21,6 +21,12 @@ import (
 //go:embed attention.cu
 var attentionCU []byte
 
+// attentionWGMMACU holds attn_bwd_dkdv_wg, the Hopper dK/dV kernel for head
+// size 64 (wgmma instead of mma.sync; compiled for sm_90a only).
+//
+//go:embed attention_wgmma.cu
+var attentionWGMMACU []byte
+
 // attentionHeadDims are the head sizes the attention kernels are built for.
 // The tiles take any multiple of 32 up to 128, but ptxas spills a few
 // registers of attn_fwd<96>, so 96 is left out until that is fixed.
@@ -79,6 +85,9 @@ func attentionExprs(hd int) (fwd, dkdv, dq string) {
 // one device.
 type attentionKernels struct {
 	fwd, dsum, dkdv, dq *cuda.Function
+	// dkdvWG is attn_bwd_dkdv_wg where it runs (head size 64 on sm_90a),
+	// else nil.
+	dkdvWG *cuda.Function
 }
 
 type attentionKey struct {
@@ -115,9 +124,22 @@ func attentionKernelsFor(dev *cuda.Device, hd int) (*attentionKernels, error) {
 			return nil, fmt.Errorf("trainer: attention kernel %s: %w", f.name, err)
 		}
 	}
+	if hd == 64 && dev.Properties().Arch == "sm_90a" {
+		wg, err := dev.Compile("attention_wgmma.cu", attentionWGMMACU, gpu.Headers()...)
+		if err != nil {
+			return nil, fmt.Errorf("trainer: compiling attention_wgmma.cu: %w", err)
+		}
+		if k.dkdvWG, err = wg.Function("attn_bwd_dkdv_wg"); err != nil {
+			return nil, fmt.Errorf("trainer: attention kernel attn_bwd_dkdv_wg: %w", err)
+		}
+	}
 	attnKernTab[key] = k
 	return k, nil
 }
+
+// attnDKDVWGShared is the dynamic shared memory of attn_bwd_dkdv_wg: 1024
+// bytes of alignment, six 64 x 64 bf16 tiles and 2 x 2 x 64 floats.
+const attnDKDVWGShared = 1024 + 6*64*64*2 + 2*2*64*4
 
 // attention holds the work buffers of causal self-attention over batch
 // independent sequences of seq tokens each (positions 0..seq-1), nq query
@@ -130,7 +152,9 @@ func attentionKernelsFor(dev *cuda.Device, hd int) (*attentionKernels, error) {
 // with D = rowsum(dout * out) from a small kernel, one kernel for dK and dV
 // (a CTA per 64 keys of a kv head, summing its query heads in registers)
 // that also stores the score gradient dS (bf16, the causal 64 x 64 tiles),
-// and one for dQ = dS K (a CTA per 64 queries of a head). Storing dS costs
+// and one for dQ = dS K (a CTA per 64 queries of a head); on Hopper at head
+// size 64 the dK/dV kernel is attention_wgmma.cu's, the same work on wgmma.
+// Storing dS costs
 // 2 bytes written and read per causal score; recomputing it for dQ cost two
 // more products (scores and dP) over the same scores. Products run on
 // mma.sync bf16 tensor cores (probabilities and their gradients rounded to
@@ -147,6 +171,9 @@ type attention struct {
 	// ds holds the dS^T tiles of chunk sequences (attention.cu's ds).
 	ds    *cuda.Buffer
 	chunk int
+	// dkdvWG is the wgmma dK/dV kernel the backward runs, nil for the
+	// mma.sync one.
+	dkdvWG *cuda.Function
 }
 
 // newAttention compiles the kernels for hd (32, 64 or 128)
@@ -179,7 +206,8 @@ func newAttention(dev *cuda.Device, blas *cublas.Handle, batch, seq, nq, nkv, hd
 	if err != nil {
 		return nil, err
 	}
-	a := &attention{dev: dev, k: k, batch: batch, seq: seq, nq: nq, nkv: nkv, hd: hd, chunk: attnChunk(batch, seq, nq)}
+	a := &attention{dev: dev, k: k, batch: batch, seq: seq, nq: nq, nkv: nkv, hd: hd, chunk: attnChunk(batch, seq, nq),
+		dkdvWG: k.dkdvWG}
 	if a.dsum, err = dev.Alloc(4 * batch * nq * seq); err != nil {
 		return nil, fmt.Errorf("trainer: attention work buffer (fp32 [%d][%d][%d]): %w", batch, nq, seq, err)
 	}
@@ -286,7 +314,11 @@ func (a *attention) backward(s *cuda.Stream, dqkv, dout, qkv, out, lse *cuda.Buf
 		n := uint32(min(a.chunk, a.batch-b0))
 		g := a.grid(a.nkv)
 		g[2] = n
-		if err := a.k.dkdv.Launch(g, block, smemKV, s, qkv, dout, lse, a.dsum, dqkv, a.ds,
+		fn, smem := a.k.dkdv, smemKV
+		if a.dkdvWG != nil {
+			fn, smem = a.dkdvWG, attnDKDVWGShared
+		}
+		if err := fn.Launch(g, block, smem, s, qkv, dout, lse, a.dsum, dqkv, a.ds,
 			int32(a.seq), int32(a.nq), int32(a.nkv), int32(b0), scaleLog2, scale); err != nil {
 			return fmt.Errorf("trainer: attention backward (dK, dV): %w", err)
 		}

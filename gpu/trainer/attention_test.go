@@ -36,6 +36,9 @@ func TestAttentionCompile(t *testing.T) {
 			}
 		})
 	}
+	t.Run("wgmma", func(t *testing.T) {
+		cudatest.CleanSASS(t, "attention_wgmma.cu", attentionWGMMACU, gpu.Headers()...)
+	})
 }
 
 // TestAttentionShapeErrors checks that newAttention names a bad shape
@@ -258,44 +261,63 @@ func TestAttentionMatchesReference(t *testing.T) {
 	dev := cudatest.Device(t)
 	seed := time.Now().UnixNano()
 	for i, c := range attnShapes {
-		t.Run(c.String(), func(t *testing.T) {
-			seed := seed + int64(i)
-			r := newAttnRun(t, dev, c, rand.New(rand.NewSource(seed)))
-			out, lse, dqkv := r.run(t)
-			ref := attentionReference(c, r.qkvF, r.doutF)
-			f64 := func(n int, at func(i int) float64) []float64 {
-				v := make([]float64, n)
-				for i := range v {
-					v[i] = at(i)
+		for _, wg := range []bool{false, true} {
+			name := c.String()
+			if wg {
+				name += "_wgmma"
+			}
+			t.Run(name, func(t *testing.T) {
+				seed := seed + int64(i)
+				r := newAttnRun(t, dev, c, rand.New(rand.NewSource(seed)))
+				if wg && r.a.dkdvWG == nil {
+					t.Skipf("no wgmma dK/dV kernel for head size %d on %v", c.hd, dev)
 				}
-				return v
-			}
-			got := f64(len(out), func(i int) float64 { return float64(bf16.ToFloat32(out[i])) })
-			e := relErr(got, ref.out, nil)
-			if !(e < 1e-2) {
-				t.Errorf("seed %d: out relative error %.3g", seed, e)
-			}
-			errs := fmt.Sprintf("out %.2g", e)
-			got = f64(len(lse), func(i int) float64 { return float64(lse[i]) })
-			if e = relErr(got, ref.lse, nil); !(e < 1e-3) {
-				t.Errorf("seed %d: lse relative error %.3g", seed, e)
-			}
-			errs += fmt.Sprintf(", lse %.2g", e)
-			got = f64(len(dqkv), func(i int) float64 { return float64(dqkv[i]) })
-			qw, kw := c.nq*c.hd, c.nkv*c.hd
-			for _, part := range []struct {
-				name   string
-				lo, hi int
-			}{{"dq", 0, qw}, {"dk", qw, qw + kw}, {"dv", qw + kw, qw + 2*kw}} {
-				pick := func(i int) bool { col := i % r.W; return col >= part.lo && col < part.hi }
-				if e = relErr(got, ref.dqkv, pick); !(e < 1e-2) {
-					t.Errorf("seed %d: %s relative error %.3g", seed, part.name, e)
+				if !wg {
+					r.a.dkdvWG = nil
 				}
-				errs += fmt.Sprintf(", %s %.2g", part.name, e)
-			}
-			t.Logf("seed %d: relative errors %s", seed, errs)
-		})
+				attnMatchesReference(t, c, r, seed)
+			})
+		}
 	}
+}
+
+// attnMatchesReference runs r's forward and backward and compares out, lse
+// and the q, k and v parts of dqkv with the float64 reference.
+func attnMatchesReference(t *testing.T, c attnShape, r *attnRun, seed int64) {
+	t.Helper()
+	out, lse, dqkv := r.run(t)
+	ref := attentionReference(c, r.qkvF, r.doutF)
+	f64 := func(n int, at func(i int) float64) []float64 {
+		v := make([]float64, n)
+		for i := range v {
+			v[i] = at(i)
+		}
+		return v
+	}
+	got := f64(len(out), func(i int) float64 { return float64(bf16.ToFloat32(out[i])) })
+	e := relErr(got, ref.out, nil)
+	if !(e < 1e-2) {
+		t.Errorf("seed %d: out relative error %.3g", seed, e)
+	}
+	errs := fmt.Sprintf("out %.2g", e)
+	got = f64(len(lse), func(i int) float64 { return float64(lse[i]) })
+	if e = relErr(got, ref.lse, nil); !(e < 1e-3) {
+		t.Errorf("seed %d: lse relative error %.3g", seed, e)
+	}
+	errs += fmt.Sprintf(", lse %.2g", e)
+	got = f64(len(dqkv), func(i int) float64 { return float64(dqkv[i]) })
+	qw, kw := c.nq*c.hd, c.nkv*c.hd
+	for _, part := range []struct {
+		name   string
+		lo, hi int
+	}{{"dq", 0, qw}, {"dk", qw, qw + kw}, {"dv", qw + kw, qw + 2*kw}} {
+		pick := func(i int) bool { col := i % r.W; return col >= part.lo && col < part.hi }
+		if e = relErr(got, ref.dqkv, pick); !(e < 1e-2) {
+			t.Errorf("seed %d: %s relative error %.3g", seed, part.name, e)
+		}
+		errs += fmt.Sprintf(", %s %.2g", part.name, e)
+	}
+	t.Logf("seed %d: relative errors %s", seed, errs)
 }
 
 // TestAttentionDeterministic runs forward and backward twice on the same
