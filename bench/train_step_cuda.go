@@ -26,7 +26,8 @@ type TrainStepOptions struct {
 	Steps      int // timed steps per path, after 2 warm-up steps
 	Seed       uint64
 	L1         float64
-	LogitRows  int // token rows of logits at once in the cross-entropy (0: the trainer's default)
+	LogitRows  int  // token rows of logits at once in the cross-entropy (0: the trainer's default)
+	Recompute  bool // trainer.Options.Recompute: each layer's forward again before its backward
 	// Profile adds, after the timed steps, one step per path timed stage
 	// by stage (trainer.Backend.Profile; the events it records are not
 	// in the timed steps).
@@ -63,8 +64,9 @@ type TrainStepResult struct {
 	Layers       int     `json:"layers"`
 	Batch        int     `json:"batch"`
 	Seq          int     `json:"seq"`
-	LogitRows    int     `json:"logit_rows"` // token rows of logits at once in the cross-entropy
-	Density      float64 `json:"density"`    // the gates' calibrated density
+	LogitRows    int     `json:"logit_rows"`          // token rows of logits at once in the cross-entropy
+	Recompute    bool    `json:"recompute,omitempty"` // activations recomputed in the backward
+	Density      float64 `json:"density"`             // the gates' calibrated density
 	Path         string  `json:"mlp_path"`
 	SparseLayers int     `json:"sparse_layers"` // layers that ran sparse in the timed steps
 	L0Mean       float64 `json:"l0_mean"`       // measured active units per token, mean over layers
@@ -117,13 +119,14 @@ func TrainStepCUDA(o TrainStepOptions, progress func(string)) ([]TrainStepResult
 	var out []TrainStepResult
 	for _, path := range []mlp.Path{mlp.Dense, mlp.Sparse, mlp.Auto} {
 		say("%v MLP path: loading the model", path)
-		b, err := trainer.New(dev, c, m.Weights, trainer.Options{Batch: o.Batch, Seq: o.Seq, MLP: path, LogitRows: o.LogitRows})
+		b, err := trainer.New(dev, c, m.Weights, trainer.Options{Batch: o.Batch, Seq: o.Seq, MLP: path, LogitRows: o.LogitRows,
+			Recompute: o.Recompute})
 		if err != nil {
 			return nil, fmt.Errorf("%v path: %w", path, err)
 		}
 		res := TrainStepResult{Row: newRow(TrainStepSchema, "cuda", fmt.Sprintf("%s, %d SMs", props.Name, props.SMs)),
 			Model: "SparseLM-1.5B shape, random weights, calibrated gates", Params: c.ParamCount(), Layers: c.NumHiddenLayers,
-			Batch: o.Batch, Seq: o.Seq, LogitRows: b.LogitRows(), Density: o.Density, Path: path.String(), Steps: o.Steps}
+			Batch: o.Batch, Seq: o.Seq, LogitRows: b.LogitRows(), Recompute: o.Recompute, Density: o.Density, Path: path.String(), Steps: o.Steps}
 		var ms []float64
 		var mt *nvml.Meter
 		for step := range o.Steps + 2 {

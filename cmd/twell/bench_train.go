@@ -29,6 +29,7 @@ func runBenchTrain(args []string, stdout, stderr io.Writer) error {
 	seq := fs.Int("seq", 2048, "with -step: tokens per sequence")
 	steps := fs.Int("steps", 5, "with -step: timed steps per path, after 2 warm-up steps")
 	logitRows := fs.Int("logit-rows", 0, "with -step: token rows of logits at once in the cross-entropy (0: the trainer's default)")
+	recompute := fs.Bool("recompute", false, "with -step: keep only each layer's input and run its forward again before its backward (as train -recompute)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -47,7 +48,7 @@ func runBenchTrain(args []string, stdout, stderr io.Writer) error {
 		if len(dens) != 1 {
 			return usagef("-step takes one -density (the gates' calibrated density), not %d", len(dens))
 		}
-		o := bench.TrainStepOptions{Layers: *layers, Batch: *batch, Seq: *seq, Density: dens[0], Dist: dst, Steps: *steps, Seed: *seed, L1: *l1, LogitRows: *logitRows, Profile: *profile}
+		o := bench.TrainStepOptions{Layers: *layers, Batch: *batch, Seq: *seq, Density: dens[0], Dist: dst, Steps: *steps, Seed: *seed, L1: *l1, LogitRows: *logitRows, Recompute: *recompute, Profile: *profile}
 		if err := o.Validate(); err != nil {
 			return usageError{err.Error()}
 		}

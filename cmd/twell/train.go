@@ -41,6 +41,7 @@ type trainFlags struct {
 	cfgPath, preset, out, dataDir, tokPath, device string
 	steps, gpus                                    int
 	l1, denseAbove                                 float64
+	recompute                                      bool
 	mlp                                            mlp.Path
 	resume, overwrite                              bool
 	set                                            map[string]bool // the flags given
@@ -70,6 +71,7 @@ func parseTrainFlags(args []string, stderr io.Writer) (*trainFlags, error) {
 	fs.BoolVar(&f.overwrite, "overwrite", false, "start over in an -out that holds an earlier run, deleting its checkpoints, metrics and plots")
 	fs.Var(&f.mlp, "mlp", "GPU MLP path: auto (per layer: sparse while its density is at most -dense-above), sparse or dense")
 	fs.Float64Var(&f.denseAbove, "dense-above", trainer.DefaultDenseAbove, "with -mlp auto, the density above which a layer's MLP runs dense on the GPU")
+	fs.BoolVar(&f.recompute, "recompute", false, "GPU: keep only each layer's input and run its forward again before its backward (one more forward pass a step, far less activation memory; the same results)")
 	fs.IntVar(&f.gpus, "gpus", 1, "GPUs of this host to train on, data-parallel, one process each; the global batch stays the config's")
 	if err := parseFlags(fs, args); err != nil {
 		return nil, err
@@ -249,6 +251,9 @@ func newTrainBackend(ctx context.Context, f *trainFlags, cfg *train.Config, w *m
 		if f.set["mlp"] || f.set["dense-above"] {
 			fmt.Fprintf(stderr, "note: -mlp and -dense-above choose the GPU trainer's MLP kernels; the CPU trainer runs its MLPs dense\n")
 		}
+		if f.recompute {
+			fmt.Fprintf(stderr, "note: -recompute is the GPU trainer's; the CPU trainer keeps every layer's activations\n")
+		}
 	}
 	if device == "cpu" {
 		cpuNote()
@@ -258,7 +263,8 @@ func newTrainBackend(ctx context.Context, f *trainFlags, cfg *train.Config, w *m
 	dev, err := cuda.Open(0)
 	if err == nil {
 		var b *trainer.Backend
-		if b, err = trainer.New(dev, mc, w, trainer.Options{Batch: cfg.Batch, Seq: cfg.Seq, MLP: f.mlp, DenseAbove: f.denseAbove}); err == nil {
+		if b, err = trainer.New(dev, mc, w, trainer.Options{Batch: cfg.Batch, Seq: cfg.Seq, MLP: f.mlp, DenseAbove: f.denseAbove,
+			Recompute: f.recompute}); err == nil {
 			fmt.Fprintf(stderr, "training on %v\n", dev)
 			return b, b, nil
 		}

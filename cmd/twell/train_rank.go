@@ -58,7 +58,8 @@ func rankBackend(ctx context.Context, f *trainFlags, cfg *train.Config, w *model
 	if err != nil {
 		return nil, nil, fmt.Errorf("%s: %w", where, err)
 	}
-	b, err := trainer.New(dev, cfg.ModelConfig(), w, trainer.Options{Batch: cfg.Batch, Seq: cfg.Seq, MLP: f.mlp, DenseAbove: f.denseAbove, Comm: comm})
+	b, err := trainer.New(dev, cfg.ModelConfig(), w, trainer.Options{Batch: cfg.Batch, Seq: cfg.Seq, MLP: f.mlp, DenseAbove: f.denseAbove,
+		Recompute: f.recompute, Comm: comm})
 	if err != nil {
 		comm.Abort()
 		return nil, nil, fmt.Errorf("%s: %w", where, err)

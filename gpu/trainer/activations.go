@@ -23,7 +23,12 @@ type activations struct {
 	// [M][qkvW]); att the attention output (bf16 [M][nq·hd]) and lse
 	// (fp32 [batch][nq][seq]); mlp what the MLP block keeps for its
 	// backward (mlpShape.saveBytes: the dense or the sparse path's views).
+	// With Options.Recompute every layer's entry but x is the same buffer.
 	x, x2, hn1, hn2, rstd1, rstd2, qkv, att, lse, mlp []*cuda.Buffer
+	// discard takes the statistics (fp64 [2]) and firing counts (int32
+	// [f]) of a recomputed forward (Options.Recompute), which must not
+	// count twice.
+	discard *cuda.Buffer
 
 	ids, targets *cuda.Buffer // int32 [M]
 	normF, rstdF *cuda.Buffer // final norm: bf16 [M][h], fp32 [M]
@@ -101,14 +106,24 @@ func activationSizes(c model.Config, batch, seq int, o Options) (perLayer, share
 	return perLayer, shared, sparse
 }
 
+// discardBytes is the size of activations.discard.
+func discardBytes(c model.Config) int { return 16 + 4*c.IntermediateSize }
+
 // ActivationBytes returns the device memory of the activations and work
 // buffers of micro-batches of batch x seq tokens, attention's included,
-// with o's logit rows and MLP path.
+// with o's logit rows, MLP path and recomputation.
 func ActivationBytes(c model.Config, batch, seq int, o Options) int64 {
 	perLayer, shared, sparse := activationSizes(c, batch, seq, o)
 	n := int64(0)
-	for _, s := range perLayer {
-		n += int64(s) * int64(c.NumHiddenLayers)
+	for i, s := range perLayer {
+		copies := int64(c.NumHiddenLayers)
+		if i > 0 && o.Recompute {
+			copies = 1
+		}
+		n += int64(s) * copies
+	}
+	if o.Recompute {
+		n += int64(discardBytes(c))
 	}
 	for _, s := range append(shared, sparse...) {
 		n += int64(s)
@@ -134,9 +149,16 @@ func newActivations(dev *cuda.Device, c model.Config, batch, seq int, o Options)
 	L := c.NumHiddenLayers
 	lists := []*[]*cuda.Buffer{&a.x, &a.x2, &a.hn1, &a.hn2, &a.rstd1, &a.rstd2, &a.qkv, &a.att, &a.lse, &a.mlp}
 	for i, p := range lists {
-		for range L {
+		for l := range L {
+			if l > 0 && i > 0 && o.Recompute {
+				*p = append(*p, (*p)[0])
+				continue
+			}
 			*p = append(*p, alloc(perLayer[i]))
 		}
+	}
+	if o.Recompute {
+		a.discard = alloc(discardBytes(c))
 	}
 	singles := []**cuda.Buffer{&a.ids, &a.targets, &a.normF, &a.rstdF, &a.logits, &a.dlogits, &a.dx, &a.dtmp, &a.dxb,
 		&a.dh, &a.dgu, &a.part, &a.qkvF, &a.dqkvb, &a.datt}

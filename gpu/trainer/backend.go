@@ -50,6 +50,13 @@ type Options struct {
 	MLP mlp.Path
 	// DenseAbove is mlp.Auto's density threshold (0: DefaultDenseAbove).
 	DenseAbove float64
+	// Recompute keeps only each layer's input from the forward pass and
+	// runs a layer's forward again, into buffers that all layers share,
+	// just before its backward: one more forward pass a step for the
+	// memory of one layer's activations instead of all of them. The
+	// kernels are deterministic, so the step's results are bit for bit
+	// those without it.
+	Recompute bool
 	// Comm, when set, makes the backend one rank of a data-parallel run
 	// with a sharded optimizer (ZeRO-1; see parallel.go): each rank runs
 	// its share of a step's micro-batches, the gradients are
@@ -276,6 +283,9 @@ func fits(dev *cuda.Device, need int64, c model.Config, batch, seq int, o Option
 		}
 		if o.MLP != mlp.Dense {
 			hint += "; the dense MLP path (-mlp dense) needs less activation memory"
+		}
+		if !o.Recompute {
+			hint += "; -recompute keeps one layer's activations instead of all"
 		}
 	}
 	state := need

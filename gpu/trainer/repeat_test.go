@@ -141,31 +141,64 @@ func TestStepRepeatsBitwise(t *testing.T) {
 			if tc.mlp == mlp.Sparse && slices.Max(a.stats[0].Active[0]) <= micro*spColChunk {
 				t.Fatalf("seed %d: no unit fired for more than %d tokens of a micro-batch: no split sums tested", seed, spColChunk)
 			}
-			for s := range a.stats {
-				x, y := a.stats[s], b.stats[s]
-				if firstDiff([]float64{x.Loss, x.L1, a.norms[s]}, []float64{y.Loss, y.L1, b.norms[s]}) >= 0 || firstDiff(x.L0, y.L0) >= 0 {
-					t.Errorf("seed %d: step %d: loss %v, %v; L1 %v, %v; gradient norm %v, %v; L0 %v, %v", seed, s,
-						x.Loss, y.Loss, x.L1, y.L1, a.norms[s], b.norms[s], x.L0, y.L0)
-				}
-				for l := range x.Active {
-					if !slices.Equal(x.Active[l], y.Active[l]) {
-						t.Errorf("seed %d: step %d: layer %d firing counts differ", seed, s, l)
-					}
-				}
+			sameTraces(t, seed, c, a, b)
+		})
+	}
+}
+
+// sameTraces fails the test where two traces of the same steps differ in
+// any statistic, weight or moment.
+func sameTraces(t *testing.T, seed uint64, c model.Config, a, b stepTrace) {
+	t.Helper()
+	for s := range a.stats {
+		x, y := a.stats[s], b.stats[s]
+		if firstDiff([]float64{x.Loss, x.L1, a.norms[s]}, []float64{y.Loss, y.L1, b.norms[s]}) >= 0 || firstDiff(x.L0, y.L0) >= 0 {
+			t.Errorf("seed %d: step %d: loss %v, %v; L1 %v, %v; gradient norm %v, %v; L0 %v, %v", seed, s,
+				x.Loss, y.Loss, x.L1, y.L1, a.norms[s], b.norms[s], x.L0, y.L0)
+		}
+		for l := range x.Active {
+			if !slices.Equal(x.Active[l], y.Active[l]) {
+				t.Errorf("seed %d: step %d: layer %d firing counts differ", seed, s, l)
 			}
-			if math.Float64bits(a.evalNLL) != math.Float64bits(b.evalNLL) {
-				t.Errorf("seed %d: evaluation loss %v, then %v", seed, a.evalNLL, b.evalNLL)
+		}
+	}
+	if math.Float64bits(a.evalNLL) != math.Float64bits(b.evalNLL) {
+		t.Errorf("seed %d: evaluation loss %v, then %v", seed, a.evalNLL, b.evalNLL)
+	}
+	for i, ts := range train.Tensors(c) {
+		for _, v := range []struct {
+			what string
+			x, y []float32
+		}{{"weights", a.w[i], b.w[i]}, {"first moment", a.opt.M[i], b.opt.M[i]}, {"second moment", a.opt.V[i], b.opt.V[i]}} {
+			if k := firstDiff(v.x, v.y); k >= 0 {
+				t.Errorf("seed %d: %s %s differ first at %d", seed, ts.Name, v.what, k)
 			}
-			for i, ts := range train.Tensors(c) {
-				for _, v := range []struct {
-					what string
-					x, y []float32
-				}{{"weights", a.w[i], b.w[i]}, {"first moment", a.opt.M[i], b.opt.M[i]}, {"second moment", a.opt.V[i], b.opt.V[i]}} {
-					if k := firstDiff(v.x, v.y); k >= 0 {
-						t.Errorf("seed %d: %s %s differ first at %d", seed, ts.Name, v.what, k)
-					}
-				}
+		}
+	}
+}
+
+// TestRecomputeIsBitwise runs the same steps with and without
+// Options.Recompute, on both MLP paths: every statistic, weight and moment
+// must agree bit for bit (recomputation reruns deterministic kernels).
+func TestRecomputeIsBitwise(t *testing.T) {
+	dev := cudatest.Device(t)
+	for _, path := range []mlp.Path{mlp.Sparse, mlp.Dense} {
+		t.Run(path.String(), func(t *testing.T) {
+			seed := rand.Uint64()
+			r := rand.New(rand.NewPCG(seed, 9))
+			c := testModel(true, true)
+			c.VocabSize, c.NumHiddenLayers = 1000, 3
+			w := model.RandomWeights(c, r)
+			const steps, micro, batch, seq, l1 = 3, 2, 8, 96, 0.05
+			toks := make([][]int, steps*micro)
+			for i := range toks {
+				toks[i] = skewedTokens(r, batch*(seq+1), c.VocabSize)
 			}
+			o := Options{Batch: batch, Seq: seq, LogitRows: 300, MLP: path}
+			a := traceSteps(t, dev, c, w, o, toks, micro, batch, seq, l1)
+			o.Recompute = true
+			b := traceSteps(t, dev, c, w, o, toks, micro, batch, seq, l1)
+			sameTraces(t, seed, c, a, b)
 		})
 	}
 }

@@ -132,9 +132,10 @@ func (b *Backend) forwardBackward(p pass) error {
 	if err := r.embedFwd(a.x[0], embed, a.ids, m, h); err != nil {
 		return err
 	}
-	for l, lv := range layers {
-		stat := sl.at(p.stats, 8*(1+2*l), 16)
-		active := sl.at(p.active, 4*l*f, 4*f)
+	// layerForward queues layer l's forward, adding its statistics into
+	// stat and its firing counts into active.
+	layerForward := func(l int, stat, active *cuda.Buffer) error {
+		lv := layers[l]
 		att1, qkv := rows(a.att[l], 2, nq*hd), rows(a.qkv[l], 2, qkvW)
 		if sl.err != nil {
 			return sl.err
@@ -162,6 +163,12 @@ func (b *Backend) forwardBackward(p pass) error {
 		)
 		if err != nil {
 			return fmt.Errorf("trainer: layer %d forward: %w", l, err)
+		}
+		return nil
+	}
+	for l := range layers {
+		if err := layerForward(l, sl.at(p.stats, 8*(1+2*l), 16), sl.at(p.active, 4*l*f, 4*f)); err != nil {
+			return err
 		}
 	}
 	if err := inOrder(b.at("norm fwd"), func() error { return r.rmsNormFwd(a.normF, a.rstdF, a.x[L], norm, m, h, eps) }); err != nil {
@@ -216,6 +223,14 @@ func (b *Backend) forwardBackward(p pass) error {
 		return err
 	}
 	for l := L - 1; l >= 0; l-- {
+		// With recomputation the shared buffers hold the last layer's
+		// activations; every other layer runs its forward again first,
+		// its statistics discarded (they were counted in the forward pass).
+		if b.opts.Recompute && l < L-1 {
+			if err := layerForward(l, sl.at(a.discard, 0, 16), sl.at(a.discard, 16, 4*f)); err != nil {
+				return fmt.Errorf("trainer: recomputing: %w", err)
+			}
+		}
 		lv := layers[l]
 		att1, qkv := rows(a.att[l], 2, nq*hd), rows(a.qkv[l], 2, qkvW)
 		if sl.err != nil {
