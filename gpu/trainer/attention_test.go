@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -195,7 +196,7 @@ type attnRun struct {
 // newAttnRun allocates and fills the buffers of shape c with random qkv
 // and dout from rng; out, lse and dqkv start as NaN so that an element a
 // kernel fails to write shows.
-func newAttnRun(t *testing.T, dev *cuda.Device, c attnShape, rng *rand.Rand) *attnRun {
+func newAttnRun(t testing.TB, dev *cuda.Device, c attnShape, rng *rand.Rand) *attnRun {
 	t.Helper()
 	a, err := newAttention(dev, (*cublas.Handle)(nil), c.batch, c.seq, c.nq, c.nkv, c.hd)
 	if err != nil {
@@ -386,46 +387,57 @@ func TestAttentionWorkBytes(t *testing.T) {
 	}
 }
 
-// TestAttentionTiming logs the time and tensor throughput of forward and
-// backward at training shapes (causal FLOPs: 2 products forward, 5
-// backward, over half the score matrix). It checks nothing.
-func TestAttentionTiming(t *testing.T) {
-	dev := cudatest.Device(t)
+// BenchmarkAttention times the forward and the backward pass at training
+// shapes with CUDA events, one pass an iteration, and reports the median
+// pass time and its tensor throughput (causal FLOPs: 2 products forward,
+// 5 backward, over half the score matrix). Run it on a GPU with
+// go test -run XXX -bench Attention ./gpu/trainer.
+func BenchmarkAttention(b *testing.B) {
+	dev := cudatest.Device(b)
 	for _, c := range []attnShape{{8, 2048, 16, 4, 64}, {4, 2048, 16, 8, 128}, {16, 1024, 8, 2, 64}} {
-		r := newAttnRun(t, dev, c, rand.New(rand.NewSource(1)))
-		start, mid, end := newEvent(t, dev), newEvent(t, dev), newEvent(t, dev)
-		const reps = 5
-		var fwd, bwd time.Duration
-		for i := 0; i <= reps; i++ {
-			for _, step := range []func() error{
-				func() error { return start.Record(nil) },
-				func() error { return r.a.forward(nil, r.out, r.qkv, r.lse) },
-				func() error { return mid.Record(nil) },
-				func() error { return r.a.backward(nil, r.dqkv, r.dout, r.qkv, r.out, r.lse) },
-				func() error { return end.Record(nil) },
-				end.Synchronize,
-			} {
-				if err := step(); err != nil {
-					t.Fatal(err)
-				}
-			}
-			f, err1 := start.Elapsed(mid)
-			b, err2 := mid.Elapsed(end)
-			if err1 != nil || err2 != nil {
-				t.Fatal(err1, err2)
-			}
-			if i > 0 { // the first run loads the kernels
-				fwd, bwd = fwd+f/reps, bwd+b/reps
-			}
+		r := newAttnRun(b, dev, c, rand.New(rand.NewSource(1)))
+		if err := r.a.forward(nil, r.out, r.qkv, r.lse); err != nil { // the backward reads its out and lse
+			b.Fatal(err)
 		}
 		flop := float64(c.batch*c.nq) * float64(c.seq) * float64(c.seq) * float64(c.hd) // one causal product: 2 seq^2 hd / 2 a head
-		t.Logf("%v: forward %v (%.0f TFLOP/s), backward %v (%.0f TFLOP/s)", c,
-			fwd, 2*flop/fwd.Seconds()/1e12, bwd, 5*flop/bwd.Seconds()/1e12)
+		for _, pass := range []struct {
+			name     string
+			products float64
+			run      func() error
+		}{
+			{"forward", 2, func() error { return r.a.forward(nil, r.out, r.qkv, r.lse) }},
+			{"backward", 5, func() error { return r.a.backward(nil, r.dqkv, r.dout, r.qkv, r.out, r.lse) }},
+		} {
+			b.Run(c.String()+"/"+pass.name, func(b *testing.B) {
+				if err := pass.run(); err != nil { // loads the kernels
+					b.Fatal(err)
+				}
+				start, end := newEvent(b, dev), newEvent(b, dev)
+				times := make([]float64, 0, b.N)
+				for b.Loop() {
+					for _, step := range []func() error{func() error { return start.Record(nil) }, pass.run,
+						func() error { return end.Record(nil) }, end.Synchronize} {
+						if err := step(); err != nil {
+							b.Fatal(err)
+						}
+					}
+					d, err := start.Elapsed(end)
+					if err != nil {
+						b.Fatal(err)
+					}
+					times = append(times, d.Seconds())
+				}
+				slices.Sort(times)
+				med := times[len(times)/2]
+				b.ReportMetric(med*1e6, "us/pass")
+				b.ReportMetric(pass.products*flop/med/1e12, "TFLOP/s")
+			})
+		}
 	}
 }
 
 // newEvent returns a CUDA event destroyed at the test's end.
-func newEvent(t *testing.T, dev *cuda.Device) *cuda.Event {
+func newEvent(t testing.TB, dev *cuda.Device) *cuda.Event {
 	t.Helper()
 	e, err := dev.NewEvent()
 	if err != nil {
