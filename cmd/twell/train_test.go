@@ -371,3 +371,15 @@ func TestTrainCPUNotesGPUMLPFlags(t *testing.T) {
 		t.Errorf("without -mlp: exit %d, stderr %q", code, se)
 	}
 }
+
+// TestTrainRecomputeOnCPUNotes checks that -recompute, the GPU trainer's,
+// is named in a note when the CPU trains, and the run goes on.
+func TestTrainRecomputeOnCPUNotes(t *testing.T) {
+	var so, se bytes.Buffer
+	if code := run([]string{"train", "-device", "cpu", "-recompute", "-preset", "tiny", "-steps", "2", "-out", t.TempDir()}, &so, &se); code != 0 {
+		t.Fatalf("exit %d: %s", code, se.String())
+	}
+	if !strings.Contains(se.String(), "note: -recompute is the GPU trainer's") {
+		t.Errorf("no note on -recompute in %q", se.String())
+	}
+}
