@@ -9,10 +9,15 @@
 #   scripts/gpu-bench.sh decode OUTDIR  the same model's decode steps at 512 and at 2016 cached
 #                                       tokens (the 32 timed steps end at the model's 2048
 #                                       positions), batches 1, 8 and 64 (a short prefill)
+#   scripts/gpu-bench.sh train OUTDIR   training: the MLP block forward + backward at m = 16384,
+#                                       density 0.5%, uniform and skewed (sparse vs dense), the
+#                                       whole step of the 28-layer 1.5B shape at 8 x 2048 tokens
+#                                       (dense, sparse, auto; one profiled step each), then the
+#                                       PyTorch + transformers step on the same shape
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-what=${1:?usage: gpu-bench.sh ffn|model|decode OUTDIR}
-out=${2:?usage: gpu-bench.sh ffn|model|decode OUTDIR}
+what=${1:?usage: gpu-bench.sh ffn|model|decode|train OUTDIR}
+out=${2:?usage: gpu-bench.sh ffn|model|decode|train OUTDIR}
 mkdir -p "$out"
 tw=$root/gpubin/twell
 status=0
@@ -34,8 +39,18 @@ decode)
       -json "$out/decode-$ctx.json" -plot "$out/decode-$ctx.png" 2>&1 | tee "$out/decode-$ctx.txt" || status=1
   done
   ;;
+train)
+  for dist in uniform skewed; do
+    "$tw" bench train -device cuda -profile -density 0.005 -dist "$dist" -seed 5 -reps 30 \
+      -json "$out/train-mlp-$dist.json" 2>&1 | tee "$out/train-mlp-$dist.txt" || status=1
+  done
+  "$tw" bench train -device cuda -step -profile -layers 28 -batch 8 -seq 2048 -density 0.005 -steps 5 -seed 3 \
+    -json "$out/train-step.json" -plot "$out/train-step.png" 2>&1 | tee "$out/train-step.txt" || status=1
+  python3 "$root/scripts/hf-train-bench.py" -layers 28 -batch 8 -len 2048 -steps 5 \
+    -json "$out/train-step-hf.json" 2>&1 | tee "$out/train-step-hf.txt" || status=1
+  ;;
 *)
-  echo "gpu-bench: want ffn, model or decode, not $what" >&2
+  echo "gpu-bench: want ffn, model, decode or train, not $what" >&2
   exit 2
   ;;
 esac
