@@ -1,7 +1,9 @@
 package trainer
 
 import (
+	"fmt"
 	"math/rand"
+	"strings"
 	"testing"
 	"time"
 
@@ -41,5 +43,54 @@ func TestRecomputeActivationBytes(t *testing.T) {
 		o.Recompute = true
 		t.Logf("1.5B shape, 8 x 2048 tokens, %v MLP: activations %s, with recomputation %s", path,
 			memcheck.Format(float64(plain)), memcheck.Format(float64(ActivationBytes(c, 8, 2048, o))))
+	}
+}
+
+// TestFitErrorNamesWhatFits checks the advice of a refused micro-batch at
+// the 1.5B shape for free memory from the weights' state alone to past the
+// whole estimate: what fits passes, and for what does not, the largest
+// smaller micro-batch that fits is named and recomputation is offered
+// with the right claim.
+func TestFitErrorNamesWhatFits(t *testing.T) {
+	c := model.SparseLM1B5()
+	state := ParamBytes(c)
+	seed := time.Now().UnixNano()
+	rng := rand.New(rand.NewSource(seed))
+	for range 100 {
+		batch, seq := 1+rng.Intn(16), 256*(1+rng.Intn(8))
+		o := Options{MLP: []mlp.Path{mlp.Dense, mlp.Sparse}[rng.Intn(2)], Recompute: rng.Intn(4) == 0}
+		need := state + ActivationBytes(c, batch, seq, o)
+		free := state + rng.Int63n((need-state)*5/4+fitSlack) // a fifth of the cases fit
+		err := fitError(need, free, "GPU 0", c, batch, seq, o)
+		if need+fitSlack <= free {
+			if err != nil {
+				t.Fatalf("seed %d: %d x %d with %s free: %v", seed, batch, seq, memcheck.Format(float64(free)), err)
+			}
+			continue
+		}
+		if err == nil {
+			t.Fatalf("seed %d: %d x %d needs %d bytes, %d free: no error", seed, batch, seq, need, free)
+		}
+		msg := err.Error()
+		fit := 0
+		for b := batch - 1; b >= 1; b-- {
+			if state+ActivationBytes(c, b, seq, o)+fitSlack <= free {
+				fit = b
+				break
+			}
+		}
+		if fit > 0 && !strings.Contains(msg, fmt.Sprintf("at most %d x %d tokens would fit", fit, seq)) ||
+			fit == 0 && !strings.Contains(msg, "not even one sequence") {
+			t.Errorf("seed %d: %d x %d, %d free, largest fit %d: %s", seed, batch, seq, free, fit, msg)
+		}
+		r := o
+		r.Recompute = true
+		fitsRecomputed := state+ActivationBytes(c, batch, seq, r)+fitSlack <= free
+		switch {
+		case o.Recompute && strings.Contains(msg, "-recompute"):
+			t.Errorf("seed %d: recomputing already, yet %s", seed, msg)
+		case !o.Recompute && fitsRecomputed != strings.Contains(msg, fmt.Sprintf("with -recompute (each layer's forward again in the backward) %d x %d tokens fit", batch, seq)):
+			t.Errorf("seed %d: %d x %d fits with recomputation: %v; %s", seed, batch, seq, fitsRecomputed, msg)
+		}
 	}
 }

@@ -252,14 +252,24 @@ func ParamBytes(c model.Config) int64 {
 
 // fits returns an error naming both figures when need bytes (with
 // batch > 0: including the activations of micro-batches of batch x seq)
-// exceed the device's free memory, and what micro-batch would fit.
+// exceed the device's free memory, and what would fit.
 func fits(dev *cuda.Device, need int64, c model.Config, batch, seq int, o Options) error {
 	free, err := freeMemory(dev)
 	if err != nil {
 		return err
 	}
-	const slack = 64 << 20 // cuBLASLt workspace, kernels, allocator rounding
-	if need+slack <= free {
+	return fitError(need, free, dev.String(), c, batch, seq, o)
+}
+
+// fitSlack is memory kept free beyond the estimate: cuBLASLt's workspace,
+// the kernels, the allocator's rounding.
+const fitSlack = 64 << 20
+
+// fitError is fits for a device (named dev) with free bytes free: nil when
+// need fits, else an error with both figures and what would fit instead:
+// the largest smaller micro-batch, the dense MLP path, recomputation.
+func fitError(need, free int64, dev string, c model.Config, batch, seq int, o Options) error {
+	if need+fitSlack <= free {
 		return nil
 	}
 	what := fmt.Sprintf("training a %.1fM-parameter model", float64(c.ParamCount())/1e6)
@@ -267,12 +277,13 @@ func fits(dev *cuda.Device, need int64, c model.Config, batch, seq int, o Option
 		what += fmt.Sprintf(" (rank %d of %d)", o.Comm.Rank(), o.Comm.Size())
 	}
 	hint := ""
+	state := need
 	if batch > 0 {
 		what += fmt.Sprintf(" on micro-batches of %d x %d tokens", batch, seq)
-		base := need - ActivationBytes(c, batch, seq, o)
+		state -= ActivationBytes(c, batch, seq, o)
 		fit := 0
 		for b := batch - 1; b >= 1 && fit == 0; b-- {
-			if base+ActivationBytes(c, b, seq, o)+slack <= free {
+			if state+ActivationBytes(c, b, seq, o)+fitSlack <= free {
 				fit = b
 			}
 		}
@@ -285,15 +296,17 @@ func fits(dev *cuda.Device, need int64, c model.Config, batch, seq int, o Option
 			hint += "; the dense MLP path (-mlp dense) needs less activation memory"
 		}
 		if !o.Recompute {
-			hint += "; -recompute keeps one layer's activations instead of all"
+			r := o
+			r.Recompute = true
+			if state+ActivationBytes(c, batch, seq, r)+fitSlack <= free {
+				hint += fmt.Sprintf("; with -recompute (each layer's forward again in the backward) %d x %d tokens fit", batch, seq)
+			} else {
+				hint += "; -recompute keeps one layer's activations instead of all"
+			}
 		}
 	}
-	state := need
-	if batch > 0 {
-		state -= ActivationBytes(c, batch, seq, o)
-	}
-	return fmt.Errorf("trainer: %s needs about %s of device memory (%s of weights, gradients and AdamW moments), but %s is free on %v%s",
-		what, memcheck.Format(float64(need+slack)), memcheck.Format(float64(state)), memcheck.Format(float64(free)), dev, hint)
+	return fmt.Errorf("trainer: %s needs about %s of device memory (%s of weights, gradients and AdamW moments), but %s is free on %s%s",
+		what, memcheck.Format(float64(need+fitSlack)), memcheck.Format(float64(state)), memcheck.Format(float64(free)), dev, hint)
 }
 
 // freeMemory is the device memory an allocation can get: what the driver
