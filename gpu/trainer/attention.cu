@@ -267,8 +267,9 @@ extern "C" __global__ void __launch_bounds__(256)
   }
 }
 
-// attn_bwd_dkdv: dK and dV. One CTA of 4 warps per (64-key block, kv head,
-// sequence), the longest first; warp w owns keys 16w .. 16w+15 and keeps
+// attn_bwd_dkdv: dK and dV, and dS^T stored for attn_bwd_dq (ds, in bf16,
+// as the dK product rounds it). One CTA of 4 warps per (64-key block, kv
+// head, sequence b0 + z), the longest first; warp w owns keys 16w .. 16w+15 and keeps
 // their dK and dV in fp32 registers. The CTA walks the G = nq / nkv query
 // heads of its group and, for each, the BQ-query blocks from its first key
 // to the end of the sequence (Q, dO, lse and D through a two-stage

@@ -152,15 +152,14 @@ const attnDKDVWGShared = 1024 + 6*64*64*2 + 2*2*64*4
 // with D = rowsum(dout * out) from a small kernel, one kernel for dK and dV
 // (a CTA per 64 keys of a kv head, summing its query heads in registers)
 // that also stores the score gradient dS (bf16, the causal 64 x 64 tiles),
-// and one for dQ = dS K (a CTA per 64 queries of a head); on Hopper at head
-// size 64 the dK/dV kernel is attention_wgmma.cu's, the same work on wgmma.
-// Storing dS costs
+// and one for dQ = dS K (a CTA per 64 queries of a head). Storing dS costs
 // 2 bytes written and read per causal score; recomputing it for dQ cost two
 // more products (scores and dP) over the same scores. Products run on
-// mma.sync bf16 tensor cores (probabilities and their gradients rounded to
-// bf16), accumulation and softmax in fp32. Nothing is accumulated with
-// atomics: every output element is written once, in a fixed order, so
-// forward and backward are bitwise deterministic.
+// mma.sync bf16 tensor cores (on Hopper at head size 64 the dK/dV kernel is
+// attention_wgmma.cu's, the same work on wgmma), probabilities and their
+// gradients rounded to bf16, accumulation and softmax in fp32. Nothing is
+// accumulated with atomics: every output element is written once, in a
+// fixed order, so forward and backward are bitwise deterministic.
 type attention struct {
 	dev                     *cuda.Device
 	k                       *attentionKernels
