@@ -129,13 +129,7 @@ func PlotModel(results []ModelResult, path string) error {
 	var vals plotter.Values
 	var names, labels []string
 	for _, r := range results {
-		v, label := r.PrefillTokPerMS, ""
-		if !finite(v) || v < 0 {
-			notes.drop(r.Path, "prefill tokens/ms", v, "bar chart")
-			v, label = 0, "n/a"
-		} else {
-			label = strconv.FormatFloat(v, 'f', decimalsFor(v), 64)
-		}
+		v, label := notes.bar(r.Path, "prefill tokens/ms", r.PrefillTokPerMS)
 		vals = append(vals, v)
 		speedup := "n/a"
 		if finite(r.Speedup) {
@@ -232,6 +226,16 @@ func (n *notes) add(s string) { *n = append(*n, s) }
 // drop records a value left out of a series.
 func (n *notes) drop(series, what string, v float64, where string) {
 	n.add(fmt.Sprintf("left out: %s %s = %g (cannot be shown on the %s)", series, what, v, where))
+}
+
+// bar returns v as a bar of a chart and its label: 0 and "n/a", with v
+// noted as left out, when v is not a finite number >= 0.
+func (n *notes) bar(series, what string, v float64) (float64, string) {
+	if !finite(v) || v < 0 {
+		n.drop(series, what, v, "bar chart")
+		return 0, "n/a"
+	}
+	return v, strconv.FormatFloat(v, 'f', decimalsFor(v), 64)
 }
 
 // newPanel returns a plot with a title and axis labels in the figures' style.

@@ -3,7 +3,6 @@ package bench
 import (
 	"fmt"
 	"slices"
-	"strconv"
 
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
@@ -35,13 +34,7 @@ func PlotTrainStep(results []TrainStepResult, path string) error {
 	var vals plotter.Values
 	var names, labels []string
 	for _, r := range results {
-		v, label := r.StepMS, ""
-		if !finite(v) || v < 0 {
-			notes.drop(r.Path, "step ms", v, "bar chart")
-			v, label = 0, "n/a"
-		} else {
-			label = strconv.FormatFloat(v, 'f', decimalsFor(v), 64)
-		}
+		v, label := notes.bar(r.Path, "step ms", r.StepMS)
 		speedup := "n/a"
 		if dense > 0 && v > 0 {
 			speedup = fmt.Sprintf("%.2fx", dense/v)

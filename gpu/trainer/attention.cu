@@ -32,6 +32,7 @@
 // (zero) probabilities never meet garbage.
 
 #include "mma.cuh"
+#include "attention.cuh"
 
 #define LOG2E 1.4426950408889634f
 #define LN2 0.6931471805599453f
@@ -295,7 +296,6 @@ __global__ void __launch_bounds__(128)
   const size_t W = (size_t)(nq + 2 * nkv) * HD, OW = (size_t)nq * HD;
   const int G = nq / nkv, kh = blockIdx.y, b = b0 + blockIdx.z;
   const int k0 = (gridDim.x - 1 - blockIdx.x) * BKK;
-  const size_t ntile = (size_t)gridDim.x * (gridDim.x + 1) / 2;  // causal tiles per (sequence, head)
   const size_t tok0 = (size_t)b * seq;
   const int nqb = (seq - k0 + BQ - 1) / BQ;  // query blocks from k0 on, per head
   const int nit = G * nqb;
@@ -337,8 +337,7 @@ __global__ void __launch_bounds__(128)
     // The warp's 16 rows of dS^T in this block: tile (q0 / 64, k0 / 64),
     // columns from q0 % 64.
     const int qb = q0 / 64;
-    u16* dst = ds + (((size_t)blockIdx.z * nq + head) * ntile + (size_t)qb * (qb + 1) / 2 + k0 / 64) * 4096 +
-               (16 * warp + g) * 64 + q0 % 64 + tq * 2;
+    u16* dst = ds_lane_row(ds, blockIdx.z, nq, head, qb, k0 / 64, warp, g, tq, q0 % 64);
     // Skip blocks where every query is before the warp's keys (their dS^T
     // is zero, and stored so for attn_bwd_dq).
     if (kw0 < seq && q0 + BQ - 1 < kw0) {
@@ -362,31 +361,13 @@ __global__ void __launch_bounds__(128)
           s[j][e] = p;
           dp[j][e] = p * (dp[j][e] - dd[ql]);
         }
-#pragma unroll
-      for (int j = 0; j < BQ / 8; ++j) {
-        *(u32*)(dst + j * 8) = cvt_bf2(dp[j][0], dp[j][1]);
-        *(u32*)(dst + 8 * 64 + j * 8) = cvt_bf2(dp[j][2], dp[j][3]);
-      }
+      store_ds(dst, dp);
       tile_mma_pv<HD, BQ / 16>(dv, s, sdo, off);
       tile_mma_pv<HD, BQ / 16>(dk, dp, sq, off);
     }
     __syncthreads();  // the stage just read is the next load's target
   }
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int key = kw0 + g + 8 * h;
-    if (key >= seq) continue;
-    float* rk = dqkv + (tok0 + key) * W + (nq + kh) * HD + tq * 2;
-    float* rv = rk + (size_t)nkv * HD;
-#pragma unroll
-    for (int j = 0; j < HD / 8; ++j) {
-      float2 k2, v2;
-      k2.x = dk[j][2 * h] * scale, k2.y = dk[j][2 * h + 1] * scale;
-      v2.x = dv[j][2 * h], v2.y = dv[j][2 * h + 1];
-      *(float2*)(rk + j * 8) = k2;
-      *(float2*)(rv + j * 8) = v2;
-    }
-  }
+  store_dkdv<HD>(dqkv, dk, dv, tok0, kw0 + g, seq, W, nq, nkv, kh, tq, scale);
 }
 
 // attn_bwd_dq: dQ = dS K / sqrt(HD) from the dS^T tiles attn_bwd_dkdv

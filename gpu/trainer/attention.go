@@ -27,6 +27,17 @@ var attentionCU []byte
 //go:embed attention_wgmma.cu
 var attentionWGMMACU []byte
 
+// attentionCUH holds what the dK/dV kernels of both files share.
+//
+//go:embed attention.cuh
+var attentionCUH []byte
+
+// attentionHeaders are the headers the attention kernels include: package
+// gpu's and attention.cuh.
+func attentionHeaders() []cuda.CompileOption {
+	return append(gpu.Headers(), cuda.WithHeader("attention.cuh", attentionCUH))
+}
+
 // attentionHeadDims are the head sizes the attention kernels are built for.
 // The tiles take any multiple of 32 up to 128, but ptxas spills a few
 // registers of attn_fwd<96>, so 96 is left out until that is fixed.
@@ -111,7 +122,7 @@ func attentionKernelsFor(dev *cuda.Device, hd int) (*attentionKernels, error) {
 		return k, nil
 	}
 	fwd, dkdv, dq := attentionExprs(hd)
-	mod, err := dev.Compile("attention.cu", attentionCU, append(gpu.Headers(), cuda.WithNameExpressions(fwd, dkdv, dq))...)
+	mod, err := dev.Compile("attention.cu", attentionCU, append(attentionHeaders(), cuda.WithNameExpressions(fwd, dkdv, dq))...)
 	if err != nil {
 		return nil, fmt.Errorf("trainer: compiling attention.cu: %w", err)
 	}
@@ -125,7 +136,7 @@ func attentionKernelsFor(dev *cuda.Device, hd int) (*attentionKernels, error) {
 		}
 	}
 	if hd == 64 && dev.Properties().Arch == "sm_90a" {
-		wg, err := dev.Compile("attention_wgmma.cu", attentionWGMMACU, gpu.Headers()...)
+		wg, err := dev.Compile("attention_wgmma.cu", attentionWGMMACU, attentionHeaders()...)
 		if err != nil {
 			return nil, fmt.Errorf("trainer: compiling attention_wgmma.cu: %w", err)
 		}

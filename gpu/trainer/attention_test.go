@@ -14,7 +14,6 @@ import (
 	"github.com/twell-ai/twell/cuda"
 	"github.com/twell-ai/twell/cuda/cublas"
 	"github.com/twell-ai/twell/cuda/cudatest"
-	"github.com/twell-ai/twell/gpu"
 )
 
 // TestAttentionCompile builds attention.cu for every supported head size to
@@ -26,9 +25,9 @@ func TestAttentionCompile(t *testing.T) {
 		t.Run(fmt.Sprint("hd", hd), func(t *testing.T) {
 			fwd, dkdv, dq := attentionExprs(hd)
 			exprs := cuda.WithNameExpressions(fwd, dkdv, dq)
-			cudatest.CleanSASS(t, "attention.cu", attentionCU, append(gpu.Headers(), exprs)...)
+			cudatest.CleanSASS(t, "attention.cu", attentionCU, append(attentionHeaders(), exprs)...)
 			prog, err := cuda.CompileProgram("attention.cu", attentionCU,
-				append(gpu.Headers(), exprs, cuda.WithArch("compute_90"))...)
+				append(attentionHeaders(), exprs, cuda.WithArch("compute_90"))...)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -38,7 +37,7 @@ func TestAttentionCompile(t *testing.T) {
 		})
 	}
 	t.Run("wgmma", func(t *testing.T) {
-		cudatest.CleanSASS(t, "attention_wgmma.cu", attentionWGMMACU, gpu.Headers()...)
+		cudatest.CleanSASS(t, "attention_wgmma.cu", attentionWGMMACU, attentionHeaders()...)
 	})
 }
 

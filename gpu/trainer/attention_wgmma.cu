@@ -17,6 +17,7 @@
 
 #include "mma.cuh"
 #include "wgmma.cuh"
+#include "attention.cuh"
 
 #define LOG2E_WG 1.4426950408889634f
 
@@ -115,17 +116,7 @@ extern "C" __global__ void __launch_bounds__(128)
         dp[j][e] = p * (dp[j][e] - dd[ql]);
       }
     // dS^T rows of the lane: tile (q0 / 64, k0 / 64) of (sequence z, head).
-    {
-      const int qb = q0 / 64;
-      u16* dst = ds + (((size_t)blockIdx.z * nq + head) * ((size_t)gridDim.x * (gridDim.x + 1) / 2) +
-                       (size_t)qb * (qb + 1) / 2 + k0 / 64) * 4096 +
-                 (16 * warp + g) * 64 + tq * 2;
-#pragma unroll
-      for (int j = 0; j < BQ / 8; ++j) {
-        *(u32*)(dst + j * 8) = cvt_bf2(dp[j][0], dp[j][1]);
-        *(u32*)(dst + 8 * 64 + j * 8) = cvt_bf2(dp[j][2], dp[j][3]);
-      }
-    }
+    store_ds(ds_lane_row(ds, blockIdx.z, nq, head, q0 / 64, k0 / 64, warp, g, tq, 0), dp);
     u32 pf[BQ / 16][4], df[BQ / 16][4];
 #pragma unroll
     for (int kk = 0; kk < BQ / 16; ++kk) {
@@ -149,19 +140,5 @@ extern "C" __global__ void __launch_bounds__(128)
     keep_live(df);
     __syncthreads();  // the stage just read is the next load's target
   }
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int key = key0 + 8 * h;
-    if (key >= seq) continue;
-    float* rk = dqkv + (tok0 + key) * W + (nq + kh) * HD + tq * 2;
-    float* rv = rk + (size_t)nkv * HD;
-#pragma unroll
-    for (int j = 0; j < HD / 8; ++j) {
-      float2 k2, v2;
-      k2.x = dk[j][2 * h] * scale, k2.y = dk[j][2 * h + 1] * scale;
-      v2.x = dv[j][2 * h], v2.y = dv[j][2 * h + 1];
-      *(float2*)(rk + j * 8) = k2;
-      *(float2*)(rv + j * 8) = v2;
-    }
-  }
+  store_dkdv<HD>(dqkv, dk, dv, tok0, key0, seq, W, nq, nkv, kh, tq, scale);
 }

@@ -165,11 +165,18 @@ func sameTraces(t *testing.T, seed uint64, c model.Config, a, b stepTrace) {
 	if math.Float64bits(a.evalNLL) != math.Float64bits(b.evalNLL) {
 		t.Errorf("seed %d: evaluation loss %v, then %v", seed, a.evalNLL, b.evalNLL)
 	}
+	sameState(t, seed, c, a.w, b.w, a.opt, b.opt)
+}
+
+// sameState fails the test where two runs' weights or AdamW moments differ
+// in any bit, naming the first tensor and element.
+func sameState(t *testing.T, seed uint64, c model.Config, wa, wb [][]float32, oa, ob *train.OptimizerState) {
+	t.Helper()
 	for i, ts := range train.Tensors(c) {
 		for _, v := range []struct {
 			what string
 			x, y []float32
-		}{{"weights", a.w[i], b.w[i]}, {"first moment", a.opt.M[i], b.opt.M[i]}, {"second moment", a.opt.V[i], b.opt.V[i]}} {
+		}{{"weights", wa[i], wb[i]}, {"first moment", oa.M[i], ob.M[i]}, {"second moment", oa.V[i], ob.V[i]}} {
 			if k := firstDiff(v.x, v.y); k >= 0 {
 				t.Errorf("seed %d: %s %s differ first at %d", seed, ts.Name, v.what, k)
 			}
@@ -265,16 +272,7 @@ func TestClipFactorEndsWithStep(t *testing.T) {
 	}
 	wa, oa := run(toks, []bool{true, false}, []bool{false, true})
 	wb, ob := run(toks[1:], []bool{false}, []bool{true})
-	for i, ts := range train.Tensors(c) {
-		for _, v := range []struct {
-			what string
-			x, y []float32
-		}{{"weights", wa[i], wb[i]}, {"first moment", oa.M[i], ob.M[i]}, {"second moment", oa.V[i], ob.V[i]}} {
-			if k := firstDiff(v.x, v.y); k >= 0 {
-				t.Errorf("seed %d: %s %s differ first at %d", seed, ts.Name, v.what, k)
-			}
-		}
-	}
+	sameState(t, seed, c, wa, wb, oa, ob)
 }
 
 // TestResumeIsBitwise runs 16 steps through train.NewRun straight, and
