@@ -21,8 +21,9 @@ import (
 //go:embed attention.cu
 var attentionCU []byte
 
-// attentionWGMMACU holds attn_bwd_dkdv_wg, the Hopper dK/dV kernel for head
-// size 64 (wgmma instead of mma.sync; compiled for sm_90a only).
+// attentionWGMMACU holds attn_fwd_wg and attn_bwd_dkdv_wg, the Hopper
+// forward and dK/dV kernels for head size 64 (wgmma instead of mma.sync;
+// compiled for sm_90a only).
 //
 //go:embed attention_wgmma.cu
 var attentionWGMMACU []byte
@@ -96,9 +97,9 @@ func attentionExprs(hd int) (fwd, dkdv, dq string) {
 // one device.
 type attentionKernels struct {
 	fwd, dsum, dkdv, dq *cuda.Function
-	// dkdvWG is attn_bwd_dkdv_wg where it runs (head size 64 on sm_90a),
-	// else nil.
-	dkdvWG *cuda.Function
+	// fwdWG and dkdvWG are attn_fwd_wg and attn_bwd_dkdv_wg where they run
+	// (head size 64 on sm_90a), else nil.
+	fwdWG, dkdvWG *cuda.Function
 }
 
 type attentionKey struct {
@@ -140,17 +141,30 @@ func attentionKernelsFor(dev *cuda.Device, hd int) (*attentionKernels, error) {
 		if err != nil {
 			return nil, fmt.Errorf("trainer: compiling attention_wgmma.cu: %w", err)
 		}
-		if k.dkdvWG, err = wg.Function("attn_bwd_dkdv_wg"); err != nil {
-			return nil, fmt.Errorf("trainer: attention kernel attn_bwd_dkdv_wg: %w", err)
+		for _, f := range []struct {
+			fn   **cuda.Function
+			name string
+		}{{&k.fwdWG, "attn_fwd_wg"}, {&k.dkdvWG, "attn_bwd_dkdv_wg"}} {
+			if *f.fn, err = wg.Function(f.name); err != nil {
+				return nil, fmt.Errorf("trainer: attention kernel %s: %w", f.name, err)
+			}
 		}
 	}
 	attnKernTab[key] = k
 	return k, nil
 }
 
-// attnDKDVWGShared is the dynamic shared memory of attn_bwd_dkdv_wg: 1024
-// bytes of alignment, six 64 x 64 bf16 tiles and 2 x 2 x 64 floats.
-const attnDKDVWGShared = 1024 + 6*64*64*2 + 2*2*64*4
+// Launch shapes of attention_wgmma.cu. attn_fwd_wg: 128 queries and two
+// warpgroups a CTA; dynamic shared memory 1024 bytes of alignment, the
+// 128-row Q tile and 3 stages of K and V tiles (64 x 64 bf16 each).
+// attn_bwd_dkdv_wg: 1024 bytes of alignment, six 64 x 64 bf16 tiles and
+// 2 x 2 x 64 floats.
+const (
+	attnFwdWGBlockQ  = 128
+	attnFwdWGThreads = 256
+	attnFwdWGShared  = 1024 + 2*64*64*2 + 3*2*64*64*2
+	attnDKDVWGShared = 1024 + 6*64*64*2 + 2*2*64*4
+)
 
 // attention holds the work buffers of causal self-attention over batch
 // independent sequences of seq tokens each (positions 0..seq-1), nq query
@@ -181,9 +195,9 @@ type attention struct {
 	// ds holds the dS^T tiles of chunk sequences (attention.cu's ds).
 	ds    *cuda.Buffer
 	chunk int
-	// dkdvWG is the wgmma dK/dV kernel the backward runs, nil for the
-	// mma.sync one.
-	dkdvWG *cuda.Function
+	// fwdWG and dkdvWG are the wgmma forward and dK/dV kernels the
+	// attention runs, nil for the mma.sync ones.
+	fwdWG, dkdvWG *cuda.Function
 }
 
 // newAttention compiles the kernels for hd (32, 64 or 128)
@@ -217,7 +231,7 @@ func newAttention(dev *cuda.Device, blas *cublas.Handle, batch, seq, nq, nkv, hd
 		return nil, err
 	}
 	a := &attention{dev: dev, k: k, batch: batch, seq: seq, nq: nq, nkv: nkv, hd: hd, chunk: attnChunk(batch, seq, nq),
-		dkdvWG: k.dkdvWG}
+		fwdWG: k.fwdWG, dkdvWG: k.dkdvWG}
 	if a.dsum, err = dev.Alloc(4 * batch * nq * seq); err != nil {
 		return nil, fmt.Errorf("trainer: attention work buffer (fp32 [%d][%d][%d]): %w", batch, nq, seq, err)
 	}
@@ -279,8 +293,12 @@ func (a *attention) forward(s *cuda.Stream, out, qkv, lse *cuda.Buffer) error {
 		return err
 	}
 	scaleLog2, _ := a.scales()
-	smem := 2 * 2 * attnBlockK * (a.hd + 8) * 2
-	if err := a.k.fwd.Launch(a.grid(a.nq), cuda.Dim3{attnThreads, 1, 1}, smem, s, qkv, out, lse,
+	fn, g, block, smem := a.k.fwd, a.grid(a.nq), cuda.Dim3{attnThreads, 1, 1}, 2*2*attnBlockK*(a.hd+8)*2
+	if a.fwdWG != nil {
+		fn, block, smem = a.fwdWG, cuda.Dim3{attnFwdWGThreads, 1, 1}, attnFwdWGShared
+		g[0] = uint32(ceil(a.seq, attnFwdWGBlockQ))
+	}
+	if err := fn.Launch(g, block, smem, s, qkv, out, lse,
 		int32(a.seq), int32(a.nq), int32(a.nkv), scaleLog2); err != nil {
 		return fmt.Errorf("trainer: attention forward: %w", err)
 	}

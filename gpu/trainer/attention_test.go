@@ -270,10 +270,10 @@ func TestAttentionMatchesReference(t *testing.T) {
 				seed := seed + int64(i)
 				r := newAttnRun(t, dev, c, rand.New(rand.NewSource(seed)))
 				if wg && r.a.dkdvWG == nil {
-					t.Skipf("no wgmma dK/dV kernel for head size %d on %v", c.hd, dev)
+					t.Skipf("no wgmma kernels for head size %d on %v", c.hd, dev)
 				}
 				if !wg {
-					r.a.dkdvWG = nil
+					r.a.fwdWG, r.a.dkdvWG = nil, nil
 				}
 				attnMatchesReference(t, c, r, seed)
 			})

@@ -1,8 +1,11 @@
-// attention_wgmma.cu: the Hopper (sm_90a) dK/dV kernel of the training
+// attention_wgmma.cu: the Hopper (sm_90a) kernels of the training
 // attention for head size 64 (package gpu/trainer compiles it only for
-// sm_90a). Same interface, work and results as attn_bwd_dkdv<64, 64> in
-// attention.cu; the four products run on wgmma instead of mma.sync.
+// sm_90a): attn_fwd_wg, the forward, and attn_bwd_dkdv_wg, the dK/dV
+// kernel. Same interfaces, work and results as attn_fwd<64> and
+// attn_bwd_dkdv<64, 64> in attention.cu; the products run on wgmma instead
+// of mma.sync.
 //
+// attn_bwd_dkdv_wg:
 // One CTA of one warpgroup per (64-key block, kv head, sequence b0 + z), the
 // longest first; warp w owns keys 16w .. 16w+15 (the m64 rows of every
 // product), its dK and dV in fp32 registers. The CTA walks the query heads
@@ -141,4 +144,153 @@ extern "C" __global__ void __launch_bounds__(128)
     __syncthreads();  // the stage just read is the next load's target
   }
   store_dkdv<HD>(dqkv, dk, dv, tok0, key0, seq, W, nq, nkv, kh, tq, scale);
+}
+
+// attn_fwd_wg: out and lse. One CTA of two warpgroups per (128-query block,
+// head, sequence), the longest blocks first; warpgroup w owns queries
+// 64w .. 64w+63 of the block (warp i of it rows 16i .. 16i+15). The CTA's
+// query rows and blocks of 64 keys and values stream into shared memory
+// (128-byte swizzle) through a cp.async pipeline of WG_FWD_STAGES blocks.
+// Per block: S = Q K^T by 4 wgmma m64n64k16 (both K-major), the causal
+// mask, the online softmax as in attn_fwd (a warp's rows all before a
+// block's keys get probabilities 0 and keep their finite maxima of block
+// 0), then O += P V by 4 wgmma (P from registers, V MN-major).
+// Dynamic shared memory: 1024 bytes of alignment, the 128-row Q tile and
+// WG_FWD_STAGES x (K, V) tiles of 8 KB.
+#define WG_FWD_STAGES 3
+extern "C" __global__ void __launch_bounds__(256)
+    attn_fwd_wg(const u16* __restrict__ qkv, u16* __restrict__ out, float* __restrict__ lse, int seq, int nq, int nkv,
+                float scale_log2) {
+  constexpr int HD = 64, BQ = 128, BK = 64, AHEAD = WG_FWD_STAGES - 1;
+  constexpr u32 TILE = 64 * 128;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const u32 sQ = (smem_addr(smem_raw) + 1023u) & ~1023u, sKV = sQ + 2 * TILE;
+  const size_t W = (size_t)(nq + 2 * nkv) * HD;
+  const int head = blockIdx.y, b = blockIdx.z, kh = head / (nq / nkv);
+  const int q0 = (gridDim.x - 1 - blockIdx.x) * BQ;
+  const size_t tok0 = (size_t)b * seq;
+  const u16* Q = qkv + tok0 * W + head * HD;
+  const u16* K = qkv + tok0 * W + (nq + kh) * HD;
+  const u16* V = qkv + tok0 * W + (nq + nkv + kh) * HD;
+  const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, tq = lane & 3;
+  const int kend = min(q0 + BQ, seq);  // keys [0, kend) are needed by the CTA
+  const int nblk = (kend + BK - 1) / BK;
+  const int wrow0 = q0 + 64 * wg;                                // the warpgroup's first query
+  const int wklast = wrow0 < seq ? min(wrow0 + 63, seq - 1) : -1;  // and the last key it needs
+  const int row0 = wrow0 + 16 * warp;                            // the warp's first query
+
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int idx = i * 256 + tid, r = idx >> 3, c = idx & 7;
+    const bool ok = q0 + r < seq;
+    cp_async16(sQ + swz(r, c), Q + (size_t)(ok ? q0 + r : 0) * W + c * 8, ok);
+  }
+  auto stage = [&](int blk) { return sKV + (u32)(blk % WG_FWD_STAGES) * 2 * TILE; };  // K; V at + TILE
+  // load queues block blk (if any) and commits a group either way, so that
+  // every iteration waits for the same count.
+  auto load = [&](int blk) {
+    if (blk < nblk) {
+      const u32 sk = stage(blk), sv = sk + TILE;
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int idx = i * 256 + tid, r = idx >> 3, c = idx & 7, k = blk * BK + r;
+        const bool ok = k < kend;
+        const size_t off = (size_t)(ok ? k : 0) * W + c * 8;
+        cp_async16(sk + swz(r, c), K + off, ok);
+        cp_async16(sv + swz(r, c), V + off, ok);
+      }
+    }
+    cp_async_commit();
+  };
+#pragma unroll
+  for (int i = 0; i < AHEAD; ++i) load(i);
+
+  float o[HD / 8][4];
+#pragma unroll
+  for (int j = 0; j < HD / 8; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
+  float mrow[2] = {NEG_INF, NEG_INF}, lrow[2] = {0.f, 0.f};
+  const u64 descQ = sw128_desc(sQ + (u32)wg * TILE);
+
+  for (int kb = 0; kb < nblk; ++kb) {
+    load(kb + AHEAD);
+    cp_async_wait<AHEAD>();
+    // cp.async wrote through the generic proxy; wgmma reads through the async one.
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    __syncthreads();
+    const int k0 = kb * BK;
+    if (k0 <= wklast) {  // uniform over the warpgroup, as wgmma needs
+      const u32 sk = stage(kb);
+      const u64 descK = sw128_desc(sk), descV = sw128_desc(sk + TILE);
+      float sc[BK / 8][4];
+#pragma unroll
+      for (int j = 0; j < BK / 8; ++j) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.f;
+      keep_live(sc);
+      asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+      for (int kk = 0; kk < HD / 16; ++kk) wg_ss64(sc, descQ + 2 * kk, descK + 2 * kk, kk);  // +32 bytes a k step
+      asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+      wg_wait<0>();
+      keep_live(sc);
+      // Causal mask, then the online softmax step.
+      float mx[2] = {NEG_INF, NEG_INF};
+#pragma unroll
+      for (int j = 0; j < BK / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          if (k0 + j * 8 + tq * 2 + (e & 1) > row0 + g + (e >> 1) * 8) sc[j][e] = NEG_INF;
+          mx[e >> 1] = fmaxf(mx[e >> 1], sc[j][e]);
+        }
+      float ms[2], corr[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+        ms[h] = fmaxf(mrow[h], mx[h] * scale_log2);
+        corr[h] = ex2(mrow[h] - ms[h]);
+        mrow[h] = ms[h];
+      }
+      float ls[2] = {0.f, 0.f};
+#pragma unroll
+      for (int j = 0; j < BK / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float p = ex2(fmaf(sc[j][e], scale_log2, -ms[e >> 1]));
+          sc[j][e] = p;
+          ls[e >> 1] += p;
+        }
+#pragma unroll
+      for (int j = 0; j < HD / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[j][e] *= corr[e >> 1];
+      lrow[0] = lrow[0] * corr[0] + ls[0];
+      lrow[1] = lrow[1] * corr[1] + ls[1];
+      u32 pf[BK / 16][4];
+#pragma unroll
+      for (int kk = 0; kk < BK / 16; ++kk) p_frag(sc, kk, pf[kk]);
+      keep_live(o);
+      keep_live(pf);
+      asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+      for (int kk = 0; kk < BK / 16; ++kk) wg_rs64t(o, pf[kk], descV + kk * (16 * 128 >> 4));  // 16 keys a k step
+      asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+      wg_wait<0>();
+      keep_live(o);
+      keep_live(pf);
+    }
+    __syncthreads();  // the stage just read is a later load's target
+  }
+  cp_async_wait<0>();
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float l = lrow[h];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    const int row = row0 + g + 8 * h;
+    if (row >= seq) continue;
+    const float il = 1.f / l;
+    u16* orow = out + (tok0 + row) * nq * HD + head * HD + tq * 2;
+#pragma unroll
+    for (int j = 0; j < HD / 8; ++j) *(u32*)(orow + j * 8) = pack_bf2(o[j][2 * h] * il, o[j][2 * h + 1] * il);
+    if (tq == 0) lse[((size_t)b * nq + head) * seq + row] = (mrow[h] + log2f(l)) * 0.6931471805599453f;
+  }
 }
