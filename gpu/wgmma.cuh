@@ -50,6 +50,15 @@ __device__ __forceinline__ void wg_ss64(float (&d)[8][4], u64 da, u64 db, int sc
       : "l"(da), "l"(db), "r"(scale_d));
 }
 
+// wg_ss32 is wg_ss64 for an N of 32 (m64n32k16; 16 accumulators a thread).
+__device__ __forceinline__ void wg_ss32(float (&d)[4][4], u64 da, u64 db, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
+      : "l"(da), "l"(db), "r"(scale_d));
+}
+
 // wg_rs64t issues wgmma m64n64k16 adding A (bf16 fragments in registers, the
 // mma.m16n8k16 A layout per warp) times B (shared memory descriptor,
 // MN-major) to d.

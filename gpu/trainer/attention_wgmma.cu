@@ -94,53 +94,73 @@ extern "C" __global__ void __launch_bounds__(128)
     const u32 sq = sQ0 + (u32)st * 2 * TILE, sdo = sq + TILE;
     const float* l2 = sL + st * BQ;
     const float* dd = sD + st * BQ;
-    float s[BQ / 8][4], dp[BQ / 8][4];
+    // The block in two halves of 32 queries: the scores and dP of half 1
+    // are computed while the warps work on half 0's probabilities, and
+    // half 0's dV and dK products while they work on half 1's.
+    float s[2][BQ / 16][4], dp[2][BQ / 16][4];
 #pragma unroll
-    for (int j = 0; j < BQ / 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = dp[j][0] = dp[j][1] = dp[j][2] = dp[j][3] = 0.f;
-    keep_live(s);
-    keep_live(dp);
+    for (int hf = 0; hf < 2; ++hf)
+#pragma unroll
+      for (int j = 0; j < BQ / 16; ++j)
+        s[hf][j][0] = s[hf][j][1] = s[hf][j][2] = s[hf][j][3] = dp[hf][j][0] = dp[hf][j][1] = dp[hf][j][2] =
+            dp[hf][j][3] = 0.f;
+    keep_live(s[0]);
+    keep_live(s[1]);
+    keep_live(dp[0]);
+    keep_live(dp[1]);
     asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
     const u64 descQ = sw128_desc(sq), descO = sw128_desc(sdo);
 #pragma unroll
-    for (int kk = 0; kk < HD / 16; ++kk) wg_ss64(s, descK + 2 * kk, descQ + 2 * kk, kk);  // +32 bytes a k step
+    for (int hf = 0; hf < 2; ++hf) {
+      const u64 half = (u64)hf * (32 * 128 >> 4);  // query rows 32 hf on
 #pragma unroll
-    for (int kk = 0; kk < HD / 16; ++kk) wg_ss64(dp, descV + 2 * kk, descO + 2 * kk, kk);
-    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-    wg_wait<0>();
-    keep_live(s);
-    keep_live(dp);
+      for (int kk = 0; kk < HD / 16; ++kk) wg_ss32(s[hf], descK + 2 * kk, descQ + half + 2 * kk, kk);
 #pragma unroll
-    for (int j = 0; j < BQ / 8; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int key = key0 + (e >> 1) * 8, ql = j * 8 + tq * 2 + (e & 1), q = q0 + ql;
-        const float p = (key <= q && q < seq) ? ex2(fmaf(s[j][e], scale_log2, -l2[ql])) : 0.f;
-        s[j][e] = p;
-        dp[j][e] = p * (dp[j][e] - dd[ql]);
-      }
-    // dS^T rows of the lane: tile (q0 / 64, k0 / 64) of (sequence z, head).
-    store_ds(ds_lane_row(ds, blockIdx.z, nq, head, q0 / 64, k0 / 64, warp, g, tq, 0), dp);
-    u32 pf[BQ / 16][4], df[BQ / 16][4];
-#pragma unroll
-    for (int kk = 0; kk < BQ / 16; ++kk) {
-      p_frag(s, kk, pf[kk]);
-      p_frag(dp, kk, df[kk]);
+      for (int kk = 0; kk < HD / 16; ++kk) wg_ss32(dp[hf], descV + 2 * kk, descO + half + 2 * kk, kk);
+      asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
     }
-    keep_live(dv);
-    keep_live(dk);
-    keep_live(pf);
-    keep_live(df);
-    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+    // dS^T rows of the lane: tile (q0 / 64, k0 / 64) of (sequence z, head).
+    u16* dst = ds_lane_row(ds, blockIdx.z, nq, head, q0 / 64, k0 / 64, warp, g, tq, 0);
 #pragma unroll
-    for (int kk = 0; kk < BQ / 16; ++kk) wg_rs64t(dv, pf[kk], descO + kk * (16 * 128 >> 4));  // 16 queries a k step
+    for (int hf = 0; hf < 2; ++hf) {
+      // Half 0: its scores and dP are done, half 1's may still run. Half 1:
+      // its scores and dP are done, half 0's dV and dK products may still run.
+      wg_wait<1>();
+      keep_live(s[hf]);
+      keep_live(dp[hf]);
 #pragma unroll
-    for (int kk = 0; kk < BQ / 16; ++kk) wg_rs64t(dk, df[kk], descQ + kk * (16 * 128 >> 4));
-    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+      for (int j = 0; j < BQ / 16; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int key = key0 + (e >> 1) * 8, ql = 32 * hf + j * 8 + tq * 2 + (e & 1), q = q0 + ql;
+          const float p = (key <= q && q < seq) ? ex2(fmaf(s[hf][j][e], scale_log2, -l2[ql])) : 0.f;
+          s[hf][j][e] = p;
+          dp[hf][j][e] = p * (dp[hf][j][e] - dd[ql]);
+        }
+      store_ds(dst + 32 * hf, dp[hf]);
+      u32 pf[2][4], df[2][4];
+#pragma unroll
+      for (int kk = 0; kk < 2; ++kk) {
+        p_frag(s[hf], kk, pf[kk]);
+        p_frag(dp[hf], kk, df[kk]);
+      }
+      keep_live(dv);
+      keep_live(dk);
+      keep_live(pf);
+      keep_live(df);
+      asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+      for (int kk = 0; kk < 2; ++kk)
+        wg_rs64t(dv, pf[kk], descO + (2 * hf + kk) * (16 * 128 >> 4));  // 16 queries a k step
+#pragma unroll
+      for (int kk = 0; kk < 2; ++kk) wg_rs64t(dk, df[kk], descQ + (2 * hf + kk) * (16 * 128 >> 4));
+      asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+      keep_live(pf);
+      keep_live(df);
+    }
     wg_wait<0>();
     keep_live(dv);
     keep_live(dk);
-    keep_live(pf);
-    keep_live(df);
     __syncthreads();  // the stage just read is the next load's target
   }
   store_dkdv<HD>(dqkv, dk, dv, tok0, key0, seq, W, nq, nkv, kh, tq, scale);
