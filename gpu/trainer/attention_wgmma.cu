@@ -39,7 +39,7 @@ __device__ __forceinline__ void wg_load_tile(u32 dst, const u16* __restrict__ sr
 // attn_bwd_dkdv_wg: see the top of the file. Dynamic shared memory: 1024
 // bytes of alignment, 6 tiles of 8 KB (K, V, and Q and dO per stage) and 2
 // stages x 2 x 64 floats (lse log2 e and D).
-extern "C" __global__ void __launch_bounds__(128)
+extern "C" __global__ void __launch_bounds__(128, 3)
     attn_bwd_dkdv_wg(const u16* __restrict__ qkv, const u16* __restrict__ dout, const float* __restrict__ lse,
                      const float* __restrict__ dsum, float* __restrict__ dqkv, u16* __restrict__ ds, int seq,
                      int nq, int nkv, int b0, float scale_log2, float scale) {
