@@ -472,6 +472,15 @@ func (h *Handle) HasLegacy() bool { return h.leg != nil }
 // stream). Buffer sizes, leading dimensions and types are checked first; a
 // problem no library supports returns an *Error naming the status.
 func (h *Handle) Matmul(s *cuda.Stream, g Gemm, a, b, c *cuda.Buffer) error {
+	return h.MatmulAdd(s, g, a, b, c, c)
+}
+
+// MatmulAdd is Matmul with the addend read from c and the result written
+// to d: D = Alpha·op(A)·op(B) + Beta·C, d of C's shape, type and strides
+// (d may be c). A residual stream then need not be copied into the output
+// before the product adds to it. cuBLAS (Legacy), which writes its addend
+// in place, gets d as a copy of c first.
+func (h *Handle) MatmulAdd(s *cuda.Stream, g Gemm, a, b, c, d *cuda.Buffer) error {
 	g, err := g.normalized()
 	if err != nil {
 		return err
@@ -479,26 +488,41 @@ func (h *Handle) Matmul(s *cuda.Stream, g Gemm, a, b, c *cuda.Buffer) error {
 	if err := g.checkBuffers(a, b, c); err != nil {
 		return err
 	}
+	if d != c {
+		if err := g.checkBuffers(a, b, d); err != nil {
+			return fmt.Errorf("%w (the output D)", err)
+		}
+	}
+	legacy := func() error {
+		if d != c && g.Beta != 0 {
+			_, ec, _ := g.CType.cudaType()
+			n := need(g.M, g.N, g.LDC, g.Batch, g.StrideC, ec)
+			if err := h.dev.CopyDtoDAsync(d, c, int(n), s); err != nil {
+				return err
+			}
+		}
+		return h.matmulLegacy(s, g, a, b, d)
+	}
 	switch g.Backend {
 	case Lt:
 		if h.lt == nil {
 			return fmt.Errorf("cublas: cuBLASLt is not available: %w", ltErr)
 		}
-		return h.matmulLt(s, g, a, b, c)
+		return h.matmulLt(s, g, a, b, c, d)
 	case Legacy:
 		if h.leg == nil {
 			return fmt.Errorf("cublas: cuBLAS is not available: %w", legacyErr)
 		}
-		return h.matmulLegacy(s, g, a, b, c)
+		return legacy()
 	}
 	if h.lt != nil {
-		err := h.matmulLt(s, g, a, b, c)
+		err := h.matmulLt(s, g, a, b, c, d)
 		var ce *Error
 		if err == nil || h.leg == nil || !errors.As(err, &ce) || ce.Status != 15 { // 15: NOT_SUPPORTED
 			return err
 		}
 	}
-	return h.matmulLegacy(s, g, a, b, c)
+	return legacy()
 }
 
 func (g Gemm) describe() string {

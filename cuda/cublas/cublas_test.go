@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 
@@ -216,7 +217,9 @@ func relErr(g Gemm, got, want []float64) float64 {
 
 // TestMatmulAgainstFloat64 checks GEMMs of several shapes, transposes,
 // strides and batches, on fresh random bf16 data, through each backend,
-// against a float64 CPU reference: relative error ≤ 1e-2.
+// against a float64 CPU reference: relative error ≤ 1e-2. The cases with
+// an addend also run through MatmulAdd into a separate output, whose
+// addend must come back unchanged.
 func TestMatmulAgainstFloat64(t *testing.T) {
 	dev, h := handle(t)
 	rng, seed := testutil.Rand(t)
@@ -227,6 +230,7 @@ func TestMatmulAgainstFloat64(t *testing.T) {
 		{M: 64, N: 128, K: 256, TransA: true, Batch: 4},
 		{M: 96, N: 160, K: 128, LDA: 136, LDB: 168, LDC: 176, Batch: 3, Alpha: 0.5, Beta: 2},
 		{M: 128, N: 128, K: 256, CType: F32},
+		{M: 256, N: 192, K: 128, TransB: true, Alpha: 1, Beta: 1, CType: F32}, // a residual add
 		{M: 64, N: 96, K: 128, AType: F32, BType: F32, CType: F32},
 		{M: 77, N: 45, K: 33}, // unaligned leading dimensions
 	}
@@ -236,40 +240,55 @@ func TestMatmulAgainstFloat64(t *testing.T) {
 			continue
 		}
 		for _, c := range cases {
-			c.Backend = backend
-			name := fmt.Sprintf("%v/%s", backend, c.describeShort())
-			t.Run(name, func(t *testing.T) {
-				g, err := c.normalized()
-				if err != nil {
-					t.Fatal(err)
+			for _, into := range []bool{false, true} {
+				if into && c.Beta == 0 {
+					continue
 				}
-				ar, br := g.M, g.K
-				if g.TransA {
-					ar = g.K
+				c.Backend = backend
+				name := fmt.Sprintf("%v/%s", backend, c.describeShort())
+				if into {
+					name += "_into"
 				}
-				if g.TransB {
-					br = g.N
-				}
-				da, a := upload(t, dev, rng, int(int64(g.Batch-1)*g.StrideA)+ar*g.LDA, g.AType)
-				db, b := upload(t, dev, rng, int(int64(g.Batch-1)*g.StrideB)+br*g.LDB, g.BType)
-				nc := int(int64(g.Batch-1)*g.StrideC) + g.M*g.LDC
-				dc, cvals := upload(t, dev, rng, nc, g.CType)
-				err = h.Matmul(nil, c, da, db, dc)
-				if backend == Lt && err != nil && strings.Contains(err.Error(), "NOT_SUPPORTED") {
-					t.Skipf("cuBLASLt has no algorithm: %v", err)
-				}
-				if err != nil {
-					t.Fatalf("seed %d: %v", seed, err)
-				}
-				want := append([]float64(nil), cvals...)
-				rowMajorRef(g, a, b, want)
-				got := download(t, dev, dc, nc, g.CType)
-				if e := relErr(g, got, want); e > 1e-2 || math.IsNaN(e) {
-					t.Fatalf("seed %d: relative error %.3g > 1e-2", seed, e)
-				} else {
-					t.Logf("relative error %.2e", e)
-				}
-			})
+				t.Run(name, func(t *testing.T) {
+					g, err := c.normalized()
+					if err != nil {
+						t.Fatal(err)
+					}
+					ar, br := g.M, g.K
+					if g.TransA {
+						ar = g.K
+					}
+					if g.TransB {
+						br = g.N
+					}
+					da, a := upload(t, dev, rng, int(int64(g.Batch-1)*g.StrideA)+ar*g.LDA, g.AType)
+					db, b := upload(t, dev, rng, int(int64(g.Batch-1)*g.StrideB)+br*g.LDB, g.BType)
+					nc := int(int64(g.Batch-1)*g.StrideC) + g.M*g.LDC
+					dc, cvals := upload(t, dev, rng, nc, g.CType)
+					out := dc
+					if into {
+						out, _ = upload(t, dev, rng, nc, g.CType)
+					}
+					err = h.MatmulAdd(nil, c, da, db, dc, out)
+					if backend == Lt && err != nil && strings.Contains(err.Error(), "NOT_SUPPORTED") {
+						t.Skipf("cuBLASLt has no algorithm: %v", err)
+					}
+					if err != nil {
+						t.Fatalf("seed %d: %v", seed, err)
+					}
+					want := append([]float64(nil), cvals...)
+					rowMajorRef(g, a, b, want)
+					got := download(t, dev, out, nc, g.CType)
+					if e := relErr(g, got, want); e > 1e-2 || math.IsNaN(e) {
+						t.Fatalf("seed %d: relative error %.3g > 1e-2", seed, e)
+					} else {
+						t.Logf("relative error %.2e", e)
+					}
+					if into && !slices.Equal(download(t, dev, dc, nc, g.CType), cvals) {
+						t.Errorf("seed %d: MatmulAdd changed its addend", seed)
+					}
+				})
+			}
 		}
 	}
 }

@@ -64,8 +64,9 @@ func alignment(p cuda.DevicePtr) uint32 {
 	return a
 }
 
-func (h *Handle) matmulLt(s *cuda.Stream, g Gemm, a, b, c *cuda.Buffer) error {
-	key := planKey{g: g, alignA: alignment(b.Ptr()), alignB: alignment(a.Ptr()), aC: alignment(c.Ptr())}
+// matmulLt runs D = op(A)·op(B) (+ Beta·C) with cuBLASLt; d may be c.
+func (h *Handle) matmulLt(s *cuda.Stream, g Gemm, a, b, c, d *cuda.Buffer) error {
+	key := planKey{g: g, alignA: alignment(b.Ptr()), alignB: alignment(a.Ptr()), aC: min(alignment(c.Ptr()), alignment(d.Ptr()))}
 	key.g.Alpha, key.g.Beta, key.g.Backend = 0, 0, 0
 	alpha, beta := g.Alpha, g.Beta
 	h.mu.Lock()
@@ -92,7 +93,7 @@ func (h *Handle) matmulLt(s *cuda.Stream, g Gemm, a, b, c *cuda.Buffer) error {
 		}
 		r := callGemm(h.lt.pMatmul, h.ltH, p.desc,
 			uintptr(unsafe.Pointer(&alpha)), uintptr(b.Ptr()), p.la, uintptr(a.Ptr()), p.lb,
-			uintptr(unsafe.Pointer(&beta)), uintptr(c.Ptr()), p.lc, uintptr(c.Ptr()), p.lc,
+			uintptr(unsafe.Pointer(&beta)), uintptr(c.Ptr()), p.lc, uintptr(d.Ptr()), p.lc,
 			uintptr(unsafe.Pointer(&p.algo[0])), ws, wsSize, s.Handle())
 		return status(r, "cublasLtMatmul("+g.describe()+")")
 	})

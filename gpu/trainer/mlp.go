@@ -209,28 +209,25 @@ func (g *gpuCtx) close(free func() error) error {
 	return errors.Join(errs...)
 }
 
-// linear sets y = x·Wᵀ (+ y when add), y of type ct.
-func (g *gpuCtx) linear(y, x, w *cuda.Buffer, m, in, out int, ct cublas.DataType, add bool) error {
-	gm := cublas.Gemm{M: m, N: out, K: in, TransB: true, Alpha: 1, CType: ct}
-	if add {
-		gm.Beta = 1
-	}
-	return g.blas.Matmul(g.s, gm, x, w, y)
+// linear sets y = x·Wᵀ, y of type ct.
+func (g *gpuCtx) linear(y, x, w *cuda.Buffer, m, in, out int, ct cublas.DataType) error {
+	return g.blas.Matmul(g.s, cublas.Gemm{M: m, N: out, K: in, TransB: true, Alpha: 1, CType: ct}, x, w, y)
 }
 
-// linearDX sets dx = dy·W (dy [m][out]), dx of type ct.
+// linearOnto sets y = base + x·Wᵀ, fp32 (y and base may be one buffer):
+// the residual is read once, not copied into y first.
+func (g *gpuCtx) linearOnto(y, base, x, w *cuda.Buffer, m, in, out int) error {
+	return g.blas.MatmulAdd(g.s, cublas.Gemm{M: m, N: out, K: in, TransB: true, Alpha: 1, Beta: 1, CType: cublas.F32}, x, w, base, y)
+}
+
+// linearTOnto is linearOnto for W stored [in][out]: y = base + x·W.
+func (g *gpuCtx) linearTOnto(y, base, x, w *cuda.Buffer, m, in, out int) error {
+	return g.blas.MatmulAdd(g.s, cublas.Gemm{M: m, N: out, K: in, Alpha: 1, Beta: 1, CType: cublas.F32}, x, w, base, y)
+}
+
+// linearDX sets dx = dy·W (dy [m][out], W [out][in]), dx of type ct.
 func (g *gpuCtx) linearDX(dx, dy, w *cuda.Buffer, m, in, out int, ct cublas.DataType) error {
-	return g.linearT(dx, dy, w, m, out, in, ct, false)
-}
-
-// linearT sets y = x·W (+ y when add), y of type ct, for W stored
-// transposed against linear's layout: [in][out].
-func (g *gpuCtx) linearT(y, x, w *cuda.Buffer, m, in, out int, ct cublas.DataType, add bool) error {
-	gm := cublas.Gemm{M: m, N: out, K: in, Alpha: 1, CType: ct}
-	if add {
-		gm.Beta = 1
-	}
-	return g.blas.Matmul(g.s, gm, x, w, y)
+	return g.blas.Matmul(g.s, cublas.Gemm{M: m, N: in, K: out, Alpha: 1, CType: ct}, dy, w, dx)
 }
 
 // linearDW adds dyᵀ·x into dw (fp32 [out][in]).
@@ -294,13 +291,12 @@ func (g *gpuCtx) mlpForwardSteps(a mlpArgs, sparse bool) ([]mlpStep, error) {
 			return nil, sl.err
 		}
 		return []mlpStep{
-			{"gate/up GEMM", func() error { return g.linear(d.gu, a.x, a.wgu, a.m, a.h, a.guW(), cublas.F32, false) }},
+			{"gate/up GEMM", func() error { return g.linear(d.gu, a.x, a.wgu, a.m, a.h, a.guW(), cublas.F32) }},
 			{"activation", func() error {
 				return g.run.reluFwd(reluArgs{gu: d.gu, m: a.m, f: a.f, gated: a.gated}, d.hid, a.active, a.stat, a.sc.part,
 					a.l1Stat, a.l0Scale)
 			}},
-			{"residual copy", func() error { return g.dev.CopyDtoDAsync(a.out, a.base, 4*a.m*a.h, g.s) }},
-			{"down GEMM", func() error { return g.linearT(a.out, d.hid, a.wd, a.m, a.f, a.h, cublas.F32, true) }},
+			{"down GEMM", func() error { return g.linearTOnto(a.out, a.base, d.hid, a.wd, a.m, a.f, a.h) }},
 		}, nil
 	}
 	sp := a.carveSparse(sl, a.region)
@@ -310,7 +306,7 @@ func (g *gpuCtx) mlpForwardSteps(a mlpArgs, sparse bool) ([]mlpStep, error) {
 		return nil, sl.err
 	}
 	steps := []mlpStep{
-		{"gate GEMM", func() error { return g.linear(gbf, a.x, w.gate, a.m, a.h, a.f, cublas.BF16, false) }},
+		{"gate GEMM", func() error { return g.linear(gbf, a.x, w.gate, a.m, a.h, a.f, cublas.BF16) }},
 		{"row index", func() error {
 			return g.run.spRowIndex(a.mlpShape, gbf, sp, a.sc, a.active, a.stat, a.l0Scale, a.l1Stat)
 		}},
@@ -338,7 +334,7 @@ func (g *gpuCtx) mlpBackwardSteps(a mlpArgs, sparse bool) ([]mlpStep, error) {
 		}
 		return []mlpStep{
 			{"dWd GEMM", func() error { return g.linearDW(a.gDown, d.hid, a.dy, a.m, a.h, a.f) }},
-			{"dh GEMM", func() error { return g.linear(dh, a.dy, a.wd, a.m, a.h, a.f, cublas.F32, false) }},
+			{"dh GEMM", func() error { return g.linear(dh, a.dy, a.wd, a.m, a.h, a.f, cublas.F32) }},
 			{"activation backward", func() error {
 				return g.run.reluBwd(reluArgs{gu: d.gu, m: a.m, f: a.f, gated: a.gated}, dgu, dh, a.l1Grad)
 			}},

@@ -144,14 +144,13 @@ func (b *Backend) forwardBackward(p pass) error {
 			b.at("norm fwd"),
 			func() error { return r.rmsNormFwd(a.hn1[l], a.rstd1[l], a.x[l], lv.attnNorm, m, h, eps) },
 			b.at("qkv fwd"),
-			func() error { return b.linear(qkvF, a.hn1[l], lv.qkv, m, h, qkvW, cublas.F32, false) },
+			func() error { return b.linear(qkvF, a.hn1[l], lv.qkv, m, h, qkvW, cublas.F32) },
 			b.at("rope fwd"),
 			func() error { return r.ropeCast(qkv, qkvF, cos, sin, m, p.seq, nq+nkv, hd, qkvW, 1) },
 			b.at("attention fwd"),
 			func() error { return att.forward(b.s, att1, qkv, lse[l]) },
 			b.at("o fwd"),
-			func() error { return b.dev.CopyDtoDAsync(a.x2[l], a.x[l], 4*m*h, b.s) },
-			func() error { return b.linear(a.x2[l], att1, lv.o, m, nq*hd, h, cublas.F32, true) },
+			func() error { return b.linearOnto(a.x2[l], a.x[l], att1, lv.o, m, nq*hd, h) },
 			b.at("norm fwd"),
 			func() error { return r.rmsNormFwd(a.hn2[l], a.rstd2[l], a.x2[l], lv.mlpNorm, m, h, eps) },
 			b.at("mlp fwd"),
@@ -192,7 +191,7 @@ func (b *Backend) forwardBackward(p pass) error {
 		}
 		err := inOrder(
 			b.at("lm head fwd"),
-			func() error { return b.linear(a.logits, normed, head, n, h, V, cublas.F32, false) },
+			func() error { return b.linear(a.logits, normed, head, n, h, V, cublas.F32) },
 			b.at("cross-entropy"),
 			func() error {
 				return r.crossEntropy(a.logits, targets, dlogits, loss, n, V, p.gradScale, p.lossScale)
