@@ -101,7 +101,7 @@ func (s mlpShape) saveBytes(p mlp.Path) int {
 
 // statPartBytes is the size of the partial sums of an MLP block's
 // statistics (fp64, added up by sum_f64): two a block of relu_fwd, one a
-// token row of sp_up (more than sp_count's and sp_pack's one per 8 rows).
+// token row of sp_up (more than sp_index's two per 8 rows).
 func (s mlpShape) statPartBytes() int {
 	return 8 * max(2*ceil(s.f, rowBlock)*ceil(s.m, rowsPer), s.m)
 }

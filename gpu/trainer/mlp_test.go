@@ -41,8 +41,7 @@ func TestMLPSaveLayout(t *testing.T) {
 		if got := carvedBytes(sp); got%16 != 0 || got < per*nnz {
 			t.Fatalf("seed %d: %+v: sparse region %d bytes", seed, s, got)
 		}
-		nb := ceil(s.m, rowBlock/32)
-		if c := countBytes(s.m, s.f); c < 4*(s.m+2*nb+1) || c < 4*(4*s.f+2) {
+		if c := countBytes(s.m, s.f); c < 8*ceil(s.m, spIndexRows) || c < 4*(4*s.f+2) {
 			t.Fatalf("seed %d: %+v: count buffer of %d bytes", seed, s, c)
 		}
 		if v := vecThreads(s.h); v%32 != 0 || v < 32 || v > 256 || (v < 256 && 8*v < s.h) {

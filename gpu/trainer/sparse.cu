@@ -29,32 +29,6 @@
 // is_on: a unit fires when its bf16 pre-activation is > 0 (NaN does not).
 __device__ __forceinline__ bool is_on(u16 v) { return bf_to_f(v) > 0.f; }
 
-// sp_count: rowcnt[r] = active units of row r of G (bf16 [m][f], f % 8 ==
-// 0) and blocktot[b] = those of block b's rows; part[b] = l0_scale · the
-// same (when set; for sum_f64). One warp per row.
-extern "C" __global__ void sp_count(const u16* __restrict__ G, int* __restrict__ rowcnt, int* __restrict__ blocktot,
-                                    double* __restrict__ part, int m, int f, double l0_scale) {
-  int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-  int cnt = 0;
-  if (r < m) {
-    const uint4* row = reinterpret_cast<const uint4*>(G + (size_t)r * f);
-#pragma unroll 4
-    for (int c = lane; c < f / 8; c += 32) {
-      uint4 v = ldg_nc(row + c);
-      u32 w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-      for (int q = 0; q < 4; ++q) cnt += is_on((u16)(w[q] & 0xffffu)) + is_on((u16)(w[q] >> 16));
-    }
-  }
-  float total = warp_sum((float)cnt);  // exact: at most 8 rows of f < 2^21 units
-  if (r < m && lane == 0) rowcnt[r] = (int)total;
-  total = block_sum(lane == 0 ? total : 0.f);
-  if (threadIdx.x == 0) {
-    blocktot[blockIdx.x] = (int)total;
-    if (part) part[blockIdx.x] = (double)total * l0_scale;
-  }
-}
-
 // sp_scan: ptr[i] = sum of cnt[0..i) for i <= n (exclusive scan with the
 // total at ptr[n]). One block of 1024 threads.
 extern "C" __global__ void sp_scan(const int* __restrict__ cnt, int* __restrict__ ptr, int n) {
@@ -92,64 +66,170 @@ extern "C" __global__ void sp_scan(const int* __restrict__ cnt, int* __restrict_
   if (threadIdx.x == 0) ptr[n] = carry;
 }
 
-// sp_pack: the active entries of each row of G in ascending column order:
-// col and pv (bf16 P) from rowptr[r], which it writes from sp_count's row
-// counts and the scanned block totals blockptr. When tv is set (ungated: T = P), it
-// gets P too and part[b] = l1_scale · Σ P over block b's rows (when part is
-// set). active[j] (when set) counts the rows where unit j fired. One warp
-// per row.
-extern "C" __global__ void sp_pack(const u16* __restrict__ G, const int* __restrict__ rowcnt,
-                                   const int* __restrict__ blockptr, int* __restrict__ rowptr, int* __restrict__ col,
-                                   u16* __restrict__ pv, u16* __restrict__ tv, int* __restrict__ active,
-                                   double* __restrict__ part, int m, int f, double l1_scale) {
-  const int w = threadIdx.x >> 5, r = blockIdx.x * (blockDim.x >> 5) + w, lane = threadIdx.x & 31;
-  float l1 = 0.f;
+// sp_index: the row-major form of the active units of G (bf16 [m][f],
+// f % 8 == 0) in one pass over G: rowptr (m + 1 offsets), and per row in
+// ascending column order col and pv (bf16 P; also tv when set, ungated:
+// T = P). One warp per row, 8 rows a block. A warp keeps its row's first
+// SPI_CAP entries in shared memory and a row with more is read again to
+// write them. The block's offset comes from the blocks before it through
+// state (a 64-bit word a block, zeroed before the launch: the flag in the
+// high half, 1 for the block's own total, 2 for the total of it and every
+// block before; the count in the low half): warp 0 publishes its block's
+// total, then looks back over the words before it 32 at a time until it
+// meets a 2, adding the counts on the way, and publishes its own prefix
+// (decoupled look-back; a block waits only on blocks launched before it).
+// The offsets do not depend on timing. part0[b] = l0_scale · block b's
+// active units and, ungated, part1[b] = l1_scale · Σ P over its rows (when
+// set); active[j] (when set) counts the rows where unit j fired.
+#define SPI_CAP 128
+#define SPI_ROWS 8
+
+__device__ __forceinline__ void spi_publish(unsigned long long* p, unsigned long long v) {
+  asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+__device__ __forceinline__ unsigned long long spi_read(const unsigned long long* p) {
+  unsigned long long v;
+  asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+
+extern "C" __global__ void __launch_bounds__(32 * SPI_ROWS)
+    sp_index(const u16* __restrict__ G, int* __restrict__ rowptr, int* __restrict__ col, u16* __restrict__ pv,
+             u16* __restrict__ tv, int* __restrict__ active, unsigned long long* __restrict__ state,
+             double* __restrict__ part0, double* __restrict__ part1, int m, int f, double l0_scale, double l1_scale) {
+  __shared__ int s_col[SPI_ROWS][SPI_CAP];
+  __shared__ u16 s_val[SPI_ROWS][SPI_CAP];
+  __shared__ int s_cnt[SPI_ROWS];
+  __shared__ int s_base;
+  const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, r = blockIdx.x * SPI_ROWS + w;
+  const uint4* row = reinterpret_cast<const uint4*>(G + (size_t)min(r, m - 1) * f);
+  // Count the row, keeping its first SPI_CAP entries.
+  int cnt = 0;
   if (r < m) {
-    const uint4* row = reinterpret_cast<const uint4*>(G + (size_t)r * f);
-    int base = blockptr[blockIdx.x];
-    for (int i = r - w; i < r; ++i) base += rowcnt[i];
-    if (lane == 0) {
-      rowptr[r] = base;
-      if (r == m - 1) rowptr[m] = base + rowcnt[r];
-    }
+#pragma unroll 2
     for (int c0 = 0; c0 < f / 8; c0 += 32) {
-      int c = c0 + lane;
-      u32 w[4] = {0, 0, 0, 0};
+      const int c = c0 + lane;
+      u32 wd[4] = {0, 0, 0, 0};
       if (c < f / 8) {
-        uint4 v = ldg_nc(row + c);
-        w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
+        const uint4 v = ldg_nc(row + c);
+        wd[0] = v.x, wd[1] = v.y, wd[2] = v.z, wd[3] = v.w;
       }
       u32 mask = 0;
 #pragma unroll
-      for (int e = 0; e < 8; ++e) mask |= (u32)is_on((u16)((w[e >> 1] >> (16 * (e & 1))) & 0xffffu)) << e;
-      int n = __popc(mask), x = n;
+      for (int e = 0; e < 8; ++e) mask |= (u32)is_on((u16)((wd[e >> 1] >> (16 * (e & 1))) & 0xffffu)) << e;
+      const int n = __popc(mask);
+      int x = n;
 #pragma unroll
       for (int o = 1; o < 32; o <<= 1) {
-        int y = __shfl_up_sync(0xffffffffu, x, o);
+        const int y = __shfl_up_sync(0xffffffffu, x, o);
         if (lane >= o) x += y;
       }
-      int at = base + x - n;
+      int at = cnt + x - n;
+      if (mask && at < SPI_CAP) {
 #pragma unroll
-      for (int e = 0; e < 8; ++e) {
-        if (mask & (1u << e)) {
-          u16 b = (u16)((w[e >> 1] >> (16 * (e & 1))) & 0xffffu);
-          int j = 8 * c + e;
-          col[at] = j;
-          pv[at] = b;
-          if (tv) {
-            tv[at] = b;
-            l1 += bf_to_f(b);
+        for (int e = 0; e < 8; ++e)
+          if (mask & (1u << e)) {
+            if (at < SPI_CAP) {
+              s_col[w][at] = 8 * c + e;
+              s_val[w][at] = (u16)((wd[e >> 1] >> (16 * (e & 1))) & 0xffffu);
+            }
+            ++at;
           }
-          if (active) atomicAdd(&active[j], 1);
-          ++at;
-        }
       }
-      base += __shfl_sync(0xffffffffu, x, 31);
+      cnt += __shfl_sync(0xffffffffu, x, 31);
+    }
+  }
+  if (lane == 0) s_cnt[w] = cnt;
+  __syncthreads();
+  if (w == 0) {
+    int tot = lane < SPI_ROWS ? s_cnt[lane] : 0;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) tot += __shfl_xor_sync(0xffffffffu, tot, o);
+    const int b = blockIdx.x;
+    if (lane == 0) spi_publish(state + b, (unsigned long long)(b == 0 ? 2u : 1u) << 32 | (u32)tot);
+    int before = 0;
+    for (int p = b - 1; p >= 0; p -= 32) {
+      const int q = p - lane;  // lane 0 nearest
+      unsigned long long v = q >= 0 ? spi_read(state + q) : (2ull << 32);
+      while (__any_sync(0xffffffffu, (v >> 32) == 0)) {
+        if ((v >> 32) == 0) v = spi_read(state + q);
+      }
+      const u32 full = __ballot_sync(0xffffffffu, (v >> 32) == 2);
+      const int stop = full ? __ffs(full) - 1 : 31;  // the nearest prefix, or the whole window
+      int add = lane <= stop ? (int)(u32)v : 0;
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) add += __shfl_xor_sync(0xffffffffu, add, o);
+      before += add;
+      if (full) break;
+    }
+    if (lane == 0) {
+      if (b > 0) spi_publish(state + b, 2ull << 32 | (u32)(before + tot));
+      s_base = before;
+      if (part0) part0[b] = (double)tot * l0_scale;
+    }
+  }
+  __syncthreads();
+  // Write the row from its offset.
+  float l1 = 0.f;
+  if (r < m) {
+    int base = s_base;
+    for (int i = 0; i < w; ++i) base += s_cnt[i];
+    if (lane == 0) {
+      rowptr[r] = base;
+      if (r == m - 1) rowptr[m] = base + cnt;
+    }
+    if (cnt <= SPI_CAP) {
+      for (int k = lane; k < cnt; k += 32) {
+        const int j = s_col[w][k];
+        const u16 v = s_val[w][k];
+        col[base + k] = j;
+        pv[base + k] = v;
+        if (tv) {
+          tv[base + k] = v;
+          l1 += bf_to_f(v);
+        }
+        if (active) atomicAdd(&active[j], 1);
+      }
+    } else {
+      for (int c0 = 0; c0 < f / 8; c0 += 32) {
+        const int c = c0 + lane;
+        u32 wd[4] = {0, 0, 0, 0};
+        if (c < f / 8) {
+          const uint4 v = ldg_nc(row + c);
+          wd[0] = v.x, wd[1] = v.y, wd[2] = v.z, wd[3] = v.w;
+        }
+        u32 mask = 0;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) mask |= (u32)is_on((u16)((wd[e >> 1] >> (16 * (e & 1))) & 0xffffu)) << e;
+        const int n = __popc(mask);
+        int x = n;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+          const int y = __shfl_up_sync(0xffffffffu, x, o);
+          if (lane >= o) x += y;
+        }
+        int at = base + x - n;
+#pragma unroll
+        for (int e = 0; e < 8; ++e)
+          if (mask & (1u << e)) {
+            const u16 v = (u16)((wd[e >> 1] >> (16 * (e & 1))) & 0xffffu);
+            const int j = 8 * c + e;
+            col[at] = j;
+            pv[at] = v;
+            if (tv) {
+              tv[at] = v;
+              l1 += bf_to_f(v);
+            }
+            if (active) atomicAdd(&active[j], 1);
+            ++at;
+          }
+        base += __shfl_sync(0xffffffffu, x, 31);
+      }
     }
   }
   if (tv) {
     l1 = block_sum(l1);
-    if (threadIdx.x == 0 && part) part[blockIdx.x] = (double)l1 * l1_scale;
+    if (threadIdx.x == 0 && part1) part1[blockIdx.x] = (double)l1 * l1_scale;
   }
 }
 

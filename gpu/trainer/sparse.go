@@ -5,24 +5,27 @@ import "github.com/twell-ai/twell/cuda"
 // Launchers of sparse.cu's kernels (see its header for the algorithm).
 
 // countBytes is the size of the sparse path's count buffer for m tokens
-// and f units: row counts, the totals of the blocks of sp_count and their
-// prefix; or column counts; or the parts and slots of spColParts and their
-// prefixes.
+// and f units: sp_index's look-back words (8 bytes per block of rows), and
+// the column index's counts and offsets.
 func countBytes(m, f int) int {
-	nb := ceil(m, rowBlock/32)
-	return 4 * max(m+2*nb+1, 4*f+2)
+	return max(8*ceil(m, spIndexRows), 4*(4*f+2))
 }
 
 // vecThreads is the block of a kernel whose threads take 8 of h columns
 // each: enough warps to cover h once, at most 256.
 func vecThreads(h int) int { return min(256, max(32, (h/8+31)&^31)) }
 
+// spIndexRows is the number of rows of a block of sp_index (SPI_ROWS).
+const spIndexRows = 8
+
 // spRowIndex builds the row-major form of the active units of g (bf16
-// [m][f] gate pre-activations) into sp, with the firing counts added into
-// active (may be nil) and the L0 (and, ungated, the L1) statistic into
-// stat (may be nil; through partial sums in sc.part).
+// [m][f] gate pre-activations) into sp in one pass over g (sp_index), with
+// the firing counts added into active (may be nil) and the L0 (and,
+// ungated, the L1) statistic into stat (may be nil; through partial sums
+// in sc.part).
 func (l launcher) spRowIndex(s mlpShape, g *cuda.Buffer, sp sparseSave, sc mlpScratch, active, stat *cuda.Buffer, l0Scale, l1Scale float64) error {
 	m, f := s.m, s.f
+	nb := ceil(m, spIndexRows)
 	if err := check(need("gate pre-activations", g, 2*m*f), need("row counts", sc.cnt, countBytes(m, f))); err != nil {
 		return err
 	}
@@ -30,38 +33,36 @@ func (l launcher) spRowIndex(s mlpShape, g *cuda.Buffer, sp sparseSave, sc mlpSc
 	if !s.gated {
 		tv = sp.pv
 	}
-	rowsPerBlock := rowBlock / 32
-	nb := ceil(m, rowsPerBlock)
 	sl := &slicer{}
-	rowcnt, blocktot, blockptr := sl.at(sc.cnt, 0, 4*m), sl.at(sc.cnt, 4*m, 4*nb), sl.at(sc.cnt, 4*(m+nb), 4*(nb+1))
-	var part, l1, l0 *cuda.Buffer
+	state := sl.at(sc.cnt, 0, 8*nb)
+	var part0, part1, l1, l0 *cuda.Buffer
 	if stat != nil {
-		part, l1, l0 = sl.at(sc.part, 0, 8*nb), sl.at(stat, 0, 8), sl.at(stat, 8, 8)
+		if err := need("statistics partial sums", sc.part, 16*nb); err != nil {
+			return err
+		}
+		part0, part1, l1, l0 = sl.at(sc.part, 0, 8*nb), sl.at(sc.part, 8*nb, 8*nb), sl.at(stat, 0, 8), sl.at(stat, 8, 8)
 	}
 	if sl.err != nil {
 		return sl.err
 	}
-	// sum adds the partial sums sp_count (then sp_pack, ungated) left in part.
-	sum := func(out *cuda.Buffer, wrote bool) func() error {
-		return func() error {
-			if stat == nil || !wrote {
+	return inOrder(
+		func() error { return state.Device().Memset8(state, 0, l.s) },
+		func() error {
+			return l.k["sp_index"].Launch(dim(nb), dim(32*spIndexRows), 0, l.s, g, sp.rowptr, sp.col, sp.pv, tv,
+				optional(active), state, optional(part0), optional(part1), int32(m), int32(f), l0Scale, l1Scale)
+		},
+		func() error {
+			if stat == nil {
 				return nil
 			}
-			return l.sumF64(out, part, nb, 1)
-		}
-	}
-	return inOrder(
-		func() error {
-			return l.k["sp_count"].Launch(dim(nb), dim(rowBlock), 0, l.s, g, rowcnt, blocktot, optional(part),
-				int32(m), int32(f), l0Scale)
+			return l.sumF64(l0, part0, nb, 1)
 		},
-		sum(l0, true),
-		func() error { return l.k["sp_scan"].Launch(dim(1), dim(1024), 0, l.s, blocktot, blockptr, int32(nb)) },
 		func() error {
-			return l.k["sp_pack"].Launch(dim(nb), dim(rowBlock), 0, l.s, g, rowcnt, blockptr, sp.rowptr, sp.col, sp.pv, tv,
-				optional(active), optional(part), int32(m), int32(f), l1Scale)
+			if stat == nil || s.gated {
+				return nil
+			}
+			return l.sumF64(l1, part1, nb, 1)
 		},
-		sum(l1, !s.gated),
 	)
 }
 
