@@ -26,7 +26,7 @@ var kernelFiles = []struct {
 	kernels []string
 }{
 	{"layers.cu", &layersSrc, []string{"sum_f64", "embed_fwd", "sort_pass", "embed_seg", "embed_join", "rmsnorm_fwd",
-		"rmsnorm_bwd1", "rmsnorm_bwd2", "rmsnorm_bwd4", "rmsnorm_dw_sum", "rope_cast", "cast_bf16", "relu_fwd", "relu_bwd", "ce_chunk"}},
+		"rmsnorm_bwd1", "rmsnorm_bwd2", "rmsnorm_bwd4", "rmsnorm_dw_sum", "rope_cast", "relu_fwd", "relu_bwd", "ce_chunk"}},
 	{"optim.cu", &optimSrc, []string{"sumsq", "adamw", "to_bf16", "reinit_rows"}},
 	{"sparse.cu", &sparseSrc, []string{"sp_index", "sp_scan", "sp_col_count", "sp_col_prefix", "sp_col_fill",
 		"sp_up", "sp_grad", "sp_rows", "sp_col_parts", "sp_cols", "sp_col_reduce"}},
@@ -233,11 +233,12 @@ func normBwdKernel(h int) string {
 }
 
 // rmsNormBwd adds the input gradient into dx and the gain's into dw, from
-// dy (fp32) and the forward's x and rstd, in one pass over dy, x and dx:
+// dy (fp32) and the forward's x and rstd, and writes bf16(dx) into dxb
+// unless it is nil, in one pass over dy, x and dx:
 // min(rows, normParts) blocks of consecutive rows each write their partial
 // sums of the gain gradient into part (fp32 [normParts][h]), which
 // rmsnorm_dw_sum then adds up in a fixed order.
-func (l launcher) rmsNormBwd(dx, dw, dy, x, w, rstd, part *cuda.Buffer, rows, h int) error {
+func (l launcher) rmsNormBwd(dx, dxb, dw, dy, x, w, rstd, part *cuda.Buffer, rows, h int) error {
 	per := ceil(rows, normParts)
 	parts := ceil(rows, per)
 	if err := check(normWidth(h), need("norm dx", dx, 4*rows*h), need("norm dy", dy, 4*rows*h),
@@ -245,9 +246,14 @@ func (l launcher) rmsNormBwd(dx, dw, dy, x, w, rstd, part *cuda.Buffer, rows, h 
 		need("norm gain partial sums", part, 4*parts*h)); err != nil {
 		return err
 	}
+	if dxb != nil {
+		if err := need("norm bf16 dx", dxb, 2*rows*h); err != nil {
+			return err
+		}
+	}
 	return inOrder(
 		func() error {
-			return l.k[normBwdKernel(h)].Launch(dim(parts), dim(normThreads(h)), 0, l.s, dx, part, dy, x, w, rstd,
+			return l.k[normBwdKernel(h)].Launch(dim(parts), dim(normThreads(h)), 0, l.s, dx, optional(dxb), part, dy, x, w, rstd,
 				int32(rows), int32(h), int32(per))
 		},
 		func() error {
@@ -268,14 +274,6 @@ func (l launcher) ropeCast(dst, src, cos, sin *cuda.Buffer, n, seq, nrot, hd, wi
 	}
 	return l.k["rope_cast"].Launch(dim(n), dim(rowBlock), 0, l.s, src, dst, cos, sin, int32(seq), int32(nrot),
 		int32(hd), int32(width), sign)
-}
-
-// castBF16 writes dst = bf16(src) for n values.
-func (l launcher) castBF16(dst, src *cuda.Buffer, n int) error {
-	if err := check(need("cast output", dst, 2*n), need("cast input", src, 4*n)); err != nil {
-		return err
-	}
-	return l.k["cast_bf16"].Launch(flat(n), dim(flatBlock), 0, l.s, src, dst, int64(n))
 }
 
 // reluArgs are the operands of the MLP activation of m rows of f units:

@@ -222,7 +222,9 @@ __device__ __forceinline__ void block_sum_n(float (&v)[R]) {
 // takes rows r0 = b per .. min(rows, r0 + per) - 1, R at a time, and for
 // each row r, with iv = rstd[r] and g = dy[r] * w,
 //   dx[r] += g * iv - x[r] * (sum(g * x[r]) * iv^3 / h)
-// (the input gradient added into the residual stream's); it also sums
+// (the input gradient added into the residual stream's), and where dxb is
+// not null also writes bf16(dx[r]) there (the next layer's bf16 input
+// gradient, without a cast reading dx again); it also sums
 // dy[r] * x[r] * iv over its rows, in order, into part[b] (the gain
 // gradient's partial sums, which rmsnorm_dw_sum adds up). Each thread
 // keeps VEC float4 columns of a row (the RMSNorm layout above). The R rows'
@@ -230,7 +232,7 @@ __device__ __forceinline__ void block_sum_n(float (&v)[R]) {
 // twelve 16-byte loads in flight a thread), so a round of R rows waits for
 // memory once; dy, x and dx are each read once.
 template <int VEC, int R>
-__device__ __forceinline__ void rmsnorm_bwd_rows(float* __restrict__ dx, float* __restrict__ part,
+__device__ __forceinline__ void rmsnorm_bwd_rows(float* __restrict__ dx, u16* __restrict__ dxb, float* __restrict__ part,
                                                  const float* __restrict__ dy, const float* __restrict__ x,
                                                  const float* __restrict__ w, const float* __restrict__ rstd, int rows,
                                                  int h, int per) {
@@ -287,6 +289,7 @@ __device__ __forceinline__ void rmsnorm_bwd_rows(float* __restrict__ dx, float* 
         y.z += a.z * ww.z * iv[q] - b.z * c;
         y.w += a.w * ww.w * iv[q] - b.w * c;
         dxr[i] = y;
+        if (dxb) ((uint2*)dxb)[(size_t)(r + q) * n4 + i] = make_uint2(pack_bf2(y.x, y.y), pack_bf2(y.z, y.w));
         acc[k].x += a.x * b.x * iv[q];
         acc[k].y += a.y * b.y * iv[q];
         acc[k].z += a.z * b.z * iv[q];
@@ -306,16 +309,16 @@ __device__ __forceinline__ void rmsnorm_bwd_rows(float* __restrict__ dx, float* 
 // threads; wider rows). Grid: the parts, min(rows, normParts) blocks of
 // normThreads(h) threads (256 for the first two).
 #define RMSNORM_BWD_ARGS                                                                                       \
-  float* __restrict__ dx, float* __restrict__ part, const float* __restrict__ dy, const float* __restrict__ x, \
+  float* __restrict__ dx, u16* __restrict__ dxb, float* __restrict__ part, const float* __restrict__ dy, const float* __restrict__ x, \
       const float* __restrict__ w, const float* __restrict__ rstd, int rows, int h, int per
 extern "C" __global__ void __launch_bounds__(256) rmsnorm_bwd1(RMSNORM_BWD_ARGS) {
-  rmsnorm_bwd_rows<1, 4>(dx, part, dy, x, w, rstd, rows, h, per);
+  rmsnorm_bwd_rows<1, 4>(dx, dxb, part, dy, x, w, rstd, rows, h, per);
 }
 extern "C" __global__ void __launch_bounds__(256) rmsnorm_bwd2(RMSNORM_BWD_ARGS) {
-  rmsnorm_bwd_rows<2, 2>(dx, part, dy, x, w, rstd, rows, h, per);
+  rmsnorm_bwd_rows<2, 2>(dx, dxb, part, dy, x, w, rstd, rows, h, per);
 }
 extern "C" __global__ void __launch_bounds__(NORM_THREADS) rmsnorm_bwd4(RMSNORM_BWD_ARGS) {
-  rmsnorm_bwd_rows<4, 1>(dx, part, dy, x, w, rstd, rows, h, per);
+  rmsnorm_bwd_rows<4, 1>(dx, dxb, part, dy, x, w, rstd, rows, h, per);
 }
 
 // rmsnorm_dw_sum: dw[c] += the sum over the n parts of part[p][c] (fp32
@@ -366,12 +369,6 @@ extern "C" __global__ void rope_cast(const float* __restrict__ src, u16* __restr
     const float4 v = *(const float4*)(s + i);
     *(uint2*)(d + i) = make_uint2(pack_bf2(v.x, v.y), pack_bf2(v.z, v.w));
   }
-}
-
-// cast_bf16: dst = bf16(src), n values.
-extern "C" __global__ void cast_bf16(const float* __restrict__ src, u16* __restrict__ dst, long long n) {
-  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
-    dst[i] = (u16)f_to_bf(src[i]);
 }
 
 // unit_pre returns the pre-activations of unit j in row r: gated, gu rows

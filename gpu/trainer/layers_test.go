@@ -7,6 +7,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/twell-ai/twell/bf16"
 	"github.com/twell-ai/twell/cuda"
 	"github.com/twell-ai/twell/cuda/cudatest"
 )
@@ -46,34 +47,41 @@ func TestRMSNormMatchesFloat64(t *testing.T) {
 			xB, wB, dyB := up(x), up(w), up(dy)
 			yB, rstdB := cudatest.Alloc(t, dev, 2*rows*h), cudatest.Alloc(t, dev, 4*rows)
 			part := cudatest.Alloc(t, dev, 4*normParts*h)
+			dxbB := cudatest.Alloc(t, dev, 2*rows*h)
 			// run queues both kernels on fresh copies of dx and dw and
-			// downloads y, rstd, dx and dw.
-			run := func() (y []uint16, rstd, dx, dw []float32) {
+			// downloads y, rstd, dx, its bf16 copy and dw.
+			run := func() (y, dxb []uint16, rstd, dx, dw []float32) {
 				dxB, dwB := up(dx0), up(dw0)
 				if err := l.rmsNormFwd(yB, rstdB, xB, wB, rows, h, eps); err != nil {
 					t.Fatal(err)
 				}
-				if err := l.rmsNormBwd(dxB, dwB, dyB, xB, wB, rstdB, part, rows, h); err != nil {
+				if err := l.rmsNormBwd(dxB, dxbB, dwB, dyB, xB, wB, rstdB, part, rows, h); err != nil {
 					t.Fatal(err)
 				}
 				if err := s.Synchronize(); err != nil {
 					t.Fatal(err)
 				}
 				y, rstd, dx, dw = make([]uint16, rows*h), make([]float32, rows), make([]float32, rows*h), make([]float32, h)
+				dxb = make([]uint16, rows*h)
 				for _, c := range []struct {
 					dst []byte
 					src *cuda.Buffer
-				}{{cuda.Bytes(y), yB}, {cuda.Bytes(rstd), rstdB}, {cuda.Bytes(dx), dxB}, {cuda.Bytes(dw), dwB}} {
+				}{{cuda.Bytes(y), yB}, {cuda.Bytes(rstd), rstdB}, {cuda.Bytes(dx), dxB}, {cuda.Bytes(dxb), dxbB}, {cuda.Bytes(dw), dwB}} {
 					if err := dev.CopyDtoH(c.dst, c.src); err != nil {
 						t.Fatal(err)
 					}
 				}
-				return y, rstd, dx, dw
+				return y, dxb, rstd, dx, dw
 			}
-			y, rstd, dx, dw := run()
-			y2, rstd2, dx2, dw2 := run()
+			y, dxb, rstd, dx, dw := run()
+			y2, _, rstd2, dx2, dw2 := run()
 			if !slices.Equal(y, y2) || !slices.Equal(rstd, rstd2) || !slices.Equal(dx, dx2) || !slices.Equal(dw, dw2) {
 				t.Errorf("seed %d: two runs differ", seed)
+			}
+			for i, v := range dx {
+				if want := bf16.FromFloat32(v); dxb[i] != want {
+					t.Fatalf("seed %d: bf16 dx[%d] = %#04x, want %#04x (bf16 of %g)", seed, i, dxb[i], want, v)
+				}
 			}
 			wantDW := make([]float64, h)
 			for i := range wantDW {

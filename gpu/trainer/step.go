@@ -218,7 +218,7 @@ func (b *Backend) forwardBackward(p pass) error {
 	if err := inOrder(
 		b.at("norm bwd"),
 		func() error { return b.dev.Memset8(dx, 0, b.s) },
-		func() error { return r.rmsNormBwd(dx, gNorm, dtmp, a.x[L], norm, a.rstdF, a.part, m, h) }); err != nil {
+		func() error { return r.rmsNormBwd(dx, dxb, gNorm, dtmp, a.x[L], norm, a.rstdF, a.part, m, h) }); err != nil {
 		return err
 	}
 	for l := L - 1; l >= 0; l-- {
@@ -236,9 +236,8 @@ func (b *Backend) forwardBackward(p pass) error {
 			return sl.err
 		}
 		err := inOrder(
-			// MLP: x[l+1] = x2 + MLP(hn2).
-			b.at("cast"),
-			func() error { return r.castBF16(dxb, dx, m*h) },
+			// MLP: x[l+1] = x2 + MLP(hn2). Each norm backward leaves dx in
+			// bf16 in dxb too, for the products that follow it.
 			b.at("mlp bwd"),
 			func() error {
 				ma := b.mlpArgsFor(l, lv, m, p)
@@ -247,11 +246,9 @@ func (b *Backend) forwardBackward(p pass) error {
 			},
 			b.at("norm bwd"),
 			func() error {
-				return r.rmsNormBwd(dx, lv.gMLPNorm, dtmp, a.x2[l], lv.mlpNorm, a.rstd2[l], a.part, m, h)
+				return r.rmsNormBwd(dx, dxb, lv.gMLPNorm, dtmp, a.x2[l], lv.mlpNorm, a.rstd2[l], a.part, m, h)
 			},
 			// Attention: x2 = x + att·Woᵀ.
-			b.at("cast"),
-			func() error { return r.castBF16(dxb, dx, m*h) },
 			b.at("o bwd"),
 			func() error { return b.linearDW(lv.gO, dxb, att1, m, nq*hd, h) },
 			func() error { return b.linearDX(datt, dxb, lv.o, m, nq*hd, h, cublas.BF16) },
@@ -264,7 +261,11 @@ func (b *Backend) forwardBackward(p pass) error {
 			func() error { return b.linearDX(dtmp, dqkvb, lv.qkv, m, h, qkvW, cublas.F32) },
 			b.at("norm bwd"),
 			func() error {
-				return r.rmsNormBwd(dx, lv.gAttnNorm, dtmp, a.x[l], lv.attnNorm, a.rstd1[l], a.part, m, h)
+				var next *cuda.Buffer // layer 0's dx goes to the embedding, in fp32
+				if l > 0 {
+					next = dxb
+				}
+				return r.rmsNormBwd(dx, next, lv.gAttnNorm, dtmp, a.x[l], lv.attnNorm, a.rstd1[l], a.part, m, h)
 			},
 		)
 		if err != nil {
