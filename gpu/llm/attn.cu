@@ -283,10 +283,12 @@ extern "C" __global__ void __launch_bounds__(256)
 // depend on which CTA finishes last, so it repeats bit for bit. The split
 // count depends on the batch only, so a CUDA graph of a decode step stays
 // valid as the sequences grow. Launched with early start, a CTA asks the L2
-// for its run's keys and values (the pass's metadata and page tables do not
-// change within a pass) before grid_wait, and then reads q, keys and values
-// through the L2: the new token's key and value are the kernel before's.
+// for the first ATT_DEC_PREFETCH blocks of its run's keys and values (the
+// pass's metadata and page tables do not change within a pass) before
+// grid_wait, and then reads q, keys and values through the L2: the new
+// token's key and value are the kernel before's.
 #define ATT_DEC_THREADS 128
+#define ATT_DEC_PREFETCH 2  // 64-key blocks of its run a CTA asks the L2 for before grid_wait
 
 template <int HD>
 __device__ __forceinline__ void attn_dec_body(const u16* __restrict__ qkv, u16* __restrict__ out,
@@ -307,7 +309,10 @@ __device__ __forceinline__ void attn_dec_body(const u16* __restrict__ qkv, u16* 
   const int splits = gridDim.y;
   const int nblk = (keys + ATT_BK - 1) / ATT_BK, per = (nblk + splits - 1) / splits;
   const int b0 = sp * per, b1 = min(nblk, b0 + per);
-  for (int blk = b0; blk < b1; ++blk) {
+  // Only the run's first blocks: at 64 sequences and 2016 cached tokens
+  // every CTA is resident at once, and whole runs (516 KB each) would ask
+  // the 60 MB L2 for about 1 GB a layer, evicting lines before their use.
+  for (int blk = b0; blk < min(b1, b0 + ATT_DEC_PREFETCH); ++blk) {
     const u16* K = block_keys(a, block_page(a, blk), blk, HD);
     const int lines = min(ATT_BK, keys - blk * ATT_BK) * HD / 64;  // 128-byte lines of keys, and of values
     for (int i = threadIdx.x; i < 2 * lines; i += ATT_DEC_THREADS)
