@@ -387,15 +387,20 @@ func TestAttentionWorkBytes(t *testing.T) {
 }
 
 // BenchmarkAttention times the forward and the backward pass at training
-// shapes with CUDA events, one pass an iteration, and reports the median
+// shapes (the first the 1.5B model's) on a stream with CUDA events, one pass an iteration, and reports the median
 // pass time and its tensor throughput (causal FLOPs: 2 products forward,
 // 5 backward, over half the score matrix). Run it on a GPU with
 // go test -run XXX -bench Attention ./gpu/trainer.
 func BenchmarkAttention(b *testing.B) {
 	dev := cudatest.Device(b)
-	for _, c := range []attnShape{{8, 2048, 16, 4, 64}, {4, 2048, 16, 8, 128}, {16, 1024, 8, 2, 64}} {
+	s, err := dev.NewStream()
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Destroy()
+	for _, c := range []attnShape{{8, 2048, 32, 32, 64}, {8, 2048, 16, 4, 64}, {4, 2048, 16, 8, 128}, {16, 1024, 8, 2, 64}} {
 		r := newAttnRun(b, dev, c, rand.New(rand.NewSource(1)))
-		if err := r.a.forward(nil, r.out, r.qkv, r.lse); err != nil { // the backward reads its out and lse
+		if err := r.a.forward(s, r.out, r.qkv, r.lse); err != nil { // the backward reads its out and lse
 			b.Fatal(err)
 		}
 		flop := float64(c.batch*c.nq) * float64(c.seq) * float64(c.seq) * float64(c.hd) // one causal product: 2 seq^2 hd / 2 a head
@@ -404,8 +409,8 @@ func BenchmarkAttention(b *testing.B) {
 			products float64
 			run      func() error
 		}{
-			{"forward", 2, func() error { return r.a.forward(nil, r.out, r.qkv, r.lse) }},
-			{"backward", 5, func() error { return r.a.backward(nil, r.dqkv, r.dout, r.qkv, r.out, r.lse) }},
+			{"forward", 2, func() error { return r.a.forward(s, r.out, r.qkv, r.lse) }},
+			{"backward", 5, func() error { return r.a.backward(s, r.dqkv, r.dout, r.qkv, r.out, r.lse) }},
 		} {
 			b.Run(c.String()+"/"+pass.name, func(b *testing.B) {
 				if err := pass.run(); err != nil { // loads the kernels
@@ -414,8 +419,8 @@ func BenchmarkAttention(b *testing.B) {
 				start, end := newEvent(b, dev), newEvent(b, dev)
 				times := make([]float64, 0, b.N)
 				for b.Loop() {
-					for _, step := range []func() error{func() error { return start.Record(nil) }, pass.run,
-						func() error { return end.Record(nil) }, end.Synchronize} {
+					for _, step := range []func() error{func() error { return start.Record(s) }, pass.run,
+						func() error { return end.Record(s) }, end.Synchronize} {
 						if err := step(); err != nil {
 							b.Fatal(err)
 						}
