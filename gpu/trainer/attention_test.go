@@ -387,9 +387,10 @@ func TestAttentionWorkBytes(t *testing.T) {
 }
 
 // BenchmarkAttention times the forward and the backward pass at training
-// shapes (the first the 1.5B model's) on a stream with CUDA events, one pass an iteration, and reports the median
-// pass time and its tensor throughput (causal FLOPs: 2 products forward,
-// 5 backward, over half the score matrix). Run it on a GPU with
+// shapes (the first the 1.5B model's) on a stream with CUDA events, one
+// pass an iteration, and reports the median pass time and its tensor
+// throughput (causal FLOPs: 2 products forward, 5 backward, over half the
+// score matrix). Run it on a GPU with
 // go test -run XXX -bench Attention ./gpu/trainer.
 func BenchmarkAttention(b *testing.B) {
 	dev := cudatest.Device(b)
