@@ -10,7 +10,8 @@
 //   out   bf16 [batch*seq][nq HD]
 //   lse   fp32 [batch][nq][seq]: natural log-sum-exp of a query row's
 //         scaled, masked scores
-//   dqkv  fp32 [batch*seq][W]
+//   dqkv  fp32 [batch*seq][W], or bf16 with the q and k heads turned back
+//         by RoPE's rotation (GradOut in attention.cuh)
 //   dsum  fp32 [batch][nq][seq]: D = rowsum(dO * O)
 //   ds    bf16 [z][nq][tile][64][64]: dS^T = (P (dP - D))^T of the causal
 //         64 x 64 tiles of sequence b0 + z (tile qb (qb + 1) / 2 + kb for
@@ -284,8 +285,9 @@ extern "C" __global__ void __launch_bounds__(256)
 template <int HD, int BQ>
 __global__ void __launch_bounds__(128)
     attn_bwd_dkdv(const u16* __restrict__ qkv, const u16* __restrict__ dout, const float* __restrict__ lse,
-                  const float* __restrict__ dsum, float* __restrict__ dqkv, u16* __restrict__ ds, int seq, int nq,
-                  int nkv, int b0, float scale_log2, float scale) {
+                  const float* __restrict__ dsum, GRAD_OUT_ARGS, u16* __restrict__ ds, int seq, int nq, int nkv,
+                  int b0, float scale_log2, float scale) {
+  const GradOut dqkv{dqkv32, dqkvb, rope_cos, rope_sin};
   constexpr int NW = 4, BKK = 16 * NW, P = HD + 8;
   extern __shared__ __align__(16) u16 smem[];
   u16* sK = smem;                       // [BKK][P]
@@ -380,8 +382,9 @@ __global__ void __launch_bounds__(128)
 // Dynamic shared memory: 2 stages x 64 x (HD + 8 + 72) bf16.
 template <int HD>
 __global__ void __launch_bounds__(128)
-    attn_bwd_dq(const u16* __restrict__ qkv, const u16* __restrict__ ds, float* __restrict__ dqkv, int seq, int nq,
-                int nkv, int b0, float scale) {
+    attn_bwd_dq(const u16* __restrict__ qkv, const u16* __restrict__ ds, GRAD_OUT_ARGS, int seq, int nq, int nkv,
+                int b0, float scale) {
+  const GradOut dqkv{dqkv32, dqkvb, rope_cos, rope_sin};
   constexpr int NW = 4, BQ = 16 * NW, BK = 64, P = HD + 8, PS = BK + 8;
   constexpr int STAGE = BK * P + BK * PS;
   extern __shared__ __align__(16) u16 smem[];  // [stage][K [BK][P] | dS^T [BK][PS]]
@@ -441,13 +444,6 @@ __global__ void __launch_bounds__(128)
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int row = row0 + g + 8 * h;
-    if (row >= seq) continue;
-    float* r = dqkv + (tok0 + row) * W + head * HD + tq * 2;
-#pragma unroll
-    for (int j = 0; j < HD / 8; ++j) {
-      float2 v;
-      v.x = dq[j][2 * h] * scale, v.y = dq[j][2 * h + 1] * scale;
-      *(float2*)(r + j * 8) = v;
-    }
+    if (row < seq) store_grad_row<HD>(dqkv, (tok0 + row) * W + (size_t)head * HD, row, true, dq, h, tq, scale);
   }
 }

@@ -1,6 +1,6 @@
-// attention.cuh: what the dK/dV kernels of attention.cu (mma.sync) and
+// attention.cuh: what the backward kernels of attention.cu (mma.sync) and
 // attention_wgmma.cu (wgmma) share: where a lane's rows of a dS^T tile
-// lie, storing them, and storing dK and dV. Both keep, per warp, 16 keys
+// lie, storing them, and storing gradient rows (dQ, dK, dV). Both keep, per warp, 16 keys
 // as rows in the mma.m16n8k16 C layout (lane = 4 g + tq: rows g and g + 8,
 // columns 2 tq and 2 tq + 1 of each 8-column tile).
 #pragma once
@@ -28,26 +28,71 @@ __device__ __forceinline__ void store_ds(u16* dst, const float (&dp)[NJ][4]) {
   }
 }
 
-// store_dkdv writes the lane's rows of dK (scaled by scale) and dV, keys
-// key0 and key0 + 8 of sequence tok0 / seq, into their fp32 dqkv columns
-// (kv head kh); keys past the sequence are left out.
+// GradOut is where the backward kernels write dqkv: fp32 rows at f32
+// when bf is null; else bf16 rows at bf, the q and k heads turned back by
+// RoPE's rotation first (cos and sin: [position][HD/2], as rope_cast reads
+// them), so that no separate pass converts them.
+struct GradOut {
+  float* __restrict__ f32;
+  u16* __restrict__ bf;
+  const float* __restrict__ cos;
+  const float* __restrict__ sin;
+};
+
+// GRAD_OUT_ARGS are a GradOut's fields as kernel parameters.
+#define GRAD_OUT_ARGS                                                                                    \
+  float* __restrict__ dqkv32, u16* __restrict__ dqkvb, const float* __restrict__ rope_cos, \
+      const float* __restrict__ rope_sin
+
+// store_grad_row writes the lane's columns of one gradient row: columns
+// 2 tq and 2 tq + 1 of each 8-column tile j hold acc[j][2 h] and
+// acc[j][2 h + 1] times scale. off is the row's first element in dqkv,
+// pos its token's position, rot whether the columns are a q or k head (a
+// pair i, i + HD/2 turned back by angle (pos, i): a c + b s, b c - a s,
+// rope_cast's inverse rotation).
 template <int HD>
-__device__ __forceinline__ void store_dkdv(float* __restrict__ dqkv, const float (&dk)[HD / 8][4],
+__device__ __forceinline__ void store_grad_row(const GradOut& o, size_t off, int pos, bool rot,
+                                               const float (&acc)[HD / 8][4], int h, int tq, float scale) {
+  if (!o.bf) {
+    float* r = o.f32 + off + tq * 2;
+#pragma unroll
+    for (int j = 0; j < HD / 8; ++j)
+      *(float2*)(r + j * 8) = make_float2(acc[j][2 * h] * scale, acc[j][2 * h + 1] * scale);
+    return;
+  }
+  u16* r = o.bf + off;
+  if (!rot) {
+#pragma unroll
+    for (int j = 0; j < HD / 8; ++j)
+      *(u32*)(r + j * 8 + tq * 2) = pack_bf2(acc[j][2 * h] * scale, acc[j][2 * h + 1] * scale);
+    return;
+  }
+  const float* cs = o.cos + (size_t)pos * (HD / 2);
+  const float* sn = o.sin + (size_t)pos * (HD / 2);
+#pragma unroll
+  for (int j = 0; j < HD / 16; ++j) {
+    const int i = j * 8 + tq * 2;
+    const float2 c = *(const float2*)(cs + i), s = *(const float2*)(sn + i);
+    const float a0 = acc[j][2 * h] * scale, a1 = acc[j][2 * h + 1] * scale;
+    const float b0 = acc[j + HD / 16][2 * h] * scale, b1 = acc[j + HD / 16][2 * h + 1] * scale;
+    *(u32*)(r + i) = pack_bf2(a0 * c.x + b0 * s.x, a1 * c.y + b1 * s.y);
+    *(u32*)(r + i + HD / 2) = pack_bf2(b0 * c.x - a0 * s.x, b1 * c.y - a1 * s.y);
+  }
+}
+
+// store_dkdv writes the lane's rows of dK (scaled by scale) and dV, keys
+// key0 and key0 + 8 of sequence tok0 / seq, into their dqkv columns (kv
+// head kh); keys past the sequence are left out.
+template <int HD>
+__device__ __forceinline__ void store_dkdv(const GradOut& o, const float (&dk)[HD / 8][4],
                                            const float (&dv)[HD / 8][4], size_t tok0, int key0, int seq, size_t W,
                                            int nq, int nkv, int kh, int tq, float scale) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int key = key0 + 8 * h;
     if (key >= seq) continue;
-    float* rk = dqkv + (tok0 + key) * W + (nq + kh) * HD + tq * 2;
-    float* rv = rk + (size_t)nkv * HD;
-#pragma unroll
-    for (int j = 0; j < HD / 8; ++j) {
-      float2 k2, v2;
-      k2.x = dk[j][2 * h] * scale, k2.y = dk[j][2 * h + 1] * scale;
-      v2.x = dv[j][2 * h], v2.y = dv[j][2 * h + 1];
-      *(float2*)(rk + j * 8) = k2;
-      *(float2*)(rv + j * 8) = v2;
-    }
+    const size_t off = (tok0 + key) * W + (size_t)(nq + kh) * HD;
+    store_grad_row<HD>(o, off, key, true, dk, h, tq, scale);
+    store_grad_row<HD>(o, off + (size_t)nkv * HD, key, false, dv, h, tq, 1.f);
   }
 }

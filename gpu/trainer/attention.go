@@ -305,29 +305,45 @@ func (a *attention) forward(s *cuda.Stream, out, qkv, lse *cuda.Buffer) error {
 	return nil
 }
 
-// backward writes dqkv, fp32 [batch*seq][(nq+2*nkv)*hd] (overwritten; same
-// layout as qkv; the k and v parts summed over the query heads of their
-// group), from dout, bf16 [batch*seq][nq*hd], and the forward's qkv, out
-// and lse.
-func (a *attention) backward(s *cuda.Stream, dqkv, dout, qkv, out, lse *cuda.Buffer) error {
+// attnGrad is where the attention backward writes dqkv (same layout as
+// qkv; the k and v parts summed over the query heads of their group):
+// fp32 into f32, or, when bf16 is set, bf16 into bf16 with the q and k heads
+// turned back by RoPE's rotation (cos and sin, fp32 [seq][hd/2], the
+// tables the forward's rope_cast rotated them by), which is the gradient
+// of the fp32 q/k/v product rope_cast read.
+type attnGrad struct{ f32, bf16, cos, sin *cuda.Buffer }
+
+// backward writes the gradient of qkv into g (overwritten) from dout, bf16
+// [batch*seq][nq*hd], and the forward's qkv, out and lse.
+func (a *attention) backward(s *cuda.Stream, g attnGrad, dout, qkv, out, lse *cuda.Buffer) error {
 	T := a.batch * a.seq
-	for _, c := range []struct {
+	type operand struct {
 		name       string
 		b          *cuda.Buffer
 		rows, cols int
 		esize      int
 		dtype      string
-	}{
-		{"dqkv", dqkv, T, a.qkvWidth(), 4, "fp32"},
+	}
+	ops := []operand{
 		{"dout", dout, T, a.nq * a.hd, 2, "bf16"},
 		{"qkv", qkv, T, a.qkvWidth(), 2, "bf16"},
 		{"out", out, T, a.nq * a.hd, 2, "bf16"},
 		{"lse", lse, a.batch * a.nq, a.seq, 4, "fp32"},
-	} {
+	}
+	if g.bf16 != nil {
+		g.f32 = nil
+		ops = append(ops, operand{"dqkv", g.bf16, T, a.qkvWidth(), 2, "bf16"},
+			operand{"rope cos", g.cos, a.seq, a.hd / 2, 4, "fp32"}, operand{"rope sin", g.sin, a.seq, a.hd / 2, 4, "fp32"})
+	} else {
+		ops = append(ops, operand{"dqkv", g.f32, T, a.qkvWidth(), 4, "fp32"})
+		g.cos, g.sin = nil, nil
+	}
+	for _, c := range ops {
 		if err := a.check("backward", c.name, c.b, c.rows, c.cols, c.esize, c.dtype); err != nil {
 			return err
 		}
 	}
+	gradArgs := []any{optional(g.f32), optional(g.bf16), optional(g.cos), optional(g.sin)}
 	scaleLog2, scale := a.scales()
 	block := cuda.Dim3{attnThreads, 1, 1}
 	rows := T * a.nq
@@ -340,20 +356,21 @@ func (a *attention) backward(s *cuda.Stream, dqkv, dout, qkv, out, lse *cuda.Buf
 	smemQ := 2 * attnBlockK * (p + attnBlockQ + 8) * 2
 	for b0 := 0; b0 < a.batch; b0 += a.chunk {
 		n := uint32(min(a.chunk, a.batch-b0))
-		g := a.grid(a.nkv)
-		g[2] = n
+		grid := a.grid(a.nkv)
+		grid[2] = n
 		fn, smem := a.k.dkdv, smemKV
 		if a.dkdvWG != nil {
 			fn, smem = a.dkdvWG, attnDKDVWGShared
 		}
-		if err := fn.Launch(g, block, smem, s, qkv, dout, lse, a.dsum, dqkv, a.ds,
-			int32(a.seq), int32(a.nq), int32(a.nkv), int32(b0), scaleLog2, scale); err != nil {
+		args := append(append([]any{qkv, dout, lse, a.dsum}, gradArgs...), a.ds,
+			int32(a.seq), int32(a.nq), int32(a.nkv), int32(b0), scaleLog2, scale)
+		if err := fn.Launch(grid, block, smem, s, args...); err != nil {
 			return fmt.Errorf("trainer: attention backward (dK, dV): %w", err)
 		}
-		g = a.grid(a.nq)
-		g[2] = n
-		if err := a.k.dq.Launch(g, block, smemQ, s, qkv, a.ds, dqkv,
-			int32(a.seq), int32(a.nq), int32(a.nkv), int32(b0), scale); err != nil {
+		grid = a.grid(a.nq)
+		grid[2] = n
+		args = append(append([]any{qkv, a.ds}, gradArgs...), int32(a.seq), int32(a.nq), int32(a.nkv), int32(b0), scale)
+		if err := a.k.dq.Launch(grid, block, smemQ, s, args...); err != nil {
 			return fmt.Errorf("trainer: attention backward (dQ): %w", err)
 		}
 	}

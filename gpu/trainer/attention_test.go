@@ -234,7 +234,7 @@ func (r *attnRun) run(t *testing.T) (out []uint16, lse, dqkv []float32) {
 	if err := r.a.forward(nil, r.out, r.qkv, r.lse); err != nil {
 		t.Fatal(err)
 	}
-	if err := r.a.backward(nil, r.dqkv, r.dout, r.qkv, r.out, r.lse); err != nil {
+	if err := r.a.backward(nil, attnGrad{f32: r.dqkv}, r.dout, r.qkv, r.out, r.lse); err != nil {
 		t.Fatal(err)
 	}
 	if err := dev.Synchronize(); err != nil {
@@ -318,6 +318,85 @@ func attnMatchesReference(t *testing.T, c attnShape, r *attnRun, seed int64) {
 		errs += fmt.Sprintf(", %s %.2g", part.name, e)
 	}
 	t.Logf("seed %d: relative errors %s", seed, errs)
+}
+
+// TestAttentionRopedGradient runs the backward of every shape of attnShapes
+// (mma.sync and wgmma kernels) both ways, fp32 and bf16 with RoPE's
+// rotation turned back (random angles), and checks that the bf16 one is
+// the fp32 one turned back on the host, in float64, and rounded: within
+// half a bf16 step of each value, plus a little for the order of the
+// products. The v part is not rotated.
+func TestAttentionRopedGradient(t *testing.T) {
+	dev := cudatest.Device(t)
+	seed := time.Now().UnixNano()
+	for i, c := range attnShapes {
+		for _, wg := range []bool{false, true} {
+			name := c.String()
+			if wg {
+				name += "_wgmma"
+			}
+			t.Run(name, func(t *testing.T) {
+				seed := seed + int64(i)
+				rng := rand.New(rand.NewSource(seed))
+				r := newAttnRun(t, dev, c, rng)
+				if wg && r.a.dkdvWG == nil {
+					t.Skipf("no wgmma kernels for head size %d on %v", c.hd, dev)
+				}
+				if !wg {
+					r.a.fwdWG, r.a.dkdvWG = nil, nil
+				}
+				_, _, dqkv := r.run(t)
+				half := c.hd / 2
+				cos, sin := make([]float32, c.seq*half), make([]float32, c.seq*half)
+				for k := range cos {
+					a := rng.Float64() * 2 * math.Pi
+					cos[k], sin[k] = float32(math.Cos(a)), float32(math.Sin(a))
+				}
+				cosB, sinB, dqkvb := cudatest.Alloc(t, dev, 4*len(cos)), cudatest.Alloc(t, dev, 4*len(sin)), cudatest.Alloc(t, dev, 2*r.tokens*r.W)
+				for _, u := range []struct {
+					dst *cuda.Buffer
+					src []float32
+				}{{cosB, cos}, {sinB, sin}} {
+					if err := dev.CopyHtoD(u.dst, cuda.Bytes(u.src)); err != nil {
+						t.Fatal(err)
+					}
+				}
+				if err := r.a.backward(nil, attnGrad{bf16: dqkvb, cos: cosB, sin: sinB}, r.dout, r.qkv, r.out, r.lse); err != nil {
+					t.Fatal(err)
+				}
+				got := make([]uint16, r.tokens*r.W)
+				if err := dev.CopyDtoH(cuda.Bytes(got), dqkvb); err != nil {
+					t.Fatal(err)
+				}
+				maxAbs := 0.0
+				for _, v := range dqkv {
+					maxAbs = max(maxAbs, math.Abs(float64(v)))
+				}
+				rotHeads := c.nq + c.nkv
+				for tok := range r.tokens {
+					pos := tok % c.seq
+					for col := range r.W {
+						head, i := col/c.hd, col%c.hd
+						want := float64(dqkv[tok*r.W+col])
+						if head < rotHeads {
+							j := i % half
+							cs, sn := float64(cos[pos*half+j]), float64(sin[pos*half+j])
+							a, b := float64(dqkv[tok*r.W+head*c.hd+j]), float64(dqkv[tok*r.W+head*c.hd+j+half])
+							if i < half {
+								want = a*cs + b*sn
+							} else {
+								want = b*cs - a*sn
+							}
+						}
+						g := float64(bf16.ToFloat32(got[tok*r.W+col]))
+						if d := math.Abs(g - want); d > math.Abs(want)/256+1e-6*maxAbs {
+							t.Fatalf("seed %d: token %d column %d (head %d): bf16 %g, want %g", seed, tok, col, head, g, want)
+						}
+					}
+				}
+			})
+		}
+	}
 }
 
 // TestAttentionDeterministic runs forward and backward twice on the same
@@ -411,7 +490,7 @@ func BenchmarkAttention(b *testing.B) {
 			run      func() error
 		}{
 			{"forward", 2, func() error { return r.a.forward(s, r.out, r.qkv, r.lse) }},
-			{"backward", 5, func() error { return r.a.backward(s, r.dqkv, r.dout, r.qkv, r.out, r.lse) }},
+			{"backward", 5, func() error { return r.a.backward(s, attnGrad{f32: r.dqkv}, r.dout, r.qkv, r.out, r.lse) }},
 		} {
 			b.Run(c.String()+"/"+pass.name, func(b *testing.B) {
 				if err := pass.run(); err != nil { // loads the kernels

@@ -41,8 +41,9 @@ __device__ __forceinline__ void wg_load_tile(u32 dst, const u16* __restrict__ sr
 // stages x 2 x 64 floats (lse log2 e and D).
 extern "C" __global__ void __launch_bounds__(128, 3)
     attn_bwd_dkdv_wg(const u16* __restrict__ qkv, const u16* __restrict__ dout, const float* __restrict__ lse,
-                     const float* __restrict__ dsum, float* __restrict__ dqkv, u16* __restrict__ ds, int seq,
+                     const float* __restrict__ dsum, GRAD_OUT_ARGS, u16* __restrict__ ds, int seq,
                      int nq, int nkv, int b0, float scale_log2, float scale) {
+  const GradOut dqkv{dqkv32, dqkvb, rope_cos, rope_sin};
   constexpr int HD = 64, BKK = 64, BQ = 64;
   constexpr u32 TILE = 64 * 128;
   extern __shared__ __align__(1024) unsigned char smem_raw[];

@@ -252,10 +252,12 @@ func (b *Backend) forwardBackward(p pass) error {
 			b.at("o bwd"),
 			func() error { return b.linearDW(lv.gO, dxb, att1, m, nq*hd, h) },
 			func() error { return b.linearDX(datt, dxb, lv.o, m, nq*hd, h, cublas.BF16) },
+			// The attention backward writes dqkv in bf16, RoPE's rotation
+			// already turned back.
 			b.at("attention bwd"),
-			func() error { return att.backward(b.s, qkvF, datt, qkv, att1, lse[l]) },
-			b.at("rope bwd"),
-			func() error { return r.ropeCast(dqkvb, qkvF, cos, sin, m, p.seq, nq+nkv, hd, qkvW, -1) },
+			func() error {
+				return att.backward(b.s, attnGrad{bf16: dqkvb, cos: cos, sin: sin}, datt, qkv, att1, lse[l])
+			},
 			b.at("qkv bwd"),
 			func() error { return b.linearDW(lv.gQKV, dqkvb, a.hn1[l], m, h, qkvW) },
 			func() error { return b.linearDX(dtmp, dqkvb, lv.qkv, m, h, qkvW, cublas.F32) },
