@@ -203,6 +203,10 @@ type DecodePoint struct {
 	// SparseLayers is how many layers ran the sparse MLP path in the last
 	// step (GPU only).
 	SparseLayers int `json:"sparse_layers,omitempty"`
+	// StepMS is the GPU time by kind of step of one more decode step,
+	// profiled and so not replayed from a graph (GPU only;
+	// llm.Stats.StepMS).
+	StepMS map[string]float64 `json:"step_ms,omitempty"`
 }
 
 // ModelSchema names the layout of a ModelResult row in JSON (on the GPU,

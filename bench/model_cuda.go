@@ -226,6 +226,7 @@ func ModelCUDA(o ModelOptions, progress func(string)) ([]ModelCUDAResult, error)
 			if err != nil {
 				return nil, err
 			}
+			progress(fmt.Sprintf("%s: profiled decode step, batch %d, ms by step: %s", path, b, formatSteps(pt.StepMS)))
 			res.Decode = append(res.Decode, pt)
 		}
 		res.PeakDeviceBytes = peak
@@ -246,13 +247,14 @@ func ModelCUDA(o ModelOptions, progress func(string)) ([]ModelCUDAResult, error)
 
 // decodeSpeedCUDA times steps single-token decode steps for batch sequences
 // after a prompt of ctx tokens each (prefill untimed): CUDA events around
-// the steps, median of reps after one warm-up repetition.
+// the steps, median of reps after one warm-up repetition. One more step,
+// profiled, gives the point's StepMS.
 func decodeSpeedCUDA(e *llm.Engine, r *rand.Rand, batch, ctx, steps, reps int, timed func(func() error) (float64, error), sample func()) (DecodePoint, error) {
 	c := e.Config()
 	caches := make([]engine.Cache, batch)
 	for i := range caches {
 		var err error
-		if caches[i], err = e.NewCache(ctx + steps); err != nil {
+		if caches[i], err = e.NewCache(ctx + steps + 1); err != nil {
 			return DecodePoint{}, err
 		}
 		defer caches[i].Free()
@@ -303,9 +305,21 @@ func decodeSpeedCUDA(e *llm.Engine, r *rand.Rand, batch, ctx, steps, reps int, t
 		}
 	}
 	med := Median(times)
-	return DecodePoint{Batch: batch, Context: ctx, TokensPerSec: float64(batch*steps) / med * 1000, MSPerStep: med / float64(steps),
+	pt := DecodePoint{Batch: batch, Context: ctx, TokensPerSec: float64(batch*steps) / med * 1000, MSPerStep: med / float64(steps),
 		GraphSteps: e.GraphReplays() - graphs0, Steps: (reps + 1) * steps, GraphRecords: e.GraphRecords() - records0,
-		SparseLayers: sparse}, nil
+		SparseLayers: sparse}
+	// One more step, profiled: where a decode step's time goes.
+	for i := range toks {
+		toks[i] = []int{r.IntN(c.VocabSize)}
+	}
+	e.Profile = true
+	_, st, err := e.Forward(caches, toks, false)
+	e.Profile = false
+	if err != nil {
+		return DecodePoint{}, err
+	}
+	pt.StepMS = st.StepMS
+	return pt, nil
 }
 
 // allLogits runs tokens, one sequence, through e in a fresh cache and
