@@ -47,11 +47,11 @@ func formatSteps(ms map[string]float64) string {
 	sum := 0.0
 	for _, k := range []string{"embed", "norm", "qkv", "rope", "attention", "o_proj", "mlp", "head"} {
 		if v, ok := ms[k]; ok {
-			fmt.Fprintf(&b, "%s %.1f, ", k, v)
+			fmt.Fprintf(&b, "%s %.3g, ", k, v)
 			sum += v
 		}
 	}
-	fmt.Fprintf(&b, "sum %.1f", sum)
+	fmt.Fprintf(&b, "sum %.3g", sum)
 	return b.String()
 }
 
