@@ -308,13 +308,15 @@ func decodeSpeedCUDA(e *llm.Engine, r *rand.Rand, batch, ctx, steps, reps int, t
 	pt := DecodePoint{Batch: batch, Context: ctx, TokensPerSec: float64(batch*steps) / med * 1000, MSPerStep: med / float64(steps),
 		GraphSteps: e.GraphReplays() - graphs0, Steps: (reps + 1) * steps, GraphRecords: e.GraphRecords() - records0,
 		SparseLayers: sparse}
-	// One more step, profiled: where a decode step's time goes.
+	// One more step, profiled: where a decode step's time goes. It runs
+	// kernel by kernel (a step replayed from a graph is not timed).
 	for i := range toks {
 		toks[i] = []int{r.IntN(c.VocabSize)}
 	}
-	e.Profile = true
+	noGraphs := e.NoGraphs
+	e.Profile, e.NoGraphs = true, true
 	_, st, err := e.Forward(caches, toks, false)
-	e.Profile = false
+	e.Profile, e.NoGraphs = false, noGraphs
 	if err != nil {
 		return DecodePoint{}, err
 	}
