@@ -262,9 +262,10 @@ func (l launcher) rmsNormBwd(dx, dxb, dw, dy, x, w, rstd, part *cuda.Buffer, row
 }
 
 // ropeCast writes dst (bf16) = src (fp32), n tokens of width values, with
-// the first nrot heads of hd rotated (sign 1) or rotated back (sign -1).
-// The kernel takes four values at a time: hd % 8 == 0, width % 4 == 0.
-func (l launcher) ropeCast(dst, src, cos, sin *cuda.Buffer, n, seq, nrot, hd, width int, sign float32) error {
+// the first nrot heads of hd rotated (the backward turns them back in the
+// attention kernels' stores: attention.cuh's GradOut). The kernel takes
+// four values at a time: hd % 8 == 0, width % 4 == 0.
+func (l launcher) ropeCast(dst, src, cos, sin *cuda.Buffer, n, seq, nrot, hd, width int) error {
 	if hd%8 != 0 || width%4 != 0 {
 		return fmt.Errorf("trainer: rope over heads of %d in rows of %d: want multiples of 8 and 4", hd, width)
 	}
@@ -273,7 +274,7 @@ func (l launcher) ropeCast(dst, src, cos, sin *cuda.Buffer, n, seq, nrot, hd, wi
 		return err
 	}
 	return l.k["rope_cast"].Launch(dim(n), dim(rowBlock), 0, l.s, src, dst, cos, sin, int32(seq), int32(nrot),
-		int32(hd), int32(width), sign)
+		int32(hd), int32(width))
 }
 
 // reluArgs are the operands of the MLP activation of m rows of f units:

@@ -343,14 +343,13 @@ extern "C" __global__ void rmsnorm_dw_sum(float* __restrict__ dw, const float* _
 }
 
 // rope_cast: dst (bf16) = src (fp32) with the first nrot heads of hd values
-// of each token rotated by its position's angles (sign -1: the inverse
-// rotation, the backward), the other columns of the width-wide row copied.
-// Token t sits at position t % seq; cos and sin are [position][hd/2].
-// One block per token; four values a thread at a time (16-byte loads,
-// 8-byte stores: hd % 8 == 0 and width % 4 == 0).
+// of each token rotated by its position's angles, the other columns of the
+// width-wide row copied. Token t sits at position t % seq; cos and sin are
+// [position][hd/2]. One block per token; four values a thread at a time
+// (16-byte loads, 8-byte stores: hd % 8 == 0 and width % 4 == 0).
 extern "C" __global__ void rope_cast(const float* __restrict__ src, u16* __restrict__ dst,
                                      const float* __restrict__ cosT, const float* __restrict__ sinT, int seq,
-                                     int nrot, int hd, int width, float sign) {
+                                     int nrot, int hd, int width) {
   const int t = blockIdx.x;
   const int half = hd / 2, q = half / 4, pos = t % seq;
   const float* s = src + (size_t)t * width;
@@ -359,11 +358,10 @@ extern "C" __global__ void rope_cast(const float* __restrict__ src, u16* __restr
     const int head = p / q, i = 4 * (p % q);
     const float4 c = *(const float4*)(cosT + pos * half + i), sn = *(const float4*)(sinT + pos * half + i);
     const float4 a = *(const float4*)(s + head * hd + i), b = *(const float4*)(s + head * hd + i + half);
-    const float4 ns = make_float4(sign * sn.x, sign * sn.y, sign * sn.z, sign * sn.w);
-    *(uint2*)(d + head * hd + i) = make_uint2(pack_bf2(a.x * c.x - b.x * ns.x, a.y * c.y - b.y * ns.y),
-                                              pack_bf2(a.z * c.z - b.z * ns.z, a.w * c.w - b.w * ns.w));
-    *(uint2*)(d + head * hd + i + half) = make_uint2(pack_bf2(b.x * c.x + a.x * ns.x, b.y * c.y + a.y * ns.y),
-                                                     pack_bf2(b.z * c.z + a.z * ns.z, b.w * c.w + a.w * ns.w));
+    *(uint2*)(d + head * hd + i) = make_uint2(pack_bf2(a.x * c.x - b.x * sn.x, a.y * c.y - b.y * sn.y),
+                                              pack_bf2(a.z * c.z - b.z * sn.z, a.w * c.w - b.w * sn.w));
+    *(uint2*)(d + head * hd + i + half) = make_uint2(pack_bf2(b.x * c.x + a.x * sn.x, b.y * c.y + a.y * sn.y),
+                                                     pack_bf2(b.z * c.z + a.z * sn.z, b.w * c.w + a.w * sn.w));
   }
   for (int i = nrot * hd + 4 * threadIdx.x; i < width; i += 4 * blockDim.x) {
     const float4 v = *(const float4*)(s + i);

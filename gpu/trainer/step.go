@@ -146,7 +146,7 @@ func (b *Backend) forwardBackward(p pass) error {
 			b.at("qkv fwd"),
 			func() error { return b.linear(qkvF, a.hn1[l], lv.qkv, m, h, qkvW, cublas.F32) },
 			b.at("rope fwd"),
-			func() error { return r.ropeCast(qkv, qkvF, cos, sin, m, p.seq, nq+nkv, hd, qkvW, 1) },
+			func() error { return r.ropeCast(qkv, qkvF, cos, sin, m, p.seq, nq+nkv, hd, qkvW) },
 			b.at("attention fwd"),
 			func() error { return att.forward(b.s, att1, qkv, lse[l]) },
 			b.at("o fwd"),
