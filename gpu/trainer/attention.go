@@ -53,6 +53,9 @@ const (
 	attnDsumRows = 8 // warps (token-head rows) per attn_bwd_dsum block
 )
 
+// attnDQStages is the depth of attn_bwd_dq's pipeline of K and dS^T tiles.
+const attnDQStages = 2
+
 // attnDKDVBlockQ is the query block of attn_bwd_dkdv<hd>: smaller for large
 // heads, whose dK and dV accumulators take most of the registers (at 32,
 // hd 128 spilled with CUDA 13's ptxas once the kernel also stored dS).
@@ -90,7 +93,7 @@ func attnWorkBytes(batch, seq, nq int) int64 {
 // attentionExprs are the name expressions of the kernels for head size hd.
 func attentionExprs(hd int) (fwd, dkdv, dq string) {
 	return fmt.Sprintf("attn_fwd<%d>", hd), fmt.Sprintf("attn_bwd_dkdv<%d, %d>", hd, attnDKDVBlockQ(hd)),
-		fmt.Sprintf("attn_bwd_dq<%d>", hd)
+		fmt.Sprintf("attn_bwd_dq<%d, %d>", hd, attnDQStages)
 }
 
 // attentionKernels are the compiled attention kernels for one head size on
@@ -353,7 +356,6 @@ func (a *attention) backward(s *cuda.Stream, g attnGrad, dout, qkv, out, lse *cu
 	}
 	bq, p := attnDKDVBlockQ(a.hd), a.hd+8
 	smemKV := (2*attnBlockK+4*bq)*p*2 + 4*bq*4
-	smemQ := 2 * attnBlockK * (p + attnBlockQ + 8) * 2
 	for b0 := 0; b0 < a.batch; b0 += a.chunk {
 		n := uint32(min(a.chunk, a.batch-b0))
 		grid := a.grid(a.nkv)
@@ -367,12 +369,23 @@ func (a *attention) backward(s *cuda.Stream, g attnGrad, dout, qkv, out, lse *cu
 		if err := fn.Launch(grid, block, smem, s, args...); err != nil {
 			return fmt.Errorf("trainer: attention backward (dK, dV): %w", err)
 		}
-		grid = a.grid(a.nq)
-		grid[2] = n
-		args = append(append([]any{qkv, a.ds}, gradArgs...), int32(a.seq), int32(a.nq), int32(a.nkv), int32(b0), scale)
-		if err := a.k.dq.Launch(grid, block, smemQ, s, args...); err != nil {
-			return fmt.Errorf("trainer: attention backward (dQ): %w", err)
+		if err := a.launchDQ(s, gradArgs, qkv, b0, n); err != nil {
+			return err
 		}
+	}
+	return nil
+}
+
+// launchDQ queues attn_bwd_dq for the n sequences from b0, whose dS^T tiles
+// the dK/dV kernel left in ds; gradArgs are the kernel's GradOut fields.
+func (a *attention) launchDQ(s *cuda.Stream, gradArgs []any, qkv *cuda.Buffer, b0 int, n uint32) error {
+	_, scale := a.scales()
+	grid := a.grid(a.nq)
+	grid[2] = n
+	smem := attnDQStages * attnBlockK * (a.hd + 8 + attnBlockQ + 8) * 2
+	args := append(append([]any{qkv, a.ds}, gradArgs...), int32(a.seq), int32(a.nq), int32(a.nkv), int32(b0), scale)
+	if err := a.k.dq.Launch(grid, cuda.Dim3{attnThreads, 1, 1}, smem, s, args...); err != nil {
+		return fmt.Errorf("trainer: attention backward (dQ): %w", err)
 	}
 	return nil
 }

@@ -468,8 +468,8 @@ func TestAttentionWorkBytes(t *testing.T) {
 // BenchmarkAttention times the forward and the backward pass at training
 // shapes (the first the 1.5B model's) on a stream with CUDA events, one
 // pass an iteration, and reports the median pass time and its tensor
-// throughput (causal FLOPs: 2 products forward, 5 backward, over half the
-// score matrix). Run it on a GPU with
+// throughput (causal FLOPs over half the score matrix: 2 products forward,
+// 5 backward, 1 for the backward's dQ kernel alone). Run it on a GPU with
 // go test -run XXX -bench Attention ./gpu/trainer.
 func BenchmarkAttention(b *testing.B) {
 	dev := cudatest.Device(b)
@@ -491,6 +491,11 @@ func BenchmarkAttention(b *testing.B) {
 		}{
 			{"forward", 2, func() error { return r.a.forward(s, r.out, r.qkv, r.lse) }},
 			{"backward", 5, func() error { return r.a.backward(s, attnGrad{f32: r.dqkv}, r.dout, r.qkv, r.out, r.lse) }},
+			// The dQ kernel alone, from the dS^T tiles the backward
+			// left (its last chunk's; all of them at these shapes).
+			{"backward_dQ", 1, func() error {
+				return r.a.launchDQ(s, []any{r.dqkv, cuda.DevicePtr(0), cuda.DevicePtr(0), cuda.DevicePtr(0)}, r.qkv, 0, uint32(r.a.chunk))
+			}},
 		} {
 			b.Run(c.String()+"/"+pass.name, func(b *testing.B) {
 				if err := pass.run(); err != nil { // loads the kernels
