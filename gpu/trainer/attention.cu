@@ -375,13 +375,12 @@ __global__ void __launch_bounds__(128)
 // attn_bwd_dq: dQ = dS K / sqrt(HD) from the dS^T tiles attn_bwd_dkdv
 // stored. One CTA of 4 warps per (64-query block qb, head, sequence b0 + z),
 // the longest first; warp w owns queries 16w .. 16w+15. The key blocks
-// 0 .. qb stream K (64 x HD) and the tile's dS^T (64 x 64) through an
-// NS-stage pipeline (NS - 1 blocks in flight ahead of the one being
-// multiplied); the A fragments of dS come from the transposed tile with
-// ldmatrix.trans. Keys past the sequence load as zeros, so that whatever
-// their tile rows hold never counts.
-// Dynamic shared memory: NS stages x 64 x (HD + 8 + 72) bf16.
-template <int HD, int NS>
+// 0 .. qb stream K (64 x HD) and the tile's dS^T (64 x 64) through a
+// two-stage pipeline; the A fragments of dS come from the transposed tile
+// with ldmatrix.trans. Keys past the sequence load as zeros, so that
+// whatever their tile rows hold never counts.
+// Dynamic shared memory: 2 stages x 64 x (HD + 8 + 72) bf16.
+template <int HD>
 __global__ void __launch_bounds__(128)
     attn_bwd_dq(const u16* __restrict__ qkv, const u16* __restrict__ ds, GRAD_OUT_ARGS, int seq, int nq, int nkv,
                 int b0, float scale) {
@@ -404,26 +403,25 @@ __global__ void __launch_bounds__(128)
   const int mi = lane >> 3, mr = lane & 7;
   const int aoff = (mr + (mi >> 1) * 8) * PS + (mi & 1) * 8 + 16 * warp;
 
-  // Every step commits one group, empty past the last block, so that
-  // waiting for all but the newest NS - 1 groups always means block kb.
   auto load = [&](int kb) {
-    if (kb <= qb) {
-      u16* st = smem + (kb % NS) * STAGE;
-      load_rows<HD, NW * 32, BK>(st, K, W, kb * BK, seq);
-      load_rows<BK, NW * 32, BK>(st + BK * P, T + (size_t)kb * 4096, BK, 0, seq - kb * BK);
-    }
+    u16* st = smem + (kb & 1) * STAGE;
+    load_rows<HD, NW * 32, BK>(st, K, W, kb * BK, seq);
+    load_rows<BK, NW * 32, BK>(st + BK * P, T + (size_t)kb * 4096, BK, 0, seq - kb * BK);
     cp_async_commit();
   };
-#pragma unroll
-  for (int i = 0; i < NS - 1; ++i) load(i);
+  load(0);
 
   float dq[HD / 8][4];
   zero(dq);
   for (int kb = 0; kb <= qb; ++kb) {
-    load(kb + NS - 1);
-    cp_async_wait<NS - 1>();
+    if (kb < qb) {
+      load(kb + 1);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
     __syncthreads();
-    const u32 sk = smem_addr(smem + (kb % NS) * STAGE), sd = sk + 2 * BK * P;
+    const u32 sk = smem_addr(smem + (kb & 1) * STAGE), sd = sk + 2 * BK * P;
     // In the diagonal tile the warp's queries see keys up to 16 warp + 15.
     const int kks = kb < qb ? BK / 16 : warp + 1;
 #pragma unroll
@@ -440,7 +438,7 @@ __global__ void __launch_bounds__(128)
         }
       }
     }
-    __syncthreads();  // the stage just read is a later load's target
+    __syncthreads();  // the stage just read is the next load's target
   }
   const int row0 = q0 + 16 * warp;
 #pragma unroll

@@ -53,9 +53,6 @@ const (
 	attnDsumRows = 8 // warps (token-head rows) per attn_bwd_dsum block
 )
 
-// attnDQStages is the depth of attn_bwd_dq's pipeline of K and dS^T tiles.
-const attnDQStages = 2
-
 // attnDKDVBlockQ is the query block of attn_bwd_dkdv<hd>: smaller for large
 // heads, whose dK and dV accumulators take most of the registers (at 32,
 // hd 128 spilled with CUDA 13's ptxas once the kernel also stored dS).
@@ -93,7 +90,7 @@ func attnWorkBytes(batch, seq, nq int) int64 {
 // attentionExprs are the name expressions of the kernels for head size hd.
 func attentionExprs(hd int) (fwd, dkdv, dq string) {
 	return fmt.Sprintf("attn_fwd<%d>", hd), fmt.Sprintf("attn_bwd_dkdv<%d, %d>", hd, attnDKDVBlockQ(hd)),
-		fmt.Sprintf("attn_bwd_dq<%d, %d>", hd, attnDQStages)
+		fmt.Sprintf("attn_bwd_dq<%d>", hd)
 }
 
 // attentionKernels are the compiled attention kernels for one head size on
@@ -382,7 +379,7 @@ func (a *attention) launchDQ(s *cuda.Stream, gradArgs []any, qkv *cuda.Buffer, b
 	_, scale := a.scales()
 	grid := a.grid(a.nq)
 	grid[2] = n
-	smem := attnDQStages * attnBlockK * (a.hd + 8 + attnBlockQ + 8) * 2
+	smem := 2 * attnBlockK * (a.hd + 8 + attnBlockQ + 8) * 2 // two stages of K and dS^T
 	args := append(append([]any{qkv, a.ds}, gradArgs...), int32(a.seq), int32(a.nq), int32(a.nkv), int32(b0), scale)
 	if err := a.k.dq.Launch(grid, cuda.Dim3{attnThreads, 1, 1}, smem, s, args...); err != nil {
 		return fmt.Errorf("trainer: attention backward (dQ): %w", err)
