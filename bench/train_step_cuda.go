@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"time"
 
 	"github.com/twell-ai/twell/cuda/nvml"
@@ -32,6 +33,17 @@ type TrainStepOptions struct {
 	// by stage (trainer.Backend.Profile; the events it records are not
 	// in the timed steps).
 	Profile bool
+	// Paths are the MLP paths timed, in this order (nil: dense, sparse and
+	// auto).
+	Paths []mlp.Path
+}
+
+// paths returns o.Paths, or all three when it is empty.
+func (o TrainStepOptions) paths() []mlp.Path {
+	if len(o.Paths) == 0 {
+		return []mlp.Path{mlp.Dense, mlp.Sparse, mlp.Auto}
+	}
+	return o.Paths
 }
 
 // Validate reports the first bad option, naming it.
@@ -49,6 +61,11 @@ func (o TrainStepOptions) Validate() error {
 		return fmt.Errorf("-l1 %g: must be >= 0", o.L1)
 	case o.LogitRows < 0:
 		return fmt.Errorf("-logit-rows %d: must be >= 0", o.LogitRows)
+	}
+	for i, p := range o.Paths {
+		if slices.Contains(o.Paths[:i], p) {
+			return fmt.Errorf("-paths: %v given twice", p)
+		}
 	}
 	return nil
 }
@@ -82,10 +99,10 @@ type TrainStepResult struct {
 
 // TrainStepCUDA times whole training steps (forward, backward, clipping,
 // AdamW with learning rate 0, so the calibrated gates stay as built) on
-// CUDA device 0 for the dense, sparse and automatic MLP paths in turn, one
-// backend at a time, on the same weights and tokens; the median step time
-// (wall clock, the device synchronised after each step) of o.Steps steps
-// after 2 warm-up steps.
+// CUDA device 0 for each of o's MLP paths in turn (dense, sparse and
+// automatic unless o.Paths names others), one backend at a time, on the
+// same weights and tokens; the median step time (wall clock, the device
+// synchronised after each step) of o.Steps steps after 2 warm-up steps.
 func TrainStepCUDA(o TrainStepOptions, progress func(string)) ([]TrainStepResult, error) {
 	if err := o.Validate(); err != nil {
 		return nil, err
@@ -117,7 +134,7 @@ func TrainStepCUDA(o TrainStepOptions, progress func(string)) ([]TrainStepResult
 	h := train.AdamW{Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, WeightDecay: 0.1}
 	flops := train.FLOPsPerToken(c, o.Seq)
 	var out []TrainStepResult
-	for _, path := range []mlp.Path{mlp.Dense, mlp.Sparse, mlp.Auto} {
+	for _, path := range o.paths() {
 		say("%v MLP path: loading the model", path)
 		b, err := trainer.New(dev, c, m.Weights, trainer.Options{Batch: o.Batch, Seq: o.Seq, MLP: path, LogitRows: o.LogitRows,
 			Recompute: o.Recompute})

@@ -3,12 +3,14 @@ package main
 import (
 	"fmt"
 	"io"
+	"strings"
 	"text/tabwriter"
 
 	"github.com/twell-ai/twell/backend"
 	"github.com/twell-ai/twell/bench"
 	"github.com/twell-ai/twell/gpu/trainer"
 	"github.com/twell-ai/twell/internal/memcheck"
+	"github.com/twell-ai/twell/mlp"
 )
 
 func init() {
@@ -30,6 +32,7 @@ func runBenchTrain(args []string, stdout, stderr io.Writer) error {
 	steps := fs.Int("steps", 5, "with -step: timed steps per path, after 2 warm-up steps")
 	logitRows := fs.Int("logit-rows", 0, "with -step: token rows of logits at once in the cross-entropy (0: the trainer's default)")
 	recompute := fs.Bool("recompute", false, "with -step: keep only each layer's input and run its forward again before its backward (as train -recompute)")
+	pathsFlag := fs.String("paths", "dense,sparse,auto", "with -step: comma-separated MLP paths to time, in this order")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -48,7 +51,16 @@ func runBenchTrain(args []string, stdout, stderr io.Writer) error {
 		if len(dens) != 1 {
 			return usagef("-step takes one -density (the gates' calibrated density), not %d", len(dens))
 		}
-		o := bench.TrainStepOptions{Layers: *layers, Batch: *batch, Seq: *seq, Density: dens[0], Dist: dst, Steps: *steps, Seed: *seed, L1: *l1, LogitRows: *logitRows, Recompute: *recompute, Profile: *profile}
+		var paths []mlp.Path
+		for _, f := range strings.Split(*pathsFlag, ",") {
+			p, err := mlp.ParsePath(f)
+			if err != nil || strings.TrimSpace(f) == "" {
+				return usagef("-paths %q: want a comma-separated list of dense, sparse and auto", *pathsFlag)
+			}
+			paths = append(paths, p)
+		}
+		o := bench.TrainStepOptions{Layers: *layers, Batch: *batch, Seq: *seq, Density: dens[0], Dist: dst, Steps: *steps, Seed: *seed,
+			L1: *l1, LogitRows: *logitRows, Recompute: *recompute, Profile: *profile, Paths: paths}
 		if err := o.Validate(); err != nil {
 			return usageError{err.Error()}
 		}
@@ -103,9 +115,19 @@ func printTrainMLP(w io.Writer, rs []bench.TrainMLPResult) {
 func printTrainStep(w io.Writer, rs []bench.TrainStepResult) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "MLP path\tlayers\tsparse layers\tl0 mean\tstep ms\ttokens/ms\tMFU\tpeak GiB\tmJ/token\tvs dense\t")
+	dense := 0.0
 	for _, r := range rs {
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%.1f\t%.1f\t%.1f\t%.1f%%\t%.1f\t%.3f\t%.2fx\t\n", r.Path, r.Layers, r.SparseLayers, r.L0Mean,
-			r.StepMS, r.TokensPerMS, 100*r.MFU, float64(r.PeakBytes)/(1<<30), r.MJPerToken, rs[0].StepMS/r.StepMS)
+		if r.Path == mlp.Dense.String() {
+			dense = r.StepMS
+		}
+	}
+	for _, r := range rs {
+		vs := "-" // no dense path timed
+		if dense > 0 {
+			vs = fmt.Sprintf("%.2fx", dense/r.StepMS)
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%.1f\t%.1f\t%.1f\t%.1f%%\t%.1f\t%.3f\t%s\t\n", r.Path, r.Layers, r.SparseLayers, r.L0Mean,
+			r.StepMS, r.TokensPerMS, 100*r.MFU, float64(r.PeakBytes)/(1<<30), r.MJPerToken, vs)
 	}
 	tw.Flush()
 	for _, r := range rs {

@@ -1,7 +1,10 @@
 package main
 
 import (
+	"strings"
 	"testing"
+
+	"github.com/twell-ai/twell/bench"
 )
 
 func TestBenchTrainBadInputExits2(t *testing.T) {
@@ -22,6 +25,9 @@ func TestBenchTrainBadInputExits2(t *testing.T) {
 		{[]string{"bench", "train", "-step", "-batch", "0", "-density", "0.005"}, "-batch 0"},
 		{[]string{"bench", "train", "-step", "-steps", "0", "-density", "0.005"}, "-steps 0"},
 		{[]string{"bench", "train", "-step", "-layers", "-1", "-density", "0.005"}, "-layers -1"},
+		{[]string{"bench", "train", "-step", "-paths", "sparse,fast", "-density", "0.005"}, "-paths \"sparse,fast\""},
+		{[]string{"bench", "train", "-step", "-paths", "sparse,", "-density", "0.005"}, "-paths \"sparse,\""},
+		{[]string{"bench", "train", "-step", "-paths", "sparse,dense,sparse", "-density", "0.005"}, "-paths: sparse given twice"},
 	})
 }
 
@@ -31,4 +37,22 @@ func TestTrainMLPFlagBadValues(t *testing.T) {
 		{[]string{"train", "-preset", "tiny", "-out", "x", "-dense-above", "2"}, "-dense-above 2"},
 		{[]string{"train", "-preset", "tiny", "-out", "x", "-dense-above", "0"}, "-dense-above 0"},
 	})
+}
+
+// TestPrintTrainStepRatios: the "vs dense" column divides by the dense
+// row's step time wherever that row sits, and reads "-" without one.
+func TestPrintTrainStepRatios(t *testing.T) {
+	rows := []bench.TrainStepResult{{Path: "sparse", StepMS: 250}, {Path: "dense", StepMS: 350}, {Path: "auto", StepMS: 245}}
+	var b strings.Builder
+	printTrainStep(&b, rows)
+	for _, want := range []string{"1.40x", "1.00x", "1.43x"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("with a dense row, no %q in\n%s", want, b.String())
+		}
+	}
+	b.Reset()
+	printTrainStep(&b, []bench.TrainStepResult{rows[0], rows[2]})
+	if strings.Contains(b.String(), "x\n") || strings.Count(b.String(), " -\n") != 2 {
+		t.Errorf("without a dense row, want \"-\" in both rows' last column:\n%s", b.String())
+	}
 }
