@@ -154,11 +154,10 @@ func runTrain(args []string, stdout, stderr io.Writer) error {
 	cfg := s.cfg
 	mc := cfg.ModelConfig()
 
-	// Everything is checked: from here on the run writes into -out. Ctrl-C
-	// (or SIGTERM) ends it after the step under way, saved; a second one at
-	// once. A rank can get one signal from its launcher and the same one
-	// from a supervisor that signals every process: for it only a signal
-	// well after the first means "now".
+	// Ctrl-C (or SIGTERM) ends the run after the step under way, saved; a
+	// second one at once. A rank can get one signal from its launcher and
+	// the same one from a supervisor that signals every process: for it
+	// only a signal well after the first means "now".
 	gap := time.Duration(0)
 	if f.ranked {
 		gap = 2 * time.Second
@@ -168,6 +167,19 @@ func runTrain(args []string, stdout, stderr io.Writer) error {
 	}, gap)
 	defer stopSignals()
 
+	// The backend before anything else: a missing GPU, or one too small for
+	// the model and batch, is refused while -out still holds what it held.
+	w := model.RandomWeights(mc, rand.New(rand.NewPCG(cfg.Seed, 0x5eed)))
+	if s.saved != nil {
+		w = s.saved.Weights
+	}
+	tb, gpuBackend, err := newTrainBackend(ctx, f, cfg, w, stderr)
+	if err != nil {
+		return err
+	}
+	defer tb.Close()
+
+	// Everything is checked: from here on the run writes into -out.
 	if s.clearRun && f.writer() {
 		extra := []string{}
 		if s.writeTok {
@@ -185,15 +197,6 @@ func runTrain(args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 	}
-	w := model.RandomWeights(mc, rand.New(rand.NewPCG(cfg.Seed, 0x5eed)))
-	if s.saved != nil {
-		w = s.saved.Weights
-	}
-	tb, gpuBackend, err := newTrainBackend(ctx, f, cfg, w, stderr)
-	if err != nil {
-		return err
-	}
-	defer tb.Close()
 	log := stderr
 	if !f.writer() {
 		log = io.Discard

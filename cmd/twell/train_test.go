@@ -14,6 +14,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/twell-ai/twell/backend"
 )
 
 func TestTrainTinyAndResume(t *testing.T) {
@@ -215,6 +217,28 @@ func TestTrainRefusesEarlierRun(t *testing.T) {
 	b, _ := os.ReadFile(filepath.Join(out, "metrics.jsonl"))
 	if lines := strings.Split(strings.TrimSpace(string(b)), "\n"); len(lines) != 1 || !strings.Contains(lines[0], `"step":2`) {
 		t.Errorf("-overwrite: metrics.jsonl %q", b)
+	}
+}
+
+// TestTrainOverwriteKeepsRunWithoutDevice: with -overwrite and -device
+// cuda on a machine without a GPU, the run is refused before the earlier
+// run's files are removed.
+func TestTrainOverwriteKeepsRunWithoutDevice(t *testing.T) {
+	if backend.GPUPresent() {
+		t.Skip("a GPU is present: -device cuda would train")
+	}
+	out := t.TempDir()
+	p := filepath.Join(out, "metrics.jsonl")
+	os.WriteFile(p, []byte("earlier"), 0o644)
+	code, _, se := trainRun("train", "-preset", "tiny", "-steps", "1", "-out", out, "-overwrite", "-device", "cuda")
+	if code != 1 || !strings.Contains(se, "-device cuda") {
+		t.Errorf("exit %d, stderr %q", code, se)
+	}
+	if b, _ := os.ReadFile(p); string(b) != "earlier" {
+		t.Error("the earlier run's metrics.jsonl was removed by a run that could not start")
+	}
+	if _, err := os.Stat(filepath.Join(out, "tokenizer.json")); err == nil {
+		t.Error("a run that could not start wrote tokenizer.json")
 	}
 }
 
