@@ -36,7 +36,6 @@
 #include "attention.cuh"
 
 #define LOG2E 1.4426950408889634f
-#define LN2 0.6931471805599453f
 
 
 
@@ -194,58 +193,12 @@ __global__ void __launch_bounds__(128) attn_fwd(const u16* __restrict__ qkv, u16
           mma16816(sc[j], qf[kk], b0, b1);
           mma16816(sc[j], qf[kk + 1], b2, b3);
         }
-      // Causal mask, then the online softmax step. Every processed block
-      // has k0 <= row0 (both multiples of 16), so each row keeps key k0 and
-      // its running maximum is finite from the first block on.
-      float mx[2] = {NEG_INF, NEG_INF};
-#pragma unroll
-      for (int j = 0; j < BK / 8; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          if (k0 + j * 8 + tq * 2 + (e & 1) > row0 + g + (e >> 1) * 8) sc[j][e] = NEG_INF;
-          mx[e >> 1] = fmaxf(mx[e >> 1], sc[j][e]);
-        }
-      float ms[2], corr[2];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
-        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
-        ms[h] = fmaxf(mrow[h], mx[h] * scale_log2);
-        corr[h] = ex2(mrow[h] - ms[h]);
-        mrow[h] = ms[h];
-      }
-      float ls[2] = {0.f, 0.f};
-#pragma unroll
-      for (int j = 0; j < BK / 8; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          float p = ex2(fmaf(sc[j][e], scale_log2, -ms[e >> 1]));
-          sc[j][e] = p;
-          ls[e >> 1] += p;
-        }
-#pragma unroll
-      for (int j = 0; j < HD / 8; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) o[j][e] *= corr[e >> 1];
-      lrow[0] = lrow[0] * corr[0] + ls[0];
-      lrow[1] = lrow[1] * corr[1] + ls[1];
+      fwd_softmax_step<BK / 8, HD>(sc, o, mrow, lrow, k0, row0, g, tq, scale_log2);
       tile_mma_pv<HD, BK / 16>(o, sc, sv, off);
     }
     __syncthreads();  // the stage just read is the next load's target
   }
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    float l = lrow[h];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-    int row = row0 + g + 8 * h;
-    if (row >= seq) continue;
-    float il = 1.f / l;
-    u16* orow = out + (tok0 + row) * nq * HD + head * HD + tq * 2;
-#pragma unroll
-    for (int j = 0; j < HD / 8; ++j) *(u32*)(orow + j * 8) = pack_bf2(o[j][2 * h] * il, o[j][2 * h + 1] * il);
-    if (tq == 0) lse[((size_t)b * nq + head) * seq + row] = (mrow[h] + log2f(l)) * LN2;
-  }
+  fwd_store<HD>(out, lse, o, mrow, lrow, tok0, b, row0, g, tq, seq, nq, head);
 }
 
 // attn_bwd_dsum: dsum = rowsum(dO * O) per (token, head); one warp each,

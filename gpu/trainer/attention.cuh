@@ -1,10 +1,79 @@
-// attention.cuh: what the backward kernels of attention.cu (mma.sync) and
-// attention_wgmma.cu (wgmma) share: where a lane's rows of a dS^T tile
-// lie, storing them, and storing gradient rows (dQ, dK, dV). Both keep, per warp, 16 keys
+// attention.cuh: what the kernels of attention.cu (mma.sync) and
+// attention_wgmma.cu (wgmma) share: the forward's online softmax step and
+// output store; where a lane's rows of a dS^T tile lie, storing them, and
+// storing gradient rows (dQ, dK, dV). Both keep, per warp, 16 keys
 // as rows in the mma.m16n8k16 C layout (lane = 4 g + tq: rows g and g + 8,
 // columns 2 tq and 2 tq + 1 of each 8-column tile).
 #pragma once
-#include "common.cuh"
+#include "mma.cuh"
+
+// fwd_softmax_step is one key block of the forward's online softmax, for
+// the lane's rows row0 + g and row0 + g + 8 and the block's keys from k0
+// (scores sc in the C layout, unscaled): the causal mask, the new running
+// maximum (mrow, in log2 units), P = exp2(s * scale_log2 - max) in place of
+// the scores, the output accumulators o rescaled and the running sums lrow
+// updated. Every processed block has k0 <= row0 (both multiples of 16), so
+// each row keeps key k0 and its running maximum is finite from the first
+// block on.
+template <int NJ, int HD>
+__device__ __forceinline__ void fwd_softmax_step(float (&sc)[NJ][4], float (&o)[HD / 8][4], float (&mrow)[2],
+                                                 float (&lrow)[2], int k0, int row0, int g, int tq,
+                                                 float scale_log2) {
+  float mx[2] = {NEG_INF, NEG_INF};
+#pragma unroll
+  for (int j = 0; j < NJ; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      if (k0 + j * 8 + tq * 2 + (e & 1) > row0 + g + (e >> 1) * 8) sc[j][e] = NEG_INF;
+      mx[e >> 1] = fmaxf(mx[e >> 1], sc[j][e]);
+    }
+  float ms[2], corr[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+    mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+    ms[h] = fmaxf(mrow[h], mx[h] * scale_log2);
+    corr[h] = ex2(mrow[h] - ms[h]);
+    mrow[h] = ms[h];
+  }
+  float ls[2] = {0.f, 0.f};
+#pragma unroll
+  for (int j = 0; j < NJ; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float p = ex2(fmaf(sc[j][e], scale_log2, -ms[e >> 1]));
+      sc[j][e] = p;
+      ls[e >> 1] += p;
+    }
+#pragma unroll
+  for (int j = 0; j < HD / 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o[j][e] *= corr[e >> 1];
+  lrow[0] = lrow[0] * corr[0] + ls[0];
+  lrow[1] = lrow[1] * corr[1] + ls[1];
+}
+
+// fwd_store writes the lane's rows of the forward's output (o / l, bf16,
+// query head head of the sequence whose first token is tok0) and their
+// natural log-sum-exp (lse of sequence b); rows past seq are left out.
+template <int HD>
+__device__ __forceinline__ void fwd_store(u16* __restrict__ out, float* __restrict__ lse, const float (&o)[HD / 8][4],
+                                          const float (&mrow)[2], const float (&lrow)[2], size_t tok0, int b,
+                                          int row0, int g, int tq, int seq, int nq, int head) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float l = lrow[h];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    const int row = row0 + g + 8 * h;
+    if (row >= seq) continue;
+    const float il = 1.f / l;
+    u16* orow = out + (tok0 + row) * nq * HD + head * HD + tq * 2;
+#pragma unroll
+    for (int j = 0; j < HD / 8; ++j) *(u32*)(orow + j * 8) = pack_bf2(o[j][2 * h] * il, o[j][2 * h + 1] * il);
+    if (tq == 0) lse[((size_t)b * nq + head) * seq + row] = (mrow[h] + log2f(l)) * 0.6931471805599453f;
+  }
+}
 
 // ds_lane_row returns where lane (g, tq) of warp w writes row 16 w + g of
 // the dS^T tile (query block qb, key block kb) of query head head of
