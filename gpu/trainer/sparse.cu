@@ -93,6 +93,37 @@ __device__ __forceinline__ unsigned long long spi_read(const unsigned long long*
   return v;
 }
 
+// SpiChunk is one lane's part of a 256-column chunk of a row (columns
+// 8 c .. 8 c + 7): its 8 values (zeros past f), which of them fire, and
+// where its entries start among the chunk's (x - n) and the chunk's count
+// (x of lane 31).
+struct SpiChunk {
+  u32 wd[4];
+  u32 mask;
+  int n, x;  // the lane's entries, and its inclusive prefix over the warp
+  __device__ __forceinline__ u16 val(int e) const { return (u16)((wd[e >> 1] >> (16 * (e & 1))) & 0xffffu); }
+};
+
+__device__ __forceinline__ SpiChunk spi_chunk(const uint4* row, int c, int f, int lane) {
+  SpiChunk k;
+  k.wd[0] = k.wd[1] = k.wd[2] = k.wd[3] = 0;
+  if (c < f / 8) {
+    const uint4 v = ldg_nc(row + c);
+    k.wd[0] = v.x, k.wd[1] = v.y, k.wd[2] = v.z, k.wd[3] = v.w;
+  }
+  k.mask = 0;
+#pragma unroll
+  for (int e = 0; e < 8; ++e) k.mask |= (u32)is_on(k.val(e)) << e;
+  k.n = __popc(k.mask);
+  k.x = k.n;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int y = __shfl_up_sync(0xffffffffu, k.x, o);
+    if (lane >= o) k.x += y;
+  }
+  return k;
+}
+
 extern "C" __global__ void __launch_bounds__(32 * SPI_ROWS)
     sp_index(const u16* __restrict__ G, int* __restrict__ rowptr, int* __restrict__ col, u16* __restrict__ pv,
              u16* __restrict__ tv, int* __restrict__ active, unsigned long long* __restrict__ state,
@@ -109,34 +140,20 @@ extern "C" __global__ void __launch_bounds__(32 * SPI_ROWS)
 #pragma unroll 2
     for (int c0 = 0; c0 < f / 8; c0 += 32) {
       const int c = c0 + lane;
-      u32 wd[4] = {0, 0, 0, 0};
-      if (c < f / 8) {
-        const uint4 v = ldg_nc(row + c);
-        wd[0] = v.x, wd[1] = v.y, wd[2] = v.z, wd[3] = v.w;
-      }
-      u32 mask = 0;
-#pragma unroll
-      for (int e = 0; e < 8; ++e) mask |= (u32)is_on((u16)((wd[e >> 1] >> (16 * (e & 1))) & 0xffffu)) << e;
-      const int n = __popc(mask);
-      int x = n;
-#pragma unroll
-      for (int o = 1; o < 32; o <<= 1) {
-        const int y = __shfl_up_sync(0xffffffffu, x, o);
-        if (lane >= o) x += y;
-      }
-      int at = cnt + x - n;
-      if (mask && at < SPI_CAP) {
+      const SpiChunk k = spi_chunk(row, c, f, lane);
+      int at = cnt + k.x - k.n;
+      if (k.mask && at < SPI_CAP) {
 #pragma unroll
         for (int e = 0; e < 8; ++e)
-          if (mask & (1u << e)) {
+          if (k.mask & (1u << e)) {
             if (at < SPI_CAP) {
               s_col[w][at] = 8 * c + e;
-              s_val[w][at] = (u16)((wd[e >> 1] >> (16 * (e & 1))) & 0xffffu);
+              s_val[w][at] = k.val(e);
             }
             ++at;
           }
       }
-      cnt += __shfl_sync(0xffffffffu, x, 31);
+      cnt += __shfl_sync(0xffffffffu, k.x, 31);
     }
   }
   if (lane == 0) s_cnt[w] = cnt;
@@ -193,26 +210,12 @@ extern "C" __global__ void __launch_bounds__(32 * SPI_ROWS)
     } else {
       for (int c0 = 0; c0 < f / 8; c0 += 32) {
         const int c = c0 + lane;
-        u32 wd[4] = {0, 0, 0, 0};
-        if (c < f / 8) {
-          const uint4 v = ldg_nc(row + c);
-          wd[0] = v.x, wd[1] = v.y, wd[2] = v.z, wd[3] = v.w;
-        }
-        u32 mask = 0;
-#pragma unroll
-        for (int e = 0; e < 8; ++e) mask |= (u32)is_on((u16)((wd[e >> 1] >> (16 * (e & 1))) & 0xffffu)) << e;
-        const int n = __popc(mask);
-        int x = n;
-#pragma unroll
-        for (int o = 1; o < 32; o <<= 1) {
-          const int y = __shfl_up_sync(0xffffffffu, x, o);
-          if (lane >= o) x += y;
-        }
-        int at = base + x - n;
+        const SpiChunk k = spi_chunk(row, c, f, lane);
+        int at = base + k.x - k.n;
 #pragma unroll
         for (int e = 0; e < 8; ++e)
-          if (mask & (1u << e)) {
-            const u16 v = (u16)((wd[e >> 1] >> (16 * (e & 1))) & 0xffffu);
+          if (k.mask & (1u << e)) {
+            const u16 v = k.val(e);
             const int j = 8 * c + e;
             col[at] = j;
             pv[at] = v;
@@ -223,7 +226,7 @@ extern "C" __global__ void __launch_bounds__(32 * SPI_ROWS)
             if (active) atomicAdd(&active[j], 1);
             ++at;
           }
-        base += __shfl_sync(0xffffffffu, x, 31);
+        base += __shfl_sync(0xffffffffu, k.x, 31);
       }
     }
   }
