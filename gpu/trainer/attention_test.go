@@ -258,6 +258,15 @@ func (r *attnRun) run(t *testing.T) (out []uint16, lse, dqkv []float32) {
 // for every shape of attnShapes and compares out, lse and the q, k and v
 // parts of dqkv with the float64 reference (relative error below 1e-2).
 func TestAttentionMatchesReference(t *testing.T) {
+	eachAttnKernels(t, func(t *testing.T, c attnShape, r *attnRun, _ *rand.Rand, seed int64) {
+		attnMatchesReference(t, c, r, seed)
+	})
+}
+
+// eachAttnKernels runs check for every shape of attnShapes, once on the
+// mma.sync kernels and once on the wgmma ones where they run, each time on
+// a fresh attnRun of random inputs from rng (seeded with seed).
+func eachAttnKernels(t *testing.T, check func(t *testing.T, c attnShape, r *attnRun, rng *rand.Rand, seed int64)) {
 	dev := cudatest.Device(t)
 	seed := time.Now().UnixNano()
 	for i, c := range attnShapes {
@@ -268,14 +277,15 @@ func TestAttentionMatchesReference(t *testing.T) {
 			}
 			t.Run(name, func(t *testing.T) {
 				seed := seed + int64(i)
-				r := newAttnRun(t, dev, c, rand.New(rand.NewSource(seed)))
+				rng := rand.New(rand.NewSource(seed))
+				r := newAttnRun(t, dev, c, rng)
 				if wg && r.a.dkdvWG == nil {
 					t.Skipf("no wgmma kernels for head size %d on %v", c.hd, dev)
 				}
 				if !wg {
 					r.a.fwdWG, r.a.dkdvWG = nil, nil
 				}
-				attnMatchesReference(t, c, r, seed)
+				check(t, c, r, rng, seed)
 			})
 		}
 	}
@@ -327,76 +337,58 @@ func attnMatchesReference(t *testing.T, c attnShape, r *attnRun, seed int64) {
 // half a bf16 step of each value, plus a little for the order of the
 // products. The v part is not rotated.
 func TestAttentionRopedGradient(t *testing.T) {
-	dev := cudatest.Device(t)
-	seed := time.Now().UnixNano()
-	for i, c := range attnShapes {
-		for _, wg := range []bool{false, true} {
-			name := c.String()
-			if wg {
-				name += "_wgmma"
-			}
-			t.Run(name, func(t *testing.T) {
-				seed := seed + int64(i)
-				rng := rand.New(rand.NewSource(seed))
-				r := newAttnRun(t, dev, c, rng)
-				if wg && r.a.dkdvWG == nil {
-					t.Skipf("no wgmma kernels for head size %d on %v", c.hd, dev)
-				}
-				if !wg {
-					r.a.fwdWG, r.a.dkdvWG = nil, nil
-				}
-				_, _, dqkv := r.run(t)
-				half := c.hd / 2
-				cos, sin := make([]float32, c.seq*half), make([]float32, c.seq*half)
-				for k := range cos {
-					a := rng.Float64() * 2 * math.Pi
-					cos[k], sin[k] = float32(math.Cos(a)), float32(math.Sin(a))
-				}
-				cosB, sinB, dqkvb := cudatest.Alloc(t, dev, 4*len(cos)), cudatest.Alloc(t, dev, 4*len(sin)), cudatest.Alloc(t, dev, 2*r.tokens*r.W)
-				for _, u := range []struct {
-					dst *cuda.Buffer
-					src []float32
-				}{{cosB, cos}, {sinB, sin}} {
-					if err := dev.CopyHtoD(u.dst, cuda.Bytes(u.src)); err != nil {
-						t.Fatal(err)
-					}
-				}
-				if err := r.a.backward(nil, attnGrad{bf16: dqkvb, cos: cosB, sin: sinB}, r.dout, r.qkv, r.out, r.lse); err != nil {
-					t.Fatal(err)
-				}
-				got := make([]uint16, r.tokens*r.W)
-				if err := dev.CopyDtoH(cuda.Bytes(got), dqkvb); err != nil {
-					t.Fatal(err)
-				}
-				maxAbs := 0.0
-				for _, v := range dqkv {
-					maxAbs = max(maxAbs, math.Abs(float64(v)))
-				}
-				rotHeads := c.nq + c.nkv
-				for tok := range r.tokens {
-					pos := tok % c.seq
-					for col := range r.W {
-						head, i := col/c.hd, col%c.hd
-						want := float64(dqkv[tok*r.W+col])
-						if head < rotHeads {
-							j := i % half
-							cs, sn := float64(cos[pos*half+j]), float64(sin[pos*half+j])
-							a, b := float64(dqkv[tok*r.W+head*c.hd+j]), float64(dqkv[tok*r.W+head*c.hd+j+half])
-							if i < half {
-								want = a*cs + b*sn
-							} else {
-								want = b*cs - a*sn
-							}
-						}
-						g := float64(bf16.ToFloat32(got[tok*r.W+col]))
-						if d := math.Abs(g - want); d > math.Abs(want)/256+1e-6*maxAbs {
-							t.Fatalf("seed %d: token %d column %d (head %d): bf16 %g, want %g", seed, tok, col, head, g, want)
-						}
-					}
-				}
-			})
+	eachAttnKernels(t, func(t *testing.T, c attnShape, r *attnRun, rng *rand.Rand, seed int64) {
+		dev := r.a.dev
+		_, _, dqkv := r.run(t)
+		half := c.hd / 2
+		cos, sin := make([]float32, c.seq*half), make([]float32, c.seq*half)
+		for k := range cos {
+			a := rng.Float64() * 2 * math.Pi
+			cos[k], sin[k] = float32(math.Cos(a)), float32(math.Sin(a))
 		}
-	}
+		cosB, sinB, dqkvb := cudatest.Alloc(t, dev, 4*len(cos)), cudatest.Alloc(t, dev, 4*len(sin)), cudatest.Alloc(t, dev, 2*r.tokens*r.W)
+		for _, u := range []struct {
+			dst *cuda.Buffer
+			src []float32
+		}{{cosB, cos}, {sinB, sin}} {
+			if err := dev.CopyHtoD(u.dst, cuda.Bytes(u.src)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := r.a.backward(nil, attnGrad{bf16: dqkvb, cos: cosB, sin: sinB}, r.dout, r.qkv, r.out, r.lse); err != nil {
+			t.Fatal(err)
+		}
+		got := make([]uint16, r.tokens*r.W)
+		if err := dev.CopyDtoH(cuda.Bytes(got), dqkvb); err != nil {
+			t.Fatal(err)
+		}
+		maxAbs := 0.0
+		for _, v := range dqkv {
+			maxAbs = max(maxAbs, math.Abs(float64(v)))
+		}
+		rotHeads := c.nq + c.nkv
+		for tok := range r.tokens {
+			pos := tok % c.seq
+			for col := range r.W {
+				head, i := col/c.hd, col%c.hd
+				want := float64(dqkv[tok*r.W+col])
+				if head < rotHeads {
+					j := i % half
+					cs, sn := float64(cos[pos*half+j]), float64(sin[pos*half+j])
+					a, b := float64(dqkv[tok*r.W+head*c.hd+j]), float64(dqkv[tok*r.W+head*c.hd+j+half])
+					if i < half {
+						want = a*cs + b*sn
+					} else {
+						want = b*cs - a*sn
+					}
+				}
+				g := float64(bf16.ToFloat32(got[tok*r.W+col]))
+				if d := math.Abs(g - want); d > math.Abs(want)/256+1e-6*maxAbs {
+					t.Fatalf("seed %d: token %d column %d (head %d): bf16 %g, want %g", seed, tok, col, head, g, want)
+				}
+			}
+		}
+	})
 }
 
 // TestAttentionDeterministic runs forward and backward twice on the same
