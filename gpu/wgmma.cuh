@@ -1,6 +1,8 @@
-// wgmma.cuh: Hopper wgmma helpers shared by d2t_wgmma.cu and gpu/llm's
-// attn_wgmma.cu: the shared memory descriptor and the 128-accumulator
-// wgmma m64n256k16 call (operand list written out by a one-off script).
+// wgmma.cuh: Hopper wgmma helpers shared by d2t_wgmma.cu, gpu/llm's
+// attn_wgmma.cu and gpu/trainer's attention_wgmma.cu: the shared memory
+// descriptor, the 128-accumulator wgmma m64n256k16 call (operand list
+// written out by a one-off script), the m64n64k16 and m64n32k16 building
+// blocks of the attention kernels, and their score and P V products.
 #pragma once
 #include "common.cuh"
 
@@ -95,4 +97,27 @@ __device__ __forceinline__ void keep_live(u32 (&a)[N][4]) {
 template <int N>
 __device__ __forceinline__ void wg_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+
+// wg_scores queues S = Q K^T for one block of 64 queries and 64 keys of
+// head size 64 (4 wgmma, one commit group), Q and K K-major swizzled tiles.
+__device__ __forceinline__ void wg_scores(float (&sc)[8][4], u64 dq, u64 dk) {
+#pragma unroll
+  for (int j = 0; j < 8; ++j) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.f;
+  keep_live(sc);
+  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) wg_ss64(sc, dq + 2 * kk, dk + 2 * kk, kk);  // +32 bytes per k step
+  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+}
+
+// wg_pv queues O += P V for one block of 64 keys (4 wgmma, one commit
+// group): P in bf16 A fragments, V an MN-major swizzled tile.
+__device__ __forceinline__ void wg_pv(float (&o)[8][4], u32 (&p)[4][4], u64 dv) {
+  keep_live(o);
+  keep_live(p);
+  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) wg_rs64t(o, p[kk], dv + kk * (16 * 128 >> 4));  // 16 keys per k step
+  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
 }

@@ -22,28 +22,6 @@
 
 #define WG_BK 64  // keys per block
 
-// wg_scores queues S = Q K^T for one block (4 wgmma, one commit group).
-__device__ __forceinline__ void wg_scores(float (&sc)[WG_BK / 8][4], u64 dq, u64 dk) {
-#pragma unroll
-  for (int j = 0; j < WG_BK / 8; ++j) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.f;
-  keep_live(sc);
-  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-#pragma unroll
-  for (int kk = 0; kk < 4; ++kk) wg_ss64(sc, dq + 2 * kk, dk + 2 * kk, kk);  // +32 bytes per k step
-  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-}
-
-// wg_pv queues O += P V for one block (4 wgmma, one commit group).
-__device__ __forceinline__ void wg_pv(float (&o)[8][4], u32 (&p)[4][4], u64 dv) {
-  keep_live(o);
-  keep_live(p);
-  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-#pragma unroll
-  for (int kk = 0; kk < WG_BK / 16; ++kk) wg_rs64t(o, p[kk], dv + kk * (16 * 128 >> 4));  // 16 keys per k step
-  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-}
-
-
 // attn_wg64<STAGES>: see the top of the file. Dynamic shared memory:
 // (128 + STAGES * 2 * 64) * 128 bytes, plus 1024 for alignment. The engine
 // instantiates STAGES = 3 (on an H200, 3 stages beat 2 and a build that

@@ -243,25 +243,14 @@ extern "C" __global__ void __launch_bounds__(256)
       const u32 sk = stage(kb);
       const u64 descK = sw128_desc(sk), descV = sw128_desc(sk + TILE);
       float sc[BK / 8][4];
-#pragma unroll
-      for (int j = 0; j < BK / 8; ++j) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.f;
-      keep_live(sc);
-      asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-#pragma unroll
-      for (int kk = 0; kk < HD / 16; ++kk) wg_ss64(sc, descQ + 2 * kk, descK + 2 * kk, kk);  // +32 bytes a k step
-      asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+      wg_scores(sc, descQ, descK);
       wg_wait<0>();
       keep_live(sc);
       fwd_softmax_step<BK / 8, HD>(sc, o, mrow, lrow, k0, row0, g, tq, scale_log2);
       u32 pf[BK / 16][4];
 #pragma unroll
       for (int kk = 0; kk < BK / 16; ++kk) p_frag(sc, kk, pf[kk]);
-      keep_live(o);
-      keep_live(pf);
-      asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-#pragma unroll
-      for (int kk = 0; kk < BK / 16; ++kk) wg_rs64t(o, pf[kk], descV + kk * (16 * 128 >> 4));  // 16 keys a k step
-      asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+      wg_pv(o, pf, descV);
       wg_wait<0>();
       keep_live(o);
       keep_live(pf);
