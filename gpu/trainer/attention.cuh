@@ -8,54 +8,27 @@
 #include "mma.cuh"
 
 // fwd_softmax_step is one key block of the forward's online softmax, for
-// the lane's rows row0 + g and row0 + g + 8 and the block's keys from k0
-// (scores sc in the C layout, unscaled): the causal mask, the new running
-// maximum (mrow, in log2 units), P = exp2(s * scale_log2 - max) in place of
-// the scores, the output accumulators o rescaled and the running sums lrow
-// updated. Every processed block has k0 <= row0 (both multiples of 16), so
-// each row keeps key k0 and its running maximum is finite from the first
-// block on.
+// the lane's rows row0 + g and row0 + g + 8 and the block's keys from k0:
+// the causal mask, then mma.cuh's softmax_step. Every processed block has
+// k0 <= row0 (both multiples of 16), so each row keeps key k0 and its
+// running maximum is finite from the first block on.
 template <int NJ, int HD>
 __device__ __forceinline__ void fwd_softmax_step(float (&sc)[NJ][4], float (&o)[HD / 8][4], float (&mrow)[2],
                                                  float (&lrow)[2], int k0, int row0, int g, int tq,
                                                  float scale_log2) {
-  float mx[2] = {NEG_INF, NEG_INF};
 #pragma unroll
   for (int j = 0; j < NJ; ++j)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
+    for (int e = 0; e < 4; ++e)
       if (k0 + j * 8 + tq * 2 + (e & 1) > row0 + g + (e >> 1) * 8) sc[j][e] = NEG_INF;
-      mx[e >> 1] = fmaxf(mx[e >> 1], sc[j][e]);
-    }
-  float ms[2], corr[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
-    mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
-    ms[h] = fmaxf(mrow[h], mx[h] * scale_log2);
-    corr[h] = ex2(mrow[h] - ms[h]);
-    mrow[h] = ms[h];
-  }
-  float ls[2] = {0.f, 0.f};
-#pragma unroll
-  for (int j = 0; j < NJ; ++j)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const float p = ex2(fmaf(sc[j][e], scale_log2, -ms[e >> 1]));
-      sc[j][e] = p;
-      ls[e >> 1] += p;
-    }
-#pragma unroll
-  for (int j = 0; j < HD / 8; ++j)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) o[j][e] *= corr[e >> 1];
-  lrow[0] = lrow[0] * corr[0] + ls[0];
-  lrow[1] = lrow[1] * corr[1] + ls[1];
+  softmax_step(sc, mrow, lrow, o, scale_log2);
 }
 
 // fwd_store writes the lane's rows of the forward's output (o / l, bf16,
 // query head head of the sequence whose first token is tok0) and their
 // natural log-sum-exp (lse of sequence b); rows past seq are left out.
+// mma.cuh's store_rows writes the same output, but with a row pointer and
+// pitch that cost the mma.sync forward up to 27 more registers.
 template <int HD>
 __device__ __forceinline__ void fwd_store(u16* __restrict__ out, float* __restrict__ lse, const float (&o)[HD / 8][4],
                                           const float (&mrow)[2], const float (&lrow)[2], size_t tok0, int b,
