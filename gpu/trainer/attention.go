@@ -21,8 +21,8 @@ import (
 //go:embed attention.cu
 var attentionCU []byte
 
-// attentionWGMMACU holds attn_fwd_wg and attn_bwd_dkdv_wg, the Hopper
-// forward and dK/dV kernels for head size 64 (wgmma instead of mma.sync;
+// attentionWGMMACU holds attn_fwd_wg, attn_bwd_dkdv_wg and attn_bwd_dq_wg,
+// the Hopper forward, dK/dV and dQ kernels for head size 64 (wgmma instead of mma.sync;
 // compiled for sm_90a only).
 //
 //go:embed attention_wgmma.cu
@@ -97,9 +97,9 @@ func attentionExprs(hd int) (fwd, dkdv, dq string) {
 // one device.
 type attentionKernels struct {
 	fwd, dsum, dkdv, dq *cuda.Function
-	// fwdWG and dkdvWG are attn_fwd_wg and attn_bwd_dkdv_wg where they run
-	// (head size 64 on sm_90a), else nil.
-	fwdWG, dkdvWG *cuda.Function
+	// fwdWG, dkdvWG and dqWG are attn_fwd_wg, attn_bwd_dkdv_wg and
+	// attn_bwd_dq_wg where they run (head size 64 on sm_90a), else nil.
+	fwdWG, dkdvWG, dqWG *cuda.Function
 }
 
 type attentionKey struct {
@@ -144,7 +144,7 @@ func attentionKernelsFor(dev *cuda.Device, hd int) (*attentionKernels, error) {
 		for _, f := range []struct {
 			fn   **cuda.Function
 			name string
-		}{{&k.fwdWG, "attn_fwd_wg"}, {&k.dkdvWG, "attn_bwd_dkdv_wg"}} {
+		}{{&k.fwdWG, "attn_fwd_wg"}, {&k.dkdvWG, "attn_bwd_dkdv_wg"}, {&k.dqWG, "attn_bwd_dq_wg"}} {
 			if *f.fn, err = wg.Function(f.name); err != nil {
 				return nil, fmt.Errorf("trainer: attention kernel %s: %w", f.name, err)
 			}
@@ -158,12 +158,14 @@ func attentionKernelsFor(dev *cuda.Device, hd int) (*attentionKernels, error) {
 // warpgroups a CTA; dynamic shared memory 1024 bytes of alignment, the
 // 128-row Q tile and 3 stages of K and V tiles (64 x 64 bf16 each).
 // attn_bwd_dkdv_wg: 1024 bytes of alignment, six 64 x 64 bf16 tiles and
-// 2 x 2 x 64 floats.
+// 2 x 2 x 64 floats. attn_bwd_dq_wg: 1024 bytes of alignment and 3 stages
+// of K and dS^T tiles.
 const (
 	attnFwdWGBlockQ  = 128
 	attnFwdWGThreads = 256
 	attnFwdWGShared  = 1024 + 2*64*64*2 + 3*2*64*64*2
 	attnDKDVWGShared = 1024 + 6*64*64*2 + 2*2*64*4
+	attnDQWGShared   = 1024 + 3*2*64*64*2
 )
 
 // attention holds the work buffers of causal self-attention over batch
@@ -180,7 +182,7 @@ const (
 // and one for dQ = dS K (a CTA per 64 queries of a head). Storing dS costs
 // 2 bytes written and read per causal score; recomputing it for dQ cost two
 // more products (scores and dP) over the same scores. Products run on
-// mma.sync bf16 tensor cores (on Hopper at head size 64 the dK/dV kernel is
+// mma.sync bf16 tensor cores (on Hopper at head size 64 all three are
 // attention_wgmma.cu's, the same work on wgmma), probabilities and their
 // gradients rounded to bf16, accumulation and softmax in fp32. Nothing is
 // accumulated with atomics: every output element is written once, in a
@@ -195,9 +197,9 @@ type attention struct {
 	// ds holds the dS^T tiles of chunk sequences (attention.cu's ds).
 	ds    *cuda.Buffer
 	chunk int
-	// fwdWG and dkdvWG are the wgmma forward and dK/dV kernels the
-	// attention runs, nil for the mma.sync ones.
-	fwdWG, dkdvWG *cuda.Function
+	// fwdWG, dkdvWG and dqWG are the wgmma forward, dK/dV and dQ kernels
+	// the attention runs, nil for the mma.sync ones.
+	fwdWG, dkdvWG, dqWG *cuda.Function
 }
 
 // newAttention compiles the kernels for hd (32, 64 or 128)
@@ -231,7 +233,7 @@ func newAttention(dev *cuda.Device, blas *cublas.Handle, batch, seq, nq, nkv, hd
 		return nil, err
 	}
 	a := &attention{dev: dev, k: k, batch: batch, seq: seq, nq: nq, nkv: nkv, hd: hd, chunk: attnChunk(batch, seq, nq),
-		fwdWG: k.fwdWG, dkdvWG: k.dkdvWG}
+		fwdWG: k.fwdWG, dkdvWG: k.dkdvWG, dqWG: k.dqWG}
 	if a.dsum, err = dev.Alloc(4 * batch * nq * seq); err != nil {
 		return nil, fmt.Errorf("trainer: attention work buffer (fp32 [%d][%d][%d]): %w", batch, nq, seq, err)
 	}
@@ -379,9 +381,12 @@ func (a *attention) launchDQ(s *cuda.Stream, gradArgs []any, qkv *cuda.Buffer, b
 	_, scale := a.scales()
 	grid := a.grid(a.nq)
 	grid[2] = n
-	smem := 2 * attnBlockK * (a.hd + 8 + attnBlockQ + 8) * 2 // two stages of K and dS^T
+	fn, smem := a.k.dq, 2*attnBlockK*(a.hd+8+attnBlockQ+8)*2 // two stages of K and dS^T
+	if a.dqWG != nil {
+		fn, smem = a.dqWG, attnDQWGShared
+	}
 	args := append(append([]any{qkv, a.ds}, gradArgs...), int32(a.seq), int32(a.nq), int32(a.nkv), int32(b0), scale)
-	if err := a.k.dq.Launch(grid, cuda.Dim3{attnThreads, 1, 1}, smem, s, args...); err != nil {
+	if err := fn.Launch(grid, cuda.Dim3{attnThreads, 1, 1}, smem, s, args...); err != nil {
 		return fmt.Errorf("trainer: attention backward (dQ): %w", err)
 	}
 	return nil

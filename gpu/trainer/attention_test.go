@@ -38,6 +38,16 @@ func TestAttentionCompile(t *testing.T) {
 	}
 	t.Run("wgmma", func(t *testing.T) {
 		cudatest.CleanSASS(t, "attention_wgmma.cu", attentionWGMMACU, attentionHeaders()...)
+		prog, err := cuda.CompileProgram("attention_wgmma.cu", attentionWGMMACU,
+			append(attentionHeaders(), cuda.WithArch("compute_90a"))...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, k := range []string{"attn_fwd_wg", "attn_bwd_dkdv_wg", "attn_bwd_dq_wg"} {
+			if !strings.Contains(string(prog.Image), ".entry "+k+"(") {
+				t.Errorf("kernel %s missing from the PTX", k)
+			}
+		}
 	})
 }
 
@@ -283,7 +293,7 @@ func eachAttnKernels(t *testing.T, check func(t *testing.T, c attnShape, r *attn
 					t.Skipf("no wgmma kernels for head size %d on %v", c.hd, dev)
 				}
 				if !wg {
-					r.a.fwdWG, r.a.dkdvWG = nil, nil
+					r.a.fwdWG, r.a.dkdvWG, r.a.dqWG = nil, nil, nil
 				}
 				check(t, c, r, rng, seed)
 			})

@@ -1,9 +1,9 @@
 // attention_wgmma.cu: the Hopper (sm_90a) kernels of the training
 // attention for head size 64 (package gpu/trainer compiles it only for
-// sm_90a): attn_fwd_wg, the forward, and attn_bwd_dkdv_wg, the dK/dV
-// kernel. Same interfaces, work and results as attn_fwd<64> and
-// attn_bwd_dkdv<64, 64> in attention.cu; the products run on wgmma instead
-// of mma.sync.
+// sm_90a): attn_fwd_wg, the forward, attn_bwd_dkdv_wg, the dK/dV kernel,
+// and attn_bwd_dq_wg, the dQ kernel. Same interfaces, work and results as
+// attn_fwd<64>, attn_bwd_dkdv<64, 64> and attn_bwd_dq<64> in attention.cu;
+// the products run on wgmma instead of mma.sync.
 //
 // attn_bwd_dkdv_wg:
 // One CTA of one warpgroup per (64-key block, kv head, sequence b0 + z), the
@@ -259,4 +259,78 @@ extern "C" __global__ void __launch_bounds__(256)
   }
   cp_async_wait<0>();
   fwd_store<HD>(out, lse, o, mrow, lrow, tok0, b, row0, g, tq, seq, nq, head);
+}
+
+// attn_bwd_dq_wg: dQ = dS K / sqrt(HD) from the dS^T tiles attn_bwd_dkdv
+// (or attn_bwd_dkdv_wg) stored; the work and result of attn_bwd_dq<64>.
+// One CTA of one warpgroup per (64-query block qb, head, sequence b0 + z),
+// the longest first; warp w owns queries 16w .. 16w+15, its dQ rows in
+// fp32 registers. The key blocks 0 .. qb stream K and the tile's dS^T
+// (64 x 64 bf16 each, 128-byte swizzle) through a cp.async pipeline of
+// WG_DQ_STAGES blocks; per block 4 wgmma m64n64k16 take both operands
+// MN-major, dS from the [key][query] tile as stored and K as [key][head].
+// Masked scores are stored as zeros, so the diagonal tile needs no mask;
+// keys past the sequence load as zeros in both tiles.
+// Dynamic shared memory: 1024 bytes of alignment and WG_DQ_STAGES x 2
+// tiles of 8 KB.
+#define WG_DQ_STAGES 3
+extern "C" __global__ void __launch_bounds__(128)
+    attn_bwd_dq_wg(const u16* __restrict__ qkv, const u16* __restrict__ ds, GRAD_OUT_ARGS, int seq, int nq, int nkv,
+                   int b0, float scale) {
+  const GradOut dqkv{dqkv32, dqkvb, rope_cos, rope_sin};
+  constexpr int HD = 64, BK = 64, AHEAD = WG_DQ_STAGES - 1;
+  constexpr u32 TILE = 64 * 128;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const u32 s0 = (smem_addr(smem_raw) + 1023u) & ~1023u;
+  const size_t W = (size_t)(nq + 2 * nkv) * HD;
+  const int head = blockIdx.y, b = b0 + blockIdx.z, kh = head / (nq / nkv);
+  const int qb = gridDim.x - 1 - blockIdx.x, nblk = qb + 1;
+  const size_t tok0 = (size_t)b * seq;
+  const u16* K = qkv + tok0 * W + (nq + kh) * HD;
+  const u16* T = ds + (((size_t)blockIdx.z * nq + head) * ((size_t)gridDim.x * (gridDim.x + 1) / 2) +
+                       (size_t)qb * (qb + 1) / 2) * 4096;  // tile (qb, 0)
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
+
+  auto stage = [&](int kb) { return s0 + (u32)(kb % WG_DQ_STAGES) * 2 * TILE; };  // K; dS^T at + TILE
+  // load queues key block kb (if any) and commits a group either way, so
+  // that every iteration waits for the same count.
+  auto load = [&](int kb) {
+    if (kb < nblk) {
+      const u32 st = stage(kb);
+      wg_load_tile(st, K, W, kb * BK, seq);
+      wg_load_tile(st + TILE, T + (size_t)kb * 4096, BK, 0, seq - kb * BK);
+    }
+    cp_async_commit();
+  };
+#pragma unroll
+  for (int i = 0; i < AHEAD; ++i) load(i);
+
+  float dq[HD / 8][4];
+#pragma unroll
+  for (int j = 0; j < HD / 8; ++j) dq[j][0] = dq[j][1] = dq[j][2] = dq[j][3] = 0.f;
+  for (int kb = 0; kb < nblk; ++kb) {
+    load(kb + AHEAD);
+    cp_async_wait<AHEAD>();
+    // cp.async wrote through the generic proxy; wgmma reads through the async one.
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    __syncthreads();
+    const u32 st = stage(kb);
+    const u64 descK = sw128_desc(st), descS = sw128_desc(st + TILE);
+    keep_live(dq);
+    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+    for (int kk = 0; kk < BK / 16; ++kk)  // 16 keys a k step
+      wg_ss64<1, 1>(dq, descS + kk * (16 * 128 >> 4), descK + kk * (16 * 128 >> 4), 1);
+    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+    wg_wait<0>();
+    keep_live(dq);
+    __syncthreads();  // the stage just read is a later load's target
+  }
+  cp_async_wait<0>();
+  const int row0 = qb * 64 + 16 * warp;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = row0 + g + 8 * h;
+    if (row < seq) store_grad_row<HD>(dqkv, (tok0 + row) * W + (size_t)head * HD, row, true, dq, h, tq, scale);
+  }
 }
