@@ -155,6 +155,11 @@ __device__ __forceinline__ void axpy8(float* acc, float h, uint4 b) {
 __device__ __forceinline__ void cp_async16(u32 dst, const void* src, bool valid) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");
 }
+// cp_async4 copies 4 bytes from global to shared memory, or writes 4 zero
+// bytes when !valid.
+__device__ __forceinline__ void cp_async4(u32 dst, const void* src, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src), "r"(valid ? 4 : 0) : "memory");
+}
 // cp_async_commit closes a group of cp.async copies; cp_async_wait<N> waits
 // until at most N groups are pending.
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }

@@ -41,6 +41,16 @@ __device__ __forceinline__ float ex2(float x) {
   return r;
 }
 
+// stsm4 stores four 8 x 8 bf16 matrices into shared memory (stmatrix
+// .x4): a[i] is the lane's pair of matrix i in the mma C layout (row g,
+// columns 2 tq and 2 tq + 1), and lane l gives the address of row l % 8 of
+// matrix l / 8 (16 bytes).
+__device__ __forceinline__ void stsm4(u32 addr, const u32 (&a)[4]) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(a[0]), "r"(a[1]),
+               "r"(a[2]), "r"(a[3])
+               : "memory");
+}
+
 // p_frag packs columns 16kk .. 16kk+15 of a 16-row fp32 tile (C layout)
 // into the bf16 A fragment of a product over those columns.
 template <int NJ>

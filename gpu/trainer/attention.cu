@@ -16,7 +16,9 @@
 //   ds    bf16 [z][nq][tile][64][64]: dS^T = (P (dP - D))^T of the causal
 //         64 x 64 tiles of sequence b0 + z (tile qb (qb + 1) / 2 + kb for
 //         query block qb, key block kb <= qb; keys as rows), written by
-//         attn_bwd_dkdv and read by attn_bwd_dq
+//         attn_bwd_dkdv and read by attn_bwd_dq (the wgmma pair of
+//         attention_wgmma.cu keeps each tile's rows in the 128-byte
+//         swizzle: 16-byte chunk c of row r at chunk c ^ (r mod 8))
 // Query head h reads kv head h / (nq / nkv). Query q sees keys 0..q.
 //
 // Every kernel writes each of its outputs exactly once, with a fixed order

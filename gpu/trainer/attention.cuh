@@ -48,15 +48,19 @@ __device__ __forceinline__ void fwd_store(u16* __restrict__ out, float* __restri
   }
 }
 
+// ds_tile returns the dS^T tile (query block qb, key block kb) of query
+// head head of sequence z (gridDim.x blocks of 64 keys a sequence).
+__device__ __forceinline__ u16* ds_tile(u16* ds, int z, int nq, int head, int qb, int kb) {
+  const size_t ntile = (size_t)gridDim.x * (gridDim.x + 1) / 2;  // causal tiles per (sequence, head)
+  return ds + (((size_t)z * nq + head) * ntile + (size_t)qb * (qb + 1) / 2 + kb) * 4096;
+}
+
 // ds_lane_row returns where lane (g, tq) of warp w writes row 16 w + g of
-// the dS^T tile (query block qb, key block kb) of query head head of
-// sequence z (gridDim.x blocks of 64 keys a sequence), from column q_off
-// on; row 16 w + g + 8 is 8 x 64 elements further.
+// that tile, from column q_off on; row 16 w + g + 8 is 8 x 64 elements
+// further.
 __device__ __forceinline__ u16* ds_lane_row(u16* ds, int z, int nq, int head, int qb, int kb, int w, int g, int tq,
                                             int q_off) {
-  const size_t ntile = (size_t)gridDim.x * (gridDim.x + 1) / 2;  // causal tiles per (sequence, head)
-  return ds + (((size_t)z * nq + head) * ntile + (size_t)qb * (qb + 1) / 2 + kb) * 4096 + (16 * w + g) * 64 +
-         q_off + tq * 2;
+  return ds_tile(ds, z, nq, head, qb, kb) + (16 * w + g) * 64 + q_off + tq * 2;
 }
 
 // store_ds writes the lane's two rows of NJ x 8 dS^T columns (C layout,

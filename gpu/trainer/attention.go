@@ -157,14 +157,14 @@ func attentionKernelsFor(dev *cuda.Device, hd int) (*attentionKernels, error) {
 // Launch shapes of attention_wgmma.cu. attn_fwd_wg: 128 queries and two
 // warpgroups a CTA; dynamic shared memory 1024 bytes of alignment, the
 // 128-row Q tile and 3 stages of K and V tiles (64 x 64 bf16 each).
-// attn_bwd_dkdv_wg: 1024 bytes of alignment, six 64 x 64 bf16 tiles and
+// attn_bwd_dkdv_wg: 1024 bytes of alignment, seven 64 x 64 bf16 tiles and
 // 2 x 2 x 64 floats. attn_bwd_dq_wg: 1024 bytes of alignment and 3 stages
 // of K and dS^T tiles.
 const (
 	attnFwdWGBlockQ  = 128
 	attnFwdWGThreads = 256
 	attnFwdWGShared  = 1024 + 2*64*64*2 + 3*2*64*64*2
-	attnDKDVWGShared = 1024 + 6*64*64*2 + 2*2*64*4
+	attnDKDVWGShared = 1024 + 7*64*64*2 + 2*2*64*4
 	attnDQWGShared   = 1024 + 3*2*64*64*2
 )
 

@@ -15,8 +15,12 @@
 // S^T = K Q^T and dP^T = V dO^T (reduction over the head), and Q and dO are
 // MN-major in dV += P^T dO and dK += dS^T Q (reduction over the queries),
 // whose A operands, P^T and dS^T in bf16, come from registers (the
-// accumulator layout of S^T is the A fragment layout). dS^T is stored for
-// attn_bwd_dq as attn_bwd_dkdv stores it.
+// accumulator layout of S^T is the A fragment layout). The lse and D rows
+// come with the stage's cp.async group. dS^T goes to attn_bwd_dq_wg
+// through a shared tile (stmatrix) that one thread copies out whole
+// (cp.async.bulk): its rows in the 128-byte swizzle, so that the dQ kernel
+// copies it back into a wgmma operand tile as it is, and the stores use
+// every byte of their sectors (the lanes' 4-byte stores used 18 of 32).
 
 #include "mma.cuh"
 #include "wgmma.cuh"
@@ -36,9 +40,32 @@ __device__ __forceinline__ void wg_load_tile(u32 dst, const u16* __restrict__ sr
   }
 }
 
+// wg_probs turns the lane's scores and dP of 32 queries (columns qc0 on of
+// the block from query q0; keys key0 and key0 + 8) into P and dS = P (dP -
+// D) in place: p = exp2(s scale_log2 - lse log2 e), with l2 and dd the
+// block's lse and D; where MASK, p = 0 for a key after the query or a query
+// past the sequence.
+template <bool MASK>
+__device__ __forceinline__ void wg_probs(float (&s)[4][4], float (&dp)[4][4], const float* l2, const float* dd,
+                                         int qc0, int key0, int q0, int seq, int tq, float scale_log2) {
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int qc = qc0 + j * 8 + tq * 2;
+    const float2 lv = *(const float2*)(l2 + qc), dv = *(const float2*)(dd + qc);
+    const float nl[2] = {-LOG2E_WG * lv.x, -LOG2E_WG * lv.y}, d[2] = {dv.x, dv.y};
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int key = key0 + (e >> 1) * 8, q = q0 + qc + (e & 1);
+      const float p = !MASK || (key <= q && q < seq) ? ex2(fmaf(s[j][e], scale_log2, nl[e & 1])) : 0.f;
+      s[j][e] = p;
+      dp[j][e] = p * (dp[j][e] - d[e & 1]);
+    }
+  }
+}
+
 // attn_bwd_dkdv_wg: see the top of the file. Dynamic shared memory: 1024
-// bytes of alignment, 6 tiles of 8 KB (K, V, and Q and dO per stage) and 2
-// stages x 2 x 64 floats (lse log2 e and D).
+// bytes of alignment, 7 tiles of 8 KB (K, V, Q and dO per stage, dS^T) and
+// 2 stages x 2 x 64 floats (lse and D).
 extern "C" __global__ void __launch_bounds__(128, 3)
     attn_bwd_dkdv_wg(const u16* __restrict__ qkv, const u16* __restrict__ dout, const float* __restrict__ lse,
                      const float* __restrict__ dsum, GRAD_OUT_ARGS, u16* __restrict__ ds, int seq,
@@ -48,8 +75,9 @@ extern "C" __global__ void __launch_bounds__(128, 3)
   constexpr u32 TILE = 64 * 128;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const u32 raw = smem_addr(smem_raw), sK = (raw + 1023u) & ~1023u, sV = sK + TILE, sQ0 = sV + TILE;
-  float* sL = (float*)(smem_raw + (sQ0 + 4 * TILE - raw));  // [stage][BQ] lse log2 e
-  float* sD = sL + 2 * BQ;                                   // [stage][BQ] D
+  const u32 sDS = sQ0 + 4 * TILE;
+  float* sL = (float*)(smem_raw + (sDS + TILE - raw));  // [stage][BQ] lse
+  float* sD = sL + 2 * BQ;                              // [stage][BQ] D
   const size_t W = (size_t)(nq + 2 * nkv) * HD, OW = (size_t)nq * HD;
   const int G = nq / nkv, kh = blockIdx.y, b = b0 + blockIdx.z;
   const int k0 = (gridDim.x - 1 - blockIdx.x) * BKK;
@@ -66,11 +94,9 @@ extern "C" __global__ void __launch_bounds__(128, 3)
     wg_load_tile(q, qkv + tok0 * W + head * HD, W, q0, seq);
     wg_load_tile(q + TILE, dout + tok0 * OW + head * HD, OW, q0, seq);
     const size_t row = ((size_t)b * nq + head) * seq;
-    if (tid < BQ) {
-      const bool ok = q0 + tid < seq;
-      sL[st * BQ + tid] = ok ? lse[row + q0 + tid] * LOG2E_WG : 0.f;
-      sD[st * BQ + tid] = ok ? dsum[row + q0 + tid] : 0.f;
-    }
+    const int i = tid % BQ;  // threads 0-63 copy lse, 64-127 D
+    const bool ok = q0 + i < seq;
+    cp_async4(smem_addr((tid < BQ ? sL : sD) + st * BQ + i), (tid < BQ ? lse : dsum) + row + (ok ? q0 + i : 0), ok);
     cp_async_commit();
   };
   load(0);  // the same group as K and V
@@ -90,6 +116,8 @@ extern "C" __global__ void __launch_bounds__(128, 3)
     }
     // cp.async wrote through the generic proxy; wgmma reads through the async one.
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    // The dS^T tile's last copy out must have read it before it is written again.
+    if (tid == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
     __syncthreads();
     const int st = it & 1, head = kh * G + it / nqb, q0 = k0 + (it % nqb) * BQ;
     const u32 sq = sQ0 + (u32)st * 2 * TILE, sdo = sq + TILE;
@@ -120,8 +148,6 @@ extern "C" __global__ void __launch_bounds__(128, 3)
       for (int kk = 0; kk < HD / 16; ++kk) wg_ss32(dp[hf], descV + 2 * kk, descO + half + 2 * kk, kk);
       asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
     }
-    // dS^T rows of the lane: tile (q0 / 64, k0 / 64) of (sequence z, head).
-    u16* dst = ds_lane_row(ds, blockIdx.z, nq, head, q0 / 64, k0 / 64, warp, g, tq, 0);
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
       // Half 0: its scores and dP are done, half 1's may still run. Half 1:
@@ -129,21 +155,18 @@ extern "C" __global__ void __launch_bounds__(128, 3)
       wg_wait<1>();
       keep_live(s[hf]);
       keep_live(dp[hf]);
-#pragma unroll
-      for (int j = 0; j < BQ / 16; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int key = key0 + (e >> 1) * 8, ql = 32 * hf + j * 8 + tq * 2 + (e & 1), q = q0 + ql;
-          const float p = (key <= q && q < seq) ? ex2(fmaf(s[hf][j][e], scale_log2, -l2[ql])) : 0.f;
-          s[hf][j][e] = p;
-          dp[hf][j][e] = p * (dp[hf][j][e] - dd[ql]);
-        }
-      store_ds(dst + 32 * hf, dp[hf]);
+      if (q0 >= k0 + BKK && q0 + BQ <= seq)  // every query of the block sees every key
+        wg_probs<false>(s[hf], dp[hf], l2, dd, 32 * hf, key0, q0, seq, tq, scale_log2);
+      else
+        wg_probs<true>(s[hf], dp[hf], l2, dd, 32 * hf, key0, q0, seq, tq, scale_log2);
       u32 pf[2][4], df[2][4];
 #pragma unroll
       for (int kk = 0; kk < 2; ++kk) {
         p_frag(s[hf], kk, pf[kk]);
         p_frag(dp[hf], kk, df[kk]);
+        // The lane's rows of dS^T, as the dK product rounds them: queries
+        // 32 hf + 16 kk on, chunk (8 columns) 4 hf + 2 kk + lane / 16.
+        stsm4(sDS + swz(16 * warp + (lane & 7) + (lane & 8), 4 * hf + 2 * kk + (lane >> 4)), df[kk]);
       }
       keep_live(dv);
       keep_live(dk);
@@ -162,8 +185,18 @@ extern "C" __global__ void __launch_bounds__(128, 3)
     wg_wait<0>();
     keep_live(dv);
     keep_live(dk);
-    __syncthreads();  // the stage just read is the next load's target
+    // stmatrix wrote dS^T through the generic proxy; the bulk copy reads through the async one.
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    __syncthreads();  // the stage just read is the next load's target; dS^T is whole
+    if (tid == 0) {
+      // dS^T: tile (q0 / 64, k0 / 64) of (sequence z, head).
+      const u16* dst = ds_tile(ds, blockIdx.z, nq, head, q0 / 64, k0 / 64);
+      asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\ncp.async.bulk.commit_group;" ::"l"(dst),
+                   "r"(sDS), "n"(TILE)
+                   : "memory");
+    }
   }
+  if (tid == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
   store_dkdv<HD>(dqkv, dk, dv, tok0, key0, seq, W, nq, nkv, kh, tq, scale);
 }
 
@@ -270,7 +303,8 @@ extern "C" __global__ void __launch_bounds__(256)
 // WG_DQ_STAGES blocks; per block 4 wgmma m64n64k16 take both operands
 // MN-major, dS from the [key][query] tile as stored and K as [key][head].
 // Masked scores are stored as zeros, so the diagonal tile needs no mask;
-// keys past the sequence load as zeros in both tiles.
+// so are keys past the sequence, and their K rows load as zeros. The dS^T
+// tiles are stored swizzled (attn_bwd_dkdv_wg) and copied in as they are.
 // Dynamic shared memory: 1024 bytes of alignment and WG_DQ_STAGES x 2
 // tiles of 8 KB.
 #define WG_DQ_STAGES 3
@@ -298,7 +332,11 @@ extern "C" __global__ void __launch_bounds__(128)
     if (kb < nblk) {
       const u32 st = stage(kb);
       wg_load_tile(st, K, W, kb * BK, seq);
-      wg_load_tile(st + TILE, T + (size_t)kb * 4096, BK, 0, seq - kb * BK);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int c = i * 128 + threadIdx.x;  // 16-byte chunk
+        cp_async16(st + TILE + c * 16, T + (size_t)kb * 4096 + c * 8, true);
+      }
     }
     cp_async_commit();
   };
