@@ -88,8 +88,13 @@ extern "C" __global__ void __launch_bounds__(128, 3)
 
   wg_load_tile(sK, qkv + tok0 * W + (nq + kh) * HD, W, k0, seq);
   wg_load_tile(sV, qkv + tok0 * W + (nq + nkv + kh) * HD, W, k0, seq);
-  auto load = [&](int it) {
-    const int st = it & 1, head = kh * G + it / nqb, q0 = k0 + (it % nqb) * BQ;
+  // Iteration it works on query block q0 of query head head: the blocks
+  // from k0 on of each head of the group in turn (next steps them on).
+  auto next = [&](int& head, int& q0) {
+    q0 += BQ;
+    if (q0 >= seq) q0 = k0, ++head;
+  };
+  auto load = [&](int st, int head, int q0) {
     const u32 q = sQ0 + (u32)st * 2 * TILE;
     wg_load_tile(q, qkv + tok0 * W + head * HD, W, q0, seq);
     wg_load_tile(q + TILE, dout + tok0 * OW + head * HD, OW, q0, seq);
@@ -99,7 +104,8 @@ extern "C" __global__ void __launch_bounds__(128, 3)
     cp_async4(smem_addr((tid < BQ ? sL : sD) + st * BQ + i), (tid < BQ ? lse : dsum) + row + (ok ? q0 + i : 0), ok);
     cp_async_commit();
   };
-  load(0);  // the same group as K and V
+  int head = kh * G, q0 = k0, lhead = head, lq0 = q0;  // the block computed, and the block loaded last
+  load(0, lhead, lq0);  // the same group as K and V
 
   const int key0 = k0 + 16 * warp + g;  // the lane's keys: key0 and key0 + 8
   float dk[HD / 8][4], dv[HD / 8][4];
@@ -109,7 +115,8 @@ extern "C" __global__ void __launch_bounds__(128, 3)
 
   for (int it = 0; it < nit; ++it) {
     if (it + 1 < nit) {
-      load(it + 1);
+      next(lhead, lq0);
+      load((it + 1) & 1, lhead, lq0);
       cp_async_wait<1>();
     } else {
       cp_async_wait<0>();
@@ -119,7 +126,7 @@ extern "C" __global__ void __launch_bounds__(128, 3)
     // The dS^T tile's last copy out must have read it before it is written again.
     if (tid == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
     __syncthreads();
-    const int st = it & 1, head = kh * G + it / nqb, q0 = k0 + (it % nqb) * BQ;
+    const int st = it & 1;
     const u32 sq = sQ0 + (u32)st * 2 * TILE, sdo = sq + TILE;
     const float* l2 = sL + st * BQ;
     const float* dd = sD + st * BQ;
@@ -195,6 +202,7 @@ extern "C" __global__ void __launch_bounds__(128, 3)
                    "r"(sDS), "n"(TILE)
                    : "memory");
     }
+    next(head, q0);
   }
   if (tid == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
   store_dkdv<HD>(dqkv, dk, dv, tok0, key0, seq, W, nq, nkv, kh, tq, scale);
