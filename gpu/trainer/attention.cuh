@@ -1,7 +1,8 @@
 // attention.cuh: what the kernels of attention.cu (mma.sync) and
 // attention_wgmma.cu (wgmma) share: the forward's online softmax step and
-// output store; where a lane's rows of a dS^T tile lie, storing them, and
-// storing gradient rows (dQ, dK, dV). Both keep, per warp, 16 keys
+// output store; where the dS^T tiles lie (and, for the mma.sync kernels,
+// a lane's rows of one and storing them); and storing gradient rows (dQ,
+// dK, dV). Both keep, per warp, 16 keys
 // as rows in the mma.m16n8k16 C layout (lane = 4 g + tq: rows g and g + 8,
 // columns 2 tq and 2 tq + 1 of each 8-column tile).
 #pragma once

@@ -22,8 +22,8 @@ import (
 var attentionCU []byte
 
 // attentionWGMMACU holds attn_fwd_wg, attn_bwd_dkdv_wg and attn_bwd_dq_wg,
-// the Hopper forward, dK/dV and dQ kernels for head size 64 (wgmma instead of mma.sync;
-// compiled for sm_90a only).
+// the Hopper forward, dK/dV and dQ kernels for head size 64 (wgmma
+// instead of mma.sync; compiled for sm_90a only).
 //
 //go:embed attention_wgmma.cu
 var attentionWGMMACU []byte
