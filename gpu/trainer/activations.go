@@ -37,7 +37,6 @@ type activations struct {
 	dx, dtmp     *cuda.Buffer // fp32 [M][h]: the residual's gradient, a normed input's
 	dxb          *cuda.Buffer // bf16 [M][h]
 	mlpScratch                // the MLP blocks' work buffers; part also the other reductions' (partBytes)
-	qkvF         *cuda.Buffer // fp32 [M][qkvW]: q/k/v before RoPE, then their gradient
 	dqkvb        *cuda.Buffer // bf16 [M][qkvW]
 	datt         *cuda.Buffer // bf16 [M][nq·hd]
 	owned        []*cuda.Buffer
@@ -97,9 +96,9 @@ func activationSizes(c model.Config, batch, seq int, o Options) (perLayer, share
 	// x, x2, hn1, hn2, rstd1, rstd2, qkv, att, lse, mlp
 	perLayer = []int{4 * M * h, 4 * M * h, 2 * M * h, 2 * M * h, 4 * M, 4 * M, 2 * M * qkvW, 2 * M * nqhd,
 		4 * batch * c.NumAttentionHeads * seq, ms.saveBytes(o.MLP)}
-	// ids, targets, normF, rstdF, logits, dlogits, dx, dtmp, dxb, dh, dgu, part, qkvF, dqkvb, datt, x[L]
+	// ids, targets, normF, rstdF, logits, dlogits, dx, dtmp, dxb, dh, dgu, part, dqkvb, datt, x[L]
 	shared = []int{4 * M, 4 * M, 2 * M * h, 4 * M, 4 * lr * V, 2 * lr * V, 4 * M * h, 4 * M * h, 2 * M * h, 4 * M * f,
-		2 * M * guW, partBytes(c, M), 4 * M * qkvW, 2 * M * qkvW, 2 * M * nqhd, 4 * M * h}
+		2 * M * guW, partBytes(c, M), 2 * M * qkvW, 2 * M * nqhd, 4 * M * h}
 	if o.MLP != mlp.Dense {
 		sparse = ms.sparseScratchBytes()
 	}
@@ -161,7 +160,7 @@ func newActivations(dev *cuda.Device, c model.Config, batch, seq int, o Options)
 		a.discard = alloc(discardBytes(c))
 	}
 	singles := []**cuda.Buffer{&a.ids, &a.targets, &a.normF, &a.rstdF, &a.logits, &a.dlogits, &a.dx, &a.dtmp, &a.dxb,
-		&a.dh, &a.dgu, &a.part, &a.qkvF, &a.dqkvb, &a.datt}
+		&a.dh, &a.dgu, &a.part, &a.dqkvb, &a.datt}
 	for i, p := range singles {
 		*p = alloc(shared[i])
 	}

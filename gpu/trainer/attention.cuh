@@ -77,7 +77,7 @@ __device__ __forceinline__ void store_ds(u16* dst, const float (&dp)[NJ][4]) {
 
 // GradOut is where the backward kernels write dqkv: fp32 rows at f32
 // when bf is null; else bf16 rows at bf, the q and k heads turned back by
-// RoPE's rotation first (cos and sin: [position][HD/2], as rope_cast reads
+// RoPE's rotation first (cos and sin: [position][HD/2], as rope_bf16 reads
 // them), so that no separate pass converts them.
 struct GradOut {
   float* __restrict__ f32;
@@ -96,7 +96,7 @@ struct GradOut {
 // acc[j][2 h + 1] times scale. off is the row's first element in dqkv,
 // pos its token's position, rot whether the columns are a q or k head (a
 // pair i, i + HD/2 turned back by angle (pos, i): a c + b s, b c - a s,
-// rope_cast's inverse rotation).
+// rope_bf16's inverse rotation).
 template <int HD>
 __device__ __forceinline__ void store_grad_row(const GradOut& o, size_t off, int pos, bool rot,
                                                const float (&acc)[HD / 8][4], int h, int tq, float scale) {

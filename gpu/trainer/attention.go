@@ -311,8 +311,8 @@ func (a *attention) forward(s *cuda.Stream, out, qkv, lse *cuda.Buffer) error {
 // qkv; the k and v parts summed over the query heads of their group):
 // fp32 into f32, or, when bf16 is set, bf16 into bf16 with the q and k heads
 // turned back by RoPE's rotation (cos and sin, fp32 [seq][hd/2], the
-// tables the forward's rope_cast rotated them by), which is the gradient
-// of the fp32 q/k/v product rope_cast read.
+// tables the forward's rope_bf16 rotated them by), which is the gradient
+// of the q/k/v product rope_bf16 rotated.
 type attnGrad struct{ f32, bf16, cos, sin *cuda.Buffer }
 
 // backward writes the gradient of qkv into g (overwritten) from dout, bf16

@@ -26,7 +26,7 @@ var kernelFiles = []struct {
 	kernels []string
 }{
 	{"layers.cu", &layersSrc, []string{"sum_f64", "embed_fwd", "sort_pass", "embed_seg", "embed_join", "rmsnorm_fwd",
-		"rmsnorm_bwd1", "rmsnorm_bwd2", "rmsnorm_bwd4", "rmsnorm_dw_sum", "rope_cast", "relu_fwd", "relu_bwd", "ce_chunk"}},
+		"rmsnorm_bwd1", "rmsnorm_bwd2", "rmsnorm_bwd4", "rmsnorm_dw_sum", "rope_bf16", "relu_fwd", "relu_bwd", "ce_chunk"}},
 	{"optim.cu", &optimSrc, []string{"sumsq", "adamw", "to_bf16", "reinit_rows"}},
 	{"sparse.cu", &sparseSrc, []string{"sp_index", "sp_scan", "sp_col_count", "sp_col_prefix", "sp_col_fill",
 		"sp_up", "sp_grad", "sp_rows", "sp_col_parts", "sp_cols", "sp_col_reduce"}},
@@ -261,20 +261,20 @@ func (l launcher) rmsNormBwd(dx, dxb, dw, dy, x, w, rstd, part *cuda.Buffer, row
 		})
 }
 
-// ropeCast writes dst (bf16) = src (fp32), n tokens of width values, with
-// the first nrot heads of hd rotated (the backward turns them back in the
-// attention kernels' stores: attention.cuh's GradOut). The kernel takes
-// four values at a time: hd % 8 == 0, width % 4 == 0.
-func (l launcher) ropeCast(dst, src, cos, sin *cuda.Buffer, n, seq, nrot, hd, width int) error {
-	if hd%8 != 0 || width%4 != 0 {
-		return fmt.Errorf("trainer: rope over heads of %d in rows of %d: want multiples of 8 and 4", hd, width)
+// ropeBF16 rotates the first nrot heads of hd values of n bf16 rows of
+// width values in place (the backward turns them back in the attention
+// kernels' stores: attention.cuh's GradOut). The kernel takes four values
+// at a time: hd % 8 == 0.
+func (l launcher) ropeBF16(x, cos, sin *cuda.Buffer, n, seq, nrot, hd, width int) error {
+	if hd%8 != 0 || nrot*hd > width {
+		return fmt.Errorf("trainer: rope over %d heads of %d in rows of %d: want heads of a multiple of 8 within the row", nrot, hd, width)
 	}
-	if err := check(need("rope output", dst, 2*n*width), need("rope input", src, 4*n*width),
-		need("rope cos", cos, 4*seq*hd/2), need("rope sin", sin, 4*seq*hd/2)); err != nil {
+	if err := check(need("rope rows", x, 2*n*width), need("rope cos", cos, 4*seq*hd/2),
+		need("rope sin", sin, 4*seq*hd/2)); err != nil {
 		return err
 	}
-	return l.k["rope_cast"].Launch(dim(n), dim(rowBlock), 0, l.s, src, dst, cos, sin, int32(seq), int32(nrot),
-		int32(hd), int32(width))
+	return l.k["rope_bf16"].Launch(dim(n), dim(rowBlock), 0, l.s, x, cos, sin, int32(seq), int32(nrot), int32(hd),
+		int32(width))
 }
 
 // reluArgs are the operands of the MLP activation of m rows of f units:

@@ -342,30 +342,26 @@ extern "C" __global__ void rmsnorm_dw_sum(float* __restrict__ dw, const float* _
   }
 }
 
-// rope_cast: dst (bf16) = src (fp32) with the first nrot heads of hd values
-// of each token rotated by its position's angles, the other columns of the
-// width-wide row copied. Token t sits at position t % seq; cos and sin are
-// [position][hd/2]. One block per token; four values a thread at a time
-// (16-byte loads, 8-byte stores: hd % 8 == 0 and width % 4 == 0).
-extern "C" __global__ void rope_cast(const float* __restrict__ src, u16* __restrict__ dst,
-                                     const float* __restrict__ cosT, const float* __restrict__ sinT, int seq,
-                                     int nrot, int hd, int width) {
+// rope_bf16: the first nrot heads of hd values of each token's row (width
+// bf16 values: the q and k heads, then v) rotated in place by its
+// position's angles (rotate_half, in fp32, rounded to bf16 once). Token t
+// sits at position t % seq; cos and sin are [position][hd/2]. One block per
+// token; four pairs a thread at a time (8-byte accesses: hd % 8 == 0).
+extern "C" __global__ void rope_bf16(u16* __restrict__ x, const float* __restrict__ cosT,
+                                     const float* __restrict__ sinT, int seq, int nrot, int hd, int width) {
   const int t = blockIdx.x;
   const int half = hd / 2, q = half / 4, pos = t % seq;
-  const float* s = src + (size_t)t * width;
-  u16* d = dst + (size_t)t * width;
+  u16* d = x + (size_t)t * width;
   for (int p = threadIdx.x; p < nrot * q; p += blockDim.x) {
     const int head = p / q, i = 4 * (p % q);
     const float4 c = *(const float4*)(cosT + pos * half + i), sn = *(const float4*)(sinT + pos * half + i);
-    const float4 a = *(const float4*)(s + head * hd + i), b = *(const float4*)(s + head * hd + i + half);
-    *(uint2*)(d + head * hd + i) = make_uint2(pack_bf2(a.x * c.x - b.x * sn.x, a.y * c.y - b.y * sn.y),
-                                              pack_bf2(a.z * c.z - b.z * sn.z, a.w * c.w - b.w * sn.w));
-    *(uint2*)(d + head * hd + i + half) = make_uint2(pack_bf2(b.x * c.x + a.x * sn.x, b.y * c.y + a.y * sn.y),
-                                                     pack_bf2(b.z * c.z + a.z * sn.z, b.w * c.w + a.w * sn.w));
-  }
-  for (int i = nrot * hd + 4 * threadIdx.x; i < width; i += 4 * blockDim.x) {
-    const float4 v = *(const float4*)(s + i);
-    *(uint2*)(d + i) = make_uint2(pack_bf2(v.x, v.y), pack_bf2(v.z, v.w));
+    const uint2 av = *(const uint2*)(d + head * hd + i), bv = *(const uint2*)(d + head * hd + i + half);
+    const float a[4] = {bf_lo(av.x), bf_hi(av.x), bf_lo(av.y), bf_hi(av.y)};
+    const float b[4] = {bf_lo(bv.x), bf_hi(bv.x), bf_lo(bv.y), bf_hi(bv.y)};
+    *(uint2*)(d + head * hd + i) = make_uint2(pack_bf2(a[0] * c.x - b[0] * sn.x, a[1] * c.y - b[1] * sn.y),
+                                              pack_bf2(a[2] * c.z - b[2] * sn.z, a[3] * c.w - b[3] * sn.w));
+    *(uint2*)(d + head * hd + i + half) = make_uint2(pack_bf2(b[0] * c.x + a[0] * sn.x, b[1] * c.y + a[1] * sn.y),
+                                                     pack_bf2(b[2] * c.z + a[2] * sn.z, b[3] * c.w + a[3] * sn.w));
   }
 }
 

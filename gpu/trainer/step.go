@@ -109,7 +109,7 @@ func (b *Backend) forwardBackward(p pass) error {
 	for l := range lse {
 		lse[l] = sl.at(a.lse[l], 0, 4*p.batch*nq*p.seq)
 	}
-	qkvF, dqkvb, datt := rows(a.qkvF, 4, qkvW), rows(a.dqkvb, 2, qkvW), rows(a.datt, 2, nq*hd)
+	dqkvb, datt := rows(a.dqkvb, 2, qkvW), rows(a.datt, 2, nq*hd)
 	if sl.err != nil {
 		return sl.err
 	}
@@ -144,9 +144,9 @@ func (b *Backend) forwardBackward(p pass) error {
 			b.at("norm fwd"),
 			func() error { return r.rmsNormFwd(a.hn1[l], a.rstd1[l], a.x[l], lv.attnNorm, m, h, eps) },
 			b.at("qkv fwd"),
-			func() error { return b.linear(qkvF, a.hn1[l], lv.qkv, m, h, qkvW, cublas.F32) },
+			func() error { return b.linear(qkv, a.hn1[l], lv.qkv, m, h, qkvW, cublas.BF16) },
 			b.at("rope fwd"),
-			func() error { return r.ropeCast(qkv, qkvF, cos, sin, m, p.seq, nq+nkv, hd, qkvW) },
+			func() error { return r.ropeBF16(qkv, cos, sin, m, p.seq, nq+nkv, hd, qkvW) },
 			b.at("attention fwd"),
 			func() error { return att.forward(b.s, att1, qkv, lse[l]) },
 			b.at("o fwd"),
