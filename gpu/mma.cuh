@@ -41,6 +41,13 @@ __device__ __forceinline__ float ex2(float x) {
   return r;
 }
 
+// zero sets a tile of fp32 accumulators (C layout) to 0.
+template <int NJ>
+__device__ __forceinline__ void zero(float (&x)[NJ][4]) {
+#pragma unroll
+  for (int j = 0; j < NJ; ++j) x[j][0] = x[j][1] = x[j][2] = x[j][3] = 0.f;
+}
+
 // stsm4 stores four 8 x 8 bf16 matrices into shared memory (stmatrix
 // .x4): a[i] is the lane's pair of matrix i in the mma C layout (row g,
 // columns 2 tq and 2 tq + 1), and lane l gives the address of row l % 8 of

@@ -5,6 +5,7 @@
 // blocks of the attention kernels, and their score and P V products.
 #pragma once
 #include "common.cuh"
+#include "mma.cuh"
 
 // sw128_desc is the wgmma shared memory matrix descriptor of a tile of
 // 128-byte rows with the 128-byte swizzle, 8-row groups 1024 bytes apart:
@@ -104,8 +105,7 @@ __device__ __forceinline__ void wg_wait() {
 // wg_scores queues S = Q K^T for one block of 64 queries and 64 keys of
 // head size 64 (4 wgmma, one commit group), Q and K K-major swizzled tiles.
 __device__ __forceinline__ void wg_scores(float (&sc)[8][4], u64 dq, u64 dk) {
-#pragma unroll
-  for (int j = 0; j < 8; ++j) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.f;
+  zero(sc);
   keep_live(sc);
   asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
@@ -122,4 +122,16 @@ __device__ __forceinline__ void wg_pv(float (&o)[8][4], u32 (&p)[4][4], u64 dv) 
 #pragma unroll
   for (int kk = 0; kk < 4; ++kk) wg_rs64t(o, p[kk], dv + kk * (16 * 128 >> 4));  // 16 keys per k step
   asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+}
+
+// wg_pv_probs adds P V to o for one block of 64 keys and waits for it: P
+// is the block's fp32 probabilities (C layout), packed into the bf16 A
+// fragments p here.
+__device__ __forceinline__ void wg_pv_probs(float (&o)[8][4], const float (&sc)[8][4], u32 (&p)[4][4], u64 dv) {
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) p_frag(sc, kk, p[kk]);
+  wg_pv(o, p, dv);
+  wg_wait<0>();
+  keep_live(o);
+  keep_live(p);
 }

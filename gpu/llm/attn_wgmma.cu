@@ -80,8 +80,7 @@ __global__ void __launch_bounds__(256, 2)
   u64 pg = AHEAD < nblk ? block_page(a, AHEAD) : 0;
 
   float o[HD / 8][4];
-#pragma unroll
-  for (int j = 0; j < HD / 8; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
+  zero(o);
   float mrow[2] = {NEG_INF, NEG_INF}, lrow[2] = {0.f, 0.f};
   u32 p[BK / 16][4];  // the block's probabilities, bf16 A fragments
   const u64 dq = sw128_desc(sQ + (u32)wg * 64 * 128);
@@ -110,12 +109,7 @@ __global__ void __launch_bounds__(256, 2)
       scores(sc, kb);
       mask(sc, k0);
       softmax_step(sc, mrow, lrow, o, scale_log2);
-#pragma unroll
-      for (int kk = 0; kk < BK / 16; ++kk) p_frag(sc, kk, p[kk]);
-      wg_pv(o, p, dv);
-      wg_wait<0>();
-      keep_live(o);
-      keep_live(p);
+      wg_pv_probs(o, sc, p, dv);
     }
     __syncthreads();  // the stage just read is a later load's target
   }

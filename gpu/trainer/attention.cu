@@ -62,12 +62,6 @@ struct LdOff {
 };
 
 
-template <int NJ>
-__device__ __forceinline__ void zero(float (&x)[NJ][4]) {
-#pragma unroll
-  for (int j = 0; j < NJ; ++j) x[j][0] = x[j][1] = x[j][2] = x[j][3] = 0.f;
-}
-
 // tile_mma adds to acc (16 rows x 8 NJ columns) the product of the 16 rows
 // of the [row][HD] tile at sa (shared address of the warp's first row) and
 // the transpose of the NJ*8 rows of the [col][HD] tile at sb: acc += A B^T

@@ -109,8 +109,8 @@ extern "C" __global__ void __launch_bounds__(128, 3)
 
   const int key0 = k0 + 16 * warp + g;  // the lane's keys: key0 and key0 + 8
   float dk[HD / 8][4], dv[HD / 8][4];
-#pragma unroll
-  for (int j = 0; j < HD / 8; ++j) dk[j][0] = dk[j][1] = dk[j][2] = dk[j][3] = dv[j][0] = dv[j][1] = dv[j][2] = dv[j][3] = 0.f;
+  zero(dk);
+  zero(dv);
   const u64 descK = sw128_desc(sK), descV = sw128_desc(sV);
 
   for (int it = 0; it < nit; ++it) {
@@ -135,11 +135,10 @@ extern "C" __global__ void __launch_bounds__(128, 3)
     // half 0's dV and dK products while they work on half 1's.
     float s[2][BQ / 16][4], dp[2][BQ / 16][4];
 #pragma unroll
-    for (int hf = 0; hf < 2; ++hf)
-#pragma unroll
-      for (int j = 0; j < BQ / 16; ++j)
-        s[hf][j][0] = s[hf][j][1] = s[hf][j][2] = s[hf][j][3] = dp[hf][j][0] = dp[hf][j][1] = dp[hf][j][2] =
-            dp[hf][j][3] = 0.f;
+    for (int hf = 0; hf < 2; ++hf) {
+      zero(s[hf]);
+      zero(dp[hf]);
+    }
     keep_live(s[0]);
     keep_live(s[1]);
     keep_live(dp[0]);
@@ -268,8 +267,7 @@ extern "C" __global__ void __launch_bounds__(256)
   for (int i = 0; i < AHEAD; ++i) load(i);
 
   float o[HD / 8][4];
-#pragma unroll
-  for (int j = 0; j < HD / 8; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
+  zero(o);
   float mrow[2] = {NEG_INF, NEG_INF}, lrow[2] = {0.f, 0.f};
   const u64 descQ = sw128_desc(sQ + (u32)wg * TILE);
 
@@ -289,12 +287,7 @@ extern "C" __global__ void __launch_bounds__(256)
       keep_live(sc);
       fwd_softmax_step<BK / 8, HD>(sc, o, mrow, lrow, k0, row0, g, tq, scale_log2);
       u32 pf[BK / 16][4];
-#pragma unroll
-      for (int kk = 0; kk < BK / 16; ++kk) p_frag(sc, kk, pf[kk]);
-      wg_pv(o, pf, descV);
-      wg_wait<0>();
-      keep_live(o);
-      keep_live(pf);
+      wg_pv_probs(o, sc, pf, descV);
     }
     __syncthreads();  // the stage just read is a later load's target
   }
@@ -352,8 +345,7 @@ extern "C" __global__ void __launch_bounds__(128)
   for (int i = 0; i < AHEAD; ++i) load(i);
 
   float dq[HD / 8][4];
-#pragma unroll
-  for (int j = 0; j < HD / 8; ++j) dq[j][0] = dq[j][1] = dq[j][2] = dq[j][3] = 0.f;
+  zero(dq);
   for (int kb = 0; kb < nblk; ++kb) {
     load(kb + AHEAD);
     cp_async_wait<AHEAD>();
