@@ -251,25 +251,6 @@ func runSteps(steps []mlpStep) error {
 	return nil
 }
 
-// mlpForward queues the forward of an MLP block on path dense or sparse.
-func (g *gpuCtx) mlpForward(a mlpArgs, sparse bool) error {
-	steps, err := g.mlpForwardSteps(a, sparse)
-	if err != nil {
-		return err
-	}
-	return runSteps(steps)
-}
-
-// mlpBackward queues the backward of an MLP block whose forward ran on the
-// same path.
-func (g *gpuCtx) mlpBackward(a mlpArgs, sparse bool) error {
-	steps, err := g.mlpBackwardSteps(a, sparse)
-	if err != nil {
-		return err
-	}
-	return runSteps(steps)
-}
-
 // sparseViews are the weight and gradient views the sparse path reads:
 // gate and up rows (the same matrix ungated) and their gradients.
 type sparseViews struct{ gate, up, gGate, gUp *cuda.Buffer }

@@ -2,6 +2,7 @@ package trainer
 
 import (
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/twell-ai/twell/cuda"
@@ -51,6 +52,24 @@ func (b *Backend) at(name string) func() error {
 }
 
 func noMark() error { return nil }
+
+// runMarked queues steps in order like runSteps; with profiling on, each
+// step is a stage of its own, "prefix: step name", so that a profile of the
+// whole training step shows the MLP's kernels one by one.
+func (b *Backend) runMarked(prefix string, steps []mlpStep) error {
+	if b.prof == nil {
+		return runSteps(steps)
+	}
+	for _, st := range steps {
+		if err := b.mark(prefix + ": " + st.name); err != nil {
+			return err
+		}
+		if err := st.run(); err != nil {
+			return fmt.Errorf("%s: %w", st.name, err)
+		}
+	}
+	return nil
+}
 
 // mark records the start of stage name (nothing when profiling is off).
 func (b *Backend) mark(name string) error {

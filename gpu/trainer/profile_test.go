@@ -12,7 +12,8 @@ import (
 )
 
 // TestStageTimes profiles two steps (two micro-batches, clipping, AdamW):
-// each names every stage of the step once, with the per-layer stages run
+// each names every stage of the step once (the sparse MLP's kernels each a
+// stage of their own), with the per-layer stages run
 // once per layer and micro-batch, no time negative and some time spent;
 // with profiling off nothing is reported, and the profiled step leaves the
 // same weights as an unprofiled one.
@@ -78,7 +79,8 @@ func TestStageTimes(t *testing.T) {
 	}
 	L := c.NumHiddenLayers
 	want := map[string]int{"embedding": micro, "norm fwd": micro * (2*L + 1), "qkv fwd": micro * L, "attention fwd": micro * L,
-		"mlp fwd": micro * L, "lm head fwd": micro, "cross-entropy": micro, "lm head bwd": micro, "mlp bwd": micro * L,
+		"mlp fwd: gate GEMM": micro * L, "mlp fwd: down SpMM": micro * L, "lm head fwd": micro, "cross-entropy": micro,
+		"lm head bwd": micro, "mlp bwd: grad SDDMM": micro * L, "mlp bwd: dx SpMM": micro * L,
 		"attention bwd": micro * L, "qkv bwd": micro * L, "embedding bwd": micro, "host wait": 2, "clipping": 1, "adamw": 1}
 	for s, st := range prof {
 		var names []string

@@ -153,11 +153,14 @@ func (b *Backend) forwardBackward(p pass) error {
 			func() error { return b.linearOnto(a.x2[l], a.x[l], att1, lv.o, m, nq*hd, h) },
 			b.at("norm fwd"),
 			func() error { return r.rmsNormFwd(a.hn2[l], a.rstd2[l], a.x2[l], lv.mlpNorm, m, h, eps) },
-			b.at("mlp fwd"),
-			func() error {
+			func() error { // its stages marked step by step
 				ma := b.mlpArgsFor(l, lv, m, p)
 				ma.stat, ma.active, ma.noBackward = stat, active, !p.backward
-				return b.mlpForward(ma, sparse[l])
+				steps, err := b.mlpForwardSteps(ma, sparse[l])
+				if err != nil {
+					return err
+				}
+				return b.runMarked("mlp fwd", steps)
 			},
 		)
 		if err != nil {
@@ -238,11 +241,14 @@ func (b *Backend) forwardBackward(p pass) error {
 		err := inOrder(
 			// MLP: x[l+1] = x2 + MLP(hn2). Each norm backward leaves dx in
 			// bf16 in dxb too, for the products that follow it.
-			b.at("mlp bwd"),
-			func() error {
+			func() error { // its stages marked step by step
 				ma := b.mlpArgsFor(l, lv, m, p)
 				ma.dy, ma.dx = dxb, dtmp
-				return b.mlpBackward(ma, sparse[l])
+				steps, err := b.mlpBackwardSteps(ma, sparse[l])
+				if err != nil {
+					return err
+				}
+				return b.runMarked("mlp bwd", steps)
 			},
 			b.at("norm bwd"),
 			func() error {
