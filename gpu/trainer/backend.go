@@ -217,7 +217,7 @@ func (b *Backend) init() error {
 	if b.blas, err = cublas.New(b.dev); err != nil {
 		return err
 	}
-	b.run = launcher{k: b.k, s: b.s, grid: persistentGrid(b.dev)}
+	b.run = newLauncher(b.k, b.s, b.dev)
 	L, f := b.c.NumHiddenLayers, b.c.IntermediateSize
 	for _, a := range []struct {
 		p *(*cuda.Buffer)

@@ -117,10 +117,15 @@ type launcher struct {
 	// grid is the block count of the persistent kernels (those that loop
 	// over their work items): enough 256-thread blocks to fill the GPU.
 	grid int
+	sms  int // the device's multiprocessors
 }
 
-// persistentGrid is the block count that fills dev with 256-thread blocks.
-func persistentGrid(dev *cuda.Device) int { return 8 * max(1, dev.Properties().SMs) }
+// newLauncher returns the launcher of kernels k on stream s of dev, its
+// persistent grid enough 256-thread blocks to fill dev.
+func newLauncher(k kernels, s *cuda.Stream, dev *cuda.Device) launcher {
+	sms := max(1, dev.Properties().SMs)
+	return launcher{k: k, s: s, grid: 8 * sms, sms: sms}
+}
 
 // embedFwd sets x[t] = table[ids[t]] for n tokens of h values (fp32).
 func (l launcher) embedFwd(x, table, ids *cuda.Buffer, n, h int) error {

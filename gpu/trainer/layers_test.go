@@ -242,5 +242,5 @@ func testLauncher(t *testing.T) (*cuda.Device, launcher) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.Destroy() })
-	return dev, launcher{k: k, s: s, grid: persistentGrid(dev)}
+	return dev, newLauncher(k, s, dev)
 }

@@ -86,7 +86,7 @@ func (b *MLPBlock) init() error {
 	if b.blas, err = cublas.New(b.dev); err != nil {
 		return err
 	}
-	b.run = launcher{k: k, s: b.s, grid: persistentGrid(b.dev)}
+	b.run = newLauncher(k, b.s, b.dev)
 	ptrs := []**cuda.Buffer{&b.x, &b.dy, &b.wgu, &b.wd, &b.base, &b.out, &b.dx, &b.gGU, &b.gDown, &b.stat, &b.active,
 		&b.region, &b.sc.dh, &b.sc.dgu, &b.sc.part, &b.sc.cnt, &b.sc.chunk, &b.sc.slots}
 	for i, n := range b.shape.blockBuffers() {

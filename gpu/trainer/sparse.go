@@ -183,9 +183,20 @@ func (l launcher) spCols(out1, out2 *cuda.Buffer, sp sparseSave, sc mlpScratch, 
 			return err
 		}
 	}
+	// One wave of the blocks that fit at once: in a longer grid the blocks
+	// past the first wave start only as earlier ones finish all their items.
+	k, threads := l.k["sp_cols"], vecThreads(h)
+	perSM, err := k.MaxActiveBlocksPerSM(threads, 0)
+	if err != nil {
+		return err
+	}
+	grid := l.grid
+	if perSM > 0 {
+		grid = min(grid, perSM*l.sms)
+	}
 	return inOrder(
 		func() error {
-			return l.k["sp_cols"].Launch(dim(l.grid), dim(vecThreads(h)), 0, l.s, out1, optional(out2), sp.colptr,
+			return k.Launch(dim(grid), dim(threads), 0, l.s, out1, optional(out2), sp.colptr,
 				sp.coltok, sp.colpos, cp.partptr, cp.slotptr, sc.slots, v1, optional(v2), a, int32(f), int32(h))
 		},
 		func() error {
