@@ -28,6 +28,8 @@ func TestMLPBlockSparseMatchesDense(t *testing.T) {
 		{3000, 64, 128, 0.5, true},  // units past one staging of sp_cols, in several parts
 		{6000, 64, 256, 0.5, true},  // more entries than 4096 slots of 256: longer parts
 		{70, 64, 16384, 0.01, true}, // f past 48 KiB of 16-bit column counters
+		{40, 2312, 512, 0.5, true},  // rows wider than one pass of the row kernels, past one staging
+		{40, 2312, 512, 0.5, false},
 	} {
 		t.Run(fmt.Sprintf("m%d_h%d_f%d_%g_gated=%v", tc.m, tc.h, tc.f, tc.density, tc.gated), func(t *testing.T) {
 			seed := rand.Uint64()

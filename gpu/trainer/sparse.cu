@@ -29,39 +29,48 @@
 // is_on: a unit fires when its bf16 pre-activation is > 0 (NaN does not).
 __device__ __forceinline__ bool is_on(u16 v) { return bf_to_f(v) > 0.f; }
 
+// block_scan returns carry (shared, the same on every thread) plus the
+// exclusive prefix of v over the block's threads, and advances carry by
+// the block's total. warp_tot: 32 ints of shared memory. Every thread of
+// the block calls it.
+__device__ __forceinline__ int block_scan(int v, int* warp_tot, int* carry) {
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+  int x = v;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    int y = __shfl_up_sync(0xffffffffu, x, o);
+    if (lane >= o) x += y;
+  }
+  if (lane == 31) warp_tot[w] = x;
+  __syncthreads();
+  if (w == 0) {
+    int t = lane < (int)(blockDim.x >> 5) ? warp_tot[lane] : 0, s = t;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      int y = __shfl_up_sync(0xffffffffu, s, o);
+      if (lane >= o) s += y;
+    }
+    warp_tot[lane] = s - t;  // exclusive prefix of the warps
+  }
+  __syncthreads();
+  const int ex = *carry + warp_tot[w] + x - v;
+  __syncthreads();
+  if (threadIdx.x == blockDim.x - 1) *carry = ex + v;
+  __syncthreads();
+  return ex;
+}
+
 // sp_scan: ptr[i] = sum of cnt[0..i) for i <= n (exclusive scan with the
 // total at ptr[n]). One block of 1024 threads.
 extern "C" __global__ void sp_scan(const int* __restrict__ cnt, int* __restrict__ ptr, int n) {
   __shared__ int warp_tot[32];
   __shared__ int carry;
-  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
   if (threadIdx.x == 0) carry = 0;
   __syncthreads();
   for (int base = 0; base < n; base += blockDim.x) {
-    int i = base + threadIdx.x;
-    int v = i < n ? cnt[i] : 0, x = v;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-      int y = __shfl_up_sync(0xffffffffu, x, o);
-      if (lane >= o) x += y;
-    }
-    if (lane == 31) warp_tot[w] = x;
-    __syncthreads();
-    if (w == 0) {
-      int t = lane < (int)(blockDim.x >> 5) ? warp_tot[lane] : 0, s = t;
-#pragma unroll
-      for (int o = 1; o < 32; o <<= 1) {
-        int y = __shfl_up_sync(0xffffffffu, s, o);
-        if (lane >= o) s += y;
-      }
-      warp_tot[lane] = s - t;  // exclusive prefix of the warps
-    }
-    __syncthreads();
-    int c = carry;
-    if (i < n) ptr[i] = c + warp_tot[w] + x - v;
-    __syncthreads();
-    if (threadIdx.x == blockDim.x - 1) carry = c + warp_tot[w] + x;
-    __syncthreads();
+    const int i = base + threadIdx.x;
+    const int ex = block_scan(i < n ? cnt[i] : 0, warp_tot, &carry);
+    if (i < n) ptr[i] = ex;
   }
   if (threadIdx.x == 0) ptr[n] = carry;
 }
@@ -498,24 +507,32 @@ extern "C" __global__ void sp_rows(float* __restrict__ out, const float* __restr
   }
 }
 
-// sp_col_parts: parts[j] = how many token ranges unit j's gradient rows
-// are summed in: none for a unit that never fired, one up to chunk entries,
+// sp_col_plan cuts each unit's gradient rows into the parts sp_cols sums:
+// none for a unit that never fired, one up to chunk entries,
 // ceil(entries / chunk) for a busier unit (a unit that fires for most
-// tokens), so that one unit does not hold up the whole kernel; multi[j] =
-// parts[j] when that is more than one (the partial-sum slots the unit
-// takes), else 0. chunk grows from chunk0 with the total entry count so
-// that the units in parts take at most slots slots: a unit in p > 1 parts
-// has more than (p - 1) chunks of entries, so p < 2 entries / chunk.
-extern "C" __global__ void sp_col_parts(const int* __restrict__ colptr, int* __restrict__ parts,
-                                        int* __restrict__ multi, int f, int chunk0, int slots) {
-  int j = blockIdx.x * blockDim.x + threadIdx.x;
-  if (j >= f) return;
+// tokens), so that one unit does not hold up the whole kernel. partptr
+// (f + 1) is the exclusive scan of the parts, slotptr (f + 1) that of the
+// partial-sum slots (a unit in p > 1 parts takes p, others none). chunk
+// grows from chunk0 with the total entry count so that the units in parts
+// take at most slots slots: a unit in p > 1 parts has more than (p - 1)
+// chunks of entries, so p < 2 entries / chunk. One block of 1024 threads.
+extern "C" __global__ void sp_col_plan(const int* __restrict__ colptr, int* __restrict__ partptr,
+                                       int* __restrict__ slotptr, int f, int chunk0, int slots) {
+  __shared__ int warp_tot[32];
+  __shared__ int carry[2];
+  if (threadIdx.x < 2) carry[threadIdx.x] = 0;
+  __syncthreads();
   const long long nnz = colptr[f];
   const int chunk = (int)max((long long)chunk0, (2 * nnz + slots - 1) / slots);
-  int cnt = colptr[j + 1] - colptr[j];
-  int p = cnt == 0 ? 0 : (cnt + chunk - 1) / chunk;
-  parts[j] = p;
-  multi[j] = p > 1 ? p : 0;
+  for (int base = 0; base < f; base += blockDim.x) {
+    const int j = base + threadIdx.x;
+    const int cnt = j < f ? colptr[j + 1] - colptr[j] : 0;
+    const int p = (cnt + chunk - 1) / chunk;
+    const int parts = block_scan(p, warp_tot, &carry[0]);
+    const int slot = block_scan(p > 1 ? p : 0, warp_tot, &carry[1]);
+    if (j < f) partptr[j] = parts, slotptr[j] = slot;
+  }
+  if (threadIdx.x == 0) partptr[f] = carry[0], slotptr[f] = carry[1];
 }
 
 // group_add: on the threads of group 0, acc += the acc of the same column
@@ -539,7 +556,7 @@ __device__ __forceinline__ void group_add(float* acc, float4* red, int G, int ct
 // sp_cols: for each unit j, out1[j] += Σ_e v1[pos]·A[tok] and out2[j] +=
 // Σ_e v2[pos]·A[tok] over column j's entries e (tokens ascending); A bf16
 // [m][h], out1 and out2 fp32 rows of h. Work items are the parts of
-// partptr (the scanned sp_col_parts); blocks loop over them. Part p of a
+// partptr (from sp_col_plan); blocks loop over them. Part p of a
 // unit in P parts sums the p-th of P ranges of its entries. A unit in one
 // part adds its sum into out; the parts of a busier unit store theirs in
 // slot slotptr[j] + p (2h floats: out1's, then out2's), which

@@ -137,7 +137,7 @@ func (l launcher) spRows(out, base *cuda.Buffer, sp sparseSave, v1, b1, v2, b2 *
 // spColChunk is the most entries of a unit that one block of spCols sums:
 // the gradient rows of a busier unit are summed in token ranges of at most
 // spColChunk entries each (more when the column-sum slots run short; see
-// sp_col_parts), so that one hot unit does not hold up the kernel.
+// sp_col_plan), so that one hot unit does not hold up the kernel.
 const spColChunk = 256
 
 // spColSlots is the number of partial-sum slots (2h floats each) of the
@@ -150,24 +150,16 @@ func spColSlots(m, f int) int { return min(4096, ceil(2*m*f, spColChunk)) }
 type colParts struct{ partptr, slotptr *cuda.Buffer }
 
 // spColParts cuts each unit's gradient rows into the parts spCols sums
-// (see sp_col_parts), leaving their prefixes in views of sc.cnt.
+// (see sp_col_plan), leaving their prefixes in views of sc.cnt.
 func (l launcher) spColParts(s mlpShape, sp sparseSave, sc mlpScratch) (colParts, error) {
 	f := s.f
 	sl := &slicer{}
-	parts, partptr := sl.at(sc.cnt, 0, 4*f), sl.at(sc.cnt, 4*f, 4*(f+1))
-	multi, slotptr := sl.at(sc.cnt, 4*(2*f+1), 4*f), sl.at(sc.cnt, 4*(3*f+1), 4*(f+1))
+	cp := colParts{partptr: sl.at(sc.cnt, 0, 4*(f+1)), slotptr: sl.at(sc.cnt, 4*(f+1), 4*(f+1))}
 	if sl.err != nil {
 		return colParts{}, sl.err
 	}
-	cp := colParts{partptr, slotptr}
-	return cp, inOrder(
-		func() error {
-			return l.k["sp_col_parts"].Launch(dim(ceil(f, rowBlock)), dim(rowBlock), 0, l.s, sp.colptr, parts, multi,
-				int32(f), int32(spColChunk), int32(spColSlots(s.m, f)))
-		},
-		func() error { return l.k["sp_scan"].Launch(dim(1), dim(1024), 0, l.s, parts, partptr, int32(f)) },
-		func() error { return l.k["sp_scan"].Launch(dim(1), dim(1024), 0, l.s, multi, slotptr, int32(f)) },
-	)
+	return cp, l.k["sp_col_plan"].Launch(dim(1), dim(1024), 0, l.s, sp.colptr, cp.partptr, cp.slotptr, int32(f),
+		int32(spColChunk), int32(spColSlots(s.m, f)))
 }
 
 // spCols adds out1[j] += Σ v1·A over unit j's tokens, and out2[j] += Σ v2·A
