@@ -141,8 +141,20 @@ func printTrainStep(w io.Writer, rs []bench.TrainStepResult) {
 		fmt.Fprintf(w, "\n%s MLP path, one profiled step: %.1f ms of GPU time\n", r.Path, total)
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 		fmt.Fprintln(tw, "stage\truns\tms\tshare\t")
+		// Stages named "group: kernel" (the MLP's) also add up by group.
+		var groups []string
+		groupMS := map[string]float64{}
 		for _, s := range r.Stages {
 			fmt.Fprintf(tw, "%s\t%d\t%.2f\t%.1f%%\t\n", s.Name, s.Count, s.MS, 100*s.MS/total)
+			if g, _, ok := strings.Cut(s.Name, ": "); ok {
+				if _, seen := groupMS[g]; !seen {
+					groups = append(groups, g)
+				}
+				groupMS[g] += s.MS
+			}
+		}
+		for _, g := range groups {
+			fmt.Fprintf(tw, "%s, all stages\t\t%.2f\t%.1f%%\t\n", g, groupMS[g], 100*groupMS[g]/total)
 		}
 		tw.Flush()
 	}

@@ -1,10 +1,13 @@
 package main
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 
 	"github.com/twell-ai/twell/bench"
+	"github.com/twell-ai/twell/gpu/trainer"
+	"github.com/twell-ai/twell/internal/testutil"
 )
 
 func TestBenchTrainBadInputExits2(t *testing.T) {
@@ -54,5 +57,31 @@ func TestPrintTrainStepRatios(t *testing.T) {
 	printTrainStep(&b, []bench.TrainStepResult{rows[0], rows[2]})
 	if strings.Contains(b.String(), "x\n") || strings.Count(b.String(), " -\n") != 2 {
 		t.Errorf("without a dense row, want \"-\" in both rows' last column:\n%s", b.String())
+	}
+}
+
+// TestPrintTrainStepGroups: a profiled step's "group: kernel" stages also
+// print their group's sum, once per group, after the stages.
+func TestPrintTrainStepGroups(t *testing.T) {
+	r, seed := testutil.Rand(t)
+	ms := func() float64 { return 0.01 + 10*r.Float64() }
+	st := []trainer.StageTime{{Name: "norm fwd", MS: ms(), Count: 3}, {Name: "mlp fwd: gate GEMM", MS: ms(), Count: 2},
+		{Name: "mlp fwd: row index", MS: ms(), Count: 2}, {Name: "mlp bwd: dx SpMM", MS: ms(), Count: 2}, {Name: "adamw", MS: ms(), Count: 1}}
+	var b strings.Builder
+	printTrainStep(&b, []bench.TrainStepResult{{Path: "sparse", StepMS: 250, Stages: st}})
+	out := b.String()
+	for g, want := range map[string]float64{"mlp fwd": st[1].MS + st[2].MS, "mlp bwd": st[3].MS} {
+		line := fmt.Sprintf("%s, all stages", g)
+		if strings.Count(out, line) != 1 {
+			t.Fatalf("seed %d: want one %q line in\n%s", seed, line, out)
+		}
+		if !strings.Contains(out, fmt.Sprintf("%.2f", want)) {
+			t.Errorf("seed %d: %s: no sum %.2f in\n%s", seed, g, want, out)
+		}
+	}
+	for _, n := range []string{"norm fwd, all", "adamw, all"} {
+		if strings.Contains(out, n) {
+			t.Errorf("seed %d: a stage outside any group got a sum (%q) in\n%s", seed, n, out)
+		}
 	}
 }
