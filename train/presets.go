@@ -19,7 +19,7 @@ type preset struct {
 var presets = map[string]preset{
 	"tiny": {
 		summary: "~0.2M parameters, under a minute on 2 CPU cores, on the bundled text sample",
-		model:   llama(64, 256, 2, 4, 2, 128),
+		model:   llama(64, 256, 2, 2, 1, 128),
 		cfg: Config{Steps: 300, Batch: 16, Seq: 64, LR: 3e-3, MinLR: 3e-4, Warmup: 20, L1: 1e-2,
 			EvalEvery: 50, EvalBatches: 4, CheckpointEvery: 50, LogEvery: 10, DeadWindow: 100_000},
 	},

@@ -471,3 +471,27 @@ func TestFlatLayoutRoundTrip(t *testing.T) {
 		}
 	}
 }
+
+// TestPresetsFitTheKernels: every training preset has a head size the
+// attention kernels take and an MLP the sparse kernels take, so that
+// twell train -device cuda runs each of them (no GPU needed).
+func TestPresetsFitTheKernels(t *testing.T) {
+	names := train.PresetNames()
+	if len(names) == 0 {
+		t.Fatal("no presets")
+	}
+	for _, line := range names {
+		name, _, _ := strings.Cut(line, ":")
+		c, err := train.Preset(name, 1024, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mc := c.ModelConfig()
+		if !slices.Contains(attentionHeadDims, mc.HeadDim) {
+			t.Errorf("preset %s: head size %d, the attention kernels take %v", name, mc.HeadDim, attentionHeadDims)
+		}
+		if err := sparseOK(c.Batch*c.Seq, mc.HiddenSize, mc.IntermediateSize, 48<<10); err != nil {
+			t.Errorf("preset %s: %v", name, err)
+		}
+	}
+}
