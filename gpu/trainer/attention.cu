@@ -133,13 +133,10 @@ __global__ void __launch_bounds__(128) attn_fwd(const u16* __restrict__ qkv, u16
                                                 float* __restrict__ lse, int seq, int nq, int nkv, float scale_log2) {
   constexpr int NW = 4, BQ = 16 * NW, BK = 64, P = HD + 8, TILE = BK * P;
   extern __shared__ __align__(16) u16 smem[];  // [stage][K | V][BK][P]
-  const size_t W = (size_t)(nq + 2 * nkv) * HD;
-  const int head = blockIdx.y, b = blockIdx.z, kh = head / (nq / nkv);
-  const int q0 = (gridDim.x - 1 - blockIdx.x) * BQ;
-  const size_t tok0 = (size_t)b * seq;
-  const u16* Q = qkv + tok0 * W + head * HD;
-  const u16* K = qkv + tok0 * W + (nq + kh) * HD;
-  const u16* V = qkv + tok0 * W + (nq + nkv + kh) * HD;
+  const FwdHeads at(qkv, seq, nq, nkv, HD);
+  const size_t W = at.W, tok0 = at.tok0;
+  const int head = at.head, b = at.b, q0 = (gridDim.x - 1 - blockIdx.x) * BQ;
+  const u16 *Q = at.Q, *K = at.K, *V = at.V;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
   const int kend = min(q0 + BQ, seq);  // keys [0, kend) are needed by the CTA
   const int nblk = (kend + BK - 1) / BK;

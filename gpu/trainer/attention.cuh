@@ -1,12 +1,28 @@
 // attention.cuh: what the kernels of attention.cu (mma.sync) and
-// attention_wgmma.cu (wgmma) share: the forward's online softmax step and
-// output store; where the dS^T tiles lie (and, for the mma.sync kernels,
+// attention_wgmma.cu (wgmma) share: where a forward CTA's heads lie, the
+// forward's online softmax step and output store; where the dS^T tiles lie (and, for the mma.sync kernels,
 // a lane's rows of one and storing them); and storing gradient rows (dQ,
 // dK, dV). Both keep, per warp, 16 keys
 // as rows in the mma.m16n8k16 C layout (lane = 4 g + tq: rows g and g + 8,
 // columns 2 tq and 2 tq + 1 of each 8-column tile).
 #pragma once
 #include "mma.cuh"
+
+// FwdHeads is where a forward CTA's heads lie in qkv (bf16 [batch*seq][W],
+// W = (nq + 2 nkv) hd): query head blockIdx.y, its kv head kh, sequence b =
+// blockIdx.z from token tok0, and that sequence's Q, K and V columns.
+struct FwdHeads {
+  int head, b;
+  size_t W, tok0;
+  const u16 *Q, *K, *V;
+  __device__ __forceinline__ FwdHeads(const u16* qkv, int seq, int nq, int nkv, int hd)
+      : head(blockIdx.y), b(blockIdx.z), W((size_t)(nq + 2 * nkv) * hd), tok0((size_t)b * seq) {
+    const int kh = head / (nq / nkv);
+    Q = qkv + tok0 * W + head * hd;
+    K = qkv + tok0 * W + (nq + kh) * hd;
+    V = qkv + tok0 * W + (nq + nkv + kh) * hd;
+  }
+};
 
 // fwd_softmax_step is one key block of the forward's online softmax, for
 // the lane's rows row0 + g and row0 + g + 8 and the block's keys from k0:

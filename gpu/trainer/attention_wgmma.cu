@@ -226,13 +226,10 @@ extern "C" __global__ void __launch_bounds__(256)
   constexpr u32 TILE = 64 * 128;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const u32 sQ = (smem_addr(smem_raw) + 1023u) & ~1023u, sKV = sQ + 2 * TILE;
-  const size_t W = (size_t)(nq + 2 * nkv) * HD;
-  const int head = blockIdx.y, b = blockIdx.z, kh = head / (nq / nkv);
-  const int q0 = (gridDim.x - 1 - blockIdx.x) * BQ;
-  const size_t tok0 = (size_t)b * seq;
-  const u16* Q = qkv + tok0 * W + head * HD;
-  const u16* K = qkv + tok0 * W + (nq + kh) * HD;
-  const u16* V = qkv + tok0 * W + (nq + nkv + kh) * HD;
+  const FwdHeads at(qkv, seq, nq, nkv, HD);
+  const size_t W = at.W, tok0 = at.tok0;
+  const int head = at.head, b = at.b, q0 = (gridDim.x - 1 - blockIdx.x) * BQ;
+  const u16 *Q = at.Q, *K = at.K, *V = at.V;
   const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, tq = lane & 3;
   const int kend = min(q0 + BQ, seq);  // keys [0, kend) are needed by the CTA
   const int nblk = (kend + BK - 1) / BK;
