@@ -37,6 +37,8 @@ type driver struct {
 	cuMemsetD8               func(dst uint64, v uint8, n uint64) int32
 	cuMemsetD32              func(dst uint64, v uint32, n uint64) int32
 	cuStreamCreate           func(s *uintptr, flags uint32) int32
+	cuStreamCreatePriority   func(s *uintptr, flags uint32, priority int32) int32
+	cuCtxStreamPriorities    func(least, greatest *int32) int32
 	cuStreamDestroy          func(s uintptr) int32
 	cuStreamSynchronize      func(s uintptr) int32
 	cuStreamQuery            func(s uintptr) int32
@@ -102,6 +104,8 @@ func (d *driver) symbols() []dl.Symbol {
 		S(&d.cuMemsetD8, "cuMemsetD8_v2"),
 		S(&d.cuMemsetD32, "cuMemsetD32_v2"),
 		S(&d.cuStreamCreate, "cuStreamCreate"),
+		S(&d.cuStreamCreatePriority, "cuStreamCreateWithPriority"),
+		S(&d.cuCtxStreamPriorities, "cuCtxGetStreamPriorityRange"),
 		S(&d.cuStreamDestroy, "cuStreamDestroy_v2"),
 		S(&d.cuStreamSynchronize, "cuStreamSynchronize"),
 		S(&d.cuStreamQuery, "cuStreamQuery"),

@@ -25,6 +25,21 @@ func (dev *Device) NewStream() (*Stream, error) {
 	return &Stream{dev: dev, h: h}, nil
 }
 
+// NewUrgentStream creates a stream of the device's greatest priority
+// (cuStreamCreateWithPriority): where its kernels and those of other
+// streams wait for the same multiprocessors, its blocks start first.
+func (dev *Device) NewUrgentStream() (*Stream, error) {
+	var least, greatest int32
+	if err := dev.call("cuCtxGetStreamPriorityRange", func() int32 { return dev.drv.cuCtxStreamPriorities(&least, &greatest) }); err != nil {
+		return nil, err
+	}
+	var h uintptr
+	if err := dev.call("cuStreamCreateWithPriority", func() int32 { return dev.drv.cuStreamCreatePriority(&h, 0, greatest) }); err != nil {
+		return nil, err
+	}
+	return &Stream{dev: dev, h: h}, nil
+}
+
 // Handle returns the raw CUstream (0 for the default stream), for other
 // CUDA libraries such as cuBLAS.
 func (s *Stream) Handle() uintptr {

@@ -22,7 +22,6 @@ import (
 	"time"
 
 	"github.com/twell-ai/twell/cuda"
-	"github.com/twell-ai/twell/cuda/cublas"
 	"github.com/twell-ai/twell/cuda/nccl"
 	"github.com/twell-ai/twell/internal/memcheck"
 	"github.com/twell-ai/twell/mlp"
@@ -211,13 +210,9 @@ func (b *Backend) init() error {
 	if b.k, err = kernelsFor(b.dev); err != nil {
 		return err
 	}
-	if b.s, err = b.dev.NewStream(); err != nil {
+	if err = b.open(b.k); err != nil {
 		return err
 	}
-	if b.blas, err = cublas.New(b.dev); err != nil {
-		return err
-	}
-	b.run = newLauncher(b.k, b.s, b.dev)
 	L, f := b.c.NumHiddenLayers, b.c.IntermediateSize
 	for _, a := range []struct {
 		p *(*cuda.Buffer)

@@ -28,7 +28,7 @@ var kernelFiles = []struct {
 	{"layers.cu", &layersSrc, []string{"sum_f64", "embed_fwd", "sort_pass", "embed_seg", "embed_join", "rmsnorm_fwd",
 		"rmsnorm_bwd1", "rmsnorm_bwd2", "rmsnorm_bwd4", "rmsnorm_dw_sum", "rope_bf16", "relu_fwd", "relu_bwd", "ce_chunk"}},
 	{"optim.cu", &optimSrc, []string{"sumsq", "adamw", "to_bf16", "reinit_rows"}},
-	{"sparse.cu", &sparseSrc, []string{"sp_index", "sp_scan", "sp_col_count", "sp_col_prefix", "sp_col_fill",
+	{"sparse.cu", &sparseSrc, []string{"sp_row_count", "sp_row_write", "sp_scan", "sp_col_count", "sp_col_prefix", "sp_col_fill",
 		"sp_up", "sp_grad", "sp_rows", "sp_col_plan", "sp_cols", "sp_col_reduce"}},
 }
 

@@ -101,7 +101,7 @@ func (s mlpShape) saveBytes(p mlp.Path) int {
 
 // statPartBytes is the size of the partial sums of an MLP block's
 // statistics (fp64, added up by sum_f64): two a block of relu_fwd, one a
-// token row of sp_up (more than sp_index's two per 8 rows).
+// token row of sp_up (more than the row index's two per 8 rows).
 func (s mlpShape) statPartBytes() int {
 	return 8 * max(2*ceil(s.f, rowBlock)*ceil(s.m, rowsPer), s.m)
 }
@@ -171,6 +171,7 @@ type mlpArgs struct {
 	region     *cuda.Buffer // saved activations (saveBytes)
 	sc         mlpScratch
 	noBackward bool // forward only: the sparse path skips the column index
+	inline     bool // every kernel on the main stream (profiles time each stage alone)
 
 	stat, active    *cuda.Buffer // fp64 [2] (L1 term, L0), int32 [f] firing counts
 	l1Stat, l0Scale float64
@@ -182,32 +183,85 @@ type mlpArgs struct {
 }
 
 // gpuCtx is what queues work on a device: the stream, cuBLASLt and this
-// package's kernels.
+// package's kernels, and a second stream for work that overlaps the first.
 type gpuCtx struct {
 	dev  *cuda.Device
 	s    *cuda.Stream
 	blas *cublas.Handle
 	run  launcher
+	// side (of the greatest priority) runs the sparse path's column index
+	// beside the forward's row kernels: fork orders it after the row index,
+	// join orders the main stream after it.
+	side       *cuda.Stream
+	sideRun    launcher
+	fork, join *cuda.Event
+}
+
+// open creates the streams, events and cuBLASLt handle of kernels k.
+func (g *gpuCtx) open(k kernels) error {
+	var err error
+	if g.s, err = g.dev.NewStream(); err != nil {
+		return err
+	}
+	if g.side, err = g.dev.NewUrgentStream(); err != nil {
+		return err
+	}
+	if g.fork, err = g.dev.NewEvent(); err != nil {
+		return err
+	}
+	if g.join, err = g.dev.NewEvent(); err != nil {
+		return err
+	}
+	if g.blas, err = cublas.New(g.dev); err != nil {
+		return err
+	}
+	g.run, g.sideRun = newLauncher(k, g.s, g.dev), newLauncher(k, g.side, g.dev)
+	return nil
 }
 
 // close waits for queued work, runs free (the owner's buffers), then
-// closes cuBLASLt and the stream; every error is returned.
+// closes cuBLASLt, the events and the streams; every error is returned.
 func (g *gpuCtx) close(free func() error) error {
 	var errs []error
-	if g.s != nil {
-		errs = append(errs, g.s.Synchronize())
+	for _, s := range []*cuda.Stream{g.s, g.side} {
+		if s != nil {
+			errs = append(errs, s.Synchronize())
+		}
 	}
 	errs = append(errs, free())
 	if g.blas != nil {
 		errs = append(errs, g.blas.Close())
 		g.blas = nil
 	}
-	if g.s != nil {
-		errs = append(errs, g.s.Destroy())
-		g.s = nil
+	for _, e := range []**cuda.Event{&g.fork, &g.join} {
+		if *e != nil {
+			errs = append(errs, (*e).Destroy())
+			*e = nil
+		}
+	}
+	for _, s := range []**cuda.Stream{&g.s, &g.side} {
+		if *s != nil {
+			errs = append(errs, (*s).Destroy())
+			*s = nil
+		}
 	}
 	return errors.Join(errs...)
 }
+
+// beside queues work (given the side stream's launcher) on the side
+// stream after what the main stream has queued so far; joinSide orders
+// the main stream's later work after it.
+func (g *gpuCtx) beside(work func(l launcher) error) error {
+	return inOrder(
+		func() error { return g.fork.Record(g.s) },
+		func() error { return g.side.Wait(g.fork) },
+		func() error { return work(g.sideRun) },
+		func() error { return g.join.Record(g.side) },
+	)
+}
+
+// joinSide makes the main stream's later work wait for the side stream's.
+func (g *gpuCtx) joinSide() error { return g.s.Wait(g.join) }
 
 // linear sets y = x·Wᵀ, y of type ct.
 func (g *gpuCtx) linear(y, x, w *cuda.Buffer, m, in, out int, ct cublas.DataType) error {
@@ -282,17 +336,25 @@ func (g *gpuCtx) mlpForwardSteps(a mlpArgs, sparse bool) ([]mlpStep, error) {
 	}
 	sp := a.carveSparse(sl, a.region)
 	w := a.sparseViews(sl)
-	gbf := sl.at(a.sc.dh, 0, 2*a.m*a.f)
+	gbf := sl.at(a.sc.dh, 0, 2*a.m*a.f) // the row index works in the rest of dh
 	if sl.err != nil {
 		return nil, sl.err
 	}
 	steps := []mlpStep{
 		{"gate GEMM", func() error { return g.linear(gbf, a.x, w.gate, a.m, a.h, a.f, cublas.BF16) }},
 		{"row index", func() error {
-			return g.run.spRowIndex(a.mlpShape, gbf, sp, a.sc, a.active, a.stat, a.l0Scale, a.l1Stat)
+			return g.run.spRowIndex(a.mlpShape, a.sc.dh, sp, a.sc, a.active, a.stat, a.l0Scale, a.l1Stat)
 		}},
 	}
-	if !a.noBackward {
+	overlap := !a.noBackward && !a.inline
+	switch {
+	case overlap:
+		// The column index (latency-bound, a few warps an SM) runs beside
+		// the row kernels, which need only the row-major form.
+		steps = append(steps, mlpStep{"column index", func() error {
+			return g.beside(func(l launcher) error { return l.spColIndex(a.mlpShape, sp, a.sc) })
+		}})
+	case !a.noBackward:
 		steps = append(steps, mlpStep{"column index", func() error { return g.run.spColIndex(a.mlpShape, sp, a.sc) }})
 	}
 	if a.gated {
@@ -300,9 +362,15 @@ func (g *gpuCtx) mlpForwardSteps(a mlpArgs, sparse bool) ([]mlpStep, error) {
 			return g.run.spUp(a.mlpShape, a.x, w.up, sp, a.stat, a.sc.part, a.l1Stat)
 		}})
 	}
-	return append(steps,
+	steps = append(steps,
 		mlpStep{"down SpMM", func() error { return g.run.spRows(a.out, a.base, sp, sp.tv, a.wd, nil, nil, a.m, a.h) }},
-	), nil
+	)
+	if overlap {
+		// The next user of the scratch counts (the next layer's row index)
+		// comes after this.
+		steps = append(steps, mlpStep{"column index join", g.joinSide})
+	}
+	return steps, nil
 }
 
 func (g *gpuCtx) mlpBackwardSteps(a mlpArgs, sparse bool) ([]mlpStep, error) {

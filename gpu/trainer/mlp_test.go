@@ -41,8 +41,12 @@ func TestMLPSaveLayout(t *testing.T) {
 		if got := carvedBytes(sp); got%16 != 0 || got < per*nnz {
 			t.Fatalf("seed %d: %+v: sparse region %d bytes", seed, s, got)
 		}
-		if c := countBytes(s.m, s.f); c < 8*ceil(s.m, spIndexRows) || c < 4*(4*s.f+2) {
+		if c := countBytes(s.m, s.f); c < carvedBytes(rowCountSizes(s.m)) || c < 4*(4*s.f+2) {
 			t.Fatalf("seed %d: %+v: count buffer of %d bytes", seed, s, c)
+		}
+		if c := stashCap(s.m, s.f); align16(4*s.m*c)+2*s.m*c > 2*s.m*s.f || c > spStashCap ||
+			(c < spStashCap && 6*s.m*(c+1)+16 <= 2*s.m*s.f) {
+			t.Fatalf("seed %d: %+v: stash of %d entries a row in %d bytes", seed, s, c, 2*s.m*s.f)
 		}
 		if v := vecThreads(s.h); v%32 != 0 || v < 32 || v > 256 || (v < 256 && 8*v < s.h) {
 			t.Fatalf("seed %d: h %d: %d threads", seed, s.h, v)

@@ -7,7 +7,6 @@ import (
 
 	"github.com/twell-ai/twell/bf16"
 	"github.com/twell-ai/twell/cuda"
-	"github.com/twell-ai/twell/cuda/cublas"
 	"github.com/twell-ai/twell/mlp"
 	"github.com/twell-ai/twell/train"
 )
@@ -80,13 +79,9 @@ func (b *MLPBlock) init() error {
 	if err != nil {
 		return err
 	}
-	if b.s, err = b.dev.NewStream(); err != nil {
+	if err = b.open(k); err != nil {
 		return err
 	}
-	if b.blas, err = cublas.New(b.dev); err != nil {
-		return err
-	}
-	b.run = newLauncher(k, b.s, b.dev)
 	ptrs := []**cuda.Buffer{&b.x, &b.dy, &b.wgu, &b.wd, &b.base, &b.out, &b.dx, &b.gGU, &b.gDown, &b.stat, &b.active,
 		&b.region, &b.sc.dh, &b.sc.dgu, &b.sc.part, &b.sc.cnt, &b.sc.chunk, &b.sc.slots}
 	for i, n := range b.shape.blockBuffers() {
@@ -140,18 +135,19 @@ func (b *MLPBlock) Reset() error {
 // output and dx are overwritten, the weight gradients and statistics
 // added to.
 func (b *MLPBlock) Run(sparse bool) error {
-	steps, err := b.steps(sparse)
+	steps, err := b.steps(sparse, false)
 	if err != nil {
 		return err
 	}
 	return runSteps(steps)
 }
 
-// steps lists the stages of one forward and backward.
-func (b *MLPBlock) steps(sparse bool) ([]mlpStep, error) {
+// steps lists the stages of one forward and backward; inline keeps every
+// kernel on the main stream.
+func (b *MLPBlock) steps(sparse, inline bool) ([]mlpStep, error) {
 	a := mlpArgs{mlpShape: b.shape, x: b.x, wgu: b.wgu, wd: b.wd, base: b.base, out: b.out, region: b.region, sc: b.sc,
 		stat: b.stat, active: b.active, l1Stat: b.l1 / float64(b.shape.m), l0Scale: 1 / float64(b.shape.m),
-		dy: b.dy, dx: b.dx, gGU: b.gGU, gDown: b.gDown, l1Grad: float32(b.l1 / float64(b.shape.m))}
+		dy: b.dy, dx: b.dx, gGU: b.gGU, gDown: b.gDown, l1Grad: float32(b.l1 / float64(b.shape.m)), inline: inline}
 	fwd, err := b.mlpForwardSteps(a, sparse)
 	if err != nil {
 		return nil, err
@@ -177,11 +173,12 @@ type MLPStage struct {
 }
 
 // Profile times each stage of reps forwards and backwards on one path,
-// every stage alone (queued after the one before it finished), and
+// every stage alone (queued after the one before it finished, on the main
+// stream: the column index too, which Run overlaps with the row kernels), and
 // returns the median time of each. Their sum exceeds Run's time by the
 // launch gaps the stages no longer hide.
 func (b *MLPBlock) Profile(sparse bool, reps int) ([]MLPStage, error) {
-	steps, err := b.steps(sparse)
+	steps, err := b.steps(sparse, true)
 	if err != nil {
 		return nil, err
 	}

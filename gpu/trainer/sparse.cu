@@ -75,41 +75,27 @@ extern "C" __global__ void sp_scan(const int* __restrict__ cnt, int* __restrict_
   if (threadIdx.x == 0) ptr[n] = carry;
 }
 
-// sp_index: the row-major form of the active units of G (bf16 [m][f],
-// f % 8 == 0) in one pass over G: rowptr (m + 1 offsets), and per row in
-// ascending column order col and pv (bf16 P; also tv when set, ungated:
-// T = P). One warp per row, 8 rows a block. A warp keeps its row's first
-// SPI_CAP entries in shared memory and a row with more is read again to
-// write them. The block's offset comes from the blocks before it through
-// state (a 64-bit word a block, zeroed before the launch: the flag in the
-// high half, 1 for the block's own total, 2 for the total of it and every
-// block before; the count in the low half): warp 0 publishes its block's
-// total, then looks back over the words before it 32 at a time until it
-// meets a 2, adding the counts on the way, and publishes its own prefix
-// (decoupled look-back; a block waits only on blocks launched before it).
-// The offsets do not depend on timing. part0[b] = l0_scale · block b's
-// active units and, ungated, part1[b] = l1_scale · Σ P over its rows (when
-// set); active[j] (when set) counts the rows where unit j fired.
-#define SPI_CAP 128
+// Row index: the row-major form of the active units of G (bf16 [m][f],
+// f % 8 == 0): rowptr (m + 1 offsets), and per row in ascending column
+// order col and pv (bf16 P; also tv when set, ungated: T = P). Two passes
+// with no wait between blocks: sp_row_count reads G once, keeping each
+// row's first cap entries in a stash, and sp_row_write, after sp_scan has
+// turned the blocks' totals into offsets, copies them into place (a row
+// with more than cap entries is read from G again). (One pass whose blocks
+// looked back for their offset spent a quarter of its time waiting at the
+// barrier behind that look-back: 80 us at 49% of DRAM bandwidth for 16384
+// x 5632 at 0.5% on an H200; the two passes take the same 0.10 ms, with
+// no block waiting on another.) One warp per row, SPI_ROWS rows a block.
 #define SPI_ROWS 8
 
-__device__ __forceinline__ void spi_publish(unsigned long long* p, unsigned long long v) {
-  asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-}
-__device__ __forceinline__ unsigned long long spi_read(const unsigned long long* p) {
-  unsigned long long v;
-  asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-  return v;
-}
-
 // SpiChunk is one lane's part of a 256-column chunk of a row (columns
-// 8 c .. 8 c + 7): its 8 values (zeros past f), which of them fire, and
-// where its entries start among the chunk's (x - n) and the chunk's count
-// (x of lane 31).
+// 8 c .. 8 c + 7): its 8 values (zeros past f), which of them fire, how
+// many, where its entries start among the chunk's (at) and the chunk's
+// count (tot).
 struct SpiChunk {
   u32 wd[4];
   u32 mask;
-  int n, x;  // the lane's entries, and its inclusive prefix over the warp
+  int n, at, tot;
   __device__ __forceinline__ u16 val(int e) const { return (u16)((wd[e >> 1] >> (16 * (e & 1))) & 0xffffu); }
 };
 
@@ -118,6 +104,9 @@ __device__ __forceinline__ uint4 spi_load(const uint4* row, int c, int f) {
   return c < f / 8 ? ldg_nc(row + c) : make_uint4(0, 0, 0, 0);
 }
 
+// spi_chunk decodes a lane's chunk. Most lanes of a sparse row hold no
+// entry and the rest one, which a ballot places; a warp scan runs only
+// when some lane holds more.
 __device__ __forceinline__ SpiChunk spi_chunk(uint4 v, int lane) {
   SpiChunk k;
   k.wd[0] = v.x, k.wd[1] = v.y, k.wd[2] = v.z, k.wd[3] = v.w;
@@ -125,134 +114,130 @@ __device__ __forceinline__ SpiChunk spi_chunk(uint4 v, int lane) {
 #pragma unroll
   for (int e = 0; e < 8; ++e) k.mask |= (u32)is_on(k.val(e)) << e;
   k.n = __popc(k.mask);
-  k.x = k.n;
+  const u32 some = __ballot_sync(0xffffffffu, k.n != 0);
+  if (!__any_sync(0xffffffffu, k.n > 1)) {
+    k.at = __popc(some & ((1u << lane) - 1u));
+    k.tot = __popc(some);
+    return k;
+  }
+  int x = k.n;
 #pragma unroll
   for (int o = 1; o < 32; o <<= 1) {
-    const int y = __shfl_up_sync(0xffffffffu, k.x, o);
-    if (lane >= o) k.x += y;
+    const int y = __shfl_up_sync(0xffffffffu, x, o);
+    if (lane >= o) x += y;
   }
+  k.at = x - k.n;
+  k.tot = __shfl_sync(0xffffffffu, x, 31);
   return k;
 }
 
-// SPI_BATCH: the chunks of a row whose loads a lane issues before it scans
-// any (written load, scan, load, scan, the compiler kept one or two in
-// flight; row index 0.114 -> 0.104 ms at 16384 x 5632 on an H200).
+// SPI_BATCH: the chunks of a row whose loads a lane issues before it
+// decodes any (written load, decode, load, decode, the compiler kept one
+// or two in flight).
 #define SPI_BATCH 4
 
+// sp_row_count: cnt[r] = row r's active units, its first cap entries (col,
+// value) in stash_col/stash_val[r·cap ..]; btot[b] = block b's total,
+// part0[b] = l0_scale · btot[b] and, ungated, part1[b] = l1_scale · Σ P
+// over its rows (when set); active[j] (when set) counts the rows where
+// unit j fired.
 extern "C" __global__ void __launch_bounds__(32 * SPI_ROWS)
-    sp_index(const u16* __restrict__ G, int* __restrict__ rowptr, int* __restrict__ col, u16* __restrict__ pv,
-             u16* __restrict__ tv, int* __restrict__ active, unsigned long long* __restrict__ state,
-             double* __restrict__ part0, double* __restrict__ part1, int m, int f, double l0_scale, double l1_scale) {
-  __shared__ int s_col[SPI_ROWS][SPI_CAP];
-  __shared__ u16 s_val[SPI_ROWS][SPI_CAP];
+    sp_row_count(const u16* __restrict__ G, int* __restrict__ cnt, int* __restrict__ btot, int* __restrict__ stash_col,
+                 u16* __restrict__ stash_val, int cap, int* __restrict__ active, double* __restrict__ part0,
+                 double* __restrict__ part1, int ungated, int m, int f, double l0_scale, double l1_scale) {
   __shared__ int s_cnt[SPI_ROWS];
-  __shared__ int s_base;
   const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, r = blockIdx.x * SPI_ROWS + w;
-  const uint4* row = reinterpret_cast<const uint4*>(G + (size_t)min(r, m - 1) * f);
-  // Count the row, keeping its first SPI_CAP entries.
-  int cnt = 0;
+  int n = 0;
+  float l1 = 0.f;
   if (r < m) {
+    const uint4* row = reinterpret_cast<const uint4*>(G + (size_t)r * f);
+    int* scol = stash_col + (size_t)r * cap;
+    u16* sval = stash_val + (size_t)r * cap;
     for (int c0 = 0; c0 < f / 8; c0 += 32 * SPI_BATCH) {
       uint4 v[SPI_BATCH];
 #pragma unroll
       for (int u = 0; u < SPI_BATCH; ++u) v[u] = spi_load(row, c0 + 32 * u + lane, f);
 #pragma unroll
       for (int u = 0; u < SPI_BATCH; ++u) {
-        const int c = c0 + 32 * u + lane;
         const SpiChunk k = spi_chunk(v[u], lane);
-        int at = cnt + k.x - k.n;
-        if (k.mask && at < SPI_CAP) {
+        if (k.n) {
+          const int c = c0 + 32 * u + lane;
+          int at = n + k.at;
 #pragma unroll
           for (int e = 0; e < 8; ++e)
             if (k.mask & (1u << e)) {
-              if (at < SPI_CAP) {
-                s_col[w][at] = 8 * c + e;
-                s_val[w][at] = k.val(e);
+              const u16 x = k.val(e);
+              if (at < cap) {
+                scol[at] = 8 * c + e;
+                sval[at] = x;
               }
+              if (active) atomicAdd(&active[8 * c + e], 1);
+              if (ungated) l1 += bf_to_f(x);
               ++at;
             }
         }
-        cnt += __shfl_sync(0xffffffffu, k.x, 31);
+        n += k.tot;
       }
     }
+    if (lane == 0) cnt[r] = n;
   }
-  if (lane == 0) s_cnt[w] = cnt;
-  __syncthreads();
-  if (w == 0) {
-    int tot = lane < SPI_ROWS ? s_cnt[lane] : 0;
+  if (lane == 0) s_cnt[w] = n;
+  if (ungated) l1 = block_sum(l1);  // its barrier orders s_cnt too
+  else __syncthreads();
+  if (threadIdx.x == 0) {
+    int tot = 0;
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) tot += __shfl_xor_sync(0xffffffffu, tot, o);
-    const int b = blockIdx.x;
-    if (lane == 0) spi_publish(state + b, (unsigned long long)(b == 0 ? 2u : 1u) << 32 | (u32)tot);
-    int before = 0;
-    for (int p = b - 1; p >= 0; p -= 32) {
-      const int q = p - lane;  // lane 0 nearest
-      unsigned long long v = q >= 0 ? spi_read(state + q) : (2ull << 32);
-      while (__any_sync(0xffffffffu, (v >> 32) == 0)) {
-        if ((v >> 32) == 0) v = spi_read(state + q);
-      }
-      const u32 full = __ballot_sync(0xffffffffu, (v >> 32) == 2);
-      const int stop = full ? __ffs(full) - 1 : 31;  // the nearest prefix, or the whole window
-      int add = lane <= stop ? (int)(u32)v : 0;
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) add += __shfl_xor_sync(0xffffffffu, add, o);
-      before += add;
-      if (full) break;
-    }
-    if (lane == 0) {
-      if (b > 0) spi_publish(state + b, 2ull << 32 | (u32)(before + tot));
-      s_base = before;
-      if (part0) part0[b] = (double)tot * l0_scale;
-    }
+    for (int i = 0; i < SPI_ROWS; ++i) tot += s_cnt[i];
+    btot[blockIdx.x] = tot;
+    if (part0) part0[blockIdx.x] = (double)tot * l0_scale;
+    if (ungated && part1) part1[blockIdx.x] = (double)l1 * l1_scale;
   }
-  __syncthreads();
-  // Write the row from its offset.
-  float l1 = 0.f;
-  if (r < m) {
-    int base = s_base;
-    for (int i = 0; i < w; ++i) base += s_cnt[i];
-    if (lane == 0) {
-      rowptr[r] = base;
-      if (r == m - 1) rowptr[m] = base + cnt;
-    }
-    if (cnt <= SPI_CAP) {
-      for (int k = lane; k < cnt; k += 32) {
-        const int j = s_col[w][k];
-        const u16 v = s_val[w][k];
-        col[base + k] = j;
-        pv[base + k] = v;
-        if (tv) {
-          tv[base + k] = v;
-          l1 += bf_to_f(v);
-        }
-        if (active) atomicAdd(&active[j], 1);
-      }
-    } else {
-      for (int c0 = 0; c0 < f / 8; c0 += 32) {
-        const int c = c0 + lane;
-        const SpiChunk k = spi_chunk(spi_load(row, c, f), lane);
-        int at = base + k.x - k.n;
+}
+
+// sp_row_write: rowptr, col, pv (and tv when set) from the counts, the
+// stash and boff (block b's first entry, from sp_scan over btot).
+extern "C" __global__ void __launch_bounds__(32 * SPI_ROWS)
+    sp_row_write(const u16* __restrict__ G, const int* __restrict__ cnt, const int* __restrict__ boff,
+                 const int* __restrict__ stash_col, const u16* __restrict__ stash_val, int cap,
+                 int* __restrict__ rowptr, int* __restrict__ col, u16* __restrict__ pv, u16* __restrict__ tv, int m, int f) {
+  const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, r0 = blockIdx.x * SPI_ROWS, r = r0 + w;
+  if (r >= m) return;
+  // The row's offset: the block's, then the rows before it in the block.
+  int before = lane < w ? cnt[r0 + lane] : 0;
 #pragma unroll
-        for (int e = 0; e < 8; ++e)
-          if (k.mask & (1u << e)) {
-            const u16 v = k.val(e);
-            const int j = 8 * c + e;
-            col[at] = j;
-            pv[at] = v;
-            if (tv) {
-              tv[at] = v;
-              l1 += bf_to_f(v);
-            }
-            if (active) atomicAdd(&active[j], 1);
-            ++at;
-          }
-        base += __shfl_sync(0xffffffffu, k.x, 31);
-      }
-    }
+  for (int o = 16; o > 0; o >>= 1) before += __shfl_xor_sync(0xffffffffu, before, o);
+  const int base = boff[blockIdx.x] + before, n = cnt[r];
+  if (lane == 0) {
+    rowptr[r] = base;
+    if (r == m - 1) rowptr[m] = base + n;
   }
-  if (tv) {
-    l1 = block_sum(l1);
-    if (threadIdx.x == 0 && part1) part1[blockIdx.x] = (double)l1 * l1_scale;
+  if (n <= cap) {
+    const int* scol = stash_col + (size_t)r * cap;
+    const u16* sval = stash_val + (size_t)r * cap;
+    for (int k = lane; k < n; k += 32) {
+      const u16 v = sval[k];
+      col[base + k] = scol[k];
+      pv[base + k] = v;
+      if (tv) tv[base + k] = v;
+    }
+    return;
+  }
+  const uint4* row = reinterpret_cast<const uint4*>(G + (size_t)r * f);
+  int at0 = base;
+  for (int c0 = 0; c0 < f / 8; c0 += 32) {
+    const int c = c0 + lane;
+    const SpiChunk k = spi_chunk(spi_load(row, c, f), lane);
+    int at = at0 + k.at;
+#pragma unroll
+    for (int e = 0; e < 8; ++e)
+      if (k.mask & (1u << e)) {
+        const u16 v = k.val(e);
+        col[at] = 8 * c + e;
+        pv[at] = v;
+        if (tv) tv[at] = v;
+        ++at;
+      }
+    at0 += k.tot;
   }
 }
 
@@ -310,29 +295,57 @@ extern "C" __global__ void sp_col_prefix(int* __restrict__ chunk, int* __restric
 
 // sp_col_fill: for every entry k (row i, column j) of the row-major form,
 // colpos[e] = k and coltok[e] = i at e = colptr[j] + its rank among column
-// j's entries, tokens ascending. One warp per chunk, its rows in order (a
-// row's columns are distinct, so its entries never race); dynamic shared
-// memory 4f bytes: each column's next position.
+// j's entries, tokens ascending. One warp per chunk of rows_per <= 32 rows;
+// dynamic shared memory 4f bytes: each column's next position. The warp
+// takes the chunk's entries in order, 32 a step (their columns loaded
+// FILL_BATCH steps at a time): the lanes of a step that share a column
+// take consecutive positions in lane order, which is token order. (Walking
+// the chunk row by row, each row a chain of dependent loads, took 45 us
+// at 5.8% occupancy for 16384 x 5632 at 0.5% on an H200; the column index
+// went from 0.059-0.061 to 0.053-0.058 ms with this walk.)
+#define FILL_BATCH 4
 extern "C" __global__ void sp_col_fill(const int* __restrict__ rowptr, const int* __restrict__ col,
                                        const int* __restrict__ chunk, const int* __restrict__ colptr,
                                        int* __restrict__ coltok, int* __restrict__ colpos, int m, int f, int rows_per) {
   extern __shared__ int next[];
+  const unsigned full = 0xffffffffu;
   const int lane = threadIdx.x;
   const int* base = chunk + (size_t)blockIdx.x * f;
   for (int j = lane; j < f; j += 32) next[j] = colptr[j] + base[j];
+  const int r0 = blockIdx.x * rows_per, r1 = min(m, r0 + rows_per);
+  // Lane i holds where row r0 + i starts (the chunk's end for rows past it).
+  const int start = rowptr[min(r0 + lane, r1)];
+  const int k0 = __shfl_sync(full, start, 0), kend = rowptr[r1];
   __syncwarp();
-  int r0 = blockIdx.x * rows_per, r1 = min(m, r0 + rows_per);
-  int k1 = rowptr[r0];
-  for (int r = r0; r < r1; ++r) {
-    const int k0 = k1;
-    k1 = rowptr[r + 1];
-    for (int k = k0 + lane; k < k1; k += 32) {
-      int j = col[k];
-      int e = next[j]++;
-      coltok[e] = r;
-      colpos[e] = k;
+  for (int kb = k0; kb < kend; kb += 32 * FILL_BATCH) {
+    int js[FILL_BATCH];
+#pragma unroll
+    for (int u = 0; u < FILL_BATCH; ++u) {
+      const int k = kb + 32 * u + lane;
+      js[u] = k < kend ? col[k] : -1;
     }
-    __syncwarp();
+#pragma unroll
+    for (int u = 0; u < FILL_BATCH; ++u) {
+      const int k = kb + 32 * u + lane;
+      const bool valid = k < kend;
+      int row = 0;  // the last lane whose row starts at or before k
+#pragma unroll
+      for (int s = 16; s > 0; s >>= 1) {
+        const int v = __shfl_sync(full, start, row + s);
+        if (v <= k) row += s;
+      }
+      // Lanes past the end get keys of their own (negative).
+      const unsigned peers = __match_any_sync(full, valid ? js[u] : -1 - lane);
+      const int rank = __popc(peers & ((1u << lane) - 1u));
+      const int e0 = valid ? next[js[u]] : 0;
+      __syncwarp();
+      if (valid && rank == 0) next[js[u]] = e0 + __popc(peers);
+      __syncwarp();
+      if (valid) {
+        coltok[e0 + rank] = r0 + row;
+        colpos[e0 + rank] = k;
+      }
+    }
   }
 }
 
@@ -664,6 +677,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) sp_cols(float* __restrict__
 extern "C" __global__ void sp_col_reduce(float* __restrict__ out1, float* __restrict__ out2,
                                          const int* __restrict__ partptr, const int* __restrict__ slotptr,
                                          const float* __restrict__ slot, int f, int h) {
+  if (slotptr[f] == 0) return;  // no unit in more than one part
   for (int j = blockIdx.x; j < f; j += gridDim.x) {
     const int parts = partptr[j + 1] - partptr[j];
     if (parts < 2) continue;

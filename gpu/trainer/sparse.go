@@ -5,28 +5,58 @@ import "github.com/twell-ai/twell/cuda"
 // Launchers of sparse.cu's kernels (see its header for the algorithm).
 
 // countBytes is the size of the sparse path's count buffer for m tokens
-// and f units: sp_index's look-back words (8 bytes per block of rows), and
-// the column index's counts and offsets.
-func countBytes(m, f int) int {
-	return max(8*ceil(m, spIndexRows), 4*(4*f+2))
-}
+// and f units: the row index's counts and offsets, then the column index's
+// counts and offsets.
+func countBytes(m, f int) int { return max(carvedBytes(rowCountSizes(m)), 4*(4*f+2)) }
 
 // vecThreads is the block of a kernel whose threads take 8 of h columns
 // each: enough warps to cover h once, at most 256.
 func vecThreads(h int) int { return min(256, max(32, (h/8+31)&^31)) }
 
-// spIndexRows is the number of rows of a block of sp_index (SPI_ROWS).
+// spIndexRows is the number of rows of a block of the row index (SPI_ROWS).
 const spIndexRows = 8
 
-// spRowIndex builds the row-major form of the active units of g (bf16
-// [m][f] gate pre-activations) into sp in one pass over g (sp_index), with
-// the firing counts added into active (may be nil) and the L0 (and,
+// spStashCap is the most entries of a row that the row index's first pass
+// keeps for its second (a row with more is read from G again).
+const spStashCap = 128
+
+// rowCountSizes are the byte sizes of the row index's counts for m rows,
+// in carving order: per row, per block, and the blocks' offsets.
+func rowCountSizes(m int) []int {
+	nb := ceil(m, spIndexRows)
+	return []int{4 * m, 4 * nb, 4 * (nb + 1)}
+}
+
+// stashCap is the row index's stash, in entries a row, for m rows of f
+// units: as many as fit in the 2mf bytes of the gate buffer that G leaves
+// (int32 column and bf16 value each), at most spStashCap.
+func stashCap(m, f int) int { return max(0, min(spStashCap, (2*m*f-16)/(6*m))) }
+
+// rowIndexWork are the row index's work views: the counts (from the count
+// buffer) and the stash of cap entries a row (from the half of the gate
+// buffer dh that G leaves).
+type rowIndexWork struct {
+	cnt, btot, boff, stashCol, stashVal *cuda.Buffer
+	cap                                 int
+}
+
+func (s mlpShape) rowIndexWork(sl *slicer, dh, counts *cuda.Buffer) rowIndexWork {
+	c := stashCap(s.m, s.f)
+	v := carve(sl, counts, rowCountSizes(s.m))
+	st := carve(sl, sl.at(dh, 2*s.m*s.f, 2*s.m*s.f), []int{4 * s.m * c, 2 * s.m * c})
+	return rowIndexWork{cnt: v[0], btot: v[1], boff: v[2], stashCol: st[0], stashVal: st[1], cap: c}
+}
+
+// spRowIndex builds the row-major form of the active units of g (bf16 [m]
+// [f] gate pre-activations, the first half of dh) into sp: sp_row_count
+// reads g once, sp_scan places the blocks and sp_row_write the rows. The
+// firing counts are added into active (may be nil) and the L0 (and,
 // ungated, the L1) statistic into stat (may be nil; through partial sums
 // in sc.part).
-func (l launcher) spRowIndex(s mlpShape, g *cuda.Buffer, sp sparseSave, sc mlpScratch, active, stat *cuda.Buffer, l0Scale, l1Scale float64) error {
+func (l launcher) spRowIndex(s mlpShape, dh *cuda.Buffer, sp sparseSave, sc mlpScratch, active, stat *cuda.Buffer, l0Scale, l1Scale float64) error {
 	m, f := s.m, s.f
 	nb := ceil(m, spIndexRows)
-	if err := check(need("gate pre-activations", g, 2*m*f), need("row counts", sc.cnt, countBytes(m, f))); err != nil {
+	if err := check(need("gate pre-activations", dh, 4*m*f), need("row counts", sc.cnt, countBytes(m, f))); err != nil {
 		return err
 	}
 	var tv any = cuda.DevicePtr(0)
@@ -34,7 +64,8 @@ func (l launcher) spRowIndex(s mlpShape, g *cuda.Buffer, sp sparseSave, sc mlpSc
 		tv = sp.pv
 	}
 	sl := &slicer{}
-	state := sl.at(sc.cnt, 0, 8*nb)
+	g := sl.at(dh, 0, 2*m*f)
+	w := s.rowIndexWork(sl, dh, sc.cnt)
 	var part0, part1, l1, l0 *cuda.Buffer
 	if stat != nil {
 		if err := need("statistics partial sums", sc.part, 16*nb); err != nil {
@@ -46,10 +77,14 @@ func (l launcher) spRowIndex(s mlpShape, g *cuda.Buffer, sp sparseSave, sc mlpSc
 		return sl.err
 	}
 	return inOrder(
-		func() error { return state.Device().Memset8(state, 0, l.s) },
 		func() error {
-			return l.k["sp_index"].Launch(dim(nb), dim(32*spIndexRows), 0, l.s, g, sp.rowptr, sp.col, sp.pv, tv,
-				optional(active), state, optional(part0), optional(part1), int32(m), int32(f), l0Scale, l1Scale)
+			return l.k["sp_row_count"].Launch(dim(nb), dim(32*spIndexRows), 0, l.s, g, w.cnt, w.btot, w.stashCol, w.stashVal,
+				int32(w.cap), optional(active), optional(part0), optional(part1), b2i(!s.gated), int32(m), int32(f), l0Scale, l1Scale)
+		},
+		func() error { return l.k["sp_scan"].Launch(dim(1), dim(1024), 0, l.s, w.btot, w.boff, int32(nb)) },
+		func() error {
+			return l.k["sp_row_write"].Launch(dim(nb), dim(32*spIndexRows), 0, l.s, g, w.cnt, w.boff, w.stashCol, w.stashVal,
+				int32(w.cap), sp.rowptr, sp.col, sp.pv, tv, int32(m), int32(f))
 		},
 		func() error {
 			if stat == nil {

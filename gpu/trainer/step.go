@@ -155,7 +155,7 @@ func (b *Backend) forwardBackward(p pass) error {
 			func() error { return r.rmsNormFwd(a.hn2[l], a.rstd2[l], a.x2[l], lv.mlpNorm, m, h, eps) },
 			func() error { // its stages marked step by step
 				ma := b.mlpArgsFor(l, lv, m, p)
-				ma.stat, ma.active, ma.noBackward = stat, active, !p.backward
+				ma.stat, ma.active, ma.noBackward, ma.inline = stat, active, !p.backward, b.prof != nil
 				steps, err := b.mlpForwardSteps(ma, sparse[l])
 				if err != nil {
 					return err
