@@ -84,13 +84,13 @@ func (e *countingEngine) Forward(cs []engine.Cache, toks [][]int, all bool) ([][
 // positions) with the Llama-2 tokenizer. The MLP path is fixed and the
 // weights are float32 in every pass, so a row's numbers do not depend on
 // the batch.
-func tinyEngine(t *testing.T) (*countingEngine, *tokenizer.Tokenizer) {
+func tinyEngine(t testing.TB) (*countingEngine, *tokenizer.Tokenizer) {
 	return tinyPagedEngine(t, 0, 0)
 }
 
 // tinyPagedEngine is tinyEngine with KV pages of pageSize positions (0:
 // the default) and a budget of pages pages (0: none).
-func tinyPagedEngine(t *testing.T, pageSize, pages int) (*countingEngine, *tokenizer.Tokenizer) {
+func tinyPagedEngine(t testing.TB, pageSize, pages int) (*countingEngine, *tokenizer.Tokenizer) {
 	t.Helper()
 	m, tok := enginetest.TinyModel(t, 128)
 	o := cpullm.Options{MLPPath: mlp.Sparse, KVPageSize: pageSize}
