@@ -295,9 +295,15 @@ type mlpStep struct {
 	run  func() error
 }
 
-// runSteps queues steps in order, stopping at the first error.
-func runSteps(steps []mlpStep) error {
+// runSteps queues steps in order, stopping at the first error; before
+// each, before (when set) is called with the step's name.
+func runSteps(steps []mlpStep, before func(name string) error) error {
 	for _, st := range steps {
+		if before != nil {
+			if err := before(st.name); err != nil {
+				return err
+			}
+		}
 		if err := st.run(); err != nil {
 			return fmt.Errorf("%s: %w", st.name, err)
 		}
@@ -346,16 +352,15 @@ func (g *gpuCtx) mlpForwardSteps(a mlpArgs, sparse bool) ([]mlpStep, error) {
 			return g.run.spRowIndex(a.mlpShape, a.sc.dh, sp, a.sc, a.active, a.stat, a.l0Scale, a.l1Stat)
 		}},
 	}
+	// The column index (latency-bound, a few warps an SM) runs beside the
+	// row kernels, which need only the row-major form.
+	colIndex := func(l launcher) error { return l.spColIndex(a.mlpShape, sp, a.sc) }
 	overlap := !a.noBackward && !a.inline
 	switch {
 	case overlap:
-		// The column index (latency-bound, a few warps an SM) runs beside
-		// the row kernels, which need only the row-major form.
-		steps = append(steps, mlpStep{"column index", func() error {
-			return g.beside(func(l launcher) error { return l.spColIndex(a.mlpShape, sp, a.sc) })
-		}})
+		steps = append(steps, mlpStep{"column index", func() error { return g.beside(colIndex) }})
 	case !a.noBackward:
-		steps = append(steps, mlpStep{"column index", func() error { return g.run.spColIndex(a.mlpShape, sp, a.sc) }})
+		steps = append(steps, mlpStep{"column index", func() error { return colIndex(g.run) }})
 	}
 	if a.gated {
 		steps = append(steps, mlpStep{"up SDDMM", func() error {

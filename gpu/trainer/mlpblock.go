@@ -139,7 +139,7 @@ func (b *MLPBlock) Run(sparse bool) error {
 	if err != nil {
 		return err
 	}
-	return runSteps(steps)
+	return runSteps(steps, nil)
 }
 
 // steps lists the stages of one forward and backward; inline keeps every

@@ -2,7 +2,6 @@ package trainer
 
 import (
 	"errors"
-	"fmt"
 	"time"
 
 	"github.com/twell-ai/twell/cuda"
@@ -58,17 +57,9 @@ func noMark() error { return nil }
 // whole training step shows the MLP's kernels one by one.
 func (b *Backend) runMarked(prefix string, steps []mlpStep) error {
 	if b.prof == nil {
-		return runSteps(steps)
+		return runSteps(steps, nil)
 	}
-	for _, st := range steps {
-		if err := b.mark(prefix + ": " + st.name); err != nil {
-			return err
-		}
-		if err := st.run(); err != nil {
-			return fmt.Errorf("%s: %w", st.name, err)
-		}
-	}
-	return nil
+	return runSteps(steps, func(name string) error { return b.mark(prefix + ": " + name) })
 }
 
 // mark records the start of stage name (nothing when profiling is off).
