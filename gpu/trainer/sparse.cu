@@ -360,13 +360,19 @@ __device__ __forceinline__ void stage_row(uint4* dst, const u16* src, int n) {
 
 // row_dot2: one warp's dot products of the staged row xs with rows j0 and
 // j1 of B (bf16 [.][h], kept in the L2), on every lane: two rows in flight
-// hide the gathers' latency.
+// hide the gathers' latency. Not unrolled: at 32 registers eight blocks fit
+// an SM, and the gathers of its SDDMMs are bound by the L2's throughput,
+// which more resident warps use better than more loads in flight per warp
+// (16384 x 5632 at 0.5% on an H200: unrolled 4 times, 60 registers and 4
+// blocks an SM, the up SDDMM took 0.253 ms at 80% of the L2's throughput;
+// this way 0.234 ms; the whole block 2.36 -> 2.31 ms. Issuing all of a
+// row's loads before using any took it to 2.63 ms).
 __device__ __forceinline__ void row_dot2(const uint4* xs, const u16* B, int j0, int j1, int h, float& d0, float& d1) {
   const uint4* b0 = reinterpret_cast<const uint4*>(B + (size_t)j0 * h);
   const uint4* b1 = reinterpret_cast<const uint4*>(B + (size_t)j1 * h);
   const u64 keep = policy_evict_last();
   float s0 = 0.f, s1 = 0.f;
-#pragma unroll 4
+#pragma unroll 1
   for (int c = threadIdx.x & 31; c < h / 8; c += 32) {
     uint4 x = xs[c];
     s0 = dot8(x, ld_hint(b0 + c, keep), s0);
@@ -380,7 +386,7 @@ __device__ __forceinline__ void row_dot2(const uint4* xs, const u16* B, int j0, 
 // bf16(X[r]·Wu[j]), tv[k] = bf16(rv[k]·pv[k]); part[r] = l1_scale·Σ|T|
 // (when part is set). One block per row, X's row staged in shared memory
 // (2h bytes).
-extern "C" __global__ void sp_up(const u16* __restrict__ X, const u16* __restrict__ Wu, const int* __restrict__ rowptr,
+extern "C" __global__ void __launch_bounds__(256, 8) sp_up(const u16* __restrict__ X, const u16* __restrict__ Wu, const int* __restrict__ rowptr,
                                  const int* __restrict__ col, const u16* __restrict__ pv, u16* __restrict__ rv,
                                  u16* __restrict__ tv, double* __restrict__ part, int h, double l1_scale) {
   extern __shared__ uint4 xs[];
@@ -409,7 +415,7 @@ extern "C" __global__ void sp_up(const u16* __restrict__ X, const u16* __restric
 // + l1_grad·sign(tv[k]); gated, pv[k] becomes dR = bf16(d·P) and rv[k]
 // becomes dG = bf16(d·R); ungated, pv[k] becomes bf16(d). One block per
 // row, dY's row staged (2h bytes).
-extern "C" __global__ void sp_grad(const u16* __restrict__ dY, const u16* __restrict__ WdT,
+extern "C" __global__ void __launch_bounds__(256, 8) sp_grad(const u16* __restrict__ dY, const u16* __restrict__ WdT,
                                    const int* __restrict__ rowptr, const int* __restrict__ col, u16* __restrict__ pv,
                                    u16* __restrict__ rv, const u16* __restrict__ tv, int h, int gated, float l1_grad) {
   extern __shared__ uint4 xs[];
