@@ -67,7 +67,7 @@ func kernelsFor(dev *cuda.Device) (kernels, error) {
 
 // Launch geometry, in one place.
 const (
-	rowBlock  = 256  // threads of a one-block-per-row kernel
+	rowBlock  = 256  // threads of a one-block-per-row kernel (sp_up and sp_grad are built for at most 256)
 	wideBlock = 1024 // threads of ce_chunk (rows of a vocabulary)
 	flatBlock = 256  // threads of a grid-stride kernel
 	flatGrid  = 1024 // at most this many blocks for a grid-stride kernel

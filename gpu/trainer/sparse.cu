@@ -384,11 +384,12 @@ __device__ __forceinline__ void row_dot2(const uint4* xs, const u16* B, int j0, 
 
 // sp_up: the gated forward's SDDMM. For each entry k of row r: rv[k] =
 // bf16(X[r]·Wu[j]), tv[k] = bf16(rv[k]·pv[k]); part[r] = l1_scale·Σ|T|
-// (when part is set). One block per row, X's row staged in shared memory
-// (2h bytes).
-extern "C" __global__ void __launch_bounds__(256, 8) sp_up(const u16* __restrict__ X, const u16* __restrict__ Wu, const int* __restrict__ rowptr,
-                                 const int* __restrict__ col, const u16* __restrict__ pv, u16* __restrict__ rv,
-                                 u16* __restrict__ tv, double* __restrict__ part, int h, double l1_scale) {
+// (when part is set). One block of 256 threads (rowBlock) per row, X's row
+// staged in shared memory (2h bytes).
+extern "C" __global__ void __launch_bounds__(256, 8)
+    sp_up(const u16* __restrict__ X, const u16* __restrict__ Wu, const int* __restrict__ rowptr,
+          const int* __restrict__ col, const u16* __restrict__ pv, u16* __restrict__ rv, u16* __restrict__ tv,
+          double* __restrict__ part, int h, double l1_scale) {
   extern __shared__ uint4 xs[];
   const int r = blockIdx.x, lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
   stage_row(xs, X + (size_t)r * h, h);
@@ -413,11 +414,12 @@ extern "C" __global__ void __launch_bounds__(256, 8) sp_up(const u16* __restrict
 
 // sp_grad: the backward's SDDMM. For each entry k of row r: d = dY[r]·WdT[j]
 // + l1_grad·sign(tv[k]); gated, pv[k] becomes dR = bf16(d·P) and rv[k]
-// becomes dG = bf16(d·R); ungated, pv[k] becomes bf16(d). One block per
-// row, dY's row staged (2h bytes).
-extern "C" __global__ void __launch_bounds__(256, 8) sp_grad(const u16* __restrict__ dY, const u16* __restrict__ WdT,
-                                   const int* __restrict__ rowptr, const int* __restrict__ col, u16* __restrict__ pv,
-                                   u16* __restrict__ rv, const u16* __restrict__ tv, int h, int gated, float l1_grad) {
+// becomes dG = bf16(d·R); ungated, pv[k] becomes bf16(d). One block of
+// 256 threads (rowBlock) per row, dY's row staged (2h bytes).
+extern "C" __global__ void __launch_bounds__(256, 8)
+    sp_grad(const u16* __restrict__ dY, const u16* __restrict__ WdT, const int* __restrict__ rowptr,
+            const int* __restrict__ col, u16* __restrict__ pv, u16* __restrict__ rv, const u16* __restrict__ tv, int h,
+            int gated, float l1_grad) {
   extern __shared__ uint4 xs[];
   const int r = blockIdx.x, lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
   stage_row(xs, dY + (size_t)r * h, h);
