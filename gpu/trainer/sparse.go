@@ -56,7 +56,7 @@ func (s mlpShape) rowIndexWork(sl *slicer, dh, counts *cuda.Buffer) rowIndexWork
 func (l launcher) spRowIndex(s mlpShape, dh *cuda.Buffer, sp sparseSave, sc mlpScratch, active, stat *cuda.Buffer, l0Scale, l1Scale float64) error {
 	m, f := s.m, s.f
 	nb := ceil(m, spIndexRows)
-	if err := check(need("gate pre-activations", dh, 4*m*f), need("row counts", sc.cnt, countBytes(m, f))); err != nil {
+	if err := check(need("gate buffer (G and the row index's stash)", dh, 4*m*f), need("row counts", sc.cnt, countBytes(m, f))); err != nil {
 		return err
 	}
 	var tv any = cuda.DevicePtr(0)
