@@ -125,6 +125,24 @@ __device__ __forceinline__ void grid_release() {
 #endif
 }
 
+// mbarriers (shared memory, CTA scope) for asynchronous copies: a barrier
+// completes a phase when its arrivals are in and the bytes it expects have
+// landed.
+__device__ __forceinline__ void mbar_init(u32 bar, u32 count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(u32 bar, u32 bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
+  asm volatile(
+      "{\n.reg .pred p;\nWAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+      "@!p bra WAIT;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+
 // dot8 returns sum_i a[i]*b[i] over 8 bf16 pairs, in fp32 (exact products).
 __device__ __forceinline__ float dot8(uint4 a, uint4 b, float s) {
   s = fmaf(bf_lo(a.x), bf_lo(b.x), s);

@@ -25,20 +25,6 @@
 #define A_BYTES (128 * WG_BK * 2)  // 16 KiB
 #define B_BYTES (256 * WG_BK * 2)  // 32 KiB
 
-__device__ __forceinline__ void mbar_init(u32 bar, u32 count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_expect_tx(u32 bar, u32 bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
-  asm volatile(
-      "{\n.reg .pred p;\nWAIT:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-      "@!p bra WAIT;\n}\n" ::"r"(bar),
-      "r"(parity)
-      : "memory");
-}
 // mbar_arrive_cta arrives on the barrier at the same offset in CTA cta of
 // the cluster (possibly this one), with .cta scope (a .release.cluster
 // arrive from one thread for both CTAs cost 27%: see release_stage).

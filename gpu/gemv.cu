@@ -24,9 +24,10 @@
 //              Block 0 also sums gemv_act's counts into *nnz.
 //
 // Both may be launched with early start (cuda.LaunchConfig.EarlyStart): the
-// act kernels issue their first gate loads (and gemv_act prefetches the rest
-// of its rows into the L2) before grid_wait, and every kernel reads what
-// earlier kernels wrote (x, h, the mask and counts) after it, through the L2.
+// act kernels request their gate rows before grid_wait (gemv_act its first
+// loads and the rest into the L2, gemv_act_mma all of them into shared
+// memory), and every kernel reads what earlier kernels wrote (x, h, the
+// mask and counts) after it, through the L2.
 //
 // Rows are bf16 [F][D] (gate or up, and down = Wd^T); x and y are bf16
 // [m][D]; h is fp32 [m][F]. D is a multiple of 64, F of 32.
@@ -152,62 +153,78 @@ __global__ void __launch_bounds__(256)
                          nullptr, min(MB, total - g0), d, f, xs, wmask, wcnt);
 }
 
-// gemv_act_mma: gemv_act (not LIST) for up to 8 tokens on tensor cores,
-// where the FMA form is bound by its arithmetic and by a grid of one
-// 256-thread block per SM. Block b takes units 16b .. 16b+15; its eight
-// warps split the d columns, each computing its share of the 16 units x 8
-// tokens with mma.sync m16n8k16 (bf16 in, fp32 accumulate; tokens past m
-// are zero rows of xs), and warp 0 adds the shares in warp order. Within
-// each 32 columns, lane (g, q) feeds the MMA columns 8q .. 8q+7 of rows g
-// and g + 8 as whole 16-byte loads: the k order of a product is permuted
-// the same way for both operands, so the sums are the dot products. The up
-// rows of the units active in some token follow the same way (gated). The
-// mask and the per-block count (of 16 units) are stored as halves: mask as
-// u16 [f/16] within gemv_down's words, cnt as u32 [f/16]. Dynamic shared
-// memory 8 (d + 32) * 2 bytes: the 32-element pad puts odd rows 16 banks
-// from even ones, so the B loads are free of bank conflicts. d % 64 == 0.
-// Three blocks an SM (80 registers, no spills), so that the 352 blocks of
-// f 5632 run in one wave: at two (123 registers) a third of the SMs ran a
-// second round, and decode at 8 sequences went from 4217-4225 to 4322-4332
-// tokens/s (SparseLM-1.5B shape, 512 cached tokens, H200).
-#define MMA_STEPS 4  // 32-column steps whose loads a warp issues at once (4: measured faster than 6 and 8)
+// gemv_act_mma: gemv_act (not LIST) for up to 8 tokens on tensor cores.
+// Block b takes units 16b .. 16b+15. Warp 0 copies their gate rows into
+// shared memory with bulk asynchronous copies (cp.async.bulk, completing on
+// an mbarrier) before grid_wait, so that every block's whole share of the
+// gate weights is requested at once, while the kernel before still runs:
+// the kernel is bound by the latency of those reads, not by their bytes.
+// The eight warps then split the columns, each computing its share of the
+// 16 units x 8 tokens with mma.sync m16n8k16 (bf16 in, fp32 accumulate;
+// tokens past m are zero), its x fragments read from the L2, and warp 0
+// adds the shares in warp order. Within each 32 columns, lane (g, q) feeds
+// the MMA columns 8q .. 8q+7 of rows g and g + 8 as whole 16-byte loads:
+// the k order of a product is permuted the same way for both operands, so
+// the sums are the dot products. The up rows of the units active in some
+// token follow into the same shared memory (gated), and the down rows of
+// those units are requested into the L2 for gemv_down. The mask and the
+// per-block count (of 16 units) are stored as halves: mask as u16 [f/16]
+// within gemv_down's words, cnt as u32 [f/16]. Rows are copied in chunks of
+// ACT_COLS columns (one chunk for d <= ACT_COLS); dynamic shared memory
+// 16 (min(d, ACT_COLS) + 8) * 2 bytes: the 8-element pad puts row r + 1
+// 16 bytes of banks after row r, so the A loads are free of bank
+// conflicts. Three blocks an SM (all 352 blocks of f 5632 in one wave).
+#define ACT_COLS 2048                // columns of a row chunk in shared memory
+#define ACT_STEPS (ACT_COLS / 32 / 8)  // 32-column steps of a warp per chunk
 
-// mma_load issues the loads of steps [sb, sb + MMA_STEPS) (those below s1)
-// of rows j0 + g and j0 + g + 8 of w for lane (g, q); rows whose bit is
-// clear in live are zeros, never read.
-__device__ __forceinline__ void mma_load(const u16* __restrict__ w, int j0, u32 live, int d, int sb, int s1,
-                                         uint4 (&wa)[MMA_STEPS], uint4 (&wb)[MMA_STEPS]) {
-  const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
-  const bool la = live >> g & 1, lb = live >> (g + 8) & 1;
-  const u16* ra = w + (size_t)(j0 + g) * d + 8 * q;
-  const u16* rb = w + (size_t)(j0 + g + 8) * d + 8 * q;
-#pragma unroll
-  for (int i = 0; i < MMA_STEPS; ++i) {
-    const int col = 32 * (sb + i);
-    const bool in = sb + i < s1;
-    wa[i] = in && la ? ldg_nc(ra + col) : make_uint4(0, 0, 0, 0);
-    wb[i] = in && lb ? ldg_nc(rb + col) : make_uint4(0, 0, 0, 0);
-  }
+// bulk_rows (warp 0, all lanes) copies columns [c0, c0 + cw) of the rows
+// j0 + r of w with bit r set in rows into row r of slab (row stride ld
+// elements), completing on bar, which expects their bytes.
+__device__ __forceinline__ void bulk_rows(u32 slab, int ld, const u16* __restrict__ w, int j0, u32 rows, int d,
+                                          int c0, int cw, u32 bar, u64 pol) {
+  const int lane = threadIdx.x & 31;
+  if (lane == 0) mbar_expect_tx(bar, (u32)__popc(rows) * (u32)cw * 2u);
+  __syncwarp();
+  if (lane < 16 && (rows >> lane & 1))
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], "
+        "%4;" ::"r"(slab + (u32)(lane * ld * 2)),
+        "l"(w + (size_t)(j0 + lane) * d + c0), "r"(cw * 2), "r"(bar), "l"(pol)
+        : "memory");
 }
 
-// mma_rows adds this warp's share, steps [s0, s1) of 32 columns, of the
-// 16 x 8 products of rows j0 .. j0+15 of w (live: as mma_load) with the
-// staged tokens xs (row stride ld) into c; wa, wb hold the loads of the
-// first MMA_STEPS steps, which the caller issued.
-__device__ __forceinline__ void mma_rows(const u16* __restrict__ w, int j0, u32 live, const u16* xs, int ld, int d,
-                                         int s0, int s1, uint4 (&wa)[MMA_STEPS], uint4 (&wb)[MMA_STEPS],
-                                         float (&c)[4]) {
+// fence_async orders this thread's view of shared memory (the reads the
+// block made before a __syncthreads) before its next bulk copy into it.
+__device__ __forceinline__ void fence_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+
+// act_x loads this warp's x fragments of steps [s0, s1) of the chunk at
+// column c0: token g's 16 bytes at column 32 s + 8 q (zero past m).
+__device__ __forceinline__ void act_x(uint4 (&xv)[ACT_STEPS], const u16* __restrict__ x, int m, int d, int c0,
+                                      int s0, int s1) {
   const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
-  for (int sb = s0; sb < s1; sb += MMA_STEPS) {
-    if (sb > s0) mma_load(w, j0, live, d, sb, s1, wa, wb);
 #pragma unroll
-    for (int i = 0; i < MMA_STEPS; ++i) {
-      if (sb + i >= s1) break;
-      const uint4 xv = *(const uint4*)(xs + g * ld + 32 * (sb + i) + 8 * q);
-      const u32 a0[4] = {wa[i].x, wb[i].x, wa[i].y, wb[i].y}, a1[4] = {wa[i].z, wb[i].z, wa[i].w, wb[i].w};
-      mma16816(c, a0, xv.x, xv.y);
-      mma16816(c, a1, xv.z, xv.w);
-    }
+  for (int i = 0; i < ACT_STEPS; ++i)
+    xv[i] = s0 + i < s1 && g < m ? ldg_cg(x + (size_t)g * d + c0 + 32 * (s0 + i) + 8 * q) : make_uint4(0, 0, 0, 0);
+}
+
+// act_mma adds this warp's share, steps [s0, s1) of 32 columns of a chunk,
+// of the 16 x 8 products of the rows in slab (row stride ld; rows whose bit
+// is clear in live count as zeros) with the x fragments xv into c.
+__device__ __forceinline__ void act_mma(const u16* slab, int ld, u32 live, const uint4 (&xv)[ACT_STEPS], int s0,
+                                        int s1, float (&c)[4]) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+  const bool la = live >> g & 1, lb = live >> (g + 8) & 1;
+  const u16* ra = slab + g * ld + 8 * q;
+  const u16* rb = ra + 8 * ld;
+#pragma unroll
+  for (int i = 0; i < ACT_STEPS; ++i) {
+    if (s0 + i >= s1) break;
+    const int col = 32 * (s0 + i);
+    const uint4 wa = la ? *(const uint4*)(ra + col) : make_uint4(0, 0, 0, 0);
+    const uint4 wb = lb ? *(const uint4*)(rb + col) : make_uint4(0, 0, 0, 0);
+    const u32 a0[4] = {wa.x, wb.x, wa.y, wb.y}, a1[4] = {wa.z, wb.z, wa.w, wb.w};
+    mma16816(c, a0, xv[i].x, xv[i].y);
+    mma16816(c, a1, xv[i].z, xv[i].w);
   }
 }
 
@@ -227,31 +244,45 @@ __device__ __forceinline__ void mma_sum(float (&c)[4], float4* red) {
 template <bool GATED>
 __global__ void __launch_bounds__(256, 3)
     gemv_act_mma(const u16* __restrict__ x, const u16* __restrict__ w, const u16* __restrict__ up,
-                 float* __restrict__ h, u32* __restrict__ mask, u32* __restrict__ cnt, int m, int d, int f) {
-  extern __shared__ __align__(16) u16 xs[];
+                 const u16* __restrict__ down, float* __restrict__ h, u32* __restrict__ mask, u32* __restrict__ cnt,
+                 int m, int d, int f) {
+  extern __shared__ __align__(128) u16 slab[];
   __shared__ float4 red[256], gsave[32];
   __shared__ u32 live_up;
+  __shared__ __align__(8) u64 bar_mem;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
-  const int j0 = blockIdx.x * 16, ld = d + 32;
-  const int steps = d / 32, per = (steps + (blockDim.x >> 5) - 1) / (blockDim.x >> 5);
-  const int s0 = min(steps, warp * per), s1 = min(steps, s0 + per);
-  uint4 wa[MMA_STEPS], wb[MMA_STEPS];
-  mma_load(w, j0, 0xffffu, d, s0, s1, wa, wb);  // in flight while x is staged
+  const int j0 = blockIdx.x * 16, kc = min(d, ACT_COLS), ld = kc + 8;
+  const u32 sl = smem_addr(slab), bar = smem_addr(&bar_mem);
+  const u64 pol = policy_evict_first();  // weights stream through once a step
+  if (warp == 0) {
+    if (lane == 0) {
+      mbar_init(bar, 1);
+      asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncwarp();
+    bulk_rows(sl, ld, w, j0, 0xffffu, d, 0, kc, bar, pol);
+  }
+  __syncthreads();  // the barrier is initialised before anyone waits on it
   grid_wait();
   grid_release();
-  for (int c = threadIdx.x; c < d / 8; c += blockDim.x)
-#pragma unroll
-    for (int t0 = 0; t0 < 8; t0 += 4) {
-      uint4 v[4];  // four rows' loads in flight together
-#pragma unroll
-      for (int t = 0; t < 4; ++t)
-        v[t] = t0 + t < m ? ldg_cg((const uint4*)(x + (size_t)(t0 + t) * d) + c) : make_uint4(0, 0, 0, 0);
-#pragma unroll
-      for (int t = 0; t < 4; ++t) ((uint4*)(xs + (t0 + t) * ld))[c] = v[t];
-    }
-  __syncthreads();
+  u32 phase = 0;
   float gc[4] = {0.f, 0.f, 0.f, 0.f};
-  mma_rows(w, j0, 0xffffu, xs, ld, d, s0, s1, wa, wb, gc);
+  uint4 xv[ACT_STEPS];
+  for (int c0 = 0; c0 < d; c0 += kc) {
+    const int steps = min(kc, d - c0) / 32, per = (steps + 7) / 8;
+    const int s0 = min(steps, warp * per), s1 = min(steps, s0 + per);
+    act_x(xv, x, m, d, c0, s0, s1);
+    mbar_wait(bar, phase);
+    phase ^= 1;
+    act_mma(slab, ld, 0xffffu, xv, s0, s1, gc);
+    if (c0 + kc < d) {
+      __syncthreads();  // every warp is done with the chunk
+      if (warp == 0) {
+        fence_async();
+        bulk_rows(sl, ld, w, j0, 0xffffu, d, c0 + kc, min(kc, d - c0 - kc), bar, pol);
+      }
+    }
+  }
   mma_sum(gc, red);
   // Warp 0 holds the gate values of units j0 + g (gc[0], gc[1]) and
   // j0 + g + 8 (gc[2], gc[3]) for tokens 2q, 2q + 1. It rounds them to bf16
@@ -271,14 +302,29 @@ __global__ void __launch_bounds__(256, 3)
 #pragma unroll
     for (int o = 1; o < 32; o <<= 1) any |= __shfl_xor_sync(0xffffffffu, any, o);
     if (lane == 0) live_up = any;
+    if (lane < 16 && (any >> lane & 1))  // for gemv_down, next
+      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(down + (size_t)(j0 + lane) * d), "r"(d * 2)
+                   : "memory");
   }
   __syncthreads();
   const u32 live = live_up;
   float uc[4] = {1.f, 1.f, 1.f, 1.f};
   if (GATED && live) {
+    // mma_sum's barriers come after every warp's last read of the gate rows.
     uc[0] = uc[1] = uc[2] = uc[3] = 0.f;
-    mma_load(up, j0, live, d, s0, s1, wa, wb);
-    mma_rows(up, j0, live, xs, ld, d, s0, s1, wa, wb, uc);
+    for (int c0 = 0; c0 < d; c0 += kc) {
+      const int steps = min(kc, d - c0) / 32, per = (steps + 7) / 8;
+      const int s0 = min(steps, warp * per), s1 = min(steps, s0 + per);
+      if (warp == 0) {
+        fence_async();
+        bulk_rows(sl, ld, up, j0, live, d, c0, min(kc, d - c0), bar, pol);
+      }
+      if (d > kc) act_x(xv, x, m, d, c0, s0, s1);  // one chunk: the gate pass's are still here
+      mbar_wait(bar, phase);
+      phase ^= 1;
+      act_mma(slab, ld, live, xv, s0, s1, uc);
+      if (c0 + kc < d) __syncthreads();  // every warp is done with the chunk
+    }
     mma_sum(uc, red);
   }
   if (warp != 0) return;

@@ -158,11 +158,15 @@ func (a gemvArgs) launchAct(fn *cuda.Function, s *cuda.Stream) error {
 		optional(a.list), int32(a.first), int32(a.cap))
 }
 
-// launchActMMA launches gemv_act_mma: one block per 16 units, the tokens
-// staged as 8 rows of d + 32.
+// actCols is the number of columns of a row chunk that gemv_act_mma holds
+// in shared memory (gemv.cu's ACT_COLS).
+const actCols = 2048
+
+// launchActMMA launches gemv_act_mma: one block per 16 units, holding their
+// rows' chunks of min(d, actCols) columns (padded by 8) in shared memory.
 func (a gemvArgs) launchActMMA(fn *cuda.Function, s *cuda.Stream) error {
-	return a.launch(fn, cuda.Dim3{uint32(a.f / 16), 1, 1}, cuda.Dim3{256, 1, 1}, 2*8*(a.d+32), s,
-		a.x, a.w, a.up, a.h, a.mask, a.cnt, int32(a.m), int32(a.d), int32(a.f))
+	return a.launch(fn, cuda.Dim3{uint32(a.f / 16), 1, 1}, cuda.Dim3{256, 1, 1}, 2*16*(min(a.d, actCols)+8), s,
+		a.x, a.w, a.up, a.down, a.h, a.mask, a.cnt, int32(a.m), int32(a.d), int32(a.f))
 }
 
 // downCols is the number of output columns of a gemv_down block (gemv.cu's

@@ -544,6 +544,8 @@ func TestSmallBatchMatchesFloat64(t *testing.T) {
 		{320, 768, 0.02, true},
 		{256, 512, 0.05, false},
 		{2048, 5632, 0.005, true},
+		{4160, 768, 0.02, true},  // gemv_act_mma's rows in chunks of 2048, 2048 and 64 columns
+		{2112, 512, 0.05, false}, // and of 2048 and 64
 	} {
 		t.Run(fmt.Sprintf("d%d_f%d_gated%v", c.d, c.f, c.gated), func(t *testing.T) {
 			r, seed := testutil.Rand(t)
@@ -594,7 +596,7 @@ func TestSmallBatchMatchesFloat64(t *testing.T) {
 		d, f := 256, 512
 		sl := newLayer(t, r, d, f, 0.01, synth.Uniform, true)
 		l := newMLP(t, dev, blas, sl, twell.Layout{Tile: 256, C: 8}, seed)
-		for _, m := range []int{gemvFMARows, gemvMaxRows} { // gemv_act, then gemv_act_mma
+		for _, m := range []int{4, gemvMaxRows} { // gemv_act (up to gemvFMARows), then gemv_act_mma
 			x := synth.Tokens(r, m, d)
 			x[0*d] = -1000 // every unit fires
 			x[1*d+7] = float32(math.NaN())
