@@ -159,6 +159,7 @@ __global__ void __launch_bounds__(256)
 // an mbarrier) before grid_wait, so that every block's whole share of the
 // gate weights is requested at once, while the kernel before still runs:
 // the kernel is bound by the latency of those reads, not by their bytes.
+// (Before sm_90, which has neither, every thread copies with cp.async.)
 // The eight warps then split the columns, each computing its share of the
 // 16 units x 8 tokens with mma.sync m16n8k16 (bf16 in, fp32 accumulate;
 // tokens past m are zero), its x fragments read from the L2, and warp 0
@@ -179,7 +180,7 @@ __global__ void __launch_bounds__(256)
 
 // bulk_rows (warp 0, all lanes) copies columns [c0, c0 + cw) of the rows
 // j0 + r of w with bit r set in rows into row r of slab (row stride ld
-// elements), completing on bar, which expects their bytes.
+// elements), completing on bar, which expects their bytes (sm_90).
 __device__ __forceinline__ void bulk_rows(u32 slab, int ld, const u16* __restrict__ w, int j0, u32 rows, int d,
                                           int c0, int cw, u32 bar, u64 pol) {
   const int lane = threadIdx.x & 31;
@@ -193,9 +194,52 @@ __device__ __forceinline__ void bulk_rows(u32 slab, int ld, const u16* __restric
         : "memory");
 }
 
-// fence_async orders this thread's view of shared memory (the reads the
-// block made before a __syncthreads) before its next bulk copy into it.
-__device__ __forceinline__ void fence_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+// slab_init (all threads) prepares bar for slab_load: on sm_90 thread 0
+// initializes it, and the block waits for that.
+__device__ __forceinline__ void slab_init(u32 bar) {
+#if __CUDA_ARCH__ >= 900
+  if (threadIdx.x == 0) {
+    mbar_init(bar, 1);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+#endif
+}
+
+// slab_load (all threads) requests columns [c0, c0 + cw) of the rows j0 + r
+// of w with bit r set in rows into row r of slab, once every thread is
+// done reading what it overwrites (a __syncthreads before it, or none
+// yet): on sm_90 warp 0 issues bulk copies completing on bar (after a
+// proxy fence, which orders the block's earlier reads of slab before
+// them); before sm_90 every thread issues 16-byte cp.async copies.
+__device__ __forceinline__ void slab_load(u32 slab, int ld, const u16* __restrict__ w, int j0, u32 rows, int d,
+                                          int c0, int cw, u32 bar, u64 pol) {
+#if __CUDA_ARCH__ >= 900
+  if (threadIdx.x < 32) {
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    bulk_rows(slab, ld, w, j0, rows, d, c0, cw, bar, pol);
+  }
+#else
+  const int per = cw / 8;  // 16-byte pieces a row
+  for (int i = threadIdx.x; i < 16 * per; i += blockDim.x) {
+    const int r = i / per, c = i - r * per;
+    if (rows >> r & 1) cp_async16(slab + (u32)((r * ld + 8 * c) * 2), w + (size_t)(j0 + r) * d + c0 + 8 * c, true);
+  }
+  cp_async_commit();
+#endif
+}
+
+// slab_wait (all threads) waits for the last slab_load; phase counts bar's
+// phases (sm_90).
+__device__ __forceinline__ void slab_wait(u32 bar, u32& phase) {
+#if __CUDA_ARCH__ >= 900
+  mbar_wait(bar, phase);
+  phase ^= 1;
+#else
+  cp_async_wait<0>();
+  __syncthreads();
+#endif
+}
 
 // act_x loads this warp's x fragments of steps [s0, s1) of the chunk at
 // column c0: token g's 16 bytes at column 32 s + 8 q (zero past m).
@@ -254,15 +298,8 @@ __global__ void __launch_bounds__(256, 3)
   const int j0 = blockIdx.x * 16, kc = min(d, ACT_COLS), ld = kc + 8;
   const u32 sl = smem_addr(slab), bar = smem_addr(&bar_mem);
   const u64 pol = policy_evict_first();  // weights stream through once a step
-  if (warp == 0) {
-    if (lane == 0) {
-      mbar_init(bar, 1);
-      asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    }
-    __syncwarp();
-    bulk_rows(sl, ld, w, j0, 0xffffu, d, 0, kc, bar, pol);
-  }
-  __syncthreads();  // the barrier is initialised before anyone waits on it
+  slab_init(bar);
+  slab_load(sl, ld, w, j0, 0xffffu, d, 0, kc, bar, pol);
   grid_wait();
   grid_release();
   u32 phase = 0;
@@ -272,15 +309,11 @@ __global__ void __launch_bounds__(256, 3)
     const int steps = min(kc, d - c0) / 32, per = (steps + 7) / 8;
     const int s0 = min(steps, warp * per), s1 = min(steps, s0 + per);
     act_x(xv, x, m, d, c0, s0, s1);
-    mbar_wait(bar, phase);
-    phase ^= 1;
+    slab_wait(bar, phase);
     act_mma(slab, ld, 0xffffu, xv, s0, s1, gc);
     if (c0 + kc < d) {
       __syncthreads();  // every warp is done with the chunk
-      if (warp == 0) {
-        fence_async();
-        bulk_rows(sl, ld, w, j0, 0xffffu, d, c0 + kc, min(kc, d - c0 - kc), bar, pol);
-      }
+      slab_load(sl, ld, w, j0, 0xffffu, d, c0 + kc, min(kc, d - c0 - kc), bar, pol);
     }
   }
   mma_sum(gc, red);
@@ -302,9 +335,11 @@ __global__ void __launch_bounds__(256, 3)
 #pragma unroll
     for (int o = 1; o < 32; o <<= 1) any |= __shfl_xor_sync(0xffffffffu, any, o);
     if (lane == 0) live_up = any;
+#if __CUDA_ARCH__ >= 900
     if (lane < 16 && (any >> lane & 1))  // for gemv_down, next
       asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(down + (size_t)(j0 + lane) * d), "r"(d * 2)
                    : "memory");
+#endif
   }
   __syncthreads();
   const u32 live = live_up;
@@ -315,13 +350,9 @@ __global__ void __launch_bounds__(256, 3)
     for (int c0 = 0; c0 < d; c0 += kc) {
       const int steps = min(kc, d - c0) / 32, per = (steps + 7) / 8;
       const int s0 = min(steps, warp * per), s1 = min(steps, s0 + per);
-      if (warp == 0) {
-        fence_async();
-        bulk_rows(sl, ld, up, j0, live, d, c0, min(kc, d - c0), bar, pol);
-      }
+      slab_load(sl, ld, up, j0, live, d, c0, min(kc, d - c0), bar, pol);
       if (d > kc) act_x(xv, x, m, d, c0, s0, s1);  // one chunk: the gate pass's are still here
-      mbar_wait(bar, phase);
-      phase ^= 1;
+      slab_wait(bar, phase);
       act_mma(slab, ld, live, xv, s0, s1, uc);
       if (c0 + kc < d) __syncthreads();  // every warp is done with the chunk
     }

@@ -28,7 +28,9 @@ var earlyStartKernels = map[string]bool{"add_rmsnorm": true, "gemv_rows1": true,
 	"qkv_rope1": true, "qkv_rope4": true, "attn_dec64": true, "attn_dec128": true}
 
 // TestCompile compiles every .cu file of kernelFiles to PTX: it needs NVRTC
-// but no GPU. The kernels launched with early start must wait first.
+// but no GPU. The kernels launched with early start must wait first. The
+// files run on every GPU from sm_80 on, so each is also assembled for
+// sm_80 (ptxas rejects what sm_80 lacks, where the PTX passes).
 func TestCompile(t *testing.T) {
 	cudatest.Compiler(t)
 	for _, file := range kernelFiles {
@@ -56,6 +58,9 @@ func TestCompile(t *testing.T) {
 			}
 			if prog.Log != "" {
 				t.Logf("NVRTC log:\n%s", prog.Log)
+			}
+			if _, err := cuda.CompileProgram(file.name, *file.src, append(headers(), cuda.WithArch("sm_80"))...); err != nil {
+				t.Errorf("sm_80: %v", err)
 			}
 		})
 	}
