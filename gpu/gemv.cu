@@ -241,6 +241,14 @@ __device__ __forceinline__ void slab_wait(u32 bar, u32& phase) {
 #endif
 }
 
+// act_steps sets this warp's share [s0, s1) of the 32-column steps of the
+// chunk at column c0 (chunks of kc columns).
+__device__ __forceinline__ void act_steps(int d, int c0, int kc, int& s0, int& s1) {
+  const int steps = min(kc, d - c0) / 32, per = (steps + 7) / 8;
+  s0 = min(steps, (int)(threadIdx.x >> 5) * per);
+  s1 = min(steps, s0 + per);
+}
+
 // act_x loads this warp's x fragments of steps [s0, s1) of the chunk at
 // column c0: token g's 16 bytes at column 32 s + 8 q (zero past m).
 __device__ __forceinline__ void act_x(uint4 (&xv)[ACT_STEPS], const u16* __restrict__ x, int m, int d, int c0,
@@ -306,8 +314,8 @@ __global__ void __launch_bounds__(256, 3)
   float gc[4] = {0.f, 0.f, 0.f, 0.f};
   uint4 xv[ACT_STEPS];
   for (int c0 = 0; c0 < d; c0 += kc) {
-    const int steps = min(kc, d - c0) / 32, per = (steps + 7) / 8;
-    const int s0 = min(steps, warp * per), s1 = min(steps, s0 + per);
+    int s0, s1;
+    act_steps(d, c0, kc, s0, s1);
     act_x(xv, x, m, d, c0, s0, s1);
     slab_wait(bar, phase);
     act_mma(slab, ld, 0xffffu, xv, s0, s1, gc);
@@ -348,8 +356,8 @@ __global__ void __launch_bounds__(256, 3)
     // mma_sum's barriers come after every warp's last read of the gate rows.
     uc[0] = uc[1] = uc[2] = uc[3] = 0.f;
     for (int c0 = 0; c0 < d; c0 += kc) {
-      const int steps = min(kc, d - c0) / 32, per = (steps + 7) / 8;
-      const int s0 = min(steps, warp * per), s1 = min(steps, s0 + per);
+      int s0, s1;
+      act_steps(d, c0, kc, s0, s1);
       slab_load(sl, ld, up, j0, live, d, c0, min(kc, d - c0), bar, pol);
       if (d > kc) act_x(xv, x, m, d, c0, s0, s1);  // one chunk: the gate pass's are still here
       slab_wait(bar, phase);
