@@ -45,6 +45,10 @@ type ModelOptions struct {
 	// checkpoint (config.json + bf16 model.safetensors), so that other
 	// engines can be timed on the same weights (scripts/hf-prefill-bench.py).
 	SaveDir string
+	// TraceSteps, when positive, records the kernels (package cuda/cupti)
+	// of one more prefill pass and of TraceSteps more decode steps per
+	// decode batch, after the timed ones (GPU only).
+	TraceSteps int
 }
 
 // Validate reports the first bad option, naming it.
@@ -68,6 +72,8 @@ func (o ModelOptions) Validate() error {
 		return fmt.Errorf("-decode-steps %d and -reps %d must be positive", o.DecodeSteps, o.Reps)
 	case o.DecodeContext < 1:
 		return fmt.Errorf("-decode-context %d must be positive", o.DecodeContext)
+	case o.TraceSteps < 0:
+		return fmt.Errorf("-trace-steps %d must not be negative", o.TraceSteps)
 	}
 	for _, b := range o.DecodeBatches {
 		if b < 1 {
@@ -85,6 +91,8 @@ func (o ModelOptions) checkPositions(c model.Config) error {
 		return fmt.Errorf("-prompt-len %d exceeds the model's %d positions", o.PromptLen, c.MaxPositionEmbeddings)
 	case o.DecodeContext+o.DecodeSteps > c.MaxPositionEmbeddings:
 		return fmt.Errorf("-decode-context %d plus -decode-steps %d exceeds the model's %d positions", o.DecodeContext, o.DecodeSteps, c.MaxPositionEmbeddings)
+	case o.TraceSteps > 0 && o.DecodeContext+o.TraceSteps+1 > c.MaxPositionEmbeddings:
+		return fmt.Errorf("-decode-context %d plus -trace-steps %d and a step to record the graph exceeds the model's %d positions", o.DecodeContext, o.TraceSteps, c.MaxPositionEmbeddings)
 	}
 	return nil
 }
@@ -207,6 +215,9 @@ type DecodePoint struct {
 	// profiled and so not replayed from a graph (GPU only;
 	// llm.Stats.StepMS).
 	StepMS map[string]float64 `json:"step_ms,omitempty"`
+	// Trace is what the kernel trace of ModelOptions.TraceSteps more steps,
+	// replayed from graphs like the timed ones, shows (GPU only).
+	Trace *TraceSummary `json:"trace,omitempty"`
 }
 
 // ModelSchema names the layout of a ModelResult row in JSON (on the GPU,

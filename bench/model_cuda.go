@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -9,6 +10,7 @@ import (
 
 	cpullm "github.com/twell-ai/twell/cpu/llm"
 	"github.com/twell-ai/twell/cuda"
+	"github.com/twell-ai/twell/cuda/cupti"
 	"github.com/twell-ai/twell/cuda/nvml"
 	"github.com/twell-ai/twell/engine"
 	"github.com/twell-ai/twell/gpu/llm"
@@ -39,6 +41,12 @@ type ModelCUDAResult struct {
 	// PrefillStepMS is the GPU time of each kind of step (llm.Stats.StepMS)
 	// in one more prefill pass, timed with CUDA events between the steps.
 	PrefillStepMS map[string]float64 `json:"prefill_step_ms"`
+	// PrefillTrace is what the kernel trace of one more prefill pass shows
+	// (ModelOptions.TraceSteps).
+	PrefillTrace *TraceSummary `json:"prefill_trace,omitempty"`
+	// Traces holds the traced kernels, one section per prefill pass and
+	// decode batch, for WriteChromeTrace.
+	Traces []TraceSection `json:"-"`
 }
 
 // formatSteps lists step times in the order a layer runs them, and their sum.
@@ -216,17 +224,31 @@ func ModelCUDA(o ModelOptions, progress func(string)) ([]ModelCUDAResult, error)
 		}
 		res.PrefillStepMS = stats.StepMS
 		progress(fmt.Sprintf("%s: profiled prefill, ms by step: %s", path, formatSteps(stats.StepMS)))
+		if o.TraceSteps > 0 {
+			label := fmt.Sprintf("%s prefill %d x %d", path, o.Batch, o.PromptLen)
+			sum, sec, err := traceSteps(label, 1, nil, prefill)
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w", label, err)
+			}
+			res.PrefillTrace = &sum
+			res.Traces = append(res.Traces, sec)
+			progress(fmt.Sprintf("%s: traced prefill, %s", path, sum))
+		}
 		if path == "twell" {
 			res.MLPActive = append(res.MLPActive, stats.MeanActive...)
 		}
 		logitsOf[path] = logits
 		for _, b := range o.DecodeBatches {
 			progress(fmt.Sprintf("%s: decode batch %d, context %d", path, b, o.DecodeContext))
-			pt, err := decodeSpeedCUDA(e, r, b, o.DecodeContext, o.DecodeSteps, o.Reps, timed, sample)
+			pt, sec, err := decodeSpeedCUDA(e, r, b, o, path, timed, sample)
 			if err != nil {
 				return nil, err
 			}
 			progress(fmt.Sprintf("%s: profiled decode step, batch %d, ms by step: %s", path, b, formatSteps(pt.StepMS)))
+			if pt.Trace != nil {
+				res.Traces = append(res.Traces, sec)
+				progress(fmt.Sprintf("%s: traced decode steps, batch %d, %s", path, b, pt.Trace))
+			}
 			res.Decode = append(res.Decode, pt)
 		}
 		res.PeakDeviceBytes = peak
@@ -245,17 +267,20 @@ func ModelCUDA(o ModelOptions, progress func(string)) ([]ModelCUDAResult, error)
 	return results, nil
 }
 
-// decodeSpeedCUDA times steps single-token decode steps for batch sequences
-// after a prompt of ctx tokens each (prefill untimed): CUDA events around
-// the steps, median of reps after one warm-up repetition. One more step,
-// profiled, gives the point's StepMS.
-func decodeSpeedCUDA(e *llm.Engine, r *rand.Rand, batch, ctx, steps, reps int, timed func(func() error) (float64, error), sample func()) (DecodePoint, error) {
+// decodeSpeedCUDA times o.DecodeSteps single-token decode steps for batch
+// sequences after a prompt of o.DecodeContext tokens each (prefill
+// untimed): CUDA events around the steps, median of o.Reps after one
+// warm-up repetition. With o.TraceSteps, that many more steps from the
+// same context are traced (the section of the trace is returned). One more
+// step, profiled, gives the point's StepMS.
+func decodeSpeedCUDA(e *llm.Engine, r *rand.Rand, batch int, o ModelOptions, path string, timed func(func() error) (float64, error), sample func()) (DecodePoint, TraceSection, error) {
 	c := e.Config()
+	ctx, steps, reps := o.DecodeContext, o.DecodeSteps, o.Reps
 	caches := make([]engine.Cache, batch)
 	for i := range caches {
 		var err error
-		if caches[i], err = e.NewCache(ctx + steps + 1); err != nil {
-			return DecodePoint{}, err
+		if caches[i], err = e.NewCache(ctx + max(steps, o.TraceSteps+1) + 1); err != nil {
+			return DecodePoint{}, TraceSection{}, err
 		}
 		defer caches[i].Free()
 	}
@@ -271,12 +296,12 @@ func decodeSpeedCUDA(e *llm.Engine, r *rand.Rand, batch, ctx, steps, reps int, t
 	for rep := -1; rep < reps; rep++ {
 		for i := range caches {
 			if err := caches[i].Truncate(0); err != nil {
-				return DecodePoint{}, err
+				return DecodePoint{}, TraceSection{}, err
 			}
 			toks[i] = randTokens(r, ctx, c.VocabSize)
 		}
 		if _, _, err := e.Forward(caches, toks, false); err != nil {
-			return DecodePoint{}, err
+			return DecodePoint{}, TraceSection{}, err
 		}
 		ms, err := timed(func() error {
 			for s := 0; s < steps; s++ {
@@ -297,7 +322,7 @@ func decodeSpeedCUDA(e *llm.Engine, r *rand.Rand, batch, ctx, steps, reps int, t
 			return nil
 		})
 		if err != nil {
-			return DecodePoint{}, err
+			return DecodePoint{}, TraceSection{}, err
 		}
 		sample()
 		if rep >= 0 {
@@ -308,6 +333,33 @@ func decodeSpeedCUDA(e *llm.Engine, r *rand.Rand, batch, ctx, steps, reps int, t
 	pt := DecodePoint{Batch: batch, Context: ctx, TokensPerSec: float64(batch*steps) / med * 1000, MSPerStep: med / float64(steps),
 		GraphSteps: e.GraphReplays() - graphs0, Steps: (reps + 1) * steps, GraphRecords: e.GraphRecords() - records0,
 		SparseLayers: sparse}
+	var sec TraceSection
+	if o.TraceSteps > 0 {
+		for i := range caches {
+			if err := caches[i].Truncate(ctx); err != nil {
+				return DecodePoint{}, TraceSection{}, err
+			}
+		}
+		label := fmt.Sprintf("%s decode b=%d at %d cached", path, batch, ctx)
+		step := func() error {
+			for i := range toks {
+				toks[i] = []int{r.IntN(c.VocabSize)}
+			}
+			_, _, err := e.Forward(caches, toks, false)
+			return err
+		}
+		// The graphs are recorded again while the tracer runs.
+		prepare := func() error { return errors.Join(e.ResetGraphs(), step()) }
+		sum, s, err := traceSteps(label, o.TraceSteps, prepare, step)
+		if err != nil {
+			return DecodePoint{}, TraceSection{}, fmt.Errorf("%s: %w", label, err)
+		}
+		// Graphs recorded under the tracer are not used for timing.
+		if err := e.ResetGraphs(); err != nil {
+			return DecodePoint{}, TraceSection{}, err
+		}
+		pt.Trace, sec = &sum, s
+	}
 	// One more step, profiled: where a decode step's time goes. It runs
 	// kernel by kernel (a step replayed from a graph is not timed).
 	for i := range toks {
@@ -318,10 +370,58 @@ func decodeSpeedCUDA(e *llm.Engine, r *rand.Rand, batch, ctx, steps, reps int, t
 	_, st, err := e.Forward(caches, toks, false)
 	e.Profile, e.NoGraphs = false, noGraphs
 	if err != nil {
-		return DecodePoint{}, err
+		return DecodePoint{}, TraceSection{}, err
 	}
 	pt.StepMS = st.StepMS
-	return pt, nil
+	return pt, sec, nil
+}
+
+// traceSteps records the kernels (package cuda/cupti) of n calls of step,
+// after prepare (when set; run with the tracer on, but not as a step),
+// and summarizes them; the section holds the steps' kernels under label.
+// step must wait for its kernels (the marks between steps are host times).
+func traceSteps(label string, n int, prepare, step func() error) (TraceSummary, TraceSection, error) {
+	rec, err := cupti.Start()
+	if err != nil {
+		return TraceSummary{}, TraceSection{}, fmt.Errorf("kernel trace: %w", err)
+	}
+	run := func() ([]uint64, error) {
+		if prepare != nil {
+			if err := prepare(); err != nil {
+				return nil, err
+			}
+		}
+		marks := make([]uint64, 0, n+1)
+		for i := 0; i <= n; i++ {
+			t, err := cupti.Now()
+			if err != nil {
+				return nil, err
+			}
+			marks = append(marks, t)
+			if i < n {
+				if err := step(); err != nil {
+					return nil, err
+				}
+			}
+		}
+		return marks, nil
+	}
+	marks, err := run()
+	ks, serr := rec.Stop()
+	if err = errors.Join(err, serr); err != nil {
+		return TraceSummary{}, TraceSection{}, err
+	}
+	sum, err := SummarizeTrace(ks, marks)
+	if err != nil {
+		return TraceSummary{}, TraceSection{}, err
+	}
+	sec := TraceSection{Label: label}
+	for _, k := range ks {
+		if k.Start >= marks[0] && k.Start < marks[n] {
+			sec.Kernels = append(sec.Kernels, k)
+		}
+	}
+	return sum, sec, nil
 }
 
 // allLogits runs tokens, one sequence, through e in a fresh cache and

@@ -38,7 +38,7 @@
 //
 // # Environment
 //
-//	TWELL_CUDA_LIB_DIR      folders searched first for libcuda, libnvrtc, libcublas(Lt), libnvidia-ml
+//	TWELL_CUDA_LIB_DIR      folders searched first for libcuda, libnvrtc, libcublas(Lt), libnvidia-ml, libcupti
 //	TWELL_CUDA_INCLUDE_DIR  the folder with cuda_bf16.h, if not found by itself
 //	TWELL_KERNEL_CACHE      "off", or the CUBIN cache folder (default: user cache dir/twell/kernels)
 //	TWELL_CUBIN_DUMP        a folder where every compiled CUBIN is also written, for cuobjdump

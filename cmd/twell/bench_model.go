@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
 	"flag"
 	"fmt"
@@ -40,6 +41,8 @@ func runBenchModel(args []string, stdout, stderr io.Writer) error {
 	jsonPath := fs.String("json", "", "write the results as JSON to this file")
 	plotPath := fs.String("plot", "", "write a PNG of prefill tokens/ms and decode tokens/s per path to this file")
 	save := fs.String("save", "", "also write the benchmarked model as a Hugging Face checkpoint (bf16) to this folder")
+	trace := fs.String("trace", "", "cuda: record the kernels (CUPTI) of one more prefill pass and of -trace-steps more decode steps per batch, and write them to this file as a Chrome trace (Perfetto opens it); per-kernel summaries go to the JSON and stderr")
+	traceSteps := fs.Int("trace-steps", 0, "cuda: decode steps per batch to trace (default 16 with -trace)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -57,6 +60,15 @@ func runBenchModel(args []string, stdout, stderr io.Writer) error {
 	}
 	if set := setFlags(fs); set["layers"] && *layers < 1 {
 		return usagef("-layers %d: must be between 1 and the preset's 28", *layers)
+	}
+	if *traceSteps < 0 {
+		return usagef("-trace-steps %d must not be negative", *traceSteps)
+	}
+	if *trace != "" && *traceSteps == 0 {
+		*traceSteps = 16
+	}
+	if (*trace != "" || *traceSteps > 0) && *device != "cuda" {
+		return usagef("-trace and -trace-steps record GPU kernels: they need -device cuda")
 	}
 	if *device == "cuda" { // GPU-sized defaults for the flags not given
 		set := setFlags(fs)
@@ -87,15 +99,15 @@ func runBenchModel(args []string, stdout, stderr io.Writer) error {
 	}
 	o := bench.ModelOptions{Dir: *dir, Preset: *preset, Layers: *layers, Density: *density, Dist: d,
 		Batch: *batch, PromptLen: *promptLen, DecodeBatches: batches, DecodeSteps: *decodeSteps, DecodeContext: *decodeContext, Reps: *reps, Seed: *seed,
-		SaveDir: *save}
+		SaveDir: *save, TraceSteps: *traceSteps}
 	if err := o.Validate(); err != nil {
 		return usageError{err.Error()}
 	}
-	if err := checkWritable(*jsonPath, *plotPath); err != nil {
+	if err := checkWritable(*jsonPath, *plotPath, *trace); err != nil {
 		return err
 	}
 	if *device == "cuda" {
-		return benchModelCUDA(o, *jsonPath, *plotPath, stdout, stderr)
+		return benchModelCUDA(o, *jsonPath, *plotPath, *trace, stdout, stderr)
 	}
 	fmt.Fprintf(stderr, "bench model: %s, seed %d\n", bench.CPUName(), *seed)
 	rs, err := bench.ModelCPU(o, func(s string) { fmt.Fprintln(stderr, "  "+s) })
@@ -108,8 +120,9 @@ func runBenchModel(args []string, stdout, stderr io.Writer) error {
 	return writeResults(*jsonPath, rs, *plotPath, func() error { return bench.PlotModel(rs, *plotPath) })
 }
 
-// benchModelCUDA runs bench model on the GPU and prints its table.
-func benchModelCUDA(o bench.ModelOptions, jsonPath, plotPath string, stdout, stderr io.Writer) error {
+// benchModelCUDA runs bench model on the GPU and prints its table; with
+// tracePath it writes the kernel trace there.
+func benchModelCUDA(o bench.ModelOptions, jsonPath, plotPath, tracePath string, stdout, stderr io.Writer) error {
 	fmt.Fprintf(stderr, "bench model (cuda): seed %d\n", o.Seed)
 	rs, err := bench.ModelCUDA(o, func(s string) { fmt.Fprintln(stderr, "  "+s) })
 	if err != nil {
@@ -125,7 +138,21 @@ func benchModelCUDA(o bench.ModelOptions, jsonPath, plotPath string, stdout, std
 	fmt.Fprintf(stderr, "model: %s, %s parameters on %s; weights %s, prefill KV caches %s; %d of %d layers on TwELL MLPs; GPU vs CPU logits %.1e\n",
 		r.Model, countString(r.Params), r.Machine, memcheck.Format(float64(r.WeightBytes)), memcheck.Format(float64(r.KVCacheBytes)),
 		r.TwELLLayers, len(rs[1].MLPActive), r.CPUCheckRelDiff)
-	return writeResults(jsonPath, rs, plotPath, func() error { return bench.PlotModel(base, plotPath) })
+	if err := writeResults(jsonPath, rs, plotPath, func() error { return bench.PlotModel(base, plotPath) }); err != nil {
+		return err
+	}
+	if tracePath == "" {
+		return nil
+	}
+	var secs []bench.TraceSection
+	for _, r := range rs {
+		secs = append(secs, r.Traces...)
+	}
+	var buf bytes.Buffer
+	if err := bench.WriteChromeTrace(&buf, secs); err != nil {
+		return err
+	}
+	return atomicfile.WriteFile(tracePath, buf.Bytes())
 }
 
 // writeResults writes v as JSON to jsonPath (if set), then the plot (if

@@ -83,6 +83,9 @@ func TestBenchModelBadInput(t *testing.T) {
 		{[]string{"bench", "model", "-preset", "sparselm-1.5b", "-layers", "-1"}, "-layers -1: must be between 1 and the preset's 28"},
 		{[]string{"bench", "model", "-preset", "sparselm-1.5b", "-layers", "99999"}, "-layers 99999"},
 		{[]string{"bench", "model", "-preset", "sparselm-1.5b", "-layers", "0"}, "-layers 0"},
+		{[]string{"bench", "model", "-preset", "sparselm-1.5b", "-trace-steps", "-1"}, "-trace-steps -1 must not be negative"},
+		{[]string{"bench", "model", "-preset", "sparselm-1.5b", "-device", "cpu", "-trace", "t.json"}, "they need -device cuda"},
+		{[]string{"bench", "model", "-preset", "sparselm-1.5b", "-device", "cpu", "-trace-steps", "4"}, "they need -device cuda"},
 	} {
 		var out, errb bytes.Buffer
 		if code := run(c.args, &out, &errb); code != 2 || !strings.Contains(errb.String(), c.want) {
@@ -105,5 +108,76 @@ func TestBenchModelCUDAWithoutGPU(t *testing.T) {
 	var out, errb bytes.Buffer
 	if code := run([]string{"bench", "model", "-preset", "sparselm-1.5b", "-device", "cuda"}, &out, &errb); code != 1 || !strings.Contains(errb.String(), "no GPU found") {
 		t.Errorf("exit %d, stderr %q", code, errb.String())
+	}
+}
+
+// TestBenchModelCUDATrace traces a small model's prefill and decode steps
+// on the GPU: summaries in the JSON, every kernel in the Chrome trace.
+func TestBenchModelCUDATrace(t *testing.T) {
+	if n, err := cuda.Count(); err != nil || n == 0 {
+		t.Skipf("no GPU: %v", err)
+	}
+	dir := tinyCheckpoint(t)
+	tmp := t.TempDir()
+	js, tr := filepath.Join(tmp, "m.json"), filepath.Join(tmp, "trace.json")
+	var out, errb bytes.Buffer
+	code := run([]string{"bench", "model", "-device", "cuda", "-model", dir, "-batch", "2", "-prompt-len", "8", "-decode-batch", "1,3",
+		"-decode-steps", "2", "-decode-context", "5", "-reps", "1", "-json", js, "-trace", tr, "-trace-steps", "3"}, &out, &errb)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	var rs []struct {
+		Path         string `json:"path"`
+		PrefillTrace *struct {
+			Steps   int               `json:"steps"`
+			Kernels []json.RawMessage `json:"kernels"`
+		} `json:"prefill_trace"`
+		Decode []struct {
+			Batch int `json:"batch"`
+			Trace *struct {
+				Steps          int     `json:"steps"`
+				KernelsPerStep float64 `json:"kernels_per_step"`
+				SpanMS         float64 `json:"span_ms_per_step"`
+				BusyMS         float64 `json:"busy_ms_per_step"`
+				WallMS         float64 `json:"wall_ms_per_step"`
+			} `json:"trace"`
+		} `json:"decode"`
+	}
+	b, _ := os.ReadFile(js)
+	if err := json.Unmarshal(b, &rs); err != nil || len(rs) != 2 {
+		t.Fatalf("JSON: %v, %d results", err, len(rs))
+	}
+	for _, r := range rs {
+		if r.PrefillTrace == nil || r.PrefillTrace.Steps != 1 || len(r.PrefillTrace.Kernels) == 0 {
+			t.Errorf("%s: prefill trace %+v", r.Path, r.PrefillTrace)
+		}
+		for _, d := range r.Decode {
+			tr := d.Trace
+			if tr == nil || tr.Steps != 3 || tr.KernelsPerStep < 3 || !(tr.BusyMS > 0 && tr.BusyMS <= tr.SpanMS+1e-9 && tr.SpanMS <= tr.WallMS+1e-9) {
+				t.Errorf("%s decode b=%d: trace %+v; want 3 steps of kernels with busy <= span <= wall", r.Path, d.Batch, tr)
+			}
+		}
+	}
+	var chrome struct {
+		TraceEvents []struct {
+			Ph   string `json:"ph"`
+			Name string `json:"name"`
+		} `json:"traceEvents"`
+	}
+	b, _ = os.ReadFile(tr)
+	if err := json.Unmarshal(b, &chrome); err != nil {
+		t.Fatalf("Chrome trace: %v", err)
+	}
+	kernels := 0
+	for _, e := range chrome.TraceEvents {
+		if e.Ph == "X" {
+			kernels++
+		}
+	}
+	if kernels < 2*3*3 {
+		t.Errorf("%d kernel events in the Chrome trace", kernels)
+	}
+	if !strings.Contains(errb.String(), "traced decode steps, batch 3") {
+		t.Errorf("stderr has no decode trace summary: %s", errb.String())
 	}
 }

@@ -146,6 +146,11 @@ func (e *Engine) GraphRecords() int { return e.records }
 // not failed.
 func (e *Engine) GraphError() error { return e.graphErr }
 
+// ResetGraphs destroys the recorded decode-step graphs, so that the next
+// decode steps record them again: for a kernel tracer (package cuda/cupti)
+// that sees the kernels of graphs recorded while it runs.
+func (e *Engine) ResetGraphs() error { return e.dropGraphs() }
+
 // dropGraphs destroys the recorded graphs.
 func (e *Engine) dropGraphs() error {
 	var errs []error

@@ -1,5 +1,5 @@
 // Package dl finds and opens the CUDA shared libraries (driver, NVRTC,
-// cuBLAS, cuBLASLt, NVML) with purego, without cgo and without CUDA headers,
+// cuBLAS, cuBLASLt, NVML, CUPTI) with purego, without cgo and without CUDA headers,
 // and binds their symbols to Go function variables.
 //
 // A library is searched for, in order: in the folders of TWELL_CUDA_LIB_DIR
