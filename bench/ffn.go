@@ -24,6 +24,10 @@ type FFNOptions struct {
 	// inputs as safetensors files (see FFNInputsSchema), so that another
 	// implementation can be timed on exactly the same numbers.
 	DumpDir string
+	// TraceSteps, when positive, records the kernels (package cuda/cupti)
+	// of that many more calls of the dense and the TwELL path, each after
+	// the L2 flush, as timed (GPU only).
+	TraceSteps int
 }
 
 // Validate reports the first bad option, naming it.
@@ -44,6 +48,8 @@ func (o FFNOptions) Validate() error {
 		return fmt.Errorf("-reps %d: must be positive", o.Reps)
 	case len(o.Densities) == 0:
 		return fmt.Errorf("-density: no densities given")
+	case o.TraceSteps < 0:
+		return fmt.Errorf("-trace-steps %d must not be negative", o.TraceSteps)
 	}
 	for _, d := range o.Densities {
 		if !(d > 0 && d < 1) {
@@ -100,6 +106,12 @@ type FFNResult struct {
 	TwELLMJPerToken float64 `json:"twell_mj_per_token,omitempty"`
 	AutoMJPerToken  float64 `json:"auto_mj_per_token,omitempty"`
 	InputBuffers    int     `json:"input_buffers,omitempty"` // rotated x batches
+	// DenseTrace and TwELLTrace are what kernel traces of FFNOptions.TraceSteps
+	// more calls of each path show, a call a step; Traces holds their
+	// kernels for WriteChromeTrace.
+	DenseTrace *TraceSummary  `json:"dense_trace,omitempty"`
+	TwELLTrace *TraceSummary  `json:"twell_trace,omitempty"`
+	Traces     []TraceSection `json:"-"`
 }
 
 // FFNCPU runs the MLP-block benchmark on the CPU: the project's dense MLP

@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"errors"
 	"fmt"
 	"math/rand/v2"
 
@@ -174,6 +175,19 @@ func FFNCUDA(o FFNOptions, progress func(string)) ([]FFNResult, error) {
 		return synth.RelErr(got, o.D, idx, want), nil
 	}
 
+	// trace records o.TraceSteps calls of run, each after the L2 flush.
+	trace := func(label string, run func(x *cuda.Buffer) error) (TraceSummary, TraceSection, error) {
+		i := 0
+		return traceSteps(label, o.TraceSteps, nil, func() error {
+			if err := dev.Memset8(flush, byte(i), nil); err != nil {
+				return err
+			}
+			err := run(xs[i%nbuf])
+			i++
+			return errors.Join(err, dev.Synchronize())
+		})
+	}
+
 	var out []FFNResult
 	for _, density := range o.Densities {
 		say("density %g: building weights", density)
@@ -197,7 +211,7 @@ func FFNCUDA(o FFNOptions, progress func(string)) ([]FFNResult, error) {
 		}
 		l.Apply(kernOpts)
 		res, err := ffnCase(o, density, l, sl, ffnEnv{x0: x0, x: xs[0], y: y, refRows: refRows,
-			timeMS: timeMS, energy: energy, check: check, say: say})
+			timeMS: timeMS, energy: energy, check: check, trace: trace, say: say})
 		l.Close()
 		if err != nil {
 			return nil, err
@@ -217,6 +231,7 @@ type ffnEnv struct {
 	timeMS  func(...func(*cuda.Buffer) error) ([]float64, error)
 	energy  func(func(*cuda.Buffer) error, float64) (float64, error)
 	check   func(func(*cuda.Buffer) error, [][]float64) (float64, error)
+	trace   func(string, func(*cuda.Buffer) error) (TraceSummary, TraceSection, error)
 	say     func(string, ...any)
 }
 
@@ -292,6 +307,22 @@ func ffnCase(o FFNOptions, density float64, l *gpu.MLP, sl *synth.Layer, e ffnEn
 		flops *= 1.5
 	}
 	res.DenseGFLOPS = flops / res.DenseMS / 1e6
+	if o.TraceSteps > 0 {
+		for _, c := range []struct {
+			path string
+			run  func(*cuda.Buffer) error
+			to   **TraceSummary
+		}{{"dense", dense, &res.DenseTrace}, {"twell", sparse, &res.TwELLTrace}} {
+			label := fmt.Sprintf("%s m=%d density %g %s", c.path, o.M, density, o.Dist)
+			sum, sec, err := e.trace(label, c.run)
+			if err != nil {
+				return res, fmt.Errorf("%s: %w", label, err)
+			}
+			*c.to = &sum
+			res.Traces = append(res.Traces, sec)
+			e.say("density %g: traced %s, %s", density, c.path, sum)
+		}
+	}
 	e.say("density %g: dense %.3f ms, TwELL %.3f ms (%.2fx; D2T %.3f ms), auto %.3f ms (%.2fx, %s); rel err %.1e/%.1e/%.1e; mJ/token %.4f/%.4f/%.4f",
 		density, res.DenseMS, res.TwELLMS, res.Speedup, res.D2TMS, res.AutoMS, res.AutoSpeedup, res.AutoPath,
 		res.DenseRelErr, res.RelErr, res.AutoRelErr, res.DenseMJPerToken, res.TwELLMJPerToken, res.AutoMJPerToken)

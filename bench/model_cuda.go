@@ -10,7 +10,6 @@ import (
 
 	cpullm "github.com/twell-ai/twell/cpu/llm"
 	"github.com/twell-ai/twell/cuda"
-	"github.com/twell-ai/twell/cuda/cupti"
 	"github.com/twell-ai/twell/cuda/nvml"
 	"github.com/twell-ai/twell/engine"
 	"github.com/twell-ai/twell/gpu/llm"
@@ -374,54 +373,6 @@ func decodeSpeedCUDA(e *llm.Engine, r *rand.Rand, batch int, o ModelOptions, pat
 	}
 	pt.StepMS = st.StepMS
 	return pt, sec, nil
-}
-
-// traceSteps records the kernels (package cuda/cupti) of n calls of step,
-// after prepare (when set; run with the tracer on, but not as a step),
-// and summarizes them; the section holds the steps' kernels under label.
-// step must wait for its kernels (the marks between steps are host times).
-func traceSteps(label string, n int, prepare, step func() error) (TraceSummary, TraceSection, error) {
-	rec, err := cupti.Start()
-	if err != nil {
-		return TraceSummary{}, TraceSection{}, fmt.Errorf("kernel trace: %w", err)
-	}
-	run := func() ([]uint64, error) {
-		if prepare != nil {
-			if err := prepare(); err != nil {
-				return nil, err
-			}
-		}
-		marks := make([]uint64, 0, n+1)
-		for i := 0; i <= n; i++ {
-			t, err := cupti.Now()
-			if err != nil {
-				return nil, err
-			}
-			marks = append(marks, t)
-			if i < n {
-				if err := step(); err != nil {
-					return nil, err
-				}
-			}
-		}
-		return marks, nil
-	}
-	marks, err := run()
-	ks, serr := rec.Stop()
-	if err = errors.Join(err, serr); err != nil {
-		return TraceSummary{}, TraceSection{}, err
-	}
-	sum, err := SummarizeTrace(ks, marks)
-	if err != nil {
-		return TraceSummary{}, TraceSection{}, err
-	}
-	sec := TraceSection{Label: label}
-	for _, k := range ks {
-		if k.Start >= marks[0] && k.Start < marks[n] {
-			sec.Kernels = append(sec.Kernels, k)
-		}
-	}
-	return sum, sec, nil
 }
 
 // allLogits runs tokens, one sequence, through e in a fresh cache and

@@ -30,6 +30,8 @@ func runBenchFFN(args []string, stdout, stderr io.Writer) error {
 	c := fs.Int("c", 8, "TwELL compression factor: 2, 4 or 8")
 	tile := fs.Int("tile", 256, "TwELL tile width: 256 or 128")
 	dumpDir := fs.String("dump-inputs", "", "write the inputs (batch 0, reference rows, each density's bf16 weights) as safetensors files into this folder, created if needed")
+	trace := fs.String("trace", "", "cuda: record the kernels (CUPTI) of -trace-steps more calls of each path, each after the L2 flush, and write them to this file as a Chrome trace (Perfetto opens it); per-kernel summaries go to the JSON and stderr")
+	traceSteps := fs.Int("trace-steps", 0, "cuda: calls of each path to trace (default 5 with -trace)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -52,9 +54,15 @@ func runBenchFFN(args []string, stdout, stderr io.Writer) error {
 			*reps = 30
 		}
 	}
+	if *trace != "" && *traceSteps == 0 {
+		*traceSteps = 5
+	}
+	if (*trace != "" || *traceSteps > 0) && kind != backend.CUDA {
+		return usagef("-trace and -trace-steps record GPU kernels: they need -device cuda")
+	}
 	o := bench.FFNOptions{
 		D: *d, F: *f, M: *m, Densities: dens, Dist: dst, Gated: *gated, Reps: *reps,
-		Layout: twell.Layout{Tile: *tile, C: *c}, Seed: *seed,
+		Layout: twell.Layout{Tile: *tile, C: *c}, Seed: *seed, TraceSteps: *traceSteps,
 	}
 	if err := o.Validate(); err != nil {
 		return usageError{err.Error()}
@@ -62,7 +70,7 @@ func runBenchFFN(args []string, stdout, stderr io.Writer) error {
 	if err := memcheck.Fits(fmt.Sprintf("the d=%d f=%d m=%d benchmark", o.D, o.F, o.M), o.HostBytes(), ""); err != nil {
 		return err
 	}
-	if err := checkWritable(*jsonPath, *plotPath); err != nil {
+	if err := checkWritable(*jsonPath, *plotPath, *trace); err != nil {
 		return err
 	}
 	if *dumpDir != "" {
@@ -77,7 +85,14 @@ func runBenchFFN(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	printFFN(stdout, results)
-	return writeResults(*jsonPath, results, *plotPath, func() error { return bench.PlotFFN(results, *plotPath) })
+	if err := writeResults(*jsonPath, results, *plotPath, func() error { return bench.PlotFFN(results, *plotPath) }); err != nil {
+		return err
+	}
+	var secs []bench.TraceSection
+	for _, r := range results {
+		secs = append(secs, r.Traces...)
+	}
+	return writeTrace(*trace, secs)
 }
 
 func printFFN(w io.Writer, rs []bench.FFNResult) {

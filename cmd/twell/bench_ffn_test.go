@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"github.com/twell-ai/twell/cuda"
 	"os"
 	"path/filepath"
 	"strings"
@@ -23,6 +24,8 @@ func TestBenchFFNBadInputExits2(t *testing.T) {
 		{[]string{"bench", "ffn", "-tile", "0"}, "tile width 0"},
 		{[]string{"bench", "ffn", "-m", "0"}, "-m 0"},
 		{[]string{"bench", "ffn", "-reps", "0"}, "-reps 0"},
+		{[]string{"bench", "ffn", "-device", "cpu", "-trace", "t.json"}, "they need -device cuda"},
+		{[]string{"bench", "ffn", "-device", "cpu", "-trace-steps", "2"}, "they need -device cuda"},
 		{[]string{"bench", "nope"}, "unknown command \"bench nope\""},
 	}
 	checkUsageErrors(t, cases)
@@ -86,6 +89,46 @@ func TestBenchFFNSmallRun(t *testing.T) {
 	}
 	if !strings.Contains(out.String(), "speedup") {
 		t.Errorf("no table printed: %q", out.String())
+	}
+}
+
+// TestBenchFFNCUDATrace traces both paths of a small MLP block on the GPU:
+// a summary per path in the JSON, every kernel in the Chrome trace.
+func TestBenchFFNCUDATrace(t *testing.T) {
+	if n, err := cuda.Count(); err != nil || n == 0 {
+		t.Skipf("no GPU: %v", err)
+	}
+	dir := t.TempDir()
+	js, tr := filepath.Join(dir, "r.json"), filepath.Join(dir, "trace.json")
+	var out, errb bytes.Buffer
+	code := run([]string{"bench", "ffn", "-device", "cuda", "-d", "256", "-f", "1024", "-m", "512", "-reps", "3",
+		"-density", "0.01", "-json", js, "-trace", tr, "-trace-steps", "4"}, &out, &errb)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	type summary struct {
+		Steps   int `json:"steps"`
+		Kernels []struct {
+			Name string `json:"name"`
+		} `json:"kernels"`
+		BusyMS float64 `json:"busy_ms_per_step"`
+	}
+	var rs []struct {
+		Dense *summary `json:"dense_trace"`
+		TwELL *summary `json:"twell_trace"`
+	}
+	b, _ := os.ReadFile(js)
+	if err := json.Unmarshal(b, &rs); err != nil || len(rs) != 1 {
+		t.Fatalf("JSON: %v, %d results", err, len(rs))
+	}
+	for _, s := range []*summary{rs[0].Dense, rs[0].TwELL} {
+		if s == nil || s.Steps != 4 || len(s.Kernels) == 0 || s.BusyMS <= 0 {
+			t.Errorf("trace %+v, want 4 steps of kernels", s)
+		}
+	}
+	b, _ = os.ReadFile(tr)
+	if !json.Valid(b) || !strings.Contains(string(b), "twell m=512") {
+		t.Errorf("Chrome trace: valid %v, %d bytes", json.Valid(b), len(b))
 	}
 }
 

@@ -141,18 +141,23 @@ func benchModelCUDA(o bench.ModelOptions, jsonPath, plotPath, tracePath string, 
 	if err := writeResults(jsonPath, rs, plotPath, func() error { return bench.PlotModel(base, plotPath) }); err != nil {
 		return err
 	}
-	if tracePath == "" {
-		return nil
-	}
 	var secs []bench.TraceSection
 	for _, r := range rs {
 		secs = append(secs, r.Traces...)
+	}
+	return writeTrace(tracePath, secs)
+}
+
+// writeTrace writes the traced kernels to path (if set) as a Chrome trace.
+func writeTrace(path string, secs []bench.TraceSection) error {
+	if path == "" {
+		return nil
 	}
 	var buf bytes.Buffer
 	if err := bench.WriteChromeTrace(&buf, secs); err != nil {
 		return err
 	}
-	return atomicfile.WriteFile(tracePath, buf.Bytes())
+	return atomicfile.WriteFile(path, buf.Bytes())
 }
 
 // writeResults writes v as JSON to jsonPath (if set), then the plot (if
