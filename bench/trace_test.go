@@ -124,15 +124,7 @@ func TestWriteChromeTrace(t *testing.T) {
 		t.Fatal(err)
 	}
 	var got struct {
-		TraceEvents []struct {
-			Name string         `json:"name"`
-			Ph   string         `json:"ph"`
-			TS   float64        `json:"ts"`
-			Dur  float64        `json:"dur"`
-			PID  int            `json:"pid"`
-			TID  uint32         `json:"tid"`
-			Args map[string]any `json:"args"`
-		} `json:"traceEvents"`
+		TraceEvents []chromeEvent `json:"traceEvents"`
 	}
 	if err := json.Unmarshal(buf.Bytes(), &got); err != nil {
 		t.Fatalf("not JSON: %v\n%s", err, buf.String())
