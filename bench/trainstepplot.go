@@ -63,32 +63,55 @@ func PlotTrainStep(results []TrainStepResult, path string) error {
 // stagePanel returns horizontal bars of each profiled path's GPU time per
 // stage, or nil when no result has a profile.
 func stagePanel(results []TrainStepResult, leg *plot.Legend, notes *notes) (*plot.Plot, error) {
-	var profiled []TrainStepResult
+	var series []stageSeries
 	for _, r := range results {
-		if len(r.Stages) > 0 {
-			profiled = append(profiled, r)
+		if len(r.Stages) == 0 {
+			continue
 		}
+		ss := stageSeries{name: r.Path + " MLP path"}
+		for _, s := range r.Stages {
+			ss.stages = append(ss.stages, stageMS{s.Name, s.MS})
+		}
+		series = append(series, ss)
 	}
-	if len(profiled) == 0 {
+	if len(series) == 0 {
 		return nil, nil
 	}
-	// The stages shown: those at stageShareShown or more of some path's
-	// step, in the order the first profile lists them.
+	return stageBars("GPU time per stage, one profiled step", "GPU time (ms)", series, leg, map[string]bool{}, notes)
+}
+
+// stageMS is the time of one stage (or kernel) of a step.
+type stageMS struct {
+	name string
+	ms   float64
+}
+
+// stageSeries is one bar series of a stage panel: a path's stages.
+type stageSeries struct {
+	name   string
+	stages []stageMS
+}
+
+// stageBars returns horizontal bars of each series' time per stage: the
+// stages at stageShareShown or more of some series' total, in the order
+// the first series lists them, the rest summed as "other". A legend entry
+// goes to leg for each series not yet in inLegend, which records it.
+func stageBars(title, xlabel string, series []stageSeries, leg *plot.Legend, inLegend map[string]bool, notes *notes) (*plot.Plot, error) {
 	shown := map[string]bool{}
 	var order []string
-	for _, r := range profiled {
+	for _, r := range series {
 		total := 0.0
-		for _, s := range r.Stages {
-			if finite(s.MS) && s.MS > 0 {
-				total += s.MS
+		for _, s := range r.stages {
+			if finite(s.ms) && s.ms > 0 {
+				total += s.ms
 			}
 		}
-		for _, s := range r.Stages {
-			if !slices.Contains(order, s.Name) {
-				order = append(order, s.Name)
+		for _, s := range r.stages {
+			if !slices.Contains(order, s.name) {
+				order = append(order, s.name)
 			}
-			if total > 0 && s.MS >= stageShareShown*total {
-				shown[s.Name] = true
+			if total > 0 && s.ms >= stageShareShown*total {
+				shown[s.name] = true
 			}
 		}
 	}
@@ -99,31 +122,31 @@ func stagePanel(results []TrainStepResult, leg *plot.Legend, notes *notes) (*plo
 		}
 	}
 	rows = append(rows, "other")
-	sums := make([]plotter.Values, len(profiled))
+	sums := make([]plotter.Values, len(series))
 	other := false
-	for i, r := range profiled {
+	for i, r := range series {
 		sums[i] = make(plotter.Values, len(rows))
-		for _, s := range r.Stages {
-			if !finite(s.MS) || s.MS < 0 {
-				notes.drop(r.Path, "stage "+s.Name+" ms", s.MS, "bar chart")
+		for _, s := range r.stages {
+			if !finite(s.ms) || s.ms < 0 {
+				notes.drop(r.name, s.name, s.ms, "bar chart")
 				continue
 			}
-			k := slices.Index(rows, s.Name)
+			k := slices.Index(rows, s.name)
 			if k < 0 {
 				k, other = len(rows)-1, true
 			}
-			sums[i][k] += s.MS
+			sums[i][k] += s.ms
 		}
 	}
 	if !other {
 		rows = rows[:len(rows)-1]
 	}
-	p := newPanel("GPU time per stage, one profiled step", "GPU time (ms)", "")
-	w := vg.Points(min(14, 260/float64(len(rows)*len(profiled))))
+	p := newPanel(title, xlabel, "")
+	w := vg.Points(min(14, 260/float64(len(rows)*len(series))))
 	var all []float64
-	for i, r := range profiled {
+	for i, r := range series {
 		vals := sums[i][:len(rows)]
-		slices.Reverse(vals) // bars from top to bottom in the profile's order
+		slices.Reverse(vals) // bars from top to bottom in the first series' order
 		b, err := plotter.NewBarChart(vals, w)
 		if err != nil {
 			return nil, err
@@ -131,9 +154,12 @@ func stagePanel(results []TrainStepResult, leg *plot.Legend, notes *notes) (*plo
 		b.Horizontal = true
 		b.Color = plotutil.Color(i + 1)
 		b.LineStyle.Width = 0
-		b.Offset = w * vg.Length(float64(len(profiled)-1)/2-float64(i))
+		b.Offset = w * vg.Length(float64(len(series)-1)/2-float64(i))
 		p.Add(b)
-		leg.Add(r.Path+" MLP path", b)
+		if !inLegend[r.name] {
+			leg.Add(r.name, b)
+			inLegend[r.name] = true
+		}
 		all = append(all, vals...)
 	}
 	labels := slices.Clone(rows)

@@ -31,7 +31,8 @@ func runBenchFFN(args []string, stdout, stderr io.Writer) error {
 	tile := fs.Int("tile", 256, "TwELL tile width: 256 or 128")
 	dumpDir := fs.String("dump-inputs", "", "write the inputs (batch 0, reference rows, each density's bf16 weights) as safetensors files into this folder, created if needed")
 	trace := fs.String("trace", "", "cuda: record the kernels (CUPTI) of -trace-steps more calls of each path, each after the L2 flush, and write them to this file as a Chrome trace (Perfetto opens it); per-kernel summaries go to the JSON and stderr")
-	traceSteps := fs.Int("trace-steps", 0, "cuda: calls of each path to trace (default 5 with -trace)")
+	traceSteps := fs.Int("trace-steps", 0, "cuda: calls of each path to trace (default 5 with -trace or -trace-plot)")
+	tracePlot := fs.String("trace-plot", "", "cuda: write a PNG of what each kernel adds to a call of each path to this file (traces as -trace does)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -54,11 +55,11 @@ func runBenchFFN(args []string, stdout, stderr io.Writer) error {
 			*reps = 30
 		}
 	}
-	if *trace != "" && *traceSteps == 0 {
+	if (*trace != "" || *tracePlot != "") && *traceSteps == 0 {
 		*traceSteps = 5
 	}
-	if (*trace != "" || *traceSteps > 0) && kind != backend.CUDA {
-		return usagef("-trace and -trace-steps record GPU kernels: they need -device cuda")
+	if *traceSteps > 0 && kind != backend.CUDA {
+		return usagef("-trace, -trace-steps and -trace-plot record GPU kernels: they need -device cuda")
 	}
 	o := bench.FFNOptions{
 		D: *d, F: *f, M: *m, Densities: dens, Dist: dst, Gated: *gated, Reps: *reps,
@@ -70,7 +71,7 @@ func runBenchFFN(args []string, stdout, stderr io.Writer) error {
 	if err := memcheck.Fits(fmt.Sprintf("the d=%d f=%d m=%d benchmark", o.D, o.F, o.M), o.HostBytes(), ""); err != nil {
 		return err
 	}
-	if err := checkWritable(*jsonPath, *plotPath, *trace); err != nil {
+	if err := checkWritable(*jsonPath, *plotPath, *trace, *tracePlot); err != nil {
 		return err
 	}
 	if *dumpDir != "" {
@@ -87,6 +88,11 @@ func runBenchFFN(args []string, stdout, stderr io.Writer) error {
 	printFFN(stdout, results)
 	if err := writeResults(*jsonPath, results, *plotPath, func() error { return bench.PlotFFN(results, *plotPath) }); err != nil {
 		return err
+	}
+	if *tracePlot != "" {
+		if err := bench.PlotFFNTraces(results, *tracePlot); err != nil {
+			return fmt.Errorf("trace plot (the JSON is written): %w", err)
+		}
 	}
 	var secs []bench.TraceSection
 	for _, r := range results {

@@ -26,6 +26,7 @@ func TestBenchFFNBadInputExits2(t *testing.T) {
 		{[]string{"bench", "ffn", "-reps", "0"}, "-reps 0"},
 		{[]string{"bench", "ffn", "-device", "cpu", "-trace", "t.json"}, "they need -device cuda"},
 		{[]string{"bench", "ffn", "-device", "cpu", "-trace-steps", "2"}, "they need -device cuda"},
+		{[]string{"bench", "ffn", "-device", "cpu", "-trace-plot", "t.png"}, "they need -device cuda"},
 		{[]string{"bench", "nope"}, "unknown command \"bench nope\""},
 	}
 	checkUsageErrors(t, cases)
@@ -102,7 +103,7 @@ func TestBenchFFNCUDATrace(t *testing.T) {
 	js, tr := filepath.Join(dir, "r.json"), filepath.Join(dir, "trace.json")
 	var out, errb bytes.Buffer
 	code := run([]string{"bench", "ffn", "-device", "cuda", "-d", "256", "-f", "1024", "-m", "512", "-reps", "3",
-		"-density", "0.01", "-json", js, "-trace", tr, "-trace-steps", "4"}, &out, &errb)
+		"-density", "0.01", "-json", js, "-trace", tr, "-trace-steps", "4", "-trace-plot", filepath.Join(dir, "trace.png")}, &out, &errb)
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errb.String())
 	}
@@ -129,6 +130,9 @@ func TestBenchFFNCUDATrace(t *testing.T) {
 	b, _ = os.ReadFile(tr)
 	if !json.Valid(b) || !strings.Contains(string(b), "twell m=512") {
 		t.Errorf("Chrome trace: valid %v, %d bytes", json.Valid(b), len(b))
+	}
+	if st, err := os.Stat(filepath.Join(dir, "trace.png")); err != nil || st.Size() == 0 {
+		t.Errorf("trace plot: %v", err)
 	}
 }
 

@@ -42,7 +42,8 @@ func runBenchModel(args []string, stdout, stderr io.Writer) error {
 	plotPath := fs.String("plot", "", "write a PNG of prefill tokens/ms and decode tokens/s per path to this file")
 	save := fs.String("save", "", "also write the benchmarked model as a Hugging Face checkpoint (bf16) to this folder")
 	trace := fs.String("trace", "", "cuda: record the kernels (CUPTI) of one more prefill pass and of -trace-steps more decode steps per batch, and write them to this file as a Chrome trace (Perfetto opens it); per-kernel summaries go to the JSON and stderr")
-	traceSteps := fs.Int("trace-steps", 0, "cuda: decode steps per batch to trace (default 16 with -trace)")
+	traceSteps := fs.Int("trace-steps", 0, "cuda: decode steps per batch to trace (default 16 with -trace or -trace-plot)")
+	tracePlot := fs.String("trace-plot", "", "cuda: write a PNG of what each kernel adds to a prefill pass and to a decode step, per path, to this file (traces as -trace does)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -64,11 +65,11 @@ func runBenchModel(args []string, stdout, stderr io.Writer) error {
 	if *traceSteps < 0 {
 		return usagef("-trace-steps %d must not be negative", *traceSteps)
 	}
-	if *trace != "" && *traceSteps == 0 {
+	if (*trace != "" || *tracePlot != "") && *traceSteps == 0 {
 		*traceSteps = 16
 	}
-	if (*trace != "" || *traceSteps > 0) && *device != "cuda" {
-		return usagef("-trace and -trace-steps record GPU kernels: they need -device cuda")
+	if *traceSteps > 0 && *device != "cuda" {
+		return usagef("-trace, -trace-steps and -trace-plot record GPU kernels: they need -device cuda")
 	}
 	if *device == "cuda" { // GPU-sized defaults for the flags not given
 		set := setFlags(fs)
@@ -103,11 +104,11 @@ func runBenchModel(args []string, stdout, stderr io.Writer) error {
 	if err := o.Validate(); err != nil {
 		return usageError{err.Error()}
 	}
-	if err := checkWritable(*jsonPath, *plotPath, *trace); err != nil {
+	if err := checkWritable(*jsonPath, *plotPath, *trace, *tracePlot); err != nil {
 		return err
 	}
 	if *device == "cuda" {
-		return benchModelCUDA(o, *jsonPath, *plotPath, *trace, stdout, stderr)
+		return benchModelCUDA(o, *jsonPath, *plotPath, *trace, *tracePlot, stdout, stderr)
 	}
 	fmt.Fprintf(stderr, "bench model: %s, seed %d\n", bench.CPUName(), *seed)
 	rs, err := bench.ModelCPU(o, func(s string) { fmt.Fprintln(stderr, "  "+s) })
@@ -121,8 +122,8 @@ func runBenchModel(args []string, stdout, stderr io.Writer) error {
 }
 
 // benchModelCUDA runs bench model on the GPU and prints its table; with
-// tracePath it writes the kernel trace there.
-func benchModelCUDA(o bench.ModelOptions, jsonPath, plotPath, tracePath string, stdout, stderr io.Writer) error {
+// tracePath and tracePlot it writes the kernel trace and its plot there.
+func benchModelCUDA(o bench.ModelOptions, jsonPath, plotPath, tracePath, tracePlot string, stdout, stderr io.Writer) error {
 	fmt.Fprintf(stderr, "bench model (cuda): seed %d\n", o.Seed)
 	rs, err := bench.ModelCUDA(o, func(s string) { fmt.Fprintln(stderr, "  "+s) })
 	if err != nil {
@@ -140,6 +141,11 @@ func benchModelCUDA(o bench.ModelOptions, jsonPath, plotPath, tracePath string, 
 		r.TwELLLayers, len(rs[1].MLPActive), r.CPUCheckRelDiff)
 	if err := writeResults(jsonPath, rs, plotPath, func() error { return bench.PlotModel(base, plotPath) }); err != nil {
 		return err
+	}
+	if tracePlot != "" {
+		if err := bench.PlotModelTraces(rs, tracePlot); err != nil {
+			return fmt.Errorf("trace plot (the JSON is written): %w", err)
+		}
 	}
 	var secs []bench.TraceSection
 	for _, r := range rs {

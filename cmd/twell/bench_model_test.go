@@ -86,6 +86,7 @@ func TestBenchModelBadInput(t *testing.T) {
 		{[]string{"bench", "model", "-preset", "sparselm-1.5b", "-trace-steps", "-1"}, "-trace-steps -1 must not be negative"},
 		{[]string{"bench", "model", "-preset", "sparselm-1.5b", "-device", "cpu", "-trace", "t.json"}, "they need -device cuda"},
 		{[]string{"bench", "model", "-preset", "sparselm-1.5b", "-device", "cpu", "-trace-steps", "4"}, "they need -device cuda"},
+		{[]string{"bench", "model", "-preset", "sparselm-1.5b", "-device", "cpu", "-trace-plot", "t.png"}, "they need -device cuda"},
 	} {
 		var out, errb bytes.Buffer
 		if code := run(c.args, &out, &errb); code != 2 || !strings.Contains(errb.String(), c.want) {
@@ -122,7 +123,8 @@ func TestBenchModelCUDATrace(t *testing.T) {
 	js, tr := filepath.Join(tmp, "m.json"), filepath.Join(tmp, "trace.json")
 	var out, errb bytes.Buffer
 	code := run([]string{"bench", "model", "-device", "cuda", "-model", dir, "-batch", "2", "-prompt-len", "8", "-decode-batch", "1,3",
-		"-decode-steps", "2", "-decode-context", "5", "-reps", "1", "-json", js, "-trace", tr, "-trace-steps", "3"}, &out, &errb)
+		"-decode-steps", "2", "-decode-context", "5", "-reps", "1", "-json", js, "-trace", tr, "-trace-steps", "3",
+		"-trace-plot", filepath.Join(tmp, "trace.png")}, &out, &errb)
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errb.String())
 	}
@@ -176,6 +178,9 @@ func TestBenchModelCUDATrace(t *testing.T) {
 	}
 	if kernels < 2*3*3 {
 		t.Errorf("%d kernel events in the Chrome trace", kernels)
+	}
+	if st, err := os.Stat(filepath.Join(tmp, "trace.png")); err != nil || st.Size() == 0 {
+		t.Errorf("trace plot: %v", err)
 	}
 	if !strings.Contains(errb.String(), "traced decode steps, batch 3") {
 		t.Errorf("stderr has no decode trace summary: %s", errb.String())
