@@ -184,7 +184,8 @@ func Now() (uint64, error) {
 		return 0, err
 	}
 	var t uint64
-	return t, l.check("cuptiGetTimestamp", l.timestamp(&t))
+	err = l.check("cuptiGetTimestamp", l.timestamp(&t))
+	return t, err
 }
 
 // Recorder is a running recording of kernel executions.
