@@ -91,8 +91,10 @@ func (o ModelOptions) checkPositions(c model.Config) error {
 		return fmt.Errorf("-prompt-len %d exceeds the model's %d positions", o.PromptLen, c.MaxPositionEmbeddings)
 	case o.DecodeContext+o.DecodeSteps > c.MaxPositionEmbeddings:
 		return fmt.Errorf("-decode-context %d plus -decode-steps %d exceeds the model's %d positions", o.DecodeContext, o.DecodeSteps, c.MaxPositionEmbeddings)
-	case o.TraceSteps > 0 && o.DecodeContext+o.TraceSteps+1 > c.MaxPositionEmbeddings:
-		return fmt.Errorf("-decode-context %d plus -trace-steps %d and a step to record the graph exceeds the model's %d positions", o.DecodeContext, o.TraceSteps, c.MaxPositionEmbeddings)
+	case o.TraceSteps > 0 && o.DecodeContext+o.TraceSteps+2 > c.MaxPositionEmbeddings:
+		// The traced steps follow one that records the graphs, and precede
+		// the profiled one.
+		return fmt.Errorf("-decode-context %d plus -trace-steps %d and two more steps exceeds the model's %d positions", o.DecodeContext, o.TraceSteps, c.MaxPositionEmbeddings)
 	}
 	return nil
 }
