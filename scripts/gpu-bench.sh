@@ -14,10 +14,15 @@
 #                                       whole step of the 28-layer 1.5B shape at 8 x 2048 tokens
 #                                       (dense, sparse, auto; one profiled step each), then the
 #                                       PyTorch + transformers step on the same shape
+#   scripts/gpu-bench.sh trace OUTDIR   kernel traces (CUPTI): the MLP block at m = 4096, 16384 and
+#                                       65536 (skewed rates), and the model's prefill (8 x 2048) and
+#                                       graph-replayed decode steps at 512 cached tokens, batches 1,
+#                                       8 and 64; per-kernel summaries in the JSON, Chrome traces
+#                                       (Perfetto) and plots of what each kernel adds to a step
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-what=${1:?usage: gpu-bench.sh ffn|model|decode|train OUTDIR}
-out=${2:?usage: gpu-bench.sh ffn|model|decode|train OUTDIR}
+what=${1:?usage: gpu-bench.sh ffn|model|decode|train|trace OUTDIR}
+out=${2:?usage: gpu-bench.sh ffn|model|decode|train|trace OUTDIR}
 mkdir -p "$out"
 tw=$root/gpubin/twell
 status=0
@@ -49,8 +54,17 @@ train)
   python3 "$root/scripts/hf-train-bench.py" -layers 28 -batch 8 -len 2048 -steps 5 \
     -json "$out/train-step-hf.json" 2>&1 | tee "$out/train-step-hf.txt" || status=1
   ;;
+trace)
+  for m in 4096 16384 65536; do
+    "$tw" bench ffn -device cuda -m "$m" -density 0.005 -dist skewed -seed 1 -trace "$out/ffn-$m-trace.json" \
+      -trace-plot "$out/ffn-$m-trace.png" -json "$out/ffn-$m.json" 2>&1 | tee "$out/ffn-$m.txt" || status=1
+  done
+  "$tw" bench model -device cuda -preset sparselm-1.5b -seed 9596107621982983358 -reps 3 -batch 8 -prompt-len 2048 \
+    -decode-batch 1,8,64 -decode-context 512 -decode-steps 32 -trace "$out/model-trace.json" \
+    -trace-plot "$out/model-trace.png" -json "$out/model.json" 2>&1 | tee "$out/model.txt" || status=1
+  ;;
 *)
-  echo "gpu-bench: want ffn, model, decode or train, not $what" >&2
+  echo "gpu-bench: want ffn, model, decode, train or trace, not $what" >&2
   exit 2
   ;;
 esac
