@@ -270,7 +270,7 @@ func resetLoad() { loadOnce, loaded, loadErr = sync.Once{}, nil, nil }
 
 // fakeCUPTI builds testdata/fakecupti.c into a libcupti.so that Start then
 // loads, and returns its fake_emit; it skips the test without a C compiler.
-func fakeCUPTI(t *testing.T) func(n, completeNow, otherKinds, dropped int32) int32 {
+func fakeCUPTI(t *testing.T) (emit func(n, completeNow, otherKinds, dropped int32) int32, emitHere func(n, completeNow int32) int32) {
 	cc, err := exec.LookPath("gcc")
 	if err != nil {
 		t.Skipf("no C compiler for the fake CUPTI library: %v", err)
@@ -287,9 +287,9 @@ func fakeCUPTI(t *testing.T) func(n, completeNow, otherKinds, dropped int32) int
 	if err != nil {
 		t.Fatal(err)
 	}
-	var emit func(n, completeNow, otherKinds, dropped int32) int32
 	purego.RegisterLibFunc(&emit, h, "fake_emit")
-	return emit
+	purego.RegisterLibFunc(&emitHere, h, "fake_emit_here")
+	return emit, emitHere
 }
 
 // TestRecorderWithFakeCUPTI runs Start and Stop against a stand-in for
@@ -297,7 +297,7 @@ func fakeCUPTI(t *testing.T) func(n, completeNow, otherKinds, dropped int32) int
 // CUPTI's worker thread does: buffers completed there and at the flush in
 // Stop, records of other kinds skipped, dropped records reported.
 func TestRecorderWithFakeCUPTI(t *testing.T) {
-	emit := fakeCUPTI(t)
+	emit, emitHere := fakeCUPTI(t)
 	check := func(ks []Kernel, n int) {
 		t.Helper()
 		if len(ks) != n {
@@ -332,6 +332,21 @@ func TestRecorderWithFakeCUPTI(t *testing.T) {
 			}
 			check(ks, int(c.n))
 		})
+	}
+	// Buffers requested and completed inside a call from Go, on its thread.
+	for _, now := range []int32{1, 0} {
+		rec, err := Start()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r := emitHere(5, now); r != 0 {
+			t.Fatalf("fake_emit_here: %d", r)
+		}
+		ks, err := rec.Stop()
+		if err != nil {
+			t.Fatal(err)
+		}
+		check(ks, 5)
 	}
 	rec, err := Start()
 	if err != nil {
