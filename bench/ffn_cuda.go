@@ -8,6 +8,7 @@ import (
 	"github.com/twell-ai/twell/bf16"
 	"github.com/twell-ai/twell/cuda"
 	"github.com/twell-ai/twell/cuda/cublas"
+	"github.com/twell-ai/twell/cuda/cupti"
 	"github.com/twell-ai/twell/gpu"
 	"github.com/twell-ai/twell/mlp"
 	"github.com/twell-ai/twell/synth"
@@ -33,6 +34,11 @@ func FFNCUDA(o FFNOptions, progress func(string)) ([]FFNResult, error) {
 	}
 	if err := o.checkDumpDir(); err != nil {
 		return nil, err
+	}
+	if o.TraceSteps > 0 {
+		if err := cupti.Available(); err != nil {
+			return nil, fmt.Errorf("kernel traces: %w", err)
+		}
 	}
 	kernOpts, err := gpu.OptionsFromEnv()
 	if err != nil {

@@ -10,6 +10,7 @@ import (
 
 	cpullm "github.com/twell-ai/twell/cpu/llm"
 	"github.com/twell-ai/twell/cuda"
+	"github.com/twell-ai/twell/cuda/cupti"
 	"github.com/twell-ai/twell/cuda/nvml"
 	"github.com/twell-ai/twell/engine"
 	"github.com/twell-ai/twell/gpu/llm"
@@ -75,6 +76,11 @@ func formatSteps(ms map[string]float64) string {
 func ModelCUDA(o ModelOptions, progress func(string)) ([]ModelCUDAResult, error) {
 	if progress == nil {
 		progress = func(string) {}
+	}
+	if o.TraceSteps > 0 {
+		if err := cupti.Available(); err != nil {
+			return nil, fmt.Errorf("kernel traces: %w", err)
+		}
 	}
 	m, name, r, err := prepareModel(o, progress)
 	if err != nil {

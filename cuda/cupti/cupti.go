@@ -176,6 +176,14 @@ func (l *lib) check(call string, r int32) error {
 	return fmt.Errorf("cupti: %s: %s", call, msg)
 }
 
+// Available returns nil when libcupti can be loaded (ErrNoCUPTI wrapped
+// when not): for a program to refuse a traced run at once rather than after
+// its untraced work.
+func Available() error {
+	_, err := load()
+	return err
+}
+
 // Now returns CUPTI's current timestamp in nanoseconds, the clock of
 // Kernel.Start and End: a host-side mark between launches.
 func Now() (uint64, error) {

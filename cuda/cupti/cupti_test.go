@@ -372,3 +372,21 @@ func TestRecorderWithFakeCUPTI(t *testing.T) {
 		t.Errorf("Now went from %d to %d", a, b)
 	}
 }
+
+// TestAvailableNamesTheLibrary: without libcupti, Available (and so Start)
+// fails with ErrNoCUPTI, naming the library and where it was looked for.
+func TestAvailableNamesTheLibrary(t *testing.T) {
+	resetLoad()
+	t.Cleanup(resetLoad)
+	t.Setenv(dl.EnvLibDir, t.TempDir())
+	err := Available()
+	if err == nil {
+		t.Skip("libcupti is installed here")
+	}
+	if !errors.Is(err, ErrNoCUPTI) || !strings.Contains(err.Error(), "libcupti") || !strings.Contains(err.Error(), dl.EnvLibDir) {
+		t.Errorf("Available without the library: %v", err)
+	}
+	if _, serr := Start(); !errors.Is(serr, ErrNoCUPTI) {
+		t.Errorf("Start without the library: %v", serr)
+	}
+}
