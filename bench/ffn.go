@@ -111,6 +111,7 @@ type FFNResult struct {
 	// kernels for WriteChromeTrace.
 	DenseTrace *TraceSummary  `json:"dense_trace,omitempty"`
 	TwELLTrace *TraceSummary  `json:"twell_trace,omitempty"`
+	TraceError string         `json:"trace_error,omitempty"` // why a trace is missing: the tracer failed
 	Traces     []TraceSection `json:"-"`
 }
 

@@ -321,7 +321,11 @@ func ffnCase(o FFNOptions, density float64, l *gpu.MLP, sl *synth.Layer, e ffnEn
 		}{{"dense", dense, &res.DenseTrace}, {"twell", sparse, &res.TwELLTrace}} {
 			label := fmt.Sprintf("%s m=%d density %g %s", c.path, o.M, density, o.Dist)
 			sum, sec, err := e.trace(label, c.run)
-			if err != nil {
+			if msg, ok := traceFailure(err); ok {
+				res.TraceError = msg
+				e.say("density %g: %s: %s", density, label, msg)
+				break
+			} else if err != nil {
 				return res, fmt.Errorf("%s: %w", label, err)
 			}
 			*c.to = &sum

@@ -218,8 +218,10 @@ type DecodePoint struct {
 	// llm.Stats.StepMS).
 	StepMS map[string]float64 `json:"step_ms,omitempty"`
 	// Trace is what the kernel trace of ModelOptions.TraceSteps more steps,
-	// replayed from graphs like the timed ones, shows (GPU only).
-	Trace *TraceSummary `json:"trace,omitempty"`
+	// replayed from graphs like the timed ones, shows (GPU only);
+	// TraceError says why there is none when the tracer failed.
+	Trace      *TraceSummary `json:"trace,omitempty"`
+	TraceError string        `json:"trace_error,omitempty"`
 }
 
 // ModelSchema names the layout of a ModelResult row in JSON (on the GPU,

@@ -44,9 +44,26 @@ type ModelCUDAResult struct {
 	// PrefillTrace is what the kernel trace of one more prefill pass shows
 	// (ModelOptions.TraceSteps).
 	PrefillTrace *TraceSummary `json:"prefill_trace,omitempty"`
+	// PrefillTraceError says why there is no PrefillTrace when the tracer
+	// failed.
+	PrefillTraceError string `json:"prefill_trace_error,omitempty"`
 	// Traces holds the traced kernels, one section per prefill pass and
 	// decode batch, for WriteChromeTrace.
 	Traces []TraceSection `json:"-"`
+}
+
+// TraceErrors returns the tracer's failures in r, if any.
+func (r ModelCUDAResult) TraceErrors() []string {
+	var out []string
+	if r.PrefillTraceError != "" {
+		out = append(out, r.Path+" prefill: "+r.PrefillTraceError)
+	}
+	for _, d := range r.Decode {
+		if d.TraceError != "" {
+			out = append(out, fmt.Sprintf("%s decode b=%d: %s", r.Path, d.Batch, d.TraceError))
+		}
+	}
+	return out
 }
 
 // formatSteps lists step times in the order a layer runs them, and their sum.
@@ -232,12 +249,16 @@ func ModelCUDA(o ModelOptions, progress func(string)) ([]ModelCUDAResult, error)
 		if o.TraceSteps > 0 {
 			label := fmt.Sprintf("%s prefill %d x %d", path, o.Batch, o.PromptLen)
 			sum, sec, err := traceSteps(label, 1, nil, prefill)
-			if err != nil {
+			if msg, ok := traceFailure(err); ok {
+				res.PrefillTraceError = msg
+				progress(fmt.Sprintf("%s: %s", label, msg))
+			} else if err != nil {
 				return nil, fmt.Errorf("%s: %w", label, err)
+			} else {
+				res.PrefillTrace = &sum
+				res.Traces = append(res.Traces, sec)
+				progress(fmt.Sprintf("%s: traced prefill, %s", path, sum))
 			}
-			res.PrefillTrace = &sum
-			res.Traces = append(res.Traces, sec)
-			progress(fmt.Sprintf("%s: traced prefill, %s", path, sum))
 		}
 		if path == "twell" {
 			res.MLPActive = append(res.MLPActive, stats.MeanActive...)
@@ -253,6 +274,8 @@ func ModelCUDA(o ModelOptions, progress func(string)) ([]ModelCUDAResult, error)
 			if pt.Trace != nil {
 				res.Traces = append(res.Traces, sec)
 				progress(fmt.Sprintf("%s: traced decode steps, batch %d, %s", path, b, pt.Trace))
+			} else if pt.TraceError != "" {
+				progress(fmt.Sprintf("%s: decode batch %d: %s", path, b, pt.TraceError))
 			}
 			res.Decode = append(res.Decode, pt)
 		}
@@ -356,14 +379,19 @@ func decodeSpeedCUDA(e *llm.Engine, r *rand.Rand, batch int, o ModelOptions, pat
 		// The graphs are recorded again while the tracer runs.
 		prepare := func() error { return errors.Join(e.ResetGraphs(), step()) }
 		sum, s, err := traceSteps(label, o.TraceSteps, prepare, step)
-		if err != nil {
+		msg, traceFailed := traceFailure(err)
+		if err != nil && !traceFailed {
 			return DecodePoint{}, TraceSection{}, fmt.Errorf("%s: %w", label, err)
 		}
 		// Graphs recorded under the tracer are not used for timing.
 		if err := e.ResetGraphs(); err != nil {
 			return DecodePoint{}, TraceSection{}, err
 		}
-		pt.Trace, sec = &sum, s
+		if traceFailed {
+			pt.TraceError = msg
+		} else {
+			pt.Trace, sec = &sum, s
+		}
 	}
 	// One more step, profiled: where a decode step's time goes. It runs
 	// kernel by kernel (a step replayed from a graph is not timed).

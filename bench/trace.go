@@ -118,14 +118,37 @@ func SummarizeTrace(ks []cupti.Kernel, marks []uint64) (TraceSummary, error) {
 	return t, nil
 }
 
+// TraceError is a failure of the kernel tracer itself, not of the traced
+// work: the benchmarks record it (trace_error in their JSON) and keep their
+// timings.
+type TraceError struct{ Err error }
+
+// Error says that the kernel trace failed, and why.
+func (e *TraceError) Error() string { return "kernel trace: " + e.Err.Error() }
+
+// Unwrap returns the tracer's error.
+func (e *TraceError) Unwrap() error { return e.Err }
+
+// traceFailure returns err's message when err is a *TraceError, and
+// whether it is one.
+func traceFailure(err error) (string, bool) {
+	var te *TraceError
+	if errors.As(err, &te) {
+		return te.Error(), true
+	}
+	return "", false
+}
+
 // traceSteps records the kernels (package cuda/cupti) of n calls of step,
 // after prepare (when set; run with the tracer on, but not as a step),
 // and summarizes them; the section holds the steps' kernels under label.
 // step must wait for its kernels (the marks between steps are host times).
+// The tracer's own failures come as *TraceError, those of the work as they
+// are.
 func traceSteps(label string, n int, prepare, step func() error) (TraceSummary, TraceSection, error) {
 	rec, err := cupti.Start()
 	if err != nil {
-		return TraceSummary{}, TraceSection{}, fmt.Errorf("kernel trace: %w", err)
+		return TraceSummary{}, TraceSection{}, &TraceError{err}
 	}
 	run := func() ([]uint64, error) {
 		if prepare != nil {
@@ -137,7 +160,7 @@ func traceSteps(label string, n int, prepare, step func() error) (TraceSummary, 
 		for i := 0; i <= n; i++ {
 			t, err := cupti.Now()
 			if err != nil {
-				return nil, err
+				return nil, &TraceError{err}
 			}
 			marks = append(marks, t)
 			if i < n {
@@ -150,12 +173,15 @@ func traceSteps(label string, n int, prepare, step func() error) (TraceSummary, 
 	}
 	marks, err := run()
 	ks, serr := rec.Stop()
-	if err = errors.Join(err, serr); err != nil {
+	if err != nil {
 		return TraceSummary{}, TraceSection{}, err
+	}
+	if serr != nil {
+		return TraceSummary{}, TraceSection{}, &TraceError{serr}
 	}
 	sum, err := SummarizeTrace(ks, marks)
 	if err != nil {
-		return TraceSummary{}, TraceSection{}, err
+		return TraceSummary{}, TraceSection{}, &TraceError{err}
 	}
 	sec := TraceSection{Label: label}
 	for _, k := range ks {

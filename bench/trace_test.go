@@ -3,6 +3,7 @@ package bench
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -151,5 +152,35 @@ func TestWriteChromeTrace(t *testing.T) {
 	}
 	if l := got.TraceEvents[3]; l.TS != 4.5 || l.Dur != 10.5 || l.Args["graph"] != nil {
 		t.Errorf("second kernel event %+v, want ts 4.5 dur 10.5 us, no graph", l)
+	}
+}
+
+// TestTraceStepsSeparatesTracerFailures: a failure of the tracer comes as
+// a *TraceError (the benchmarks keep their timings), one of the traced work
+// as it is.
+func TestTraceStepsSeparatesTracerFailures(t *testing.T) {
+	boom := errors.New("the step failed")
+	_, _, err := traceSteps("test", 2, nil, func() error { return boom })
+	msg, traceFailed := traceFailure(err)
+	if cupti.Available() != nil {
+		if !traceFailed || !strings.Contains(msg, "kernel trace") || !errors.Is(err, cupti.ErrNoCUPTI) {
+			t.Errorf("without libcupti: err %v, want a TraceError wrapping ErrNoCUPTI", err)
+		}
+		return
+	}
+	if traceFailed || !errors.Is(err, boom) {
+		t.Errorf("a failing step: err %v (tracer failure %v), want the step's error", err, traceFailed)
+	}
+}
+
+func TestModelTraceErrorsNameThePoint(t *testing.T) {
+	r := ModelCUDAResult{ModelResult: ModelResult{Path: "twell", Decode: []DecodePoint{{Batch: 1}, {Batch: 8, TraceError: "kernel trace: x"}}},
+		PrefillTraceError: "kernel trace: y"}
+	got := r.TraceErrors()
+	if len(got) != 2 || got[0] != "twell prefill: kernel trace: y" || got[1] != "twell decode b=8: kernel trace: x" {
+		t.Errorf("TraceErrors = %q", got)
+	}
+	if got := (ModelCUDAResult{}).TraceErrors(); got != nil {
+		t.Errorf("no failures: %q", got)
 	}
 }

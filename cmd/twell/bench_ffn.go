@@ -89,6 +89,15 @@ func runBenchFFN(args []string, stdout, stderr io.Writer) error {
 	if err := writeResults(*jsonPath, results, *plotPath, func() error { return bench.PlotFFN(results, *plotPath) }); err != nil {
 		return err
 	}
+	var failed []string
+	for _, r := range results {
+		if r.TraceError != "" {
+			failed = append(failed, fmt.Sprintf("m=%d density %g: %s", r.M, r.Density, r.TraceError))
+		}
+	}
+	if len(failed) > 0 {
+		return fmt.Errorf("the kernel traces failed (the results are written): %s", strings.Join(failed, "; "))
+	}
 	if *tracePlot != "" {
 		if err := bench.PlotFFNTraces(results, *tracePlot); err != nil {
 			return fmt.Errorf("trace plot (the JSON is written): %w", err)

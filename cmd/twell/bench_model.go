@@ -142,6 +142,13 @@ func benchModelCUDA(o bench.ModelOptions, jsonPath, plotPath, tracePath, tracePl
 	if err := writeResults(jsonPath, rs, plotPath, func() error { return bench.PlotModel(base, plotPath) }); err != nil {
 		return err
 	}
+	var failed []string
+	for _, r := range rs {
+		failed = append(failed, r.TraceErrors()...)
+	}
+	if len(failed) > 0 {
+		return fmt.Errorf("the kernel traces failed (the results are written): %s", strings.Join(failed, "; "))
+	}
 	if tracePlot != "" {
 		if err := bench.PlotModelTraces(rs, tracePlot); err != nil {
 			return fmt.Errorf("trace plot (the JSON is written): %w", err)
