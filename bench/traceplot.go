@@ -19,8 +19,13 @@ type tracePanel struct {
 	title  string
 	us     bool   // microseconds, else milliseconds
 	per    string // what the time is of: "step" or "call"
-	series []string
-	sums   []*TraceSummary
+	series []traceSeries
+}
+
+// traceSeries is one path's summary in a trace plot panel.
+type traceSeries struct {
+	name string
+	sum  *TraceSummary
 }
 
 // PlotModelTraces writes a PNG of what each kernel adds to a step (the
@@ -34,20 +39,20 @@ func PlotModelTraces(results []ModelCUDAResult, path string) error {
 	pre := tracePanel{title: fmt.Sprintf("prefill, %d tokens", results[0].PrefillTokens), per: "pass"}
 	for _, r := range results {
 		if r.PrefillTrace != nil {
-			pre.series, pre.sums = append(pre.series, r.Path), append(pre.sums, r.PrefillTrace)
+			pre.series = append(pre.series, traceSeries{r.Path, r.PrefillTrace})
 		}
 	}
-	if len(pre.sums) > 0 {
+	if len(pre.series) > 0 {
 		panels = append(panels, pre)
 	}
 	for i, d := range results[0].Decode {
 		p := tracePanel{title: fmt.Sprintf("decode b=%d, %d cached", d.Batch, d.Context), us: true, per: "step"}
 		for _, r := range results {
 			if i < len(r.Decode) && r.Decode[i].Trace != nil {
-				p.series, p.sums = append(p.series, r.Path), append(p.sums, r.Decode[i].Trace)
+				p.series = append(p.series, traceSeries{r.Path, r.Decode[i].Trace})
 			}
 		}
-		if len(p.sums) > 0 {
+		if len(p.series) > 0 {
 			panels = append(panels, p)
 		}
 	}
@@ -67,15 +72,12 @@ func PlotFFNTraces(results []FFNResult, path string) error {
 	var panels []tracePanel
 	for _, r := range results {
 		p := tracePanel{title: fmt.Sprintf("m=%d, density %g, %s", r.M, r.Density, r.Dist), us: true, per: "call"}
-		for _, c := range []struct {
-			name string
-			sum  *TraceSummary
-		}{{"dense", r.DenseTrace}, {"twell", r.TwELLTrace}} {
+		for _, c := range []traceSeries{{"dense", r.DenseTrace}, {"twell", r.TwELLTrace}} {
 			if c.sum != nil {
-				p.series, p.sums = append(p.series, c.name), append(p.sums, c.sum)
+				p.series = append(p.series, c)
 			}
 		}
-		if len(p.sums) > 0 {
+		if len(p.series) > 0 {
 			panels = append(panels, p)
 		}
 	}
@@ -102,8 +104,8 @@ func plotTraces(path string, header []string, panels []tracePanel) error {
 		// Rows by what the kernel adds over all series, largest first.
 		total := map[string]float64{}
 		var names []string
-		for _, s := range tp.sums {
-			for _, k := range s.Kernels {
+		for _, ts := range tp.series {
+			for _, k := range ts.sum.Kernels {
 				if _, ok := total[k.Name]; !ok {
 					names = append(names, k.Name)
 				}
@@ -115,12 +117,12 @@ func plotTraces(path string, header []string, panels []tracePanel) error {
 		slices.SortStableFunc(names, func(a, b string) int { return cmp.Compare(total[b], total[a]) })
 		labels := traceLabels(names)
 		var series []stageSeries
-		for i, s := range tp.sums {
+		for _, ts := range tp.series {
 			adds := map[string]float64{}
-			for _, k := range s.Kernels {
+			for _, k := range ts.sum.Kernels {
 				adds[k.Name] += k.AddsUS
 			}
-			ss := stageSeries{name: tp.series[i]}
+			ss := stageSeries{name: ts.name}
 			for j, n := range names {
 				ss.stages = append(ss.stages, stageMS{labels[j], adds[n] * scale})
 			}

@@ -95,8 +95,8 @@ func runBenchFFN(args []string, stdout, stderr io.Writer) error {
 			failed = append(failed, fmt.Sprintf("m=%d density %g: %s", r.M, r.Density, r.TraceError))
 		}
 	}
-	if len(failed) > 0 {
-		return fmt.Errorf("the kernel traces failed (the results are written): %s", strings.Join(failed, "; "))
+	if err := tracesFailed(failed); err != nil {
+		return err
 	}
 	if *tracePlot != "" {
 		if err := bench.PlotFFNTraces(results, *tracePlot); err != nil {

@@ -146,8 +146,8 @@ func benchModelCUDA(o bench.ModelOptions, jsonPath, plotPath, tracePath, tracePl
 	for _, r := range rs {
 		failed = append(failed, r.TraceErrors()...)
 	}
-	if len(failed) > 0 {
-		return fmt.Errorf("the kernel traces failed (the results are written): %s", strings.Join(failed, "; "))
+	if err := tracesFailed(failed); err != nil {
+		return err
 	}
 	if tracePlot != "" {
 		if err := bench.PlotModelTraces(rs, tracePlot); err != nil {
@@ -159,6 +159,15 @@ func benchModelCUDA(o bench.ModelOptions, jsonPath, plotPath, tracePath, tracePl
 		secs = append(secs, r.Traces...)
 	}
 	return writeTrace(tracePath, secs)
+}
+
+// tracesFailed returns an error listing the tracer's failures, if any; the
+// results are written before it is returned.
+func tracesFailed(failed []string) error {
+	if len(failed) == 0 {
+		return nil
+	}
+	return fmt.Errorf("the kernel traces failed (the results are written): %s", strings.Join(failed, "; "))
 }
 
 // writeTrace writes the traced kernels to path (if set) as a Chrome trace.

@@ -20,6 +20,7 @@
 package cupti
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"sort"
@@ -351,7 +352,8 @@ func parseKernel(rec []byte, name func(unsafe.Pointer) string) (k Kernel, ok boo
 	if len(rec) < 4 {
 		return Kernel{}, false, fmt.Errorf("cupti: a %d-byte activity record", len(rec))
 	}
-	kind := le32(rec, 0)
+	le := binary.LittleEndian
+	kind := le.Uint32(rec)
 	if kind != kindConcurrentKernel && kind != kindKernel {
 		return Kernel{}, false, nil
 	}
@@ -359,24 +361,18 @@ func parseKernel(rec []byte, name func(unsafe.Pointer) string) (k Kernel, ok boo
 		return Kernel{}, false, fmt.Errorf("cupti: a kernel record of %d bytes, want at least %d", len(rec), kernelRecordMin)
 	}
 	k = Kernel{
-		Start: le64(rec, offStart), End: le64(rec, offEnd),
-		Device: le32(rec, offDevice), Context: le32(rec, offContext), Stream: le32(rec, offStream),
-		Correlation: le32(rec, offCorrelation), Graph: le32(rec, offGraph), GraphNode: le64(rec, offGraphNode),
-		Registers:    uint16(rec[offRegisters]) | uint16(rec[offRegisters+1])<<8,
-		StaticShared: int32(le32(rec, offStaticShared)), DynamicShared: int32(le32(rec, offDynamicShared)),
+		Start: le.Uint64(rec[offStart:]), End: le.Uint64(rec[offEnd:]),
+		Device: le.Uint32(rec[offDevice:]), Context: le.Uint32(rec[offContext:]), Stream: le.Uint32(rec[offStream:]),
+		Correlation: le.Uint32(rec[offCorrelation:]), Graph: le.Uint32(rec[offGraph:]), GraphNode: le.Uint64(rec[offGraphNode:]),
+		Registers:    le.Uint16(rec[offRegisters:]),
+		StaticShared: int32(le.Uint32(rec[offStaticShared:])), DynamicShared: int32(le.Uint32(rec[offDynamicShared:])),
 	}
 	for i := range 3 {
-		k.Grid[i] = int32(le32(rec, offGrid+4*i))
-		k.Block[i] = int32(le32(rec, offBlock+4*i))
+		k.Grid[i] = int32(le.Uint32(rec[offGrid+4*i:]))
+		k.Block[i] = int32(le.Uint32(rec[offBlock+4*i:]))
 	}
 	if p := *(*unsafe.Pointer)(unsafe.Pointer(&rec[offName])); p != nil {
 		k.Name = name(p)
 	}
 	return k, true, nil
 }
-
-func le32(b []byte, off int) uint32 {
-	return uint32(b[off]) | uint32(b[off+1])<<8 | uint32(b[off+2])<<16 | uint32(b[off+3])<<24
-}
-
-func le64(b []byte, off int) uint64 { return uint64(le32(b, off)) | uint64(le32(b, off+4))<<32 }
