@@ -10,9 +10,10 @@ import (
 
 // The automatic path (Forward under mlp.Auto) has two guides. The density
 // rule (poll, through mlp.Choose): above DenseAbove the dense path runs (not
-// for batches of at most gemvMaxRows tokens: the small-batch kernels read
-// every gate row once whatever the density, so there the timings alone
-// decide, and DenseAbove, a model of D2T's costs, does not apply). Below it,
+// for batches of at most gemvMaxRows tokens, nor for those the union path
+// takes: their kernels read every gate row once whatever the density, so
+// there the timings alone decide, and DenseAbove, a model of D2T's costs,
+// does not apply). Below it,
 // timings: Forward brackets every call with CUDA events, keeps per batch-size
 // bucket (powers of two) a running mean of each path's time per token, and
 // runs the faster path once both are known. A path's first timing in a bucket
@@ -62,7 +63,7 @@ func (l *MLP) choose(m int, byDensity mlp.Path) (mlp.Path, bool) {
 	if l.blas == nil {
 		return mlp.Sparse, false
 	}
-	byDensity = densityRule(m, byDensity)
+	byDensity = l.densityRule(m, byDensity)
 	if !l.Measure || byDensity == mlp.Dense {
 		return byDensity, false
 	}
@@ -86,9 +87,10 @@ func (l *MLP) choose(m int, byDensity mlp.Path) (mlp.Path, bool) {
 
 // densityRule returns the density rule's path for a call of m tokens, given
 // its choice for large batches (next): batches of at most gemvMaxRows tokens
-// are exempt (see the top of this file).
-func densityRule(m int, next mlp.Path) mlp.Path {
-	if m <= gemvMaxRows {
+// are exempt (see the top of this file), and so are those the union path
+// takes (like the small-batch kernels, it reads every gate row once).
+func (l *MLP) densityRule(m int, next mlp.Path) mlp.Path {
+	if m <= gemvMaxRows || l.unionStages(m) > 0 {
 		return mlp.Sparse
 	}
 	return next
@@ -110,8 +112,8 @@ func (l *MLP) Settled(m int) (mlp.Path, bool) {
 		return mlp.Dense, true
 	case !l.lastKnown:
 		return mlp.Sparse, false
-	case !l.Measure || densityRule(m, l.next) == mlp.Dense:
-		return densityRule(m, l.next), true
+	case !l.Measure || l.densityRule(m, l.next) == mlp.Dense:
+		return l.densityRule(m, l.next), true
 	}
 	bt := l.times[bucketOf(m)]
 	if bt == nil || bt.n[mlp.Sparse] <= 1 || bt.n[mlp.Dense] <= 1 {

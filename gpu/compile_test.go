@@ -27,6 +27,7 @@ func TestCompilePTX(t *testing.T) {
 			"t2u<true>", "t2u<false>", "t2d_ws<16>", "t2d_ws<8>", "len_hist", "len_offsets", "len_scatter"},
 			[]cuda.CompileOption{cuda.WithOptions("-DTW_NCH=8")}},
 		{"d2t_mma.cu", d2tMMASrc, []string{"d2t_mma<32>", "d2t_mma<64>", "d2t_mma<128>"}, nil},
+		{"union.cu", unionSrc, unionExprs, nil},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			opts := append(append([]cuda.CompileOption{cuda.WithArch("compute_90"), cuda.WithNameExpressions(c.exprs...)},
@@ -38,9 +39,9 @@ func TestCompilePTX(t *testing.T) {
 			if n := strings.Count(string(prog.Image), ".entry "); n != len(c.exprs) {
 				t.Errorf("%d kernels in the PTX, want %d", n, len(c.exprs))
 			}
-			if c.name == "gemv.cu" {
+			if c.name == "gemv.cu" || c.name == "union.cu" { // launched with early start
 				for _, e := range c.exprs {
-					cudatest.WaitsFirst(t, prog, e) // sparseGEMV launches them with early start
+					cudatest.WaitsFirst(t, prog, e)
 				}
 			}
 			opts = append(append([]cuda.CompileOption{cuda.WithArch("sm_80"), cuda.WithNameExpressions(c.exprs...)},
@@ -85,4 +86,10 @@ func TestGEMVCleanSASS(t *testing.T) {
 		t.Skipf("NVRTC %d.%d cannot target sm_90a", major, minor)
 	}
 	cudatest.CleanSASS(t, "gemv.cu", gemvSrc, append([]cuda.CompileOption{cuda.WithNameExpressions(gemvExprs()...)}, Headers()...)...)
+}
+
+// TestUnionCleanSASS: the union path's kernels compile to sm_90a machine
+// code without spills.
+func TestUnionCleanSASS(t *testing.T) {
+	cudatest.CleanSASS(t, "union.cu", unionSrc, append([]cuda.CompileOption{cuda.WithNameExpressions(unionExprs...)}, Headers()...)...)
 }

@@ -41,6 +41,11 @@ type MLP struct {
 	// sets it; see autopath.go). Off, Forward follows the density rule
 	// alone.
 	Measure bool
+	// Union runs the sparse path of 9 to 64 tokens (decode steps of many
+	// sequences) on the union kernels (union.cu: the gate GEMM, then only
+	// the up and down rows of the units active in some token) instead of
+	// D2T and its tail, where the device and shape allow (unionPlan).
+	Union bool
 	// Serial launches the small-batch kernels without early start: each
 	// then begins only when the kernel before it has finished (see
 	// cuda.LaunchConfig.EarlyStart; early start needs compute capability
@@ -222,9 +227,10 @@ func (l *MLP) checkIO(y, x *cuda.Buffer, m int) error {
 // cuBLASLt pass sized from the flagged rows seen in earlier calls, any
 // others through the exact per-row kernel. x and y hold m x D bf16 values;
 // m may be any positive count (the kernels pad inside). Batches of at most
-// 4 tokens (decode steps) take the small-batch kernels instead (see
+// 8 tokens (decode steps) take the small-batch kernels instead (see
 // gemv.cu): every gate row is read once and only the active units' up and
-// down rows, with no capacity limit and no flagged rows.
+// down rows, with no capacity limit and no flagged rows; so do batches of
+// up to 64 with Union set (union.go).
 func (l *MLP) Sparse(s *cuda.Stream, y, x *cuda.Buffer, m int) error {
 	return l.sparse(s, y, x, m, true)
 }
@@ -253,6 +259,9 @@ func (l *MLP) sparse(s *cuda.Stream, y, x *cuda.Buffer, m int, report bool) erro
 	l.pollFlagged()
 	if m <= gemvMaxRows {
 		return l.sparseGEMV(s, y, x, m)
+	}
+	if st := l.unionStages(m); st > 0 {
+		return l.sparseUnion(s, y, x, m, st)
 	}
 	ws, err := l.runD2T(s, x, m)
 	if err != nil {

@@ -16,6 +16,7 @@ type Options struct {
 	Kernel Kernel // D2T kernel: EnvD2TKernel
 	Tail   Tail   // sparse tail: EnvTail
 	Serial bool   // no early start of the decode-step kernels: EnvEarlyStart = "0"
+	Union  bool   // the union path for 9 to 64 tokens: EnvUnion = "1"
 }
 
 // EnvD2TKernel names the environment variable that, set to "mma" or
@@ -31,17 +32,23 @@ const EnvTail = "TWELL_TAIL"
 // before them has finished (to compare; see cuda.LaunchConfig.EarlyStart).
 const EnvEarlyStart = "TWELL_EARLY_START"
 
-// OptionsFromEnv returns the Options that EnvD2TKernel, EnvTail and
-// EnvEarlyStart set, or an error naming a value it does not know.
+// EnvUnion names the environment variable that, set to "1", sets
+// Options.Union: batches of 9 to 64 tokens run the union kernels
+// (union.cu) on the sparse path instead of D2T and its tail.
+const EnvUnion = "TWELL_UNION"
+
+// OptionsFromEnv returns the Options that EnvD2TKernel, EnvTail,
+// EnvEarlyStart and EnvUnion set, or an error naming a value it does not
+// know.
 func OptionsFromEnv() (Options, error) {
 	var o Options
-	var err error
-	switch v := os.Getenv(EnvEarlyStart); v {
-	case "", "1":
-	case "0":
-		o.Serial = true
-	default:
-		return o, fmt.Errorf("gpu: %s=%q: want 0 or 1", EnvEarlyStart, v)
+	early, err := envBool(EnvEarlyStart, true)
+	if err != nil {
+		return o, err
+	}
+	o.Serial = !early
+	if o.Union, err = envBool(EnvUnion, false); err != nil {
+		return o, err
 	}
 	o.Kernel, err = envChoice(EnvD2TKernel, "auto, wgmma or mma", map[string]Kernel{"wgmma": KernelWGMMA, "mma": KernelMMA})
 	if err != nil {
@@ -49,6 +56,21 @@ func OptionsFromEnv() (Options, error) {
 	}
 	o.Tail, err = envChoice(EnvTail, "auto, warp or sorted", map[string]Tail{"warp": TailWarp, "sorted": TailSorted})
 	return o, err
+}
+
+// envBool returns the switch that environment variable name sets: "1" on,
+// "0" off, unset the given default; any other value is an error.
+func envBool(name string, unset bool) (bool, error) {
+	switch v := os.Getenv(name); v {
+	case "":
+		return unset, nil
+	case "1":
+		return true, nil
+	case "0":
+		return false, nil
+	default:
+		return false, fmt.Errorf("gpu: %s=%q: want 0 or 1", name, v)
+	}
 }
 
 // envChoice returns the choice that environment variable name picks: the
@@ -64,7 +86,9 @@ func envChoice[T any](name, want string, choices map[string]T) (T, error) {
 }
 
 // Apply sets l's kernel choices to o.
-func (l *MLP) Apply(o Options) { l.Kernel, l.Tail, l.Serial = o.Kernel, o.Tail, o.Serial }
+func (l *MLP) Apply(o Options) {
+	l.Kernel, l.Tail, l.Serial, l.Union = o.Kernel, o.Tail, o.Serial, o.Union
+}
 
 // EarlyStart reports whether kernels that wait with grid_wait (common.cuh)
 // should be launched with early start on dev: compute capability 9.0 or
