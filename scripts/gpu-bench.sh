@@ -19,10 +19,17 @@
 #                                       graph-replayed decode steps at 512 cached tokens, batches 1,
 #                                       8 and 64; per-kernel summaries in the JSON, Chrome traces
 #                                       (Perfetto) and plots of what each kernel adds to a step
+#   scripts/gpu-bench.sh batch OUTDIR   batches of 9 to 64 tokens, each switch in turns on one
+#                                       binary: the MLP block at m = 16, 32 and 64 (0.5%, skewed)
+#                                       without and with the union path (TWELL_UNION), then decode
+#                                       steps of 16, 32 and 64 sequences at 512 cached tokens with
+#                                       the union path off and on and the decode attention kernel
+#                                       under auto and forced (TWELL_LLM_ATTENTION=dec); the first
+#                                       and last decode runs traced (CUPTI)
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-what=${1:?usage: gpu-bench.sh ffn|model|decode|train|trace OUTDIR}
-out=${2:?usage: gpu-bench.sh ffn|model|decode|train|trace OUTDIR}
+what=${1:?usage: gpu-bench.sh ffn|model|decode|train|trace|batch OUTDIR}
+out=${2:?usage: gpu-bench.sh ffn|model|decode|train|trace|batch OUTDIR}
 mkdir -p "$out"
 tw=$root/gpubin/twell
 status=0
@@ -63,8 +70,27 @@ trace)
     -decode-batch 1,8,64 -decode-context 512 -decode-steps 32 -trace "$out/model-trace.json" \
     -trace-plot "$out/model-trace.png" -json "$out/model.json" 2>&1 | tee "$out/model.txt" || status=1
   ;;
+batch)
+  for m in 16 32 64; do
+    for u in 0 1; do
+      TWELL_UNION=$u "$tw" bench ffn -device cuda -m "$m" -density 0.005 -dist skewed -seed 1 \
+        -json "$out/ffn-$m-union$u.json" 2>&1 | tee "$out/ffn-$m-union$u.txt" || status=1
+    done
+  done
+  for cfg in "0 auto" "1 auto" "0 dec" "1 dec"; do
+    read -r u attn <<< "$cfg"
+    name=decode-union$u-$attn
+    trace=()
+    if [ "$cfg" = "0 auto" ] || [ "$cfg" = "1 dec" ]; then
+      trace=(-trace "$out/$name-trace.json" -trace-plot "$out/$name-trace.png")
+    fi
+    TWELL_UNION=$u TWELL_LLM_ATTENTION=$attn "$tw" bench model -device cuda -preset sparselm-1.5b \
+      -seed 9596107621982983358 -reps 2 -batch 8 -prompt-len 64 -decode-batch 16,32,64 -decode-context 512 \
+      -decode-steps 32 "${trace[@]}" -json "$out/$name.json" 2>&1 | tee "$out/$name.txt" || status=1
+  done
+  ;;
 *)
-  echo "gpu-bench: want ffn, model, decode, train or trace, not $what" >&2
+  echo "gpu-bench: want ffn, model, decode, train, trace or batch, not $what" >&2
   exit 2
   ;;
 esac

@@ -66,7 +66,7 @@ func (e *Engine) attentionKernel(T int) (attnKernel, error) {
 		}
 		fn, err := e.k.wgmma()
 		return attnKernel{fn: fn, smem: wgSmem}, err
-	case "", "auto":
+	case "", "auto", "dec":
 		if hd == 64 && T > wgMinTokens && e.dev.Properties().Arch == "sm_90a" {
 			if fn, err := e.k.wgmma(); err == nil {
 				return attnKernel{fn: fn, smem: wgSmem}, nil
@@ -77,7 +77,7 @@ func (e *Engine) attentionKernel(T int) (attnKernel, error) {
 		}
 		return ref, nil
 	default:
-		return attnKernel{}, fmt.Errorf("llm: attention kernel %q: want auto, wgmma3, mma or ref", a)
+		return attnKernel{}, fmt.Errorf("llm: attention kernel %q: want auto, dec, wgmma3, mma or ref", a)
 	}
 }
 
@@ -90,9 +90,10 @@ const (
 )
 
 // decRuns is the number of runs a decode step of S sequences cuts each
-// query's keys into: decSplits, halved (down to 4) while the CTAs would
+// query's keys into: decSplits, halved (down to 1) while the CTAs would
 // fill the SMs more than once (16 CTAs of decThreads threads each): a
-// second wave of CTAs costs more than longer runs.
+// second wave of CTAs costs more than longer runs. (Under auto the decode
+// kernel takes at most 2 pairs per SM, so at least 8 runs.)
 func (e *Engine) decRuns(S int) int {
 	return decRunsFor(S*e.cfg.NumAttentionHeads, e.dev.Properties().SMs)
 }
@@ -100,7 +101,7 @@ func (e *Engine) decRuns(S int) int {
 // decRunsFor is decRuns for pairs (sequence, head) pairs on sms SMs.
 func decRunsFor(pairs, sms int) int {
 	runs := decSplits
-	for runs > 4 && pairs*runs > 16*sms {
+	for runs > 1 && pairs*runs > 16*sms {
 		runs /= 2
 	}
 	return runs
@@ -127,16 +128,22 @@ type decAttention struct {
 }
 
 // decodeSplit reports whether a decode step of S sequences (one new token
-// each) runs the decode kernel: under auto, for head_dim 64 or 128, when
-// the (sequence, head) pairs are at most twice the SMs. On an H200 at 512
-// cached tokens (SparseLM-1.5B preset, 32 heads) it took decode from 775
-// to 884 tokens/s at batch 1 (TwELL MLPs; dense 596 to 654), but at batch
-// 64, where the prefill kernel already has 2048 CTAs, from 12558 to 11745:
-// there the split and merge cost more than they spread.
+// each) runs the decode kernel, for head_dim 64 or 128: under auto when
+// the (sequence, head) pairs are at most twice the SMs, under "dec"
+// always. On an H200 at 512 cached tokens (SparseLM-1.5B preset, 32 heads)
+// it took decode from 775 to 884 tokens/s at batch 1 (TwELL MLPs; dense
+// 596 to 654), but at batch 64, where the prefill kernel already has 2048
+// CTAs, from 12558 to 11745 (with 4 runs, each asking the L2 for its first
+// two blocks only).
 func (e *Engine) decodeSplit(S int) bool {
 	c := e.cfg
-	return (e.Attention == "" || e.Attention == "auto") && decBytes(c, S) > 0 &&
-		S*c.NumAttentionHeads <= 2*e.dev.Properties().SMs
+	switch e.Attention {
+	case "dec":
+		return decBytes(c, S) > 0
+	case "", "auto":
+		return decBytes(c, S) > 0 && S*c.NumAttentionHeads <= 2*e.dev.Properties().SMs
+	}
+	return false
 }
 
 // decodeAttention returns the decode kernel for pass b, and whether b runs

@@ -280,13 +280,16 @@ extern "C" __global__ void __launch_bounds__(256)
 // sum and unnormalized output in part (pm, pl, po). The last CTA of a
 // (sequence, head) to finish (a counter in cnt, reset to 0 by it) merges
 // the runs in split order and writes the output: the result does not
-// depend on which CTA finishes last, so it repeats bit for bit. The split
-// count depends on the batch only, so a CUDA graph of a decode step stays
-// valid as the sequences grow. Launched with early start, a CTA asks the L2
-// for the first ATT_DEC_PREFETCH blocks of its run's keys and values (the
+// depend on which CTA finishes last, so it repeats bit for bit. With one
+// run (many sequences) the CTA writes the output itself. The split count
+// depends on the batch only, so a CUDA graph of a decode step stays valid
+// as the sequences grow. Launched with early start, a CTA asks the L2 for
+// the first ATT_DEC_PREFETCH blocks of its run's keys and values (the
 // pass's metadata and page tables do not change within a pass) before
 // grid_wait, and then reads q, keys and values through the L2: the new
-// token's key and value are the kernel before's.
+// token's key and value are the kernel before's. Each later block is asked
+// for ATT_DEC_PREFETCH blocks ahead of its use, so that a long run (few
+// runs, long contexts) finds its blocks in the L2 too.
 #define ATT_DEC_THREADS 128
 #define ATT_DEC_PREFETCH 2  // 64-key blocks of its run a CTA asks the L2 for before grid_wait
 
@@ -309,15 +312,17 @@ __device__ __forceinline__ void attn_dec_body(const u16* __restrict__ qkv, u16* 
   const int splits = gridDim.y;
   const int nblk = (keys + ATT_BK - 1) / ATT_BK, per = (nblk + splits - 1) / splits;
   const int b0 = sp * per, b1 = min(nblk, b0 + per);
-  // Only the run's first blocks: at 64 sequences and 2016 cached tokens
-  // every CTA is resident at once, and whole runs (516 KB each) would ask
-  // the 60 MB L2 for about 1 GB a layer, evicting lines before their use.
-  for (int blk = b0; blk < min(b1, b0 + ATT_DEC_PREFETCH); ++blk) {
+  // Only ATT_DEC_PREFETCH blocks ahead: at 64 sequences and 2016 cached
+  // tokens every CTA is resident at once, and whole runs (516 KB each)
+  // would ask the 60 MB L2 for about 1 GB a layer, evicting lines before
+  // their use.
+  auto prefetch = [&](int blk) {
     const u16* K = block_keys(a, block_page(a, blk), blk, HD);
     const int lines = min(ATT_BK, keys - blk * ATT_BK) * HD / 64;  // 128-byte lines of keys, and of values
     for (int i = threadIdx.x; i < 2 * lines; i += ATT_DEC_THREADS)
       asm volatile("prefetch.global.L2 [%0];" ::"l"(K + (i < lines ? 0 : a.vstep) + (i % lines) * 64));
-  }
+  };
+  for (int blk = b0; blk < min(b1, b0 + ATT_DEC_PREFETCH); ++blk) prefetch(blk);
   grid_wait();
   grid_release();
   const uint4 q = ldg_cg(qkv + (size_t)a.qs * qkv_w + a.head * HD + sub * 8);
@@ -325,6 +330,7 @@ __device__ __forceinline__ void attn_dec_body(const u16* __restrict__ qkv, u16* 
 #pragma unroll
   for (int e = 0; e < 8; ++e) acc[e] = 0.f;
   for (int blk = b0; blk < b1; ++blk) {
+    if (blk + ATT_DEC_PREFETCH < b1) prefetch(blk + ATT_DEC_PREFETCH);
     const u16* K = block_keys(a, block_page(a, blk), blk, HD);
     const u16* V = K + a.vstep;
     const int kn = min(ATT_BK, keys - blk * ATT_BK);
@@ -366,9 +372,14 @@ __device__ __forceinline__ void attn_dec_body(const u16* __restrict__ qkv, u16* 
         L = fmaf(sl[g], w, L);
         O = fmaf(so[g][d], w, O);
       }
+    if (splits == 1) {  // the only run: the output (key 0 is in it, so L > 0)
+      out[(size_t)a.qs * nq * HD + a.head * HD + d] = (u16)f_to_bf(O / L);
+      return;
+    }
     po[run * HD + d] = O;
     if (d == 0) pm[run] = M, pl[run] = L;
   }
+  if (splits == 1) return;
   // The last run of this (sequence, head) merges them all.
   __threadfence();
   __syncthreads();

@@ -35,9 +35,10 @@ type Engine struct {
 	// of more than 64 tokens; else the mma.sync kernel for head_dim 64 and
 	// 128, and the plain one for other head dims; decode steps of few
 	// sequences, each with one new token, split each query's keys across
-	// CTAs with the decode kernel, head_dim 64 or 128); "wgmma3" (head_dim 64,
-	// sm_90a), "mma" (head_dim 64 or 128) or "ref" (the plain kernel, any
-	// head_dim), to compare them.
+	// CTAs with the decode kernel, head_dim 64 or 128); "dec" (auto, but
+	// every decode step runs the decode kernel, whatever its batch);
+	// "wgmma3" (head_dim 64, sm_90a), "mma" (head_dim 64 or 128) or "ref"
+	// (the plain kernel, any head_dim), to compare them.
 	Attention string
 	// Profile makes Forward time each kind of step with CUDA events and
 	// report it in Stats.StepMS (for diagnosis: it adds an event record

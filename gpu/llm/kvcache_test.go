@@ -464,14 +464,23 @@ func TestDecodeBufferLayout(t *testing.T) {
 }
 
 // TestDecodeRuns checks the decode attention's run count: 16 while the
-// CTAs fit in one wave of 16 per SM, then halved, never below 4, and
-// always within the buffer decBytes sizes (decSplits runs).
+// CTAs fit in one wave of 16 per SM, then halved down to 1, and always
+// within the buffer decBytes sizes (decSplits runs); at most twice as many
+// pairs as SMs (auto's bound) get at least 8.
 func TestDecodeRuns(t *testing.T) {
 	for _, c := range []struct{ pairs, sms, want int }{
-		{32, 132, 16}, {132, 132, 16}, {133, 132, 8}, {256, 132, 8}, {264, 132, 8}, {265, 132, 4}, {10000, 132, 4}, {1, 1, 16},
+		{32, 132, 16}, {132, 132, 16}, {133, 132, 8}, {256, 132, 8}, {264, 132, 8}, {265, 132, 4}, {528, 132, 4},
+		{529, 132, 2}, {1056, 132, 2}, {1057, 132, 1}, {2048, 132, 1}, {10000, 132, 1}, {1, 1, 16},
 	} {
 		if got := decRunsFor(c.pairs, c.sms); got != c.want || got > decSplits {
 			t.Errorf("%d pairs on %d SMs: %d runs, want %d", c.pairs, c.sms, got, c.want)
+		}
+	}
+	for sms := 1; sms <= 200; sms++ {
+		for pairs := 1; pairs <= 2*sms; pairs++ {
+			if got := decRunsFor(pairs, sms); got < 8 {
+				t.Fatalf("%d pairs on %d SMs: %d runs, want at least 8", pairs, sms, got)
+			}
 		}
 	}
 }

@@ -596,6 +596,63 @@ func TestDecodeAttentionMatchesRef(t *testing.T) {
 	}
 }
 
+// TestDecodeAttentionManySequences forces the decode kernel ("dec") on
+// decode steps of enough sequences that it cuts each query's keys into 2
+// runs, and into 1 (each CTA then writes its output itself), at head_dim
+// 64 and 128: the logits must agree with the plain kernel's and the CPU
+// model's, and repeat bit for bit.
+func TestDecodeAttentionManySequences(t *testing.T) {
+	dev := cudatest.Device(t)
+	cudatest.Compiler(t)
+	sms := dev.Properties().SMs
+	for _, c := range []model.Config{testConfig(64, 40, 8, true), testConfig(128, 16, 4, true)} {
+		for _, runs := range []int{2, 1} {
+			// The fewest sequences whose (sequence, head) pairs get runs.
+			S := 1
+			for decRunsFor(S*c.NumAttentionHeads, sms) > runs {
+				S++
+			}
+			t.Run(fmt.Sprintf("hd%d_heads%d_seqs%d_runs%d", c.HeadDim, c.NumAttentionHeads, S, runs), func(t *testing.T) {
+				r, seed := testutil.Rand(t)
+				m := sparseModel(t, c, r, seed)
+				prompts := make([][]int, S)
+				for i := range prompts {
+					prompts[i] = enginetest.Tokens(r, 1+r.IntN(300), c.VocabSize)
+				}
+				passes := [][][]int{prompts}
+				for range 2 {
+					step := make([][]int, S)
+					for i := range step {
+						step[i] = enginetest.Tokens(r, 1, c.VocabSize)
+					}
+					passes = append(passes, step)
+				}
+				first := 0
+				for _, p := range prompts {
+					first += len(p)
+				}
+				run := func(attn string) [][]float32 {
+					e := engineOnPath(t, dev, m, seed, "dense")
+					e.Attention = attn
+					if attn == "dec" && e.decRuns(S) != runs {
+						t.Fatalf("%d sequences: %d runs, want %d", S, e.decRuns(S), runs)
+					}
+					return enginetest.Passes(t, e, 304, passes...)[first:] // the decode steps' logits
+				}
+				got, ref := run("dec"), run("ref")
+				want := cpuForward(t, m, "dense", 304, passes...)[first:]
+				if d, err := enginetest.RelDiff(got, ref); err != nil || d > 1e-2 {
+					t.Errorf("seed %d: decode kernel vs plain kernel: rel diff %.3g (err %v)", seed, d, err)
+				}
+				if d, err := enginetest.RelDiff(got, want); err != nil || d > bf16Tol {
+					t.Errorf("seed %d: decode kernel vs CPU: rel diff %.3g (err %v)", seed, d, err)
+				}
+				enginetest.SameBits(t, "decode kernel, second run", run("dec"), got)
+			})
+		}
+	}
+}
+
 // TestUnionDecodeMatchesCPU runs decode steps of 12 and 33 sequences on the
 // sparse MLP's union path (gpu.MLP.Union), replayed from CUDA graphs, and
 // compares their logits with the CPU model's.

@@ -26,8 +26,8 @@ type Options struct {
 }
 
 // EnvAttention names the environment variable that sets a new Engine's
-// Attention field ("auto", "wgmma3", "mma" or "ref"), to compare the
-// kernels.
+// Attention field ("auto", "dec", "wgmma3", "mma" or "ref"), to compare
+// the kernels.
 const EnvAttention = "TWELL_LLM_ATTENTION"
 
 // EnvGraphs names the environment variable that, set to "0", makes a new
@@ -53,9 +53,9 @@ const EnvKVMemory = "TWELL_LLM_KV_MEMORY"
 func OptionsFromEnv() (Options, error) {
 	o := Options{Attention: os.Getenv(EnvAttention), NoGraphs: os.Getenv(EnvGraphs) == "0", NoGEMV: os.Getenv(EnvGEMV) == "0"}
 	switch o.Attention {
-	case "", "auto", "wgmma3", "mma", "ref":
+	case "", "auto", "dec", "wgmma3", "mma", "ref":
 	default:
-		return o, fmt.Errorf("llm: %s=%q: want auto, wgmma3, mma or ref", EnvAttention, o.Attention)
+		return o, fmt.Errorf("llm: %s=%q: want auto, dec, wgmma3, mma or ref", EnvAttention, o.Attention)
 	}
 	if v := os.Getenv(EnvKVPageSize); v != "" {
 		n, err := strconv.Atoi(v)
