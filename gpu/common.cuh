@@ -59,6 +59,90 @@ __device__ __forceinline__ float block_sum(float v) {
   return total;
 }
 
+// The register-resident RMSNorm of one row of d fp32 values (d % 4 == 0,
+// d <= 4 RMS_MAXV blockDim.x): thread i holds float4 i + k blockDim.x in
+// v[k]. gpu/llm's add_rmsnorm and the kernels that fuse the norm of a
+// decode step's token into their input staging (gemv_act, qkv_rope) share
+// these, so their normed values are the same bit for bit.
+#define RMS_MAXV 4
+
+// rms_fits reports whether a row of d values takes the register-resident
+// form with blockDim.x threads.
+__device__ __forceinline__ bool rms_fits(int d) { return d % 4 == 0 && d / 4 <= RMS_MAXV * (int)blockDim.x; }
+
+// rms_load sets v = x + delta (delta may be null), both read through the L2
+// (what the kernels before wrote).
+__device__ __forceinline__ void rms_load(float4 (&v)[RMS_MAXV], const float* __restrict__ x,
+                                         const u16* __restrict__ delta, int d) {
+  const int n4 = d / 4;
+#pragma unroll
+  for (int k = 0; k < RMS_MAXV; ++k) {
+    const int i = threadIdx.x + k * blockDim.x;
+    if (i >= n4) continue;
+    v[k] = __ldcg((const float4*)x + i);
+    if (delta) {
+      const uint2 dd = __ldcg((const uint2*)delta + i);
+      v[k].x += bf_lo(dd.x);
+      v[k].y += bf_hi(dd.x);
+      v[k].z += bf_lo(dd.y);
+      v[k].w += bf_hi(dd.y);
+    }
+  }
+}
+
+// rms_inv returns 1 / sqrt(mean(v^2) + eps) over the block's row (every
+// thread of the block calls it).
+__device__ __forceinline__ float rms_inv(const float4 (&v)[RMS_MAXV], int d, float eps) {
+  const int n4 = d / 4;
+  float ss = 0.f;
+#pragma unroll
+  for (int k = 0; k < RMS_MAXV; ++k) {
+    const int i = threadIdx.x + k * blockDim.x;
+    if (i >= n4) continue;
+    ss += v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
+  }
+  return rsqrtf(block_sum(ss) / (float)d + eps);
+}
+
+// rms_pack returns four normed values v inv w as bf16.
+__device__ __forceinline__ uint2 rms_pack(float4 v, float inv, float4 w) {
+  uint2 o;
+  o.x = pack_bf2(v.x * inv * w.x, v.y * inv * w.y);
+  o.y = pack_bf2(v.z * inv * w.z, v.w * inv * w.w);
+  return o;
+}
+
+// stage_norm_x norms one token into shared memory (xs, d bf16): v = resid +
+// delta (delta may be null), xs = bf16(v / rms(v) w), as add_rmsnorm does;
+// block 0 also writes v to resid_out (the residual add: another buffer than
+// resid, which the other blocks are still reading). wv holds w's float4s,
+// loaded by the caller (weights: before grid_wait). It ends with a barrier.
+__device__ __forceinline__ void stage_norm_x(u16* xs, const float* __restrict__ resid, const u16* __restrict__ delta,
+                                             float* __restrict__ resid_out, const float4 (&wv)[RMS_MAXV], int d,
+                                             float eps) {
+  float4 v[RMS_MAXV];
+  rms_load(v, resid, delta, d);
+  const float inv = rms_inv(v, d, eps);
+  const int n4 = d / 4;
+#pragma unroll
+  for (int k = 0; k < RMS_MAXV; ++k) {
+    const int i = threadIdx.x + k * blockDim.x;
+    if (i >= n4) continue;
+    ((uint2*)xs)[i] = rms_pack(v[k], inv, wv[k]);
+    if (blockIdx.x == 0) ((float4*)resid_out)[i] = v[k];
+  }
+  __syncthreads();
+}
+
+// rms_weights loads the float4s of norm weights w that stage_norm_x takes.
+__device__ __forceinline__ void rms_weights(float4 (&wv)[RMS_MAXV], const float* __restrict__ w, int d) {
+#pragma unroll
+  for (int k = 0; k < RMS_MAXV; ++k) {
+    const int i = threadIdx.x + k * blockDim.x;
+    wv[k] = i < d / 4 ? ((const float4*)w)[i] : make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+}
+
 // L2 cache policies: weights are kept (evict_last), streamed activations go
 // first (evict_first).
 __device__ __forceinline__ u64 policy_evict_last() {

@@ -61,14 +61,25 @@ __device__ __forceinline__ int listed(const int* __restrict__ list, int first, i
   return min(max(list[0] - first, 0), cap);
 }
 
+// NormIn is the input of gemv_act_norm: one token's residual stream resid
+// (fp32, d), the delta added to it (bf16, may be null), where the sum goes
+// (resid_out) and the RMSNorm's weights and epsilon (see stage_norm_x).
+struct NormIn {
+  const float* resid;
+  const u16* delta;
+  float* resid_out;
+  const float* w;
+  float eps;
+};
+
 // act_group computes gemv_act's h and mask for the mg <= MB tokens of one
-// group: x itself (rows == nullptr) or the listed rows of x. The group's h
-// is at h and its mask at mask.
-template <int MB, bool GATED>
+// group: x itself (rows == nullptr), the listed rows of x, or with NORM the
+// token that nin norms. The group's h is at h and its mask at mask.
+template <int MB, bool GATED, bool NORM>
 __device__ __forceinline__ void act_group(const u16* __restrict__ x, const int* __restrict__ rows_of_x,
                                           const u16* __restrict__ w, const u16* __restrict__ up, float* __restrict__ h,
                                           u32* __restrict__ mask, u32* __restrict__ cnt, int mg, int d, int f, u16* xs,
-                                          u32* wmask, u32* wcnt) {
+                                          u32* wmask, u32* wcnt, NormIn nin) {
   int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   int j0 = blockIdx.x * 32 + warp * 4;
   const u16* rows[4];
@@ -77,9 +88,13 @@ __device__ __forceinline__ void act_group(const u16* __restrict__ x, const int* 
   uint4 wv[4][4];
   rows_load<4>(wv, rows, 0, d, lane);
   rows_prefetch<4>(rows, 1024, d, lane);
+  float4 nw[RMS_MAXV];
+  if (NORM) rms_weights(nw, nin.w, d);
   grid_wait();
   grid_release();
-  if (rows_of_x)
+  if (NORM)
+    stage_norm_x(xs, nin.resid, nin.delta, nin.resid_out, nw, d, nin.eps);
+  else if (rows_of_x)
     stage_rows(xs, x, rows_of_x, mg, d);
   else
     stage_x(xs, x, mg, d);
@@ -142,15 +157,33 @@ __global__ void __launch_bounds__(256)
              int first, int cap) {
   extern __shared__ __align__(16) u16 xs[];
   __shared__ u32 wmask[8], wcnt[8];
+  const NormIn none = {};
   if (!LIST) {
-    act_group<MB, GATED>(x, nullptr, w, up, h, mask, cnt, m, d, f, xs, wmask, wcnt);
+    act_group<MB, GATED, false>(x, nullptr, w, up, h, mask, cnt, m, d, f, xs, wmask, wcnt, none);
     return;
   }
   grid_wait();  // the list is the kernel before's
   const int total = listed(list, first, cap);
   for (int g0 = 0; g0 < total; g0 += MB)
-    act_group<MB, GATED>(x, list + 1 + first + g0, w, up, h + (size_t)g0 * f, mask + (size_t)(g0 / MB) * gridDim.x,
-                         nullptr, min(MB, total - g0), d, f, xs, wmask, wcnt);
+    act_group<MB, GATED, false>(x, list + 1 + first + g0, w, up, h + (size_t)g0 * f,
+                                mask + (size_t)(g0 / MB) * gridDim.x, nullptr, min(MB, total - g0), d, f, xs, wmask,
+                                wcnt, none);
+}
+
+// gemv_act_norm: gemv_act for one token, with the residual add and RMSNorm
+// before it fused in: every block norms the token into its shared memory
+// (stage_norm_x, common.cuh: bit for bit gpu/llm's add_rmsnorm), block 0
+// writes resid + delta to resid_out. d a multiple of 4, at most 4096;
+// dynamic shared memory d * 2 bytes.
+template <bool GATED>
+__global__ void __launch_bounds__(256)
+    gemv_act_norm(const float* resid, const u16* delta, float* resid_out, const float* normw, float eps,
+                  const u16* __restrict__ w, const u16* __restrict__ up, float* __restrict__ h, u32* __restrict__ mask,
+                  u32* __restrict__ cnt, int d, int f) {
+  extern __shared__ __align__(16) u16 xs[];
+  __shared__ u32 wmask[8], wcnt[8];
+  const NormIn nin = {resid, delta, resid_out, normw, eps};
+  act_group<1, GATED, true>(nullptr, nullptr, w, up, h, mask, cnt, 1, d, f, xs, wmask, wcnt, nin);
 }
 
 // gemv_act_mma: gemv_act (not LIST) for up to 8 tokens on tensor cores.

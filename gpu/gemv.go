@@ -2,6 +2,7 @@ package gpu
 
 import (
 	_ "embed"
+	"errors"
 	"fmt"
 
 	"github.com/twell-ai/twell/cuda"
@@ -12,22 +13,99 @@ import (
 //go:embed gemv.cu
 var gemvSrc []byte
 
-// sparseGEMV queues the small-batch sparse MLP (m <= gemvMaxRows).
-func (l *MLP) sparseGEMV(s *cuda.Stream, y, x *cuda.Buffer, m int) error {
+// NormedInput is the input of QueueNormed: one token's residual stream
+// (Resid, fp32 [D]), the bf16 delta added to it (nil: none), the buffer
+// that receives their sum (ResidOut, fp32 [D], not Resid: the kernel's
+// other blocks still read Resid while one writes it), and the RMSNorm's
+// weights (fp32 [D]) and epsilon.
+type NormedInput struct {
+	Resid, Delta, ResidOut, Weight *cuda.Buffer
+	Eps                            float32
+}
+
+// NormFuses reports whether QueueNormed takes an MLP of hidden size d:
+// d a multiple of 4, at most 4096 (16 values a thread of a 256-thread
+// block, the register-resident RMSNorm of common.cuh).
+func NormFuses(d int) bool { return d%4 == 0 && d <= 4096 }
+
+// QueueNormed queues the sparse MLP of one token whose input is the
+// RMSNorm of in.Resid + in.Delta, with the norm fused into the MLP's
+// first kernel (gemv_act_norm): every block norms the token itself, bit
+// for bit as gpu/llm's add_rmsnorm does, and one block writes the sum to
+// in.ResidOut. It saves a decode step the norm kernel. Like Queue, it
+// keeps no bookkeeping (the form to record into a CUDA graph); y may be
+// in.Delta (it is written after every read of it).
+func (l *MLP) QueueNormed(s *cuda.Stream, y *cuda.Buffer, in NormedInput) error {
+	need := 4 * l.D
+	switch {
+	case !NormFuses(l.D):
+		return fmt.Errorf("gpu: QueueNormed takes hidden sizes that are multiples of 4 up to 4096, not %d", l.D)
+	case in.Resid == nil || in.ResidOut == nil || in.Weight == nil:
+		return errors.New("gpu: QueueNormed needs the residual stream, its output buffer and the norm weights")
+	case in.Resid == in.ResidOut:
+		return errors.New("gpu: QueueNormed writes the residual sum to the buffer it reads")
+	case in.Resid.Len() < need || in.ResidOut.Len() < need || in.Weight.Len() < need || (in.Delta != nil && in.Delta.Len() < 2*l.D):
+		return fmt.Errorf("gpu: QueueNormed buffers hold fewer than %d values", l.D)
+	}
+	if y == nil || y.Len() < 2*l.D {
+		return fmt.Errorf("gpu: MLP output %v holds fewer than %d bytes (1 token x %d bf16)", y, 2*l.D, l.D)
+	}
+	if l.up == nil {
+		return errors.New("gpu: MLP was closed")
+	}
 	ks, err := l.k.gemvKernels()
 	if err != nil {
 		return err
 	}
+	ws, err := l.gemvWorkspace()
+	if err != nil {
+		return err
+	}
+	l.pollFlagged()
+	act := ks.actNormPlain
+	if l.Gated {
+		act = ks.actNormGated
+	}
+	a := gemvArgs{w: l.sparseIn(), up: l.up, down: l.down, y: y, h: ws.gh, mask: ws.gmask, cnt: ws.gcnt, nnz: l.nnz,
+		m: 1, d: l.D, f: l.F, ncnt: l.F / 32, early: l.earlyStart()}
+	if err := a.launch(act, cuda.Dim3{uint32(l.F / 32), 1, 1}, cuda.Dim3{256, 1, 1}, 2*l.D, s,
+		in.Resid, optional(in.Delta), in.ResidOut, in.Weight, in.Eps, a.w, a.up, a.h, a.mask, a.cnt, int32(l.D), int32(l.F)); err != nil {
+		return fmt.Errorf("gpu: gemv_act_norm: %w", err)
+	}
+	if err := a.launchDown(ks.down[1], s); err != nil {
+		return fmt.Errorf("gpu: gemv_down: %w", err)
+	}
+	l.counted = 1
+	return nil
+}
+
+// gemvWorkspace grows the small-batch kernels' h, mask and counts.
+func (l *MLP) gemvWorkspace() (*sparseWS, error) {
 	ws := &l.ws.sp
 	words := l.F / 32
 	for _, b := range []struct {
 		p **cuda.Buffer
 		n int
 	}{{&ws.gh, 4 * gemvMaxRows * l.F}, {&ws.gmask, 4 * words}, {&ws.gcnt, 4 * l.F / 16}} {
+		var err error
 		if *b.p, err = l.realloc(*b.p, b.n); err != nil {
-			return err
+			return nil, err
 		}
 	}
+	return ws, nil
+}
+
+// sparseGEMV queues the small-batch sparse MLP (m <= gemvMaxRows).
+func (l *MLP) sparseGEMV(s *cuda.Stream, y, x *cuda.Buffer, m int) error {
+	ks, err := l.k.gemvKernels()
+	if err != nil {
+		return err
+	}
+	ws, err := l.gemvWorkspace()
+	if err != nil {
+		return err
+	}
+	words := l.F / 32
 	mb := gemvRows[len(gemvRows)-1]
 	for _, r := range gemvRows {
 		if m <= r {
@@ -69,6 +147,9 @@ type gemvSet struct {
 	// gemv_act_mma, gated and not: act on tensor cores, for more than
 	// gemvFMARows tokens.
 	actMMAGated, actMMAPlain *cuda.Function
+	// gemv_act_norm, gated and not: one token, with the residual add and
+	// RMSNorm before the MLP fused in (QueueNormed).
+	actNormGated, actNormPlain *cuda.Function
 }
 
 // gemvFMARows is the largest batch whose act kernel is gemv_act (FMAs);
@@ -94,7 +175,8 @@ func gemvExprs() []string {
 		exprs = append(exprs, fmt.Sprintf("gemv_down<%d,false>", mb))
 	}
 	return append(exprs, fmt.Sprintf("gemv_act<%d,true,true>", fbGroup), fmt.Sprintf("gemv_act<%d,false,true>", fbGroup),
-		fmt.Sprintf("gemv_down<%d,true>", fbGroup), "gemv_act_mma<true>", "gemv_act_mma<false>")
+		fmt.Sprintf("gemv_down<%d,true>", fbGroup), "gemv_act_mma<true>", "gemv_act_mma<false>",
+		"gemv_act_norm<true>", "gemv_act_norm<false>")
 }
 
 // gemvKernels compiles gemv.cu once and returns its kernels.
@@ -115,8 +197,9 @@ func (k *kernels) gemvKernels() (*gemvSet, error) {
 			k.gemv.down[mb] = fs[fmt.Sprintf("gemv_down<%d,false>", mb)]
 		}
 		n := len(exprs)
-		k.gemv.fbActGated, k.gemv.fbActPlain, k.gemv.fbDown = fs[exprs[n-5]], fs[exprs[n-4]], fs[exprs[n-3]]
-		k.gemv.actMMAGated, k.gemv.actMMAPlain = fs[exprs[n-2]], fs[exprs[n-1]]
+		k.gemv.fbActGated, k.gemv.fbActPlain, k.gemv.fbDown = fs[exprs[n-7]], fs[exprs[n-6]], fs[exprs[n-5]]
+		k.gemv.actMMAGated, k.gemv.actMMAPlain = fs[exprs[n-4]], fs[exprs[n-3]]
+		k.gemv.actNormGated, k.gemv.actNormPlain = fs[exprs[n-2]], fs[exprs[n-1]]
 	})
 	return &k.gemv, k.gemvErr
 }

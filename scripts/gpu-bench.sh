@@ -19,17 +19,18 @@
 #                                       graph-replayed decode steps at 512 cached tokens, batches 1,
 #                                       8 and 64; per-kernel summaries in the JSON, Chrome traces
 #                                       (Perfetto) and plots of what each kernel adds to a step
-#   scripts/gpu-bench.sh batch OUTDIR   batches of 9 to 64 tokens, each switch in turns on one
-#                                       binary: the MLP block at m = 16, 32 and 64 (0.5%, skewed)
-#                                       without and with the union path (TWELL_UNION), then decode
-#                                       steps of 16, 32 and 64 sequences at 512 cached tokens with
-#                                       the union path off and on and the decode attention kernel
-#                                       under auto and forced (TWELL_LLM_ATTENTION=dec); the first
-#                                       and last decode runs traced (CUPTI)
+#   scripts/gpu-bench.sh ab OUTDIR      the experiment switches not yet measured, each in turns on
+#                                       one binary: the MLP block at m = 16, 32 and 64 (0.5%,
+#                                       skewed) without and with the union path (TWELL_UNION); decode
+#                                       steps of 16, 32 and 64 sequences at 512 cached tokens with the
+#                                       union path off and on and the decode attention kernel under
+#                                       auto and forced (TWELL_LLM_ATTENTION=dec), the first and last
+#                                       of those runs traced (CUPTI); decode of one sequence with the
+#                                       norms unfused and fused (TWELL_LLM_FUSE_NORMS), twice
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-what=${1:?usage: gpu-bench.sh ffn|model|decode|train|trace|batch OUTDIR}
-out=${2:?usage: gpu-bench.sh ffn|model|decode|train|trace|batch OUTDIR}
+what=${1:?usage: gpu-bench.sh ffn|model|decode|train|trace|ab OUTDIR}
+out=${2:?usage: gpu-bench.sh ffn|model|decode|train|trace|ab OUTDIR}
 mkdir -p "$out"
 tw=$root/gpubin/twell
 status=0
@@ -70,7 +71,7 @@ trace)
     -decode-batch 1,8,64 -decode-context 512 -decode-steps 32 -trace "$out/model-trace.json" \
     -trace-plot "$out/model-trace.png" -json "$out/model.json" 2>&1 | tee "$out/model.txt" || status=1
   ;;
-batch)
+ab)
   for m in 16 32 64; do
     for u in 0 1; do
       TWELL_UNION=$u "$tw" bench ffn -device cuda -m "$m" -density 0.005 -dist skewed -seed 1 \
@@ -88,9 +89,16 @@ batch)
       -seed 9596107621982983358 -reps 2 -batch 8 -prompt-len 64 -decode-batch 16,32,64 -decode-context 512 \
       -decode-steps 32 "${trace[@]}" -json "$out/$name.json" 2>&1 | tee "$out/$name.txt" || status=1
   done
+  for round in 1 2; do
+    for f in 0 1; do
+      TWELL_LLM_FUSE_NORMS=$f "$tw" bench model -device cuda -preset sparselm-1.5b -seed 9596107621982983358 \
+        -reps 2 -batch 1 -prompt-len 64 -decode-batch 1 -decode-context 512 -decode-steps 64 \
+        -json "$out/decode-b1-fuse$f-$round.json" 2>&1 | tee "$out/decode-b1-fuse$f-$round.txt" || status=1
+    done
+  done
   ;;
 *)
-  echo "gpu-bench: want ffn, model, decode, train, trace or batch, not $what" >&2
+  echo "gpu-bench: want ffn, model, decode, train, trace or ab, not $what" >&2
   exit 2
   ;;
 esac

@@ -61,6 +61,14 @@ type Engine struct {
 	// (cuda.LaunchConfig.EarlyStart). NewEngine sets it, and the TwELL MLPs'
 	// Serial, when the environment variable TWELL_EARLY_START is "0".
 	Serial bool
+	// FuseNorms fuses the residual add and RMSNorm of one-token passes
+	// (decode steps of one sequence) into the kernel after it: the
+	// attention norm into qkv_rope1n, and, on a graph-replayed step whose
+	// TwELL layer runs sparse, the MLP norm into gpu.MLP.QueueNormed. The
+	// fused kernels norm the token bit for bit as add_rmsnorm does, and
+	// write the residual sum to the other of two residual buffers. NewEngine
+	// sets it when the environment variable TWELL_LLM_FUSE_NORMS is "1".
+	FuseNorms bool
 	// ReuseLogits makes Forward return its logits in host memory that the
 	// engine owns (page-locked, so the copy from the GPU is one fast DMA)
 	// and overwrites at the next Forward call or frees at Close, instead
@@ -116,6 +124,7 @@ type layer struct {
 type workspace struct {
 	tokens int          // tokens the token-sized buffers hold
 	resid  *cuda.Buffer // fp32 [T][d], the residual stream
+	resid2 *cuda.Buffer // fp32 [d]: the other residual buffer of fused norms (FuseNorms)
 	hn     *cuda.Buffer // bf16 [T][max(d, nq hd)]: normed input, then attention output
 	qkv    *cuda.Buffer // bf16 [T][(nq+2nkv) hd]
 	proj   *cuda.Buffer // bf16 [T][d]: attention projection, then MLP output
@@ -189,7 +198,7 @@ func NewEngine(dev *cuda.Device, m *model.Model) (*Engine, error) {
 		return nil, err
 	}
 	e := &Engine{cfg: c, dev: dev, k: k, mlpPath: mlp.Auto, rope: model.NewRoPETables(c), Attention: opts.Attention,
-		NoGraphs: opts.NoGraphs, NoGEMV: opts.NoGEMV, Serial: opts.MLP.Serial, pool: &kvPool{dev: dev, cfg: c}}
+		NoGraphs: opts.NoGraphs, NoGEMV: opts.NoGEMV, Serial: opts.MLP.Serial, FuseNorms: opts.FuseNorms, pool: &kvPool{dev: dev, cfg: c}}
 	if act, _ := c.GateActivation(); act == model.ActSiLU {
 		e.act = gpu.ActSiLU
 	}
@@ -381,7 +390,7 @@ func (e *Engine) Close() error {
 		}
 	}
 	ws := &e.ws
-	free(ws.resid, ws.hn, ws.qkv, ws.proj, ws.meta, ws.dec, ws.sel, ws.logits)
+	free(ws.resid, ws.resid2, ws.hn, ws.qkv, ws.proj, ws.meta, ws.dec, ws.sel, ws.logits)
 	if e.hostLogits != nil {
 		errs = append(errs, e.hostLogits.Free())
 		e.hostLogits = nil

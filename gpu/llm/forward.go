@@ -10,6 +10,7 @@ import (
 	"github.com/twell-ai/twell/cuda"
 	"github.com/twell-ai/twell/cuda/cublas"
 	"github.com/twell-ai/twell/engine"
+	"github.com/twell-ai/twell/gpu"
 	"github.com/twell-ai/twell/mlp"
 )
 
@@ -27,6 +28,9 @@ type batch struct {
 	// tables[s] is the offset of sequence s's page table (2 words a page);
 	// pages[s] the number of pages in it.
 	tables, pages []int
+	// resid is the residual buffer the decoder layers leave their output
+	// in (ws.resid, or ws.resid2 after an odd number of fused norms).
+	resid *cuda.Buffer
 }
 
 // plan validates a forward pass like model.Model.Forward does and lays out
@@ -200,6 +204,11 @@ func (e *Engine) workspaceFor(T, rows, metaBytes int, decode bool) error {
 			return err
 		}
 		ws.rows = r
+	}
+	if e.fuseNorms(T) && ws.resid2 == nil {
+		if ws.resid2, err = e.realloc(nil, 4*h); err != nil {
+			return err
+		}
 	}
 	if decode && e.decodeSplit(T) && ws.decSeq < T {
 		if ws.dec, err = e.realloc(ws.dec, decBytes(c, T)); err != nil {
@@ -405,6 +414,10 @@ func (e *Engine) layersQueue(b *batch, st *engine.Stats, paths []mlp.Path) error
 	}
 	dec, decode := e.decodeAttention(b)
 	early := e.early()
+	// With fused norms the residual stream moves between two buffers: a
+	// fused kernel reads cur and writes the sum to other.
+	fuse := e.fuseNorms(T)
+	cur, other := ws.resid, ws.resid2
 	for li, l := range e.layers {
 		var delta *cuda.Buffer
 		if li > 0 {
@@ -412,29 +425,15 @@ func (e *Engine) layersQueue(b *batch, st *engine.Stats, paths []mlp.Path) error
 		}
 		rope := ropeArgs{qkv: ws.qkv, cos: e.cosB, sin: e.sinB, tokSeq: tokSeq, tokPos: tokPos, pt: pt, page: page,
 			T: T, layer: li, nq: nq, nkv: nkv, hd: hd, qkvW: qkvW, early: early}
-		if err := (normArgs{resid: ws.resid, delta: delta, w: l.attnNorm, out: ws.hn, n: T, d: h, eps: eps, early: early}).launch(e.k.addNorm, s); err != nil {
-			return fmt.Errorf("llm: layer %d norm: %w", li, err)
-		}
-		prof("norm")
-		if e.gemv(T, h) {
-			// Decode step: projection, RoPE and cache write in one kernel.
-			fn := e.k.qkvRope4
-			if T == 1 {
-				fn = e.k.qkvRope1
+		norm := normArgs{resid: cur, delta: delta, w: l.attnNorm, out: ws.hn, n: T, d: h, eps: eps, early: early}
+		if fuse && e.gemv(T, h) {
+			if err := rope.qkvRopeNormed(e.k.qkvRope1N, s, norm, other, l.qkv, h); err != nil {
+				return fmt.Errorf("llm: layer %d norm + qkv + rope: %w", li, err)
 			}
-			if err := rope.qkvRope(fn, s, ws.hn, l.qkv, h); err != nil {
-				return fmt.Errorf("llm: layer %d qkv + rope: %w", li, err)
-			}
+			cur, other = other, cur
 			prof("qkv")
-		} else {
-			if err := e.project(T, qkvW, h, ws.hn, l.qkv, ws.qkv); err != nil {
-				return fmt.Errorf("llm: layer %d qkv: %w", li, err)
-			}
-			prof("qkv")
-			if err := rope.ropeKV(e.k.ropeKV, s); err != nil {
-				return fmt.Errorf("llm: layer %d rope: %w", li, err)
-			}
-			prof("rope")
+		} else if err := e.normQKV(s, li, norm, rope, l, prof); err != nil {
+			return err
 		}
 		aa := attnArgs{qkv: ws.qkv, out: ws.hn, items: items, seqQ0: seqQ0, seqN: seqN, seqPast: seqPast,
 			pt: pt, page: page, nItems: b.items, layer: li, nq: nq, nkv: nkv, hd: hd, qkvW: qkvW}
@@ -450,14 +449,25 @@ func (e *Engine) layersQueue(b *batch, st *engine.Stats, paths []mlp.Path) error
 			return fmt.Errorf("llm: layer %d o_proj: %w", li, err)
 		}
 		prof("o_proj")
-		if err := (normArgs{resid: ws.resid, delta: ws.proj, w: l.mlpNorm, out: ws.hn, n: T, d: h, eps: eps, early: early}).launch(e.k.addNorm, s); err != nil {
-			return fmt.Errorf("llm: layer %d norm: %w", li, err)
-		}
-		prof("norm")
 		var fixed *mlp.Path
 		if paths != nil {
 			fixed = &paths[li]
 		}
+		if fuse && l.mlp != nil && e.mlpPath != mlp.Dense && fixed != nil && *fixed == mlp.Sparse {
+			l.mlp.Serial = e.Serial
+			in := gpu.NormedInput{Resid: cur, Delta: ws.proj, ResidOut: other, Weight: l.mlpNorm, Eps: eps}
+			if err := l.mlp.QueueNormed(s, ws.proj, in); err != nil {
+				return fmt.Errorf("llm: layer %d norm + MLP: %w", li, err)
+			}
+			cur, other = other, cur
+			st.Paths[li] = mlp.Sparse
+			prof("mlp")
+			continue
+		}
+		if err := (normArgs{resid: cur, delta: ws.proj, w: l.mlpNorm, out: ws.hn, n: T, d: h, eps: eps, early: early}).launch(e.k.addNorm, s); err != nil {
+			return fmt.Errorf("llm: layer %d norm: %w", li, err)
+		}
+		prof("norm")
 		sparse, err := e.mlp(l, T, fixed)
 		if err != nil {
 			return fmt.Errorf("llm: layer %d MLP: %w", li, err)
@@ -467,7 +477,49 @@ func (e *Engine) layersQueue(b *batch, st *engine.Stats, paths []mlp.Path) error
 		}
 		prof("mlp")
 	}
+	b.resid = cur
 	return nil
+}
+
+// normQKV queues layer li's attention norm (norm) and its q/k/v
+// projection with RoPE and the cache write (rope): for decode-sized passes
+// qkv_rope, else the projection and rope_kv.
+func (e *Engine) normQKV(s *cuda.Stream, li int, norm normArgs, rope ropeArgs, l layer, prof func(string)) error {
+	if err := norm.launch(e.k.addNorm, s); err != nil {
+		return fmt.Errorf("llm: layer %d norm: %w", li, err)
+	}
+	prof("norm")
+	T, h := rope.T, e.cfg.HiddenSize
+	if e.gemv(T, h) {
+		// Decode step: projection, RoPE and cache write in one kernel.
+		fn := e.k.qkvRope4
+		if T == 1 {
+			fn = e.k.qkvRope1
+		}
+		if err := rope.qkvRope(fn, s, norm.out, l.qkv, h); err != nil {
+			return fmt.Errorf("llm: layer %d qkv + rope: %w", li, err)
+		}
+		prof("qkv")
+		return nil
+	}
+	if err := e.project(T, rope.qkvW, h, norm.out, l.qkv, rope.qkv); err != nil {
+		return fmt.Errorf("llm: layer %d qkv: %w", li, err)
+	}
+	prof("qkv")
+	if err := rope.ropeKV(e.k.ropeKV, s); err != nil {
+		return fmt.Errorf("llm: layer %d rope: %w", li, err)
+	}
+	prof("rope")
+	return nil
+}
+
+// fuseNorms reports whether a pass of T tokens fuses its norms into the
+// kernels after them (Engine.FuseNorms): one token, and a hidden size the
+// register-resident norm takes with add_rmsnorm's block (normBlock), so
+// that the fused kernels' values are add_rmsnorm's bit for bit.
+func (e *Engine) fuseNorms(T int) bool {
+	h := e.cfg.HiddenSize
+	return e.FuseNorms && T == 1 && gpu.NormFuses(h) && normBlock(h)[0] == 256
 }
 
 // mlp queues layer l's MLP from ws.hn into ws.proj, in chunks of at most
@@ -547,10 +599,14 @@ func (e *Engine) logits(b *batch) ([][]float32, error) {
 	if len(e.layers) > 0 {
 		delta = ws.proj
 	}
+	resid := b.resid
+	if resid == nil {
+		resid = ws.resid
+	}
 	for r0 := 0; r0 < b.rows; r0 += headChunk {
 		rc := min(headChunk, b.rows-r0)
 		rows := view(ws.meta, 4*(b.row+r0), 4*rc)
-		norm := normArgs{resid: ws.resid, delta: delta, rows: rows, w: e.norm, out: ws.sel, n: rc, d: h, eps: float32(c.RMSNormEps), early: e.early()}
+		norm := normArgs{resid: resid, delta: delta, rows: rows, w: e.norm, out: ws.sel, n: rc, d: h, eps: float32(c.RMSNormEps), early: e.early()}
 		if err := norm.launch(e.k.addNorm, s); err != nil {
 			return nil, fmt.Errorf("llm: final norm: %w", err)
 		}

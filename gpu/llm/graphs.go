@@ -27,9 +27,10 @@ import (
 // stepGraph is a recorded decode step of some number of sequences.
 type stepGraph struct {
 	g     *cuda.Graph
-	gen   uint64     // e.gen when recorded
-	epoch uint64     // the TwELL MLPs' workspace epoch when recorded
-	paths []mlp.Path // each layer's MLP path
+	gen   uint64       // e.gen when recorded
+	epoch uint64       // the TwELL MLPs' workspace epoch when recorded
+	paths []mlp.Path   // each layer's MLP path
+	resid *cuda.Buffer // where its layers leave the residual stream (batch.resid)
 }
 
 // replay runs the decoder layers of b from a graph if b is a decode step
@@ -59,7 +60,7 @@ func (e *Engine) replay(b *batch, st *engine.Stats) (bool, error) {
 			return false, nil
 		}
 		e.records++
-		sg = &stepGraph{g: g, gen: e.gen, epoch: e.mlpEpoch(), paths: paths}
+		sg = &stepGraph{g: g, gen: e.gen, epoch: e.mlpEpoch(), paths: paths, resid: b.resid}
 		if e.graphs == nil {
 			e.graphs = map[int]*stepGraph{}
 		}
@@ -71,6 +72,7 @@ func (e *Engine) replay(b *batch, st *engine.Stats) (bool, error) {
 		}
 	}
 	e.replays++
+	b.resid = sg.resid
 	return true, sg.g.Launch(e.stream)
 }
 

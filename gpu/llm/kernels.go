@@ -35,6 +35,7 @@ type kernels struct {
 	attnDec64, attnDec128  *cuda.Function
 	gemv1, gemv4           *cuda.Function
 	qkvRope1, qkvRope4     *cuda.Function
+	qkvRope1N              *cuda.Function // qkv_rope1n: qkv_rope1 with the norm before it fused in
 
 	dev *cuda.Device
 	// attnWG is attn_wg64, compiled at first use and on sm_90a only;
@@ -57,7 +58,7 @@ var kernelFiles = []struct {
 	kernels []string
 }{
 	{"norm.cu", &normSrc, []string{"embed", "add_rmsnorm"}},
-	{"proj.cu", &projSrc, []string{"gemv_rows1", "gemv_rows4", "qkv_rope1", "qkv_rope4"}},
+	{"proj.cu", &projSrc, []string{"gemv_rows1", "gemv_rows4", "qkv_rope1", "qkv_rope4", "qkv_rope1n"}},
 	{"rope.cu", &ropeSrc, []string{"rope_kv"}},
 	{"attn.cu", &attnSrc, []string{"attn_ref", "attn_fa64", "attn_fa128", "attn_dec64", "attn_dec128"}},
 }
@@ -86,7 +87,8 @@ func kernelsFor(dev *cuda.Device) (*kernels, error) {
 	k := &kernels{dev: dev, embed: fs["embed"], addNorm: fs["add_rmsnorm"], ropeKV: fs["rope_kv"],
 		attnRef: fs["attn_ref"], attnFA64: fs["attn_fa64"], attnFA128: fs["attn_fa128"],
 		attnDec64: fs["attn_dec64"], attnDec128: fs["attn_dec128"],
-		gemv1: fs["gemv_rows1"], gemv4: fs["gemv_rows4"], qkvRope1: fs["qkv_rope1"], qkvRope4: fs["qkv_rope4"]}
+		gemv1: fs["gemv_rows1"], gemv4: fs["gemv_rows4"], qkvRope1: fs["qkv_rope1"], qkvRope4: fs["qkv_rope4"],
+		qkvRope1N: fs["qkv_rope1n"]}
 	kernTab[dev] = k
 	return k, nil
 }

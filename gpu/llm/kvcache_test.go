@@ -54,12 +54,12 @@ func TestKVOptions(t *testing.T) {
 }
 
 // attnKernels returns the attention kernels (Engine.Attention) that run a
-// model of head_dim hd on dev: the plain one, mma.sync, wgmma on Hopper,
-// and auto.
+// model of head_dim hd on dev: the plain one, mma.sync, the decode kernel
+// on every decode step, wgmma on Hopper, and auto.
 func attnKernels(dev *cuda.Device, hd int) []string {
 	ks := []string{"ref", "auto"}
 	if hd == 64 || hd == 128 {
-		ks = append(ks, "mma")
+		ks = append(ks, "mma", "dec")
 	}
 	if hd == 64 && dev.Properties().Arch == "sm_90a" {
 		ks = append(ks, "wgmma3")

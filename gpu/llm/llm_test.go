@@ -12,6 +12,7 @@ import (
 	"github.com/twell-ai/twell/cuda/cudatest"
 	"github.com/twell-ai/twell/engine"
 	"github.com/twell-ai/twell/engine/enginetest"
+	"github.com/twell-ai/twell/gpu"
 	"github.com/twell-ai/twell/internal/testutil"
 	"github.com/twell-ai/twell/mlp"
 	"github.com/twell-ai/twell/model"
@@ -694,5 +695,48 @@ func TestUnionDecodeMatchesCPU(t *testing.T) {
 	}
 	if e.GraphReplays() == 0 || e.GraphError() != nil {
 		t.Errorf("seed %d: %d graph replays (error %v)", seed, e.GraphReplays(), e.GraphError())
+	}
+}
+
+// TestFusedNormsMatchUnfused decodes one sequence with the norms fused
+// into the kernels after them (FuseNorms: qkv_rope1n, and gemv_act_norm on
+// graph-replayed sparse steps) and without: the logits must be the same
+// bit for bit, replayed from graphs or kernel by kernel, on the sparse and
+// the dense MLP path.
+func TestFusedNormsMatchUnfused(t *testing.T) {
+	dev := cudatest.Device(t)
+	cudatest.Compiler(t)
+	c := testConfig(64, 4, 2, true)
+	r, seed := testutil.Rand(t)
+	m := sparseModel(t, c, r, seed)
+	prompt := enginetest.Tokens(r, 40, c.VocabSize)
+	steps := make([][][]int, 12)
+	for i := range steps {
+		steps[i] = [][]int{{r.IntN(c.VocabSize)}}
+	}
+	passes := append([][][]int{{prompt}}, steps...)
+	for _, path := range []string{"sparse", "dense"} {
+		for _, graphs := range []bool{true, false} {
+			run := func(fuse bool) ([][]float32, *Engine) {
+				e := engineOnPath(t, dev, m, seed, path)
+				e.FuseNorms, e.NoGraphs = fuse, !graphs
+				return enginetest.Passes(t, e, 64, passes...), e
+			}
+			plain, _ := run(false)
+			fused, e := run(true)
+			name := fmt.Sprintf("%s path, graphs %v", path, graphs)
+			enginetest.SameBits(t, name+": fused vs unfused norms", fused, plain)
+			if graphs && (e.GraphReplays() == 0 || e.GraphError() != nil) {
+				t.Errorf("seed %d: %s: %d graph replays (error %v)", seed, name, e.GraphReplays(), e.GraphError())
+			}
+		}
+	}
+	// QueueNormed refuses to write the residual sum over its input.
+	e := engineOnPath(t, dev, m, seed, "sparse")
+	enginetest.Passes(t, e, 64, [][]int{prompt})
+	ws := &e.ws
+	err := e.layers[0].mlp.QueueNormed(e.stream, ws.proj, gpu.NormedInput{Resid: ws.resid, ResidOut: ws.resid, Weight: e.layers[0].mlpNorm})
+	if err == nil || !strings.Contains(err.Error(), "buffer it reads") {
+		t.Errorf("QueueNormed with the same residual buffer in and out: %v", err)
 	}
 }

@@ -32,7 +32,6 @@ extern "C" __global__ void embed(const u16* __restrict__ table, const int* __res
 extern "C" __global__ void add_rmsnorm(float* __restrict__ resid, const u16* __restrict__ delta,
                                        const int* __restrict__ rows, const float* __restrict__ w,
                                        u16* __restrict__ out, int d, float eps) {
-  constexpr int MAXV = 4;  // float4 per thread
   grid_wait();
   grid_release();
   int b = blockIdx.x;
@@ -40,40 +39,22 @@ extern "C" __global__ void add_rmsnorm(float* __restrict__ resid, const u16* __r
   float* x = resid + (size_t)r * d;
   const u16* dl = delta ? delta + (size_t)r * d : nullptr;
   u16* o = out + (size_t)b * d;
-  int n4 = d / 4;
-  if (d % 4 == 0 && n4 <= MAXV * (int)blockDim.x) {
-    float4 v[MAXV], wv[MAXV];
+  if (rms_fits(d)) {  // common.cuh
+    float4 v[RMS_MAXV], wv[RMS_MAXV];
+    rms_weights(wv, w, d);
+    rms_load(v, x, dl, d);
+    const int n4 = d / 4;
+    if (dl && !rows)
 #pragma unroll
-    for (int k = 0; k < MAXV; ++k) {
-      int i = threadIdx.x + k * blockDim.x;
-      if (i >= n4) continue;
-      v[k] = __ldcg((const float4*)x + i);
-      wv[k] = ((const float4*)w)[i];
-      if (dl) {
-        uint2 dd = __ldcg((const uint2*)dl + i);
-        v[k].x += bf_lo(dd.x);
-        v[k].y += bf_hi(dd.x);
-        v[k].z += bf_lo(dd.y);
-        v[k].w += bf_hi(dd.y);
+      for (int k = 0; k < RMS_MAXV; ++k) {
+        int i = threadIdx.x + k * blockDim.x;
+        if (i < n4) ((float4*)x)[i] = v[k];
       }
-    }
-    float ss = 0.f;
+    float inv = rms_inv(v, d, eps);
 #pragma unroll
-    for (int k = 0; k < MAXV; ++k) {
+    for (int k = 0; k < RMS_MAXV; ++k) {
       int i = threadIdx.x + k * blockDim.x;
-      if (i >= n4) continue;
-      ss += v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
-      if (dl && !rows) ((float4*)x)[i] = v[k];
-    }
-    float inv = rsqrtf(block_sum(ss) / (float)d + eps);
-#pragma unroll
-    for (int k = 0; k < MAXV; ++k) {
-      int i = threadIdx.x + k * blockDim.x;
-      if (i >= n4) continue;
-      uint2 ov;
-      ov.x = pack_bf2(v[k].x * inv * wv[k].x, v[k].y * inv * wv[k].y);
-      ov.y = pack_bf2(v[k].z * inv * wv[k].z, v[k].w * inv * wv[k].w);
-      ((uint2*)o)[i] = ov;
+      if (i < n4) ((uint2*)o)[i] = rms_pack(v[k], inv, wv[k]);
     }
     return;
   }

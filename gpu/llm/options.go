@@ -18,6 +18,7 @@ type Options struct {
 	Attention string      // Engine.Attention: EnvAttention
 	NoGraphs  bool        // Engine.NoGraphs: EnvGraphs = "0"
 	NoGEMV    bool        // Engine.NoGEMV: EnvGEMV = "0"
+	FuseNorms bool        // Engine.FuseNorms: EnvFuseNorms = "1"
 	MLP       gpu.Options // each TwELL layer's kernels: gpu.EnvD2TKernel, gpu.EnvTail
 	// KVPageSize and KVMemory are the KV cache page size in positions (0:
 	// DefaultPageSize) and budget in bytes (0: none): see SetKVPages.
@@ -39,6 +40,11 @@ const EnvGraphs = "TWELL_GRAPHS"
 // Engine run every projection through cuBLASLt (NoGEMV).
 const EnvGEMV = "TWELL_GEMV"
 
+// EnvFuseNorms names the environment variable that, set to "1", makes a
+// new Engine fuse the norms of one-token passes into the kernels after
+// them (Engine.FuseNorms).
+const EnvFuseNorms = "TWELL_LLM_FUSE_NORMS"
+
 // EnvKVPageSize names the environment variable that sets a new Engine's KV
 // cache page size in positions (a multiple of 64).
 const EnvKVPageSize = "TWELL_LLM_KV_PAGE_SIZE"
@@ -52,6 +58,13 @@ const EnvKVMemory = "TWELL_LLM_KV_MEMORY"
 // naming a value it does not know.
 func OptionsFromEnv() (Options, error) {
 	o := Options{Attention: os.Getenv(EnvAttention), NoGraphs: os.Getenv(EnvGraphs) == "0", NoGEMV: os.Getenv(EnvGEMV) == "0"}
+	switch v := os.Getenv(EnvFuseNorms); v {
+	case "", "0":
+	case "1":
+		o.FuseNorms = true
+	default:
+		return o, fmt.Errorf("llm: %s=%q: want 0 or 1", EnvFuseNorms, v)
+	}
 	switch o.Attention {
 	case "", "auto", "dec", "wgmma3", "mma", "ref":
 	default:

@@ -64,13 +64,21 @@ extern "C" __global__ void __launch_bounds__(256) gemv_rows4(const u16* x, const
 // rounded up (n = qkv_w = (nq + 2 nkv) hd); dynamic shared memory m k 2
 // bytes. The rotation is applied to the fp32 dot products (rope_kv rotates
 // their bf16 rounding).
-template <int MB>
+//
+// With NORM (qkv_rope1n, one token) the kernel also does the residual add
+// and RMSNorm before it (add_rmsnorm's work): every block norms the token
+// into its shared memory from resid + delta (stage_norm_x, common.cuh, bit
+// for bit add_rmsnorm's values), and block 0 writes resid + delta to
+// resid_out; x is not read. That saves a kernel of a decode step.
+template <int MB, bool NORM>
 __device__ __forceinline__ void qkv_rope_body(const u16* __restrict__ x, const u16* __restrict__ w,
                                               u16* __restrict__ qkv, const float* __restrict__ cosT,
                                               const float* __restrict__ sinT, const int* __restrict__ tok_seq,
                                               const int* __restrict__ tok_pos, const u64* __restrict__ seq_pt,
                                               int page, int m, int k, int layer, int nq, int nkv, int hd,
-                                              int qkv_w) {
+                                              int qkv_w, const float* __restrict__ resid,
+                                              const u16* __restrict__ delta, float* __restrict__ resid_out,
+                                              const float* __restrict__ normw, float eps) {
   extern __shared__ __align__(16) u16 xs[];
   int lane = threadIdx.x & 31;
   int half = hd / 2, pairs = qkv_w / 2;
@@ -82,9 +90,14 @@ __device__ __forceinline__ void qkv_rope_body(const u16* __restrict__ x, const u
   uint4 wv[2][4];
   rows_load<2>(wv, rows, 0, k, lane);
   rows_prefetch<2>(rows, 1024, k, lane);
+  float4 nw[RMS_MAXV];
+  if (NORM) rms_weights(nw, normw, k);
   grid_wait();
   grid_release();
-  stage_x(xs, x, m, k);
+  if (NORM)
+    stage_norm_x(xs, resid, delta, resid_out, nw, k, eps);
+  else
+    stage_x(xs, x, m, k);
   if (!ok) return;
   float acc[2][MB];
   rows_dot<MB, 2>(wv, rows, xs, m, k, lane, acc);
@@ -113,12 +126,25 @@ extern "C" __global__ void __launch_bounds__(256)
     qkv_rope1(const u16* x, const u16* w, u16* qkv, const float* cosT, const float* sinT, const int* tok_seq,
               const int* tok_pos, const u64* seq_pt, int page, int m, int k, int layer, int nq, int nkv, int hd,
               int qkv_w) {
-  qkv_rope_body<1>(x, w, qkv, cosT, sinT, tok_seq, tok_pos, seq_pt, page, m, k, layer, nq, nkv, hd, qkv_w);
+  qkv_rope_body<1, false>(x, w, qkv, cosT, sinT, tok_seq, tok_pos, seq_pt, page, m, k, layer, nq, nkv, hd, qkv_w,
+                          nullptr, nullptr, nullptr, nullptr, 0.f);
 }
 extern "C" __global__ void __launch_bounds__(256)
     qkv_rope4(const u16* x, const u16* w, u16* qkv, const float* cosT, const float* sinT, const int* tok_seq,
               const int* tok_pos, const u64* seq_pt, int page, int m, int k, int layer, int nq, int nkv, int hd,
               int qkv_w) {
-  qkv_rope_body<4>(x, w, qkv, cosT, sinT, tok_seq, tok_pos, seq_pt, page, m, k, layer, nq, nkv, hd, qkv_w);
+  qkv_rope_body<4, false>(x, w, qkv, cosT, sinT, tok_seq, tok_pos, seq_pt, page, m, k, layer, nq, nkv, hd, qkv_w,
+                          nullptr, nullptr, nullptr, nullptr, 0.f);
+}
+// qkv_rope1n: qkv_rope1 with the residual add and RMSNorm before it fused
+// in (one token; k a multiple of 4, at most 4096, for 256 threads). Held to
+// 80 registers, as qkv_rope1 is: three blocks an SM, so that the 384 blocks
+// of the SparseLM shape run in one wave.
+extern "C" __global__ void __launch_bounds__(256, 3)
+    qkv_rope1n(const float* resid, const u16* delta, float* resid_out, const float* normw, float eps, const u16* w,
+               u16* qkv, const float* cosT, const float* sinT, const int* tok_seq, const int* tok_pos,
+               const u64* seq_pt, int page, int k, int layer, int nq, int nkv, int hd, int qkv_w) {
+  qkv_rope_body<1, true>(nullptr, w, qkv, cosT, sinT, tok_seq, tok_pos, seq_pt, page, 1, k, layer, nq, nkv, hd, qkv_w,
+                         resid, delta, resid_out, normw, eps);
 }
 
