@@ -33,6 +33,9 @@ what=${1:?usage: gpu-bench.sh ffn|model|decode|train|trace|ab OUTDIR}
 out=${2:?usage: gpu-bench.sh ffn|model|decode|train|trace|ab OUTDIR}
 mkdir -p "$out"
 tw=$root/gpubin/twell
+if [ ! -x "$tw" ] && [ -f "$root/gpubin/pack.txz" ]; then
+  tar -xJf "$root/gpubin/pack.txz" -C "$root/gpubin"
+fi
 status=0
 case $what in
 ffn)

@@ -3,14 +3,18 @@
 # runs: the twell CLI and the `go test -c` binary of every package whose
 # tests use the cuda packages, all with CGO_ENABLED=0, into gpubin/ (ignored
 # by git). gpubin/tests.txt lists each test binary with its package folder.
-# Then run scripts/gpu-run.sh on the GPU machine (see README.md, "GPU").
+# The binaries are stripped, and packed into gpubin/pack.txz (xz), which is
+# what to copy when the transfer is limited in size: scripts/gpu-run.sh and
+# scripts/gpu-bench.sh unpack it when the binaries are missing. Then run
+# scripts/gpu-run.sh on the GPU machine (see README.md, "GPU").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=gpubin
 rm -rf "$out"
 mkdir -p "$out"
 export CGO_ENABLED=0 GOOS=linux GOARCH=amd64
-go build -trimpath -o "$out/twell" ./cmd/twell
+strip=(-ldflags='-s -w')
+go build -trimpath "${strip[@]}" -o "$out/twell" ./cmd/twell
 mod=$(go list -m)
 : > "$out/tests.txt"
 go list -f '{{.ImportPath}} {{.Dir}} {{join .TestImports " "}} {{join .XTestImports " "}}' ./... |
@@ -20,7 +24,7 @@ go list -f '{{.ImportPath}} {{.Dir}} {{join .TestImports " "}} {{join .XTestImpo
       *) continue ;;
     esac
     name=$(echo "${pkg#"$mod"/}" | tr / _)
-    if go test -c -trimpath -o "$out/$name.test" "$pkg"; then
+    if go test -c -trimpath "${strip[@]}" -o "$out/$name.test" "$pkg"; then
       echo "$name.test ${dir#"$PWD"/}" >> "$out/tests.txt"
       echo "built $out/$name.test ($pkg)"
     else
@@ -28,6 +32,8 @@ go list -f '{{.ImportPath}} {{.Dir}} {{join .TestImports " "}} {{join .XTestImpo
     fi
   done
 echo "built $out/twell; test binaries listed in $out/tests.txt"
+(cd "$out" && tar -cJf pack.txz --exclude=pack.txz ./*)
+echo "packed $out/pack.txz ($(du -h "$out/pack.txz" | cut -f1))"
 if [ -s "$out/build-failures.txt" ]; then
   exit 1
 fi
