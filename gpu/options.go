@@ -17,6 +17,8 @@ type Options struct {
 	Tail   Tail   // sparse tail: EnvTail
 	Serial bool   // no early start of the decode-step kernels: EnvEarlyStart = "0"
 	Union  bool   // the union path for 9 to 64 tokens: EnvUnion = "1"
+	// T2URows is MLP.T2URows: EnvT2URows
+	T2URows int
 }
 
 // EnvD2TKernel names the environment variable that, set to "mma" or
@@ -37,9 +39,13 @@ const EnvEarlyStart = "TWELL_EARLY_START"
 // (union.cu) on the sparse path instead of D2T and its tail.
 const EnvUnion = "TWELL_UNION"
 
+// EnvT2URows names the environment variable that, set to "1" or "2", sets
+// Options.T2URows (the U rows in flight per warp of the gated t2u).
+const EnvT2URows = "TWELL_T2U_ROWS"
+
 // OptionsFromEnv returns the Options that EnvD2TKernel, EnvTail,
-// EnvEarlyStart and EnvUnion set, or an error naming a value it does not
-// know.
+// EnvEarlyStart, EnvUnion and EnvT2URows set, or an error naming a value
+// it does not know.
 func OptionsFromEnv() (Options, error) {
 	var o Options
 	early, err := envBool(EnvEarlyStart, true)
@@ -48,6 +54,9 @@ func OptionsFromEnv() (Options, error) {
 	}
 	o.Serial = !early
 	if o.Union, err = envBool(EnvUnion, false); err != nil {
+		return o, err
+	}
+	if o.T2URows, err = envChoice(EnvT2URows, "1 or 2", map[string]int{"1": 1, "2": 2}); err != nil {
 		return o, err
 	}
 	o.Kernel, err = envChoice(EnvD2TKernel, "auto, wgmma or mma", map[string]Kernel{"wgmma": KernelWGMMA, "mma": KernelMMA})
@@ -87,7 +96,7 @@ func envChoice[T any](name, want string, choices map[string]T) (T, error) {
 
 // Apply sets l's kernel choices to o.
 func (l *MLP) Apply(o Options) {
-	l.Kernel, l.Tail, l.Serial, l.Union = o.Kernel, o.Tail, o.Serial, o.Union
+	l.Kernel, l.Tail, l.Serial, l.Union, l.T2URows = o.Kernel, o.Tail, o.Serial, o.Union, o.T2URows
 }
 
 // EarlyStart reports whether kernels that wait with grid_wait (common.cuh)

@@ -22,8 +22,10 @@ func TestOptionsFromEnv(t *testing.T) {
 		{env: map[string]string{EnvUnion: "yes"}, bad: EnvUnion},
 		{env: map[string]string{EnvEarlyStart: "off"}, bad: EnvEarlyStart},
 		{env: map[string]string{EnvTail: "split"}, bad: EnvTail},
+		{env: map[string]string{EnvT2URows: "1"}, want: Options{T2URows: 1}},
+		{env: map[string]string{EnvT2URows: "4"}, bad: EnvT2URows},
 	} {
-		for _, name := range []string{EnvUnion, EnvEarlyStart, EnvTail, EnvD2TKernel} {
+		for _, name := range []string{EnvUnion, EnvEarlyStart, EnvTail, EnvD2TKernel, EnvT2URows} {
 			t.Setenv(name, c.env[name])
 		}
 		o, err := OptionsFromEnv()

@@ -162,9 +162,11 @@ __global__ void __launch_bounds__(256, T2D_MINB)
 // bf16(h) << 16 | j, setting cnt[r] to its length. The row is private to its
 // warp and every write lands at or before the entry it replaces, below any
 // word still to be read. Flagged rows get cnt[r] = 0 (the fallback writes y).
+// ROWS U rows are in flight per warp (gated): with 2 ptxas spills 220 bytes
+// at the 128 registers of two blocks an SM (sm_90a, d 2048), with 1 it
+// needs 118 and spills none.
 #define T2U_MINB 2  // blocks per SM the register budget must allow (1: 1.57 ms, 2: 1.25 ms on an H200)
-#define T2U_ROWS 2  // U rows in flight per warp
-template <bool GATED>
+template <bool GATED, int ROWS>
 __global__ void __launch_bounds__(256, T2U_MINB)
     t2u(const u16* __restrict__ x, u32* packed, const u16* __restrict__ U, int* __restrict__ cnt,
         const int* __restrict__ flags, int m, int d, int S, int tiles, int row_words) {
@@ -190,12 +192,12 @@ __global__ void __launch_bounds__(256, T2U_MINB)
   auto flush = [&]() {
     __syncwarp();
     if (GATED) {
-      // T2U_ROWS entries at a time, so that as many U rows are in flight.
-      for (int i = 0; i < n; i += T2U_ROWS) {
-        u32 wr[T2U_ROWS];
-        uint4 ur[T2U_ROWS][TW_NCH];
+      // ROWS entries at a time, so that as many U rows are in flight.
+      for (int i = 0; i < n; i += ROWS) {
+        u32 wr[ROWS];
+        uint4 ur[ROWS][TW_NCH];
 #pragma unroll
-        for (int e = 0; e < T2U_ROWS; ++e) {
+        for (int e = 0; e < ROWS; ++e) {
           wr[e] = (i + e < n) ? list[i + e] : 0u;
           const size_t j = (size_t)(wr[e] & 0xffffu) * d;
 #pragma unroll
@@ -206,7 +208,7 @@ __global__ void __launch_bounds__(256, T2U_MINB)
           }
         }
 #pragma unroll
-        for (int e = 0; e < T2U_ROWS; ++e) {
+        for (int e = 0; e < ROWS; ++e) {
           float p = 0.f;
 #pragma unroll
           for (int c = 0; c < TW_NCH; ++c) p = dot8(xv[c], ur[e][c], p);

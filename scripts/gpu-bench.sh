@@ -26,7 +26,9 @@
 #                                       union path off and on and the decode attention kernel under
 #                                       auto and forced (TWELL_LLM_ATTENTION=dec), the first and last
 #                                       of those runs traced (CUPTI); decode of one sequence with the
-#                                       norms unfused and fused (TWELL_LLM_FUSE_NORMS), twice
+#                                       norms unfused and fused (TWELL_LLM_FUSE_NORMS), twice; the
+#                                       MLP block at m = 65536 (0.5%, uniform and skewed) with one
+#                                       and two U rows in flight per warp of t2u (TWELL_T2U_ROWS)
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 what=${1:?usage: gpu-bench.sh ffn|model|decode|train|trace|ab OUTDIR}
@@ -97,6 +99,15 @@ ab)
       TWELL_LLM_FUSE_NORMS=$f "$tw" bench model -device cuda -preset sparselm-1.5b -seed 9596107621982983358 \
         -reps 2 -batch 1 -prompt-len 64 -decode-batch 1 -decode-context 512 -decode-steps 64 \
         -json "$out/decode-b1-fuse$f-$round.json" 2>&1 | tee "$out/decode-b1-fuse$f-$round.txt" || status=1
+    done
+  done
+  for dist in uniform skewed; do
+    for round in 1 2; do
+      for rows in 2 1; do
+        name=ffn-65536-$dist-rows$rows-$round
+        TWELL_T2U_ROWS=$rows "$tw" bench ffn -device cuda -m 65536 -density 0.005 -dist "$dist" -seed 1 \
+          -json "$out/$name.json" 2>&1 | tee "$out/$name.txt" || status=1
+      done
     done
   done
   ;;
