@@ -68,16 +68,37 @@ func itoa(n int) string {
 }
 
 // Row is what every result row starts with: the layout of the row (its
-// schema and version), where it ran and when.
+// schema and version), where it ran and when, and the TWELL_ environment
+// variables set for the run (the experiment switches), so that rows of an
+// A/B say which side they are.
 type Row struct {
-	Schema  string `json:"schema"`
-	Device  string `json:"device"` // "cpu" or "cuda"
-	Machine string `json:"machine"`
-	Date    string `json:"date"`
+	Schema   string            `json:"schema"`
+	Device   string            `json:"device"` // "cpu" or "cuda"
+	Machine  string            `json:"machine"`
+	Date     string            `json:"date"`
+	Switches map[string]string `json:"switches,omitempty"`
 }
 
 // newRow returns the start of a row of schema measured now on device of
 // machine.
 func newRow(schema, device, machine string) Row {
-	return Row{Schema: schema, Device: device, Machine: machine, Date: time.Now().UTC().Format(time.RFC3339)}
+	return Row{Schema: schema, Device: device, Machine: machine, Date: time.Now().UTC().Format(time.RFC3339),
+		Switches: switches(os.Environ())}
+}
+
+// switches returns the TWELL_ variables of env (KEY=VALUE entries), or nil
+// if there are none.
+func switches(env []string) map[string]string {
+	var m map[string]string
+	for _, kv := range env {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || !strings.HasPrefix(k, "TWELL_") {
+			continue
+		}
+		if m == nil {
+			m = map[string]string{}
+		}
+		m[k] = v
+	}
+	return m
 }
