@@ -16,13 +16,14 @@ var unionSrc []byte
 
 // The union path's shapes (union.cu's UA_* and UD_* constants).
 const (
-	unionMaxRows  = 64 // UA_TOK: the most tokens a call takes
-	unionUnits    = 64 // UA_UNITS: units of a union_act block
-	unionChunk    = 256
-	unionStride   = unionChunk + 8 // UA_LD
-	unionHStride  = unionMaxRows + 8
-	unionDownCols = 16 // UD_COLS
-	unionStages   = 4  // UD_STAGES
+	unionMaxRows    = 64 // UA_TOK: the most tokens a call takes
+	unionUnits      = 64 // UA_UNITS: units of a union_act block
+	unionChunk      = 256
+	unionStride     = unionChunk + 8 // UA_LD
+	unionHStride    = unionMaxRows + 8
+	unionDownCols   = 16 // UD_COLS
+	unionStages     = 4  // UD_STAGES
+	unionDownStride = 24 // UD_DLD: row stride of a down tile
 	// unionStatic bounds the kernels' static shared memory (union_act's
 	// per-warp live words and counts and its list of live units).
 	unionStatic = 512
@@ -38,7 +39,7 @@ func unionActShared(m, stages int) int {
 
 // unionDownShared returns union_down's dynamic shared memory for width f.
 func unionDownShared(f int) int {
-	return (f+7)/8*8*2 + 8*unionStages*(16*24+16*unionHStride)*2
+	return (f+7)/8*8*2 + 8*unionStages*16*(unionDownStride+unionHStride)*2
 }
 
 // unionPlan says whether the union path takes a call of m tokens on an MLP
