@@ -53,11 +53,7 @@ func (l *MLP) QueueNormed(s *cuda.Stream, y *cuda.Buffer, in NormedInput) error 
 	if l.up == nil {
 		return errors.New("gpu: MLP was closed")
 	}
-	ks, err := l.k.gemvKernels()
-	if err != nil {
-		return err
-	}
-	ws, err := l.gemvWorkspace()
+	ks, ws, err := l.gemvPrepare()
 	if err != nil {
 		return err
 	}
@@ -79,29 +75,29 @@ func (l *MLP) QueueNormed(s *cuda.Stream, y *cuda.Buffer, in NormedInput) error 
 	return nil
 }
 
-// gemvWorkspace grows the small-batch kernels' h, mask and counts.
-func (l *MLP) gemvWorkspace() (*sparseWS, error) {
+// gemvPrepare returns the small-batch kernels, compiling them on first
+// use, and the workspace grown to hold their h, mask and counts.
+func (l *MLP) gemvPrepare() (*gemvSet, *sparseWS, error) {
+	ks, err := l.k.gemvKernels()
+	if err != nil {
+		return nil, nil, err
+	}
 	ws := &l.ws.sp
 	words := l.F / 32
 	for _, b := range []struct {
 		p **cuda.Buffer
 		n int
 	}{{&ws.gh, 4 * gemvMaxRows * l.F}, {&ws.gmask, 4 * words}, {&ws.gcnt, 4 * l.F / 16}} {
-		var err error
 		if *b.p, err = l.realloc(*b.p, b.n); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 	}
-	return ws, nil
+	return ks, ws, nil
 }
 
 // sparseGEMV queues the small-batch sparse MLP (m <= gemvMaxRows).
 func (l *MLP) sparseGEMV(s *cuda.Stream, y, x *cuda.Buffer, m int) error {
-	ks, err := l.k.gemvKernels()
-	if err != nil {
-		return err
-	}
-	ws, err := l.gemvWorkspace()
+	ks, ws, err := l.gemvPrepare()
 	if err != nil {
 		return err
 	}

@@ -584,17 +584,23 @@ func TestDecodeAttentionMatchesRef(t *testing.T) {
 				e.Attention = attn
 				return enginetest.Passes(t, e, 1504, passes...)[2330:] // the decode steps' logits
 			}
-			got, ref := run("auto"), run("ref")
-			want := cpuForward(t, m, "dense", 1504, passes...)[2330:]
-			if d, err := enginetest.RelDiff(got, ref); err != nil || d > 1e-2 {
-				t.Errorf("seed %d: decode kernel vs plain kernel: rel diff %.3g (err %v)", seed, d, err)
-			}
-			if d, err := enginetest.RelDiff(got, want); err != nil || d > bf16Tol {
-				t.Errorf("seed %d: decode kernel vs CPU: rel diff %.3g (err %v)", seed, d, err)
-			}
-			enginetest.SameBits(t, "decode kernel, second run", run("auto"), got)
+			checkDecodeKernel(t, seed, run("auto"), run("ref"), cpuForward(t, m, "dense", 1504, passes...)[2330:], run("auto"))
 		})
 	}
+}
+
+// checkDecodeKernel compares the decode steps' logits of the decode
+// attention kernel (got, then again from a second run) with the plain
+// kernel's (ref) and the CPU model's (want).
+func checkDecodeKernel(t *testing.T, seed uint64, got, ref, want, again [][]float32) {
+	t.Helper()
+	if d, err := enginetest.RelDiff(got, ref); err != nil || d > 1e-2 {
+		t.Errorf("seed %d: decode kernel vs plain kernel: rel diff %.3g (err %v)", seed, d, err)
+	}
+	if d, err := enginetest.RelDiff(got, want); err != nil || d > bf16Tol {
+		t.Errorf("seed %d: decode kernel vs CPU: rel diff %.3g (err %v)", seed, d, err)
+	}
+	enginetest.SameBits(t, "decode kernel, second run", again, got)
 }
 
 // TestDecodeAttentionManySequences forces the decode kernel ("dec") on
@@ -640,15 +646,7 @@ func TestDecodeAttentionManySequences(t *testing.T) {
 					}
 					return enginetest.Passes(t, e, 304, passes...)[first:] // the decode steps' logits
 				}
-				got, ref := run("dec"), run("ref")
-				want := cpuForward(t, m, "dense", 304, passes...)[first:]
-				if d, err := enginetest.RelDiff(got, ref); err != nil || d > 1e-2 {
-					t.Errorf("seed %d: decode kernel vs plain kernel: rel diff %.3g (err %v)", seed, d, err)
-				}
-				if d, err := enginetest.RelDiff(got, want); err != nil || d > bf16Tol {
-					t.Errorf("seed %d: decode kernel vs CPU: rel diff %.3g (err %v)", seed, d, err)
-				}
-				enginetest.SameBits(t, "decode kernel, second run", run("dec"), got)
+				checkDecodeKernel(t, seed, run("dec"), run("ref"), cpuForward(t, m, "dense", 304, passes...)[first:], run("dec"))
 			})
 		}
 	}
