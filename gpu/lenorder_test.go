@@ -1,6 +1,7 @@
 package gpu
 
 import (
+	"fmt"
 	"testing"
 
 	"github.com/twell-ai/twell/cuda"
@@ -11,7 +12,8 @@ import (
 // TestLengthOrder checks TailSorted's counting sort on its own: random list
 // lengths (mostly short, some over the last bin, zeros for flagged rows)
 // must come back as a permutation of the tokens in non-increasing order of
-// the clamped length.
+// the clamped length, with the kernels launched one after another and with
+// early start.
 func TestLengthOrder(t *testing.T) {
 	dev, blas := setup(t)
 	r, seed := testutil.Rand(t)
@@ -48,27 +50,42 @@ func TestLengthOrder(t *testing.T) {
 		if err := dev.CopyHtoD(cb, cuda.Bytes(cnt)); err != nil {
 			t.Fatal(err)
 		}
-		if err := l.lengthOrder(nil, set, tailArgs{cnt: ws.cnt, order: ws.order, lenBins: ws.lenBins, m: m}); err != nil {
-			t.Fatalf("seed %d: m=%d: %v", seed, m, err)
-		}
-		order := make([]int32, m)
-		ob, err := ws.order.Slice(0, 4*m)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := dev.CopyDtoH(cuda.Bytes(order), ob); err != nil {
-			t.Fatalf("seed %d: m=%d: %v", seed, m, err)
-		}
-		seen := make([]bool, m)
-		clamp := func(n int32) int32 { return min(n, lenBins-1) }
-		for i, tok := range order {
-			if tok < 0 || int(tok) >= m || seen[tok] {
-				t.Fatalf("seed %d: m=%d: position %d holds token %d (out of range or repeated)", seed, m, i, tok)
+		for _, early := range []bool{false, EarlyStart(dev, false)} {
+			// t2u clears the bins before the sort.
+			if err := dev.Memset32(ws.lenBins, 0, nil); err != nil {
+				t.Fatal(err)
 			}
-			seen[tok] = true
-			if i > 0 && clamp(cnt[tok]) > clamp(cnt[order[i-1]]) {
-				t.Fatalf("seed %d: m=%d: position %d: length %d after %d", seed, m, i, cnt[tok], cnt[order[i-1]])
+			if err := l.lengthOrder(nil, set, tailArgs{cnt: ws.cnt, order: ws.order, lenBins: ws.lenBins, m: m, early: early}); err != nil {
+				t.Fatalf("seed %d: m=%d: %v", seed, m, err)
 			}
+			checkOrder(t, seed, dev, ws.order, cnt, fmt.Sprintf("m=%d, early start %v", m, early))
+		}
+	}
+}
+
+// checkOrder fails the test unless the first len(cnt) entries of ob are a
+// permutation of the tokens in non-increasing order of their clamped list
+// lengths cnt.
+func checkOrder(t *testing.T, seed uint64, dev *cuda.Device, ob *cuda.Buffer, cnt []int32, what string) {
+	t.Helper()
+	m := len(cnt)
+	order := make([]int32, m)
+	ob, err := ob.Slice(0, 4*m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := dev.CopyDtoH(cuda.Bytes(order), ob); err != nil {
+		t.Fatalf("seed %d: %s: %v", seed, what, err)
+	}
+	seen := make([]bool, m)
+	clamp := func(n int32) int32 { return min(n, lenBins-1) }
+	for i, tok := range order {
+		if tok < 0 || int(tok) >= m || seen[tok] {
+			t.Fatalf("seed %d: %s: position %d holds token %d (out of range or repeated)", seed, what, i, tok)
+		}
+		seen[tok] = true
+		if i > 0 && clamp(cnt[tok]) > clamp(cnt[order[i-1]]) {
+			t.Fatalf("seed %d: %s: position %d: length %d after %d", seed, what, i, cnt[tok], cnt[order[i-1]])
 		}
 	}
 }

@@ -49,10 +49,11 @@ type MLP struct {
 	// the up and down rows of the units active in some token) instead of
 	// D2T and its tail, where the device and shape allow (unionPlan).
 	Union bool
-	// Serial launches the small-batch kernels without early start: each
-	// then begins only when the kernel before it has finished (see
-	// cuda.LaunchConfig.EarlyStart; early start needs compute capability
-	// 9.0 or later and is used there unless Serial is set).
+	// Serial launches the small-batch, union and sorted-tail kernels
+	// without early start: each then begins only when the kernel before it
+	// has finished (see cuda.LaunchConfig.EarlyStart; early start needs
+	// compute capability 9.0 or later and is used there unless Serial is
+	// set).
 	Serial bool
 
 	dev            *cuda.Device

@@ -155,6 +155,13 @@ __global__ void __launch_bounds__(256, T2D_MINB)
 // the up projection per token (t2u: 4 KB of U per pair) but makes the down
 // projection weight-stationary: a CTA holds the columns c0..c0+W-1 of every D
 // row in shared memory and streams all tokens' compact lists through them.
+//
+// Its kernels (t2u, the three len_* kernels, t2d_ws) may be launched with
+// early start (cuda.LaunchConfig.EarlyStart): each waits (grid_wait) before
+// it reads or writes anything an earlier kernel touches, so their launches
+// overlap the kernel before, and t2d_ws loads its slice of D (weights) into
+// shared memory before it waits.
+#define LEN_BINS 1024  // list-length bins of the sort (below)
 
 // t2u: one warp per token. Gathers the row's active entries in column order,
 // computes h = g * (x . U[j]) (gated; non-gated h is the packed value), and
@@ -166,13 +173,18 @@ __global__ void __launch_bounds__(256, T2D_MINB)
 // at the 128 registers of two blocks an SM (sm_90a, d 2048), with 1 it
 // needs 118 and spills none.
 #define T2U_MINB 2  // blocks per SM the register budget must allow (1: 1.57 ms, 2: 1.25 ms on an H200)
+// Block 0 also clears the sort's len_bins (LEN_BINS ints), for len_hist.
 template <bool GATED, int ROWS>
 __global__ void __launch_bounds__(256, T2U_MINB)
     t2u(const u16* __restrict__ x, u32* packed, const u16* __restrict__ U, int* __restrict__ cnt,
-        const int* __restrict__ flags, int m, int d, int S, int tiles, int row_words) {
+        const int* __restrict__ flags, int m, int d, int S, int tiles, int row_words, int* __restrict__ len_bins) {
   __shared__ u32 lists[T2D_WARPS][LCAP];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int r = blockIdx.x * T2D_WARPS + warp;
+  grid_wait();  // the packed rows and flags are D2T's
+  grid_release();
+  if (blockIdx.x == 0)
+    for (int i = threadIdx.x; i < LEN_BINS; i += blockDim.x) len_bins[i] = 0;
   if (r >= m) return;
   if (flags[r]) {
     if (lane == 0) cnt[r] = 0;
@@ -251,7 +263,6 @@ __global__ void __launch_bounds__(256, T2U_MINB)
 // len_scatter writes each token to order at its bin's next position. The
 // order within a bin is arbitrary, which changes no result: every token's
 // sum runs over its own list in list order.
-#define LEN_BINS 1024
 
 __device__ __forceinline__ int len_bin(int n) { return LEN_BINS - 1 - min(max(n, 0), LEN_BINS - 1); }
 
@@ -270,6 +281,8 @@ __device__ __forceinline__ int agg_add(int* p, int key) {
 extern "C" __global__ void __launch_bounds__(256) len_hist(const int* __restrict__ cnt, int m, int* __restrict__ hist) {
   __shared__ int h[LEN_BINS];
   for (int i = threadIdx.x; i < LEN_BINS; i += blockDim.x) h[i] = 0;
+  grid_wait();  // cnt and the cleared hist are t2u's
+  grid_release();
   __syncthreads();
   for (int t = blockIdx.x * blockDim.x + threadIdx.x; t < m; t += gridDim.x * blockDim.x) {
     const int b = len_bin(cnt[t]);
@@ -284,7 +297,9 @@ extern "C" __global__ void __launch_bounds__(256) len_hist(const int* __restrict
 extern "C" __global__ void __launch_bounds__(LEN_BINS) len_offsets(int* __restrict__ hist) {
   __shared__ int part[LEN_BINS / 32];
   const int i = threadIdx.x, lane = i & 31, w = i >> 5;
-  const int v = hist[i];
+  grid_wait();
+  grid_release();
+  const int v = __ldcg(hist + i);
   int incl = v;  // inclusive scan within the warp
 #pragma unroll
   for (int o = 1; o < 32; o <<= 1) {
@@ -308,6 +323,8 @@ extern "C" __global__ void __launch_bounds__(LEN_BINS) len_offsets(int* __restri
 
 extern "C" __global__ void __launch_bounds__(256)
     len_scatter(const int* __restrict__ cnt, int m, int* __restrict__ cur, int* __restrict__ order) {
+  grid_wait();
+  grid_release();
   for (int t = blockIdx.x * blockDim.x + threadIdx.x; t < m; t += gridDim.x * blockDim.x) {
     const int b = len_bin(cnt[t]);
     order[agg_add(&cur[b], b)] = t;
@@ -343,6 +360,8 @@ __global__ void __launch_bounds__(1024, 1)
     int j = i / L, v = i - j * L;
     ds[i] = ld_hint(D + (size_t)j * d + c0 + v * 8, keep);
   }
+  grid_wait();  // the lists, lengths and order are t2u's and the sort's
+  grid_release();
   __syncthreads();
   const int t0 = blockIdx.y * tok_per_block, t1 = min(m, t0 + tok_per_block);
   auto store = [&](int t, const float(&acc)[8]) {

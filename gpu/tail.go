@@ -62,19 +62,17 @@ func (l *MLP) t2uRows() int {
 const lenBins = 1024
 
 // lengthOrder queues the counting sort that orders the a.m tokens by the
-// length of their compact lists (a.cnt, written by t2u) into a.order.
+// length of their compact lists (a.cnt, written by t2u, which also clears
+// a.lenBins) into a.order.
 func (l *MLP) lengthOrder(s *cuda.Stream, set *t2dSet, a tailArgs) error {
-	if err := l.dev.Memset32(a.lenBins, 0, s); err != nil {
-		return err
-	}
 	blocks := cuda.Dim3{uint32(min((a.m+255)/256, 4*l.dev.Properties().SMs)), 1, 1}
-	if err := set.lenHist.Launch(blocks, cuda.Dim3{256, 1, 1}, 0, s, a.cnt, int32(a.m), a.lenBins); err != nil {
+	if err := a.launch(set.lenHist, blocks, cuda.Dim3{256, 1, 1}, 0, s, a.cnt, int32(a.m), a.lenBins); err != nil {
 		return fmt.Errorf("gpu: len_hist: %w", err)
 	}
-	if err := set.lenOffsets.Launch(cuda.Dim3{1, 1, 1}, cuda.Dim3{lenBins, 1, 1}, 0, s, a.lenBins); err != nil {
+	if err := a.launch(set.lenOffsets, cuda.Dim3{1, 1, 1}, cuda.Dim3{lenBins, 1, 1}, 0, s, a.lenBins); err != nil {
 		return fmt.Errorf("gpu: len_offsets: %w", err)
 	}
-	if err := set.lenScatter.Launch(blocks, cuda.Dim3{256, 1, 1}, 0, s, a.cnt, int32(a.m), a.lenBins, a.order); err != nil {
+	if err := a.launch(set.lenScatter, blocks, cuda.Dim3{256, 1, 1}, 0, s, a.cnt, int32(a.m), a.lenBins, a.order); err != nil {
 		return fmt.Errorf("gpu: len_scatter: %w", err)
 	}
 	return nil
@@ -157,11 +155,19 @@ func (k *kernels) t2dFor(d int) (*t2dSet, error) {
 // tailArgs are the operands of the tail kernels (t2d.cu) for one call of m
 // tokens: x and y m x d bf16, the packed gate (rowWords words a row, S per
 // tile) and its row flags from D2T, the up and down weights (f x d bf16),
-// and TailSorted's list lengths, token order and length bins.
+// and TailSorted's list lengths, token order and length bins. early
+// launches TailSorted's kernels with early start (they wait with
+// grid_wait).
 type tailArgs struct {
 	x, y, packed, flags, up, down *cuda.Buffer
 	cnt, order, lenBins           *cuda.Buffer
 	m, d, f, s, rowWords          int
+	early                         bool
+}
+
+// launch queues fn with a's early-start choice.
+func (a tailArgs) launch(fn *cuda.Function, grid, block cuda.Dim3, shared int, s *cuda.Stream, args ...any) error {
+	return fn.LaunchEx(cuda.LaunchConfig{Grid: grid, Block: block, SharedBytes: shared, Stream: s, EarlyStart: a.early}, args...)
 }
 
 // warpGrid is the grid of the one-warp-per-token kernels t2d and t2u: 8
@@ -175,10 +181,11 @@ func (a tailArgs) t2d(fn *cuda.Function, s *cuda.Stream) error {
 }
 
 // t2u launches t2u<GATED, ROWS>: the up projection per token, rewriting each
-// packed row as a compact list of cnt[r] words.
+// packed row as a compact list of cnt[r] words; it also clears the length
+// bins.
 func (a tailArgs) t2u(fn *cuda.Function, s *cuda.Stream) error {
-	return fn.Launch(a.warpGrid(), cuda.Dim3{256, 1, 1}, 0, s, a.x, a.packed, a.up, a.cnt, a.flags,
-		int32(a.m), int32(a.d), int32(a.s), int32(a.f/256), int32(a.rowWords))
+	return a.launch(fn, a.warpGrid(), cuda.Dim3{256, 1, 1}, 0, s, a.x, a.packed, a.up, a.cnt, a.flags,
+		int32(a.m), int32(a.d), int32(a.s), int32(a.f/256), int32(a.rowWords), a.lenBins)
 }
 
 // t2dWS launches t2d_ws<w>, the weight-stationary down projection: d/w
@@ -189,14 +196,15 @@ func (a tailArgs) t2dWS(fn *cuda.Function, s *cuda.Stream, w, sms int) error {
 	slices := a.d / w
 	split := max(1, sms/slices)
 	per := (a.m + split - 1) / split
-	return fn.Launch(cuda.Dim3{uint32(slices), uint32(split), 1}, cuda.Dim3{1024, 1, 1}, a.f*w*2, s,
+	return a.launch(fn, cuda.Dim3{uint32(slices), uint32(split), 1}, cuda.Dim3{1024, 1, 1}, a.f*w*2, s,
 		a.packed, a.cnt, a.order, a.down, a.y, int32(a.m), int32(a.d), int32(a.f), int32(a.rowWords), int32(per))
 }
 
 // tail queues the sparse kernels after D2T for m tokens (see TailFor).
 func (l *MLP) tail(s *cuda.Stream, set *t2dSet, y, x *cuda.Buffer, ws *sparseWS, m int) error {
 	a := tailArgs{x: x, y: y, packed: ws.packed, flags: ws.flags, up: l.up, down: l.down,
-		cnt: ws.cnt, order: ws.order, lenBins: ws.lenBins, m: m, d: l.D, f: l.F, s: l.Layout.S(), rowWords: l.F / l.Layout.C}
+		cnt: ws.cnt, order: ws.order, lenBins: ws.lenBins, m: m, d: l.D, f: l.F, s: l.Layout.S(), rowWords: l.F / l.Layout.C,
+		early: l.earlyStart()}
 	if l.TailFor(m) != TailSorted {
 		t2d := set.plain
 		if l.Gated {

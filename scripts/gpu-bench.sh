@@ -28,7 +28,9 @@
 #                                       of those runs traced (CUPTI); decode of one sequence with the
 #                                       norms unfused and fused (TWELL_LLM_FUSE_NORMS), twice; the
 #                                       MLP block at m = 65536 (0.5%, uniform and skewed) with one
-#                                       and two U rows in flight per warp of t2u (TWELL_T2U_ROWS)
+#                                       and two U rows in flight per warp of t2u (TWELL_T2U_ROWS);
+#                                       at m = 4096 and 16384 (0.5%, skewed) the sorted tail with and
+#                                       without early start (TWELL_EARLY_START), and the warp tail
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 what=${1:?usage: gpu-bench.sh ffn|model|decode|train|trace|ab OUTDIR}
@@ -107,6 +109,16 @@ ab)
         name=ffn-65536-$dist-rows$rows-$round
         TWELL_T2U_ROWS=$rows "$tw" bench ffn -device cuda -m 65536 -density 0.005 -dist "$dist" -seed 1 \
           -json "$out/$name.json" 2>&1 | tee "$out/$name.txt" || status=1
+      done
+    done
+  done
+  for m in 4096 16384; do
+    for round in 1 2; do
+      for v in "sorted 1" "sorted 0" "warp 1"; do
+        read -r tail early <<< "$v"
+        name=ffn-$m-$tail-early$early-$round
+        TWELL_TAIL=$tail TWELL_EARLY_START=$early "$tw" bench ffn -device cuda -m "$m" -density 0.005 -dist skewed \
+          -seed 1 -json "$out/$name.json" 2>&1 | tee "$out/$name.txt" || status=1
       done
     done
   done
