@@ -128,4 +128,5 @@ ab)
   exit 2
   ;;
 esac
+"$tw" bench table "$out" || status=1
 exit $status

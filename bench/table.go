@@ -1,0 +1,184 @@
+package bench
+
+import (
+	"cmp"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+)
+
+// Table writes one line per result row of the benchmark JSON files (what
+// the bench commands' -json writes: an array of rows), for comparing runs
+// at a glance: the file, the switches the run had (its TWELL_ variables,
+// less the ones that name paths) and the row's headline figures by schema.
+// MLP-block rows (FFNSchema) give the dense, TwELL and automatic times;
+// whole-model rows (ModelSchema) the prefill rate and each decode batch's
+// tokens/s, and a file with both paths adds a line of TwELL / dense ratios.
+// Rows of other schemas give their schema and date. A folder stands for
+// the .json files in it. Files that are not arrays of rows (Chrome traces,
+// say) are skipped with a note; a file that cannot be read or parsed is an
+// error naming it.
+func Table(w io.Writer, paths []string) error {
+	files, err := tableFiles(paths)
+	if err != nil {
+		return err
+	}
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return err
+		}
+		if err := tableFile(w, filepath.Base(f), b); err != nil {
+			return fmt.Errorf("%s: %w", f, err)
+		}
+	}
+	return nil
+}
+
+// tableFiles expands folders into their .json files, in name order.
+func tableFiles(paths []string) ([]string, error) {
+	if len(paths) == 0 {
+		return nil, errors.New("no files given")
+	}
+	var files []string
+	for _, p := range paths {
+		st, err := os.Stat(p)
+		if err != nil {
+			return nil, err
+		}
+		if !st.IsDir() {
+			files = append(files, p)
+			continue
+		}
+		m, err := filepath.Glob(filepath.Join(p, "*.json"))
+		if err != nil {
+			return nil, err
+		}
+		slices.Sort(m)
+		files = append(files, m...)
+	}
+	return files, nil
+}
+
+// tableFile writes the lines of the rows of file name, whose contents are
+// b.
+func tableFile(w io.Writer, name string, b []byte) error {
+	var rows []json.RawMessage
+	if err := json.Unmarshal(b, &rows); err != nil {
+		var ute *json.UnmarshalTypeError
+		if errors.As(err, &ute) {
+			fmt.Fprintf(w, "%s: not a list of result rows, skipped\n", name)
+			return nil
+		}
+		return err
+	}
+	var models []ModelResult
+	for _, raw := range rows {
+		var head Row
+		if err := json.Unmarshal(raw, &head); err != nil {
+			return err
+		}
+		sw := switchString(head.Switches)
+		switch rowSchema(head.Schema, raw) {
+		case FFNSchema:
+			var r FFNResult
+			if err := json.Unmarshal(raw, &r); err != nil {
+				return err
+			}
+			fmt.Fprintf(w, "%s%s: ffn m %d, %.3g%% %s: dense %.4g ms, twell %.4g ms (%.2fx", name, sw, r.M, 100*r.Density, r.Dist,
+				r.DenseMS, r.TwELLMS, r.Speedup)
+			if r.Tail != "" {
+				fmt.Fprintf(w, ", %s tail", r.Tail)
+			}
+			fmt.Fprint(w, ")")
+			if r.AutoMS > 0 {
+				fmt.Fprintf(w, ", auto %.4g ms (%.2fx, %s)", r.AutoMS, r.AutoSpeedup, r.AutoPath)
+			}
+			fmt.Fprintf(w, ", rel err %.2g\n", r.RelErr)
+		case ModelSchema:
+			var r ModelResult
+			if err := json.Unmarshal(raw, &r); err != nil {
+				return err
+			}
+			models = append(models, r)
+			fmt.Fprintf(w, "%s%s: model %s: prefill %.4g tokens/ms (%.2fx dense)", name, sw, r.Path, r.PrefillTokPerMS, r.Speedup)
+			for _, d := range r.Decode {
+				fmt.Fprintf(w, ", b%d@%d %.5g tokens/s", d.Batch, d.Context, d.TokensPerSec)
+			}
+			fmt.Fprintln(w)
+		default:
+			fmt.Fprintf(w, "%s%s: %s, %s\n", name, sw, cmp.Or(head.Schema, "unknown schema"), head.Date)
+		}
+	}
+	modelRatios(w, name, models)
+	return nil
+}
+
+// rowSchema returns a row's schema; rows written before rows named their
+// schema are told by their fields (an MLP-block row has twell_ms, a model
+// row decode).
+func rowSchema(schema string, raw json.RawMessage) string {
+	if schema != "" {
+		return schema
+	}
+	var fields map[string]json.RawMessage
+	if json.Unmarshal(raw, &fields) != nil {
+		return ""
+	}
+	switch {
+	case fields["twell_ms"] != nil:
+		return FFNSchema
+	case fields["decode"] != nil:
+		return ModelSchema
+	}
+	return ""
+}
+
+// modelRatios writes the TwELL / dense decode ratios of a file's model rows
+// when it holds both paths.
+func modelRatios(w io.Writer, name string, models []ModelResult) {
+	var dense, twell *ModelResult
+	for i := range models {
+		switch models[i].Path {
+		case "dense":
+			dense = &models[i]
+		case "twell":
+			twell = &models[i]
+		}
+	}
+	if dense == nil || twell == nil {
+		return
+	}
+	fmt.Fprintf(w, "%s: twell / dense:", name)
+	for _, t := range twell.Decode {
+		for _, d := range dense.Decode {
+			if d.Batch == t.Batch && d.Context == t.Context && d.TokensPerSec > 0 {
+				fmt.Fprintf(w, " b%d@%d %.3fx", t.Batch, t.Context, t.TokensPerSec/d.TokensPerSec)
+			}
+		}
+	}
+	fmt.Fprintln(w)
+}
+
+// switchString lists the switches of a row as " [NAME=VALUE ...]" with the
+// TWELL_ prefix dropped, leaving out values that are paths; "" for none.
+func switchString(sw map[string]string) string {
+	var parts []string
+	for _, k := range slices.Sorted(maps.Keys(sw)) {
+		v := sw[k]
+		if strings.Contains(v, "/") {
+			continue
+		}
+		parts = append(parts, strings.TrimPrefix(k, "TWELL_")+"="+v)
+	}
+	if len(parts) == 0 {
+		return ""
+	}
+	return " [" + strings.Join(parts, " ") + "]"
+}

@@ -1,0 +1,94 @@
+package bench
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// writeRows writes v as a results file named name in dir.
+func writeRows(t *testing.T, dir, name string, v any) string {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(dir, name)
+	if err := os.WriteFile(p, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// TestTable lists MLP-block and model rows with their switches and
+// headline figures, adds the TwELL / dense decode ratios, skips a file that
+// is not a list of rows, and names a file it cannot parse.
+func TestTable(t *testing.T) {
+	dir := t.TempDir()
+	sw := map[string]string{"TWELL_UNION": "1", "TWELL_CUDA_LIB_DIR": "/usr/lib/cuda"}
+	ffn := []FFNResult{{Row: Row{Schema: FFNSchema, Switches: sw}, M: 64, Density: 0.005, Dist: "skewed",
+		DenseMS: 0.0386, TwELLMS: 0.0212, Speedup: 0.0386 / 0.0212, Tail: "union", AutoMS: 0.0213, AutoSpeedup: 1.81, AutoPath: "sparse", RelErr: 2.6e-3}}
+	dec := func(tps ...float64) []DecodePoint {
+		var out []DecodePoint
+		for i, v := range tps {
+			out = append(out, DecodePoint{Batch: []int{1, 64}[i], Context: 512, TokensPerSec: v})
+		}
+		return out
+	}
+	model := []ModelResult{
+		{Row: Row{Schema: ModelSchema}, Path: "twell", PrefillTokPerMS: 206.1, Speedup: 1.2, Decode: dec(900, 12600)},
+		{Row: Row{Schema: ModelSchema}, Path: "dense", PrefillTokPerMS: 171.8, Speedup: 1, Decode: dec(600, 12000)},
+	}
+	writeRows(t, dir, "a-ffn.json", ffn)
+	writeRows(t, dir, "b-model.json", model)
+	writeRows(t, dir, "c-trace.json", map[string]any{"traceEvents": []int{}})
+	writeRows(t, dir, "d-train.json", []Row{{Schema: TrainStepSchema, Date: "2026-12-05T00:00:00Z"}})
+	var out bytes.Buffer
+	if err := Table(&out, []string{dir}); err != nil {
+		t.Fatal(err)
+	}
+	got := out.String()
+	for _, want := range []string{
+		"a-ffn.json [UNION=1]: ffn m 64, 0.5% skewed: dense 0.0386 ms, twell 0.0212 ms (1.82x, union tail), auto 0.0213 ms (1.81x, sparse), rel err 0.0026\n",
+		"b-model.json: model twell: prefill 206.1 tokens/ms (1.20x dense), b1@512 900 tokens/s, b64@512 12600 tokens/s\n",
+		"b-model.json: twell / dense: b1@512 1.500x b64@512 1.050x\n",
+		"c-trace.json: not a list of result rows, skipped\n",
+		"d-train.json: " + TrainStepSchema + ", 2026-12-05T00:00:00Z\n",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("table lacks %q; got:\n%s", want, got)
+		}
+	}
+	if strings.Contains(got, "CUDA_LIB_DIR") {
+		t.Errorf("table lists a path variable as a switch:\n%s", got)
+	}
+	bad := filepath.Join(dir, "e-bad.json")
+	if err := os.WriteFile(bad, []byte("[{"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := Table(&out, []string{bad}); err == nil || !strings.Contains(err.Error(), "e-bad.json") {
+		t.Errorf("Table of a broken file: %v, want an error naming it", err)
+	}
+	if err := Table(&out, []string{filepath.Join(dir, "missing.json")}); err == nil {
+		t.Error("Table of a missing file: no error")
+	}
+	if err := Table(&out, nil); err == nil {
+		t.Error("Table of no files: no error")
+	}
+}
+
+// FuzzTable feeds arbitrary bytes as a results file: the table returns an
+// error or writes lines, and never panics.
+func FuzzTable(f *testing.F) {
+	f.Add([]byte(`[{"schema":"twell.bench.ffn/1","m":4}]`))
+	f.Add([]byte(`[{"schema":"twell.bench.model/1","path":"twell","decode":[{"batch":1}]},{"schema":"twell.bench.model/1","path":"dense","decode":[{"batch":1,"tokens_per_s":0}]}]`))
+	f.Add([]byte(`{"traceEvents":[]}`))
+	f.Add([]byte(`[1,2]`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var out bytes.Buffer
+		_ = tableFile(&out, "x.json", b)
+	})
+}
