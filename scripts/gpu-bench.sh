@@ -19,22 +19,24 @@
 #                                       graph-replayed decode steps at 512 cached tokens, batches 1,
 #                                       8 and 64; per-kernel summaries in the JSON, Chrome traces
 #                                       (Perfetto) and plots of what each kernel adds to a step
-#   scripts/gpu-bench.sh ab OUTDIR      the experiment switches not yet measured, each in turns on
-#                                       one binary: the MLP block at m = 16, 32 and 64 (0.5%,
-#                                       skewed) without and with the union path (TWELL_UNION); decode
-#                                       steps of 16, 32 and 64 sequences at 512 cached tokens with the
-#                                       union path off and on and the decode attention kernel under
-#                                       auto and forced (TWELL_LLM_ATTENTION=dec), the first and last
-#                                       of those runs traced (CUPTI); decode of one sequence with the
-#                                       norms unfused and fused (TWELL_LLM_FUSE_NORMS), twice; the
-#                                       MLP block at m = 65536 (0.5%, uniform and skewed) with one
-#                                       and two U rows in flight per warp of t2u (TWELL_T2U_ROWS);
-#                                       at m = 4096 and 16384 (0.5%, skewed) the sorted tail with and
-#                                       without early start (TWELL_EARLY_START), and the warp tail
+#   scripts/gpu-bench.sh ab-mlp OUTDIR  the MLP block's experiment switches not yet measured, each
+#                                       in turns on one binary: m = 16, 32 and 64 (0.5%, skewed)
+#                                       without and with the union path (TWELL_UNION); m = 65536
+#                                       (0.5%, uniform and skewed) with one and two U rows in flight
+#                                       per warp of t2u (TWELL_T2U_ROWS); m = 4096 and 16384 (0.5%,
+#                                       skewed) the sorted tail with and without early start
+#                                       (TWELL_EARLY_START), and the warp tail
+#   scripts/gpu-bench.sh ab-decode OUTDIR  the decode switches not yet measured: steps of 16, 32
+#                                       and 64 sequences at 512 cached tokens with the union path off
+#                                       and on and the decode attention kernel under auto and forced
+#                                       (TWELL_LLM_ATTENTION=dec), the first and last of those runs
+#                                       traced (CUPTI); steps of one sequence with the norms unfused
+#                                       and fused (TWELL_LLM_FUSE_NORMS), twice
+# Each run ends with `twell bench table OUTDIR`.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-what=${1:?usage: gpu-bench.sh ffn|model|decode|train|trace|ab OUTDIR}
-out=${2:?usage: gpu-bench.sh ffn|model|decode|train|trace|ab OUTDIR}
+what=${1:?usage: gpu-bench.sh ffn|model|decode|train|trace|ab-mlp|ab-decode OUTDIR}
+out=${2:?usage: gpu-bench.sh ffn|model|decode|train|trace|ab-mlp|ab-decode OUTDIR}
 mkdir -p "$out"
 tw=$root/gpubin/twell
 if [ ! -x "$tw" ] && [ -f "$root/gpubin/pack.txz" ]; then
@@ -78,29 +80,11 @@ trace)
     -decode-batch 1,8,64 -decode-context 512 -decode-steps 32 -trace "$out/model-trace.json" \
     -trace-plot "$out/model-trace.png" -json "$out/model.json" 2>&1 | tee "$out/model.txt" || status=1
   ;;
-ab)
+ab-mlp)
   for m in 16 32 64; do
     for u in 0 1; do
       TWELL_UNION=$u "$tw" bench ffn -device cuda -m "$m" -density 0.005 -dist skewed -seed 1 \
         -json "$out/ffn-$m-union$u.json" 2>&1 | tee "$out/ffn-$m-union$u.txt" || status=1
-    done
-  done
-  for cfg in "0 auto" "1 auto" "0 dec" "1 dec"; do
-    read -r u attn <<< "$cfg"
-    name=decode-union$u-$attn
-    trace=()
-    if [ "$cfg" = "0 auto" ] || [ "$cfg" = "1 dec" ]; then
-      trace=(-trace "$out/$name-trace.json" -trace-plot "$out/$name-trace.png")
-    fi
-    TWELL_UNION=$u TWELL_LLM_ATTENTION=$attn "$tw" bench model -device cuda -preset sparselm-1.5b \
-      -seed 9596107621982983358 -reps 2 -batch 8 -prompt-len 64 -decode-batch 16,32,64 -decode-context 512 \
-      -decode-steps 32 "${trace[@]}" -json "$out/$name.json" 2>&1 | tee "$out/$name.txt" || status=1
-  done
-  for round in 1 2; do
-    for f in 0 1; do
-      TWELL_LLM_FUSE_NORMS=$f "$tw" bench model -device cuda -preset sparselm-1.5b -seed 9596107621982983358 \
-        -reps 2 -batch 1 -prompt-len 64 -decode-batch 1 -decode-context 512 -decode-steps 64 \
-        -json "$out/decode-b1-fuse$f-$round.json" 2>&1 | tee "$out/decode-b1-fuse$f-$round.txt" || status=1
     done
   done
   for dist in uniform skewed; do
@@ -123,8 +107,28 @@ ab)
     done
   done
   ;;
+ab-decode)
+  for cfg in "0 auto" "1 auto" "0 dec" "1 dec"; do
+    read -r u attn <<< "$cfg"
+    name=decode-union$u-$attn
+    trace=()
+    if [ "$cfg" = "0 auto" ] || [ "$cfg" = "1 dec" ]; then
+      trace=(-trace "$out/$name-trace.json" -trace-plot "$out/$name-trace.png")
+    fi
+    TWELL_UNION=$u TWELL_LLM_ATTENTION=$attn "$tw" bench model -device cuda -preset sparselm-1.5b \
+      -seed 9596107621982983358 -reps 2 -batch 8 -prompt-len 64 -decode-batch 16,32,64 -decode-context 512 \
+      -decode-steps 32 "${trace[@]}" -json "$out/$name.json" 2>&1 | tee "$out/$name.txt" || status=1
+  done
+  for round in 1 2; do
+    for f in 0 1; do
+      TWELL_LLM_FUSE_NORMS=$f "$tw" bench model -device cuda -preset sparselm-1.5b -seed 9596107621982983358 \
+        -reps 2 -batch 1 -prompt-len 64 -decode-batch 1 -decode-context 512 -decode-steps 64 \
+        -json "$out/decode-b1-fuse$f-$round.json" 2>&1 | tee "$out/decode-b1-fuse$f-$round.txt" || status=1
+    done
+  done
+  ;;
 *)
-  echo "gpu-bench: want ffn, model, decode, train, trace or ab, not $what" >&2
+  echo "gpu-bench: want ffn, model, decode, train, trace, ab-mlp or ab-decode, not $what" >&2
   exit 2
   ;;
 esac
