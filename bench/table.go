@@ -101,23 +101,49 @@ func tableFile(w io.Writer, name string, b []byte) error {
 				fmt.Fprintf(w, ", auto %.4g ms (%.2fx, %s)", r.AutoMS, r.AutoSpeedup, r.AutoPath)
 			}
 			fmt.Fprintf(w, ", rel err %.2g\n", r.RelErr)
+			traceLine(w, name, "dense", r.DenseTrace)
+			traceLine(w, name, "twell", r.TwELLTrace)
 		case ModelSchema:
-			var r ModelResult
+			var r ModelCUDAResult // a CPU row leaves the GPU fields empty
 			if err := json.Unmarshal(raw, &r); err != nil {
 				return err
 			}
-			models = append(models, r)
+			models = append(models, r.ModelResult)
 			fmt.Fprintf(w, "%s%s: model %s: prefill %.4g tokens/ms (%.2fx dense)", name, sw, r.Path, r.PrefillTokPerMS, r.Speedup)
 			for _, d := range r.Decode {
 				fmt.Fprintf(w, ", b%d@%d %.5g tokens/s", d.Batch, d.Context, d.TokensPerSec)
 			}
 			fmt.Fprintln(w)
+			traceLine(w, name, r.Path+" prefill", r.PrefillTrace)
+			for _, d := range r.Decode {
+				traceLine(w, name, fmt.Sprintf("%s decode b%d", r.Path, d.Batch), d.Trace)
+			}
 		default:
 			fmt.Fprintf(w, "%s%s: %s, %s\n", name, sw, cmp.Or(head.Schema, "unknown schema"), head.Date)
 		}
 	}
 	modelRatios(w, name, models)
 	return nil
+}
+
+// traceTop is how many kernels a trace line names.
+const traceTop = 5
+
+// traceLine writes a kernel trace's summary, when there is one: the GPU's
+// busy time a step against the host's, and the kernels that add the most
+// to a step.
+func traceLine(w io.Writer, name, what string, t *TraceSummary) {
+	if t == nil {
+		return
+	}
+	fmt.Fprintf(w, "%s:   trace %s: busy %.4g of %.4g ms a step, %.0f kernels;", name, what, t.BusyMS, t.WallMS, t.KernelsPerStep)
+	for i, k := range t.Kernels {
+		if i == traceTop {
+			break
+		}
+		fmt.Fprintf(w, " %s %.3g us", k.Name, k.AddsUS)
+	}
+	fmt.Fprintln(w)
 }
 
 // rowSchema returns a row's schema; rows written before rows named their

@@ -38,10 +38,14 @@ func TestTable(t *testing.T) {
 		}
 		return out
 	}
+	tr := &TraceSummary{Steps: 16, KernelsPerStep: 197, WallMS: 1.1, BusyMS: 0.95,
+		Kernels: []KernelShare{{Name: "gemv_act<1,true,false>", AddsUS: 310}, {Name: "qkv_rope1", AddsUS: 250}}}
+	ffn[0].TwELLTrace = tr
 	model := []ModelResult{
 		{Row: Row{Schema: ModelSchema}, Path: "twell", PrefillTokPerMS: 206.1, Speedup: 1.2, Decode: dec(900, 12600)},
 		{Row: Row{Schema: ModelSchema}, Path: "dense", PrefillTokPerMS: 171.8, Speedup: 1, Decode: dec(600, 12000)},
 	}
+	model[0].Decode[0].Trace = tr
 	writeRows(t, dir, "a-ffn.json", ffn)
 	writeRows(t, dir, "b-model.json", model)
 	writeRows(t, dir, "c-trace.json", map[string]any{"traceEvents": []int{}})
@@ -55,6 +59,8 @@ func TestTable(t *testing.T) {
 		"a-ffn.json [UNION=1]: ffn m 64, 0.5% skewed: dense 0.0386 ms, twell 0.0212 ms (1.82x, union tail), auto 0.0213 ms (1.81x, sparse), rel err 0.0026\n",
 		"b-model.json: model twell: prefill 206.1 tokens/ms (1.20x dense), b1@512 900 tokens/s, b64@512 12600 tokens/s\n",
 		"b-model.json: twell / dense: b1@512 1.500x b64@512 1.050x\n",
+		"a-ffn.json:   trace twell: busy 0.95 of 1.1 ms a step, 197 kernels; gemv_act<1,true,false> 310 us qkv_rope1 250 us\n",
+		"b-model.json:   trace twell decode b1: busy 0.95 of 1.1 ms a step, 197 kernels;",
 		"c-trace.json: not a list of result rows, skipped\n",
 		"d-train.json: " + TrainStepSchema + ", 2026-12-05T00:00:00Z\n",
 	} {
