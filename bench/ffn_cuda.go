@@ -274,7 +274,7 @@ func ffnCase(o FFNOptions, density float64, l *gpu.MLP, sl *synth.Layer, e ffnEn
 		return res, fmt.Errorf("timing: %w", err)
 	}
 	res.DenseMS, res.TwELLMS, res.D2TMS, res.AutoMS = ms[0], ms[1], ms[2], ms[3]
-	res.Tail = l.TailFor(o.M).String() // the tail the TwELL timing ran
+	res.Tail = l.KernelsFor(o.M) // the kernels the TwELL timing ran
 	res.AutoPath = autoPath.String()
 	res.Speedup = res.DenseMS / res.TwELLMS
 	res.AutoSpeedup = res.DenseMS / res.AutoMS

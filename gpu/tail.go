@@ -57,6 +57,19 @@ func (l *MLP) t2uRows() int {
 	return DefaultT2URows
 }
 
+// KernelsFor names the kernels the sparse path runs for m tokens now:
+// "small-batch" (gemv.cu), "union" (union.cu), or after D2T the tail
+// TailFor(m) picks ("sorted" or "warp").
+func (l *MLP) KernelsFor(m int) string {
+	switch {
+	case m <= gemvMaxRows:
+		return "small-batch"
+	case l.unionStages(m) > 0:
+		return "union"
+	}
+	return l.TailFor(m).String()
+}
+
 // lenBins is the number of list-length bins of the TailSorted order
 // (LEN_BINS in t2d.cu).
 const lenBins = 1024
