@@ -19,7 +19,9 @@ import (
 // less the ones that name paths) and the row's headline figures by schema.
 // MLP-block rows (FFNSchema) give the dense, TwELL and automatic times;
 // whole-model rows (ModelSchema) the prefill rate and each decode batch's
-// tokens/s, and a file with both paths adds a line of TwELL / dense ratios.
+// tokens/s (on the GPU's TwELL path with the layers that ran sparse), and
+// a file with both paths adds a line of TwELL / dense ratios; kernel
+// traces in a row add a line each.
 // Rows of other schemas give their schema and date. A folder stands for
 // the .json files in it. Files that are not arrays of rows (Chrome traces,
 // say) are skipped with a note; a file that cannot be read or parsed is an
@@ -112,6 +114,9 @@ func tableFile(w io.Writer, name string, b []byte) error {
 			fmt.Fprintf(w, "%s%s: model %s: prefill %.4g tokens/ms (%.2fx dense)", name, sw, r.Path, r.PrefillTokPerMS, r.Speedup)
 			for _, d := range r.Decode {
 				fmt.Fprintf(w, ", b%d@%d %.5g tokens/s", d.Batch, d.Context, d.TokensPerSec)
+				if r.Path == "twell" && d.Steps > 0 {
+					fmt.Fprintf(w, " (%d sparse layers)", d.SparseLayers)
+				}
 			}
 			fmt.Fprintln(w)
 			traceLine(w, name, r.Path+" prefill", r.PrefillTrace)
