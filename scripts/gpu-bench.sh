@@ -108,6 +108,10 @@ ab-mlp)
   done
   ;;
 ab-decode)
+  # The preset is built and calibrated once, saved outside OUTDIR (3 GB),
+  # and loaded by the other runs.
+  ckpt=${TMPDIR:-/tmp}/twell-ab-sparselm
+  model=(-preset sparselm-1.5b -seed 9596107621982983358 -save "$ckpt")
   for cfg in "0 auto" "1 auto" "0 dec" "1 dec"; do
     read -r u attn <<< "$cfg"
     name=decode-union$u-$attn
@@ -115,13 +119,14 @@ ab-decode)
     if [ "$cfg" = "0 auto" ] || [ "$cfg" = "1 dec" ]; then
       trace=(-trace "$out/$name-trace.json" -trace-plot "$out/$name-trace.png")
     fi
-    TWELL_UNION=$u TWELL_LLM_ATTENTION=$attn "$tw" bench model -device cuda -preset sparselm-1.5b \
-      -seed 9596107621982983358 -reps 2 -batch 8 -prompt-len 64 -decode-batch 16,32,64 -decode-context 512 \
+    TWELL_UNION=$u TWELL_LLM_ATTENTION=$attn "$tw" bench model -device cuda "${model[@]}" \
+      -reps 2 -batch 8 -prompt-len 64 -decode-batch 16,32,64 -decode-context 512 \
       -decode-steps 32 "${trace[@]}" -json "$out/$name.json" 2>&1 | tee "$out/$name.txt" || status=1
+    [ -f "$ckpt/config.json" ] && model=(-model "$ckpt" -seed 9596107621982983358)
   done
   for round in 1 2; do
     for f in 0 1; do
-      TWELL_LLM_FUSE_NORMS=$f "$tw" bench model -device cuda -preset sparselm-1.5b -seed 9596107621982983358 \
+      TWELL_LLM_FUSE_NORMS=$f "$tw" bench model -device cuda "${model[@]}" \
         -reps 2 -batch 1 -prompt-len 64 -decode-batch 1 -decode-context 512 -decode-steps 64 \
         -json "$out/decode-b1-fuse$f-$round.json" 2>&1 | tee "$out/decode-b1-fuse$f-$round.txt" || status=1
     done
