@@ -11,7 +11,8 @@ import (
 // the MLP's switches reach Options.MLP, and an unknown value is an error
 // naming the variable.
 func TestOptionsFromEnv(t *testing.T) {
-	vars := []string{EnvAttention, EnvFuseNorms, EnvGraphs, gpu.EnvUnion}
+	vars := []string{EnvAttention, EnvFuseNorms, EnvGraphs, EnvGEMV, EnvKVPageSize, EnvKVMemory,
+		gpu.EnvUnion, gpu.EnvD2TKernel, gpu.EnvTail, gpu.EnvEarlyStart, gpu.EnvT2URows}
 	for _, c := range []struct {
 		env  map[string]string
 		want Options
