@@ -3,8 +3,11 @@ package bench
 import (
 	"encoding/json"
 	"maps"
+	"slices"
 	"strings"
 	"testing"
+
+	"github.com/twell-ai/twell/gpu"
 )
 
 // TestSwitches checks that a result row records exactly the TWELL_
@@ -23,4 +26,56 @@ func TestSwitches(t *testing.T) {
 	if err != nil || !strings.Contains(string(b), `"switches":{`) || !strings.Contains(string(b), `"TWELL_T2U_ROWS":"1"`) {
 		t.Errorf("row JSON %s (%v) does not record TWELL_T2U_ROWS=1", b, err)
 	}
+}
+
+// TestParseVariants reads the -variants form: names with or without the
+// TWELL_ prefix, spaces or commas between settings, an empty variant for
+// the environment's settings; unknown names, bad values, missing "=" and
+// repeated names are errors naming the variant.
+func TestParseVariants(t *testing.T) {
+	for _, name := range gpu.Switches {
+		t.Setenv(name, "")
+	}
+	got, err := ParseVariants("T2U_ROWS=1;TWELL_T2U_ROWS=2 UNION=1, TAIL=sorted; ")
+	want := []map[string]string{{"TWELL_T2U_ROWS": "1"}, {"TWELL_T2U_ROWS": "2", "TWELL_UNION": "1", "TWELL_TAIL": "sorted"}, {}}
+	if err != nil || len(got) != len(want) {
+		t.Fatalf("ParseVariants: %v, %v; want %v", got, err, want)
+	}
+	for i := range want {
+		if !maps.Equal(got[i], want[i]) {
+			t.Errorf("variant %d: %v, want %v", i, got[i], want[i])
+		}
+	}
+	for _, c := range []struct{ in, want string }{
+		{"BOGUS=1", "not one of the MLP's switches"},
+		{"T2U_ROWS=3", "TWELL_T2U_ROWS"},
+		{"UNION", "is not NAME=VALUE"},
+		{"UNION=1 UNION=0", "sets TWELL_UNION twice"},
+		{"EARLY_START=maybe", "TWELL_EARLY_START"},
+	} {
+		if _, err := ParseVariants(c.in); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("ParseVariants(%q): %v, want an error containing %q", c.in, err, c.want)
+		}
+	}
+}
+
+// FuzzParseVariants: any input parses or is refused, without panicking,
+// and what parses names only the MLP's switches.
+func FuzzParseVariants(f *testing.F) {
+	f.Add("T2U_ROWS=1;T2U_ROWS=2")
+	f.Add(";UNION=1,TAIL=warp")
+	f.Add("=;;=,")
+	f.Fuzz(func(t *testing.T, s string) {
+		vs, err := ParseVariants(s)
+		if err != nil {
+			return
+		}
+		for _, v := range vs {
+			for k := range v {
+				if !slices.Contains(gpu.Switches, k) {
+					t.Fatalf("ParseVariants(%q) accepted %s", s, k)
+				}
+			}
+		}
+	})
 }

@@ -3,8 +3,12 @@ package bench
 import (
 	"fmt"
 	"math/rand/v2"
+	"os"
+	"slices"
+	"strings"
 
 	"github.com/twell-ai/twell/cpu"
+	"github.com/twell-ai/twell/gpu"
 	"github.com/twell-ai/twell/synth"
 	"github.com/twell-ai/twell/twell"
 )
@@ -28,6 +32,56 @@ type FFNOptions struct {
 	// of that many more calls of the dense and the TwELL path, each after
 	// the L2 flush, as timed (GPU only).
 	TraceSteps int
+	// Variants, when set (GPU only), time the TwELL path once per variant,
+	// in turns with the other paths and each other: a variant is values of
+	// the MLP's switches (gpu.Switches) that override the environment's.
+	// Each variant gives a result row; the dense, D2T and automatic-path
+	// figures, measured with the environment's settings, are the same in
+	// all of them.
+	Variants []map[string]string
+}
+
+// ParseVariants reads FFNOptions.Variants from their command-line form:
+// variants separated by ";", each a list of NAME=VALUE separated by spaces
+// or commas, names with or without their TWELL_ prefix; an empty variant
+// is the environment's settings. It checks the names and values.
+func ParseVariants(s string) ([]map[string]string, error) {
+	var out []map[string]string
+	for _, v := range strings.Split(s, ";") {
+		m := map[string]string{}
+		for _, kv := range strings.FieldsFunc(v, func(r rune) bool { return r == ' ' || r == ',' }) {
+			k, val, ok := strings.Cut(kv, "=")
+			if !ok {
+				return nil, fmt.Errorf("variant %q: %q is not NAME=VALUE", strings.TrimSpace(v), kv)
+			}
+			if !strings.HasPrefix(k, "TWELL_") {
+				k = "TWELL_" + k
+			}
+			if !slices.Contains(gpu.Switches, k) {
+				return nil, fmt.Errorf("variant %q: %s is not one of the MLP's switches (%s)", strings.TrimSpace(v), k, strings.Join(gpu.Switches, ", "))
+			}
+			if _, dup := m[k]; dup {
+				return nil, fmt.Errorf("variant %q sets %s twice", strings.TrimSpace(v), k)
+			}
+			m[k] = val
+		}
+		if _, err := variantOptions(m); err != nil {
+			return nil, fmt.Errorf("variant %q: %w", strings.TrimSpace(v), err)
+		}
+		out = append(out, m)
+	}
+	return out, nil
+}
+
+// variantOptions returns the MLP options of a variant: its values, the
+// environment's for the switches it does not set.
+func variantOptions(v map[string]string) (gpu.Options, error) {
+	return gpu.OptionsFrom(func(k string) string {
+		if val, ok := v[k]; ok {
+			return val
+		}
+		return os.Getenv(k)
+	})
 }
 
 // Validate reports the first bad option, naming it.

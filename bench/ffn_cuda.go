@@ -3,7 +3,9 @@ package bench
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
+	"slices"
 
 	"github.com/twell-ai/twell/bf16"
 	"github.com/twell-ai/twell/cuda"
@@ -43,6 +45,17 @@ func FFNCUDA(o FFNOptions, progress func(string)) ([]FFNResult, error) {
 	kernOpts, err := gpu.OptionsFromEnv()
 	if err != nil {
 		return nil, err
+	}
+	variants := []ffnVariant{{opts: kernOpts}}
+	if len(o.Variants) > 0 {
+		variants = variants[:0]
+		for _, v := range o.Variants {
+			vo, err := variantOptions(v)
+			if err != nil {
+				return nil, err
+			}
+			variants = append(variants, ffnVariant{switches: v, opts: vo})
+		}
 	}
 	say := sayer(progress)
 	dev, meter, err := openGPU(say)
@@ -216,36 +229,52 @@ func FFNCUDA(o FFNOptions, progress func(string)) ([]FFNResult, error) {
 			return nil, err
 		}
 		l.Apply(kernOpts)
-		res, err := ffnCase(o, density, l, sl, ffnEnv{x0: x0, x: xs[0], y: y, refRows: refRows,
+		rows, err := ffnCase(o, density, l, sl, ffnEnv{x0: x0, x: xs[0], y: y, refRows: refRows, base: kernOpts, variants: variants,
 			timeMS: timeMS, energy: energy, check: check, trace: trace, say: say})
 		l.Close()
 		if err != nil {
 			return nil, err
 		}
-		res.Machine = fmt.Sprintf("%s, %d SMs, %d MiB L2", props.Name, props.SMs, props.L2Bytes>>20)
-		res.InputBuffers = nbuf
-		out = append(out, res)
+		for _, res := range rows {
+			res.Machine = fmt.Sprintf("%s, %d SMs, %d MiB L2", props.Name, props.SMs, props.L2Bytes>>20)
+			res.InputBuffers = nbuf
+			out = append(out, res)
+		}
 	}
 	return out, nil
 }
 
-// ffnEnv is what one benchmark case needs from FFNCUDA.
-type ffnEnv struct {
-	x0      []float32    // host copy of input batch 0
-	x, y    *cuda.Buffer // input batch 0 and the output every path writes
-	refRows []int
-	timeMS  func(...func(*cuda.Buffer) error) ([]float64, error)
-	energy  func(func(*cuda.Buffer) error, float64) (float64, error)
-	check   func(func(*cuda.Buffer) error, [][]float64) (float64, error)
-	trace   func(string, func(*cuda.Buffer) error) (TraceSummary, TraceSection, error)
-	say     func(string, ...any)
+// ffnVariant is one setting of the MLP's switches the TwELL path is timed
+// with: the values it sets over the environment's (none: the environment's
+// own) and the options they make.
+type ffnVariant struct {
+	switches map[string]string
+	opts     gpu.Options
 }
 
-func ffnCase(o FFNOptions, density float64, l *gpu.MLP, sl *synth.Layer, e ffnEnv) (FFNResult, error) {
+// ffnEnv is what one benchmark case needs from FFNCUDA.
+type ffnEnv struct {
+	x0       []float32    // host copy of input batch 0
+	x, y     *cuda.Buffer // input batch 0 and the output every path writes
+	refRows  []int
+	base     gpu.Options  // the environment's settings: dense, D2T and auto run with them
+	variants []ffnVariant // the TwELL path's settings, a result row each
+	timeMS   func(...func(*cuda.Buffer) error) ([]float64, error)
+	energy   func(func(*cuda.Buffer) error, float64) (float64, error)
+	check    func(func(*cuda.Buffer) error, [][]float64) (float64, error)
+	trace    func(string, func(*cuda.Buffer) error) (TraceSummary, TraceSection, error)
+	say      func(string, ...any)
+}
+
+// ffnCase times and checks one density: the dense path, the TwELL path
+// once per variant, D2T alone and the automatic path, in turns; it returns
+// a row per variant.
+func ffnCase(o FFNOptions, density float64, l *gpu.MLP, sl *synth.Layer, e ffnEnv) ([]FFNResult, error) {
+	l.Apply(e.base)
 	res := FFNResult{Row: newRow(FFNSchema, "cuda", ""),
 		D: o.D, F: o.F, M: o.M, Density: density, Dist: string(o.Dist), Gated: o.Gated,
 		C: o.Layout.C, Reps: o.Reps,
-		DenseActBytes: l.DenseActBytes(o.M), TwELLActBytes: l.SparseActBytes(o.M),
+		DenseActBytes: l.DenseActBytes(o.M),
 	}
 	kern, kerr := l.D2TKernel()
 	res.D2TKernel = kern.String()
@@ -258,41 +287,43 @@ func ffnCase(o FFNOptions, density float64, l *gpu.MLP, sl *synth.Layer, e ffnEn
 	}
 	yb := e.y
 	var err error
-	dense := func(x *cuda.Buffer) error { return l.Dense(nil, yb, x, o.M) }
-	sparse := func(x *cuda.Buffer) error { return l.Sparse(nil, yb, x, o.M) }
+	// Every run sets the options it is timed with: the variants' TwELL
+	// runs take turns with the others.
+	dense := func(x *cuda.Buffer) error { l.Apply(e.base); return l.Dense(nil, yb, x, o.M) }
+	sparse := make([]func(*cuda.Buffer) error, len(e.variants))
+	for i, v := range e.variants {
+		sparse[i] = func(x *cuda.Buffer) error { l.Apply(v.opts); return l.Sparse(nil, yb, x, o.M) }
+	}
 	var autoPath mlp.Path
 	auto := func(x *cuda.Buffer) error {
+		l.Apply(e.base)
 		p, err := l.Forward(nil, yb, x, o.M)
 		autoPath = p
 		return err
 	}
-	d2t := func(x *cuda.Buffer) error { return l.QueueD2T(nil, x, o.M) }
+	d2t := func(x *cuda.Buffer) error { l.Apply(e.base); return l.QueueD2T(nil, x, o.M) }
 
-	e.say("density %g: timing dense (cuBLASLt), TwELL, D2T alone and the automatic path, in turns", density)
-	ms, err := e.timeMS(dense, sparse, d2t, auto)
+	e.say("density %g: timing dense (cuBLASLt), TwELL (%d settings), D2T alone and the automatic path, in turns", density, len(sparse))
+	ms, err := e.timeMS(append(append([]func(*cuda.Buffer) error{dense}, sparse...), d2t, auto)...)
 	if err != nil {
-		return res, fmt.Errorf("timing: %w", err)
+		return nil, fmt.Errorf("timing: %w", err)
 	}
-	res.DenseMS, res.TwELLMS, res.D2TMS, res.AutoMS = ms[0], ms[1], ms[2], ms[3]
-	res.Tail = l.KernelsFor(o.M) // the kernels the TwELL timing ran
+	k := len(sparse)
+	res.DenseMS, res.D2TMS, res.AutoMS = ms[0], ms[k+1], ms[k+2]
 	res.AutoPath = autoPath.String()
-	res.Speedup = res.DenseMS / res.TwELLMS
 	res.AutoSpeedup = res.DenseMS / res.AutoMS
 
 	checkPath := func(run func(*cuda.Buffer) error) (float64, error) { return e.check(run, want) }
 	if res.DenseRelErr, err = checkPath(dense); err != nil {
-		return res, err
-	}
-	if res.RelErr, err = checkPath(sparse); err != nil {
-		return res, err
+		return nil, err
 	}
 	if res.AutoRelErr, err = checkPath(auto); err != nil {
-		return res, err
+		return nil, err
 	}
 
 	p, err := l.D2T(nil, e.x, o.M)
 	if err != nil {
-		return res, err
+		return nil, err
 	}
 	res.OverflowRows = len(p.Overflow)
 	res.NNZMean = float64(p.NNZ) / float64(o.M)
@@ -300,43 +331,89 @@ func ffnCase(o FFNOptions, density float64, l *gpu.MLP, sl *synth.Layer, e ffnEn
 		res.NNZMax = max(res.NNZMax, p.RowNNZ(r))
 	}
 	if res.DenseMJPerToken, err = e.energy(dense, res.DenseMS); err != nil {
-		return res, err
-	}
-	if res.TwELLMJPerToken, err = e.energy(sparse, res.TwELLMS); err != nil {
-		return res, err
+		return nil, err
 	}
 	if res.AutoMJPerToken, err = e.energy(auto, res.AutoMS); err != nil {
-		return res, err
+		return nil, err
 	}
 	flops := 4.0 * float64(o.M) * float64(o.D) * float64(o.F)
 	if o.Gated {
 		flops *= 1.5
 	}
 	res.DenseGFLOPS = flops / res.DenseMS / 1e6
-	if o.TraceSteps > 0 {
-		for _, c := range []struct {
-			path string
-			run  func(*cuda.Buffer) error
-			to   **TraceSummary
-		}{{"dense", dense, &res.DenseTrace}, {"twell", sparse, &res.TwELLTrace}} {
-			label := fmt.Sprintf("%s m=%d density %g %s", c.path, o.M, density, o.Dist)
-			sum, sec, err := e.trace(label, c.run)
-			if msg, ok := traceFailure(err); ok {
-				res.TraceError = msg
-				e.say("density %g: %s: %s", density, label, msg)
-				break
-			} else if err != nil {
-				return res, fmt.Errorf("%s: %w", label, err)
-			}
-			*c.to = &sum
-			res.Traces = append(res.Traces, sec)
-			e.say("density %g: traced %s, %s", density, c.path, sum)
+	var denseTrace *TraceSummary
+	var denseSec []TraceSection
+	traceErr := "" // the tracer's failure, once it failed
+	rows := make([]FFNResult, len(sparse))
+	for i, v := range e.variants {
+		r := res
+		r.Switches = overlay(res.Switches, v.switches)
+		r.TwELLMS = ms[1+i]
+		r.Speedup = r.DenseMS / r.TwELLMS
+		l.Apply(v.opts)
+		r.Tail = l.KernelsFor(o.M) // the kernels this TwELL timing ran
+		r.TwELLActBytes = l.SparseActBytes(o.M)
+		if r.RelErr, err = checkPath(sparse[i]); err != nil {
+			return nil, err
 		}
+		if r.TwELLMJPerToken, err = e.energy(sparse[i], r.TwELLMS); err != nil {
+			return nil, err
+		}
+		if o.TraceSteps > 0 && traceErr == "" {
+			if denseTrace == nil {
+				if denseTrace, denseSec, traceErr, err = traceOne(e, o, density, "dense", dense); err != nil {
+					return nil, err
+				}
+			}
+			r.DenseTrace = denseTrace
+			r.Traces = slices.Clone(denseSec)
+			if traceErr == "" {
+				t, sec, msg, err := traceOne(e, o, density, "twell", sparse[i])
+				if err != nil {
+					return nil, err
+				}
+				r.TwELLTrace, traceErr = t, msg
+				r.Traces = append(r.Traces, sec...)
+			}
+		}
+		r.TraceError = traceErr
+		e.say("density %g%s: dense %.3f ms, TwELL %.3f ms (%.2fx, %s; D2T %.3f ms), auto %.3f ms (%.2fx, %s); rel err %.1e/%.1e/%.1e; mJ/token %.4f/%.4f/%.4f",
+			density, switchString(v.switches), r.DenseMS, r.TwELLMS, r.Speedup, r.Tail, r.D2TMS, r.AutoMS, r.AutoSpeedup, r.AutoPath,
+			r.DenseRelErr, r.RelErr, r.AutoRelErr, r.DenseMJPerToken, r.TwELLMJPerToken, r.AutoMJPerToken)
+		rows[i] = r
 	}
-	e.say("density %g: dense %.3f ms, TwELL %.3f ms (%.2fx; D2T %.3f ms), auto %.3f ms (%.2fx, %s); rel err %.1e/%.1e/%.1e; mJ/token %.4f/%.4f/%.4f",
-		density, res.DenseMS, res.TwELLMS, res.Speedup, res.D2TMS, res.AutoMS, res.AutoSpeedup, res.AutoPath,
-		res.DenseRelErr, res.RelErr, res.AutoRelErr, res.DenseMJPerToken, res.TwELLMJPerToken, res.AutoMJPerToken)
-	return res, nil
+	l.Apply(e.base)
+	return rows, nil
+}
+
+// traceOne records the kernels of o.TraceSteps calls of run (path "dense"
+// or "twell"). A failure of the tracer comes back as its message, with no
+// summary; a failing call is an error.
+func traceOne(e ffnEnv, o FFNOptions, density float64, path string, run func(*cuda.Buffer) error) (*TraceSummary, []TraceSection, string, error) {
+	label := fmt.Sprintf("%s m=%d density %g %s", path, o.M, density, o.Dist)
+	sum, sec, err := e.trace(label, run)
+	if msg, ok := traceFailure(err); ok {
+		e.say("density %g: %s: %s", density, label, msg)
+		return nil, nil, msg, nil
+	} else if err != nil {
+		return nil, nil, "", fmt.Errorf("%s: %w", label, err)
+	}
+	e.say("density %g: traced %s, %s", density, path, sum)
+	return &sum, []TraceSection{sec}, "", nil
+}
+
+// overlay returns base with the values of top set over it (nil when both
+// are empty).
+func overlay(base, top map[string]string) map[string]string {
+	if len(base) == 0 && len(top) == 0 {
+		return nil
+	}
+	m := maps.Clone(base)
+	if m == nil {
+		m = map[string]string{}
+	}
+	maps.Copy(m, top)
+	return m
 }
 
 // roundBF16 rounds v to bf16 values in place and returns it.

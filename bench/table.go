@@ -197,9 +197,18 @@ func modelRatios(w io.Writer, name string, models []ModelResult) {
 	fmt.Fprintln(w)
 }
 
-// switchString lists the switches of a row as " [NAME=VALUE ...]" with the
-// TWELL_ prefix dropped, leaving out values that are paths; "" for none.
+// switchString is SwitchList in brackets after a space, or "" for none.
 func switchString(sw map[string]string) string {
+	if l := SwitchList(sw); l != "" {
+		return " [" + l + "]"
+	}
+	return ""
+}
+
+// SwitchList lists a row's switches (Row.Switches) as "NAME=VALUE ..."
+// with the TWELL_ prefix dropped, in name order, leaving out values that
+// are paths; "" for none.
+func SwitchList(sw map[string]string) string {
 	var parts []string
 	for _, k := range slices.Sorted(maps.Keys(sw)) {
 		v := sw[k]
@@ -208,8 +217,5 @@ func switchString(sw map[string]string) string {
 		}
 		parts = append(parts, strings.TrimPrefix(k, "TWELL_")+"="+v)
 	}
-	if len(parts) == 0 {
-		return ""
-	}
-	return " [" + strings.Join(parts, " ") + "]"
+	return strings.Join(parts, " ")
 }

@@ -44,34 +44,42 @@ const EnvUnion = "TWELL_UNION"
 // Options.T2URows (the U rows in flight per warp of the gated t2u).
 const EnvT2URows = "TWELL_T2U_ROWS"
 
+// Switches are the names of the environment variables that set Options.
+var Switches = []string{EnvD2TKernel, EnvTail, EnvEarlyStart, EnvUnion, EnvT2URows}
+
 // OptionsFromEnv returns the Options that EnvD2TKernel, EnvTail,
 // EnvEarlyStart, EnvUnion and EnvT2URows set, or an error naming a value
 // it does not know.
-func OptionsFromEnv() (Options, error) {
+func OptionsFromEnv() (Options, error) { return OptionsFrom(os.Getenv) }
+
+// OptionsFrom is OptionsFromEnv with the variables' values looked up by
+// getenv ("" for unset), for settings that override the environment (the
+// benchmarks' variants).
+func OptionsFrom(getenv func(string) string) (Options, error) {
 	var o Options
-	early, err := envBool(EnvEarlyStart, true)
+	early, err := envBool(getenv, EnvEarlyStart, true)
 	if err != nil {
 		return o, err
 	}
 	o.Serial = !early
-	if o.Union, err = envBool(EnvUnion, false); err != nil {
+	if o.Union, err = envBool(getenv, EnvUnion, false); err != nil {
 		return o, err
 	}
-	if o.T2URows, err = envChoice(EnvT2URows, "1 or 2", map[string]int{"1": 1, "2": 2}); err != nil {
+	if o.T2URows, err = envChoice(getenv, EnvT2URows, "1 or 2", map[string]int{"1": 1, "2": 2}); err != nil {
 		return o, err
 	}
-	o.Kernel, err = envChoice(EnvD2TKernel, "auto, wgmma or mma", map[string]Kernel{"wgmma": KernelWGMMA, "mma": KernelMMA})
+	o.Kernel, err = envChoice(getenv, EnvD2TKernel, "auto, wgmma or mma", map[string]Kernel{"wgmma": KernelWGMMA, "mma": KernelMMA})
 	if err != nil {
 		return o, err
 	}
-	o.Tail, err = envChoice(EnvTail, "auto, warp or sorted", map[string]Tail{"warp": TailWarp, "sorted": TailSorted})
+	o.Tail, err = envChoice(getenv, EnvTail, "auto, warp or sorted", map[string]Tail{"warp": TailWarp, "sorted": TailSorted})
 	return o, err
 }
 
-// envBool returns the switch that environment variable name sets: "1" on,
-// "0" off, unset the given default; any other value is an error.
-func envBool(name string, unset bool) (bool, error) {
-	switch v := os.Getenv(name); v {
+// envBool returns the switch that variable name sets: "1" on, "0" off,
+// unset the given default; any other value is an error.
+func envBool(getenv func(string) string, name string, unset bool) (bool, error) {
+	switch v := getenv(name); v {
 	case "":
 		return unset, nil
 	case "1":
@@ -83,11 +91,11 @@ func envBool(name string, unset bool) (bool, error) {
 	}
 }
 
-// envChoice returns the choice that environment variable name picks: the
-// zero value when it is unset or "auto", else an error naming the values it
-// takes (want).
-func envChoice[T any](name, want string, choices map[string]T) (T, error) {
-	v := os.Getenv(name)
+// envChoice returns the choice that variable name picks: the zero value
+// when it is unset or "auto", else an error naming the values it takes
+// (want).
+func envChoice[T any](getenv func(string) string, name, want string, choices map[string]T) (T, error) {
+	v := getenv(name)
 	c, ok := choices[v]
 	if !ok && v != "" && v != "auto" {
 		return c, fmt.Errorf("gpu: %s=%q: want %s", name, v, want)

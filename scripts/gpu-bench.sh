@@ -19,13 +19,14 @@
 #                                       graph-replayed decode steps at 512 cached tokens, batches 1,
 #                                       8 and 64; per-kernel summaries in the JSON, Chrome traces
 #                                       (Perfetto) and plots of what each kernel adds to a step
-#   scripts/gpu-bench.sh ab-mlp OUTDIR  the MLP block's experiment switches not yet measured, each
-#                                       in turns on one binary: m = 16, 32 and 64 (0.5%, skewed)
+#   scripts/gpu-bench.sh ab-mlp OUTDIR  the MLP block's experiment switches not yet measured, the
+#                                       settings timed in turns in one process (bench ffn -variants):
+#                                       m = 16, 32 and 64 (0.5%, skewed)
 #                                       without and with the union path (TWELL_UNION); m = 65536
 #                                       (0.5%, uniform and skewed) with one and two U rows in flight
 #                                       per warp of t2u (TWELL_T2U_ROWS); m = 4096 and 16384 (0.5%,
 #                                       skewed) the sorted tail with and without early start
-#                                       (TWELL_EARLY_START), and the warp tail
+#                                       (TWELL_EARLY_START), and the warp tail; two rounds
 #   scripts/gpu-bench.sh ab-decode OUTDIR  the decode switches not yet measured: steps of 16, 32
 #                                       and 64 sequences at 512 cached tokens with the union path off
 #                                       and on and the decode attention kernel under auto and forced
@@ -82,28 +83,20 @@ trace)
   ;;
 ab-mlp)
   for m in 16 32 64; do
-    for u in 0 1; do
-      TWELL_UNION=$u "$tw" bench ffn -device cuda -m "$m" -density 0.005 -dist skewed -seed 1 \
-        -json "$out/ffn-$m-union$u.json" 2>&1 | tee "$out/ffn-$m-union$u.txt" || status=1
-    done
+    "$tw" bench ffn -device cuda -m "$m" -density 0.005 -dist skewed -seed 1 -variants ';UNION=1' \
+      -json "$out/ffn-$m-union.json" 2>&1 | tee "$out/ffn-$m-union.txt" || status=1
   done
-  for dist in uniform skewed; do
-    for round in 1 2; do
-      for rows in 2 1; do
-        name=ffn-65536-$dist-rows$rows-$round
-        TWELL_T2U_ROWS=$rows "$tw" bench ffn -device cuda -m 65536 -density 0.005 -dist "$dist" -seed 1 \
-          -json "$out/$name.json" 2>&1 | tee "$out/$name.txt" || status=1
-      done
+  for round in 1 2; do
+    for dist in uniform skewed; do
+      name=ffn-65536-$dist-t2u-rows-$round
+      "$tw" bench ffn -device cuda -m 65536 -density 0.005 -dist "$dist" -seed 1 -variants 'T2U_ROWS=2;T2U_ROWS=1' \
+        -json "$out/$name.json" 2>&1 | tee "$out/$name.txt" || status=1
     done
-  done
-  for m in 4096 16384; do
-    for round in 1 2; do
-      for v in "sorted 1" "sorted 0" "warp 1"; do
-        read -r tail early <<< "$v"
-        name=ffn-$m-$tail-early$early-$round
-        TWELL_TAIL=$tail TWELL_EARLY_START=$early "$tw" bench ffn -device cuda -m "$m" -density 0.005 -dist skewed \
-          -seed 1 -json "$out/$name.json" 2>&1 | tee "$out/$name.txt" || status=1
-      done
+    for m in 4096 16384; do
+      name=ffn-$m-tails-$round
+      "$tw" bench ffn -device cuda -m "$m" -density 0.005 -dist skewed -seed 1 \
+        -variants 'TAIL=sorted EARLY_START=1;TAIL=sorted EARLY_START=0;TAIL=warp' \
+        -json "$out/$name.json" 2>&1 | tee "$out/$name.txt" || status=1
     done
   done
   ;;

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"flag"
 	"fmt"
 	"io"
@@ -33,6 +34,7 @@ func runBenchFFN(args []string, stdout, stderr io.Writer) error {
 	trace := fs.String("trace", "", "cuda: record the kernels (CUPTI) of -trace-steps more calls of each path, each after the L2 flush, and write them to this file as a Chrome trace (Perfetto opens it); per-kernel summaries go to the JSON and stderr")
 	traceSteps := fs.Int("trace-steps", 0, "cuda: calls of each path to trace (default 5 with -trace or -trace-plot)")
 	tracePlot := fs.String("trace-plot", "", "cuda: write a PNG of what each kernel adds to a call of each path to this file (traces as -trace does)")
+	variants := fs.String("variants", "", "cuda: time the TwELL path under each of these settings of the MLP's switches, in turns, a result row each: variants separated by ';', each NAME=VALUE ... (names with or without TWELL_: D2T_KERNEL, TAIL, EARLY_START, UNION, T2U_ROWS), over the environment's; e.g. 'T2U_ROWS=1;T2U_ROWS=2'")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -64,6 +66,14 @@ func runBenchFFN(args []string, stdout, stderr io.Writer) error {
 	o := bench.FFNOptions{
 		D: *d, F: *f, M: *m, Densities: dens, Dist: dst, Gated: *gated, Reps: *reps,
 		Layout: twell.Layout{Tile: *tile, C: *c}, Seed: *seed, TraceSteps: *traceSteps,
+	}
+	if *variants != "" {
+		if kind != backend.CUDA {
+			return usagef("-variants set the GPU kernels' switches: they need -device cuda")
+		}
+		if o.Variants, err = bench.ParseVariants(*variants); err != nil {
+			return usagef("-variants: %v", err)
+		}
 	}
 	if err := o.Validate(); err != nil {
 		return usageError{err.Error()}
@@ -112,11 +122,12 @@ func runBenchFFN(args []string, stdout, stderr io.Writer) error {
 
 func printFFN(w io.Writer, rs []bench.FFNResult) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "device\tm\tdensity\tdist\tnnz mean\tnnz max\tdense ms\ttwell ms\tspeedup\trel err\tdense act MiB\ttwell act MiB\tdense GFLOP/s\t")
+	fmt.Fprintln(tw, "device\tm\tdensity\tdist\tnnz mean\tnnz max\tdense ms\ttwell ms\tspeedup\trel err\tdense act MiB\ttwell act MiB\tdense GFLOP/s\tkernels\tswitches\t")
 	for _, r := range rs {
-		fmt.Fprintf(tw, "%s\t%d\t%g\t%s\t%.1f\t%d\t%.2f\t%.2f\t%.2fx\t%.1e\t%.1f\t%.2f\t%.0f\t\n",
+		fmt.Fprintf(tw, "%s\t%d\t%g\t%s\t%.1f\t%d\t%.2f\t%.2f\t%.2fx\t%.1e\t%.1f\t%.2f\t%.0f\t%s\t%s\t\n",
 			r.Device, r.M, r.Density, r.Dist, r.NNZMean, r.NNZMax, r.DenseMS, r.TwELLMS, r.Speedup, r.RelErr,
-			float64(r.DenseActBytes)/(1<<20), float64(r.TwELLActBytes)/(1<<20), r.DenseGFLOPS)
+			float64(r.DenseActBytes)/(1<<20), float64(r.TwELLActBytes)/(1<<20), r.DenseGFLOPS,
+			cmp.Or(r.Tail, "-"), cmp.Or(bench.SwitchList(r.Switches), "-"))
 	}
 	tw.Flush()
 	fmt.Fprint(w, `
@@ -130,6 +141,8 @@ func printFFN(w io.Writer, rs []bench.FFNResult) {
   rel err    TwELL output against a float64 reference, max |diff| / max |reference| over sampled rows
   act MiB    memory of the hidden activations: dense, m x f float32 (two when gated); TwELL, the packed words
   dense GFLOP/s  the dense path's arithmetic rate (2 m d f per projection)
+  kernels    GPU: what the TwELL path ran (sorted or warp tail after D2T, small-batch, union)
+  switches   the TWELL_ settings of the row (the environment's, with -variants each variant's over them)
 `)
 }
 

@@ -27,6 +27,7 @@ func TestBenchFFNBadInputExits2(t *testing.T) {
 		{[]string{"bench", "ffn", "-device", "cpu", "-trace", "t.json"}, "they need -device cuda"},
 		{[]string{"bench", "ffn", "-device", "cpu", "-trace-steps", "2"}, "they need -device cuda"},
 		{[]string{"bench", "ffn", "-device", "cpu", "-trace-plot", "t.png"}, "they need -device cuda"},
+		{[]string{"bench", "ffn", "-device", "cpu", "-variants", "UNION=1"}, "they need -device cuda"},
 		{[]string{"bench", "nope"}, "unknown command \"bench nope\""},
 	}
 	checkUsageErrors(t, cases)
@@ -133,6 +134,45 @@ func TestBenchFFNCUDATrace(t *testing.T) {
 	}
 	if st, err := os.Stat(filepath.Join(dir, "trace.png")); err != nil || st.Size() == 0 {
 		t.Errorf("trace plot: %v", err)
+	}
+}
+
+// TestBenchFFNCUDAVariants times the TwELL path of a 16-token batch with
+// the environment's settings and with the union path, in one run: a row
+// each, the dense figure shared, each row naming its kernels and switches.
+func TestBenchFFNCUDAVariants(t *testing.T) {
+	if n, err := cuda.Count(); err != nil || n == 0 {
+		t.Skipf("no GPU: %v", err)
+	}
+	t.Setenv("TWELL_UNION", "")
+	js := filepath.Join(t.TempDir(), "r.json")
+	var out, errb bytes.Buffer
+	code := run([]string{"bench", "ffn", "-device", "cuda", "-d", "256", "-f", "1024", "-m", "16", "-reps", "3",
+		"-density", "0.02", "-variants", ";UNION=1", "-json", js}, &out, &errb)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	var rs []struct {
+		DenseMS  float64           `json:"dense_ms"`
+		TwELLMS  float64           `json:"twell_ms"`
+		RelErr   float64           `json:"rel_err"`
+		Kernels  string            `json:"tail"`
+		Switches map[string]string `json:"switches"`
+	}
+	b, _ := os.ReadFile(js)
+	if err := json.Unmarshal(b, &rs); err != nil || len(rs) != 2 {
+		t.Fatalf("JSON: %v, %d rows, want 2", err, len(rs))
+	}
+	if rs[0].DenseMS != rs[1].DenseMS || rs[0].TwELLMS <= 0 || rs[1].TwELLMS <= 0 {
+		t.Errorf("rows %+v: want one dense figure and a TwELL time each", rs)
+	}
+	if rs[0].Kernels == "union" || rs[1].Kernels != "union" || rs[1].Switches["TWELL_UNION"] != "1" {
+		t.Errorf("rows %+v: want the second, with TWELL_UNION=1, on the union kernels and the first not", rs)
+	}
+	for i, r := range rs {
+		if !(r.RelErr <= 1e-2) {
+			t.Errorf("row %d: rel err %g > 1e-2", i, r.RelErr)
+		}
 	}
 }
 
