@@ -18,7 +18,8 @@ import (
 
 // FFNCUDA runs the MLP-block benchmark on CUDA device 0. In the same run and
 // on the same bf16 weights it times the dense MLP (cuBLASLt: three GEMMs and
-// one elementwise kernel), the TwELL MLP (D2T + gated T2D + exact fallback),
+// one elementwise kernel), the TwELL MLP (the sparse path: see
+// gpu.MLP.KernelsFor),
 // the automatic path (MLP.Forward) and the D2T kernel alone, each with CUDA
 // events around every repetition, the paths taking turns and L2 flushed before
 // each: the median of o.Reps after 3 warm-up calls, rotating among enough
@@ -26,7 +27,8 @@ import (
 // against the float64 reference computed on the bf16 model (weights and inputs
 // rounded to bf16 once, as the GPU holds them), so the error measures the
 // kernels' arithmetic; energy per token comes from NVML's energy counter over
-// back-to-back calls.
+// back-to-back calls. With o.Variants the TwELL MLP is timed once per
+// variant, in the same turns, and each density gives a row per variant.
 func FFNCUDA(o FFNOptions, progress func(string)) ([]FFNResult, error) {
 	if err := o.Validate(); err != nil {
 		return nil, err
