@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/twell-ai/twell/gpu"
+	"github.com/twell-ai/twell/gpu/llm"
 )
 
 // TestSwitches checks that a result row records exactly the TWELL_
@@ -78,4 +79,25 @@ func FuzzParseVariants(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestParseModelVariants takes the GPU engine's switches and its MLPs',
+// and refuses unknown names and values.
+func TestParseModelVariants(t *testing.T) {
+	for _, name := range llm.Switches {
+		t.Setenv(name, "")
+	}
+	got, err := ParseModelVariants("LLM_ATTENTION=dec UNION=1;LLM_FUSE_NORMS=1")
+	if err != nil || len(got) != 2 || got[0]["TWELL_LLM_ATTENTION"] != "dec" || got[0]["TWELL_UNION"] != "1" || got[1]["TWELL_LLM_FUSE_NORMS"] != "1" {
+		t.Fatalf("ParseModelVariants: %v, %v", got, err)
+	}
+	for _, c := range []struct{ in, want string }{
+		{"LLM_ATTENTION=flash", "TWELL_LLM_ATTENTION"},
+		{"LLM_FUSE_NORMS=yes", "TWELL_LLM_FUSE_NORMS"},
+		{"BOGUS=1", "not one of the GPU engine's switches"},
+	} {
+		if _, err := ParseModelVariants(c.in); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("ParseModelVariants(%q): %v, want an error containing %q", c.in, err, c.want)
+		}
+	}
 }

@@ -46,6 +46,15 @@ type FFNOptions struct {
 // or commas, names with or without their TWELL_ prefix; an empty variant
 // is the environment's settings. It checks the names and values.
 func ParseVariants(s string) ([]map[string]string, error) {
+	return parseVariants(s, "the MLP's", gpu.Switches, func(v map[string]string) error {
+		_, err := variantOptions(v)
+		return err
+	})
+}
+
+// parseVariants reads variants whose names must be among names (whose
+// switches they are) and whose values check accepts.
+func parseVariants(s, whose string, names []string, check func(map[string]string) error) ([]map[string]string, error) {
 	var out []map[string]string
 	for _, v := range strings.Split(s, ";") {
 		m := map[string]string{}
@@ -57,15 +66,15 @@ func ParseVariants(s string) ([]map[string]string, error) {
 			if !strings.HasPrefix(k, "TWELL_") {
 				k = "TWELL_" + k
 			}
-			if !slices.Contains(gpu.Switches, k) {
-				return nil, fmt.Errorf("variant %q: %s is not one of the MLP's switches (%s)", strings.TrimSpace(v), k, strings.Join(gpu.Switches, ", "))
+			if !slices.Contains(names, k) {
+				return nil, fmt.Errorf("variant %q: %s is not one of %s switches (%s)", strings.TrimSpace(v), k, whose, strings.Join(names, ", "))
 			}
 			if _, dup := m[k]; dup {
 				return nil, fmt.Errorf("variant %q sets %s twice", strings.TrimSpace(v), k)
 			}
 			m[k] = val
 		}
-		if _, err := variantOptions(m); err != nil {
+		if err := check(m); err != nil {
 			return nil, fmt.Errorf("variant %q: %w", strings.TrimSpace(v), err)
 		}
 		out = append(out, m)
@@ -75,13 +84,16 @@ func ParseVariants(s string) ([]map[string]string, error) {
 
 // variantOptions returns the MLP options of a variant: its values, the
 // environment's for the switches it does not set.
-func variantOptions(v map[string]string) (gpu.Options, error) {
-	return gpu.OptionsFrom(func(k string) string {
+func variantOptions(v map[string]string) (gpu.Options, error) { return gpu.OptionsFrom(variantEnv(v)) }
+
+// variantEnv looks a variable up in variant v, then in the environment.
+func variantEnv(v map[string]string) func(string) string {
+	return func(k string) string {
 		if val, ok := v[k]; ok {
 			return val
 		}
 		return os.Getenv(k)
-	})
+	}
 }
 
 // Validate reports the first bad option, naming it.

@@ -49,6 +49,12 @@ type ModelOptions struct {
 	// of one more prefill pass and of TraceSteps more decode steps per
 	// decode batch, after the timed ones (GPU only).
 	TraceSteps int
+	// Variants (GPU only), after the dense and TwELL paths with the
+	// environment's settings, run the TwELL path again once per variant,
+	// each on an engine of its own: values of the GPU engine's switches
+	// (llm.Switches) over the environment's, a result row each. The model
+	// is built and checked once.
+	Variants []map[string]string
 }
 
 // Validate reports the first bad option, naming it.

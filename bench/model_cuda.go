@@ -153,38 +153,40 @@ func ModelCUDA(o ModelOptions, progress func(string)) ([]ModelCUDAResult, error)
 	for i := range prompts {
 		prompts[i] = randTokens(r, o.PromptLen, c.VocabSize)
 	}
-	caches := make([]engine.Cache, o.Batch)
-	for i := range caches {
-		if caches[i], err = e.NewCache(o.PromptLen); err != nil {
-			return nil, err
+	// measure runs the benchmark of one path on engine e: prefill, its
+	// energy, profile and trace, then each decode batch. sw are the
+	// switches a variant sets over the environment's (nil: none).
+	measure := func(e *llm.Engine, path string, sw map[string]string) (*ModelCUDAResult, [][]float32, error) {
+		caches := make([]engine.Cache, o.Batch)
+		for i := range caches {
+			var err error
+			if caches[i], err = e.NewCache(o.PromptLen); err != nil {
+				return nil, nil, err
+			}
+			defer caches[i].Free()
 		}
-		defer caches[i].Free()
-	}
-	timer, err := dev.NewTimer()
-	if err != nil {
-		return nil, err
-	}
-	defer timer.Destroy()
-	// timed runs f between two events on the engine's stream.
-	timed := func(f func() error) (float64, error) { return timer.TimeMS(e.Stream(), f) }
-
-	attnKernel, err := e.AttentionKernel()
-	if err != nil {
-		return nil, err
-	}
-	progress("prefill attention kernel: " + attnKernel)
-	byPath := map[string]*ModelCUDAResult{}
-	logitsOf := map[string][][]float32{}
-	for _, path := range []string{"twell", "dense"} {
+		timer, err := dev.NewTimer()
+		if err != nil {
+			return nil, nil, err
+		}
+		defer timer.Destroy()
+		// timed runs f between two events on the engine's stream.
+		timed := func(f func() error) (float64, error) { return timer.TimeMS(e.Stream(), f) }
+		attnKernel, err := e.AttentionKernel()
+		if err != nil {
+			return nil, nil, err
+		}
 		if err := e.SetMLPPath(map[string]mlp.Path{"dense": mlp.Dense, "twell": mlp.Auto}[path]); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		res := &ModelCUDAResult{ModelResult: ModelResult{Row: newRow(ModelSchema, "cuda", props.Name+" / "+CPUName()), Model: name, Params: c.ParamCount(), Path: path,
 			PrefillTokens: o.Batch * o.PromptLen, MLPWidth: c.IntermediateSize},
 			WeightBytes: e.WeightBytes(), CPUCheckRelDiff: cpuDiff, TwELLLayers: e.TwELLLayers(),
 			AttentionKernel: attnKernel}
+		res.Switches = overlay(res.Switches, sw)
+		path += switchString(sw)
 		peak = 0
-		progress(fmt.Sprintf("%s: prefill %d x %d tokens", path, o.Batch, o.PromptLen))
+		progress(fmt.Sprintf("%s: prefill %d x %d tokens (attention kernel %s)", path, o.Batch, o.PromptLen, attnKernel))
 		var logits [][]float32
 		var stats *engine.Stats
 		prefill := func() error {
@@ -204,7 +206,7 @@ func ModelCUDA(o ModelOptions, progress func(string)) ([]ModelCUDAResult, error)
 		warm := 0
 		for warm < 8 && (warm == 0 || !e.MLPSettled(o.Batch*o.PromptLen)) {
 			if err := prefill(); err != nil {
-				return nil, err
+				return nil, nil, err
 			}
 			warm++
 		}
@@ -216,7 +218,7 @@ func ModelCUDA(o ModelOptions, progress func(string)) ([]ModelCUDAResult, error)
 		for range o.Reps {
 			ms, err := timed(prefill)
 			if err != nil {
-				return nil, err
+				return nil, nil, err
 			}
 			times = append(times, ms)
 		}
@@ -225,7 +227,7 @@ func ModelCUDA(o ModelOptions, progress func(string)) ([]ModelCUDAResult, error)
 				n, t0 := 0, time.Now()
 				for n < o.Reps || time.Since(t0) < 500*time.Millisecond {
 					if err := prefill(); err != nil {
-						return nil, err
+						return nil, nil, err
 					}
 					n++
 				}
@@ -239,10 +241,10 @@ func ModelCUDA(o ModelOptions, progress func(string)) ([]ModelCUDAResult, error)
 		res.PrefillTokPerMS = float64(res.PrefillTokens) / res.PrefillMS
 		// One more prefill, profiled: where its time goes, step by step.
 		e.Profile = true
-		err := prefill()
+		err = prefill()
 		e.Profile = false
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		res.PrefillStepMS = stats.StepMS
 		progress(fmt.Sprintf("%s: profiled prefill, ms by step: %s", path, formatSteps(stats.StepMS)))
@@ -253,22 +255,21 @@ func ModelCUDA(o ModelOptions, progress func(string)) ([]ModelCUDAResult, error)
 				res.PrefillTraceError = msg
 				progress(fmt.Sprintf("%s: %s", label, msg))
 			} else if err != nil {
-				return nil, fmt.Errorf("%s: %w", label, err)
+				return nil, nil, fmt.Errorf("%s: %w", label, err)
 			} else {
 				res.PrefillTrace = &sum
 				res.Traces = append(res.Traces, sec)
 				progress(fmt.Sprintf("%s: traced prefill, %s", path, sum))
 			}
 		}
-		if path == "twell" {
+		if res.Path == "twell" {
 			res.MLPActive = append(res.MLPActive, stats.MeanActive...)
 		}
-		logitsOf[path] = logits
 		for _, b := range o.DecodeBatches {
 			progress(fmt.Sprintf("%s: decode batch %d, context %d", path, b, o.DecodeContext))
 			pt, sec, err := decodeSpeedCUDA(e, r, b, o, path, timed, sample)
 			if err != nil {
-				return nil, err
+				return nil, nil, err
 			}
 			progress(fmt.Sprintf("%s: profiled decode step, batch %d, ms by step: %s", path, b, formatSteps(pt.StepMS)))
 			if pt.Trace != nil {
@@ -281,18 +282,57 @@ func ModelCUDA(o ModelOptions, progress func(string)) ([]ModelCUDAResult, error)
 		}
 		res.PeakDeviceBytes = peak
 		res.PeakRSSBytes = peakRSS()
-		byPath[path] = res
+		return res, logits, nil
+	}
+	byPath := map[string]*ModelCUDAResult{}
+	logitsOf := map[string][][]float32{}
+	for _, path := range []string{"twell", "dense"} {
+		res, logits, err := measure(e, path, nil)
+		if err != nil {
+			return nil, err
+		}
+		byPath[path], logitsOf[path] = res, logits
+	}
+	// Each variant: the TwELL path again, on an engine of its own settings
+	// over the same weights (uploaded again).
+	var variantRows []ModelCUDAResult
+	for _, v := range o.Variants {
+		opts, err := llm.OptionsFrom(variantEnv(v))
+		if err != nil {
+			return nil, err
+		}
+		progress(fmt.Sprintf("variant%s: uploading the weights again", switchString(v)))
+		ev, err := llm.NewEngineWith(dev, m, opts)
+		if err != nil {
+			return nil, err
+		}
+		res, logits, err := measure(ev, "twell", v)
+		ev.Close()
+		if err != nil {
+			return nil, err
+		}
+		res.MaxLogitDiff = maxAbsDiff(logits, logitsOf["dense"])
+		variantRows = append(variantRows, *res)
 	}
 	d := maxAbsDiff(logitsOf["twell"], logitsOf["dense"])
 	if math.IsNaN(d) || math.IsInf(d, 0) {
 		return nil, fmt.Errorf("prefill logits are not finite (TwELL vs dense difference %v)", d)
 	}
 	byPath["twell"].MaxLogitDiff = d
-	results := []ModelCUDAResult{*byPath["dense"], *byPath["twell"]}
+	results := append([]ModelCUDAResult{*byPath["dense"], *byPath["twell"]}, variantRows...)
 	for i := range results {
 		results[i].Speedup = results[0].PrefillMS / results[i].PrefillMS
 	}
 	return results, nil
+}
+
+// ParseModelVariants reads ModelOptions.Variants, in the form of
+// ParseVariants, for the GPU engine's switches (llm.Switches).
+func ParseModelVariants(s string) ([]map[string]string, error) {
+	return parseVariants(s, "the GPU engine's", llm.Switches, func(v map[string]string) error {
+		_, err := llm.OptionsFrom(variantEnv(v))
+		return err
+	})
 }
 
 // decodeSpeedCUDA times o.DecodeSteps single-token decode steps for batch

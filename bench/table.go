@@ -171,30 +171,45 @@ func rowSchema(schema string, raw json.RawMessage) string {
 	return ""
 }
 
-// modelRatios writes the TwELL / dense decode ratios of a file's model rows
-// when it holds both paths.
+// modelRatios writes, for each TwELL row of a file's model rows (variants
+// included, named by the switches they set over the dense row's), its
+// decode ratios to the dense row's.
 func modelRatios(w io.Writer, name string, models []ModelResult) {
-	var dense, twell *ModelResult
-	for i := range models {
-		switch models[i].Path {
-		case "dense":
-			dense = &models[i]
-		case "twell":
-			twell = &models[i]
-		}
-	}
-	if dense == nil || twell == nil {
+	i := slices.IndexFunc(models, func(r ModelResult) bool { return r.Path == "dense" })
+	if i < 0 {
 		return
 	}
-	fmt.Fprintf(w, "%s: twell / dense:", name)
-	for _, t := range twell.Decode {
-		for _, d := range dense.Decode {
-			if d.Batch == t.Batch && d.Context == t.Context && d.TokensPerSec > 0 {
-				fmt.Fprintf(w, " b%d@%d %.3fx", t.Batch, t.Context, t.TokensPerSec/d.TokensPerSec)
+	dense := models[i]
+	for _, t := range models {
+		if t.Path != "twell" {
+			continue
+		}
+		label := "twell"
+		if d := SwitchDiff(t.Switches, dense.Switches); d != "" {
+			label += " [" + d + "]"
+		}
+		fmt.Fprintf(w, "%s: %s / dense:", name, label)
+		for _, tp := range t.Decode {
+			for _, dp := range dense.Decode {
+				if dp.Batch == tp.Batch && dp.Context == tp.Context && dp.TokensPerSec > 0 {
+					fmt.Fprintf(w, " b%d@%d %.3fx", tp.Batch, tp.Context, tp.TokensPerSec/dp.TokensPerSec)
+				}
 			}
 		}
+		fmt.Fprintln(w)
 	}
-	fmt.Fprintln(w)
+}
+
+// SwitchDiff lists, in the form of SwitchList, the switches of sw that
+// base lacks or sets otherwise ("" when they agree).
+func SwitchDiff(sw, base map[string]string) string {
+	d := map[string]string{}
+	for k, v := range sw {
+		if b, ok := base[k]; !ok || b != v {
+			d[k] = v
+		}
+	}
+	return SwitchList(d)
 }
 
 // switchString is SwitchList in brackets after a space, or "" for none.

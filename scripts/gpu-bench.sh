@@ -27,12 +27,13 @@
 #                                       per warp of t2u (TWELL_T2U_ROWS); m = 4096 and 16384 (0.5%,
 #                                       skewed) the sorted tail with and without early start
 #                                       (TWELL_EARLY_START), and the warp tail; two rounds
-#   scripts/gpu-bench.sh ab-decode OUTDIR  the decode switches not yet measured: steps of 16, 32
-#                                       and 64 sequences at 512 cached tokens with the union path off
-#                                       and on and the decode attention kernel under auto and forced
-#                                       (TWELL_LLM_ATTENTION=dec), the first and last of those runs
-#                                       traced (CUPTI); steps of one sequence with the norms unfused
-#                                       and fused (TWELL_LLM_FUSE_NORMS), twice
+#   scripts/gpu-bench.sh ab-decode OUTDIR  the decode switches not yet measured, as variants of
+#                                       one run (bench model -variants): steps of 16, 32 and 64
+#                                       sequences at 512 cached tokens with the union path
+#                                       (TWELL_UNION), the decode attention kernel forced
+#                                       (TWELL_LLM_ATTENTION=dec) and both, traced (CUPTI); steps of
+#                                       one sequence with the norms fused (TWELL_LLM_FUSE_NORMS) and
+#                                       the TwELL path again, twice
 # Each run ends with `twell bench table OUTDIR`.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -101,28 +102,17 @@ ab-mlp)
   done
   ;;
 ab-decode)
-  # The preset is built and calibrated once, saved outside OUTDIR (3 GB),
-  # and loaded by the other runs.
-  ckpt=${TMPDIR:-/tmp}/twell-ab-sparselm
-  model=(-preset sparselm-1.5b -seed 9596107621982983358 -save "$ckpt")
-  for cfg in "0 auto" "1 auto" "0 dec" "1 dec"; do
-    read -r u attn <<< "$cfg"
-    name=decode-union$u-$attn
-    trace=()
-    if [ "$cfg" = "0 auto" ] || [ "$cfg" = "1 dec" ]; then
-      trace=(-trace "$out/$name-trace.json" -trace-plot "$out/$name-trace.png")
-    fi
-    TWELL_UNION=$u TWELL_LLM_ATTENTION=$attn "$tw" bench model -device cuda "${model[@]}" \
-      -reps 2 -batch 8 -prompt-len 64 -decode-batch 16,32,64 -decode-context 512 \
-      -decode-steps 32 "${trace[@]}" -json "$out/$name.json" 2>&1 | tee "$out/$name.txt" || status=1
-    [ -f "$ckpt/config.json" ] && model=(-model "$ckpt" -seed 9596107621982983358)
-  done
+  # One build of the preset per process; the variants run on engines of
+  # their own over the same weights (bench model -variants).
+  "$tw" bench model -device cuda -preset sparselm-1.5b -seed 9596107621982983358 -reps 2 -batch 8 -prompt-len 64 \
+    -decode-batch 16,32,64 -decode-context 512 -decode-steps 32 \
+    -variants 'UNION=1;LLM_ATTENTION=dec;UNION=1 LLM_ATTENTION=dec' \
+    -trace "$out/decode-batches-trace.json" -trace-plot "$out/decode-batches-trace.png" \
+    -json "$out/decode-batches.json" 2>&1 | tee "$out/decode-batches.txt" || status=1
   for round in 1 2; do
-    for f in 0 1; do
-      TWELL_LLM_FUSE_NORMS=$f "$tw" bench model -device cuda "${model[@]}" \
-        -reps 2 -batch 1 -prompt-len 64 -decode-batch 1 -decode-context 512 -decode-steps 64 \
-        -json "$out/decode-b1-fuse$f-$round.json" 2>&1 | tee "$out/decode-b1-fuse$f-$round.txt" || status=1
-    done
+    "$tw" bench model -device cuda -preset sparselm-1.5b -seed 9596107621982983358 -reps 2 -batch 1 -prompt-len 64 \
+      -decode-batch 1 -decode-context 512 -decode-steps 64 -variants 'LLM_FUSE_NORMS=1;' \
+      -json "$out/decode-b1-fuse-$round.json" 2>&1 | tee "$out/decode-b1-fuse-$round.txt" || status=1
   done
   ;;
 *)

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -44,6 +45,7 @@ func runBenchModel(args []string, stdout, stderr io.Writer) error {
 	trace := fs.String("trace", "", "cuda: record the kernels (CUPTI) of one more prefill pass and of -trace-steps more decode steps per batch, and write them to this file as a Chrome trace (Perfetto opens it); per-kernel summaries go to the JSON and stderr")
 	traceSteps := fs.Int("trace-steps", 0, "cuda: decode steps per batch to trace (default 16 with -trace or -trace-plot)")
 	tracePlot := fs.String("trace-plot", "", "cuda: write a PNG of what each kernel adds to a prefill pass and to a decode step, per path, to this file (traces as -trace does)")
+	variants := fs.String("variants", "", "cuda: after the dense and TwELL paths, the TwELL path again on an engine per variant of the GPU engine's switches, a result row each: variants separated by ';', each NAME=VALUE ... (names with or without TWELL_, e.g. 'UNION=1;LLM_ATTENTION=dec UNION=1'), over the environment's")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -101,6 +103,14 @@ func runBenchModel(args []string, stdout, stderr io.Writer) error {
 	o := bench.ModelOptions{Dir: *dir, Preset: *preset, Layers: *layers, Density: *density, Dist: d,
 		Batch: *batch, PromptLen: *promptLen, DecodeBatches: batches, DecodeSteps: *decodeSteps, DecodeContext: *decodeContext, Reps: *reps, Seed: *seed,
 		SaveDir: *save, TraceSteps: *traceSteps}
+	if *variants != "" {
+		if *device != "cuda" {
+			return usagef("-variants set the GPU engine's switches: they need -device cuda")
+		}
+		if o.Variants, err = bench.ParseModelVariants(*variants); err != nil {
+			return usagef("-variants: %v", err)
+		}
+	}
 	if err := o.Validate(); err != nil {
 		return usageError{err.Error()}
 	}
@@ -133,6 +143,9 @@ func benchModelCUDA(o bench.ModelOptions, jsonPath, plotPath, tracePath, tracePl
 	peak := make([]int64, len(rs))
 	for i, r := range rs {
 		base[i], peak[i] = r.ModelResult, r.PeakDeviceBytes
+		if d := bench.SwitchDiff(r.Switches, rs[0].Switches); d != "" { // a variant: name it in the table and plot
+			base[i].Path += " [" + d + "]"
+		}
 	}
 	printModelTable(stdout, base, peak)
 	r := rs[0]
@@ -150,7 +163,11 @@ func benchModelCUDA(o bench.ModelOptions, jsonPath, plotPath, tracePath, tracePl
 		return err
 	}
 	if tracePlot != "" {
-		if err := bench.PlotModelTraces(rs, tracePlot); err != nil {
+		labeled := slices.Clone(rs) // the variants named, as in the table
+		for i := range labeled {
+			labeled[i].Path = base[i].Path
+		}
+		if err := bench.PlotModelTraces(labeled, tracePlot); err != nil {
 			return fmt.Errorf("trace plot (the JSON is written): %w", err)
 		}
 	}

@@ -87,6 +87,7 @@ func TestBenchModelBadInput(t *testing.T) {
 		{[]string{"bench", "model", "-preset", "sparselm-1.5b", "-device", "cpu", "-trace", "t.json"}, "they need -device cuda"},
 		{[]string{"bench", "model", "-preset", "sparselm-1.5b", "-device", "cpu", "-trace-steps", "4"}, "they need -device cuda"},
 		{[]string{"bench", "model", "-preset", "sparselm-1.5b", "-device", "cpu", "-trace-plot", "t.png"}, "they need -device cuda"},
+		{[]string{"bench", "model", "-preset", "sparselm-1.5b", "-device", "cpu", "-variants", "UNION=1"}, "they need -device cuda"},
 	} {
 		var out, errb bytes.Buffer
 		if code := run(c.args, &out, &errb); code != 2 || !strings.Contains(errb.String(), c.want) {
@@ -109,6 +110,59 @@ func TestBenchModelCUDAWithoutGPU(t *testing.T) {
 	var out, errb bytes.Buffer
 	if code := run([]string{"bench", "model", "-preset", "sparselm-1.5b", "-device", "cuda"}, &out, &errb); code != 1 || !strings.Contains(errb.String(), "no GPU found") {
 		t.Errorf("exit %d, stderr %q", code, errb.String())
+	}
+}
+
+// TestBenchModelCUDAVariants runs the TwELL path again on engines of other
+// settings: a row each after the dense and TwELL rows, recording the
+// settings, with decode points and a check against the dense logits.
+func TestBenchModelCUDAVariants(t *testing.T) {
+	if n, err := cuda.Count(); err != nil || n == 0 {
+		t.Skipf("no GPU: %v", err)
+	}
+	for _, k := range []string{"TWELL_LLM_FUSE_NORMS", "TWELL_LLM_ATTENTION", "TWELL_UNION"} {
+		t.Setenv(k, "")
+	}
+	dir := tinyCheckpoint(t)
+	js := filepath.Join(t.TempDir(), "m.json")
+	var out, errb bytes.Buffer
+	code := run([]string{"bench", "model", "-device", "cuda", "-model", dir, "-batch", "2", "-prompt-len", "8", "-decode-batch", "1,12",
+		"-decode-steps", "2", "-decode-context", "5", "-reps", "1", "-json", js,
+		"-variants", "LLM_FUSE_NORMS=1;UNION=1 LLM_ATTENTION=dec"}, &out, &errb)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	var rs []struct {
+		Path     string            `json:"path"`
+		Switches map[string]string `json:"switches"`
+		Diff     float64           `json:"max_logit_diff_vs_dense"`
+		Decode   []struct {
+			TokensPerSec float64 `json:"tokens_per_s"`
+		} `json:"decode"`
+	}
+	b, _ := os.ReadFile(js)
+	if err := json.Unmarshal(b, &rs); err != nil || len(rs) != 4 {
+		t.Fatalf("JSON: %v, %d results, want 4", err, len(rs))
+	}
+	want := []map[string]string{nil, nil, {"TWELL_LLM_FUSE_NORMS": "1"}, {"TWELL_UNION": "1", "TWELL_LLM_ATTENTION": "dec"}}
+	for i, r := range rs {
+		if i > 0 && r.Path != "twell" {
+			t.Errorf("row %d: path %q, want twell", i, r.Path)
+		}
+		for k, v := range want[i] {
+			if r.Switches[k] != v {
+				t.Errorf("row %d: switches %v, want %s=%s", i, r.Switches, k, v)
+			}
+		}
+		if len(r.Decode) != 2 || r.Decode[1].TokensPerSec <= 0 {
+			t.Errorf("row %d: decode %+v, want two points", i, r.Decode)
+		}
+		if i > 0 && !(r.Diff < 0.5) {
+			t.Errorf("row %d: max |logit - dense logit| %g", i, r.Diff)
+		}
+	}
+	if !strings.Contains(out.String(), "twell [LLM_ATTENTION=dec UNION=1]") {
+		t.Errorf("the table does not name the variants:\n%s", out.String())
 	}
 }
 

@@ -167,8 +167,19 @@ func twellShape(d, f int) bool {
 // fused), fp32 norm weights, the embedding table (also the LM head when
 // tied), and one gpu.MLP per layer where the gate is ReLU and the shape
 // suits the TwELL kernels (a cuBLASLt dense MLP otherwise). It compiles the
-// kernels on first use. Close frees the device memory.
+// kernels on first use. Close frees the device memory. Its settings come
+// from the environment (OptionsFromEnv).
 func NewEngine(dev *cuda.Device, m *model.Model) (*Engine, error) {
+	opts, err := OptionsFromEnv()
+	if err != nil {
+		return nil, err
+	}
+	return NewEngineWith(dev, m, opts)
+}
+
+// NewEngineWith is NewEngine with the given settings instead of the
+// environment's.
+func NewEngineWith(dev *cuda.Device, m *model.Model, opts Options) (*Engine, error) {
 	if dev == nil {
 		return nil, errors.New("llm: nil device")
 	}
@@ -190,10 +201,6 @@ func NewEngine(dev *cuda.Device, m *model.Model) (*Engine, error) {
 		return nil, fmt.Errorf("llm: model has %d layers of weights, config says %d", len(w.Layers), c.NumHiddenLayers)
 	}
 	k, err := kernelsFor(dev)
-	if err != nil {
-		return nil, err
-	}
-	opts, err := OptionsFromEnv()
 	if err != nil {
 		return nil, err
 	}

@@ -54,11 +54,20 @@ const EnvKVPageSize = "TWELL_LLM_KV_PAGE_SIZE"
 // TiB), e.g. 8GiB.
 const EnvKVMemory = "TWELL_LLM_KV_MEMORY"
 
+// Switches are the names of the environment variables that set Options:
+// the engine's and its TwELL MLPs' (gpu.Switches).
+var Switches = append([]string{EnvAttention, EnvGraphs, EnvGEMV, EnvFuseNorms, EnvKVPageSize, EnvKVMemory}, gpu.Switches...)
+
 // OptionsFromEnv returns the Options the environment sets, or an error
 // naming a value it does not know.
-func OptionsFromEnv() (Options, error) {
-	o := Options{Attention: os.Getenv(EnvAttention), NoGraphs: os.Getenv(EnvGraphs) == "0", NoGEMV: os.Getenv(EnvGEMV) == "0"}
-	switch v := os.Getenv(EnvFuseNorms); v {
+func OptionsFromEnv() (Options, error) { return OptionsFrom(os.Getenv) }
+
+// OptionsFrom is OptionsFromEnv with the variables' values looked up by
+// getenv ("" for unset), for settings that override the environment (the
+// benchmarks' variants).
+func OptionsFrom(getenv func(string) string) (Options, error) {
+	o := Options{Attention: getenv(EnvAttention), NoGraphs: getenv(EnvGraphs) == "0", NoGEMV: getenv(EnvGEMV) == "0"}
+	switch v := getenv(EnvFuseNorms); v {
 	case "", "0":
 	case "1":
 		o.FuseNorms = true
@@ -70,14 +79,14 @@ func OptionsFromEnv() (Options, error) {
 	default:
 		return o, fmt.Errorf("llm: %s=%q: want auto, dec, wgmma3, mma or ref", EnvAttention, o.Attention)
 	}
-	if v := os.Getenv(EnvKVPageSize); v != "" {
+	if v := getenv(EnvKVPageSize); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 0 {
 			return o, fmt.Errorf("llm: %s=%q: want a number of positions, a multiple of %d", EnvKVPageSize, v, PageMultiple)
 		}
 		o.KVPageSize = n
 	}
-	if v := os.Getenv(EnvKVMemory); v != "" {
+	if v := getenv(EnvKVMemory); v != "" {
 		n, ok := parseBytes(v)
 		if !ok {
 			return o, fmt.Errorf("llm: %s=%q: want a size in bytes, such as 8589934592 or 8GiB", EnvKVMemory, v)
@@ -85,7 +94,7 @@ func OptionsFromEnv() (Options, error) {
 		o.KVMemory = n
 	}
 	var err error
-	o.MLP, err = gpu.OptionsFromEnv()
+	o.MLP, err = gpu.OptionsFrom(getenv)
 	return o, err
 }
 
