@@ -37,7 +37,8 @@ func PlotFFN(results []FFNResult, path string) error {
 		if !r.Gated {
 			kind = "non-gated"
 		}
-		pts = append(pts, speedupPoint{fmt.Sprintf("%s, %s, m=%d, %s", r.Device, r.Dist, r.M, kind), r.Density, r.Speedup})
+		// a line per setting of the switches (bench ffn -variants)
+		pts = append(pts, speedupPoint{fmt.Sprintf("%s, %s, m=%d, %s%s", r.Device, r.Dist, r.M, kind, switchString(r.Switches)), r.Density, r.Speedup})
 	}
 	r0 := results[0]
 	header := []string{fmt.Sprintf("MLP block d=%d, f=%d, compression %d", r0.D, r0.F, r0.C), r0.Machine + ", " + r0.Date}
