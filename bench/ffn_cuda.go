@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"maps"
 	"math/rand/v2"
-	"slices"
 
 	"github.com/twell-ai/twell/bf16"
 	"github.com/twell-ai/twell/cuda"
@@ -344,7 +343,6 @@ func ffnCase(o FFNOptions, density float64, l *gpu.MLP, sl *synth.Layer, e ffnEn
 	}
 	res.DenseGFLOPS = flops / res.DenseMS / 1e6
 	var denseTrace *TraceSummary
-	var denseSec []TraceSection
 	traceErr := "" // the tracer's failure, once it failed
 	rows := make([]FFNResult, len(sparse))
 	for i, v := range e.variants {
@@ -362,15 +360,14 @@ func ffnCase(o FFNOptions, density float64, l *gpu.MLP, sl *synth.Layer, e ffnEn
 			return nil, err
 		}
 		if o.TraceSteps > 0 && traceErr == "" {
-			if denseTrace == nil {
-				if denseTrace, denseSec, traceErr, err = traceOne(e, o, density, "dense", dense); err != nil {
+			if denseTrace == nil { // the first row holds the dense path's section of the Chrome trace
+				if denseTrace, r.Traces, traceErr, err = traceOne(e, o, density, "dense", dense); err != nil {
 					return nil, err
 				}
 			}
 			r.DenseTrace = denseTrace
-			r.Traces = slices.Clone(denseSec)
 			if traceErr == "" {
-				t, sec, msg, err := traceOne(e, o, density, "twell", sparse[i])
+				t, sec, msg, err := traceOne(e, o, density, "twell"+switchString(v.switches), sparse[i])
 				if err != nil {
 					return nil, err
 				}
