@@ -44,11 +44,12 @@ type MLP struct {
 	// T2URows is the number of U rows in flight per warp of the gated t2u
 	// (TailSorted): 1 or 2 (0: DefaultT2URows).
 	T2URows int
-	// Union runs the sparse path of 9 to 64 tokens (decode steps of many
-	// sequences) on the union kernels (union.cu: the gate GEMM, then only
-	// the up and down rows of the units active in some token) instead of
+	// UnionFrom, when positive, runs the sparse path of UnionFrom to 64
+	// tokens (decode steps of several sequences) on the union kernels
+	// (union.cu: the gate GEMM, then only the up and down rows of the
+	// units active in some token) instead of the small-batch kernels or
 	// D2T and its tail, where the device and shape allow (unionPlan).
-	Union bool
+	UnionFrom int
 	// Serial launches the small-batch, union and sorted-tail kernels
 	// without early start: each then begins only when the kernel before it
 	// has finished (see cuda.LaunchConfig.EarlyStart; early start needs
@@ -234,7 +235,7 @@ func (l *MLP) checkIO(y, x *cuda.Buffer, m int) error {
 // 8 tokens (decode steps) take the small-batch kernels instead (see
 // gemv.cu): every gate row is read once and only the active units' up and
 // down rows, with no capacity limit and no flagged rows; so do batches of
-// up to 64 with Union set (union.go).
+// UnionFrom to 64 tokens when it is set, on the union kernels (union.go).
 func (l *MLP) Sparse(s *cuda.Stream, y, x *cuda.Buffer, m int) error {
 	return l.sparse(s, y, x, m, true)
 }
@@ -261,11 +262,11 @@ func (l *MLP) sparse(s *cuda.Stream, y, x *cuda.Buffer, m int, report bool) erro
 		return err
 	}
 	l.pollFlagged()
-	if m <= gemvMaxRows {
-		return l.sparseGEMV(s, y, x, m)
-	}
 	if st := l.unionStages(m); st > 0 {
 		return l.sparseUnion(s, y, x, m, st)
+	}
+	if m <= gemvMaxRows {
+		return l.sparseGEMV(s, y, x, m)
 	}
 	ws, err := l.runD2T(s, x, m)
 	if err != nil {

@@ -3,6 +3,7 @@ package gpu
 import (
 	"fmt"
 	"os"
+	"strconv"
 
 	"github.com/twell-ai/twell/cuda"
 )
@@ -16,7 +17,8 @@ type Options struct {
 	Kernel Kernel // D2T kernel: EnvD2TKernel
 	Tail   Tail   // sparse tail: EnvTail
 	Serial bool   // no early start of the decode-step kernels: EnvEarlyStart = "0"
-	Union  bool   // the union path for 9 to 64 tokens: EnvUnion = "1"
+	// UnionFrom is MLP.UnionFrom: EnvUnion
+	UnionFrom int
 	// T2URows is MLP.T2URows: EnvT2URows
 	T2URows int
 }
@@ -35,9 +37,10 @@ const EnvTail = "TWELL_TAIL"
 // cuda.LaunchConfig.EarlyStart).
 const EnvEarlyStart = "TWELL_EARLY_START"
 
-// EnvUnion names the environment variable that, set to "1", sets
-// Options.Union: batches of 9 to 64 tokens run the union kernels
-// (union.cu) on the sparse path instead of D2T and its tail.
+// EnvUnion names the environment variable that, set to N (1 to 64), sets
+// Options.UnionFrom: batches of N to 64 tokens run the union kernels
+// (union.cu) on the sparse path, instead of the small-batch kernels or D2T
+// and its tail; unset or "0", none do.
 const EnvUnion = "TWELL_UNION"
 
 // EnvT2URows names the environment variable that, set to "1" or "2", sets
@@ -62,8 +65,12 @@ func OptionsFrom(getenv func(string) string) (Options, error) {
 		return o, err
 	}
 	o.Serial = !early
-	if o.Union, err = envBool(getenv, EnvUnion, false); err != nil {
-		return o, err
+	if v := getenv(EnvUnion); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 || n > unionMaxRows {
+			return o, fmt.Errorf("gpu: %s=%q: want the smallest batch the union path takes, 1 to %d (0: none)", EnvUnion, v, unionMaxRows)
+		}
+		o.UnionFrom = n
 	}
 	if o.T2URows, err = envChoice(getenv, EnvT2URows, "1 or 2", map[string]int{"1": 1, "2": 2}); err != nil {
 		return o, err
@@ -105,7 +112,7 @@ func envChoice[T any](getenv func(string) string, name, want string, choices map
 
 // Apply sets l's kernel choices to o.
 func (l *MLP) Apply(o Options) {
-	l.Kernel, l.Tail, l.Serial, l.Union, l.T2URows = o.Kernel, o.Tail, o.Serial, o.Union, o.T2URows
+	l.Kernel, l.Tail, l.Serial, l.UnionFrom, l.T2URows = o.Kernel, o.Tail, o.Serial, o.UnionFrom, o.T2URows
 }
 
 // EarlyStart reports whether kernels that wait with grid_wait (common.cuh)

@@ -15,11 +15,14 @@ func TestOptionsFromEnv(t *testing.T) {
 		bad  string // the variable an error names
 	}{
 		{env: nil, want: Options{}},
-		{env: map[string]string{EnvUnion: "1"}, want: Options{Union: true}},
+		{env: map[string]string{EnvUnion: "9"}, want: Options{UnionFrom: 9}},
+		{env: map[string]string{EnvUnion: "65"}, bad: EnvUnion},
+		{env: map[string]string{EnvUnion: "-1"}, bad: EnvUnion},
 		{env: map[string]string{EnvUnion: "0", EnvEarlyStart: "1"}, want: Options{}},
 		{env: map[string]string{EnvEarlyStart: "0", EnvTail: "sorted", EnvD2TKernel: "mma"},
 			want: Options{Serial: true, Tail: TailSorted, Kernel: KernelMMA}},
 		{env: map[string]string{EnvUnion: "yes"}, bad: EnvUnion},
+		{env: map[string]string{EnvUnion: "1"}, want: Options{UnionFrom: 1}},
 		{env: map[string]string{EnvEarlyStart: "off"}, bad: EnvEarlyStart},
 		{env: map[string]string{EnvTail: "split"}, bad: EnvTail},
 		{env: map[string]string{EnvT2URows: "1"}, want: Options{T2URows: 1}},

@@ -58,14 +58,14 @@ func (l *MLP) t2uRows() int {
 }
 
 // KernelsFor names the kernels the sparse path runs for m tokens now:
-// "small-batch" (gemv.cu), "union" (union.cu), or after D2T the tail
+// "union" (union.cu), "small-batch" (gemv.cu), or after D2T the tail
 // TailFor(m) picks ("sorted" or "warp").
 func (l *MLP) KernelsFor(m int) string {
 	switch {
-	case m <= gemvMaxRows:
-		return "small-batch"
 	case l.unionStages(m) > 0:
 		return "union"
+	case m <= gemvMaxRows:
+		return "small-batch"
 	}
 	return l.TailFor(m).String()
 }

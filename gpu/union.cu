@@ -1,4 +1,4 @@
-// union.cu: the sparse MLP of 9 to 64 tokens (decode steps of many
+// union.cu: the sparse MLP of up to 64 tokens (decode steps of several
 // sequences), after the gate GEMM (cuBLASLt, g = x Wg^T, bf16 [m][f]).
 //
 // At 0.5% density 64 tokens together fire about 27% of the units, 8 about

@@ -42,15 +42,18 @@ func unionDownShared(f int) int {
 	return (f+7)/8*8*2 + 8*unionStages*16*(unionDownStride+unionHStride)*2
 }
 
-// unionPlan says whether the union path takes a call of m tokens on an MLP
-// of hidden size d and width f, on a device whose blocks may opt in to
-// optin bytes of shared memory, with a cuBLAS handle for the gate GEMM or
-// not; and with how many pipeline stages union_act runs (3, or 2 where
-// three do not fit). reason says why not.
-func unionPlan(m, d, f int, blas bool, optin int) (stages int, reason string) {
+// unionPlan says whether the union path, set to take batches of from to
+// unionMaxRows tokens, takes a call of m tokens on an MLP of hidden size d
+// and width f, on a device whose blocks may opt in to optin bytes of
+// shared memory, with a cuBLAS handle for the gate GEMM or not; and with
+// how many pipeline stages union_act runs (3, or 2 where three do not
+// fit). reason says why not.
+func unionPlan(m, from, d, f int, blas bool, optin int) (stages int, reason string) {
 	switch {
-	case m <= gemvMaxRows || m > unionMaxRows:
-		return 0, fmt.Sprintf("%d tokens: the union path takes %d to %d", m, gemvMaxRows+1, unionMaxRows)
+	case from < 1:
+		return 0, "the union path is off"
+	case m < from || m > unionMaxRows:
+		return 0, fmt.Sprintf("%d tokens: the union path takes %d to %d", m, from, unionMaxRows)
 	case !blas:
 		return 0, "no cuBLAS handle for the gate GEMM"
 	case d%64 != 0:
@@ -71,10 +74,10 @@ func unionPlan(m, d, f int, blas bool, optin int) (stages int, reason string) {
 // unionStages returns the pipeline stages of union_act for m tokens, or 0
 // when the union path does not take the call (see unionPlan).
 func (l *MLP) unionStages(m int) int {
-	if !l.Union {
+	if l.UnionFrom < 1 {
 		return 0
 	}
-	s, _ := unionPlan(m, l.D, l.F, l.blas != nil, l.dev.Properties().SharedPerBlockOptin)
+	s, _ := unionPlan(m, l.UnionFrom, l.D, l.F, l.blas != nil, l.dev.Properties().SharedPerBlockOptin)
 	return s
 }
 

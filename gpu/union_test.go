@@ -23,29 +23,31 @@ const (
 // the others, and that what it takes fits the device's shared memory.
 func TestUnionPlan(t *testing.T) {
 	for _, c := range []struct {
-		m, d, f int
-		blas    bool
-		optin   int
-		stages  int
-		why     string // part of the refusal
+		m, from, d, f int
+		blas          bool
+		optin         int
+		stages        int
+		why           string // part of the refusal
 	}{
-		{9, 2048, 5632, true, optinHopper, 3, ""},
-		{64, 2048, 5632, true, optinHopper, 3, ""},
-		{33, 320, 768, true, optinAmpere, 2, ""},
-		{64, 4096, 1 << 16, true, optinHopper, 3, ""},
-		{8, 2048, 5632, true, optinHopper, 0, "8 tokens"},
-		{65, 2048, 5632, true, optinHopper, 0, "65 tokens"},
-		{16, 2048, 5632, false, optinHopper, 0, "cuBLAS"},
-		{16, 2080, 5632, true, optinHopper, 0, "hidden size 2080"},
-		{16, 2048, 5632 + 32, true, optinHopper, 0, "width 5664"},
-		{16, 2048, 1<<16 + 64, true, optinHopper, 0, "width 65600"},
-		{16, 2048, 1 << 16, true, optinAmpere, 0, "union_down needs"},
-		{16, 2048, 5632, true, 120 << 10, 0, "union_act needs"},
+		{9, 9, 2048, 5632, true, optinHopper, 3, ""},
+		{64, 9, 2048, 5632, true, optinHopper, 3, ""},
+		{1, 1, 2048, 5632, true, optinHopper, 3, ""},
+		{33, 9, 320, 768, true, optinAmpere, 2, ""},
+		{64, 9, 4096, 1 << 16, true, optinHopper, 3, ""},
+		{8, 9, 2048, 5632, true, optinHopper, 0, "8 tokens: the union path takes 9 to 64"},
+		{65, 1, 2048, 5632, true, optinHopper, 0, "65 tokens"},
+		{16, 0, 2048, 5632, true, optinHopper, 0, "off"},
+		{16, 9, 2048, 5632, false, optinHopper, 0, "cuBLAS"},
+		{16, 9, 2080, 5632, true, optinHopper, 0, "hidden size 2080"},
+		{16, 9, 2048, 5632 + 32, true, optinHopper, 0, "width 5664"},
+		{16, 9, 2048, 1<<16 + 64, true, optinHopper, 0, "width 65600"},
+		{16, 9, 2048, 1 << 16, true, optinAmpere, 0, "union_down needs"},
+		{16, 9, 2048, 5632, true, 120 << 10, 0, "union_act needs"},
 	} {
-		stages, why := unionPlan(c.m, c.d, c.f, c.blas, c.optin)
+		stages, why := unionPlan(c.m, c.from, c.d, c.f, c.blas, c.optin)
 		if stages != c.stages || !strings.Contains(why, c.why) || (c.why == "") != (why == "") {
-			t.Errorf("unionPlan(m %d, d %d, f %d, blas %v, optin %d) = %d stages, %q; want %d, %q",
-				c.m, c.d, c.f, c.blas, c.optin, stages, why, c.stages, c.why)
+			t.Errorf("unionPlan(m %d, from %d, d %d, f %d, blas %v, optin %d) = %d stages, %q; want %d, %q",
+				c.m, c.from, c.d, c.f, c.blas, c.optin, stages, why, c.stages, c.why)
 		}
 	}
 	// Whatever it takes fits: every token count and width it accepts, on
@@ -54,7 +56,7 @@ func TestUnionPlan(t *testing.T) {
 	for range 2000 {
 		m, d, f := 1+r.IntN(80), 64*(1+r.IntN(128)), 64*(1+r.IntN(1100))
 		optin := []int{optinHopper, optinAmpere}[r.IntN(2)]
-		stages, _ := unionPlan(m, d, f, true, optin)
+		stages, _ := unionPlan(m, 1+r.IntN(64), d, f, true, optin)
 		if stages == 0 {
 			continue
 		}
@@ -64,7 +66,7 @@ func TestUnionPlan(t *testing.T) {
 	}
 }
 
-// TestUnionBatchMatchesFloat64 checks the union path (batches of 9 to 64
+// TestUnionBatchMatchesFloat64 checks the union path (batches of 1 to 64
 // tokens) against the float64 reference, gated and not, on shapes where d
 // is not a multiple of the 256-column chunks, and at a density where every
 // block has all of its units live; its results must repeat bit for bit and
@@ -88,9 +90,9 @@ func TestUnionBatchMatchesFloat64(t *testing.T) {
 			r, seed := testutil.Rand(t)
 			sl := newLayer(t, r, c.d, c.f, c.density, synth.Skewed, c.gated)
 			l := newMLP(t, dev, blas, sl, twell.DefaultLayout, seed)
-			l.Union = true
+			l.UnionFrom = 1
 			bl := bf16Layer(sl)
-			for _, m := range []int{9, 16, 23, 40, 64} {
+			for _, m := range []int{1, 4, 9, 16, 23, 40, 64} {
 				if l.unionStages(m) == 0 {
 					t.Fatalf("the union path does not take m %d here", m)
 				}
@@ -100,7 +102,7 @@ func TestUnionBatchMatchesFloat64(t *testing.T) {
 					rows[i] = i
 				}
 				y := runPath(t, dev, l, "sparse", x, m)
-				if l.ws.sp.packed != nil || l.ws.sp.uh == nil {
+				if l.ws.sp.packed != nil || l.ws.sp.uh == nil || l.ws.sp.gh != nil || l.KernelsFor(m) != "union" {
 					t.Fatalf("m %d: the call did not take the union path", m)
 				}
 				for i, v := range y {
@@ -132,8 +134,8 @@ func TestUnionBatchMatchesFloat64(t *testing.T) {
 		d, f := 256, 512
 		sl := newLayer(t, r, d, f, 0.01, synth.Uniform, true)
 		l := newMLP(t, dev, blas, sl, twell.DefaultLayout, seed)
-		l.Union = true
-		for _, m := range []int{16, 64} {
+		l.UnionFrom = 1
+		for _, m := range []int{4, 16, 64} {
 			x := synth.Tokens(r, m, d)
 			x[0*d] = -1000 // every gate bias is negative here: all units fire
 			x[1*d+7] = float32(math.NaN())

@@ -89,14 +89,14 @@ func padRows(m int) int { return (m + 255) / 256 * 256 }
 // m tokens: the packed gate, the row flags and the overflow list (the
 // fallback scratch is fixed, one f-vector per multiprocessor), the split
 // tail's list lengths, and the gathered dense pass at its current size; for
-// m <= gemvMaxRows, the small-batch kernels' h, mask and counts; for the
-// union path's batches, its gate values, h, masks and counts.
+// the union path's batches, its gate values, h, masks and counts; for
+// m <= gemvMaxRows, the small-batch kernels' h, mask and counts.
 func (l *MLP) SparseActBytes(m int) int64 {
-	if m <= gemvMaxRows {
-		return int64(4*gemvMaxRows*l.F + 2*4*(l.F/32))
-	}
 	if l.unionStages(m) > 0 {
 		return int64(2*2*unionMaxRows*l.F + 12*(l.F/unionUnits))
+	}
+	if m <= gemvMaxRows {
+		return int64(4*gemvMaxRows*l.F + 2*4*(l.F/32))
 	}
 	mp := padRows(m)
 	var g int64

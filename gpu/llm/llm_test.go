@@ -653,8 +653,8 @@ func TestDecodeAttentionManySequences(t *testing.T) {
 }
 
 // TestUnionDecodeMatchesCPU runs decode steps of 12 and 33 sequences on the
-// sparse MLP's union path (gpu.MLP.Union), replayed from CUDA graphs, and
-// compares their logits with the CPU model's.
+// sparse MLP's union path (gpu.MLP.UnionFrom), replayed from CUDA graphs,
+// and compares their logits with the CPU model's.
 func TestUnionDecodeMatchesCPU(t *testing.T) {
 	dev := cudatest.Device(t)
 	cudatest.Compiler(t)
@@ -664,7 +664,7 @@ func TestUnionDecodeMatchesCPU(t *testing.T) {
 	e := engineOnPath(t, dev, m, seed, "sparse")
 	for _, l := range e.layers {
 		if l.mlp != nil {
-			l.mlp.Union = true
+			l.mlp.UnionFrom = 9
 		}
 	}
 	for _, b := range []int{12, 33} {

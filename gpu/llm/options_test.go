@@ -21,10 +21,10 @@ func TestOptionsFromEnv(t *testing.T) {
 		{env: nil, want: Options{}},
 		{env: map[string]string{EnvAttention: "dec", EnvFuseNorms: "1"}, want: Options{Attention: "dec", FuseNorms: true}},
 		{env: map[string]string{EnvFuseNorms: "0", EnvGraphs: "0", gpu.EnvUnion: "1"},
-			want: Options{NoGraphs: true, MLP: gpu.Options{Union: true}}},
+			want: Options{NoGraphs: true, MLP: gpu.Options{UnionFrom: 1}}},
 		{env: map[string]string{EnvAttention: "flash"}, bad: EnvAttention},
 		{env: map[string]string{EnvFuseNorms: "on"}, bad: EnvFuseNorms},
-		{env: map[string]string{gpu.EnvUnion: "2"}, bad: gpu.EnvUnion},
+		{env: map[string]string{gpu.EnvUnion: "on"}, bad: gpu.EnvUnion},
 	} {
 		for _, name := range vars {
 			t.Setenv(name, c.env[name])
