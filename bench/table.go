@@ -18,14 +18,16 @@ import (
 // at a glance: the file, the switches the run had (its TWELL_ variables,
 // less the ones that name paths) and the row's headline figures by schema.
 // MLP-block rows (FFNSchema) give the dense, TwELL and automatic times;
+// training rows (TrainMLPSchema, TrainStepSchema) their times and rates;
+// serving rows (ServeSchema) throughput and latency medians;
 // whole-model rows (ModelSchema) the prefill rate and each decode batch's
 // tokens/s (on the GPU's TwELL path with the layers that ran sparse), and
 // a file with both paths adds a line of TwELL / dense ratios; kernel
 // traces in a row add a line each.
 // Rows of other schemas give their schema and date. A folder stands for
-// the .json files in it. Files that are not arrays of rows (Chrome traces,
-// say) are skipped with a note; a file that cannot be read or parsed is an
-// error naming it.
+// the .json files in it. A file holds an array of rows or one row; other
+// files (Chrome traces, say) are skipped with a note; a file that cannot be
+// read or parsed is an error naming it.
 func Table(w io.Writer, paths []string) error {
 	files, err := tableFiles(paths)
 	if err != nil {
@@ -74,11 +76,16 @@ func tableFile(w io.Writer, name string, b []byte) error {
 	var rows []json.RawMessage
 	if err := json.Unmarshal(b, &rows); err != nil {
 		var ute *json.UnmarshalTypeError
-		if errors.As(err, &ute) {
-			fmt.Fprintf(w, "%s: not a list of result rows, skipped\n", name)
+		if !errors.As(err, &ute) {
+			return err
+		}
+		// One row on its own (bench serve writes one), or something else.
+		var head Row
+		if json.Unmarshal(b, &head) != nil || head.Schema == "" {
+			fmt.Fprintf(w, "%s: not a result row or a list of them, skipped\n", name)
 			return nil
 		}
-		return err
+		rows = []json.RawMessage{b}
 	}
 	var models []ModelResult
 	for _, raw := range rows {
@@ -123,6 +130,27 @@ func tableFile(w io.Writer, name string, b []byte) error {
 			for _, d := range r.Decode {
 				traceLine(w, name, fmt.Sprintf("%s decode b%d", r.Path, d.Batch), d.Trace)
 			}
+		case TrainMLPSchema:
+			var r TrainMLPResult
+			if err := json.Unmarshal(raw, &r); err != nil {
+				return err
+			}
+			fmt.Fprintf(w, "%s%s: train-mlp m %d, %.3g%% %s: dense %.4g ms, sparse %.4g ms (%.2fx), auto %.4g ms (%.2fx, %s)\n",
+				name, sw, r.M, 100*r.Density, r.Dist, r.DenseMS, r.TwellMS, r.Speedup, r.AutoMS, r.AutoSpeedup, r.AutoPath)
+		case TrainStepSchema:
+			var r TrainStepResult
+			if err := json.Unmarshal(raw, &r); err != nil {
+				return err
+			}
+			fmt.Fprintf(w, "%s%s: train-step %s, %d x %d tokens: %.4g ms a step, %.4g tokens/ms, MFU %.1f%%, %d sparse layers\n",
+				name, sw, r.Path, r.Batch, r.Seq, r.StepMS, r.TokensPerMS, 100*r.MFU, r.SparseLayers)
+		case ServeSchema:
+			var r ServeResult
+			if err := json.Unmarshal(raw, &r); err != nil {
+				return err
+			}
+			fmt.Fprintf(w, "%s%s: serve %d/%d requests: %.4g output tokens/s, TTFT median %.4g ms, TPOT median %.4g ms\n",
+				name, sw, r.Completed, r.Requests, r.OutputTokPerS, r.TTFT.Median, r.TPOT.Median)
 		default:
 			fmt.Fprintf(w, "%s%s: %s, %s\n", name, sw, cmp.Or(head.Schema, "unknown schema"), head.Date)
 		}

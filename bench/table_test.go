@@ -51,7 +51,11 @@ func TestTable(t *testing.T) {
 	writeRows(t, dir, "a-ffn.json", ffn)
 	writeRows(t, dir, "b-model.json", model)
 	writeRows(t, dir, "c-trace.json", map[string]any{"traceEvents": []int{}})
-	writeRows(t, dir, "d-train.json", []Row{{Schema: TrainStepSchema, Date: "2026-12-05T00:00:00Z"}})
+	writeRows(t, dir, "d-train.json", []TrainStepResult{{Row: Row{Schema: TrainStepSchema}, Path: "auto", Batch: 8, Seq: 2048,
+		StepMS: 239.4, TokensPerMS: 68.4, MFU: 0.463, SparseLayers: 28}})
+	writeRows(t, dir, "f-other.json", []Row{{Schema: "twell.bench.future/1", Date: "2026-12-05T00:00:00Z"}})
+	writeRows(t, dir, "g-serve.json", ServeResult{Row: Row{Schema: ServeSchema}, Requests: 64, Completed: 63, OutputTokPerS: 1234,
+		TTFT: Dist{Median: 12.5}, TPOT: Dist{Median: 3.25}}) // one row, not a list
 	var out bytes.Buffer
 	if err := Table(&out, []string{dir}); err != nil {
 		t.Fatal(err)
@@ -64,8 +68,10 @@ func TestTable(t *testing.T) {
 		"b-model.json: twell [UNION=1] / dense: b1@512 1.600x b64@512 1.200x\n",
 		"a-ffn.json:   trace twell: busy 0.95 of 1.1 ms a step, 197 kernels; gemv_act<1,true,false> 310 us qkv_rope1 250 us\n",
 		"b-model.json:   trace twell decode b1: busy 0.95 of 1.1 ms a step, 197 kernels;",
-		"c-trace.json: not a list of result rows, skipped\n",
-		"d-train.json: " + TrainStepSchema + ", 2026-12-05T00:00:00Z\n",
+		"c-trace.json: not a result row or a list of them, skipped\n",
+		"g-serve.json: serve 63/64 requests: 1234 output tokens/s, TTFT median 12.5 ms, TPOT median 3.25 ms\n",
+		"d-train.json: train-step auto, 8 x 2048 tokens: 239.4 ms a step, 68.4 tokens/ms, MFU 46.3%, 28 sparse layers\n",
+		"f-other.json: twell.bench.future/1, 2026-12-05T00:00:00Z\n",
 	} {
 		if !strings.Contains(got, want) {
 			t.Errorf("table lacks %q; got:\n%s", want, got)
@@ -74,7 +80,7 @@ func TestTable(t *testing.T) {
 	if strings.Contains(got, "CUDA_LIB_DIR") {
 		t.Errorf("table lists a path variable as a switch:\n%s", got)
 	}
-	bad := filepath.Join(dir, "e-bad.json")
+	bad := filepath.Join(t.TempDir(), "e-bad.json")
 	if err := os.WriteFile(bad, []byte("[{"), 0o644); err != nil {
 		t.Fatal(err)
 	}
