@@ -83,10 +83,11 @@ func (l *MLP) unionStages(m int) int {
 
 // unionSet are the union path's kernels (union.cu).
 type unionSet struct {
-	act  map[[2]int]*cuda.Function // by gated (1) or not (0) and pipeline stages (2 or 3; 2 non-gated)
-	down *cuda.Function
-	once sync.Once
-	err  error
+	gated [4]*cuda.Function // union_act, gated, by pipeline stages (2 or 3)
+	plain *cuda.Function    // union_act, non-gated (no pipeline)
+	down  *cuda.Function
+	once  sync.Once
+	err   error
 }
 
 // unionExprs are union.cu's kernels: union_act gated with 2 and 3 stages,
@@ -97,18 +98,13 @@ var unionExprs = []string{"union_act<true, 2>", "union_act<true, 3>", "union_act
 func (k *kernels) unionKernels() (*unionSet, error) {
 	u := &k.union
 	u.once.Do(func() {
-		keys := [][2]int{{1, 2}, {1, 3}, {0, 2}}
 		exprs := unionExprs
 		fs, err := k.compile("union.cu", unionSrc, exprs)
 		if err != nil {
 			u.err = err
 			return
 		}
-		u.act = map[[2]int]*cuda.Function{}
-		for i, key := range keys {
-			u.act[key] = fs[exprs[i]]
-		}
-		u.down = fs[exprs[3]]
+		u.gated[2], u.gated[3], u.plain, u.down = fs[exprs[0]], fs[exprs[1]], fs[exprs[2]], fs[exprs[3]]
 	})
 	return u, u.err
 }
@@ -135,11 +131,11 @@ func (l *MLP) sparseUnion(s *cuda.Stream, y, x *cuda.Buffer, m, stages int) erro
 	if err := l.blas.Matmul(s, cublas.Gemm{M: m, N: l.F, K: l.D, TransB: true}, x, l.sparseIn(), ws.ug); err != nil {
 		return fmt.Errorf("gpu: union gate GEMM: %w", err)
 	}
-	key, shared := [2]int{1, stages}, unionActShared(m, stages)
+	act, shared := ks.gated[stages], unionActShared(m, stages)
 	if !l.Gated {
-		key, shared = [2]int{0, 2}, unionActShared(m, 0)
+		act, shared = ks.plain, unionActShared(m, 0)
 	}
-	if err := ks.act[key].Launch(cuda.Dim3{uint32(blocks), 1, 1}, cuda.Dim3{256, 1, 1}, shared, s,
+	if err := act.Launch(cuda.Dim3{uint32(blocks), 1, 1}, cuda.Dim3{256, 1, 1}, shared, s,
 		ws.ug, x, l.up, l.down, ws.uh, ws.umask, ws.ucnt, int32(m), int32(l.D), int32(l.F)); err != nil {
 		return fmt.Errorf("gpu: union_act: %w", err)
 	}

@@ -1,6 +1,7 @@
 // Package testutil holds what the tests of several packages share: one way
-// to seed random inputs, and the reading of files that other programs
-// (Python, Hugging Face) wrote for a test.
+// to seed random inputs, the reading of files that other programs (Python,
+// Hugging Face) wrote for a test, and the checking of settings read from
+// environment variables.
 package testutil
 
 import (
@@ -8,6 +9,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"strconv"
+	"strings"
 	"testing"
 )
 
@@ -55,5 +57,31 @@ func ReadJSON(tb testing.TB, path string, v any) {
 	}
 	if err := json.Unmarshal(b, v); err != nil {
 		tb.Fatalf("%s: %v", path, err)
+	}
+}
+
+// EnvCase is a setting of environment variables and what reading them
+// gives: Want, or an error naming the variable Bad.
+type EnvCase[T any] struct {
+	Env  map[string]string
+	Want T
+	Bad  string
+}
+
+// CheckEnv runs read under each case's variables, the others of vars
+// unset, and fails the test where it does not give the case's result.
+func CheckEnv[T comparable](t *testing.T, vars []string, read func() (T, error), cases []EnvCase[T]) {
+	t.Helper()
+	for _, c := range cases {
+		for _, name := range vars {
+			t.Setenv(name, c.Env[name])
+		}
+		got, err := read()
+		switch {
+		case c.Bad != "" && (err == nil || !strings.Contains(err.Error(), c.Bad)):
+			t.Errorf("env %v: error %v, want one naming %s", c.Env, err, c.Bad)
+		case c.Bad == "" && (err != nil || got != c.Want):
+			t.Errorf("env %v: %+v, %v; want %+v", c.Env, got, err, c.Want)
+		}
 	}
 }
