@@ -50,3 +50,25 @@ func ToFloat32s(dst []float32, src []uint16) {
 		dst[i] = math.Float32frombits(uint32(b) << 16)
 	}
 }
+
+// Exact reports whether every value of src is a bfloat16 value (its low 16
+// bits are zero), so that Truncate keeps each one, bit for bit. Weights
+// loaded from a bfloat16 checkpoint are.
+func Exact(src []float32) bool {
+	for _, f := range src {
+		if math.Float32bits(f)&0xffff != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// Truncate sets dst[i] to the upper half of src[i]'s bits: exact for the
+// values Exact accepts, rounding toward zero for others. dst must be at
+// least as long as src.
+func Truncate(dst []uint16, src []float32) {
+	dst = dst[:len(src)]
+	for i, f := range src {
+		dst[i] = uint16(math.Float32bits(f) >> 16)
+	}
+}

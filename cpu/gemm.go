@@ -23,8 +23,8 @@ const (
 // Pack weights once and reuse them across calls.
 type PackedB struct {
 	N, K int
-	data []float32
-	bf16 []uint16 // the same panels in bfloat16, for small m; nil unless built
+	data []float32 // the panels in float32; nil once Compact has dropped them
+	bf16 []uint16  // the same panels in bfloat16; nil unless built
 }
 
 // smallM is the largest row count that takes the matrix-vector path: one
@@ -42,7 +42,7 @@ const bf16MaxM = 16
 // bf16 halves the bytes. Results then carry bf16 rounding of B (relative
 // error about 2^-9 per weight). It costs half the packed size in memory.
 func (p *PackedB) UseBF16ForSmallM() {
-	if p.bf16 == nil {
+	if p.bf16 == nil && p.data != nil {
 		p.bf16 = make([]uint16, len(p.data))
 		parallelFor((len(p.data)+65535)/65536, func(i int) {
 			lo, hi := i*65536, min(len(p.data), (i+1)*65536)
@@ -51,6 +51,47 @@ func (p *PackedB) UseBF16ForSmallM() {
 			}
 		})
 	}
+}
+
+// Compact keeps the panels in bfloat16 alone, halving their memory, when
+// every value of the matrix is a bfloat16 value (as the weights of a
+// bfloat16 checkpoint are): products then read the bf16 panels at every
+// size and give the same bits as from the float32 ones, since the kernels
+// widen each value exactly and do the same arithmetic. It reports whether
+// the panels are compact; a matrix with other values keeps its float32
+// panels.
+func (p *PackedB) Compact() bool {
+	if p.data == nil {
+		return true
+	}
+	b := exactBF16(p.data)
+	if b == nil {
+		return false
+	}
+	p.data, p.bf16 = nil, b
+	return true
+}
+
+// exactBF16 returns src in bfloat16 when every value of it is a bfloat16
+// value, and nil otherwise.
+func exactBF16(src []float32) []uint16 {
+	const chunk = 1 << 16
+	chunks := (len(src) + chunk - 1) / chunk
+	var inexact atomic.Bool
+	parallelFor(chunks, func(i int) {
+		if !inexact.Load() && !bf16.Exact(src[i*chunk:min(len(src), (i+1)*chunk)]) {
+			inexact.Store(true)
+		}
+	})
+	if inexact.Load() {
+		return nil
+	}
+	dst := make([]uint16, len(src))
+	parallelFor(chunks, func(i int) {
+		lo, hi := i*chunk, min(len(src), (i+1)*chunk)
+		bf16.Truncate(dst[lo:hi], src[lo:hi])
+	})
+	return dst
 }
 
 // PackB packs w, an n x k row-major matrix (the nn.Linear weight layout, so
@@ -132,7 +173,7 @@ func (pk *Packer) alloc(n, k int) *PackedB {
 }
 
 // Bytes returns the memory the packed matrix takes.
-func (p *PackedB) Bytes() int { return 4 * len(p.data) }
+func (p *PackedB) Bytes() int { return 4*len(p.data) + 2*len(p.bf16) }
 
 // epilogue consumes one finished block of C: rows [i0, i0+rows) and columns
 // [j0, j0+cols) of C, held in tile with row stride tileN. Blocks arrive
@@ -159,7 +200,7 @@ func gemmPacked(m int, b *PackedB, pack func(dst []float32, i0, rows int), epi e
 	k := b.K
 	mBlocks := (m + mc - 1) / mc
 	nBlocks := (b.N + tileN - 1) / tileN
-	useBF16 := b.bf16 != nil && m <= bf16MaxM
+	useBF16 := b.bf16 != nil && (b.data == nil || m <= bf16MaxM)
 	parallelWorkers(mBlocks*nBlocks, func() func(int) {
 		apack := make([]float32, mc*k)
 		tile := make([]float32, mc*tileN)

@@ -1,6 +1,7 @@
 package cpu
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -206,16 +207,31 @@ func TestDotAxpyMatchGo(t *testing.T) {
 	}
 }
 
+// BenchmarkGemm times C = A B^T over float32 panels and over compact
+// (bf16) ones, at prefill (m 1024) and decode (m 1, 8) sizes.
 func BenchmarkGemm(b *testing.B) {
 	r := rand.New(rand.NewPCG(1, 1))
-	m, n, k := 1024, 2048, 2048
-	a, bw := randMat(r, m*k), randMat(r, n*k)
-	pb, _ := PackB(bw, n, k)
-	c := make([]float32, m*n)
-	for b.Loop() {
-		Gemm(c, a, m, pb)
+	n, k := 2048, 2048
+	bw := randMat(r, n*k)
+	roundAll(bw)
+	full, _ := PackB(bw, n, k)
+	compact, _ := PackB(bw, n, k)
+	compact.Compact()
+	for _, m := range []int{1, 8, 1024} {
+		a := randMat(r, m*k)
+		c := make([]float32, m*n)
+		for _, pb := range []struct {
+			name string
+			p    *PackedB
+		}{{"float32", full}, {"compact", compact}} {
+			b.Run(fmt.Sprintf("m%d/%s", m, pb.name), func(b *testing.B) {
+				for b.Loop() {
+					Gemm(c, a, m, pb.p)
+				}
+				b.ReportMetric(2*float64(m*n*k)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
+			})
+		}
 	}
-	b.ReportMetric(2*float64(m*n*k)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
 }
 
 func TestSmallMBF16(t *testing.T) {

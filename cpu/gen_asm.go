@@ -29,67 +29,10 @@ func main() {
 	emitKernel(p, false)
 	emitKernel(p, true)
 
-	// dot64: sum of x[i]*y[i] over n (a multiple of 64) elements.
-	p("// func dot64(x, y *float32, n int) float32")
-	p("TEXT ·dot64(SB), NOSPLIT, $0-28")
-	p("\tMOVQ x+0(FP), SI")
-	p("\tMOVQ y+8(FP), DI")
-	p("\tMOVQ n+16(FP), CX")
-	p("\tSHRQ $6, CX")
-	for i := 0; i < 4; i++ {
-		p("\tVPXORD Z%d, Z%d, Z%d", i, i, i)
-	}
-	p("\tTESTQ CX, CX")
-	p("\tJZ dotsum")
-	p("dotloop:")
-	for i := 0; i < 4; i++ {
-		p("\tVMOVUPS %d(SI), Z%d", 64*i, 4+i)
-		p("\tVFMADD231PS %d(DI), Z%d, Z%d", 64*i, 4+i, i)
-	}
-	p("\tADDQ $256, SI")
-	p("\tADDQ $256, DI")
-	p("\tDECQ CX")
-	p("\tJNZ dotloop")
-	p("dotsum:")
-	p("\tVADDPS Z1, Z0, Z0")
-	p("\tVADDPS Z3, Z2, Z2")
-	p("\tVADDPS Z2, Z0, Z0")
-	p("\tVEXTRACTF32X8 $1, Z0, Y1")
-	p("\tVADDPS Y1, Y0, Y0")
-	p("\tVEXTRACTF128 $1, Y0, X1")
-	p("\tVADDPS X1, X0, X0")
-	p("\tVPERMILPS $0x4e, X0, X1")
-	p("\tVADDPS X1, X0, X0")
-	p("\tVPERMILPS $0xb1, X0, X1")
-	p("\tVADDSS X1, X0, X0")
-	p("\tVMOVSS X0, ret+24(FP)")
-	p("\tVZEROUPPER")
-	p("\tRET")
-	p("")
-
-	// axpy64: y[i] += alpha*x[i] over n (a multiple of 64) elements.
-	p("// func axpy64(alpha float32, x, y *float32, n int)")
-	p("TEXT ·axpy64(SB), NOSPLIT, $0-32")
-	p("\tVBROADCASTSS alpha+0(FP), Z8")
-	p("\tMOVQ x+8(FP), SI")
-	p("\tMOVQ y+16(FP), DI")
-	p("\tMOVQ n+24(FP), CX")
-	p("\tSHRQ $6, CX")
-	p("\tTESTQ CX, CX")
-	p("\tJZ axpydone")
-	p("axpyloop:")
-	for i := 0; i < 4; i++ {
-		p("\tVMOVUPS %d(DI), Z%d", 64*i, i)
-		p("\tVFMADD231PS %d(SI), Z8, Z%d", 64*i, i)
-		p("\tVMOVUPS Z%d, %d(DI)", i, 64*i)
-	}
-	p("\tADDQ $256, SI")
-	p("\tADDQ $256, DI")
-	p("\tDECQ CX")
-	p("\tJNZ axpyloop")
-	p("axpydone:")
-	p("\tVZEROUPPER")
-	p("\tRET")
+	emitDot(p, false)
+	emitDot(p, true)
+	emitAxpy(p, false)
+	emitAxpy(p, true)
 
 	// gemv32: c[0:32] = sum_p a[p] * b[p][0:32], b packed [k][32] float32.
 	// Four k-steps per iteration into eight accumulators hide the FMA
@@ -232,6 +175,99 @@ func main() {
 // prefetcher alone left a decode-like pass at 15-16 GB/s of the 2-core
 // machine's 21 (with it: 18-21.6 GB/s, 2026-12-03).
 const gemvPrefetch = 2048
+
+// emitDot writes dot64, the sum of x[i]*y[i] over n (a multiple of 64)
+// elements, or (bf16) dot64bf16 with y in bfloat16, widened as it is
+// loaded. Both keep the same four accumulators in the same order, so for y
+// values that bfloat16 holds exactly they give the same bits.
+func emitDot(p func(string, ...any), bf16 bool) {
+	name, sig, label, yBytes := "dot64", "x, y *float32, n int", "dot", 64
+	if bf16 {
+		name, sig, label, yBytes = "dot64bf16", "x *float32, y *uint16, n int", "hdot", 32
+	}
+	p("// func %s(%s) float32", name, sig)
+	p("TEXT ·%s(SB), NOSPLIT, $0-28", name)
+	p("\tMOVQ x+0(FP), SI")
+	p("\tMOVQ y+8(FP), DI")
+	p("\tMOVQ n+16(FP), CX")
+	p("\tSHRQ $6, CX")
+	for i := 0; i < 4; i++ {
+		p("\tVPXORD Z%d, Z%d, Z%d", i, i, i)
+	}
+	p("\tTESTQ CX, CX")
+	p("\tJZ %ssum", label)
+	p("%sloop:", label)
+	for i := 0; i < 4; i++ {
+		if bf16 {
+			p("\tVPMOVZXWD %d(DI), Z%d", yBytes*i, 8+i)
+			p("\tVPSLLD $16, Z%d, Z%d", 8+i, 8+i)
+			p("\tVMOVUPS %d(SI), Z%d", 64*i, 4+i)
+			p("\tVFMADD231PS Z%d, Z%d, Z%d", 8+i, 4+i, i)
+		} else {
+			p("\tVMOVUPS %d(SI), Z%d", 64*i, 4+i)
+			p("\tVFMADD231PS %d(DI), Z%d, Z%d", 64*i, 4+i, i)
+		}
+	}
+	p("\tADDQ $256, SI")
+	p("\tADDQ $%d, DI", 4*yBytes)
+	p("\tDECQ CX")
+	p("\tJNZ %sloop", label)
+	p("%ssum:", label)
+	p("\tVADDPS Z1, Z0, Z0")
+	p("\tVADDPS Z3, Z2, Z2")
+	p("\tVADDPS Z2, Z0, Z0")
+	p("\tVEXTRACTF32X8 $1, Z0, Y1")
+	p("\tVADDPS Y1, Y0, Y0")
+	p("\tVEXTRACTF128 $1, Y0, X1")
+	p("\tVADDPS X1, X0, X0")
+	p("\tVPERMILPS $0x4e, X0, X1")
+	p("\tVADDPS X1, X0, X0")
+	p("\tVPERMILPS $0xb1, X0, X1")
+	p("\tVADDSS X1, X0, X0")
+	p("\tVMOVSS X0, ret+24(FP)")
+	p("\tVZEROUPPER")
+	p("\tRET")
+	p("")
+}
+
+// emitAxpy writes axpy64, y[i] += alpha*x[i] over n (a multiple of 64)
+// elements, or (bf16) axpy64bf16 with x in bfloat16, widened as it is
+// loaded: the same bits for x values that bfloat16 holds exactly.
+func emitAxpy(p func(string, ...any), bf16 bool) {
+	name, sig, label, xBytes := "axpy64", "alpha float32, x, y *float32, n int", "axpy", 64
+	if bf16 {
+		name, sig, label, xBytes = "axpy64bf16", "alpha float32, x *uint16, y *float32, n int", "haxpy", 32
+	}
+	p("// func %s(%s)", name, sig)
+	p("TEXT ·%s(SB), NOSPLIT, $0-32", name)
+	p("\tVBROADCASTSS alpha+0(FP), Z8")
+	p("\tMOVQ x+8(FP), SI")
+	p("\tMOVQ y+16(FP), DI")
+	p("\tMOVQ n+24(FP), CX")
+	p("\tSHRQ $6, CX")
+	p("\tTESTQ CX, CX")
+	p("\tJZ %sdone", label)
+	p("%sloop:", label)
+	for i := 0; i < 4; i++ {
+		p("\tVMOVUPS %d(DI), Z%d", 64*i, i)
+		if bf16 {
+			p("\tVPMOVZXWD %d(SI), Z%d", xBytes*i, 4+i)
+			p("\tVPSLLD $16, Z%d, Z%d", 4+i, 4+i)
+			p("\tVFMADD231PS Z%d, Z8, Z%d", 4+i, i)
+		} else {
+			p("\tVFMADD231PS %d(SI), Z8, Z%d", 64*i, i)
+		}
+		p("\tVMOVUPS Z%d, %d(DI)", i, 64*i)
+	}
+	p("\tADDQ $%d, SI", 4*xBytes)
+	p("\tADDQ $256, DI")
+	p("\tDECQ CX")
+	p("\tJNZ %sloop", label)
+	p("%sdone:", label)
+	p("\tVZEROUPPER")
+	p("\tRET")
+	p("")
+}
 
 func emitGemv(p func(string, ...any), name, sig, label string, rowBytes int, step func(u int, tail bool)) {
 	p("// func %s(%s)", name, sig)

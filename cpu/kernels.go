@@ -1,6 +1,10 @@
 package cpu
 
-import "math"
+import (
+	"math"
+
+	"github.com/twell-ai/twell/bf16"
+)
 
 // Register-blocking of the GEMM micro-kernel: it computes an mr x nr block
 // of C from an A panel packed [k][mr] and a B panel packed [k][nr].
@@ -16,6 +20,8 @@ var (
 	microBF16       = kernelBF16Go
 	dotKernel       = dotGo
 	axpyKernel      = axpyGo
+	dotBF16Kernel   = dotBF16Go
+	axpyBF16Kernel  = axpyBF16Go
 	gemvKernel      = gemvGo
 	gemvBF16Kernel  = gemvBF16Go
 	colMaxKernel    = colMaxGo
@@ -108,6 +114,32 @@ func dotGo(x, y []float32) float32 {
 		s0 += x[i] * y[i]
 	}
 	return (s0 + s1) + (s2 + s3)
+}
+
+// dotBF16Go is dotGo with y in bfloat16: the same sums in the same order,
+// so the same bits where y's values are those of a float32 y.
+func dotBF16Go(x []float32, y []uint16) float32 {
+	y = y[:len(x)]
+	var s0, s1, s2, s3 float32
+	i := 0
+	for ; i+4 <= len(x); i += 4 {
+		s0 += x[i] * bf16.ToFloat32(y[i])
+		s1 += x[i+1] * bf16.ToFloat32(y[i+1])
+		s2 += x[i+2] * bf16.ToFloat32(y[i+2])
+		s3 += x[i+3] * bf16.ToFloat32(y[i+3])
+	}
+	for ; i < len(x); i++ {
+		s0 += x[i] * bf16.ToFloat32(y[i])
+	}
+	return (s0 + s1) + (s2 + s3)
+}
+
+// axpyBF16Go is axpyGo with x in bfloat16.
+func axpyBF16Go(alpha float32, x []uint16, y []float32) {
+	y = y[:len(x)]
+	for i, v := range x {
+		y[i] += alpha * bf16.ToFloat32(v)
+	}
 }
 
 // axpyGo adds alpha*x to y[:len(x)].

@@ -17,6 +17,12 @@ func dot64(x, y *float32, n int) float32
 func axpy64(alpha float32, x, y *float32, n int)
 
 //go:noescape
+func dot64bf16(x *float32, y *uint16, n int) float32
+
+//go:noescape
+func axpy64bf16(alpha float32, x *uint16, y *float32, n int)
+
+//go:noescape
 func gemv32(k int, a, b, c *float32)
 
 //go:noescape
@@ -41,6 +47,7 @@ func init() {
 func useSIMD(on bool) {
 	if !on {
 		microkernel, microBF16, dotKernel, axpyKernel = kernelGo, kernelBF16Go, dotGo, axpyGo
+		dotBF16Kernel, axpyBF16Kernel = dotBF16Go, axpyBF16Go
 		gemvKernel, gemvBF16Kernel = gemvGo, gemvBF16Go
 		colMaxKernel, scaleRowsKernel, exp2TileKernel = colMaxGo, scaleRowsGo, exp2TileGo
 		return
@@ -86,6 +93,23 @@ func useSIMD(on bool) {
 			axpy64(alpha, &x[0], &y[0], n)
 		}
 		axpyGo(alpha, x[n:], y[n:len(x)])
+	}
+	dotBF16Kernel = func(x []float32, y []uint16) float32 {
+		n := len(x) &^ 63
+		s := float32(0)
+		if n > 0 {
+			_ = y[n-1]
+			s = dot64bf16(&x[0], &y[0], n)
+		}
+		return s + dotBF16Go(x[n:], y[n:len(x)])
+	}
+	axpyBF16Kernel = func(alpha float32, x []uint16, y []float32) {
+		n := len(x) &^ 63
+		if n > 0 {
+			_ = y[n-1]
+			axpy64bf16(alpha, &x[0], &y[0], n)
+		}
+		axpyBF16Go(alpha, x[n:], y[n:len(x)])
 	}
 }
 

@@ -44,9 +44,48 @@ type MLP struct {
 	// DefaultDenseAbove.
 	DenseAbove float64
 
-	gate, up, down *PackedB  // Wg [F x D], Wu [F x D], Wd [D x F], packed
-	upRows         []float32 // Wu, F x D row-major
-	downRows       []float32 // Wd^T, F x D row-major
+	gate, up, down   *PackedB // Wg [F x D], Wu [F x D], Wd [D x F], packed
+	upRows, downRows unitRows // Wu and Wd^T, F x D row-major
+}
+
+// unitRows holds F rows of d weights, one per MLP unit (row j of Wu, or of
+// Wd^T), in float32 or, once compact, in bfloat16 alone.
+type unitRows struct {
+	f32 []float32
+	b16 []uint16
+	d   int
+}
+
+// dot returns x . row j.
+func (r unitRows) dot(x []float32, j int) float32 {
+	if r.f32 == nil {
+		return dotBF16Kernel(x, r.b16[j*r.d:(j+1)*r.d])
+	}
+	return dotKernel(x, r.f32[j*r.d:(j+1)*r.d])
+}
+
+// axpy adds alpha * row j to y.
+func (r unitRows) axpy(alpha float32, j int, y []float32) {
+	if r.f32 == nil {
+		axpyBF16Kernel(alpha, r.b16[j*r.d:(j+1)*r.d], y)
+		return
+	}
+	axpyKernel(alpha, r.f32[j*r.d:(j+1)*r.d], y)
+}
+
+// compact keeps the rows in bfloat16 alone when every value is one; it
+// reports whether they are compact.
+func (r *unitRows) compact() bool {
+	if r.f32 == nil {
+		return true
+	}
+	b := exactBF16(r.f32)
+	if b == nil {
+		return false
+	}
+	r.b16 = b
+	r.f32 = nil
+	return true
 }
 
 // NewMLP builds an MLP from nn.Linear-layout weights: wg and wu are f x d,
@@ -58,7 +97,7 @@ func NewMLP(wg, wu, wd []float32, d, f int) (*MLP, error) {
 	if len(wu) != f*d || len(wd) != d*f || (wg != nil && len(wg) != f*d) {
 		return nil, fmt.Errorf("cpu: MLP weights hold %d (gate), %d (up), %d (down) values, want %d each", len(wg), len(wu), len(wd), f*d)
 	}
-	l := &MLP{D: d, F: f, Gated: wg != nil, DenseAbove: DefaultDenseAbove, upRows: wu}
+	l := &MLP{D: d, F: f, Gated: wg != nil, DenseAbove: DefaultDenseAbove, upRows: unitRows{f32: wu, d: d}}
 	var err error
 	if l.Gated {
 		if l.gate, err = PackB(wg, f, d); err != nil {
@@ -71,13 +110,45 @@ func NewMLP(wg, wu, wd []float32, d, f int) (*MLP, error) {
 	if l.down, err = PackB(wd, d, f); err != nil {
 		return nil, err
 	}
-	l.downRows = make([]float32, f*d)
+	down := make([]float32, f*d)
 	parallelFor(f, func(j int) {
 		for k := 0; k < d; k++ {
-			l.downRows[j*d+k] = wd[k*f+j]
+			down[j*d+k] = wd[k*f+j]
 		}
 	})
+	l.downRows = unitRows{f32: down, d: d}
 	return l, nil
+}
+
+// Compact keeps every weight the MLP holds in bfloat16 alone where all its
+// values are bfloat16 values (see PackedB.Compact), so that a layer of a
+// bfloat16 checkpoint takes half the memory and decode reads half the
+// bytes, with the same results. It reports whether all of them are
+// compact. The MLP then no longer refers to the wu given to NewMLP.
+func (l *MLP) Compact() bool {
+	all := true
+	for _, p := range []*PackedB{l.gate, l.up, l.down} {
+		if p != nil && !p.Compact() {
+			all = false
+		}
+	}
+	for _, r := range []*unitRows{&l.upRows, &l.downRows} {
+		if !r.compact() {
+			all = false
+		}
+	}
+	return all
+}
+
+// Bytes returns the memory the MLP's weights take.
+func (l *MLP) Bytes() int {
+	n := 4*(len(l.upRows.f32)+len(l.downRows.f32)) + 2*(len(l.upRows.b16)+len(l.downRows.b16))
+	for _, p := range []*PackedB{l.gate, l.up, l.down} {
+		if p != nil {
+			n += p.Bytes()
+		}
+	}
+	return n
 }
 
 // Activation is an MLP activation function.
@@ -246,7 +317,13 @@ func T2D(y []float32, h *twell.Matrix, down []float32, d int) error {
 	if len(down) != h.Cols*d || len(y) != h.Rows*d {
 		return fmt.Errorf("cpu: T2D: down has %d values (want %d x %d), y has %d (want %d x %d)", len(down), h.Cols, d, len(y), h.Rows, d)
 	}
-	m := h.Rows
+	t2d(y, h, unitRows{f32: down, d: d})
+	return nil
+}
+
+// t2d is T2D over unit rows of any precision; the caller checks the sizes.
+func t2d(y []float32, h *twell.Matrix, down unitRows) {
+	m, d := h.Rows, down.d
 	parallelFor((m+rowBlock-1)/rowBlock, func(b int) {
 		var cols []int32
 		var vals []float32
@@ -255,11 +332,10 @@ func T2D(y []float32, h *twell.Matrix, down []float32, d int) error {
 			clear(out)
 			cols, vals = h.AppendRow(r, cols[:0], vals[:0])
 			for i, j := range cols {
-				axpyKernel(vals[i], down[int(j)*d:int(j+1)*d], out)
+				down.axpy(vals[i], int(j), out)
 			}
 		}
 	})
-	return nil
 }
 
 // GatedT2D computes the gated MLP's sparse part from the TwELL gate g
@@ -272,7 +348,14 @@ func GatedT2D(y, x []float32, g *twell.Matrix, up, down []float32, d int) error 
 	if len(x) != g.Rows*d || len(y) != g.Rows*d {
 		return fmt.Errorf("cpu: gated T2D: x/y hold %d/%d values, want %d x %d", len(x), len(y), g.Rows, d)
 	}
-	m := g.Rows
+	gatedT2D(y, x, g, unitRows{f32: up, d: d}, unitRows{f32: down, d: d})
+	return nil
+}
+
+// gatedT2D is GatedT2D over unit rows of any precision; the caller checks
+// the sizes.
+func gatedT2D(y, x []float32, g *twell.Matrix, up, down unitRows) {
+	m, d := g.Rows, up.d
 	// Work items are blocks of unitBlock tokens. Inside a block the active
 	// entries are grouped by unit, so each unit's two weight rows are read
 	// once per block rather than once per token that uses them.
@@ -296,11 +379,10 @@ func GatedT2D(y, x []float32, g *twell.Matrix, up, down []float32, d int) error 
 		})
 		for _, e := range es {
 			j, r := int(e.unit), int(e.row)
-			u := dotKernel(x[r*d:(r+1)*d], up[j*d:(j+1)*d])
-			axpyKernel(e.val*u, down[j*d:(j+1)*d], y[r*d:(r+1)*d])
+			u := up.dot(x[r*d:(r+1)*d], j)
+			down.axpy(e.val*u, j, y[r*d:(r+1)*d])
 		}
 	})
-	return nil
 }
 
 // Sparse computes the MLP through TwELL: D2T on the gate (or, non-gated, the
@@ -317,12 +399,17 @@ func (l *MLP) Sparse(y, x []float32, m int, layout twell.Layout) (*twell.Matrix,
 	if err != nil {
 		return nil, err
 	}
+	l.finishSparse(y, x, p)
+	return p, nil
+}
+
+// finishSparse computes y from the MLP's packed activation p (from D2T on x).
+func (l *MLP) finishSparse(y, x []float32, p *twell.Matrix) {
 	if l.Gated {
-		err = GatedT2D(y, x, p, l.upRows, l.downRows, l.D)
+		gatedT2D(y, x, p, l.upRows, l.downRows)
 	} else {
-		err = T2D(y, p, l.downRows, l.D)
+		t2d(y, p, l.downRows)
 	}
-	return p, err
 }
 
 // Forward computes the MLP on the path l.Path asks for. A SiLU MLP, or one
@@ -355,12 +442,8 @@ func (l *MLP) Forward(y, x []float32, m int, layout twell.Layout) (*twell.Matrix
 		nnz += int64(p.RowNNZ(r))
 	}
 	if mlp.Choose(l.Path, float64(nnz)/(float64(m)*float64(l.F)), l.DenseAbove) == mlp.Sparse {
-		if l.Gated {
-			err = GatedT2D(y, x, p, l.upRows, l.downRows, l.D)
-		} else {
-			err = T2D(y, p, l.downRows, l.D)
-		}
-		return p, nnz, mlp.Sparse, err
+		l.finishSparse(y, x, p)
+		return p, nnz, mlp.Sparse, nil
 	}
 	h := p.Unpack()
 	if l.Gated {
