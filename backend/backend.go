@@ -73,6 +73,10 @@ type Options struct {
 	// bf16 copies of the weights (see cpu/llm.Options); the GPU engine
 	// always runs bf16.
 	DecodeBF16 bool
+	// ReleaseWeights lets the CPU engine drop the model's float32 matrices
+	// once it has packed them (see cpu/llm.Options): for jobs that only run
+	// the model. The GPU engine ignores it.
+	ReleaseWeights bool
 	// KVPageSize and KVMemory are the CPU engine's KV cache page size in
 	// positions (0: its default) and page budget in bytes (0: none); see
 	// cpu/llm.Options. The GPU engine takes its page settings after it is
@@ -97,7 +101,8 @@ func KVPage(c model.Config, pageSize int) (int, int64) {
 func Open(k Kind, m *model.Model, o Options) (engine.Engine, error) {
 	switch k {
 	case CPU:
-		return cpullm.New(m, cpullm.Options{MLPPath: o.MLPPath, DecodeBF16: o.DecodeBF16, KVPageSize: o.KVPageSize, KVMemory: o.KVMemory})
+		return cpullm.New(m, cpullm.Options{MLPPath: o.MLPPath, DecodeBF16: o.DecodeBF16, ReleaseWeights: o.ReleaseWeights,
+			KVPageSize: o.KVPageSize, KVMemory: o.KVMemory})
 	case CUDA:
 		dev, err := cuda.Open(0)
 		if err != nil {

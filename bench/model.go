@@ -153,7 +153,9 @@ func buildModel(o ModelOptions, r *rand.Rand, progress func(string)) (*model.Mod
 
 // PresetModel builds the sparselm-1.5b preset: the SparseLM-1.5B shape
 // (its first layers when layers > 0) with random weights whose gates are
-// calibrated on the CPU to fire at the given mean density under dist. It
+// calibrated on the CPU to fire at the given mean density under dist, then
+// rounded to bfloat16 as a checkpoint's are (so the CPU engine holds them
+// in bf16 alone, and the GPU runs on the weights the CPU checks). It
 // returns the model and a description of it.
 func PresetModel(layers int, density float64, dist synth.Dist, r *rand.Rand, progress func(string)) (*model.Model, string, error) {
 	c := model.SparseLM1B5()
@@ -173,16 +175,19 @@ func PresetModel(layers int, density float64, dist synth.Dist, r *rand.Rand, pro
 	if err := sparsify.Gates(m, density, dist, r); err != nil {
 		return nil, "", err
 	}
+	m.Weights.RoundBF16(c)
 	return m, name, nil
 }
 
-// hostBytes estimates the host memory of a whole-model benchmark of c: the
-// float32 weights and the CPU engine's packed copies (2.7 times the weights
-// in all, measured), the prefill's KV caches and activations.
+// hostBytes estimates the host memory of a whole-model benchmark of the
+// preset c: the float32 weights, the CPU engine's packed copies (bf16, the
+// preset's weights being bf16 values: 0.6 times the float32 weights, see
+// cpu/llm's PackedBytes, plus some slack for a layer's float32 panels while
+// packing), the prefill's KV caches and activations.
 func hostBytes(c model.Config, o ModelOptions) float64 {
 	kv := 8 * float64(c.NumHiddenLayers*c.NumKeyValueHeads*c.HeadDim) * float64(o.Batch*o.PromptLen)
 	act := 4 * float64(o.Batch*o.PromptLen) * float64(4*c.HiddenSize+2*c.IntermediateSize)
-	return 2.7*c.WeightBytes() + kv + act
+	return 1.65*c.WeightBytes() + kv + act
 }
 
 // fitsOnHost refuses a preset benchmark that would not fit in memory,

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/twell-ai/twell/bf16"
 	"github.com/twell-ai/twell/internal/memcheck"
 	"github.com/twell-ai/twell/safetensors"
 )
@@ -68,6 +69,19 @@ func (w *Weights) specs(c Config) []tensorSpec {
 		specs = append(specs, tensorSpec{"lm_head.weight", []int{c.VocabSize, h}, &w.LMHead})
 	}
 	return specs
+}
+
+// RoundBF16 rounds every weight of a model with config c to the nearest
+// bfloat16 value, as saving it in bf16 and loading it again would: the CPU
+// engine then holds the projection and MLP weights in bf16 alone, and the
+// GPU runs on the very weights the CPU sees.
+func (w *Weights) RoundBF16(c Config) {
+	for _, s := range w.specs(c) {
+		v := *s.dst
+		for i, f := range v {
+			v[i] = bf16.Round(f)
+		}
+	}
 }
 
 // LoadWeights reads the weights of a model with config c from a safetensors

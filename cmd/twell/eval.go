@@ -131,7 +131,7 @@ func runEval(args []string, stdout, stderr io.Writer) error {
 	if kind == backend.CPU && !set["mlp"] {
 		path = mlp.Dense // exact; the dense path measures the sparsity as well
 	}
-	e, err := backend.Open(kind, m, backend.Options{MLPPath: path})
+	e, err := backend.Open(kind, m, backend.Options{MLPPath: path, ReleaseWeights: true})
 	if err != nil {
 		return err
 	}

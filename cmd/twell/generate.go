@@ -40,7 +40,7 @@ func runGenerate(args []string, stdout, stderr io.Writer) error {
 	rep := fs.Float64("repetition-penalty", 1, "penalty > 0 for tokens already seen (1 = off, > 1 discourages repeats)")
 	seed := fs.Uint64("seed", 0, "random seed (0: from the clock)")
 	device := fs.String("device", "auto", backend.FlagUsage)
-	decodeBF16 := fs.Bool("decode-bf16", true, "CPU decode steps read bf16 weight copies (faster; float32 when false)")
+	decodeBF16 := fs.Bool("decode-bf16", true, "CPU decode steps read bf16 copies of weights that bf16 cannot hold exactly (faster; float32 when false; bf16 checkpoints are held in bf16 either way, with float32 results)")
 	var stops stringList
 	fs.Var(&stops, "stop", "stop when this text is generated (repeatable)")
 	if err := parseFlags(fs, args); err != nil {
@@ -92,7 +92,7 @@ func runGenerate(args []string, stdout, stderr io.Writer) error {
 	if note != "" {
 		fmt.Fprintln(stderr, "generate: "+note)
 	}
-	e, err := backend.Open(kind, m, backend.Options{DecodeBF16: *decodeBF16})
+	e, err := backend.Open(kind, m, backend.Options{DecodeBF16: *decodeBF16, ReleaseWeights: true})
 	if err != nil {
 		return err
 	}

@@ -49,7 +49,7 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	prefill := fs.Int("prefill-tokens", d.PrefillTokens, "most prompt tokens fed per batcher step beside the running requests' tokens, 1..1048576; longer prompts go in chunks")
 	kvMem := fs.String("kv-memory", "", "KV cache budget, e.g. 2GiB or 512MB (default: what -max-concurrent full-context requests take); requests are admitted by the pages free")
 	kvPage := fs.Int("kv-page-size", 0, "positions per KV cache page (0: on the CPU 16, or more where a page would not fill the OS's memory pages; on the GPU 64, and a multiple of 64 if set)")
-	decodeBF16 := fs.Bool("decode-bf16", false, "CPU passes of <= 16 tokens read bf16 weight copies (faster, but a greedy result may then depend on the batch)")
+	decodeBF16 := fs.Bool("decode-bf16", false, "CPU passes of <= 16 tokens read bf16 copies of weights that bf16 cannot hold exactly (faster, but a greedy result may then depend on the batch; bf16 checkpoints are held in bf16 either way, with float32 results)")
 	path := mlp.Auto
 	fs.Var(&path, "mlp", "MLP path: auto, sparse or dense (auto picks per pass by density, so a greedy result may depend on the batch)")
 	if err := parseFlags(fs, args); err != nil {
@@ -94,7 +94,7 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	if note != "" {
 		fmt.Fprintln(stderr, "serve: "+note)
 	}
-	e, err := openServing(kind, m, backend.Options{MLPPath: path, DecodeBF16: *decodeBF16}, o, *kvPage, budget, stderr)
+	e, err := openServing(kind, m, backend.Options{MLPPath: path, DecodeBF16: *decodeBF16, ReleaseWeights: true}, o, *kvPage, budget, stderr)
 	if err != nil {
 		return err
 	}

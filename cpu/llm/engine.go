@@ -8,8 +8,11 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"runtime/debug"
 	"sync"
+	"sync/atomic"
 
+	"github.com/twell-ai/twell/bf16"
 	"github.com/twell-ai/twell/cpu"
 	"github.com/twell-ai/twell/engine"
 	"github.com/twell-ai/twell/internal/memcheck"
@@ -25,10 +28,21 @@ type Options struct {
 	MLPPath mlp.Path
 	// DecodeBF16 makes forward passes of at most 16 tokens (decode steps of
 	// up to 16 sequences, short prompts) read bfloat16 copies of the
-	// projection and MLP weights: such passes are bound by memory
-	// bandwidth, and bf16 halves the bytes. Their logits then carry bf16
-	// rounding of the weights, and the copies cost memory.
+	// projection and MLP weights that bfloat16 cannot hold exactly: such
+	// passes are bound by memory bandwidth, and bf16 halves the bytes.
+	// Their logits then carry bf16 rounding of the weights, and the copies
+	// cost memory. Weights that are all bfloat16 values (a bfloat16
+	// checkpoint's) are kept in bf16 alone whatever this says, with the
+	// same results as in float32 (see cpu.PackedB.Compact).
 	DecodeBF16 bool
+	// ReleaseWeights makes the engine let go of the model's float32
+	// projection and MLP matrices (and an untied LM head) as it packs each
+	// layer, and hand that memory back to the system, so that once packed
+	// the process holds the packed copies (for a bfloat16 checkpoint, bf16
+	// ones) but not the float32 model besides. The model can then not be
+	// packed again (RepackLayer, a second engine), run on a GPU or saved:
+	// for commands that only run it (generate, serve, eval).
+	ReleaseWeights bool
 	// KVPageSize is the number of positions in one page of the KV caches
 	// (0: DefaultPageSize of the model). See KVPages.
 	KVPageSize int
@@ -49,9 +63,10 @@ type Engine struct {
 	rope   *model.RoPETables
 	pool   *pagePool // KV cache pages
 
-	packMu sync.Mutex   // guards the first packing
-	layers []cpuLayer   // nil until packed
-	head   *cpu.PackedB // LM head (the embedding when tied)
+	packMu   sync.Mutex   // guards the first packing
+	released bool         // the model's matrices were let go (ReleaseWeights)
+	layers   []cpuLayer   // nil until packed
+	head     *cpu.PackedB // LM head (the embedding when tied)
 
 	// ObserveMLPInput, when set, sees each layer's normalised MLP input (T
 	// rows of HiddenSize values) before the MLP runs. It may change the
@@ -141,6 +156,9 @@ func (e *Engine) pack() error {
 	if e.layers != nil {
 		return nil
 	}
+	if e.released {
+		return errReleased
+	}
 	c, w := e.model.Config, e.model.Weights
 	if err := memcheck.Fits("packing the weights for the CPU kernels", e.PackedBytes(), ""); err != nil {
 		return fmt.Errorf("cpu/llm: %w", err)
@@ -151,6 +169,14 @@ func (e *Engine) pack() error {
 		if layers[i], err = e.packLayer(i); err != nil {
 			return err
 		}
+		if e.opts.ReleaseWeights {
+			e.released = true
+			lw := &w.Layers[i]
+			lw.Q, lw.K, lw.V, lw.O, lw.Gate, lw.Up, lw.Down = nil, nil, nil, nil, nil, nil, nil
+			// The float32 layer is garbage now; without a collection the
+			// heap would grow by every packed layer before any is reused.
+			debug.FreeOSMemory()
+		}
 	}
 	head := w.LMHead
 	if c.TieWordEmbeddings {
@@ -160,28 +186,82 @@ func (e *Engine) pack() error {
 	if e.head, err = cpu.PackB(head, c.VocabSize, c.HiddenSize); err != nil {
 		return fmt.Errorf("cpu/llm: LM head: %w", err)
 	}
-	if e.opts.DecodeBF16 {
+	if !e.head.Compact() && e.opts.DecodeBF16 {
 		e.head.UseBF16ForSmallM()
+	}
+	if e.opts.ReleaseWeights && !c.TieWordEmbeddings {
+		w.LMHead = nil
+		debug.FreeOSMemory()
 	}
 	e.layers = layers
 	return nil
 }
 
+// errReleased is what packing again says once ReleaseWeights let go of the
+// model's matrices.
+var errReleased = errors.New("cpu/llm: the model's weights were released once packed (Options.ReleaseWeights): they cannot be packed again")
+
 // PackedBytes estimates the memory the packed copies of the weights take
-// (made at the first Forward): GEMM panels of every projection, the MLP's
-// unit rows, and with DecodeBF16 their bf16 copies. Measured: a model then
-// takes about 2.7 times its float32 size in all.
+// (made at the first Forward): GEMM panels of every projection and the
+// MLP's unit rows, in bfloat16 alone where the weights are all bfloat16
+// values, else in float32 (plus bf16 copies with DecodeBF16).
 func (e *Engine) PackedBytes() float64 {
+	c := e.model.Config
 	f := 1.2
-	if e.opts.DecodeBF16 {
+	switch {
+	case e.weightsExact():
+		f = 0.6
+	case e.opts.DecodeBF16:
 		f = 1.7
 	}
-	return f * e.model.Config.WeightBytes()
+	if e.opts.ReleaseWeights {
+		f = max(0, f-1) // each layer's float32 matrices go as its copies come
+	}
+	// Packing a layer makes float32 panels before compacting them.
+	perLayer := c.WeightBytes() / float64(max(1, c.NumHiddenLayers)) // an upper bound
+	return f*c.WeightBytes() + 1.2*perLayer
+}
+
+// PackedSize returns the bytes the packed copies of the weights take now
+// (0 before the first Forward or Pack).
+func (e *Engine) PackedSize() int64 {
+	e.packMu.Lock()
+	defer e.packMu.Unlock()
+	var n int64
+	for _, l := range e.layers {
+		n += int64(l.qkv.Bytes() + l.o.Bytes() + l.mlp.Bytes())
+	}
+	if e.head != nil {
+		n += int64(e.head.Bytes())
+	}
+	return n
+}
+
+// weightsExact reports whether every projection, MLP and LM-head weight of
+// the model is a bfloat16 value, so that packing keeps them in bf16 alone.
+func (e *Engine) weightsExact() bool {
+	w := e.model.Weights
+	var ms [][]float32
+	for i := range w.Layers {
+		l := &w.Layers[i]
+		ms = append(ms, l.Q, l.K, l.V, l.O, l.Gate, l.Up, l.Down)
+	}
+	ms = append(ms, w.Embed, w.LMHead)
+	var inexact atomic.Bool
+	cpu.ParallelFor(len(ms), func(i int) {
+		if !inexact.Load() && !bf16.Exact(ms[i]) {
+			inexact.Store(true)
+		}
+	})
+	return !inexact.Load()
 }
 
 // RepackLayer packs layer i's weights again after a change to them (from
 // ObserveMLPInput); later layers of the running pass see the change.
 func (e *Engine) RepackLayer(i int) error {
+	if e.released {
+		return errReleased
+	}
 	if i < 0 || i >= len(e.layers) {
 		return fmt.Errorf("cpu/llm: layer %d of %d is not packed", i, len(e.layers))
 	}
@@ -196,6 +276,9 @@ func (e *Engine) RepackLayer(i int) error {
 // packLayer packs layer i's weights.
 func (e *Engine) packLayer(i int) (cpuLayer, error) {
 	c, lw := e.model.Config, e.model.Weights.Layers[i]
+	if lw.Q == nil {
+		return cpuLayer{}, fmt.Errorf("cpu/llm: layer %d of the model holds no weights (an engine with ReleaseWeights let go of them)", i)
+	}
 	h, hd := c.HiddenSize, c.HeadDim
 	qkvRows := (c.NumAttentionHeads + 2*c.NumKeyValueHeads) * hd
 	qkv := make([]float32, 0, qkvRows*h)
@@ -213,9 +296,12 @@ func (e *Engine) packLayer(i int) (cpuLayer, error) {
 	}
 	l.mlp.Act = e.act
 	l.mlp.Path = e.opts.MLPPath
-	if e.opts.DecodeBF16 {
-		l.qkv.UseBF16ForSmallM()
-		l.o.UseBF16ForSmallM()
+	for _, p := range []*cpu.PackedB{l.qkv, l.o} {
+		if !p.Compact() && e.opts.DecodeBF16 {
+			p.UseBF16ForSmallM()
+		}
+	}
+	if !l.mlp.Compact() && e.opts.DecodeBF16 {
 		l.mlp.UseBF16ForSmallM()
 	}
 	return l, nil

@@ -343,3 +343,84 @@ func TestPackAheadMatchesLazy(t *testing.T) {
 	b, _ := enginetest.Forward(t, ahead, enginetest.Caches(t, ahead, 1, 16), [][]int{ids}, true)
 	enginetest.SameBits(t, "packed ahead vs at the first Forward", a, b)
 }
+
+// TestBF16WeightsCompact: a model whose weights are bfloat16 values (a
+// bf16 checkpoint's) is packed in bf16 alone, about half the float32
+// packing, and its logits are bit for bit the float32 packing's: decode
+// reads bf16 whether DecodeBF16 says so or not, with the same results.
+func TestBF16WeightsCompact(t *testing.T) {
+	r, seed := testutil.Rand(t)
+	c := tinyConfig()
+	m := tinyModel(t, r, c, 0.03)
+	ids := enginetest.Tokens(r, 9, c.VocabSize)
+	inexact := newEngine(t, m, llm.Options{})
+	if err := inexact.Pack(); err != nil {
+		t.Fatal(err)
+	}
+	full := inexact.PackedSize()
+	m.Weights.RoundBF16(c)
+	want := refForward(c, m.Weights, ids)
+	var runs [][][]float32
+	for _, o := range []llm.Options{{}, {DecodeBF16: true}} {
+		e := newEngine(t, m, o)
+		if err := e.Pack(); err != nil {
+			t.Fatal(err)
+		}
+		if got := e.PackedSize(); got != full/2 {
+			t.Errorf("seed %d: %+v: packed bf16 weights take %d bytes, want half of float32's %d", seed, o, got, full)
+		}
+		if est := e.PackedBytes(); est < float64(e.PackedSize()) {
+			t.Errorf("seed %d: %+v: estimate %g bytes under the %d packed", seed, o, est, e.PackedSize())
+		}
+		all, _ := enginetest.Forward(t, e, enginetest.Caches(t, e, 1, 16), [][]int{ids}, true)
+		for pos := range ids {
+			if d := enginetest.MaxRelDiff(all[pos], want[pos]); d > 1e-2 {
+				t.Fatalf("seed %d: %+v: position %d: logits differ from float64 by %g", seed, o, pos, d)
+			}
+		}
+		cache := enginetest.Caches(t, e, 1, 16)
+		prompt, _ := enginetest.Forward(t, e, cache, [][]int{ids[:5]}, false)
+		run := [][]float32{prompt[0]}
+		for _, id := range ids[5:] {
+			step, _ := enginetest.Forward(t, e, cache, [][]int{{id}}, false)
+			run = append(run, step[0])
+		}
+		runs = append(runs, run)
+	}
+	enginetest.SameBits(t, "decode with and without DecodeBF16 on bf16 weights", runs[0], runs[1])
+}
+
+// TestReleaseWeights: an engine that lets go of the model's matrices once
+// packed gives the same logits, leaves the model without them, and refuses
+// to pack them again, with an error and no panic.
+func TestReleaseWeights(t *testing.T) {
+	r, seed := testutil.Rand(t)
+	c := tinyConfig()
+	c.TieWordEmbeddings = false
+	m := tinyModel(t, r, c, 0.03)
+	m.Weights.RoundBF16(c)
+	ids := enginetest.Tokens(r, 7, c.VocabSize)
+	keep := newEngine(t, m, llm.Options{})
+	want, _ := enginetest.Forward(t, keep, enginetest.Caches(t, keep, 1, 16), [][]int{ids}, true)
+	e := newEngine(t, m, llm.Options{ReleaseWeights: true})
+	got, _ := enginetest.Forward(t, e, enginetest.Caches(t, e, 1, 16), [][]int{ids}, true)
+	enginetest.SameBits(t, "with the model's weights released", want, got)
+	for i, l := range m.Weights.Layers {
+		if l.Q != nil || l.Up != nil || l.Down != nil || l.Gate != nil || l.O != nil {
+			t.Fatalf("seed %d: layer %d still holds float32 matrices", seed, i)
+		}
+	}
+	if m.Weights.LMHead != nil || m.Weights.Embed == nil {
+		t.Fatalf("seed %d: untied LM head kept or embeddings dropped", seed)
+	}
+	if err := e.RepackLayer(0); err == nil || !strings.Contains(err.Error(), "released") {
+		t.Fatalf("RepackLayer after release: %v", err)
+	}
+	again := newEngine(t, m, llm.Options{})
+	if err := again.Pack(); err == nil || !strings.Contains(err.Error(), "holds no weights") {
+		t.Fatalf("a second engine packing released weights: %v", err)
+	}
+	// The releasing engine keeps running on its copies.
+	more, _ := enginetest.Forward(t, e, enginetest.Caches(t, e, 1, 16), [][]int{ids}, true)
+	enginetest.SameBits(t, "a second pass after release", want, more)
+}

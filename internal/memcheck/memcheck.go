@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"runtime/debug"
 	"strconv"
 	"strings"
 )
@@ -71,7 +72,9 @@ func cgroup() (limit, used int64, ok bool) {
 
 // Fits returns an error when need bytes (an estimate of what is about to be
 // allocated for what) exceed the memory available; hint, when not empty,
-// says what would fit ("try -layers 4"). A need that is not a finite,
+// says what would fit ("try -layers 4"). Before refusing it returns the Go
+// heap's garbage to the system and looks again: memory a process has
+// dropped (an engine closed a moment ago) is not available until then. A need that is not a finite,
 // non-negative number, or past what any machine has, is an error too.
 func Fits(what string, need float64, hint string) error {
 	if math.IsNaN(need) || need < 0 || math.IsInf(need, 0) || need > 1<<62 {
@@ -79,6 +82,10 @@ func Fits(what string, need float64, hint string) error {
 	}
 	avail, ok := Available()
 	if !ok || need <= float64(avail) {
+		return nil
+	}
+	debug.FreeOSMemory()
+	if avail, ok = Available(); !ok || need <= float64(avail) {
 		return nil
 	}
 	return fmt.Errorf("%s needs about %s of memory, but %s is available%s", what, Format(need), Format(float64(avail)), suffix(hint))
