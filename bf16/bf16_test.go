@@ -124,3 +124,28 @@ func BenchmarkFromFloat32s(b *testing.B) {
 		FromFloat32s(dst, src)
 	}
 }
+
+// TestExactAndTruncate: Exact accepts exactly the values whose widened
+// truncation gives their bits back, and Round's results are all exact.
+func TestExactAndTruncate(t *testing.T) {
+	r, seed := testutil.Rand(t)
+	for i := 0; i < 100000; i++ {
+		u := r.Uint32()
+		if r.IntN(2) == 0 {
+			u &^= 0xffff
+		}
+		f := math.Float32frombits(u)
+		var b [1]uint16
+		Truncate(b[:], []float32{f})
+		back := math.Float32bits(ToFloat32(b[0]))
+		if got, want := Exact([]float32{f}), back == u; got != want {
+			t.Fatalf("seed %d: Exact(%#08x) = %v, but truncation gives %#08x", seed, u, got, back)
+		}
+		if g := Round(f); !math.IsNaN(float64(g)) && !Exact([]float32{g}) {
+			t.Fatalf("seed %d: Round(%#08x) = %#08x is not exact", seed, u, math.Float32bits(g))
+		}
+	}
+	if !Exact(nil) {
+		t.Fatal("Exact of no values is false")
+	}
+}

@@ -172,3 +172,51 @@ func TestCompactKeepsInexact(t *testing.T) {
 		t.Fatalf("seed %d: float32 weights compacted (%d -> %d bytes)", seed, before, l.Bytes())
 	}
 }
+
+// FuzzCompact: whatever the values, Compact compacts exactly the matrices
+// whose values are all bf16 values, and products over compact panels have
+// the float32 panels' bits.
+func FuzzCompact(f *testing.F) {
+	f.Add(uint8(3), uint8(5), uint8(2), []byte{0, 0, 0x80, 0x3f, 0, 0, 0, 0xc0})
+	f.Add(uint8(33), uint8(1), uint8(6), []byte{1, 2, 3, 4})
+	f.Fuzz(func(t *testing.T, n8, k8, m8 uint8, raw []byte) {
+		n, k, m := 1+int(n8)%40, 1+int(k8)%70, int(m8)%24
+		w := make([]float32, n*k)
+		for i := range w {
+			var u uint32
+			for j := 0; j < 4; j++ {
+				if len(raw) > 0 {
+					u |= uint32(raw[(4*i+j)%len(raw)]) << (8 * j)
+				}
+			}
+			if len(raw) > 0 && raw[0]&1 == 0 {
+				u &^= 0xffff // mostly bf16 values
+			}
+			w[i] = math.Float32frombits(u)
+		}
+		full, err := PackB(w, n, k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		compact, _ := PackB(w, n, k)
+		if got, want := compact.Compact(), bf16.Exact(w); got != want {
+			t.Fatalf("Compact() = %v for a matrix with Exact = %v", got, want)
+		}
+		a := make([]float32, m*k)
+		for i := range a {
+			a[i] = float32(i%7) - 2.5
+		}
+		c1, c2 := make([]float32, m*n), make([]float32, m*n)
+		if err := Gemm(c1, a, m, full); err != nil {
+			t.Fatal(err)
+		}
+		if err := Gemm(c2, a, m, compact); err != nil {
+			t.Fatal(err)
+		}
+		for i := range c1 {
+			if math.Float32bits(c1[i]) != math.Float32bits(c2[i]) && !(c1[i] != c1[i] && c2[i] != c2[i]) {
+				t.Fatalf("m %d, %d x %d: element %d is %g from compact panels, %g from float32", m, n, k, i, c2[i], c1[i])
+			}
+		}
+	})
+}

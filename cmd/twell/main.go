@@ -16,6 +16,8 @@ import (
 	"os"
 	"sort"
 	"strings"
+
+	"github.com/twell-ai/twell/internal/memcheck"
 )
 
 // command is one subcommand of the twell binary. Files in this package add
@@ -55,6 +57,7 @@ func (e exitCode) Error() string { return e.msg }
 func usagef(format string, a ...any) error { return usageError{fmt.Sprintf(format, a...)} }
 
 func main() {
+	memcheck.LimitHeap()
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 

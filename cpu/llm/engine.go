@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"runtime"
 	"runtime/debug"
 	"sync"
 	"sync/atomic"
@@ -135,12 +136,13 @@ func (e *Engine) Config() model.Config { return e.model.Config }
 func (e *Engine) Model() *model.Model { return e.model }
 
 // Close releases the packed copies of the weights and the KV memory kept
-// for reuse.
+// for reuse, and hands the memory back to the system.
 func (e *Engine) Close() error {
 	e.packMu.Lock()
 	defer e.packMu.Unlock()
 	e.layers, e.head = nil, nil
 	e.pool.close()
+	debug.FreeOSMemory()
 	return nil
 }
 
@@ -169,13 +171,18 @@ func (e *Engine) pack() error {
 		if layers[i], err = e.packLayer(i); err != nil {
 			return err
 		}
+		// Packing left garbage: the layer's float32 panels where it was
+		// compacted, and its float32 matrices when released. Collected
+		// now, it is reused by the next layer; left to the collector's
+		// pace (a collection once the heap doubles) it would add up to
+		// several times a layer's size over a large model.
 		if e.opts.ReleaseWeights {
 			e.released = true
 			lw := &w.Layers[i]
 			lw.Q, lw.K, lw.V, lw.O, lw.Gate, lw.Up, lw.Down = nil, nil, nil, nil, nil, nil, nil
-			// The float32 layer is garbage now; without a collection the
-			// heap would grow by every packed layer before any is reused.
 			debug.FreeOSMemory()
+		} else {
+			runtime.GC()
 		}
 	}
 	head := w.LMHead

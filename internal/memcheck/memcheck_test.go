@@ -2,6 +2,7 @@ package memcheck
 
 import (
 	"math"
+	"runtime/debug"
 	"strings"
 	"testing"
 )
@@ -36,5 +37,28 @@ func TestFormat(t *testing.T) {
 		if got := Format(k.b); got != k.want {
 			t.Errorf("Format(%g) = %q, want %q", k.b, got, k.want)
 		}
+	}
+}
+
+// TestLimitHeap: the soft limit is set below what is available, read back
+// from the runtime, and left alone when GOMEMLIMIT sets one.
+func TestLimitHeap(t *testing.T) {
+	defer debug.SetMemoryLimit(debug.SetMemoryLimit(-1))
+	t.Setenv("GOMEMLIMIT", "")
+	avail, ok := Available()
+	got := LimitHeap()
+	if !ok {
+		if got != 0 {
+			t.Fatalf("no memory figure, but a limit of %d was set", got)
+		}
+		return
+	}
+	if got <= 0 || got > avail || debug.SetMemoryLimit(-1) != got {
+		t.Fatalf("limit %d (runtime says %d) for %d bytes available", got, debug.SetMemoryLimit(-1), avail)
+	}
+	debug.SetMemoryLimit(math.MaxInt64)
+	t.Setenv("GOMEMLIMIT", "1GiB")
+	if got := LimitHeap(); got != 0 || debug.SetMemoryLimit(-1) != math.MaxInt64 {
+		t.Fatalf("with GOMEMLIMIT set, LimitHeap set %d", got)
 	}
 }
