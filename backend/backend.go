@@ -6,6 +6,7 @@ package backend
 
 import (
 	"fmt"
+	"runtime/debug"
 
 	cpullm "github.com/twell-ai/twell/cpu/llm"
 	"github.com/twell-ai/twell/cuda"
@@ -73,9 +74,11 @@ type Options struct {
 	// bf16 copies of the weights (see cpu/llm.Options); the GPU engine
 	// always runs bf16.
 	DecodeBF16 bool
-	// ReleaseWeights lets the CPU engine drop the model's float32 matrices
-	// once it has packed them (see cpu/llm.Options): for jobs that only run
-	// the model. The GPU engine ignores it.
+	// ReleaseWeights lets go of the model's float32 weights once the engine
+	// no longer needs them, for jobs that only run the model: the CPU engine
+	// drops each layer's matrices as it packs them (see cpu/llm.Options);
+	// on the GPU, Open drops the model's weights (m.Weights becomes nil)
+	// once they are on the device.
 	ReleaseWeights bool
 	// KVPageSize and KVMemory are the CPU engine's KV cache page size in
 	// positions (0: its default) and page budget in bytes (0: none); see
@@ -115,6 +118,11 @@ func Open(k Kind, m *model.Model, o Options) (engine.Engine, error) {
 		if err := e.SetMLPPath(o.MLPPath); err != nil {
 			e.Close()
 			return nil, err
+		}
+		if o.ReleaseWeights {
+			// Everything the engine reads is on the device now.
+			m.Weights = nil
+			debug.FreeOSMemory()
 		}
 		return e, nil
 	}
