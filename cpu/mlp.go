@@ -124,7 +124,8 @@ func NewMLP(wg, wu, wd []float32, d, f int) (*MLP, error) {
 // values are bfloat16 values (see PackedB.Compact), so that a layer of a
 // bfloat16 checkpoint takes half the memory and decode reads half the
 // bytes, with the same results. It reports whether all of them are
-// compact. The MLP then no longer refers to the wu given to NewMLP.
+// compact. Once its up rows are compact the MLP no longer refers to the wu
+// given to NewMLP.
 func (l *MLP) Compact() bool {
 	all := true
 	for _, p := range []*PackedB{l.gate, l.up, l.down} {
@@ -140,7 +141,8 @@ func (l *MLP) Compact() bool {
 	return all
 }
 
-// Bytes returns the memory the MLP's weights take.
+// Bytes returns the memory the MLP's weights take, counting the wu given
+// to NewMLP while the MLP refers to it.
 func (l *MLP) Bytes() int {
 	n := 4*(len(l.upRows.f32)+len(l.downRows.f32)) + 2*(len(l.upRows.b16)+len(l.downRows.b16))
 	for _, p := range []*PackedB{l.gate, l.up, l.down} {

@@ -253,7 +253,11 @@ func (e *Engine) weightsExact() bool {
 		l := &w.Layers[i]
 		ms = append(ms, l.Q, l.K, l.V, l.O, l.Gate, l.Up, l.Down)
 	}
-	ms = append(ms, w.Embed, w.LMHead)
+	if e.model.Config.TieWordEmbeddings {
+		ms = append(ms, w.Embed)
+	} else {
+		ms = append(ms, w.LMHead)
+	}
 	var inexact atomic.Bool
 	cpu.ParallelFor(len(ms), func(i int) {
 		if !inexact.Load() && !bf16.Exact(ms[i]) {
