@@ -225,6 +225,7 @@ func BenchmarkGemm(b *testing.B) {
 			p    *PackedB
 		}{{"float32", full}, {"compact", compact}} {
 			b.Run(fmt.Sprintf("m%d/%s", m, pb.name), func(b *testing.B) {
+				b.ReportAllocs()
 				for b.Loop() {
 					Gemm(c, a, m, pb.p)
 				}
