@@ -111,6 +111,9 @@ func Open(k Kind, m *model.Model, o Options) (engine.Engine, error) {
 		if err != nil {
 			return nil, fmt.Errorf("-device cuda: %w", err)
 		}
+		if err := m.ReadAll(); err != nil { // the GPU engine uploads from Weights
+			return nil, err
+		}
 		e, err := gpullm.NewEngine(dev, m)
 		if err != nil {
 			return nil, fmt.Errorf("-device cuda: %w", err)

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"unsafe"
 
 	"github.com/twell-ai/twell/bf16"
 	"github.com/twell-ai/twell/internal/memcheck"
@@ -42,31 +43,32 @@ type tensorSpec struct {
 	name  string
 	shape []int
 	dst   *[]float32
+	layer int // the layer of a projection or MLP matrix, -1 for the rest
 }
 
 func (w *Weights) specs(c Config) []tensorSpec {
 	h, hd, q, kv, f := c.HiddenSize, c.HeadDim, c.NumAttentionHeads, c.NumKeyValueHeads, c.IntermediateSize
-	specs := []tensorSpec{{"model.embed_tokens.weight", []int{c.VocabSize, h}, &w.Embed}}
+	specs := []tensorSpec{{"model.embed_tokens.weight", []int{c.VocabSize, h}, &w.Embed, -1}}
 	for i := range w.Layers {
 		l := &w.Layers[i]
 		p := fmt.Sprintf("model.layers.%d.", i)
 		specs = append(specs,
-			tensorSpec{p + "input_layernorm.weight", []int{h}, &l.AttnNorm},
-			tensorSpec{p + "self_attn.q_proj.weight", []int{q * hd, h}, &l.Q},
-			tensorSpec{p + "self_attn.k_proj.weight", []int{kv * hd, h}, &l.K},
-			tensorSpec{p + "self_attn.v_proj.weight", []int{kv * hd, h}, &l.V},
-			tensorSpec{p + "self_attn.o_proj.weight", []int{h, q * hd}, &l.O},
-			tensorSpec{p + "post_attention_layernorm.weight", []int{h}, &l.MLPNorm},
-			tensorSpec{p + "mlp.up_proj.weight", []int{f, h}, &l.Up},
-			tensorSpec{p + "mlp.down_proj.weight", []int{h, f}, &l.Down},
+			tensorSpec{p + "input_layernorm.weight", []int{h}, &l.AttnNorm, -1},
+			tensorSpec{p + "self_attn.q_proj.weight", []int{q * hd, h}, &l.Q, i},
+			tensorSpec{p + "self_attn.k_proj.weight", []int{kv * hd, h}, &l.K, i},
+			tensorSpec{p + "self_attn.v_proj.weight", []int{kv * hd, h}, &l.V, i},
+			tensorSpec{p + "self_attn.o_proj.weight", []int{h, q * hd}, &l.O, i},
+			tensorSpec{p + "post_attention_layernorm.weight", []int{h}, &l.MLPNorm, -1},
+			tensorSpec{p + "mlp.up_proj.weight", []int{f, h}, &l.Up, i},
+			tensorSpec{p + "mlp.down_proj.weight", []int{h, f}, &l.Down, i},
 		)
 		if c.MLPGated {
-			specs = append(specs, tensorSpec{p + "mlp.gate_proj.weight", []int{f, h}, &l.Gate})
+			specs = append(specs, tensorSpec{p + "mlp.gate_proj.weight", []int{f, h}, &l.Gate, i})
 		}
 	}
-	specs = append(specs, tensorSpec{"model.norm.weight", []int{h}, &w.Norm})
+	specs = append(specs, tensorSpec{"model.norm.weight", []int{h}, &w.Norm, -1})
 	if !c.TieWordEmbeddings {
-		specs = append(specs, tensorSpec{"lm_head.weight", []int{c.VocabSize, h}, &w.LMHead})
+		specs = append(specs, tensorSpec{"lm_head.weight", []int{c.VocabSize, h}, &w.LMHead, -1})
 	}
 	return specs
 }
@@ -89,33 +91,39 @@ func (w *Weights) RoundBF16(c Config) {
 // infinite values and tensors the model does not use are errors naming the
 // tensor.
 func LoadWeights(c Config, ck *safetensors.Checkpoint) (*Weights, error) {
-	if err := memcheck.Fits(fmt.Sprintf("loading %s (%d layers, float32)", c.name(), c.NumHiddenLayers), c.WeightBytes(), ""); err != nil {
-		return nil, fmt.Errorf("model: %w", err)
+	w, _, err := loadWeights(c, ck, false)
+	return w, err
+}
+
+// loadWeights is LoadWeights; with deferLayers it checks every tensor but
+// reads only those outside the layers' matrices (embeddings, norms, LM
+// head), and reports whether the matrices it left are all stored in bf16.
+func loadWeights(c Config, ck *safetensors.Checkpoint, deferLayers bool) (w *Weights, layersBF16 bool, err error) {
+	need := c.WeightBytes()
+	if deferLayers { // embeddings, LM head, norms, and the layers' slice headers
+		vocab, h, layers := float64(c.VocabSize), float64(c.HiddenSize), float64(c.NumHiddenLayers)
+		heads := 2.0
+		if c.TieWordEmbeddings {
+			heads = 1
+		}
+		need = 4*(heads*vocab*h+(2*layers+1)*h) + layers*float64(unsafe.Sizeof(LayerWeights{}))
 	}
-	w := &Weights{Layers: make([]LayerWeights, c.NumHiddenLayers)}
+	if err := memcheck.Fits(fmt.Sprintf("loading %s (%d layers, float32)", c.name(), c.NumHiddenLayers), need, ""); err != nil {
+		return nil, false, fmt.Errorf("model: %w", err)
+	}
+	w = &Weights{Layers: make([]LayerWeights, c.NumHiddenLayers)}
 	used := map[string]bool{}
+	layersBF16 = true
 	var errs []error
 	for _, s := range w.specs(c) {
 		used[s.name] = true
-		if !ck.Has(s.name) {
-			errs = append(errs, fmt.Errorf("model: %s: tensor %q missing", ck.Path(), s.name))
-			continue
-		}
-		t, err := ck.Tensor(s.name)
+		t, err := checkTensor(ck, s)
 		if err != nil {
 			errs = append(errs, err)
 			continue
 		}
-		if !t.DType.IsFloat() {
-			errs = append(errs, fmt.Errorf("model: tensor %q has dtype %s, want a float type", s.name, t.DType))
-			continue
-		}
-		if !slices.Equal(t.Shape, s.shape) {
-			errs = append(errs, fmt.Errorf("model: tensor %q has shape %v, want %v", s.name, t.Shape, s.shape))
-			continue
-		}
-		if err := t.CheckFinite(); err != nil {
-			errs = append(errs, fmt.Errorf("model: %s: %w", ck.Path(), err))
+		if deferLayers && s.layer >= 0 {
+			layersBF16 = layersBF16 && t.DType == safetensors.BF16
 			continue
 		}
 		v, err := t.Float32()
@@ -138,9 +146,31 @@ func LoadWeights(c Config, ck *safetensors.Checkpoint) (*Weights, error) {
 		if len(errs) > 8 {
 			errs = append(errs[:8], fmt.Errorf("... and %d more", len(errs)-8))
 		}
-		return nil, errors.Join(errs...)
+		return nil, false, errors.Join(errs...)
 	}
-	return w, nil
+	return w, layersBF16, nil
+}
+
+// checkTensor returns the tensor s names from ck, checked: present, a float
+// type, s's shape, finite values.
+func checkTensor(ck *safetensors.Checkpoint, s tensorSpec) (safetensors.Tensor, error) {
+	if !ck.Has(s.name) {
+		return safetensors.Tensor{}, fmt.Errorf("model: %s: tensor %q missing", ck.Path(), s.name)
+	}
+	t, err := ck.Tensor(s.name)
+	if err != nil {
+		return t, err
+	}
+	if !t.DType.IsFloat() {
+		return t, fmt.Errorf("model: tensor %q has dtype %s, want a float type", s.name, t.DType)
+	}
+	if !slices.Equal(t.Shape, s.shape) {
+		return t, fmt.Errorf("model: tensor %q has shape %v, want %v", s.name, t.Shape, s.shape)
+	}
+	if err := t.CheckFinite(); err != nil {
+		return t, fmt.Errorf("model: %s: %w", ck.Path(), err)
+	}
+	return t, nil
 }
 
 // Save writes the weights as model.safetensors (dtype BF16 or F32) in dir.

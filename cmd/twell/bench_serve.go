@@ -269,7 +269,7 @@ func startInProcess(st serverSetup, stderr io.Writer) (*inProcess, error) {
 	modelDesc := bench.TinyServeModelName
 	switch {
 	case st.dir != "":
-		if m, tok, err = loadCheckpoint(st.dir); err != nil {
+		if m, tok, err = loadCheckpoint(st.dir, false); err != nil {
 			return nil, err
 		}
 		o.ModelName = filepath.Base(filepath.Clean(st.dir))

@@ -10,7 +10,8 @@ import (
 )
 
 // loadCheckpointOrDefault loads the checkpoint in dir, or the default
-// model (with a note on stderr) when dir is empty.
+// model (with a note on stderr) when dir is empty, for a command that only
+// runs it (generate, serve): see loadCheckpoint's runOnly.
 func loadCheckpointOrDefault(cmd, dir string, stderr io.Writer) (*model.Model, *tokenizer.Tokenizer, error) {
 	if dir == "" {
 		d, err := models.Default()
@@ -20,5 +21,5 @@ func loadCheckpointOrDefault(cmd, dir string, stderr io.Writer) (*model.Model, *
 		fmt.Fprintf(stderr, "%s: no -model given: using the default model %s (models/default in the source tree)\n", cmd, models.DefaultName)
 		dir = d
 	}
-	return loadCheckpoint(dir)
+	return loadCheckpoint(dir, true)
 }

@@ -92,10 +92,11 @@ func runEval(args []string, stdout, stderr io.Writer) error {
 		}
 	}
 
-	m, tok, err := loadCheckpoint(*dir)
+	m, tok, err := loadCheckpoint(*dir, true)
 	if err != nil {
 		return err
 	}
+	defer m.Close()
 	c := m.Config
 	ctx := c.MaxPositionEmbeddings
 	if *stride >= ctx {

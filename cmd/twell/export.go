@@ -42,7 +42,7 @@ func runExport(args []string, stdout, stderr io.Writer) error {
 	if ents, err := os.ReadDir(*out); err == nil && len(ents) > 0 {
 		return fmt.Errorf("-out %s: folder is not empty; nothing written", *out)
 	}
-	m, _, err := loadCheckpoint(*dir)
+	m, _, err := loadCheckpoint(*dir, false)
 	if err != nil {
 		return err
 	}

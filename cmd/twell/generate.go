@@ -69,6 +69,7 @@ func runGenerate(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	defer m.Close()
 	c := m.Config
 	if tok.VocabSize() < c.VocabSize {
 		fmt.Fprintf(stderr, "generate: the model's vocabulary has %d entries, the tokenizer %d; ids past the tokenizer's are never sampled\n", c.VocabSize, tok.VocabSize())
@@ -137,17 +138,24 @@ func runGenerate(args []string, stdout, stderr io.Writer) error {
 }
 
 // loadCheckpoint loads the model and tokenizer of a checkpoint folder and
-// checks that the model's vocabulary covers the tokenizer's.
-func loadCheckpoint(dir string) (*model.Model, *tokenizer.Tokenizer, error) {
+// checks that the model's vocabulary covers the tokenizer's. For a job that
+// only runs the model (runOnly) the layers stay in the checkpoint until the
+// engine reads them (model.LoadDeferred); close the model when done.
+func loadCheckpoint(dir string, runOnly bool) (*model.Model, *tokenizer.Tokenizer, error) {
 	tok, err := tokenizer.Load(filepath.Join(dir, "tokenizer.json"))
 	if err != nil {
 		return nil, nil, err
 	}
-	m, err := model.Load(dir)
+	load := model.Load
+	if runOnly {
+		load = model.LoadDeferred
+	}
+	m, err := load(dir)
 	if err != nil {
 		return nil, nil, err
 	}
 	if tok.VocabSize() > m.Config.VocabSize {
+		m.Close()
 		return nil, nil, fmt.Errorf("tokenizer has %d tokens but the model's vocabulary is %d", tok.VocabSize(), m.Config.VocabSize)
 	}
 	return m, tok, nil

@@ -86,6 +86,7 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	defer m.Close()
 	c := m.Config
 	if o.Context == 0 || o.Context > c.MaxPositionEmbeddings {
 		o.Context = c.MaxPositionEmbeddings

@@ -142,7 +142,7 @@ func TestParseBytes(t *testing.T) {
 // TestWarmUpLeavesNoPages: the warm-up pass runs on the engine a server
 // opens and gives back every KV page it took.
 func TestWarmUpLeavesNoPages(t *testing.T) {
-	m, _, err := loadCheckpoint(tinyCheckpoint(t))
+	m, _, err := loadCheckpoint(tinyCheckpoint(t), false)
 	if err != nil {
 		t.Fatal(err)
 	}

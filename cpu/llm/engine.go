@@ -221,8 +221,11 @@ func (e *Engine) PackedBytes() float64 {
 	case e.opts.DecodeBF16:
 		f = 1.7
 	}
-	if e.opts.ReleaseWeights {
+	switch {
+	case e.opts.ReleaseWeights:
 		f = max(0, f-1) // each layer's float32 matrices go as its copies come
+	case e.model.Deferred():
+		f++ // the layers are read into float32 and kept
 	}
 	// Packing a layer makes float32 panels before compacting them.
 	perLayer := c.WeightBytes() / float64(max(1, c.NumHiddenLayers)) // an upper bound
@@ -246,12 +249,17 @@ func (e *Engine) PackedSize() int64 {
 
 // weightsExact reports whether every projection, MLP and LM-head weight of
 // the model is a bfloat16 value, so that packing keeps them in bf16 alone.
+// Layers still in a checkpoint (model.LoadDeferred) count by their stored
+// type.
 func (e *Engine) weightsExact() bool {
+	if !e.model.DeferredBF16() {
+		return false
+	}
 	w := e.model.Weights
 	var ms [][]float32
 	for i := range w.Layers {
 		l := &w.Layers[i]
-		ms = append(ms, l.Q, l.K, l.V, l.O, l.Gate, l.Up, l.Down)
+		ms = append(ms, l.Q, l.K, l.V, l.O, l.Gate, l.Up, l.Down) // nil while deferred
 	}
 	if e.model.Config.TieWordEmbeddings {
 		ms = append(ms, w.Embed)
@@ -286,7 +294,11 @@ func (e *Engine) RepackLayer(i int) error {
 
 // packLayer packs layer i's weights.
 func (e *Engine) packLayer(i int) (cpuLayer, error) {
-	c, lw := e.model.Config, e.model.Weights.Layers[i]
+	c := e.model.Config
+	lw, err := e.model.Layer(i)
+	if err != nil {
+		return cpuLayer{}, fmt.Errorf("cpu/llm: %w", err)
+	}
 	if lw.Q == nil {
 		return cpuLayer{}, fmt.Errorf("cpu/llm: layer %d of the model holds no weights (an engine with ReleaseWeights let go of them)", i)
 	}
@@ -295,7 +307,6 @@ func (e *Engine) packLayer(i int) (cpuLayer, error) {
 	qkv := make([]float32, 0, qkvRows*h)
 	qkv = append(append(append(qkv, lw.Q...), lw.K...), lw.V...)
 	var l cpuLayer
-	var err error
 	if l.qkv, err = cpu.PackB(qkv, qkvRows, h); err != nil {
 		return l, fmt.Errorf("cpu/llm: layer %d attention: %w", i, err)
 	}

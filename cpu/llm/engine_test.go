@@ -424,3 +424,45 @@ func TestReleaseWeights(t *testing.T) {
 	more, _ := enginetest.Forward(t, e, enginetest.Caches(t, e, 1, 16), [][]int{ids}, true)
 	enginetest.SameBits(t, "a second pass after release", want, more)
 }
+
+// TestDeferredModel: an engine packing a model whose layers stay in the
+// checkpoint until packed (model.LoadDeferred), releasing them as it goes,
+// gives the logits of a fully loaded model's engine, bit for bit, for bf16
+// and f32 checkpoints, and leaves no layer behind in float32.
+func TestDeferredModel(t *testing.T) {
+	r, seed := testutil.Rand(t)
+	c := tinyConfig()
+	c.TieWordEmbeddings = r.IntN(2) == 0
+	m := tinyModel(t, r, c, 0.05)
+	ids := enginetest.Tokens(r, 7, c.VocabSize)
+	for _, dt := range []safetensors.DType{safetensors.BF16, safetensors.F32} {
+		dir := t.TempDir()
+		if err := model.Save(dir, c, m.Weights, dt); err != nil {
+			t.Fatal(err)
+		}
+		full, err := model.Load(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lazy, err := model.LoadDeferred(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer lazy.Close()
+		e1, e2 := newEngine(t, full, llm.Options{}), newEngine(t, lazy, llm.Options{ReleaseWeights: true})
+		want, _ := enginetest.Forward(t, e1, enginetest.Caches(t, e1, 1, 16), [][]int{ids}, true)
+		got, _ := enginetest.Forward(t, e2, enginetest.Caches(t, e2, 1, 16), [][]int{ids}, true)
+		enginetest.SameBits(t, "deferred and released vs loaded whole ("+string(dt)+")", want, got)
+		if lazy.Deferred() {
+			t.Fatalf("seed %d: %s: layers left in the checkpoint after packing", seed, dt)
+		}
+		for i, l := range lazy.Weights.Layers {
+			if l.Q != nil || l.Down != nil {
+				t.Fatalf("seed %d: %s: layer %d kept in float32", seed, dt, i)
+			}
+		}
+		if got, full := e2.PackedSize(), e1.PackedSize(); got != full {
+			t.Errorf("seed %d: %s: packed %d bytes against %d for the whole model's engine", seed, dt, got, full)
+		}
+	}
+}
