@@ -10,7 +10,9 @@ import (
 
 // Model is what a Llama-style model is: its configuration and its float32
 // weights. It holds no engine state; an engine (package cpu/llm or gpu/llm)
-// runs it.
+// runs it. A model from LoadDeferred holds its layers' matrices only once
+// Layer (or ReadAll) has read them; code that reads Weights.Layers itself
+// calls ReadAll first.
 type Model struct {
 	Config  Config
 	Weights *Weights
