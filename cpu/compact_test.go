@@ -220,3 +220,63 @@ func FuzzCompact(f *testing.F) {
 		}
 	})
 }
+
+// TestTrimRepacksSameBits: an MLP whose dense panels Trim dropped runs the
+// sparse finish from its rows and, when the dense finish comes, packs the
+// panels again with the same bits, for bf16 and float32 weights, gated or
+// not, with the bf16 decode copies where they were made.
+func TestTrimRepacksSameBits(t *testing.T) {
+	forEachKernel(t, func(t *testing.T) {
+		r, seed := testutil.Rand(t)
+		d, f := 64+r.IntN(2)*16, 512
+		for _, gated := range []bool{true, false} {
+			for _, exact := range []bool{true, false} {
+				for _, small := range []bool{false, true} {
+					sl, err := synth.NewLayer(r, d, f, 0.02, synth.Skewed, gated)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if exact {
+						roundAll(sl.Gate, sl.Up, sl.Down)
+					}
+					whole, _ := NewMLP(sl.Gate, sl.Up, sl.Down, d, f)
+					trimmed, _ := NewMLP(sl.Gate, sl.Up, sl.Down, d, f)
+					for _, l := range []*MLP{whole, trimmed} {
+						l.Compact()
+						if small {
+							l.UseBF16ForSmallM()
+						}
+					}
+					before := trimmed.Bytes()
+					trimmed.Trim()
+					want := before - whole.down.Bytes()
+					if gated {
+						want -= whole.up.Bytes()
+					}
+					if got := trimmed.Bytes(); got != want {
+						t.Errorf("seed %d: gated=%v exact=%v small=%v: trimmed MLP takes %d bytes, want %d", seed, gated, exact, small, got, want)
+					}
+					for _, step := range []struct {
+						path mlp.Path
+						m    int
+					}{{mlp.Auto, 9}, {mlp.Sparse, 1}, {mlp.Dense, 4}, {mlp.Dense, 40}, {mlp.Auto, 13}} {
+						x := synth.Tokens(r, step.m, d)
+						whole.Path, trimmed.Path = step.path, step.path
+						y1, y2 := make([]float32, step.m*d), randMat(r, step.m*d)
+						_, n1, p1, err1 := whole.Forward(y1, x, step.m, twell.DefaultLayout)
+						_, n2, p2, err2 := trimmed.Forward(y2, x, step.m, twell.DefaultLayout)
+						if err1 != nil || err2 != nil {
+							t.Fatal(err1, err2)
+						}
+						if i := sameBits(y1, y2); i >= 0 || n1 != n2 || p1 != p2 {
+							t.Fatalf("seed %d: gated=%v exact=%v small=%v %v m %d: element %d, active %d/%d, path %v/%v: trimmed differs", seed, gated, exact, small, step.path, step.m, i, n1, n2, p1, p2)
+						}
+					}
+					if trimmed.Bytes() != before {
+						t.Errorf("seed %d: gated=%v exact=%v small=%v: after the dense path ran, %d bytes, want %d again", seed, gated, exact, small, trimmed.Bytes(), before)
+					}
+				}
+			}
+		}
+	})
+}

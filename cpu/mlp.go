@@ -7,6 +7,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/twell-ai/twell/bf16"
 	"github.com/twell-ai/twell/mlp"
 	"github.com/twell-ai/twell/twell"
 )
@@ -44,8 +45,10 @@ type MLP struct {
 	// DefaultDenseAbove.
 	DenseAbove float64
 
-	gate, up, down   *PackedB // Wg [F x D], Wu [F x D], Wd [D x F], packed
-	upRows, downRows unitRows // Wu and Wd^T, F x D row-major
+	gate, up, down   *PackedB   // Wg [F x D], Wu [F x D], Wd [D x F], packed; see Trim
+	upRows, downRows unitRows   // Wu and Wd^T, F x D row-major
+	panelsMu         sync.Mutex // guards packing the dense panels again after Trim
+	smallBF16        bool       // UseBF16ForSmallM was called: panels packed again get it too
 }
 
 // unitRows holds F rows of d weights, one per MLP unit (row j of Wu, or of
@@ -186,6 +189,7 @@ const DefaultDenseAbove = 0.06
 // copies of the packed weights, on the dense and the TwELL path alike: such
 // calls are bound by memory bandwidth. See PackedB.UseBF16ForSmallM.
 func (l *MLP) UseBF16ForSmallM() {
+	l.smallBF16 = true
 	for _, p := range []*PackedB{l.gate, l.up, l.down} {
 		if p != nil {
 			p.UseBF16ForSmallM()
@@ -233,6 +237,10 @@ func (l *MLP) dense(y, x []float32, m int) (int64, error) {
 	if err := l.check(y, x, m); err != nil {
 		return 0, err
 	}
+	up, down, err := l.densePanels()
+	if err != nil {
+		return 0, err
+	}
 	f := l.F
 	hp := getScratch(m * f)
 	defer scratch.Put(hp)
@@ -258,7 +266,7 @@ func (l *MLP) dense(y, x []float32, m int) (int64, error) {
 				act(g[(i0+i)*f+j0:(i0+i)*f+j0+cols], tile[i*tileN:i*tileN+cols])
 			}
 		})
-		gemmBlocks(x, m, l.up, func(i0, rows, j0, cols int, tile []float32) {
+		gemmBlocks(x, m, up, func(i0, rows, j0, cols int, tile []float32) {
 			for i := 0; i < rows; i++ {
 				gr := g[(i0+i)*f+j0 : (i0+i)*f+j0+cols]
 				out := h[(i0+i)*f+j0 : (i0+i)*f+j0+cols]
@@ -268,13 +276,67 @@ func (l *MLP) dense(y, x []float32, m int) (int64, error) {
 			}
 		})
 	} else {
-		gemmBlocks(x, m, l.up, func(i0, rows, j0, cols int, tile []float32) {
+		gemmBlocks(x, m, up, func(i0, rows, j0, cols int, tile []float32) {
 			for i := 0; i < rows; i++ {
 				act(h[(i0+i)*f+j0:(i0+i)*f+j0+cols], tile[i*tileN:i*tileN+cols])
 			}
 		})
 	}
-	return active.Load(), Gemm(y, h, m, l.down)
+	return active.Load(), Gemm(y, h, m, down)
+}
+
+// Trim drops the GEMM panels of the up and down projections that a ReLU
+// MLP off the dense path does not read (the gated MLP's up panels and
+// every MLP's down panels): its sparse finish reads the unit rows, which
+// hold the same weights, so this saves a third of the MLP's memory. The
+// dense finish (mlp.Auto above DenseAbove, mlp.Dense later) packs them
+// again from the rows, exactly, the first time it runs.
+func (l *MLP) Trim() {
+	if l.Act != ReLU || l.Path == mlp.Dense {
+		return
+	}
+	l.panelsMu.Lock()
+	defer l.panelsMu.Unlock()
+	if l.Gated {
+		l.up = nil
+	}
+	l.down = nil
+}
+
+// densePanels returns the up and down projections' panels, packing them
+// again from the unit rows where Trim dropped them (in bf16 alone where the
+// rows are).
+func (l *MLP) densePanels() (up, down *PackedB, err error) {
+	l.panelsMu.Lock()
+	defer l.panelsMu.Unlock()
+	repack := func(rows unitRows, pack func(w []float32) (*PackedB, error)) (*PackedB, error) {
+		w := rows.f32
+		if w == nil {
+			w = make([]float32, len(rows.b16))
+			bf16.ToFloat32s(w, rows.b16)
+		}
+		p, err := pack(w)
+		if err != nil {
+			return nil, err
+		}
+		if rows.f32 == nil {
+			p.Compact()
+		} else if l.smallBF16 {
+			p.UseBF16ForSmallM()
+		}
+		return p, nil
+	}
+	if l.up == nil {
+		if l.up, err = repack(l.upRows, func(w []float32) (*PackedB, error) { return PackB(w, l.F, l.D) }); err != nil {
+			return nil, nil, err
+		}
+	}
+	if l.down == nil { // the rows are Wd^T, F x D: PackBT's layout of Wd
+		if l.down, err = repack(l.downRows, func(w []float32) (*PackedB, error) { return PackBT(w, l.F, l.D) }); err != nil {
+			return nil, nil, err
+		}
+	}
+	return l.up, l.down, nil
 }
 
 // D2T computes relu(x w^T) for x (m x K) and packed w (N x K), packing the
@@ -447,10 +509,14 @@ func (l *MLP) Forward(y, x []float32, m int, layout twell.Layout) (*twell.Matrix
 		l.finishSparse(y, x, p)
 		return p, nnz, mlp.Sparse, nil
 	}
+	up, down, err := l.densePanels()
+	if err != nil {
+		return nil, 0, mlp.Dense, err
+	}
 	h := p.Unpack()
 	if l.Gated {
 		f := l.F
-		gemmBlocks(x, m, l.up, func(i0, rows, j0, cols int, tile []float32) {
+		gemmBlocks(x, m, up, func(i0, rows, j0, cols int, tile []float32) {
 			for i := 0; i < rows; i++ {
 				out := h[(i0+i)*f+j0 : (i0+i)*f+j0+cols]
 				for j, u := range tile[i*tileN : i*tileN+cols] {
@@ -459,5 +525,5 @@ func (l *MLP) Forward(y, x []float32, m int, layout twell.Layout) (*twell.Matrix
 			}
 		})
 	}
-	return p, nnz, mlp.Dense, Gemm(y, h, m, l.down)
+	return p, nnz, mlp.Dense, Gemm(y, h, m, down)
 }

@@ -211,7 +211,9 @@ var errReleased = errors.New("cpu/llm: the model's weights were released once pa
 // PackedBytes estimates the memory the packed copies of the weights take
 // (made at the first Forward): GEMM panels of every projection and the
 // MLP's unit rows, in bfloat16 alone where the weights are all bfloat16
-// values, else in float32 (plus bf16 copies with DecodeBF16).
+// values, else in float32 (plus bf16 copies with DecodeBF16). It does not
+// count on cpu.MLP.Trim's saving: the dense finish may bring the panels
+// back.
 func (e *Engine) PackedBytes() float64 {
 	c := e.model.Config
 	f := 1.2
@@ -326,6 +328,7 @@ func (e *Engine) packLayer(i int) (cpuLayer, error) {
 	if !l.mlp.Compact() && e.opts.DecodeBF16 {
 		l.mlp.UseBF16ForSmallM()
 	}
+	l.mlp.Trim() // the sparse finish reads the unit rows; dense panels come back when needed
 	return l, nil
 }
 
