@@ -328,7 +328,9 @@ func (e *Engine) packLayer(i int) (cpuLayer, error) {
 	if !l.mlp.Compact() && e.opts.DecodeBF16 {
 		l.mlp.UseBF16ForSmallM()
 	}
-	l.mlp.Trim() // the sparse finish reads the unit rows; dense panels come back when needed
+	if e.layout.Check(c.IntermediateSize) == nil { // else every pass runs dense
+		l.mlp.Trim() // the sparse finish reads the unit rows; dense panels come back when needed
+	}
 	return l, nil
 }
 
