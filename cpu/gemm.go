@@ -209,7 +209,7 @@ func gemmPacked(m int, b *PackedB, pack func(dst []float32, i0, rows int), epi e
 		}
 	}()
 	parallelWorkers(mBlocks*nBlocks, func() func(int) {
-		sp := getGemmScratch(mc*k + mc*tileN)
+		sp := fromPool(&gemmScratch, mc*k+mc*tileN)
 		mu.Lock()
 		held = append(held, sp)
 		mu.Unlock()
@@ -252,10 +252,11 @@ func gemmPacked(m int, b *PackedB, pack func(dst []float32, i0, rows int), epi e
 // GEMMs a layer, and fresh buffers cost page faults and collections.
 var gemmScratch sync.Pool
 
-// getGemmScratch returns a buffer of n floats from gemmScratch, or a new
-// one when the pool holds none large enough. Its values are not cleared.
-func getGemmScratch(n int) *[]float32 {
-	if p, ok := gemmScratch.Get().(*[]float32); ok && cap(*p) >= n {
+// fromPool returns a buffer of n floats from pool (one of *[]float32), or a
+// new one when the pool gives none large enough. Its values are not
+// cleared.
+func fromPool(pool *sync.Pool, n int) *[]float32 {
+	if p, ok := pool.Get().(*[]float32); ok && cap(*p) >= n {
 		*p = (*p)[:n]
 		return p
 	}

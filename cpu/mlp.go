@@ -16,14 +16,7 @@ import (
 // that the baseline does not pay page faults for fresh memory every time.
 var scratch sync.Pool
 
-func getScratch(n int) *[]float32 {
-	if p, ok := scratch.Get().(*[]float32); ok && cap(*p) >= n {
-		*p = (*p)[:n]
-		return p
-	}
-	s := make([]float32, n)
-	return &s
-}
+func getScratch(n int) *[]float32 { return fromPool(&scratch, n) }
 
 // MLP holds one MLP layer's weights in the layouts the CPU kernels want:
 // packed panels for the dense GEMMs, and contiguous unit rows (row j of Wu

@@ -71,11 +71,7 @@ func product(shape []int) int {
 // Until then Weights.Layers hold the norms only. The checkpoint is closed
 // once every layer was read, or by Close.
 func LoadDeferred(dir string) (*Model, error) {
-	c, err := LoadConfig(filepath.Join(dir, ConfigFileName))
-	if err != nil {
-		return nil, err
-	}
-	ck, err := safetensors.OpenDir(dir)
+	c, ck, err := openCheckpoint(dir)
 	if err != nil {
 		return nil, err
 	}
@@ -189,14 +185,21 @@ func (m *Model) Close() error {
 	return err
 }
 
+// openCheckpoint reads the config of the checkpoint folder dir and opens
+// its weights.
+func openCheckpoint(dir string) (Config, *safetensors.Checkpoint, error) {
+	c, err := LoadConfig(filepath.Join(dir, ConfigFileName))
+	if err != nil {
+		return c, nil, err
+	}
+	ck, err := safetensors.OpenDir(dir)
+	return c, ck, err
+}
+
 // Load reads a Hugging Face style checkpoint directory: config.json and
 // model.safetensors (or a sharded index).
 func Load(dir string) (*Model, error) {
-	c, err := LoadConfig(filepath.Join(dir, ConfigFileName))
-	if err != nil {
-		return nil, err
-	}
-	ck, err := safetensors.OpenDir(dir)
+	c, ck, err := openCheckpoint(dir)
 	if err != nil {
 		return nil, err
 	}
