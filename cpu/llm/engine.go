@@ -37,8 +37,9 @@ type Options struct {
 	// same results as in float32 (see cpu.PackedB.Compact).
 	DecodeBF16 bool
 	// ReleaseWeights makes the engine let go of the model's float32
-	// projection and MLP matrices (and an untied LM head) as it packs each
-	// layer, and hand that memory back to the system, so that once packed
+	// projection and MLP matrices as it packs each layer (then of an untied
+	// LM head, and of the embeddings where bf16 holds them exactly: it keeps
+	// a bf16 copy), and hand that memory back to the system, so that once packed
 	// the process holds the packed copies (for a bfloat16 checkpoint, bf16
 	// ones) but not the float32 model besides. The model can then not be
 	// packed again (RepackLayer, a second engine), run on a GPU or saved:
@@ -68,6 +69,7 @@ type Engine struct {
 	released bool         // the model's matrices were let go (ReleaseWeights)
 	layers   []cpuLayer   // nil until packed
 	head     *cpu.PackedB // LM head (the embedding when tied)
+	embed16  []uint16     // the embeddings in bf16 once ReleaseWeights dropped the model's; nil otherwise
 
 	// ObserveMLPInput, when set, sees each layer's normalised MLP input (T
 	// rows of HiddenSize values) before the MLP runs. It may change the
@@ -140,7 +142,7 @@ func (e *Engine) Model() *model.Model { return e.model }
 func (e *Engine) Close() error {
 	e.packMu.Lock()
 	defer e.packMu.Unlock()
-	e.layers, e.head = nil, nil
+	e.layers, e.head, e.embed16 = nil, nil, nil
 	e.pool.close()
 	debug.FreeOSMemory()
 	return nil
@@ -196,8 +198,15 @@ func (e *Engine) pack() error {
 	if !e.head.Compact() && e.opts.DecodeBF16 {
 		e.head.UseBF16ForSmallM()
 	}
-	if e.opts.ReleaseWeights && !c.TieWordEmbeddings {
-		w.LMHead = nil
+	if e.opts.ReleaseWeights {
+		if !c.TieWordEmbeddings {
+			w.LMHead = nil
+		}
+		if bf16.Exact(w.Embed) { // the lookups read a bf16 copy, exactly
+			e.embed16 = make([]uint16, len(w.Embed))
+			bf16.Truncate(e.embed16, w.Embed)
+			w.Embed = nil
+		}
 		debug.FreeOSMemory()
 	}
 	e.layers = layers
@@ -234,8 +243,9 @@ func (e *Engine) PackedBytes() float64 {
 	return f*c.WeightBytes() + 1.2*perLayer
 }
 
-// PackedSize returns the bytes the packed copies of the weights take now
-// (0 before the first Forward or Pack).
+// PackedSize returns the bytes the packed copies of the weights take now,
+// the bf16 embeddings of ReleaseWeights included (0 before the first
+// Forward or Pack).
 func (e *Engine) PackedSize() int64 {
 	e.packMu.Lock()
 	defer e.packMu.Unlock()
@@ -246,7 +256,7 @@ func (e *Engine) PackedSize() int64 {
 	if e.head != nil {
 		n += int64(e.head.Bytes())
 	}
-	return n
+	return n + 2*int64(len(e.embed16))
 }
 
 // weightsExact reports whether every projection, MLP and LM-head weight of

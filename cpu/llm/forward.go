@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 
+	"github.com/twell-ai/twell/bf16"
 	"github.com/twell-ai/twell/cpu"
 	"github.com/twell-ai/twell/engine"
 )
@@ -62,7 +63,11 @@ func (e *Engine) Forward(caches []engine.Cache, tokens [][]int, allLogits bool) 
 	t := 0
 	for _, toks := range tokens {
 		for _, id := range toks {
-			copy(x[t*h:(t+1)*h], w.Embed[id*h:(id+1)*h])
+			if e.embed16 != nil {
+				bf16.ToFloat32s(x[t*h:(t+1)*h], e.embed16[id*h:(id+1)*h])
+			} else {
+				copy(x[t*h:(t+1)*h], w.Embed[id*h:(id+1)*h])
+			}
 			t++
 		}
 	}
