@@ -2,6 +2,7 @@ package cpu
 
 import (
 	"math"
+	"slices"
 	"testing"
 
 	"github.com/twell-ai/twell/bf16"
@@ -50,6 +51,9 @@ func TestCompactGemmSameBits(t *testing.T) {
 			if got, want := compact.Bytes(), full.Bytes()/2; got != want {
 				t.Errorf("seed %d: compact panels take %d bytes, want %d", seed, got, want)
 			}
+			if direct, err := PackBCompact(w, n, k); err != nil || direct.data != nil || !slices.Equal(direct.bf16, compact.bf16) {
+				t.Fatalf("seed %d: PackBCompact's panels differ from PackB then Compact's (err %v)", seed, err)
+			}
 			a := randMat(r, m*k)
 			c1, c2 := make([]float32, m*n), randMat(r, m*n)
 			if err := Gemm(c1, a, m, full); err != nil {
@@ -82,6 +86,9 @@ func TestCompactGemmSameBits(t *testing.T) {
 			odd, _ := PackB(w, n, k)
 			if odd.Compact() || odd.data == nil || odd.Bytes() != full.Bytes() {
 				t.Fatalf("seed %d: a matrix with a value bf16 cannot hold was compacted", seed)
+			}
+			if direct, _ := PackBCompact(w, n, k); direct.bf16 != nil || !slices.Equal(direct.data, odd.data) {
+				t.Fatalf("seed %d: PackBCompact made bf16 panels of a matrix bf16 cannot hold", seed)
 			}
 		}
 	})

@@ -2,6 +2,7 @@ package cpu
 
 import (
 	"fmt"
+	"math"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -75,23 +76,54 @@ func (p *PackedB) Compact() bool {
 // exactBF16 returns src in bfloat16 when every value of it is a bfloat16
 // value, and nil otherwise.
 func exactBF16(src []float32) []uint16 {
-	const chunk = 1 << 16
-	chunks := (len(src) + chunk - 1) / chunk
-	var inexact atomic.Bool
-	parallelFor(chunks, func(i int) {
-		if !inexact.Load() && !bf16.Exact(src[i*chunk:min(len(src), (i+1)*chunk)]) {
-			inexact.Store(true)
-		}
-	})
-	if inexact.Load() {
+	if !allExact(src) {
 		return nil
 	}
+	const chunk = 1 << 16
+	chunks := (len(src) + chunk - 1) / chunk
 	dst := make([]uint16, len(src))
 	parallelFor(chunks, func(i int) {
 		lo, hi := i*chunk, min(len(src), (i+1)*chunk)
 		bf16.Truncate(dst[lo:hi], src[lo:hi])
 	})
 	return dst
+}
+
+// allExact reports whether every value of src is a bfloat16 value.
+func allExact(src []float32) bool {
+	const chunk = 1 << 16
+	var inexact atomic.Bool
+	parallelFor((len(src)+chunk-1)/chunk, func(i int) {
+		if !inexact.Load() && !bf16.Exact(src[i*chunk:min(len(src), (i+1)*chunk)]) {
+			inexact.Store(true)
+		}
+	})
+	return !inexact.Load()
+}
+
+// PackBCompact is PackB then Compact, without the float32 panels in
+// between when every value of w is a bfloat16 value: it packs straight into
+// bf16 panels (a model's LM head would otherwise take twice its compact
+// size for a moment).
+func PackBCompact(w []float32, n, k int) (*PackedB, error) {
+	if n < 1 || k < 1 || len(w) != n*k || !allExact(w) {
+		return PackB(w, n, k) // Compact would keep the float32 panels
+	}
+	p := &PackedB{N: n, K: k, bf16: make([]uint16, (n+nr-1)/nr*nr*k)}
+	parallelFor(len(p.bf16)/(k*nr), func(pi int) {
+		j0 := pi * nr
+		cols := min(nr, n-j0)
+		dst := p.bf16[pi*k*nr : (pi+1)*k*nr]
+		if cols < nr {
+			clear(dst)
+		}
+		for j := 0; j < cols; j++ {
+			for q, v := range w[(j0+j)*k : (j0+j+1)*k] {
+				dst[q*nr+j] = uint16(math.Float32bits(v) >> 16)
+			}
+		}
+	})
+	return p, nil
 }
 
 // PackB packs w, an n x k row-major matrix (the nn.Linear weight layout, so

@@ -192,7 +192,7 @@ func (e *Engine) pack() error {
 		head = w.Embed
 	}
 	var err error
-	if e.head, err = cpu.PackB(head, c.VocabSize, c.HiddenSize); err != nil {
+	if e.head, err = cpu.PackBCompact(head, c.VocabSize, c.HiddenSize); err != nil {
 		return fmt.Errorf("cpu/llm: LM head: %w", err)
 	}
 	if !e.head.Compact() && e.opts.DecodeBF16 {
@@ -319,10 +319,10 @@ func (e *Engine) packLayer(i int) (cpuLayer, error) {
 	qkv := make([]float32, 0, qkvRows*h)
 	qkv = append(append(append(qkv, lw.Q...), lw.K...), lw.V...)
 	var l cpuLayer
-	if l.qkv, err = cpu.PackB(qkv, qkvRows, h); err != nil {
+	if l.qkv, err = cpu.PackBCompact(qkv, qkvRows, h); err != nil {
 		return l, fmt.Errorf("cpu/llm: layer %d attention: %w", i, err)
 	}
-	if l.o, err = cpu.PackB(lw.O, h, c.NumAttentionHeads*hd); err != nil {
+	if l.o, err = cpu.PackBCompact(lw.O, h, c.NumAttentionHeads*hd); err != nil {
 		return l, fmt.Errorf("cpu/llm: layer %d output projection: %w", i, err)
 	}
 	if l.mlp, err = cpu.NewMLP(lw.Gate, lw.Up, lw.Down, h, c.IntermediateSize); err != nil {
