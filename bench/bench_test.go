@@ -22,10 +22,10 @@ func TestSwitches(t *testing.T) {
 	if got := switches([]string{"HOME=/root"}); got != nil {
 		t.Errorf("switches without TWELL_ variables = %v, want nil", got)
 	}
-	t.Setenv("TWELL_T2U_ROWS", "1")
+	t.Setenv("TWELL_UNION", "9")
 	b, err := json.Marshal(newRow(FFNSchema, "cuda", "H200"))
-	if err != nil || !strings.Contains(string(b), `"switches":{`) || !strings.Contains(string(b), `"TWELL_T2U_ROWS":"1"`) {
-		t.Errorf("row JSON %s (%v) does not record TWELL_T2U_ROWS=1", b, err)
+	if err != nil || !strings.Contains(string(b), `"switches":{`) || !strings.Contains(string(b), `"TWELL_UNION":"9"`) {
+		t.Errorf("row JSON %s (%v) does not record TWELL_UNION=9", b, err)
 	}
 }
 
@@ -37,8 +37,8 @@ func TestParseVariants(t *testing.T) {
 	for _, name := range gpu.Switches {
 		t.Setenv(name, "")
 	}
-	got, err := ParseVariants("T2U_ROWS=1;TWELL_T2U_ROWS=2 UNION=1, TAIL=sorted; ")
-	want := []map[string]string{{"TWELL_T2U_ROWS": "1"}, {"TWELL_T2U_ROWS": "2", "TWELL_UNION": "1", "TWELL_TAIL": "sorted"}, {}}
+	got, err := ParseVariants("TAIL=warp;TWELL_TAIL=sorted UNION=1, EARLY_START=0; ")
+	want := []map[string]string{{"TWELL_TAIL": "warp"}, {"TWELL_TAIL": "sorted", "TWELL_UNION": "1", "TWELL_EARLY_START": "0"}, {}}
 	if err != nil || len(got) != len(want) {
 		t.Fatalf("ParseVariants: %v, %v; want %v", got, err, want)
 	}
@@ -49,7 +49,7 @@ func TestParseVariants(t *testing.T) {
 	}
 	for _, c := range []struct{ in, want string }{
 		{"BOGUS=1", "not one of the MLP's switches"},
-		{"T2U_ROWS=3", "TWELL_T2U_ROWS"},
+		{"TAIL=fast", "TWELL_TAIL"},
 		{"UNION", "is not NAME=VALUE"},
 		{"UNION=1 UNION=0", "sets TWELL_UNION twice"},
 		{"EARLY_START=maybe", "TWELL_EARLY_START"},
@@ -63,7 +63,7 @@ func TestParseVariants(t *testing.T) {
 // FuzzParseVariants: any input parses or is refused, without panicking,
 // and what parses names only the MLP's switches.
 func FuzzParseVariants(f *testing.F) {
-	f.Add("T2U_ROWS=1;T2U_ROWS=2")
+	f.Add("TAIL=warp;TAIL=sorted")
 	f.Add(";UNION=1,TAIL=warp")
 	f.Add("=;;=,")
 	f.Fuzz(func(t *testing.T, s string) {

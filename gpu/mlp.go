@@ -41,9 +41,6 @@ type MLP struct {
 	// sets it; see autopath.go). Off, Forward follows the density rule
 	// alone.
 	Measure bool
-	// T2URows is the number of U rows in flight per warp of the gated t2u
-	// (TailSorted): 1 or 2 (0: DefaultT2URows).
-	T2URows int
 	// UnionFrom, when positive, runs the sparse path of UnionFrom to 64
 	// tokens (decode steps of several sequences) on the union kernels
 	// (union.cu: the gate GEMM, then only the up and down rows of the

@@ -610,31 +610,3 @@ func TestSmallBatchMatchesFloat64(t *testing.T) {
 		}
 	})
 }
-
-// TestT2URowsSameBits runs the sorted tail with one and with two U rows in
-// flight per warp of t2u: each pair's dot product is the same sum either
-// way, so the outputs must be the same bit for bit, and match the float64
-// reference.
-func TestT2URowsSameBits(t *testing.T) {
-	dev, blas := setup(t)
-	r, seed := testutil.Rand(t)
-	const d, f = 2048, 5632
-	m := 1000 + r.IntN(1000)
-	sl := newLayer(t, r, d, f, 0.005, synth.Skewed, true)
-	l := newMLP(t, dev, blas, sl, twell.DefaultLayout, seed)
-	x := synth.Tokens(r, m, d)
-	var outs [2][]float32
-	for rows := 1; rows <= 2; rows++ {
-		l.T2URows = rows
-		outs[rows-1] = runPath(t, dev, l, "sparse-sorted", x, m)
-	}
-	for i := range outs[0] {
-		if math.Float32bits(outs[0][i]) != math.Float32bits(outs[1][i]) {
-			t.Fatalf("seed %d: output %d (row %d): %v with one U row in flight, %v with two", seed, i, i/d, outs[0][i], outs[1][i])
-		}
-	}
-	rows := synth.SampleRows(r, m, 48)
-	if e := synth.RelErr(outs[0], d, rows, refRowsBF16(sl, x, d, rows)); !(e <= 1e-2) {
-		t.Errorf("seed %d: rel err %.3g vs float64 on the bf16 inputs, want <= 1e-2", seed, e)
-	}
-}

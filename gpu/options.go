@@ -19,8 +19,6 @@ type Options struct {
 	Serial bool   // no early start of the decode-step kernels: EnvEarlyStart = "0"
 	// UnionFrom is MLP.UnionFrom: EnvUnion
 	UnionFrom int
-	// T2URows is MLP.T2URows: EnvT2URows
-	T2URows int
 }
 
 // EnvD2TKernel names the environment variable that, set to "mma" or
@@ -43,16 +41,12 @@ const EnvEarlyStart = "TWELL_EARLY_START"
 // and its tail; unset or "0", none do.
 const EnvUnion = "TWELL_UNION"
 
-// EnvT2URows names the environment variable that, set to "1" or "2", sets
-// Options.T2URows (the U rows in flight per warp of the gated t2u).
-const EnvT2URows = "TWELL_T2U_ROWS"
-
 // Switches are the names of the environment variables that set Options.
-var Switches = []string{EnvD2TKernel, EnvTail, EnvEarlyStart, EnvUnion, EnvT2URows}
+var Switches = []string{EnvD2TKernel, EnvTail, EnvEarlyStart, EnvUnion}
 
 // OptionsFromEnv returns the Options that EnvD2TKernel, EnvTail,
-// EnvEarlyStart, EnvUnion and EnvT2URows set, or an error naming a value
-// it does not know.
+// EnvEarlyStart and EnvUnion set, or an error naming a value it does not
+// know.
 func OptionsFromEnv() (Options, error) { return OptionsFrom(os.Getenv) }
 
 // OptionsFrom is OptionsFromEnv with the variables' values looked up by
@@ -71,9 +65,6 @@ func OptionsFrom(getenv func(string) string) (Options, error) {
 			return o, fmt.Errorf("gpu: %s=%q: want the smallest batch the union path takes, 1 to %d (0: none)", EnvUnion, v, unionMaxRows)
 		}
 		o.UnionFrom = n
-	}
-	if o.T2URows, err = envChoice(getenv, EnvT2URows, "1 or 2", map[string]int{"1": 1, "2": 2}); err != nil {
-		return o, err
 	}
 	o.Kernel, err = envChoice(getenv, EnvD2TKernel, "auto, wgmma or mma", map[string]Kernel{"wgmma": KernelWGMMA, "mma": KernelMMA})
 	if err != nil {
@@ -112,7 +103,7 @@ func envChoice[T any](getenv func(string) string, name, want string, choices map
 
 // Apply sets l's kernel choices to o.
 func (l *MLP) Apply(o Options) {
-	l.Kernel, l.Tail, l.Serial, l.UnionFrom, l.T2URows = o.Kernel, o.Tail, o.Serial, o.UnionFrom, o.T2URows
+	l.Kernel, l.Tail, l.Serial, l.UnionFrom = o.Kernel, o.Tail, o.Serial, o.UnionFrom
 }
 
 // EarlyStart reports whether kernels that wait with grid_wait (common.cuh)

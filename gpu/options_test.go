@@ -23,7 +23,5 @@ func TestOptionsFromEnv(t *testing.T) {
 		{Env: map[string]string{EnvUnion: "1"}, Want: Options{UnionFrom: 1}},
 		{Env: map[string]string{EnvEarlyStart: "off"}, Bad: EnvEarlyStart},
 		{Env: map[string]string{EnvTail: "split"}, Bad: EnvTail},
-		{Env: map[string]string{EnvT2URows: "1"}, Want: Options{T2URows: 1}},
-		{Env: map[string]string{EnvT2URows: "4"}, Bad: EnvT2URows},
 	})
 }

@@ -169,12 +169,12 @@ __global__ void __launch_bounds__(256, T2D_MINB)
 // bf16(h) << 16 | j, setting cnt[r] to its length. The row is private to its
 // warp and every write lands at or before the entry it replaces, below any
 // word still to be read. Flagged rows get cnt[r] = 0 (the fallback writes y).
-// ROWS U rows are in flight per warp (gated): with 2 ptxas spills 220 bytes
-// at the 128 registers of two blocks an SM (sm_90a, d 2048), with 1 it
-// needs 118 and spills none.
+// One U row is in flight per warp (gated): with two, ptxas spilled 220
+// bytes at the 128 registers of two blocks an SM (sm_90a, d 2048), and the
+// MLP block took 4.58 against 4.42 ms at m = 65536 (H200, 2026-12-05).
 #define T2U_MINB 2  // blocks per SM the register budget must allow (1: 1.57 ms, 2: 1.25 ms on an H200)
 // Block 0 also clears the sort's len_bins (LEN_BINS ints), for len_hist.
-template <bool GATED, int ROWS>
+template <bool GATED>
 __global__ void __launch_bounds__(256, T2U_MINB)
     t2u(const u16* __restrict__ x, u32* packed, const u16* __restrict__ U, int* __restrict__ cnt,
         const int* __restrict__ flags, int m, int d, int S, int tiles, int row_words, int* __restrict__ len_bins) {
@@ -204,29 +204,21 @@ __global__ void __launch_bounds__(256, T2U_MINB)
   auto flush = [&]() {
     __syncwarp();
     if (GATED) {
-      // ROWS entries at a time, so that as many U rows are in flight.
-      for (int i = 0; i < n; i += ROWS) {
-        u32 wr[ROWS];
-        uint4 ur[ROWS][TW_NCH];
+      for (int i = 0; i < n; ++i) {
+        const u32 w = list[i];
+        const size_t j = (size_t)(w & 0xffffu) * d;
+        uint4 ur[TW_NCH];
 #pragma unroll
-        for (int e = 0; e < ROWS; ++e) {
-          wr[e] = (i + e < n) ? list[i + e] : 0u;
-          const size_t j = (size_t)(wr[e] & 0xffffu) * d;
-#pragma unroll
-          for (int c = 0; c < TW_NCH; ++c) {
-            int k = c * 256 + lane * 8;
-            ur[e][c].x = ur[e][c].y = ur[e][c].z = ur[e][c].w = 0u;
-            if (k < d && i + e < n) ur[e][c] = ld_hint(U + j + k, keep);
-          }
+        for (int c = 0; c < TW_NCH; ++c) {
+          int k = c * 256 + lane * 8;
+          ur[c].x = ur[c].y = ur[c].z = ur[c].w = 0u;
+          if (k < d) ur[c] = ld_hint(U + j + k, keep);
         }
+        float p = 0.f;
 #pragma unroll
-        for (int e = 0; e < ROWS; ++e) {
-          float p = 0.f;
-#pragma unroll
-          for (int c = 0; c < TW_NCH; ++c) p = dot8(xv[c], ur[e][c], p);
-          p = warp_sum(p);
-          if (lane == 0 && i + e < n) prow[out + i + e] = (f_to_bf(bf_hi(wr[e]) * p) << 16) | (wr[e] & 0xffffu);
-        }
+        for (int c = 0; c < TW_NCH; ++c) p = dot8(xv[c], ur[c], p);
+        p = warp_sum(p);
+        if (lane == 0) prow[out + i] = (f_to_bf(bf_hi(w) * p) << 16) | (w & 0xffffu);
       }
     } else {
       for (int i = lane; i < n; i += 32) prow[out + i] = list[i];

@@ -48,15 +48,6 @@ func (l *MLP) TailFor(m int) Tail {
 	return TailSorted
 }
 
-// t2uRows returns the U rows in flight per warp of the gated t2u: T2URows,
-// or DefaultT2URows for 0.
-func (l *MLP) t2uRows() int {
-	if l.T2URows == 1 || l.T2URows == 2 {
-		return l.T2URows
-	}
-	return DefaultT2URows
-}
-
 // KernelsFor names the kernels the sparse path runs for m tokens now:
 // "union" (union.cu), "small-batch" (gemv.cu), or after D2T the tail
 // TailFor(m) picks ("sorted" or "warp").
@@ -122,12 +113,9 @@ func (l *MLP) useSplit(m int) bool {
 }
 
 type t2dSet struct {
-	gated, plain *cuda.Function // one warp per token (TailWarp)
-	// TailSorted: up projection and compaction; gated by U rows in flight
-	// per warp, 1 or 2 (t2uGated[rows-1])
-	t2uGated  [2]*cuda.Function
-	t2uPlain  *cuda.Function
-	ws16, ws8 *cuda.Function // TailSorted: weight-stationary down projection
+	gated, plain       *cuda.Function // one warp per token (TailWarp)
+	t2uGated, t2uPlain *cuda.Function // TailSorted: up projection and compaction
+	ws16, ws8          *cuda.Function // TailSorted: weight-stationary down projection
 	// TailSorted's counting sort of the tokens by list length
 	lenHist, lenOffsets, lenScatter *cuda.Function
 	fbGated, fbPlain                *cuda.Function
@@ -136,11 +124,7 @@ type t2dSet struct {
 
 // t2dExprs are the kernels of t2d.cu, in the order t2dFor reads them.
 var t2dExprs = []string{"t2d<true>", "t2d<false>", "row_fallback<true>", "row_fallback<false>",
-	"t2u<true, 1>", "t2u<true, 2>", "t2u<false, 1>", "t2d_ws<16>", "t2d_ws<8>", "len_hist", "len_offsets", "len_scatter"}
-
-// DefaultT2URows is the U rows in flight per warp of the gated t2u when
-// MLP.T2URows is 0.
-const DefaultT2URows = 2
+	"t2u<true>", "t2u<false>", "t2d_ws<16>", "t2d_ws<8>", "len_hist", "len_offsets", "len_scatter"}
 
 // t2dFor returns the T2D and fallback kernels for hidden size d.
 func (k *kernels) t2dFor(d int) (*t2dSet, error) {
@@ -157,9 +141,9 @@ func (k *kernels) t2dFor(d int) (*t2dSet, error) {
 		set.err = err
 	} else {
 		set.gated, set.plain, set.fbGated, set.fbPlain = fs[exprs[0]], fs[exprs[1]], fs[exprs[2]], fs[exprs[3]]
-		set.t2uGated[0], set.t2uGated[1], set.t2uPlain = fs[exprs[4]], fs[exprs[5]], fs[exprs[6]]
-		set.ws16, set.ws8 = fs[exprs[7]], fs[exprs[8]]
-		set.lenHist, set.lenOffsets, set.lenScatter = fs[exprs[9]], fs[exprs[10]], fs[exprs[11]]
+		set.t2uGated, set.t2uPlain = fs[exprs[4]], fs[exprs[5]]
+		set.ws16, set.ws8 = fs[exprs[6]], fs[exprs[7]]
+		set.lenHist, set.lenOffsets, set.lenScatter = fs[exprs[8]], fs[exprs[9]], fs[exprs[10]]
 	}
 	k.t2d[nch] = set
 	return set, set.err
@@ -193,7 +177,7 @@ func (a tailArgs) t2d(fn *cuda.Function, s *cuda.Stream) error {
 		int32(a.m), int32(a.d), int32(a.s), int32(a.f/256), int32(a.rowWords))
 }
 
-// t2u launches t2u<GATED, ROWS>: the up projection per token, rewriting each
+// t2u launches t2u<GATED>: the up projection per token, rewriting each
 // packed row as a compact list of cnt[r] words; it also clears the length
 // bins.
 func (a tailArgs) t2u(fn *cuda.Function, s *cuda.Stream) error {
@@ -230,7 +214,7 @@ func (l *MLP) tail(s *cuda.Stream, set *t2dSet, y, x *cuda.Buffer, ws *sparseWS,
 	}
 	t2u := set.t2uPlain
 	if l.Gated {
-		t2u = set.t2uGated[l.t2uRows()-1]
+		t2u = set.t2uGated
 	}
 	if err := a.t2u(t2u, s); err != nil {
 		return fmt.Errorf("gpu: t2u: %w", err)

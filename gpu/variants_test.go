@@ -121,7 +121,7 @@ func TestKernelTimes(t *testing.T) {
 			l.ws.sp.packed, l.ws.sp.cnt, l.ws.sp.order, l.down, yb, int32(m), int32(d), int32(f), int32(f/8), int32(m))
 	})
 	t.Logf("t2d_ws<%d> alone: %.3f ms (%.2f G pairs/s)", w, ms, pairs/ms/1e6)
-	for name, fn := range map[string]*cuda.Function{"t2d<true>": set.gated, "t2u<true, 1>": set.t2uGated[0], "t2u<true, 2>": set.t2uGated[1],
+	for name, fn := range map[string]*cuda.Function{"t2d<true>": set.gated, "t2u<true>": set.t2uGated,
 		"t2d_ws<16>": set.ws16, "row_fallback<true>": set.fbGated} {
 		a, _ := fn.Attributes()
 		t.Logf("%s: %d registers, %d B local", name, a.NumRegs, a.LocalBytes)

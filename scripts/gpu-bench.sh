@@ -22,9 +22,7 @@
 #   scripts/gpu-bench.sh ab-mlp OUTDIR  the MLP block's experiment switches not yet measured, the
 #                                       settings timed in turns in one process (bench ffn -variants):
 #                                       m = 1, 4, 8, 16, 32 and 64 (0.5%, skewed) without and with
-#                                       the union path (TWELL_UNION=1: from one token); m = 65536
-#                                       (0.5%, uniform and skewed) with one and two U rows in flight
-#                                       per warp of t2u (TWELL_T2U_ROWS); m = 4096 and 16384 (0.5%,
+#                                       the union path (TWELL_UNION=1: from one token); m = 4096 and 16384 (0.5%,
 #                                       skewed) the sorted tail with and without early start
 #                                       (TWELL_EARLY_START), and the warp tail; two rounds
 #   scripts/gpu-bench.sh ab-decode OUTDIR  the decode switches not yet measured, as variants of
@@ -32,7 +30,7 @@
 #                                       sequences at 512 cached tokens with the union path
 #                                       (TWELL_UNION), the decode attention kernel forced
 #                                       (TWELL_LLM_ATTENTION=dec) and both, traced (CUPTI); steps of
-#                                       one sequence with the norms fused (TWELL_LLM_FUSE_NORMS) and
+#                                       one sequence with the norms not fused (TWELL_LLM_FUSE_NORMS=0) and
 #                                       the TwELL path again, twice
 # Each run ends with `twell bench table OUTDIR`.
 set -uo pipefail
@@ -88,11 +86,6 @@ ab-mlp)
       -json "$out/ffn-$m-union.json" 2>&1 | tee "$out/ffn-$m-union.txt" || status=1
   done
   for round in 1 2; do
-    for dist in uniform skewed; do
-      name=ffn-65536-$dist-t2u-rows-$round
-      "$tw" bench ffn -device cuda -m 65536 -density 0.005 -dist "$dist" -seed 1 -variants 'T2U_ROWS=2;T2U_ROWS=1' \
-        -json "$out/$name.json" 2>&1 | tee "$out/$name.txt" || status=1
-    done
     for m in 4096 16384; do
       name=ffn-$m-tails-$round
       "$tw" bench ffn -device cuda -m "$m" -density 0.005 -dist skewed -seed 1 \
@@ -115,7 +108,7 @@ ab-decode)
   [ -f "$ckpt/config.json" ] && model=(-model "$ckpt")
   for round in 1 2; do
     "$tw" bench model -device cuda "${model[@]}" -seed 9596107621982983358 -reps 2 -batch 1 -prompt-len 64 \
-      -decode-batch 1 -decode-context 512 -decode-steps 64 -variants 'LLM_FUSE_NORMS=1;' \
+      -decode-batch 1 -decode-context 512 -decode-steps 64 -variants 'LLM_FUSE_NORMS=0;' \
       -json "$out/decode-b1-fuse-$round.json" 2>&1 | tee "$out/decode-b1-fuse-$round.txt" || status=1
   done
   ;;

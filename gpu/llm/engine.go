@@ -67,7 +67,7 @@ type Engine struct {
 	// TwELL layer runs sparse, the MLP norm into gpu.MLP.QueueNormed. The
 	// fused kernels norm the token bit for bit as add_rmsnorm does, and
 	// write the residual sum to the other of two residual buffers. NewEngine
-	// sets it when the environment variable TWELL_LLM_FUSE_NORMS is "1".
+	// sets it unless the environment variable TWELL_LLM_FUSE_NORMS is "0".
 	FuseNorms bool
 	// ReuseLogits makes Forward return its logits in host memory that the
 	// engine owns (page-locked, so the copy from the GPU is one fast DMA)

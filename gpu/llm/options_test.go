@@ -13,7 +13,7 @@ import (
 func TestOptionsFromEnv(t *testing.T) {
 	type c = testutil.EnvCase[Options]
 	testutil.CheckEnv(t, Switches, OptionsFromEnv, []c{
-		{Env: nil, Want: Options{}},
+		{Env: nil, Want: Options{FuseNorms: true}},
 		{Env: map[string]string{EnvAttention: "dec", EnvFuseNorms: "1"}, Want: Options{Attention: "dec", FuseNorms: true}},
 		{Env: map[string]string{EnvFuseNorms: "0", EnvGraphs: "0", gpu.EnvUnion: "1"},
 			Want: Options{NoGraphs: true, MLP: gpu.Options{UnionFrom: 1}}},
