@@ -7,6 +7,11 @@
 # what to copy when the transfer is limited in size: scripts/gpu-run.sh and
 # scripts/gpu-bench.sh unpack it when the binaries are missing. Then run
 # scripts/gpu-run.sh on the GPU machine (see README.md, "GPU").
+#
+# PACK, a space-separated list of package folders (e.g. PACK="gpu gpu/llm"),
+# builds only the CLI and those packages' tests: every test binary packs to
+# about 42 MB, the CLI with the gpu and gpu/llm tests to about 18 MB, for a
+# transfer that also carries the source tree under a size limit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=gpubin
@@ -23,6 +28,12 @@ go list -f '{{.ImportPath}} {{.Dir}} {{join .TestImports " "}} {{join .XTestImpo
       *" $mod/cuda "* | *" $mod/cuda/"*) ;;
       *) continue ;;
     esac
+    if [ -n "${PACK:-}" ]; then
+      case " $PACK " in
+        *" ${pkg#"$mod"/} "*) ;;
+        *) continue ;;
+      esac
+    fi
     name=$(echo "${pkg#"$mod"/}" | tr / _)
     if go test -c -trimpath "${strip[@]}" -o "$out/$name.test" "$pkg"; then
       echo "$name.test ${dir#"$PWD"/}" >> "$out/tests.txt"
