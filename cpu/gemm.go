@@ -42,6 +42,7 @@ const bf16MaxM = 16
 // a bfloat16 copy of the panels: such products are bound by reading B, and
 // bf16 halves the bytes. Results then carry bf16 rounding of B (relative
 // error about 2^-9 per weight). It costs half the packed size in memory.
+// Compact panels are bf16 already: for them it does nothing.
 func (p *PackedB) UseBF16ForSmallM() {
 	if p.bf16 == nil && p.data != nil {
 		p.bf16 = make([]uint16, len(p.data))

@@ -195,7 +195,7 @@ func (e *Engine) pack() error {
 	if e.head, err = cpu.PackBCompact(head, c.VocabSize, c.HiddenSize); err != nil {
 		return fmt.Errorf("cpu/llm: LM head: %w", err)
 	}
-	if !e.head.Compact() && e.opts.DecodeBF16 {
+	if e.opts.DecodeBF16 { // only matters for panels PackBCompact left in float32
 		e.head.UseBF16ForSmallM()
 	}
 	if e.opts.ReleaseWeights {
@@ -330,10 +330,9 @@ func (e *Engine) packLayer(i int) (cpuLayer, error) {
 	}
 	l.mlp.Act = e.act
 	l.mlp.Path = e.opts.MLPPath
-	for _, p := range []*cpu.PackedB{l.qkv, l.o} {
-		if !p.Compact() && e.opts.DecodeBF16 {
-			p.UseBF16ForSmallM()
-		}
+	if e.opts.DecodeBF16 { // only matters for panels PackBCompact left in float32
+		l.qkv.UseBF16ForSmallM()
+		l.o.UseBF16ForSmallM()
 	}
 	if !l.mlp.Compact() && e.opts.DecodeBF16 {
 		l.mlp.UseBF16ForSmallM()
