@@ -14,18 +14,18 @@ import (
 // TestSwitches checks that a result row records exactly the TWELL_
 // variables of the environment, and none when there are none.
 func TestSwitches(t *testing.T) {
-	env := []string{"PATH=/bin", "TWELL_UNION=1", "TWELL_LLM_ATTENTION=dec", "TWELLX=2", "NOTTWELL_A=3", "TWELL_EMPTY="}
-	want := map[string]string{"TWELL_UNION": "1", "TWELL_LLM_ATTENTION": "dec", "TWELL_EMPTY": ""}
+	env := []string{"PATH=/bin", "TWELL_TAIL=sorted", "TWELL_LLM_ATTENTION=dec", "TWELLX=2", "NOTTWELL_A=3", "TWELL_EMPTY="}
+	want := map[string]string{"TWELL_TAIL": "sorted", "TWELL_LLM_ATTENTION": "dec", "TWELL_EMPTY": ""}
 	if got := switches(env); !maps.Equal(got, want) {
 		t.Errorf("switches(%q) = %v, want %v", env, got, want)
 	}
 	if got := switches([]string{"HOME=/root"}); got != nil {
 		t.Errorf("switches without TWELL_ variables = %v, want nil", got)
 	}
-	t.Setenv("TWELL_UNION", "9")
+	t.Setenv("TWELL_EARLY_START", "0")
 	b, err := json.Marshal(newRow(FFNSchema, "cuda", "H200"))
-	if err != nil || !strings.Contains(string(b), `"switches":{`) || !strings.Contains(string(b), `"TWELL_UNION":"9"`) {
-		t.Errorf("row JSON %s (%v) does not record TWELL_UNION=9", b, err)
+	if err != nil || !strings.Contains(string(b), `"switches":{`) || !strings.Contains(string(b), `"TWELL_EARLY_START":"0"`) {
+		t.Errorf("row JSON %s (%v) does not record TWELL_EARLY_START=0", b, err)
 	}
 }
 
@@ -37,8 +37,8 @@ func TestParseVariants(t *testing.T) {
 	for _, name := range gpu.Switches {
 		t.Setenv(name, "")
 	}
-	got, err := ParseVariants("TAIL=warp;TWELL_TAIL=sorted UNION=1, EARLY_START=0; ")
-	want := []map[string]string{{"TWELL_TAIL": "warp"}, {"TWELL_TAIL": "sorted", "TWELL_UNION": "1", "TWELL_EARLY_START": "0"}, {}}
+	got, err := ParseVariants("TAIL=warp;TWELL_TAIL=sorted D2T_KERNEL=mma, EARLY_START=0; ")
+	want := []map[string]string{{"TWELL_TAIL": "warp"}, {"TWELL_TAIL": "sorted", "TWELL_D2T_KERNEL": "mma", "TWELL_EARLY_START": "0"}, {}}
 	if err != nil || len(got) != len(want) {
 		t.Fatalf("ParseVariants: %v, %v; want %v", got, err, want)
 	}
@@ -50,8 +50,8 @@ func TestParseVariants(t *testing.T) {
 	for _, c := range []struct{ in, want string }{
 		{"BOGUS=1", "not one of the MLP's switches"},
 		{"TAIL=fast", "TWELL_TAIL"},
-		{"UNION", "is not NAME=VALUE"},
-		{"UNION=1 UNION=0", "sets TWELL_UNION twice"},
+		{"TAIL", "is not NAME=VALUE"},
+		{"TAIL=warp TAIL=sorted", "sets TWELL_TAIL twice"},
 		{"EARLY_START=maybe", "TWELL_EARLY_START"},
 	} {
 		if _, err := ParseVariants(c.in); err == nil || !strings.Contains(err.Error(), c.want) {
@@ -64,7 +64,7 @@ func TestParseVariants(t *testing.T) {
 // and what parses names only the MLP's switches.
 func FuzzParseVariants(f *testing.F) {
 	f.Add("TAIL=warp;TAIL=sorted")
-	f.Add(";UNION=1,TAIL=warp")
+	f.Add(";EARLY_START=0,TAIL=warp")
 	f.Add("=;;=,")
 	f.Fuzz(func(t *testing.T, s string) {
 		vs, err := ParseVariants(s)
@@ -87,8 +87,8 @@ func TestParseModelVariants(t *testing.T) {
 	for _, name := range llm.Switches {
 		t.Setenv(name, "")
 	}
-	got, err := ParseModelVariants("LLM_ATTENTION=dec UNION=1;LLM_FUSE_NORMS=1")
-	if err != nil || len(got) != 2 || got[0]["TWELL_LLM_ATTENTION"] != "dec" || got[0]["TWELL_UNION"] != "1" || got[1]["TWELL_LLM_FUSE_NORMS"] != "1" {
+	got, err := ParseModelVariants("LLM_ATTENTION=dec TAIL=sorted;LLM_FUSE_NORMS=1")
+	if err != nil || len(got) != 2 || got[0]["TWELL_LLM_ATTENTION"] != "dec" || got[0]["TWELL_TAIL"] != "sorted" || got[1]["TWELL_LLM_FUSE_NORMS"] != "1" {
 		t.Fatalf("ParseModelVariants: %v, %v", got, err)
 	}
 	for _, c := range []struct{ in, want string }{

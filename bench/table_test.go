@@ -28,9 +28,9 @@ func writeRows(t *testing.T, dir, name string, v any) string {
 // is not a list of rows, and names a file it cannot parse.
 func TestTable(t *testing.T) {
 	dir := t.TempDir()
-	sw := map[string]string{"TWELL_UNION": "1", "TWELL_CUDA_LIB_DIR": "/usr/lib/cuda"}
+	sw := map[string]string{"TWELL_TAIL": "sorted", "TWELL_CUDA_LIB_DIR": "/usr/lib/cuda"}
 	ffn := []FFNResult{{Row: Row{Schema: FFNSchema, Switches: sw}, M: 64, Density: 0.005, Dist: "skewed",
-		DenseMS: 0.0386, TwELLMS: 0.0212, Speedup: 0.0386 / 0.0212, Tail: "union", AutoMS: 0.0213, AutoSpeedup: 1.81, AutoPath: "sparse", RelErr: 2.6e-3}}
+		DenseMS: 0.0386, TwELLMS: 0.0212, Speedup: 0.0386 / 0.0212, Tail: "sorted", AutoMS: 0.0213, AutoSpeedup: 1.81, AutoPath: "sparse", RelErr: 2.6e-3}}
 	dec := func(tps ...float64) []DecodePoint {
 		var out []DecodePoint
 		for i, v := range tps {
@@ -44,7 +44,7 @@ func TestTable(t *testing.T) {
 	model := []ModelResult{
 		{Row: Row{Schema: ModelSchema}, Path: "twell", PrefillTokPerMS: 206.1, Speedup: 1.2, Decode: dec(900, 12600)},
 		{Row: Row{Schema: ModelSchema}, Path: "dense", PrefillTokPerMS: 171.8, Speedup: 1, Decode: dec(600, 12000)},
-		{Row: Row{Schema: ModelSchema, Switches: map[string]string{"TWELL_UNION": "1"}}, Path: "twell", Decode: dec(960, 14400)},
+		{Row: Row{Schema: ModelSchema, Switches: map[string]string{"TWELL_LLM_FUSE_NORMS": "0"}}, Path: "twell", Decode: dec(960, 14400)},
 	}
 	model[0].Decode[0].Trace = tr
 	model[0].Decode[1].Steps, model[0].Decode[1].SparseLayers = 40, 28
@@ -62,10 +62,10 @@ func TestTable(t *testing.T) {
 	}
 	got := out.String()
 	for _, want := range []string{
-		"a-ffn.json [UNION=1]: ffn m 64, 0.5% skewed: dense 0.0386 ms, twell 0.0212 ms (1.82x, union tail), auto 0.0213 ms (1.81x, sparse), rel err 0.0026\n",
+		"a-ffn.json [TAIL=sorted]: ffn m 64, 0.5% skewed: dense 0.0386 ms, twell 0.0212 ms (1.82x, sorted tail), auto 0.0213 ms (1.81x, sparse), rel err 0.0026\n",
 		"b-model.json: model twell: prefill 206.1 tokens/ms (1.20x dense), b1@512 900 tokens/s, b64@512 12600 tokens/s (28 sparse layers)\n",
 		"b-model.json: twell / dense: b1@512 1.500x b64@512 1.050x\n",
-		"b-model.json: twell [UNION=1] / dense: b1@512 1.600x b64@512 1.200x\n",
+		"b-model.json: twell [LLM_FUSE_NORMS=0] / dense: b1@512 1.600x b64@512 1.200x\n",
 		"a-ffn.json:   trace twell: busy 0.95 of 1.1 ms a step, 197 kernels; gemv_act<1,true,false> 310 us qkv_rope1 250 us\n",
 		"b-model.json:   trace twell decode b1: busy 0.95 of 1.1 ms a step, 197 kernels;",
 		"c-trace.json: not a result row or a list of them, skipped\n",

@@ -10,13 +10,12 @@ import (
 
 // The automatic path (Forward under mlp.Auto) has two guides. The density
 // rule (poll, through mlp.Choose): above DenseAbove the dense path runs (not
-// for batches of at most gemvMaxRows tokens, nor for those the union path
-// takes: their kernels read every gate row once whatever the density, so
-// there the timings alone decide, and DenseAbove, a model of D2T's costs,
-// does not apply). Below it,
-// timings: Forward brackets every call with CUDA events, keeps per batch-size
-// bucket (powers of two) a running mean of each path's time per token, and
-// runs the faster path once both are known. A path's first timing in a bucket
+// for batches of at most gemvMaxRows tokens: their kernels read every gate
+// row once whatever the density, so there the timings alone decide, and
+// DenseAbove, a model of D2T's costs, does not apply). Below it, timings:
+// Forward brackets every call with CUDA events, keeps per batch-size bucket
+// (powers of two) a running mean of each path's time per token, and runs
+// the faster path once both are known. A path's first timing in a bucket
 // is dropped (it pays for workspace allocation and first-use setup), so the
 // first calls of a bucket run sparse until it has a kept timing, then dense
 // until it has one; after that the faster path runs, and the slower one again
@@ -87,10 +86,9 @@ func (l *MLP) choose(m int, byDensity mlp.Path) (mlp.Path, bool) {
 
 // densityRule returns the density rule's path for a call of m tokens, given
 // its choice for large batches (next): batches of at most gemvMaxRows tokens
-// are exempt (see the top of this file), and so are those the union path
-// takes (like the small-batch kernels, it reads every gate row once).
+// are exempt (see the top of this file).
 func (l *MLP) densityRule(m int, next mlp.Path) mlp.Path {
-	if m <= gemvMaxRows || l.unionStages(m) > 0 {
+	if m <= gemvMaxRows {
 		return mlp.Sparse
 	}
 	return next

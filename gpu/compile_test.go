@@ -26,7 +26,6 @@ func TestCompilePTX(t *testing.T) {
 		{"dense.cu", denseSrc, denseExprs, nil, nil},
 		{"t2d.cu", t2dSrc, t2dExprs, []cuda.CompileOption{cuda.WithOptions("-DTW_NCH=8")}, t2dExprs[4:]}, // TailSorted's
 		{"d2t_mma.cu", d2tMMASrc, []string{"d2t_mma<32>", "d2t_mma<64>", "d2t_mma<128>"}, nil, nil},
-		{"union.cu", unionSrc, unionExprs, nil, unionExprs},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			opts := append(append([]cuda.CompileOption{cuda.WithArch("compute_90"), cuda.WithNameExpressions(c.exprs...)},
@@ -83,10 +82,4 @@ func TestGEMVCleanSASS(t *testing.T) {
 		t.Skipf("NVRTC %d.%d cannot target sm_90a", major, minor)
 	}
 	cudatest.CleanSASS(t, "gemv.cu", gemvSrc, append([]cuda.CompileOption{cuda.WithNameExpressions(gemvExprs()...)}, Headers()...)...)
-}
-
-// TestUnionCleanSASS: the union path's kernels compile to sm_90a machine
-// code without spills.
-func TestUnionCleanSASS(t *testing.T) {
-	cudatest.CleanSASS(t, "union.cu", unionSrc, append([]cuda.CompileOption{cuda.WithNameExpressions(unionExprs...)}, Headers()...)...)
 }

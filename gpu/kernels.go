@@ -42,8 +42,6 @@ type kernels struct {
 
 	t2dMu sync.Mutex
 	t2d   map[int]*t2dSet // by chunks per row, ceil(d/256)
-
-	union unionSet
 }
 
 var (

@@ -41,13 +41,7 @@ type MLP struct {
 	// sets it; see autopath.go). Off, Forward follows the density rule
 	// alone.
 	Measure bool
-	// UnionFrom, when positive, runs the sparse path of UnionFrom to 64
-	// tokens (decode steps of several sequences) on the union kernels
-	// (union.cu: the gate GEMM, then only the up and down rows of the
-	// units active in some token) instead of the small-batch kernels or
-	// D2T and its tail, where the device and shape allow (unionPlan).
-	UnionFrom int
-	// Serial launches the small-batch, union and sorted-tail kernels
+	// Serial launches the small-batch and sorted-tail kernels
 	// without early start: each then begins only when the kernel before it
 	// has finished (see cuda.LaunchConfig.EarlyStart; early start needs
 	// compute capability 9.0 or later and is used there unless Serial is
@@ -231,8 +225,7 @@ func (l *MLP) checkIO(y, x *cuda.Buffer, m int) error {
 // m may be any positive count (the kernels pad inside). Batches of at most
 // 8 tokens (decode steps) take the small-batch kernels instead (see
 // gemv.cu): every gate row is read once and only the active units' up and
-// down rows, with no capacity limit and no flagged rows; so do batches of
-// UnionFrom to 64 tokens when it is set, on the union kernels (union.go).
+// down rows, with no capacity limit and no flagged rows.
 func (l *MLP) Sparse(s *cuda.Stream, y, x *cuda.Buffer, m int) error {
 	return l.sparse(s, y, x, m, true)
 }
@@ -259,9 +252,6 @@ func (l *MLP) sparse(s *cuda.Stream, y, x *cuda.Buffer, m int, report bool) erro
 		return err
 	}
 	l.pollFlagged()
-	if st := l.unionStages(m); st > 0 {
-		return l.sparseUnion(s, y, x, m, st)
-	}
 	if m <= gemvMaxRows {
 		return l.sparseGEMV(s, y, x, m)
 	}

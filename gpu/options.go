@@ -3,7 +3,6 @@ package gpu
 import (
 	"fmt"
 	"os"
-	"strconv"
 
 	"github.com/twell-ai/twell/cuda"
 )
@@ -17,8 +16,6 @@ type Options struct {
 	Kernel Kernel // D2T kernel: EnvD2TKernel
 	Tail   Tail   // sparse tail: EnvTail
 	Serial bool   // no early start of the decode-step kernels: EnvEarlyStart = "0"
-	// UnionFrom is MLP.UnionFrom: EnvUnion
-	UnionFrom int
 }
 
 // EnvD2TKernel names the environment variable that, set to "mma" or
@@ -35,18 +32,11 @@ const EnvTail = "TWELL_TAIL"
 // cuda.LaunchConfig.EarlyStart).
 const EnvEarlyStart = "TWELL_EARLY_START"
 
-// EnvUnion names the environment variable that, set to N (1 to 64), sets
-// Options.UnionFrom: batches of N to 64 tokens run the union kernels
-// (union.cu) on the sparse path, instead of the small-batch kernels or D2T
-// and its tail; unset or "0", none do.
-const EnvUnion = "TWELL_UNION"
-
 // Switches are the names of the environment variables that set Options.
-var Switches = []string{EnvD2TKernel, EnvTail, EnvEarlyStart, EnvUnion}
+var Switches = []string{EnvD2TKernel, EnvTail, EnvEarlyStart}
 
-// OptionsFromEnv returns the Options that EnvD2TKernel, EnvTail,
-// EnvEarlyStart and EnvUnion set, or an error naming a value it does not
-// know.
+// OptionsFromEnv returns the Options that EnvD2TKernel, EnvTail and
+// EnvEarlyStart set, or an error naming a value it does not know.
 func OptionsFromEnv() (Options, error) { return OptionsFrom(os.Getenv) }
 
 // OptionsFrom is OptionsFromEnv with the variables' values looked up by
@@ -59,13 +49,6 @@ func OptionsFrom(getenv func(string) string) (Options, error) {
 		return o, err
 	}
 	o.Serial = !early
-	if v := getenv(EnvUnion); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 0 || n > unionMaxRows {
-			return o, fmt.Errorf("gpu: %s=%q: want the smallest batch the union path takes, 1 to %d (0: none)", EnvUnion, v, unionMaxRows)
-		}
-		o.UnionFrom = n
-	}
 	o.Kernel, err = envChoice(getenv, EnvD2TKernel, "auto, wgmma or mma", map[string]Kernel{"wgmma": KernelWGMMA, "mma": KernelMMA})
 	if err != nil {
 		return o, err
@@ -103,7 +86,7 @@ func envChoice[T any](getenv func(string) string, name, want string, choices map
 
 // Apply sets l's kernel choices to o.
 func (l *MLP) Apply(o Options) {
-	l.Kernel, l.Tail, l.Serial, l.UnionFrom = o.Kernel, o.Tail, o.Serial, o.UnionFrom
+	l.Kernel, l.Tail, l.Serial = o.Kernel, o.Tail, o.Serial
 }
 
 // EarlyStart reports whether kernels that wait with grid_wait (common.cuh)

@@ -49,13 +49,10 @@ func (l *MLP) TailFor(m int) Tail {
 }
 
 // KernelsFor names the kernels the sparse path runs for m tokens now:
-// "union" (union.cu), "small-batch" (gemv.cu), or after D2T the tail
-// TailFor(m) picks ("sorted" or "warp").
+// "small-batch" (gemv.cu), or after D2T the tail TailFor(m) picks ("sorted"
+// or "warp").
 func (l *MLP) KernelsFor(m int) string {
-	switch {
-	case l.unionStages(m) > 0:
-		return "union"
-	case m <= gemvMaxRows:
+	if m <= gemvMaxRows {
 		return "small-batch"
 	}
 	return l.TailFor(m).String()

@@ -25,10 +25,6 @@ type sparseWS struct {
 	// small-batch path (gemv.cu): h, gemvMaxRows x F fp32; the activity
 	// mask and the per-block counts, F/32 words each
 	gh, gmask, gcnt *cuda.Buffer
-	// union path (union.cu): the gate GEMM's output (unionMaxRows x F
-	// bf16), h (F x unionMaxRows bf16), the live masks (one u64 per 64
-	// units) and the per-block counts
-	ug, uh, umask, ucnt *cuda.Buffer
 	// activity masks of the flagged rows' groups (flaggedRows)
 	fbMask *cuda.Buffer
 	// gathered dense pass over flagged rows: rows x D inputs and outputs,
@@ -50,7 +46,7 @@ func (l *MLP) dropWorkspace() error {
 	}
 	var errs []error
 	for _, b := range []*cuda.Buffer{ws.sp.packed, ws.sp.flags, ws.sp.ovf, ws.sp.hbuf, ws.sp.cnt, ws.sp.order, ws.sp.lenBins,
-		ws.sp.gx, ws.sp.gg, ws.sp.gu, ws.sp.gy, ws.sp.gh, ws.sp.gmask, ws.sp.gcnt, ws.sp.ug, ws.sp.uh, ws.sp.umask, ws.sp.ucnt, ws.sp.fbMask, ws.dn.g, ws.dn.u} {
+		ws.sp.gx, ws.sp.gg, ws.sp.gu, ws.sp.gy, ws.sp.gh, ws.sp.gmask, ws.sp.gcnt, ws.sp.fbMask, ws.dn.g, ws.dn.u} {
 		if b != nil {
 			errs = append(errs, b.Free())
 		}
@@ -89,12 +85,8 @@ func padRows(m int) int { return (m + 255) / 256 * 256 }
 // m tokens: the packed gate, the row flags and the overflow list (the
 // fallback scratch is fixed, one f-vector per multiprocessor), the split
 // tail's list lengths, and the gathered dense pass at its current size; for
-// the union path's batches, its gate values, h, masks and counts; for
 // m <= gemvMaxRows, the small-batch kernels' h, mask and counts.
 func (l *MLP) SparseActBytes(m int) int64 {
-	if l.unionStages(m) > 0 {
-		return int64(2*2*unionMaxRows*l.F + 12*(l.F/unionUnits))
-	}
 	if m <= gemvMaxRows {
 		return int64(4*gemvMaxRows*l.F + 2*4*(l.F/32))
 	}

@@ -21,17 +21,15 @@
 #                                       (Perfetto) and plots of what each kernel adds to a step
 #   scripts/gpu-bench.sh ab-mlp OUTDIR  the MLP block's experiment switches not yet measured, the
 #                                       settings timed in turns in one process (bench ffn -variants):
-#                                       m = 1, 4, 8, 16, 32 and 64 (0.5%, skewed) without and with
-#                                       the union path (TWELL_UNION=1: from one token); m = 4096 and 16384 (0.5%,
-#                                       skewed) the sorted tail with and without early start
-#                                       (TWELL_EARLY_START), and the warp tail; two rounds
+#                                       m = 4096 and 16384 (0.5%, skewed) the sorted tail with and
+#                                       without early start (TWELL_EARLY_START), and the warp tail;
+#                                       two rounds
 #   scripts/gpu-bench.sh ab-decode OUTDIR  the decode switches not yet measured, as variants of
 #                                       one run (bench model -variants): steps of 1, 8, 16, 32 and 64
-#                                       sequences at 512 cached tokens with the union path
-#                                       (TWELL_UNION), the decode attention kernel forced
-#                                       (TWELL_LLM_ATTENTION=dec) and both, traced (CUPTI); steps of
-#                                       one sequence with the norms not fused (TWELL_LLM_FUSE_NORMS=0) and
-#                                       the TwELL path again, twice
+#                                       sequences at 512 cached tokens with the decode attention
+#                                       kernel forced (TWELL_LLM_ATTENTION=dec), traced (CUPTI); steps
+#                                       of one sequence with the norms not fused
+#                                       (TWELL_LLM_FUSE_NORMS=0) and the TwELL path again, twice
 # Each run ends with `twell bench table OUTDIR`.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -81,10 +79,6 @@ trace)
     -trace-plot "$out/model-trace.png" -json "$out/model.json" 2>&1 | tee "$out/model.txt" || status=1
   ;;
 ab-mlp)
-  for m in 1 4 8 16 32 64; do
-    "$tw" bench ffn -device cuda -m "$m" -density 0.005 -dist skewed -seed 1 -variants ';UNION=1' \
-      -json "$out/ffn-$m-union.json" 2>&1 | tee "$out/ffn-$m-union.txt" || status=1
-  done
   for round in 1 2; do
     for m in 4096 16384; do
       name=ffn-$m-tails-$round
@@ -101,7 +95,7 @@ ab-decode)
   ckpt=${TMPDIR:-/tmp}/twell-ab-sparselm
   "$tw" bench model -device cuda -preset sparselm-1.5b -save "$ckpt" -seed 9596107621982983358 -reps 2 -batch 8 \
     -prompt-len 64 -decode-batch 1,8,16,32,64 -decode-context 512 -decode-steps 32 \
-    -variants 'UNION=1;LLM_ATTENTION=dec;UNION=1 LLM_ATTENTION=dec' \
+    -variants 'LLM_ATTENTION=dec' \
     -trace "$out/decode-batches-trace.json" -trace-plot "$out/decode-batches-trace.png" \
     -json "$out/decode-batches.json" 2>&1 | tee "$out/decode-batches.txt" || status=1
   model=(-preset sparselm-1.5b)

@@ -27,7 +27,7 @@ func TestBenchFFNBadInputExits2(t *testing.T) {
 		{[]string{"bench", "ffn", "-device", "cpu", "-trace", "t.json"}, "they need -device cuda"},
 		{[]string{"bench", "ffn", "-device", "cpu", "-trace-steps", "2"}, "they need -device cuda"},
 		{[]string{"bench", "ffn", "-device", "cpu", "-trace-plot", "t.png"}, "they need -device cuda"},
-		{[]string{"bench", "ffn", "-device", "cpu", "-variants", "UNION=1"}, "they need -device cuda"},
+		{[]string{"bench", "ffn", "-device", "cpu", "-variants", "TAIL=sorted"}, "they need -device cuda"},
 		{[]string{"bench", "nope"}, "unknown command \"bench nope\""},
 	}
 	checkUsageErrors(t, cases)
@@ -138,17 +138,18 @@ func TestBenchFFNCUDATrace(t *testing.T) {
 }
 
 // TestBenchFFNCUDAVariants times the TwELL path of a 16-token batch with
-// the environment's settings and with the union path, in one run: a row
-// each, the dense figure shared, each row naming its kernels and switches.
+// the environment's settings (the warp tail at this size) and with the
+// sorted tail, in one run: a row each, the dense figure shared, each row
+// naming its kernels and switches.
 func TestBenchFFNCUDAVariants(t *testing.T) {
 	if n, err := cuda.Count(); err != nil || n == 0 {
 		t.Skipf("no GPU: %v", err)
 	}
-	t.Setenv("TWELL_UNION", "")
+	t.Setenv("TWELL_TAIL", "")
 	js := filepath.Join(t.TempDir(), "r.json")
 	var out, errb bytes.Buffer
 	code := run([]string{"bench", "ffn", "-device", "cuda", "-d", "256", "-f", "1024", "-m", "16", "-reps", "3",
-		"-density", "0.02", "-variants", ";UNION=1", "-json", js}, &out, &errb)
+		"-density", "0.02", "-variants", ";TAIL=sorted", "-json", js}, &out, &errb)
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errb.String())
 	}
@@ -166,8 +167,8 @@ func TestBenchFFNCUDAVariants(t *testing.T) {
 	if rs[0].DenseMS != rs[1].DenseMS || rs[0].TwELLMS <= 0 || rs[1].TwELLMS <= 0 {
 		t.Errorf("rows %+v: want one dense figure and a TwELL time each", rs)
 	}
-	if rs[0].Kernels == "union" || rs[1].Kernels != "union" || rs[1].Switches["TWELL_UNION"] != "1" {
-		t.Errorf("rows %+v: want the second, with TWELL_UNION=1, on the union kernels and the first not", rs)
+	if rs[0].Kernels != "warp" || rs[1].Kernels != "sorted" || rs[1].Switches["TWELL_TAIL"] != "sorted" {
+		t.Errorf("rows %+v: want the first on the warp tail and the second, with TWELL_TAIL=sorted, on the sorted tail", rs)
 	}
 	for i, r := range rs {
 		if !(r.RelErr <= 1e-2) {

@@ -87,7 +87,7 @@ func TestBenchModelBadInput(t *testing.T) {
 		{[]string{"bench", "model", "-preset", "sparselm-1.5b", "-device", "cpu", "-trace", "t.json"}, "they need -device cuda"},
 		{[]string{"bench", "model", "-preset", "sparselm-1.5b", "-device", "cpu", "-trace-steps", "4"}, "they need -device cuda"},
 		{[]string{"bench", "model", "-preset", "sparselm-1.5b", "-device", "cpu", "-trace-plot", "t.png"}, "they need -device cuda"},
-		{[]string{"bench", "model", "-preset", "sparselm-1.5b", "-device", "cpu", "-variants", "UNION=1"}, "they need -device cuda"},
+		{[]string{"bench", "model", "-preset", "sparselm-1.5b", "-device", "cpu", "-variants", "LLM_FUSE_NORMS=0"}, "they need -device cuda"},
 	} {
 		var out, errb bytes.Buffer
 		if code := run(c.args, &out, &errb); code != 2 || !strings.Contains(errb.String(), c.want) {
@@ -120,7 +120,7 @@ func TestBenchModelCUDAVariants(t *testing.T) {
 	if n, err := cuda.Count(); err != nil || n == 0 {
 		t.Skipf("no GPU: %v", err)
 	}
-	for _, k := range []string{"TWELL_LLM_FUSE_NORMS", "TWELL_LLM_ATTENTION", "TWELL_UNION"} {
+	for _, k := range []string{"TWELL_LLM_FUSE_NORMS", "TWELL_LLM_ATTENTION", "TWELL_TAIL"} {
 		t.Setenv(k, "")
 	}
 	dir := tinyCheckpoint(t)
@@ -128,7 +128,7 @@ func TestBenchModelCUDAVariants(t *testing.T) {
 	var out, errb bytes.Buffer
 	code := run([]string{"bench", "model", "-device", "cuda", "-model", dir, "-batch", "2", "-prompt-len", "8", "-decode-batch", "1,12",
 		"-decode-steps", "2", "-decode-context", "5", "-reps", "1", "-json", js,
-		"-variants", "LLM_FUSE_NORMS=1;UNION=1 LLM_ATTENTION=dec"}, &out, &errb)
+		"-variants", "LLM_FUSE_NORMS=1;TAIL=sorted LLM_ATTENTION=dec"}, &out, &errb)
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errb.String())
 	}
@@ -144,7 +144,7 @@ func TestBenchModelCUDAVariants(t *testing.T) {
 	if err := json.Unmarshal(b, &rs); err != nil || len(rs) != 4 {
 		t.Fatalf("JSON: %v, %d results, want 4", err, len(rs))
 	}
-	want := []map[string]string{nil, nil, {"TWELL_LLM_FUSE_NORMS": "1"}, {"TWELL_UNION": "1", "TWELL_LLM_ATTENTION": "dec"}}
+	want := []map[string]string{nil, nil, {"TWELL_LLM_FUSE_NORMS": "1"}, {"TWELL_TAIL": "sorted", "TWELL_LLM_ATTENTION": "dec"}}
 	for i, r := range rs {
 		if i > 0 && r.Path != "twell" {
 			t.Errorf("row %d: path %q, want twell", i, r.Path)
@@ -161,7 +161,7 @@ func TestBenchModelCUDAVariants(t *testing.T) {
 			t.Errorf("row %d: max |logit - dense logit| %g", i, r.Diff)
 		}
 	}
-	if !strings.Contains(out.String(), "twell [LLM_ATTENTION=dec UNION=1]") {
+	if !strings.Contains(out.String(), "twell [LLM_ATTENTION=dec TAIL=sorted]") {
 		t.Errorf("the table does not name the variants:\n%s", out.String())
 	}
 }

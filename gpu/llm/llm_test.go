@@ -652,50 +652,6 @@ func TestDecodeAttentionManySequences(t *testing.T) {
 	}
 }
 
-// TestUnionDecodeMatchesCPU runs decode steps of 12 and 33 sequences on the
-// sparse MLP's union path (gpu.MLP.UnionFrom), replayed from CUDA graphs,
-// and compares their logits with the CPU model's.
-func TestUnionDecodeMatchesCPU(t *testing.T) {
-	dev := cudatest.Device(t)
-	cudatest.Compiler(t)
-	c := testConfig(64, 4, 2, true)
-	r, seed := testutil.Rand(t)
-	m := sparseModel(t, c, r, seed)
-	e := engineOnPath(t, dev, m, seed, "sparse")
-	for _, l := range e.layers {
-		if l.mlp != nil {
-			l.mlp.UnionFrom = 9
-		}
-	}
-	for _, b := range []int{12, 33} {
-		prompts := make([][]int, b)
-		for i := range prompts {
-			prompts[i] = enginetest.Tokens(r, 3+r.IntN(18), c.VocabSize)
-		}
-		passes := [][][]int{prompts}
-		for range 3 {
-			step := make([][]int, b)
-			for i := range step {
-				step[i] = []int{r.IntN(c.VocabSize)}
-			}
-			passes = append(passes, step)
-		}
-		want := cpuForward(t, m, "sparse", 32, passes...)
-		caches := enginetest.Caches(t, e, b, 32)
-		got, _ := enginetest.Forward(t, e, caches, prompts, true)
-		for _, step := range passes[1:] {
-			l, _ := enginetest.Forward(t, e, caches, step, true)
-			got = append(got, l...)
-		}
-		if d, err := enginetest.RelDiff(got, want); err != nil || d > bf16Tol {
-			t.Fatalf("seed %d: %d sequences: max |diff| / max |logit| = %.3g (err %v), want <= %g", seed, b, d, err, bf16Tol)
-		}
-	}
-	if e.GraphReplays() == 0 || e.GraphError() != nil {
-		t.Errorf("seed %d: %d graph replays (error %v)", seed, e.GraphReplays(), e.GraphError())
-	}
-}
-
 // TestFusedNormsMatchUnfused decodes one sequence with the norms fused
 // into the kernels after them (FuseNorms: qkv_rope1n, and gemv_act_norm on
 // graph-replayed sparse steps) and without: the logits must be the same

@@ -15,10 +15,10 @@ func TestOptionsFromEnv(t *testing.T) {
 	testutil.CheckEnv(t, Switches, OptionsFromEnv, []c{
 		{Env: nil, Want: Options{FuseNorms: true}},
 		{Env: map[string]string{EnvAttention: "dec", EnvFuseNorms: "1"}, Want: Options{Attention: "dec", FuseNorms: true}},
-		{Env: map[string]string{EnvFuseNorms: "0", EnvGraphs: "0", gpu.EnvUnion: "1"},
-			Want: Options{NoGraphs: true, MLP: gpu.Options{UnionFrom: 1}}},
+		{Env: map[string]string{EnvFuseNorms: "0", EnvGraphs: "0", gpu.EnvTail: "sorted"},
+			Want: Options{NoGraphs: true, MLP: gpu.Options{Tail: gpu.TailSorted}}},
 		{Env: map[string]string{EnvAttention: "flash"}, Bad: EnvAttention},
 		{Env: map[string]string{EnvFuseNorms: "on"}, Bad: EnvFuseNorms},
-		{Env: map[string]string{gpu.EnvUnion: "on"}, Bad: gpu.EnvUnion},
+		{Env: map[string]string{gpu.EnvTail: "on"}, Bad: gpu.EnvTail},
 	})
 }
