@@ -14,8 +14,8 @@ import (
 // TestSwitches checks that a result row records exactly the TWELL_
 // variables of the environment, and none when there are none.
 func TestSwitches(t *testing.T) {
-	env := []string{"PATH=/bin", "TWELL_TAIL=sorted", "TWELL_LLM_ATTENTION=dec", "TWELLX=2", "NOTTWELL_A=3", "TWELL_EMPTY="}
-	want := map[string]string{"TWELL_TAIL": "sorted", "TWELL_LLM_ATTENTION": "dec", "TWELL_EMPTY": ""}
+	env := []string{"PATH=/bin", "TWELL_TAIL=sorted", "TWELL_LLM_ATTENTION=mma", "TWELLX=2", "NOTTWELL_A=3", "TWELL_EMPTY="}
+	want := map[string]string{"TWELL_TAIL": "sorted", "TWELL_LLM_ATTENTION": "mma", "TWELL_EMPTY": ""}
 	if got := switches(env); !maps.Equal(got, want) {
 		t.Errorf("switches(%q) = %v, want %v", env, got, want)
 	}
@@ -87,8 +87,8 @@ func TestParseModelVariants(t *testing.T) {
 	for _, name := range llm.Switches {
 		t.Setenv(name, "")
 	}
-	got, err := ParseModelVariants("LLM_ATTENTION=dec TAIL=sorted;LLM_FUSE_NORMS=1")
-	if err != nil || len(got) != 2 || got[0]["TWELL_LLM_ATTENTION"] != "dec" || got[0]["TWELL_TAIL"] != "sorted" || got[1]["TWELL_LLM_FUSE_NORMS"] != "1" {
+	got, err := ParseModelVariants("LLM_ATTENTION=mma TAIL=sorted;LLM_FUSE_NORMS=1")
+	if err != nil || len(got) != 2 || got[0]["TWELL_LLM_ATTENTION"] != "mma" || got[0]["TWELL_TAIL"] != "sorted" || got[1]["TWELL_LLM_FUSE_NORMS"] != "1" {
 		t.Fatalf("ParseModelVariants: %v, %v", got, err)
 	}
 	for _, c := range []struct{ in, want string }{

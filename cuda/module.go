@@ -228,6 +228,18 @@ func (f *Function) SetMaxDynamicShared(bytes int) error {
 	return nil
 }
 
+// allowCluster lets the kernel run in clusters of shape c above 8 blocks
+// (non-portable sizes), once.
+func (f *Function) allowCluster(c Dim3) error {
+	if n := c[0] * max(c[1], 1) * max(c[2], 1); c[0] > 0 && n > 8 && !f.nonPortable.Load() {
+		if err := f.SetAttribute(funcNonPortableClusterOK, 1); err != nil {
+			return err
+		}
+		f.nonPortable.Store(true)
+	}
+	return nil
+}
+
 // MaxActiveBlocksPerSM returns how many blocks of blockSize threads using
 // dynShared bytes of dynamic shared memory fit on one multiprocessor.
 func (f *Function) MaxActiveBlocksPerSM(blockSize, dynShared int) (int, error) {
@@ -255,6 +267,9 @@ func (f *Function) MaxActiveClusters(cfg LaunchConfig) (int, error) {
 		return 0, misuse("cuOccupancyMaxActiveClusters", ErrorInvalidValue, "no cluster shape given")
 	}
 	if err := f.ensureShared(cfg.SharedBytes); err != nil {
+		return 0, err
+	}
+	if err := f.allowCluster(cfg.Cluster); err != nil {
 		return 0, err
 	}
 	var c cuLaunchConfig
@@ -357,11 +372,8 @@ func (f *Function) launch(cfg LaunchConfig, ex bool, args []any) error {
 		if dev.drv.pLaunchKernelEx == 0 {
 			return misuse("cuLaunchKernelEx", ErrorNotSupported, "the driver has no cuLaunchKernelEx (CUDA 12.0+)")
 		}
-		if n := cfg.Cluster[0] * max(cfg.Cluster[1], 1) * max(cfg.Cluster[2], 1); cfg.Cluster[0] > 0 && n > 8 && !f.nonPortable.Load() {
-			if err := f.SetAttribute(funcNonPortableClusterOK, 1); err != nil {
-				return err
-			}
-			f.nonPortable.Store(true)
+		if err := f.allowCluster(cfg.Cluster); err != nil {
+			return err
 		}
 	}
 	pb := paramPool.Get().(*paramBlock)

@@ -24,11 +24,11 @@
 #                                       m = 4096 and 16384 (0.5%, skewed) the sorted tail with and
 #                                       without early start (TWELL_EARLY_START), and the warp tail;
 #                                       two rounds
-#   scripts/gpu-bench.sh ab-decode OUTDIR  the decode switches not yet measured, as variants of
-#                                       one run (bench model -variants): steps of 1, 8, 16, 32 and 64
-#                                       sequences at 512 cached tokens with the decode attention
-#                                       kernel forced (TWELL_LLM_ATTENTION=dec), traced (CUPTI); steps
-#                                       of one sequence with the norms not fused
+#   scripts/gpu-bench.sh ab-decode OUTDIR  the decode switches, as variants of one run (bench model
+#                                       -variants): steps of 1, 8, 16, 32 and 64 sequences at 512
+#                                       cached tokens with the mma.sync attention kernel instead of
+#                                       the decode kernel (TWELL_LLM_ATTENTION=mma), traced (CUPTI);
+#                                       steps of one sequence with the norms not fused
 #                                       (TWELL_LLM_FUSE_NORMS=0) and the TwELL path again, twice
 # Each run ends with `twell bench table OUTDIR`.
 set -uo pipefail
@@ -95,7 +95,7 @@ ab-decode)
   ckpt=${TMPDIR:-/tmp}/twell-ab-sparselm
   "$tw" bench model -device cuda -preset sparselm-1.5b -save "$ckpt" -seed 9596107621982983358 -reps 2 -batch 8 \
     -prompt-len 64 -decode-batch 1,8,16,32,64 -decode-context 512 -decode-steps 32 \
-    -variants 'LLM_ATTENTION=dec' \
+    -variants 'LLM_ATTENTION=mma' \
     -trace "$out/decode-batches-trace.json" -trace-plot "$out/decode-batches-trace.png" \
     -json "$out/decode-batches.json" 2>&1 | tee "$out/decode-batches.txt" || status=1
   model=(-preset sparselm-1.5b)

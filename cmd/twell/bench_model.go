@@ -45,7 +45,7 @@ func runBenchModel(args []string, stdout, stderr io.Writer) error {
 	trace := fs.String("trace", "", "cuda: record the kernels (CUPTI) of one more prefill pass and of -trace-steps more decode steps per batch, and write them to this file as a Chrome trace (Perfetto opens it); per-kernel summaries go to the JSON and stderr")
 	traceSteps := fs.Int("trace-steps", 0, "cuda: decode steps per batch to trace (default 16 with -trace or -trace-plot)")
 	tracePlot := fs.String("trace-plot", "", "cuda: write a PNG of what each kernel adds to a prefill pass and to a decode step, per path, to this file (traces as -trace does)")
-	variants := fs.String("variants", "", "cuda: after the dense and TwELL paths, the TwELL path again on an engine per variant of the GPU engine's switches, a result row each: variants separated by ';', each NAME=VALUE ... (names with or without TWELL_, e.g. 'LLM_FUSE_NORMS=0;LLM_ATTENTION=dec TAIL=sorted'), over the environment's")
+	variants := fs.String("variants", "", "cuda: after the dense and TwELL paths, the TwELL path again on an engine per variant of the GPU engine's switches, a result row each: variants separated by ';', each NAME=VALUE ... (names with or without TWELL_, e.g. 'LLM_FUSE_NORMS=0;LLM_ATTENTION=mma TAIL=sorted'), over the environment's")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}

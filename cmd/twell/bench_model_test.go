@@ -128,7 +128,7 @@ func TestBenchModelCUDAVariants(t *testing.T) {
 	var out, errb bytes.Buffer
 	code := run([]string{"bench", "model", "-device", "cuda", "-model", dir, "-batch", "2", "-prompt-len", "8", "-decode-batch", "1,12",
 		"-decode-steps", "2", "-decode-context", "5", "-reps", "1", "-json", js,
-		"-variants", "LLM_FUSE_NORMS=1;TAIL=sorted LLM_ATTENTION=dec"}, &out, &errb)
+		"-variants", "LLM_FUSE_NORMS=1;TAIL=sorted LLM_ATTENTION=mma"}, &out, &errb)
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errb.String())
 	}
@@ -144,7 +144,7 @@ func TestBenchModelCUDAVariants(t *testing.T) {
 	if err := json.Unmarshal(b, &rs); err != nil || len(rs) != 4 {
 		t.Fatalf("JSON: %v, %d results, want 4", err, len(rs))
 	}
-	want := []map[string]string{nil, nil, {"TWELL_LLM_FUSE_NORMS": "1"}, {"TWELL_TAIL": "sorted", "TWELL_LLM_ATTENTION": "dec"}}
+	want := []map[string]string{nil, nil, {"TWELL_LLM_FUSE_NORMS": "1"}, {"TWELL_TAIL": "sorted", "TWELL_LLM_ATTENTION": "mma"}}
 	for i, r := range rs {
 		if i > 0 && r.Path != "twell" {
 			t.Errorf("row %d: path %q, want twell", i, r.Path)
@@ -161,7 +161,7 @@ func TestBenchModelCUDAVariants(t *testing.T) {
 			t.Errorf("row %d: max |logit - dense logit| %g", i, r.Diff)
 		}
 	}
-	if !strings.Contains(out.String(), "twell [LLM_ATTENTION=dec TAIL=sorted]") {
+	if !strings.Contains(out.String(), "twell [LLM_ATTENTION=mma TAIL=sorted]") {
 		t.Errorf("the table does not name the variants:\n%s", out.String())
 	}
 }

@@ -66,7 +66,7 @@ func (e *Engine) attentionKernel(T int) (attnKernel, error) {
 		}
 		fn, err := e.k.wgmma()
 		return attnKernel{fn: fn, smem: wgSmem}, err
-	case "", "auto", "dec":
+	case "", "auto":
 		if hd == 64 && T > wgMinTokens && e.dev.Properties().Arch == "sm_90a" {
 			if fn, err := e.k.wgmma(); err == nil {
 				return attnKernel{fn: fn, smem: wgSmem}, nil
@@ -77,31 +77,38 @@ func (e *Engine) attentionKernel(T int) (attnKernel, error) {
 		}
 		return ref, nil
 	default:
-		return attnKernel{}, fmt.Errorf("llm: attention kernel %q: want auto, dec, wgmma3, mma or ref", a)
+		return attnKernel{}, fmt.Errorf("llm: attention kernel %q: want auto, wgmma3, mma or ref", a)
 	}
 }
 
 // decSplits is the most runs a decode step's keys are cut into, per
-// sequence and head (decRuns), and decThreads is ATT_DEC_THREADS (attn.cu),
-// the threads of the CTA that takes one run.
+// sequence and head (decRuns), decThreads is ATT_DEC_THREADS (attn.cu), the
+// threads of the CTA that takes one run, and decStages is ATT_DEC_STAGES,
+// the key blocks (keys and values) a CTA holds in shared memory at once.
 const (
 	decSplits  = 16
 	decThreads = 128
+	decStages  = 2
 )
+
+// decSmem is the decode kernel's dynamic shared memory for head_dim hd:
+// decStages blocks of keys (ATT_BK, PageMultiple) and their values, bf16.
+func decSmem(hd int) int { return decStages * 2 * PageMultiple * hd * 2 }
 
 // decRuns is the number of runs a decode step of S sequences cuts each
 // query's keys into: decSplits, halved (down to 1) while the CTAs would
-// fill the SMs more than once (16 CTAs of decThreads threads each): a
-// second wave of CTAs costs more than longer runs. (Under auto the decode
-// kernel takes at most 2 pairs per SM, so at least 8 runs.)
+// not all be resident at once (the kernel's CTAs an SM, times the SMs): a
+// second wave of CTAs costs more than longer runs, and only the first
+// wave's copies overlap the kernel before.
 func (e *Engine) decRuns(S int) int {
-	return decRunsFor(S*e.cfg.NumAttentionHeads, e.dev.Properties().SMs)
+	return decRunsFor(S*e.cfg.NumAttentionHeads, e.k.decSlots[e.cfg.HeadDim])
 }
 
-// decRunsFor is decRuns for pairs (sequence, head) pairs on sms SMs.
-func decRunsFor(pairs, sms int) int {
+// decRunsFor is decRuns for pairs (sequence, head) pairs and room for
+// slots resident CTAs.
+func decRunsFor(pairs, slots int) int {
 	runs := decSplits
-	for runs > 1 && pairs*runs > 16*sms {
+	for runs > 1 && pairs*runs > slots {
 		runs /= 2
 	}
 	return runs
@@ -125,32 +132,26 @@ type decAttention struct {
 	po, pm, pl, count *cuda.Buffer
 	runs              int
 	early             bool // launch with early start
+	cluster           bool // launch the runs of a (work item, head) as a cluster
 }
 
-// decodeSplit reports whether a decode step of S sequences (one new token
-// each) runs the decode kernel, for head_dim 64 or 128: under auto when
-// the (sequence, head) pairs are at most twice the SMs, under "dec"
-// always. On an H200 at 512 cached tokens (SparseLM-1.5B preset, 32 heads)
-// it took decode from 775 to 884 tokens/s at batch 1 (TwELL MLPs; dense
-// 596 to 654), but at batch 64, where the prefill kernel already has 2048
-// CTAs, from 12558 to 11745 (with 4 runs, each asking the L2 for its first
-// two blocks only).
-func (e *Engine) decodeSplit(S int) bool {
-	c := e.cfg
-	switch e.Attention {
-	case "dec":
-		return decBytes(c, S) > 0
-	case "", "auto":
-		return decBytes(c, S) > 0 && S*c.NumAttentionHeads <= 2*e.dev.Properties().SMs
-	}
-	return false
+// decodeSplit reports whether decode steps (one new token per sequence)
+// run the decode kernel: under auto, for head_dim 64 and 128. On an H200 at
+// 512 cached tokens (SparseLM-1.5B preset, 32 heads, TwELL MLPs; two runs
+// in one process, the kernel before it in the same runs) it took decode
+// from 905-924 to 924-982 tokens/s at batch 1, 4135-4429 to 4357-4587 at
+// batch 8, and, where the prefill kernel (attn_fa64) ran before, from
+// 5977-6464 to 6213-6820 at 16, 9190-9338 to 9843-10375 at 32 and
+// 12442-12621 to 15477-15852 at 64.
+func (e *Engine) decodeSplit() bool {
+	return (e.Attention == "" || e.Attention == "auto") && decBytes(e.cfg, 1) > 0
 }
 
 // decodeAttention returns the decode kernel for pass b, and whether b runs
-// it: when b is a decode step that decodeSplit takes.
+// it: when b is a decode step and decodeSplit holds.
 func (e *Engine) decodeAttention(b *batch) (decAttention, bool) {
 	c := e.cfg
-	if b.T != b.S || !e.decodeSplit(b.S) || e.ws.decSeq < b.S {
+	if b.T != b.S || !e.decodeSplit() || e.ws.decSeq < b.S {
 		return decAttention{}, false
 	}
 	fn := e.k.attnDec64
@@ -159,7 +160,8 @@ func (e *Engine) decodeAttention(b *batch) (decAttention, bool) {
 	}
 	l := decLayout(c, b.S)
 	v := func(i int) *cuda.Buffer { return view(e.ws.dec, l[i][0], l[i][1]) }
-	return decAttention{fn: fn, po: v(0), pm: v(1), pl: v(2), count: v(3), runs: e.decRuns(b.S), early: e.early()}, true
+	return decAttention{fn: fn, po: v(0), pm: v(1), pl: v(2), count: v(3), runs: e.decRuns(b.S), early: e.early(),
+		cluster: e.k.decCluster[c.HeadDim] && !e.decGlobalMerge}, true
 }
 
 // decLayout returns where the decode attention's buffer for S sequences of
@@ -172,12 +174,18 @@ func decLayout(c model.Config, S int) [4][2]int {
 		{4 * runs * (c.HeadDim + 2), 4 * pairs}}
 }
 
-// launch queues the decode kernel: a CTA per (work item, head, run).
+// launch queues the decode kernel: a CTA per (work item, head, run); the
+// runs of a (work item, head) form a cluster where the device has them,
+// merging through distributed shared memory.
 func (d decAttention) launch(s *cuda.Stream, a attnArgs) error {
 	grid := cuda.Dim3{uint32(a.nItems * a.nq), uint32(d.runs), 1}
+	cfg := cuda.LaunchConfig{Grid: grid, Block: cuda.Dim3{decThreads, 1, 1}, SharedBytes: decSmem(a.hd), Stream: s,
+		EarlyStart: d.early}
+	if d.runs > 1 && d.cluster {
+		cfg.Cluster = cuda.Dim3{1, uint32(d.runs), 1}
+	}
 	scaleLog2 := float32(math.Log2E / math.Sqrt(float64(a.hd)))
-	return d.fn.LaunchEx(cuda.LaunchConfig{Grid: grid, Block: cuda.Dim3{decThreads, 1, 1}, Stream: s, EarlyStart: d.early},
-		a.qkv, a.out, a.items, a.seqQ0, a.seqN, a.seqPast, a.pt,
+	return d.fn.LaunchEx(cfg, a.qkv, a.out, a.items, a.seqQ0, a.seqN, a.seqPast, a.pt,
 		int32(a.page), int32(a.layer), int32(a.nq), int32(a.nkv), int32(a.qkvW), scaleLog2, d.po, d.pm, d.pl, d.count)
 }
 

@@ -270,28 +270,101 @@ extern "C" __global__ void __launch_bounds__(256)
 
 // attn_dec64, attn_dec128: attention of decode steps, where every sequence
 // of the pass has one new token (flash-decoding). blockIdx.x = item * nq +
-// head as above, blockIdx.y = split: the query's keys (past + 1 of them)
-// are cut into gridDim.y runs of whole 64-key blocks, one CTA each, so
-// that a short batch still spreads over the SMs (the prefill kernels walk
-// one sequence's keys in one CTA). In a CTA of ATT_DEC_THREADS threads,
-// groups of hd / 8 lanes take one key at a time (a lane: 8 dimensions of
-// q, k, v), each group with its own online softmax over keys g, g + G, ...
-// of the run; the CTA merges its groups, and stores the run's maximum,
-// sum and unnormalized output in part (pm, pl, po). The last CTA of a
-// (sequence, head) to finish (a counter in cnt, reset to 0 by it) merges
-// the runs in split order and writes the output: the result does not
-// depend on which CTA finishes last, so it repeats bit for bit. With one
-// run (many sequences) the CTA writes the output itself. The split count
-// depends on the batch only, so a CUDA graph of a decode step stays valid
-// as the sequences grow. Launched with early start, a CTA asks the L2 for
-// the first ATT_DEC_PREFETCH blocks of its run's keys and values (the
-// pass's metadata and page tables do not change within a pass) before
-// grid_wait, and then reads q, keys and values through the L2: the new
-// token's key and value are the kernel before's. Each later block is asked
-// for ATT_DEC_PREFETCH blocks ahead of its use, so that a long run (few
-// runs, long contexts) finds its blocks in the L2 too.
+// head as above, blockIdx.y = split: the query's key blocks (past + 1 keys,
+// blocks of ATT_BK) are cut into gridDim.y runs of whole blocks, as even as
+// they go, one CTA each, so that a short batch still spreads over the SMs.
+//
+// A CTA streams its run's keys and values through ATT_DEC_STAGES slots of
+// shared memory (a block's keys, then its values): on sm_90 thread 0 asks
+// for each as two bulk asynchronous copies (cp.async.bulk) completing on
+// the slot's mbarrier; before sm_90 every thread issues 16-byte cp.async
+// copies. The first slots are requested before grid_wait, so that under
+// early start the reads overlap the kernel before: every cached position
+// but the new token's was written by earlier passes, and the page tables
+// do not change within a pass. The new token's key and value (the kernel
+// before's) are left out of the copies and read from the L2 after
+// grid_wait by the lanes that use them.
+//
+// In a CTA of ATT_DEC_THREADS threads, groups of hd / 8 lanes take one key
+// at a time (a lane: 8 dimensions of q, k, v); per block a group scores all
+// its keys first and rescales its running output once, an online softmax
+// per group; the CTA then merges its groups. With one run the CTA writes
+// the output. With several, each run's maximum, sum and unnormalized
+// output are merged in split order: launched as a cluster of the runs
+// (sm_90), through distributed shared memory, where rank 0 reads the other
+// runs' results and writes the output while they wait; otherwise through
+// global memory (pm, pl, po), by the last CTA of the (sequence, head) to
+// finish (a counter in cnt, reset to 0 by it). Either way the result does
+// not depend on the order the CTAs run in and repeats bit for bit. The split
+// count depends on the batch only, so a CUDA graph of a decode step stays
+// valid as the sequences grow.
 #define ATT_DEC_THREADS 128
-#define ATT_DEC_PREFETCH 2  // 64-key blocks of its run a CTA asks the L2 for before grid_wait
+#define ATT_DEC_STAGES 2  // key blocks (keys and values) of a run in shared memory at once
+
+// dec_bulk copies bytes from global src to shared dst, completing on bar (sm_90).
+__device__ __forceinline__ void dec_bulk(u32 dst, const void* src, u32 bytes, u32 bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
+               "l"(src), "r"(bytes), "r"(bar)
+               : "memory");
+}
+
+// dec_copy (all threads) requests the first rows of a key block whose keys
+// start at K (values vstep elements on) into slot dst: keys at dst, values
+// ATT_BK * HD elements on. sm_90: thread 0, completing on bar (also when
+// rows is 0); before: the threads' cp.async copies, one commit group.
+template <int HD>
+__device__ __forceinline__ void dec_copy(u32 dst, const u16* K, int vstep, int rows, u32 bar) {
+#if __CUDA_ARCH__ >= 900
+  if (threadIdx.x == 0) {
+    const u32 bytes = (u32)rows * HD * 2;
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // the slot's earlier reads come first
+    mbar_expect_tx(bar, 2 * bytes);
+    if (bytes) {
+      dec_bulk(dst, K, bytes, bar);
+      dec_bulk(dst + ATT_BK * HD * 2, K + vstep, bytes, bar);
+    }
+  }
+#else
+  const int pieces = rows * HD / 8;  // 16-byte pieces of the keys, and of the values
+  for (int i = threadIdx.x; i < 2 * pieces; i += ATT_DEC_THREADS) {
+    const int v = i >= pieces, p = i - v * pieces;
+    cp_async16(dst + (u32)(v * ATT_BK * HD * 2 + p * 16), K + (size_t)v * vstep + p * 8, true);
+  }
+  cp_async_commit();
+#endif
+}
+
+// dec_merge merges n runs' maxima, sums and output column d (run s's read
+// by load(s) as {m, l, o}) in run order, and returns the normalized output.
+template <typename Load>
+__device__ __forceinline__ float dec_merge(int n, Load load) {
+  float M = NEG_INF;
+  for (int s = 0; s < n; ++s) M = fmaxf(M, load(s).x);
+  float L = 0.f, O = 0.f;
+  for (int s = 0; s < n; ++s) {
+    const float3 r = load(s);
+    const float w = ex2(r.x - M);  // 0 for a run that saw no key
+    L = fmaf(r.y, w, L);
+    O = fmaf(r.z, w, O);
+  }
+  return O / L;
+}
+
+#if __CUDA_ARCH__ >= 900
+// cluster_sync: every thread of the cluster arrives (release), then waits
+// for the others (acquire).
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+// ld_cluster reads the float at shared address a of cluster CTA rank.
+__device__ __forceinline__ float ld_cluster(u32 a, u32 rank) {
+  u32 ra;
+  float v;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(ra) : "r"(a), "r"(rank));
+  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(ra) : "memory");
+  return v;
+}
+#endif
 
 template <int HD>
 __device__ __forceinline__ void attn_dec_body(const u16* __restrict__ qkv, u16* __restrict__ out,
@@ -300,29 +373,48 @@ __device__ __forceinline__ void attn_dec_body(const u16* __restrict__ qkv, u16* 
                                               const u64* __restrict__ seq_pt, int page, int layer, int nq, int nkv,
                                               int qkv_w, float scale_log2, float* __restrict__ po,
                                               float* __restrict__ pm, float* __restrict__ pl, int* __restrict__ cnt) {
-  constexpr int LPK = HD / 8;                   // lanes per key
-  constexpr int NG = ATT_DEC_THREADS / LPK;     // key groups of the CTA
+  constexpr int LPK = HD / 8;                // lanes per key
+  constexpr int NG = ATT_DEC_THREADS / LPK;  // key groups of the CTA
+  constexpr int NP = ATT_BK / NG;            // keys of a block per group
+  constexpr int SLOT = 2 * ATT_BK * HD;      // elements of a slot: keys, then values
+  extern __shared__ __align__(128) u16 kv[];  // ATT_DEC_STAGES slots
   __shared__ float sm[NG], sl[NG];
   __shared__ float so[NG][HD];
+  __shared__ float rm, rl, ro[HD];  // the run's maximum, sum and output (read by cluster rank 0)
+  __shared__ __align__(8) u64 bars[ATT_DEC_STAGES];
   __shared__ int last;
   const AttnItem a = attn_item(items, seq_q0, seq_n, seq_past, seq_pt, page, layer, nq, nkv, HD);
   const int id = blockIdx.x, sp = blockIdx.y;
   const int grp = threadIdx.x / LPK, sub = threadIdx.x % LPK;
   const int keys = a.past + 1;  // positions 0 .. past: the cache, the new token's included
   const int splits = gridDim.y;
-  const int nblk = (keys + ATT_BK - 1) / ATT_BK, per = (nblk + splits - 1) / splits;
-  const int b0 = sp * per, b1 = min(nblk, b0 + per);
-  // Only ATT_DEC_PREFETCH blocks ahead: at 64 sequences and 2016 cached
-  // tokens every CTA is resident at once, and whole runs (516 KB each)
-  // would ask the 60 MB L2 for about 1 GB a layer, evicting lines before
-  // their use.
-  auto prefetch = [&](int blk) {
-    const u16* K = block_keys(a, block_page(a, blk), blk, HD);
-    const int lines = min(ATT_BK, keys - blk * ATT_BK) * HD / 64;  // 128-byte lines of keys, and of values
-    for (int i = threadIdx.x; i < 2 * lines; i += ATT_DEC_THREADS)
-      asm volatile("prefetch.global.L2 [%0];" ::"l"(K + (i < lines ? 0 : a.vstep) + (i % lines) * 64));
+  const int nblk = (keys + ATT_BK - 1) / ATT_BK;
+  const int b0 = (int)((long)sp * nblk / splits), b1 = (int)((long)(sp + 1) * nblk / splits);
+  const u32 kv0 = smem_addr(kv), bar0 = smem_addr(bars);
+#if __CUDA_ARCH__ >= 900
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < ATT_DEC_STAGES; ++s) mbar_init(bar0 + 8 * s, 1);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+#endif
+  // copy(i) requests block b0 + i into slot i % ATT_DEC_STAGES (the rows
+  // before the new token's).
+  auto copy = [&](int i) {
+    const int blk = b0 + i, s = i % ATT_DEC_STAGES;
+    const int rows = min(ATT_BK, a.past - blk * ATT_BK);
+    dec_copy<HD>(kv0 + (u32)(s * SLOT * 2), block_keys(a, block_page(a, blk), blk, HD), a.vstep, rows,
+                 bar0 + 8 * s);
   };
-  for (int blk = b0; blk < min(b1, b0 + ATT_DEC_PREFETCH); ++blk) prefetch(blk);
+  for (int i = 0; i < ATT_DEC_STAGES; ++i) {
+    if (b0 + i < b1) {
+      copy(i);
+    } else {
+#if __CUDA_ARCH__ < 900
+      cp_async_commit();  // an empty group keeps the count of groups per block
+#endif
+    }
+  }
   grid_wait();
   grid_release();
   const uint4 q = ldg_cg(qkv + (size_t)a.qs * qkv_w + a.head * HD + sub * 8);
@@ -330,37 +422,66 @@ __device__ __forceinline__ void attn_dec_body(const u16* __restrict__ qkv, u16* 
 #pragma unroll
   for (int e = 0; e < 8; ++e) acc[e] = 0.f;
   for (int blk = b0; blk < b1; ++blk) {
-    if (blk + ATT_DEC_PREFETCH < b1) prefetch(blk + ATT_DEC_PREFETCH);
-    const u16* K = block_keys(a, block_page(a, blk), blk, HD);
-    const u16* V = K + a.vstep;
-    const int kn = min(ATT_BK, keys - blk * ATT_BK);
-    // Every lane runs every pass (the score's sum crosses the group's
-    // lanes), the loads of all passes issued together; rows past the
-    // block's last key read row 0 and are dropped.
+    const int i = blk - b0, s = i % ATT_DEC_STAGES;
+#if __CUDA_ARCH__ >= 900
+    mbar_wait(bar0 + 8 * s, (u32)(i / ATT_DEC_STAGES) & 1u);
+#else
+    cp_async_wait<ATT_DEC_STAGES - 1>();
+    __syncthreads();
+#endif
+    const u16* Ks = kv + s * SLOT;
+    const u16* Vs = Ks + ATT_BK * HD;
+    const u16* Kg = block_keys(a, block_page(a, blk), blk, HD);
+    const int kn = min(ATT_BK, keys - blk * ATT_BK), fresh = a.past - blk * ATT_BK;  // fresh: the new token's row
+    float d[NP];
+    uint4 vr[NP];
+    float mb = NEG_INF;
 #pragma unroll
-    for (int r0 = 0; r0 < ATT_BK; r0 += NG) {
-      const int r = r0 + grp;
-      const bool ok = r < kn;
-      const int rr = ok ? r : 0;
-      const uint4 kr = ldg_cg(K + rr * HD + sub * 8), vr = ldg_cg(V + rr * HD + sub * 8);
-      float d = dot8(q, kr, 0.f);
+    for (int j = 0; j < NP; ++j) {
+      const int r = j * NG + grp;
+      const int o = r * HD + sub * 8;
+      uint4 kr;
+      if (r == fresh) {
+        kr = ldg_cg(Kg + o);
+        vr[j] = ldg_cg(Kg + a.vstep + o);
+      } else {
+        kr = *(const uint4*)(Ks + o);
+        vr[j] = *(const uint4*)(Vs + o);
+      }
+      float x = dot8(q, kr, 0.f);
 #pragma unroll
-      for (int o = LPK / 2; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
-      if (!ok) continue;
-      d *= scale_log2;
-      const float mn = fmaxf(m, d), corr = ex2(m - mn), p = ex2(d - mn);
-      l = l * corr + p;
+      for (int w = LPK / 2; w > 0; w >>= 1) x += __shfl_xor_sync(0xffffffffu, x, w);
+      d[j] = r < kn ? x * scale_log2 : NEG_INF;  // rows past the last key hold stale data
+      mb = fmaxf(mb, d[j]);
+    }
+    const float mn = fmaxf(m, mb);
+    if (mn != NEG_INF) {
+      const float corr = ex2(m - mn);
+      l *= corr;
 #pragma unroll
       for (int e = 0; e < 8; ++e) acc[e] *= corr;
-      axpy8(acc, p, vr);
+#pragma unroll
+      for (int j = 0; j < NP; ++j)
+        if (j * NG + grp < kn) {
+          const float p = ex2(d[j] - mn);
+          l += p;
+          axpy8(acc, p, vr[j]);
+        }
       m = mn;
+    }
+    if (i + ATT_DEC_STAGES < b1 - b0) {
+      __syncthreads();  // every thread is done with slot s
+      copy(i + ATT_DEC_STAGES);
+    } else {
+#if __CUDA_ARCH__ < 900
+      cp_async_commit();
+#endif
     }
   }
   if (sub == 0) sm[grp] = m, sl[grp] = l;
 #pragma unroll
   for (int e = 0; e < 8; ++e) so[grp][sub * 8 + e] = acc[e];
   __syncthreads();
-  const size_t run = (size_t)id * splits + sp;
   if (threadIdx.x < HD) {
     const int d = threadIdx.x;
     float M = NEG_INF;
@@ -376,10 +497,32 @@ __device__ __forceinline__ void attn_dec_body(const u16* __restrict__ qkv, u16* 
       out[(size_t)a.qs * nq * HD + a.head * HD + d] = (u16)f_to_bf(O / L);
       return;
     }
-    po[run * HD + d] = O;
-    if (d == 0) pm[run] = M, pl[run] = L;
+    ro[d] = O;
+    if (d == 0) rm = M, rl = L;
   }
   if (splits == 1) return;
+  u16* o = out + (size_t)a.qs * nq * HD + a.head * HD;
+#if __CUDA_ARCH__ >= 900
+  u32 cl;
+  asm("mov.u32 %0, %%cluster_nctarank;" : "=r"(cl));
+  if (cl == (u32)splits) {  // launched as a cluster of the runs: rank sp is run sp
+    cluster_sync();  // every run's result is in its shared memory
+    if (sp == 0 && threadIdx.x < HD) {
+      const int d = threadIdx.x;
+      const u32 am = smem_addr(&rm), al = smem_addr(&rl), ao = smem_addr(&ro[d]);
+      o[d] = (u16)f_to_bf(dec_merge(splits, [&](int s) {
+        return make_float3(ld_cluster(am, s), ld_cluster(al, s), ld_cluster(ao, s));
+      }));
+    }
+    cluster_sync();  // no CTA leaves while rank 0 reads its shared memory
+    return;
+  }
+#endif
+  const size_t run = (size_t)id * splits + sp;
+  if (threadIdx.x < HD) {
+    po[run * HD + threadIdx.x] = ro[threadIdx.x];
+    if (threadIdx.x == 0) pm[run] = rm, pl[run] = rl;
+  }
   // The last run of this (sequence, head) merges them all.
   __threadfence();
   __syncthreads();
@@ -390,15 +533,9 @@ __device__ __forceinline__ void attn_dec_body(const u16* __restrict__ qkv, u16* 
   if (threadIdx.x < HD) {
     const int d = threadIdx.x;
     const size_t r0 = (size_t)id * splits;
-    float M = NEG_INF;
-    for (int s = 0; s < splits; ++s) M = fmaxf(M, __ldcg(pm + r0 + s));
-    float L = 0.f, O = 0.f;
-    for (int s = 0; s < splits; ++s) {
-      const float w = ex2(__ldcg(pm + r0 + s) - M);
-      L = fmaf(__ldcg(pl + r0 + s), w, L);
-      O = fmaf(__ldcg(po + (r0 + s) * HD + d), w, O);
-    }
-    out[(size_t)a.qs * nq * HD + a.head * HD + d] = (u16)f_to_bf(O / L);
+    o[d] = (u16)f_to_bf(dec_merge(splits, [&](int s) {
+      return make_float3(__ldcg(pm + r0 + s), __ldcg(pl + r0 + s), __ldcg(po + (r0 + s) * HD + d));
+    }));
   }
   if (threadIdx.x == 0) cnt[id] = 0;
 }
@@ -415,3 +552,4 @@ __device__ __forceinline__ void attn_dec_body(const u16* __restrict__ qkv, u16* 
   }
 ATTN_DEC(64)
 ATTN_DEC(128)
+

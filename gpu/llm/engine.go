@@ -33,12 +33,11 @@ type Engine struct {
 	// Attention picks the attention kernel: "" or "auto" (for head_dim 64
 	// on Hopper, sm_90a, the wgmma kernel with a 3-stage pipeline in passes
 	// of more than 64 tokens; else the mma.sync kernel for head_dim 64 and
-	// 128, and the plain one for other head dims; decode steps of few
-	// sequences, each with one new token, split each query's keys across
-	// CTAs with the decode kernel, head_dim 64 or 128); "dec" (auto, but
-	// every decode step runs the decode kernel, whatever its batch);
+	// 128, and the plain one for other head dims; decode steps, each
+	// sequence with one new token, run the decode kernel for head_dim 64
+	// and 128, which splits the keys of few sequences across CTAs);
 	// "wgmma3" (head_dim 64, sm_90a), "mma" (head_dim 64 or 128) or "ref"
-	// (the plain kernel, any head_dim), to compare them.
+	// (the plain kernel, any head_dim) for every pass, to compare them.
 	Attention string
 	// Profile makes Forward time each kind of step with CUDA events and
 	// report it in Stats.StepMS (for diagnosis: it adds an event record
@@ -99,6 +98,10 @@ type Engine struct {
 	weightBytes  int64
 
 	hostLogits *cuda.HostBuffer // ReuseLogits' buffer
+
+	// decGlobalMerge merges the decode kernel's runs through global memory
+	// where clusters would merge them (tests compare both).
+	decGlobalMerge bool
 
 	prof   stepProfile // Profile's events
 	profOn bool        // the pass being queued is profiled: Profile set, not replayed from a graph

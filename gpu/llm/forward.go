@@ -210,7 +210,7 @@ func (e *Engine) workspaceFor(T, rows, metaBytes int, decode bool) error {
 			return err
 		}
 	}
-	if decode && e.decodeSplit(T) && ws.decSeq < T {
+	if decode && e.decodeSplit() && ws.decSeq < T {
 		if ws.dec, err = e.realloc(ws.dec, decBytes(c, T)); err != nil {
 			return err
 		}

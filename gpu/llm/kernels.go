@@ -33,9 +33,15 @@ type kernels struct {
 	attnRef                *cuda.Function
 	attnFA64, attnFA128    *cuda.Function
 	attnDec64, attnDec128  *cuda.Function
-	gemv1, gemv4           *cuda.Function
-	qkvRope1, qkvRope4     *cuda.Function
-	qkvRope1N              *cuda.Function // qkv_rope1n: qkv_rope1 with the norm before it fused in
+	// decSlots are the decode kernel's CTAs resident at once on the
+	// device, by head_dim (64, 128; see decRuns).
+	decSlots map[int]int
+	// decCluster says, by head_dim, whether the decode kernel's runs are
+	// launched as clusters (decAttention.cluster).
+	decCluster         map[int]bool
+	gemv1, gemv4       *cuda.Function
+	qkvRope1, qkvRope4 *cuda.Function
+	qkvRope1N          *cuda.Function // qkv_rope1n: qkv_rope1 with the norm before it fused in
 
 	dev *cuda.Device
 	// attnWG is attn_wg64, compiled at first use and on sm_90a only;
@@ -88,7 +94,25 @@ func kernelsFor(dev *cuda.Device) (*kernels, error) {
 		attnRef: fs["attn_ref"], attnFA64: fs["attn_fa64"], attnFA128: fs["attn_fa128"],
 		attnDec64: fs["attn_dec64"], attnDec128: fs["attn_dec128"],
 		gemv1: fs["gemv_rows1"], gemv4: fs["gemv_rows4"], qkvRope1: fs["qkv_rope1"], qkvRope4: fs["qkv_rope4"],
-		qkvRope1N: fs["qkv_rope1n"]}
+		qkvRope1N: fs["qkv_rope1n"], decSlots: map[int]int{}, decCluster: map[int]bool{}}
+	for hd, fn := range map[int]*cuda.Function{64: k.attnDec64, 128: k.attnDec128} {
+		if err := fn.SetMaxDynamicShared(decSmem(hd)); err != nil {
+			return nil, fmt.Errorf("llm: %s: %w", fn.Name(), err)
+		}
+		n, err := fn.MaxActiveBlocksPerSM(decThreads, decSmem(hd))
+		if err != nil {
+			return nil, fmt.Errorf("llm: %s: %w", fn.Name(), err)
+		}
+		k.decSlots[hd] = max(1, n) * dev.Properties().SMs
+		if dev.Properties().ClusterLaunch {
+			// The runs of a (sequence, head) merge in a cluster where the
+			// device can hold one of the most runs (sizes above 8 are not
+			// portable).
+			c, err := fn.MaxActiveClusters(cuda.LaunchConfig{Grid: cuda.Dim3{1, decSplits, 1},
+				Block: cuda.Dim3{decThreads, 1, 1}, SharedBytes: decSmem(hd), Cluster: cuda.Dim3{1, decSplits, 1}})
+			k.decCluster[hd] = err == nil && c > 0
+		}
+	}
 	kernTab[dev] = k
 	return k, nil
 }

@@ -59,7 +59,7 @@ func TestKVOptions(t *testing.T) {
 func attnKernels(dev *cuda.Device, hd int) []string {
 	ks := []string{"ref", "auto"}
 	if hd == 64 || hd == 128 {
-		ks = append(ks, "mma", "dec")
+		ks = append(ks, "mma")
 	}
 	if hd == 64 && dev.Properties().Arch == "sm_90a" {
 		ks = append(ks, "wgmma3")
@@ -464,22 +464,22 @@ func TestDecodeBufferLayout(t *testing.T) {
 }
 
 // TestDecodeRuns checks the decode attention's run count: 16 while the
-// CTAs fit in one wave of 16 per SM, then halved down to 1, and always
-// within the buffer decBytes sizes (decSplits runs); at most twice as many
-// pairs as SMs (auto's bound) get at least 8.
+// CTAs all fit on the device at once, then halved down to 1, and always
+// within the buffer decBytes sizes (decSplits runs).
 func TestDecodeRuns(t *testing.T) {
-	for _, c := range []struct{ pairs, sms, want int }{
-		{32, 132, 16}, {132, 132, 16}, {133, 132, 8}, {256, 132, 8}, {264, 132, 8}, {265, 132, 4}, {528, 132, 4},
-		{529, 132, 2}, {1056, 132, 2}, {1057, 132, 1}, {2048, 132, 1}, {10000, 132, 1}, {1, 1, 16},
+	for _, c := range []struct{ pairs, slots, want int }{
+		{32, 792, 16}, {49, 792, 16}, {50, 792, 8}, {99, 792, 8}, {100, 792, 4}, {256, 792, 2}, {396, 792, 2},
+		{397, 792, 1}, {2048, 792, 1}, {10000, 792, 1}, {1, 1, 1}, {1, 16, 16},
 	} {
-		if got := decRunsFor(c.pairs, c.sms); got != c.want || got > decSplits {
-			t.Errorf("%d pairs on %d SMs: %d runs, want %d", c.pairs, c.sms, got, c.want)
+		if got := decRunsFor(c.pairs, c.slots); got != c.want || got > decSplits {
+			t.Errorf("%d pairs, %d slots: %d runs, want %d", c.pairs, c.slots, got, c.want)
 		}
 	}
-	for sms := 1; sms <= 200; sms++ {
-		for pairs := 1; pairs <= 2*sms; pairs++ {
-			if got := decRunsFor(pairs, sms); got < 8 {
-				t.Fatalf("%d pairs on %d SMs: %d runs, want at least 8", pairs, sms, got)
+	for slots := 1; slots <= 2000; slots += 7 {
+		for pairs := 1; pairs <= 2*slots; pairs += 3 {
+			got := decRunsFor(pairs, slots)
+			if got < 1 || got > decSplits || got&(got-1) != 0 || (got > 1 && pairs*got > slots) || (got < decSplits && pairs*got*2 <= slots) {
+				t.Fatalf("%d pairs, %d slots: %d runs", pairs, slots, got)
 			}
 		}
 	}

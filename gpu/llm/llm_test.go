@@ -563,8 +563,8 @@ func TestAttentionLongMatchesRef(t *testing.T) {
 func TestDecodeAttentionMatchesRef(t *testing.T) {
 	dev := cudatest.Device(t)
 	cudatest.Compiler(t)
-	// 40 heads: 160 (sequence, head) pairs, which decRuns cuts into 8 runs
-	// on an H200 (16 for the others).
+	// 40 heads: 160 (sequence, head) pairs, which decRuns cuts into fewer
+	// runs than the others' 16 (4 on an H200).
 	for _, c := range []model.Config{testConfig(64, 4, 2, true), testConfig(128, 2, 1, true), testConfig(64, 40, 8, true)} {
 		t.Run(fmt.Sprintf("hd%d_heads%d", c.HeadDim, c.NumAttentionHeads), func(t *testing.T) {
 			c.MaxPositionEmbeddings = 2048
@@ -579,12 +579,16 @@ func TestDecodeAttentionMatchesRef(t *testing.T) {
 				}
 				passes = append(passes, step)
 			}
-			run := func(attn string) [][]float32 {
+			run := func(attn string, global bool) [][]float32 {
 				e := engineOnPath(t, dev, m, seed, "dense")
-				e.Attention = attn
+				e.Attention, e.decGlobalMerge = attn, global
 				return enginetest.Passes(t, e, 1504, passes...)[2330:] // the decode steps' logits
 			}
-			checkDecodeKernel(t, seed, run("auto"), run("ref"), cpuForward(t, m, "dense", 1504, passes...)[2330:], run("auto"))
+			got := run("auto", false)
+			checkDecodeKernel(t, seed, got, run("ref", false), cpuForward(t, m, "dense", 1504, passes...)[2330:], run("auto", false))
+			// Runs merged through global memory instead of a cluster's
+			// shared memory: the same sums in the same order.
+			enginetest.SameBits(t, "decode kernel, runs merged in global memory", run("auto", true), got)
 		})
 	}
 }
@@ -603,20 +607,27 @@ func checkDecodeKernel(t *testing.T, seed uint64, got, ref, want, again [][]floa
 	enginetest.SameBits(t, "decode kernel, second run", again, got)
 }
 
-// TestDecodeAttentionManySequences forces the decode kernel ("dec") on
-// decode steps of enough sequences that it cuts each query's keys into 2
-// runs, and into 1 (each CTA then writes its output itself), at head_dim
-// 64 and 128: the logits must agree with the plain kernel's and the CPU
-// model's, and repeat bit for bit.
+// TestDecodeAttentionManySequences runs the decode kernel on decode steps
+// of enough sequences that it cuts each query's keys into 2 runs (merged
+// in a cluster and, again, through global memory: the same bits), and
+// into 1 (each CTA then writes its output itself), at head_dim 64 and 128:
+// the logits must agree with the plain kernel's and the CPU model's, and
+// repeat bit for bit.
 func TestDecodeAttentionManySequences(t *testing.T) {
 	dev := cudatest.Device(t)
 	cudatest.Compiler(t)
-	sms := dev.Properties().SMs
 	for _, c := range []model.Config{testConfig(64, 40, 8, true), testConfig(128, 16, 4, true)} {
 		for _, runs := range []int{2, 1} {
 			// The fewest sequences whose (sequence, head) pairs get runs.
 			S := 1
-			for decRunsFor(S*c.NumAttentionHeads, sms) > runs {
+			k, err := kernelsFor(dev)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if dev.Properties().Major == 9 && !k.decCluster[c.HeadDim] {
+				t.Errorf("head_dim %d: no clusters of %d runs on %v (Hopper holds them)", c.HeadDim, decSplits, dev)
+			}
+			for decRunsFor(S*c.NumAttentionHeads, k.decSlots[c.HeadDim]) > runs {
 				S++
 			}
 			t.Run(fmt.Sprintf("hd%d_heads%d_seqs%d_runs%d", c.HeadDim, c.NumAttentionHeads, S, runs), func(t *testing.T) {
@@ -638,15 +649,17 @@ func TestDecodeAttentionManySequences(t *testing.T) {
 				for _, p := range prompts {
 					first += len(p)
 				}
-				run := func(attn string) [][]float32 {
+				run := func(attn string, global bool) [][]float32 {
 					e := engineOnPath(t, dev, m, seed, "dense")
-					e.Attention = attn
-					if attn == "dec" && e.decRuns(S) != runs {
+					e.Attention, e.decGlobalMerge = attn, global
+					if attn == "auto" && e.decRuns(S) != runs {
 						t.Fatalf("%d sequences: %d runs, want %d", S, e.decRuns(S), runs)
 					}
 					return enginetest.Passes(t, e, 304, passes...)[first:] // the decode steps' logits
 				}
-				checkDecodeKernel(t, seed, run("dec"), run("ref"), cpuForward(t, m, "dense", 304, passes...)[first:], run("dec"))
+				got := run("auto", false)
+				checkDecodeKernel(t, seed, got, run("ref", false), cpuForward(t, m, "dense", 304, passes...)[first:], run("auto", false))
+				enginetest.SameBits(t, "decode kernel, runs merged in global memory", run("auto", true), got)
 			})
 		}
 	}

@@ -27,7 +27,7 @@ type Options struct {
 }
 
 // EnvAttention names the environment variable that sets a new Engine's
-// Attention field ("auto", "dec", "wgmma3", "mma" or "ref"), to compare
+// Attention field ("auto", "wgmma3", "mma" or "ref"), to compare
 // the kernels.
 const EnvAttention = "TWELL_LLM_ATTENTION"
 
@@ -76,9 +76,9 @@ func OptionsFrom(getenv func(string) string) (Options, error) {
 		return o, fmt.Errorf("llm: %s=%q: want 0 or 1", EnvFuseNorms, v)
 	}
 	switch o.Attention {
-	case "", "auto", "dec", "wgmma3", "mma", "ref":
+	case "", "auto", "wgmma3", "mma", "ref":
 	default:
-		return o, fmt.Errorf("llm: %s=%q: want auto, dec, wgmma3, mma or ref", EnvAttention, o.Attention)
+		return o, fmt.Errorf("llm: %s=%q: want auto, wgmma3, mma or ref", EnvAttention, o.Attention)
 	}
 	if v := getenv(EnvKVPageSize); v != "" {
 		n, err := strconv.Atoi(v)

@@ -14,7 +14,8 @@ func TestOptionsFromEnv(t *testing.T) {
 	type c = testutil.EnvCase[Options]
 	testutil.CheckEnv(t, Switches, OptionsFromEnv, []c{
 		{Env: nil, Want: Options{FuseNorms: true}},
-		{Env: map[string]string{EnvAttention: "dec", EnvFuseNorms: "1"}, Want: Options{Attention: "dec", FuseNorms: true}},
+		{Env: map[string]string{EnvAttention: "mma", EnvFuseNorms: "1"}, Want: Options{Attention: "mma", FuseNorms: true}},
+		{Env: map[string]string{EnvAttention: "dec"}, Bad: EnvAttention},
 		{Env: map[string]string{EnvFuseNorms: "0", EnvGraphs: "0", gpu.EnvTail: "sorted"},
 			Want: Options{NoGraphs: true, MLP: gpu.Options{Tail: gpu.TailSorted}}},
 		{Env: map[string]string{EnvAttention: "flash"}, Bad: EnvAttention},
