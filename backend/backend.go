@@ -6,7 +6,6 @@ package backend
 
 import (
 	"fmt"
-	"runtime/debug"
 
 	cpullm "github.com/twell-ai/twell/cpu/llm"
 	"github.com/twell-ai/twell/cuda"
@@ -76,9 +75,9 @@ type Options struct {
 	DecodeBF16 bool
 	// ReleaseWeights lets go of the model's float32 weights once the engine
 	// no longer needs them, for jobs that only run the model: the CPU engine
-	// drops each layer's matrices as it packs them (see cpu/llm.Options);
-	// on the GPU, Open drops the model's weights (m.Weights becomes nil)
-	// once they are on the device.
+	// drops each layer's matrices as it packs them (see cpu/llm.Options),
+	// the GPU engine each layer's once it is on the device and then the
+	// model's weights (m.Weights becomes nil; see gpu/llm.Options).
 	ReleaseWeights bool
 	// KVPageSize and KVMemory are the CPU engine's KV cache page size in
 	// positions (0: its default) and page budget in bytes (0: none); see
@@ -111,21 +110,18 @@ func Open(k Kind, m *model.Model, o Options) (engine.Engine, error) {
 		if err != nil {
 			return nil, fmt.Errorf("-device cuda: %w", err)
 		}
-		if err := m.ReadAll(); err != nil { // the GPU engine uploads from Weights
+		opts, err := gpullm.OptionsFromEnv()
+		if err != nil {
 			return nil, err
 		}
-		e, err := gpullm.NewEngine(dev, m)
+		opts.ReleaseWeights = o.ReleaseWeights
+		e, err := gpullm.NewEngineWith(dev, m, opts)
 		if err != nil {
 			return nil, fmt.Errorf("-device cuda: %w", err)
 		}
 		if err := e.SetMLPPath(o.MLPPath); err != nil {
 			e.Close()
 			return nil, err
-		}
-		if o.ReleaseWeights {
-			// Everything the engine reads is on the device now.
-			m.Weights = nil
-			debug.FreeOSMemory()
 		}
 		return e, nil
 	}

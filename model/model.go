@@ -11,8 +11,7 @@ import (
 // Model is what a Llama-style model is: its configuration and its float32
 // weights. It holds no engine state; an engine (package cpu/llm or gpu/llm)
 // runs it. A model from LoadDeferred holds its layers' matrices only once
-// Layer (or ReadAll) has read them; code that reads Weights.Layers itself
-// calls ReadAll first.
+// Layer has read them: engines read each layer through Layer.
 type Model struct {
 	Config  Config
 	Weights *Weights
@@ -136,20 +135,6 @@ func (m *Model) Layer(i int) (*LayerWeights, error) {
 		}
 	}
 	return &m.Weights.Layers[i], nil
-}
-
-// ReadAll reads every layer LoadDeferred left in the checkpoint, so that
-// Weights holds the whole model (for an engine that reads Weights itself).
-func (m *Model) ReadAll() error {
-	if m.deferred == nil {
-		return nil
-	}
-	for i := range m.Weights.Layers {
-		if _, err := m.Layer(i); err != nil {
-			return err
-		}
-	}
-	return nil
 }
 
 // Deferred reports whether some layer is still in the checkpoint that

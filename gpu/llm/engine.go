@@ -3,6 +3,7 @@ package llm
 import (
 	"errors"
 	"fmt"
+	"runtime/debug"
 
 	"github.com/twell-ai/twell/cuda"
 	"github.com/twell-ai/twell/cuda/cublas"
@@ -242,7 +243,10 @@ func NewEngineWith(dev *cuda.Device, m *model.Model, opts Options) (*Engine, err
 	}
 	qkvRows := (nq + 2*nkv) * hd
 	for i := range w.Layers {
-		lw := &w.Layers[i]
+		lw, err := m.Layer(i) // from the checkpoint, for a deferred model
+		if err != nil {
+			return nil, fmt.Errorf("llm: %w", err)
+		}
 		var l layer
 		name := func(s string) string { return fmt.Sprintf("layer %d %s", i, s) }
 		if l.attnNorm, err = e.upF32(lw.AttnNorm, h, name("input_layernorm")); err != nil {
@@ -293,6 +297,14 @@ func NewEngineWith(dev *cuda.Device, m *model.Model, opts Options) (*Engine, err
 			e.weightBytes += l.dense.WeightBytes()
 		}
 		e.layers = append(e.layers, l)
+		if opts.ReleaseWeights {
+			lw.Q, lw.K, lw.V, lw.O, lw.Gate, lw.Up, lw.Down = nil, nil, nil, nil, nil, nil, nil
+			debug.FreeOSMemory()
+		}
+	}
+	if opts.ReleaseWeights {
+		m.Weights = nil // everything the engine reads is on the device
+		debug.FreeOSMemory()
 	}
 	ok = true
 	return e, nil

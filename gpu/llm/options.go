@@ -20,6 +20,12 @@ type Options struct {
 	NoGEMV    bool        // Engine.NoGEMV: EnvGEMV = "0"
 	FuseNorms bool        // Engine.FuseNorms: EnvFuseNorms unset or "1"
 	MLP       gpu.Options // each TwELL layer's kernels: gpu.EnvD2TKernel, gpu.EnvTail
+	// ReleaseWeights makes NewEngineWith drop each layer's float32
+	// matrices from the model once they are on the device, and the model's
+	// weights (Weights becomes nil) at the end: for jobs that only run the
+	// model, so that a model from model.LoadDeferred is never all in host
+	// memory at once. Not read from the environment.
+	ReleaseWeights bool
 	// KVPageSize and KVMemory are the KV cache page size in positions (0:
 	// DefaultPageSize) and budget in bytes (0: none): see SetKVPages.
 	KVPageSize int   // EnvKVPageSize
