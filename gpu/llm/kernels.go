@@ -38,10 +38,10 @@ type kernels struct {
 	decSlots map[int]int
 	// decCluster says, by head_dim, whether the decode kernel's runs are
 	// launched as clusters (decAttention.cluster).
-	decCluster         map[int]bool
-	gemv1, gemv4       *cuda.Function
-	qkvRope1, qkvRope4 *cuda.Function
-	qkvRope1N          *cuda.Function // qkv_rope1n: qkv_rope1 with the norm before it fused in
+	decCluster                   map[int]bool
+	gemv1, gemv4, gemv8          *cuda.Function
+	qkvRope1, qkvRope4, qkvRope8 *cuda.Function
+	qkvRope1N                    *cuda.Function // qkv_rope1n: qkv_rope1 with the norm before it fused in
 
 	dev *cuda.Device
 	// attnWG is attn_wg64, compiled at first use and on sm_90a only;
@@ -64,7 +64,7 @@ var kernelFiles = []struct {
 	kernels []string
 }{
 	{"norm.cu", &normSrc, []string{"embed", "add_rmsnorm"}},
-	{"proj.cu", &projSrc, []string{"gemv_rows1", "gemv_rows4", "qkv_rope1", "qkv_rope4", "qkv_rope1n"}},
+	{"proj.cu", &projSrc, []string{"gemv_rows1", "gemv_rows4", "gemv_rows8", "qkv_rope1", "qkv_rope4", "qkv_rope8", "qkv_rope1n"}},
 	{"rope.cu", &ropeSrc, []string{"rope_kv"}},
 	{"attn.cu", &attnSrc, []string{"attn_ref", "attn_fa64", "attn_fa128", "attn_dec64", "attn_dec128"}},
 }
@@ -93,7 +93,8 @@ func kernelsFor(dev *cuda.Device) (*kernels, error) {
 	k := &kernels{dev: dev, embed: fs["embed"], addNorm: fs["add_rmsnorm"], ropeKV: fs["rope_kv"],
 		attnRef: fs["attn_ref"], attnFA64: fs["attn_fa64"], attnFA128: fs["attn_fa128"],
 		attnDec64: fs["attn_dec64"], attnDec128: fs["attn_dec128"],
-		gemv1: fs["gemv_rows1"], gemv4: fs["gemv_rows4"], qkvRope1: fs["qkv_rope1"], qkvRope4: fs["qkv_rope4"],
+		gemv1: fs["gemv_rows1"], gemv4: fs["gemv_rows4"], gemv8: fs["gemv_rows8"],
+		qkvRope1: fs["qkv_rope1"], qkvRope4: fs["qkv_rope4"], qkvRope8: fs["qkv_rope8"],
 		qkvRope1N: fs["qkv_rope1n"], decSlots: map[int]int{}, decCluster: map[int]bool{}}
 	for hd, fn := range map[int]*cuda.Function{64: k.attnDec64, 128: k.attnDec128} {
 		if err := fn.SetMaxDynamicShared(decSmem(hd)); err != nil {

@@ -707,3 +707,45 @@ func TestFusedNormsMatchUnfused(t *testing.T) {
 		t.Errorf("QueueNormed with the same residual buffer in and out: %v", err)
 	}
 }
+
+// TestGEMV8MatchesCPU runs decode steps of 5 and 8 sequences with the
+// projections on gemv_rows8 and qkv_rope8 (Engine.GEMV8): the logits must
+// agree with cuBLASLt's path and the CPU model's, and repeat bit for bit.
+func TestGEMV8MatchesCPU(t *testing.T) {
+	dev := cudatest.Device(t)
+	cudatest.Compiler(t)
+	c := testConfig(64, 4, 2, true)
+	for _, S := range []int{5, 8} {
+		t.Run(fmt.Sprintf("seqs%d", S), func(t *testing.T) {
+			r, seed := testutil.Rand(t)
+			m := sparseModel(t, c, r, seed)
+			prompts := make([][]int, S)
+			first := 0
+			for i := range prompts {
+				prompts[i] = enginetest.Tokens(r, 1+r.IntN(100), c.VocabSize)
+				first += len(prompts[i])
+			}
+			passes := [][][]int{prompts}
+			for range 3 {
+				step := make([][]int, S)
+				for i := range step {
+					step[i] = enginetest.Tokens(r, 1, c.VocabSize)
+				}
+				passes = append(passes, step)
+			}
+			run := func(gemv8 bool) [][]float32 {
+				e := engineOnPath(t, dev, m, seed, "dense")
+				e.GEMV8 = gemv8
+				return enginetest.Passes(t, e, 112, passes...)[first:] // the decode steps' logits
+			}
+			got := run(true)
+			if d, err := enginetest.RelDiff(got, run(false)); err != nil || d > 1e-2 {
+				t.Errorf("seed %d: gemv_rows8 vs cuBLASLt: rel diff %.3g (err %v)", seed, d, err)
+			}
+			if d, err := enginetest.RelDiff(got, cpuForward(t, m, "dense", 112, passes...)[first:]); err != nil || d > bf16Tol {
+				t.Errorf("seed %d: gemv_rows8 vs CPU: rel diff %.3g (err %v)", seed, d, err)
+			}
+			enginetest.SameBits(t, "gemv_rows8, second run", run(true), got)
+		})
+	}
+}

@@ -18,6 +18,7 @@ type Options struct {
 	Attention string      // Engine.Attention: EnvAttention
 	NoGraphs  bool        // Engine.NoGraphs: EnvGraphs = "0"
 	NoGEMV    bool        // Engine.NoGEMV: EnvGEMV = "0"
+	GEMV8     bool        // Engine.GEMV8: EnvGEMV = "8"
 	FuseNorms bool        // Engine.FuseNorms: EnvFuseNorms unset or "1"
 	MLP       gpu.Options // each TwELL layer's kernels: gpu.EnvD2TKernel, gpu.EnvTail
 	// ReleaseWeights makes NewEngineWith drop each layer's float32
@@ -43,7 +44,9 @@ const EnvAttention = "TWELL_LLM_ATTENTION"
 const EnvGraphs = "TWELL_GRAPHS"
 
 // EnvGEMV names the environment variable that, set to "0", makes a new
-// Engine run every projection through cuBLASLt (NoGEMV).
+// Engine run every projection through cuBLASLt (NoGEMV), and set to "8",
+// the projections of up to 8 tokens on its own kernels (GEMV8); "1" or
+// unset: up to 4.
 const EnvGEMV = "TWELL_GEMV"
 
 // EnvFuseNorms names the environment variable that, set to "0", makes a new
@@ -73,7 +76,16 @@ func OptionsFromEnv() (Options, error) { return OptionsFrom(os.Getenv) }
 // getenv ("" for unset), for settings that override the environment (the
 // benchmarks' variants).
 func OptionsFrom(getenv func(string) string) (Options, error) {
-	o := Options{Attention: getenv(EnvAttention), NoGraphs: getenv(EnvGraphs) == "0", NoGEMV: getenv(EnvGEMV) == "0"}
+	o := Options{Attention: getenv(EnvAttention), NoGraphs: getenv(EnvGraphs) == "0"}
+	switch v := getenv(EnvGEMV); v {
+	case "", "1":
+	case "0":
+		o.NoGEMV = true
+	case "8":
+		o.GEMV8 = true
+	default:
+		return o, fmt.Errorf("llm: %s=%q: want 0, 1 or 8", EnvGEMV, v)
+	}
 	switch v := getenv(EnvFuseNorms); v {
 	case "0":
 	case "", "1":

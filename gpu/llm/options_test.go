@@ -21,5 +21,9 @@ func TestOptionsFromEnv(t *testing.T) {
 		{Env: map[string]string{EnvAttention: "flash"}, Bad: EnvAttention},
 		{Env: map[string]string{EnvFuseNorms: "on"}, Bad: EnvFuseNorms},
 		{Env: map[string]string{gpu.EnvTail: "on"}, Bad: gpu.EnvTail},
+		{Env: map[string]string{EnvGEMV: "0"}, Want: Options{FuseNorms: true, NoGEMV: true}},
+		{Env: map[string]string{EnvGEMV: "8"}, Want: Options{FuseNorms: true, GEMV8: true}},
+		{Env: map[string]string{EnvGEMV: "1"}, Want: Options{FuseNorms: true}},
+		{Env: map[string]string{EnvGEMV: "16"}, Bad: EnvGEMV},
 	})
 }

@@ -19,7 +19,8 @@
 #include "rowdot.cuh"
 #include "kvpage.cuh"
 
-// The projections of decode steps (passes of at most 4 tokens) are bound by
+// The projections of decode steps (passes of at most 4 tokens; 8 with
+// Engine.GEMV8) are bound by
 // reading the weights once; cuBLASLt's kernels for a handful of rows reach
 // about half the memory bandwidth. They use rowdot.cuh: the first weight
 // loads are issued, and the rest of the rows prefetched into the L2, before
@@ -53,6 +54,10 @@ extern "C" __global__ void __launch_bounds__(256) gemv_rows1(const u16* x, const
 }
 extern "C" __global__ void __launch_bounds__(256) gemv_rows4(const u16* x, const u16* w, u16* y, int m, int n, int k) {
   gemv_rows_body<4>(x, w, y, m, n, k);
+}
+// gemv_rows8: 5 to 8 tokens (Engine.GEMV8, an experiment).
+extern "C" __global__ void __launch_bounds__(256) gemv_rows8(const u16* x, const u16* w, u16* y, int m, int n, int k) {
+  gemv_rows_body<8>(x, w, y, m, n, k);
 }
 
 // qkv_rope: the q/k/v projection of a decode step with RoPE and the KV-cache
@@ -134,6 +139,15 @@ extern "C" __global__ void __launch_bounds__(256)
               const int* tok_pos, const u64* seq_pt, int page, int m, int k, int layer, int nq, int nkv, int hd,
               int qkv_w) {
   qkv_rope_body<4, false>(x, w, qkv, cosT, sinT, tok_seq, tok_pos, seq_pt, page, m, k, layer, nq, nkv, hd, qkv_w,
+                          nullptr, nullptr, nullptr, nullptr, 0.f);
+}
+// qkv_rope8: 5 to 8 tokens (Engine.GEMV8, an experiment). 104 registers,
+// two blocks an SM (held to the 80 of three, ptxas spills).
+extern "C" __global__ void __launch_bounds__(256)
+    qkv_rope8(const u16* x, const u16* w, u16* qkv, const float* cosT, const float* sinT, const int* tok_seq,
+              const int* tok_pos, const u64* seq_pt, int page, int m, int k, int layer, int nq, int nkv, int hd,
+              int qkv_w) {
+  qkv_rope_body<8, false>(x, w, qkv, cosT, sinT, tok_seq, tok_pos, seq_pt, page, m, k, layer, nq, nkv, hd, qkv_w,
                           nullptr, nullptr, nullptr, nullptr, 0.f);
 }
 // qkv_rope1n: qkv_rope1 with the residual add and RMSNorm before it fused
