@@ -101,6 +101,9 @@ func decSmem(hd int) int { return decStages * 2 * PageMultiple * hd * 2 }
 // second wave of CTAs costs more than longer runs, and only the first
 // wave's copies overlap the kernel before.
 func (e *Engine) decRuns(S int) int {
+	if e.DecRuns > 0 {
+		return min(e.DecRuns, decSplits)
+	}
 	return decRunsFor(S*e.cfg.NumAttentionHeads, e.k.decSlots[e.cfg.HeadDim])
 }
 

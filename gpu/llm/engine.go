@@ -59,6 +59,12 @@ type Engine struct {
 	// not yet measured against them. NewEngine sets it when TWELL_GEMV is
 	// "8".
 	GEMV8 bool
+	// DecRuns, when positive, is the number of runs the decode attention
+	// cuts each query's keys into at every batch, instead of decRuns'
+	// choice (one wave of CTAs): an experiment, to time the choice against
+	// others (at b=8 on the SparseLM shape decRuns takes 2). NewEngine sets
+	// it from TWELL_LLM_DEC_RUNS.
+	DecRuns int
 	// Serial launches the kernels of decode steps without early start: each
 	// then begins only when the kernel before it has finished. By default
 	// (compute capability 9.0 and later) the norm, projection, attention
@@ -215,7 +221,7 @@ func NewEngineWith(dev *cuda.Device, m *model.Model, opts Options) (*Engine, err
 		return nil, err
 	}
 	e := &Engine{cfg: c, dev: dev, k: k, mlpPath: mlp.Auto, rope: model.NewRoPETables(c), Attention: opts.Attention,
-		NoGraphs: opts.NoGraphs, NoGEMV: opts.NoGEMV, GEMV8: opts.GEMV8, Serial: opts.MLP.Serial, FuseNorms: opts.FuseNorms, pool: &kvPool{dev: dev, cfg: c}}
+		NoGraphs: opts.NoGraphs, NoGEMV: opts.NoGEMV, GEMV8: opts.GEMV8, DecRuns: opts.DecRuns, Serial: opts.MLP.Serial, FuseNorms: opts.FuseNorms, pool: &kvPool{dev: dev, cfg: c}}
 	if act, _ := c.GateActivation(); act == model.ActSiLU {
 		e.act = gpu.ActSiLU
 	}

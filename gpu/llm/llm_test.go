@@ -1,6 +1,7 @@
 package llm
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -612,7 +613,8 @@ func checkDecodeKernel(t *testing.T, seed uint64, got, ref, want, again [][]floa
 // in a cluster and, again, through global memory: the same bits), and
 // into 1 (each CTA then writes its output itself), at head_dim 64 and 128:
 // the logits must agree with the plain kernel's and the CPU model's, and
-// repeat bit for bit.
+// repeat bit for bit; with 8 times the runs (Engine.DecRuns) they must
+// agree with the plain kernel's.
 func TestDecodeAttentionManySequences(t *testing.T) {
 	dev := cudatest.Device(t)
 	cudatest.Compiler(t)
@@ -649,17 +651,22 @@ func TestDecodeAttentionManySequences(t *testing.T) {
 				for _, p := range prompts {
 					first += len(p)
 				}
-				run := func(attn string, global bool) [][]float32 {
+				run := func(attn string, global bool, forced int) [][]float32 {
 					e := engineOnPath(t, dev, m, seed, "dense")
-					e.Attention, e.decGlobalMerge = attn, global
-					if attn == "auto" && e.decRuns(S) != runs {
-						t.Fatalf("%d sequences: %d runs, want %d", S, e.decRuns(S), runs)
+					e.Attention, e.decGlobalMerge, e.DecRuns = attn, global, forced
+					if want := cmp.Or(forced, runs); attn == "auto" && e.decRuns(S) != want {
+						t.Fatalf("%d sequences: %d runs, want %d", S, e.decRuns(S), want)
 					}
 					return enginetest.Passes(t, e, 304, passes...)[first:] // the decode steps' logits
 				}
-				got := run("auto", false)
-				checkDecodeKernel(t, seed, got, run("ref", false), cpuForward(t, m, "dense", 304, passes...)[first:], run("auto", false))
-				enginetest.SameBits(t, "decode kernel, runs merged in global memory", run("auto", true), got)
+				got, ref := run("auto", false, 0), run("ref", false, 0)
+				checkDecodeKernel(t, seed, got, ref, cpuForward(t, m, "dense", 304, passes...)[first:], run("auto", false, 0))
+				enginetest.SameBits(t, "decode kernel, runs merged in global memory", run("auto", true, 0), got)
+				// More runs than the batch gets (Engine.DecRuns): the same
+				// attention, summed in another order.
+				if d, err := enginetest.RelDiff(run("auto", false, 8*runs), ref); err != nil || d > 1e-2 {
+					t.Errorf("seed %d: decode kernel with %d runs vs plain kernel: rel diff %.3g (err %v)", seed, 8*runs, d, err)
+				}
 			})
 		}
 	}

@@ -19,6 +19,7 @@ type Options struct {
 	NoGraphs  bool        // Engine.NoGraphs: EnvGraphs = "0"
 	NoGEMV    bool        // Engine.NoGEMV: EnvGEMV = "0"
 	GEMV8     bool        // Engine.GEMV8: EnvGEMV = "8"
+	DecRuns   int         // Engine.DecRuns: EnvDecRuns
 	FuseNorms bool        // Engine.FuseNorms: EnvFuseNorms unset or "1"
 	MLP       gpu.Options // each TwELL layer's kernels: gpu.EnvD2TKernel, gpu.EnvTail
 	// ReleaseWeights makes NewEngineWith drop each layer's float32
@@ -49,6 +50,11 @@ const EnvGraphs = "TWELL_GRAPHS"
 // unset: up to 4.
 const EnvGEMV = "TWELL_GEMV"
 
+// EnvDecRuns names the environment variable that sets a new Engine's
+// DecRuns: the runs the decode attention cuts each query's keys into, 1,
+// 2, 4, 8 or 16 (unset or "0": by the batch, decRuns).
+const EnvDecRuns = "TWELL_LLM_DEC_RUNS"
+
 // EnvFuseNorms names the environment variable that, set to "0", makes a new
 // Engine run the norms of one-token passes as kernels of their own instead
 // of fusing them into the kernels after them (Engine.FuseNorms; fused: b=1
@@ -66,7 +72,7 @@ const EnvKVMemory = "TWELL_LLM_KV_MEMORY"
 
 // Switches are the names of the environment variables that set Options:
 // the engine's and its TwELL MLPs' (gpu.Switches).
-var Switches = append([]string{EnvAttention, EnvGraphs, EnvGEMV, EnvFuseNorms, EnvKVPageSize, EnvKVMemory}, gpu.Switches...)
+var Switches = append([]string{EnvAttention, EnvGraphs, EnvGEMV, EnvDecRuns, EnvFuseNorms, EnvKVPageSize, EnvKVMemory}, gpu.Switches...)
 
 // OptionsFromEnv returns the Options the environment sets, or an error
 // naming a value it does not know.
@@ -97,6 +103,13 @@ func OptionsFrom(getenv func(string) string) (Options, error) {
 	case "", "auto", "wgmma3", "mma", "ref":
 	default:
 		return o, fmt.Errorf("llm: %s=%q: want auto, wgmma3, mma or ref", EnvAttention, o.Attention)
+	}
+	if v := getenv(EnvDecRuns); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 || n > decSplits || n&(n-1) != 0 {
+			return o, fmt.Errorf("llm: %s=%q: want 1, 2, 4, 8 or 16 runs (0: by the batch)", EnvDecRuns, v)
+		}
+		o.DecRuns = n
 	}
 	if v := getenv(EnvKVPageSize); v != "" {
 		n, err := strconv.Atoi(v)

@@ -25,5 +25,8 @@ func TestOptionsFromEnv(t *testing.T) {
 		{Env: map[string]string{EnvGEMV: "8"}, Want: Options{FuseNorms: true, GEMV8: true}},
 		{Env: map[string]string{EnvGEMV: "1"}, Want: Options{FuseNorms: true}},
 		{Env: map[string]string{EnvGEMV: "16"}, Bad: EnvGEMV},
+		{Env: map[string]string{EnvDecRuns: "4"}, Want: Options{FuseNorms: true, DecRuns: 4}},
+		{Env: map[string]string{EnvDecRuns: "3"}, Bad: EnvDecRuns},
+		{Env: map[string]string{EnvDecRuns: "32"}, Bad: EnvDecRuns},
 	})
 }
