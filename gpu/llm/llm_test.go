@@ -608,6 +608,33 @@ func checkDecodeKernel(t *testing.T, seed uint64, got, ref, want, again [][]floa
 	enginetest.SameBits(t, "decode kernel, second run", again, got)
 }
 
+// TestDecodeAttentionFirstToken runs the decode kernel on passes whose
+// sequences start with one token each (nothing cached: the only key is the
+// new token's, read after grid_wait, and every other run is empty), then
+// on two decode steps: the logits must agree with the plain kernel's and
+// the CPU model's, and repeat bit for bit.
+func TestDecodeAttentionFirstToken(t *testing.T) {
+	dev := cudatest.Device(t)
+	cudatest.Compiler(t)
+	c := testConfig(64, 4, 2, true)
+	r, seed := testutil.Rand(t)
+	m := sparseModel(t, c, r, seed)
+	var passes [][][]int
+	for range 3 {
+		step := make([][]int, 3)
+		for i := range step {
+			step[i] = enginetest.Tokens(r, 1, c.VocabSize)
+		}
+		passes = append(passes, step)
+	}
+	run := func(attn string) [][]float32 {
+		e := engineOnPath(t, dev, m, seed, "dense")
+		e.Attention = attn
+		return enginetest.Passes(t, e, 64, passes...)
+	}
+	checkDecodeKernel(t, seed, run("auto"), run("ref"), cpuForward(t, m, "dense", 64, passes...), run("auto"))
+}
+
 // TestDecodeAttentionManySequences runs the decode kernel on decode steps
 // of enough sequences that it cuts each query's keys into 2 runs (merged
 // in a cluster and, again, through global memory: the same bits), and
