@@ -573,13 +573,7 @@ func TestDecodeAttentionMatchesRef(t *testing.T) {
 			m := sparseModel(t, c, r, seed)
 			passes := [][][]int{{enginetest.Tokens(r, 1500, c.VocabSize), enginetest.Tokens(r, 700, c.VocabSize),
 				enginetest.Tokens(r, 129, c.VocabSize), enginetest.Tokens(r, 1, c.VocabSize)}}
-			for range 3 {
-				step := make([][]int, 4)
-				for i := range step {
-					step[i] = enginetest.Tokens(r, 1, c.VocabSize)
-				}
-				passes = append(passes, step)
-			}
+			passes = append(passes, decodeSteps(r, 3, 4, c.VocabSize)...)
 			run := func(attn string, global bool) [][]float32 {
 				e := engineOnPath(t, dev, m, seed, "dense")
 				e.Attention, e.decGlobalMerge = attn, global
@@ -592,6 +586,19 @@ func TestDecodeAttentionMatchesRef(t *testing.T) {
 			enginetest.SameBits(t, "decode kernel, runs merged in global memory", run("auto", true), got)
 		})
 	}
+}
+
+// decodeSteps returns n passes of one random token for each of S
+// sequences.
+func decodeSteps(r *rand.Rand, n, S, vocab int) [][][]int {
+	steps := make([][][]int, n)
+	for k := range steps {
+		steps[k] = make([][]int, S)
+		for i := range steps[k] {
+			steps[k][i] = enginetest.Tokens(r, 1, vocab)
+		}
+	}
+	return steps
 }
 
 // checkDecodeKernel compares the decode steps' logits of the decode
@@ -619,14 +626,7 @@ func TestDecodeAttentionFirstToken(t *testing.T) {
 	c := testConfig(64, 4, 2, true)
 	r, seed := testutil.Rand(t)
 	m := sparseModel(t, c, r, seed)
-	var passes [][][]int
-	for range 3 {
-		step := make([][]int, 3)
-		for i := range step {
-			step[i] = enginetest.Tokens(r, 1, c.VocabSize)
-		}
-		passes = append(passes, step)
-	}
+	passes := decodeSteps(r, 3, 3, c.VocabSize)
 	run := func(attn string) [][]float32 {
 		e := engineOnPath(t, dev, m, seed, "dense")
 		e.Attention = attn
@@ -667,13 +667,7 @@ func TestDecodeAttentionManySequences(t *testing.T) {
 					prompts[i] = enginetest.Tokens(r, 1+r.IntN(300), c.VocabSize)
 				}
 				passes := [][][]int{prompts}
-				for range 2 {
-					step := make([][]int, S)
-					for i := range step {
-						step[i] = enginetest.Tokens(r, 1, c.VocabSize)
-					}
-					passes = append(passes, step)
-				}
+				passes = append(passes, decodeSteps(r, 2, S, c.VocabSize)...)
 				first := 0
 				for _, p := range prompts {
 					first += len(p)
@@ -760,13 +754,7 @@ func TestGEMV8MatchesCPU(t *testing.T) {
 				first += len(prompts[i])
 			}
 			passes := [][][]int{prompts}
-			for range 3 {
-				step := make([][]int, S)
-				for i := range step {
-					step[i] = enginetest.Tokens(r, 1, c.VocabSize)
-				}
-				passes = append(passes, step)
-			}
+			passes = append(passes, decodeSteps(r, 3, S, c.VocabSize)...)
 			run := func(gemv8 bool) [][]float32 {
 				e := engineOnPath(t, dev, m, seed, "dense")
 				e.GEMV8 = gemv8

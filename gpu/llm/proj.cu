@@ -127,29 +127,23 @@ __device__ __forceinline__ void qkv_rope_body(const u16* __restrict__ x, const u
   dst[j + half] = (u16)f_to_bf(b);
 }
 
-extern "C" __global__ void __launch_bounds__(256)
-    qkv_rope1(const u16* x, const u16* w, u16* qkv, const float* cosT, const float* sinT, const int* tok_seq,
-              const int* tok_pos, const u64* seq_pt, int page, int m, int k, int layer, int nq, int nkv, int hd,
-              int qkv_w) {
-  qkv_rope_body<1, false>(x, w, qkv, cosT, sinT, tok_seq, tok_pos, seq_pt, page, m, k, layer, nq, nkv, hd, qkv_w,
-                          nullptr, nullptr, nullptr, nullptr, 0.f);
-}
-extern "C" __global__ void __launch_bounds__(256)
-    qkv_rope4(const u16* x, const u16* w, u16* qkv, const float* cosT, const float* sinT, const int* tok_seq,
-              const int* tok_pos, const u64* seq_pt, int page, int m, int k, int layer, int nq, int nkv, int hd,
-              int qkv_w) {
-  qkv_rope_body<4, false>(x, w, qkv, cosT, sinT, tok_seq, tok_pos, seq_pt, page, m, k, layer, nq, nkv, hd, qkv_w,
-                          nullptr, nullptr, nullptr, nullptr, 0.f);
-}
-// qkv_rope8: 5 to 8 tokens (Engine.GEMV8, an experiment). 104 registers,
-// two blocks an SM (held to the 80 of three, ptxas spills).
-extern "C" __global__ void __launch_bounds__(256)
-    qkv_rope8(const u16* x, const u16* w, u16* qkv, const float* cosT, const float* sinT, const int* tok_seq,
-              const int* tok_pos, const u64* seq_pt, int page, int m, int k, int layer, int nq, int nkv, int hd,
-              int qkv_w) {
-  qkv_rope_body<8, false>(x, w, qkv, cosT, sinT, tok_seq, tok_pos, seq_pt, page, m, k, layer, nq, nkv, hd, qkv_w,
-                          nullptr, nullptr, nullptr, nullptr, 0.f);
-}
+// QKV_ROPE(MB) defines qkv_rope<MB>, the entry point of qkv_rope_body<MB,
+// false> for up to MB tokens: qkv_rope1, qkv_rope4, and qkv_rope8 for 5 to
+// 8 tokens (Engine.GEMV8, an
+// experiment; 104 registers, two blocks an SM: held to the 80 of three,
+// ptxas spills).
+#define QKV_ROPE(MB)                                                                                                \
+  extern "C" __global__ void __launch_bounds__(256)                                                                 \
+      qkv_rope##MB(const u16* x, const u16* w, u16* qkv, const float* cosT, const float* sinT, const int* tok_seq,   \
+                   const int* tok_pos, const u64* seq_pt, int page, int m, int k, int layer, int nq, int nkv, int hd, \
+                   int qkv_w) {                                                                                     \
+    qkv_rope_body<MB, false>(x, w, qkv, cosT, sinT, tok_seq, tok_pos, seq_pt, page, m, k, layer, nq, nkv, hd, qkv_w, \
+                             nullptr, nullptr, nullptr, nullptr, 0.f);                                              \
+  }
+QKV_ROPE(1)
+QKV_ROPE(4)
+QKV_ROPE(8)
+
 // qkv_rope1n: qkv_rope1 with the residual add and RMSNorm before it fused
 // in (one token; k a multiple of 4, at most 4096, for 256 threads). Held to
 // 80 registers, as qkv_rope1 is: three blocks an SM, so that the 384 blocks
