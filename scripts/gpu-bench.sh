@@ -34,11 +34,15 @@
 #                                       traced (CUPTI);
 #                                       steps of one sequence with the norms not fused
 #                                       (TWELL_LLM_FUSE_NORMS=0) and the TwELL path again, twice
+#   scripts/gpu-bench.sh host-mem OUTDIR  host memory of `twell generate -device cuda` on the
+#                                       sparselm-1.5b preset saved as a bf16 checkpoint (with the
+#                                       sample tokenizer): peak RSS by /usr/bin/time -v, and the
+#                                       generated text's timings
 # Each run ends with `twell bench table OUTDIR`.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-what=${1:?usage: gpu-bench.sh ffn|model|decode|train|trace|ab-mlp|ab-decode OUTDIR}
-out=${2:?usage: gpu-bench.sh ffn|model|decode|train|trace|ab-mlp|ab-decode OUTDIR}
+what=${1:?usage: gpu-bench.sh ffn|model|decode|train|trace|ab-mlp|ab-decode|host-mem OUTDIR}
+out=${2:?usage: gpu-bench.sh ffn|model|decode|train|trace|ab-mlp|ab-decode|host-mem OUTDIR}
 mkdir -p "$out"
 tw=$root/gpubin/twell
 if [ ! -x "$tw" ] && [ -f "$root/gpubin/pack.txz" ]; then
@@ -110,8 +114,18 @@ ab-decode)
       -json "$out/decode-b1-fuse-$round.json" 2>&1 | tee "$out/decode-b1-fuse-$round.txt" || status=1
   done
   ;;
+host-mem)
+  # The checkpoint (3 GB) goes outside OUTDIR.
+  ckpt=${TMPDIR:-/tmp}/twell-host-mem-sparselm
+  "$tw" bench model -device cuda -preset sparselm-1.5b -save "$ckpt" -seed 9596107621982983358 -reps 1 -batch 1 \
+    -prompt-len 16 -decode-batch 1 -decode-context 16 -decode-steps 4 > "$out/save.txt" 2>&1 || status=1
+  cp "$root/models/default/tokenizer.json" "$ckpt/" || status=1
+  /usr/bin/time -v "$tw" generate -model "$ckpt" -device cuda -prompt "The quick brown fox" -max-tokens 64 \
+    -temperature 0 > "$out/generate.txt" 2> "$out/generate-time.txt" || status=1
+  grep -E "Maximum resident|Elapsed|tokens" "$out/generate-time.txt"
+  ;;
 *)
-  echo "gpu-bench: want ffn, model, decode, train, trace, ab-mlp or ab-decode, not $what" >&2
+  echo "gpu-bench: want ffn, model, decode, train, trace, ab-mlp, ab-decode or host-mem, not $what" >&2
   exit 2
   ;;
 esac
