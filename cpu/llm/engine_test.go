@@ -436,19 +436,7 @@ func TestDeferredModel(t *testing.T) {
 	m := tinyModel(t, r, c, 0.05)
 	ids := enginetest.Tokens(r, 7, c.VocabSize)
 	for _, dt := range []safetensors.DType{safetensors.BF16, safetensors.F32} {
-		dir := t.TempDir()
-		if err := model.Save(dir, c, m.Weights, dt); err != nil {
-			t.Fatal(err)
-		}
-		full, err := model.Load(dir)
-		if err != nil {
-			t.Fatal(err)
-		}
-		lazy, err := model.LoadDeferred(dir)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer lazy.Close()
+		full, lazy := enginetest.SavedTwice(t, c, m.Weights, dt)
 		e1, e2 := newEngine(t, full, llm.Options{}), newEngine(t, lazy, llm.Options{ReleaseWeights: true})
 		want, _ := enginetest.Forward(t, e1, enginetest.Caches(t, e1, 1, 16), [][]int{ids}, true)
 		got, _ := enginetest.Forward(t, e2, enginetest.Caches(t, e2, 1, 16), [][]int{ids}, true)

@@ -15,7 +15,28 @@ import (
 	"github.com/twell-ai/twell/engine"
 	"github.com/twell-ai/twell/internal/testutil"
 	"github.com/twell-ai/twell/model"
+	"github.com/twell-ai/twell/safetensors"
 )
+
+// SavedTwice saves w as a checkpoint of config c in dtype dt and returns
+// it loaded whole (model.Load) and deferred (model.LoadDeferred, closed at
+// the end of the test).
+func SavedTwice(tb testing.TB, c model.Config, w *model.Weights, dt safetensors.DType) (full, lazy *model.Model) {
+	tb.Helper()
+	dir := tb.TempDir()
+	if err := model.Save(dir, c, w, dt); err != nil {
+		tb.Fatal(err)
+	}
+	full, err := model.Load(dir)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if lazy, err = model.LoadDeferred(dir); err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { lazy.Close() })
+	return full, lazy
+}
 
 // Caches returns n empty caches of e of capacity positions each, freed at
 // the end of the test.

@@ -431,8 +431,10 @@ __device__ __forceinline__ void attn_dec_body(const u16* __restrict__ qkv, u16* 
 #endif
     const u16* Ks = kv + s * SLOT;
     const u16* Vs = Ks + ATT_BK * HD;
-    const u16* Kg = block_keys(a, block_page(a, blk), blk, HD);
     const int kn = min(ATT_BK, keys - blk * ATT_BK), fresh = a.past - blk * ATT_BK;  // fresh: the new token's row
+    // The new token's keys in the cache, for its block only (a page-table
+    // read the other blocks skip).
+    const u16* Kg = fresh < ATT_BK ? block_keys(a, block_page(a, blk), blk, HD) : nullptr;
     float d[NP];
     uint4 vr[NP];
     float mb = NEG_INF;

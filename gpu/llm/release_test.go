@@ -6,7 +6,6 @@ import (
 	"github.com/twell-ai/twell/cuda/cudatest"
 	"github.com/twell-ai/twell/engine/enginetest"
 	"github.com/twell-ai/twell/internal/testutil"
-	"github.com/twell-ai/twell/model"
 	"github.com/twell-ai/twell/safetensors"
 )
 
@@ -19,19 +18,7 @@ func TestDeferredReleased(t *testing.T) {
 	cudatest.Compiler(t)
 	r, seed := testutil.Rand(t)
 	c := testConfig(64, 4, 2, r.IntN(2) == 0)
-	dir := t.TempDir()
-	if err := model.Save(dir, c, sparseModel(t, c, r, seed).Weights, safetensors.BF16); err != nil {
-		t.Fatal(err)
-	}
-	full, err := model.Load(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	lazy, err := model.LoadDeferred(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lazy.Close()
+	full, lazy := enginetest.SavedTwice(t, c, sparseModel(t, c, r, seed).Weights, safetensors.BF16)
 	opts, err := OptionsFromEnv()
 	if err != nil {
 		t.Fatal(err)
