@@ -32,8 +32,9 @@
 #                                       (TWELL_GEMV=8) and with the decode attention's keys cut
 #                                       into 4 and 8 runs at every batch (TWELL_LLM_DEC_RUNS),
 #                                       traced (CUPTI);
-#                                       steps of one sequence with the norms not fused
-#                                       (TWELL_LLM_FUSE_NORMS=0) and the TwELL path again, twice
+#                                       steps of one sequence with the projections fused
+#                                       (TWELL_LLM_FUSE_PROJ=1), the norms not fused
+#                                       (TWELL_LLM_FUSE_NORMS=0) and the defaults again, twice
 #   scripts/gpu-bench.sh host-mem OUTDIR  host memory of `twell generate -device cuda` on the
 #                                       sparselm-1.5b preset saved as a bf16 checkpoint (with the
 #                                       sample tokenizer): peak RSS by /usr/bin/time -v, and the
@@ -103,14 +104,14 @@ ab-decode)
   ckpt=${TMPDIR:-/tmp}/twell-ab-sparselm
   "$tw" bench model -device cuda -preset sparselm-1.5b -save "$ckpt" -seed 9596107621982983358 -reps 2 -batch 8 \
     -prompt-len 64 -decode-batch 1,8,16,32,64 -decode-context 512 -decode-steps 32 \
-    -variants 'LLM_ATTENTION=mma;GEMV=8;LLM_DEC_RUNS=4;LLM_DEC_RUNS=8' \
+    -variants 'LLM_FUSE_PROJ=1;LLM_ATTENTION=mma;GEMV=8;LLM_DEC_RUNS=4;LLM_DEC_RUNS=8' \
     -trace "$out/decode-batches-trace.json" -trace-plot "$out/decode-batches-trace.png" \
     -json "$out/decode-batches.json" 2>&1 | tee "$out/decode-batches.txt" || status=1
   model=(-preset sparselm-1.5b)
   [ -f "$ckpt/config.json" ] && model=(-model "$ckpt")
   for round in 1 2; do
     "$tw" bench model -device cuda "${model[@]}" -seed 9596107621982983358 -reps 2 -batch 1 -prompt-len 64 \
-      -decode-batch 1 -decode-context 512 -decode-steps 64 -variants 'LLM_FUSE_NORMS=0;' \
+      -decode-batch 1 -decode-context 512 -decode-steps 64 -variants 'LLM_FUSE_PROJ=1;LLM_FUSE_NORMS=0;' \
       -json "$out/decode-b1-fuse-$round.json" 2>&1 | tee "$out/decode-b1-fuse-$round.txt" || status=1
   done
   ;;

@@ -298,6 +298,17 @@ extern "C" __global__ void __launch_bounds__(256)
 // not depend on the order the CTAs run in and repeats bit for bit. The split
 // count depends on the batch only, so a CUDA graph of a decode step stays
 // valid as the sequences grow.
+//
+// attn_dec_o64, attn_dec_o128 (one-token passes) also do the output
+// projection: the CTAs that hold a head's merged output (in a cluster,
+// every rank: each merges the runs itself, then takes rows [sp dm / splits,
+// (sp + 1) dm / splits) of wo; else the one CTA that merges, all dm rows)
+// multiply it by the head's columns of wo (dm x nq hd bf16), whose rows
+// they ask the L2 for before grid_wait, and add the products into the
+// fixed-point accumulator oacc (common.cuh) instead of writing out. The sum
+// over the heads is exact, so the result does not depend on the order the
+// heads finish in. CTA (0, 0) zeroes the accumulator zero (the one the
+// kernel after adds into) once the kernel before is done.
 #define ATT_DEC_THREADS 128
 #define ATT_DEC_STAGES 2  // key blocks (keys and values) of a run in shared memory at once
 
@@ -366,13 +377,49 @@ __device__ __forceinline__ float ld_cluster(u32 a, u32 rank) {
 }
 #endif
 
+// dec_oproj adds rows [r0, r1) of the output projection of head head's
+// output mo (HD floats in shared memory) by wo (rows of ldw bf16) into the
+// fixed-point accumulator oacc of dm values: a row per thread at a time.
 template <int HD>
+__device__ __forceinline__ void dec_oproj(const u16* __restrict__ wo, int ldw, int head, const float* mo,
+                                          long long* __restrict__ oacc, int dm, int r0, int r1) {
+  for (int r = r0 + threadIdx.x; r < r1; r += ATT_DEC_THREADS) {
+    const u16* row = wo + (size_t)r * ldw + head * HD;
+    uint4 w[HD / 8];
+#pragma unroll
+    for (int c = 0; c < HD / 8; ++c) w[c] = ldg_nc(row + 8 * c);
+    float acc = 0.f;
+#pragma unroll
+    for (int c = 0; c < HD / 8; ++c) {
+      const u32 p[4] = {w[c].x, w[c].y, w[c].z, w[c].w};
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        acc = fmaf(bf_lo(p[e]), mo[8 * c + 2 * e], acc);
+        acc = fmaf(bf_hi(p[e]), mo[8 * c + 2 * e + 1], acc);
+      }
+    }
+    fix_add(oacc, r, dm, acc);
+  }
+}
+
+// dec_oproj_prefetch asks the L2 for rows [r0, r1) of head head's columns
+// of wo (before grid_wait: the weights do not depend on the kernel before).
+template <int HD>
+__device__ __forceinline__ void dec_oproj_prefetch(const u16* __restrict__ wo, int ldw, int head, int r0, int r1) {
+  for (int r = r0 + threadIdx.x; r < r1; r += ATT_DEC_THREADS)
+#pragma unroll
+    for (int c = 0; c < HD; c += 64) asm volatile("prefetch.global.L2 [%0];" ::"l"(wo + (size_t)r * ldw + head * HD + c));
+}
+
+template <int HD, bool OPROJ>
 __device__ __forceinline__ void attn_dec_body(const u16* __restrict__ qkv, u16* __restrict__ out,
                                               const int* __restrict__ items, const int* __restrict__ seq_q0,
                                               const int* __restrict__ seq_n, const int* __restrict__ seq_past,
                                               const u64* __restrict__ seq_pt, int page, int layer, int nq, int nkv,
                                               int qkv_w, float scale_log2, float* __restrict__ po,
-                                              float* __restrict__ pm, float* __restrict__ pl, int* __restrict__ cnt) {
+                                              float* __restrict__ pm, float* __restrict__ pl, int* __restrict__ cnt,
+                                              const u16* __restrict__ wo, long long* __restrict__ oacc,
+                                              long long* __restrict__ zero, int dm) {
   constexpr int LPK = HD / 8;                // lanes per key
   constexpr int NG = ATT_DEC_THREADS / LPK;  // key groups of the CTA
   constexpr int NP = ATT_BK / NG;            // keys of a block per group
@@ -383,6 +430,7 @@ __device__ __forceinline__ void attn_dec_body(const u16* __restrict__ qkv, u16* 
   __shared__ float rm, rl, ro[HD];  // the run's maximum, sum and output (read by cluster rank 0)
   __shared__ __align__(8) u64 bars[ATT_DEC_STAGES];
   __shared__ int last;
+  __shared__ float mo[OPROJ ? HD : 1];  // OPROJ: the merged output
   const AttnItem a = attn_item(items, seq_q0, seq_n, seq_past, seq_pt, page, layer, nq, nkv, HD);
   const int id = blockIdx.x, sp = blockIdx.y;
   const int grp = threadIdx.x / LPK, sub = threadIdx.x % LPK;
@@ -415,8 +463,12 @@ __device__ __forceinline__ void attn_dec_body(const u16* __restrict__ qkv, u16* 
 #endif
     }
   }
+  // OPROJ: this CTA's rows of the output projection, if it merges (see above).
+  const int ldw = nq * HD, r0 = (int)((long)sp * dm / splits), r1 = (int)((long)(sp + 1) * dm / splits);
+  if (OPROJ) dec_oproj_prefetch<HD>(wo, ldw, a.head, r0, r1);
   grid_wait();
   grid_release();
+  if (OPROJ && id == 0 && sp == 0) fix_zero(zero, dm);
   const uint4 q = ldg_cg(qkv + (size_t)a.qs * qkv_w + a.head * HD + sub * 8);
   float m = NEG_INF, l = 0.f, acc[8];
 #pragma unroll
@@ -496,19 +548,44 @@ __device__ __forceinline__ void attn_dec_body(const u16* __restrict__ qkv, u16* 
         O = fmaf(so[g][d], w, O);
       }
     if (splits == 1) {  // the only run: the output (key 0 is in it, so L > 0)
-      out[(size_t)a.qs * nq * HD + a.head * HD + d] = (u16)f_to_bf(O / L);
-      return;
+      if (OPROJ)
+        mo[d] = O / L;
+      else
+        out[(size_t)a.qs * nq * HD + a.head * HD + d] = (u16)f_to_bf(O / L);
+    } else {
+      ro[d] = O;
+      if (d == 0) rm = M, rl = L;
     }
-    ro[d] = O;
-    if (d == 0) rm = M, rl = L;
   }
-  if (splits == 1) return;
-  u16* o = out + (size_t)a.qs * nq * HD + a.head * HD;
+  if (splits == 1) {
+    if (OPROJ) {
+      __syncthreads();
+      dec_oproj<HD>(wo, ldw, a.head, mo, oacc, dm, 0, dm);
+    }
+    return;
+  }
+  u16* o = OPROJ ? nullptr : out + (size_t)a.qs * nq * HD + a.head * HD;
 #if __CUDA_ARCH__ >= 900
   u32 cl;
   asm("mov.u32 %0, %%cluster_nctarank;" : "=r"(cl));
   if (cl == (u32)splits) {  // launched as a cluster of the runs: rank sp is run sp
     cluster_sync();  // every run's result is in its shared memory
+    if (OPROJ) {
+      if (threadIdx.x < HD) {
+        const int d = threadIdx.x;
+        const u32 am = smem_addr(&rm), al = smem_addr(&rl), ao = smem_addr(&ro[d]);
+        mo[d] = dec_merge(splits, [&](int s) {
+          return make_float3(ld_cluster(am, s), ld_cluster(al, s), ld_cluster(ao, s));
+        });
+      }
+      // Done reading the other runs' shared memory; they may leave once
+      // every rank is (the wait below).
+      asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+      __syncthreads();
+      dec_oproj<HD>(wo, ldw, a.head, mo, oacc, dm, r0, r1);
+      asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+      return;
+    }
     if (sp == 0 && threadIdx.x < HD) {
       const int d = threadIdx.x;
       const u32 am = smem_addr(&rm), al = smem_addr(&rl), ao = smem_addr(&ro[d]);
@@ -534,24 +611,41 @@ __device__ __forceinline__ void attn_dec_body(const u16* __restrict__ qkv, u16* 
   __threadfence();
   if (threadIdx.x < HD) {
     const int d = threadIdx.x;
-    const size_t r0 = (size_t)id * splits;
-    o[d] = (u16)f_to_bf(dec_merge(splits, [&](int s) {
-      return make_float3(__ldcg(pm + r0 + s), __ldcg(pl + r0 + s), __ldcg(po + (r0 + s) * HD + d));
-    }));
+    const size_t p0 = (size_t)id * splits;
+    const float v = dec_merge(splits, [&](int s) {
+      return make_float3(__ldcg(pm + p0 + s), __ldcg(pl + p0 + s), __ldcg(po + (p0 + s) * HD + d));
+    });
+    if (OPROJ)
+      mo[d] = v;
+    else
+      o[d] = (u16)f_to_bf(v);
   }
   if (threadIdx.x == 0) cnt[id] = 0;
+  if (OPROJ) {
+    __syncthreads();
+    dec_oproj<HD>(wo, ldw, a.head, mo, oacc, dm, 0, dm);
+  }
 }
 
-// ATTN_DEC defines attn_dec<HD>, the entry point of attn_dec_body<HD>.
+// ATTN_DEC defines attn_dec<HD> and attn_dec_o<HD>, the entry points of
+// attn_dec_body<HD, false> and attn_dec_body<HD, true>.
 #define ATTN_DEC(HD)                                                                                                  \
   extern "C" __global__ void __launch_bounds__(ATT_DEC_THREADS)                                                       \
       attn_dec##HD(const u16* __restrict__ qkv, u16* __restrict__ out, const int* __restrict__ items,                 \
                    const int* __restrict__ seq_q0, const int* __restrict__ seq_n, const int* __restrict__ seq_past,   \
                    const u64* __restrict__ seq_pt, int page, int layer, int nq, int nkv, int qkv_w, float scale_log2, \
                    float* __restrict__ po, float* __restrict__ pm, float* __restrict__ pl, int* __restrict__ cnt) {   \
-    attn_dec_body<HD>(qkv, out, items, seq_q0, seq_n, seq_past, seq_pt, page, layer, nq, nkv, qkv_w, scale_log2, po,  \
-                      pm, pl, cnt);                                                                                   \
+    attn_dec_body<HD, false>(qkv, out, items, seq_q0, seq_n, seq_past, seq_pt, page, layer, nq, nkv, qkv_w,          \
+                             scale_log2, po, pm, pl, cnt, nullptr, nullptr, nullptr, 0);                             \
+  }                                                                                                                   \
+  extern "C" __global__ void __launch_bounds__(ATT_DEC_THREADS)                                                       \
+      attn_dec_o##HD(const u16* __restrict__ qkv, const int* __restrict__ items, const int* __restrict__ seq_q0,     \
+                     const int* __restrict__ seq_n, const int* __restrict__ seq_past, const u64* __restrict__ seq_pt, \
+                     int page, int layer, int nq, int nkv, int qkv_w, float scale_log2, float* __restrict__ po,       \
+                     float* __restrict__ pm, float* __restrict__ pl, int* __restrict__ cnt,                           \
+                     const u16* __restrict__ wo, long long* __restrict__ oacc, long long* __restrict__ zero, int dm) { \
+    attn_dec_body<HD, true>(qkv, nullptr, items, seq_q0, seq_n, seq_past, seq_pt, page, layer, nq, nkv, qkv_w,        \
+                            scale_log2, po, pm, pl, cnt, wo, oacc, zero, dm);                                         \
   }
 ATTN_DEC(64)
 ATTN_DEC(128)
-

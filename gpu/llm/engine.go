@@ -81,6 +81,18 @@ type Engine struct {
 	// write the residual sum to the other of two residual buffers. NewEngine
 	// sets it unless the environment variable TWELL_LLM_FUSE_NORMS is "0".
 	FuseNorms bool
+	// FuseProj, with FuseNorms, also fuses the two projections of a
+	// one-token pass that write the residual delta into the kernels before
+	// them: the output projection into the decode attention (attn_dec_o,
+	// where its runs merge in a cluster), and, where the MLP norm is fused,
+	// the down projection into the MLP's one kernel (gpu.MLP.QueueFused).
+	// Their outputs are summed by integer atomics in fixed point
+	// (gpu.FixBytes; exact, so the same bits whatever order the CTAs run
+	// in) and the kernel after adds them to the residual unrounded: a step
+	// saves two kernels, and its logits differ from the unfused path's by
+	// the bf16 rounding of those deltas. NewEngine sets it when the
+	// environment variable TWELL_LLM_FUSE_PROJ is "1".
+	FuseProj bool
 	// ReuseLogits makes Forward return its logits in host memory that the
 	// engine owns (page-locked, so the copy from the GPU is one fast DMA)
 	// and overwrites at the next Forward call or frees at Close, instead
@@ -141,16 +153,20 @@ type workspace struct {
 	tokens int          // tokens the token-sized buffers hold
 	resid  *cuda.Buffer // fp32 [T][d], the residual stream
 	resid2 *cuda.Buffer // fp32 [d]: the other residual buffer of fused norms (FuseNorms)
-	hn     *cuda.Buffer // bf16 [T][max(d, nq hd)]: normed input, then attention output
-	qkv    *cuda.Buffer // bf16 [T][(nq+2nkv) hd]
-	proj   *cuda.Buffer // bf16 [T][d]: attention projection, then MLP output
-	mlpTok int          // tokens the dense MLP layers' workspace holds
-	meta   *cuda.Buffer // per-forward metadata (see rope.cu)
-	rows   int          // rows the head buffers hold
-	decSeq int          // sequences the decode attention's buffer holds
-	dec    *cuda.Buffer // the decode attention's runs and counters (decBytes)
-	sel    *cuda.Buffer // bf16 [rows][d]: final-normed rows whose logits are wanted
-	logits *cuda.Buffer // fp32 [rows][vocab]
+	// fixO and fixD are the fixed-point accumulators (gpu.FixBytes(d)) of
+	// the output and the down projections fused into the kernels before
+	// them (FuseProj).
+	fixO, fixD *cuda.Buffer
+	hn         *cuda.Buffer // bf16 [T][max(d, nq hd)]: normed input, then attention output
+	qkv        *cuda.Buffer // bf16 [T][(nq+2nkv) hd]
+	proj       *cuda.Buffer // bf16 [T][d]: attention projection, then MLP output
+	mlpTok     int          // tokens the dense MLP layers' workspace holds
+	meta       *cuda.Buffer // per-forward metadata (see rope.cu)
+	rows       int          // rows the head buffers hold
+	decSeq     int          // sequences the decode attention's buffer holds
+	dec        *cuda.Buffer // the decode attention's runs and counters (decBytes)
+	sel        *cuda.Buffer // bf16 [rows][d]: final-normed rows whose logits are wanted
+	logits     *cuda.Buffer // fp32 [rows][vocab]
 }
 
 // headChunk is the most rows one LM-head GEMM takes (bounds the fp32 logits
@@ -221,7 +237,7 @@ func NewEngineWith(dev *cuda.Device, m *model.Model, opts Options) (*Engine, err
 		return nil, err
 	}
 	e := &Engine{cfg: c, dev: dev, k: k, mlpPath: mlp.Auto, rope: model.NewRoPETables(c), Attention: opts.Attention,
-		NoGraphs: opts.NoGraphs, NoGEMV: opts.NoGEMV, GEMV8: opts.GEMV8, DecRuns: opts.DecRuns, Serial: opts.MLP.Serial, FuseNorms: opts.FuseNorms, pool: &kvPool{dev: dev, cfg: c}}
+		NoGraphs: opts.NoGraphs, NoGEMV: opts.NoGEMV, GEMV8: opts.GEMV8, DecRuns: opts.DecRuns, Serial: opts.MLP.Serial, FuseNorms: opts.FuseNorms, FuseProj: opts.FuseProj, pool: &kvPool{dev: dev, cfg: c}}
 	if act, _ := c.GateActivation(); act == model.ActSiLU {
 		e.act = gpu.ActSiLU
 	}
@@ -424,7 +440,7 @@ func (e *Engine) Close() error {
 		}
 	}
 	ws := &e.ws
-	free(ws.resid, ws.resid2, ws.hn, ws.qkv, ws.proj, ws.meta, ws.dec, ws.sel, ws.logits)
+	free(ws.resid, ws.resid2, ws.fixO, ws.fixD, ws.hn, ws.qkv, ws.proj, ws.meta, ws.dec, ws.sel, ws.logits)
 	if e.hostLogits != nil {
 		errs = append(errs, e.hostLogits.Free())
 		e.hostLogits = nil

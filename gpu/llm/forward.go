@@ -29,8 +29,10 @@ type batch struct {
 	// pages[s] the number of pages in it.
 	tables, pages []int
 	// resid is the residual buffer the decoder layers leave their output
-	// in (ws.resid, or ws.resid2 after an odd number of fused norms).
+	// in (ws.resid, or ws.resid2 after an odd number of fused norms), and
+	// delta the last layer's output still to be added to it.
 	resid *cuda.Buffer
+	delta residDelta
 }
 
 // plan validates a forward pass like model.Model.Forward does and lays out
@@ -208,6 +210,14 @@ func (e *Engine) workspaceFor(T, rows, metaBytes int, decode bool) error {
 	if e.fuseNorms(T) && ws.resid2 == nil {
 		if ws.resid2, err = e.realloc(nil, 4*h); err != nil {
 			return err
+		}
+	}
+	if e.fuseProj(T) && ws.fixO == nil {
+		// Each pass zeroes them before it adds into them (see layersQueue).
+		for _, b := range []**cuda.Buffer{&ws.fixO, &ws.fixD} {
+			if *b, err = e.realloc(nil, gpu.FixBytes(h)); err != nil {
+				return err
+			}
 		}
 	}
 	if decode && e.decodeSplit() && ws.decSeq < T {
@@ -418,16 +428,27 @@ func (e *Engine) layersQueue(b *batch, st *engine.Stats, paths []mlp.Path) error
 	// fused kernel reads cur and writes the sum to other.
 	fuse := e.fuseNorms(T)
 	cur, other := ws.resid, ws.resid2
+	// With the output projection fused into the attention (dec.oproj) the
+	// deltas are fixed-point sums: the attention adds into ws.fixO, which
+	// the q/k/v kernel before it zeroes, and a fused MLP into ws.fixD,
+	// which the attention zeroes; each is read by the kernel after its
+	// writer's, and zeroed again only once that reader is done.
+	fproj := decode && dec.oproj
+	var delta residDelta // what the next norm adds to cur
 	for li, l := range e.layers {
-		var delta *cuda.Buffer
-		if li > 0 {
-			delta = ws.proj
-		}
 		rope := ropeArgs{qkv: ws.qkv, cos: e.cosB, sin: e.sinB, tokSeq: tokSeq, tokPos: tokPos, pt: pt, page: page,
 			T: T, layer: li, nq: nq, nkv: nkv, hd: hd, qkvW: qkvW, early: early}
-		norm := normArgs{resid: cur, delta: delta, w: l.attnNorm, out: ws.hn, n: T, d: h, eps: eps, early: early}
+		norm := normArgs{resid: cur, delta: delta.bf, dfix: delta.fix, w: l.attnNorm, out: ws.hn, n: T, d: h, eps: eps, early: early}
 		if fuse && e.gemv(T, h) {
-			if err := rope.qkvRopeNormed(e.k.qkvRope1N, s, norm, other, l.qkv, h); err != nil {
+			var zero *cuda.Buffer
+			if fproj {
+				zero = ws.fixO
+			}
+			fn := e.k.qkvRope1N
+			if delta.fix != nil {
+				fn = e.k.qkvRope1F
+			}
+			if err := rope.qkvRopeNormed(fn, s, norm, other, zero, l.qkv, h); err != nil {
 				return fmt.Errorf("llm: layer %d norm + qkv + rope: %w", li, err)
 			}
 			cur, other = other, cur
@@ -437,26 +458,43 @@ func (e *Engine) layersQueue(b *batch, st *engine.Stats, paths []mlp.Path) error
 		}
 		aa := attnArgs{qkv: ws.qkv, out: ws.hn, items: items, seqQ0: seqQ0, seqN: seqN, seqPast: seqPast,
 			pt: pt, page: page, nItems: b.items, layer: li, nq: nq, nkv: nkv, hd: hd, qkvW: qkvW}
-		launch := attn.launch
-		if decode {
-			launch = dec.launch
+		var err error
+		switch {
+		case fproj:
+			err = dec.launch(s, aa, decProj{wo: l.o, acc: ws.fixO, zero: ws.fixD, d: h})
+			delta = residDelta{fix: ws.fixO}
+		case decode:
+			err = dec.launch(s, aa, decProj{})
+		default:
+			err = attn.launch(s, aa)
 		}
-		if err := launch(s, aa); err != nil {
+		if err != nil {
 			return fmt.Errorf("llm: layer %d attention: %w", li, err)
 		}
 		prof("attention")
-		if err := e.project(T, h, nq*hd, ws.hn, l.o, ws.proj); err != nil {
-			return fmt.Errorf("llm: layer %d o_proj: %w", li, err)
+		if !fproj {
+			if err := e.project(T, h, nq*hd, ws.hn, l.o, ws.proj); err != nil {
+				return fmt.Errorf("llm: layer %d o_proj: %w", li, err)
+			}
+			delta = residDelta{bf: ws.proj}
+			prof("o_proj")
 		}
-		prof("o_proj")
 		var fixed *mlp.Path
 		if paths != nil {
 			fixed = &paths[li]
 		}
 		if fuse && l.mlp != nil && e.mlpPath != mlp.Dense && fixed != nil && *fixed == mlp.Sparse {
 			l.mlp.Serial = e.Serial
-			in := gpu.NormedInput{Resid: cur, Delta: ws.proj, ResidOut: other, Weight: l.mlpNorm, Eps: eps}
-			if err := l.mlp.QueueNormed(s, ws.proj, in); err != nil {
+			in := gpu.NormedInput{Resid: cur, Delta: delta.bf, DeltaFix: delta.fix, ResidOut: other, Weight: l.mlpNorm, Eps: eps}
+			var err error
+			if fproj {
+				err = l.mlp.QueueFused(s, ws.fixD, in)
+				delta = residDelta{fix: ws.fixD}
+			} else {
+				err = l.mlp.QueueNormed(s, ws.proj, in)
+				delta = residDelta{bf: ws.proj}
+			}
+			if err != nil {
 				return fmt.Errorf("llm: layer %d norm + MLP: %w", li, err)
 			}
 			cur, other = other, cur
@@ -464,7 +502,7 @@ func (e *Engine) layersQueue(b *batch, st *engine.Stats, paths []mlp.Path) error
 			prof("mlp")
 			continue
 		}
-		if err := (normArgs{resid: cur, delta: ws.proj, w: l.mlpNorm, out: ws.hn, n: T, d: h, eps: eps, early: early}).launch(e.k.addNorm, s); err != nil {
+		if err := (normArgs{resid: cur, delta: delta.bf, dfix: delta.fix, w: l.mlpNorm, out: ws.hn, n: T, d: h, eps: eps, early: early}).launch(e.k.addNorm, s); err != nil {
 			return fmt.Errorf("llm: layer %d norm: %w", li, err)
 		}
 		prof("norm")
@@ -472,14 +510,21 @@ func (e *Engine) layersQueue(b *batch, st *engine.Stats, paths []mlp.Path) error
 		if err != nil {
 			return fmt.Errorf("llm: layer %d MLP: %w", li, err)
 		}
+		delta = residDelta{bf: ws.proj}
 		if sparse {
 			st.Paths[li] = mlp.Sparse
 		}
 		prof("mlp")
 	}
-	b.resid = cur
+	b.resid, b.delta = cur, delta
 	return nil
 }
+
+// residDelta is a layer output still to be added to the residual stream:
+// bf16 rows (bf), or a fixed-point accumulator of one token (fix,
+// gpu.FixBytes) that a fused projection left; neither before the first
+// layer.
+type residDelta struct{ bf, fix *cuda.Buffer }
 
 // normQKV queues layer li's attention norm (norm) and its q/k/v
 // projection with RoPE and the cache write (rope): for decode-sized passes
@@ -508,6 +553,15 @@ func (e *Engine) normQKV(s *cuda.Stream, li int, norm normArgs, rope ropeArgs, l
 	}
 	prof("rope")
 	return nil
+}
+
+// fuseProj reports whether a pass of T tokens may fuse its output and
+// down projections into the kernels before them (Engine.FuseProj): fused
+// norms on the q/k/v kernel, and a hidden size the fused MLP kernel takes.
+// The attention decides (decodeAttention).
+func (e *Engine) fuseProj(T int) bool {
+	h := e.cfg.HiddenSize
+	return e.FuseProj && e.fuseNorms(T) && e.gemv(T, h) && h%64 == 0
 }
 
 // fuseNorms reports whether a pass of T tokens fuses its norms into the
@@ -592,10 +646,6 @@ func (e *Engine) logits(b *batch) ([][]float32, error) {
 	if err != nil {
 		return nil, err
 	}
-	var delta *cuda.Buffer
-	if len(e.layers) > 0 {
-		delta = ws.proj
-	}
 	resid := b.resid
 	if resid == nil {
 		resid = ws.resid
@@ -603,7 +653,7 @@ func (e *Engine) logits(b *batch) ([][]float32, error) {
 	for r0 := 0; r0 < b.rows; r0 += headChunk {
 		rc := min(headChunk, b.rows-r0)
 		rows := view(ws.meta, 4*(b.row+r0), 4*rc)
-		norm := normArgs{resid: resid, delta: delta, rows: rows, w: e.norm, out: ws.sel, n: rc, d: h, eps: float32(c.RMSNormEps), early: e.early()}
+		norm := normArgs{resid: resid, delta: b.delta.bf, dfix: b.delta.fix, rows: rows, w: e.norm, out: ws.sel, n: rc, d: h, eps: float32(c.RMSNormEps), early: e.early()}
 		if err := norm.launch(e.k.addNorm, s); err != nil {
 			return nil, fmt.Errorf("llm: final norm: %w", err)
 		}

@@ -31,6 +31,7 @@ type stepGraph struct {
 	epoch uint64       // the TwELL MLPs' workspace epoch when recorded
 	paths []mlp.Path   // each layer's MLP path
 	resid *cuda.Buffer // where its layers leave the residual stream (batch.resid)
+	delta residDelta   // and the last layer's output (batch.delta)
 }
 
 // replay runs the decoder layers of b from a graph if b is a decode step
@@ -60,7 +61,7 @@ func (e *Engine) replay(b *batch, st *engine.Stats) (bool, error) {
 			return false, nil
 		}
 		e.records++
-		sg = &stepGraph{g: g, gen: e.gen, epoch: e.mlpEpoch(), paths: paths, resid: b.resid}
+		sg = &stepGraph{g: g, gen: e.gen, epoch: e.mlpEpoch(), paths: paths, resid: b.resid, delta: b.delta}
 		if e.graphs == nil {
 			e.graphs = map[int]*stepGraph{}
 		}
@@ -72,7 +73,7 @@ func (e *Engine) replay(b *batch, st *engine.Stats) (bool, error) {
 		}
 	}
 	e.replays++
-	b.resid = sg.resid
+	b.resid, b.delta = sg.resid, sg.delta
 	return true, sg.g.Launch(e.stream)
 }
 

@@ -32,16 +32,14 @@ type kernels struct {
 	embed, addNorm, ropeKV *cuda.Function
 	attnRef                *cuda.Function
 	attnFA64, attnFA128    *cuda.Function
-	attnDec64, attnDec128  *cuda.Function
-	// decSlots are the decode kernel's CTAs resident at once on the
-	// device, by head_dim (64, 128; see decRuns).
-	decSlots map[int]int
-	// decCluster says, by head_dim, whether the decode kernel's runs are
-	// launched as clusters (decAttention.cluster).
-	decCluster                   map[int]bool
+	// dec are the decode attention kernels (attn_dec64, attn_dec128, and
+	// attn_dec_o64, attn_dec_o128 with the output projection fused in).
+	dec                          map[decKey]decKernel
 	gemv1, gemv4, gemv8          *cuda.Function
 	qkvRope1, qkvRope4, qkvRope8 *cuda.Function
-	qkvRope1N                    *cuda.Function // qkv_rope1n: qkv_rope1 with the norm before it fused in
+	// qkv_rope1n, qkv_rope1f: qkv_rope1 with the norm before it fused in,
+	// adding a bf16 delta and a fixed-point one
+	qkvRope1N, qkvRope1F *cuda.Function
 
 	dev *cuda.Device
 	// attnWG is attn_wg64, compiled at first use and on sm_90a only;
@@ -56,6 +54,22 @@ var (
 	kernTab = map[*cuda.Device]*kernels{}
 )
 
+// decKey names a decode attention kernel: its head_dim (64 or 128), and
+// whether it does the output projection too (oproj: attn_dec_o).
+type decKey struct {
+	hd    int
+	oproj bool
+}
+
+// decKernel is a decode attention kernel, its CTAs resident at once on the
+// device (slots; see decRuns), and whether its runs are launched as
+// clusters (decAttention.cluster).
+type decKernel struct {
+	fn      *cuda.Function
+	slots   int
+	cluster bool
+}
+
 // kernelFiles are this package's .cu files (but attn_wgmma.cu, compiled at
 // first use on Hopper) and the kernels looked up in each.
 var kernelFiles = []struct {
@@ -64,9 +78,9 @@ var kernelFiles = []struct {
 	kernels []string
 }{
 	{"norm.cu", &normSrc, []string{"embed", "add_rmsnorm"}},
-	{"proj.cu", &projSrc, []string{"gemv_rows1", "gemv_rows4", "gemv_rows8", "qkv_rope1", "qkv_rope4", "qkv_rope8", "qkv_rope1n"}},
+	{"proj.cu", &projSrc, []string{"gemv_rows1", "gemv_rows4", "gemv_rows8", "qkv_rope1", "qkv_rope4", "qkv_rope8", "qkv_rope1n", "qkv_rope1f"}},
 	{"rope.cu", &ropeSrc, []string{"rope_kv"}},
-	{"attn.cu", &attnSrc, []string{"attn_ref", "attn_fa64", "attn_fa128", "attn_dec64", "attn_dec128"}},
+	{"attn.cu", &attnSrc, []string{"attn_ref", "attn_fa64", "attn_fa128", "attn_dec64", "attn_dec128", "attn_dec_o64", "attn_dec_o128"}},
 }
 
 // kernelsFor compiles the .cu files of kernelFiles for dev, with package
@@ -92,27 +106,29 @@ func kernelsFor(dev *cuda.Device) (*kernels, error) {
 	}
 	k := &kernels{dev: dev, embed: fs["embed"], addNorm: fs["add_rmsnorm"], ropeKV: fs["rope_kv"],
 		attnRef: fs["attn_ref"], attnFA64: fs["attn_fa64"], attnFA128: fs["attn_fa128"],
-		attnDec64: fs["attn_dec64"], attnDec128: fs["attn_dec128"],
 		gemv1: fs["gemv_rows1"], gemv4: fs["gemv_rows4"], gemv8: fs["gemv_rows8"],
 		qkvRope1: fs["qkv_rope1"], qkvRope4: fs["qkv_rope4"], qkvRope8: fs["qkv_rope8"],
-		qkvRope1N: fs["qkv_rope1n"], decSlots: map[int]int{}, decCluster: map[int]bool{}}
-	for hd, fn := range map[int]*cuda.Function{64: k.attnDec64, 128: k.attnDec128} {
+		qkvRope1N: fs["qkv_rope1n"], qkvRope1F: fs["qkv_rope1f"], dec: map[decKey]decKernel{}}
+	for key, name := range map[decKey]string{{64, false}: "attn_dec64", {128, false}: "attn_dec128",
+		{64, true}: "attn_dec_o64", {128, true}: "attn_dec_o128"} {
+		fn, hd := fs[name], key.hd
 		if err := fn.SetMaxDynamicShared(decSmem(hd)); err != nil {
-			return nil, fmt.Errorf("llm: %s: %w", fn.Name(), err)
+			return nil, fmt.Errorf("llm: %s: %w", name, err)
 		}
 		n, err := fn.MaxActiveBlocksPerSM(decThreads, decSmem(hd))
 		if err != nil {
-			return nil, fmt.Errorf("llm: %s: %w", fn.Name(), err)
+			return nil, fmt.Errorf("llm: %s: %w", name, err)
 		}
-		k.decSlots[hd] = max(1, n) * dev.Properties().SMs
+		dk := decKernel{fn: fn, slots: max(1, n) * dev.Properties().SMs}
 		if dev.Properties().ClusterLaunch {
 			// The runs of a (sequence, head) merge in a cluster where the
 			// device can hold one of the most runs (sizes above 8 are not
 			// portable).
 			c, err := fn.MaxActiveClusters(cuda.LaunchConfig{Grid: cuda.Dim3{1, decSplits, 1},
 				Block: cuda.Dim3{decThreads, 1, 1}, SharedBytes: decSmem(hd), Cluster: cuda.Dim3{1, decSplits, 1}})
-			k.decCluster[hd] = err == nil && c > 0
+			dk.cluster = err == nil && c > 0
 		}
+		k.dec[key] = dk
 	}
 	kernTab[dev] = k
 	return k, nil

@@ -26,8 +26,9 @@ func TestMain(m *testing.M) { cudatest.Main(m) }
 // earlyStartKernels are the kernels the engine launches with early start
 // (normArgs, gemvRows, ropeArgs.qkvRope, decAttention): each must wait with
 // griddepcontrol.wait before it touches earlier kernels' results.
-var earlyStartKernels = map[string]bool{"add_rmsnorm": true, "gemv_rows1": true, "gemv_rows4": true,
-	"qkv_rope1": true, "qkv_rope4": true, "attn_dec64": true, "attn_dec128": true}
+var earlyStartKernels = map[string]bool{"add_rmsnorm": true, "gemv_rows1": true, "gemv_rows4": true, "gemv_rows8": true,
+	"qkv_rope1": true, "qkv_rope4": true, "qkv_rope8": true, "qkv_rope1n": true, "qkv_rope1f": true,
+	"attn_dec64": true, "attn_dec128": true, "attn_dec_o64": true, "attn_dec_o128": true}
 
 // TestCompile compiles every .cu file of kernelFiles to PTX: it needs NVRTC
 // but no GPU. The kernels launched with early start must wait first. The
@@ -653,10 +654,12 @@ func TestDecodeAttentionManySequences(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if dev.Properties().Major == 9 && !k.decCluster[c.HeadDim] {
-				t.Errorf("head_dim %d: no clusters of %d runs on %v (Hopper holds them)", c.HeadDim, decSplits, dev)
+			for _, oproj := range []bool{false, true} {
+				if dev.Properties().Major == 9 && !k.dec[decKey{c.HeadDim, oproj}].cluster {
+					t.Errorf("head_dim %d (output projection %v): no clusters of %d runs on %v (Hopper holds them)", c.HeadDim, oproj, decSplits, dev)
+				}
 			}
-			for decRunsFor(S*c.NumAttentionHeads, k.decSlots[c.HeadDim]) > runs {
+			for decRunsFor(S*c.NumAttentionHeads, k.dec[decKey{c.HeadDim, false}].slots) > runs {
 				S++
 			}
 			t.Run(fmt.Sprintf("hd%d_heads%d_seqs%d_runs%d", c.HeadDim, c.NumAttentionHeads, S, runs), func(t *testing.T) {
@@ -674,9 +677,10 @@ func TestDecodeAttentionManySequences(t *testing.T) {
 				}
 				run := func(attn string, global bool, forced int) [][]float32 {
 					e := engineOnPath(t, dev, m, seed, "dense")
-					e.Attention, e.decGlobalMerge, e.DecRuns = attn, global, forced
-					if want := cmp.Or(forced, runs); attn == "auto" && e.decRuns(S) != want {
-						t.Fatalf("%d sequences: %d runs, want %d", S, e.decRuns(S), want)
+					// The attention kernel alone (FuseProj's is TestFusedProjections').
+					e.Attention, e.decGlobalMerge, e.DecRuns, e.FuseProj = attn, global, forced, false
+					if got, want := e.decRuns(S, k.dec[decKey{c.HeadDim, false}]), cmp.Or(forced, runs); attn == "auto" && got != want {
+						t.Fatalf("%d sequences: %d runs, want %d", S, got, want)
 					}
 					return enginetest.Passes(t, e, 304, passes...)[first:] // the decode steps' logits
 				}
@@ -714,7 +718,7 @@ func TestFusedNormsMatchUnfused(t *testing.T) {
 		for _, graphs := range []bool{true, false} {
 			run := func(fuse bool) ([][]float32, *Engine) {
 				e := engineOnPath(t, dev, m, seed, path)
-				e.FuseNorms, e.NoGraphs = fuse, !graphs
+				e.FuseNorms, e.FuseProj, e.NoGraphs = fuse, false, !graphs
 				return enginetest.Passes(t, e, 64, passes...), e
 			}
 			plain, _ := run(false)
@@ -733,6 +737,73 @@ func TestFusedNormsMatchUnfused(t *testing.T) {
 	err := e.layers[0].mlp.QueueNormed(e.stream, ws.proj, gpu.NormedInput{Resid: ws.resid, ResidOut: ws.resid, Weight: e.layers[0].mlpNorm})
 	if err == nil || !strings.Contains(err.Error(), "buffer it reads") {
 		t.Errorf("QueueNormed with the same residual buffer in and out: %v", err)
+	}
+}
+
+// TestFusedProjections decodes one sequence with the output and down
+// projections fused into the kernels before them (FuseProj: attn_dec_o,
+// and gemv_mlp_norm on graph-replayed sparse steps) and without, at
+// head_dim 64 and 128, on the sparse and the dense MLP path, replayed from
+// graphs and kernel by kernel: the logits must agree with the unfused
+// path's (which rounds the deltas to bf16) and the CPU model's, and repeat
+// bit for bit (the fixed-point sums do not depend on the order the CTAs
+// finish in), also with the attention's runs merged through global memory
+// (the same merged outputs, projected by one CTA a head); with one run a
+// head they must agree. An infinite output-projection weight must leave
+// the fused step's logits not finite, as it leaves the unfused step's.
+func TestFusedProjections(t *testing.T) {
+	dev := cudatest.Device(t)
+	cudatest.Compiler(t)
+	for _, c := range []model.Config{testConfig(64, 4, 2, true), testConfig(128, 2, 1, false)} {
+		t.Run(fmt.Sprintf("hd%d", c.HeadDim), func(t *testing.T) {
+			r, seed := testutil.Rand(t)
+			m := sparseModel(t, c, r, seed)
+			prompt := enginetest.Tokens(r, 1+r.IntN(300), c.VocabSize)
+			passes := append([][][]int{{prompt}}, decodeSteps(r, 12, 1, c.VocabSize)...)
+			for _, path := range []string{"sparse", "dense"} {
+				for _, graphs := range []bool{true, false} {
+					name := fmt.Sprintf("seed %d: %s path, graphs %v", seed, path, graphs)
+					run := func(fproj bool, global bool, runs int) [][]float32 {
+						e := engineOnPath(t, dev, m, seed, path)
+						e.FuseProj, e.NoGraphs, e.decGlobalMerge, e.DecRuns = fproj, !graphs, global, runs
+						out := enginetest.Passes(t, e, 320, passes...)[len(prompt):] // the decode steps' logits
+						if dec, _ := e.decodeAttention(&batch{T: 1, S: 1}); fproj && dev.Properties().Major == 9 && !dec.oproj {
+							t.Errorf("%s: the decode steps did not run attn_dec_o", name)
+						}
+						if graphs && (e.GraphReplays() == 0 || e.GraphError() != nil) {
+							t.Errorf("%s: %d graph replays (error %v)", name, e.GraphReplays(), e.GraphError())
+						}
+						return out
+					}
+					got := run(true, false, 0)
+					if d, err := enginetest.RelDiff(got, run(false, false, 0)); err != nil || d > 1e-2 {
+						t.Errorf("%s: fused vs unfused projections: rel diff %.3g (err %v)", name, d, err)
+					}
+					if d, err := enginetest.RelDiff(got, cpuForward(t, m, path, 320, passes...)[len(prompt):]); err != nil || d > bf16Tol {
+						t.Errorf("%s: fused projections vs CPU: rel diff %.3g (err %v)", name, d, err)
+					}
+					enginetest.SameBits(t, name+": fused projections, second run", run(true, false, 0), got)
+					if path == "sparse" && graphs {
+						enginetest.SameBits(t, name+": fused projections, runs merged in global memory", run(true, true, 0), got)
+						if d, err := enginetest.RelDiff(run(true, false, 1), got); err != nil || d > 1e-2 {
+							t.Errorf("%s: fused projections, one run a head: rel diff %.3g (err %v)", name, d, err)
+						}
+					}
+				}
+			}
+			m.Weights.Layers[0].O[r.IntN(len(m.Weights.Layers[0].O))] = float32(math.Inf(1))
+			for _, fproj := range []bool{true, false} {
+				e := engineOnPath(t, dev, m, seed, "sparse")
+				e.FuseProj = fproj
+				out := enginetest.Passes(t, e, 320, passes...)
+				for _, v := range out[len(out)-1] {
+					if !math.IsInf(float64(v), 0) && !math.IsNaN(float64(v)) {
+						t.Errorf("seed %d: an infinite o_proj weight, fused %v: finite logit %v", seed, fproj, v)
+						break
+					}
+				}
+			}
+		})
 	}
 }
 

@@ -21,6 +21,7 @@ type Options struct {
 	GEMV8     bool        // Engine.GEMV8: EnvGEMV = "8"
 	DecRuns   int         // Engine.DecRuns: EnvDecRuns
 	FuseNorms bool        // Engine.FuseNorms: EnvFuseNorms unset or "1"
+	FuseProj  bool        // Engine.FuseProj: EnvFuseProj = "1"
 	MLP       gpu.Options // each TwELL layer's kernels: gpu.EnvD2TKernel, gpu.EnvTail
 	// ReleaseWeights makes NewEngineWith drop each layer's float32
 	// matrices from the model once they are on the device, and the model's
@@ -61,6 +62,12 @@ const EnvDecRuns = "TWELL_LLM_DEC_RUNS"
 // decode 921-930 against 883-895 tokens/s, H200, 2026-12-05).
 const EnvFuseNorms = "TWELL_LLM_FUSE_NORMS"
 
+// EnvFuseProj names the environment variable that, set to "1", makes a new
+// Engine fuse the output and down projections of one-token passes into the
+// attention and the MLP's first kernel (Engine.FuseProj) instead of
+// running them as kernels of their own.
+const EnvFuseProj = "TWELL_LLM_FUSE_PROJ"
+
 // EnvKVPageSize names the environment variable that sets a new Engine's KV
 // cache page size in positions (a multiple of 64).
 const EnvKVPageSize = "TWELL_LLM_KV_PAGE_SIZE"
@@ -72,7 +79,7 @@ const EnvKVMemory = "TWELL_LLM_KV_MEMORY"
 
 // Switches are the names of the environment variables that set Options:
 // the engine's and its TwELL MLPs' (gpu.Switches).
-var Switches = append([]string{EnvAttention, EnvGraphs, EnvGEMV, EnvDecRuns, EnvFuseNorms, EnvKVPageSize, EnvKVMemory}, gpu.Switches...)
+var Switches = append([]string{EnvAttention, EnvGraphs, EnvGEMV, EnvDecRuns, EnvFuseNorms, EnvFuseProj, EnvKVPageSize, EnvKVMemory}, gpu.Switches...)
 
 // OptionsFromEnv returns the Options the environment sets, or an error
 // naming a value it does not know.
@@ -98,6 +105,13 @@ func OptionsFrom(getenv func(string) string) (Options, error) {
 		o.FuseNorms = true
 	default:
 		return o, fmt.Errorf("llm: %s=%q: want 0 or 1", EnvFuseNorms, v)
+	}
+	switch v := getenv(EnvFuseProj); v {
+	case "", "0":
+	case "1":
+		o.FuseProj = true
+	default:
+		return o, fmt.Errorf("llm: %s=%q: want 0 or 1", EnvFuseProj, v)
 	}
 	switch o.Attention {
 	case "", "auto", "wgmma3", "mma", "ref":

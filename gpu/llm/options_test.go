@@ -18,6 +18,8 @@ func TestOptionsFromEnv(t *testing.T) {
 		{Env: map[string]string{EnvAttention: "dec"}, Bad: EnvAttention},
 		{Env: map[string]string{EnvFuseNorms: "0", EnvGraphs: "0", gpu.EnvTail: "sorted"},
 			Want: Options{NoGraphs: true, MLP: gpu.Options{Tail: gpu.TailSorted}}},
+		{Env: map[string]string{EnvFuseProj: "1"}, Want: Options{FuseNorms: true, FuseProj: true}},
+		{Env: map[string]string{EnvFuseProj: "yes"}, Bad: EnvFuseProj},
 		{Env: map[string]string{EnvAttention: "flash"}, Bad: EnvAttention},
 		{Env: map[string]string{EnvFuseNorms: "on"}, Bad: EnvFuseNorms},
 		{Env: map[string]string{gpu.EnvTail: "on"}, Bad: gpu.EnvTail},
