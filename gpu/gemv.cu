@@ -72,6 +72,17 @@ struct NormIn {
   float eps;
 };
 
+// gate_rows_issue points rows at a warp's 4 gate rows j0 .. j0+3 of w
+// and issues the loads of their first 1024 columns into wv, the rest of
+// them asked of the L2 (before grid_wait: weights).
+__device__ __forceinline__ void gate_rows_issue(const u16* (&rows)[4], uint4 (&wv)[4][4], const u16* __restrict__ w,
+                                                int j0, int d, int lane) {
+#pragma unroll
+  for (int k = 0; k < 4; ++k) rows[k] = w + (size_t)(j0 + k) * d;
+  rows_load<4>(wv, rows, 0, d, lane);
+  rows_prefetch<4>(rows, 1024, d, lane);
+}
+
 // act_group computes gemv_act's h and mask for the mg <= MB tokens of one
 // group: x itself (rows == nullptr), the listed rows of x, or with NORM the
 // token that nin norms. The group's h is at h and its mask at mask.
@@ -83,11 +94,8 @@ __device__ __forceinline__ void act_group(const u16* __restrict__ x, const int* 
   int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   int j0 = blockIdx.x * 32 + warp * 4;
   const u16* rows[4];
-#pragma unroll
-  for (int k = 0; k < 4; ++k) rows[k] = w + (size_t)(j0 + k) * d;
   uint4 wv[4][4];
-  rows_load<4>(wv, rows, 0, d, lane);
-  rows_prefetch<4>(rows, 1024, d, lane);
+  gate_rows_issue(rows, wv, w, j0, d, lane);
   float4 nw[RMS_MAXV];
   if (NORM) rms_weights(nw, nin.w, d);
   grid_wait();
@@ -207,11 +215,8 @@ __global__ void __launch_bounds__(256)
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int j0 = blockIdx.x * 32 + warp * 4;
   const u16* rows[4];
-#pragma unroll
-  for (int k = 0; k < 4; ++k) rows[k] = w + (size_t)(j0 + k) * d;
   uint4 wv[4][4];
-  rows_load<4>(wv, rows, 0, d, lane);
-  rows_prefetch<4>(rows, 1024, d, lane);
+  gate_rows_issue(rows, wv, w, j0, d, lane);
   float4 nw[RMS_MAXV];
   rms_weights(nw, normw, d);
   grid_wait();
