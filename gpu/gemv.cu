@@ -194,13 +194,28 @@ __global__ void __launch_bounds__(256)
   act_group<1, GATED, true>(nullptr, nullptr, w, up, h, mask, cnt, 1, d, f, xs, wmask, wcnt, nin);
 }
 
+// MLP_DOWN_COLS is the number of columns of a down row that gemv_mlp_norm
+// has in flight at once (8 16-byte loads a lane).
+#define MLP_DOWN_COLS 2048
+
+// down_load issues the loads of columns [c0, c0 + MLP_DOWN_COLS) of the
+// down row drow (d columns): 16 bytes a lane per 256 columns.
+__device__ __forceinline__ void down_load(uint4 (&dv)[MLP_DOWN_COLS / 256], const u16* __restrict__ drow, int c0,
+                                          int d, int lane) {
+#pragma unroll
+  for (int i = 0; i < MLP_DOWN_COLS / 256; ++i) {
+    const int c = c0 + i * 256 + lane * 8;
+    if (c < d) dv[i] = ldg_nc(drow + c);
+  }
+}
+
 // gemv_mlp_norm: the whole sparse MLP of one token in one kernel, with the
 // residual add and RMSNorm before it fused in as gemv_act_norm has them
 // (the delta bf16, or the fixed-point dfix that a fused projection left;
 // common.cuh). Grid f/32 blocks of 256 threads; a warp computes 4 gate
 // units, and for an active one (g > 0 or NaN, g rounded to bf16) reads
-// its up row and its down row (the down row requested into the L2 while
-// the up row's dot runs) and adds h down[j] (h = g (x . up_j), or g) into
+// its up row and its down row (their loads in flight together) and adds
+// h down[j] (h = g (x . up_j), or g) into
 // the fixed-point accumulator yacc of d values, which must be zero when
 // the kernel starts: no h, mask or counts, and no gemv_down after it. The
 // sum over the units is exact, so it repeats bit for bit whatever order
@@ -230,7 +245,11 @@ __global__ void __launch_bounds__(256)
     if (!(gk > 0.f || gk != gk)) continue;  // the same in every lane (warp_sum)
     const int j = j0 + k;
     const u16* drow = down + (size_t)j * d;
-    for (int c = lane * 64; c < d; c += 32 * 64) asm volatile("prefetch.global.L2 [%0];" ::"l"(drow + c));
+    // The down row's first MLP_DOWN_COLS columns are loaded with the up
+    // row's (one round trip for both), the rest (d > MLP_DOWN_COLS) a chunk
+    // at a time after.
+    uint4 dv[MLP_DOWN_COLS / 256];
+    down_load(dv, drow, 0, d, lane);
     float h = gk;
     if (GATED) {
       const u16* urow[1] = {up + (size_t)j * d};
@@ -240,14 +259,21 @@ __global__ void __launch_bounds__(256)
       rows_dot<1, 1>(uv, urow, xs, 1, d, lane, u);
       h *= u[0][0];
     }
-    for (int c = lane * 8; c < d; c += 256) {
-      const uint4 dv = ldg_nc(drow + c);
-      const u32 p[4] = {dv.x, dv.y, dv.z, dv.w};
+    for (int c0 = 0;;) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        fix_add(yacc, c + 2 * e, d, h * bf_lo(p[e]));
-        fix_add(yacc, c + 2 * e + 1, d, h * bf_hi(p[e]));
+      for (int i = 0; i < MLP_DOWN_COLS / 256; ++i) {
+        const int c = c0 + i * 256 + lane * 8;
+        if (c >= d) break;
+        const u32 p[4] = {dv[i].x, dv[i].y, dv[i].z, dv[i].w};
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          fix_add(yacc, c + 2 * e, d, h * bf_lo(p[e]));
+          fix_add(yacc, c + 2 * e + 1, d, h * bf_hi(p[e]));
+        }
       }
+      c0 += MLP_DOWN_COLS;
+      if (c0 >= d) break;
+      down_load(dv, drow, c0, d, lane);
     }
   }
 }

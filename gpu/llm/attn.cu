@@ -377,17 +377,43 @@ __device__ __forceinline__ float ld_cluster(u32 a, u32 rank) {
 }
 #endif
 
-// dec_oproj adds rows [r0, r1) of the output projection of head head's
-// output mo (HD floats in shared memory) by wo (rows of ldw bf16) into the
-// fixed-point accumulator oacc of dm values: a row per thread at a time.
+// DEC_WO_REGS: whether attn_dec_o<HD> loads its first row of the output
+// projection into registers before grid_wait (HD / 8 16-byte loads a
+// thread: head_dim 64; at 128 the kernel is at 128 registers without
+// them, and asks the L2 for the row instead).
+#define DEC_WO_REGS(HD) ((HD) == 64)
+
+// dec_wo_first issues, before grid_wait, the loads of the first row of
+// head head's columns of wo (rows of ldw bf16) that this thread projects,
+// r0 + threadIdx.x if below r1, into wr (DEC_WO_REGS), and asks the L2
+// for the rest of its rows (all of them without DEC_WO_REGS).
 template <int HD>
-__device__ __forceinline__ void dec_oproj(const u16* __restrict__ wo, int ldw, int head, const float* mo,
-                                          long long* __restrict__ oacc, int dm, int r0, int r1) {
+__device__ __forceinline__ void dec_wo_first(uint4 (&wr)[HD / 8], const u16* __restrict__ wo, int ldw, int head,
+                                             int r0, int r1) {
+  int r = r0 + threadIdx.x;
+  if (DEC_WO_REGS(HD) && r < r1) {
+#pragma unroll
+    for (int c = 0; c < HD / 8; ++c) wr[c] = ldg_nc(wo + (size_t)r * ldw + head * HD + 8 * c);
+    r += ATT_DEC_THREADS;
+  }
+  for (; r < r1; r += ATT_DEC_THREADS)
+#pragma unroll
+    for (int c = 0; c < HD; c += 64) asm volatile("prefetch.global.L2 [%0];" ::"l"(wo + (size_t)r * ldw + head * HD + c));
+}
+
+// dec_oproj adds rows [r0, r1) of the output projection of head head's
+// output mo (HD floats in shared memory) by wo into the fixed-point
+// accumulator oacc of dm values, a row per thread at a time; row first's
+// weights are in wr already (dec_wo_first).
+template <int HD>
+__device__ __forceinline__ void dec_oproj(const uint4 (&wr)[HD / 8], int first, const u16* __restrict__ wo, int ldw,
+                                          int head, const float* mo, long long* __restrict__ oacc, int dm, int r0,
+                                          int r1) {
   for (int r = r0 + threadIdx.x; r < r1; r += ATT_DEC_THREADS) {
-    const u16* row = wo + (size_t)r * ldw + head * HD;
     uint4 w[HD / 8];
 #pragma unroll
-    for (int c = 0; c < HD / 8; ++c) w[c] = ldg_nc(row + 8 * c);
+    for (int c = 0; c < HD / 8; ++c)
+      w[c] = DEC_WO_REGS(HD) && r == first ? wr[c] : ldg_nc(wo + (size_t)r * ldw + head * HD + 8 * c);
     float acc = 0.f;
 #pragma unroll
     for (int c = 0; c < HD / 8; ++c) {
@@ -400,15 +426,6 @@ __device__ __forceinline__ void dec_oproj(const u16* __restrict__ wo, int ldw, i
     }
     fix_add(oacc, r, dm, acc);
   }
-}
-
-// dec_oproj_prefetch asks the L2 for rows [r0, r1) of head head's columns
-// of wo (before grid_wait: the weights do not depend on the kernel before).
-template <int HD>
-__device__ __forceinline__ void dec_oproj_prefetch(const u16* __restrict__ wo, int ldw, int head, int r0, int r1) {
-  for (int r = r0 + threadIdx.x; r < r1; r += ATT_DEC_THREADS)
-#pragma unroll
-    for (int c = 0; c < HD; c += 64) asm volatile("prefetch.global.L2 [%0];" ::"l"(wo + (size_t)r * ldw + head * HD + c));
 }
 
 template <int HD, bool OPROJ>
@@ -465,7 +482,9 @@ __device__ __forceinline__ void attn_dec_body(const u16* __restrict__ qkv, u16* 
   }
   // OPROJ: this CTA's rows of the output projection, if it merges (see above).
   const int ldw = nq * HD, r0 = (int)((long)sp * dm / splits), r1 = (int)((long)(sp + 1) * dm / splits);
-  if (OPROJ) dec_oproj_prefetch<HD>(wo, ldw, a.head, r0, r1);
+  uint4 wr[HD / 8];
+  if (OPROJ) dec_wo_first<HD>(wr, wo, ldw, a.head, r0, r1);
+  const int first = r0 + threadIdx.x;  // the row in wr (if below r1)
   grid_wait();
   grid_release();
   if (OPROJ && id == 0 && sp == 0) fix_zero(zero, dm);
@@ -560,7 +579,7 @@ __device__ __forceinline__ void attn_dec_body(const u16* __restrict__ qkv, u16* 
   if (splits == 1) {
     if (OPROJ) {
       __syncthreads();
-      dec_oproj<HD>(wo, ldw, a.head, mo, oacc, dm, 0, dm);
+      dec_oproj<HD>(wr, first, wo, ldw, a.head, mo, oacc, dm, 0, dm);
     }
     return;
   }
@@ -582,7 +601,7 @@ __device__ __forceinline__ void attn_dec_body(const u16* __restrict__ qkv, u16* 
       // every rank is (the wait below).
       asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
       __syncthreads();
-      dec_oproj<HD>(wo, ldw, a.head, mo, oacc, dm, r0, r1);
+      dec_oproj<HD>(wr, first, wo, ldw, a.head, mo, oacc, dm, r0, r1);
       asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
       return;
     }
@@ -623,7 +642,7 @@ __device__ __forceinline__ void attn_dec_body(const u16* __restrict__ qkv, u16* 
   if (threadIdx.x == 0) cnt[id] = 0;
   if (OPROJ) {
     __syncthreads();
-    dec_oproj<HD>(wo, ldw, a.head, mo, oacc, dm, 0, dm);
+    dec_oproj<HD>(wr, first, wo, ldw, a.head, mo, oacc, dm, 0, dm);
   }
 }
 
