@@ -345,18 +345,38 @@ __device__ __forceinline__ void dec_copy(u32 dst, const u16* K, int vstep, int r
 #endif
 }
 
+// DEC_MERGE_BATCH is how many runs' values dec_merge has in flight at
+// once.
+#define DEC_MERGE_BATCH 4
+
 // dec_merge merges n runs' maxima, sums and output column d (run s's read
-// by load(s) as {m, l, o}) in run order, and returns the normalized output.
+// by load(s, k): k = 0 the maximum, 1 the sum, 2 the output) in run order,
+// and returns the normalized output. The reads (distributed shared memory
+// or the L2) are requested DEC_MERGE_BATCH runs at a time, a round trip
+// per batch rather than per run.
 template <typename Load>
 __device__ __forceinline__ float dec_merge(int n, Load load) {
   float M = NEG_INF;
-  for (int s = 0; s < n; ++s) M = fmaxf(M, load(s).x);
+  for (int s0 = 0; s0 < n; s0 += DEC_MERGE_BATCH) {
+    float m[DEC_MERGE_BATCH];
+#pragma unroll
+    for (int i = 0; i < DEC_MERGE_BATCH; ++i) m[i] = s0 + i < n ? load(s0 + i, 0) : NEG_INF;
+#pragma unroll
+    for (int i = 0; i < DEC_MERGE_BATCH; ++i) M = fmaxf(M, m[i]);
+  }
   float L = 0.f, O = 0.f;
-  for (int s = 0; s < n; ++s) {
-    const float3 r = load(s);
-    const float w = ex2(r.x - M);  // 0 for a run that saw no key
-    L = fmaf(r.y, w, L);
-    O = fmaf(r.z, w, O);
+  for (int s0 = 0; s0 < n; s0 += DEC_MERGE_BATCH) {
+    float m[DEC_MERGE_BATCH], l[DEC_MERGE_BATCH], o[DEC_MERGE_BATCH];
+#pragma unroll
+    for (int i = 0; i < DEC_MERGE_BATCH; ++i)
+      if (s0 + i < n) m[i] = load(s0 + i, 0), l[i] = load(s0 + i, 1), o[i] = load(s0 + i, 2);
+#pragma unroll
+    for (int i = 0; i < DEC_MERGE_BATCH; ++i)
+      if (s0 + i < n) {
+        const float w = ex2(m[i] - M);  // 0 for a run that saw no key
+        L = fmaf(l[i], w, L);
+        O = fmaf(o[i], w, O);
+      }
   }
   return O / L;
 }
@@ -593,9 +613,7 @@ __device__ __forceinline__ void attn_dec_body(const u16* __restrict__ qkv, u16* 
       if (threadIdx.x < HD) {
         const int d = threadIdx.x;
         const u32 am = smem_addr(&rm), al = smem_addr(&rl), ao = smem_addr(&ro[d]);
-        mo[d] = dec_merge(splits, [&](int s) {
-          return make_float3(ld_cluster(am, s), ld_cluster(al, s), ld_cluster(ao, s));
-        });
+        mo[d] = dec_merge(splits, [&](int s, int k) { return ld_cluster(k == 0 ? am : k == 1 ? al : ao, s); });
       }
       // Done reading the other runs' shared memory; they may leave once
       // every rank is (the wait below).
@@ -608,9 +626,7 @@ __device__ __forceinline__ void attn_dec_body(const u16* __restrict__ qkv, u16* 
     if (sp == 0 && threadIdx.x < HD) {
       const int d = threadIdx.x;
       const u32 am = smem_addr(&rm), al = smem_addr(&rl), ao = smem_addr(&ro[d]);
-      o[d] = (u16)f_to_bf(dec_merge(splits, [&](int s) {
-        return make_float3(ld_cluster(am, s), ld_cluster(al, s), ld_cluster(ao, s));
-      }));
+      o[d] = (u16)f_to_bf(dec_merge(splits, [&](int s, int k) { return ld_cluster(k == 0 ? am : k == 1 ? al : ao, s); }));
     }
     cluster_sync();  // no CTA leaves while rank 0 reads its shared memory
     return;
@@ -631,8 +647,8 @@ __device__ __forceinline__ void attn_dec_body(const u16* __restrict__ qkv, u16* 
   if (threadIdx.x < HD) {
     const int d = threadIdx.x;
     const size_t p0 = (size_t)id * splits;
-    const float v = dec_merge(splits, [&](int s) {
-      return make_float3(__ldcg(pm + p0 + s), __ldcg(pl + p0 + s), __ldcg(po + (p0 + s) * HD + d));
+    const float v = dec_merge(splits, [&](int s, int k) {
+      return __ldcg(k == 0 ? pm + p0 + s : k == 1 ? pl + p0 + s : po + (p0 + s) * HD + d);
     });
     if (OPROJ)
       mo[d] = v;
