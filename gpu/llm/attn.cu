@@ -303,8 +303,9 @@ extern "C" __global__ void __launch_bounds__(256)
 // projection: the CTAs that hold a head's merged output (in a cluster,
 // every rank: each merges the runs itself, then takes rows [sp dm / splits,
 // (sp + 1) dm / splits) of wo; else the one CTA that merges, all dm rows)
-// multiply it by the head's columns of wo (dm x nq hd bf16), whose rows
-// they ask the L2 for before grid_wait, and add the products into the
+// multiply it by the head's columns of wo (dm x nq hd bf16), a row a
+// thread, the first loaded into registers (head_dim 64) or asked of the L2
+// before grid_wait (dec_wo_first), and add the products into the
 // fixed-point accumulator oacc (common.cuh) instead of writing out. The sum
 // over the heads is exact, so the result does not depend on the order the
 // heads finish in. CTA (0, 0) zeroes the accumulator zero (the one the
@@ -399,8 +400,8 @@ __device__ __forceinline__ float ld_cluster(u32 a, u32 rank) {
 
 // DEC_WO_REGS: whether attn_dec_o<HD> loads its first row of the output
 // projection into registers before grid_wait (HD / 8 16-byte loads a
-// thread: head_dim 64; at 128 the kernel is at 128 registers without
-// them, and asks the L2 for the row instead).
+// thread: at head_dim 64, 120 registers in all; at 128 the row would take
+// 64 registers, and the kernel asks the L2 for it instead).
 #define DEC_WO_REGS(HD) ((HD) == 64)
 
 // dec_wo_first issues, before grid_wait, the loads of the first row of
@@ -464,7 +465,7 @@ __device__ __forceinline__ void attn_dec_body(const u16* __restrict__ qkv, u16* 
   extern __shared__ __align__(128) u16 kv[];  // ATT_DEC_STAGES slots
   __shared__ float sm[NG], sl[NG];
   __shared__ float so[NG][HD];
-  __shared__ float rm, rl, ro[HD];  // the run's maximum, sum and output (read by cluster rank 0)
+  __shared__ float rm, rl, ro[HD];  // the run's maximum, sum and output (read by cluster rank 0; OPROJ: all)
   __shared__ __align__(8) u64 bars[ATT_DEC_STAGES];
   __shared__ int last;
   __shared__ float mo[OPROJ ? HD : 1];  // OPROJ: the merged output
