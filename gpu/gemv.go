@@ -36,6 +36,25 @@ func FixBytes(d int) int { return 8 * (d + 1) }
 // block, the register-resident RMSNorm of common.cuh).
 func NormFuses(d int) bool { return d%4 == 0 && d <= 4096 }
 
+// checkNormed checks the buffers of in for op (QueueNormed, QueueFused):
+// all there, the residual sum not written over its input, at most one
+// delta, and each large enough for one token.
+func (l *MLP) checkNormed(op string, in NormedInput) error {
+	need := 4 * l.D
+	switch {
+	case in.Resid == nil || in.ResidOut == nil || in.Weight == nil:
+		return fmt.Errorf("gpu: %s needs the residual stream, its output buffer and the norm weights", op)
+	case in.Resid == in.ResidOut:
+		return fmt.Errorf("gpu: %s writes the residual sum to the buffer it reads", op)
+	case in.Delta != nil && in.DeltaFix != nil:
+		return fmt.Errorf("gpu: %s takes one delta, bf16 or fixed-point, not both", op)
+	case in.Resid.Len() < need || in.ResidOut.Len() < need || in.Weight.Len() < need ||
+		(in.Delta != nil && in.Delta.Len() < 2*l.D) || (in.DeltaFix != nil && in.DeltaFix.Len() < FixBytes(l.D)):
+		return fmt.Errorf("gpu: %s buffers hold fewer than %d values", op, l.D)
+	}
+	return nil
+}
+
 // QueueNormed queues the sparse MLP of one token whose input is the
 // RMSNorm of in.Resid + in.Delta, with the norm fused into the MLP's
 // first kernel (gemv_act_norm): every block norms the token itself, bit
@@ -44,18 +63,14 @@ func NormFuses(d int) bool { return d%4 == 0 && d <= 4096 }
 // keeps no bookkeeping (the form to record into a CUDA graph); y may be
 // in.Delta (it is written after every read of it).
 func (l *MLP) QueueNormed(s *cuda.Stream, y *cuda.Buffer, in NormedInput) error {
-	need := 4 * l.D
 	switch {
 	case !NormFuses(l.D):
 		return fmt.Errorf("gpu: QueueNormed takes hidden sizes that are multiples of 4 up to 4096, not %d", l.D)
-	case in.Resid == nil || in.ResidOut == nil || in.Weight == nil:
-		return errors.New("gpu: QueueNormed needs the residual stream, its output buffer and the norm weights")
-	case in.Resid == in.ResidOut:
-		return errors.New("gpu: QueueNormed writes the residual sum to the buffer it reads")
 	case in.DeltaFix != nil:
 		return errors.New("gpu: QueueNormed takes a bf16 delta (a fixed-point one goes to QueueFused)")
-	case in.Resid.Len() < need || in.ResidOut.Len() < need || in.Weight.Len() < need || (in.Delta != nil && in.Delta.Len() < 2*l.D):
-		return fmt.Errorf("gpu: QueueNormed buffers hold fewer than %d values", l.D)
+	}
+	if err := l.checkNormed("QueueNormed", in); err != nil {
+		return err
 	}
 	if y == nil || y.Len() < 2*l.D {
 		return fmt.Errorf("gpu: MLP output %v holds fewer than %d bytes (1 token x %d bf16)", y, 2*l.D, l.D)
@@ -95,19 +110,13 @@ func (l *MLP) QueueNormed(s *cuda.Stream, y *cuda.Buffer, in NormedInput) error 
 // step gemv_down's kernel. No bookkeeping: the active units are not
 // counted.
 func (l *MLP) QueueFused(s *cuda.Stream, acc *cuda.Buffer, in NormedInput) error {
-	need := 4 * l.D
-	switch {
-	case !NormFuses(l.D) || l.D%64 != 0:
+	if !NormFuses(l.D) || l.D%64 != 0 {
 		return fmt.Errorf("gpu: QueueFused takes hidden sizes that are multiples of 64 up to 4096, not %d", l.D)
-	case in.Resid == nil || in.ResidOut == nil || in.Weight == nil:
-		return errors.New("gpu: QueueFused needs the residual stream, its output buffer and the norm weights")
-	case in.Resid == in.ResidOut:
-		return errors.New("gpu: QueueFused writes the residual sum to the buffer it reads")
-	case in.Delta != nil && in.DeltaFix != nil:
-		return errors.New("gpu: QueueFused takes one delta, bf16 or fixed-point, not both")
-	case in.Resid.Len() < need || in.ResidOut.Len() < need || in.Weight.Len() < need ||
-		(in.Delta != nil && in.Delta.Len() < 2*l.D) || (in.DeltaFix != nil && in.DeltaFix.Len() < FixBytes(l.D)):
-		return fmt.Errorf("gpu: QueueFused buffers hold fewer than %d values", l.D)
+	}
+	if err := l.checkNormed("QueueFused", in); err != nil {
+		return err
+	}
+	switch {
 	case acc == nil || acc.Len() < FixBytes(l.D):
 		return fmt.Errorf("gpu: QueueFused accumulator %v holds fewer than %d bytes", acc, FixBytes(l.D))
 	case acc == in.DeltaFix:

@@ -433,12 +433,12 @@ func (e *Engine) layersQueue(b *batch, st *engine.Stats, paths []mlp.Path) error
 	// the q/k/v kernel before it zeroes, and a fused MLP into ws.fixD,
 	// which the attention zeroes; each is read by the kernel after its
 	// writer's, and zeroed again only once that reader is done.
-	fproj := decode && dec.oproj
+	fproj := dec.oproj
 	var delta residDelta // what the next norm adds to cur
 	for li, l := range e.layers {
 		rope := ropeArgs{qkv: ws.qkv, cos: e.cosB, sin: e.sinB, tokSeq: tokSeq, tokPos: tokPos, pt: pt, page: page,
 			T: T, layer: li, nq: nq, nkv: nkv, hd: hd, qkvW: qkvW, early: early}
-		norm := normArgs{resid: cur, delta: delta.bf, dfix: delta.fix, w: l.attnNorm, out: ws.hn, n: T, d: h, eps: eps, early: early}
+		norm := normArgs{resid: cur, delta: delta, w: l.attnNorm, out: ws.hn, n: T, d: h, eps: eps, early: early}
 		if fuse && e.gemv(T, h) {
 			var zero *cuda.Buffer
 			if fproj {
@@ -502,7 +502,7 @@ func (e *Engine) layersQueue(b *batch, st *engine.Stats, paths []mlp.Path) error
 			prof("mlp")
 			continue
 		}
-		if err := (normArgs{resid: cur, delta: delta.bf, dfix: delta.fix, w: l.mlpNorm, out: ws.hn, n: T, d: h, eps: eps, early: early}).launch(e.k.addNorm, s); err != nil {
+		if err := (normArgs{resid: cur, delta: delta, w: l.mlpNorm, out: ws.hn, n: T, d: h, eps: eps, early: early}).launch(e.k.addNorm, s); err != nil {
 			return fmt.Errorf("llm: layer %d norm: %w", li, err)
 		}
 		prof("norm")
@@ -653,7 +653,7 @@ func (e *Engine) logits(b *batch) ([][]float32, error) {
 	for r0 := 0; r0 < b.rows; r0 += headChunk {
 		rc := min(headChunk, b.rows-r0)
 		rows := view(ws.meta, 4*(b.row+r0), 4*rc)
-		norm := normArgs{resid: resid, delta: b.delta.bf, dfix: b.delta.fix, rows: rows, w: e.norm, out: ws.sel, n: rc, d: h, eps: float32(c.RMSNormEps), early: e.early()}
+		norm := normArgs{resid: resid, delta: b.delta, rows: rows, w: e.norm, out: ws.sel, n: rc, d: h, eps: float32(c.RMSNormEps), early: e.early()}
 		if err := norm.launch(e.k.addNorm, s); err != nil {
 			return nil, fmt.Errorf("llm: final norm: %w", err)
 		}
