@@ -61,6 +61,7 @@ type driver struct {
 	cuGetErrorString         func(r int32, s **byte) int32
 	cuStreamBeginCapture     func(s uintptr, mode int32) int32
 	cuStreamEndCapture       func(s uintptr, g *uintptr) int32
+	cuStreamIsCapturing      func(s uintptr, status *int32) int32
 	cuGraphInstantiate       func(exec *uintptr, g uintptr, flags uint64) int32
 	cuGraphExecDestroy       func(e uintptr) int32
 	cuGraphDestroy           func(g uintptr) int32
@@ -128,6 +129,7 @@ func (d *driver) symbols() []dl.Symbol {
 		S(&d.cuGetErrorString, "cuGetErrorString"),
 		S(&d.cuStreamBeginCapture, "cuStreamBeginCapture_v2"),
 		S(&d.cuStreamEndCapture, "cuStreamEndCapture"),
+		S(&d.cuStreamIsCapturing, "cuStreamIsCapturing"),
 		S(&d.cuGraphInstantiate, "cuGraphInstantiateWithFlags"),
 		S(&d.cuGraphExecDestroy, "cuGraphExecDestroy"),
 		S(&d.cuGraphDestroy, "cuGraphDestroy"),

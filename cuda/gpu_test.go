@@ -351,9 +351,17 @@ func TestGraphReplay(t *testing.T) {
 	}
 	s, _ := dev.NewStream()
 	defer s.Destroy()
+	capturing := func(want bool) {
+		t.Helper()
+		if got, err := s.Capturing(); err != nil || got != want {
+			t.Fatalf("Capturing() = %v, %v; want %v", got, err, want)
+		}
+	}
+	capturing(false)
 	if err := s.BeginCapture(); err != nil {
 		t.Fatal(err)
 	}
+	capturing(true)
 	for i := 0; i < 3; i++ { // acc += a, three times
 		if err := add.Launch(cuda.Dim3{uint32(n / 256), 1, 1}, cuda.Dim3{256, 1, 1}, 0, s, acc, acc, da, n); err != nil {
 			t.Fatal(err)
@@ -362,6 +370,10 @@ func TestGraphReplay(t *testing.T) {
 	g, err := s.EndCapture()
 	if err != nil {
 		t.Fatal(err)
+	}
+	capturing(false)
+	if c, err := (*cuda.Stream)(nil).Capturing(); c || err != nil {
+		t.Fatalf("default stream: Capturing() = %v, %v; want false, nil", c, err)
 	}
 	defer g.Destroy()
 	for i := 0; i < 2; i++ {

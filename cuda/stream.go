@@ -266,6 +266,23 @@ func (s *Stream) EndCapture() (*Graph, error) {
 	return g, nil
 }
 
+// Capturing reports whether work queued on s is being recorded into a graph
+// (BeginCapture) rather than run. Work that must run now, such as timing a
+// kernel, cannot be queued on a capturing stream. The default stream (nil)
+// is never captured.
+func (s *Stream) Capturing() (bool, error) {
+	if s == nil {
+		return false, nil
+	}
+	dev, h, err := s.device("cuStreamIsCapturing")
+	if err != nil {
+		return false, err
+	}
+	var st int32 // CU_STREAM_CAPTURE_STATUS_NONE, _ACTIVE or _INVALIDATED
+	err = dev.call("cuStreamIsCapturing", func() int32 { return dev.drv.cuStreamIsCapturing(h, &st) })
+	return st != 0, err
+}
+
 // Launch queues one replay of the graph on s (nil: the default stream).
 func (g *Graph) Launch(s *Stream) error {
 	if g == nil || g.destroyed.Load() {

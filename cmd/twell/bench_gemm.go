@@ -80,6 +80,9 @@ type gemmResult struct {
 	JoulesPerGemm float64 `json:"joules_per_gemm,omitempty"`
 	AvgWatts      float64 `json:"avg_watts,omitempty"`
 	EnergyNote    string  `json:"energy_note,omitempty"`
+	// Tuning is the tuned backend's choice: every algorithm cuBLASLt's
+	// heuristic offered, timed, and the one kept.
+	Tuning *cublas.Tuning `json:"tuning,omitempty"`
 }
 
 // gemmReport is the JSON file -json writes.
@@ -108,7 +111,8 @@ func runBenchGemm(args []string, stdout, stderr io.Writer) error {
 	sizesFlag := fs.String("sizes", "4096,8192", "comma-separated sizes: N for N×N×N, or MxNxK")
 	reps := fs.Int("reps", 30, "timed GEMMs per size and backend (median reported)")
 	warmup := fs.Int("warmup", 5, "untimed GEMMs first")
-	backends := fs.String("backend", "lt,cublas", "comma-separated: lt (cuBLASLt), cublas (plain cuBLAS), auto")
+	backends := fs.String("backend", "lt,cublas", "comma-separated: lt (cuBLASLt, the heuristic's first choice), tuned (cuBLASLt, the fastest of the heuristic's candidates, each timed), cublas (plain cuBLAS), auto")
+	transB := fs.Bool("transb", false, "B stored N×K (C = A·Bᵀ), as the model's weights are")
 	samples := fs.Int("check", 256, "output entries checked against a float64 CPU reference")
 	energy := fs.Duration("energy", time.Second, "also run this long under the NVML energy counter (0: skip)")
 	device := fs.Int("device", 0, "CUDA device ordinal")
@@ -132,17 +136,19 @@ func runBenchGemm(args []string, stdout, stderr io.Writer) error {
 	if *reps < 1 || *warmup < 0 || *samples < 1 {
 		return usagef("-reps and -check must be positive, -warmup not negative")
 	}
-	var bks []cublas.Backend
+	var bks []gemmBackend
 	for _, b := range strings.Split(*backends, ",") {
 		switch strings.TrimSpace(b) {
 		case "lt":
-			bks = append(bks, cublas.Lt)
+			bks = append(bks, gemmBackend{name: cublas.Lt.String(), lib: cublas.Lt})
+		case "tuned":
+			bks = append(bks, gemmBackend{name: "cublasLt tuned", lib: cublas.Lt, tuned: true})
 		case "cublas":
-			bks = append(bks, cublas.Legacy)
+			bks = append(bks, gemmBackend{name: cublas.Legacy.String(), lib: cublas.Legacy})
 		case "auto":
-			bks = append(bks, cublas.Auto)
+			bks = append(bks, gemmBackend{name: cublas.Auto.String(), lib: cublas.Auto})
 		default:
-			return usagef("-backend %q: want lt, cublas or auto", b)
+			return usagef("-backend %q: want lt, tuned, cublas or auto", b)
 		}
 	}
 	if *seed == 0 {
@@ -172,10 +178,26 @@ func runBenchGemm(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer h.Close()
+	for i := range bks {
+		bks[i].h = h
+		if bks[i].tuned { // a handle of its own, so that its choices are not the lt rows'
+			th, err := cublas.New(dev)
+			if err != nil {
+				return err
+			}
+			defer th.Close()
+			th.TuneFlops = 1
+			bks[i].h = th
+		}
+	}
 	p := dev.Properties()
 	rep := gemmReport{Schema: "twell.bench.gemm/1", Date: time.Now().UTC().Format(time.RFC3339), GPU: p.Name, Arch: p.Arch, SMs: p.SMs,
 		MemoryGiB: gib(p.TotalMemory), Seed: *seed,
 		Description: "bf16 A·B → bf16 C with fp32 accumulation, row-major, no transposes; CUDA-event time per GEMM, median over reps after warm-up, inputs rotated so L2 holds none; output sampled against a float64 CPU product of the same bf16 inputs"}
+	if *transB {
+		rep.Description = strings.Replace(rep.Description, "A·B → bf16 C", "A·Bᵀ → bf16 C (B stored N×K)", 1)
+		rep.Description = strings.Replace(rep.Description, "no transposes", "B transposed", 1)
+	}
 	rep.Host, _ = os.Hostname()
 	rep.CUDADriver, _ = cuda.DriverVersion()
 	rep.Driver, _ = nvml.DriverVersion()
@@ -192,7 +214,7 @@ func runBenchGemm(args []string, stdout, stderr io.Writer) error {
 	}
 
 	for _, sz := range sizes {
-		res, err := benchGemmSize(dev, h, sz, bks, *reps, *warmup, *samples, *energy, meter, *seed, stderr)
+		res, err := benchGemmSize(dev, sz, *transB, bks, *reps, *warmup, *samples, *energy, meter, *seed, stderr)
 		rep.Results = append(rep.Results, res...)
 		if err != nil {
 			return err
@@ -246,7 +268,15 @@ func randomBF16(n int, seed uint64) []uint16 {
 	return out
 }
 
-func benchGemmSize(dev *cuda.Device, h *cublas.Handle, sz gemmSize, bks []cublas.Backend, reps, warmup, samples int,
+// gemmBackend is one -backend entry: the handle and library that run it.
+type gemmBackend struct {
+	name  string
+	lib   cublas.Backend
+	tuned bool // h tunes every product (TuneFlops)
+	h     *cublas.Handle
+}
+
+func benchGemmSize(dev *cuda.Device, sz gemmSize, transB bool, bks []gemmBackend, reps, warmup, samples int,
 	energy time.Duration, meter *nvml.Device, seed uint64, log io.Writer) ([]gemmResult, error) {
 	p := dev.Properties()
 	aBytes, bBytes, cBytes := 2*sz.M*sz.K, 2*sz.K*sz.N, 2*sz.M*sz.N
@@ -299,8 +329,9 @@ func benchGemmSize(dev *cuda.Device, h *cublas.Handle, sz gemmSize, bks []cublas
 	}
 	var out []gemmResult
 	for _, bk := range bks {
-		g := cublas.Gemm{M: sz.M, N: sz.N, K: sz.K, Backend: bk}
-		run := func(i int) error { return h.Matmul(nil, g, pairs[i%sets].da, pairs[i%sets].db, dc) }
+		g := cublas.Gemm{M: sz.M, N: sz.N, K: sz.K, TransB: transB, Backend: bk.lib}
+		run := func(i int) error { return bk.h.Matmul(nil, g, pairs[i%sets].da, pairs[i%sets].db, dc) }
+		tuned := len(bk.h.Tunings())
 		for i := 0; i < warmup; i++ {
 			if err := run(i); err != nil {
 				return out, err
@@ -335,9 +366,24 @@ func benchGemmSize(dev *cuda.Device, h *cublas.Handle, sz gemmSize, bks []cublas
 		sorted := slices.Clone(times)
 		median := bench.Median(sorted) // sorts sorted
 		flops := g.Flops()
-		r := gemmResult{M: sz.M, N: sz.N, K: sz.K, Backend: bk.String(), Reps: reps, InputSets: sets,
+		r := gemmResult{M: sz.M, N: sz.N, K: sz.K, Backend: bk.name, Reps: reps, InputSets: sets,
 			MedianMS: median * 1e3, MeanMS: total.Seconds() / float64(reps) * 1e3, MinMS: sorted[0] * 1e3,
 			TFLOPSMedian: flops / median / 1e12, TFLOPSMean: flops * float64(reps) / total.Seconds() / 1e12}
+		if tn := bk.h.Tunings(); len(tn) > tuned { // this size's first call chose by timing
+			r.Tuning = &tn[len(tn)-1]
+			for _, c := range r.Tuning.Candidates {
+				mark := ""
+				if c.Rank == r.Tuning.Chosen {
+					mark = " (kept)"
+				}
+				if c.Err != "" {
+					fmt.Fprintf(log, "  %dx%dx%d candidate %d: %s\n", sz.M, sz.N, sz.K, c.Rank, c.Err)
+					continue
+				}
+				fmt.Fprintf(log, "  %dx%dx%d candidate %d: %.3f ms, %.1f TFLOP/s, workspace %d B%s\n", sz.M, sz.N, sz.K, c.Rank,
+					c.Time.Seconds()*1e3, flops/c.Time.Seconds()/1e12, c.Workspace, mark)
+			}
+		}
 
 		// Check the last product against float64 on a sample of entries.
 		last := pairs[(reps-1)%sets]
@@ -351,7 +397,11 @@ func benchGemmSize(dev *cuda.Device, h *cublas.Handle, sz gemmSize, bks []cublas
 			i, j := rng.IntN(sz.M), rng.IntN(sz.N)
 			var ref float64
 			for kk := 0; kk < sz.K; kk++ {
-				ref += float64(bf16.ToFloat32(last.a[i*sz.K+kk])) * float64(bf16.ToFloat32(last.b[kk*sz.N+j]))
+				bkj := kk*sz.N + j
+				if transB {
+					bkj = j*sz.K + kk
+				}
+				ref += float64(bf16.ToFloat32(last.a[i*sz.K+kk])) * float64(bf16.ToFloat32(last.b[bkj]))
 			}
 			d := float64(bf16.ToFloat32(c[i*sz.N+j])) - ref
 			num += d * d

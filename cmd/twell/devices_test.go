@@ -2,6 +2,9 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -44,4 +47,52 @@ func TestParseGemmSizes(t *testing.T) {
 	if code := run([]string{"bench", "gemm", "-m", "5"}, &out, &errb); code != 2 {
 		t.Errorf("-m without -n -k: exit code %d, want 2", code)
 	}
+	errb.Reset()
+	if code := run([]string{"bench", "gemm", "-backend", "lt,fastest"}, &out, &errb); code != 2 || !strings.Contains(errb.String(), "tuned") {
+		t.Errorf("unknown -backend: exit code %d, %q; want 2 and the backends", code, errb.String())
+	}
+}
+
+// TestBenchGemmTuned times the engine's layout (B transposed) with the
+// heuristic's choice and the tuned one on the GPU: both checked against
+// float64 by the command, the tuned row carrying the candidates it timed.
+func TestBenchGemmTuned(t *testing.T) {
+	if n, err := cuda.Count(); err != nil || n == 0 {
+		t.Skipf("no GPU: %v", err)
+	}
+	js := filepath.Join(t.TempDir(), "gemm.json")
+	var out, errb bytes.Buffer
+	if code := run([]string{"bench", "gemm", "-transb", "-sizes", "512x768x1024", "-backend", "lt,tuned", "-reps", "5",
+		"-energy", "0", "-json", js}, &out, &errb); code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	var rep struct {
+		Description string
+		Results     []struct {
+			Backend string
+			RelErr  float64 `json:"rel_err"`
+			Tuning  *struct {
+				Chosen     int
+				Candidates []struct{ Rank int }
+			}
+		}
+	}
+	b, _ := os.ReadFile(js)
+	if err := json.Unmarshal(b, &rep); err != nil || len(rep.Results) != 2 {
+		t.Fatalf("JSON: %v, %+v", err, rep)
+	}
+	if !strings.Contains(rep.Description, "A·Bᵀ") {
+		t.Errorf("description %q does not say B is transposed", rep.Description)
+	}
+	if r := rep.Results[0]; r.Backend != "cublasLt" || r.Tuning != nil {
+		t.Errorf("first row %+v, want cublasLt untuned", r)
+	}
+	r := rep.Results[1]
+	if r.Backend != "cublasLt tuned" {
+		t.Errorf("second row %q, want the tuned backend", r.Backend)
+	}
+	if r.Tuning != nil && (r.Tuning.Chosen < 0 || r.Tuning.Chosen >= len(r.Tuning.Candidates)) {
+		t.Errorf("tuning %+v", r.Tuning)
+	}
+	t.Logf("%s", out.String())
 }

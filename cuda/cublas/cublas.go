@@ -386,6 +386,15 @@ const DefaultWorkspace = 32 << 20
 // use one Handle per stream when streams run GEMMs concurrently. A Handle is
 // safe for concurrent use by goroutines that share a stream.
 type Handle struct {
+	// TuneFlops, when positive, makes the first cuBLASLt call of each
+	// product of at least this many flops (Gemm.Flops) time the algorithms
+	// cuBLASLt's heuristic offers (up to 8) on the call's own buffers and
+	// keep the fastest for every later call of that product, instead of the
+	// heuristic's first choice (Tunings reports them). Not tuned: calls on a
+	// stream that is capturing a graph, and calls whose output is their
+	// addend (Beta ≠ 0 with D = C). Set it before the first call.
+	TuneFlops float64
+
 	dev       *cuda.Device
 	lt        *ltLib
 	ltH       uintptr
@@ -393,8 +402,9 @@ type Handle struct {
 	legH      uintptr
 	workspace *cuda.Buffer
 
-	mu    sync.Mutex
-	plans map[planKey]*plan
+	mu      sync.Mutex
+	plans   map[planKey]*plan
+	tunings []Tuning
 }
 
 // New returns a Handle on dev. It needs at least one of cuBLASLt and cuBLAS.

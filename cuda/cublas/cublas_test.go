@@ -374,3 +374,95 @@ func TestMatmulTiming(t *testing.T) {
 		t.Errorf("%.0f TFLOP/s is implausibly slow", tf)
 	}
 }
+
+// TestTunedMatmul checks the timed choice of algorithms (TuneFlops): tuned
+// products match float64, each is tuned once and then reuses its choice,
+// and calls that must not run twice (output = addend, or a stream
+// capturing a graph) take the heuristic's choice untimed and add C once.
+func TestTunedMatmul(t *testing.T) {
+	dev, h := handle(t)
+	if !h.HasLt() {
+		t.Skip("cuBLASLt not available")
+	}
+	h.TuneFlops = 1
+	rng, seed := testutil.Rand(t)
+	check := func(g Gemm, dc *cuda.Buffer, a, b, c []float64) {
+		t.Helper()
+		g, _ = g.normalized()
+		want := append([]float64(nil), c...)
+		rowMajorRef(g, a, b, want)
+		got := download(t, dev, dc, g.M*g.N, g.CType)
+		if e := relErr(g, got, want); e > 1e-2 || math.IsNaN(e) {
+			t.Fatalf("seed %d: %s: relative error %.3g > 1e-2", seed, g.describeShort(), e)
+		}
+	}
+	g := Gemm{M: 256 + 64*rng.IntN(4), N: 384, K: 512, TransB: true, Backend: Lt}
+	da, a := upload(t, dev, rng, g.M*g.K, BF16)
+	db, b := upload(t, dev, rng, g.N*g.K, BF16)
+	dc, c := upload(t, dev, rng, g.M*g.N, BF16)
+	for range 2 {
+		if err := h.Matmul(nil, g, da, db, dc); err != nil {
+			t.Fatalf("seed %d: %v", seed, err)
+		}
+		check(g, dc, a, b, make([]float64, len(c)))
+	}
+	tn := h.Tunings()
+	if len(tn) > 1 {
+		t.Fatalf("one product tuned %d times: %+v", len(tn), tn)
+	}
+	if len(tn) == 1 { // none if the heuristic offered one algorithm
+		ran := 0
+		for _, cd := range tn[0].Candidates {
+			if cd.Err == "" {
+				ran++
+				if cd.Time <= 0 {
+					t.Errorf("candidate %d ran in %v", cd.Rank, cd.Time)
+				}
+			}
+		}
+		if ch := tn[0].Chosen; ch < 0 || ch >= len(tn[0].Candidates) || tn[0].Candidates[ch].Err != "" || ran < 2 {
+			t.Fatalf("tuning %+v", tn[0])
+		}
+		t.Logf("%s: chose rank %d of %d", tn[0].Gemm, tn[0].Chosen, len(tn[0].Candidates))
+	}
+
+	// An addend that is also the output: C += A·Bᵀ exactly once, untimed.
+	acc := Gemm{M: 128, N: 256, K: 384, TransB: true, Alpha: 1, Beta: 1, CType: F32, Backend: Lt}
+	xa, av := upload(t, dev, rng, acc.M*acc.K, BF16)
+	xb, bv := upload(t, dev, rng, acc.N*acc.K, BF16)
+	xc, cv := upload(t, dev, rng, acc.M*acc.N, F32)
+	if err := h.Matmul(nil, acc, xa, xb, xc); err != nil {
+		t.Fatalf("seed %d: %v", seed, err)
+	}
+	check(acc, xc, av, bv, cv)
+
+	// A capturing stream: recorded untimed, the replay computes the product.
+	s, err := dev.NewStream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Destroy()
+	cg := Gemm{M: 192, N: 320, K: 256, Backend: Lt}
+	ya, yav := upload(t, dev, rng, cg.M*cg.K, BF16)
+	yb, ybv := upload(t, dev, rng, cg.K*cg.N, BF16)
+	yc, _ := upload(t, dev, rng, cg.M*cg.N, BF16)
+	if err := s.BeginCapture(); err != nil {
+		t.Fatal(err)
+	}
+	err = h.Matmul(s, cg, ya, yb, yc)
+	gr, errEnd := s.EndCapture()
+	if err != nil || errEnd != nil {
+		t.Fatalf("seed %d: capture: %v, %v", seed, err, errEnd)
+	}
+	defer gr.Destroy()
+	if err := gr.Launch(s); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Synchronize(); err != nil {
+		t.Fatal(err)
+	}
+	check(cg, yc, yav, ybv, make([]float64, cg.M*cg.N))
+	if n := len(h.Tunings()); n != len(tn) {
+		t.Fatalf("the addend-is-output or the captured call was tuned: %d tunings, want %d", n, len(tn))
+	}
+}

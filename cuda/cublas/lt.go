@@ -68,40 +68,47 @@ func alignment(p cuda.DevicePtr) uint32 {
 func (h *Handle) matmulLt(s *cuda.Stream, g Gemm, a, b, c, d *cuda.Buffer) error {
 	key := planKey{g: g, alignA: alignment(b.Ptr()), alignB: alignment(a.Ptr()), aC: min(alignment(c.Ptr()), alignment(d.Ptr()))}
 	key.g.Alpha, key.g.Beta, key.g.Backend = 0, 0, 0
-	alpha, beta := g.Alpha, g.Beta
 	h.mu.Lock()
 	p, ok := h.plans[key]
 	h.mu.Unlock()
-	return h.dev.Do(func() error {
-		if !ok {
-			var err error
-			if p, err = h.newPlan(g, key); err != nil {
-				return err
-			}
-			h.mu.Lock()
-			if old, ok := h.plans[key]; ok { // another goroutine won the race
-				p.destroy(h.lt)
-				p = old
-			} else {
-				h.plans[key] = p
-			}
-			h.mu.Unlock()
+	if !ok {
+		var err error
+		if p, err = h.choosePlan(s, g, key, a, b, c, d); err != nil {
+			return err
 		}
-		ws, wsSize := uintptr(0), uintptr(0)
-		if p.workspace > 0 {
-			ws, wsSize = uintptr(h.workspace.Ptr()), uintptr(p.workspace)
+		h.mu.Lock()
+		if old, ok := h.plans[key]; ok { // another goroutine won the race
+			h.dev.Do(func() error { p.destroy(h.lt); return nil })
+			p = old
+		} else {
+			h.plans[key] = p
 		}
-		r := callGemm(h.lt.pMatmul, h.ltH, p.desc,
-			uintptr(unsafe.Pointer(&alpha)), uintptr(b.Ptr()), p.la, uintptr(a.Ptr()), p.lb,
-			uintptr(unsafe.Pointer(&beta)), uintptr(c.Ptr()), p.lc, uintptr(d.Ptr()), p.lc,
-			uintptr(unsafe.Pointer(&p.algo[0])), ws, wsSize, s.Handle())
-		return status(r, "cublasLtMatmul("+g.describe()+")")
-	})
+		h.mu.Unlock()
+	}
+	return h.dev.Do(func() error { return h.runLt(s, g, p, p.algo, p.workspace, a, b, c, d) })
 }
 
-// newPlan builds the descriptors and asks the heuristic for an algorithm;
-// called with the context current.
-func (h *Handle) newPlan(g Gemm, key planKey) (p *plan, err error) {
+// runLt queues one cuBLASLt product with plan p's descriptors and the
+// algorithm algo (needing ws bytes of workspace); called with the context
+// current.
+func (h *Handle) runLt(s *cuda.Stream, g Gemm, p *plan, algo [64]byte, ws uint64, a, b, c, d *cuda.Buffer) error {
+	alpha, beta := g.Alpha, g.Beta
+	wsPtr := uintptr(0)
+	if ws > 0 {
+		wsPtr = uintptr(h.workspace.Ptr())
+	}
+	r := callGemm(h.lt.pMatmul, h.ltH, p.desc,
+		uintptr(unsafe.Pointer(&alpha)), uintptr(b.Ptr()), p.la, uintptr(a.Ptr()), p.lb,
+		uintptr(unsafe.Pointer(&beta)), uintptr(c.Ptr()), p.lc, uintptr(d.Ptr()), p.lc,
+		uintptr(unsafe.Pointer(&algo[0])), wsPtr, uintptr(ws), s.Handle())
+	return status(r, "cublasLtMatmul("+g.describe()+")")
+}
+
+// newPlan builds the descriptors and asks the heuristic for its
+// algorithms, best first by its own ranking: up to maxCandidates that this
+// handle's workspace can run, at least one. Called with the context
+// current; the plan's algo is the heuristic's first choice.
+func (h *Handle) newPlan(g Gemm, key planKey) (p *plan, cands []heuristicResult, err error) {
 	l := h.lt
 	cm := g.colMajor()
 	p = &plan{}
@@ -115,14 +122,14 @@ func (h *Handle) newPlan(g Gemm, key planKey) (p *plan, err error) {
 		return status(f(obj, attr, v, size), fmt.Sprintf("%s: set %s", op, what))
 	}
 	if err := status(l.descCreate(&p.desc, computeType32F, scaleType32F), op+": cublasLtMatmulDescCreate"); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	ta, tb := cm.transA, cm.transB
 	if err := set(l.descSet, p.desc, descTransA, unsafe.Pointer(&ta), 4, "TRANSA"); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if err := set(l.descSet, p.desc, descTransB, unsafe.Pointer(&tb), 4, "TRANSB"); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	layout := func(dst *uintptr, typ int32, rows, cols, ld int, stride int64, name string) error {
 		if err := status(l.layoutCreate(dst, typ, uint64(rows), uint64(cols), int64(ld)), op+": layout "+name); err != nil {
@@ -140,40 +147,43 @@ func (h *Handle) newPlan(g Gemm, key planKey) (p *plan, err error) {
 		return nil
 	}
 	if err := layout(&p.la, cm.aType, cm.aRows, cm.aCols, cm.lda, cm.strideA, "B"); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if err := layout(&p.lb, cm.bType, cm.bRows, cm.bCols, cm.ldb, cm.strideB, "A"); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if err := layout(&p.lc, cm.cTyp, cm.cRows, cm.cCols, cm.ldc, cm.strideC, "C"); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	var pref uintptr
 	if err := status(l.prefCreate(&pref), op+": preference"); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	defer l.prefDestroy(pref)
 	ws := uint64(h.workspace.Len())
 	if err := set(l.prefSet, pref, prefMaxWorkspace, unsafe.Pointer(&ws), 8, "max workspace"); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	aligns := [4]uint32{key.alignA, key.alignB, key.aC, key.aC}
 	for i := range aligns {
 		if err := set(l.prefSet, pref, prefMinAlignA+int32(i), unsafe.Pointer(&aligns[i]), 4, "alignment"); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 	}
-	var results [8]heuristicResult
+	var results [maxCandidates]heuristicResult
 	var count int32
 	if err := status(l.heuristic(h.ltH, p.desc, p.la, p.lb, p.lc, p.lc, pref, int32(len(results)), unsafe.Pointer(&results[0]), &count),
 		"cublasLtMatmulAlgoGetHeuristic("+g.describe()+")"); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	for _, r := range results[:count] {
 		if r.state == 0 && r.workspace <= ws {
-			p.algo, p.workspace = r.algo, r.workspace
-			return p, nil
+			cands = append(cands, r)
 		}
 	}
-	return nil, &Error{Op: "cublasLtMatmulAlgoGetHeuristic(" + g.describe() + "): no algorithm", Status: 15, Name: "CUBLAS_STATUS_NOT_SUPPORTED"}
+	if len(cands) == 0 {
+		return nil, nil, &Error{Op: "cublasLtMatmulAlgoGetHeuristic(" + g.describe() + "): no algorithm", Status: 15, Name: "CUBLAS_STATUS_NOT_SUPPORTED"}
+	}
+	p.algo, p.workspace = cands[0].algo, cands[0].workspace
+	return p, cands, nil
 }

@@ -253,6 +253,9 @@ func NewEngineWith(dev *cuda.Device, m *model.Model, opts Options) (*Engine, err
 	if e.blas, err = cublas.New(dev); err != nil {
 		return nil, err
 	}
+	if opts.GEMMTune {
+		e.blas.TuneFlops = cublas.DefaultTuneFlops
+	}
 	if e.stream, err = dev.NewStream(); err != nil {
 		return nil, err
 	}

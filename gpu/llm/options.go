@@ -22,6 +22,7 @@ type Options struct {
 	DecRuns   int         // Engine.DecRuns: EnvDecRuns
 	FuseNorms bool        // Engine.FuseNorms: EnvFuseNorms unset or "1"
 	FuseProj  bool        // Engine.FuseProj: EnvFuseProj = "1"
+	GEMMTune  bool        // the engine's cuBLASLt handle tunes (cublas.DefaultTuneFlops): EnvGEMMTune = "1"
 	MLP       gpu.Options // each TwELL layer's kernels: gpu.EnvD2TKernel, gpu.EnvTail
 	// ReleaseWeights makes NewEngineWith drop each layer's float32
 	// matrices from the model once they are on the device, and the model's
@@ -68,6 +69,13 @@ const EnvFuseNorms = "TWELL_LLM_FUSE_NORMS"
 // running them as kernels of their own.
 const EnvFuseProj = "TWELL_LLM_FUSE_PROJ"
 
+// EnvGEMMTune names the environment variable that, set to "1", makes a new
+// Engine choose the cuBLASLt algorithm of each large product (prefill's
+// projections, the dense MLP) by timing the heuristic's candidates on its
+// first call (cublas.Handle.TuneFlops = cublas.DefaultTuneFlops) instead of
+// taking the heuristic's first choice.
+const EnvGEMMTune = "TWELL_GEMM_TUNE"
+
 // EnvKVPageSize names the environment variable that sets a new Engine's KV
 // cache page size in positions (a multiple of 64).
 const EnvKVPageSize = "TWELL_LLM_KV_PAGE_SIZE"
@@ -79,7 +87,7 @@ const EnvKVMemory = "TWELL_LLM_KV_MEMORY"
 
 // Switches are the names of the environment variables that set Options:
 // the engine's and its TwELL MLPs' (gpu.Switches).
-var Switches = append([]string{EnvAttention, EnvGraphs, EnvGEMV, EnvDecRuns, EnvFuseNorms, EnvFuseProj, EnvKVPageSize, EnvKVMemory}, gpu.Switches...)
+var Switches = append([]string{EnvAttention, EnvGraphs, EnvGEMV, EnvDecRuns, EnvFuseNorms, EnvFuseProj, EnvGEMMTune, EnvKVPageSize, EnvKVMemory}, gpu.Switches...)
 
 // OptionsFromEnv returns the Options the environment sets, or an error
 // naming a value it does not know.
@@ -112,6 +120,13 @@ func OptionsFrom(getenv func(string) string) (Options, error) {
 		o.FuseProj = true
 	default:
 		return o, fmt.Errorf("llm: %s=%q: want 0 or 1", EnvFuseProj, v)
+	}
+	switch v := getenv(EnvGEMMTune); v {
+	case "", "0":
+	case "1":
+		o.GEMMTune = true
+	default:
+		return o, fmt.Errorf("llm: %s=%q: want 0 or 1", EnvGEMMTune, v)
 	}
 	switch o.Attention {
 	case "", "auto", "wgmma3", "mma", "ref":
