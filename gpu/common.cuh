@@ -301,6 +301,11 @@ __device__ __forceinline__ void axpy8(float* acc, float h, uint4 b) {
 __device__ __forceinline__ void cp_async16(u32 dst, const void* src, bool valid) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");
 }
+// st_shared16 stores 16 bytes at shared-memory address dst (a 32-bit
+// shared-window address, as smem_addr gives).
+__device__ __forceinline__ void st_shared16(u32 dst, uint4 v) {
+  asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(dst), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
+}
 // cp_async4 copies 4 bytes from global to shared memory, or writes 4 zero
 // bytes when !valid.
 __device__ __forceinline__ void cp_async4(u32 dst, const void* src, bool valid) {

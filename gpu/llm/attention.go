@@ -17,14 +17,18 @@ type attnKernel struct {
 	fn   *cuda.Function
 	smem int  // dynamic shared memory
 	ref  bool // attn_ref, whose launch also takes head_dim
+	wg   bool // attn_wg64, whose launch also takes the RoPE tables (attnArgs.cos)
 }
 
 // attnArgs are the operands of the attention kernels (attn.cu,
 // attn_wgmma.cu) for one layer of a pass: the q/k/v rows (qkvW bf16 each),
 // the output rows (nq hd bf16), the nItems work items (sequence, first
-// query), the per-sequence metadata and the page size.
+// query), the per-sequence metadata and the page size. cos and sin, for
+// attn_wg64 only, are the RoPE tables when the queries are still to be
+// rotated (Engine.AttnRope), nil when rope_kv rotated them.
 type attnArgs struct {
 	qkv, out, items, seqQ0, seqN, seqPast, pt *cuda.Buffer
+	cos, sin                                  *cuda.Buffer
 	nItems, page, layer, nq, nkv, hd, qkvW    int
 }
 
@@ -35,6 +39,10 @@ func (k attnKernel) launch(s *cuda.Stream, a attnArgs) error {
 	if k.ref {
 		return k.fn.Launch(grid, block, 0, s, a.qkv, a.out, a.items, a.seqQ0, a.seqN, a.seqPast, a.pt, int32(a.page),
 			int32(a.layer), int32(a.nq), int32(a.nkv), int32(a.hd), int32(a.qkvW), scaleLog2)
+	}
+	if k.wg {
+		return k.fn.Launch(grid, block, k.smem, s, a.qkv, a.out, a.items, a.seqQ0, a.seqN, a.seqPast, a.pt, int32(a.page),
+			int32(a.layer), int32(a.nq), int32(a.nkv), int32(a.qkvW), scaleLog2, optional(a.cos), optional(a.sin))
 	}
 	return k.fn.Launch(grid, block, k.smem, s, a.qkv, a.out, a.items, a.seqQ0, a.seqN, a.seqPast, a.pt, int32(a.page),
 		int32(a.layer), int32(a.nq), int32(a.nkv), int32(a.qkvW), scaleLog2)
@@ -65,11 +73,11 @@ func (e *Engine) attentionKernel(T int) (attnKernel, error) {
 			return attnKernel{}, fmt.Errorf("llm: the wgmma attention kernel takes head_dim 64, not %d", hd)
 		}
 		fn, err := e.k.wgmma()
-		return attnKernel{fn: fn, smem: wgSmem}, err
+		return attnKernel{fn: fn, smem: wgSmem, wg: true}, err
 	case "", "auto":
 		if hd == 64 && T > wgMinTokens && e.dev.Properties().Arch == "sm_90a" {
 			if fn, err := e.k.wgmma(); err == nil {
-				return attnKernel{fn: fn, smem: wgSmem}, nil
+				return attnKernel{fn: fn, smem: wgSmem, wg: true}, nil
 			}
 		}
 		if hd == 64 || hd == 128 {

@@ -19,6 +19,7 @@
 #include "common.cuh"
 #include "wgmma.cuh"
 #include "attn.cuh"
+#include "rope.cuh"
 
 #define WG_BK 64  // keys per block
 
@@ -31,7 +32,7 @@ __global__ void __launch_bounds__(256, 2)
     attn_wg64(const u16* __restrict__ qkv, u16* __restrict__ out, const int* __restrict__ items,
               const int* __restrict__ seq_q0, const int* __restrict__ seq_n, const int* __restrict__ seq_past,
               const u64* __restrict__ seq_pt, int page, int layer, int nq, int nkv, int qkv_w,
-              float scale_log2) {
+              float scale_log2, const float* __restrict__ cosT, const float* __restrict__ sinT) {
   constexpr int HD = 64, BK = WG_BK;
   static_assert(BK == ATT_BK, "the blocks of keys are the ones a page holds whole");
   constexpr int AHEAD = STAGES - 1;                     // blocks loaded ahead of the one computed
@@ -49,10 +50,12 @@ __global__ void __launch_bounds__(256, 2)
   const int wklast = wrow0 < n ? past + min(wrow0 + 63, n - 1) : -1;  // and the last key it needs
   const int trow0 = wrow0 + warp * 16;                                 // the warp's first query
 
-  for (int idx = tid; idx < ATT_BQ * 8; idx += 256) {
-    int r = idx >> 3, c = idx & 7, row = q0 + r;
-    bool ok = row < n;
-    cp_async16(sQ + swz(r, c), qkv + (size_t)(qs + (ok ? row : 0)) * qkv_w + head * HD + c * 8, ok);
+  if (cosT == nullptr) {  // the queries were rotated by rope_kv
+    for (int idx = tid; idx < ATT_BQ * 8; idx += 256) {
+      int r = idx >> 3, c = idx & 7, row = q0 + r;
+      bool ok = row < n;
+      cp_async16(sQ + swz(r, c), qkv + (size_t)(qs + (ok ? row : 0)) * qkv_w + head * HD + c * 8, ok);
+    }
   }
   auto stage = [&](int blk) { return sKV + (u32)(blk % STAGES) * 2 * BLK; };  // K block; V at + BLK
   // load queues block blk (if any), whose page is pg, and commits a group
@@ -75,6 +78,27 @@ __global__ void __launch_bounds__(256, 2)
   };
 #pragma unroll
   for (int i = 0; i < AHEAD; ++i) load(i, i < nblk ? block_page(a, i) : 0);
+  if (cosT != nullptr) {
+    // Rotate the queries here, while the first blocks' copies are in
+    // flight: 8 pairs (a 16-byte chunk of each half of the row) per step,
+    // as rope_kv would have (rope_rotate8, the same bits), stored into the
+    // swizzled tile. The first iteration's proxy fence and barrier publish
+    // them to wgmma.
+    for (int idx = tid; idx < ATT_BQ * 4; idx += 256) {
+      int r = idx >> 2, c = idx & 3, row = q0 + r;
+      uint4 A = make_uint4(0, 0, 0, 0), B = A;
+      if (row < n) {
+        const u16* src = qkv + (size_t)(qs + row) * qkv_w + head * HD + c * 8;
+        const size_t cs = (size_t)(past + row) * (HD / 2) + c * 8;  // the query's position's cos and sin
+        A = *(const uint4*)src;
+        B = *(const uint4*)(src + HD / 2);
+        rope_rotate8(A, B, *(const float4*)(cosT + cs), *(const float4*)(cosT + cs + 4), *(const float4*)(sinT + cs),
+                     *(const float4*)(sinT + cs + 4));
+      }
+      st_shared16(sQ + swz(r, c), A);
+      st_shared16(sQ + swz(r, c + 4), B);
+    }
+  }
   // The page of the next block to load, read from the page table an
   // iteration ahead so that queuing a block does not wait for it.
   u64 pg = AHEAD < nblk ? block_page(a, AHEAD) : 0;

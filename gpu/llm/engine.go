@@ -93,6 +93,14 @@ type Engine struct {
 	// the bf16 rounding of those deltas. NewEngine sets it when the
 	// environment variable TWELL_LLM_FUSE_PROJ is "1".
 	FuseProj bool
+	// AttnRope makes prefill passes on the wgmma attention kernel (attn_wg64)
+	// rotate the queries as the attention loads them, so that rope_kv reads
+	// and writes only the keys and values: about two thirds of its traffic
+	// (queries 4 KB of a token's 6 KB of q/k/v rows at the SparseLM shape)
+	// are not read and written back. Both rotate with rope_rotate
+	// (rope.cuh), so the logits are the same bits. NewEngine sets it when
+	// the environment variable TWELL_LLM_ATTN_ROPE is "1".
+	AttnRope bool
 	// ReuseLogits makes Forward return its logits in host memory that the
 	// engine owns (page-locked, so the copy from the GPU is one fast DMA)
 	// and overwrites at the next Forward call or frees at Close, instead
@@ -237,7 +245,7 @@ func NewEngineWith(dev *cuda.Device, m *model.Model, opts Options) (*Engine, err
 		return nil, err
 	}
 	e := &Engine{cfg: c, dev: dev, k: k, mlpPath: mlp.Auto, rope: model.NewRoPETables(c), Attention: opts.Attention,
-		NoGraphs: opts.NoGraphs, NoGEMV: opts.NoGEMV, GEMV8: opts.GEMV8, DecRuns: opts.DecRuns, Serial: opts.MLP.Serial, FuseNorms: opts.FuseNorms, FuseProj: opts.FuseProj, pool: &kvPool{dev: dev, cfg: c}}
+		NoGraphs: opts.NoGraphs, NoGEMV: opts.NoGEMV, GEMV8: opts.GEMV8, DecRuns: opts.DecRuns, Serial: opts.MLP.Serial, FuseNorms: opts.FuseNorms, FuseProj: opts.FuseProj, AttnRope: opts.AttnRope, pool: &kvPool{dev: dev, cfg: c}}
 	if act, _ := c.GateActivation(); act == model.ActSiLU {
 		e.act = gpu.ActSiLU
 	}

@@ -434,10 +434,18 @@ func (e *Engine) layersQueue(b *batch, st *engine.Stats, paths []mlp.Path) error
 	// which the attention zeroes; each is read by the kernel after its
 	// writer's, and zeroed again only once that reader is done.
 	fproj := dec.oproj
+	// With AttnRope a prefill pass on attn_wg64 rotates its queries in the
+	// attention: rope_kv (which the pass runs: no decode-sized projections)
+	// then leaves them as the q/k/v GEMM wrote them.
+	keepQ := e.AttnRope && attn.wg && !decode && !e.gemv(T, h)
+	var qcos, qsin *cuda.Buffer
+	if keepQ {
+		qcos, qsin = e.cosB, e.sinB
+	}
 	var delta residDelta // what the next norm adds to cur
 	for li, l := range e.layers {
 		rope := ropeArgs{qkv: ws.qkv, cos: e.cosB, sin: e.sinB, tokSeq: tokSeq, tokPos: tokPos, pt: pt, page: page,
-			T: T, layer: li, nq: nq, nkv: nkv, hd: hd, qkvW: qkvW, early: early}
+			T: T, layer: li, nq: nq, nkv: nkv, hd: hd, qkvW: qkvW, early: early, keepQ: keepQ}
 		norm := normArgs{resid: cur, delta: delta, w: l.attnNorm, out: ws.hn, n: T, d: h, eps: eps, early: early}
 		if fuse && e.gemv(T, h) {
 			var zero *cuda.Buffer
@@ -457,7 +465,7 @@ func (e *Engine) layersQueue(b *batch, st *engine.Stats, paths []mlp.Path) error
 			return err
 		}
 		aa := attnArgs{qkv: ws.qkv, out: ws.hn, items: items, seqQ0: seqQ0, seqN: seqN, seqPast: seqPast,
-			pt: pt, page: page, nItems: b.items, layer: li, nq: nq, nkv: nkv, hd: hd, qkvW: qkvW}
+			pt: pt, cos: qcos, sin: qsin, page: page, nItems: b.items, layer: li, nq: nq, nkv: nkv, hd: hd, qkvW: qkvW}
 		var err error
 		switch {
 		case fproj:

@@ -22,6 +22,8 @@ var (
 	attnCUH []byte
 	//go:embed kvpage.cuh
 	kvPageCUH []byte
+	//go:embed rope.cuh
+	ropeCUH []byte
 	//go:embed attn_wgmma.cu
 	attnWGMMASrc []byte
 )
@@ -135,7 +137,8 @@ func kernelsFor(dev *cuda.Device) (*kernels, error) {
 }
 
 // headers are the compile options of this package's .cu files: package
-// gpu's headers, attn.cuh and kvpage.cuh.
+// gpu's headers, attn.cuh, kvpage.cuh and rope.cuh.
 func headers() []cuda.CompileOption {
-	return append(gpu.Headers(), cuda.WithHeader("attn.cuh", attnCUH), cuda.WithHeader("kvpage.cuh", kvPageCUH))
+	return append(gpu.Headers(), cuda.WithHeader("attn.cuh", attnCUH), cuda.WithHeader("kvpage.cuh", kvPageCUH),
+		cuda.WithHeader("rope.cuh", ropeCUH))
 }

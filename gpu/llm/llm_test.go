@@ -511,6 +511,38 @@ func TestAttentionRepeatable(t *testing.T) {
 	}
 }
 
+// TestAttnRopeSameBits checks Engine.AttnRope: prefill passes whose
+// queries attn_wg64 rotates as it loads them (rope_kv then writes only keys
+// and values) give the same logits, bit for bit, as passes where rope_kv
+// rotates them; over sequences that start mid-page in a second pass, a
+// one-token sequence, and a decode step after (which AttnRope leaves to
+// qkv_rope), with the attention chosen automatically and forced.
+func TestAttnRopeSameBits(t *testing.T) {
+	dev := cudatest.Device(t)
+	cudatest.Compiler(t)
+	if dev.Properties().Arch != "sm_90a" {
+		t.Skip("attn_wg64 needs sm_90a")
+	}
+	c := testConfig(64, 4, 2, true)
+	r, seed := testutil.Rand(t)
+	m := sparseModel(t, c, r, seed)
+	n0, n1 := 65+r.IntN(300), 1+r.IntN(3)
+	passes := [][][]int{
+		{enginetest.Tokens(r, n0, c.VocabSize), enginetest.Tokens(r, n1, c.VocabSize), enginetest.Tokens(r, 130, c.VocabSize)},
+		{enginetest.Tokens(r, 1+r.IntN(100), c.VocabSize), enginetest.Tokens(r, 129, c.VocabSize), enginetest.Tokens(r, 70, c.VocabSize)},
+		{enginetest.Tokens(r, 1, c.VocabSize), enginetest.Tokens(r, 1, c.VocabSize), enginetest.Tokens(r, 1, c.VocabSize)},
+	}
+	for _, attn := range []string{"auto", "wgmma3"} {
+		run := func(rope bool) [][]float32 {
+			e := engineOnPath(t, dev, m, seed, "dense")
+			e.Attention, e.AttnRope = attn, rope
+			return enginetest.Passes(t, e, 520, passes...)
+		}
+		enginetest.SameBits(t, fmt.Sprintf("seed %d, %s attention: queries rotated by attn_wg64 vs by rope_kv (first lengths %d, %d)", seed, attn, n0, n1),
+			run(true), run(false))
+	}
+}
+
 // TestAttentionLongMatchesRef runs sequences over several query and key
 // blocks through the tensor-core attention kernels (mma.sync for head_dim
 // 64 and 128, and on Hopper the wgmma kernel for 64) and the

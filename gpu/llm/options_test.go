@@ -20,6 +20,8 @@ func TestOptionsFromEnv(t *testing.T) {
 			Want: Options{NoGraphs: true, MLP: gpu.Options{Tail: gpu.TailSorted}}},
 		{Env: map[string]string{EnvFuseProj: "1"}, Want: Options{FuseNorms: true, FuseProj: true}},
 		{Env: map[string]string{EnvFuseProj: "yes"}, Bad: EnvFuseProj},
+		{Env: map[string]string{EnvAttnRope: "1"}, Want: Options{FuseNorms: true, AttnRope: true}},
+		{Env: map[string]string{EnvAttnRope: "yes"}, Bad: EnvAttnRope},
 		{Env: map[string]string{EnvGEMMTune: "1"}, Want: Options{FuseNorms: true, GEMMTune: true}},
 		{Env: map[string]string{EnvGEMMTune: "0"}, Want: Options{FuseNorms: true}},
 		{Env: map[string]string{EnvGEMMTune: "on"}, Bad: EnvGEMMTune},

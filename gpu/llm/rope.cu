@@ -17,47 +17,41 @@
 
 #include "common.cuh"
 #include "kvpage.cuh"
+#include "rope.cuh"
 
 // rope_kv: for flat token t (one block each), rotate its query heads in
 // place in qkv (rows of qkv_w bf16: nq query heads, nkv key heads, nkv value
-// heads) and write its rotated keys and its values into its sequence's KV
-// cache at its position. Hugging Face's rotate_half: pairs (i, i + hd/2),
-//   a' = a cos - b sin,  b' = b cos + a sin.
-// cos and sin are fp32 [position][hd/2].
+// heads; with rot_q = 0 the queries are left as they are, for an attention
+// kernel that rotates them as it loads them) and write its rotated keys and
+// its values into its sequence's KV cache at its position. Hugging Face's
+// rotate_half: pairs (i, i + hd/2) by rope_rotate (rope.cuh). cos and sin
+// are fp32 [position][hd/2].
 extern "C" __global__ void rope_kv(u16* __restrict__ qkv, const float* __restrict__ cosT,
                                    const float* __restrict__ sinT, const int* __restrict__ tok_seq,
                                    const int* __restrict__ tok_pos, const u64* __restrict__ seq_pt, int page,
-                                   int layer, int nq, int nkv, int hd, int qkv_w) {
+                                   int layer, int nq, int nkv, int hd, int qkv_w, int rot_q) {
   int t = blockIdx.x;
   int s = tok_seq[t], p = tok_pos[t];
-  int half = hd / 2;
+  int half = hd / 2, h0 = rot_q ? 0 : nq;  // the first head rotated here
   u16* row = qkv + (size_t)t * qkv_w;
   u16* pg = (u16*)kv_table(seq_pt, s)[p / page];  // the page of position p, row pp of it
   int pp = p % page;
   const float* c = cosT + (size_t)p * half;
   const float* sn = sinT + (size_t)p * half;
-  if (hd % 8 == 0) {
-    // 4 pairs per thread and 16-byte copies of the values: the 2-byte
-    // accesses below ran at half the memory bandwidth (1.55 ms per layer
-    // for 131072 tokens on an H200, where 3.2 GB move).
-    int q4 = half / 4, groups = (nq + nkv) * q4;
+  if (hd % 16 == 0) {
+    // 8 pairs per thread and 16-byte copies: 2-byte accesses ran at half
+    // the memory bandwidth (1.55 ms per layer for 131072 tokens on an
+    // H200, where 3.2 GB move).
+    int q8 = half / 8, groups = (nq + nkv - h0) * q8;
     for (int i = threadIdx.x; i < groups; i += blockDim.x) {
-      int h = i / q4, j = (i - h * q4) * 4;
+      int h = h0 + i / q8, j = (i % q8) * 8;
       u16* v = row + h * hd;
-      uint2 A = *(const uint2*)(v + j), B = *(const uint2*)(v + j + half);
-      float4 C = *(const float4*)(c + j), S = *(const float4*)(sn + j);
-      float a[4] = {bf_lo(A.x), bf_hi(A.x), bf_lo(A.y), bf_hi(A.y)};
-      float b[4] = {bf_lo(B.x), bf_hi(B.x), bf_lo(B.y), bf_hi(B.y)};
-      float cc[4] = {C.x, C.y, C.z, C.w}, ss[4] = {S.x, S.y, S.z, S.w};
-      float ra[4], rb[4];
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        ra[k] = a[k] * cc[k] - b[k] * ss[k];
-        rb[k] = b[k] * cc[k] + a[k] * ss[k];
-      }
+      uint4 A = *(const uint4*)(v + j), B = *(const uint4*)(v + j + half);
+      rope_rotate8(A, B, *(const float4*)(c + j), *(const float4*)(c + j + 4), *(const float4*)(sn + j),
+                   *(const float4*)(sn + j + 4));
       u16* dst = h < nq ? v : pg + kv_off(page, layer, 0, nkv, h - nq, pp, hd);
-      *(uint2*)(dst + j) = make_uint2(pack_bf2(ra[0], ra[1]), pack_bf2(ra[2], ra[3]));
-      *(uint2*)(dst + j + half) = make_uint2(pack_bf2(rb[0], rb[1]), pack_bf2(rb[2], rb[3]));
+      *(uint4*)(dst + j) = A;
+      *(uint4*)(dst + j + half) = B;
     }
     int nv8 = nkv * hd / 8;
     const uint4* vals = (const uint4*)(row + (nq + nkv) * hd);
@@ -67,12 +61,12 @@ extern "C" __global__ void rope_kv(u16* __restrict__ qkv, const float* __restric
     }
     return;
   }
-  int pairs = (nq + nkv) * half;
+  int pairs = (nq + nkv - h0) * half;
   for (int i = threadIdx.x; i < pairs; i += blockDim.x) {
-    int h = i / half, j = i % half;
+    int h = h0 + i / half, j = i % half;
     u16* v = row + h * hd;
-    float a = bf_to_f(v[j]), b = bf_to_f(v[j + half]);
-    float ra = a * c[j] - b * sn[j], rb = b * c[j] + a * sn[j];
+    float ra, rb;
+    rope_rotate(bf_to_f(v[j]), bf_to_f(v[j + half]), c[j], sn[j], ra, rb);
     u16 oa = (u16)f_to_bf(ra), ob = (u16)f_to_bf(rb);
     if (h < nq) {
       v[j] = oa;
@@ -91,4 +85,3 @@ extern "C" __global__ void rope_kv(u16* __restrict__ qkv, const float* __restric
     dst[j] = row[(nq + nkv) * hd + i];
   }
 }
-

@@ -6,18 +6,26 @@ import "github.com/twell-ai/twell/cuda"
 // a pass of T tokens of one layer: the q/k/v rows (qkvW = (nq + 2 nkv) hd
 // bf16 each), the fp32 cos and sin tables, and the pass's metadata (each
 // token's sequence and position, each sequence's page table; page
-// positions a page). early launches qkv_rope with early start.
+// positions a page). early launches qkv_rope with early start; keepQ makes
+// rope_kv leave the queries unrotated, for an attention kernel that rotates
+// them as it loads them (Engine.AttnRope).
 type ropeArgs struct {
 	qkv, cos, sin, tokSeq, tokPos, pt *cuda.Buffer
 	T, page, layer, nq, nkv, hd, qkvW int
-	early                             bool
+	early, keepQ                      bool
 }
 
 // ropeKV queues rope_kv: one block per token rotates its query heads in
-// place and writes its rotated keys and its values into the cache.
+// place (unless keepQ) and writes its rotated keys and its values into the
+// cache. Without the queries a block rotates the key heads only (8 of 40
+// heads at the SparseLM shape), hence the smaller block.
 func (a ropeArgs) ropeKV(fn *cuda.Function, s *cuda.Stream) error {
-	return fn.Launch(cuda.Dim3{uint32(a.T), 1, 1}, cuda.Dim3{256, 1, 1}, 0, s, a.qkv, a.cos, a.sin, a.tokSeq, a.tokPos,
-		a.pt, int32(a.page), int32(a.layer), int32(a.nq), int32(a.nkv), int32(a.hd), int32(a.qkvW))
+	threads, rotQ := 256, int32(1)
+	if a.keepQ {
+		threads, rotQ = 128, 0
+	}
+	return fn.Launch(cuda.Dim3{uint32(a.T), 1, 1}, cuda.Dim3{uint32(threads), 1, 1}, 0, s, a.qkv, a.cos, a.sin, a.tokSeq, a.tokPos,
+		a.pt, int32(a.page), int32(a.layer), int32(a.nq), int32(a.nkv), int32(a.hd), int32(a.qkvW), rotQ)
 }
 
 // qkvRopeNormed queues fn, qkv_rope1n or (for a fixed-point delta)
