@@ -35,6 +35,13 @@
 #                                       steps of one sequence with the projections fused
 #                                       (TWELL_LLM_FUSE_PROJ=1), the norms not fused
 #                                       (TWELL_LLM_FUSE_NORMS=0) and the defaults again, twice
+#   scripts/gpu-bench.sh ab-prefill OUTDIR  the prefill switches, as variants of one run (bench model
+#                                       -variants), 32 x 2048 tokens, two rounds: cuBLASLt's
+#                                       algorithms chosen by timing (TWELL_GEMM_TUNE=1), the
+#                                       queries rotated in the attention (TWELL_LLM_ATTN_ROPE=1),
+#                                       both, and the defaults again; first `bench gemm -transb` of
+#                                       the prefill's products (q/k/v, output, MLP) with the
+#                                       heuristic's choice and the tuned one, every candidate timed
 #   scripts/gpu-bench.sh host-mem OUTDIR  host memory of `twell generate -device cuda` on the
 #                                       sparselm-1.5b preset saved as a bf16 checkpoint (with the
 #                                       sample tokenizer): peak RSS by /usr/bin/time -v, and the
@@ -42,8 +49,8 @@
 # Each run ends with `twell bench table OUTDIR`.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-what=${1:?usage: gpu-bench.sh ffn|model|decode|train|trace|ab-mlp|ab-decode|host-mem OUTDIR}
-out=${2:?usage: gpu-bench.sh ffn|model|decode|train|trace|ab-mlp|ab-decode|host-mem OUTDIR}
+what=${1:?usage: gpu-bench.sh ffn|model|decode|train|trace|ab-mlp|ab-decode|ab-prefill|host-mem OUTDIR}
+out=${2:?usage: gpu-bench.sh ffn|model|decode|train|trace|ab-mlp|ab-decode|ab-prefill|host-mem OUTDIR}
 mkdir -p "$out"
 tw=$root/gpubin/twell
 if [ ! -x "$tw" ] && [ -f "$root/gpubin/pack.txz" ]; then
@@ -115,6 +122,17 @@ ab-decode)
       -json "$out/decode-b1-fuse-$round.json" 2>&1 | tee "$out/decode-b1-fuse-$round.txt" || status=1
   done
   ;;
+ab-prefill)
+  "$tw" bench gemm -transb -backend lt,tuned -reps 20 -energy 0 \
+    -sizes 131072x3072x2048,131072x2048x2048,131072x5632x2048,131072x2048x5632 \
+    -json "$out/gemm-tuned.json" 2>&1 | tee "$out/gemm-tuned.txt" || status=1
+  for round in 1 2; do
+    "$tw" bench model -device cuda -preset sparselm-1.5b -seed 9596107621982983358 -reps 3 -batch 32 -prompt-len 2048 \
+      -decode-batch 1 -decode-context 512 -decode-steps 8 \
+      -variants 'GEMM_TUNE=1;LLM_ATTN_ROPE=1;GEMM_TUNE=1 LLM_ATTN_ROPE=1;' \
+      -json "$out/prefill-$round.json" 2>&1 | tee "$out/prefill-$round.txt" || status=1
+  done
+  ;;
 host-mem)
   # The checkpoint (3 GB) goes outside OUTDIR.
   ckpt=${TMPDIR:-/tmp}/twell-host-mem-sparselm
@@ -126,7 +144,7 @@ host-mem)
   grep -E "Maximum resident|Elapsed|tokens" "$out/generate-time.txt"
   ;;
 *)
-  echo "gpu-bench: want ffn, model, decode, train, trace, ab-mlp, ab-decode or host-mem, not $what" >&2
+  echo "gpu-bench: want ffn, model, decode, train, trace, ab-mlp, ab-decode, ab-prefill or host-mem, not $what" >&2
   exit 2
   ;;
 esac
