@@ -425,7 +425,7 @@ __device__ __forceinline__ void dec_wo_first(uint4 (&wr)[HD / 8], const u16* __r
 // dec_oproj adds rows [r0, r1) of the output projection of head head's
 // output mo (HD floats in shared memory) by wo into the fixed-point
 // accumulator oacc of dm values, a row per thread at a time; row first's
-// weights are in wr already (dec_wo_first).
+// weights are in wr already (dec_wo_first; first is -1 when none is).
 template <int HD>
 __device__ __forceinline__ void dec_oproj(const uint4 (&wr)[HD / 8], int first, const u16* __restrict__ wo, int ldw,
                                           int head, const float* mo, long long* __restrict__ oacc, int dm, int r0,
@@ -505,7 +505,10 @@ __device__ __forceinline__ void attn_dec_body(const u16* __restrict__ qkv, u16* 
   const int ldw = nq * HD, r0 = (int)((long)sp * dm / splits), r1 = (int)((long)(sp + 1) * dm / splits);
   uint4 wr[HD / 8];
   if (OPROJ) dec_wo_first<HD>(wr, wo, ldw, a.head, r0, r1);
-  const int first = r0 + threadIdx.x;  // the row in wr (if below r1)
+  // The row in wr, if dec_wo_first loaded one (-1: none; a merge through
+  // global memory projects rows [0, dm), where the rows past r1 come up
+  // too).
+  const int first = r0 + (int)threadIdx.x < r1 ? r0 + (int)threadIdx.x : -1;
   grid_wait();
   grid_release();
   if (OPROJ && id == 0 && sp == 0) fix_zero(zero, dm);
