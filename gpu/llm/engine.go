@@ -101,6 +101,17 @@ type Engine struct {
 	// (rope.cuh), so the logits are the same bits. NewEngine sets it when
 	// the environment variable TWELL_LLM_ATTN_ROPE is "1".
 	AttnRope bool
+	// OProjAdd makes passes whose projections run on cuBLASLt (prefill) add
+	// the output projection straight into the fp32 residual stream (a GEMM
+	// with the residual as its addend and output) instead of writing a bf16
+	// delta that the MLP norm then adds: the norm reads the residual only
+	// and writes no residual, 1.6 of its 3.2 GB a layer at 131072 tokens of
+	// the SparseLM shape, moved into the GEMM's epilogue, where they may
+	// overlap its products. The delta is added unrounded, so the logits
+	// differ from the default path's by the bf16 rounding of that delta.
+	// NewEngine sets it when the environment variable TWELL_LLM_OPROJ_ADD is
+	// "1".
+	OProjAdd bool
 	// ReuseLogits makes Forward return its logits in host memory that the
 	// engine owns (page-locked, so the copy from the GPU is one fast DMA)
 	// and overwrites at the next Forward call or frees at Close, instead
@@ -245,7 +256,7 @@ func NewEngineWith(dev *cuda.Device, m *model.Model, opts Options) (*Engine, err
 		return nil, err
 	}
 	e := &Engine{cfg: c, dev: dev, k: k, mlpPath: mlp.Auto, rope: model.NewRoPETables(c), Attention: opts.Attention,
-		NoGraphs: opts.NoGraphs, NoGEMV: opts.NoGEMV, GEMV8: opts.GEMV8, DecRuns: opts.DecRuns, Serial: opts.MLP.Serial, FuseNorms: opts.FuseNorms, FuseProj: opts.FuseProj, AttnRope: opts.AttnRope, pool: &kvPool{dev: dev, cfg: c}}
+		NoGraphs: opts.NoGraphs, NoGEMV: opts.NoGEMV, GEMV8: opts.GEMV8, DecRuns: opts.DecRuns, Serial: opts.MLP.Serial, FuseNorms: opts.FuseNorms, FuseProj: opts.FuseProj, AttnRope: opts.AttnRope, OProjAdd: opts.OProjAdd, pool: &kvPool{dev: dev, cfg: c}}
 	if act, _ := c.GateActivation(); act == model.ActSiLU {
 		e.act = gpu.ActSiLU
 	}

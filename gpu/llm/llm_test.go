@@ -543,6 +543,41 @@ func TestAttnRopeSameBits(t *testing.T) {
 	}
 }
 
+// TestOProjAddMatches checks Engine.OProjAdd: prefill passes that add the
+// output projection into the residual stream in its GEMM agree with the
+// default path (which adds its bf16-rounded delta in the norm) and with the
+// CPU model, on both MLP paths, over two prefill passes and a decode step
+// (which keeps the default path: its projections are not cuBLASLt's).
+func TestOProjAddMatches(t *testing.T) {
+	dev := cudatest.Device(t)
+	cudatest.Compiler(t)
+	c := testConfig(64, 4, 2, true)
+	r, seed := testutil.Rand(t)
+	m := sparseModel(t, c, r, seed)
+	passes := [][][]int{
+		{enginetest.Tokens(r, 20+r.IntN(200), c.VocabSize), enginetest.Tokens(r, 1+r.IntN(8), c.VocabSize)},
+		{enginetest.Tokens(r, 9+r.IntN(80), c.VocabSize), enginetest.Tokens(r, 70, c.VocabSize)},
+		{enginetest.Tokens(r, 1, c.VocabSize), enginetest.Tokens(r, 1, c.VocabSize)},
+	}
+	for _, path := range []string{"dense", "sparse"} {
+		want := cpuForward(t, m, path, 400, passes...)
+		run := func(add bool) [][]float32 {
+			e := engineOnPath(t, dev, m, seed, path)
+			e.OProjAdd = add
+			return enginetest.Passes(t, e, 400, passes...)
+		}
+		got, def := run(true), run(false)
+		if d, err := enginetest.RelDiff(got, def); err != nil || d > 1e-2 {
+			t.Errorf("seed %d: %s MLP: o_proj added in its GEMM vs the default path: rel diff %.3g (err %v)", seed, path, d, err)
+		}
+		d, err := enginetest.RelDiff(got, want)
+		if err != nil || d > bf16Tol {
+			t.Errorf("seed %d: %s MLP: o_proj added in its GEMM vs CPU: rel diff %.3g (err %v)", seed, path, d, err)
+		}
+		t.Logf("seed %d: %s MLP: vs CPU rel diff %.2e", seed, path, d)
+	}
+}
+
 // TestAttentionLongMatchesRef runs sequences over several query and key
 // blocks through the tensor-core attention kernels (mma.sync for head_dim
 // 64 and 128, and on Hopper the wgmma kernel for 64) and the

@@ -23,6 +23,7 @@ type Options struct {
 	FuseNorms bool        // Engine.FuseNorms: EnvFuseNorms unset or "1"
 	FuseProj  bool        // Engine.FuseProj: EnvFuseProj = "1"
 	AttnRope  bool        // Engine.AttnRope: EnvAttnRope = "1"
+	OProjAdd  bool        // Engine.OProjAdd: EnvOProjAdd = "1"
 	GEMMTune  bool        // the engine's cuBLASLt handle tunes (cublas.DefaultTuneFlops): EnvGEMMTune = "1"
 	MLP       gpu.Options // each TwELL layer's kernels: gpu.EnvD2TKernel, gpu.EnvTail
 	// ReleaseWeights makes NewEngineWith drop each layer's float32
@@ -75,6 +76,11 @@ const EnvFuseProj = "TWELL_LLM_FUSE_PROJ"
 // instead of in rope_kv (Engine.AttnRope).
 const EnvAttnRope = "TWELL_LLM_ATTN_ROPE"
 
+// EnvOProjAdd names the environment variable that, set to "1", makes a new
+// Engine add the output projection of prefill passes into the residual
+// stream in its GEMM (Engine.OProjAdd).
+const EnvOProjAdd = "TWELL_LLM_OPROJ_ADD"
+
 // EnvGEMMTune names the environment variable that, set to "1", makes a new
 // Engine choose the cuBLASLt algorithm of each large product (prefill's
 // projections, the dense MLP) by timing the heuristic's candidates on its
@@ -93,7 +99,7 @@ const EnvKVMemory = "TWELL_LLM_KV_MEMORY"
 
 // Switches are the names of the environment variables that set Options:
 // the engine's and its TwELL MLPs' (gpu.Switches).
-var Switches = append([]string{EnvAttention, EnvGraphs, EnvGEMV, EnvDecRuns, EnvFuseNorms, EnvFuseProj, EnvAttnRope, EnvGEMMTune, EnvKVPageSize, EnvKVMemory}, gpu.Switches...)
+var Switches = append([]string{EnvAttention, EnvGraphs, EnvGEMV, EnvDecRuns, EnvFuseNorms, EnvFuseProj, EnvAttnRope, EnvOProjAdd, EnvGEMMTune, EnvKVPageSize, EnvKVMemory}, gpu.Switches...)
 
 // OptionsFromEnv returns the Options the environment sets, or an error
 // naming a value it does not know.
@@ -133,6 +139,13 @@ func OptionsFrom(getenv func(string) string) (Options, error) {
 		o.AttnRope = true
 	default:
 		return o, fmt.Errorf("llm: %s=%q: want 0 or 1", EnvAttnRope, v)
+	}
+	switch v := getenv(EnvOProjAdd); v {
+	case "", "0":
+	case "1":
+		o.OProjAdd = true
+	default:
+		return o, fmt.Errorf("llm: %s=%q: want 0 or 1", EnvOProjAdd, v)
 	}
 	switch v := getenv(EnvGEMMTune); v {
 	case "", "0":
