@@ -40,7 +40,9 @@
 #                                       algorithms chosen by timing (TWELL_GEMM_TUNE=1), the
 #                                       queries rotated in the attention (TWELL_LLM_ATTN_ROPE=1),
 #                                       the output projection added into the residual in its GEMM
-#                                       (TWELL_LLM_OPROJ_ADD=1), all three, and the defaults again; first `bench gemm -transb` of
+#                                       (TWELL_LLM_OPROJ_ADD=1), the wgmma attention with 4 stages
+#                                       (TWELL_LLM_ATTENTION=wgmma4), the first three together, and
+#                                       the defaults again; first `bench gemm -transb` of
 #                                       the prefill's products (q/k/v, output, MLP) with the
 #                                       heuristic's choice and the tuned one, every candidate timed
 #   scripts/gpu-bench.sh host-mem OUTDIR  host memory of `twell generate -device cuda` on the
@@ -130,7 +132,7 @@ ab-prefill)
   for round in 1 2; do
     "$tw" bench model -device cuda -preset sparselm-1.5b -seed 9596107621982983358 -reps 3 -batch 32 -prompt-len 2048 \
       -decode-batch 1 -decode-context 512 -decode-steps 8 \
-      -variants 'GEMM_TUNE=1;LLM_ATTN_ROPE=1;LLM_OPROJ_ADD=1;GEMM_TUNE=1 LLM_ATTN_ROPE=1 LLM_OPROJ_ADD=1;' \
+      -variants 'GEMM_TUNE=1;LLM_ATTN_ROPE=1;LLM_OPROJ_ADD=1;LLM_ATTENTION=wgmma4;GEMM_TUNE=1 LLM_ATTN_ROPE=1 LLM_OPROJ_ADD=1;' \
       -json "$out/prefill-$round.json" 2>&1 | tee "$out/prefill-$round.txt" || status=1
   done
   ;;

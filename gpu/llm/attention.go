@@ -68,16 +68,15 @@ func (e *Engine) attentionKernel(T int) (attnKernel, error) {
 			return attnKernel{}, fmt.Errorf("llm: the mma attention kernel takes head_dim 64 or 128, not %d", hd)
 		}
 		return mma()
-	case "wgmma3":
+	case "wgmma3", "wgmma4":
 		if hd != 64 {
 			return attnKernel{}, fmt.Errorf("llm: the wgmma attention kernel takes head_dim 64, not %d", hd)
 		}
-		fn, err := e.k.wgmma()
-		return attnKernel{fn: fn, smem: wgSmem, wg: true}, err
+		return e.k.wgmma(int(a[len(a)-1] - '0'))
 	case "", "auto":
 		if hd == 64 && T > wgMinTokens && e.dev.Properties().Arch == "sm_90a" {
-			if fn, err := e.k.wgmma(); err == nil {
-				return attnKernel{fn: fn, smem: wgSmem, wg: true}, nil
+			if k, err := e.k.wgmma(wgStages[0]); err == nil {
+				return k, nil
 			}
 		}
 		if hd == 64 || hd == 128 {
@@ -85,7 +84,7 @@ func (e *Engine) attentionKernel(T int) (attnKernel, error) {
 		}
 		return ref, nil
 	default:
-		return attnKernel{}, fmt.Errorf("llm: attention kernel %q: want auto, wgmma3, mma or ref", a)
+		return attnKernel{}, fmt.Errorf("llm: attention kernel %q: want auto, wgmma3, wgmma4, mma or ref", a)
 	}
 }
 
@@ -232,37 +231,55 @@ func (e *Engine) AttentionKernel() (string, error) {
 	return k.fn.Name(), nil
 }
 
-// wgStages is the cp.async pipeline depth of the one build of attn_wg64
-// (attn_wgmma.cu): on an H200, 3 stages took 14.3 ms at 4 layers of the
-// SparseLM shape where 2 took 14.4 and mma.sync (attn_fa64) 21.3.
-const wgStages = 3
+// wgStages are the cp.async pipeline depths of the builds of attn_wg64
+// (attn_wgmma.cu), the first the one auto runs: on an H200, 3 stages took
+// 14.3 ms at 4 layers of the SparseLM shape where 2 took 14.4 and mma.sync
+// (attn_fa64) 21.3. With 4 (Attention "wgmma4", an experiment not yet
+// timed) an iteration has one barrier instead of two.
+var wgStages = []int{3, 4}
 
-// wgName is the name expression of the wgmma attention kernel.
-var wgName = fmt.Sprintf("attn_wg64<%d>", wgStages)
+// wgName is the name expression of the wgmma attention kernel of stages
+// stages.
+func wgName(stages int) string { return fmt.Sprintf("attn_wg64<%d>", stages) }
 
 // wgSmem is its dynamic shared memory: the 128 query rows and the stages'
 // 64-key K and V blocks, 128 bytes a row, plus 1024 bytes for aligning the
-// base.
-const wgSmem = (attnBQ+wgStages*2*64)*128 + 1024
+// base (82 KiB at 4 stages: two CTAs an SM still fit).
+func wgSmem(stages int) int { return (attnBQ+stages*2*64)*128 + 1024 }
 
-// wgmma returns attn_wg64, compiling attn_wgmma.cu on first use.
-func (k *kernels) wgmma() (*cuda.Function, error) {
+// wgmma returns the attn_wg64 of stages stages (one of wgStages), compiling
+// attn_wgmma.cu on first use.
+func (k *kernels) wgmma(stages int) (attnKernel, error) {
 	k.wgOnce.Do(func() { k.attnWG, k.wgErr = compileWGMMA(k.dev, headers()) })
-	return k.attnWG, k.wgErr
+	if k.wgErr != nil {
+		return attnKernel{}, k.wgErr
+	}
+	fn := k.attnWG[stages]
+	if fn == nil {
+		return attnKernel{}, fmt.Errorf("llm: no build of attn_wg64 with %d stages", stages)
+	}
+	return attnKernel{fn: fn, smem: wgSmem(stages), wg: true}, nil
 }
 
-// compileWGMMA builds attn_wgmma.cu, which needs sm_90a (Hopper).
-func compileWGMMA(dev *cuda.Device, hdrs []cuda.CompileOption) (*cuda.Function, error) {
+// compileWGMMA builds attn_wgmma.cu, which needs sm_90a (Hopper): a kernel
+// for each of wgStages.
+func compileWGMMA(dev *cuda.Device, hdrs []cuda.CompileOption) (map[int]*cuda.Function, error) {
 	if a := dev.Properties().Arch; a != "sm_90a" {
 		return nil, fmt.Errorf("llm: the wgmma attention kernel needs sm_90a (Hopper); %v is %s", dev, a)
 	}
-	mod, err := dev.Compile("attn_wgmma.cu", attnWGMMASrc, append(hdrs, cuda.WithNameExpressions(wgName))...)
+	names := make([]string, len(wgStages))
+	for i, s := range wgStages {
+		names[i] = wgName(s)
+	}
+	mod, err := dev.Compile("attn_wgmma.cu", attnWGMMASrc, append(hdrs, cuda.WithNameExpressions(names...))...)
 	if err != nil {
 		return nil, fmt.Errorf("llm: compiling attn_wgmma.cu: %w", err)
 	}
-	fn, err := mod.Function(wgName)
-	if err != nil {
-		return nil, fmt.Errorf("llm: kernel %s: %w", wgName, err)
+	fns := map[int]*cuda.Function{}
+	for _, s := range wgStages {
+		if fns[s], err = mod.Function(wgName(s)); err != nil {
+			return nil, fmt.Errorf("llm: kernel %s: %w", wgName(s), err)
+		}
 	}
-	return fn, nil
+	return fns, nil
 }

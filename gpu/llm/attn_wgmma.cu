@@ -26,7 +26,13 @@
 // attn_wg64<STAGES>: see the top of the file. Dynamic shared memory:
 // (128 + STAGES * 2 * 64) * 128 bytes, plus 1024 for alignment. The engine
 // instantiates STAGES = 3 (on an H200, 3 stages beat 2 and a build that
-// overlapped each block's P V with the next block's scores).
+// overlapped each block's P V with the next block's scores) and 4. Blocks
+// are loaded AHEAD = min(STAGES - 1, 2) ahead. With 3 stages a block's
+// stage is loaded again in the next iteration, so every iteration ends at
+// a barrier; with 4 the stage loaded in iteration kb last held block
+// kb - 2, which every thread finished before the barrier of iteration
+// kb - 1, so one barrier an iteration (the one that publishes the block)
+// does, and the two warpgroups need not meet twice per block.
 template <int STAGES>
 __global__ void __launch_bounds__(256, 2)
     attn_wg64(const u16* __restrict__ qkv, u16* __restrict__ out, const int* __restrict__ items,
@@ -35,7 +41,8 @@ __global__ void __launch_bounds__(256, 2)
               float scale_log2, const float* __restrict__ cosT, const float* __restrict__ sinT) {
   constexpr int HD = 64, BK = WG_BK;
   static_assert(BK == ATT_BK, "the blocks of keys are the ones a page holds whole");
-  constexpr int AHEAD = STAGES - 1;                     // blocks loaded ahead of the one computed
+  constexpr int AHEAD = STAGES - 1 < 2 ? STAGES - 1 : 2;  // blocks loaded ahead of the one computed
+  constexpr bool END_SYNC = STAGES < AHEAD + 2;            // whether a stage is reloaded right after its use
   constexpr u32 QBYTES = ATT_BQ * 128, BLK = BK * 128;  // Q tile; one K or V block
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const u32 sQ = (smem_addr(smem_raw) + 1023u) & ~1023u, sKV = sQ + QBYTES;
@@ -135,7 +142,7 @@ __global__ void __launch_bounds__(256, 2)
       softmax_step(sc, mrow, lrow, o, scale_log2);
       wg_pv_probs(o, sc, p, dv);
     }
-    __syncthreads();  // the stage just read is a later load's target
+    if (END_SYNC) __syncthreads();  // the stage just read is the next iteration's load target
   }
   cp_async_wait<0>();
   if (trow0 < n) {

@@ -44,10 +44,10 @@ type kernels struct {
 	qkvRope1N, qkvRope1F *cuda.Function
 
 	dev *cuda.Device
-	// attnWG is attn_wg64, compiled at first use and on sm_90a only;
-	// wgErr says why it is missing.
+	// attnWG are the builds of attn_wg64 by stages (wgStages), compiled at
+	// first use and on sm_90a only; wgErr says why they are missing.
 	wgOnce sync.Once
-	attnWG *cuda.Function
+	attnWG map[int]*cuda.Function
 	wgErr  error
 }
 

@@ -89,7 +89,10 @@ func TestCompileWGMMA(t *testing.T) {
 	if major, minor, _, _ := cuda.NVRTCVersion(); major < 12 {
 		t.Skipf("NVRTC %d.%d cannot target compute_90a", major, minor)
 	}
-	exprs := []string{"attn_wg64_probe", wgName}
+	exprs := []string{"attn_wg64_probe"}
+	for _, st := range wgStages {
+		exprs = append(exprs, wgName(st))
+	}
 	prog, err := cuda.CompileProgram("attn_wgmma.cu", attnWGMMASrc,
 		append(headers(), cuda.WithArch("compute_90a"), cuda.WithNameExpressions(exprs...))...)
 	if err != nil {
@@ -479,7 +482,8 @@ func TestGraphDecodeMatchesEager(t *testing.T) {
 // TestAttentionRepeatable runs each attention build three times on the same
 // long passes and wants bit-identical logits: the kernels are deterministic,
 // so a difference means a race (such as a block read before its cp.async
-// group has landed), which a tolerance check can miss.
+// group has landed), which a tolerance check can miss. wgmma4 must give
+// wgmma3's bits (the same products, fewer barriers).
 func TestAttentionRepeatable(t *testing.T) {
 	dev := cudatest.Device(t)
 	cudatest.Compiler(t)
@@ -490,8 +494,9 @@ func TestAttentionRepeatable(t *testing.T) {
 	toks := [][]int{enginetest.Tokens(r, 1024, c.VocabSize), enginetest.Tokens(r, 1000, c.VocabSize), enginetest.Tokens(r, 700, c.VocabSize)}
 	kernels := []string{"mma"}
 	if dev.Properties().Arch == "sm_90a" {
-		kernels = append(kernels, "wgmma3")
+		kernels = append(kernels, "wgmma3", "wgmma4")
 	}
+	firsts := map[string][][]float32{}
 	for _, k := range kernels {
 		e := engineOnPath(t, dev, m, seed, "dense")
 		e.Attention = k
@@ -504,10 +509,14 @@ func TestAttentionRepeatable(t *testing.T) {
 			}
 			if rep == 0 {
 				first = got
+				firsts[k] = got
 				continue
 			}
 			enginetest.SameBits(t, fmt.Sprintf("%s, run %d vs run 1", k, rep+1), got, first)
 		}
+	}
+	if w4, ok := firsts["wgmma4"]; ok { // the same products in the same order as wgmma3
+		enginetest.SameBits(t, "wgmma4 vs wgmma3", w4, firsts["wgmma3"])
 	}
 }
 
@@ -532,7 +541,7 @@ func TestAttnRopeSameBits(t *testing.T) {
 		{enginetest.Tokens(r, 1+r.IntN(100), c.VocabSize), enginetest.Tokens(r, 129, c.VocabSize), enginetest.Tokens(r, 70, c.VocabSize)},
 		{enginetest.Tokens(r, 1, c.VocabSize), enginetest.Tokens(r, 1, c.VocabSize), enginetest.Tokens(r, 1, c.VocabSize)},
 	}
-	for _, attn := range []string{"auto", "wgmma3"} {
+	for _, attn := range []string{"auto", "wgmma3", "wgmma4"} {
 		run := func(rope bool) [][]float32 {
 			e := engineOnPath(t, dev, m, seed, "dense")
 			e.Attention, e.AttnRope = attn, rope
@@ -603,7 +612,7 @@ func TestAttentionLongMatchesRef(t *testing.T) {
 			}
 			kernels := []string{"mma"}
 			if c.HeadDim == 64 && dev.Properties().Arch == "sm_90a" {
-				kernels = append(kernels, "wgmma3")
+				kernels = append(kernels, "wgmma3", "wgmma4")
 			}
 			ref := run("ref")
 			want := cpuForward(t, m, "dense", 460, passes...)
