@@ -6,6 +6,7 @@ import (
 	"slices"
 
 	"github.com/twell-ai/twell/cuda"
+	"github.com/twell-ai/twell/cuda/cublas"
 	"github.com/twell-ai/twell/internal/enum"
 	"github.com/twell-ai/twell/twell"
 )
@@ -16,6 +17,8 @@ var (
 	d2tMMASrc []byte
 	//go:embed d2t_wgmma.cu
 	d2tWGMMASrc []byte
+	//go:embed d2t_pack.cu
+	d2tPackSrc []byte
 )
 
 // Kernel selects the D2T implementation.
@@ -32,10 +35,21 @@ const (
 	KernelWGMMA
 	// KernelMMA is the simpler mma.sync kernel (any sm_80+ GPU).
 	KernelMMA
+	// KernelLt runs the gate GEMM on cuBLASLt into a bf16 scratch,
+	// ltRows rows at a time, and packs each chunk with d2t_pack: no fused
+	// epilogue, for the cost of writing and reading the gate once (an
+	// experiment: the fused wgmma kernel took 2.50 ms at m = 65536 on the
+	// SparseLM shape where cuBLASLt's gate GEMM alone took 1.96).
+	KernelLt
 )
 
-// String returns "auto", "wgmma" or "mma".
-func (k Kernel) String() string { return enum.String(k, "Kernel", "auto", "wgmma", "mma") }
+// String returns "auto", "wgmma", "mma" or "lt".
+func (k Kernel) String() string { return enum.String(k, "Kernel", "auto", "wgmma", "mma", "lt") }
+
+// ltRows is the row chunk of KernelLt: its gate scratch holds ltRows x f
+// bf16 values (92 MB at f 5632), so that the sparse path keeps its
+// activation memory well under the dense path's (2 x m x f bf16).
+const ltRows = 8192
 
 // residentClusters returns how many clusters of the persistent wgmma D2T
 // kernel fit on the GPU at once (all 66 of an H200; 64, as the reference
@@ -65,6 +79,12 @@ func (l *MLP) d2tKernel() (*cuda.Function, Kernel, error) {
 	case KernelMMA:
 		f, err := l.k.d2tMMA(s)
 		return f, KernelMMA, err
+	case KernelLt:
+		if l.blas == nil {
+			return nil, KernelLt, fmt.Errorf("gpu: D2T kernel %v needs a cuBLAS handle", KernelLt)
+		}
+		f, err := l.k.d2tPack(s)
+		return f, KernelLt, err
 	}
 	// On Hopper the wgmma kernel (about 2.3 ms at m = 65536 on an H200),
 	// else mma.sync.
@@ -117,7 +137,9 @@ func (l *MLP) runD2T(s *cuda.Stream, x *cuda.Buffer, m int) (*sparseWS, error) {
 	l.counted = m
 	a := d2tArgs{x: x, w: l.sparseIn(), packed: ws.packed, flags: ws.flags, ovf: ws.ovf, nnz: l.nnz,
 		m: m, d: l.D, f: l.F, s: l.Layout.S(), rowWords: l.F / l.Layout.C}
-	if kind == KernelWGMMA {
+	if kind == KernelLt {
+		err = l.d2tLt(s, fn, x, ws, a)
+	} else if kind == KernelWGMMA {
 		if l.tmA == nil || l.tmAx != x.Ptr() || l.tmAm != m {
 			tm, err := l.dev.EncodeTiled(cuda.TiledTensor{
 				DataType: cuda.TensorBFloat16, Global: x.Ptr(),
@@ -215,6 +237,52 @@ func (p *Packed) RowNNZ(r int) int {
 		n += int(p.Words[r*rw+t*s])
 	}
 	return n
+}
+
+// d2tLt is KernelLt's D2T (a, on x, into ws): for each chunk of ltRows
+// padded rows, the gate GEMM of its valid rows on cuBLASLt into ws.gate,
+// then d2t_pack (fn) over the whole chunk.
+func (l *MLP) d2tLt(s *cuda.Stream, fn *cuda.Function, x *cuda.Buffer, ws *sparseWS, a d2tArgs) error {
+	mp := padRows(a.m)
+	var err error
+	if ws.gate, err = l.realloc(ws.gate, 2*min(mp, ltRows)*l.F); err != nil {
+		return err
+	}
+	blocks := uint32(8 * l.dev.Properties().SMs)
+	for r0 := 0; r0 < mp; r0 += ltRows {
+		rows := min(ltRows, mp-r0)
+		if valid := min(rows, a.m-r0); valid > 0 {
+			xv, err := x.Slice(2*r0*l.D, 2*valid*l.D)
+			if err != nil {
+				return err
+			}
+			if err := l.blas.Matmul(s, cublas.Gemm{M: valid, N: l.F, K: l.D, TransB: true}, xv, a.w, ws.gate); err != nil {
+				return err
+			}
+		}
+		if err := fn.Launch(cuda.Dim3{min(blocks, uint32((rows*(l.F/256)+7)/8)), 1, 1}, cuda.Dim3{256, 1, 1}, 0, s,
+			ws.gate, a.packed, a.flags, a.ovf, a.nnz, int32(r0), int32(rows), int32(a.m), int32(l.F), int32(a.rowWords)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// d2tPack returns d2t_pack, KernelLt's packer, for S words per tile.
+func (k *kernels) d2tPack(s int) (*cuda.Function, error) {
+	k.packOnce.Do(func() {
+		exprs := []string{"d2t_pack<32>", "d2t_pack<64>", "d2t_pack<128>"}
+		fs, err := k.compile("d2t_pack.cu", d2tPackSrc, exprs)
+		if err != nil {
+			k.packErr = err
+			return
+		}
+		k.pack = map[int]*cuda.Function{32: fs[exprs[0]], 64: fs[exprs[1]], 128: fs[exprs[2]]}
+	})
+	if k.packErr != nil {
+		return nil, k.packErr
+	}
+	return k.pack[s], nil
 }
 
 // d2tMMA returns the mma.sync D2T kernel for S words per tile.

@@ -158,50 +158,6 @@ __device__ __forceinline__ void mainloop(float (&acc)[128], u32 sA, u32 sB, u32 
 #define PIPE_TILE (128 * PIPE_LD * 4)
 #define PIPE_PACKERS 3
 
-// pack_row_warp packs row r of the bf16 tile (one warp; lane l holds
-// columns 8l..8l+7) into S words at out, in column order, and returns the
-// true count. Sets *bad if an active value is NaN or Inf. erow is the warp's
-// S-word scratch row, zero on entry and on return.
-template <int S>
-__device__ __forceinline__ int pack_row_warp(const u32* tile_row, u32* erow, u32* out, int n0, bool& bad) {
-  const int lane = threadIdx.x & 31;
-  const uint4 v = *(const uint4*)(tile_row + 4 * lane);
-  const u32 w[4] = {v.x, v.y, v.z, v.w};
-  u32 m8 = 0, b8 = 0;
-#pragma unroll
-  for (int k = 0; k < 8; ++k) {
-    const u32 b = (w[k >> 1] >> (16 * (k & 1))) & 0xffffu;
-    const u32 on = (((b & 0x8000u) == 0u && b != 0u) || (b & 0x7fffu) > 0x7f80u) ? 1u : 0u;
-    m8 |= on << k;
-    b8 |= (on && (b & 0x7fffu) >= 0x7f80u) ? 1u : 0u;
-  }
-  const int c = __popc(m8);
-  int incl = c;
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const int t = __shfl_up_sync(0xffffffffu, incl, o);
-    if (lane >= o) incl += t;
-  }
-  const int total = __shfl_sync(0xffffffffu, incl, 31);
-  int rank = incl - c;
-#pragma unroll
-  for (int k = 0; k < 8; ++k) {
-    if ((m8 >> k) & 1u) {
-      if (rank < S - 1) erow[1 + rank] = (((w[k >> 1] >> (16 * (k & 1))) & 0xffffu) << 16) | (u32)(n0 + 8 * lane + k);
-      ++rank;
-    }
-  }
-  bad = __any_sync(0xffffffffu, b8 != 0u);
-  __syncwarp();
-#pragma unroll
-  for (int i = lane; i < S; i += 32) {
-    out[i] = (i == 0) ? (u32)total : erow[i];
-    erow[i] = 0u;
-  }
-  __syncwarp();
-  return total;
-}
-
 template <int S, int STAGES>
 __global__ void __launch_bounds__(384, 1)
     d2t_wgmma(const __grid_constant__ TmaDesc tmA, const __grid_constant__ TmaDesc tmB, u32* __restrict__ packed,

@@ -33,6 +33,9 @@ type kernels struct {
 	wgOnce             sync.Once
 	wg                 map[int]*cuda.Function // wgmma D2T by S
 	wgErr              error
+	packOnce           sync.Once
+	pack               map[int]*cuda.Function // d2t_pack by S (KernelLt)
+	packErr            error
 	dn                 denseSet
 	denseErr           error
 	gath               gatheredSet

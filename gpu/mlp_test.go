@@ -73,7 +73,7 @@ func roundBF16(v []float32) []float32 {
 }
 
 func kernelsToTest(dev *cuda.Device) []Kernel {
-	ks := []Kernel{KernelMMA}
+	ks := []Kernel{KernelMMA, KernelLt}
 	if dev.Properties().Arch == "sm_90a" {
 		ks = append(ks, KernelWGMMA)
 	}
@@ -131,6 +131,39 @@ func TestD2TMatchesFloat64(t *testing.T) {
 				checkPacked(t, seed, p, roundBF16(x), roundBF16(sl.Gate), m, d, f)
 			})
 		}
+	}
+}
+
+// TestD2TLtChunks runs KernelLt over more rows than one chunk (ltRows),
+// the last chunk partial: the packed gate against float64, the true count,
+// and the sparse MLP against its dense path.
+func TestD2TLtChunks(t *testing.T) {
+	dev, blas := setup(t)
+	r, seed := testutil.Rand(t)
+	d, f, m := 128, 512, ltRows+1+r.IntN(600)
+	sl := newLayer(t, r, d, f, 0.03, synth.Skewed, true)
+	l := newMLP(t, dev, blas, sl, twell.DefaultLayout, seed)
+	l.Kernel = KernelLt
+	x := synth.Tokens(r, m, d)
+	xb := upload(t, dev, x)
+	p, err := l.D2T(nil, xb, m)
+	if err != nil {
+		t.Fatalf("seed %d: D2T: %v", seed, err)
+	}
+	checkPacked(t, seed, p, roundBF16(x), roundBF16(sl.Gate), m, d, f)
+	var n int64
+	for i := 0; i < m; i++ {
+		n += int64(p.RowNNZ(i))
+	}
+	if n != p.NNZ {
+		t.Errorf("seed %d: counted %d active units, the rows hold %d", seed, p.NNZ, n)
+	}
+	rows := synth.SampleRows(r, m, 48)
+	rows = append(rows, ltRows-1, ltRows, m-1) // either side of the chunk edge, and the last row
+	want := refRowsBF16(sl, x, d, rows)
+	y := runPath(t, dev, l, "sparse-sorted", x, m)
+	if e := synth.RelErr(y, d, rows, want); !(e <= 1e-2) {
+		t.Errorf("seed %d: KernelLt's sparse MLP: rel err %.3g vs float64 on the bf16 inputs, want <= 1e-2", seed, e)
 	}
 }
 
@@ -287,6 +320,9 @@ func TestMLPMatchesFloat64(t *testing.T) {
 		{2048, 5632, 0.005, true, KernelAuto},
 		{2048, 5632, 0.005, true, KernelMMA},
 		{512, 1024, 0.1, true, KernelAuto},
+		{320, 768, 0.02, true, KernelLt},
+		{256, 512, 0.05, false, KernelLt},
+		{2048, 5632, 0.005, true, KernelLt},
 	} {
 		t.Run(fmt.Sprintf("d%d_f%d_p%g_gated%v_%v", c.d, c.f, c.density, c.gated, c.kern), func(t *testing.T) {
 			r, seed := testutil.Rand(t)
@@ -329,6 +365,8 @@ func TestOverflowStress(t *testing.T) {
 		{"sparse-C8-mma", 0.01, twell.Layout{Tile: 256, C: 8}, KernelMMA},
 		{"dense-tiles-C8", 0.3, twell.Layout{Tile: 256, C: 8}, KernelAuto},
 		{"dense-tiles-C2", 0.6, twell.Layout{Tile: 256, C: 2}, KernelAuto},
+		{"sparse-C8-lt", 0.01, twell.Layout{Tile: 256, C: 8}, KernelLt},
+		{"dense-tiles-C2-lt", 0.6, twell.Layout{Tile: 256, C: 2}, KernelLt},
 	}
 	if dev.Properties().Arch == "sm_90a" {
 		cases = append(cases, stressCase{"sparse-C8-wgmma", 0.01, twell.Layout{Tile: 256, C: 8}, KernelWGMMA},

@@ -18,8 +18,8 @@ type Options struct {
 	Serial bool   // no early start of the decode-step kernels: EnvEarlyStart = "0"
 }
 
-// EnvD2TKernel names the environment variable that, set to "mma" or
-// "wgmma", sets Options.Kernel (unset or "auto": KernelAuto).
+// EnvD2TKernel names the environment variable that, set to "mma", "wgmma"
+// or "lt", sets Options.Kernel (unset or "auto": KernelAuto).
 const EnvD2TKernel = "TWELL_D2T_KERNEL"
 
 // EnvTail names the environment variable that, set to "warp" or "sorted",
@@ -49,7 +49,7 @@ func OptionsFrom(getenv func(string) string) (Options, error) {
 		return o, err
 	}
 	o.Serial = !early
-	o.Kernel, err = envChoice(getenv, EnvD2TKernel, "auto, wgmma or mma", map[string]Kernel{"wgmma": KernelWGMMA, "mma": KernelMMA})
+	o.Kernel, err = envChoice(getenv, EnvD2TKernel, "auto, wgmma, mma or lt", map[string]Kernel{"wgmma": KernelWGMMA, "mma": KernelMMA, "lt": KernelLt})
 	if err != nil {
 		return o, err
 	}

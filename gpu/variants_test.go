@@ -75,7 +75,7 @@ func TestKernelTimes(t *testing.T) {
 	gb.Free()
 	t.Logf("gate GEMM cuBLASLt %.3f ms  %.0f TFLOP/s", gemm, flop/gemm/1e9)
 	var d2t float64
-	var packed [][]uint32
+	packed := map[Kernel][]uint32{}
 	for _, k := range kernelsToTest(dev) {
 		l.Kernel = k
 		fn, _, err := l.d2tKernel()
@@ -89,11 +89,24 @@ func TestKernelTimes(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		packed = append(packed, p.Words)
-		d2t = ms
+		packed[k] = p.Words
+		if k != KernelLt { // the fused kernels' time for the tails below
+			d2t = ms
+		}
 	}
-	if len(packed) == 2 && !slices.Equal(packed[0], packed[1]) {
+	// The fused kernels accumulate alike; KernelLt's gate comes from
+	// cuBLASLt, whose sums may round differently.
+	if a, b := packed[KernelMMA], packed[KernelWGMMA]; a != nil && b != nil && !slices.Equal(a, b) {
 		t.Errorf("seed %d: the D2T kernels pack differently", seed)
+	}
+	if a, b := packed[KernelMMA], packed[KernelLt]; a != nil && b != nil {
+		diff := 0
+		for i := range a {
+			if a[i] != b[i] {
+				diff++
+			}
+		}
+		t.Logf("KernelLt's packed words differ from mma.sync's in %d of %d", diff, len(a))
 	}
 	l.Kernel = KernelAuto
 	dense := medianMS(t, dev, 20, func() error { return l.Dense(nil, yb, xb, m) })

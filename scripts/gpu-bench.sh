@@ -21,9 +21,9 @@
 #                                       (Perfetto) and plots of what each kernel adds to a step
 #   scripts/gpu-bench.sh ab-mlp OUTDIR  the MLP block's experiment switches not yet measured, the
 #                                       settings timed in turns in one process (bench ffn -variants):
-#                                       m = 4096 and 16384 (0.5%, skewed) the sorted tail with and
-#                                       without early start (TWELL_EARLY_START), and the warp tail;
-#                                       two rounds
+#                                       m = 16384 and 65536 (0.5%, skewed and uniform) the D2T as
+#                                       cuBLASLt's gate GEMM and d2t_pack (TWELL_D2T_KERNEL=lt)
+#                                       against the fused default, and the defaults again; two rounds
 #   scripts/gpu-bench.sh ab-decode OUTDIR  the decode switches, as variants of one run (bench model
 #                                       -variants): steps of 1, 8, 16, 32 and 64 sequences at 512
 #                                       cached tokens with the projections fused
@@ -99,11 +99,11 @@ trace)
   ;;
 ab-mlp)
   for round in 1 2; do
-    for m in 4096 16384; do
-      name=ffn-$m-tails-$round
-      "$tw" bench ffn -device cuda -m "$m" -density 0.005 -dist skewed -seed 1 \
-        -variants 'TAIL=sorted EARLY_START=1;TAIL=sorted EARLY_START=0;TAIL=warp' \
-        -json "$out/$name.json" 2>&1 | tee "$out/$name.txt" || status=1
+    for shape in 65536:skewed 65536:uniform 16384:skewed; do
+      m=${shape%%:*} dist=${shape#*:}
+      name=ffn-$m-$dist-d2t-$round
+      "$tw" bench ffn -device cuda -m "$m" -density 0.005 -dist "$dist" -seed 1 \
+        -variants 'D2T_KERNEL=lt;' -json "$out/$name.json" 2>&1 | tee "$out/$name.txt" || status=1
     done
   done
   ;;
