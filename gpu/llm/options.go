@@ -119,40 +119,20 @@ func OptionsFrom(getenv func(string) string) (Options, error) {
 	default:
 		return o, fmt.Errorf("llm: %s=%q: want 0, 1 or 8", EnvGEMV, v)
 	}
-	switch v := getenv(EnvFuseNorms); v {
-	case "0":
-	case "", "1":
-		o.FuseNorms = true
-	default:
-		return o, fmt.Errorf("llm: %s=%q: want 0 or 1", EnvFuseNorms, v)
-	}
-	switch v := getenv(EnvFuseProj); v {
-	case "", "0":
-	case "1":
-		o.FuseProj = true
-	default:
-		return o, fmt.Errorf("llm: %s=%q: want 0 or 1", EnvFuseProj, v)
-	}
-	switch v := getenv(EnvAttnRope); v {
-	case "", "0":
-	case "1":
-		o.AttnRope = true
-	default:
-		return o, fmt.Errorf("llm: %s=%q: want 0 or 1", EnvAttnRope, v)
-	}
-	switch v := getenv(EnvOProjAdd); v {
-	case "", "0":
-	case "1":
-		o.OProjAdd = true
-	default:
-		return o, fmt.Errorf("llm: %s=%q: want 0 or 1", EnvOProjAdd, v)
-	}
-	switch v := getenv(EnvGEMMTune); v {
-	case "", "0":
-	case "1":
-		o.GEMMTune = true
-	default:
-		return o, fmt.Errorf("llm: %s=%q: want 0 or 1", EnvGEMMTune, v)
+	for _, b := range []struct {
+		name string
+		dst  *bool
+		on   bool // unset
+	}{{EnvFuseNorms, &o.FuseNorms, true}, {EnvFuseProj, &o.FuseProj, false}, {EnvAttnRope, &o.AttnRope, false},
+		{EnvOProjAdd, &o.OProjAdd, false}, {EnvGEMMTune, &o.GEMMTune, false}} {
+		switch v := getenv(b.name); v {
+		case "":
+			*b.dst = b.on
+		case "0", "1":
+			*b.dst = v == "1"
+		default:
+			return o, fmt.Errorf("llm: %s=%q: want 0 or 1", b.name, v)
+		}
 	}
 	switch o.Attention {
 	case "", "auto", "wgmma3", "wgmma4", "mma", "ref":
