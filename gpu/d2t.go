@@ -4,6 +4,7 @@ import (
 	_ "embed"
 	"fmt"
 	"slices"
+	"sync"
 
 	"github.com/twell-ai/twell/cuda"
 	"github.com/twell-ai/twell/cuda/cublas"
@@ -268,38 +269,40 @@ func (l *MLP) d2tLt(s *cuda.Stream, fn *cuda.Function, x *cuda.Buffer, ws *spars
 	return nil
 }
 
-// d2tPack returns d2t_pack, KernelLt's packer, for S words per tile.
-func (k *kernels) d2tPack(s int) (*cuda.Function, error) {
-	k.packOnce.Do(func() {
-		exprs := []string{"d2t_pack<32>", "d2t_pack<64>", "d2t_pack<128>"}
-		fs, err := k.compile("d2t_pack.cu", d2tPackSrc, exprs)
+// bySet is a kernel template of S words per tile (32, 64 and 128: the C of
+// 8, 4 and 2), compiled from its file on first use.
+type bySet struct {
+	once sync.Once
+	fns  map[int]*cuda.Function
+	err  error
+}
+
+// get returns name<s> of file (src), compiling the file's three
+// instantiations on first use; a failure is kept and returned again.
+func (b *bySet) get(k *kernels, file string, src []byte, name string, s int) (*cuda.Function, error) {
+	b.once.Do(func() {
+		exprs := []string{name + "<32>", name + "<64>", name + "<128>"}
+		fs, err := k.compile(file, src, exprs)
 		if err != nil {
-			k.packErr = err
+			b.err = err
 			return
 		}
-		k.pack = map[int]*cuda.Function{32: fs[exprs[0]], 64: fs[exprs[1]], 128: fs[exprs[2]]}
+		b.fns = map[int]*cuda.Function{32: fs[exprs[0]], 64: fs[exprs[1]], 128: fs[exprs[2]]}
 	})
-	if k.packErr != nil {
-		return nil, k.packErr
+	if b.err != nil {
+		return nil, b.err
 	}
-	return k.pack[s], nil
+	return b.fns[s], nil
+}
+
+// d2tPack returns d2t_pack, KernelLt's packer, for S words per tile.
+func (k *kernels) d2tPack(s int) (*cuda.Function, error) {
+	return k.pack.get(k, "d2t_pack.cu", d2tPackSrc, "d2t_pack", s)
 }
 
 // d2tMMA returns the mma.sync D2T kernel for S words per tile.
 func (k *kernels) d2tMMA(s int) (*cuda.Function, error) {
-	k.mmaOnce.Do(func() {
-		exprs := []string{"d2t_mma<32>", "d2t_mma<64>", "d2t_mma<128>"}
-		fs, err := k.compile("d2t_mma.cu", d2tMMASrc, exprs)
-		if err != nil {
-			k.mmaErr = err
-			return
-		}
-		k.mma = map[int]*cuda.Function{32: fs[exprs[0]], 64: fs[exprs[1]], 128: fs[exprs[2]]}
-	})
-	if k.mmaErr != nil {
-		return nil, k.mmaErr
-	}
-	return k.mma[s], nil
+	return k.mma.get(k, "d2t_mma.cu", d2tMMASrc, "d2t_mma", s)
 }
 
 // d2tWGMMA returns the Hopper D2T kernel for S words per tile.

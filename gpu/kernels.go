@@ -27,21 +27,18 @@ var (
 type kernels struct {
 	dev *cuda.Device
 
-	mmaOnce, denseOnce sync.Once
-	mma                map[int]*cuda.Function // D2T by S
-	mmaErr             error
-	wgOnce             sync.Once
-	wg                 map[int]*cuda.Function // wgmma D2T by S
-	wgErr              error
-	packOnce           sync.Once
-	pack               map[int]*cuda.Function // d2t_pack by S (KernelLt)
-	packErr            error
-	dn                 denseSet
-	denseErr           error
-	gath               gatheredSet
-	gemvOnce           sync.Once
-	gemv               gemvSet
-	gemvErr            error
+	mma       bySet // mma.sync D2T by S
+	pack      bySet // d2t_pack by S (KernelLt)
+	denseOnce sync.Once
+	wgOnce    sync.Once
+	wg        map[int]*cuda.Function // wgmma D2T by S
+	wgErr     error
+	dn        denseSet
+	denseErr  error
+	gath      gatheredSet
+	gemvOnce  sync.Once
+	gemv      gemvSet
+	gemvErr   error
 
 	t2dMu sync.Mutex
 	t2d   map[int]*t2dSet // by chunks per row, ceil(d/256)
