@@ -102,16 +102,17 @@ const (
 // decStages blocks of keys (ATT_BK, PageMultiple) and their values, bf16.
 func decSmem(hd int) int { return decStages * 2 * PageMultiple * hd * 2 }
 
-// decRuns is the number of runs a decode step of S sequences on kernel k
-// cuts each query's keys into: decSplits, halved (down to 1) while the
-// CTAs would not all be resident at once (k's slots): a second wave of
-// CTAs costs more than longer runs, and only the first wave's copies
-// overlap the kernel before.
-func (e *Engine) decRuns(S int, k decKernel) int {
+// decRuns is the number of runs a decode step on kernel k cuts each
+// query's keys into, where the step has pairs (sequence, head) pairs (of
+// sequence and head group for a grouped kernel: the CTAs of one run):
+// decSplits, halved (down to 1) while the CTAs would not all be resident
+// at once (k's slots): a second wave of CTAs costs more than longer runs,
+// and only the first wave's copies overlap the kernel before.
+func (e *Engine) decRuns(pairs int, k decKernel) int {
 	if e.DecRuns > 0 {
 		return min(e.DecRuns, decSplits)
 	}
-	return decRunsFor(S*e.cfg.NumAttentionHeads, k.slots)
+	return decRunsFor(pairs, k.slots)
 }
 
 // decRunsFor is decRuns for pairs (sequence, head) pairs and room for
@@ -144,6 +145,7 @@ type decAttention struct {
 	early             bool // launch with early start
 	cluster           bool // launch the runs of a (work item, head) as a cluster
 	oproj             bool // fn is attn_dec_o: launch with a decProj
+	g                 int  // query heads a CTA (attn_dec<hd>_g<g>; 1: attn_dec<hd>)
 }
 
 // decProj is the output projection that attn_dec_o does: the layer's
@@ -178,15 +180,19 @@ func (e *Engine) decodeAttention(b *batch) (decAttention, bool) {
 	if b.T != b.S || !e.decodeSplit() || e.ws.decSeq < b.S {
 		return decAttention{}, false
 	}
-	k := e.k.dec[decKey{c.HeadDim, false}]
+	k, g := e.k.dec[decKey{c.HeadDim, false, 1}], 1
 	oproj := false
-	if o := e.k.dec[decKey{c.HeadDim, true}]; e.fuseProj(b.T) && o.cluster {
+	if o := e.k.dec[decKey{c.HeadDim, true, 1}]; e.fuseProj(b.T) && o.cluster {
 		k, oproj = o, true
+	} else if gq := c.NumAttentionHeads / c.NumKeyValueHeads; e.DecGQA && gq > 1 {
+		if kg, ok := e.k.dec[decKey{c.HeadDim, false, gq}]; ok {
+			k, g = kg, gq
+		}
 	}
 	l := decLayout(c, b.S)
 	v := func(i int) *cuda.Buffer { return view(e.ws.dec, l[i][0], l[i][1]) }
-	return decAttention{fn: k.fn, po: v(0), pm: v(1), pl: v(2), count: v(3), runs: e.decRuns(b.S, k), early: e.early(),
-		cluster: k.cluster && !e.decGlobalMerge, oproj: oproj}, true
+	return decAttention{fn: k.fn, po: v(0), pm: v(1), pl: v(2), count: v(3), runs: e.decRuns(b.S*c.NumAttentionHeads/g, k),
+		early: e.early(), cluster: k.cluster && !e.decGlobalMerge, oproj: oproj, g: g}, true
 }
 
 // decLayout returns where the decode attention's buffer for S sequences of
@@ -204,7 +210,7 @@ func decLayout(c model.Config, S int) [4][2]int {
 // merging through distributed shared memory. attn_dec_o (d.oproj) takes
 // its projection p instead of a.out.
 func (d decAttention) launch(s *cuda.Stream, a attnArgs, p decProj) error {
-	grid := cuda.Dim3{uint32(a.nItems * a.nq), uint32(d.runs), 1}
+	grid := cuda.Dim3{uint32(a.nItems * a.nq / max(d.g, 1)), uint32(d.runs), 1}
 	cfg := cuda.LaunchConfig{Grid: grid, Block: cuda.Dim3{decThreads, 1, 1}, SharedBytes: decSmem(a.hd), Stream: s,
 		EarlyStart: d.early}
 	if d.runs > 1 && d.cluster {

@@ -449,7 +449,7 @@ __device__ __forceinline__ void dec_oproj(const uint4 (&wr)[HD / 8], int first, 
   }
 }
 
-template <int HD, bool OPROJ>
+template <int HD, bool OPROJ, int G>
 __device__ __forceinline__ void attn_dec_body(const u16* __restrict__ qkv, u16* __restrict__ out,
                                               const int* __restrict__ items, const int* __restrict__ seq_q0,
                                               const int* __restrict__ seq_n, const int* __restrict__ seq_past,
@@ -458,18 +458,20 @@ __device__ __forceinline__ void attn_dec_body(const u16* __restrict__ qkv, u16* 
                                               float* __restrict__ pm, float* __restrict__ pl, int* __restrict__ cnt,
                                               const u16* __restrict__ wo, long long* __restrict__ oacc,
                                               long long* __restrict__ zero, int dm) {
+  static_assert(G == 1 || !OPROJ, "the fused output projection takes one head a CTA");
   constexpr int LPK = HD / 8;                // lanes per key
   constexpr int NG = ATT_DEC_THREADS / LPK;  // key groups of the CTA
   constexpr int NP = ATT_BK / NG;            // keys of a block per group
   constexpr int SLOT = 2 * ATT_BK * HD;      // elements of a slot: keys, then values
   extern __shared__ __align__(128) u16 kv[];  // ATT_DEC_STAGES slots
-  __shared__ float sm[NG], sl[NG];
-  __shared__ float so[NG][HD];
-  __shared__ float rm, rl, ro[HD];  // the run's maximum, sum and output (read by cluster rank 0; OPROJ: all)
+  __shared__ float sm[G][NG], sl[G][NG];
+  __shared__ float so[G][NG][HD];
+  __shared__ float rm[G], rl[G], ro[G][HD];  // the run's maxima, sums and outputs (read by cluster rank 0; OPROJ: all)
   __shared__ __align__(8) u64 bars[ATT_DEC_STAGES];
   __shared__ int last;
   __shared__ float mo[OPROJ ? HD : 1];  // OPROJ: the merged output
-  const AttnItem a = attn_item(items, seq_q0, seq_n, seq_past, seq_pt, page, layer, nq, nkv, HD);
+  // Heads a.head .. a.head + G - 1 share one KV head (G = nq / nkv, or 1).
+  const AttnItem a = attn_item(items, seq_q0, seq_n, seq_past, seq_pt, page, layer, nq, nkv, HD, G);
   const int id = blockIdx.x, sp = blockIdx.y;
   const int grp = threadIdx.x / LPK, sub = threadIdx.x % LPK;
   const int keys = a.past + 1;  // positions 0 .. past: the cache, the new token's included
@@ -512,10 +514,16 @@ __device__ __forceinline__ void attn_dec_body(const u16* __restrict__ qkv, u16* 
   grid_wait();
   grid_release();
   if (OPROJ && id == 0 && sp == 0) fix_zero(zero, dm);
-  const uint4 q = ldg_cg(qkv + (size_t)a.qs * qkv_w + a.head * HD + sub * 8);
-  float m = NEG_INF, l = 0.f, acc[8];
+  uint4 q[G];
 #pragma unroll
-  for (int e = 0; e < 8; ++e) acc[e] = 0.f;
+  for (int h = 0; h < G; ++h) q[h] = ldg_cg(qkv + (size_t)a.qs * qkv_w + (a.head + h) * HD + sub * 8);
+  float m[G], l[G], acc[G][8];
+#pragma unroll
+  for (int h = 0; h < G; ++h) {
+    m[h] = NEG_INF, l[h] = 0.f;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc[h][e] = 0.f;
+  }
   for (int blk = b0; blk < b1; ++blk) {
     const int i = blk - b0, s = i % ATT_DEC_STAGES;
 #if __CUDA_ARCH__ >= 900
@@ -530,9 +538,11 @@ __device__ __forceinline__ void attn_dec_body(const u16* __restrict__ qkv, u16* 
     // The new token's keys in the cache, for its block only (a page-table
     // read the other blocks skip).
     const u16* Kg = fresh < ATT_BK ? block_keys(a, block_page(a, blk), blk, HD) : nullptr;
-    float d[NP];
+    float d[G][NP];
     uint4 vr[NP];
-    float mb = NEG_INF;
+    float mb[G];
+#pragma unroll
+    for (int h = 0; h < G; ++h) mb[h] = NEG_INF;
 #pragma unroll
     for (int j = 0; j < NP; ++j) {
       const int r = j * NG + grp;
@@ -545,26 +555,32 @@ __device__ __forceinline__ void attn_dec_body(const u16* __restrict__ qkv, u16* 
         kr = *(const uint4*)(Ks + o);
         vr[j] = *(const uint4*)(Vs + o);
       }
-      float x = dot8(q, kr, 0.f);
 #pragma unroll
-      for (int w = LPK / 2; w > 0; w >>= 1) x += __shfl_xor_sync(0xffffffffu, x, w);
-      d[j] = r < kn ? x * scale_log2 : NEG_INF;  // rows past the last key hold stale data
-      mb = fmaxf(mb, d[j]);
+      for (int h = 0; h < G; ++h) {
+        float x = dot8(q[h], kr, 0.f);
+#pragma unroll
+        for (int w = LPK / 2; w > 0; w >>= 1) x += __shfl_xor_sync(0xffffffffu, x, w);
+        d[h][j] = r < kn ? x * scale_log2 : NEG_INF;  // rows past the last key hold stale data
+        mb[h] = fmaxf(mb[h], d[h][j]);
+      }
     }
-    const float mn = fmaxf(m, mb);
-    if (mn != NEG_INF) {
-      const float corr = ex2(m - mn);
-      l *= corr;
 #pragma unroll
-      for (int e = 0; e < 8; ++e) acc[e] *= corr;
+    for (int h = 0; h < G; ++h) {
+      const float mn = fmaxf(m[h], mb[h]);
+      if (mn != NEG_INF) {
+        const float corr = ex2(m[h] - mn);
+        l[h] *= corr;
 #pragma unroll
-      for (int j = 0; j < NP; ++j)
-        if (j * NG + grp < kn) {
-          const float p = ex2(d[j] - mn);
-          l += p;
-          axpy8(acc, p, vr[j]);
-        }
-      m = mn;
+        for (int e = 0; e < 8; ++e) acc[h][e] *= corr;
+#pragma unroll
+        for (int j = 0; j < NP; ++j)
+          if (j * NG + grp < kn) {
+            const float p = ex2(d[h][j] - mn);
+            l[h] += p;
+            axpy8(acc[h], p, vr[j]);
+          }
+        m[h] = mn;
+      }
     }
     if (i + ATT_DEC_STAGES < b1 - b0) {
       __syncthreads();  // every thread is done with slot s
@@ -575,29 +591,37 @@ __device__ __forceinline__ void attn_dec_body(const u16* __restrict__ qkv, u16* 
 #endif
     }
   }
-  if (sub == 0) sm[grp] = m, sl[grp] = l;
 #pragma unroll
-  for (int e = 0; e < 8; ++e) so[grp][sub * 8 + e] = acc[e];
+  for (int h = 0; h < G; ++h) {
+    if (sub == 0) sm[h][grp] = m[h], sl[h][grp] = l[h];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) so[h][grp][sub * 8 + e] = acc[h][e];
+  }
   __syncthreads();
+  // The run's result per head: its groups merged, column d by thread d.
+  auto out_at = [&](int h) { return out + (size_t)a.qs * nq * HD + (a.head + h) * HD; };
   if (threadIdx.x < HD) {
     const int d = threadIdx.x;
-    float M = NEG_INF;
-    for (int g = 0; g < NG; ++g) M = fmaxf(M, sm[g]);
-    float L = 0.f, O = 0.f;
-    if (M != NEG_INF)
-      for (int g = 0; g < NG; ++g) {
-        const float w = ex2(sm[g] - M);  // 0 for a group that saw no key
-        L = fmaf(sl[g], w, L);
-        O = fmaf(so[g][d], w, O);
+#pragma unroll
+    for (int h = 0; h < G; ++h) {
+      float M = NEG_INF;
+      for (int g = 0; g < NG; ++g) M = fmaxf(M, sm[h][g]);
+      float L = 0.f, O = 0.f;
+      if (M != NEG_INF)
+        for (int g = 0; g < NG; ++g) {
+          const float w = ex2(sm[h][g] - M);  // 0 for a group that saw no key
+          L = fmaf(sl[h][g], w, L);
+          O = fmaf(so[h][g][d], w, O);
+        }
+      if (splits == 1) {  // the only run: the output (key 0 is in it, so L > 0)
+        if (OPROJ)
+          mo[d] = O / L;
+        else
+          out_at(h)[d] = (u16)f_to_bf(O / L);
+      } else {
+        ro[h][d] = O;
+        if (d == 0) rm[h] = M, rl[h] = L;
       }
-    if (splits == 1) {  // the only run: the output (key 0 is in it, so L > 0)
-      if (OPROJ)
-        mo[d] = O / L;
-      else
-        out[(size_t)a.qs * nq * HD + a.head * HD + d] = (u16)f_to_bf(O / L);
-    } else {
-      ro[d] = O;
-      if (d == 0) rm = M, rl = L;
     }
   }
   if (splits == 1) {
@@ -607,7 +631,6 @@ __device__ __forceinline__ void attn_dec_body(const u16* __restrict__ qkv, u16* 
     }
     return;
   }
-  u16* o = OPROJ ? nullptr : out + (size_t)a.qs * nq * HD + a.head * HD;
 #if __CUDA_ARCH__ >= 900
   u32 cl;
   asm("mov.u32 %0, %%cluster_nctarank;" : "=r"(cl));
@@ -616,7 +639,7 @@ __device__ __forceinline__ void attn_dec_body(const u16* __restrict__ qkv, u16* 
     if (OPROJ) {
       if (threadIdx.x < HD) {
         const int d = threadIdx.x;
-        const u32 am = smem_addr(&rm), al = smem_addr(&rl), ao = smem_addr(&ro[d]);
+        const u32 am = smem_addr(&rm[0]), al = smem_addr(&rl[0]), ao = smem_addr(&ro[0][d]);
         mo[d] = dec_merge(splits, [&](int s, int k) { return ld_cluster(k == 0 ? am : k == 1 ? al : ao, s); });
       }
       // Done reading the other runs' shared memory; they may leave once
@@ -629,19 +652,29 @@ __device__ __forceinline__ void attn_dec_body(const u16* __restrict__ qkv, u16* 
     }
     if (sp == 0 && threadIdx.x < HD) {
       const int d = threadIdx.x;
-      const u32 am = smem_addr(&rm), al = smem_addr(&rl), ao = smem_addr(&ro[d]);
-      o[d] = (u16)f_to_bf(dec_merge(splits, [&](int s, int k) { return ld_cluster(k == 0 ? am : k == 1 ? al : ao, s); }));
+#pragma unroll
+      for (int h = 0; h < G; ++h) {
+        const u32 am = smem_addr(&rm[h]), al = smem_addr(&rl[h]), ao = smem_addr(&ro[h][d]);
+        out_at(h)[d] =
+            (u16)f_to_bf(dec_merge(splits, [&](int s, int k) { return ld_cluster(k == 0 ? am : k == 1 ? al : ao, s); }));
+      }
     }
     cluster_sync();  // no CTA leaves while rank 0 reads its shared memory
     return;
   }
 #endif
-  const size_t run = (size_t)id * splits + sp;
+  // Through global memory: run sp of (sequence, head) at ((item nq + head)
+  // splits + sp), whatever G, so the buffers are those of one head a CTA.
+  const size_t head0 = G == 1 ? (size_t)id : (size_t)(id / (nq / G)) * nq + a.head;
   if (threadIdx.x < HD) {
-    po[run * HD + threadIdx.x] = ro[threadIdx.x];
-    if (threadIdx.x == 0) pm[run] = rm, pl[run] = rl;
+#pragma unroll
+    for (int h = 0; h < G; ++h) {
+      const size_t run = (head0 + h) * splits + sp;
+      po[run * HD + threadIdx.x] = ro[h][threadIdx.x];
+      if (threadIdx.x == 0) pm[run] = rm[h], pl[run] = rl[h];
+    }
   }
-  // The last run of this (sequence, head) merges them all.
+  // The last run of this (sequence, head group) merges them all.
   __threadfence();
   __syncthreads();
   if (threadIdx.x == 0) last = atomicAdd(&cnt[id], 1) == splits - 1;
@@ -650,14 +683,17 @@ __device__ __forceinline__ void attn_dec_body(const u16* __restrict__ qkv, u16* 
   __threadfence();
   if (threadIdx.x < HD) {
     const int d = threadIdx.x;
-    const size_t p0 = (size_t)id * splits;
-    const float v = dec_merge(splits, [&](int s, int k) {
-      return __ldcg(k == 0 ? pm + p0 + s : k == 1 ? pl + p0 + s : po + (p0 + s) * HD + d);
-    });
-    if (OPROJ)
-      mo[d] = v;
-    else
-      o[d] = (u16)f_to_bf(v);
+#pragma unroll
+    for (int h = 0; h < G; ++h) {
+      const size_t p0 = (head0 + h) * splits;
+      const float v = dec_merge(splits, [&](int s, int k) {
+        return __ldcg(k == 0 ? pm + p0 + s : k == 1 ? pl + p0 + s : po + (p0 + s) * HD + d);
+      });
+      if (OPROJ)
+        mo[d] = v;
+      else
+        out_at(h)[d] = (u16)f_to_bf(v);
+    }
   }
   if (threadIdx.x == 0) cnt[id] = 0;
   if (OPROJ) {
@@ -665,16 +701,15 @@ __device__ __forceinline__ void attn_dec_body(const u16* __restrict__ qkv, u16* 
     dec_oproj<HD>(wr, first, wo, ldw, a.head, mo, oacc, dm, 0, dm);
   }
 }
-
 // ATTN_DEC defines attn_dec<HD> and attn_dec_o<HD>, the entry points of
-// attn_dec_body<HD, false> and attn_dec_body<HD, true>.
+// attn_dec_body<HD, false, 1> and attn_dec_body<HD, true, 1>.
 #define ATTN_DEC(HD)                                                                                                  \
   extern "C" __global__ void __launch_bounds__(ATT_DEC_THREADS)                                                       \
       attn_dec##HD(const u16* __restrict__ qkv, u16* __restrict__ out, const int* __restrict__ items,                 \
                    const int* __restrict__ seq_q0, const int* __restrict__ seq_n, const int* __restrict__ seq_past,   \
                    const u64* __restrict__ seq_pt, int page, int layer, int nq, int nkv, int qkv_w, float scale_log2, \
                    float* __restrict__ po, float* __restrict__ pm, float* __restrict__ pl, int* __restrict__ cnt) {   \
-    attn_dec_body<HD, false>(qkv, out, items, seq_q0, seq_n, seq_past, seq_pt, page, layer, nq, nkv, qkv_w,          \
+    attn_dec_body<HD, false, 1>(qkv, out, items, seq_q0, seq_n, seq_past, seq_pt, page, layer, nq, nkv, qkv_w,          \
                              scale_log2, po, pm, pl, cnt, nullptr, nullptr, nullptr, 0);                             \
   }                                                                                                                   \
   extern "C" __global__ void __launch_bounds__(ATT_DEC_THREADS)                                                       \
@@ -683,8 +718,31 @@ __device__ __forceinline__ void attn_dec_body(const u16* __restrict__ qkv, u16* 
                      int page, int layer, int nq, int nkv, int qkv_w, float scale_log2, float* __restrict__ po,       \
                      float* __restrict__ pm, float* __restrict__ pl, int* __restrict__ cnt,                           \
                      const u16* __restrict__ wo, long long* __restrict__ oacc, long long* __restrict__ zero, int dm) { \
-    attn_dec_body<HD, true>(qkv, nullptr, items, seq_q0, seq_n, seq_past, seq_pt, page, layer, nq, nkv, qkv_w,        \
+    attn_dec_body<HD, true, 1>(qkv, nullptr, items, seq_q0, seq_n, seq_past, seq_pt, page, layer, nq, nkv, qkv_w,        \
                             scale_log2, po, pm, pl, cnt, wo, oacc, zero, dm);                                         \
   }
 ATTN_DEC(64)
 ATTN_DEC(128)
+
+// ATTN_DEC_G defines attn_dec<HD>_g<G>, the entry point of
+// attn_dec_body<HD, false, G>: attn_dec<HD> with the G query heads of one
+// KV head (G = nq / nkv) in one CTA, so that a block of keys and values is
+// read into shared memory once for all of them instead of once per head
+// (Engine.DecGQA, an experiment). blockIdx.x = item * (nq / G) + group. A
+// head's run computes what attn_dec<HD>'s does, in the same order: with
+// the same runs, the same bits.
+#define ATTN_DEC_G(HD, G)                                                                                               \
+  extern "C" __global__ void __launch_bounds__(ATT_DEC_THREADS)                                                       \
+      attn_dec##HD##_g##G(const u16* __restrict__ qkv, u16* __restrict__ out, const int* __restrict__ items,          \
+                          const int* __restrict__ seq_q0, const int* __restrict__ seq_n,                              \
+                          const int* __restrict__ seq_past, const u64* __restrict__ seq_pt, int page, int layer,      \
+                          int nq, int nkv, int qkv_w, float scale_log2, float* __restrict__ po,                       \
+                          float* __restrict__ pm, float* __restrict__ pl, int* __restrict__ cnt) {                    \
+    attn_dec_body<HD, false, G>(qkv, out, items, seq_q0, seq_n, seq_past, seq_pt, page, layer, nq, nkv, qkv_w,       \
+                                scale_log2, po, pm, pl, cnt, nullptr, nullptr, nullptr, 0);                          \
+  }
+ATTN_DEC_G(64, 2)
+ATTN_DEC_G(64, 4)
+ATTN_DEC_G(64, 8)
+ATTN_DEC_G(128, 2)
+ATTN_DEC_G(128, 4)

@@ -113,6 +113,19 @@ type Engine struct {
 	// NewEngine sets it when the environment variable TWELL_LLM_OPROJ_ADD is
 	// "1".
 	OProjAdd bool
+	// DecGQA makes decode steps run the grouped decode attention kernel
+	// (attn_dec<hd>_g<g>, g = nq / nkv of 2, 4 or 8; 2 or 4 at head_dim
+	// 128), where one CTA takes every query head of a KV head: a block of
+	// keys and values is copied into shared memory once for the g heads
+	// instead of once per head (at 64 sequences and 512 cached tokens the
+	// one-head kernel moved 7.5 GB a step for 1.9 GB of keys and values at
+	// the SparseLM shape's g = 4), and the step has g times fewer CTAs a
+	// run, so its keys are cut into more runs. A head's runs compute what
+	// the one-head kernel's do, in the same order: with the same runs
+	// (DecRuns), the same bits. One-token steps with FuseProj keep
+	// attn_dec_o. NewEngine sets it when the environment variable
+	// TWELL_LLM_DEC_GQA is "1".
+	DecGQA bool
 	// ReuseLogits makes Forward return its logits in host memory that the
 	// engine owns (page-locked, so the copy from the GPU is one fast DMA)
 	// and overwrites at the next Forward call or frees at Close, instead
@@ -257,7 +270,7 @@ func NewEngineWith(dev *cuda.Device, m *model.Model, opts Options) (*Engine, err
 		return nil, err
 	}
 	e := &Engine{cfg: c, dev: dev, k: k, mlpPath: mlp.Auto, rope: model.NewRoPETables(c), Attention: opts.Attention,
-		NoGraphs: opts.NoGraphs, NoGEMV: opts.NoGEMV, GEMV8: opts.GEMV8, DecRuns: opts.DecRuns, Serial: opts.MLP.Serial, FuseNorms: opts.FuseNorms, FuseProj: opts.FuseProj, AttnRope: opts.AttnRope, OProjAdd: opts.OProjAdd, pool: &kvPool{dev: dev, cfg: c}}
+		NoGraphs: opts.NoGraphs, NoGEMV: opts.NoGEMV, GEMV8: opts.GEMV8, DecRuns: opts.DecRuns, Serial: opts.MLP.Serial, FuseNorms: opts.FuseNorms, FuseProj: opts.FuseProj, AttnRope: opts.AttnRope, OProjAdd: opts.OProjAdd, DecGQA: opts.DecGQA, pool: &kvPool{dev: dev, cfg: c}}
 	if act, _ := c.GateActivation(); act == model.ActSiLU {
 		e.act = gpu.ActSiLU
 	}

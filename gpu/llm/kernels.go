@@ -56,12 +56,20 @@ var (
 	kernTab = map[*cuda.Device]*kernels{}
 )
 
-// decKey names a decode attention kernel: its head_dim (64 or 128), and
-// whether it does the output projection too (oproj: attn_dec_o).
+// decKey names a decode attention kernel: its head_dim (64 or 128),
+// whether it does the output projection too (oproj: attn_dec_o), and the
+// query heads of one KV head it takes a CTA (g: 0 or 1 one head,
+// attn_dec<hd>; 2, 4 or 8, attn_dec<hd>_g<g>).
 type decKey struct {
 	hd    int
 	oproj bool
+	g     int
 }
+
+// decGroups are the head groups of the grouped decode kernels
+// (attn_dec<hd>_g<g>) by head_dim: at head_dim 128 a group of 8 would hold
+// too many registers.
+var decGroups = map[int][]int{64: {2, 4, 8}, 128: {2, 4}}
 
 // decKernel is a decode attention kernel, its CTAs resident at once on the
 // device (slots; see decRuns), and whether its runs are launched as
@@ -82,7 +90,8 @@ var kernelFiles = []struct {
 	{"norm.cu", &normSrc, []string{"embed", "add_rmsnorm"}},
 	{"proj.cu", &projSrc, []string{"gemv_rows1", "gemv_rows4", "gemv_rows8", "qkv_rope1", "qkv_rope4", "qkv_rope8", "qkv_rope1n", "qkv_rope1f"}},
 	{"rope.cu", &ropeSrc, []string{"rope_kv"}},
-	{"attn.cu", &attnSrc, []string{"attn_ref", "attn_fa64", "attn_fa128", "attn_dec64", "attn_dec128", "attn_dec_o64", "attn_dec_o128"}},
+	{"attn.cu", &attnSrc, []string{"attn_ref", "attn_fa64", "attn_fa128", "attn_dec64", "attn_dec128", "attn_dec_o64", "attn_dec_o128",
+		"attn_dec64_g2", "attn_dec64_g4", "attn_dec64_g8", "attn_dec128_g2", "attn_dec128_g4"}},
 }
 
 // kernelsFor compiles the .cu files of kernelFiles for dev, with package
@@ -111,8 +120,14 @@ func kernelsFor(dev *cuda.Device) (*kernels, error) {
 		gemv1: fs["gemv_rows1"], gemv4: fs["gemv_rows4"], gemv8: fs["gemv_rows8"],
 		qkvRope1: fs["qkv_rope1"], qkvRope4: fs["qkv_rope4"], qkvRope8: fs["qkv_rope8"],
 		qkvRope1N: fs["qkv_rope1n"], qkvRope1F: fs["qkv_rope1f"], dec: map[decKey]decKernel{}}
-	for key, name := range map[decKey]string{{64, false}: "attn_dec64", {128, false}: "attn_dec128",
-		{64, true}: "attn_dec_o64", {128, true}: "attn_dec_o128"} {
+	decNames := map[decKey]string{{64, false, 1}: "attn_dec64", {128, false, 1}: "attn_dec128",
+		{64, true, 1}: "attn_dec_o64", {128, true, 1}: "attn_dec_o128"}
+	for hd, gs := range decGroups {
+		for _, g := range gs {
+			decNames[decKey{hd, false, g}] = fmt.Sprintf("attn_dec%d_g%d", hd, g)
+		}
+	}
+	for key, name := range decNames {
 		fn, hd := fs[name], key.hd
 		if err := fn.SetMaxDynamicShared(decSmem(hd)); err != nil {
 			return nil, fmt.Errorf("llm: %s: %w", name, err)

@@ -28,7 +28,8 @@ func TestMain(m *testing.M) { cudatest.Main(m) }
 // griddepcontrol.wait before it touches earlier kernels' results.
 var earlyStartKernels = map[string]bool{"add_rmsnorm": true, "gemv_rows1": true, "gemv_rows4": true, "gemv_rows8": true,
 	"qkv_rope1": true, "qkv_rope4": true, "qkv_rope8": true, "qkv_rope1n": true, "qkv_rope1f": true,
-	"attn_dec64": true, "attn_dec128": true, "attn_dec_o64": true, "attn_dec_o128": true}
+	"attn_dec64": true, "attn_dec128": true, "attn_dec_o64": true, "attn_dec_o128": true,
+	"attn_dec64_g2": true, "attn_dec64_g4": true, "attn_dec64_g8": true, "attn_dec128_g2": true, "attn_dec128_g4": true}
 
 // TestCompile compiles every .cu file of kernelFiles to PTX: it needs NVRTC
 // but no GPU. The kernels launched with early start must wait first. The
@@ -731,11 +732,11 @@ func TestDecodeAttentionManySequences(t *testing.T) {
 				t.Fatal(err)
 			}
 			for _, oproj := range []bool{false, true} {
-				if dev.Properties().Major == 9 && !k.dec[decKey{c.HeadDim, oproj}].cluster {
+				if dev.Properties().Major == 9 && !k.dec[decKey{c.HeadDim, oproj, 1}].cluster {
 					t.Errorf("head_dim %d (output projection %v): no clusters of %d runs on %v (Hopper holds them)", c.HeadDim, oproj, decSplits, dev)
 				}
 			}
-			for decRunsFor(S*c.NumAttentionHeads, k.dec[decKey{c.HeadDim, false}].slots) > runs {
+			for decRunsFor(S*c.NumAttentionHeads, k.dec[decKey{c.HeadDim, false, 1}].slots) > runs {
 				S++
 			}
 			t.Run(fmt.Sprintf("hd%d_heads%d_seqs%d_runs%d", c.HeadDim, c.NumAttentionHeads, S, runs), func(t *testing.T) {
@@ -755,7 +756,7 @@ func TestDecodeAttentionManySequences(t *testing.T) {
 					e := engineOnPath(t, dev, m, seed, "dense")
 					// The attention kernel alone (FuseProj's is TestFusedProjections').
 					e.Attention, e.decGlobalMerge, e.DecRuns, e.FuseProj = attn, global, forced, false
-					if got, want := e.decRuns(S, k.dec[decKey{c.HeadDim, false}]), cmp.Or(forced, runs); attn == "auto" && got != want {
+					if got, want := e.decRuns(S*c.NumAttentionHeads, k.dec[decKey{c.HeadDim, false, 1}]), cmp.Or(forced, runs); attn == "auto" && got != want {
 						t.Fatalf("%d sequences: %d runs, want %d", S, got, want)
 					}
 					return enginetest.Passes(t, e, 304, passes...)[first:] // the decode steps' logits
@@ -770,6 +771,55 @@ func TestDecodeAttentionManySequences(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// TestDecGQASameBits runs decode steps on the grouped decode kernels
+// (Engine.DecGQA: every query head of a KV head in one CTA; groups of 2, 4
+// and 8 at head_dim 64, 2 and 4 at 128) after prefills of random lengths:
+// with the runs fixed (Engine.DecRuns: 1, 2 and 16), the logits must be
+// the one-head kernel's bit for bit, merged in a cluster or through global
+// memory; with the runs chosen by the batch, within tolerance of the plain
+// kernel's and the CPU model's, and the same on a second run.
+func TestDecGQASameBits(t *testing.T) {
+	dev := cudatest.Device(t)
+	cudatest.Compiler(t)
+	k, err := kernelsFor(dev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []model.Config{testConfig(64, 8, 2, true), testConfig(64, 16, 2, true), testConfig(64, 4, 2, true),
+		testConfig(128, 8, 2, true), testConfig(128, 4, 2, true)} {
+		g := c.NumAttentionHeads / c.NumKeyValueHeads
+		t.Run(fmt.Sprintf("hd%d_g%d", c.HeadDim, g), func(t *testing.T) {
+			if _, ok := k.dec[decKey{c.HeadDim, false, g}]; !ok {
+				t.Fatalf("no grouped decode kernel for head_dim %d, %d heads a KV head", c.HeadDim, g)
+			}
+			r, seed := testutil.Rand(t)
+			m := sparseModel(t, c, r, seed)
+			S := 1 + r.IntN(4)
+			prompts := make([][]int, S)
+			first := 0
+			for i := range prompts {
+				prompts[i] = enginetest.Tokens(r, 1+r.IntN(300), c.VocabSize)
+				first += len(prompts[i])
+			}
+			passes := append([][][]int{prompts}, decodeSteps(r, 3, S, c.VocabSize)...)
+			run := func(attn string, gqa, global bool, runs int) [][]float32 {
+				e := engineOnPath(t, dev, m, seed, "dense")
+				e.Attention, e.DecGQA, e.decGlobalMerge, e.DecRuns, e.FuseProj = attn, gqa, global, runs, false
+				return enginetest.Passes(t, e, 320, passes...)[first:] // the decode steps' logits
+			}
+			for _, runs := range []int{1, 2, 16} {
+				base := run("auto", false, false, runs)
+				enginetest.SameBits(t, fmt.Sprintf("seed %d: %d runs: grouped vs one head a CTA", seed, runs), run("auto", true, false, runs), base)
+				if runs > 1 {
+					enginetest.SameBits(t, fmt.Sprintf("seed %d: %d runs: grouped, merged in global memory", seed, runs), run("auto", true, true, runs), base)
+				}
+			}
+			got := run("auto", true, false, 0)
+			checkDecodeKernel(t, seed, got, run("ref", false, false, 0), cpuForward(t, m, "dense", 320, passes...)[first:], run("auto", true, false, 0))
+		})
 	}
 }
 
