@@ -3,6 +3,7 @@ package llm
 import (
 	"fmt"
 	"math"
+	"slices"
 
 	"github.com/twell-ai/twell/cuda"
 	"github.com/twell-ai/twell/model"
@@ -68,14 +69,14 @@ func (e *Engine) attentionKernel(T int) (attnKernel, error) {
 			return attnKernel{}, fmt.Errorf("llm: the mma attention kernel takes head_dim 64 or 128, not %d", hd)
 		}
 		return mma()
-	case "wgmma3", "wgmma4":
+	case "wgmma3", "wgmma4", "wgmma4p":
 		if hd != 64 {
 			return attnKernel{}, fmt.Errorf("llm: the wgmma attention kernel takes head_dim 64, not %d", hd)
 		}
-		return e.k.wgmma(int(a[len(a)-1] - '0'))
+		return e.k.wgmma(a)
 	case "", "auto":
 		if hd == 64 && T > wgMinTokens && e.dev.Properties().Arch == "sm_90a" {
-			if k, err := e.k.wgmma(wgStages[0]); err == nil {
+			if k, err := e.k.wgmma("wgmma3"); err == nil {
 				return k, nil
 			}
 		}
@@ -84,7 +85,7 @@ func (e *Engine) attentionKernel(T int) (attnKernel, error) {
 		}
 		return ref, nil
 	default:
-		return attnKernel{}, fmt.Errorf("llm: attention kernel %q: want auto, wgmma3, wgmma4, mma or ref", a)
+		return attnKernel{}, fmt.Errorf("llm: attention kernel %q: want auto, wgmma3, wgmma4, wgmma4p, mma or ref", a)
 	}
 }
 
@@ -237,54 +238,65 @@ func (e *Engine) AttentionKernel() (string, error) {
 	return k.fn.Name(), nil
 }
 
-// wgStages are the cp.async pipeline depths of the builds of attn_wg64
-// (attn_wgmma.cu), the first the one auto runs: on an H200, 3 stages took
-// 14.3 ms at 4 layers of the SparseLM shape where 2 took 14.4 and mma.sync
-// (attn_fa64) 21.3. With 4 (Attention "wgmma4", an experiment not yet
-// timed) an iteration has one barrier instead of two.
-var wgStages = []int{3, 4}
+// wgBuild is a build of the wgmma attention kernel (attn_wgmma.cu): its
+// name expression and the key and value blocks its shared memory holds.
+type wgBuild struct {
+	expr   string
+	stages int
+}
 
-// wgName is the name expression of the wgmma attention kernel of stages
-// stages.
-func wgName(stages int) string { return fmt.Sprintf("attn_wg64<%d>", stages) }
+// wgBuilds are the builds by Engine.Attention name; auto runs wgmma3: on
+// an H200, 3 stages took 14.3 ms at 4 layers of the SparseLM shape where 2
+// took 14.4 and mma.sync (attn_fa64) 21.3. wgmma4 (one barrier an
+// iteration instead of two) and wgmma4p (each block's softmax overlapped
+// with the block before's P V) are experiments not yet timed.
+var wgBuilds = map[string]wgBuild{"wgmma3": {"attn_wg64<3>", 3}, "wgmma4": {"attn_wg64<4>", 4}, "wgmma4p": {"attn_wg64p<4>", 4}}
 
-// wgSmem is its dynamic shared memory: the 128 query rows and the stages'
-// 64-key K and V blocks, 128 bytes a row, plus 1024 bytes for aligning the
-// base (82 KiB at 4 stages: two CTAs an SM still fit).
+// wgExprs returns the name expressions of every build, sorted.
+func wgExprs() []string {
+	var exprs []string
+	for _, b := range wgBuilds {
+		exprs = append(exprs, b.expr)
+	}
+	slices.Sort(exprs)
+	return exprs
+}
+
+// wgSmem is the dynamic shared memory of a build of stages stages: the 128
+// query rows and the stages' 64-key K and V blocks, 128 bytes a row, plus
+// 1024 bytes for aligning the base (82 KiB at 4 stages: two CTAs an SM
+// still fit).
 func wgSmem(stages int) int { return (attnBQ+stages*2*64)*128 + 1024 }
 
-// wgmma returns the attn_wg64 of stages stages (one of wgStages), compiling
-// attn_wgmma.cu on first use.
-func (k *kernels) wgmma(stages int) (attnKernel, error) {
+// wgmma returns the wgmma attention build of Engine.Attention name name
+// (a key of wgBuilds), compiling attn_wgmma.cu on first use.
+func (k *kernels) wgmma(name string) (attnKernel, error) {
 	k.wgOnce.Do(func() { k.attnWG, k.wgErr = compileWGMMA(k.dev, headers()) })
 	if k.wgErr != nil {
 		return attnKernel{}, k.wgErr
 	}
-	fn := k.attnWG[stages]
-	if fn == nil {
-		return attnKernel{}, fmt.Errorf("llm: no build of attn_wg64 with %d stages", stages)
+	b, ok := wgBuilds[name]
+	if !ok {
+		return attnKernel{}, fmt.Errorf("llm: no wgmma attention build %q", name)
 	}
-	return attnKernel{fn: fn, smem: wgSmem(stages), wg: true}, nil
+	return attnKernel{fn: k.attnWG[b.expr], smem: wgSmem(b.stages), wg: true}, nil
 }
 
 // compileWGMMA builds attn_wgmma.cu, which needs sm_90a (Hopper): a kernel
-// for each of wgStages.
-func compileWGMMA(dev *cuda.Device, hdrs []cuda.CompileOption) (map[int]*cuda.Function, error) {
+// for each of wgBuilds, by name expression.
+func compileWGMMA(dev *cuda.Device, hdrs []cuda.CompileOption) (map[string]*cuda.Function, error) {
 	if a := dev.Properties().Arch; a != "sm_90a" {
 		return nil, fmt.Errorf("llm: the wgmma attention kernel needs sm_90a (Hopper); %v is %s", dev, a)
 	}
-	names := make([]string, len(wgStages))
-	for i, s := range wgStages {
-		names[i] = wgName(s)
-	}
-	mod, err := dev.Compile("attn_wgmma.cu", attnWGMMASrc, append(hdrs, cuda.WithNameExpressions(names...))...)
+	exprs := wgExprs()
+	mod, err := dev.Compile("attn_wgmma.cu", attnWGMMASrc, append(hdrs, cuda.WithNameExpressions(exprs...))...)
 	if err != nil {
 		return nil, fmt.Errorf("llm: compiling attn_wgmma.cu: %w", err)
 	}
-	fns := map[int]*cuda.Function{}
-	for _, s := range wgStages {
-		if fns[s], err = mod.Function(wgName(s)); err != nil {
-			return nil, fmt.Errorf("llm: kernel %s: %w", wgName(s), err)
+	fns := map[string]*cuda.Function{}
+	for _, e := range exprs {
+		if fns[e], err = mod.Function(e); err != nil {
+			return nil, fmt.Errorf("llm: kernel %s: %w", e, err)
 		}
 	}
 	return fns, nil

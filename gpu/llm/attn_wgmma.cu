@@ -33,16 +33,33 @@
 // kb - 2, which every thread finished before the barrier of iteration
 // kb - 1, so one barrier an iteration (the one that publishes the block)
 // does, and the two warpgroups need not meet twice per block.
-template <int STAGES>
-__global__ void __launch_bounds__(256, 2)
-    attn_wg64(const u16* __restrict__ qkv, u16* __restrict__ out, const int* __restrict__ items,
-              const int* __restrict__ seq_q0, const int* __restrict__ seq_n, const int* __restrict__ seq_past,
-              const u64* __restrict__ seq_pt, int page, int layer, int nq, int nkv, int qkv_w,
-              float scale_log2, const float* __restrict__ cosT, const float* __restrict__ sinT) {
+//
+// attn_wg64p<STAGES> (PIPE; STAGES 4) overlaps each block's softmax with the
+// block before's P V, as flash-attention 3 does within a warpgroup: an
+// iteration issues S = Q K^T of block kb and then P V of block kb - 1,
+// waits for S only, takes the block's maxima and probabilities while
+// P V runs, then waits for it and rescales the output. Both warpgroups
+// run every block of the CTA (a warpgroup's blocks past its last key are
+// masked whole and add nothing), so that every iteration commits the same
+// groups; the first P V multiplies zero probabilities, and the last runs
+// after the loop. A block's values are read in the iteration after its
+// keys, so its stage is loaded again only after the barrier of the
+// iteration after that: the copies are queued after each iteration's
+// barrier, two blocks ahead, in four stages. The output is rescaled after
+// the block before's P V is added instead of before, so the sums round
+// differently from attn_wg64's.
+template <int STAGES, bool PIPE>
+__device__ __forceinline__ void attn_wg64_body(const u16* __restrict__ qkv, u16* __restrict__ out,
+                                               const int* __restrict__ items, const int* __restrict__ seq_q0,
+                                               const int* __restrict__ seq_n, const int* __restrict__ seq_past,
+                                               const u64* __restrict__ seq_pt, int page, int layer, int nq, int nkv,
+                                               int qkv_w, float scale_log2, const float* __restrict__ cosT,
+                                               const float* __restrict__ sinT) {
   constexpr int HD = 64, BK = WG_BK;
   static_assert(BK == ATT_BK, "the blocks of keys are the ones a page holds whole");
+  static_assert(!PIPE || STAGES >= 4, "P V reads a block's stage an iteration late");
   constexpr int AHEAD = STAGES - 1 < 2 ? STAGES - 1 : 2;  // blocks loaded ahead of the one computed
-  constexpr bool END_SYNC = STAGES < AHEAD + 2;            // whether a stage is reloaded right after its use
+  constexpr bool END_SYNC = !PIPE && STAGES < AHEAD + 2;   // whether a stage is reloaded right after its use
   constexpr u32 QBYTES = ATT_BQ * 128, BLK = BK * 128;  // Q tile; one K or V block
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const u32 sQ = (smem_addr(smem_raw) + 1023u) & ~1023u, sKV = sQ + QBYTES;
@@ -125,7 +142,41 @@ __global__ void __launch_bounds__(256, 2)
     if (k0 + BK - 1 > past + trow0) mask_after(sc, k0, past + trow0 + g, tq);
   };
 
-  for (int kb = 0; kb < nblk; ++kb) {
+  if (PIPE) {
+    // Copies queued after the barrier: groups 0 .. kb + AHEAD - 1 are
+    // committed at the wait of iteration kb.
+    float corr[2];
+    u64 dv_prev = sw128_desc(stage(0) + BLK);  // the first P V's (its probabilities are zero)
+#pragma unroll
+    for (int kk = 0; kk < BK / 16; ++kk) p[kk][0] = p[kk][1] = p[kk][2] = p[kk][3] = 0u;
+    for (int kb = 0; kb < nblk; ++kb) {
+      cp_async_wait<AHEAD - 1>();
+      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+      __syncthreads();
+      load(kb + AHEAD, pg);
+      if (kb + AHEAD + 1 < nblk) pg = block_page(a, kb + AHEAD + 1);
+      const int k0 = kb * BK;
+      float sc[BK / 8][4];
+      wg_scores(sc, dq, sw128_desc(stage(kb)));  // commit group: S
+      wg_pv(o, p, dv_prev);                      // commit group: P V of the block before
+      wg_wait<1>();                              // S is in
+      keep_live(sc);
+      mask(sc, k0);
+      softmax_probs(sc, mrow, lrow, corr, scale_log2);
+      wg_wait<0>();  // P V is in: the output may be rescaled, p refilled
+      keep_live(o);
+      keep_live(p);
+      rescale(o, corr);
+#pragma unroll
+      for (int kk = 0; kk < BK / 16; ++kk) p_frag(sc, kk, p[kk]);
+      dv_prev = sw128_desc(stage(kb) + BLK);
+    }
+    wg_pv(o, p, dv_prev);
+    wg_wait<0>();
+    keep_live(o);
+    keep_live(p);
+  }
+  for (int kb = 0; !PIPE && kb < nblk; ++kb) {
     load(kb + AHEAD, pg);
     if (kb + AHEAD + 1 < nblk) pg = block_page(a, kb + AHEAD + 1);
     // Groups 0 .. kb + AHEAD are committed.
@@ -149,6 +200,26 @@ __global__ void __launch_bounds__(256, 2)
     int row = trow0 + g;
     store_rows(o, lrow, out + (size_t)(qs + row) * nq * HD + head * HD + tq * 2, (size_t)nq * HD, row, n);
   }
+}
+
+template <int STAGES>
+__global__ void __launch_bounds__(256, 2)
+    attn_wg64(const u16* __restrict__ qkv, u16* __restrict__ out, const int* __restrict__ items,
+              const int* __restrict__ seq_q0, const int* __restrict__ seq_n, const int* __restrict__ seq_past,
+              const u64* __restrict__ seq_pt, int page, int layer, int nq, int nkv, int qkv_w,
+              float scale_log2, const float* __restrict__ cosT, const float* __restrict__ sinT) {
+  attn_wg64_body<STAGES, false>(qkv, out, items, seq_q0, seq_n, seq_past, seq_pt, page, layer, nq, nkv, qkv_w,
+                                scale_log2, cosT, sinT);
+}
+
+template <int STAGES>
+__global__ void __launch_bounds__(256, 2)
+    attn_wg64p(const u16* __restrict__ qkv, u16* __restrict__ out, const int* __restrict__ items,
+               const int* __restrict__ seq_q0, const int* __restrict__ seq_n, const int* __restrict__ seq_past,
+               const u64* __restrict__ seq_pt, int page, int layer, int nq, int nkv, int qkv_w,
+               float scale_log2, const float* __restrict__ cosT, const float* __restrict__ sinT) {
+  attn_wg64_body<STAGES, true>(qkv, out, items, seq_q0, seq_n, seq_past, seq_pt, page, layer, nq, nkv, qkv_w,
+                               scale_log2, cosT, sinT);
 }
 
 // attn_wg64_probe checks the two products of attn_wg64 in isolation (tests

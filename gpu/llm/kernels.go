@@ -44,10 +44,11 @@ type kernels struct {
 	qkvRope1N, qkvRope1F *cuda.Function
 
 	dev *cuda.Device
-	// attnWG are the builds of attn_wg64 by stages (wgStages), compiled at
-	// first use and on sm_90a only; wgErr says why they are missing.
+	// attnWG are the builds of the wgmma attention kernel by name
+	// expression (wgBuilds), compiled at first use and on sm_90a only; wgErr
+	// says why they are missing.
 	wgOnce sync.Once
-	attnWG map[int]*cuda.Function
+	attnWG map[string]*cuda.Function
 	wgErr  error
 }
 

@@ -90,10 +90,7 @@ func TestCompileWGMMA(t *testing.T) {
 	if major, minor, _, _ := cuda.NVRTCVersion(); major < 12 {
 		t.Skipf("NVRTC %d.%d cannot target compute_90a", major, minor)
 	}
-	exprs := []string{"attn_wg64_probe"}
-	for _, st := range wgStages {
-		exprs = append(exprs, wgName(st))
-	}
+	exprs := append([]string{"attn_wg64_probe"}, wgExprs()...)
 	prog, err := cuda.CompileProgram("attn_wgmma.cu", attnWGMMASrc,
 		append(headers(), cuda.WithArch("compute_90a"), cuda.WithNameExpressions(exprs...))...)
 	if err != nil {
@@ -495,7 +492,7 @@ func TestAttentionRepeatable(t *testing.T) {
 	toks := [][]int{enginetest.Tokens(r, 1024, c.VocabSize), enginetest.Tokens(r, 1000, c.VocabSize), enginetest.Tokens(r, 700, c.VocabSize)}
 	kernels := []string{"mma"}
 	if dev.Properties().Arch == "sm_90a" {
-		kernels = append(kernels, "wgmma3", "wgmma4")
+		kernels = append(kernels, "wgmma3", "wgmma4", "wgmma4p")
 	}
 	firsts := map[string][][]float32{}
 	for _, k := range kernels {
@@ -542,7 +539,7 @@ func TestAttnRopeSameBits(t *testing.T) {
 		{enginetest.Tokens(r, 1+r.IntN(100), c.VocabSize), enginetest.Tokens(r, 129, c.VocabSize), enginetest.Tokens(r, 70, c.VocabSize)},
 		{enginetest.Tokens(r, 1, c.VocabSize), enginetest.Tokens(r, 1, c.VocabSize), enginetest.Tokens(r, 1, c.VocabSize)},
 	}
-	for _, attn := range []string{"auto", "wgmma3", "wgmma4"} {
+	for _, attn := range []string{"auto", "wgmma3", "wgmma4", "wgmma4p"} {
 		run := func(rope bool) [][]float32 {
 			e := engineOnPath(t, dev, m, seed, "dense")
 			e.Attention, e.AttnRope = attn, rope
@@ -613,7 +610,7 @@ func TestAttentionLongMatchesRef(t *testing.T) {
 			}
 			kernels := []string{"mma"}
 			if c.HeadDim == 64 && dev.Properties().Arch == "sm_90a" {
-				kernels = append(kernels, "wgmma3", "wgmma4")
+				kernels = append(kernels, "wgmma3", "wgmma4", "wgmma4p")
 			}
 			ref := run("ref")
 			want := cpuForward(t, m, "dense", 460, passes...)

@@ -40,7 +40,7 @@ type Options struct {
 }
 
 // EnvAttention names the environment variable that sets a new Engine's
-// Attention field ("auto", "wgmma3", "wgmma4", "mma" or "ref"), to compare
+// Attention field ("auto", "wgmma3", "wgmma4", "wgmma4p", "mma" or "ref"), to compare
 // the kernels.
 const EnvAttention = "TWELL_LLM_ATTENTION"
 
@@ -141,9 +141,9 @@ func OptionsFrom(getenv func(string) string) (Options, error) {
 		}
 	}
 	switch o.Attention {
-	case "", "auto", "wgmma3", "wgmma4", "mma", "ref":
+	case "", "auto", "wgmma3", "wgmma4", "wgmma4p", "mma", "ref":
 	default:
-		return o, fmt.Errorf("llm: %s=%q: want auto, wgmma3, wgmma4, mma or ref", EnvAttention, o.Attention)
+		return o, fmt.Errorf("llm: %s=%q: want auto, wgmma3, wgmma4, wgmma4p, mma or ref", EnvAttention, o.Attention)
 	}
 	if v := getenv(EnvDecRuns); v != "" {
 		n, err := strconv.Atoi(v)
