@@ -21,7 +21,7 @@
 #                                       (Perfetto) and plots of what each kernel adds to a step
 #   scripts/gpu-bench.sh ab-mlp OUTDIR  the MLP block's experiment switches not yet measured, the
 #                                       settings timed in turns in one process (bench ffn -variants):
-#                                       m = 16384 and 65536 (0.5%, skewed and uniform) the D2T as
+#                                       m = 4096, 16384 and 65536 (0.5%, skewed; 65536 uniform too) the D2T as
 #                                       cuBLASLt's gate GEMM and d2t_pack (TWELL_D2T_KERNEL=lt)
 #                                       against the fused default, and the defaults again; two rounds
 #   scripts/gpu-bench.sh ab-decode OUTDIR  the decode switches, as variants of one run (bench model
@@ -101,7 +101,7 @@ trace)
   ;;
 ab-mlp)
   for round in 1 2; do
-    for shape in 65536:skewed 65536:uniform 16384:skewed; do
+    for shape in 65536:skewed 65536:uniform 16384:skewed 4096:skewed; do
       m=${shape%%:*} dist=${shape#*:}
       name=ffn-$m-$dist-d2t-$round
       "$tw" bench ffn -device cuda -m "$m" -density 0.005 -dist "$dist" -seed 1 \
