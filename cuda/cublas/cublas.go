@@ -1,5 +1,6 @@
 // Package cublas multiplies matrices on the GPU with cuBLASLt (bf16 inputs,
-// fp32 accumulation, heuristic algorithm choice cached per shape), falling
+// fp32 accumulation, the heuristic's algorithm choice, or with
+// Handle.TuneFlops the fastest of its candidates timed, cached per shape), falling
 // back to plain cuBLAS (cublasGemmStridedBatchedEx) when cuBLASLt is missing
 // or has no algorithm for a problem. The libraries are opened at run time
 // through purego, like package cuda.
