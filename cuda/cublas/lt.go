@@ -85,13 +85,14 @@ func (h *Handle) matmulLt(s *cuda.Stream, g Gemm, a, b, c, d *cuda.Buffer) error
 		}
 		h.mu.Unlock()
 	}
-	return h.dev.Do(func() error { return h.runLt(s, g, p, p.algo, p.workspace, a, b, c, d) })
+	return h.dev.Do(func() error { return h.runLt(s, g, p, &p.algo, p.workspace, a, b, c, d) })
 }
 
 // runLt queues one cuBLASLt product with plan p's descriptors and the
 // algorithm algo (needing ws bytes of workspace); called with the context
-// current.
-func (h *Handle) runLt(s *cuda.Stream, g Gemm, p *plan, algo [64]byte, ws uint64, a, b, c, d *cuda.Buffer) error {
+// current. algo points into a plan or a heuristic result, so that a call
+// allocates nothing for it.
+func (h *Handle) runLt(s *cuda.Stream, g Gemm, p *plan, algo *[64]byte, ws uint64, a, b, c, d *cuda.Buffer) error {
 	alpha, beta := g.Alpha, g.Beta
 	wsPtr := uintptr(0)
 	if ws > 0 {
@@ -101,6 +102,9 @@ func (h *Handle) runLt(s *cuda.Stream, g Gemm, p *plan, algo [64]byte, ws uint64
 		uintptr(unsafe.Pointer(&alpha)), uintptr(b.Ptr()), p.la, uintptr(a.Ptr()), p.lb,
 		uintptr(unsafe.Pointer(&beta)), uintptr(c.Ptr()), p.lc, uintptr(d.Ptr()), p.lc,
 		uintptr(unsafe.Pointer(&algo[0])), wsPtr, uintptr(ws), s.Handle())
+	if r == 0 { // no error message to build on the hot path
+		return nil
+	}
 	return status(r, "cublasLtMatmul("+g.describe()+")")
 }
 

@@ -100,7 +100,7 @@ func (h *Handle) timeCandidates(s *cuda.Stream, g Gemm, p *plan, cands []heurist
 		out[i] = Candidate{Rank: i, Workspace: r.workspace, Waves: r.waves}
 	}
 	run := func(i int) error {
-		return h.dev.Do(func() error { return h.runLt(s, g, p, cands[i].algo, cands[i].workspace, a, b, c, d) })
+		return h.dev.Do(func() error { return h.runLt(s, g, p, &cands[i].algo, cands[i].workspace, a, b, c, d) })
 	}
 	for i := range cands {
 		if err := run(i); err != nil {

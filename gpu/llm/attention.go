@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strings"
 
 	"github.com/twell-ai/twell/cuda"
 	"github.com/twell-ai/twell/model"
@@ -61,7 +62,8 @@ func (e *Engine) attentionKernel(T int) (attnKernel, error) {
 		return attnKernel{fn: fn, smem: 2 * 2 * 64 * (hd + 8) * 2}, nil // two stages of a K and a V block
 	}
 	ref := attnKernel{fn: e.k.attnRef, ref: true}
-	switch a := e.Attention; a {
+	a := e.Attention
+	switch a {
 	case "ref":
 		return ref, nil
 	case "mma":
@@ -69,11 +71,6 @@ func (e *Engine) attentionKernel(T int) (attnKernel, error) {
 			return attnKernel{}, fmt.Errorf("llm: the mma attention kernel takes head_dim 64 or 128, not %d", hd)
 		}
 		return mma()
-	case "wgmma3", "wgmma4", "wgmma4p":
-		if hd != 64 {
-			return attnKernel{}, fmt.Errorf("llm: the wgmma attention kernel takes head_dim 64, not %d", hd)
-		}
-		return e.k.wgmma(a)
 	case "", "auto":
 		if hd == 64 && T > wgMinTokens && e.dev.Properties().Arch == "sm_90a" {
 			if k, err := e.k.wgmma("wgmma3"); err == nil {
@@ -84,9 +81,24 @@ func (e *Engine) attentionKernel(T int) (attnKernel, error) {
 			return mma()
 		}
 		return ref, nil
-	default:
-		return attnKernel{}, fmt.Errorf("llm: attention kernel %q: want auto, wgmma3, wgmma4, wgmma4p, mma or ref", a)
 	}
+	if _, ok := wgBuilds[a]; !ok {
+		return attnKernel{}, fmt.Errorf("llm: attention kernel %q: want %s", a, attentionChoices())
+	}
+	if hd != 64 {
+		return attnKernel{}, fmt.Errorf("llm: the wgmma attention kernel takes head_dim 64, not %d", hd)
+	}
+	return e.k.wgmma(a)
+}
+
+// attentionChoices lists the values Engine.Attention takes, for messages.
+func attentionChoices() string {
+	names := []string{"auto", "mma", "ref"}
+	for name := range wgBuilds {
+		names = append(names, name)
+	}
+	slices.Sort(names[3:])
+	return strings.Join(names, ", ")
 }
 
 // decSplits is the most runs a decode step's keys are cut into, per

@@ -40,7 +40,8 @@ type Options struct {
 }
 
 // EnvAttention names the environment variable that sets a new Engine's
-// Attention field ("auto", "wgmma3", "wgmma4", "wgmma4p", "mma" or "ref"), to compare
+// Attention field ("auto", "mma", "ref" or a wgmma build of wgBuilds:
+// "wgmma3", "wgmma4", "wgmma4p"), to compare
 // the kernels.
 const EnvAttention = "TWELL_LLM_ATTENTION"
 
@@ -141,9 +142,11 @@ func OptionsFrom(getenv func(string) string) (Options, error) {
 		}
 	}
 	switch o.Attention {
-	case "", "auto", "wgmma3", "wgmma4", "wgmma4p", "mma", "ref":
+	case "", "auto", "mma", "ref":
 	default:
-		return o, fmt.Errorf("llm: %s=%q: want auto, wgmma3, wgmma4, wgmma4p, mma or ref", EnvAttention, o.Attention)
+		if _, ok := wgBuilds[o.Attention]; !ok {
+			return o, fmt.Errorf("llm: %s=%q: want %s", EnvAttention, o.Attention, attentionChoices())
+		}
 	}
 	if v := getenv(EnvDecRuns); v != "" {
 		n, err := strconv.Atoi(v)
