@@ -392,8 +392,8 @@ type Handle struct {
 	// cuBLASLt's heuristic offers (up to 8) on the call's own buffers and
 	// keep the fastest for every later call of that product, instead of the
 	// heuristic's first choice (Tunings reports them). Not tuned: calls on a
-	// stream that is capturing a graph, and calls whose output is their
-	// addend (Beta ≠ 0 with D = C). Set it before the first call.
+	// stream that is capturing a graph, and calls whose output shares
+	// memory with their addend (Beta ≠ 0). Set it before the first call.
 	TuneFlops float64
 
 	dev       *cuda.Device

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"unsafe"
 
 	"github.com/twell-ai/twell/bf16"
 	"github.com/twell-ai/twell/cuda"
@@ -435,6 +436,29 @@ func TestTunedMatmul(t *testing.T) {
 		t.Fatalf("seed %d: %v", seed, err)
 	}
 	check(acc, xc, av, bv, cv)
+	// The same through a second view of the addend's memory: still once.
+	cv2 := download(t, dev, xc, acc.M*acc.N, F32)
+	view, err := xc.Slice(0, xc.Len())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.MatmulAdd(nil, acc, xa, xb, xc, view); err != nil {
+		t.Fatalf("seed %d: %v", seed, err)
+	}
+	check(acc, xc, av, bv, cv2)
+	if n := len(h.Tunings()); n != len(tn) {
+		t.Fatalf("an addend-is-output call was tuned: %d tunings, want %d", n, len(tn))
+	}
+
+	// An addend apart from the output: timed, D = A·Bᵀ + C whatever the runs.
+	wa, wav := upload(t, dev, rng, acc.M*acc.K, BF16)
+	wc, wcv := upload(t, dev, rng, acc.M*acc.N, F32)
+	wd, _ := upload(t, dev, rng, acc.M*acc.N, F32)
+	if err := h.MatmulAdd(nil, acc, wa, xb, wc, wd); err != nil {
+		t.Fatalf("seed %d: %v", seed, err)
+	}
+	check(acc, wd, wav, bv, wcv)
+	nt := len(h.Tunings())
 
 	// A capturing stream: recorded untimed, the replay computes the product.
 	s, err := dev.NewStream()
@@ -462,7 +486,93 @@ func TestTunedMatmul(t *testing.T) {
 		t.Fatal(err)
 	}
 	check(cg, yc, yav, ybv, make([]float64, cg.M*cg.N))
-	if n := len(h.Tunings()); n != len(tn) {
-		t.Fatalf("the addend-is-output or the captured call was tuned: %d tunings, want %d", n, len(tn))
+	if n := len(h.Tunings()); n != nt {
+		t.Fatalf("the captured call was tuned: %d tunings, want %d", n, nt)
+	}
+}
+
+// failingLt is a cuBLASLt stand-in whose calls fail from the failAt-th on
+// (counting from 1; 0: none fails) and that counts the descriptors, layouts
+// and preferences alive.
+type failingLt struct {
+	calls, failAt, alive int
+	cands                []int32 // states of the heuristic's results
+}
+
+func (f *failingLt) call() int32 {
+	f.calls++
+	if f.failAt > 0 && f.calls >= f.failAt {
+		return 7 // CUBLAS_STATUS_INVALID_VALUE
+	}
+	return 0
+}
+
+func (f *failingLt) lib() *ltLib {
+	create := func(h *uintptr) int32 {
+		if r := f.call(); r != 0 {
+			return r
+		}
+		f.alive++
+		*h = uintptr(f.calls)
+		return 0
+	}
+	destroy := func(uintptr) int32 { f.alive--; return 0 }
+	set := func(uintptr, int32, unsafe.Pointer, uint64) int32 { return f.call() }
+	return &ltLib{
+		descCreate:    func(d *uintptr, _, _ int32) int32 { return create(d) },
+		descDestroy:   destroy,
+		descSet:       set,
+		layoutCreate:  func(l *uintptr, _ int32, _, _ uint64, _ int64) int32 { return create(l) },
+		layoutDestroy: destroy,
+		layoutSet:     set,
+		prefCreate:    create,
+		prefDestroy:   destroy,
+		prefSet:       set,
+		heuristic: func(_, _, _, _, _, _, _ uintptr, n int32, results unsafe.Pointer, count *int32) int32 {
+			if r := f.call(); r != 0 {
+				return r
+			}
+			res := unsafe.Slice((*heuristicResult)(results), n)
+			*count = int32(min(len(f.cands), int(n)))
+			for i := range *count {
+				res[i] = heuristicResult{state: f.cands[i]}
+			}
+			return 0
+		},
+	}
+}
+
+// TestNewPlanFailures fails each cuBLASLt call of building a plan in turn,
+// and lets the heuristic offer nothing usable: newPlan returns an error, no
+// plan, and leaves nothing it created alive.
+func TestNewPlanFailures(t *testing.T) {
+	g, err := Gemm{M: 64, N: 96, K: 128, TransB: true, Alpha: 1, Batch: 2, StrideA: 64 * 128, StrideB: 96 * 128, StrideC: 64 * 96}.normalized()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ok := &failingLt{cands: []int32{0}}
+	h := &Handle{lt: ok.lib(), workspace: &cuda.Buffer{}}
+	p, cands, err := h.newPlan(g, planKey{g: g, alignA: 16, alignB: 16, aC: 16})
+	if err != nil || p == nil || len(cands) != 1 {
+		t.Fatalf("no failure: plan %v, %d candidates, err %v", p, len(cands), err)
+	}
+	p.destroy(h.lt)
+	if ok.alive != 0 {
+		t.Fatalf("no failure: %d objects left alive", ok.alive)
+	}
+	steps := ok.calls
+	for failAt := 1; failAt <= steps+1; failAt++ {
+		f := &failingLt{failAt: failAt, cands: []int32{0}}
+		if failAt == steps+1 { // every call succeeds, no candidate is usable
+			f = &failingLt{cands: []int32{3, 5}}
+		}
+		h := &Handle{lt: f.lib(), workspace: &cuda.Buffer{}}
+		p, cands, err := h.newPlan(g, planKey{g: g, alignA: 16, alignB: 16, aC: 16})
+		if err == nil || p != nil || cands != nil {
+			t.Errorf("failing at call %d of %d: plan %v, %d candidates, err %v; want an error alone", failAt, steps, p, len(cands), err)
+		}
+		if f.alive != 0 {
+			t.Errorf("failing at call %d of %d: %d objects left alive", failAt, steps, f.alive)
+		}
 	}
 }

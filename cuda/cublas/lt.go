@@ -112,12 +112,14 @@ func (h *Handle) runLt(s *cuda.Stream, g Gemm, p *plan, algo *[64]byte, ws uint6
 // algorithms, best first by its own ranking: up to maxCandidates that this
 // handle's workspace can run, at least one. Called with the context
 // current; the plan's algo is the heuristic's first choice.
-func (h *Handle) newPlan(g Gemm, key planKey) (p *plan, cands []heuristicResult, err error) {
+func (h *Handle) newPlan(g Gemm, key planKey) (*plan, []heuristicResult, error) {
 	l := h.lt
 	cm := g.colMajor()
-	p = &plan{}
+	// Every error return hands back a nil plan: the deferred destroy works
+	// on p, which the returns leave alone.
+	p, built := &plan{}, false
 	defer func() {
-		if err != nil {
+		if !built {
 			p.destroy(l)
 		}
 	}()
@@ -180,6 +182,7 @@ func (h *Handle) newPlan(g Gemm, key planKey) (p *plan, cands []heuristicResult,
 		"cublasLtMatmulAlgoGetHeuristic("+g.describe()+")"); err != nil {
 		return nil, nil, err
 	}
+	var cands []heuristicResult
 	for _, r := range results[:count] {
 		if r.state == 0 && r.workspace <= ws {
 			cands = append(cands, r)
@@ -189,5 +192,6 @@ func (h *Handle) newPlan(g Gemm, key planKey) (p *plan, cands []heuristicResult,
 		return nil, nil, &Error{Op: "cublasLtMatmulAlgoGetHeuristic(" + g.describe() + "): no algorithm", Status: 15, Name: "CUBLAS_STATUS_NOT_SUPPORTED"}
 	}
 	p.algo, p.workspace = cands[0].algo, cands[0].workspace
+	built = true
 	return p, cands, nil
 }

@@ -81,14 +81,20 @@ func (h *Handle) choosePlan(s *cuda.Stream, g Gemm, key planKey, a, b, c, d *cud
 // tunes reports whether the first call of product g, writing d from the
 // addend c on stream s, chooses its algorithm by timing: TuneFlops set and
 // reached, a stream that runs work now (not one capturing a graph), and an
-// output that is not also the addend (timing runs the product several
-// times, which would add into C again each time).
+// output that shares no memory with the addend (timing runs the product
+// several times, which would add into C again each time; two views of one
+// allocation count as shared).
 func (h *Handle) tunes(s *cuda.Stream, g Gemm, c, d *cuda.Buffer) bool {
-	if h.TuneFlops <= 0 || g.Flops() < h.TuneFlops || (g.Beta != 0 && c == d) {
+	if h.TuneFlops <= 0 || g.Flops() < h.TuneFlops || (g.Beta != 0 && overlap(c, d)) {
 		return false
 	}
 	capturing, err := s.Capturing()
 	return err == nil && !capturing
+}
+
+// overlap reports whether buffers x and y share device memory.
+func overlap(x, y *cuda.Buffer) bool {
+	return x.Ptr() < y.Ptr()+cuda.DevicePtr(y.Len()) && y.Ptr() < x.Ptr()+cuda.DevicePtr(x.Len())
 }
 
 // timeCandidates runs each candidate once, then tuneRounds times in turns
