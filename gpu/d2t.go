@@ -249,7 +249,7 @@ func (l *MLP) d2tLt(s *cuda.Stream, fn *cuda.Function, x *cuda.Buffer, ws *spars
 	if ws.gate, err = l.realloc(ws.gate, 2*min(mp, ltRows)*l.F); err != nil {
 		return err
 	}
-	blocks := uint32(8 * l.dev.Properties().SMs)
+	blocks := uint32(l.residentPackBlocks(fn))
 	for r0 := 0; r0 < mp; r0 += ltRows {
 		rows := min(ltRows, mp-r0)
 		if valid := min(rows, a.m-r0); valid > 0 {
@@ -267,6 +267,21 @@ func (l *MLP) d2tLt(s *cuda.Stream, fn *cuda.Function, x *cuda.Buffer, ws *spars
 		}
 	}
 	return nil
+}
+
+// residentPackBlocks returns how many 256-thread blocks of d2t_pack (fn)
+// fit on the GPU at once: its grid, so that the grid-stride loop runs in
+// one wave (its registers fit 6 blocks an SM, not 8). Without the
+// occupancy query, 4 an SM.
+func (l *MLP) residentPackBlocks(fn *cuda.Function) int {
+	if l.packBlocks == 0 {
+		n, err := fn.MaxActiveBlocksPerSM(256, 0)
+		if err != nil || n < 1 {
+			n = 4
+		}
+		l.packBlocks = n * l.dev.Properties().SMs
+	}
+	return l.packBlocks
 }
 
 // bySet is a kernel template of S words per tile (32, 64 and 128: the C of

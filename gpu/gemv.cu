@@ -259,6 +259,10 @@ __global__ void __launch_bounds__(256)
       rows_dot<1, 1>(uv, urow, xs, 1, d, lane, u);
       h *= u[0][0];
     }
+    if (!(fabsf(h) < FIX_MAX)) {  // the row is bad whatever the down row holds: counted once, not d times
+      if (lane == 0) atomicAdd((u64*)yacc + d, 1ull);
+      continue;
+    }
     for (int c0 = 0;;) {
 #pragma unroll
       for (int i = 0; i < MLP_DOWN_COLS / 256; ++i) {

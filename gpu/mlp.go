@@ -61,7 +61,8 @@ type MLP struct {
 	tmAm  int
 	wgErr error
 
-	clusters int // resident clusters of the wgmma D2T kernel (0: not yet asked)
+	clusters   int // resident clusters of the wgmma D2T kernel (0: not yet asked)
+	packBlocks int // resident blocks of d2t_pack (KernelLt; 0: not yet asked)
 
 	// automatic path state
 	next      mlp.Path // the density rule's path (mlp.Sparse or mlp.Dense)

@@ -136,7 +136,8 @@ func TestD2TMatchesFloat64(t *testing.T) {
 
 // TestD2TLtChunks runs KernelLt over more rows than one chunk (ltRows),
 // the last chunk partial: the packed gate against float64, the true count,
-// and the sparse MLP against its dense path.
+// and the sparse MLP against float64; then a smaller call on a stream of
+// its own, in the workspace the first one grew.
 func TestD2TLtChunks(t *testing.T) {
 	dev, blas := setup(t)
 	r, seed := testutil.Rand(t)
@@ -165,6 +166,17 @@ func TestD2TLtChunks(t *testing.T) {
 	if e := synth.RelErr(y, d, rows, want); !(e <= 1e-2) {
 		t.Errorf("seed %d: KernelLt's sparse MLP: rel err %.3g vs float64 on the bf16 inputs, want <= 1e-2", seed, e)
 	}
+	s, err := dev.NewStream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Destroy()
+	m2 := 1 + r.IntN(300)
+	p2, err := l.D2T(s, upload(t, dev, x[:m2*d]), m2)
+	if err != nil {
+		t.Fatalf("seed %d: D2T of %d rows after %d: %v", seed, m2, m, err)
+	}
+	checkPacked(t, seed, p2, roundBF16(x[:m2*d]), roundBF16(sl.Gate), m2, d, f)
 }
 
 func checkPacked(t *testing.T, seed uint64, p *Packed, x, w []float32, m, d, f int) {

@@ -292,7 +292,8 @@ extern "C" __global__ void __launch_bounds__(256)
 // the output. With several, each run's maximum, sum and unnormalized
 // output are merged in split order: launched as a cluster of the runs
 // (sm_90), through distributed shared memory, where rank 0 reads the other
-// runs' results and writes the output while they wait; otherwise through
+// runs' results and writes the output while they wait (grouped kernels:
+// each (head, column) merged by one thread of one rank); otherwise through
 // global memory (pm, pl, po), by the last CTA of the (sequence, head) to
 // finish (a counter in cnt, reset to 0 by it). Either way the result does
 // not depend on the order the CTAs run in and repeats bit for bit. The split
@@ -466,7 +467,7 @@ __device__ __forceinline__ void attn_dec_body(const u16* __restrict__ qkv, u16* 
   extern __shared__ __align__(128) u16 kv[];  // ATT_DEC_STAGES slots
   __shared__ float sm[G][NG], sl[G][NG];
   __shared__ float so[G][NG][HD];
-  __shared__ float rm[G], rl[G], ro[G][HD];  // the run's maxima, sums and outputs (read by cluster rank 0; OPROJ: all)
+  __shared__ float rm[G], rl[G], ro[G][HD];  // the run's maxima, sums and outputs (read by the other ranks of a cluster)
   __shared__ __align__(8) u64 bars[ATT_DEC_STAGES];
   __shared__ int last;
   __shared__ float mo[OPROJ ? HD : 1];  // OPROJ: the merged output
@@ -650,16 +651,20 @@ __device__ __forceinline__ void attn_dec_body(const u16* __restrict__ qkv, u16* 
       asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
       return;
     }
-    if (sp == 0 && threadIdx.x < HD) {
-      const int d = threadIdx.x;
-#pragma unroll
-      for (int h = 0; h < G; ++h) {
-        const u32 am = smem_addr(&rm[h]), al = smem_addr(&rl[h]), ao = smem_addr(&ro[h][d]);
-        out_at(h)[d] =
-            (u16)f_to_bf(dec_merge(splits, [&](int s, int k) { return ld_cluster(k == 0 ? am : k == 1 ? al : ao, s); }));
-      }
+    auto merge = [&](int h, int d) {
+      const u32 am = smem_addr(&rm[h]), al = smem_addr(&rl[h]), ao = smem_addr(&ro[h][d]);
+      out_at(h)[d] =
+          (u16)f_to_bf(dec_merge(splits, [&](int s, int k) { return ld_cluster(k == 0 ? am : k == 1 ? al : ao, s); }));
+    };
+    if constexpr (G == 1) {
+      if (sp == 0 && threadIdx.x < HD) merge(0, threadIdx.x);
+    } else {
+      // Column d of head h is merged by one thread of one rank: the G HD
+      // merges spread over the cluster's threads.
+      for (int i = sp * ATT_DEC_THREADS + (int)threadIdx.x; i < G * HD; i += splits * ATT_DEC_THREADS)
+        merge(i / HD, i % HD);
     }
-    cluster_sync();  // no CTA leaves while rank 0 reads its shared memory
+    cluster_sync();  // no CTA leaves while another reads its shared memory
     return;
   }
 #endif
@@ -681,19 +686,20 @@ __device__ __forceinline__ void attn_dec_body(const u16* __restrict__ qkv, u16* 
   __syncthreads();
   if (!last) return;
   __threadfence();
-  if (threadIdx.x < HD) {
-    const int d = threadIdx.x;
-#pragma unroll
-    for (int h = 0; h < G; ++h) {
-      const size_t p0 = (head0 + h) * splits;
-      const float v = dec_merge(splits, [&](int s, int k) {
-        return __ldcg(k == 0 ? pm + p0 + s : k == 1 ? pl + p0 + s : po + (p0 + s) * HD + d);
-      });
-      if (OPROJ)
-        mo[d] = v;
-      else
-        out_at(h)[d] = (u16)f_to_bf(v);
-    }
+  auto merge = [&](int h, int d) {
+    const size_t p0 = (head0 + h) * splits;
+    const float v = dec_merge(splits, [&](int s, int k) {
+      return __ldcg(k == 0 ? pm + p0 + s : k == 1 ? pl + p0 + s : po + (p0 + s) * HD + d);
+    });
+    if (OPROJ)
+      mo[d] = v;
+    else
+      out_at(h)[d] = (u16)f_to_bf(v);
+  };
+  if constexpr (G == 1) {
+    if (threadIdx.x < HD) merge(0, threadIdx.x);
+  } else {
+    for (int i = threadIdx.x; i < G * HD; i += ATT_DEC_THREADS) merge(i / HD, i % HD);  // column d of head h a thread
   }
   if (threadIdx.x == 0) cnt[id] = 0;
   if (OPROJ) {

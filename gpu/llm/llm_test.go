@@ -558,30 +558,44 @@ func TestAttnRopeSameBits(t *testing.T) {
 func TestOProjAddMatches(t *testing.T) {
 	dev := cudatest.Device(t)
 	cudatest.Compiler(t)
-	c := testConfig(64, 4, 2, true)
+	c := testConfig(64, 6, 2, true) // heads x head_dim != hidden: o_proj's N and K differ
 	r, seed := testutil.Rand(t)
 	m := sparseModel(t, c, r, seed)
-	passes := [][][]int{
+	two := [][][]int{
 		{enginetest.Tokens(r, 20+r.IntN(200), c.VocabSize), enginetest.Tokens(r, 1+r.IntN(8), c.VocabSize)},
 		{enginetest.Tokens(r, 9+r.IntN(80), c.VocabSize), enginetest.Tokens(r, 70, c.VocabSize)},
 		{enginetest.Tokens(r, 1, c.VocabSize), enginetest.Tokens(r, 1, c.VocabSize)},
 	}
+	// 12 sequences: their one-token steps are too many for the gemv
+	// projections, so o_proj adds in a cuBLASLt GEMM recorded in a graph.
+	many := make([][][]int, 4)
+	for i := range many {
+		for range 12 {
+			n := 1
+			if i == 0 {
+				n = 1 + r.IntN(40)
+			}
+			many[i] = append(many[i], enginetest.Tokens(r, n, c.VocabSize))
+		}
+	}
 	for _, path := range []string{"dense", "sparse"} {
-		want := cpuForward(t, m, path, 400, passes...)
-		run := func(add bool) [][]float32 {
-			e := engineOnPath(t, dev, m, seed, path)
-			e.OProjAdd = add
-			return enginetest.Passes(t, e, 400, passes...)
+		for _, passes := range [][][][]int{two, many} {
+			want := cpuForward(t, m, path, 400, passes...)
+			run := func(add bool) [][]float32 {
+				e := engineOnPath(t, dev, m, seed, path)
+				e.OProjAdd = add
+				return enginetest.Passes(t, e, 400, passes...)
+			}
+			got, def := run(true), run(false)
+			if d, err := enginetest.RelDiff(got, def); err != nil || d > 1e-2 {
+				t.Errorf("seed %d: %s MLP, %d sequences: o_proj added in its GEMM vs the default path: rel diff %.3g (err %v)", seed, path, len(passes[0]), d, err)
+			}
+			d, err := enginetest.RelDiff(got, want)
+			if err != nil || d > bf16Tol {
+				t.Errorf("seed %d: %s MLP, %d sequences: o_proj added in its GEMM vs CPU: rel diff %.3g (err %v)", seed, path, len(passes[0]), d, err)
+			}
+			t.Logf("seed %d: %s MLP, %d sequences: vs CPU rel diff %.2e", seed, path, len(passes[0]), d)
 		}
-		got, def := run(true), run(false)
-		if d, err := enginetest.RelDiff(got, def); err != nil || d > 1e-2 {
-			t.Errorf("seed %d: %s MLP: o_proj added in its GEMM vs the default path: rel diff %.3g (err %v)", seed, path, d, err)
-		}
-		d, err := enginetest.RelDiff(got, want)
-		if err != nil || d > bf16Tol {
-			t.Errorf("seed %d: %s MLP: o_proj added in its GEMM vs CPU: rel diff %.3g (err %v)", seed, path, d, err)
-		}
-		t.Logf("seed %d: %s MLP: vs CPU rel diff %.2e", seed, path, d)
 	}
 }
 
@@ -694,7 +708,8 @@ func checkDecodeKernel(t *testing.T, seed uint64, got, ref, want, again [][]floa
 // sequences start with one token each (nothing cached: the only key is the
 // new token's, read after grid_wait, and every other run is empty), then
 // on two decode steps: the logits must agree with the plain kernel's and
-// the CPU model's, and repeat bit for bit.
+// the CPU model's, and repeat bit for bit; the grouped kernel (DecGQA) must
+// give the one-head kernel's bits.
 func TestDecodeAttentionFirstToken(t *testing.T) {
 	dev := cudatest.Device(t)
 	cudatest.Compiler(t)
@@ -702,12 +717,14 @@ func TestDecodeAttentionFirstToken(t *testing.T) {
 	r, seed := testutil.Rand(t)
 	m := sparseModel(t, c, r, seed)
 	passes := decodeSteps(r, 3, 3, c.VocabSize)
-	run := func(attn string) [][]float32 {
+	run := func(attn string, gqa bool) [][]float32 {
 		e := engineOnPath(t, dev, m, seed, "dense")
-		e.Attention = attn
+		e.Attention, e.DecGQA = attn, gqa
 		return enginetest.Passes(t, e, 64, passes...)
 	}
-	checkDecodeKernel(t, seed, run("auto"), run("ref"), cpuForward(t, m, "dense", 64, passes...), run("auto"))
+	got := run("auto", false)
+	checkDecodeKernel(t, seed, got, run("ref", false), cpuForward(t, m, "dense", 64, passes...), run("auto", false))
+	enginetest.SameBits(t, fmt.Sprintf("seed %d: grouped vs one head a CTA", seed), run("auto", true), got)
 }
 
 // TestDecodeAttentionManySequences runs the decode kernel on decode steps
@@ -805,7 +822,11 @@ func TestDecGQASameBits(t *testing.T) {
 			run := func(attn string, gqa, global bool, runs int) [][]float32 {
 				e := engineOnPath(t, dev, m, seed, "dense")
 				e.Attention, e.DecGQA, e.decGlobalMerge, e.DecRuns, e.FuseProj = attn, gqa, global, runs, false
-				return enginetest.Passes(t, e, 320, passes...)[first:] // the decode steps' logits
+				out := enginetest.Passes(t, e, 320, passes...)[first:] // the decode steps' logits
+				if d, ok := e.decodeAttention(&batch{T: S, S: S}); gqa && (!ok || d.g != g) {
+					t.Fatalf("seed %d: DecGQA: the decode steps ran %d heads a CTA (decode kernel %v), want %d", seed, d.g, ok, g)
+				}
+				return out
 			}
 			for _, runs := range []int{1, 2, 16} {
 				base := run("auto", false, false, runs)
