@@ -543,7 +543,11 @@ func TestAttnRopeSameBits(t *testing.T) {
 		run := func(rope bool) [][]float32 {
 			e := engineOnPath(t, dev, m, seed, "dense")
 			e.Attention, e.AttnRope = attn, rope
-			return enginetest.Passes(t, e, 520, passes...)
+			out := enginetest.Passes(t, e, 520, passes...)
+			if k, err := e.attentionKernel(n0 + n1 + 130); err != nil || !k.wg {
+				t.Fatalf("seed %d, %s attention: the first pass did not run attn_wg64 (err %v): nothing rotated its queries", seed, attn, err)
+			}
+			return out
 		}
 		enginetest.SameBits(t, fmt.Sprintf("seed %d, %s attention: queries rotated by attn_wg64 vs by rope_kv (first lengths %d, %d)", seed, attn, n0, n1),
 			run(true), run(false))
