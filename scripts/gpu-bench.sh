@@ -132,8 +132,12 @@ ab-prefill)
     -sizes 131072x3072x2048,131072x2048x2048,131072x5632x2048,131072x2048x5632 \
     -json "$out/gemm-tuned.json" 2>&1 | tee "$out/gemm-tuned.txt" || status=1
   for round in 1 2; do
+    # Round 1 also traces one more prefill pass of every engine: each
+    # kernel's time, and the GPU's idle time between kernels.
+    trace=()
+    [ "$round" = 1 ] && trace=(-trace "$out/prefill-trace.json" -trace-plot "$out/prefill-trace.png" -trace-steps 1)
     "$tw" bench model -device cuda -preset sparselm-1.5b -seed 9596107621982983358 -reps 3 -batch 32 -prompt-len 2048 \
-      -decode-batch 1 -decode-context 512 -decode-steps 8 \
+      -decode-batch 1 -decode-context 512 -decode-steps 8 "${trace[@]}" \
       -variants 'GEMM_TUNE=1;LLM_ATTN_ROPE=1;LLM_OPROJ_ADD=1;LLM_ATTENTION=wgmma4;LLM_ATTENTION=wgmma4p;GEMM_TUNE=1 LLM_ATTN_ROPE=1 LLM_OPROJ_ADD=1;' \
       -json "$out/prefill-$round.json" 2>&1 | tee "$out/prefill-$round.txt" || status=1
   done
