@@ -557,8 +557,10 @@ func TestAttnRopeSameBits(t *testing.T) {
 // TestOProjAddMatches checks Engine.OProjAdd: prefill passes that add the
 // output projection into the residual stream in its GEMM agree with the
 // default path (which adds its bf16-rounded delta in the norm) and with the
-// CPU model, on both MLP paths, over two prefill passes and a decode step
-// (which keeps the default path: its projections are not cuBLASLt's).
+// CPU model, on both MLP paths: two sequences over two prefill passes and a
+// decode step (which keeps the default path: its projections are not
+// cuBLASLt's), and 12 sequences over a prefill and three decode steps
+// (which add in cuBLASLt GEMMs replayed from graphs).
 func TestOProjAddMatches(t *testing.T) {
 	dev := cudatest.Device(t)
 	cudatest.Compiler(t)
