@@ -59,7 +59,7 @@ var (
 
 // decKey names a decode attention kernel: its head_dim (64 or 128),
 // whether it does the output projection too (oproj: attn_dec_o), and the
-// query heads of one KV head it takes a CTA (g: 0 or 1 one head,
+// query heads of one KV head it takes a CTA (g: 1, one head,
 // attn_dec<hd>; 2, 4 or 8, attn_dec<hd>_g<g>).
 type decKey struct {
 	hd    int
