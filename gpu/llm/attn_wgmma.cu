@@ -48,7 +48,13 @@
 // barrier, two blocks ahead, in four stages. The output is rescaled after
 // the block before's P V is added instead of before, so the sums round
 // differently from attn_wg64's.
-template <int STAGES, bool PIPE>
+//
+// QREG (attn_wg64q, attn_wg64pq): each warp loads its 16 query rows from
+// the tile into registers once, as wgmma A fragments (wg_q_frags), and
+// S = Q K^T reads only K from shared memory: with both operands there, a
+// m64n64k16 reads 4 KB for its 131k products, 128 bytes a clock at the
+// tensor cores' rate, all of the SM's shared memory bandwidth.
+template <int STAGES, bool PIPE, bool QREG>
 __device__ __forceinline__ void attn_wg64_body(const u16* __restrict__ qkv, u16* __restrict__ out,
                                                const int* __restrict__ items, const int* __restrict__ seq_q0,
                                                const int* __restrict__ seq_n, const int* __restrict__ seq_past,
@@ -132,9 +138,17 @@ __device__ __forceinline__ void attn_wg64_body(const u16* __restrict__ qkv, u16*
   float mrow[2] = {NEG_INF, NEG_INF}, lrow[2] = {0.f, 0.f};
   u32 p[BK / 16][4];  // the block's probabilities, bf16 A fragments
   const u64 dq = sw128_desc(sQ + (u32)wg * 64 * 128);
+  u32 qf[HD / 16][4];  // QREG: the warp's query rows, bf16 A fragments (loaded after the first barrier)
+  // queue_scores queues S = Q K^T for block blk (one commit group).
+  auto queue_scores = [&](float (&sc)[BK / 8][4], int blk) {
+    if (QREG)
+      wg_scores_rq(sc, qf, sw128_desc(stage(blk)));
+    else
+      wg_scores(sc, dq, sw128_desc(stage(blk)));
+  };
   // scores computes block blk's masked scores, waiting for them.
   auto scores = [&](float (&sc)[BK / 8][4], int blk) {
-    wg_scores(sc, dq, sw128_desc(stage(blk)));
+    queue_scores(sc, blk);
     wg_wait<0>();
     keep_live(sc);
   };
@@ -153,11 +167,12 @@ __device__ __forceinline__ void attn_wg64_body(const u16* __restrict__ qkv, u16*
       cp_async_wait<AHEAD - 1>();
       asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
       __syncthreads();
+      if (QREG && kb == 0) wg_q_frags(qf, sQ + (u32)wg * 64 * 128);
       load(kb + AHEAD, pg);
       if (kb + AHEAD + 1 < nblk) pg = block_page(a, kb + AHEAD + 1);
       const int k0 = kb * BK;
       float sc[BK / 8][4];
-      wg_scores(sc, dq, sw128_desc(stage(kb)));  // commit group: S
+      queue_scores(sc, kb);                      // commit group: S
       wg_pv(o, p, dv_prev);                      // commit group: P V of the block before
       wg_wait<1>();                              // S is in
       keep_live(sc);
@@ -184,6 +199,7 @@ __device__ __forceinline__ void attn_wg64_body(const u16* __restrict__ qkv, u16*
     // cp.async wrote through the generic proxy; wgmma reads through the async one.
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
     __syncthreads();
+    if (QREG && kb == 0) wg_q_frags(qf, sQ + (u32)wg * 64 * 128);
     const int k0 = kb * BK;
     if (k0 <= wklast) {  // uniform over the warpgroup, as wgmma needs
       const u64 dv = sw128_desc(stage(kb) + BLK);
@@ -202,34 +218,35 @@ __device__ __forceinline__ void attn_wg64_body(const u16* __restrict__ qkv, u16*
   }
 }
 
-template <int STAGES>
+template <int STAGES, bool QREG = false>
 __global__ void __launch_bounds__(256, 2)
     attn_wg64(const u16* __restrict__ qkv, u16* __restrict__ out, const int* __restrict__ items,
               const int* __restrict__ seq_q0, const int* __restrict__ seq_n, const int* __restrict__ seq_past,
               const u64* __restrict__ seq_pt, int page, int layer, int nq, int nkv, int qkv_w,
               float scale_log2, const float* __restrict__ cosT, const float* __restrict__ sinT) {
-  attn_wg64_body<STAGES, false>(qkv, out, items, seq_q0, seq_n, seq_past, seq_pt, page, layer, nq, nkv, qkv_w,
-                                scale_log2, cosT, sinT);
+  attn_wg64_body<STAGES, false, QREG>(qkv, out, items, seq_q0, seq_n, seq_past, seq_pt, page, layer, nq, nkv, qkv_w,
+                                      scale_log2, cosT, sinT);
 }
 
-template <int STAGES>
+template <int STAGES, bool QREG = false>
 __global__ void __launch_bounds__(256, 2)
     attn_wg64p(const u16* __restrict__ qkv, u16* __restrict__ out, const int* __restrict__ items,
                const int* __restrict__ seq_q0, const int* __restrict__ seq_n, const int* __restrict__ seq_past,
                const u64* __restrict__ seq_pt, int page, int layer, int nq, int nkv, int qkv_w,
                float scale_log2, const float* __restrict__ cosT, const float* __restrict__ sinT) {
-  attn_wg64_body<STAGES, true>(qkv, out, items, seq_q0, seq_n, seq_past, seq_pt, page, layer, nq, nkv, qkv_w,
-                               scale_log2, cosT, sinT);
+  attn_wg64_body<STAGES, true, QREG>(qkv, out, items, seq_q0, seq_n, seq_past, seq_pt, page, layer, nq, nkv, qkv_w,
+                                     scale_log2, cosT, sinT);
 }
 
 // attn_wg64_probe checks the two products of attn_wg64 in isolation (tests
 // only; one CTA of one warpgroup): with q, k, v each 64 x 64 bf16 row-major
 // in global memory, it writes s = q k^T (fp32, 64 x 64, row-major) through
 // the same shared memory layout and descriptors as attn_wg64, then
-// o = bf16(s) v, with P taken from s's accumulators as attn_wg64 takes it.
+// o = bf16(s) v, with P taken from s's accumulators as attn_wg64 takes it,
+// and sq = q k^T again with q in registers (QREG).
 extern "C" __global__ void __launch_bounds__(128)
     attn_wg64_probe(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __restrict__ v,
-                    float* __restrict__ s_out, float* __restrict__ o_out) {
+                    float* __restrict__ s_out, float* __restrict__ o_out, float* __restrict__ sq_out) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const u32 sQ = (smem_addr(smem_raw) + 1023u) & ~1023u, sK = sQ + 8192, sV = sK + 8192;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, tq = lane & 3;
@@ -258,6 +275,12 @@ extern "C" __global__ void __launch_bounds__(128)
   wg_wait<0>();
   keep_live(o);
   keep_live(p);
+  float sq[8][4];
+  u32 qf[4][4];
+  wg_q_frags(qf, sQ);
+  wg_scores_rq(sq, qf, sw128_desc(sK));
+  wg_wait<0>();
+  keep_live(sq);
 #pragma unroll
   for (int j = 0; j < 8; ++j)
 #pragma unroll
@@ -265,5 +288,6 @@ extern "C" __global__ void __launch_bounds__(128)
       int row = warp * 16 + g + (e >> 1) * 8, col = j * 8 + tq * 2 + (e & 1);
       s_out[row * 64 + col] = sc[j][e];
       o_out[row * 64 + col] = o[j][e];
+      sq_out[row * 64 + col] = sq[j][e];
     }
 }
