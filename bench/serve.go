@@ -188,9 +188,9 @@ type ServeResult struct {
 }
 
 // Serve runs a serving load test against o.URL. progress, when not nil,
-// is told of each request that ends. Requests that fail are counted and
-// their first errors kept; Serve itself fails only on bad options or a
-// cancelled ctx.
+// is told of each request that ends, one call at a time, in order of the
+// count. Requests that fail are counted and their first errors kept; Serve
+// itself fails only on bad options or a cancelled ctx.
 func Serve(ctx context.Context, o ServeOptions, progress func(done, total int)) (*ServeResult, error) {
 	if err := o.Validate(); err != nil {
 		return nil, err
@@ -253,12 +253,12 @@ func Serve(ctx context.Context, o ServeOptions, progress func(done, total int)) 
 				defer func() { <-sem }()
 			}
 			reqs[i] = sendOne(ctx, client, base, o, o.Prompts[i%len(o.Prompts)], seeds[i], cuts[i], t0)
+			// progress runs under mu: one call at a time, counts in order.
 			mu.Lock()
+			defer mu.Unlock()
 			done++
-			n := done
-			mu.Unlock()
 			if progress != nil {
-				progress(n, o.Requests)
+				progress(done, o.Requests)
 			}
 		})
 	}
