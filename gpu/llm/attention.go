@@ -261,11 +261,11 @@ type wgBuild struct {
 // an H200, 3 stages took 14.3 ms at 4 layers of the SparseLM shape where 2
 // took 14.4 and mma.sync (attn_fa64) 21.3. wgmma4 (one barrier an
 // iteration instead of two), wgmma4p (each block's softmax overlapped with
-// the block before's P V) and wgmma3q (wgmma3 with the queries in
-// registers: S = Q K^T reads only K from shared memory) are experiments
-// not yet timed.
+// the block before's P V), wgmma3q (wgmma3 with the queries in registers:
+// S = Q K^T reads only K from shared memory) and wgmma4pq (both) are
+// experiments not yet timed.
 var wgBuilds = map[string]wgBuild{"wgmma3": {"attn_wg64<3>", 3}, "wgmma4": {"attn_wg64<4>", 4},
-	"wgmma4p": {"attn_wg64p<4>", 4}, "wgmma3q": {"attn_wg64<3, true>", 3}}
+	"wgmma4p": {"attn_wg64p<4>", 4}, "wgmma3q": {"attn_wg64<3, true>", 3}, "wgmma4pq": {"attn_wg64p<4, true>", 4}}
 
 // wgExprs returns the name expressions of every build, sorted.
 func wgExprs() []string {

@@ -492,7 +492,7 @@ func TestAttentionRepeatable(t *testing.T) {
 	toks := [][]int{enginetest.Tokens(r, 1024, c.VocabSize), enginetest.Tokens(r, 1000, c.VocabSize), enginetest.Tokens(r, 700, c.VocabSize)}
 	kernels := []string{"mma"}
 	if dev.Properties().Arch == "sm_90a" {
-		kernels = append(kernels, "wgmma3", "wgmma4", "wgmma4p", "wgmma3q")
+		kernels = append(kernels, "wgmma3", "wgmma4", "wgmma4p", "wgmma3q", "wgmma4pq")
 	}
 	firsts := map[string][][]float32{}
 	for _, k := range kernels {
@@ -516,12 +516,16 @@ func TestAttentionRepeatable(t *testing.T) {
 	if w4, ok := firsts["wgmma4"]; ok { // the same products in the same order as wgmma3
 		enginetest.SameBits(t, "wgmma4 vs wgmma3", w4, firsts["wgmma3"])
 	}
-	if w3q, ok := firsts["wgmma3q"]; ok { // the same products, Q from registers: the bits if the tensor cores add alike
-		d, err := enginetest.RelDiff(w3q, firsts["wgmma3"])
-		if err != nil || d > 1e-2 {
-			t.Errorf("seed %d: wgmma3q vs wgmma3: rel diff %.3g (err %v)", seed, d, err)
+	// The same products with Q from registers: the same bits if the tensor
+	// cores add them alike, which only a GPU tells.
+	for q, base := range map[string]string{"wgmma3q": "wgmma3", "wgmma4pq": "wgmma4p"} {
+		if got, ok := firsts[q]; ok {
+			d, err := enginetest.RelDiff(got, firsts[base])
+			if err != nil || d > 1e-2 {
+				t.Errorf("seed %d: %s vs %s: rel diff %.3g (err %v)", seed, q, base, d, err)
+			}
+			t.Logf("seed %d: %s vs %s: rel diff %.3g", seed, q, base, d)
 		}
-		t.Logf("seed %d: wgmma3q vs wgmma3: rel diff %.3g", seed, d)
 	}
 }
 
@@ -546,7 +550,7 @@ func TestAttnRopeSameBits(t *testing.T) {
 		{enginetest.Tokens(r, 1+r.IntN(100), c.VocabSize), enginetest.Tokens(r, 129, c.VocabSize), enginetest.Tokens(r, 70, c.VocabSize)},
 		{enginetest.Tokens(r, 1, c.VocabSize), enginetest.Tokens(r, 1, c.VocabSize), enginetest.Tokens(r, 1, c.VocabSize)},
 	}
-	for _, attn := range []string{"auto", "wgmma3", "wgmma4", "wgmma4p", "wgmma3q"} {
+	for _, attn := range []string{"auto", "wgmma3", "wgmma4", "wgmma4p", "wgmma3q", "wgmma4pq"} {
 		run := func(rope bool) [][]float32 {
 			e := engineOnPath(t, dev, m, seed, "dense")
 			e.Attention, e.AttnRope = attn, rope
@@ -637,7 +641,7 @@ func TestAttentionLongMatchesRef(t *testing.T) {
 			}
 			kernels := []string{"mma"}
 			if c.HeadDim == 64 && dev.Properties().Arch == "sm_90a" {
-				kernels = append(kernels, "wgmma3", "wgmma4", "wgmma4p", "wgmma3q")
+				kernels = append(kernels, "wgmma3", "wgmma4", "wgmma4p", "wgmma3q", "wgmma4pq")
 			}
 			ref := run("ref")
 			want := cpuForward(t, m, "dense", 460, passes...)
