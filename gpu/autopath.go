@@ -10,9 +10,10 @@ import (
 
 // The automatic path (Forward under mlp.Auto) has two guides. The density
 // rule (poll, through mlp.Choose): above DenseAbove the dense path runs (not
-// for batches of at most gemvMaxRows tokens: their kernels read every gate
-// row once whatever the density, so there the timings alone decide, and
-// DenseAbove, a model of D2T's costs, does not apply). Below it, timings:
+// for batches of at most gemvMaxRows tokens, nor those the wide kernels take:
+// their kernels read every gate row once whatever the density, so there the
+// timings alone decide, and DenseAbove, a model of D2T's costs, does not
+// apply). Below it, timings:
 // Forward brackets every call with CUDA events, keeps per batch-size bucket
 // (powers of two) a running mean of each path's time per token, and runs
 // the faster path once both are known. A path's first timing in a bucket
@@ -85,10 +86,10 @@ func (l *MLP) choose(m int, byDensity mlp.Path) (mlp.Path, bool) {
 }
 
 // densityRule returns the density rule's path for a call of m tokens, given
-// its choice for large batches (next): batches of at most gemvMaxRows tokens
-// are exempt (see the top of this file).
+// its choice for large batches (next): batches of at most gemvMaxRows tokens,
+// and those the wide kernels take, are exempt (see the top of this file).
 func (l *MLP) densityRule(m int, next mlp.Path) mlp.Path {
-	if m <= gemvMaxRows {
+	if m <= gemvMaxRows || l.wideTakes(m) {
 		return mlp.Sparse
 	}
 	return next

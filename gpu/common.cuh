@@ -271,6 +271,16 @@ __device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
       : "memory");
 }
 
+// tma_load copies the box of tensor map tm at coordinates (c0, c1) into
+// shared memory at dst, completing on the mbarrier bar (sm_90).
+__device__ __forceinline__ void tma_load(u32 dst, const TmaDesc* tm, int c0, int c1, u32 bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(
+          dst),
+      "l"(tm), "r"(c0), "r"(c1), "r"(bar)
+      : "memory");
+}
+
 // dot8 returns sum_i a[i]*b[i] over 8 bf16 pairs, in fp32 (exact products).
 __device__ __forceinline__ float dot8(uint4 a, uint4 b, float s) {
   s = fmaf(bf_lo(a.x), bf_lo(b.x), s);

@@ -42,13 +42,6 @@ __device__ __forceinline__ void release_stage(u32 bar, int tid) {
   const int t = tid & 127;
   if (t == 0 || t == 32) mbar_arrive_cta(bar, (u32)(t >> 5));
 }
-__device__ __forceinline__ void tma_load(u32 dst, const TmaDesc* tm, int c0, int c1, u32 bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(
-          dst),
-      "l"(tm), "r"(c0), "r"(c1), "r"(bar)
-      : "memory");
-}
 __device__ __forceinline__ void tma_load_mc(u32 dst, const TmaDesc* tm, int c0, int c1, u32 bar, u16 mask) {
   asm volatile(
       "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, "

@@ -39,6 +39,9 @@ type kernels struct {
 	gemvOnce  sync.Once
 	gemv      gemvSet
 	gemvErr   error
+	wideOnce  sync.Once
+	wide      wideSet
+	wideErr   error
 
 	t2dMu sync.Mutex
 	t2d   map[int]*t2dSet // by chunks per row, ceil(d/256)

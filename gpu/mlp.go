@@ -47,13 +47,21 @@ type MLP struct {
 	// compute capability 9.0 or later and is used there unless Serial is
 	// set).
 	Serial bool
+	// Wide runs the sparse path of a gated MLP for 9 to 64 tokens on the
+	// wide small-batch kernels (gemv_wide.cu, sm_90a; an experiment)
+	// instead of D2T and the tail.
+	Wide bool
 
 	dev            *cuda.Device
 	k              *kernels
 	blas           *cublas.Handle
 	gate, up, down *cuda.Buffer
 	tmB            *cuda.TensorMap // TMA map of the sparse-input weights (gate, or up)
-	nnz            *cuda.Buffer    // one uint64: active units counted by the last call
+	tmG, tmU       *cuda.TensorMap // the wide kernels' maps of the gate and up weights (built on first use)
+	tmWX           *cuda.TensorMap // and of their input, x at tmWXp with tmWXm rows
+	tmWXp          cuda.DevicePtr
+	tmWXm          int
+	nnz            *cuda.Buffer // one uint64: active units counted by the last call
 
 	ws    *workspace
 	tmA   *cuda.TensorMap
@@ -255,6 +263,9 @@ func (l *MLP) sparse(s *cuda.Stream, y, x *cuda.Buffer, m int, report bool) erro
 	l.pollFlagged()
 	if m <= gemvMaxRows {
 		return l.sparseGEMV(s, y, x, m)
+	}
+	if l.wideTakes(m) {
+		return l.sparseWide(s, y, x, m)
 	}
 	ws, err := l.runD2T(s, x, m)
 	if err != nil {

@@ -16,6 +16,7 @@ type Options struct {
 	Kernel Kernel // D2T kernel: EnvD2TKernel
 	Tail   Tail   // sparse tail: EnvTail
 	Serial bool   // no early start of the decode-step kernels: EnvEarlyStart = "0"
+	Wide   bool   // the wide small-batch kernels for 9 to 64 tokens: EnvWide = "1"
 }
 
 // EnvD2TKernel names the environment variable that, set to "mma", "wgmma"
@@ -32,11 +33,16 @@ const EnvTail = "TWELL_TAIL"
 // cuda.LaunchConfig.EarlyStart).
 const EnvEarlyStart = "TWELL_EARLY_START"
 
-// Switches are the names of the environment variables that set Options.
-var Switches = []string{EnvD2TKernel, EnvTail, EnvEarlyStart}
+// EnvWide names the environment variable that, set to "1", sets
+// Options.Wide (MLP.Wide: an experiment).
+const EnvWide = "TWELL_MLP_WIDE"
 
-// OptionsFromEnv returns the Options that EnvD2TKernel, EnvTail and
-// EnvEarlyStart set, or an error naming a value it does not know.
+// Switches are the names of the environment variables that set Options.
+var Switches = []string{EnvD2TKernel, EnvTail, EnvEarlyStart, EnvWide}
+
+// OptionsFromEnv returns the Options that EnvD2TKernel, EnvTail,
+// EnvEarlyStart and EnvWide set, or an error naming a value it does not
+// know.
 func OptionsFromEnv() (Options, error) { return OptionsFrom(os.Getenv) }
 
 // OptionsFrom is OptionsFromEnv with the variables' values looked up by
@@ -49,6 +55,9 @@ func OptionsFrom(getenv func(string) string) (Options, error) {
 		return o, err
 	}
 	o.Serial = !early
+	if o.Wide, err = envBool(getenv, EnvWide, false); err != nil {
+		return o, err
+	}
 	o.Kernel, err = envChoice(getenv, EnvD2TKernel, "auto, wgmma, mma or lt", map[string]Kernel{"wgmma": KernelWGMMA, "mma": KernelMMA, "lt": KernelLt})
 	if err != nil {
 		return o, err
@@ -86,7 +95,7 @@ func envChoice[T any](getenv func(string) string, name, want string, choices map
 
 // Apply sets l's kernel choices to o.
 func (l *MLP) Apply(o Options) {
-	l.Kernel, l.Tail, l.Serial = o.Kernel, o.Tail, o.Serial
+	l.Kernel, l.Tail, l.Serial, l.Wide = o.Kernel, o.Tail, o.Serial, o.Wide
 }
 
 // EarlyStart reports whether kernels that wait with grid_wait (common.cuh)

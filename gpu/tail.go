@@ -49,11 +49,14 @@ func (l *MLP) TailFor(m int) Tail {
 }
 
 // KernelsFor names the kernels the sparse path runs for m tokens now:
-// "small-batch" (gemv.cu), or after D2T the tail TailFor(m) picks ("sorted"
-// or "warp").
+// "small-batch" (gemv.cu), "wide" (gemv_wide.cu), or after D2T the tail
+// TailFor(m) picks ("sorted" or "warp").
 func (l *MLP) KernelsFor(m int) string {
 	if m <= gemvMaxRows {
 		return "small-batch"
+	}
+	if l.wideTakes(m) {
+		return "wide"
 	}
 	return l.TailFor(m).String()
 }

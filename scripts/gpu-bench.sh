@@ -23,7 +23,9 @@
 #                                       settings timed in turns in one process (bench ffn -variants):
 #                                       m = 4096, 16384 and 65536 (0.5%, skewed; 65536 uniform too) the D2T as
 #                                       cuBLASLt's gate GEMM and d2t_pack (TWELL_D2T_KERNEL=lt)
-#                                       against the fused default, and the defaults again; two rounds
+#                                       against the fused default, and the defaults again; m = 16,
+#                                       32 and 64 the wide small-batch kernels (TWELL_MLP_WIDE=1)
+#                                       against D2T and dense; two rounds
 #   scripts/gpu-bench.sh ab-decode OUTDIR  the decode switches, as variants of one run (bench model
 #                                       -variants): steps of 1, 8, 16, 32 and 64 sequences at 512
 #                                       cached tokens with the projections fused
@@ -32,7 +34,9 @@
 #                                       decode attention's keys cut into 4 and 8 runs at every batch
 #                                       (TWELL_LLM_DEC_RUNS), with GEMV=8 and 4 runs together, with
 #                                       the grouped decode attention (TWELL_LLM_DEC_GQA=1), alone and
-#                                       with GEMV=8, and the defaults again, traced (CUPTI);
+#                                       with GEMV=8, with the wide small-batch MLP kernels
+#                                       (TWELL_MLP_WIDE=1), alone and with the grouped attention,
+#                                       and the defaults again, traced (CUPTI);
 #                                       steps of one sequence with the projections fused
 #                                       (TWELL_LLM_FUSE_PROJ=1), the norms not fused
 #                                       (TWELL_LLM_FUSE_NORMS=0) and the defaults again, twice
@@ -109,6 +113,11 @@ ab-mlp)
       "$tw" bench ffn -device cuda -m "$m" -density 0.005 -dist "$dist" -seed 1 \
         -variants 'D2T_KERNEL=lt;' -json "$out/$name.json" 2>&1 | tee "$out/$name.txt" || status=1
     done
+    for m in 16 32 64; do # the wide small-batch kernels against D2T and dense
+      name=ffn-$m-skewed-wide-$round
+      "$tw" bench ffn -device cuda -m "$m" -density 0.005 -dist skewed -seed 1 \
+        -variants 'MLP_WIDE=1;' -json "$out/$name.json" 2>&1 | tee "$out/$name.txt" || status=1
+    done
   done
   ;;
 ab-decode)
@@ -118,7 +127,7 @@ ab-decode)
   ckpt=${TMPDIR:-/tmp}/twell-ab-sparselm
   "$tw" bench model -device cuda -preset sparselm-1.5b -save "$ckpt" -seed 9596107621982983358 -reps 2 -batch 8 \
     -prompt-len 64 -decode-batch 1,8,16,32,64 -decode-context 512 -decode-steps 32 \
-    -variants 'LLM_FUSE_PROJ=1;GEMV=8;LLM_DEC_RUNS=4;LLM_DEC_RUNS=8;GEMV=8 LLM_DEC_RUNS=4;LLM_DEC_GQA=1;GEMV=8 LLM_DEC_GQA=1;' \
+    -variants 'LLM_FUSE_PROJ=1;GEMV=8;LLM_DEC_RUNS=4;LLM_DEC_RUNS=8;GEMV=8 LLM_DEC_RUNS=4;LLM_DEC_GQA=1;GEMV=8 LLM_DEC_GQA=1;MLP_WIDE=1;MLP_WIDE=1 LLM_DEC_GQA=1;' \
     -trace "$out/decode-batches-trace.json" -trace-plot "$out/decode-batches-trace.png" \
     -json "$out/decode-batches.json" 2>&1 | tee "$out/decode-batches.txt" || status=1
   model=(-preset sparselm-1.5b)
