@@ -55,7 +55,16 @@ type timedCall struct {
 	start, end *cuda.Event
 }
 
-func bucketOf(m int) int { return bits.Len(uint(m)) }
+// bucketOf returns the timing bucket of a call of m tokens: powers of two,
+// with the wide kernels' batches (MLP.Wide) apart, so that their timings do
+// not mix with those of the small-batch kernels (m = 8) or of D2T (65 to
+// 127) in the same power of two.
+func (l *MLP) bucketOf(m int) int {
+	if l.wideTakes(m) {
+		return -bits.Len(uint(m))
+	}
+	return bits.Len(uint(m))
+}
 
 // choose returns the path for a call of m tokens, and whether to time it;
 // byDensity is the density rule's choice.
@@ -67,7 +76,7 @@ func (l *MLP) choose(m int, byDensity mlp.Path) (mlp.Path, bool) {
 	if !l.Measure || byDensity == mlp.Dense {
 		return byDensity, false
 	}
-	bt := l.bucket(bucketOf(m))
+	bt := l.bucket(l.bucketOf(m))
 	bt.calls++
 	switch haveS, haveD := bt.n[mlp.Sparse] > 1, bt.n[mlp.Dense] > 1; {
 	case haveS && haveD:
@@ -114,7 +123,7 @@ func (l *MLP) Settled(m int) (mlp.Path, bool) {
 	case !l.Measure || l.densityRule(m, l.next) == mlp.Dense:
 		return l.densityRule(m, l.next), true
 	}
-	bt := l.times[bucketOf(m)]
+	bt := l.times[l.bucketOf(m)]
 	if bt == nil || bt.n[mlp.Sparse] <= 1 || bt.n[mlp.Dense] <= 1 {
 		return mlp.Sparse, false
 	}
@@ -181,7 +190,7 @@ func (l *MLP) endTiming(s *cuda.Stream, start *cuda.Event, path mlp.Path, m int)
 		}
 		return
 	}
-	l.inflight = append(l.inflight, timedCall{path: path, bucket: bucketOf(m), m: m, start: start, end: end})
+	l.inflight = append(l.inflight, timedCall{path: path, bucket: l.bucketOf(m), m: m, start: start, end: end})
 }
 
 // event returns a free event, or nil if none can be made.

@@ -37,7 +37,7 @@ func TestChooseByTimes(t *testing.T) {
 				}
 			}
 			if timed {
-				l.record(p, bucketOf(m), m, cost[p]*float64(m))
+				l.record(p, l.bucketOf(m), m, cost[p]*float64(m))
 			}
 			want := fast
 			switch {
@@ -164,7 +164,7 @@ func TestSettled(t *testing.T) {
 			if !timed {
 				t.Fatalf("seed %d: call %d not timed", seed, call)
 			}
-			l.record(p, bucketOf(m), m, cost[p]*float64(m))
+			l.record(p, l.bucketOf(m), m, cost[p]*float64(m))
 		}
 		want := mlp.Sparse
 		if denseMS < sparseMS {

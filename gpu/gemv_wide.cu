@@ -28,11 +28,13 @@
 //                   the s-th of WIDE_SPLIT ranges of units; its 16 half-warps
 //                   walk the range's active units in ascending order (a lane
 //                   a column; a unit's record and its down columns read in
-//                   one round trip, WIDE_BATCH units at once), each adding
+//                   one round trip, WIDE_BATCH units at once; a unit with
+//                   more active tokens than its record holds reads its token
+//                   mask and h row whole, one round trip more), each adding
 //                   into its own shared partial sums of the 64 tokens; the
-//                   half-warps' sums are added in order
-//                   into part, and the last CTA of a column block (a counter
-//                   it resets) adds the WIDE_SPLIT ranges in order into y. The
+//                   half-warps' sums are added in order into part, and the
+//                   last CTA of a column block (a counter that wraps back to
+//                   zero) adds the WIDE_SPLIT ranges in order into y. The
 //                   summation order is fixed: the results repeat bit for bit.
 //
 // x and y are bf16 [m][d], the weights bf16 [f][d] (down = Wd^T). d is a
@@ -169,8 +171,8 @@ extern "C" __global__ void __launch_bounds__(128)
 // dynamic shared memory 16 WIDE_TOKENS WIDE_COLS floats (the half-warps'
 // partial sums) and ceil(f / 32 / WIDE_SPLIT) 32 ints (the range's active
 // units). part holds WIDE_SPLIT x WIDE_TOKENS x d floats, done d /
-// WIDE_COLS counters (zero between calls). CTA (0, 0) sums the ncnt counts
-// of gemv_act_wide into *nnz.
+// WIDE_COLS counters (back at zero after each call). CTA (0, 0) sums the
+// f / 32 counts of gemv_act_wide into *nnz.
 extern "C" __global__ void __launch_bounds__(256)
     gemv_down_wide(const float* __restrict__ ht, const u64* __restrict__ tm, const u32* __restrict__ meta,
                    const float4* __restrict__ rh, const u32* __restrict__ mask, const u16* __restrict__ down,
@@ -215,6 +217,7 @@ extern "C" __global__ void __launch_bounds__(256)
   // time: their records and down columns in one round trip; the tokens past
   // a record's WIDE_INLINE (units firing in many tokens) from tm and ht.
   float* mine = sums + hw * WIDE_TOKENS * WIDE_COLS + col;
+  const u32 half_mask = 0xffffu << (lane & 16);  // this half-warp's lanes
   for (int i0 = hw; i0 < len; i0 += 16 * WIDE_BATCH) {
     u32 mt[WIDE_BATCH];
     float4 hr[WIDE_BATCH];
@@ -239,12 +242,16 @@ extern "C" __global__ void __launch_bounds__(256)
       for (int r = 0; r < WIDE_INLINE; ++r)
         if (r < cnt_q) mine[((mt[q] >> (8 + 6 * r)) & 63u) * WIDE_COLS] += h4[r] * dv[q];
       if (cnt_q > WIDE_INLINE) {
+        // The unit's token mask and its whole h row (lane l: tokens 4 l ..
+        // 4 l + 3) in one round trip; each token's h from its lane.
         u64 b = __ldcg(tm + js[q]);
+        const float4 row = __ldcg(reinterpret_cast<const float4*>(ht + (size_t)js[q] * WIDE_TOKENS) + col);
 #pragma unroll
         for (int r = 0; r < WIDE_INLINE; ++r) b &= b - 1ull;
         for (; b; b &= b - 1ull) {
           const int t = __ffsll((long long)b) - 1;
-          mine[t * WIDE_COLS] += __ldcg(ht + (size_t)js[q] * WIDE_TOKENS + t) * dv[q];
+          const float v = (t & 3) == 0 ? row.x : (t & 3) == 1 ? row.y : (t & 3) == 2 ? row.z : row.w;
+          mine[t * WIDE_COLS] += __shfl_sync(half_mask, v, t >> 2, 16) * dv[q];
         }
       }
     }
@@ -259,7 +266,9 @@ extern "C" __global__ void __launch_bounds__(256)
   // The last range of this column block to finish adds them all.
   __threadfence();
   __syncthreads();
-  if (tid == 0) last = atomicAdd(&done[blockIdx.x], 1) == WIDE_SPLIT - 1;
+  // atomicInc wraps the counter back to 0 as the last range arrives (a
+  // stray value is gone after one call).
+  if (tid == 0) last = atomicInc((unsigned*)&done[blockIdx.x], WIDE_SPLIT - 1) == WIDE_SPLIT - 1;
   __syncthreads();
   if (!last) return;
   __threadfence();
@@ -270,5 +279,4 @@ extern "C" __global__ void __launch_bounds__(256)
     for (int r = 0; r < WIDE_SPLIT; ++r) s += __ldcg(part + ((size_t)r * WIDE_TOKENS + t) * d + c0 + c);
     y[(size_t)t * d + c0 + c] = (u16)f_to_bf(s);
   }
-  if (tid == 0) done[blockIdx.x] = 0;
 }

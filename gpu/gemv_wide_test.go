@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/twell-ai/twell/cuda"
+	"github.com/twell-ai/twell/cuda/cudatest"
 	"github.com/twell-ai/twell/internal/testutil"
 	"github.com/twell-ai/twell/synth"
 	"github.com/twell-ai/twell/twell"
@@ -16,9 +17,10 @@ import (
 // TestWideMatchesFloat64 runs the wide small-batch kernels (MLP.Wide,
 // gemv_wide.cu) on 9 to 64 tokens: against float64 on the bf16 inputs,
 // bit for bit on a repeat, with the tokens counted and the active pairs
-// those of the default sparse path (within rounding); over hidden sizes of fewer 64-column
-// steps than the pipeline's stages and of many, and a stress batch (a
-// token firing every unit, NaN and Inf inputs).
+// those of the default sparse path (within rounding); over hidden sizes of
+// fewer 64-column steps than the pipeline's stages and of many, two layers
+// chained on a stream, and a stress batch (a token firing every unit, NaN
+// and Inf inputs).
 func TestWideMatchesFloat64(t *testing.T) {
 	dev, blas := setup(t)
 	if a := dev.Properties().Arch; a != "sm_90a" {
@@ -72,6 +74,69 @@ func TestWideMatchesFloat64(t *testing.T) {
 			}
 		})
 	}
+	// Two layers sharing a workspace, queued back to back on a stream with
+	// no host sync between them: the second's TMA reads the first's output
+	// after griddepcontrol.wait; run twice, the second time with the x
+	// maps kept (same buffers, same m): the same bits.
+	t.Run("chained", func(t *testing.T) {
+		r, seed := testutil.Rand(t)
+		d, f, m := 512, 1024, 17+r.IntN(wideMaxRows-16)
+		sl1 := newLayer(t, r, d, f, 0.02, synth.Skewed, true)
+		sl2 := newLayer(t, r, d, f, 0.02, synth.Skewed, true)
+		l1 := newMLP(t, dev, blas, sl1, twell.DefaultLayout, seed)
+		l2 := newMLP(t, dev, blas, sl2, twell.DefaultLayout, seed)
+		if err := l2.ShareWorkspace(l1); err != nil {
+			t.Fatal(err)
+		}
+		l1.Wide, l2.Wide = true, true
+		s, err := dev.NewStream()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Destroy()
+		x := roundBF16(synth.Tokens(r, m, d))
+		xb := upload(t, dev, x)
+		y1b, y2b := cudatest.Alloc(t, dev, 2*m*d), cudatest.Alloc(t, dev, 2*m*d)
+		var first []float32
+		for run := range 2 {
+			if err := l1.Sparse(s, y1b, xb, m); err != nil {
+				t.Fatal(err)
+			}
+			if err := l2.Sparse(s, y2b, y1b, m); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.Synchronize(); err != nil {
+				t.Fatalf("seed %d: %v", seed, err)
+			}
+			y1, err := Download(dev, y1b, m*d)
+			if err != nil {
+				t.Fatal(err)
+			}
+			y2, err := Download(dev, y2b, m*d)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rows := make([]int, m)
+			for i := range rows {
+				rows[i] = i
+			}
+			if e := synth.RelErr(y1, d, rows, refRows(bf16Layer(sl1), x, d, rows)); !(e <= 1e-2) {
+				t.Errorf("seed %d: run %d: first layer: rel err %.3g vs float64, want <= 1e-2", seed, run, e)
+			}
+			if e := synth.RelErr(y2, d, rows, refRows(bf16Layer(sl2), y1, d, rows)); !(e <= 1e-2) {
+				t.Errorf("seed %d: run %d: second layer (on the first's output): rel err %.3g vs float64, want <= 1e-2", seed, run, e)
+			}
+			if run == 0 {
+				first = y2
+				continue
+			}
+			for i := range y2 {
+				if math.Float32bits(y2[i]) != math.Float32bits(first[i]) {
+					t.Fatalf("seed %d: output %d is %v, then %v", seed, i, first[i], y2[i])
+				}
+			}
+		}
+	})
 	t.Run("stress", func(t *testing.T) {
 		r, seed := testutil.Rand(t)
 		d, f := 256, 512
