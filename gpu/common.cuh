@@ -271,6 +271,28 @@ __device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
       : "memory");
 }
 
+// list_units (one warp) writes the units whose bits are set in activity
+// words [w0, w1) of mask (bit b of word w: unit 32 w + b), ascending, into
+// list, and returns how many in every lane; the words are read through the
+// L2 (an earlier kernel wrote them).
+__device__ __forceinline__ int list_units(const u32* __restrict__ mask, int w0, int w1, int* list) {
+  const int lane = threadIdx.x & 31;
+  int len = 0;
+  for (int wb = w0; wb < w1; wb += 32) {
+    u32 mine = wb + lane < w1 ? __ldcg(mask + wb + lane) : 0u;
+    int c = __popc(mine), incl = c;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      int v = __shfl_up_sync(0xffffffffu, incl, o);
+      if (lane >= o) incl += v;
+    }
+    int pos = len + incl - c;
+    for (u32 b = mine; b; b &= b - 1) list[pos++] = (wb + lane) * 32 + __ffs(b) - 1;
+    len += __shfl_sync(0xffffffffu, incl, 31);
+  }
+  return len;
+}
+
 // tma_load copies the box of tensor map tm at coordinates (c0, c1) into
 // shared memory at dst, completing on the mbarrier bar (sm_90).
 __device__ __forceinline__ void tma_load(u32 dst, const TmaDesc* tm, int c0, int c1, u32 bar) {

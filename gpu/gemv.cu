@@ -534,19 +534,7 @@ __device__ __forceinline__ void down_group(const float* __restrict__ h, const u3
   // Lane l takes column c0 + l % 16 of the units at odd (l >= 16) or even
   // places of the warp's list: each row's 16 columns are one 32-byte sector.
   int c0 = blockIdx.x * DOWN_COLS, col = c0 + (lane & 15), half = lane >> 4;
-  int len = 0;
-  for (int wb = w0; wb < w1; wb += 32) {
-    u32 mine = wb + lane < w1 ? __ldcg(mask + wb + lane) : 0u;
-    int c = __popc(mine), incl = c;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-      int v = __shfl_up_sync(0xffffffffu, incl, o);
-      if (lane >= o) incl += v;
-    }
-    int pos = len + incl - c;
-    for (u32 b = mine; b; b &= b - 1) list[pos++] = (wb + lane) * 32 + __ffs(b) - 1;
-    len += __shfl_sync(0xffffffffu, incl, 31);
-  }
+  const int len = list_units(mask, w0, w1, list);
   __syncwarp();
   float acc[MB];
 #pragma unroll

@@ -189,20 +189,7 @@ extern "C" __global__ void __launch_bounds__(256)
   grid_wait();
   grid_release();
   if (warp == 0) {  // the range's active units, ascending
-    int n = 0;
-    for (int wb = w0; wb < w1; wb += 32) {
-      const u32 mine = wb + lane < w1 ? __ldcg(mask + wb + lane) : 0u;
-      const int c = __popc(mine);
-      int incl = c;
-#pragma unroll
-      for (int o = 1; o < 32; o <<= 1) {
-        const int v = __shfl_up_sync(0xffffffffu, incl, o);
-        if (lane >= o) incl += v;
-      }
-      int pos = n + incl - c;
-      for (u32 b = mine; b; b &= b - 1) list[pos++] = (wb + lane) * 32 + __ffs(b) - 1;
-      n += __shfl_sync(0xffffffffu, incl, 31);
-    }
+    const int n = list_units(mask, w0, w1, list);
     if (lane == 0) len = n;
   }
   if (sp == 0 && blockIdx.x == 0 && warp == 1) {
