@@ -143,16 +143,7 @@ func TestWideMatchesFloat64(t *testing.T) {
 		sl := newLayer(t, r, d, f, 0.01, synth.Uniform, true)
 		l := newMLP(t, dev, blas, sl, twell.Layout{Tile: 256, C: 8}, seed)
 		l.Wide = true
-		m := 33
-		x := synth.Tokens(r, m, d)
-		x[0*d] = -1000 // every unit fires
-		x[1*d+7] = float32(math.NaN())
-		x[3*d+9] = float32(math.Inf(1))
-		rows := make([]int, m)
-		for i := range rows {
-			rows[i] = i
-		}
-		checkStress(t, seed, "sparse (wide)", runPath(t, dev, l, "sparse", x, m), refRows(sl, x, d, rows), rows, d, m)
+		checkStressBatch(t, dev, l, sl, r, seed, gemvMaxRows+1+r.IntN(wideMaxRows-gemvMaxRows), "sparse (wide)")
 	})
 }
 

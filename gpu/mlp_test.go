@@ -647,16 +647,24 @@ func TestSmallBatchMatchesFloat64(t *testing.T) {
 		sl := newLayer(t, r, d, f, 0.01, synth.Uniform, true)
 		l := newMLP(t, dev, blas, sl, twell.Layout{Tile: 256, C: 8}, seed)
 		for _, m := range []int{gemvFMARows, gemvMaxRows} { // gemv_act, then gemv_act_mma
-			x := synth.Tokens(r, m, d)
-			x[0*d] = -1000 // every unit fires
-			x[1*d+7] = float32(math.NaN())
-			x[3*d+9] = float32(math.Inf(1))
-			rows := make([]int, m)
-			for i := range rows {
-				rows[i] = i
-			}
-			checkStress(t, seed, fmt.Sprintf("sparse (small batch of %d)", m), runPath(t, dev, l, "sparse", x, m),
-				refRows(sl, x, d, rows), rows, d, m)
+			checkStressBatch(t, dev, l, sl, r, seed, m, fmt.Sprintf("sparse (small batch of %d)", m))
 		}
 	})
+}
+
+// checkStressBatch runs l's sparse path on m random tokens of layer sl
+// (l's weights), of which token 0 fires every unit, token 1 holds a NaN and
+// token 3 an Inf, against float64 (checkStress).
+func checkStressBatch(t *testing.T, dev *cuda.Device, l *MLP, sl *synth.Layer, r *rand.Rand, seed uint64, m int, name string) {
+	t.Helper()
+	d := l.D
+	x := synth.Tokens(r, m, d)
+	x[0*d] = -1000 // every unit fires
+	x[1*d+7] = float32(math.NaN())
+	x[3*d+9] = float32(math.Inf(1))
+	rows := make([]int, m)
+	for i := range rows {
+		rows[i] = i
+	}
+	checkStress(t, seed, name, runPath(t, dev, l, "sparse", x, m), refRows(sl, x, d, rows), rows, d, m)
 }
