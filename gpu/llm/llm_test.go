@@ -707,6 +707,19 @@ func decodeSteps(r *rand.Rand, n, S, vocab int) [][][]int {
 	return steps
 }
 
+// promptThenSteps returns a prefill pass of S random prompts of 1 to
+// maxLen tokens followed by steps decode steps of the S sequences, and how
+// many logit rows the prefill gives (the decode steps' rows follow).
+func promptThenSteps(r *rand.Rand, S, maxLen, steps, vocab int) ([][][]int, int) {
+	prompts := make([][]int, S)
+	first := 0
+	for i := range prompts {
+		prompts[i] = enginetest.Tokens(r, 1+r.IntN(maxLen), vocab)
+		first += len(prompts[i])
+	}
+	return append([][][]int{prompts}, decodeSteps(r, steps, S, vocab)...), first
+}
+
 // checkDecodeKernel compares the decode steps' logits of the decode
 // attention kernel (got, then again from a second run) with the plain
 // kernel's (ref) and the CPU model's (want).
@@ -829,13 +842,7 @@ func TestDecGQASameBits(t *testing.T) {
 			r, seed := testutil.Rand(t)
 			m := sparseModel(t, c, r, seed)
 			S := 1 + r.IntN(4)
-			prompts := make([][]int, S)
-			first := 0
-			for i := range prompts {
-				prompts[i] = enginetest.Tokens(r, 1+r.IntN(300), c.VocabSize)
-				first += len(prompts[i])
-			}
-			passes := append([][][]int{prompts}, decodeSteps(r, 3, S, c.VocabSize)...)
+			passes, first := promptThenSteps(r, S, 300, 3, c.VocabSize)
 			run := func(attn string, gqa, global bool, runs int) [][]float32 {
 				e := engineOnPath(t, dev, m, seed, "dense")
 				e.Attention, e.DecGQA, e.decGlobalMerge, e.DecRuns, e.FuseProj = attn, gqa, global, runs, false
@@ -979,14 +986,7 @@ func TestGEMV8MatchesCPU(t *testing.T) {
 		t.Run(fmt.Sprintf("seqs%d", S), func(t *testing.T) {
 			r, seed := testutil.Rand(t)
 			m := sparseModel(t, c, r, seed)
-			prompts := make([][]int, S)
-			first := 0
-			for i := range prompts {
-				prompts[i] = enginetest.Tokens(r, 1+r.IntN(100), c.VocabSize)
-				first += len(prompts[i])
-			}
-			passes := [][][]int{prompts}
-			passes = append(passes, decodeSteps(r, 3, S, c.VocabSize)...)
+			passes, first := promptThenSteps(r, S, 100, 3, c.VocabSize)
 			run := func(gemv8 bool) [][]float32 {
 				e := engineOnPath(t, dev, m, seed, "dense")
 				e.GEMV8 = gemv8
@@ -1018,13 +1018,7 @@ func TestWideDecode(t *testing.T) {
 	r, seed := testutil.Rand(t)
 	m := sparseModel(t, c, r, seed)
 	S := 12 + r.IntN(53)
-	prompts := make([][]int, S)
-	first := 0
-	for i := range prompts {
-		prompts[i] = enginetest.Tokens(r, 1+r.IntN(30), c.VocabSize)
-		first += len(prompts[i])
-	}
-	passes := append([][][]int{prompts}, decodeSteps(r, 4, S, c.VocabSize)...)
+	passes, first := promptThenSteps(r, S, 30, 4, c.VocabSize)
 	run := func(wide bool) ([][]float32, *Engine) {
 		e := engineOnPath(t, dev, m, seed, "sparse")
 		for _, l := range e.layers {
