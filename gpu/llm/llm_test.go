@@ -565,14 +565,16 @@ func TestAttnRopeSameBits(t *testing.T) {
 	}
 }
 
-// TestOProjAddMatches checks Engine.OProjAdd: prefill passes that add the
-// output projection into the residual stream in its GEMM agree with the
-// default path (which adds its bf16-rounded delta in the norm) and with the
-// CPU model, on both MLP paths: two sequences over two prefill passes and a
-// decode step (which keeps the default path: its projections are not
-// cuBLASLt's), and 12 sequences over a prefill and three decode steps
-// (which add in cuBLASLt GEMMs replayed from graphs).
-func TestOProjAddMatches(t *testing.T) {
+// TestCuBLASLtExperimentsMatch checks the experiments on passes whose
+// projections run on cuBLASLt: Engine.OProjAdd (the output projection
+// added into the residual stream in its GEMM, where the default path adds
+// its bf16-rounded delta in the norm) and Engine.QKVSplit (the q/k/v
+// projection as two GEMMs into the same rows). Each, and both, must agree
+// with the default path and with the CPU model, on both MLP paths: two
+// sequences over two prefill passes and a decode step (which keeps the
+// default path: its projections are not cuBLASLt's), and 12 sequences over
+// a prefill and three decode steps (cuBLASLt GEMMs replayed from graphs).
+func TestCuBLASLtExperimentsMatch(t *testing.T) {
 	dev := cudatest.Device(t)
 	cudatest.Compiler(t)
 	c := testConfig(64, 6, 2, true) // heads x head_dim != hidden: o_proj's N and K differ
@@ -584,7 +586,7 @@ func TestOProjAddMatches(t *testing.T) {
 		{enginetest.Tokens(r, 1, c.VocabSize), enginetest.Tokens(r, 1, c.VocabSize)},
 	}
 	// 12 sequences: their one-token steps are too many for the gemv
-	// projections, so o_proj adds in a cuBLASLt GEMM recorded in a graph.
+	// projections, so they run cuBLASLt GEMMs recorded in a graph.
 	many := make([][][]int, 4)
 	for i := range many {
 		for range 12 {
@@ -595,23 +597,29 @@ func TestOProjAddMatches(t *testing.T) {
 			many[i] = append(many[i], enginetest.Tokens(r, n, c.VocabSize))
 		}
 	}
-	for _, path := range []string{"dense", "sparse"} {
-		for _, passes := range [][][][]int{two, many} {
-			want := cpuForward(t, m, path, 400, passes...)
-			run := func(add bool) [][]float32 {
-				e := engineOnPath(t, dev, m, seed, path)
-				e.OProjAdd = add
-				return enginetest.Passes(t, e, 400, passes...)
+	for _, x := range []struct {
+		name       string
+		add, split bool
+	}{{"o_proj added in its GEMM", true, false}, {"q/k/v in two GEMMs", false, true}, {"both", true, true}} {
+		for _, path := range []string{"dense", "sparse"} {
+			for _, passes := range [][][][]int{two, many} {
+				want := cpuForward(t, m, path, 400, passes...)
+				run := func(add, split bool) [][]float32 {
+					e := engineOnPath(t, dev, m, seed, path)
+					e.OProjAdd, e.QKVSplit = add, split
+					return enginetest.Passes(t, e, 400, passes...)
+				}
+				got, def := run(x.add, x.split), run(false, false)
+				name := fmt.Sprintf("seed %d: %s MLP, %d sequences: %s", seed, path, len(passes[0]), x.name)
+				if d, err := enginetest.RelDiff(got, def); err != nil || d > 1e-2 {
+					t.Errorf("%s vs the default path: rel diff %.3g (err %v)", name, d, err)
+				}
+				d, err := enginetest.RelDiff(got, want)
+				if err != nil || d > bf16Tol {
+					t.Errorf("%s vs CPU: rel diff %.3g (err %v)", name, d, err)
+				}
+				t.Logf("%s: vs CPU rel diff %.2e", name, d)
 			}
-			got, def := run(true), run(false)
-			if d, err := enginetest.RelDiff(got, def); err != nil || d > 1e-2 {
-				t.Errorf("seed %d: %s MLP, %d sequences: o_proj added in its GEMM vs the default path: rel diff %.3g (err %v)", seed, path, len(passes[0]), d, err)
-			}
-			d, err := enginetest.RelDiff(got, want)
-			if err != nil || d > bf16Tol {
-				t.Errorf("seed %d: %s MLP, %d sequences: o_proj added in its GEMM vs CPU: rel diff %.3g (err %v)", seed, path, len(passes[0]), d, err)
-			}
-			t.Logf("seed %d: %s MLP, %d sequences: vs CPU rel diff %.2e", seed, path, len(passes[0]), d)
 		}
 	}
 }
