@@ -14,12 +14,12 @@ var gemvWideSrc []byte
 
 // The shapes of gemv_wide.cu (its WIDE_ constants).
 const (
-	wideMaxRows = 64 // most tokens a call
-	wideUnits   = 32 // units a gemv_act_wide CTA takes
-	wideStages  = 6  // 64-column steps in flight
-	wideTile    = 8192
-	wideSplit   = 3  // unit ranges of gemv_down_wide
-	wideCols    = 16 // output columns of a gemv_down_wide CTA
+	wideMaxRows = 64   // most tokens a call
+	wideUnits   = 32   // units a gemv_act_wide CTA takes
+	wideStages  = 6    // 64-column steps in flight
+	wideTile    = 8192 // bytes of a 64 x 64 bf16 tile (x's, or the gate and up rows')
+	wideSplit   = 3    // unit ranges of gemv_down_wide
+	wideCols    = 16   // output columns of a gemv_down_wide CTA
 )
 
 // wideSet are the kernels of gemv_wide.cu.
@@ -56,8 +56,8 @@ func (l *MLP) wideTakes(m int) bool {
 // wideWS is the wide kernels' workspace: h unit-major (F x 64 fp32), a
 // token mask a unit (F uint64), a record a unit (F uint32 and F x 4 fp32),
 // the activity words and counts (F/32 each), the unit ranges' partial sums
-// (wideSplit x 64 x D fp32) and a counter a column block (zero between
-// calls).
+// (wideSplit x 64 x D fp32) and a counter a column block (back at zero
+// after each call).
 type wideWS struct {
 	ht, tm, meta, rh, mask, cnt, part, done *cuda.Buffer
 }

@@ -27,7 +27,7 @@ type Options struct {
 	DecGQA    bool        // Engine.DecGQA: EnvDecGQA = "1"
 	QKVSplit  bool        // Engine.QKVSplit: EnvQKVSplit = "1"
 	GEMMTune  bool        // the engine's cuBLASLt handle tunes (cublas.DefaultTuneFlops): EnvGEMMTune = "1"
-	MLP       gpu.Options // each TwELL layer's kernels: gpu.EnvD2TKernel, gpu.EnvTail
+	MLP       gpu.Options // each TwELL layer's kernels: gpu.Switches
 	// ReleaseWeights makes NewEngineWith drop each layer's float32
 	// matrices from the model once they are on the device, and the model's
 	// weights (Weights becomes nil) at the end: for jobs that only run the
