@@ -49,7 +49,7 @@
 // the block before's P V is added instead of before, so the sums round
 // differently from attn_wg64's.
 //
-// QREG (attn_wg64q, attn_wg64pq): each warp loads its 16 query rows from
+// QREG (attn_wg64<3, true>, attn_wg64p<4, true>): each warp loads its 16 query rows from
 // the tile into registers once, as wgmma A fragments (wg_q_frags), and
 // S = Q K^T reads only K from shared memory: with both operands there, a
 // m64n64k16 reads 4 KB for its 131k products, 128 bytes a clock at the

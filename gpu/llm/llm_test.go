@@ -597,19 +597,20 @@ func TestCuBLASLtExperimentsMatch(t *testing.T) {
 			many[i] = append(many[i], enginetest.Tokens(r, n, c.VocabSize))
 		}
 	}
-	for _, x := range []struct {
-		name       string
-		add, split bool
-	}{{"o_proj added in its GEMM", true, false}, {"q/k/v in two GEMMs", false, true}, {"both", true, true}} {
-		for _, path := range []string{"dense", "sparse"} {
-			for _, passes := range [][][][]int{two, many} {
-				want := cpuForward(t, m, path, 400, passes...)
-				run := func(add, split bool) [][]float32 {
-					e := engineOnPath(t, dev, m, seed, path)
-					e.OProjAdd, e.QKVSplit = add, split
-					return enginetest.Passes(t, e, 400, passes...)
-				}
-				got, def := run(x.add, x.split), run(false, false)
+	for _, path := range []string{"dense", "sparse"} {
+		for _, passes := range [][][][]int{two, many} {
+			want := cpuForward(t, m, path, 400, passes...)
+			run := func(add, split bool) [][]float32 {
+				e := engineOnPath(t, dev, m, seed, path)
+				e.OProjAdd, e.QKVSplit = add, split
+				return enginetest.Passes(t, e, 400, passes...)
+			}
+			def := run(false, false)
+			for _, x := range []struct {
+				name       string
+				add, split bool
+			}{{"o_proj added in its GEMM", true, false}, {"q/k/v in two GEMMs", false, true}, {"both", true, true}} {
+				got := run(x.add, x.split)
 				name := fmt.Sprintf("seed %d: %s MLP, %d sequences: %s", seed, path, len(passes[0]), x.name)
 				if d, err := enginetest.RelDiff(got, def); err != nil || d > 1e-2 {
 					t.Errorf("%s vs the default path: rel diff %.3g (err %v)", name, d, err)
