@@ -7,7 +7,6 @@ import (
 	"strconv"
 	"testing"
 
-	"github.com/twell-ai/twell/cuda"
 	"github.com/twell-ai/twell/cuda/cudatest"
 	"github.com/twell-ai/twell/internal/testutil"
 	"github.com/twell-ai/twell/synth"
@@ -47,7 +46,7 @@ func TestWideMatchesFloat64(t *testing.T) {
 				}
 				l.Wide = false
 				base := runPath(t, dev, l, "sparse", x, m)
-				basePairs := activePairs(t, l)
+				basePairs := get[uint64](t, dev, l.nnz, 1)[0]
 				l.Wide = true
 				if k := l.KernelsFor(m); k != "wide" {
 					t.Fatalf("seed %d: m %d: the sparse path runs %q, want the wide kernels", seed, m, k)
@@ -59,7 +58,7 @@ func TestWideMatchesFloat64(t *testing.T) {
 				if e := synth.RelErr(y, c.d, rows, toFloat64Rows(base, c.d, m)); !(e <= 1e-2) {
 					t.Errorf("seed %d: m %d: rel diff %.3g vs the D2T sparse path, want <= 1e-2", seed, m, e)
 				}
-				if got := activePairs(t, l); math.Abs(float64(got)-float64(basePairs)) > 0.01*float64(basePairs)+2 {
+				if got := get[uint64](t, dev, l.nnz, 1)[0]; math.Abs(float64(got)-float64(basePairs)) > 0.01*float64(basePairs)+2 {
 					t.Errorf("seed %d: m %d: counted %d active (token, unit) pairs, the D2T path %d", seed, m, got, basePairs)
 				}
 				again := runPath(t, dev, l, "sparse", x, m)
@@ -145,16 +144,6 @@ func TestWideMatchesFloat64(t *testing.T) {
 		l.Wide = true
 		checkStressBatch(t, dev, l, sl, r, seed, gemvMaxRows+1+r.IntN(wideMaxRows-gemvMaxRows), "sparse (wide)")
 	})
-}
-
-// activePairs reads the active (token, unit) pairs l's last call counted.
-func activePairs(t *testing.T, l *MLP) uint64 {
-	t.Helper()
-	v := make([]uint64, 1)
-	if err := l.dev.CopyDtoH(cuda.Bytes(v), l.nnz); err != nil {
-		t.Fatal(err)
-	}
-	return v[0]
 }
 
 // toFloat64Rows returns the m rows of d values in y as float64 rows.

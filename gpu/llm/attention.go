@@ -265,7 +265,7 @@ type wgBuild struct {
 // S = Q K^T reads only K from shared memory) and wgmma4pq (both) are
 // experiments not yet timed.
 var wgBuilds = map[string]wgBuild{"wgmma3": {"attn_wg64<3>", 3}, "wgmma4": {"attn_wg64<4>", 4},
-	"wgmma4p": {"attn_wg64p<4>", 4}, "wgmma3q": {"attn_wg64<3, true>", 3}, "wgmma4pq": {"attn_wg64p<4, true>", 4}}
+	"wgmma4p": {"attn_wg64<4, true>", 4}, "wgmma3q": {"attn_wg64<3, false, true>", 3}, "wgmma4pq": {"attn_wg64<4, true, true>", 4}}
 
 // wgExprs returns the name expressions of every build, sorted.
 func wgExprs() []string {

@@ -23,8 +23,8 @@
 
 #define WG_BK 64  // keys per block
 
-// attn_wg64<STAGES>: see the top of the file. Dynamic shared memory:
-// (128 + STAGES * 2 * 64) * 128 bytes, plus 1024 for alignment. The engine
+// attn_wg64<STAGES, PIPE, QREG>: see the top of the file. Dynamic shared
+// memory: (128 + STAGES * 2 * 64) * 128 bytes, plus 1024 for alignment. The engine
 // instantiates STAGES = 3 (on an H200, 3 stages beat 2 and a build that
 // overlapped each block's P V with the next block's scores) and 4. Blocks
 // are loaded AHEAD = min(STAGES - 1, 2) ahead. With 3 stages a block's
@@ -34,8 +34,8 @@
 // kb - 1, so one barrier an iteration (the one that publishes the block)
 // does, and the two warpgroups need not meet twice per block.
 //
-// attn_wg64p<STAGES> (PIPE; STAGES 4) overlaps each block's softmax with the
-// block before's P V, as flash-attention 3 does within a warpgroup: an
+// PIPE (STAGES 4) overlaps each block's softmax with the block before's
+// P V, as flash-attention 3 does within a warpgroup: an
 // iteration issues S = Q K^T of block kb and then P V of block kb - 1,
 // waits for S only, takes the block's maxima and probabilities while
 // P V runs, then waits for it and rescales the output. Both warpgroups
@@ -47,20 +47,19 @@
 // iteration after that: the copies are queued after each iteration's
 // barrier, two blocks ahead, in four stages. The output is rescaled after
 // the block before's P V is added instead of before, so the sums round
-// differently from attn_wg64's.
+// differently from those without PIPE.
 //
-// QREG (attn_wg64<3, true>, attn_wg64p<4, true>): each warp loads its 16 query rows from
-// the tile into registers once, as wgmma A fragments (wg_q_frags), and
+// QREG: each warp loads its 16 query rows from the tile into registers
+// once, as wgmma A fragments (wg_q_frags), and
 // S = Q K^T reads only K from shared memory: with both operands there, a
 // m64n64k16 reads 4 KB for its 131k products, 128 bytes a clock at the
 // tensor cores' rate, all of the SM's shared memory bandwidth.
-template <int STAGES, bool PIPE, bool QREG>
-__device__ __forceinline__ void attn_wg64_body(const u16* __restrict__ qkv, u16* __restrict__ out,
-                                               const int* __restrict__ items, const int* __restrict__ seq_q0,
-                                               const int* __restrict__ seq_n, const int* __restrict__ seq_past,
-                                               const u64* __restrict__ seq_pt, int page, int layer, int nq, int nkv,
-                                               int qkv_w, float scale_log2, const float* __restrict__ cosT,
-                                               const float* __restrict__ sinT) {
+template <int STAGES, bool PIPE = false, bool QREG = false>
+__global__ void __launch_bounds__(256, 2)
+    attn_wg64(const u16* __restrict__ qkv, u16* __restrict__ out, const int* __restrict__ items,
+              const int* __restrict__ seq_q0, const int* __restrict__ seq_n, const int* __restrict__ seq_past,
+              const u64* __restrict__ seq_pt, int page, int layer, int nq, int nkv, int qkv_w, float scale_log2,
+              const float* __restrict__ cosT, const float* __restrict__ sinT) {
   constexpr int HD = 64, BK = WG_BK;
   static_assert(BK == ATT_BK, "the blocks of keys are the ones a page holds whole");
   static_assert(!PIPE || STAGES >= 4, "P V reads a block's stage an iteration late");
@@ -216,26 +215,6 @@ __device__ __forceinline__ void attn_wg64_body(const u16* __restrict__ qkv, u16*
     int row = trow0 + g;
     store_rows(o, lrow, out + (size_t)(qs + row) * nq * HD + head * HD + tq * 2, (size_t)nq * HD, row, n);
   }
-}
-
-template <int STAGES, bool QREG = false>
-__global__ void __launch_bounds__(256, 2)
-    attn_wg64(const u16* __restrict__ qkv, u16* __restrict__ out, const int* __restrict__ items,
-              const int* __restrict__ seq_q0, const int* __restrict__ seq_n, const int* __restrict__ seq_past,
-              const u64* __restrict__ seq_pt, int page, int layer, int nq, int nkv, int qkv_w,
-              float scale_log2, const float* __restrict__ cosT, const float* __restrict__ sinT) {
-  attn_wg64_body<STAGES, false, QREG>(qkv, out, items, seq_q0, seq_n, seq_past, seq_pt, page, layer, nq, nkv, qkv_w,
-                                      scale_log2, cosT, sinT);
-}
-
-template <int STAGES, bool QREG = false>
-__global__ void __launch_bounds__(256, 2)
-    attn_wg64p(const u16* __restrict__ qkv, u16* __restrict__ out, const int* __restrict__ items,
-               const int* __restrict__ seq_q0, const int* __restrict__ seq_n, const int* __restrict__ seq_past,
-               const u64* __restrict__ seq_pt, int page, int layer, int nq, int nkv, int qkv_w,
-               float scale_log2, const float* __restrict__ cosT, const float* __restrict__ sinT) {
-  attn_wg64_body<STAGES, true, QREG>(qkv, out, items, seq_q0, seq_n, seq_past, seq_pt, page, layer, nq, nkv, qkv_w,
-                                     scale_log2, cosT, sinT);
 }
 
 // attn_wg64_probe checks the two products of attn_wg64 in isolation (tests
