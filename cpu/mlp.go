@@ -368,17 +368,9 @@ type entry struct {
 	val       float32
 }
 
-// T2D computes y = h D for TwELL h (m x F) and down rows D = Wd^T (F x d):
-// y[r] = sum over active j of h[r,j] * D[j]. Spilled tiles are read exactly.
-func T2D(y []float32, h *twell.Matrix, down []float32, d int) error {
-	if len(down) != h.Cols*d || len(y) != h.Rows*d {
-		return fmt.Errorf("cpu: T2D: down has %d values (want %d x %d), y has %d (want %d x %d)", len(down), h.Cols, d, len(y), h.Rows, d)
-	}
-	t2d(y, h, unitRows{f32: down, d: d})
-	return nil
-}
-
-// t2d is T2D over unit rows of any precision; the caller checks the sizes.
+// t2d computes y = h D for TwELL h (m x F) and down rows D = Wd^T (F x d):
+// y[r] = sum over active j of h[r,j] * D[j], over unit rows of any
+// precision; the caller checks the sizes.
 func t2d(y []float32, h *twell.Matrix, down unitRows) {
 	m, d := h.Rows, down.d
 	parallelFor((m+rowBlock-1)/rowBlock, func(b int) {
@@ -395,22 +387,10 @@ func t2d(y []float32, h *twell.Matrix, down unitRows) {
 	})
 }
 
-// GatedT2D computes the gated MLP's sparse part from the TwELL gate g
+// gatedT2D computes the gated MLP's sparse part from the TwELL gate g
 // (m x F, relu already applied): for each active unit j of row r,
-// u = x[r] . Wu[j], h = g[r,j] * u, y[r] += h * D[j].
-func GatedT2D(y, x []float32, g *twell.Matrix, up, down []float32, d int) error {
-	if len(up) != g.Cols*d || len(down) != g.Cols*d {
-		return fmt.Errorf("cpu: gated T2D: up/down hold %d/%d values, want %d x %d", len(up), len(down), g.Cols, d)
-	}
-	if len(x) != g.Rows*d || len(y) != g.Rows*d {
-		return fmt.Errorf("cpu: gated T2D: x/y hold %d/%d values, want %d x %d", len(x), len(y), g.Rows, d)
-	}
-	gatedT2D(y, x, g, unitRows{f32: up, d: d}, unitRows{f32: down, d: d})
-	return nil
-}
-
-// gatedT2D is GatedT2D over unit rows of any precision; the caller checks
-// the sizes.
+// u = x[r] . Wu[j], h = g[r,j] * u, y[r] += h * D[j]. Unit rows may be of
+// any precision; the caller checks the sizes.
 func gatedT2D(y, x []float32, g *twell.Matrix, up, down unitRows) {
 	m, d := g.Rows, up.d
 	// Work items are blocks of unitBlock tokens. Inside a block the active

@@ -146,10 +146,8 @@ type compileConfig struct {
 	arch      string
 	options   []string
 	headers   []header
-	includes  []string
 	nameExprs []string
 	noCache   bool
-	noDefault bool
 }
 
 type header struct {
@@ -170,14 +168,9 @@ func WithOptions(opts ...string) CompileOption {
 
 // WithHeader supplies an in-memory header that the source can #include by
 // name (e.g. a shared "twell.cuh" embedded beside the kernels). Headers are
-// part of the cache key; files found through include folders are not.
+// part of the cache key.
 func WithHeader(name string, src []byte) CompileOption {
 	return func(c *compileConfig) { c.headers = append(c.headers, header{name, src}) }
-}
-
-// WithIncludeDir adds a folder to the include search path (-I).
-func WithIncludeDir(dir string) CompileOption {
-	return func(c *compileConfig) { c.includes = append(c.includes, dir) }
 }
 
 // WithNameExpressions registers C++ names (e.g. "scale<256>") so that
@@ -188,10 +181,6 @@ func WithNameExpressions(exprs ...string) CompileOption {
 
 // WithoutCache compiles even if the disk cache holds the result.
 func WithoutCache() CompileOption { return func(c *compileConfig) { c.noCache = true } }
-
-// WithoutDefaultOptions drops twell's default options (-default-device,
-// --std=c++17, -lineinfo and the CUDA include folder).
-func WithoutDefaultOptions() CompileOption { return func(c *compileConfig) { c.noDefault = true } }
 
 // Program is the result of an NVRTC compilation.
 type Program struct {
@@ -278,17 +267,9 @@ func CompileProgram(name string, src []byte, opts ...CompileOption) (*Program, e
 	if err != nil {
 		return nil, err
 	}
-	options := []string{"--gpu-architecture=" + c.arch}
-	if !c.noDefault {
-		options = append(options, "-default-device", "--std=c++17", "-lineinfo")
-	}
-	for _, inc := range c.includes {
+	options := []string{"--gpu-architecture=" + c.arch, "-default-device", "--std=c++17", "-lineinfo"}
+	if inc := CUDAIncludeDir(); inc != "" {
 		options = append(options, "-I"+inc)
-	}
-	if !c.noDefault {
-		if inc := CUDAIncludeDir(); inc != "" {
-			options = append(options, "-I"+inc)
-		}
 	}
 	options = append(options, c.options...)
 	ptx := strings.HasPrefix(c.arch, "compute_")

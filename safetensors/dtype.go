@@ -1,7 +1,5 @@
 package safetensors
 
-import "fmt"
-
 // DType is a safetensors element type, spelled as in the file header ("BF16", "F32", ...).
 type DType string
 
@@ -45,12 +43,3 @@ func (d DType) IsFloat() bool { return d == BF16 || d == F16 || d == F32 || d ==
 
 // String returns the header spelling of the dtype.
 func (d DType) String() string { return string(d) }
-
-// ParseDType returns the DType spelled s in a header, or an error for an unknown spelling.
-func ParseDType(s string) (DType, error) {
-	d := DType(s)
-	if !d.Valid() {
-		return "", fmt.Errorf("unknown dtype %q", s)
-	}
-	return d, nil
-}

@@ -33,7 +33,6 @@ type lib struct {
 	errorString   func(r int32) string
 	driverVersion func(buf *byte, n uint32) int32
 	count         func(n *uint32) int32
-	byIndex       func(i uint32, d *uintptr) int32
 	byPCI         func(bus string, d *uintptr) int32
 	name          func(d uintptr, buf *byte, n uint32) int32
 	power         func(d uintptr, mw *uint32) int32
@@ -51,7 +50,6 @@ func (n *lib) symbols() []dl.Symbol {
 		S(&n.errorString, "nvmlErrorString"),
 		S(&n.driverVersion, "nvmlSystemGetDriverVersion"),
 		S(&n.count, "nvmlDeviceGetCount_v2"),
-		S(&n.byIndex, "nvmlDeviceGetHandleByIndex_v2"),
 		S(&n.byPCI, "nvmlDeviceGetHandleByPciBusId_v2"),
 		S(&n.name, "nvmlDeviceGetName"),
 		S(&n.power, "nvmlDeviceGetPowerUsage"),
@@ -112,20 +110,6 @@ func DriverVersion() (string, error) {
 type Device struct {
 	n *lib
 	h uintptr
-}
-
-// DeviceByIndex returns NVML's device i (NVML's order may differ from
-// CUDA's; prefer DeviceByPCIBusID with cuda.Properties.PCIBusID).
-func DeviceByIndex(i int) (*Device, error) {
-	n, err := open()
-	if err != nil {
-		return nil, err
-	}
-	d := &Device{n: n}
-	if err := n.check(n.byIndex(uint32(i), &d.h), fmt.Sprintf("nvmlDeviceGetHandleByIndex(%d)", i)); err != nil {
-		return nil, err
-	}
-	return d, nil
 }
 
 // DeviceByPCIBusID returns the device at a PCI bus id such as
