@@ -292,9 +292,9 @@ func runPath(t *testing.T, dev *cuda.Device, l *MLP, path string, x []float32, m
 	}
 	var err error
 	switch path {
-	case "sparse", "sparse-warp", "sparse-sorted":
+	case "sparse", "sparse-warp", "sparse-sorted", "sparse-pair":
 		tail := l.Tail
-		l.Tail = map[string]Tail{"sparse": tail, "sparse-warp": TailWarp, "sparse-sorted": TailSorted}[path]
+		l.Tail = map[string]Tail{"sparse": tail, "sparse-warp": TailWarp, "sparse-sorted": TailSorted, "sparse-pair": TailPair}[path]
 		err = l.Sparse(nil, yb, xb, m)
 		l.Tail = tail
 	case "dense":
@@ -317,7 +317,9 @@ func runPath(t *testing.T, dev *cuda.Device, l *MLP, path string, x []float32, m
 
 // TestMLPMatchesFloat64 checks every path, gated and not, against the
 // float64 reference, on shapes where d is not a multiple of 256 and m is not
-// a multiple of any tile.
+// a multiple of any tile, and that the pair tail repeats its bits. At f 5632
+// and 6% the rows' lists outgrow the tails' 256-entry shared lists, so they
+// walk them in chunks.
 func TestMLPMatchesFloat64(t *testing.T) {
 	dev, blas := setup(t)
 	for _, c := range []struct {
@@ -335,6 +337,8 @@ func TestMLPMatchesFloat64(t *testing.T) {
 		{320, 768, 0.02, true, KernelLt},
 		{256, 512, 0.05, false, KernelLt},
 		{2048, 5632, 0.005, true, KernelLt},
+		{320, 5632, 0.06, true, KernelAuto},
+		{576, 5632, 0.06, false, KernelAuto},
 	} {
 		t.Run(fmt.Sprintf("d%d_f%d_p%g_gated%v_%v", c.d, c.f, c.density, c.gated, c.kern), func(t *testing.T) {
 			r, seed := testutil.Rand(t)
@@ -345,8 +349,13 @@ func TestMLPMatchesFloat64(t *testing.T) {
 			x := synth.Tokens(r, m, c.d)
 			rows := synth.SampleRows(r, m, 48)
 			want := refRowsBF16(sl, x, c.d, rows)
-			for _, path := range []string{"sparse-warp", "sparse-sorted", "dense", "auto"} {
+			for _, path := range []string{"sparse-warp", "sparse-sorted", "sparse-pair", "dense", "auto"} {
 				y := runPath(t, dev, l, path, x, m)
+				if path == "sparse-pair" {
+					if again := runPath(t, dev, l, path, x, m); !slices.Equal(again, y) {
+						t.Errorf("seed %d: %s: a second call changed the output", seed, path)
+					}
+				}
 				for i := range y {
 					if math.IsNaN(float64(y[i])) {
 						t.Fatalf("seed %d: %s: output %d (row %d) is NaN: not written", seed, path, i, i/c.d)
@@ -424,7 +433,7 @@ func TestOverflowStress(t *testing.T) {
 			// The first sparse call sends up to 64 flagged rows through the
 			// gathered dense pass and the rest through the per-row kernel;
 			// the second sizes the gathered pass from the first's count.
-			for _, path := range []string{"sparse-warp", "sparse-sorted"} {
+			for _, path := range []string{"sparse-warp", "sparse-sorted", "sparse-pair"} {
 				checkStress(t, seed, path, runPath(t, dev, l, path, x, m), want, rows, d, m)
 			}
 			// After a call without flagged rows the gathered pass takes
@@ -555,7 +564,7 @@ func TestSharedWorkspace(t *testing.T) {
 		layer int
 		path  string
 		m     int
-	}{{0, "sparse-sorted", 300}, {1, "sparse-warp", 700}, {0, "dense", 500}, {1, "dense", 200}, {0, "sparse-warp", 650}, {1, "sparse-sorted", 100}} {
+	}{{0, "sparse-sorted", 300}, {1, "sparse-warp", 700}, {0, "dense", 500}, {1, "dense", 200}, {0, "sparse-warp", 650}, {1, "sparse-sorted", 100}, {0, "sparse-pair", 400}} {
 		if step == 4 {
 			// the last user frees the buffers, not the first
 			if err := ls[0].Close(); err != nil {

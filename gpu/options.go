@@ -23,8 +23,8 @@ type Options struct {
 // or "lt", sets Options.Kernel (unset or "auto": KernelAuto).
 const EnvD2TKernel = "TWELL_D2T_KERNEL"
 
-// EnvTail names the environment variable that, set to "warp" or "sorted",
-// sets Options.Tail (unset or "auto": TailAuto).
+// EnvTail names the environment variable that, set to "warp", "sorted" or
+// "pair", sets Options.Tail (unset or "auto": TailAuto).
 const EnvTail = "TWELL_TAIL"
 
 // EnvEarlyStart names the environment variable that, set to "0", sets
@@ -62,7 +62,7 @@ func OptionsFrom(getenv func(string) string) (Options, error) {
 	if err != nil {
 		return o, err
 	}
-	o.Tail, err = envChoice(getenv, EnvTail, "auto, warp or sorted", map[string]Tail{"warp": TailWarp, "sorted": TailSorted})
+	o.Tail, err = envChoice(getenv, EnvTail, "auto, warp, sorted or pair", map[string]Tail{"warp": TailWarp, "sorted": TailSorted, "pair": TailPair})
 	return o, err
 }
 

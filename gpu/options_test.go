@@ -20,6 +20,7 @@ func TestOptionsFromEnv(t *testing.T) {
 		{Env: map[string]string{EnvD2TKernel: "lt"}, Want: Options{Kernel: KernelLt}},
 		{Env: map[string]string{EnvD2TKernel: "tma"}, Bad: EnvD2TKernel},
 		{Env: map[string]string{EnvEarlyStart: "off"}, Bad: EnvEarlyStart},
+		{Env: map[string]string{EnvTail: "pair"}, Want: Options{Tail: TailPair}},
 		{Env: map[string]string{EnvTail: "split"}, Bad: EnvTail},
 		{Env: map[string]string{EnvWide: "1"}, Want: Options{Wide: true}},
 		{Env: map[string]string{EnvWide: "0"}, Want: Options{}},
