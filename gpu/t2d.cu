@@ -160,7 +160,11 @@ __global__ void __launch_bounds__(256, T2D_MINB)
 // early start (cuda.LaunchConfig.EarlyStart): each waits (grid_wait) before
 // it reads or writes anything an earlier kernel touches, so their launches
 // overlap the kernel before, and t2d_ws loads its slice of D (weights) into
-// shared memory before it waits.
+// shared memory before it waits. What an earlier kernel wrote they read
+// through the L2 only (ldg_cg, ld_cg_hint, __ldcg): the read-only path
+// (ld.global.nc, which const __restrict__ loads become) is for data that
+// no kernel writes while the reader lives, and an early start overlaps the
+// writer.
 #define LEN_BINS 1024  // list-length bins of the sort (below)
 
 // t2u: one warp per token. Gathers the row's active entries in column order,
@@ -186,7 +190,7 @@ __global__ void __launch_bounds__(256, T2U_MINB)
   if (blockIdx.x == 0)
     for (int i = threadIdx.x; i < LEN_BINS; i += blockDim.x) len_bins[i] = 0;
   if (r >= m) return;
-  if (flags[r]) {
+  if (__ldcg(flags + r)) {
     if (lane == 0) cnt[r] = 0;
     return;
   }
@@ -197,7 +201,7 @@ __global__ void __launch_bounds__(256, T2U_MINB)
   for (int c = 0; c < TW_NCH; ++c) {
     int k = c * 256 + lane * 8;
     xv[c].x = xv[c].y = xv[c].z = xv[c].w = 0u;
-    if (GATED && k < d) xv[c] = ld_hint(x + (size_t)r * d + k, stream);
+    if (GATED && k < d) xv[c] = ld_cg_hint(x + (size_t)r * d + k, stream);
   }
   u32* prow = packed + (size_t)r * row_words;
   int n = 0, out = 0;
@@ -258,7 +262,9 @@ __global__ void __launch_bounds__(256, T2U_MINB)
 // entries) the warps first compute their halves of x . U_j for every entry
 // into shared memory, meet at a named barrier of the pair, and then both
 // form h = g (p0 + p1) in that order, so the two halves of y use the same
-// h, and walk the down half-rows. Results repeat bit for bit.
+// h, and walk the down half-rows. Results repeat bit for bit. It starts
+// early like the split tail's kernels (below), reading x, the flags and the
+// packed rows through the L2.
 #ifndef PAIR_ROWS
 #define PAIR_ROWS 2  // weight half-rows in flight per warp
 #endif
@@ -283,7 +289,7 @@ __global__ void __launch_bounds__(256, PAIR_MINB)
   const int r = blockIdx.x * (T2D_WARPS / 2) + pair;
   grid_wait();  // the packed rows and flags are D2T's
   grid_release();
-  if (r >= m || flags[r]) return;  // both warps of the pair leave together
+  if (r >= m || __ldcg(flags + r)) return;  // both warps of the pair leave together
   const u64 keep = policy_evict_last(), stream = policy_evict_first();
   u32* list = lists[warp];
   const float *p0 = parts[pair * 2], *p1 = parts[pair * 2 + 1];
@@ -294,7 +300,7 @@ __global__ void __launch_bounds__(256, PAIR_MINB)
 #pragma unroll
   for (int c = 0; c < PAIR_CH; ++c) {
     xv[c].x = xv[c].y = xv[c].z = xv[c].w = 0u;
-    if (GATED && col(c) < d) xv[c] = ld_hint(x + rowoff + col(c), stream);
+    if (GATED && col(c) < d) xv[c] = ld_cg_hint(x + rowoff + col(c), stream);
   }
 #pragma unroll
   for (int i = 0; i < PAIR_CH * 8; ++i) acc[i] = 0.f;
@@ -352,7 +358,7 @@ __global__ void __launch_bounds__(256, PAIR_MINB)
   int n = 0;
   for (int tg = 0; tg < tiles; tg += 32) {
     const int t = tg + lane;
-    const u32 c = (t < tiles) ? ld_hint_u32(prow + (size_t)t * S, stream) : 0u;
+    const u32 c = (t < tiles) ? ld_cg_hint_u32(prow + (size_t)t * S, stream) : 0u;
     u32 nzm = __ballot_sync(0xffffffffu, c != 0u);
     while (nzm) {
       const int src = __ffs(nzm) - 1;
@@ -363,7 +369,7 @@ __global__ void __launch_bounds__(256, PAIR_MINB)
         n = 0;
       }
       const u32* tw = prow + (size_t)(tg + src) * S + 1;
-      for (int i = lane; i < cnt; i += 32) list[n + i] = ld_hint_u32(tw + i, stream);
+      for (int i = lane; i < cnt; i += 32) list[n + i] = ld_cg_hint_u32(tw + i, stream);
       n += cnt;
     }
   }
@@ -414,7 +420,7 @@ extern "C" __global__ void __launch_bounds__(256) len_hist(const int* __restrict
   grid_release();
   __syncthreads();
   for (int t = blockIdx.x * blockDim.x + threadIdx.x; t < m; t += gridDim.x * blockDim.x) {
-    const int b = len_bin(cnt[t]);
+    const int b = len_bin(__ldcg(cnt + t));
     agg_add(&h[b], b);
   }
   __syncthreads();
@@ -455,7 +461,7 @@ extern "C" __global__ void __launch_bounds__(256)
   grid_wait();
   grid_release();
   for (int t = blockIdx.x * blockDim.x + threadIdx.x; t < m; t += gridDim.x * blockDim.x) {
-    const int b = len_bin(cnt[t]);
+    const int b = len_bin(__ldcg(cnt + t));
     order[agg_add(&cur[b], b)] = t;
   }
 }
@@ -520,12 +526,12 @@ __global__ void __launch_bounds__(1024, 1)
     if (order) {
       const int pos = (base + g) * ny + blockIdx.y;
       if (pos >= m) continue;
-      t = order[pos];
+      t = __ldcg(order + pos);
     } else {
       t = base + (g + 37 * k) % G;
       if (t >= t1) continue;
     }
-    const int n = cnt[t];
+    const int n = __ldcg(cnt + t);
     const u32* e = packed + (size_t)t * row_words;
     float acc[8];
 #pragma unroll
@@ -535,7 +541,7 @@ __global__ void __launch_bounds__(1024, 1)
 #pragma unroll
       for (int v = 0; v < WS_LOADS; ++v) {
         w4[v].x = w4[v].y = w4[v].z = w4[v].w = 0u;
-        if (s + 4 * v < n) w4[v] = ld_hint(e + s + 4 * v, stream);
+        if (s + 4 * v < n) w4[v] = ld_cg_hint(e + s + 4 * v, stream);
       }
 #pragma unroll
       for (int v = 0; v < WS_LOADS; ++v) step(acc, w4[v], n - s - 4 * v);
