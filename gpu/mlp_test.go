@@ -369,6 +369,48 @@ func TestMLPMatchesFloat64(t *testing.T) {
 	}
 }
 
+// TestPairTailLongLists checks the pair tail on rows whose lists take
+// three or more chunks of its 256-entry shared lists (f 5632 at 12%: about
+// 675 active units a token, with C = 4 so that tiles hold them), gated
+// with an odd number of 256-column chunks (d 768: one warp of a pair owns
+// two, the other one) and not gated, against float64 and the warp tail.
+func TestPairTailLongLists(t *testing.T) {
+	dev, blas := setup(t)
+	for _, c := range []struct {
+		d     int
+		gated bool
+	}{{768, true}, {576, false}} {
+		t.Run(fmt.Sprintf("d%d_gated%v", c.d, c.gated), func(t *testing.T) {
+			r, seed := testutil.Rand(t)
+			f, m := 5632, 40+r.IntN(100)
+			sl := newLayer(t, r, c.d, f, 0.12, synth.Uniform, c.gated)
+			l := newMLP(t, dev, blas, sl, twell.Layout{Tile: 256, C: 4}, seed)
+			x := synth.Tokens(r, m, c.d)
+			p, err := l.D2T(nil, upload(t, dev, x), m)
+			if err != nil {
+				t.Fatalf("seed %d: D2T: %v", seed, err)
+			}
+			long := 0
+			for i := 0; i < m; i++ {
+				if _, flagged := slices.BinarySearch(p.Overflow, i); !flagged && p.RowNNZ(i) > 512 {
+					long++
+				}
+			}
+			if long == 0 {
+				t.Fatalf("seed %d: no unflagged row has over 512 active units: the chunks are not exercised", seed)
+			}
+			rows := synth.SampleRows(r, m, 32)
+			want := refRowsBF16(sl, x, c.d, rows)
+			for _, path := range []string{"sparse-pair", "sparse-warp"} {
+				y := runPath(t, dev, l, path, x, m)
+				if e := synth.RelErr(y, c.d, rows, want); !(e <= 1e-2) {
+					t.Errorf("seed %d: %s (%d of %d rows over 512 units): rel err %.3g vs float64 on the bf16 inputs, want <= 1e-2", seed, path, long, m, e)
+				}
+			}
+		})
+	}
+}
+
 // TestOverflowStress feeds rows with every unit active, tiles far over
 // capacity, and NaN and Inf inputs: flagged rows must be recomputed exactly
 // (matching the float64 reference, NaN and Inf where it has them) and the

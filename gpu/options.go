@@ -28,7 +28,7 @@ const EnvD2TKernel = "TWELL_D2T_KERNEL"
 const EnvTail = "TWELL_TAIL"
 
 // EnvEarlyStart names the environment variable that, set to "0", sets
-// Options.Serial: decode-step and sorted-tail kernels then start only when
+// Options.Serial: decode-step, sorted-tail and pair-tail kernels then start only when
 // the kernel before them has finished (to compare; see
 // cuda.LaunchConfig.EarlyStart).
 const EnvEarlyStart = "TWELL_EARLY_START"

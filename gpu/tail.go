@@ -36,9 +36,9 @@ const (
 	TailSorted
 	// TailPair is t2d_pair: the whole tail with two warps per token, each
 	// owning half of its columns, so that each warp has two weight
-	// half-rows in flight at two blocks an SM; no compact list, no sort,
-	// h in fp32. An experiment (EnvTail "pair"), not yet timed: it runs
-	// only when chosen.
+	// half-rows in flight at two blocks an SM (one above d = 2048); no
+	// compact list, no sort, h in fp32. An experiment (EnvTail "pair"),
+	// not yet timed: it runs only when chosen.
 	TailPair
 )
 
@@ -165,8 +165,8 @@ func (k *kernels) t2dFor(d int) (*t2dSet, error) {
 // tokens: x and y m x d bf16, the packed gate (rowWords words a row, S per
 // tile) and its row flags from D2T, the up and down weights (f x d bf16),
 // and TailSorted's list lengths, token order and length bins. early
-// launches TailSorted's kernels with early start (they wait with
-// grid_wait).
+// launches TailSorted's and TailPair's kernels with early start (they wait
+// with grid_wait).
 type tailArgs struct {
 	x, y, packed, flags, up, down *cuda.Buffer
 	cnt, order, lenBins           *cuda.Buffer
