@@ -142,9 +142,9 @@ func TestKernelTimes(t *testing.T) {
 }
 
 // TestProfileKernels runs the SparseLM-shape kernels a few times each for a
-// profiler (ncu -k ...): the cuBLASLt gate GEMM, the default D2T and the
-// sparse MLP with the sorted tail. An experiment, not a check: set
-// TWELL_PROFILE=1 to run it.
+// profiler (ncu -k ...), twice: the cuBLASLt gate GEMM, the default D2T,
+// and the sparse MLP with the sorted tail, then with the pair tail. An
+// experiment, not a check: set TWELL_PROFILE=1 to run it.
 func TestProfileKernels(t *testing.T) {
 	if os.Getenv("TWELL_PROFILE") == "" {
 		t.Skip("set TWELL_PROFILE=1 to run the kernels for a profiler")
@@ -152,7 +152,6 @@ func TestProfileKernels(t *testing.T) {
 	dev, blas := setup(t)
 	d, f, m := 2048, 5632, 65536
 	l, xb, _ := sparseLMLayer(t, dev, blas, m)
-	l.Tail = TailSorted
 	yb := cudatest.Alloc(t, dev, max(2*m*d, 2*m*f))
 	for i := 0; i < 2; i++ {
 		if err := blas.Matmul(nil, cublas.Gemm{M: m, N: f, K: d, TransB: true}, xb, l.gate, yb); err != nil {
@@ -161,8 +160,11 @@ func TestProfileKernels(t *testing.T) {
 		if err := l.QueueD2T(nil, xb, m); err != nil {
 			t.Fatal(err)
 		}
-		if err := l.Sparse(nil, yb, xb, m); err != nil {
-			t.Fatal(err)
+		for _, tail := range []Tail{TailSorted, TailPair} {
+			l.Tail = tail
+			if err := l.Sparse(nil, yb, xb, m); err != nil {
+				t.Fatalf("%v tail: %v", tail, err)
+			}
 		}
 	}
 	if err := dev.Synchronize(); err != nil {

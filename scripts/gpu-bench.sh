@@ -57,6 +57,12 @@
 #                                       the defaults again; first `bench gemm -transb` of
 #                                       the prefill's products (q/k/v, q alone, k and v, output, MLP) with the
 #                                       heuristic's choice and the tuned one, every candidate timed
+#   scripts/gpu-bench.sh stalls OUTDIR  where the MLP block's kernels at m = 65536 wait (ncu, full
+#                                       set with warp-state sampling per SASS instruction, clocks
+#                                       left alone): the second round of TestProfileKernels, i.e.
+#                                       cuBLASLt's gate GEMM, the D2T, the sorted tail (t2u,
+#                                       t2d_ws) and the pair tail (t2d_pair); the details page, the
+#                                       SASS page as CSV, and the report when under 15 MB
 #   scripts/gpu-bench.sh host-mem OUTDIR  host memory of `twell generate -device cuda` on the
 #                                       sparselm-1.5b preset saved as a bf16 checkpoint (with the
 #                                       sample tokenizer): peak RSS by /usr/bin/time -v, and the
@@ -64,8 +70,8 @@
 # Each run ends with `twell bench table OUTDIR`.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-what=${1:?usage: gpu-bench.sh ffn|model|decode|train|trace|ab-mlp|ab-decode|ab-prefill|host-mem OUTDIR}
-out=${2:?usage: gpu-bench.sh ffn|model|decode|train|trace|ab-mlp|ab-decode|ab-prefill|host-mem OUTDIR}
+what=${1:?usage: gpu-bench.sh ffn|model|decode|train|trace|ab-mlp|ab-decode|ab-prefill|stalls|host-mem OUTDIR}
+out=${2:?usage: gpu-bench.sh ffn|model|decode|train|trace|ab-mlp|ab-decode|ab-prefill|stalls|host-mem OUTDIR}
 mkdir -p "$out"
 tw=$root/gpubin/twell
 if [ ! -x "$tw" ] && [ -f "$root/gpubin/pack.txz" ]; then
@@ -157,6 +163,18 @@ ab-prefill)
       -json "$out/prefill-$round.json" 2>&1 | tee "$out/prefill-$round.txt" || status=1
   done
   ;;
+stalls)
+  # Per round TestProfileKernels launches 7 kernels the filter matches
+  # (nvjet, d2t_wgmma x 3, t2u, t2d_ws, t2d_pair): skip the first round.
+  rep=${TMPDIR:-/tmp}/twell-mlp-stalls
+  (cd "$root/gpu" && TWELL_PROFILE=1 ncu --clock-control none --set full --import-source yes \
+    -k 'regex:nvjet|d2t_wgmma|t2u|t2d_ws|t2d_pair' --launch-skip 7 --launch-count 7 -f -o "$rep" \
+    "$root/gpubin/gpu.test" -test.run TestProfileKernels -test.v) > "$out/stalls-run.txt" 2>&1 || status=1
+  ncu -i "$rep.ncu-rep" --page details > "$out/stalls-details.txt" 2>&1 || status=1
+  ncu -i "$rep.ncu-rep" --page source --csv --print-source sass > "$out/stalls-sass.csv" 2>&1 || status=1
+  if [ "$(stat -c %s "$rep.ncu-rep" 2>/dev/null || echo 0)" -lt 15000000 ]; then cp "$rep.ncu-rep" "$out/"; fi
+  grep -E "^  [a-z_]|Duration|Warp Cycles Per Issued|Issue Slots Busy|Stall" "$out/stalls-details.txt" | head -80
+  ;;
 host-mem)
   # The checkpoint (3 GB) goes outside OUTDIR.
   ckpt=${TMPDIR:-/tmp}/twell-host-mem-sparselm
@@ -168,7 +186,7 @@ host-mem)
   grep -E "Maximum resident|Elapsed|tokens" "$out/generate-time.txt"
   ;;
 *)
-  echo "gpu-bench: want ffn, model, decode, train, trace, ab-mlp, ab-decode, ab-prefill or host-mem, not $what" >&2
+  echo "gpu-bench: want ffn, model, decode, train, trace, ab-mlp, ab-decode, ab-prefill, stalls or host-mem, not $what" >&2
   exit 2
   ;;
 esac
