@@ -26,6 +26,35 @@
 #define T2D_MINB 1  // blocks per SM the register budget must allow (2: at most 128 registers)
 #define LCAP 256
 
+// gather_list appends a token's active entries (its packed row prow: per
+// 256-column tile a count word, then the entries) in column order to the
+// warp's shared list (empty on entry), loading words with load(p); when the next tile's entries would not fit in LCAP it calls
+// flush(n) (which walks the list; the list is then empty) first. Returns
+// the entries left in the list.
+template <typename Load, typename Flush>
+__device__ __forceinline__ int gather_list(const u32* prow, int tiles, int S, u32* list, Load load, Flush flush) {
+  const int lane = threadIdx.x & 31;
+  int n = 0;
+  for (int tg = 0; tg < tiles; tg += 32) {
+    const int t = tg + lane;
+    const u32 c = (t < tiles) ? load(prow + (size_t)t * S) : 0u;
+    u32 nzm = __ballot_sync(0xffffffffu, c != 0u);
+    while (nzm) {
+      const int src = __ffs(nzm) - 1;
+      nzm &= nzm - 1;
+      const int cnt = (int)__shfl_sync(0xffffffffu, c, src);
+      if (n + cnt > LCAP) {
+        flush(n);
+        n = 0;
+      }
+      const u32* tw = prow + (size_t)(tg + src) * S + 1;
+      for (int i = lane; i < cnt; i += 32) list[n + i] = load(tw + i);
+      n += cnt;
+    }
+  }
+  return n;
+}
+
 template <bool GATED>
 __device__ __forceinline__ void t2d_process(const u32* list, int n, const uint4 (&xv)[TW_NCH], float (&acc)[TW_NCH * 8],
                                             const u16* __restrict__ U, const u16* __restrict__ D, int d, int lane,
@@ -110,26 +139,12 @@ __global__ void __launch_bounds__(256, T2D_MINB)
 #pragma unroll
   for (int i = 0; i < TW_NCH * 8; ++i) acc[i] = 0.f;
 
-  const u32* prow = packed + (size_t)r * row_words;
-  int n = 0;
-  for (int tg = 0; tg < tiles; tg += 32) {
-    const int t = tg + lane;
-    const u32 c = (t < tiles) ? ld_hint_u32(prow + (size_t)t * S, stream) : 0u;
-    u32 nzm = __ballot_sync(0xffffffffu, c != 0u);
-    while (nzm) {
-      const int src = __ffs(nzm) - 1;
-      nzm &= nzm - 1;
-      const int cnt = (int)__shfl_sync(0xffffffffu, c, src);
-      if (n + cnt > LCAP) {
+  const int n = gather_list(
+      packed + (size_t)r * row_words, tiles, S, list, [&](const u32* p) { return ld_hint_u32(p, stream); },
+      [&](int len) {
         __syncwarp();
-        t2d_process<GATED>(list, n, xv, acc, U, D, d, lane, keep);
-        n = 0;
-      }
-      const u32* tw = prow + (size_t)(tg + src) * S + 1;
-      for (int i = lane; i < cnt; i += 32) list[n + i] = ld_hint_u32(tw + i, stream);
-      n += cnt;
-    }
-  }
+        t2d_process<GATED>(list, len, xv, acc, U, D, d, lane, keep);
+      });
   __syncwarp();
   t2d_process<GATED>(list, n, xv, acc, U, D, d, lane, keep);
 
@@ -204,8 +219,9 @@ __global__ void __launch_bounds__(256, T2U_MINB)
     if (GATED && k < d) xv[c] = ld_cg_hint(x + (size_t)r * d + k, stream);
   }
   u32* prow = packed + (size_t)r * row_words;
-  int n = 0, out = 0;
-  auto flush = [&]() {
+  int out = 0;
+  // flush turns the list's n entries into compact words at prow + out.
+  auto flush = [&](int n) {
     __syncwarp();
     if (GATED) {
       for (int i = 0; i < n; ++i) {
@@ -228,24 +244,9 @@ __global__ void __launch_bounds__(256, T2U_MINB)
       for (int i = lane; i < n; i += 32) prow[out + i] = list[i];
     }
     out += n;
-    n = 0;
     __syncwarp();
   };
-  for (int tg = 0; tg < tiles; tg += 32) {
-    const int t = tg + lane;
-    const u32 c = (t < tiles) ? prow[(size_t)t * S] : 0u;
-    u32 nzm = __ballot_sync(0xffffffffu, c != 0u);
-    while (nzm) {
-      const int src = __ffs(nzm) - 1;
-      nzm &= nzm - 1;
-      const int cn = (int)__shfl_sync(0xffffffffu, c, src);
-      if (n + cn > LCAP) flush();
-      const u32* tw = prow + (size_t)(tg + src) * S + 1;
-      for (int i = lane; i < cn; i += 32) list[n + i] = tw[i];
-      n += cn;
-    }
-  }
-  flush();
+  flush(gather_list(prow, tiles, S, list, [](const u32* p) { return *p; }, flush));
   if (lane == 0) cnt[r] = out;
 }
 
@@ -354,25 +355,9 @@ __global__ void __launch_bounds__(256, PAIR_MINB)
     __syncwarp();
   };
 
-  const u32* prow = packed + (size_t)r * row_words;
-  int n = 0;
-  for (int tg = 0; tg < tiles; tg += 32) {
-    const int t = tg + lane;
-    const u32 c = (t < tiles) ? ld_cg_hint_u32(prow + (size_t)t * S, stream) : 0u;
-    u32 nzm = __ballot_sync(0xffffffffu, c != 0u);
-    while (nzm) {
-      const int src = __ffs(nzm) - 1;
-      nzm &= nzm - 1;
-      const int cnt = (int)__shfl_sync(0xffffffffu, c, src);
-      if (n + cnt > LCAP) {
-        process(n, true);
-        n = 0;
-      }
-      const u32* tw = prow + (size_t)(tg + src) * S + 1;
-      for (int i = lane; i < cnt; i += 32) list[n + i] = ld_cg_hint_u32(tw + i, stream);
-      n += cnt;
-    }
-  }
+  const int n = gather_list(
+      packed + (size_t)r * row_words, tiles, S, list, [&](const u32* p) { return ld_cg_hint_u32(p, stream); },
+      [&](int len) { process(len, true); });
   process(n, false);
 
 #pragma unroll
