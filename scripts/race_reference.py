@@ -100,7 +100,7 @@ HEADER_GLOBS = ["custom_models/twell_modules/*.h", "custom_models/twell_modules/
                 "custom_models/hybrid_modules/*.h", "custom_models/hybrid_modules/*.cuh"]
 
 BASELINE = {"ffn": "torch_dense", "train": "torch_dense_autograd"}
-PATHS = {"ffn": ["torch_dense", "reference_twell"], "train": ["torch_dense_autograd", "reference_hybrid"]}
+PATHS = {"ffn": ["torch_dense", "reference_twell", "reference_d2t"], "train": ["torch_dense_autograd", "reference_hybrid"]}
 
 
 def now():
@@ -563,6 +563,11 @@ def child_ffn(a, want_paths, prog):
             ext, tw = load_twell(a.ref, a.build_dir)
             mlp = tw.TwELLGatedMLP(0, gate, up, down.t().contiguous(), ext=ext)
             paths[name] = mlp
+        elif name == "reference_d2t":
+            # The reference's D2T alone (gate GEMM, ReLU and packing), as
+            # twell's d2t_ms times its own: where the two MLPs' time goes.
+            ext, tw = load_twell(a.ref, a.build_dir)
+            paths[name] = tw.D2TLinear(1, gate, 8, ext=ext)
         else:
             raise RuntimeError(f"unknown path {name}")
     with torch.inference_mode():
@@ -570,8 +575,14 @@ def child_ffn(a, want_paths, prog):
             prog.at("check", name)
             y = fn(x0)
             torch.cuda.synchronize()
-            prog.path_result(name, finite=bool(torch.isfinite(y).all().item()),
-                             rel_err=rel_err(y[rows], want64), rel_err_fp32=rel_err(y.float(), want32))
+            if name == "reference_d2t":
+                # Packed words: per 256-column tile a count word, then the
+                # entries; the counts must add up to the fp32 gate's.
+                counts = y.view(torch.int32).view(m, f // D2T_TILE, D2T_TILE // 8)[:, :, 0]
+                prog.path_result(name, nnz_mean=int(counts.long().sum().item()) / m)
+            else:
+                prog.path_result(name, finite=bool(torch.isfinite(y).all().item()),
+                                 rel_err=rel_err(y[rows], want64), rel_err_fp32=rel_err(y.float(), want32))
             del y
         del want32
         prog.at("timing", None)
@@ -905,6 +916,9 @@ def cmd_report(a):
             "reference_status": (e["paths"].get("reference_twell") or {}).get("status", "not run"),
             "reference_rel_err": (e["paths"].get("reference_twell") or {}).get("rel_err"),
             "reference_rel_err_fp32": (e["paths"].get("reference_twell") or {}).get("rel_err_fp32"),
+            "reference_d2t_ms": (e["paths"].get("reference_d2t") or {}).get("ms"),
+            "reference_d2t_nnz_mean": (e["paths"].get("reference_d2t") or {}).get("nnz_mean"),
+            "twell_d2t_ms": tw.get("d2t_ms"),
             "twell_dense_ms": tw.get("dense_ms"), "twell_ms": tw.get("twell_ms"), "twell_auto_ms": tw.get("auto_ms"),
             "twell_auto_path": tw.get("auto_path"), "twell_rel_err": tw.get("rel_err"),
             "twell_over_reference": ratio, "nnz_mean": e.get("nnz_mean"), "twell_nnz_mean": tw.get("nnz_mean"),
@@ -957,13 +971,14 @@ def render_md(race):
     dims = ", ".join(f"d {d}, f {f}" for d, f in dims) or "d ?, f ?"
     L += ["", f"## MLP block (inference), {dims}, C 8, bf16", ""]
     L.append("| m | density | dist | twell dense ms | PyTorch dense ms | reference TwELL ms | twell TwELL ms "
-             "| twell auto ms | twell / reference | rel err reference / twell |")
-    L.append("|---|---|---|---|---|---|---|---|---|---|")
+             "| twell auto ms | twell / reference | D2T ms reference / twell | rel err reference / twell |")
+    L.append("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in race["ffn"]:
         ref_txt = ref_cell((r.get("reference_run") or {}).get("paths", {}).get("reference_twell"))[1]
         L.append(f"| {r['m']} | {pct(r['density'])} | {r['dist']} | {num(r.get('twell_dense_ms'))} "
                  f"| {num(r.get('torch_dense_ms'))} | {ref_txt} | {num(r.get('twell_ms'))} "
                  f"| {num(r.get('twell_auto_ms'))} | {ratio_cell(r.get('twell_ms'), r.get('reference_ms'))[1]} "
+                 f"| {num(r.get('reference_d2t_ms'))} / {num(r.get('twell_d2t_ms'))} "
                  f"| {num(r.get('reference_rel_err'), '{:.1e}')} / {num(r.get('twell_rel_err'), '{:.1e}')} |")
     L += ["", "## MLP block (training), forward + backward with the L1 term", ""]
     L.append("| m | density | dist | PyTorch dense autograd ms | reference hybrid ms | reference speedup "
