@@ -512,3 +512,69 @@ __device__ __forceinline__ int pack_row_warp(const u32* tile_row, u32* erow, u32
   __syncwarp();
   return total;
 }
+
+// pack_two_rows_warp is pack_row_warp for rows row0 and row1 at once (row1
+// only when has1; out1 is then its S words), writing the same words. Each
+// entry's rank comes from ballots of the lanes' activity bits, not from a
+// prefix sum over the lanes, and the two rows' independent work
+// interleaves, so no chain of shuffles serializes a row. erow is the warp's
+// 2 S-word scratch, zero on entry and on return. total[r] and bad[r] are
+// the rows' true counts and non-finite flags (0 and false for an absent
+// row 1).
+template <int S>
+__device__ __forceinline__ void pack_two_rows_warp(const u32* row0, const u32* row1, bool has1, u32* erow, u32* out0,
+                                                   u32* out1, int n0, int (&total)[2], bool (&bad)[2]) {
+  const int lane = threadIdx.x & 31;
+  const u32 lt = (1u << lane) - 1u;
+  const uint4 v0 = *(const uint4*)(row0 + 4 * lane);
+  uint4 v1 = make_uint4(0u, 0u, 0u, 0u);
+  if (has1) v1 = *(const uint4*)(row1 + 4 * lane);
+  const u32 w[2][4] = {{v0.x, v0.y, v0.z, v0.w}, {v1.x, v1.y, v1.z, v1.w}};
+  u32 m8[2] = {0u, 0u}, b8[2] = {0u, 0u};
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      const u32 b = (w[r][k >> 1] >> (16 * (k & 1))) & 0xffffu;
+      const u32 on = (((b & 0x8000u) == 0u && b != 0u) || (b & 0x7fffu) > 0x7f80u) ? 1u : 0u;
+      m8[r] |= on << k;
+      b8[r] |= (on && (b & 0x7fffu) >= 0x7f80u) ? 1u : 0u;
+    }
+  }
+  int rank[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    int before = 0, all = 0;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      const u32 on = __ballot_sync(0xffffffffu, (m8[r] >> k) & 1u);
+      before += __popc(on & lt);
+      all += __popc(on);
+    }
+    rank[r] = before;
+    total[r] = all;
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      if ((m8[r] >> k) & 1u) {
+        if (rank[r] < S - 1)
+          erow[r * S + 1 + rank[r]] = (((w[r][k >> 1] >> (16 * (k & 1))) & 0xffffu) << 16) | (u32)(n0 + 8 * lane + k);
+        ++rank[r];
+      }
+    }
+    bad[r] = __any_sync(0xffffffffu, b8[r] != 0u);
+  }
+  __syncwarp();
+#pragma unroll
+  for (int i = lane; i < S; i += 32) {
+    out0[i] = (i == 0) ? (u32)total[0] : erow[i];
+    erow[i] = 0u;
+    if (has1) {
+      out1[i] = (i == 0) ? (u32)total[1] : erow[S + i];
+      erow[S + i] = 0u;
+    }
+  }
+  __syncwarp();
+}

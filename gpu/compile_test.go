@@ -50,15 +50,15 @@ func TestCompilePTX(t *testing.T) {
 	}
 }
 
-// TestCompileWGMMAPTX compiles the Hopper D2T kernel for compute_90a,
-// which needs NVRTC 12 or later (but no GPU), and checks ptxas's report for
-// spills and serialized wgmmas.
+// TestCompileWGMMAPTX compiles the Hopper D2T kernel for compute_90a
+// (both packings), which needs NVRTC 12 or later (but no GPU), and checks
+// ptxas's report for spills and serialized wgmmas.
 func TestCompileWGMMAPTX(t *testing.T) {
 	cudatest.Compiler(t)
 	if major, minor, _, _ := cuda.NVRTCVersion(); major < 12 {
 		t.Skipf("NVRTC %d.%d cannot target compute_90a", major, minor)
 	}
-	exprs := wgmmaExprs()
+	exprs := append(wgmmaExprs(1), wgmmaExprs(2)...)
 	opts := append([]cuda.CompileOption{cuda.WithArch("compute_90a"), cuda.WithNameExpressions(exprs...)}, Headers()...)
 	prog, err := cuda.CompileProgram("d2t_wgmma.cu", d2tWGMMASrc, opts...)
 	if err != nil {

@@ -70,12 +70,21 @@ func (l *MLP) residentClusters(fn *cuda.Function, cfg cuda.LaunchConfig) int {
 	return l.clusters
 }
 
+// packRows returns the rows each packer warp of the wgmma D2T packs at
+// once (PackRows: 1 or 2).
+func (l *MLP) packRows() int {
+	if l.PackRows == 2 {
+		return 2
+	}
+	return 1
+}
+
 // d2tKernel returns the D2T kernel to use and its kind.
 func (l *MLP) d2tKernel() (*cuda.Function, Kernel, error) {
 	s := l.Layout.S()
 	switch l.Kernel {
 	case KernelWGMMA:
-		f, err := l.k.d2tWGMMA(s)
+		f, err := l.k.d2tWGMMA(s, l.packRows())
 		return f, KernelWGMMA, err
 	case KernelMMA:
 		f, err := l.k.d2tMMA(s)
@@ -89,7 +98,7 @@ func (l *MLP) d2tKernel() (*cuda.Function, Kernel, error) {
 	}
 	// On Hopper the wgmma kernel (about 2.3 ms at m = 65536 on an H200),
 	// else mma.sync.
-	f, err := l.k.d2tWGMMA(s)
+	f, err := l.k.d2tWGMMA(s, l.packRows())
 	if err == nil {
 		return f, KernelWGMMA, nil
 	}
@@ -137,7 +146,7 @@ func (l *MLP) runD2T(s *cuda.Stream, x *cuda.Buffer, m int) (*sparseWS, error) {
 	}
 	l.counted = m
 	a := d2tArgs{x: x, w: l.sparseIn(), packed: ws.packed, flags: ws.flags, ovf: ws.ovf, nnz: l.nnz,
-		m: m, d: l.D, f: l.F, s: l.Layout.S(), rowWords: l.F / l.Layout.C}
+		m: m, d: l.D, f: l.F, s: l.Layout.S(), rowWords: l.F / l.Layout.C, packRows: l.packRows()}
 	if kind == KernelLt {
 		err = l.d2tLt(s, fn, x, ws, a)
 	} else if kind == KernelWGMMA {
@@ -320,46 +329,60 @@ func (k *kernels) d2tMMA(s int) (*cuda.Function, error) {
 	return k.mma.get(k, "d2t_mma.cu", d2tMMASrc, "d2t_mma", s)
 }
 
-// d2tWGMMA returns the Hopper D2T kernel for S words per tile.
-func (k *kernels) d2tWGMMA(s int) (*cuda.Function, error) {
-	k.wgOnce.Do(func() {
+// wgSet is the wgmma D2T kernels of one packing, by S, compiled on first
+// use.
+type wgSet struct {
+	once sync.Once
+	fns  map[int]*cuda.Function
+	err  error
+}
+
+// d2tWGMMA returns the Hopper D2T kernel for S words per tile whose packer
+// warps pack pr rows at once (1 or 2).
+func (k *kernels) d2tWGMMA(s, pr int) (*cuda.Function, error) {
+	set := &k.wg[pr-1]
+	set.once.Do(func() {
 		p := k.dev.Properties()
 		if p.Arch != "sm_90a" {
-			k.wgErr = fmt.Errorf("gpu: the wgmma D2T kernel needs sm_90a (Hopper); %v is %s", k.dev, p.Arch)
+			set.err = fmt.Errorf("gpu: the wgmma D2T kernel needs sm_90a (Hopper); %v is %s", k.dev, p.Arch)
 			return
 		}
-		fs, err := k.compile("d2t_wgmma.cu", d2tWGMMASrc, wgmmaExprs())
+		fs, err := k.compile("d2t_wgmma.cu", d2tWGMMASrc, wgmmaExprs(pr))
 		if err != nil {
-			k.wgErr = err
+			set.err = err
 			return
 		}
-		k.wg = map[int]*cuda.Function{}
+		set.fns = map[int]*cuda.Function{}
 		for _, s := range []int{32, 64, 128} {
-			k.wg[s] = fs[wgmmaName(s)]
+			set.fns[s] = fs[wgmmaName(s, pr)]
 		}
 	})
-	if k.wgErr != nil {
-		return nil, k.wgErr
+	if set.err != nil {
+		return nil, set.err
 	}
-	return k.wg[s], nil
+	return set.fns[s], nil
 }
 
 // wgmmaName is the name expression of the wgmma D2T kernel for S words per
-// tile.
-func wgmmaName(s int) string { return fmt.Sprintf("d2t_wgmma<%d,%d>", s, wgmmaStages) }
+// tile whose packer warps pack pr rows at once.
+func wgmmaName(s, pr int) string { return fmt.Sprintf("d2t_wgmma<%d,%d,%d>", s, wgmmaStages, pr) }
 
-// wgmmaExprs are the name expressions of d2t_wgmma.cu.
-func wgmmaExprs() []string { return []string{wgmmaName(32), wgmmaName(64), wgmmaName(128)} }
+// wgmmaExprs are the name expressions of d2t_wgmma.cu for packer warps
+// that pack pr rows at once.
+func wgmmaExprs(pr int) []string {
+	return []string{wgmmaName(32, pr), wgmmaName(64, pr), wgmmaName(128, pr)}
+}
 
 // wgmmaStages is the pipeline depth of d2t_wgmma: its bf16 tile (66 KiB)
 // leaves room for 3 stages.
 const wgmmaStages = 3
 
-// wgmmaSmem returns the dynamic shared memory the wgmma D2T kernel needs,
-// with 1024 bytes of slack for aligning the base (see d2t_wgmma.cu).
-func wgmmaSmem(s int) int {
+// wgmmaSmem returns the dynamic shared memory the wgmma D2T kernel needs
+// for S words per tile and packer warps that pack pr rows at once, with
+// 1024 bytes of slack for aligning the base (see d2t_wgmma.cu).
+func wgmmaSmem(s, pr int) int {
 	const stage = 16384 + 32768
-	return wgmmaStages*stage + 128*132*4 + 3*s*4 + (2*wgmmaStages+2)*8 + 1024
+	return wgmmaStages*stage + 128*132*4 + 3*pr*s*4 + (2*wgmmaStages+2)*8 + 1024
 }
 
 // d2tArgs are the operands of a D2T kernel for one call of m tokens: x
@@ -369,6 +392,7 @@ func wgmmaSmem(s int) int {
 type d2tArgs struct {
 	x, w, packed, flags, ovf, nnz *cuda.Buffer
 	m, d, f, s, rowWords          int
+	packRows                      int // wgmma: rows a packer warp packs at once
 }
 
 // mmaSmem is the dynamic shared memory of d2t_mma<S>: three stages of a
@@ -389,7 +413,7 @@ func (a d2tArgs) mma(fn *cuda.Function, s *cuda.Stream) error {
 // item, a pair of 128-row tiles times a 256-column tile).
 func (a d2tArgs) wgmma(fn *cuda.Function, s *cuda.Stream, tmA, tmB *cuda.TensorMap, resident func(cuda.LaunchConfig) int) error {
 	mPairs, nTiles := padRows(a.m)/256, a.f/256
-	cfg := cuda.LaunchConfig{Block: cuda.Dim3{384, 1, 1}, SharedBytes: wgmmaSmem(a.s), Stream: s, Cluster: cuda.Dim3{2, 1, 1}}
+	cfg := cuda.LaunchConfig{Block: cuda.Dim3{384, 1, 1}, SharedBytes: wgmmaSmem(a.s, a.packRows), Stream: s, Cluster: cuda.Dim3{2, 1, 1}}
 	nClusters := min(resident(cfg), mPairs*nTiles)
 	cfg.Grid = cuda.Dim3{uint32(2 * nClusters), 1, 1}
 	return fn.LaunchEx(cfg, tmA, tmB, a.packed, a.flags, a.ovf, a.nnz,

@@ -151,7 +151,9 @@ __device__ __forceinline__ void mainloop(float (&acc)[128], u32 sA, u32 sB, u32 
 #define PIPE_TILE (128 * PIPE_LD * 4)
 #define PIPE_PACKERS 3
 
-template <int S, int STAGES>
+// PR is how many rows a packer warp packs at once: 1 (pack_row_warp) or 2
+// (pack_two_rows_warp, an experiment).
+template <int S, int STAGES, int PR>
 __global__ void __launch_bounds__(384, 1)
     d2t_wgmma(const __grid_constant__ TmaDesc tmA, const __grid_constant__ TmaDesc tmB, u32* __restrict__ packed,
                    int* __restrict__ flags, int* __restrict__ ovf, u64* __restrict__ nnz, int m_pairs, int n_tiles,
@@ -162,9 +164,9 @@ __global__ void __launch_bounds__(384, 1)
   unsigned char* smem = smem_raw + (base - raw);
   const u32 sA = base, sB = base + STAGES * A_BYTES;
   u32* tile = (u32*)(smem + STAGES * (A_BYTES + B_BYTES));
-  u32* erows = tile + 128 * PIPE_LD;  // PIPE_PACKERS x S words
+  u32* erows = tile + 128 * PIPE_LD;  // PIPE_PACKERS x PR x S words
   // full[STAGES], empty[STAGES], tile_full, tile_empty
-  const u32 bars = base + STAGES * (A_BYTES + B_BYTES) + PIPE_TILE + PIPE_PACKERS * S * 4;
+  const u32 bars = base + STAGES * (A_BYTES + B_BYTES) + PIPE_TILE + PIPE_PACKERS * PR * S * 4;
   const u32 tile_full = bars + 8u * (2 * STAGES), tile_empty = tile_full + 8u;
 
   const int tid = threadIdx.x;
@@ -181,7 +183,7 @@ __global__ void __launch_bounds__(384, 1)
     mbar_init(tile_empty, PIPE_PACKERS);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
-  for (int i = tid; i < PIPE_PACKERS * S; i += 384) erows[i] = 0;
+  for (int i = tid; i < PIPE_PACKERS * PR * S; i += 384) erows[i] = 0;
   __syncthreads();
   cluster_sync();
 
@@ -192,7 +194,7 @@ __global__ void __launch_bounds__(384, 1)
       if (lane == 0) produce<STAGES>(&tmA, &tmB, sA, sB, bars, rank, cluster, nclusters, m_pairs, n_tiles, k_iters);
     } else {
       const int pw = warp - 1;
-      u32* erow = erows + pw * S;
+      u32* erow = erows + pw * PR * S;
       u64 sum = 0;
       u32 tphase = 0;
       for (int w = cluster; w < m_pairs * n_tiles; w += nclusters) {
@@ -200,13 +202,32 @@ __global__ void __launch_bounds__(384, 1)
         work_coords(w, m_pairs, n_tiles, mp, nt);
         const int m0 = (mp * 2 + (int)rank) * 128, n0 = nt * 256;
         mbar_wait(tile_full, tphase);
-        for (int r = pw; r < 128; r += PIPE_PACKERS) {
-          const int row = m0 + r;
-          bool bad;
-          const int n = pack_row_warp<S>(tile + r * PIPE_LD, erow, packed + (size_t)row * row_words + nt * S, n0, bad);
+        auto done = [&](int row, int n, bool bad) {
           if (row < m_valid) {
             sum += (u64)n;
             if (lane == 0 && (bad || n > S - 1)) flag_row(flags, ovf, row);
+          }
+        };
+        if (PR == 1) {
+          for (int r = pw; r < 128; r += PIPE_PACKERS) {
+            const int row = m0 + r;
+            bool bad;
+            const int n = pack_row_warp<S>(tile + r * PIPE_LD, erow, packed + (size_t)row * row_words + nt * S, n0, bad);
+            done(row, n, bad);
+          }
+        } else {
+          // rows r and r + PIPE_PACKERS together: the same rows per warp
+          for (int r = pw; r < 128; r += 2 * PIPE_PACKERS) {
+            const int row = m0 + r, r1 = r + PIPE_PACKERS;
+            const bool has1 = r1 < 128;
+            int n[2];
+            bool bad[2];
+            pack_two_rows_warp<S>(tile + r * PIPE_LD, tile + r1 * PIPE_LD, has1, erow,
+                                  packed + (size_t)row * row_words + nt * S,
+                                  has1 ? packed + (size_t)(row + PIPE_PACKERS) * row_words + nt * S : nullptr, n0, n,
+                                  bad);
+            done(row, n[0], bad[0]);
+            if (has1) done(row + PIPE_PACKERS, n[1], bad[1]);
           }
         }
         __syncwarp();

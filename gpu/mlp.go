@@ -25,6 +25,9 @@ type MLP struct {
 	Layout twell.Layout
 	// Kernel picks the D2T kernel (zero: the fastest the device supports).
 	Kernel Kernel
+	// PackRows is how many rows each packer warp of the wgmma D2T packs at
+	// once: 2 packs two rows together (an experiment), zero or 1 one.
+	PackRows int
 	// Tail picks the sparse kernels after D2T (zero: by batch size).
 	Tail Tail
 	// Path is the path Forward runs: mlp.Auto (the zero value: by density

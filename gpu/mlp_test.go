@@ -103,7 +103,9 @@ func TestNewMLPRejectsBadShapes(t *testing.T) {
 
 // TestD2TMatchesFloat64 checks the packed gate against a float64 GEMM of the
 // same bf16 inputs: true counts, column-ordered payloads with bf16 values,
-// zero words past the count, flagged rows, and bitwise determinism.
+// zero words past the count, flagged rows, and bitwise determinism; the
+// wgmma kernel's packer warps packing two rows at once (PackRows 2) must
+// write the same words.
 func TestD2TMatchesFloat64(t *testing.T) {
 	dev, blas := setup(t)
 	for _, kern := range kernelsToTest(dev) {
@@ -129,6 +131,17 @@ func TestD2TMatchesFloat64(t *testing.T) {
 					t.Fatalf("seed %d: two D2T runs on the same input differ", seed)
 				}
 				checkPacked(t, seed, p, roundBF16(x), roundBF16(sl.Gate), m, d, f)
+				if kern != KernelWGMMA {
+					return
+				}
+				l.PackRows = 2
+				p2, err = l.D2T(nil, xb, m)
+				if err != nil {
+					t.Fatalf("seed %d: D2T packing two rows at once: %v", seed, err)
+				}
+				if !slices.Equal(p.Words, p2.Words) || !slices.Equal(p.Overflow, p2.Overflow) || p.NNZ != p2.NNZ {
+					t.Errorf("seed %d: packing two rows at once wrote other words than one row at once", seed)
+				}
 			})
 		}
 	}
@@ -422,18 +435,21 @@ func TestOverflowStress(t *testing.T) {
 		density float64
 		layout  twell.Layout
 		kern    Kernel
+		pack    int // PackRows
 	}
 	cases := []stressCase{
-		{"sparse-C8", 0.01, twell.Layout{Tile: 256, C: 8}, KernelAuto},
-		{"sparse-C8-mma", 0.01, twell.Layout{Tile: 256, C: 8}, KernelMMA},
-		{"dense-tiles-C8", 0.3, twell.Layout{Tile: 256, C: 8}, KernelAuto},
-		{"dense-tiles-C2", 0.6, twell.Layout{Tile: 256, C: 2}, KernelAuto},
-		{"sparse-C8-lt", 0.01, twell.Layout{Tile: 256, C: 8}, KernelLt},
-		{"dense-tiles-C2-lt", 0.6, twell.Layout{Tile: 256, C: 2}, KernelLt},
+		{"sparse-C8", 0.01, twell.Layout{Tile: 256, C: 8}, KernelAuto, 0},
+		{"sparse-C8-mma", 0.01, twell.Layout{Tile: 256, C: 8}, KernelMMA, 0},
+		{"dense-tiles-C8", 0.3, twell.Layout{Tile: 256, C: 8}, KernelAuto, 0},
+		{"dense-tiles-C2", 0.6, twell.Layout{Tile: 256, C: 2}, KernelAuto, 0},
+		{"sparse-C8-lt", 0.01, twell.Layout{Tile: 256, C: 8}, KernelLt, 0},
+		{"dense-tiles-C2-lt", 0.6, twell.Layout{Tile: 256, C: 2}, KernelLt, 0},
 	}
 	if dev.Properties().Arch == "sm_90a" {
-		cases = append(cases, stressCase{"sparse-C8-wgmma", 0.01, twell.Layout{Tile: 256, C: 8}, KernelWGMMA},
-			stressCase{"dense-tiles-C2-wgmma", 0.6, twell.Layout{Tile: 256, C: 2}, KernelWGMMA})
+		cases = append(cases, stressCase{"sparse-C8-wgmma", 0.01, twell.Layout{Tile: 256, C: 8}, KernelWGMMA, 0},
+			stressCase{"dense-tiles-C2-wgmma", 0.6, twell.Layout{Tile: 256, C: 2}, KernelWGMMA, 0},
+			stressCase{"sparse-C8-wgmma-pack2", 0.01, twell.Layout{Tile: 256, C: 8}, KernelWGMMA, 2},
+			stressCase{"dense-tiles-C2-wgmma-pack2", 0.6, twell.Layout{Tile: 256, C: 2}, KernelWGMMA, 2})
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -441,7 +457,7 @@ func TestOverflowStress(t *testing.T) {
 			d, f, m := 256, 512, 200+r.IntN(100)
 			sl := newLayer(t, r, d, f, c.density, synth.Uniform, true)
 			l := newMLP(t, dev, blas, sl, c.layout, seed)
-			l.Kernel = c.kern
+			l.Kernel, l.PackRows = c.kern, c.pack
 			x := synth.Tokens(r, m, d)
 			allOn, nanRow, infRow := 3, 5, m-1
 			x[allOn*d] = -1000 // every gate bias is negative here: all units fire

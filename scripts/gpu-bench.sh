@@ -23,9 +23,10 @@
 #                                       settings timed in turns in one process (bench ffn -variants):
 #                                       m = 4096, 16384 and 65536 (0.5%, skewed; 65536 uniform too) the D2T as
 #                                       cuBLASLt's gate GEMM and d2t_pack (TWELL_D2T_KERNEL=lt)
-#                                       against the fused default, the tail with two warps per
-#                                       token (TWELL_TAIL=pair), both together, and the defaults
-#                                       again; m = 16,
+#                                       against the fused default, the fused D2T's packer warps
+#                                       packing two rows at once (TWELL_D2T_PACK=2), the tail with
+#                                       two warps per token (TWELL_TAIL=pair), PACK=2 and lt each
+#                                       with the pair tail, and the defaults again; m = 16,
 #                                       32 and 64 the wide small-batch kernels (TWELL_MLP_WIDE=1)
 #                                       against D2T and dense; two rounds
 #   scripts/gpu-bench.sh ab-decode OUTDIR  the decode switches, as variants of one run (bench model
@@ -52,7 +53,8 @@
 #                                       (TWELL_LLM_ATTENTION=wgmma4) and with each block's softmax
 #                                       overlapped with P V (wgmma4p), with the queries in
 #                                       registers (wgmma3q) and both (wgmma4pq), the MLP's tail with
-#                                       two warps per token (TWELL_TAIL=pair), the first three
+#                                       two warps per token (TWELL_TAIL=pair), alone and with the
+#                                       D2T packing two rows at once (TWELL_D2T_PACK=2), the first three
 #                                       together, and
 #                                       the defaults again; first `bench gemm -transb` of
 #                                       the prefill's products (q/k/v, q alone, k and v, output, MLP) with the
@@ -121,7 +123,7 @@ ab-mlp)
       m=${shape%%:*} dist=${shape#*:}
       name=ffn-$m-$dist-d2t-$round
       "$tw" bench ffn -device cuda -m "$m" -density 0.005 -dist "$dist" -seed 1 \
-        -variants 'D2T_KERNEL=lt;TAIL=pair;D2T_KERNEL=lt TAIL=pair;' -json "$out/$name.json" 2>&1 | tee "$out/$name.txt" || status=1
+        -variants 'D2T_KERNEL=lt;D2T_PACK=2;TAIL=pair;D2T_PACK=2 TAIL=pair;D2T_KERNEL=lt TAIL=pair;' -json "$out/$name.json" 2>&1 | tee "$out/$name.txt" || status=1
     done
     for m in 16 32 64; do # the wide small-batch kernels against D2T and dense
       name=ffn-$m-skewed-wide-$round
@@ -159,7 +161,7 @@ ab-prefill)
     [ "$round" = 1 ] && trace=(-trace "$out/prefill-trace.json" -trace-plot "$out/prefill-trace.png" -trace-steps 1)
     "$tw" bench model -device cuda -preset sparselm-1.5b -seed 9596107621982983358 -reps 3 -batch 32 -prompt-len 2048 \
       -decode-batch 1 -decode-context 512 -decode-steps 8 "${trace[@]}" \
-      -variants 'GEMM_TUNE=1;LLM_ATTN_ROPE=1;LLM_OPROJ_ADD=1;LLM_QKV_SPLIT=1;LLM_ATTENTION=wgmma4;LLM_ATTENTION=wgmma4p;LLM_ATTENTION=wgmma3q;LLM_ATTENTION=wgmma4pq;TAIL=pair;GEMM_TUNE=1 LLM_ATTN_ROPE=1 LLM_OPROJ_ADD=1;' \
+      -variants 'GEMM_TUNE=1;LLM_ATTN_ROPE=1;LLM_OPROJ_ADD=1;LLM_QKV_SPLIT=1;LLM_ATTENTION=wgmma4;LLM_ATTENTION=wgmma4p;LLM_ATTENTION=wgmma3q;LLM_ATTENTION=wgmma4pq;TAIL=pair;D2T_PACK=2 TAIL=pair;GEMM_TUNE=1 LLM_ATTN_ROPE=1 LLM_OPROJ_ADD=1;' \
       -json "$out/prefill-$round.json" 2>&1 | tee "$out/prefill-$round.txt" || status=1
   done
   ;;
