@@ -143,8 +143,9 @@ func TestKernelTimes(t *testing.T) {
 
 // TestProfileKernels runs the SparseLM-shape kernels a few times each for a
 // profiler (ncu -k ...), twice: the cuBLASLt gate GEMM, the default D2T,
-// and the sparse MLP with the sorted tail, then with the pair tail. An
-// experiment, not a check: set TWELL_PROFILE=1 to run it.
+// the D2T packing two rows at once, and the sparse MLP with the sorted
+// tail, then with the pair tail. An experiment, not a check: set
+// TWELL_PROFILE=1 to run it.
 func TestProfileKernels(t *testing.T) {
 	if os.Getenv("TWELL_PROFILE") == "" {
 		t.Skip("set TWELL_PROFILE=1 to run the kernels for a profiler")
@@ -157,9 +158,13 @@ func TestProfileKernels(t *testing.T) {
 		if err := blas.Matmul(nil, cublas.Gemm{M: m, N: f, K: d, TransB: true}, xb, l.gate, yb); err != nil {
 			t.Fatal(err)
 		}
-		if err := l.QueueD2T(nil, xb, m); err != nil {
-			t.Fatal(err)
+		for _, pr := range []int{1, 2} {
+			l.PackRows = pr
+			if err := l.QueueD2T(nil, xb, m); err != nil {
+				t.Fatal(err)
+			}
 		}
+		l.PackRows = 1
 		for _, tail := range []Tail{TailSorted, TailPair} {
 			l.Tail = tail
 			if err := l.Sparse(nil, yb, xb, m); err != nil {

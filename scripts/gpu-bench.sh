@@ -61,10 +61,11 @@
 #                                       heuristic's choice and the tuned one, every candidate timed
 #   scripts/gpu-bench.sh stalls OUTDIR  where the MLP block's kernels at m = 65536 wait (ncu, full
 #                                       set with warp-state sampling per SASS instruction, clocks
-#                                       left alone): the second round of TestProfileKernels, i.e.
-#                                       cuBLASLt's gate GEMM, the D2T, the sorted tail (t2u,
-#                                       t2d_ws) and the pair tail (t2d_pair); the details page, the
-#                                       SASS page as CSV, and the report when under 15 MB
+#                                       left alone): the first round of TestProfileKernels, i.e.
+#                                       cuBLASLt's gate GEMM, the D2T packing one and two rows at
+#                                       once, the sorted tail (t2u, t2d_ws) and the pair tail
+#                                       (t2d_pair); the details page, the SASS page as CSV, and the
+#                                       report when under 15 MB
 #   scripts/gpu-bench.sh host-mem OUTDIR  host memory of `twell generate -device cuda` on the
 #                                       sparselm-1.5b preset saved as a bf16 checkpoint (with the
 #                                       sample tokenizer): peak RSS by /usr/bin/time -v, and the
@@ -166,11 +167,12 @@ ab-prefill)
   done
   ;;
 stalls)
-  # Per round TestProfileKernels launches 7 kernels the filter matches
-  # (nvjet, d2t_wgmma x 3, t2u, t2d_ws, t2d_pair): skip the first round.
+  # A round of TestProfileKernels launches 8 kernels the filter matches
+  # (d2t_wgmma x 4, t2u, t2d_ws, t2d_pair, and cuBLASLt's GEMM if its name
+  # holds nvjet); ncu flushes the caches before each, so round 1 will do.
   rep=${TMPDIR:-/tmp}/twell-mlp-stalls
   (cd "$root/gpu" && TWELL_PROFILE=1 ncu --clock-control none --set full --import-source yes \
-    -k 'regex:nvjet|d2t_wgmma|t2u|t2d_ws|t2d_pair' --launch-skip 7 --launch-count 7 -f -o "$rep" \
+    -k 'regex:nvjet|d2t_wgmma|t2u|t2d_ws|t2d_pair' --launch-count 8 -f -o "$rep" \
     "$root/gpubin/gpu.test" -test.run TestProfileKernels -test.v) > "$out/stalls-run.txt" 2>&1 || status=1
   ncu -i "$rep.ncu-rep" --page details > "$out/stalls-details.txt" 2>&1 || status=1
   ncu -i "$rep.ncu-rep" --page source --csv --print-source sass > "$out/stalls-sass.csv" 2>&1 || status=1
