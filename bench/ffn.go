@@ -163,7 +163,7 @@ type FFNResult struct {
 	// GPU runs only (FFNCUDA); zero and left out on the CPU.
 	D2TKernel       string  `json:"d2t_kernel,omitempty"` // wgmma-pipe, wgmma or mma
 	Tail            string  `json:"tail,omitempty"`       // the kernels of the TwELL timing: sorted, warp or pair (after D2T), small-batch or wide
-	D2TMS           float64 `json:"d2t_ms,omitempty"`     // the D2T kernel alone
+	D2TMS           float64 `json:"d2t_ms,omitempty"`     // the D2T kernel alone, under the row's settings
 	AutoMS          float64 `json:"auto_ms,omitempty"`    // MLP.Forward, the automatic path
 	AutoSpeedup     float64 `json:"auto_speedup,omitempty"`
 	AutoPath        string  `json:"auto_path,omitempty"` // the path Forward settled on

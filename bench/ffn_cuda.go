@@ -302,15 +302,20 @@ func ffnCase(o FFNOptions, density float64, l *gpu.MLP, sl *synth.Layer, e ffnEn
 		autoPath = p
 		return err
 	}
-	d2t := func(x *cuda.Buffer) error { l.Apply(e.base); return l.QueueD2T(nil, x, o.M) }
+	// D2T alone under each setting: a variant may change the D2T kernel.
+	d2t := make([]func(*cuda.Buffer) error, len(e.variants))
+	for i, v := range e.variants {
+		d2t[i] = func(x *cuda.Buffer) error { l.Apply(v.opts); return l.QueueD2T(nil, x, o.M) }
+	}
 
-	e.say("density %g: timing dense (cuBLASLt), TwELL (%d settings), D2T alone and the automatic path, in turns", density, len(sparse))
-	ms, err := e.timeMS(append(append([]func(*cuda.Buffer) error{dense}, sparse...), d2t, auto)...)
+	e.say("density %g: timing dense (cuBLASLt), TwELL and D2T alone (%d settings) and the automatic path, in turns", density, len(sparse))
+	runs := append(append(append([]func(*cuda.Buffer) error{dense}, sparse...), d2t...), auto)
+	ms, err := e.timeMS(runs...)
 	if err != nil {
 		return nil, fmt.Errorf("timing: %w", err)
 	}
 	k := len(sparse)
-	res.DenseMS, res.D2TMS, res.AutoMS = ms[0], ms[k+1], ms[k+2]
+	res.DenseMS, res.AutoMS = ms[0], ms[2*k+1]
 	res.AutoPath = autoPath.String()
 	res.AutoSpeedup = res.DenseMS / res.AutoMS
 
@@ -348,9 +353,11 @@ func ffnCase(o FFNOptions, density float64, l *gpu.MLP, sl *synth.Layer, e ffnEn
 	for i, v := range e.variants {
 		r := res
 		r.Switches = overlay(res.Switches, v.switches)
-		r.TwELLMS = ms[1+i]
+		r.TwELLMS, r.D2TMS = ms[1+i], ms[1+k+i]
 		r.Speedup = r.DenseMS / r.TwELLMS
 		l.Apply(v.opts)
+		kern, _ := l.D2TKernel()
+		r.D2TKernel = kern.String()
 		r.Tail = l.KernelsFor(o.M) // the kernels this TwELL timing ran
 		r.TwELLActBytes = l.SparseActBytes(o.M)
 		if r.RelErr, err = checkPath(sparse[i]); err != nil {

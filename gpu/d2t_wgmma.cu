@@ -222,7 +222,7 @@ __global__ void __launch_bounds__(384, 1)
             const bool has1 = r1 < 128;
             int n[2];
             bool bad[2];
-            pack_two_rows_warp<S>(tile + r * PIPE_LD, tile + r1 * PIPE_LD, has1, erow,
+            pack_two_rows_warp<S>(tile + r * PIPE_LD, has1 ? tile + r1 * PIPE_LD : tile, has1, erow,
                                   packed + (size_t)row * row_words + nt * S,
                                   has1 ? packed + (size_t)(row + PIPE_PACKERS) * row_words + nt * S : nullptr, n0, n,
                                   bad);

@@ -26,7 +26,7 @@ type MLP struct {
 	// Kernel picks the D2T kernel (zero: the fastest the device supports).
 	Kernel Kernel
 	// PackRows is how many rows each packer warp of the wgmma D2T packs at
-	// once: 2 packs two rows together (an experiment), zero or 1 one.
+	// once: 2 packs two rows together (an experiment), any other value one.
 	PackRows int
 	// Tail picks the sparse kernels after D2T (zero: by batch size).
 	Tail Tail
