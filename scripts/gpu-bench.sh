@@ -26,7 +26,8 @@
 #                                       against the fused default, the fused D2T's packer warps
 #                                       packing two rows at once (TWELL_D2T_PACK=2), the tail with
 #                                       two warps per token (TWELL_TAIL=pair), PACK=2 and lt each
-#                                       with the pair tail, and the defaults again; m = 16,
+#                                       with the pair tail, and the defaults again (round 1 traces
+#                                       every setting's kernels at 65536 uniform); m = 16,
 #                                       32 and 64 the wide small-batch kernels (TWELL_MLP_WIDE=1)
 #                                       against D2T and dense; two rounds
 #   scripts/gpu-bench.sh ab-decode OUTDIR  the decode switches, as variants of one run (bench model
@@ -123,7 +124,10 @@ ab-mlp)
     for shape in 65536:skewed 65536:uniform 16384:skewed 4096:skewed; do
       m=${shape%%:*} dist=${shape#*:}
       name=ffn-$m-$dist-d2t-$round
-      "$tw" bench ffn -device cuda -m "$m" -density 0.005 -dist "$dist" -seed 1 \
+      # Round 1 traces each setting's kernels at m = 65536, uniform.
+      trace=()
+      [ "$round$shape" = 165536:uniform ] && trace=(-trace "$out/$name-trace.json" -trace-plot "$out/$name-trace.png")
+      "$tw" bench ffn -device cuda -m "$m" -density 0.005 -dist "$dist" -seed 1 "${trace[@]}" \
         -variants 'D2T_KERNEL=lt;D2T_PACK=2;TAIL=pair;D2T_PACK=2 TAIL=pair;D2T_KERNEL=lt TAIL=pair;' -json "$out/$name.json" 2>&1 | tee "$out/$name.txt" || status=1
     done
     for m in 16 32 64; do # the wide small-batch kernels against D2T and dense
