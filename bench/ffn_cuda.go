@@ -258,7 +258,7 @@ type ffnEnv struct {
 	x0       []float32    // host copy of input batch 0
 	x, y     *cuda.Buffer // input batch 0 and the output every path writes
 	refRows  []int
-	base     gpu.Options  // the environment's settings: dense, D2T and auto run with them
+	base     gpu.Options  // the environment's settings: dense and auto run with them
 	variants []ffnVariant // the TwELL path's settings, a result row each
 	timeMS   func(...func(*cuda.Buffer) error) ([]float64, error)
 	energy   func(func(*cuda.Buffer) error, float64) (float64, error)
@@ -268,8 +268,8 @@ type ffnEnv struct {
 }
 
 // ffnCase times and checks one density: the dense path, the TwELL path
-// once per variant, D2T alone and the automatic path, in turns; it returns
-// a row per variant.
+// and D2T alone once per variant, and the automatic path, in turns; it
+// returns a row per variant.
 func ffnCase(o FFNOptions, density float64, l *gpu.MLP, sl *synth.Layer, e ffnEnv) ([]FFNResult, error) {
 	l.Apply(e.base)
 	res := FFNResult{Row: newRow(FFNSchema, "cuda", ""),

@@ -74,6 +74,14 @@ func TestCompileWGMMAPTX(t *testing.T) {
 	cudatest.CleanSASS(t, "d2t_wgmma.cu", d2tWGMMASrc, append([]cuda.CompileOption{cuda.WithNameExpressions(exprs...)}, Headers()...)...)
 }
 
+// TestTailCleanSASS: the tail kernels at d 2048 (8 chunks of 256 columns a
+// row) compile to sm_90a machine code without spills: t2u and t2d_pair
+// keep their two blocks an SM under 128 registers.
+func TestTailCleanSASS(t *testing.T) {
+	cudatest.CleanSASS(t, "t2d.cu", t2dSrc, append([]cuda.CompileOption{cuda.WithNameExpressions(t2dExprs...),
+		cuda.WithOptions("-DTW_NCH=8")}, Headers()...)...)
+}
+
 // TestGEMVCleanSASS: the small-batch kernels, every batch size of gemvRows,
 // compile to sm_90a machine code without spills (each token adds
 // accumulators per unit in flight).

@@ -407,7 +407,7 @@ func (a d2tArgs) mma(fn *cuda.Function, s *cuda.Stream) error {
 		a.x, a.w, a.packed, a.flags, a.ovf, a.nnz, int32(mTiles), int32(nTiles), int32(a.d), int32(a.rowWords), int32(a.m))
 }
 
-// wgmma launches the persistent d2t_wgmma<S, 3> with TMA maps tmA of x
+// wgmma launches the persistent d2t_wgmma<S, 3, packRows> with TMA maps tmA of x
 // and tmB of w: clusters of 2 CTAs of 384 threads, as many clusters as
 // resident returns for the launch configuration (at most one per work
 // item, a pair of 128-row tiles times a 256-column tile).

@@ -212,7 +212,8 @@ __global__ void __launch_bounds__(384, 1)
           for (int r = pw; r < 128; r += PIPE_PACKERS) {
             const int row = m0 + r;
             bool bad;
-            const int n = pack_row_warp<S>(tile + r * PIPE_LD, erow, packed + (size_t)row * row_words + nt * S, n0, bad);
+            const int n =
+                pack_row_warp<S>(tile + r * PIPE_LD, erow, packed + (size_t)row * row_words + nt * S, n0, bad);
             done(row, n, bad);
           }
         } else {

@@ -44,7 +44,7 @@ type MLP struct {
 	// sets it; see autopath.go). Off, Forward follows the density rule
 	// alone.
 	Measure bool
-	// Serial launches the small-batch and sorted-tail kernels
+	// Serial launches the small-batch, sorted-tail and pair-tail kernels
 	// without early start: each then begins only when the kernel before it
 	// has finished (see cuda.LaunchConfig.EarlyStart; early start needs
 	// compute capability 9.0 or later and is used there unless Serial is

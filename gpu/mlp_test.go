@@ -331,8 +331,9 @@ func runPath(t *testing.T, dev *cuda.Device, l *MLP, path string, x []float32, m
 // TestMLPMatchesFloat64 checks every path, gated and not, against the
 // float64 reference, on shapes where d is not a multiple of 256 and m is not
 // a multiple of any tile, and that the pair tail repeats its bits. At f 5632
-// and 6% the rows' lists outgrow the tails' 256-entry shared lists, so they
-// walk them in chunks.
+// and 6% the unflagged rows' lists mostly outgrow the tails' 256-entry
+// shared lists, so they walk them in chunks (TestPairTailLongLists asserts
+// that on lists of three chunks).
 func TestMLPMatchesFloat64(t *testing.T) {
 	dev, blas := setup(t)
 	for _, c := range []struct {
@@ -622,7 +623,7 @@ func TestSharedWorkspace(t *testing.T) {
 		layer int
 		path  string
 		m     int
-	}{{0, "sparse-sorted", 300}, {1, "sparse-warp", 700}, {0, "dense", 500}, {1, "dense", 200}, {0, "sparse-warp", 650}, {1, "sparse-sorted", 100}, {0, "sparse-pair", 400}} {
+	}{{0, "sparse-sorted", 300}, {1, "sparse-warp", 700}, {0, "dense", 500}, {1, "dense", 200}, {0, "sparse-warp", 650}, {1, "sparse-sorted", 100}, {1, "sparse-pair", 400}} {
 		if step == 4 {
 			// the last user frees the buffers, not the first
 			if err := ls[0].Close(); err != nil {

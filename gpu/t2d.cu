@@ -4,13 +4,14 @@
 //   non-gated: y[r] = sum over active j of h[r,j] * D[j]
 //
 // U = Wu and D = Wd^T are bf16 [f, d] row-major, so a unit's rows are
-// contiguous. Two tails (MLP.Tail):
+// contiguous. Three tails (MLP.Tail):
 //   t2d (warp per token): the warp gathers the row's active entries from the
 //     TwELL tiles into a shared-memory list (column order), then walks the
 //     list two entries at a time so that two weight rows are in flight at
 //     once. x is held in registers; products are exact fp32 FMAs of bf16
 //     operands, u and h stay fp32, y is rounded to bf16 once.
 //   t2u + t2d_ws (split, for large batches): see below.
+//   t2d_pair (two warps per token; an experiment): see below.
 // Weights are read with an L2 evict_last policy, activations with
 // evict_first.
 //
@@ -28,9 +29,10 @@
 
 // gather_list appends a token's active entries (its packed row prow: per
 // 256-column tile a count word, then the entries) in column order to the
-// warp's shared list (empty on entry), loading words with load(p); when the next tile's entries would not fit in LCAP it calls
-// flush(n) (which walks the list; the list is then empty) first. Returns
-// the entries left in the list.
+// warp's shared list (empty on entry), loading words with load(p); when
+// the next tile's entries would not fit in LCAP it calls flush(n) (which
+// walks the list; the list is then empty) first. Returns the entries left
+// in the list.
 template <typename Load, typename Flush>
 __device__ __forceinline__ int gather_list(const u32* prow, int tiles, int S, u32* list, Load load, Flush flush) {
   const int lane = threadIdx.x & 31;
@@ -176,10 +178,11 @@ __global__ void __launch_bounds__(256, T2D_MINB)
 // it reads or writes anything an earlier kernel touches, so their launches
 // overlap the kernel before, and t2d_ws loads its slice of D (weights) into
 // shared memory before it waits. What an earlier kernel wrote they read
-// through the L2 only (ldg_cg, ld_cg_hint, __ldcg): the read-only path
-// (ld.global.nc, which const __restrict__ loads become) is for data that
-// no kernel writes while the reader lives, and an early start overlaps the
-// writer.
+// through the L2 (ld_cg_hint, __ldcg) or with plain loads (t2u's packed
+// rows, which it rewrites; __ldcg there cost 128 bytes of spills), never
+// through the read-only path (ld.global.nc, which const __restrict__ loads
+// become): that path is for data no kernel writes while the reader lives,
+// and an early start overlaps the writer.
 #define LEN_BINS 1024  // list-length bins of the sort (below)
 
 // t2u: one warp per token. Gathers the row's active entries in column order,

@@ -172,11 +172,13 @@ ab-prefill)
   ;;
 stalls)
   # A round of TestProfileKernels launches 8 kernels the filter matches
-  # (d2t_wgmma x 4, t2u, t2d_ws, t2d_pair, and cuBLASLt's GEMM if its name
-  # holds nvjet); ncu flushes the caches before each, so round 1 will do.
+  # (cuBLASLt's gate GEMM, nvjet, d2t_wgmma x 4, t2u, t2d_ws, t2d_pair),
+  # more if flagged rows make the gathered dense pass run its small nvjet
+  # GEMMs; ncu flushes the caches before each, so round 1 will do, and 12
+  # launches leave room for those.
   rep=${TMPDIR:-/tmp}/twell-mlp-stalls
   (cd "$root/gpu" && TWELL_PROFILE=1 ncu --clock-control none --set full --import-source yes \
-    -k 'regex:nvjet|d2t_wgmma|t2u|t2d_ws|t2d_pair' --launch-count 8 -f -o "$rep" \
+    -k 'regex:nvjet|d2t_wgmma|t2u|t2d_ws|t2d_pair' --launch-count 12 -f -o "$rep" \
     "$root/gpubin/gpu.test" -test.run TestProfileKernels -test.v) > "$out/stalls-run.txt" 2>&1 || status=1
   ncu -i "$rep.ncu-rep" --page details > "$out/stalls-details.txt" 2>&1 || status=1
   ncu -i "$rep.ncu-rep" --page source --csv --print-source sass > "$out/stalls-sass.csv" 2>&1 || status=1

@@ -4,9 +4,9 @@
 #
 #   inference, per shape: `gpubin/twell bench ffn -device cuda` (its dense and
 #   TwELL paths) writes its inputs with -dump-inputs; then, on exactly those
-#   inputs, scripts/race_reference.py times the PyTorch dense gated MLP (bf16)
-#   and the reference's fused TwELL gated MLP, and checks them against
-#   float64 and fp32 references;
+#   inputs, scripts/race_reference.py times the PyTorch dense gated MLP (bf16),
+#   the reference's fused TwELL gated MLP and its D2T alone, and checks the
+#   MLPs against float64 and fp32 references (the D2T by its active counts);
 #   training (shapes train:M:DENSITY): the reference's hybrid op
 #   (torch.ops.sparse_ops.ff_forward_gated, forward + backward with the L1
 #   term) against PyTorch dense autograd, and twell's side through
