@@ -151,8 +151,45 @@ __device__ __forceinline__ void mainloop(float (&acc)[128], u32 sA, u32 sB, u32 
 #define PIPE_TILE (128 * PIPE_LD * 4)
 #define PIPE_PACKERS 3
 
+// pack_rows_two packs, with one warp, the rows first, first + step, ... of
+// the bf16 tile below end, two at a time (r with r + step, the second only
+// below end: rows first + 2 k step and their partners), into the packed
+// rows of the tile's M rows m0.. and N tile nt, adding the counts of the
+// rows below m_valid to sum and flagging those that overflow or hold a
+// non-finite value. erow: the warp's 2 S zero words of scratch.
+template <int S>
+__device__ __forceinline__ void pack_rows_two(const u32* tile, u32* erow, u32* __restrict__ packed, int row_words,
+                                              int m0, int nt, int first, int step, int end, int m_valid,
+                                              int* flags, int* ovf, u64& sum) {
+  const int lane = threadIdx.x & 31;
+  for (int r = first; r < end; r += 2 * step) {
+    const int r1 = r + step;
+    const bool has1 = r1 < end;
+    u32* out0 = packed + (size_t)(m0 + r) * row_words + nt * S;
+    int n[2];
+    bool bad[2];
+    pack_two_rows_warp<S>(tile + r * PIPE_LD, has1 ? tile + r1 * PIPE_LD : tile, has1, erow, out0,
+                          has1 ? out0 + (size_t)step * row_words : nullptr, nt * 256, n, bad);
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int row = m0 + r + e * step;
+      if ((e == 0 || has1) && row < m_valid) {
+        sum += (u64)n[e];
+        if (lane == 0 && (bad[e] || n[e] > S - 1)) flag_row(flags, ovf, row);
+      }
+    }
+  }
+}
+
+// PACK_SPLIT: with PR 2, the rows of a CTA's last tile the packer warps
+// pack; the consumer warps, done with their mainloops, pack the rest (8
+// warps, 92 rows, against 3 warps and 36 rows) instead of waiting for the
+// packers at the end.
+#define PACK_SPLIT 36
+
 // PR is how many rows a packer warp packs at once: 1 (pack_row_warp) or 2
-// (pack_two_rows_warp, an experiment).
+// (pack_two_rows_warp, with the consumer warps packing most of the last
+// tile: an experiment).
 template <int S, int STAGES, int PR>
 __global__ void __launch_bounds__(384, 1)
     d2t_wgmma(const __grid_constant__ TmaDesc tmA, const __grid_constant__ TmaDesc tmB, u32* __restrict__ packed,
@@ -217,19 +254,10 @@ __global__ void __launch_bounds__(384, 1)
             done(row, n, bad);
           }
         } else {
-          // rows r and r + PIPE_PACKERS together: the same rows per warp
-          for (int r = pw; r < 128; r += 2 * PIPE_PACKERS) {
-            const int row = m0 + r, r1 = r + PIPE_PACKERS;
-            const bool has1 = r1 < 128;
-            int n[2];
-            bool bad[2];
-            pack_two_rows_warp<S>(tile + r * PIPE_LD, has1 ? tile + r1 * PIPE_LD : tile, has1, erow,
-                                  packed + (size_t)row * row_words + nt * S,
-                                  has1 ? packed + (size_t)(row + PIPE_PACKERS) * row_words + nt * S : nullptr, n0, n,
-                                  bad);
-            done(row, n[0], bad[0]);
-            if (has1) done(row + PIPE_PACKERS, n[1], bad[1]);
-          }
+          // The same rows per warp, r and r + PIPE_PACKERS together; of
+          // the last tile only those below PACK_SPLIT.
+          const int end = w + nclusters >= m_pairs * n_tiles ? PACK_SPLIT : 128;
+          pack_rows_two<S>(tile, erow, packed, row_words, m0, nt, pw, PIPE_PACKERS, end, m_valid, flags, ovf, sum);
         }
         __syncwarp();
         if (lane == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(tile_empty) : "memory");
@@ -253,6 +281,7 @@ __global__ void __launch_bounds__(384, 1)
     // packers are done with the tile before.
     u32 hb[64];
     bool have = false;
+    int wl = 0;  // the last work item
     auto dump = [&](int c) {
       if (c == 0) mbar_wait(tile_empty, tphase ^ 1u);
 #pragma unroll
@@ -271,6 +300,7 @@ __global__ void __launch_bounds__(384, 1)
       }
     };
     for (int w = cluster; w < m_pairs * n_tiles; w += nclusters) {
+      wl = w;
       mainloop<STAGES>(acc, sA, sB, bars, cw, tid, k_iters, s, phase, [&](int k) {
         if (have && k < 4) dump(k);
       });
@@ -291,6 +321,22 @@ __global__ void __launch_bounds__(384, 1)
     }
     if (have)
       for (int c = 0; c < 4; ++c) dump(c);
+    if (PR == 2 && have) {
+      // The last tile's rows from PACK_SPLIT on, once every consumer has
+      // dumped it (the phase that dump(3) completed). The stages are idle
+      // now: the first one holds the warps' scratch rows.
+      const int cwarp = cw * 4 + wq;
+      u32* erow = (u32*)smem + cwarp * 2 * S;
+      for (int i = lane; i < 2 * S; i += 32) erow[i] = 0u;
+      __syncwarp();
+      mbar_wait(tile_full, tphase ^ 1u);
+      int mp, nt;
+      work_coords(wl, m_pairs, n_tiles, mp, nt);
+      u64 sum = 0;
+      pack_rows_two<S>(tile, erow, packed, row_words, (mp * 2 + (int)rank) * 128, nt, PACK_SPLIT + cwarp, 8, 128,
+                       m_valid, flags, ovf, sum);
+      if (lane == 0 && sum) atomicAdd(nnz, sum);
+    }
   }
   __syncwarp();
   cluster_sync();

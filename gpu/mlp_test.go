@@ -147,6 +147,56 @@ func TestD2TMatchesFloat64(t *testing.T) {
 	}
 }
 
+// TestPackRowsSameWords checks, over batches where each CTA of the wgmma
+// D2T takes several tiles (f 5632: 22 N tiles, 8 to 10 M-tile pairs), that
+// packing two rows at once, with the consumer warps packing most of each
+// CTA's last tile, writes the words, overflow list and count of packing one
+// row at once, at C 8, 4 and 2, with a row where every unit fires and rows
+// holding NaN and Inf.
+func TestPackRowsSameWords(t *testing.T) {
+	dev, blas := setup(t)
+	if dev.Properties().Arch != "sm_90a" {
+		t.Skipf("the wgmma D2T needs sm_90a, not %s", dev.Properties().Arch)
+	}
+	for _, c := range []int{8, 4, 2} {
+		t.Run(fmt.Sprintf("C%d", c), func(t *testing.T) {
+			r, seed := testutil.Rand(t)
+			d, f, m := 128, 5632, 2049+r.IntN(500)
+			sl := newLayer(t, r, d, f, 0.03, synth.Skewed, true)
+			l := newMLP(t, dev, blas, sl, twell.Layout{Tile: 256, C: c}, seed)
+			l.Kernel = KernelWGMMA
+			x := synth.Tokens(r, m, d)
+			x[r.IntN(m)*d] = -1000 // every gate bias is negative: all units fire
+			x[r.IntN(m)*d+5] = float32(math.NaN())
+			x[(m-1)*d+9] = float32(math.Inf(1))
+			xb := upload(t, dev, x)
+			var ps [2]*Packed
+			for i, pr := range []int{1, 2} {
+				l.PackRows = pr
+				p, err := l.D2T(nil, xb, m)
+				if err != nil {
+					t.Fatalf("seed %d: D2T packing %d rows at once: %v", seed, pr, err)
+				}
+				ps[i] = p
+			}
+			a, b := ps[0], ps[1]
+			if len(a.Overflow) < 2 {
+				t.Fatalf("seed %d: %d flagged rows, want at least the NaN and Inf rows", seed, len(a.Overflow))
+			}
+			if !slices.Equal(a.Words, b.Words) || !slices.Equal(a.Overflow, b.Overflow) || a.NNZ != b.NNZ {
+				diff := 0
+				for i := range a.Words {
+					if a.Words[i] != b.Words[i] {
+						diff++
+					}
+				}
+				t.Errorf("seed %d: packing two rows at once differs: %d of %d words, overflow %d/%d rows, nnz %d/%d",
+					seed, diff, len(a.Words), len(a.Overflow), len(b.Overflow), a.NNZ, b.NNZ)
+			}
+		})
+	}
+}
+
 // TestD2TLtChunks runs KernelLt over more rows than one chunk (ltRows),
 // the last chunk partial: the packed gate against float64, the true count,
 // and the sparse MLP against float64; then a smaller call on a stream of
