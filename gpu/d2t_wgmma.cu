@@ -323,13 +323,14 @@ __global__ void __launch_bounds__(384, 1)
       for (int c = 0; c < 4; ++c) dump(c);
     if (PR == 2 && have) {
       // The last tile's rows from PACK_SPLIT on, once every consumer has
-      // dumped it (the phase that dump(3) completed). The stages are idle
-      // now: the first one holds the warps' scratch rows.
+      // dumped it (the phase that dump(3) completed): both warpgroups'
+      // wgmmas are then done, and the stages idle. Each warp's scratch rows
+      // go in its own warpgroup's half of the first stage's x tile.
+      mbar_wait(tile_full, tphase ^ 1u);
       const int cwarp = cw * 4 + wq;
-      u32* erow = (u32*)smem + cwarp * 2 * S;
+      u32* erow = (u32*)(smem + cw * (A_BYTES / 2)) + wq * 2 * S;
       for (int i = lane; i < 2 * S; i += 32) erow[i] = 0u;
       __syncwarp();
-      mbar_wait(tile_full, tphase ^ 1u);
       int mp, nt;
       work_coords(wl, m_pairs, n_tiles, mp, nt);
       u64 sum = 0;

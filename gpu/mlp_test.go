@@ -147,23 +147,27 @@ func TestD2TMatchesFloat64(t *testing.T) {
 	}
 }
 
-// TestPackRowsSameWords checks, over batches where each CTA of the wgmma
-// D2T takes several tiles (f 5632: 22 N tiles, 8 to 10 M-tile pairs), that
-// packing two rows at once, with the consumer warps packing most of each
-// CTA's last tile, writes the words, overflow list and count of packing one
-// row at once, at C 8, 4 and 2, with a row where every unit fires and rows
-// holding NaN and Inf.
+// TestPackRowsSameWords checks that packing two rows at once, with the
+// consumer warps packing most of each CTA's last tile, writes the words,
+// overflow list and count of packing one row at once, at C 8, 4 and 2, with
+// a row where every unit fires and rows holding NaN and Inf: over batches
+// where each CTA of the wgmma D2T takes several tiles (f 5632: 22 N tiles,
+// 9 or 10 M-tile pairs, d 128: 2 k steps), and over one M-tile pair, one
+// tile a cluster, at d 1024 (16 k steps: the dumps run in the mainloop).
 func TestPackRowsSameWords(t *testing.T) {
 	dev, blas := setup(t)
 	if dev.Properties().Arch != "sm_90a" {
 		t.Skipf("the wgmma D2T needs sm_90a, not %s", dev.Properties().Arch)
 	}
-	for _, c := range []int{8, 4, 2} {
-		t.Run(fmt.Sprintf("C%d", c), func(t *testing.T) {
+	for _, c := range []struct{ d, c, m0, mr int }{
+		{128, 8, 2049, 500}, {128, 4, 2049, 500}, {128, 2, 2049, 500},
+		{1024, 8, 200, 56}, {1024, 2, 200, 56},
+	} {
+		t.Run(fmt.Sprintf("d%d_C%d", c.d, c.c), func(t *testing.T) {
 			r, seed := testutil.Rand(t)
-			d, f, m := 128, 5632, 2049+r.IntN(500)
+			d, f, m := c.d, 5632, c.m0+r.IntN(c.mr)
 			sl := newLayer(t, r, d, f, 0.03, synth.Skewed, true)
-			l := newMLP(t, dev, blas, sl, twell.Layout{Tile: 256, C: c}, seed)
+			l := newMLP(t, dev, blas, sl, twell.Layout{Tile: 256, C: c.c}, seed)
 			l.Kernel = KernelWGMMA
 			x := synth.Tokens(r, m, d)
 			x[r.IntN(m)*d] = -1000 // every gate bias is negative: all units fire
