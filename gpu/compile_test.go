@@ -24,7 +24,7 @@ func TestCompilePTX(t *testing.T) {
 	}{
 		{"gemv.cu", gemvSrc, gemvExprs(), nil, gemvExprs()},
 		{"dense.cu", denseSrc, denseExprs, nil, nil},
-		{"t2d.cu", t2dSrc, t2dExprs, []cuda.CompileOption{cuda.WithOptions("-DTW_NCH=8")}, t2dExprs[4:]}, // TailSorted's and TailPair's
+		{"t2d.cu", t2dSrc, t2dExprs, []cuda.CompileOption{cuda.WithOptions("-DTW_NCH=8")}, t2dExprs[4:]}, // TailSorted's
 		{"d2t_mma.cu", d2tMMASrc, []string{"d2t_mma<32>", "d2t_mma<64>", "d2t_mma<128>"}, nil, nil},
 		{"d2t_pack.cu", d2tPackSrc, []string{"d2t_pack<32>", "d2t_pack<64>", "d2t_pack<128>"}, nil, nil},
 	} {
@@ -50,15 +50,15 @@ func TestCompilePTX(t *testing.T) {
 	}
 }
 
-// TestCompileWGMMAPTX compiles the Hopper D2T kernel for compute_90a
-// (both packings), which needs NVRTC 12 or later (but no GPU), and checks
-// ptxas's report for spills and serialized wgmmas.
+// TestCompileWGMMAPTX compiles the Hopper D2T kernel for compute_90a,
+// which needs NVRTC 12 or later (but no GPU), and checks ptxas's report for
+// spills and serialized wgmmas.
 func TestCompileWGMMAPTX(t *testing.T) {
 	cudatest.Compiler(t)
 	if major, minor, _, _ := cuda.NVRTCVersion(); major < 12 {
 		t.Skipf("NVRTC %d.%d cannot target compute_90a", major, minor)
 	}
-	exprs := append(wgmmaExprs(1), wgmmaExprs(2)...)
+	exprs := wgmmaExprs()
 	opts := append([]cuda.CompileOption{cuda.WithArch("compute_90a"), cuda.WithNameExpressions(exprs...)}, Headers()...)
 	prog, err := cuda.CompileProgram("d2t_wgmma.cu", d2tWGMMASrc, opts...)
 	if err != nil {
@@ -75,8 +75,8 @@ func TestCompileWGMMAPTX(t *testing.T) {
 }
 
 // TestTailCleanSASS: the tail kernels at d 2048 (8 chunks of 256 columns a
-// row) compile to sm_90a machine code without spills: t2u and t2d_pair
-// keep their two blocks an SM under 128 registers.
+// row) compile to sm_90a machine code without spills: t2u keeps its two
+// blocks an SM under 128 registers.
 func TestTailCleanSASS(t *testing.T) {
 	cudatest.CleanSASS(t, "t2d.cu", t2dSrc, append([]cuda.CompileOption{cuda.WithNameExpressions(t2dExprs...),
 		cuda.WithOptions("-DTW_NCH=8")}, Headers()...)...)

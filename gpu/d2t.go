@@ -70,21 +70,12 @@ func (l *MLP) residentClusters(fn *cuda.Function, cfg cuda.LaunchConfig) int {
 	return l.clusters
 }
 
-// packRows returns the rows each packer warp of the wgmma D2T packs at
-// once (PackRows: 1 or 2).
-func (l *MLP) packRows() int {
-	if l.PackRows == 2 {
-		return 2
-	}
-	return 1
-}
-
 // d2tKernel returns the D2T kernel to use and its kind.
 func (l *MLP) d2tKernel() (*cuda.Function, Kernel, error) {
 	s := l.Layout.S()
 	switch l.Kernel {
 	case KernelWGMMA:
-		f, err := l.k.d2tWGMMA(s, l.packRows())
+		f, err := l.k.d2tWGMMA(s)
 		return f, KernelWGMMA, err
 	case KernelMMA:
 		f, err := l.k.d2tMMA(s)
@@ -98,7 +89,7 @@ func (l *MLP) d2tKernel() (*cuda.Function, Kernel, error) {
 	}
 	// On Hopper the wgmma kernel (about 2.3 ms at m = 65536 on an H200),
 	// else mma.sync.
-	f, err := l.k.d2tWGMMA(s, l.packRows())
+	f, err := l.k.d2tWGMMA(s)
 	if err == nil {
 		return f, KernelWGMMA, nil
 	}
@@ -146,7 +137,7 @@ func (l *MLP) runD2T(s *cuda.Stream, x *cuda.Buffer, m int) (*sparseWS, error) {
 	}
 	l.counted = m
 	a := d2tArgs{x: x, w: l.sparseIn(), packed: ws.packed, flags: ws.flags, ovf: ws.ovf, nnz: l.nnz,
-		m: m, d: l.D, f: l.F, s: l.Layout.S(), rowWords: l.F / l.Layout.C, packRows: l.packRows()}
+		m: m, d: l.D, f: l.F, s: l.Layout.S(), rowWords: l.F / l.Layout.C}
 	if kind == KernelLt {
 		err = l.d2tLt(s, fn, x, ws, a)
 	} else if kind == KernelWGMMA {
@@ -329,60 +320,46 @@ func (k *kernels) d2tMMA(s int) (*cuda.Function, error) {
 	return k.mma.get(k, "d2t_mma.cu", d2tMMASrc, "d2t_mma", s)
 }
 
-// wgSet is the wgmma D2T kernels of one packing, by S, compiled on first
-// use.
-type wgSet struct {
-	once sync.Once
-	fns  map[int]*cuda.Function
-	err  error
-}
-
-// d2tWGMMA returns the Hopper D2T kernel for S words per tile whose packer
-// warps pack pr rows at once (1 or 2).
-func (k *kernels) d2tWGMMA(s, pr int) (*cuda.Function, error) {
-	set := &k.wg[pr-1]
-	set.once.Do(func() {
+// d2tWGMMA returns the Hopper D2T kernel for S words per tile.
+func (k *kernels) d2tWGMMA(s int) (*cuda.Function, error) {
+	k.wgOnce.Do(func() {
 		p := k.dev.Properties()
 		if p.Arch != "sm_90a" {
-			set.err = fmt.Errorf("gpu: the wgmma D2T kernel needs sm_90a (Hopper); %v is %s", k.dev, p.Arch)
+			k.wgErr = fmt.Errorf("gpu: the wgmma D2T kernel needs sm_90a (Hopper); %v is %s", k.dev, p.Arch)
 			return
 		}
-		fs, err := k.compile("d2t_wgmma.cu", d2tWGMMASrc, wgmmaExprs(pr))
+		fs, err := k.compile("d2t_wgmma.cu", d2tWGMMASrc, wgmmaExprs())
 		if err != nil {
-			set.err = err
+			k.wgErr = err
 			return
 		}
-		set.fns = map[int]*cuda.Function{}
+		k.wg = map[int]*cuda.Function{}
 		for _, s := range []int{32, 64, 128} {
-			set.fns[s] = fs[wgmmaName(s, pr)]
+			k.wg[s] = fs[wgmmaName(s)]
 		}
 	})
-	if set.err != nil {
-		return nil, set.err
+	if k.wgErr != nil {
+		return nil, k.wgErr
 	}
-	return set.fns[s], nil
+	return k.wg[s], nil
 }
 
 // wgmmaName is the name expression of the wgmma D2T kernel for S words per
-// tile whose packer warps pack pr rows at once.
-func wgmmaName(s, pr int) string { return fmt.Sprintf("d2t_wgmma<%d,%d,%d>", s, wgmmaStages, pr) }
+// tile.
+func wgmmaName(s int) string { return fmt.Sprintf("d2t_wgmma<%d,%d>", s, wgmmaStages) }
 
-// wgmmaExprs are the name expressions of d2t_wgmma.cu for packer warps
-// that pack pr rows at once.
-func wgmmaExprs(pr int) []string {
-	return []string{wgmmaName(32, pr), wgmmaName(64, pr), wgmmaName(128, pr)}
-}
+// wgmmaExprs are the name expressions of d2t_wgmma.cu.
+func wgmmaExprs() []string { return []string{wgmmaName(32), wgmmaName(64), wgmmaName(128)} }
 
 // wgmmaStages is the pipeline depth of d2t_wgmma: its bf16 tile (66 KiB)
 // leaves room for 3 stages.
 const wgmmaStages = 3
 
-// wgmmaSmem returns the dynamic shared memory the wgmma D2T kernel needs
-// for S words per tile and packer warps that pack pr rows at once, with
-// 1024 bytes of slack for aligning the base (see d2t_wgmma.cu).
-func wgmmaSmem(s, pr int) int {
+// wgmmaSmem returns the dynamic shared memory the wgmma D2T kernel needs,
+// with 1024 bytes of slack for aligning the base (see d2t_wgmma.cu).
+func wgmmaSmem(s int) int {
 	const stage = 16384 + 32768
-	return wgmmaStages*stage + 128*132*4 + 3*pr*s*4 + (2*wgmmaStages+2)*8 + 1024
+	return wgmmaStages*stage + 128*132*4 + 3*s*4 + (2*wgmmaStages+2)*8 + 1024
 }
 
 // d2tArgs are the operands of a D2T kernel for one call of m tokens: x
@@ -392,7 +369,6 @@ func wgmmaSmem(s, pr int) int {
 type d2tArgs struct {
 	x, w, packed, flags, ovf, nnz *cuda.Buffer
 	m, d, f, s, rowWords          int
-	packRows                      int // wgmma: rows a packer warp packs at once
 }
 
 // mmaSmem is the dynamic shared memory of d2t_mma<S>: three stages of a
@@ -407,13 +383,13 @@ func (a d2tArgs) mma(fn *cuda.Function, s *cuda.Stream) error {
 		a.x, a.w, a.packed, a.flags, a.ovf, a.nnz, int32(mTiles), int32(nTiles), int32(a.d), int32(a.rowWords), int32(a.m))
 }
 
-// wgmma launches the persistent d2t_wgmma<S, 3, packRows> with TMA maps tmA of x
+// wgmma launches the persistent d2t_wgmma<S, 3> with TMA maps tmA of x
 // and tmB of w: clusters of 2 CTAs of 384 threads, as many clusters as
 // resident returns for the launch configuration (at most one per work
 // item, a pair of 128-row tiles times a 256-column tile).
 func (a d2tArgs) wgmma(fn *cuda.Function, s *cuda.Stream, tmA, tmB *cuda.TensorMap, resident func(cuda.LaunchConfig) int) error {
 	mPairs, nTiles := padRows(a.m)/256, a.f/256
-	cfg := cuda.LaunchConfig{Block: cuda.Dim3{384, 1, 1}, SharedBytes: wgmmaSmem(a.s, a.packRows), Stream: s, Cluster: cuda.Dim3{2, 1, 1}}
+	cfg := cuda.LaunchConfig{Block: cuda.Dim3{384, 1, 1}, SharedBytes: wgmmaSmem(a.s), Stream: s, Cluster: cuda.Dim3{2, 1, 1}}
 	nClusters := min(resident(cfg), mPairs*nTiles)
 	cfg.Grid = cuda.Dim3{uint32(2 * nClusters), 1, 1}
 	return fn.LaunchEx(cfg, tmA, tmB, a.packed, a.flags, a.ovf, a.nnz,

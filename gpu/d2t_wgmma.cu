@@ -151,46 +151,7 @@ __device__ __forceinline__ void mainloop(float (&acc)[128], u32 sA, u32 sB, u32 
 #define PIPE_TILE (128 * PIPE_LD * 4)
 #define PIPE_PACKERS 3
 
-// pack_rows_two packs, with one warp, the rows first, first + step, ... of
-// the bf16 tile below end, two at a time (r with r + step, the second only
-// below end: rows first + 2 k step and their partners), into the packed
-// rows of the tile's M rows m0.. and N tile nt, adding the counts of the
-// rows below m_valid to sum and flagging those that overflow or hold a
-// non-finite value. erow: the warp's 2 S zero words of scratch.
-template <int S>
-__device__ __forceinline__ void pack_rows_two(const u32* tile, u32* erow, u32* __restrict__ packed, int row_words,
-                                              int m0, int nt, int first, int step, int end, int m_valid,
-                                              int* flags, int* ovf, u64& sum) {
-  const int lane = threadIdx.x & 31;
-  for (int r = first; r < end; r += 2 * step) {
-    const int r1 = r + step;
-    const bool has1 = r1 < end;
-    u32* out0 = packed + (size_t)(m0 + r) * row_words + nt * S;
-    int n[2];
-    bool bad[2];
-    pack_two_rows_warp<S>(tile + r * PIPE_LD, has1 ? tile + r1 * PIPE_LD : tile, has1, erow, out0,
-                          has1 ? out0 + (size_t)step * row_words : nullptr, nt * 256, n, bad);
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const int row = m0 + r + e * step;
-      if ((e == 0 || has1) && row < m_valid) {
-        sum += (u64)n[e];
-        if (lane == 0 && (bad[e] || n[e] > S - 1)) flag_row(flags, ovf, row);
-      }
-    }
-  }
-}
-
-// PACK_SPLIT: with PR 2, the rows of a CTA's last tile the packer warps
-// pack; the consumer warps, done with their mainloops, pack the rest (8
-// warps, 92 rows, against 3 warps and 36 rows) instead of waiting for the
-// packers at the end.
-#define PACK_SPLIT 36
-
-// PR is how many rows a packer warp packs at once: 1 (pack_row_warp) or 2
-// (pack_two_rows_warp, with the consumer warps packing most of the last
-// tile: an experiment).
-template <int S, int STAGES, int PR>
+template <int S, int STAGES>
 __global__ void __launch_bounds__(384, 1)
     d2t_wgmma(const __grid_constant__ TmaDesc tmA, const __grid_constant__ TmaDesc tmB, u32* __restrict__ packed,
                    int* __restrict__ flags, int* __restrict__ ovf, u64* __restrict__ nnz, int m_pairs, int n_tiles,
@@ -201,9 +162,9 @@ __global__ void __launch_bounds__(384, 1)
   unsigned char* smem = smem_raw + (base - raw);
   const u32 sA = base, sB = base + STAGES * A_BYTES;
   u32* tile = (u32*)(smem + STAGES * (A_BYTES + B_BYTES));
-  u32* erows = tile + 128 * PIPE_LD;  // PIPE_PACKERS x PR x S words
+  u32* erows = tile + 128 * PIPE_LD;  // PIPE_PACKERS x S words
   // full[STAGES], empty[STAGES], tile_full, tile_empty
-  const u32 bars = base + STAGES * (A_BYTES + B_BYTES) + PIPE_TILE + PIPE_PACKERS * PR * S * 4;
+  const u32 bars = base + STAGES * (A_BYTES + B_BYTES) + PIPE_TILE + PIPE_PACKERS * S * 4;
   const u32 tile_full = bars + 8u * (2 * STAGES), tile_empty = tile_full + 8u;
 
   const int tid = threadIdx.x;
@@ -220,7 +181,7 @@ __global__ void __launch_bounds__(384, 1)
     mbar_init(tile_empty, PIPE_PACKERS);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
-  for (int i = tid; i < PIPE_PACKERS * PR * S; i += 384) erows[i] = 0;
+  for (int i = tid; i < PIPE_PACKERS * S; i += 384) erows[i] = 0;
   __syncthreads();
   cluster_sync();
 
@@ -231,7 +192,7 @@ __global__ void __launch_bounds__(384, 1)
       if (lane == 0) produce<STAGES>(&tmA, &tmB, sA, sB, bars, rank, cluster, nclusters, m_pairs, n_tiles, k_iters);
     } else {
       const int pw = warp - 1;
-      u32* erow = erows + pw * PR * S;
+      u32* erow = erows + pw * S;
       u64 sum = 0;
       u32 tphase = 0;
       for (int w = cluster; w < m_pairs * n_tiles; w += nclusters) {
@@ -239,25 +200,14 @@ __global__ void __launch_bounds__(384, 1)
         work_coords(w, m_pairs, n_tiles, mp, nt);
         const int m0 = (mp * 2 + (int)rank) * 128, n0 = nt * 256;
         mbar_wait(tile_full, tphase);
-        auto done = [&](int row, int n, bool bad) {
+        for (int r = pw; r < 128; r += PIPE_PACKERS) {
+          const int row = m0 + r;
+          bool bad;
+          const int n = pack_row_warp<S>(tile + r * PIPE_LD, erow, packed + (size_t)row * row_words + nt * S, n0, bad);
           if (row < m_valid) {
             sum += (u64)n;
             if (lane == 0 && (bad || n > S - 1)) flag_row(flags, ovf, row);
           }
-        };
-        if (PR == 1) {
-          for (int r = pw; r < 128; r += PIPE_PACKERS) {
-            const int row = m0 + r;
-            bool bad;
-            const int n =
-                pack_row_warp<S>(tile + r * PIPE_LD, erow, packed + (size_t)row * row_words + nt * S, n0, bad);
-            done(row, n, bad);
-          }
-        } else {
-          // The same rows per warp, r and r + PIPE_PACKERS together; of
-          // the last tile only those below PACK_SPLIT.
-          const int end = w + nclusters >= m_pairs * n_tiles ? PACK_SPLIT : 128;
-          pack_rows_two<S>(tile, erow, packed, row_words, m0, nt, pw, PIPE_PACKERS, end, m_valid, flags, ovf, sum);
         }
         __syncwarp();
         if (lane == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(tile_empty) : "memory");
@@ -281,7 +231,6 @@ __global__ void __launch_bounds__(384, 1)
     // packers are done with the tile before.
     u32 hb[64];
     bool have = false;
-    int wl = 0;  // the last work item
     auto dump = [&](int c) {
       if (c == 0) mbar_wait(tile_empty, tphase ^ 1u);
 #pragma unroll
@@ -300,7 +249,6 @@ __global__ void __launch_bounds__(384, 1)
       }
     };
     for (int w = cluster; w < m_pairs * n_tiles; w += nclusters) {
-      wl = w;
       mainloop<STAGES>(acc, sA, sB, bars, cw, tid, k_iters, s, phase, [&](int k) {
         if (have && k < 4) dump(k);
       });
@@ -321,23 +269,6 @@ __global__ void __launch_bounds__(384, 1)
     }
     if (have)
       for (int c = 0; c < 4; ++c) dump(c);
-    if (PR == 2 && have) {
-      // The last tile's rows from PACK_SPLIT on, once every consumer has
-      // dumped it (the phase that dump(3) completed): both warpgroups'
-      // wgmmas are then done, and the stages idle. Each warp's scratch rows
-      // go in its own warpgroup's half of the first stage's x tile.
-      mbar_wait(tile_full, tphase ^ 1u);
-      const int cwarp = cw * 4 + wq;
-      u32* erow = (u32*)(smem + cw * (A_BYTES / 2)) + wq * 2 * S;
-      for (int i = lane; i < 2 * S; i += 32) erow[i] = 0u;
-      __syncwarp();
-      int mp, nt;
-      work_coords(wl, m_pairs, n_tiles, mp, nt);
-      u64 sum = 0;
-      pack_rows_two<S>(tile, erow, packed, row_words, (mp * 2 + (int)rank) * 128, nt, PACK_SPLIT + cwarp, 8, 128,
-                       m_valid, flags, ovf, sum);
-      if (lane == 0 && sum) atomicAdd(nnz, sum);
-    }
   }
   __syncwarp();
   cluster_sync();

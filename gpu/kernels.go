@@ -30,7 +30,9 @@ type kernels struct {
 	mma       bySet // mma.sync D2T by S
 	pack      bySet // d2t_pack by S (KernelLt)
 	denseOnce sync.Once
-	wg        [2]wgSet // wgmma D2T by rows a packer warp packs at once (1, 2)
+	wgOnce    sync.Once
+	wg        map[int]*cuda.Function // wgmma D2T by S
+	wgErr     error
 	dn        denseSet
 	denseErr  error
 	gath      gatheredSet

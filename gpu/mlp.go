@@ -25,9 +25,6 @@ type MLP struct {
 	Layout twell.Layout
 	// Kernel picks the D2T kernel (zero: the fastest the device supports).
 	Kernel Kernel
-	// PackRows is how many rows each packer warp of the wgmma D2T packs at
-	// once: 2 packs two rows together (an experiment), any other value one.
-	PackRows int
 	// Tail picks the sparse kernels after D2T (zero: by batch size).
 	Tail Tail
 	// Path is the path Forward runs: mlp.Auto (the zero value: by density
@@ -44,7 +41,7 @@ type MLP struct {
 	// sets it; see autopath.go). Off, Forward follows the density rule
 	// alone.
 	Measure bool
-	// Serial launches the small-batch, sorted-tail and pair-tail kernels
+	// Serial launches the small-batch and sorted-tail kernels
 	// without early start: each then begins only when the kernel before it
 	// has finished (see cuda.LaunchConfig.EarlyStart; early start needs
 	// compute capability 9.0 or later and is used there unless Serial is

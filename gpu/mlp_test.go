@@ -103,9 +103,7 @@ func TestNewMLPRejectsBadShapes(t *testing.T) {
 
 // TestD2TMatchesFloat64 checks the packed gate against a float64 GEMM of the
 // same bf16 inputs: true counts, column-ordered payloads with bf16 values,
-// zero words past the count, flagged rows, and bitwise determinism; the
-// wgmma kernel's packer warps packing two rows at once (PackRows 2) must
-// write the same words.
+// zero words past the count, flagged rows, and bitwise determinism.
 func TestD2TMatchesFloat64(t *testing.T) {
 	dev, blas := setup(t)
 	for _, kern := range kernelsToTest(dev) {
@@ -131,73 +129,8 @@ func TestD2TMatchesFloat64(t *testing.T) {
 					t.Fatalf("seed %d: two D2T runs on the same input differ", seed)
 				}
 				checkPacked(t, seed, p, roundBF16(x), roundBF16(sl.Gate), m, d, f)
-				if kern != KernelWGMMA {
-					return
-				}
-				l.PackRows = 2
-				p2, err = l.D2T(nil, xb, m)
-				if err != nil {
-					t.Fatalf("seed %d: D2T packing two rows at once: %v", seed, err)
-				}
-				if !slices.Equal(p.Words, p2.Words) || !slices.Equal(p.Overflow, p2.Overflow) || p.NNZ != p2.NNZ {
-					t.Errorf("seed %d: packing two rows at once wrote other words than one row at once", seed)
-				}
 			})
 		}
-	}
-}
-
-// TestPackRowsSameWords checks that packing two rows at once, with the
-// consumer warps packing most of each CTA's last tile, writes the words,
-// overflow list and count of packing one row at once, at C 8, 4 and 2, with
-// a row where every unit fires and rows holding NaN and Inf: over batches
-// where each CTA of the wgmma D2T takes several tiles (f 5632: 22 N tiles,
-// 9 or 10 M-tile pairs, d 128: 2 k steps), and over one M-tile pair, one
-// tile a cluster, at d 1024 (16 k steps: the dumps run in the mainloop).
-func TestPackRowsSameWords(t *testing.T) {
-	dev, blas := setup(t)
-	if dev.Properties().Arch != "sm_90a" {
-		t.Skipf("the wgmma D2T needs sm_90a, not %s", dev.Properties().Arch)
-	}
-	for _, c := range []struct{ d, c, m0, mr int }{
-		{128, 8, 2049, 500}, {128, 4, 2049, 500}, {128, 2, 2049, 500},
-		{1024, 8, 200, 56}, {1024, 2, 200, 56},
-	} {
-		t.Run(fmt.Sprintf("d%d_C%d", c.d, c.c), func(t *testing.T) {
-			r, seed := testutil.Rand(t)
-			d, f, m := c.d, 5632, c.m0+r.IntN(c.mr)
-			sl := newLayer(t, r, d, f, 0.03, synth.Skewed, true)
-			l := newMLP(t, dev, blas, sl, twell.Layout{Tile: 256, C: c.c}, seed)
-			l.Kernel = KernelWGMMA
-			x := synth.Tokens(r, m, d)
-			x[r.IntN(m)*d] = -1000 // every gate bias is negative: all units fire
-			x[r.IntN(m)*d+5] = float32(math.NaN())
-			x[(m-1)*d+9] = float32(math.Inf(1))
-			xb := upload(t, dev, x)
-			var ps [2]*Packed
-			for i, pr := range []int{1, 2} {
-				l.PackRows = pr
-				p, err := l.D2T(nil, xb, m)
-				if err != nil {
-					t.Fatalf("seed %d: D2T packing %d rows at once: %v", seed, pr, err)
-				}
-				ps[i] = p
-			}
-			a, b := ps[0], ps[1]
-			if len(a.Overflow) < 2 {
-				t.Fatalf("seed %d: %d flagged rows, want at least the NaN and Inf rows", seed, len(a.Overflow))
-			}
-			if !slices.Equal(a.Words, b.Words) || !slices.Equal(a.Overflow, b.Overflow) || a.NNZ != b.NNZ {
-				diff := 0
-				for i := range a.Words {
-					if a.Words[i] != b.Words[i] {
-						diff++
-					}
-				}
-				t.Errorf("seed %d: packing two rows at once differs: %d of %d words, overflow %d/%d rows, nnz %d/%d",
-					seed, diff, len(a.Words), len(a.Overflow), len(b.Overflow), a.NNZ, b.NNZ)
-			}
-		})
 	}
 }
 
@@ -359,9 +292,9 @@ func runPath(t *testing.T, dev *cuda.Device, l *MLP, path string, x []float32, m
 	}
 	var err error
 	switch path {
-	case "sparse", "sparse-warp", "sparse-sorted", "sparse-pair":
+	case "sparse", "sparse-warp", "sparse-sorted":
 		tail := l.Tail
-		l.Tail = map[string]Tail{"sparse": tail, "sparse-warp": TailWarp, "sparse-sorted": TailSorted, "sparse-pair": TailPair}[path]
+		l.Tail = map[string]Tail{"sparse": tail, "sparse-warp": TailWarp, "sparse-sorted": TailSorted}[path]
 		err = l.Sparse(nil, yb, xb, m)
 		l.Tail = tail
 	case "dense":
@@ -384,10 +317,8 @@ func runPath(t *testing.T, dev *cuda.Device, l *MLP, path string, x []float32, m
 
 // TestMLPMatchesFloat64 checks every path, gated and not, against the
 // float64 reference, on shapes where d is not a multiple of 256 and m is not
-// a multiple of any tile, and that the pair tail repeats its bits. At f 5632
-// and 6% the unflagged rows' lists mostly outgrow the tails' 256-entry
-// shared lists, so they walk them in chunks (TestPairTailLongLists asserts
-// that on lists of three chunks).
+// a multiple of any tile. At f 5632 and 6% the unflagged rows' lists mostly
+// outgrow the tails' 256-entry shared lists, so they walk them in chunks.
 func TestMLPMatchesFloat64(t *testing.T) {
 	dev, blas := setup(t)
 	for _, c := range []struct {
@@ -417,13 +348,8 @@ func TestMLPMatchesFloat64(t *testing.T) {
 			x := synth.Tokens(r, m, c.d)
 			rows := synth.SampleRows(r, m, 48)
 			want := refRowsBF16(sl, x, c.d, rows)
-			for _, path := range []string{"sparse-warp", "sparse-sorted", "sparse-pair", "dense", "auto"} {
+			for _, path := range []string{"sparse-warp", "sparse-sorted", "dense", "auto"} {
 				y := runPath(t, dev, l, path, x, m)
-				if path == "sparse-pair" {
-					if again := runPath(t, dev, l, path, x, m); !slices.Equal(again, y) {
-						t.Errorf("seed %d: %s: a second call changed the output", seed, path)
-					}
-				}
 				for i := range y {
 					if math.IsNaN(float64(y[i])) {
 						t.Fatalf("seed %d: %s: output %d (row %d) is NaN: not written", seed, path, i, i/c.d)
@@ -431,48 +357,6 @@ func TestMLPMatchesFloat64(t *testing.T) {
 				}
 				if e := synth.RelErr(y, c.d, rows, want); !(e <= 1e-2) {
 					t.Errorf("seed %d: %s: rel err %.3g vs float64 on the bf16 inputs, want <= 1e-2", seed, path, e)
-				}
-			}
-		})
-	}
-}
-
-// TestPairTailLongLists checks the pair tail on rows whose lists take
-// three or more chunks of its 256-entry shared lists (f 5632 at 12%: about
-// 675 active units a token, with C = 4 so that tiles hold them), gated
-// with an odd number of 256-column chunks (d 768: one warp of a pair owns
-// two, the other one) and not gated, against float64 and the warp tail.
-func TestPairTailLongLists(t *testing.T) {
-	dev, blas := setup(t)
-	for _, c := range []struct {
-		d     int
-		gated bool
-	}{{768, true}, {576, false}} {
-		t.Run(fmt.Sprintf("d%d_gated%v", c.d, c.gated), func(t *testing.T) {
-			r, seed := testutil.Rand(t)
-			f, m := 5632, 40+r.IntN(100)
-			sl := newLayer(t, r, c.d, f, 0.12, synth.Uniform, c.gated)
-			l := newMLP(t, dev, blas, sl, twell.Layout{Tile: 256, C: 4}, seed)
-			x := synth.Tokens(r, m, c.d)
-			p, err := l.D2T(nil, upload(t, dev, x), m)
-			if err != nil {
-				t.Fatalf("seed %d: D2T: %v", seed, err)
-			}
-			long := 0
-			for i := 0; i < m; i++ {
-				if _, flagged := slices.BinarySearch(p.Overflow, i); !flagged && p.RowNNZ(i) > 512 {
-					long++
-				}
-			}
-			if long == 0 {
-				t.Fatalf("seed %d: no unflagged row has over 512 active units: the chunks are not exercised", seed)
-			}
-			rows := synth.SampleRows(r, m, 32)
-			want := refRowsBF16(sl, x, c.d, rows)
-			for _, path := range []string{"sparse-pair", "sparse-warp"} {
-				y := runPath(t, dev, l, path, x, m)
-				if e := synth.RelErr(y, c.d, rows, want); !(e <= 1e-2) {
-					t.Errorf("seed %d: %s (%d of %d rows over 512 units): rel err %.3g vs float64 on the bf16 inputs, want <= 1e-2", seed, path, long, m, e)
 				}
 			}
 		})
@@ -490,21 +374,18 @@ func TestOverflowStress(t *testing.T) {
 		density float64
 		layout  twell.Layout
 		kern    Kernel
-		pack    int // PackRows
 	}
 	cases := []stressCase{
-		{"sparse-C8", 0.01, twell.Layout{Tile: 256, C: 8}, KernelAuto, 0},
-		{"sparse-C8-mma", 0.01, twell.Layout{Tile: 256, C: 8}, KernelMMA, 0},
-		{"dense-tiles-C8", 0.3, twell.Layout{Tile: 256, C: 8}, KernelAuto, 0},
-		{"dense-tiles-C2", 0.6, twell.Layout{Tile: 256, C: 2}, KernelAuto, 0},
-		{"sparse-C8-lt", 0.01, twell.Layout{Tile: 256, C: 8}, KernelLt, 0},
-		{"dense-tiles-C2-lt", 0.6, twell.Layout{Tile: 256, C: 2}, KernelLt, 0},
+		{"sparse-C8", 0.01, twell.Layout{Tile: 256, C: 8}, KernelAuto},
+		{"sparse-C8-mma", 0.01, twell.Layout{Tile: 256, C: 8}, KernelMMA},
+		{"dense-tiles-C8", 0.3, twell.Layout{Tile: 256, C: 8}, KernelAuto},
+		{"dense-tiles-C2", 0.6, twell.Layout{Tile: 256, C: 2}, KernelAuto},
+		{"sparse-C8-lt", 0.01, twell.Layout{Tile: 256, C: 8}, KernelLt},
+		{"dense-tiles-C2-lt", 0.6, twell.Layout{Tile: 256, C: 2}, KernelLt},
 	}
 	if dev.Properties().Arch == "sm_90a" {
-		cases = append(cases, stressCase{"sparse-C8-wgmma", 0.01, twell.Layout{Tile: 256, C: 8}, KernelWGMMA, 0},
-			stressCase{"dense-tiles-C2-wgmma", 0.6, twell.Layout{Tile: 256, C: 2}, KernelWGMMA, 0},
-			stressCase{"sparse-C8-wgmma-pack2", 0.01, twell.Layout{Tile: 256, C: 8}, KernelWGMMA, 2},
-			stressCase{"dense-tiles-C2-wgmma-pack2", 0.6, twell.Layout{Tile: 256, C: 2}, KernelWGMMA, 2})
+		cases = append(cases, stressCase{"sparse-C8-wgmma", 0.01, twell.Layout{Tile: 256, C: 8}, KernelWGMMA},
+			stressCase{"dense-tiles-C2-wgmma", 0.6, twell.Layout{Tile: 256, C: 2}, KernelWGMMA})
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -512,7 +393,7 @@ func TestOverflowStress(t *testing.T) {
 			d, f, m := 256, 512, 200+r.IntN(100)
 			sl := newLayer(t, r, d, f, c.density, synth.Uniform, true)
 			l := newMLP(t, dev, blas, sl, c.layout, seed)
-			l.Kernel, l.PackRows = c.kern, c.pack
+			l.Kernel = c.kern
 			x := synth.Tokens(r, m, d)
 			allOn, nanRow, infRow := 3, 5, m-1
 			x[allOn*d] = -1000 // every gate bias is negative here: all units fire
@@ -546,7 +427,7 @@ func TestOverflowStress(t *testing.T) {
 			// The first sparse call sends up to 64 flagged rows through the
 			// gathered dense pass and the rest through the per-row kernel;
 			// the second sizes the gathered pass from the first's count.
-			for _, path := range []string{"sparse-warp", "sparse-sorted", "sparse-pair"} {
+			for _, path := range []string{"sparse-warp", "sparse-sorted"} {
 				checkStress(t, seed, path, runPath(t, dev, l, path, x, m), want, rows, d, m)
 			}
 			// After a call without flagged rows the gathered pass takes
@@ -677,7 +558,7 @@ func TestSharedWorkspace(t *testing.T) {
 		layer int
 		path  string
 		m     int
-	}{{0, "sparse-sorted", 300}, {1, "sparse-warp", 700}, {0, "dense", 500}, {1, "dense", 200}, {0, "sparse-warp", 650}, {1, "sparse-sorted", 100}, {1, "sparse-pair", 400}} {
+	}{{0, "sparse-sorted", 300}, {1, "sparse-warp", 700}, {0, "dense", 500}, {1, "dense", 200}, {0, "sparse-warp", 650}, {1, "sparse-sorted", 100}} {
 		if step == 4 {
 			// the last user frees the buffers, not the first
 			if err := ls[0].Close(); err != nil {

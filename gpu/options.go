@@ -17,26 +17,18 @@ type Options struct {
 	Tail   Tail   // sparse tail: EnvTail
 	Serial bool   // no early start of the decode-step kernels: EnvEarlyStart = "0"
 	Wide   bool   // the wide small-batch kernels for 9 to 64 tokens: EnvWide = "1"
-	// PackRows: rows a wgmma D2T packer warp packs at once, EnvD2TPack
-	// (zero: 1)
-	PackRows int
 }
 
 // EnvD2TKernel names the environment variable that, set to "mma", "wgmma"
 // or "lt", sets Options.Kernel (unset or "auto": KernelAuto).
 const EnvD2TKernel = "TWELL_D2T_KERNEL"
 
-// EnvD2TPack names the environment variable that, set to "2", has each
-// packer warp of the wgmma D2T pack two rows at once (Options.PackRows;
-// "1" or unset: one).
-const EnvD2TPack = "TWELL_D2T_PACK"
-
-// EnvTail names the environment variable that, set to "warp", "sorted" or
-// "pair", sets Options.Tail (unset or "auto": TailAuto).
+// EnvTail names the environment variable that, set to "warp" or "sorted",
+// sets Options.Tail (unset or "auto": TailAuto).
 const EnvTail = "TWELL_TAIL"
 
 // EnvEarlyStart names the environment variable that, set to "0", sets
-// Options.Serial: decode-step, sorted-tail and pair-tail kernels then start only when
+// Options.Serial: decode-step and sorted-tail kernels then start only when
 // the kernel before them has finished (to compare; see
 // cuda.LaunchConfig.EarlyStart).
 const EnvEarlyStart = "TWELL_EARLY_START"
@@ -46,10 +38,10 @@ const EnvEarlyStart = "TWELL_EARLY_START"
 const EnvWide = "TWELL_MLP_WIDE"
 
 // Switches are the names of the environment variables that set Options.
-var Switches = []string{EnvD2TKernel, EnvD2TPack, EnvTail, EnvEarlyStart, EnvWide}
+var Switches = []string{EnvD2TKernel, EnvTail, EnvEarlyStart, EnvWide}
 
-// OptionsFromEnv returns the Options that EnvD2TKernel, EnvD2TPack,
-// EnvTail, EnvEarlyStart and EnvWide set, or an error naming a value it does not
+// OptionsFromEnv returns the Options that EnvD2TKernel, EnvTail,
+// EnvEarlyStart and EnvWide set, or an error naming a value it does not
 // know.
 func OptionsFromEnv() (Options, error) { return OptionsFrom(os.Getenv) }
 
@@ -70,10 +62,7 @@ func OptionsFrom(getenv func(string) string) (Options, error) {
 	if err != nil {
 		return o, err
 	}
-	if o.PackRows, err = envChoice(getenv, EnvD2TPack, "1 or 2", map[string]int{"1": 1, "2": 2}); err != nil {
-		return o, err
-	}
-	o.Tail, err = envChoice(getenv, EnvTail, "auto, warp, sorted or pair", map[string]Tail{"warp": TailWarp, "sorted": TailSorted, "pair": TailPair})
+	o.Tail, err = envChoice(getenv, EnvTail, "auto, warp or sorted", map[string]Tail{"warp": TailWarp, "sorted": TailSorted})
 	return o, err
 }
 
@@ -106,7 +95,7 @@ func envChoice[T any](getenv func(string) string, name, want string, choices map
 
 // Apply sets l's kernel choices to o.
 func (l *MLP) Apply(o Options) {
-	l.Kernel, l.PackRows, l.Tail, l.Serial, l.Wide = o.Kernel, o.PackRows, o.Tail, o.Serial, o.Wide
+	l.Kernel, l.Tail, l.Serial, l.Wide = o.Kernel, o.Tail, o.Serial, o.Wide
 }
 
 // EarlyStart reports whether kernels that wait with grid_wait (common.cuh)

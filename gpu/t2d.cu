@@ -4,14 +4,13 @@
 //   non-gated: y[r] = sum over active j of h[r,j] * D[j]
 //
 // U = Wu and D = Wd^T are bf16 [f, d] row-major, so a unit's rows are
-// contiguous. Three tails (MLP.Tail):
+// contiguous. Two tails (MLP.Tail):
 //   t2d (warp per token): the warp gathers the row's active entries from the
 //     TwELL tiles into a shared-memory list (column order), then walks the
 //     list two entries at a time so that two weight rows are in flight at
 //     once. x is held in registers; products are exact fp32 FMAs of bf16
 //     operands, u and h stay fp32, y is rounded to bf16 once.
 //   t2u + t2d_ws (split, for large batches): see below.
-//   t2d_pair (two warps per token; an experiment): see below.
 // Weights are read with an L2 evict_last policy, activations with
 // evict_first.
 //
@@ -251,129 +250,6 @@ __global__ void __launch_bounds__(256, T2U_MINB)
   };
   flush(gather_list(prow, tiles, S, list, [](const u32* p) { return *p; }, flush));
   if (lane == 0) cnt[r] = out;
-}
-
-// ---------------------------------------------------------------------------
-// Pair tail (TailPair): the whole gated T2D with two warps per token, each
-// owning half of the token's columns (256-column chunks 2c + half), so that
-// a warp holds 16 registers of x and 32 of accumulators at d = 2048 where
-// t2d holds 32 and 64; that leaves room for PAIR_ROWS weight half-rows in
-// flight at two blocks an SM (16 warps: 64 KB of rows in flight an SM, as
-// many as t2u, which gathered U rows at 12.2 TB/s). It reads both rows of
-// a pair from L2 like t2d (8 KB at d = 2048) but writes no compact list,
-// sorts nothing and keeps h in fp32. Each warp builds the token's list
-// itself (same words, same order); for each chunk of the list (LCAP
-// entries) the warps first compute their halves of x . U_j for every entry
-// into shared memory, meet at a named barrier of the pair, and then both
-// form h = g (p0 + p1) in that order, so the two halves of y use the same
-// h, and walk the down half-rows. Results repeat bit for bit. It starts
-// early like the split tail's kernels (below), reading x, the flags and the
-// packed rows through the L2.
-#ifndef PAIR_ROWS
-#define PAIR_ROWS 2  // weight half-rows in flight per warp
-#endif
-#define PAIR_CH ((TW_NCH + 1) / 2)  // 256-column chunks a warp owns
-// Blocks an SM the registers must allow: two up to d = 2048 (126 registers
-// at sm_90a, no spills; three rows in flight fit in 128, four spill), one
-// above (two spilled at d = 4096, as t2u does).
-#define PAIR_MINB (TW_NCH <= 8 ? 2 : 1)
-
-// pair_sync is a barrier of the two warps of pair p (named barrier 1 + p;
-// 0 is __syncthreads').
-__device__ __forceinline__ void pair_sync(int p) { asm volatile("bar.sync %0, 64;" ::"r"(1 + p) : "memory"); }
-
-template <bool GATED>
-__global__ void __launch_bounds__(256, PAIR_MINB)
-    t2d_pair(const u16* __restrict__ x, const u32* __restrict__ packed, const u16* __restrict__ U,
-             const u16* __restrict__ D, u16* __restrict__ y, const int* __restrict__ flags, int m, int d, int S,
-             int tiles, int row_words) {
-  __shared__ u32 lists[T2D_WARPS][LCAP];
-  __shared__ float parts[T2D_WARPS][LCAP];  // each warp's halves of x . U_j
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, half = warp & 1, pair = warp >> 1;
-  const int r = blockIdx.x * (T2D_WARPS / 2) + pair;
-  grid_wait();  // the packed rows and flags are D2T's
-  grid_release();
-  if (r >= m || __ldcg(flags + r)) return;  // both warps of the pair leave together
-  const u64 keep = policy_evict_last(), stream = policy_evict_first();
-  u32* list = lists[warp];
-  const float *p0 = parts[pair * 2], *p1 = parts[pair * 2 + 1];
-  const size_t rowoff = (size_t)r * d;
-  auto col = [&](int c) { return (2 * c + half) * 256 + lane * 8; };
-  uint4 xv[PAIR_CH];
-  float acc[PAIR_CH * 8];
-#pragma unroll
-  for (int c = 0; c < PAIR_CH; ++c) {
-    xv[c].x = xv[c].y = xv[c].z = xv[c].w = 0u;
-    if (GATED && col(c) < d) xv[c] = ld_cg_hint(x + rowoff + col(c), stream);
-  }
-#pragma unroll
-  for (int i = 0; i < PAIR_CH * 8; ++i) acc[i] = 0.f;
-  // half_rows loads this warp's half of the weight rows of entries i to
-  // i + PAIR_ROWS - 1 of the list (zeros past n).
-  auto half_rows = [&](const u16* __restrict__ W, int i, int n, uint4(&v)[PAIR_ROWS][PAIR_CH]) {
-#pragma unroll
-    for (int e = 0; e < PAIR_ROWS; ++e) {
-      const size_t j = (size_t)(list[min(i + e, n - 1)] & 0xffffu) * d;
-#pragma unroll
-      for (int c = 0; c < PAIR_CH; ++c) {
-        v[e][c].x = v[e][c].y = v[e][c].z = v[e][c].w = 0u;
-        if (i + e < n && col(c) < d) v[e][c] = ld_hint(W + j + col(c), keep);
-      }
-    }
-  };
-  // process walks the list's n entries; more: another chunk of the same
-  // row follows, so the partner must be done with this chunk's parts.
-  auto process = [&](int n, bool more) {
-    __syncwarp();
-    if (GATED) {
-      float* mine = parts[warp];
-      for (int i = 0; i < n; i += PAIR_ROWS) {
-        uint4 ur[PAIR_ROWS][PAIR_CH];
-        half_rows(U, i, n, ur);
-#pragma unroll
-        for (int e = 0; e < PAIR_ROWS; ++e) {
-          float p = 0.f;
-#pragma unroll
-          for (int c = 0; c < PAIR_CH; ++c) p = dot8(xv[c], ur[e][c], p);
-          p = warp_sum(p);
-          if (lane == 0 && i + e < n) mine[i + e] = p;
-        }
-      }
-      pair_sync(pair);
-    }
-    for (int i = 0; i < n; i += PAIR_ROWS) {
-      uint4 dr[PAIR_ROWS][PAIR_CH];
-      half_rows(D, i, n, dr);
-#pragma unroll
-      for (int e = 0; e < PAIR_ROWS; ++e) {
-        if (i + e < n) {
-          float h = bf_hi(list[i + e]);
-          if (GATED) h *= p0[i + e] + p1[i + e];
-#pragma unroll
-          for (int c = 0; c < PAIR_CH; ++c) axpy8(&acc[c * 8], h, dr[e][c]);
-        }
-      }
-    }
-    if (GATED && more) pair_sync(pair);
-    __syncwarp();
-  };
-
-  const int n = gather_list(
-      packed + (size_t)r * row_words, tiles, S, list, [&](const u32* p) { return ld_cg_hint_u32(p, stream); },
-      [&](int len) { process(len, true); });
-  process(n, false);
-
-#pragma unroll
-  for (int c = 0; c < PAIR_CH; ++c) {
-    if (col(c) < d) {
-      uint4 o;
-      o.x = pack_bf2(acc[c * 8 + 0], acc[c * 8 + 1]);
-      o.y = pack_bf2(acc[c * 8 + 2], acc[c * 8 + 3]);
-      o.z = pack_bf2(acc[c * 8 + 4], acc[c * 8 + 5]);
-      o.w = pack_bf2(acc[c * 8 + 6], acc[c * 8 + 7]);
-      st_hint(y + rowoff + col(c), o, stream);
-    }
-  }
 }
 
 // Length order for the split tail (TailSorted): the tokens ordered by the

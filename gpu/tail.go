@@ -8,8 +8,8 @@ import (
 	"github.com/twell-ai/twell/internal/enum"
 )
 
-// t2dSrc holds the tail kernels (t2d, t2u, t2d_ws, the len_* sort,
-// t2d_pair) and row_fallback.
+// t2dSrc holds the tail kernels (t2d, t2u, t2d_ws, the len_* sort) and
+// row_fallback.
 //
 //go:embed t2d.cu
 var t2dSrc []byte
@@ -34,23 +34,14 @@ const (
 	// same length. (1.66 ms against 1.81 without the sort, same results bit
 	// for bit, at m = 65536, 0.5%, on an H200.)
 	TailSorted
-	// TailPair is t2d_pair: the whole tail with two warps per token, each
-	// owning half of its columns, so that each warp has two weight
-	// half-rows in flight at two blocks an SM (one above d = 2048); no
-	// compact list, no sort, h in fp32. An experiment (EnvTail "pair"),
-	// not yet timed: it runs only when chosen.
-	TailPair
 )
 
-// String returns "auto", "warp", "sorted" or "pair".
-func (t Tail) String() string { return enum.String(t, "Tail", "auto", "warp", "sorted", "pair") }
+// String returns "auto", "warp" or "sorted".
+func (t Tail) String() string { return enum.String(t, "Tail", "auto", "warp", "sorted") }
 
 // TailFor returns the tail kernels the sparse path runs for m tokens now
-// (TailSorted, TailWarp, or TailPair when chosen).
+// (TailSorted or TailWarp).
 func (l *MLP) TailFor(m int) Tail {
-	if l.Tail == TailPair {
-		return TailPair
-	}
 	if l.splitWidth() == 0 || !l.useSplit(m) {
 		return TailWarp
 	}
@@ -59,7 +50,7 @@ func (l *MLP) TailFor(m int) Tail {
 
 // KernelsFor names the kernels the sparse path runs for m tokens now:
 // "small-batch" (gemv.cu), "wide" (gemv_wide.cu), or after D2T the tail
-// TailFor(m) picks ("sorted", "warp" or "pair").
+// TailFor(m) picks ("sorted" or "warp").
 func (l *MLP) KernelsFor(m int) string {
 	if m <= gemvMaxRows {
 		return "small-batch"
@@ -122,10 +113,9 @@ func (l *MLP) useSplit(m int) bool {
 }
 
 type t2dSet struct {
-	gated, plain         *cuda.Function // one warp per token (TailWarp)
-	t2uGated, t2uPlain   *cuda.Function // TailSorted: up projection and compaction
-	ws16, ws8            *cuda.Function // TailSorted: weight-stationary down projection
-	pairGated, pairPlain *cuda.Function // TailPair
+	gated, plain       *cuda.Function // one warp per token (TailWarp)
+	t2uGated, t2uPlain *cuda.Function // TailSorted: up projection and compaction
+	ws16, ws8          *cuda.Function // TailSorted: weight-stationary down projection
 	// TailSorted's counting sort of the tokens by list length
 	lenHist, lenOffsets, lenScatter *cuda.Function
 	fbGated, fbPlain                *cuda.Function
@@ -134,8 +124,7 @@ type t2dSet struct {
 
 // t2dExprs are the kernels of t2d.cu, in the order t2dFor reads them.
 var t2dExprs = []string{"t2d<true>", "t2d<false>", "row_fallback<true>", "row_fallback<false>",
-	"t2u<true>", "t2u<false>", "t2d_ws<16>", "t2d_ws<8>", "len_hist", "len_offsets", "len_scatter",
-	"t2d_pair<true>", "t2d_pair<false>"}
+	"t2u<true>", "t2u<false>", "t2d_ws<16>", "t2d_ws<8>", "len_hist", "len_offsets", "len_scatter"}
 
 // t2dFor returns the T2D and fallback kernels for hidden size d.
 func (k *kernels) t2dFor(d int) (*t2dSet, error) {
@@ -155,7 +144,6 @@ func (k *kernels) t2dFor(d int) (*t2dSet, error) {
 		set.t2uGated, set.t2uPlain = fs[exprs[4]], fs[exprs[5]]
 		set.ws16, set.ws8 = fs[exprs[6]], fs[exprs[7]]
 		set.lenHist, set.lenOffsets, set.lenScatter = fs[exprs[8]], fs[exprs[9]], fs[exprs[10]]
-		set.pairGated, set.pairPlain = fs[exprs[11]], fs[exprs[12]]
 	}
 	k.t2d[nch] = set
 	return set, set.err
@@ -165,8 +153,8 @@ func (k *kernels) t2dFor(d int) (*t2dSet, error) {
 // tokens: x and y m x d bf16, the packed gate (rowWords words a row, S per
 // tile) and its row flags from D2T, the up and down weights (f x d bf16),
 // and TailSorted's list lengths, token order and length bins. early
-// launches TailSorted's and TailPair's kernels with early start (they wait
-// with grid_wait).
+// launches TailSorted's kernels with early start (they wait with
+// grid_wait).
 type tailArgs struct {
 	x, y, packed, flags, up, down *cuda.Buffer
 	cnt, order, lenBins           *cuda.Buffer
@@ -187,13 +175,6 @@ func (a tailArgs) warpGrid() cuda.Dim3 { return cuda.Dim3{uint32((a.m + 7) / 8),
 func (a tailArgs) t2d(fn *cuda.Function, s *cuda.Stream) error {
 	return fn.Launch(a.warpGrid(), cuda.Dim3{256, 1, 1}, 0, s, a.x, a.packed, a.up, a.down, a.y, a.flags,
 		int32(a.m), int32(a.d), int32(a.s), int32(a.f/256), int32(a.rowWords))
-}
-
-// pair launches t2d_pair<GATED>: the whole tail, two warps per token, 4
-// tokens per 256-thread block.
-func (a tailArgs) pair(fn *cuda.Function, s *cuda.Stream) error {
-	return a.launch(fn, cuda.Dim3{uint32((a.m + 3) / 4), 1, 1}, cuda.Dim3{256, 1, 1}, 0, s, a.x, a.packed, a.up, a.down, a.y,
-		a.flags, int32(a.m), int32(a.d), int32(a.s), int32(a.f/256), int32(a.rowWords))
 }
 
 // t2u launches t2u<GATED>: the up projection per token, rewriting each
@@ -221,17 +202,7 @@ func (l *MLP) tail(s *cuda.Stream, set *t2dSet, y, x *cuda.Buffer, ws *sparseWS,
 	a := tailArgs{x: x, y: y, packed: ws.packed, flags: ws.flags, up: l.up, down: l.down,
 		cnt: ws.cnt, order: ws.order, lenBins: ws.lenBins, m: m, d: l.D, f: l.F, s: l.Layout.S(), rowWords: l.F / l.Layout.C,
 		early: l.earlyStart()}
-	switch l.TailFor(m) {
-	case TailPair:
-		fn := set.pairPlain
-		if l.Gated {
-			fn = set.pairGated
-		}
-		if err := a.pair(fn, s); err != nil {
-			return fmt.Errorf("gpu: t2d_pair: %w", err)
-		}
-		return nil
-	case TailWarp:
+	if l.TailFor(m) != TailSorted {
 		t2d := set.plain
 		if l.Gated {
 			t2d = set.gated

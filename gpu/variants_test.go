@@ -116,7 +116,7 @@ func TestKernelTimes(t *testing.T) {
 	}
 	pairs := float64(p.NNZ)
 	t.Logf("m=%d: dense %.3f ms, D2T %.3f ms; %.1f active/token", m, dense, d2t, pairs/float64(m))
-	for _, tail := range []Tail{TailWarp, TailPair, TailSorted} { // sorted last: its lists are timed below
+	for _, tail := range []Tail{TailWarp, TailSorted} {
 		l.Tail = tail
 		sparse := medianMS(t, dev, 20, func() error { return l.Sparse(nil, yb, xb, m) })
 		t.Logf("tail %v: sparse %.3f ms = D2T + %.3f ms (%.2fx dense)", tail, sparse, sparse-d2t, dense/sparse)
@@ -134,7 +134,7 @@ func TestKernelTimes(t *testing.T) {
 			l.ws.sp.packed, l.ws.sp.cnt, l.ws.sp.order, l.down, yb, int32(m), int32(d), int32(f), int32(f/8), int32(m))
 	})
 	t.Logf("t2d_ws<%d> alone: %.3f ms (%.2f G pairs/s)", w, ms, pairs/ms/1e6)
-	for name, fn := range map[string]*cuda.Function{"t2d<true>": set.gated, "t2u<true>": set.t2uGated, "t2d_pair<true>": set.pairGated,
+	for name, fn := range map[string]*cuda.Function{"t2d<true>": set.gated, "t2u<true>": set.t2uGated,
 		"t2d_ws<16>": set.ws16, "row_fallback<true>": set.fbGated} {
 		a, _ := fn.Attributes()
 		t.Logf("%s: %d registers, %d B local", name, a.NumRegs, a.LocalBytes)
@@ -142,9 +142,8 @@ func TestKernelTimes(t *testing.T) {
 }
 
 // TestProfileKernels runs the SparseLM-shape kernels a few times each for a
-// profiler (ncu -k ...), twice: the cuBLASLt gate GEMM, the default D2T,
-// the D2T packing two rows at once, and the sparse MLP with the sorted
-// tail, then with the pair tail. An experiment, not a check: set
+// profiler (ncu -k ...): the cuBLASLt gate GEMM, the default D2T and the
+// sparse MLP with the sorted tail. An experiment, not a check: set
 // TWELL_PROFILE=1 to run it.
 func TestProfileKernels(t *testing.T) {
 	if os.Getenv("TWELL_PROFILE") == "" {
@@ -153,6 +152,7 @@ func TestProfileKernels(t *testing.T) {
 	dev, blas := setup(t)
 	d, f, m := 2048, 5632, 65536
 	l, xb, _ := sparseLMLayer(t, dev, blas, m)
+	l.Tail = TailSorted
 	yb := cudatest.Alloc(t, dev, max(2*m*d, 2*m*f))
 	// No gathered dense pass for flagged rows unless a call reports some:
 	// its small cuBLASLt GEMMs would shift a profiler's kernel count.
@@ -161,18 +161,11 @@ func TestProfileKernels(t *testing.T) {
 		if err := blas.Matmul(nil, cublas.Gemm{M: m, N: f, K: d, TransB: true}, xb, l.gate, yb); err != nil {
 			t.Fatal(err)
 		}
-		for _, pr := range []int{1, 2} {
-			l.PackRows = pr
-			if err := l.QueueD2T(nil, xb, m); err != nil {
-				t.Fatal(err)
-			}
+		if err := l.QueueD2T(nil, xb, m); err != nil {
+			t.Fatal(err)
 		}
-		l.PackRows = 1
-		for _, tail := range []Tail{TailSorted, TailPair} {
-			l.Tail = tail
-			if err := l.Sparse(nil, yb, xb, m); err != nil {
-				t.Fatalf("%v tail: %v", tail, err)
-			}
+		if err := l.Sparse(nil, yb, xb, m); err != nil {
+			t.Fatal(err)
 		}
 	}
 	if err := dev.Synchronize(); err != nil {

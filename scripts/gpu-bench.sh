@@ -23,11 +23,8 @@
 #                                       settings timed in turns in one process (bench ffn -variants):
 #                                       m = 4096, 16384 and 65536 (0.5%, skewed; 65536 uniform too) the D2T as
 #                                       cuBLASLt's gate GEMM and d2t_pack (TWELL_D2T_KERNEL=lt)
-#                                       against the fused default, the fused D2T's packer warps
-#                                       packing two rows at once (TWELL_D2T_PACK=2), the tail with
-#                                       two warps per token (TWELL_TAIL=pair), PACK=2 and lt each
-#                                       with the pair tail, and the defaults again (round 1 traces
-#                                       every setting's kernels at 65536 uniform); m = 16,
+#                                       against the fused default, and the defaults again (round 1
+#                                       traces every setting's kernels at 65536 uniform); m = 16,
 #                                       32 and 64 the wide small-batch kernels (TWELL_MLP_WIDE=1)
 #                                       against D2T and dense; two rounds
 #   scripts/gpu-bench.sh ab-decode OUTDIR  the decode switches, as variants of one run (bench model
@@ -53,9 +50,7 @@
 #                                       (TWELL_LLM_QKV_SPLIT=1), the wgmma attention with 4 stages
 #                                       (TWELL_LLM_ATTENTION=wgmma4) and with each block's softmax
 #                                       overlapped with P V (wgmma4p), with the queries in
-#                                       registers (wgmma3q) and both (wgmma4pq), the MLP's tail with
-#                                       two warps per token (TWELL_TAIL=pair), alone and with the
-#                                       D2T packing two rows at once (TWELL_D2T_PACK=2), the first three
+#                                       registers (wgmma3q) and both (wgmma4pq), the first three
 #                                       together, and
 #                                       the defaults again; first `bench gemm -transb` of
 #                                       the prefill's products (q/k/v, q alone, k and v, output, MLP) with the
@@ -63,9 +58,8 @@
 #   scripts/gpu-bench.sh stalls OUTDIR  where the MLP block's kernels at m = 65536 wait (ncu, full
 #                                       set with warp-state sampling per SASS instruction, clocks
 #                                       left alone): the first round of TestProfileKernels, i.e.
-#                                       cuBLASLt's gate GEMM, the D2T packing one and two rows at
-#                                       once, the sorted tail (t2u, t2d_ws) and the pair tail
-#                                       (t2d_pair); the details page, the SASS page as CSV, and the
+#                                       cuBLASLt's gate GEMM, the D2T and the sorted tail (t2u,
+#                                       t2d_ws); the details page, the SASS page as CSV, and the
 #                                       report when under 15 MB
 #   scripts/gpu-bench.sh host-mem OUTDIR  host memory of `twell generate -device cuda` on the
 #                                       sparselm-1.5b preset saved as a bf16 checkpoint (with the
@@ -128,7 +122,7 @@ ab-mlp)
       trace=()
       [ "$round$shape" = 165536:uniform ] && trace=(-trace "$out/$name-trace.json" -trace-plot "$out/$name-trace.png")
       "$tw" bench ffn -device cuda -m "$m" -density 0.005 -dist "$dist" -seed 1 "${trace[@]}" \
-        -variants 'D2T_KERNEL=lt;D2T_PACK=2;TAIL=pair;D2T_PACK=2 TAIL=pair;D2T_KERNEL=lt TAIL=pair;' -json "$out/$name.json" 2>&1 | tee "$out/$name.txt" || status=1
+        -variants 'D2T_KERNEL=lt;' -json "$out/$name.json" 2>&1 | tee "$out/$name.txt" || status=1
     done
     for m in 16 32 64; do # the wide small-batch kernels against D2T and dense
       name=ffn-$m-skewed-wide-$round
@@ -166,19 +160,17 @@ ab-prefill)
     [ "$round" = 1 ] && trace=(-trace "$out/prefill-trace.json" -trace-plot "$out/prefill-trace.png" -trace-steps 1)
     "$tw" bench model -device cuda -preset sparselm-1.5b -seed 9596107621982983358 -reps 3 -batch 32 -prompt-len 2048 \
       -decode-batch 1 -decode-context 512 -decode-steps 8 "${trace[@]}" \
-      -variants 'GEMM_TUNE=1;LLM_ATTN_ROPE=1;LLM_OPROJ_ADD=1;LLM_QKV_SPLIT=1;LLM_ATTENTION=wgmma4;LLM_ATTENTION=wgmma4p;LLM_ATTENTION=wgmma3q;LLM_ATTENTION=wgmma4pq;TAIL=pair;D2T_PACK=2 TAIL=pair;GEMM_TUNE=1 LLM_ATTN_ROPE=1 LLM_OPROJ_ADD=1;' \
+      -variants 'GEMM_TUNE=1;LLM_ATTN_ROPE=1;LLM_OPROJ_ADD=1;LLM_QKV_SPLIT=1;LLM_ATTENTION=wgmma4;LLM_ATTENTION=wgmma4p;LLM_ATTENTION=wgmma3q;LLM_ATTENTION=wgmma4pq;GEMM_TUNE=1 LLM_ATTN_ROPE=1 LLM_OPROJ_ADD=1;' \
       -json "$out/prefill-$round.json" 2>&1 | tee "$out/prefill-$round.txt" || status=1
   done
   ;;
 stalls)
-  # A round of TestProfileKernels launches 8 kernels the filter matches
-  # (cuBLASLt's gate GEMM, nvjet, d2t_wgmma x 4, t2u, t2d_ws, t2d_pair),
-  # more if flagged rows make the gathered dense pass run its small nvjet
-  # GEMMs; ncu flushes the caches before each, so round 1 will do, and 12
-  # launches leave room for those.
+  # A round of TestProfileKernels launches 5 kernels the filter matches
+  # (cuBLASLt's gate GEMM, nvjet, d2t_wgmma x 2, t2u, t2d_ws); ncu flushes
+  # the caches before each, so round 1 will do.
   rep=${TMPDIR:-/tmp}/twell-mlp-stalls
   (cd "$root/gpu" && TWELL_PROFILE=1 ncu --clock-control none --set full --import-source yes \
-    -k 'regex:nvjet|d2t_wgmma|t2u|t2d_ws|t2d_pair' --launch-count 12 -f -o "$rep" \
+    -k 'regex:nvjet|d2t_wgmma|t2u|t2d_ws' --launch-count 5 -f -o "$rep" \
     "$root/gpubin/gpu.test" -test.run TestProfileKernels -test.v) > "$out/stalls-run.txt" 2>&1 || status=1
   ncu -i "$rep.ncu-rep" --page details > "$out/stalls-details.txt" 2>&1 || status=1
   ncu -i "$rep.ncu-rep" --page source --csv --print-source sass > "$out/stalls-sass.csv" 2>&1 || status=1
