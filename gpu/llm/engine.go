@@ -116,14 +116,6 @@ type Engine struct {
 	// NewEngine sets it when the environment variable TWELL_LLM_OPROJ_ADD is
 	// "1".
 	OProjAdd bool
-	// QKVSplit makes passes whose projections run on cuBLASLt (prefill) run
-	// the q/k/v projection as two GEMMs into the same rows of the q/k/v
-	// buffer (row stride nq + 2 nkv head dims): q (N = nq hd, the shape of
-	// the output projection, which ran at about 770 TFLOP/s where the fused
-	// N = (nq + 2 nkv) hd product ran at about 400 in the profiled prefill),
-	// then k and v. An experiment; NewEngine sets it when the environment
-	// variable TWELL_LLM_QKV_SPLIT is "1".
-	QKVSplit bool
 	// DecGQA makes decode steps run the grouped decode attention kernel
 	// (attn_dec<hd>_g<g>, g = nq / nkv of 2, 4 or 8; 2 or 4 at head_dim
 	// 128), where one CTA takes every query head of a KV head: a block of
@@ -281,7 +273,7 @@ func NewEngineWith(dev *cuda.Device, m *model.Model, opts Options) (*Engine, err
 		return nil, err
 	}
 	e := &Engine{cfg: c, dev: dev, k: k, mlpPath: mlp.Auto, rope: model.NewRoPETables(c), Attention: opts.Attention,
-		NoGraphs: opts.NoGraphs, NoGEMV: opts.NoGEMV, GEMV8: opts.GEMV8, DecRuns: opts.DecRuns, Serial: opts.MLP.Serial, FuseNorms: opts.FuseNorms, FuseProj: opts.FuseProj, AttnRope: opts.AttnRope, OProjAdd: opts.OProjAdd, QKVSplit: opts.QKVSplit, DecGQA: opts.DecGQA, pool: &kvPool{dev: dev, cfg: c}}
+		NoGraphs: opts.NoGraphs, NoGEMV: opts.NoGEMV, GEMV8: opts.GEMV8, DecRuns: opts.DecRuns, Serial: opts.MLP.Serial, FuseNorms: opts.FuseNorms, FuseProj: opts.FuseProj, AttnRope: opts.AttnRope, OProjAdd: opts.OProjAdd, DecGQA: opts.DecGQA, pool: &kvPool{dev: dev, cfg: c}}
 	if act, _ := c.GateActivation(); act == model.ActSiLU {
 		e.act = gpu.ActSiLU
 	}

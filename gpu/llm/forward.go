@@ -562,7 +562,7 @@ func (e *Engine) normQKV(s *cuda.Stream, li int, norm normArgs, rope ropeArgs, l
 		prof("qkv")
 		return nil
 	}
-	if err := e.projectQKV(T, rope.qkvW, h, norm.out, l.qkv, rope.qkv); err != nil {
+	if err := e.project(T, rope.qkvW, h, norm.out, l.qkv, rope.qkv); err != nil {
 		return fmt.Errorf("llm: layer %d qkv: %w", li, err)
 	}
 	prof("qkv")

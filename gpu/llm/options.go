@@ -25,7 +25,6 @@ type Options struct {
 	AttnRope  bool        // Engine.AttnRope: EnvAttnRope = "1"
 	OProjAdd  bool        // Engine.OProjAdd: EnvOProjAdd = "1"
 	DecGQA    bool        // Engine.DecGQA: EnvDecGQA = "1"
-	QKVSplit  bool        // Engine.QKVSplit: EnvQKVSplit = "1"
 	GEMMTune  bool        // the engine's cuBLASLt handle tunes (cublas.DefaultTuneFlops): EnvGEMMTune = "1"
 	MLP       gpu.Options // each TwELL layer's kernels: gpu.Switches
 	// ReleaseWeights makes NewEngineWith drop each layer's float32
@@ -89,11 +88,6 @@ const EnvOProjAdd = "TWELL_LLM_OPROJ_ADD"
 // query head of a KV head in one CTA (Engine.DecGQA).
 const EnvDecGQA = "TWELL_LLM_DEC_GQA"
 
-// EnvQKVSplit names the environment variable that, set to "1", makes a
-// new Engine run the q/k/v projection of prefill passes as two cuBLASLt
-// GEMMs, q and then k with v, into the same rows (Engine.QKVSplit).
-const EnvQKVSplit = "TWELL_LLM_QKV_SPLIT"
-
 // EnvGEMMTune names the environment variable that, set to "1", makes a new
 // Engine choose the cuBLASLt algorithm of each large product (prefill's
 // projections, the dense MLP) by timing the heuristic's candidates on its
@@ -112,7 +106,7 @@ const EnvKVMemory = "TWELL_LLM_KV_MEMORY"
 
 // Switches are the names of the environment variables that set Options:
 // the engine's and its TwELL MLPs' (gpu.Switches).
-var Switches = append([]string{EnvAttention, EnvGraphs, EnvGEMV, EnvDecRuns, EnvFuseNorms, EnvFuseProj, EnvAttnRope, EnvOProjAdd, EnvDecGQA, EnvQKVSplit, EnvGEMMTune, EnvKVPageSize, EnvKVMemory}, gpu.Switches...)
+var Switches = append([]string{EnvAttention, EnvGraphs, EnvGEMV, EnvDecRuns, EnvFuseNorms, EnvFuseProj, EnvAttnRope, EnvOProjAdd, EnvDecGQA, EnvGEMMTune, EnvKVPageSize, EnvKVMemory}, gpu.Switches...)
 
 // OptionsFromEnv returns the Options the environment sets, or an error
 // naming a value it does not know.
@@ -137,7 +131,7 @@ func OptionsFrom(getenv func(string) string) (Options, error) {
 		dst  *bool
 		on   bool // unset
 	}{{EnvFuseNorms, &o.FuseNorms, true}, {EnvFuseProj, &o.FuseProj, false}, {EnvAttnRope, &o.AttnRope, false},
-		{EnvOProjAdd, &o.OProjAdd, false}, {EnvDecGQA, &o.DecGQA, false}, {EnvQKVSplit, &o.QKVSplit, false},
+		{EnvOProjAdd, &o.OProjAdd, false}, {EnvDecGQA, &o.DecGQA, false},
 		{EnvGEMMTune, &o.GEMMTune, false}} {
 		switch v := getenv(b.name); v {
 		case "":

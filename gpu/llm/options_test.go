@@ -26,8 +26,6 @@ func TestOptionsFromEnv(t *testing.T) {
 		{Env: map[string]string{EnvOProjAdd: "2"}, Bad: EnvOProjAdd},
 		{Env: map[string]string{EnvDecGQA: "1"}, Want: Options{FuseNorms: true, DecGQA: true}},
 		{Env: map[string]string{EnvDecGQA: "4"}, Bad: EnvDecGQA},
-		{Env: map[string]string{EnvQKVSplit: "1"}, Want: Options{FuseNorms: true, QKVSplit: true}},
-		{Env: map[string]string{EnvQKVSplit: "y"}, Bad: EnvQKVSplit},
 		{Env: map[string]string{EnvGEMMTune: "1"}, Want: Options{FuseNorms: true, GEMMTune: true}},
 		{Env: map[string]string{EnvGEMMTune: "0"}, Want: Options{FuseNorms: true}},
 		{Env: map[string]string{EnvGEMMTune: "on"}, Bad: EnvGEMMTune},

@@ -45,21 +45,6 @@ func (e *Engine) project(m, n, k int, x, w, y *cuda.Buffer) error {
 	return gemvRows(fn, e.stream, e.early(), x, w, y, m, n, k)
 }
 
-// projectQKV is project for the q/k/v projection (n = qkvW columns, q's
-// first); with QKVSplit, on cuBLASLt, as two GEMMs into the same rows of y:
-// q, then k and v.
-func (e *Engine) projectQKV(m, n, k int, x, w, y *cuda.Buffer) error {
-	q := e.cfg.NumAttentionHeads * e.cfg.HeadDim
-	if !e.QKVSplit || e.gemv(m, k) || q >= n {
-		return e.project(m, n, k, x, w, y)
-	}
-	if err := e.blas.Matmul(e.stream, cublas.Gemm{M: m, N: q, K: k, TransB: true, LDC: n}, x, view(w, 0, 2*q*k), y); err != nil {
-		return err
-	}
-	return e.blas.Matmul(e.stream, cublas.Gemm{M: m, N: n - q, K: k, TransB: true, LDC: n}, x, view(w, 2*q*k, 2*(n-q)*k),
-		view(y, 2*q, 2*((m-1)*n+n-q)))
-}
-
 // gemvRows queues gemv_rows1, 4 or 8 (proj.cu): y = x w^T for m
 // tokens (x m x k, w n x k, y m x n, bf16), one warp per output column, x
 // staged in shared memory; with early start if early.
