@@ -57,12 +57,6 @@ type Engine struct {
 	// kernel (to compare them). NewEngine sets it when the environment
 	// variable TWELL_GEMV is "0".
 	NoGEMV bool
-	// GEMV8 makes passes of 5 to 8 tokens run their projections on the
-	// engine's own kernels too (gemv_rows8, and qkv_rope8 with RoPE and the
-	// cache write fused), instead of cuBLASLt and rope_kv: an experiment,
-	// not yet measured against them. NewEngine sets it when TWELL_GEMV is
-	// "8".
-	GEMV8 bool
 	// DecRuns, when positive, is the number of runs the decode attention
 	// cuts each query's keys into at every batch, instead of decRuns'
 	// choice (one wave of CTAs): an experiment, to time the choice against
@@ -273,7 +267,7 @@ func NewEngineWith(dev *cuda.Device, m *model.Model, opts Options) (*Engine, err
 		return nil, err
 	}
 	e := &Engine{cfg: c, dev: dev, k: k, mlpPath: mlp.Auto, rope: model.NewRoPETables(c), Attention: opts.Attention,
-		NoGraphs: opts.NoGraphs, NoGEMV: opts.NoGEMV, GEMV8: opts.GEMV8, DecRuns: opts.DecRuns, Serial: opts.MLP.Serial, FuseNorms: opts.FuseNorms, FuseProj: opts.FuseProj, AttnRope: opts.AttnRope, OProjAdd: opts.OProjAdd, DecGQA: opts.DecGQA, pool: &kvPool{dev: dev, cfg: c}}
+		NoGraphs: opts.NoGraphs, NoGEMV: opts.NoGEMV, DecRuns: opts.DecRuns, Serial: opts.MLP.Serial, FuseNorms: opts.FuseNorms, FuseProj: opts.FuseProj, AttnRope: opts.AttnRope, OProjAdd: opts.OProjAdd, DecGQA: opts.DecGQA, pool: &kvPool{dev: dev, cfg: c}}
 	if act, _ := c.GateActivation(); act == model.ActSiLU {
 		e.act = gpu.ActSiLU
 	}

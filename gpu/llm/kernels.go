@@ -36,9 +36,9 @@ type kernels struct {
 	attnFA64, attnFA128    *cuda.Function
 	// dec are the decode attention kernels (attn_dec64, attn_dec128, and
 	// attn_dec_o64, attn_dec_o128 with the output projection fused in).
-	dec                          map[decKey]decKernel
-	gemv1, gemv4, gemv8          *cuda.Function
-	qkvRope1, qkvRope4, qkvRope8 *cuda.Function
+	dec                map[decKey]decKernel
+	gemv1, gemv4       *cuda.Function
+	qkvRope1, qkvRope4 *cuda.Function
 	// qkv_rope1n, qkv_rope1f: qkv_rope1 with the norm before it fused in,
 	// adding a bf16 delta and a fixed-point one
 	qkvRope1N, qkvRope1F *cuda.Function
@@ -89,7 +89,7 @@ var kernelFiles = []struct {
 	kernels []string
 }{
 	{"norm.cu", &normSrc, []string{"embed", "add_rmsnorm"}},
-	{"proj.cu", &projSrc, []string{"gemv_rows1", "gemv_rows4", "gemv_rows8", "qkv_rope1", "qkv_rope4", "qkv_rope8", "qkv_rope1n", "qkv_rope1f"}},
+	{"proj.cu", &projSrc, []string{"gemv_rows1", "gemv_rows4", "qkv_rope1", "qkv_rope4", "qkv_rope1n", "qkv_rope1f"}},
 	{"rope.cu", &ropeSrc, []string{"rope_kv"}},
 	{"attn.cu", &attnSrc, []string{"attn_ref", "attn_fa64", "attn_fa128", "attn_dec64", "attn_dec128", "attn_dec_o64", "attn_dec_o128",
 		"attn_dec64_g2", "attn_dec64_g4", "attn_dec64_g8", "attn_dec128_g2", "attn_dec128_g4"}},
@@ -118,8 +118,8 @@ func kernelsFor(dev *cuda.Device) (*kernels, error) {
 	}
 	k := &kernels{dev: dev, embed: fs["embed"], addNorm: fs["add_rmsnorm"], ropeKV: fs["rope_kv"],
 		attnRef: fs["attn_ref"], attnFA64: fs["attn_fa64"], attnFA128: fs["attn_fa128"],
-		gemv1: fs["gemv_rows1"], gemv4: fs["gemv_rows4"], gemv8: fs["gemv_rows8"],
-		qkvRope1: fs["qkv_rope1"], qkvRope4: fs["qkv_rope4"], qkvRope8: fs["qkv_rope8"],
+		gemv1: fs["gemv_rows1"], gemv4: fs["gemv_rows4"],
+		qkvRope1: fs["qkv_rope1"], qkvRope4: fs["qkv_rope4"],
 		qkvRope1N: fs["qkv_rope1n"], qkvRope1F: fs["qkv_rope1f"], dec: map[decKey]decKernel{}}
 	decNames := map[decKey]string{{64, false, 1}: "attn_dec64", {128, false, 1}: "attn_dec128",
 		{64, true, 1}: "attn_dec_o64", {128, true, 1}: "attn_dec_o128"}

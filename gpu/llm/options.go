@@ -18,7 +18,6 @@ type Options struct {
 	Attention string      // Engine.Attention: EnvAttention
 	NoGraphs  bool        // Engine.NoGraphs: EnvGraphs = "0"
 	NoGEMV    bool        // Engine.NoGEMV: EnvGEMV = "0"
-	GEMV8     bool        // Engine.GEMV8: EnvGEMV = "8"
 	DecRuns   int         // Engine.DecRuns: EnvDecRuns
 	FuseNorms bool        // Engine.FuseNorms: EnvFuseNorms unset or "1"
 	FuseProj  bool        // Engine.FuseProj: EnvFuseProj = "1"
@@ -51,9 +50,8 @@ const EnvAttention = "TWELL_LLM_ATTENTION"
 const EnvGraphs = "TWELL_GRAPHS"
 
 // EnvGEMV names the environment variable that, set to "0", makes a new
-// Engine run every projection through cuBLASLt (NoGEMV), and set to "8",
-// the projections of up to 8 tokens on its own kernels (GEMV8); "1" or
-// unset: up to 4.
+// Engine run every projection through cuBLASLt (NoGEMV); "1" or unset: its
+// own kernels for passes of up to 4 tokens.
 const EnvGEMV = "TWELL_GEMV"
 
 // EnvDecRuns names the environment variable that sets a new Engine's
@@ -121,10 +119,8 @@ func OptionsFrom(getenv func(string) string) (Options, error) {
 	case "", "1":
 	case "0":
 		o.NoGEMV = true
-	case "8":
-		o.GEMV8 = true
 	default:
-		return o, fmt.Errorf("llm: %s=%q: want 0, 1 or 8", EnvGEMV, v)
+		return o, fmt.Errorf("llm: %s=%q: want 0 or 1", EnvGEMV, v)
 	}
 	for _, b := range []struct {
 		name string

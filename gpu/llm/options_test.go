@@ -33,7 +33,7 @@ func TestOptionsFromEnv(t *testing.T) {
 		{Env: map[string]string{EnvFuseNorms: "on"}, Bad: EnvFuseNorms},
 		{Env: map[string]string{gpu.EnvTail: "on"}, Bad: gpu.EnvTail},
 		{Env: map[string]string{EnvGEMV: "0"}, Want: Options{FuseNorms: true, NoGEMV: true}},
-		{Env: map[string]string{EnvGEMV: "8"}, Want: Options{FuseNorms: true, GEMV8: true}},
+		{Env: map[string]string{EnvGEMV: "8"}, Bad: EnvGEMV},
 		{Env: map[string]string{EnvGEMV: "1"}, Want: Options{FuseNorms: true}},
 		{Env: map[string]string{EnvGEMV: "16"}, Bad: EnvGEMV},
 		{Env: map[string]string{EnvDecRuns: "4"}, Want: Options{FuseNorms: true, DecRuns: 4}},

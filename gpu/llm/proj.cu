@@ -19,8 +19,7 @@
 #include "rowdot.cuh"
 #include "kvpage.cuh"
 
-// The projections of decode steps (passes of at most 4 tokens; 8 with
-// Engine.GEMV8) are bound by
+// The projections of decode steps (passes of at most 4 tokens) are bound by
 // reading the weights once; cuBLASLt's kernels for a handful of rows reach
 // about half the memory bandwidth. They use rowdot.cuh: the first weight
 // loads are issued, and the rest of the rows prefetched into the L2, before
@@ -54,10 +53,6 @@ extern "C" __global__ void __launch_bounds__(256) gemv_rows1(const u16* x, const
 }
 extern "C" __global__ void __launch_bounds__(256) gemv_rows4(const u16* x, const u16* w, u16* y, int m, int n, int k) {
   gemv_rows_body<4>(x, w, y, m, n, k);
-}
-// gemv_rows8: 5 to 8 tokens (Engine.GEMV8, an experiment).
-extern "C" __global__ void __launch_bounds__(256) gemv_rows8(const u16* x, const u16* w, u16* y, int m, int n, int k) {
-  gemv_rows_body<8>(x, w, y, m, n, k);
 }
 
 // qkv_rope: the q/k/v projection of a decode step with RoPE and the KV-cache
@@ -139,10 +134,7 @@ __device__ __forceinline__ void qkv_rope_body(const u16* __restrict__ x, const u
 }
 
 // QKV_ROPE(MB) defines qkv_rope<MB>, the entry point of qkv_rope_body<MB,
-// NORM_NONE> for up to MB tokens: qkv_rope1, qkv_rope4, and qkv_rope8 for 5 to
-// 8 tokens (Engine.GEMV8, an
-// experiment; 104 registers, two blocks an SM: held to the 80 of three,
-// ptxas spills).
+// NORM_NONE> for up to MB tokens: qkv_rope1 and qkv_rope4.
 #define QKV_ROPE(MB)                                                                                                \
   extern "C" __global__ void __launch_bounds__(256)                                                                 \
       qkv_rope##MB(const u16* x, const u16* w, u16* qkv, const float* cosT, const float* sinT, const int* tok_seq,   \
@@ -153,7 +145,6 @@ __device__ __forceinline__ void qkv_rope_body(const u16* __restrict__ x, const u
   }
 QKV_ROPE(1)
 QKV_ROPE(4)
-QKV_ROPE(8)
 
 // qkv_rope1n, qkv_rope1f: qkv_rope1 with the residual add (of a bf16 delta
 // or of a fixed-point one) and RMSNorm before it fused in (one token; k a

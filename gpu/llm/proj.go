@@ -7,32 +7,20 @@ import (
 )
 
 // gemvMaxRows is the largest token count whose projections run gemv_rows
-// rather than cuBLASLt (gemvMaxRows8 with Engine.GEMV8).
-const (
-	gemvMaxRows  = 4
-	gemvMaxRows8 = 8
-)
+// rather than cuBLASLt.
+const gemvMaxRows = 4
 
 // gemv reports whether the projections of a pass of m tokens with inputs
 // of width k run the engine's own kernels (gemv_rows, qkv_rope).
-func (e *Engine) gemv(m, k int) bool {
-	most := gemvMaxRows
-	if e.GEMV8 {
-		most = gemvMaxRows8
-	}
-	return m <= most && k%8 == 0 && !e.NoGEMV
-}
+func (e *Engine) gemv(m, k int) bool { return m <= gemvMaxRows && k%8 == 0 && !e.NoGEMV }
 
 // gemvKernel returns the kernel of set (gemv_rows or qkv_rope, by its
-// batch size 1, 4 and 8) for a pass of m tokens that gemv takes.
-func gemvKernel(set [3]*cuda.Function, m int) *cuda.Function {
-	switch {
-	case m == 1:
+// batch size 1 and 4) for a pass of m tokens that gemv takes.
+func gemvKernel(set [2]*cuda.Function, m int) *cuda.Function {
+	if m == 1 {
 		return set[0]
-	case m <= gemvMaxRows:
-		return set[1]
 	}
-	return set[2]
+	return set[1]
 }
 
 // project queues y = x w^T for m tokens (x: m x k, w: n x k, y: m x n, bf16):
@@ -41,11 +29,11 @@ func (e *Engine) project(m, n, k int, x, w, y *cuda.Buffer) error {
 	if !e.gemv(m, k) {
 		return e.blas.Matmul(e.stream, cublas.Gemm{M: m, N: n, K: k, TransB: true}, x, w, y)
 	}
-	fn := gemvKernel([3]*cuda.Function{e.k.gemv1, e.k.gemv4, e.k.gemv8}, m)
+	fn := gemvKernel([2]*cuda.Function{e.k.gemv1, e.k.gemv4}, m)
 	return gemvRows(fn, e.stream, e.early(), x, w, y, m, n, k)
 }
 
-// gemvRows queues gemv_rows1, 4 or 8 (proj.cu): y = x w^T for m
+// gemvRows queues gemv_rows1 or 4 (proj.cu): y = x w^T for m
 // tokens (x m x k, w n x k, y m x n, bf16), one warp per output column, x
 // staged in shared memory; with early start if early.
 func gemvRows(fn *cuda.Function, s *cuda.Stream, early bool, x, w, y *cuda.Buffer, m, n, k int) error {
