@@ -30,9 +30,8 @@
 #   scripts/gpu-bench.sh ab-decode OUTDIR  the decode switches, as variants of one run (bench model
 #                                       -variants): steps of 1, 8, 16, 32 and 64 sequences at 512
 #                                       cached tokens with the projections fused
-#                                       (TWELL_LLM_FUSE_PROJ=1), with the decode attention's keys
-#                                       cut into 4 and 8 runs at every batch (TWELL_LLM_DEC_RUNS),
-#                                       with the grouped decode attention (TWELL_LLM_DEC_GQA=1), with
+#                                       (TWELL_LLM_FUSE_PROJ=1), with the grouped decode attention
+#                                       (TWELL_LLM_DEC_GQA=1), with
 #                                       the wide small-batch MLP kernels
 #                                       (TWELL_MLP_WIDE=1), alone and with the grouped attention,
 #                                       and the defaults again, traced (CUPTI);
@@ -135,7 +134,7 @@ ab-decode)
   ckpt=${TMPDIR:-/tmp}/twell-ab-sparselm
   "$tw" bench model -device cuda -preset sparselm-1.5b -save "$ckpt" -seed 9596107621982983358 -reps 2 -batch 8 \
     -prompt-len 64 -decode-batch 1,8,16,32,64 -decode-context 512 -decode-steps 32 \
-    -variants 'LLM_FUSE_PROJ=1;LLM_DEC_RUNS=4;LLM_DEC_RUNS=8;LLM_DEC_GQA=1;MLP_WIDE=1;MLP_WIDE=1 LLM_DEC_GQA=1;' \
+    -variants 'LLM_FUSE_PROJ=1;LLM_DEC_GQA=1;MLP_WIDE=1;MLP_WIDE=1 LLM_DEC_GQA=1;' \
     -trace "$out/decode-batches-trace.json" -trace-plot "$out/decode-batches-trace.png" \
     -json "$out/decode-batches.json" 2>&1 | tee "$out/decode-batches.txt" || status=1
   model=(-preset sparselm-1.5b)

@@ -122,8 +122,8 @@ func decSmem(hd int) int { return decStages * 2 * PageMultiple * hd * 2 }
 // at once (k's slots): a second wave of CTAs costs more than longer runs,
 // and only the first wave's copies overlap the kernel before.
 func (e *Engine) decRuns(pairs int, k decKernel) int {
-	if e.DecRuns > 0 {
-		return min(e.DecRuns, decSplits)
+	if e.decRunsFixed > 0 {
+		return min(e.decRunsFixed, decSplits)
 	}
 	return decRunsFor(pairs, k.slots)
 }

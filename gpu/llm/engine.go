@@ -57,12 +57,6 @@ type Engine struct {
 	// kernel (to compare them). NewEngine sets it when the environment
 	// variable TWELL_GEMV is "0".
 	NoGEMV bool
-	// DecRuns, when positive, is the number of runs the decode attention
-	// cuts each query's keys into at every batch, instead of decRuns'
-	// choice (one wave of CTAs): an experiment, to time the choice against
-	// others (at b=8 on the SparseLM shape decRuns takes 2). NewEngine sets
-	// it from TWELL_LLM_DEC_RUNS.
-	DecRuns int
 	// Serial launches the kernels of decode steps without early start: each
 	// then begins only when the kernel before it has finished. By default
 	// (compute capability 9.0 and later) the norm, projection, attention
@@ -119,7 +113,7 @@ type Engine struct {
 	// the SparseLM shape's g = 4), and the step has g times fewer CTAs a
 	// run, so its keys are cut into more runs. A head's runs compute what
 	// the one-head kernel's do, in the same order: with the same runs
-	// (DecRuns), the same bits. One-token steps with FuseProj keep
+	// (decRunsFixed), the same bits. One-token steps with FuseProj keep
 	// attn_dec_o. NewEngine sets it when the environment variable
 	// TWELL_LLM_DEC_GQA is "1".
 	DecGQA bool
@@ -157,6 +151,11 @@ type Engine struct {
 	// decGlobalMerge merges the decode kernel's runs through global memory
 	// where clusters would merge them (tests compare both).
 	decGlobalMerge bool
+	// decRunsFixed, when positive, is the number of runs the decode
+	// attention cuts each query's keys into at every batch instead of
+	// decRuns' choice: for the tests. (Fixing 4 or 8 runs at every batch
+	// lost to the choice at every batch size on an H200.)
+	decRunsFixed int
 
 	prof   stepProfile // Profile's events
 	profOn bool        // the pass being queued is profiled: Profile set, not replayed from a graph
@@ -267,7 +266,7 @@ func NewEngineWith(dev *cuda.Device, m *model.Model, opts Options) (*Engine, err
 		return nil, err
 	}
 	e := &Engine{cfg: c, dev: dev, k: k, mlpPath: mlp.Auto, rope: model.NewRoPETables(c), Attention: opts.Attention,
-		NoGraphs: opts.NoGraphs, NoGEMV: opts.NoGEMV, DecRuns: opts.DecRuns, Serial: opts.MLP.Serial, FuseNorms: opts.FuseNorms, FuseProj: opts.FuseProj, AttnRope: opts.AttnRope, OProjAdd: opts.OProjAdd, DecGQA: opts.DecGQA, pool: &kvPool{dev: dev, cfg: c}}
+		NoGraphs: opts.NoGraphs, NoGEMV: opts.NoGEMV, Serial: opts.MLP.Serial, FuseNorms: opts.FuseNorms, FuseProj: opts.FuseProj, AttnRope: opts.AttnRope, OProjAdd: opts.OProjAdd, DecGQA: opts.DecGQA, pool: &kvPool{dev: dev, cfg: c}}
 	if act, _ := c.GateActivation(); act == model.ActSiLU {
 		e.act = gpu.ActSiLU
 	}

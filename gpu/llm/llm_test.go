@@ -764,7 +764,7 @@ func TestDecodeAttentionFirstToken(t *testing.T) {
 // in a cluster and, again, through global memory: the same bits), and
 // into 1 (each CTA then writes its output itself), at head_dim 64 and 128:
 // the logits must agree with the plain kernel's and the CPU model's, and
-// repeat bit for bit; with 8 times the runs (Engine.DecRuns) they must
+// repeat bit for bit; with 8 times the runs (Engine.decRunsFixed) they must
 // agree with the plain kernel's.
 func TestDecodeAttentionManySequences(t *testing.T) {
 	dev := cudatest.Device(t)
@@ -801,7 +801,7 @@ func TestDecodeAttentionManySequences(t *testing.T) {
 				run := func(attn string, global bool, forced int) [][]float32 {
 					e := engineOnPath(t, dev, m, seed, "dense")
 					// The attention kernel alone (FuseProj's is TestFusedProjections').
-					e.Attention, e.decGlobalMerge, e.DecRuns, e.FuseProj = attn, global, forced, false
+					e.Attention, e.decGlobalMerge, e.decRunsFixed, e.FuseProj = attn, global, forced, false
 					if got, want := e.decRuns(S*c.NumAttentionHeads, k.dec[decKey{c.HeadDim, false, 1}]), cmp.Or(forced, runs); attn == "auto" && got != want {
 						t.Fatalf("%d sequences: %d runs, want %d", S, got, want)
 					}
@@ -810,7 +810,7 @@ func TestDecodeAttentionManySequences(t *testing.T) {
 				got, ref := run("auto", false, 0), run("ref", false, 0)
 				checkDecodeKernel(t, seed, got, ref, cpuForward(t, m, "dense", 304, passes...)[first:], run("auto", false, 0))
 				enginetest.SameBits(t, "decode kernel, runs merged in global memory", run("auto", true, 0), got)
-				// More runs than the batch gets (Engine.DecRuns): the same
+				// More runs than the batch gets (Engine.decRunsFixed): the same
 				// attention, summed in another order.
 				if d, err := enginetest.RelDiff(run("auto", false, 8*runs), ref); err != nil || d > 1e-2 {
 					t.Errorf("seed %d: decode kernel with %d runs vs plain kernel: rel diff %.3g (err %v)", seed, 8*runs, d, err)
@@ -823,7 +823,7 @@ func TestDecodeAttentionManySequences(t *testing.T) {
 // TestDecGQASameBits runs decode steps on the grouped decode kernels
 // (Engine.DecGQA: every query head of a KV head in one CTA; groups of 2, 4
 // and 8 at head_dim 64, 2 and 4 at 128) after prefills of random lengths:
-// with the runs fixed (Engine.DecRuns: 1, 2 and 16), the logits must be
+// with the runs fixed (Engine.decRunsFixed: 1, 2 and 16), the logits must be
 // the one-head kernel's bit for bit, merged in a cluster or through global
 // memory; with the runs chosen by the batch, within tolerance of the plain
 // kernel's and the CPU model's, and the same on a second run.
@@ -847,7 +847,7 @@ func TestDecGQASameBits(t *testing.T) {
 			passes, first := promptThenSteps(r, S, 300, 3, c.VocabSize)
 			run := func(attn string, gqa, global bool, runs int) [][]float32 {
 				e := engineOnPath(t, dev, m, seed, "dense")
-				e.Attention, e.DecGQA, e.decGlobalMerge, e.DecRuns, e.FuseProj = attn, gqa, global, runs, false
+				e.Attention, e.DecGQA, e.decGlobalMerge, e.decRunsFixed, e.FuseProj = attn, gqa, global, runs, false
 				out := enginetest.Passes(t, e, 320, passes...)[first:] // the decode steps' logits
 				if d, ok := e.decodeAttention(&batch{T: S, S: S}); gqa && (!ok || d.g != g) {
 					t.Fatalf("seed %d: DecGQA: the decode steps ran %d heads a CTA (decode kernel %v), want %d", seed, d.g, ok, g)
@@ -935,7 +935,7 @@ func TestFusedProjections(t *testing.T) {
 					name := fmt.Sprintf("seed %d: %s path, graphs %v", seed, path, graphs)
 					run := func(fproj bool, global bool, runs int) [][]float32 {
 						e := engineOnPath(t, dev, m, seed, path)
-						e.FuseProj, e.NoGraphs, e.decGlobalMerge, e.DecRuns = fproj, !graphs, global, runs
+						e.FuseProj, e.NoGraphs, e.decGlobalMerge, e.decRunsFixed = fproj, !graphs, global, runs
 						out := enginetest.Passes(t, e, 320, passes...)[len(prompt):] // the decode steps' logits
 						if dec, _ := e.decodeAttention(&batch{T: 1, S: 1}); fproj && dev.Properties().Major == 9 && !dec.oproj {
 							t.Errorf("%s: the decode steps did not run attn_dec_o", name)

@@ -18,7 +18,6 @@ type Options struct {
 	Attention string      // Engine.Attention: EnvAttention
 	NoGraphs  bool        // Engine.NoGraphs: EnvGraphs = "0"
 	NoGEMV    bool        // Engine.NoGEMV: EnvGEMV = "0"
-	DecRuns   int         // Engine.DecRuns: EnvDecRuns
 	FuseNorms bool        // Engine.FuseNorms: EnvFuseNorms unset or "1"
 	FuseProj  bool        // Engine.FuseProj: EnvFuseProj = "1"
 	AttnRope  bool        // Engine.AttnRope: EnvAttnRope = "1"
@@ -53,11 +52,6 @@ const EnvGraphs = "TWELL_GRAPHS"
 // Engine run every projection through cuBLASLt (NoGEMV); "1" or unset: its
 // own kernels for passes of up to 4 tokens.
 const EnvGEMV = "TWELL_GEMV"
-
-// EnvDecRuns names the environment variable that sets a new Engine's
-// DecRuns: the runs the decode attention cuts each query's keys into, 1,
-// 2, 4, 8 or 16 (unset or "0": by the batch, decRuns).
-const EnvDecRuns = "TWELL_LLM_DEC_RUNS"
 
 // EnvFuseNorms names the environment variable that, set to "0", makes a new
 // Engine run the norms of one-token passes as kernels of their own instead
@@ -104,7 +98,7 @@ const EnvKVMemory = "TWELL_LLM_KV_MEMORY"
 
 // Switches are the names of the environment variables that set Options:
 // the engine's and its TwELL MLPs' (gpu.Switches).
-var Switches = append([]string{EnvAttention, EnvGraphs, EnvGEMV, EnvDecRuns, EnvFuseNorms, EnvFuseProj, EnvAttnRope, EnvOProjAdd, EnvDecGQA, EnvGEMMTune, EnvKVPageSize, EnvKVMemory}, gpu.Switches...)
+var Switches = append([]string{EnvAttention, EnvGraphs, EnvGEMV, EnvFuseNorms, EnvFuseProj, EnvAttnRope, EnvOProjAdd, EnvDecGQA, EnvGEMMTune, EnvKVPageSize, EnvKVMemory}, gpu.Switches...)
 
 // OptionsFromEnv returns the Options the environment sets, or an error
 // naming a value it does not know.
@@ -144,13 +138,6 @@ func OptionsFrom(getenv func(string) string) (Options, error) {
 		if _, ok := wgBuilds[o.Attention]; !ok {
 			return o, fmt.Errorf("llm: %s=%q: want %s", EnvAttention, o.Attention, attentionChoices())
 		}
-	}
-	if v := getenv(EnvDecRuns); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 0 || n > decSplits || n&(n-1) != 0 {
-			return o, fmt.Errorf("llm: %s=%q: want 1, 2, 4, 8 or 16 runs (0: by the batch)", EnvDecRuns, v)
-		}
-		o.DecRuns = n
 	}
 	if v := getenv(EnvKVPageSize); v != "" {
 		n, err := strconv.Atoi(v)

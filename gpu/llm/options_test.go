@@ -36,8 +36,5 @@ func TestOptionsFromEnv(t *testing.T) {
 		{Env: map[string]string{EnvGEMV: "8"}, Bad: EnvGEMV},
 		{Env: map[string]string{EnvGEMV: "1"}, Want: Options{FuseNorms: true}},
 		{Env: map[string]string{EnvGEMV: "16"}, Bad: EnvGEMV},
-		{Env: map[string]string{EnvDecRuns: "4"}, Want: Options{FuseNorms: true, DecRuns: 4}},
-		{Env: map[string]string{EnvDecRuns: "3"}, Bad: EnvDecRuns},
-		{Env: map[string]string{EnvDecRuns: "32"}, Bad: EnvDecRuns},
 	})
 }
