@@ -75,15 +75,6 @@ __device__ __forceinline__ void wg_rs64t(float (&d)[8][4], const u32 (&a)[4], u6
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
 }
 
-// wg_rs64k is wg_rs64t with B K-major (S = Q K^T with Q in registers).
-__device__ __forceinline__ void wg_rs64k(float (&d)[8][4], const u32 (&a)[4], u64 db, int scale_d) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, p, 1, 1, 0;\n}\n"
-      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d));
-}
-
 // swz is the byte offset of 16-byte chunk c of row r in a tile of 128-byte
 // rows with the 128-byte swizzle (1024-byte aligned).
 __device__ __forceinline__ u32 swz(int r, int c) { return (u32)(r * 128 + ((c ^ (r & 7)) << 4)); }
@@ -120,34 +111,6 @@ __device__ __forceinline__ void wg_scores(float (&sc)[8][4], u64 dq, u64 dk) {
 #pragma unroll
   for (int kk = 0; kk < 4; ++kk) wg_ss64(sc, dq + 2 * kk, dk + 2 * kk, kk);  // +32 bytes per k step
   asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-}
-
-// wg_scores_rq is wg_scores with Q in registers: qf[kk] the bf16 A
-// fragments of head dimensions 16 kk .. 16 kk + 15 (wg_q_frags), so that
-// only K is read from shared memory.
-__device__ __forceinline__ void wg_scores_rq(float (&sc)[8][4], const u32 (&qf)[4][4], u64 dk) {
-  zero(sc);
-  keep_live(sc);
-  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-#pragma unroll
-  for (int kk = 0; kk < 4; ++kk) wg_rs64k(sc, qf[kk], dk + 2 * kk, kk);  // +32 bytes per k step
-  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-}
-
-// wg_q_frags loads this thread's A fragments of a 64-row tile of 64 bf16
-// (128-byte swizzled rows at tile) for the four k steps of wg_scores_rq:
-// the mma.m16n8k16 A layout, warp w holding rows 16w .. 16w+15.
-__device__ __forceinline__ void wg_q_frags(u32 (&qf)[4][4], u32 tile) {
-  const int warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
-  const int r = warp * 16 + g;
-#pragma unroll
-  for (int kk = 0; kk < 4; ++kk) {
-    // Columns 16 kk + 2 tq (+ 8): byte 4 tq of chunk 2 kk (+ 1).
-    asm volatile("ld.shared.b32 %0, [%1];" : "=r"(qf[kk][0]) : "r"(tile + swz(r, 2 * kk) + 4 * tq) : "memory");
-    asm volatile("ld.shared.b32 %0, [%1];" : "=r"(qf[kk][1]) : "r"(tile + swz(r + 8, 2 * kk) + 4 * tq) : "memory");
-    asm volatile("ld.shared.b32 %0, [%1];" : "=r"(qf[kk][2]) : "r"(tile + swz(r, 2 * kk + 1) + 4 * tq) : "memory");
-    asm volatile("ld.shared.b32 %0, [%1];" : "=r"(qf[kk][3]) : "r"(tile + swz(r + 8, 2 * kk + 1) + 4 * tq) : "memory");
-  }
 }
 
 // wg_pv queues O += P V for one block of 64 keys (4 wgmma, one commit

@@ -43,11 +43,7 @@
 #                                       algorithms chosen by timing (TWELL_GEMM_TUNE=1), the
 #                                       queries rotated in the attention (TWELL_LLM_ATTN_ROPE=1),
 #                                       the output projection added into the residual in its GEMM
-#                                       (TWELL_LLM_OPROJ_ADD=1), the wgmma attention with 4 stages
-#                                       (TWELL_LLM_ATTENTION=wgmma4) and with each block's softmax
-#                                       overlapped with P V (wgmma4p), with the queries in
-#                                       registers (wgmma3q) and both (wgmma4pq), the first three
-#                                       together, and
+#                                       (TWELL_LLM_OPROJ_ADD=1), the three together, and
 #                                       the defaults again; first `bench gemm -transb` of
 #                                       the prefill's products (q/k/v, q alone, k and v, output, MLP) with the
 #                                       heuristic's choice and the tuned one, every candidate timed
@@ -156,7 +152,7 @@ ab-prefill)
     [ "$round" = 1 ] && trace=(-trace "$out/prefill-trace.json" -trace-plot "$out/prefill-trace.png" -trace-steps 1)
     "$tw" bench model -device cuda -preset sparselm-1.5b -seed 9596107621982983358 -reps 3 -batch 32 -prompt-len 2048 \
       -decode-batch 1 -decode-context 512 -decode-steps 8 "${trace[@]}" \
-      -variants 'GEMM_TUNE=1;LLM_ATTN_ROPE=1;LLM_OPROJ_ADD=1;LLM_ATTENTION=wgmma4;LLM_ATTENTION=wgmma4p;LLM_ATTENTION=wgmma3q;LLM_ATTENTION=wgmma4pq;GEMM_TUNE=1 LLM_ATTN_ROPE=1 LLM_OPROJ_ADD=1;' \
+      -variants 'GEMM_TUNE=1;LLM_ATTN_ROPE=1;LLM_OPROJ_ADD=1;GEMM_TUNE=1 LLM_ATTN_ROPE=1 LLM_OPROJ_ADD=1;' \
       -json "$out/prefill-$round.json" 2>&1 | tee "$out/prefill-$round.txt" || status=1
   done
   ;;

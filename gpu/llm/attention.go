@@ -259,13 +259,11 @@ type wgBuild struct {
 
 // wgBuilds are the builds by Engine.Attention name; auto runs wgmma3: on
 // an H200, 3 stages took 14.3 ms at 4 layers of the SparseLM shape where 2
-// took 14.4 and mma.sync (attn_fa64) 21.3. wgmma4 (one barrier an
-// iteration instead of two), wgmma4p (each block's softmax overlapped with
-// the block before's P V), wgmma3q (wgmma3 with the queries in registers:
-// S = Q K^T reads only K from shared memory) and wgmma4pq (both) are
-// experiments not yet timed.
-var wgBuilds = map[string]wgBuild{"wgmma3": {"attn_wg64<3>", 3}, "wgmma4": {"attn_wg64<4>", 4},
-	"wgmma4p": {"attn_wg64<4, true>", 4}, "wgmma3q": {"attn_wg64<3, false, true>", 3}, "wgmma4pq": {"attn_wg64<4, true, true>", 4}}
+// took 14.4 and mma.sync (attn_fa64) 21.3. Builds with 4 stages, with each
+// block's softmax overlapped with the block before's P V, and with the
+// queries in registers were within the defaults' spread in whole-model
+// prefill (H200, 2026-12-05) and are gone.
+var wgBuilds = map[string]wgBuild{"wgmma3": {"attn_wg64<3>", 3}}
 
 // wgExprs returns the name expressions of every build, sorted.
 func wgExprs() []string {
@@ -279,8 +277,7 @@ func wgExprs() []string {
 
 // wgSmem is the dynamic shared memory of a build of stages stages: the 128
 // query rows and the stages' 64-key K and V blocks, 128 bytes a row, plus
-// 1024 bytes for aligning the base (82 KiB at 4 stages: two CTAs an SM
-// still fit).
+// 1024 bytes for aligning the base.
 func wgSmem(stages int) int { return (attnBQ+stages*2*64)*128 + 1024 }
 
 // wgmma returns the wgmma attention build of Engine.Attention name name

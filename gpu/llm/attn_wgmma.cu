@@ -23,38 +23,17 @@
 
 #define WG_BK 64  // keys per block
 
-// attn_wg64<STAGES, PIPE, QREG>: see the top of the file. Dynamic shared
-// memory: (128 + STAGES * 2 * 64) * 128 bytes, plus 1024 for alignment. The engine
-// instantiates STAGES = 3 (on an H200, 3 stages beat 2 and a build that
-// overlapped each block's P V with the next block's scores) and 4. Blocks
-// are loaded AHEAD = min(STAGES - 1, 2) ahead. With 3 stages a block's
-// stage is loaded again in the next iteration, so every iteration ends at
-// a barrier; with 4 the stage loaded in iteration kb last held block
-// kb - 2, which every thread finished before the barrier of iteration
-// kb - 1, so one barrier an iteration (the one that publishes the block)
-// does, and the two warpgroups need not meet twice per block.
-//
-// PIPE (STAGES 4) overlaps each block's softmax with the block before's
-// P V, as flash-attention 3 does within a warpgroup: an
-// iteration issues S = Q K^T of block kb and then P V of block kb - 1,
-// waits for S only, takes the block's maxima and probabilities while
-// P V runs, then waits for it and rescales the output. Both warpgroups
-// run every block of the CTA (a warpgroup's blocks past its last key are
-// masked whole and add nothing), so that every iteration commits the same
-// groups; the first P V multiplies zero probabilities, and the last runs
-// after the loop. A block's values are read in the iteration after its
-// keys, so its stage is loaded again only after the barrier of the
-// iteration after that: the copies are queued after each iteration's
-// barrier, two blocks ahead, in four stages. The output is rescaled after
-// the block before's P V is added instead of before, so the sums round
-// differently from those without PIPE.
-//
-// QREG: each warp loads its 16 query rows from the tile into registers
-// once, as wgmma A fragments (wg_q_frags), and
-// S = Q K^T reads only K from shared memory: with both operands there, a
-// m64n64k16 reads 4 KB for its 131k products, 128 bytes a clock at the
-// tensor cores' rate, all of the SM's shared memory bandwidth.
-template <int STAGES, bool PIPE = false, bool QREG = false>
+// attn_wg64<STAGES>: see the top of the file. Dynamic shared memory:
+// (128 + STAGES * 2 * 64) * 128 bytes, plus 1024 for alignment. The engine
+// instantiates STAGES = 3: on an H200, 3 stages beat 2 and a build that
+// overlapped each block's P V with the next block's scores. Blocks are
+// loaded AHEAD = min(STAGES - 1, 2) ahead; with 3 stages a block's stage is
+// loaded again in the next iteration, so every iteration ends at a barrier.
+// Measured and dropped (H200, 2026-12-05, whole-model prefill within the
+// defaults' spread): 4 stages with one barrier an iteration, each block's
+// softmax overlapped with the block before's P V (as flash-attention 3
+// does), and the queries held in registers as wgmma A fragments.
+template <int STAGES>
 __global__ void __launch_bounds__(256, 2)
     attn_wg64(const u16* __restrict__ qkv, u16* __restrict__ out, const int* __restrict__ items,
               const int* __restrict__ seq_q0, const int* __restrict__ seq_n, const int* __restrict__ seq_past,
@@ -62,9 +41,8 @@ __global__ void __launch_bounds__(256, 2)
               const float* __restrict__ cosT, const float* __restrict__ sinT) {
   constexpr int HD = 64, BK = WG_BK;
   static_assert(BK == ATT_BK, "the blocks of keys are the ones a page holds whole");
-  static_assert(!PIPE || STAGES >= 4, "P V reads a block's stage an iteration late");
   constexpr int AHEAD = STAGES - 1 < 2 ? STAGES - 1 : 2;  // blocks loaded ahead of the one computed
-  constexpr bool END_SYNC = !PIPE && STAGES < AHEAD + 2;   // whether a stage is reloaded right after its use
+  constexpr bool END_SYNC = STAGES < AHEAD + 2;  // whether a stage is reloaded right after its use
   constexpr u32 QBYTES = ATT_BQ * 128, BLK = BK * 128;  // Q tile; one K or V block
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const u32 sQ = (smem_addr(smem_raw) + 1023u) & ~1023u, sKV = sQ + QBYTES;
@@ -137,17 +115,9 @@ __global__ void __launch_bounds__(256, 2)
   float mrow[2] = {NEG_INF, NEG_INF}, lrow[2] = {0.f, 0.f};
   u32 p[BK / 16][4];  // the block's probabilities, bf16 A fragments
   const u64 dq = sw128_desc(sQ + (u32)wg * 64 * 128);
-  u32 qf[HD / 16][4];  // QREG: the warp's query rows, bf16 A fragments (loaded after the first barrier)
-  // queue_scores queues S = Q K^T for block blk (one commit group).
-  auto queue_scores = [&](float (&sc)[BK / 8][4], int blk) {
-    if (QREG)
-      wg_scores_rq(sc, qf, sw128_desc(stage(blk)));
-    else
-      wg_scores(sc, dq, sw128_desc(stage(blk)));
-  };
-  // scores computes block blk's masked scores, waiting for them.
+  // scores computes block blk's scores S = Q K^T, waiting for them.
   auto scores = [&](float (&sc)[BK / 8][4], int blk) {
-    queue_scores(sc, blk);
+    wg_scores(sc, dq, sw128_desc(stage(blk)));
     wg_wait<0>();
     keep_live(sc);
   };
@@ -155,42 +125,7 @@ __global__ void __launch_bounds__(256, 2)
     if (k0 + BK - 1 > past + trow0) mask_after(sc, k0, past + trow0 + g, tq);
   };
 
-  if (PIPE) {
-    // Copies queued after the barrier: groups 0 .. kb + AHEAD - 1 are
-    // committed at the wait of iteration kb.
-    float corr[2];
-    u64 dv_prev = sw128_desc(stage(0) + BLK);  // the first P V's (its probabilities are zero)
-#pragma unroll
-    for (int kk = 0; kk < BK / 16; ++kk) p[kk][0] = p[kk][1] = p[kk][2] = p[kk][3] = 0u;
-    for (int kb = 0; kb < nblk; ++kb) {
-      cp_async_wait<AHEAD - 1>();
-      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-      __syncthreads();
-      if (QREG && kb == 0) wg_q_frags(qf, sQ + (u32)wg * 64 * 128);
-      load(kb + AHEAD, pg);
-      if (kb + AHEAD + 1 < nblk) pg = block_page(a, kb + AHEAD + 1);
-      const int k0 = kb * BK;
-      float sc[BK / 8][4];
-      queue_scores(sc, kb);                      // commit group: S
-      wg_pv(o, p, dv_prev);                      // commit group: P V of the block before
-      wg_wait<1>();                              // S is in
-      keep_live(sc);
-      mask(sc, k0);
-      softmax_probs(sc, mrow, lrow, corr, scale_log2);
-      wg_wait<0>();  // P V is in: the output may be rescaled, p refilled
-      keep_live(o);
-      keep_live(p);
-      rescale(o, corr);
-#pragma unroll
-      for (int kk = 0; kk < BK / 16; ++kk) p_frag(sc, kk, p[kk]);
-      dv_prev = sw128_desc(stage(kb) + BLK);
-    }
-    wg_pv(o, p, dv_prev);
-    wg_wait<0>();
-    keep_live(o);
-    keep_live(p);
-  }
-  for (int kb = 0; !PIPE && kb < nblk; ++kb) {
+  for (int kb = 0; kb < nblk; ++kb) {
     load(kb + AHEAD, pg);
     if (kb + AHEAD + 1 < nblk) pg = block_page(a, kb + AHEAD + 1);
     // Groups 0 .. kb + AHEAD are committed.
@@ -198,7 +133,6 @@ __global__ void __launch_bounds__(256, 2)
     // cp.async wrote through the generic proxy; wgmma reads through the async one.
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
     __syncthreads();
-    if (QREG && kb == 0) wg_q_frags(qf, sQ + (u32)wg * 64 * 128);
     const int k0 = kb * BK;
     if (k0 <= wklast) {  // uniform over the warpgroup, as wgmma needs
       const u64 dv = sw128_desc(stage(kb) + BLK);
@@ -221,11 +155,10 @@ __global__ void __launch_bounds__(256, 2)
 // only; one CTA of one warpgroup): with q, k, v each 64 x 64 bf16 row-major
 // in global memory, it writes s = q k^T (fp32, 64 x 64, row-major) through
 // the same shared memory layout and descriptors as attn_wg64, then
-// o = bf16(s) v, with P taken from s's accumulators as attn_wg64 takes it,
-// and sq = q k^T again with q in registers (QREG).
+// o = bf16(s) v, with P taken from s's accumulators as attn_wg64 takes it.
 extern "C" __global__ void __launch_bounds__(128)
     attn_wg64_probe(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __restrict__ v,
-                    float* __restrict__ s_out, float* __restrict__ o_out, float* __restrict__ sq_out) {
+                    float* __restrict__ s_out, float* __restrict__ o_out) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const u32 sQ = (smem_addr(smem_raw) + 1023u) & ~1023u, sK = sQ + 8192, sV = sK + 8192;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, tq = lane & 3;
@@ -254,12 +187,6 @@ extern "C" __global__ void __launch_bounds__(128)
   wg_wait<0>();
   keep_live(o);
   keep_live(p);
-  float sq[8][4];
-  u32 qf[4][4];
-  wg_q_frags(qf, sQ);
-  wg_scores_rq(sq, qf, sw128_desc(sK));
-  wg_wait<0>();
-  keep_live(sq);
 #pragma unroll
   for (int j = 0; j < 8; ++j)
 #pragma unroll
@@ -267,6 +194,5 @@ extern "C" __global__ void __launch_bounds__(128)
       int row = warp * 16 + g + (e >> 1) * 8, col = j * 8 + tq * 2 + (e & 1);
       s_out[row * 64 + col] = sc[j][e];
       o_out[row * 64 + col] = o[j][e];
-      sq_out[row * 64 + col] = sq[j][e];
     }
 }

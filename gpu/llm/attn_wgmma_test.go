@@ -15,8 +15,7 @@ import (
 // TestWGMMAProbe runs attn_wg64's two products alone (attn_wg64_probe: one
 // warpgroup, 64 x 64 q, k, v) against float64, so that a failure of the
 // whole kernel can be told apart from a failure of its operand layouts. On
-// a mismatch it also says which layout mistake the output matches. The
-// scores with q in registers (QREG) are checked too.
+// a mismatch it also says which layout mistake the output matches.
 func TestWGMMAProbe(t *testing.T) {
 	dev := cudatest.Device(t)
 	cudatest.Compiler(t)
@@ -63,18 +62,15 @@ func TestWGMMAProbe(t *testing.T) {
 			b.Free()
 		}
 	}()
-	qb, kb, vb, sb, ob, sqb := up(q), up(k), up(v), out(), out(), out()
-	if err := fn.Launch(cuda.Dim3{1, 1, 1}, cuda.Dim3{128, 1, 1}, 3*8192+1024, nil, qb, kb, vb, sb, ob, sqb); err != nil {
+	qb, kb, vb, sb, ob := up(q), up(k), up(v), out(), out()
+	if err := fn.Launch(cuda.Dim3{1, 1, 1}, cuda.Dim3{128, 1, 1}, 3*8192+1024, nil, qb, kb, vb, sb, ob); err != nil {
 		t.Fatal(err)
 	}
 	if err := dev.Synchronize(); err != nil {
 		t.Fatalf("seed %d: %v", seed, err)
 	}
-	s, o, sq := make([]float32, n*n), make([]float32, n*n), make([]float32, n*n)
+	s, o := make([]float32, n*n), make([]float32, n*n)
 	if err := dev.CopyDtoH(cuda.Bytes(s), sb); err != nil {
-		t.Fatal(err)
-	}
-	if err := dev.CopyDtoH(cuda.Bytes(sq), sqb); err != nil {
 		t.Fatal(err)
 	}
 	if err := dev.CopyDtoH(cuda.Bytes(o), ob); err != nil {
@@ -123,16 +119,6 @@ func TestWGMMAProbe(t *testing.T) {
 		}
 		t.Fatalf("seed %d: s = q k^T: rel err %.3g at %s%s", seed, e, at, hint)
 	}
-	if e, at := relErr(sq, product(q, k, true)); e > tol {
-		t.Fatalf("seed %d: s = q k^T with q in registers: rel err %.3g at %s (the A fragments are loaded wrong)", seed, e, at)
-	}
-	same := 0
-	for i := range s {
-		if math.Float32bits(sq[i]) == math.Float32bits(s[i]) {
-			same++
-		}
-	}
-	t.Logf("seed %d: q k^T with q in registers: %d of %d values the bits of q in shared memory", seed, same, n*n)
 	p := make([]float32, n*n)
 	for i, x := range s {
 		p[i] = bf16.Round(x)

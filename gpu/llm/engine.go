@@ -37,11 +37,7 @@ type Engine struct {
 	// 128, and the plain one for other head dims; decode steps, each
 	// sequence with one new token, run the decode kernel for head_dim 64
 	// and 128, which splits the keys of few sequences across CTAs);
-	// "wgmma3", "wgmma4", "wgmma4p", "wgmma3q" or "wgmma4pq" (head_dim 64,
-	// sm_90a; 4 stages and one barrier per key block, that with each
-	// block's softmax overlapped with the block before's P V, wgmma3 with
-	// the queries in registers, and both: experiments), "mma" (head_dim
-	// 64 or 128) or "ref"
+	// "wgmma3" (head_dim 64, sm_90a), "mma" (head_dim 64 or 128) or "ref"
 	// (the plain kernel, any head_dim) for every pass, to compare them.
 	Attention string
 	// Profile makes Forward time each kind of step with CUDA events and

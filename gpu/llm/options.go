@@ -38,9 +38,8 @@ type Options struct {
 }
 
 // EnvAttention names the environment variable that sets a new Engine's
-// Attention field ("auto", "mma", "ref" or a wgmma build of wgBuilds:
-// "wgmma3", "wgmma4", "wgmma4p", "wgmma3q", "wgmma4pq"), to compare
-// the kernels.
+// Attention field ("auto", "mma", "ref" or "wgmma3"), to compare the
+// kernels.
 const EnvAttention = "TWELL_LLM_ATTENTION"
 
 // EnvGraphs names the environment variable that, set to "0", makes a new
