@@ -235,18 +235,13 @@ __device__ __forceinline__ uint4 ldg_cg(const void* p) {
   return r;
 }
 
-// ld_cg_hint and ld_cg_hint_u32 are ldg_cg with an L2 policy, for an early-
-// start kernel reading an earlier kernel's results that it streams once.
+// ld_cg_hint is ldg_cg with an L2 policy, for an early-start kernel reading
+// an earlier kernel's results that it streams once.
 __device__ __forceinline__ uint4 ld_cg_hint(const void* p, u64 pol) {
   uint4 r;
   asm volatile("ld.global.cg.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %5;"
                : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
                : "l"(p), "l"(pol));
-  return r;
-}
-__device__ __forceinline__ u32 ld_cg_hint_u32(const void* p, u64 pol) {
-  u32 r;
-  asm volatile("ld.global.cg.L2::cache_hint.u32 %0, [%1], %2;" : "=r"(r) : "l"(p), "l"(pol));
   return r;
 }
 

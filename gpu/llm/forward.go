@@ -555,7 +555,7 @@ func (e *Engine) normQKV(s *cuda.Stream, li int, norm normArgs, rope ropeArgs, l
 	T, h := rope.T, e.cfg.HiddenSize
 	if e.gemv(T, h) {
 		// Decode step: projection, RoPE and cache write in one kernel.
-		fn := gemvKernel([2]*cuda.Function{e.k.qkvRope1, e.k.qkvRope4}, T)
+		fn := gemvKernel(e.k.qkvRope1, e.k.qkvRope4, T)
 		if err := rope.qkvRope(fn, s, norm.out, l.qkv, h); err != nil {
 			return fmt.Errorf("llm: layer %d qkv + rope: %w", li, err)
 		}

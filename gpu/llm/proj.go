@@ -14,13 +14,13 @@ const gemvMaxRows = 4
 // of width k run the engine's own kernels (gemv_rows, qkv_rope).
 func (e *Engine) gemv(m, k int) bool { return m <= gemvMaxRows && k%8 == 0 && !e.NoGEMV }
 
-// gemvKernel returns the kernel of set (gemv_rows or qkv_rope, by its
-// batch size 1 and 4) for a pass of m tokens that gemv takes.
-func gemvKernel(set [2]*cuda.Function, m int) *cuda.Function {
+// gemvKernel returns, of a gemv_rows or qkv_rope pair, the kernel for a
+// pass of m tokens that gemv takes: one for m = 1, four for 2 to 4.
+func gemvKernel(one, four *cuda.Function, m int) *cuda.Function {
 	if m == 1 {
-		return set[0]
+		return one
 	}
-	return set[1]
+	return four
 }
 
 // project queues y = x w^T for m tokens (x: m x k, w: n x k, y: m x n, bf16):
@@ -29,7 +29,7 @@ func (e *Engine) project(m, n, k int, x, w, y *cuda.Buffer) error {
 	if !e.gemv(m, k) {
 		return e.blas.Matmul(e.stream, cublas.Gemm{M: m, N: n, K: k, TransB: true}, x, w, y)
 	}
-	fn := gemvKernel([2]*cuda.Function{e.k.gemv1, e.k.gemv4}, m)
+	fn := gemvKernel(e.k.gemv1, e.k.gemv4, m)
 	return gemvRows(fn, e.stream, e.early(), x, w, y, m, n, k)
 }
 
