@@ -172,6 +172,12 @@ type FFNResult struct {
 	TwELLMJPerToken float64 `json:"twell_mj_per_token,omitempty"`
 	AutoMJPerToken  float64 `json:"auto_mj_per_token,omitempty"`
 	InputBuffers    int     `json:"input_buffers,omitempty"` // rotated x batches
+	// HotUnits is how many units MLP.Calibrate chose to compute densely (on
+	// a batch of its own, before the timings; the rows whose settings skip
+	// them run every unit sparse), HotCovered the fraction of the
+	// calibration batch's active pairs they held.
+	HotUnits   int     `json:"hot_units,omitempty"`
+	HotCovered float64 `json:"hot_covered,omitempty"`
 	// DenseTrace and TwELLTrace are what kernel traces of FFNOptions.TraceSteps
 	// more calls of each path show, a call a step; Traces holds their
 	// kernels for WriteChromeTrace.

@@ -230,7 +230,7 @@ func FFNCUDA(o FFNOptions, progress func(string)) ([]FFNResult, error) {
 			return nil, err
 		}
 		l.Apply(kernOpts)
-		rows, err := ffnCase(o, density, l, sl, ffnEnv{x0: x0, x: xs[0], y: y, refRows: refRows, base: kernOpts, variants: variants,
+		rows, err := ffnCase(o, density, l, sl, ffnEnv{dev: dev, x0: x0, x: xs[0], y: y, refRows: refRows, base: kernOpts, variants: variants,
 			timeMS: timeMS, energy: energy, check: check, trace: trace, say: say})
 		l.Close()
 		if err != nil {
@@ -255,6 +255,7 @@ type ffnVariant struct {
 
 // ffnEnv is what one benchmark case needs from FFNCUDA.
 type ffnEnv struct {
+	dev      *cuda.Device
 	x0       []float32    // host copy of input batch 0
 	x, y     *cuda.Buffer // input batch 0 and the output every path writes
 	refRows  []int
@@ -281,6 +282,11 @@ func ffnCase(o FFNOptions, density float64, l *gpu.MLP, sl *synth.Layer, e ffnEn
 	res.D2TKernel = kern.String()
 	if kerr != nil {
 		e.say("density %g: D2T kernel %v (%v)", density, kern, kerr)
+	}
+	if c, err := calibrateFFN(o, l, e); err != nil {
+		return nil, err
+	} else if c != nil {
+		res.HotUnits, res.HotCovered = len(c.Hot), c.Covered
 	}
 	want := make([][]float64, len(e.refRows))
 	for i, row := range e.refRows {
@@ -359,6 +365,9 @@ func ffnCase(o FFNOptions, density float64, l *gpu.MLP, sl *synth.Layer, e ffnEn
 		kern, _ := l.D2TKernel()
 		r.D2TKernel = kern.String()
 		r.Tail = l.KernelsFor(o.M) // the kernels this TwELL timing ran
+		if v.opts.SkipHot {
+			r.HotUnits, r.HotCovered = 0, 0
+		}
 		r.TwELLActBytes = l.SparseActBytes(o.M)
 		if r.RelErr, err = checkPath(sparse[i]); err != nil {
 			return nil, err
@@ -390,6 +399,32 @@ func ffnCase(o FFNOptions, density float64, l *gpu.MLP, sl *synth.Layer, e ffnEn
 	}
 	l.Apply(e.base)
 	return rows, nil
+}
+
+// calibrateFFN runs MLP.Calibrate on a batch of its own (same distribution
+// as the timed batches, another random stream; between gpu.CalibrationTokens
+// and gpu.CalibrationMaxTokens) unless every setting the TwELL path is timed with skips the
+// hot units, and records what it chose in the case's rows.
+func calibrateFFN(o FFNOptions, l *gpu.MLP, e ffnEnv) (*gpu.Calibration, error) {
+	skip := e.base.SkipHot
+	for _, v := range e.variants {
+		skip = skip && v.opts.SkipHot
+	}
+	if skip {
+		return nil, nil
+	}
+	m := min(max(o.M, gpu.CalibrationTokens), gpu.CalibrationMaxTokens)
+	x, err := gpu.Upload(e.dev, synth.Tokens(rand.New(rand.NewPCG(o.Seed, 0xca1b)), m, o.D))
+	if err != nil {
+		return nil, err
+	}
+	defer x.Free()
+	c, err := l.Calibrate(nil, x, m)
+	if err != nil {
+		return nil, fmt.Errorf("calibrating the hot units: %w", err)
+	}
+	e.say("hot units: %d of %d (%.1f%% of the calibration batch's active pairs, %d tokens)", len(c.Hot), o.F, 100*c.Covered, c.Tokens)
+	return c, nil
 }
 
 // traceOne records the kernels of o.TraceSteps calls of run (path "dense"

@@ -24,6 +24,7 @@ func TestCompilePTX(t *testing.T) {
 	}{
 		{"gemv.cu", gemvSrc, gemvExprs(), nil, gemvExprs()},
 		{"dense.cu", denseSrc, denseExprs, nil, nil},
+		{"hot.cu", hotSrc, hotExprs, nil, nil},
 		{"t2d.cu", t2dSrc, t2dExprs, []cuda.CompileOption{cuda.WithOptions("-DTW_NCH=8")}, t2dExprs[4:]}, // TailSorted's
 		{"d2t_mma.cu", d2tMMASrc, []string{"d2t_mma<32>", "d2t_mma<64>", "d2t_mma<128>"}, nil, nil},
 		{"d2t_pack.cu", d2tPackSrc, []string{"d2t_pack<32>", "d2t_pack<64>", "d2t_pack<128>"}, nil, nil},

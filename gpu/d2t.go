@@ -108,9 +108,10 @@ func (l *MLP) D2TKernel() (Kernel, error) {
 	return k, err
 }
 
-// runD2T queues the gate GEMM with ReLU + TwELL packing into the sparse
+// runD2T queues the gate GEMM with ReLU + TwELL packing of the first cols
+// units (a multiple of 256: all, or all but the hot ones) into the sparse
 // workspace, after zeroing the flags, the overflow count and the nnz counter.
-func (l *MLP) runD2T(s *cuda.Stream, x *cuda.Buffer, m int) (*sparseWS, error) {
+func (l *MLP) runD2T(s *cuda.Stream, x *cuda.Buffer, m, cols int) (*sparseWS, error) {
 	ws, err := l.sparseWorkspace(m)
 	if err != nil {
 		return nil, err
@@ -137,7 +138,7 @@ func (l *MLP) runD2T(s *cuda.Stream, x *cuda.Buffer, m int) (*sparseWS, error) {
 	}
 	l.counted = m
 	a := d2tArgs{x: x, w: l.sparseIn(), packed: ws.packed, flags: ws.flags, ovf: ws.ovf, nnz: l.nnz,
-		m: m, d: l.D, f: l.F, s: l.Layout.S(), rowWords: l.F / l.Layout.C}
+		m: m, d: l.D, f: cols, s: l.Layout.S(), rowWords: l.F / l.Layout.C}
 	if kind == KernelLt {
 		err = l.d2tLt(s, fn, x, ws, a)
 	} else if kind == KernelWGMMA {
@@ -162,13 +163,15 @@ func (l *MLP) runD2T(s *cuda.Stream, x *cuda.Buffer, m int) (*sparseWS, error) {
 	return ws, nil
 }
 
-// QueueD2T queues the D2T kernel alone on stream s (for timing it); the
-// result stays in the MLP's workspace. D2T downloads it.
+// QueueD2T queues the D2T kernel alone on stream s (for timing it), over
+// the units a sparse call of m tokens packs (all but the hot units it
+// computes densely); the result stays in the MLP's workspace. D2T
+// downloads it.
 func (l *MLP) QueueD2T(s *cuda.Stream, x *cuda.Buffer, m int) error {
 	if err := l.checkIO(nil, x, m); err != nil {
 		return err
 	}
-	_, err := l.runD2T(s, x, m)
+	_, err := l.runD2T(s, x, m, l.sparseCols(m))
 	return err
 }
 
@@ -187,20 +190,17 @@ type Packed struct {
 }
 
 // D2T runs the gate (or, non-gated, up) GEMM with ReLU and TwELL packing
-// on x (m x D bf16) and downloads the result. It synchronises stream s.
+// of every unit, in the MLP's unit order (UnitOrder), on x (m x D bf16) and
+// downloads the result. It synchronises stream s.
 func (l *MLP) D2T(s *cuda.Stream, x *cuda.Buffer, m int) (*Packed, error) {
 	if err := l.checkIO(nil, x, m); err != nil {
 		return nil, err
 	}
-	ws, err := l.runD2T(s, x, m)
+	ws, err := l.runD2T(s, x, m, l.F)
 	if err != nil {
 		return nil, err
 	}
-	if s != nil {
-		if err := s.Synchronize(); err != nil {
-			return nil, err
-		}
-	} else if err := l.dev.Synchronize(); err != nil {
+	if err := syncStream(l.dev, s); err != nil {
 		return nil, err
 	}
 	rw := l.F / l.Layout.C
@@ -246,7 +246,7 @@ func (p *Packed) RowNNZ(r int) int {
 func (l *MLP) d2tLt(s *cuda.Stream, fn *cuda.Function, x *cuda.Buffer, ws *sparseWS, a d2tArgs) error {
 	mp := padRows(a.m)
 	var err error
-	if ws.gate, err = l.realloc(ws.gate, 2*min(mp, ltRows)*l.F); err != nil {
+	if ws.gate, err = l.realloc(ws.gate, 2*min(mp, ltRows)*a.f); err != nil {
 		return err
 	}
 	blocks := uint32(l.residentPackBlocks(fn))
@@ -257,12 +257,12 @@ func (l *MLP) d2tLt(s *cuda.Stream, fn *cuda.Function, x *cuda.Buffer, ws *spars
 			if err != nil {
 				return err
 			}
-			if err := l.blas.Matmul(s, cublas.Gemm{M: valid, N: l.F, K: l.D, TransB: true}, xv, a.w, ws.gate); err != nil {
+			if err := l.blas.Matmul(s, cublas.Gemm{M: valid, N: a.f, K: l.D, TransB: true}, xv, a.w, ws.gate); err != nil {
 				return err
 			}
 		}
-		if err := fn.Launch(cuda.Dim3{min(blocks, uint32((rows*(l.F/256)+7)/8)), 1, 1}, cuda.Dim3{256, 1, 1}, 0, s,
-			ws.gate, a.packed, a.flags, a.ovf, a.nnz, int32(r0), int32(rows), int32(a.m), int32(l.F), int32(a.rowWords)); err != nil {
+		if err := fn.Launch(cuda.Dim3{min(blocks, uint32((rows*(a.f/256)+7)/8)), 1, 1}, cuda.Dim3{256, 1, 1}, 0, s,
+			ws.gate, a.packed, a.flags, a.ovf, a.nnz, int32(r0), int32(rows), int32(a.m), int32(a.f), int32(a.rowWords)); err != nil {
 			return err
 		}
 	}

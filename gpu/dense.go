@@ -50,7 +50,7 @@ func (l *MLP) Dense(s *cuda.Stream, y, x *cuda.Buffer, m int) error {
 	}
 	dn := DenseMLP{D: l.D, F: l.F, Gated: l.Gated, Act: ActReLU, dev: l.dev, k: l.k, blas: l.blas,
 		gate: l.gate, up: l.up, down: l.down, nnz: l.nnz}
-	if err := dn.queue(s, y, x, m, &l.ws.dn, l.realloc); err != nil {
+	if err := dn.queue(s, y, x, m, &l.ws.dn, l.realloc, false); err != nil {
 		return err
 	}
 	l.counted += m // the count accumulates until the next D2T zeroes it
@@ -253,7 +253,7 @@ func (l *DenseMLP) Forward(s *cuda.Stream, y, x *cuda.Buffer, m int) error {
 	case x == nil || x.Len() < 2*m*l.D || y == nil || y.Len() < 2*m*l.D:
 		return fmt.Errorf("gpu: MLP input %v or output %v holds fewer than %d bytes (%d tokens x %d bf16)", x, y, 2*m*l.D, m, l.D)
 	}
-	return l.queue(s, y, x, m, l.ws, l.realloc)
+	return l.queue(s, y, x, m, l.ws, l.realloc, false)
 }
 
 // workspace grows ws to m tokens with realloc.
@@ -279,8 +279,9 @@ func (l *DenseMLP) workspace(m int, ws *denseWS, realloc func(*cuda.Buffer, int)
 // cuBLASLt GEMMs (bf16 in and out, fp32 accumulate) for the gate, up and
 // down projections and one elementwise kernel: for ReLU with F a multiple
 // of 8, relu_mul or relu_inplace (8 values per thread), which also count
-// the active units into l.nnz; else act_mul.
-func (l *DenseMLP) queue(s *cuda.Stream, y, x *cuda.Buffer, m int, ws *denseWS, realloc func(*cuda.Buffer, int) (*cuda.Buffer, error)) error {
+// the active units into l.nnz; else act_mul. With add, the down product is
+// added into y (the hot units of MLP, added to the sparse tail's output).
+func (l *DenseMLP) queue(s *cuda.Stream, y, x *cuda.Buffer, m int, ws *denseWS, realloc func(*cuda.Buffer, int) (*cuda.Buffer, error), add bool) error {
 	ws, err := l.workspace(m, ws, realloc)
 	if err != nil {
 		return err
@@ -319,7 +320,11 @@ func (l *DenseMLP) queue(s *cuda.Stream, y, x *cuda.Buffer, m int, ws *denseWS, 
 	if err != nil {
 		return err
 	}
-	return l.blas.Matmul(s, cublas.Gemm{M: m, N: l.D, K: l.F}, ws.g, l.down, y)
+	down := cublas.Gemm{M: m, N: l.D, K: l.F}
+	if add {
+		down.Alpha, down.Beta = 1, 1
+	}
+	return l.blas.Matmul(s, down, ws.g, l.down, y)
 }
 
 // denseSet are the elementwise kernels of the dense MLP (dense.cu).

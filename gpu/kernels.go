@@ -42,6 +42,7 @@ type kernels struct {
 	wideOnce  sync.Once
 	wide      wideSet
 	wideErr   error
+	hotK      hotSet // hot.cu (hot units)
 
 	t2dMu sync.Mutex
 	t2d   map[int]*t2dSet // by chunks per row, ceil(d/256)

@@ -51,6 +51,9 @@ type MLP struct {
 	// wide small-batch kernels (gemv_wide.cu, sm_90a; an experiment)
 	// instead of D2T and the tail.
 	Wide bool
+	// SkipHot runs every unit through D2T and the sparse tail even after
+	// Calibrate chose hot units (to compare; see hot.go).
+	SkipHot bool
 
 	dev            *cuda.Device
 	k              *kernels
@@ -71,6 +74,14 @@ type MLP struct {
 
 	clusters   int // resident clusters of the wgmma D2T kernel (0: not yet asked)
 	packBlocks int // resident blocks of d2t_pack (KernelLt; 0: not yet asked)
+
+	// hot units (hot.go): the last hotK positions of the unit order, saving
+	// hotGain seconds per token; order maps positions to the units given to
+	// NewMLP (nil: unchanged)
+	hotK       int
+	hotGain    float64
+	order      []int
+	calibrated bool
 
 	// automatic path state
 	next      mlp.Path // the density rule's path (mlp.Sparse or mlp.Dense)
@@ -227,8 +238,9 @@ func (l *MLP) checkIO(y, x *cuda.Buffer, m int) error {
 }
 
 // Sparse queues the TwELL MLP on stream s (nil: the default stream): D2T,
-// then the sparse tail (see Tail), then the dense recomputation of every row
-// that D2T flagged: the first rows of the overflow list through a gathered
+// then the sparse tail (see Tail), then the hot units' dense part when
+// Calibrate chose some (hot.go; D2T and the tail then take the other
+// units), then the dense recomputation of every row that D2T flagged: the first rows of the overflow list through a gathered
 // cuBLASLt pass sized from the flagged rows seen in earlier calls, any
 // others through the exact per-row kernel. x and y hold m x D bf16 values;
 // m may be any positive count (the kernels pad inside). Batches of at most
@@ -267,7 +279,8 @@ func (l *MLP) sparse(s *cuda.Stream, y, x *cuda.Buffer, m int, report bool) erro
 	if l.wideTakes(m) {
 		return l.sparseWide(s, y, x, m)
 	}
-	ws, err := l.runD2T(s, x, m)
+	cols := l.sparseCols(m)
+	ws, err := l.runD2T(s, x, m, cols)
 	if err != nil {
 		return err
 	}
@@ -275,8 +288,13 @@ func (l *MLP) sparse(s *cuda.Stream, y, x *cuda.Buffer, m int, report bool) erro
 	if err != nil {
 		return err
 	}
-	if err := l.tail(s, set, y, x, ws, m); err != nil {
+	if err := l.tail(s, set, y, x, ws, m, cols); err != nil {
 		return err
+	}
+	if cols < l.F {
+		if err := l.hotDense(s, y, x, m, cols); err != nil {
+			return err
+		}
 	}
 	first := l.gatheredRows(m)
 	if first > 0 {

@@ -17,6 +17,9 @@ type Options struct {
 	Tail   Tail   // sparse tail: EnvTail
 	Serial bool   // no early start of the decode-step kernels: EnvEarlyStart = "0"
 	Wide   bool   // the wide small-batch kernels for 9 to 64 tokens: EnvWide = "1"
+	// SkipHot leaves calibrated hot units to the sparse kernels (MLP.SkipHot),
+	// and tells the callers that build MLPs not to calibrate: EnvHotUnits = "0".
+	SkipHot bool
 }
 
 // EnvD2TKernel names the environment variable that, set to "mma", "wgmma"
@@ -37,12 +40,16 @@ const EnvEarlyStart = "TWELL_EARLY_START"
 // Options.Wide (MLP.Wide: an experiment).
 const EnvWide = "TWELL_MLP_WIDE"
 
+// EnvHotUnits names the environment variable that, set to "0", sets
+// Options.SkipHot: no hot units (hot.go).
+const EnvHotUnits = "TWELL_HOT_UNITS"
+
 // Switches are the names of the environment variables that set Options.
-var Switches = []string{EnvD2TKernel, EnvTail, EnvEarlyStart, EnvWide}
+var Switches = []string{EnvD2TKernel, EnvTail, EnvEarlyStart, EnvWide, EnvHotUnits}
 
 // OptionsFromEnv returns the Options that EnvD2TKernel, EnvTail,
-// EnvEarlyStart and EnvWide set, or an error naming a value it does not
-// know.
+// EnvEarlyStart, EnvWide and EnvHotUnits set, or an error naming a value it
+// does not know.
 func OptionsFromEnv() (Options, error) { return OptionsFrom(os.Getenv) }
 
 // OptionsFrom is OptionsFromEnv with the variables' values looked up by
@@ -58,6 +65,11 @@ func OptionsFrom(getenv func(string) string) (Options, error) {
 	if o.Wide, err = envBool(getenv, EnvWide, false); err != nil {
 		return o, err
 	}
+	hot, err := envBool(getenv, EnvHotUnits, true)
+	if err != nil {
+		return o, err
+	}
+	o.SkipHot = !hot
 	o.Kernel, err = envChoice(getenv, EnvD2TKernel, "auto, wgmma, mma or lt", map[string]Kernel{"wgmma": KernelWGMMA, "mma": KernelMMA, "lt": KernelLt})
 	if err != nil {
 		return o, err
@@ -95,7 +107,7 @@ func envChoice[T any](getenv func(string) string, name, want string, choices map
 
 // Apply sets l's kernel choices to o.
 func (l *MLP) Apply(o Options) {
-	l.Kernel, l.Tail, l.Serial, l.Wide = o.Kernel, o.Tail, o.Serial, o.Wide
+	l.Kernel, l.Tail, l.Serial, l.Wide, l.SkipHot = o.Kernel, o.Tail, o.Serial, o.Wide, o.SkipHot
 }
 
 // EarlyStart reports whether kernels that wait with grid_wait (common.cuh)

@@ -24,5 +24,8 @@ func TestOptionsFromEnv(t *testing.T) {
 		{Env: map[string]string{EnvWide: "1"}, Want: Options{Wide: true}},
 		{Env: map[string]string{EnvWide: "0"}, Want: Options{}},
 		{Env: map[string]string{EnvWide: "yes"}, Bad: EnvWide},
+		{Env: map[string]string{EnvHotUnits: "0"}, Want: Options{SkipHot: true}},
+		{Env: map[string]string{EnvHotUnits: "1"}, Want: Options{}},
+		{Env: map[string]string{EnvHotUnits: "off"}, Bad: EnvHotUnits},
 	})
 }

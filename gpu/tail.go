@@ -197,10 +197,11 @@ func (a tailArgs) t2dWS(fn *cuda.Function, s *cuda.Stream, w, sms int) error {
 		a.packed, a.cnt, a.order, a.down, a.y, int32(a.m), int32(a.d), int32(a.f), int32(a.rowWords), int32(per))
 }
 
-// tail queues the sparse kernels after D2T for m tokens (see TailFor).
-func (l *MLP) tail(s *cuda.Stream, set *t2dSet, y, x *cuda.Buffer, ws *sparseWS, m int) error {
+// tail queues the sparse kernels after D2T for m tokens over the first
+// cols units, the ones D2T packed (see TailFor).
+func (l *MLP) tail(s *cuda.Stream, set *t2dSet, y, x *cuda.Buffer, ws *sparseWS, m, cols int) error {
 	a := tailArgs{x: x, y: y, packed: ws.packed, flags: ws.flags, up: l.up, down: l.down,
-		cnt: ws.cnt, order: ws.order, lenBins: ws.lenBins, m: m, d: l.D, f: l.F, s: l.Layout.S(), rowWords: l.F / l.Layout.C,
+		cnt: ws.cnt, order: ws.order, lenBins: ws.lenBins, m: m, d: l.D, f: cols, s: l.Layout.S(), rowWords: l.F / l.Layout.C,
 		early: l.earlyStart()}
 	if l.TailFor(m) != TailSorted {
 		t2d := set.plain

@@ -13,6 +13,7 @@ import (
 type workspace struct {
 	sp    sparseWS
 	dn    denseWS
+	hot   denseWS // the hot units' dense part of sparse calls (hot.go)
 	refs  int    // MLPs using it
 	epoch uint64 // buffer reallocations so far
 }
@@ -52,7 +53,7 @@ func (l *MLP) dropWorkspace() error {
 	for _, b := range []*cuda.Buffer{ws.sp.packed, ws.sp.flags, ws.sp.ovf, ws.sp.hbuf, ws.sp.cnt, ws.sp.order, ws.sp.lenBins,
 		ws.sp.gx, ws.sp.gg, ws.sp.gu, ws.sp.gy, ws.sp.gh, ws.sp.gmask, ws.sp.gcnt, ws.sp.fbMask, ws.sp.gate, ws.dn.g, ws.dn.u,
 		ws.sp.wide.ht, ws.sp.wide.tm, ws.sp.wide.meta, ws.sp.wide.rh, ws.sp.wide.mask, ws.sp.wide.cnt, ws.sp.wide.part,
-		ws.sp.wide.done} {
+		ws.sp.wide.done, ws.hot.g, ws.hot.u} {
 		if b != nil {
 			errs = append(errs, b.Free())
 		}
@@ -92,7 +93,8 @@ func padRows(m int) int { return (m + 255) / 256 * 256 }
 // fallback scratch is fixed, one f-vector per multiprocessor), the split
 // tail's list lengths, and the gathered dense pass at its current size; for
 // m <= gemvMaxRows, the small-batch kernels' h, mask and counts; for the
-// wide kernels' calls (Wide), their buffers.
+// wide kernels' calls (Wide), their buffers; and the hot units' gate and up
+// products (hot.go).
 func (l *MLP) SparseActBytes(m int) int64 {
 	if m <= gemvMaxRows {
 		return int64(4*gemvMaxRows*l.F + 2*4*(l.F/32))
@@ -109,7 +111,7 @@ func (l *MLP) SparseActBytes(m int) int64 {
 		g += 2 * int64(min(mp, ltRows)) * int64(l.F)
 	}
 	return int64(mp)*int64(l.F/l.Layout.C)*4 + 3*int64(mp)*4 + int64(mp+1)*4 + int64(l.dev.Properties().SMs*l.F*4) +
-		lenBins*4 + g
+		lenBins*4 + g + l.hotActBytes(m)
 }
 
 // DenseActBytes returns the activation memory the dense path allocates for m

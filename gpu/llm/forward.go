@@ -599,6 +599,14 @@ func (e *Engine) mlp(l layer, T int, fixed *mlp.Path) (bool, error) {
 	ws, s := &e.ws, e.stream
 	ch := e.chunk()
 	sparse := l.mlp != nil && e.mlpPath != mlp.Dense
+	if sparse && fixed == nil && !l.mlp.SkipHot && !l.mlp.Calibrated() && T >= gpu.CalibrationTokens {
+		// The first pass large enough measures which units fire most (the
+		// layer's input of this pass, at most CalibrationMaxTokens rows).
+		m := min(T, gpu.CalibrationMaxTokens)
+		if _, err := l.mlp.Calibrate(s, view(ws.hn, 0, 2*m*h), m); err != nil {
+			return false, err
+		}
+	}
 	for off := 0; off < T; off += ch {
 		m := min(ch, T-off)
 		x, y := view(ws.hn, 2*off*h, 2*m*h), view(ws.proj, 2*off*h, 2*m*h)
