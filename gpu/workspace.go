@@ -14,8 +14,8 @@ type workspace struct {
 	sp    sparseWS
 	dn    denseWS
 	hot   denseWS // the hot units' dense part of sparse calls (hot.go)
-	refs  int    // MLPs using it
-	epoch uint64 // buffer reallocations so far
+	refs  int     // MLPs using it
+	epoch uint64  // buffer reallocations so far
 }
 
 type sparseWS struct {
