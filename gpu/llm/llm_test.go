@@ -1002,3 +1002,45 @@ func TestWideDecode(t *testing.T) {
 	again, _ := run(true)
 	enginetest.SameBits(t, fmt.Sprintf("seed %d: %d sequences: wide kernels, run 2 vs run 1", seed, S), again, got)
 }
+
+// TestCalibrateAtLongPrefill: the engine's first pass of
+// gpu.CalibrationTokens tokens or more calibrates every layer's MLP (at the
+// SparseLM widths, where the skewed rates make hot units worth it), and
+// that pass's logits and a decode step's after it match the CPU model's.
+func TestCalibrateAtLongPrefill(t *testing.T) {
+	dev := cudatest.Device(t)
+	cudatest.Compiler(t)
+	c := testConfig(64, 32, 4, true)
+	c.HiddenSize, c.IntermediateSize = 2048, 5632
+	r, seed := testutil.Rand(t)
+	m := sparseModel(t, c, r, seed)
+	e := engineOnPath(t, dev, m, seed, "sparse")
+	const seqs, n = 9, 460 // 4140 tokens
+	toks := make([][]int, seqs)
+	step := make([][]int, seqs)
+	for i := range toks {
+		toks[i] = enginetest.Tokens(r, n, c.VocabSize)
+		step[i] = []int{r.IntN(c.VocabSize)}
+	}
+	want := cpuForward(t, m, "sparse", n+1, toks, step)
+	gc := enginetest.Caches(t, e, seqs, n+1)
+	got, _ := enginetest.Forward(t, e, gc, toks, true)
+	if d, err := enginetest.RelDiff(got, want[:seqs*n]); err != nil || d > bf16Tol {
+		t.Fatalf("seed %d: prefill: rel diff %.3g (err %v), want <= %g", seed, d, err, bf16Tol)
+	}
+	hot := 0
+	for i, l := range e.layers {
+		if !l.mlp.Calibrated() {
+			t.Errorf("seed %d: layer %d not calibrated after a pass of %d tokens", seed, i, seqs*n)
+		}
+		hot += l.mlp.HotUnits()
+		t.Logf("seed %d: layer %d: %d hot units", seed, i, l.mlp.HotUnits())
+	}
+	if hot == 0 {
+		t.Errorf("seed %d: no layer chose hot units", seed)
+	}
+	got, _ = enginetest.Forward(t, e, gc, step, true)
+	if d, err := enginetest.RelDiff(got, want[seqs*n:]); err != nil || d > bf16Tol {
+		t.Fatalf("seed %d: decode step: rel diff %.3g (err %v), want <= %g", seed, d, err, bf16Tol)
+	}
+}
