@@ -90,9 +90,8 @@ type DenseMLP struct {
 }
 
 // denseWS is the dense path's activation memory: the gate and up
-// projections of m tokens (h overwrites the gate's).
+// projections (h overwrites the gate's), grown to the largest call.
 type denseWS struct {
-	m     int
 	g, u  *cuda.Buffer
 	refs  int    // DenseMLPs using it (NewDenseMLP's)
 	epoch uint64 // reallocations (NewDenseMLP's)
@@ -256,11 +255,9 @@ func (l *DenseMLP) Forward(s *cuda.Stream, y, x *cuda.Buffer, m int) error {
 	return l.queue(s, y, x, m, l.ws, l.realloc, false)
 }
 
-// workspace grows ws to m tokens with realloc.
+// workspace grows ws to m tokens of l's width with realloc (the hot units'
+// workspace of an MLP serves widths that change as Calibrate chooses).
 func (l *DenseMLP) workspace(m int, ws *denseWS, realloc func(*cuda.Buffer, int) (*cuda.Buffer, error)) (*denseWS, error) {
-	if ws.m >= m {
-		return ws, nil
-	}
 	n := 2 * m * l.F
 	var err error
 	if ws.g, err = realloc(ws.g, n); err != nil {
@@ -271,7 +268,6 @@ func (l *DenseMLP) workspace(m int, ws *denseWS, realloc func(*cuda.Buffer, int)
 			return nil, err
 		}
 	}
-	ws.m = m
 	return ws, nil
 }
 
