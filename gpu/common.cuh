@@ -70,40 +70,11 @@ __device__ __forceinline__ float block_sum(float v) {
 // form with blockDim.x threads.
 __device__ __forceinline__ bool rms_fits(int d) { return d % 4 == 0 && d / 4 <= RMS_MAXV * (int)blockDim.x; }
 
-// Fixed-point sums. Outputs that many CTAs of a decode step add into (the
-// output and down projections fused into the kernels before them) are
-// summed as signed 64-bit integers of 2^-24 (FIX_ONE): integer addition is
-// associative, so atomics give the same bits in whatever order the CTAs
-// run. An accumulator of d values has d + 1 words, zeroed before the
-// kernel that adds into it; the last word counts the addends that are not
-// finite or not below FIX_MAX in magnitude, and its readers (fix_val) then
-// take every value as NaN, as a NaN anywhere in a normed row would leave
-// it.
-#define FIX_ONE 16777216.f   // 2^24: one unit is 2^-24
-#define FIX_MAX 1073741824.f  // 2^30: larger addends count as not finite
-
-// fix_add adds v to value i of the accumulator acc of d values.
-__device__ __forceinline__ void fix_add(long long* acc, int i, int d, float v) {
-  if (fabsf(v) < FIX_MAX) {
-    const long long q = __float2ll_rn(v * FIX_ONE);
-    if (q) atomicAdd((u64*)acc + i, (u64)q);
-  } else {
-    atomicAdd((u64*)acc + d, 1ull);
-  }
-}
-
-// fix_val returns value q of an accumulator whose last word is bad.
-__device__ __forceinline__ float fix_val(long long q, long long bad) {
-  return bad ? __int_as_float(0x7fffffff) : __ll2float_rn(q) * (1.f / FIX_ONE);
-}
-
-// rms_load sets v = x + delta, where delta is the bf16 row delta or the
-// fixed-point accumulator dfix of d values (either or both may be null),
-// all read through the L2 (what the kernels before wrote).
+// rms_load sets v = x + delta, where delta is the bf16 row delta (may be
+// null), both read through the L2 (what the kernels before wrote).
 __device__ __forceinline__ void rms_load(float4 (&v)[RMS_MAXV], const float* __restrict__ x,
-                                         const u16* __restrict__ delta, const long long* __restrict__ dfix, int d) {
+                                         const u16* __restrict__ delta, int d) {
   const int n4 = d / 4;
-  const long long bad = dfix ? __ldcg(dfix + d) : 0;
 #pragma unroll
   for (int k = 0; k < RMS_MAXV; ++k) {
     const int i = threadIdx.x + k * blockDim.x;
@@ -115,13 +86,6 @@ __device__ __forceinline__ void rms_load(float4 (&v)[RMS_MAXV], const float* __r
       v[k].y += bf_hi(dd.x);
       v[k].z += bf_lo(dd.y);
       v[k].w += bf_hi(dd.y);
-    }
-    if (dfix) {
-      const longlong2 a = __ldcg((const longlong2*)dfix + 2 * i), b = __ldcg((const longlong2*)dfix + 2 * i + 1);
-      v[k].x += fix_val(a.x, bad);
-      v[k].y += fix_val(a.y, bad);
-      v[k].z += fix_val(b.x, bad);
-      v[k].w += fix_val(b.y, bad);
     }
   }
 }
@@ -149,16 +113,16 @@ __device__ __forceinline__ uint2 rms_pack(float4 v, float inv, float4 w) {
 }
 
 // stage_norm_x norms one token into shared memory (xs, d bf16): v = resid +
-// delta (the bf16 delta or the fixed-point dfix, or neither: see rms_load),
-// xs = bf16(v / rms(v) w), as add_rmsnorm does; block 0 also writes v to
-// resid_out (the residual add: another buffer than resid, which the other
-// blocks are still reading). wv holds w's float4s, loaded by the caller
-// (weights: before grid_wait). It ends with a barrier.
+// delta (bf16, may be null: see rms_load), xs = bf16(v / rms(v) w), as
+// add_rmsnorm does; block 0 also writes v to resid_out (the residual add:
+// another buffer than resid, which the other blocks are still reading). wv
+// holds w's float4s, loaded by the caller (weights: before grid_wait). It
+// ends with a barrier.
 __device__ __forceinline__ void stage_norm_x(u16* xs, const float* __restrict__ resid, const u16* __restrict__ delta,
-                                             const long long* __restrict__ dfix, float* __restrict__ resid_out,
-                                             const float4 (&wv)[RMS_MAXV], int d, float eps) {
+                                             float* __restrict__ resid_out, const float4 (&wv)[RMS_MAXV], int d,
+                                             float eps) {
   float4 v[RMS_MAXV];
-  rms_load(v, resid, delta, dfix, d);
+  rms_load(v, resid, delta, d);
   const float inv = rms_inv(v, d, eps);
   const int n4 = d / 4;
 #pragma unroll
@@ -169,13 +133,6 @@ __device__ __forceinline__ void stage_norm_x(u16* xs, const float* __restrict__ 
     if (blockIdx.x == 0) ((float4*)resid_out)[i] = v[k];
   }
   __syncthreads();
-}
-
-// fix_zero (all threads of one block) zeroes the fixed-point accumulator
-// acc of d values (d + 1 words), if not null.
-__device__ __forceinline__ void fix_zero(long long* acc, int d) {
-  if (acc)
-    for (int i = threadIdx.x; i <= d; i += blockDim.x) acc[i] = 0;
 }
 
 // rms_weights loads the float4s of norm weights w that stage_norm_x takes.

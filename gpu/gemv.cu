@@ -101,7 +101,7 @@ __device__ __forceinline__ void act_group(const u16* __restrict__ x, const int* 
   grid_wait();
   grid_release();
   if (NORM)
-    stage_norm_x(xs, nin.resid, nin.delta, nullptr, nin.resid_out, nw, d, nin.eps);
+    stage_norm_x(xs, nin.resid, nin.delta, nin.resid_out, nw, d, nin.eps);
   else if (rows_of_x)
     stage_rows(xs, x, rows_of_x, mg, d);
   else
@@ -192,94 +192,6 @@ __global__ void __launch_bounds__(256)
   __shared__ u32 wmask[8], wcnt[8];
   const NormIn nin = {resid, delta, resid_out, normw, eps};
   act_group<1, GATED, true>(nullptr, nullptr, w, up, h, mask, cnt, 1, d, f, xs, wmask, wcnt, nin);
-}
-
-// MLP_DOWN_COLS is the number of columns of a down row that gemv_mlp_norm
-// has in flight at once (8 16-byte loads a lane).
-#define MLP_DOWN_COLS 2048
-
-// down_load issues the loads of columns [c0, c0 + MLP_DOWN_COLS) of the
-// down row drow (d columns): 16 bytes a lane per 256 columns.
-__device__ __forceinline__ void down_load(uint4 (&dv)[MLP_DOWN_COLS / 256], const u16* __restrict__ drow, int c0,
-                                          int d, int lane) {
-#pragma unroll
-  for (int i = 0; i < MLP_DOWN_COLS / 256; ++i) {
-    const int c = c0 + i * 256 + lane * 8;
-    if (c < d) dv[i] = ldg_nc(drow + c);
-  }
-}
-
-// gemv_mlp_norm: the whole sparse MLP of one token in one kernel, with the
-// residual add and RMSNorm before it fused in as gemv_act_norm has them
-// (the delta bf16, or the fixed-point dfix that a fused projection left;
-// common.cuh). Grid f/32 blocks of 256 threads; a warp computes 4 gate
-// units, and for an active one (g > 0 or NaN, g rounded to bf16) reads
-// its up row and its down row (their loads in flight together) and adds
-// h down[j] (h = g (x . up_j), or g) into
-// the fixed-point accumulator yacc of d values, which must be zero when
-// the kernel starts: no h, mask or counts, and no gemv_down after it. The
-// sum over the units is exact, so it repeats bit for bit whatever order
-// the warps run in. d a multiple of 64, at most 4096; dynamic shared
-// memory d * 2 bytes.
-template <bool GATED>
-__global__ void __launch_bounds__(256)
-    gemv_mlp_norm(const float* resid, const u16* delta, const long long* dfix, float* resid_out, const float* normw,
-                  float eps, const u16* __restrict__ w, const u16* __restrict__ up, const u16* __restrict__ down,
-                  long long* __restrict__ yacc, int d, int f) {
-  extern __shared__ __align__(16) u16 xs[];
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int j0 = blockIdx.x * 32 + warp * 4;
-  const u16* rows[4];
-  uint4 wv[4][4];
-  gate_rows_issue(rows, wv, w, j0, d, lane);
-  float4 nw[RMS_MAXV];
-  rms_weights(nw, normw, d);
-  grid_wait();
-  grid_release();
-  stage_norm_x(xs, resid, delta, dfix, resid_out, nw, d, eps);
-  float g[4][1];
-  rows_dot<1, 4>(wv, rows, xs, 1, d, lane, g);
-#pragma unroll 1
-  for (int k = 0; k < 4; ++k) {
-    const float gk = __uint_as_float(f_to_bf(g[k][0]) << 16);
-    if (!(gk > 0.f || gk != gk)) continue;  // the same in every lane (warp_sum)
-    const int j = j0 + k;
-    const u16* drow = down + (size_t)j * d;
-    // The down row's first MLP_DOWN_COLS columns are loaded with the up
-    // row's (one round trip for both), the rest (d > MLP_DOWN_COLS) a chunk
-    // at a time after.
-    uint4 dv[MLP_DOWN_COLS / 256];
-    down_load(dv, drow, 0, d, lane);
-    float h = gk;
-    if (GATED) {
-      const u16* urow[1] = {up + (size_t)j * d};
-      uint4 uv[1][4];
-      float u[1][1];
-      rows_load<1>(uv, urow, 0, d, lane);
-      rows_dot<1, 1>(uv, urow, xs, 1, d, lane, u);
-      h *= u[0][0];
-    }
-    if (!(fabsf(h) < FIX_MAX)) {  // the row is bad whatever the down row holds: counted once, not d times
-      if (lane == 0) atomicAdd((u64*)yacc + d, 1ull);
-      continue;
-    }
-    for (int c0 = 0;;) {
-#pragma unroll
-      for (int i = 0; i < MLP_DOWN_COLS / 256; ++i) {
-        const int c = c0 + i * 256 + lane * 8;
-        if (c >= d) break;
-        const u32 p[4] = {dv[i].x, dv[i].y, dv[i].z, dv[i].w};
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          fix_add(yacc, c + 2 * e, d, h * bf_lo(p[e]));
-          fix_add(yacc, c + 2 * e + 1, d, h * bf_hi(p[e]));
-        }
-      }
-      c0 += MLP_DOWN_COLS;
-      if (c0 >= d) break;
-      down_load(dv, drow, c0, d, lane);
-    }
-  }
 }
 
 // gemv_act_mma: gemv_act (not LIST) for up to 8 tokens on tensor cores.

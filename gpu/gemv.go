@@ -13,44 +13,34 @@ import (
 //go:embed gemv.cu
 var gemvSrc []byte
 
-// NormedInput is the input of QueueNormed and QueueFused: one token's
-// residual stream (Resid, fp32 [D]), the delta added to it (nil: none):
-// bf16 [D] (Delta) or, for QueueFused, a fixed-point accumulator of D
-// values (DeltaFix, FixBytes(D) bytes, what a projection fused into the
-// kernel before left), the buffer that receives their sum (ResidOut, fp32
-// [D], not Resid: the kernel's other blocks still read Resid while one
-// writes it), and the RMSNorm's weights (fp32 [D]) and epsilon.
+// NormedInput is the input of QueueNormed: one token's residual stream
+// (Resid, fp32 [D]), the delta added to it (Delta, bf16 [D]; nil: none),
+// the buffer that receives their sum (ResidOut, fp32 [D], not Resid: the
+// kernel's other blocks still read Resid while one writes it), and the
+// RMSNorm's weights (fp32 [D]) and epsilon.
 type NormedInput struct {
-	Resid, Delta, DeltaFix, ResidOut, Weight *cuda.Buffer
-	Eps                                      float32
+	Resid, Delta, ResidOut, Weight *cuda.Buffer
+	Eps                            float32
 }
-
-// FixBytes is the size of a fixed-point accumulator of d values (common.cuh:
-// d + 1 signed 64-bit words of 2^-24, the last one counting addends that
-// were not finite), which kernels that many CTAs add their outputs into
-// (QueueFused) sum exactly, in any order.
-func FixBytes(d int) int { return 8 * (d + 1) }
 
 // NormFuses reports whether QueueNormed takes an MLP of hidden size d:
 // d a multiple of 4, at most 4096 (16 values a thread of a 256-thread
 // block, the register-resident RMSNorm of common.cuh).
 func NormFuses(d int) bool { return d%4 == 0 && d <= 4096 }
 
-// checkNormed checks the buffers of in for op (QueueNormed, QueueFused):
-// all there, the residual sum not written over its input, at most one
-// delta, and each large enough for one token.
-func (l *MLP) checkNormed(op string, in NormedInput) error {
+// checkNormed checks the buffers of in for QueueNormed: all there, the
+// residual sum not written over its input, and each large enough for one
+// token.
+func (l *MLP) checkNormed(in NormedInput) error {
 	need := 4 * l.D
 	switch {
 	case in.Resid == nil || in.ResidOut == nil || in.Weight == nil:
-		return fmt.Errorf("gpu: %s needs the residual stream, its output buffer and the norm weights", op)
+		return errors.New("gpu: QueueNormed needs the residual stream, its output buffer and the norm weights")
 	case in.Resid == in.ResidOut:
-		return fmt.Errorf("gpu: %s writes the residual sum to the buffer it reads", op)
-	case in.Delta != nil && in.DeltaFix != nil:
-		return fmt.Errorf("gpu: %s takes one delta, bf16 or fixed-point, not both", op)
+		return errors.New("gpu: QueueNormed writes the residual sum to the buffer it reads")
 	case in.Resid.Len() < need || in.ResidOut.Len() < need || in.Weight.Len() < need ||
-		(in.Delta != nil && in.Delta.Len() < 2*l.D) || (in.DeltaFix != nil && in.DeltaFix.Len() < FixBytes(l.D)):
-		return fmt.Errorf("gpu: %s buffers hold fewer than %d values", op, l.D)
+		(in.Delta != nil && in.Delta.Len() < 2*l.D):
+		return fmt.Errorf("gpu: QueueNormed buffers hold fewer than %d values", l.D)
 	}
 	return nil
 }
@@ -63,13 +53,10 @@ func (l *MLP) checkNormed(op string, in NormedInput) error {
 // keeps no bookkeeping (the form to record into a CUDA graph); y may be
 // in.Delta (it is written after every read of it).
 func (l *MLP) QueueNormed(s *cuda.Stream, y *cuda.Buffer, in NormedInput) error {
-	switch {
-	case !NormFuses(l.D):
+	if !NormFuses(l.D) {
 		return fmt.Errorf("gpu: QueueNormed takes hidden sizes that are multiples of 4 up to 4096, not %d", l.D)
-	case in.DeltaFix != nil:
-		return errors.New("gpu: QueueNormed takes a bf16 delta (a fixed-point one goes to QueueFused)")
 	}
-	if err := l.checkNormed("QueueNormed", in); err != nil {
+	if err := l.checkNormed(in); err != nil {
 		return err
 	}
 	if y == nil || y.Len() < 2*l.D {
@@ -97,49 +84,6 @@ func (l *MLP) QueueNormed(s *cuda.Stream, y *cuda.Buffer, in NormedInput) error 
 		return fmt.Errorf("gpu: gemv_down: %w", err)
 	}
 	l.counted = 1
-	return nil
-}
-
-// QueueFused queues the sparse MLP of one token whose input is the RMSNorm
-// of in.Resid + the delta (in.Delta or in.DeltaFix) as one kernel
-// (gemv_mlp_norm): the norm as QueueNormed has it, the gate units, and for
-// each active one its up and down rows, the outputs added into acc, a
-// fixed-point accumulator of D values (FixBytes(D) bytes) that must hold
-// zeros when the kernel starts. The caller reads the MLP's output from acc
-// (and zeroes it for the next use) in a later kernel. It saves a decode
-// step gemv_down's kernel. No bookkeeping: the active units are not
-// counted.
-func (l *MLP) QueueFused(s *cuda.Stream, acc *cuda.Buffer, in NormedInput) error {
-	if !NormFuses(l.D) || l.D%64 != 0 {
-		return fmt.Errorf("gpu: QueueFused takes hidden sizes that are multiples of 64 up to 4096, not %d", l.D)
-	}
-	if err := l.checkNormed("QueueFused", in); err != nil {
-		return err
-	}
-	switch {
-	case acc == nil || acc.Len() < FixBytes(l.D):
-		return fmt.Errorf("gpu: QueueFused accumulator %v holds fewer than %d bytes", acc, FixBytes(l.D))
-	case acc == in.DeltaFix:
-		return errors.New("gpu: QueueFused adds its output into the delta it reads")
-	}
-	if l.up == nil {
-		return errors.New("gpu: MLP was closed")
-	}
-	ks, err := l.k.gemvKernels()
-	if err != nil {
-		return err
-	}
-	l.pollFlagged()
-	fn := ks.mlpNormPlain
-	if l.Gated {
-		fn = ks.mlpNormGated
-	}
-	a := gemvArgs{early: l.earlyStart()}
-	if err := a.launch(fn, cuda.Dim3{uint32(l.F / 32), 1, 1}, cuda.Dim3{256, 1, 1}, 2*l.D, s,
-		in.Resid, optional(in.Delta), optional(in.DeltaFix), in.ResidOut, in.Weight, in.Eps, l.sparseIn(), l.up, l.down,
-		acc, int32(l.D), int32(l.F)); err != nil {
-		return fmt.Errorf("gpu: gemv_mlp_norm: %w", err)
-	}
 	return nil
 }
 
@@ -214,9 +158,6 @@ type gemvSet struct {
 	// gemv_act_norm, gated and not: one token, with the residual add and
 	// RMSNorm before the MLP fused in (QueueNormed).
 	actNormGated, actNormPlain *cuda.Function
-	// gemv_mlp_norm, gated and not: the whole MLP of one token with the
-	// norm before it, into a fixed-point accumulator (QueueFused).
-	mlpNormGated, mlpNormPlain *cuda.Function
 }
 
 // gemvFMARows is the largest batch whose act kernel is gemv_act (FMAs);
@@ -232,7 +173,7 @@ const gemvMaxRows = 8
 
 // gemvExprs lists the kernels of gemv.cu: per batch size of gemvRows the
 // gated and the plain act (up to gemvFMARows) and down, the same three LIST
-// forms, then gated and plain gemv_act_mma.
+// forms, then gated and plain gemv_act_mma and gemv_act_norm.
 func gemvExprs() []string {
 	var exprs []string
 	for _, mb := range gemvRows {
@@ -243,7 +184,7 @@ func gemvExprs() []string {
 	}
 	return append(exprs, fmt.Sprintf("gemv_act<%d,true,true>", fbGroup), fmt.Sprintf("gemv_act<%d,false,true>", fbGroup),
 		fmt.Sprintf("gemv_down<%d,true>", fbGroup), "gemv_act_mma<true>", "gemv_act_mma<false>",
-		"gemv_act_norm<true>", "gemv_act_norm<false>", "gemv_mlp_norm<true>", "gemv_mlp_norm<false>")
+		"gemv_act_norm<true>", "gemv_act_norm<false>")
 }
 
 // gemvKernels compiles gemv.cu once and returns its kernels.
@@ -264,10 +205,9 @@ func (k *kernels) gemvKernels() (*gemvSet, error) {
 			k.gemv.down[mb] = fs[fmt.Sprintf("gemv_down<%d,false>", mb)]
 		}
 		n := len(exprs)
-		k.gemv.fbActGated, k.gemv.fbActPlain, k.gemv.fbDown = fs[exprs[n-9]], fs[exprs[n-8]], fs[exprs[n-7]]
-		k.gemv.actMMAGated, k.gemv.actMMAPlain = fs[exprs[n-6]], fs[exprs[n-5]]
-		k.gemv.actNormGated, k.gemv.actNormPlain = fs[exprs[n-4]], fs[exprs[n-3]]
-		k.gemv.mlpNormGated, k.gemv.mlpNormPlain = fs[exprs[n-2]], fs[exprs[n-1]]
+		k.gemv.fbActGated, k.gemv.fbActPlain, k.gemv.fbDown = fs[exprs[n-7]], fs[exprs[n-6]], fs[exprs[n-5]]
+		k.gemv.actMMAGated, k.gemv.actMMAPlain = fs[exprs[n-4]], fs[exprs[n-3]]
+		k.gemv.actNormGated, k.gemv.actNormPlain = fs[exprs[n-2]], fs[exprs[n-1]]
 	})
 	return &k.gemv, k.gemvErr
 }

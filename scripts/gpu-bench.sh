@@ -29,14 +29,9 @@
 #                                       against D2T and dense; two rounds
 #   scripts/gpu-bench.sh ab-decode OUTDIR  the decode switches, as variants of one run (bench model
 #                                       -variants): steps of 1, 8, 16, 32 and 64 sequences at 512
-#                                       cached tokens with the projections fused
-#                                       (TWELL_LLM_FUSE_PROJ=1), with the grouped decode attention
-#                                       (TWELL_LLM_DEC_GQA=1), with
-#                                       the wide small-batch MLP kernels
-#                                       (TWELL_MLP_WIDE=1), alone and with the grouped attention,
-#                                       and the defaults again, traced (CUPTI);
-#                                       steps of one sequence with the projections fused
-#                                       (TWELL_LLM_FUSE_PROJ=1), the norms not fused
+#                                       cached tokens with the wide small-batch MLP kernels
+#                                       (TWELL_MLP_WIDE=1) and the defaults again, traced (CUPTI);
+#                                       steps of one sequence with the norms not fused
 #                                       (TWELL_LLM_FUSE_NORMS=0) and the defaults again, twice
 #   scripts/gpu-bench.sh ab-prefill OUTDIR  the prefill switches, as variants of one run (bench model
 #                                       -variants), 32 x 2048 tokens, two rounds: cuBLASLt's
@@ -130,14 +125,14 @@ ab-decode)
   ckpt=${TMPDIR:-/tmp}/twell-ab-sparselm
   "$tw" bench model -device cuda -preset sparselm-1.5b -save "$ckpt" -seed 9596107621982983358 -reps 2 -batch 8 \
     -prompt-len 64 -decode-batch 1,8,16,32,64 -decode-context 512 -decode-steps 32 \
-    -variants 'LLM_FUSE_PROJ=1;LLM_DEC_GQA=1;MLP_WIDE=1;MLP_WIDE=1 LLM_DEC_GQA=1;' \
+    -variants 'MLP_WIDE=1;' \
     -trace "$out/decode-batches-trace.json" -trace-plot "$out/decode-batches-trace.png" \
     -json "$out/decode-batches.json" 2>&1 | tee "$out/decode-batches.txt" || status=1
   model=(-preset sparselm-1.5b)
   [ -f "$ckpt/config.json" ] && model=(-model "$ckpt")
   for round in 1 2; do
     "$tw" bench model -device cuda "${model[@]}" -seed 9596107621982983358 -reps 2 -batch 1 -prompt-len 64 \
-      -decode-batch 1 -decode-context 512 -decode-steps 64 -variants 'LLM_FUSE_PROJ=1;LLM_FUSE_NORMS=0;' \
+      -decode-batch 1 -decode-context 512 -decode-steps 64 -variants 'LLM_FUSE_NORMS=0;' \
       -json "$out/decode-b1-fuse-$round.json" 2>&1 | tee "$out/decode-b1-fuse-$round.txt" || status=1
   done
   ;;

@@ -116,8 +116,7 @@ const (
 func decSmem(hd int) int { return decStages * 2 * PageMultiple * hd * 2 }
 
 // decRuns is the number of runs a decode step on kernel k cuts each
-// query's keys into, where the step has pairs (sequence, head) pairs (of
-// sequence and head group for a grouped kernel: the CTAs of one run):
+// query's keys into, where the step has pairs (sequence, head) pairs:
 // decSplits, halved (down to 1) while the CTAs would not all be resident
 // at once (k's slots): a second wave of CTAs costs more than longer runs,
 // and only the first wave's copies overlap the kernel before.
@@ -157,17 +156,6 @@ type decAttention struct {
 	runs              int
 	early             bool // launch with early start
 	cluster           bool // launch the runs of a (work item, head) as a cluster
-	oproj             bool // fn is attn_dec_o: launch with a decProj
-	g                 int  // query heads a CTA (attn_dec<hd>_g<g>; 1: attn_dec<hd>)
-}
-
-// decProj is the output projection that attn_dec_o does: the layer's
-// weights (wo, d x nq hd bf16), the fixed-point accumulator of d values it
-// adds the projection into (acc), and the one it zeroes for the kernel
-// after it (zero).
-type decProj struct {
-	wo, acc, zero *cuda.Buffer
-	d             int
 }
 
 // decodeSplit reports whether decode steps (one new token per sequence)
@@ -183,29 +171,17 @@ func (e *Engine) decodeSplit() bool {
 }
 
 // decodeAttention returns the decode kernel for pass b, and whether b runs
-// it: when b is a decode step and decodeSplit holds. A one-token step
-// under FuseProj, where the device launches the runs as clusters, gets
-// attn_dec_o, which does the output projection too (decAttention.oproj;
-// its CTAs that merge through global memory, under decGlobalMerge, or
-// that run alone, each take a whole head's rows: correct, but slow).
+// it: when b is a decode step and decodeSplit holds.
 func (e *Engine) decodeAttention(b *batch) (decAttention, bool) {
 	c := e.cfg
 	if b.T != b.S || !e.decodeSplit() || e.ws.decSeq < b.S {
 		return decAttention{}, false
 	}
-	k, g := e.k.dec[decKey{c.HeadDim, false, 1}], 1
-	oproj := false
-	if o := e.k.dec[decKey{c.HeadDim, true, 1}]; e.fuseProj(b.T) && o.cluster {
-		k, oproj = o, true
-	} else if gq := c.NumAttentionHeads / c.NumKeyValueHeads; e.DecGQA && gq > 1 {
-		if kg, ok := e.k.dec[decKey{c.HeadDim, false, gq}]; ok {
-			k, g = kg, gq
-		}
-	}
+	k := e.k.dec[c.HeadDim]
 	l := decLayout(c, b.S)
 	v := func(i int) *cuda.Buffer { return view(e.ws.dec, l[i][0], l[i][1]) }
-	return decAttention{fn: k.fn, po: v(0), pm: v(1), pl: v(2), count: v(3), runs: e.decRuns(b.S*c.NumAttentionHeads/g, k),
-		early: e.early(), cluster: k.cluster && !e.decGlobalMerge, oproj: oproj, g: g}, true
+	return decAttention{fn: k.fn, po: v(0), pm: v(1), pl: v(2), count: v(3), runs: e.decRuns(b.S*c.NumAttentionHeads, k),
+		early: e.early(), cluster: k.cluster && !e.decGlobalMerge}, true
 }
 
 // decLayout returns where the decode attention's buffer for S sequences of
@@ -220,20 +196,15 @@ func decLayout(c model.Config, S int) [4][2]int {
 
 // launch queues the decode kernel: a CTA per (work item, head, run); the
 // runs of a (work item, head) form a cluster where the device has them,
-// merging through distributed shared memory. attn_dec_o (d.oproj) takes
-// its projection p instead of a.out.
-func (d decAttention) launch(s *cuda.Stream, a attnArgs, p decProj) error {
-	grid := cuda.Dim3{uint32(a.nItems * a.nq / max(d.g, 1)), uint32(d.runs), 1}
+// merging through distributed shared memory.
+func (d decAttention) launch(s *cuda.Stream, a attnArgs) error {
+	grid := cuda.Dim3{uint32(a.nItems * a.nq), uint32(d.runs), 1}
 	cfg := cuda.LaunchConfig{Grid: grid, Block: cuda.Dim3{decThreads, 1, 1}, SharedBytes: decSmem(a.hd), Stream: s,
 		EarlyStart: d.early}
 	if d.runs > 1 && d.cluster {
 		cfg.Cluster = cuda.Dim3{1, uint32(d.runs), 1}
 	}
 	scaleLog2 := float32(math.Log2E / math.Sqrt(float64(a.hd)))
-	if d.oproj {
-		return d.fn.LaunchEx(cfg, a.qkv, a.items, a.seqQ0, a.seqN, a.seqPast, a.pt, int32(a.page), int32(a.layer),
-			int32(a.nq), int32(a.nkv), int32(a.qkvW), scaleLog2, d.po, d.pm, d.pl, d.count, p.wo, p.acc, p.zero, int32(p.d))
-	}
 	return d.fn.LaunchEx(cfg, a.qkv, a.out, a.items, a.seqQ0, a.seqN, a.seqPast, a.pt,
 		int32(a.page), int32(a.layer), int32(a.nq), int32(a.nkv), int32(a.qkvW), scaleLog2, d.po, d.pm, d.pl, d.count)
 }

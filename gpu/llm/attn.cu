@@ -292,25 +292,12 @@ extern "C" __global__ void __launch_bounds__(256)
 // the output. With several, each run's maximum, sum and unnormalized
 // output are merged in split order: launched as a cluster of the runs
 // (sm_90), through distributed shared memory, where rank 0 reads the other
-// runs' results and writes the output while they wait (grouped kernels:
-// each (head, column) merged by one thread of one rank); otherwise through
+// runs' results and writes the output while they wait; otherwise through
 // global memory (pm, pl, po), by the last CTA of the (sequence, head) to
 // finish (a counter in cnt, reset to 0 by it). Either way the result does
 // not depend on the order the CTAs run in and repeats bit for bit. The split
 // count depends on the batch only, so a CUDA graph of a decode step stays
 // valid as the sequences grow.
-//
-// attn_dec_o64, attn_dec_o128 (one-token passes) also do the output
-// projection: the CTAs that hold a head's merged output (in a cluster,
-// every rank: each merges the runs itself, then takes rows [sp dm / splits,
-// (sp + 1) dm / splits) of wo; else the one CTA that merges, all dm rows)
-// multiply it by the head's columns of wo (dm x nq hd bf16), a row a
-// thread, the first loaded into registers (head_dim 64) or asked of the L2
-// before grid_wait (dec_wo_first), and add the products into the
-// fixed-point accumulator oacc (common.cuh) instead of writing out. The sum
-// over the heads is exact, so the result does not depend on the order the
-// heads finish in. CTA (0, 0) zeroes the accumulator zero (the one the
-// kernel after adds into) once the kernel before is done.
 #define ATT_DEC_THREADS 128
 #define ATT_DEC_STAGES 2  // key blocks (keys and values) of a run in shared memory at once
 
@@ -399,80 +386,24 @@ __device__ __forceinline__ float ld_cluster(u32 a, u32 rank) {
 }
 #endif
 
-// DEC_WO_REGS: whether attn_dec_o<HD> loads its first row of the output
-// projection into registers before grid_wait (HD / 8 16-byte loads a
-// thread: at head_dim 64, 120 registers in all; at 128 the row would take
-// 64 registers, and the kernel asks the L2 for it instead).
-#define DEC_WO_REGS(HD) ((HD) == 64)
-
-// dec_wo_first issues, before grid_wait, the loads of the first row of
-// head head's columns of wo (rows of ldw bf16) that this thread projects,
-// r0 + threadIdx.x if below r1, into wr (DEC_WO_REGS), and asks the L2
-// for the rest of its rows (all of them without DEC_WO_REGS).
 template <int HD>
-__device__ __forceinline__ void dec_wo_first(uint4 (&wr)[HD / 8], const u16* __restrict__ wo, int ldw, int head,
-                                             int r0, int r1) {
-  int r = r0 + threadIdx.x;
-  if (DEC_WO_REGS(HD) && r < r1) {
-#pragma unroll
-    for (int c = 0; c < HD / 8; ++c) wr[c] = ldg_nc(wo + (size_t)r * ldw + head * HD + 8 * c);
-    r += ATT_DEC_THREADS;
-  }
-  for (; r < r1; r += ATT_DEC_THREADS)
-#pragma unroll
-    for (int c = 0; c < HD; c += 64) asm volatile("prefetch.global.L2 [%0];" ::"l"(wo + (size_t)r * ldw + head * HD + c));
-}
-
-// dec_oproj adds rows [r0, r1) of the output projection of head head's
-// output mo (HD floats in shared memory) by wo into the fixed-point
-// accumulator oacc of dm values, a row per thread at a time; row first's
-// weights are in wr already (dec_wo_first; first is -1 when none is).
-template <int HD>
-__device__ __forceinline__ void dec_oproj(const uint4 (&wr)[HD / 8], int first, const u16* __restrict__ wo, int ldw,
-                                          int head, const float* mo, long long* __restrict__ oacc, int dm, int r0,
-                                          int r1) {
-  for (int r = r0 + threadIdx.x; r < r1; r += ATT_DEC_THREADS) {
-    uint4 w[HD / 8];
-#pragma unroll
-    for (int c = 0; c < HD / 8; ++c)
-      w[c] = DEC_WO_REGS(HD) && r == first ? wr[c] : ldg_nc(wo + (size_t)r * ldw + head * HD + 8 * c);
-    float acc = 0.f;
-#pragma unroll
-    for (int c = 0; c < HD / 8; ++c) {
-      const u32 p[4] = {w[c].x, w[c].y, w[c].z, w[c].w};
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        acc = fmaf(bf_lo(p[e]), mo[8 * c + 2 * e], acc);
-        acc = fmaf(bf_hi(p[e]), mo[8 * c + 2 * e + 1], acc);
-      }
-    }
-    fix_add(oacc, r, dm, acc);
-  }
-}
-
-template <int HD, bool OPROJ, int G>
 __device__ __forceinline__ void attn_dec_body(const u16* __restrict__ qkv, u16* __restrict__ out,
                                               const int* __restrict__ items, const int* __restrict__ seq_q0,
                                               const int* __restrict__ seq_n, const int* __restrict__ seq_past,
                                               const u64* __restrict__ seq_pt, int page, int layer, int nq, int nkv,
                                               int qkv_w, float scale_log2, float* __restrict__ po,
-                                              float* __restrict__ pm, float* __restrict__ pl, int* __restrict__ cnt,
-                                              const u16* __restrict__ wo, long long* __restrict__ oacc,
-                                              long long* __restrict__ zero, int dm) {
-  static_assert(G == 1 || !OPROJ, "the fused output projection takes one head a CTA");
+                                              float* __restrict__ pm, float* __restrict__ pl, int* __restrict__ cnt) {
   constexpr int LPK = HD / 8;                // lanes per key
   constexpr int NG = ATT_DEC_THREADS / LPK;  // key groups of the CTA
   constexpr int NP = ATT_BK / NG;            // keys of a block per group
   constexpr int SLOT = 2 * ATT_BK * HD;      // elements of a slot: keys, then values
   extern __shared__ __align__(128) u16 kv[];  // ATT_DEC_STAGES slots
-  __shared__ float sm[G][NG], sl[G][NG];
-  __shared__ float so[G][NG][HD];
-  __shared__ float rm[G], rl[G], ro[G][HD];  // the run's maxima, sums and outputs (read by the other ranks of a cluster)
+  __shared__ float sm[NG], sl[NG];
+  __shared__ float so[NG][HD];
+  __shared__ float rm, rl, ro[HD];  // the run's maximum, sum and output (read by cluster rank 0)
   __shared__ __align__(8) u64 bars[ATT_DEC_STAGES];
   __shared__ int last;
-  __shared__ float mo[OPROJ ? HD : 1];  // OPROJ: the merged output
-  // Heads a.head .. a.head + G - 1 share one KV head (G = nq / nkv, or 1).
-  const AttnItem a = attn_item(items, seq_q0, seq_n, seq_past, seq_pt, page, layer, nq, nkv, HD, G);
+  const AttnItem a = attn_item(items, seq_q0, seq_n, seq_past, seq_pt, page, layer, nq, nkv, HD);
   const int id = blockIdx.x, sp = blockIdx.y;
   const int grp = threadIdx.x / LPK, sub = threadIdx.x % LPK;
   const int keys = a.past + 1;  // positions 0 .. past: the cache, the new token's included
@@ -504,27 +435,12 @@ __device__ __forceinline__ void attn_dec_body(const u16* __restrict__ qkv, u16* 
 #endif
     }
   }
-  // OPROJ: this CTA's rows of the output projection, if it merges (see above).
-  const int ldw = nq * HD, r0 = (int)((long)sp * dm / splits), r1 = (int)((long)(sp + 1) * dm / splits);
-  uint4 wr[HD / 8];
-  if (OPROJ) dec_wo_first<HD>(wr, wo, ldw, a.head, r0, r1);
-  // The row in wr, if dec_wo_first loaded one (-1: none; a merge through
-  // global memory projects rows [0, dm), where the rows past r1 come up
-  // too).
-  const int first = r0 + (int)threadIdx.x < r1 ? r0 + (int)threadIdx.x : -1;
   grid_wait();
   grid_release();
-  if (OPROJ && id == 0 && sp == 0) fix_zero(zero, dm);
-  uint4 q[G];
+  const uint4 q = ldg_cg(qkv + (size_t)a.qs * qkv_w + a.head * HD + sub * 8);
+  float m = NEG_INF, l = 0.f, acc[8];
 #pragma unroll
-  for (int h = 0; h < G; ++h) q[h] = ldg_cg(qkv + (size_t)a.qs * qkv_w + (a.head + h) * HD + sub * 8);
-  float m[G], l[G], acc[G][8];
-#pragma unroll
-  for (int h = 0; h < G; ++h) {
-    m[h] = NEG_INF, l[h] = 0.f;
-#pragma unroll
-    for (int e = 0; e < 8; ++e) acc[h][e] = 0.f;
-  }
+  for (int e = 0; e < 8; ++e) acc[e] = 0.f;
   for (int blk = b0; blk < b1; ++blk) {
     const int i = blk - b0, s = i % ATT_DEC_STAGES;
 #if __CUDA_ARCH__ >= 900
@@ -539,11 +455,9 @@ __device__ __forceinline__ void attn_dec_body(const u16* __restrict__ qkv, u16* 
     // The new token's keys in the cache, for its block only (a page-table
     // read the other blocks skip).
     const u16* Kg = fresh < ATT_BK ? block_keys(a, block_page(a, blk), blk, HD) : nullptr;
-    float d[G][NP];
+    float d[NP];
     uint4 vr[NP];
-    float mb[G];
-#pragma unroll
-    for (int h = 0; h < G; ++h) mb[h] = NEG_INF;
+    float mb = NEG_INF;
 #pragma unroll
     for (int j = 0; j < NP; ++j) {
       const int r = j * NG + grp;
@@ -556,32 +470,26 @@ __device__ __forceinline__ void attn_dec_body(const u16* __restrict__ qkv, u16* 
         kr = *(const uint4*)(Ks + o);
         vr[j] = *(const uint4*)(Vs + o);
       }
+      float x = dot8(q, kr, 0.f);
 #pragma unroll
-      for (int h = 0; h < G; ++h) {
-        float x = dot8(q[h], kr, 0.f);
-#pragma unroll
-        for (int w = LPK / 2; w > 0; w >>= 1) x += __shfl_xor_sync(0xffffffffu, x, w);
-        d[h][j] = r < kn ? x * scale_log2 : NEG_INF;  // rows past the last key hold stale data
-        mb[h] = fmaxf(mb[h], d[h][j]);
-      }
+      for (int w = LPK / 2; w > 0; w >>= 1) x += __shfl_xor_sync(0xffffffffu, x, w);
+      d[j] = r < kn ? x * scale_log2 : NEG_INF;  // rows past the last key hold stale data
+      mb = fmaxf(mb, d[j]);
     }
+    const float mn = fmaxf(m, mb);
+    if (mn != NEG_INF) {
+      const float corr = ex2(m - mn);
+      l *= corr;
 #pragma unroll
-    for (int h = 0; h < G; ++h) {
-      const float mn = fmaxf(m[h], mb[h]);
-      if (mn != NEG_INF) {
-        const float corr = ex2(m[h] - mn);
-        l[h] *= corr;
+      for (int e = 0; e < 8; ++e) acc[e] *= corr;
 #pragma unroll
-        for (int e = 0; e < 8; ++e) acc[h][e] *= corr;
-#pragma unroll
-        for (int j = 0; j < NP; ++j)
-          if (j * NG + grp < kn) {
-            const float p = ex2(d[h][j] - mn);
-            l[h] += p;
-            axpy8(acc[h], p, vr[j]);
-          }
-        m[h] = mn;
-      }
+      for (int j = 0; j < NP; ++j)
+        if (j * NG + grp < kn) {
+          const float p = ex2(d[j] - mn);
+          l += p;
+          axpy8(acc, p, vr[j]);
+        }
+      m = mn;
     }
     if (i + ATT_DEC_STAGES < b1 - b0) {
       __syncthreads();  // every thread is done with slot s
@@ -592,163 +500,80 @@ __device__ __forceinline__ void attn_dec_body(const u16* __restrict__ qkv, u16* 
 #endif
     }
   }
+  if (sub == 0) sm[grp] = m, sl[grp] = l;
 #pragma unroll
-  for (int h = 0; h < G; ++h) {
-    if (sub == 0) sm[h][grp] = m[h], sl[h][grp] = l[h];
-#pragma unroll
-    for (int e = 0; e < 8; ++e) so[h][grp][sub * 8 + e] = acc[h][e];
-  }
+  for (int e = 0; e < 8; ++e) so[grp][sub * 8 + e] = acc[e];
   __syncthreads();
-  // The run's result per head: its groups merged, column d by thread d.
-  auto out_at = [&](int h) { return out + (size_t)a.qs * nq * HD + (a.head + h) * HD; };
+  // The run's result: its groups merged, column d by thread d.
+  auto out_row = [&]() { return out + (size_t)a.qs * nq * HD + a.head * HD; };
   if (threadIdx.x < HD) {
     const int d = threadIdx.x;
-#pragma unroll
-    for (int h = 0; h < G; ++h) {
-      float M = NEG_INF;
-      for (int g = 0; g < NG; ++g) M = fmaxf(M, sm[h][g]);
-      float L = 0.f, O = 0.f;
-      if (M != NEG_INF)
-        for (int g = 0; g < NG; ++g) {
-          const float w = ex2(sm[h][g] - M);  // 0 for a group that saw no key
-          L = fmaf(sl[h][g], w, L);
-          O = fmaf(so[h][g][d], w, O);
-        }
-      if (splits == 1) {  // the only run: the output (key 0 is in it, so L > 0)
-        if (OPROJ)
-          mo[d] = O / L;
-        else
-          out_at(h)[d] = (u16)f_to_bf(O / L);
-      } else {
-        ro[h][d] = O;
-        if (d == 0) rm[h] = M, rl[h] = L;
+    float M = NEG_INF;
+    for (int g = 0; g < NG; ++g) M = fmaxf(M, sm[g]);
+    float L = 0.f, O = 0.f;
+    if (M != NEG_INF)
+      for (int g = 0; g < NG; ++g) {
+        const float w = ex2(sm[g] - M);  // 0 for a group that saw no key
+        L = fmaf(sl[g], w, L);
+        O = fmaf(so[g][d], w, O);
       }
+    if (splits == 1) {  // the only run: the output (key 0 is in it, so L > 0)
+      out_row()[d] = (u16)f_to_bf(O / L);
+    } else {
+      ro[d] = O;
+      if (d == 0) rm = M, rl = L;
     }
   }
-  if (splits == 1) {
-    if (OPROJ) {
-      __syncthreads();
-      dec_oproj<HD>(wr, first, wo, ldw, a.head, mo, oacc, dm, 0, dm);
-    }
-    return;
-  }
+  if (splits == 1) return;
 #if __CUDA_ARCH__ >= 900
   u32 cl;
   asm("mov.u32 %0, %%cluster_nctarank;" : "=r"(cl));
   if (cl == (u32)splits) {  // launched as a cluster of the runs: rank sp is run sp
     cluster_sync();  // every run's result is in its shared memory
-    if (OPROJ) {
-      if (threadIdx.x < HD) {
-        const int d = threadIdx.x;
-        const u32 am = smem_addr(&rm[0]), al = smem_addr(&rl[0]), ao = smem_addr(&ro[0][d]);
-        mo[d] = dec_merge(splits, [&](int s, int k) { return ld_cluster(k == 0 ? am : k == 1 ? al : ao, s); });
-      }
-      // Done reading the other runs' shared memory; they may leave once
-      // every rank is (the wait below).
-      asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
-      __syncthreads();
-      dec_oproj<HD>(wr, first, wo, ldw, a.head, mo, oacc, dm, r0, r1);
-      asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
-      return;
+    if (sp == 0 && threadIdx.x < HD) {
+      const int d = threadIdx.x;
+      const u32 am = smem_addr(&rm), al = smem_addr(&rl), ao = smem_addr(&ro[d]);
+      out_row()[d] = (u16)f_to_bf(
+          dec_merge(splits, [&](int s, int k) { return ld_cluster(k == 0 ? am : k == 1 ? al : ao, s); }));
     }
-    auto merge = [&](int h, int d) {
-      const u32 am = smem_addr(&rm[h]), al = smem_addr(&rl[h]), ao = smem_addr(&ro[h][d]);
-      out_at(h)[d] =
-          (u16)f_to_bf(dec_merge(splits, [&](int s, int k) { return ld_cluster(k == 0 ? am : k == 1 ? al : ao, s); }));
-    };
-    if constexpr (G == 1) {
-      if (sp == 0 && threadIdx.x < HD) merge(0, threadIdx.x);
-    } else {
-      // Column d of head h is merged by one thread of one rank: the G HD
-      // merges spread over the cluster's threads.
-      for (int i = sp * ATT_DEC_THREADS + (int)threadIdx.x; i < G * HD; i += splits * ATT_DEC_THREADS)
-        merge(i / HD, i % HD);
-    }
-    cluster_sync();  // no CTA leaves while another reads its shared memory
+    cluster_sync();  // no CTA leaves while rank 0 reads its shared memory
     return;
   }
 #endif
-  // Through global memory: run sp of (sequence, head) at ((item nq + head)
-  // splits + sp), whatever G, so the buffers are those of one head a CTA.
-  const size_t head0 = G == 1 ? (size_t)id : (size_t)(id / (nq / G)) * nq + a.head;
+  // Through global memory: run sp of (sequence, head) pair id (item nq +
+  // head) at pair splits + sp.
+  const size_t pair = id;
   if (threadIdx.x < HD) {
-#pragma unroll
-    for (int h = 0; h < G; ++h) {
-      const size_t run = (head0 + h) * splits + sp;
-      po[run * HD + threadIdx.x] = ro[h][threadIdx.x];
-      if (threadIdx.x == 0) pm[run] = rm[h], pl[run] = rl[h];
-    }
+    const size_t run = pair * splits + sp;
+    po[run * HD + threadIdx.x] = ro[threadIdx.x];
+    if (threadIdx.x == 0) pm[run] = rm, pl[run] = rl;
   }
-  // The last run of this (sequence, head group) merges them all.
+  // The last run of this (sequence, head) merges them all.
   __threadfence();
   __syncthreads();
   if (threadIdx.x == 0) last = atomicAdd(&cnt[id], 1) == splits - 1;
   __syncthreads();
   if (!last) return;
   __threadfence();
-  auto merge = [&](int h, int d) {
-    const size_t p0 = (head0 + h) * splits;
-    const float v = dec_merge(splits, [&](int s, int k) {
+  if (threadIdx.x < HD) {
+    const int d = threadIdx.x;
+    const size_t p0 = pair * splits;
+    out_row()[d] = (u16)f_to_bf(dec_merge(splits, [&](int s, int k) {
       return __ldcg(k == 0 ? pm + p0 + s : k == 1 ? pl + p0 + s : po + (p0 + s) * HD + d);
-    });
-    if (OPROJ)
-      mo[d] = v;
-    else
-      out_at(h)[d] = (u16)f_to_bf(v);
-  };
-  if constexpr (G == 1) {
-    if (threadIdx.x < HD) merge(0, threadIdx.x);
-  } else {
-    for (int i = threadIdx.x; i < G * HD; i += ATT_DEC_THREADS) merge(i / HD, i % HD);  // column d of head h a thread
+    }));
   }
   if (threadIdx.x == 0) cnt[id] = 0;
-  if (OPROJ) {
-    __syncthreads();
-    dec_oproj<HD>(wr, first, wo, ldw, a.head, mo, oacc, dm, 0, dm);
-  }
 }
-// ATTN_DEC defines attn_dec<HD> and attn_dec_o<HD>, the entry points of
-// attn_dec_body<HD, false, 1> and attn_dec_body<HD, true, 1>.
+
+// ATTN_DEC defines attn_dec<HD>, the entry point of attn_dec_body<HD>.
 #define ATTN_DEC(HD)                                                                                                  \
   extern "C" __global__ void __launch_bounds__(ATT_DEC_THREADS)                                                       \
       attn_dec##HD(const u16* __restrict__ qkv, u16* __restrict__ out, const int* __restrict__ items,                 \
                    const int* __restrict__ seq_q0, const int* __restrict__ seq_n, const int* __restrict__ seq_past,   \
                    const u64* __restrict__ seq_pt, int page, int layer, int nq, int nkv, int qkv_w, float scale_log2, \
                    float* __restrict__ po, float* __restrict__ pm, float* __restrict__ pl, int* __restrict__ cnt) {   \
-    attn_dec_body<HD, false, 1>(qkv, out, items, seq_q0, seq_n, seq_past, seq_pt, page, layer, nq, nkv, qkv_w,          \
-                             scale_log2, po, pm, pl, cnt, nullptr, nullptr, nullptr, 0);                             \
-  }                                                                                                                   \
-  extern "C" __global__ void __launch_bounds__(ATT_DEC_THREADS)                                                       \
-      attn_dec_o##HD(const u16* __restrict__ qkv, const int* __restrict__ items, const int* __restrict__ seq_q0,     \
-                     const int* __restrict__ seq_n, const int* __restrict__ seq_past, const u64* __restrict__ seq_pt, \
-                     int page, int layer, int nq, int nkv, int qkv_w, float scale_log2, float* __restrict__ po,       \
-                     float* __restrict__ pm, float* __restrict__ pl, int* __restrict__ cnt,                           \
-                     const u16* __restrict__ wo, long long* __restrict__ oacc, long long* __restrict__ zero, int dm) { \
-    attn_dec_body<HD, true, 1>(qkv, nullptr, items, seq_q0, seq_n, seq_past, seq_pt, page, layer, nq, nkv, qkv_w,        \
-                            scale_log2, po, pm, pl, cnt, wo, oacc, zero, dm);                                         \
+    attn_dec_body<HD>(qkv, out, items, seq_q0, seq_n, seq_past, seq_pt, page, layer, nq, nkv, qkv_w, scale_log2, po,  \
+                      pm, pl, cnt);                                                                                   \
   }
 ATTN_DEC(64)
 ATTN_DEC(128)
-
-// ATTN_DEC_G defines attn_dec<HD>_g<G>, the entry point of
-// attn_dec_body<HD, false, G>: attn_dec<HD> with the G query heads of one
-// KV head (G = nq / nkv) in one CTA, so that a block of keys and values is
-// read into shared memory once for all of them instead of once per head
-// (Engine.DecGQA, an experiment). blockIdx.x = item * (nq / G) + group. A
-// head's run computes what attn_dec<HD>'s does, in the same order: with
-// the same runs, the same bits.
-#define ATTN_DEC_G(HD, G)                                                                                               \
-  extern "C" __global__ void __launch_bounds__(ATT_DEC_THREADS)                                                       \
-      attn_dec##HD##_g##G(const u16* __restrict__ qkv, u16* __restrict__ out, const int* __restrict__ items,          \
-                          const int* __restrict__ seq_q0, const int* __restrict__ seq_n,                              \
-                          const int* __restrict__ seq_past, const u64* __restrict__ seq_pt, int page, int layer,      \
-                          int nq, int nkv, int qkv_w, float scale_log2, float* __restrict__ po,                       \
-                          float* __restrict__ pm, float* __restrict__ pl, int* __restrict__ cnt) {                    \
-    attn_dec_body<HD, false, G>(qkv, out, items, seq_q0, seq_n, seq_past, seq_pt, page, layer, nq, nkv, qkv_w,       \
-                                scale_log2, po, pm, pl, cnt, nullptr, nullptr, nullptr, 0);                          \
-  }
-ATTN_DEC_G(64, 2)
-ATTN_DEC_G(64, 4)
-ATTN_DEC_G(64, 8)
-ATTN_DEC_G(128, 2)
-ATTN_DEC_G(128, 4)

@@ -14,8 +14,7 @@
 #define ATT_BK 64   // keys per block of the tensor-core kernels; a page holds whole blocks
 
 // AttnItem is what every attention kernel's CTA reads first: its work item
-// (blockIdx.x = item * nq + head; with g heads a CTA, item * (nq / g) +
-// head / g, and head the first of them), the item's sequence, and where the
+// (blockIdx.x = item * nq + head), the item's sequence, and where the
 // sequence's keys and values for the head's kv head (GQA: head / (nq /
 // nkv)) are in its pages.
 struct AttnItem {
@@ -29,10 +28,10 @@ struct AttnItem {
 __device__ __forceinline__ AttnItem attn_item(const int* __restrict__ items, const int* __restrict__ seq_q0,
                                               const int* __restrict__ seq_n, const int* __restrict__ seq_past,
                                               const u64* __restrict__ seq_pt, int page, int layer, int nq,
-                                              int nkv, int hd, int g = 1) {
+                                              int nkv, int hd) {
   AttnItem a;
-  const int item = blockIdx.x / (nq / g);
-  a.head = blockIdx.x % (nq / g) * g;
+  const int item = blockIdx.x / nq;
+  a.head = blockIdx.x % nq;
   const int s = items[2 * item];
   a.q0 = items[2 * item + 1];
   a.n = seq_n[s], a.past = seq_past[s], a.qs = seq_q0[s];

@@ -69,18 +69,6 @@ type Engine struct {
 	// write the residual sum to the other of two residual buffers. NewEngine
 	// sets it unless the environment variable TWELL_LLM_FUSE_NORMS is "0".
 	FuseNorms bool
-	// FuseProj, with FuseNorms, also fuses the two projections of a
-	// one-token pass that write the residual delta into the kernels before
-	// them: the output projection into the decode attention (attn_dec_o,
-	// where its runs merge in a cluster), and, where the MLP norm is fused,
-	// the down projection into the MLP's one kernel (gpu.MLP.QueueFused).
-	// Their outputs are summed by integer atomics in fixed point
-	// (gpu.FixBytes; exact, so the same bits whatever order the CTAs run
-	// in) and the kernel after adds them to the residual unrounded: a step
-	// saves two kernels, and its logits differ from the unfused path's by
-	// the bf16 rounding of those deltas. NewEngine sets it when the
-	// environment variable TWELL_LLM_FUSE_PROJ is "1".
-	FuseProj bool
 	// AttnRope makes prefill passes on the wgmma attention kernel (attn_wg64)
 	// rotate the queries as the attention loads them, so that rope_kv reads
 	// and writes only the keys and values: about two thirds of its traffic
@@ -100,19 +88,6 @@ type Engine struct {
 	// NewEngine sets it when the environment variable TWELL_LLM_OPROJ_ADD is
 	// "1".
 	OProjAdd bool
-	// DecGQA makes decode steps run the grouped decode attention kernel
-	// (attn_dec<hd>_g<g>, g = nq / nkv of 2, 4 or 8; 2 or 4 at head_dim
-	// 128), where one CTA takes every query head of a KV head: a block of
-	// keys and values is copied into shared memory once for the g heads
-	// instead of once per head (at 64 sequences and 512 cached tokens the
-	// one-head kernel moved 7.5 GB a step for 1.9 GB of keys and values at
-	// the SparseLM shape's g = 4), and the step has g times fewer CTAs a
-	// run, so its keys are cut into more runs. A head's runs compute what
-	// the one-head kernel's do, in the same order: with the same runs
-	// (decRunsFixed), the same bits. One-token steps with FuseProj keep
-	// attn_dec_o. NewEngine sets it when the environment variable
-	// TWELL_LLM_DEC_GQA is "1".
-	DecGQA bool
 	// ReuseLogits makes Forward return its logits in host memory that the
 	// engine owns (page-locked, so the copy from the GPU is one fast DMA)
 	// and overwrites at the next Forward call or frees at Close, instead
@@ -178,20 +153,16 @@ type workspace struct {
 	tokens int          // tokens the token-sized buffers hold
 	resid  *cuda.Buffer // fp32 [T][d], the residual stream
 	resid2 *cuda.Buffer // fp32 [d]: the other residual buffer of fused norms (FuseNorms)
-	// fixO and fixD are the fixed-point accumulators (gpu.FixBytes(d)) of
-	// the output and the down projections fused into the kernels before
-	// them (FuseProj).
-	fixO, fixD *cuda.Buffer
-	hn         *cuda.Buffer // bf16 [T][max(d, nq hd)]: normed input, then attention output
-	qkv        *cuda.Buffer // bf16 [T][(nq+2nkv) hd]
-	proj       *cuda.Buffer // bf16 [T][d]: attention projection, then MLP output
-	mlpTok     int          // tokens the dense MLP layers' workspace holds
-	meta       *cuda.Buffer // per-forward metadata (see rope.cu)
-	rows       int          // rows the head buffers hold
-	decSeq     int          // sequences the decode attention's buffer holds
-	dec        *cuda.Buffer // the decode attention's runs and counters (decBytes)
-	sel        *cuda.Buffer // bf16 [rows][d]: final-normed rows whose logits are wanted
-	logits     *cuda.Buffer // fp32 [rows][vocab]
+	hn     *cuda.Buffer // bf16 [T][max(d, nq hd)]: normed input, then attention output
+	qkv    *cuda.Buffer // bf16 [T][(nq+2nkv) hd]
+	proj   *cuda.Buffer // bf16 [T][d]: attention projection, then MLP output
+	mlpTok int          // tokens the dense MLP layers' workspace holds
+	meta   *cuda.Buffer // per-forward metadata (see rope.cu)
+	rows   int          // rows the head buffers hold
+	decSeq int          // sequences the decode attention's buffer holds
+	dec    *cuda.Buffer // the decode attention's runs and counters (decBytes)
+	sel    *cuda.Buffer // bf16 [rows][d]: final-normed rows whose logits are wanted
+	logits *cuda.Buffer // fp32 [rows][vocab]
 }
 
 // headChunk is the most rows one LM-head GEMM takes (bounds the fp32 logits
@@ -262,7 +233,7 @@ func NewEngineWith(dev *cuda.Device, m *model.Model, opts Options) (*Engine, err
 		return nil, err
 	}
 	e := &Engine{cfg: c, dev: dev, k: k, mlpPath: mlp.Auto, rope: model.NewRoPETables(c), Attention: opts.Attention,
-		NoGraphs: opts.NoGraphs, NoGEMV: opts.NoGEMV, Serial: opts.MLP.Serial, FuseNorms: opts.FuseNorms, FuseProj: opts.FuseProj, AttnRope: opts.AttnRope, OProjAdd: opts.OProjAdd, DecGQA: opts.DecGQA, pool: &kvPool{dev: dev, cfg: c}}
+		NoGraphs: opts.NoGraphs, NoGEMV: opts.NoGEMV, Serial: opts.MLP.Serial, FuseNorms: opts.FuseNorms, AttnRope: opts.AttnRope, OProjAdd: opts.OProjAdd, pool: &kvPool{dev: dev, cfg: c}}
 	if act, _ := c.GateActivation(); act == model.ActSiLU {
 		e.act = gpu.ActSiLU
 	}
@@ -468,7 +439,7 @@ func (e *Engine) Close() error {
 		}
 	}
 	ws := &e.ws
-	free(ws.resid, ws.resid2, ws.fixO, ws.fixD, ws.hn, ws.qkv, ws.proj, ws.meta, ws.dec, ws.sel, ws.logits)
+	free(ws.resid, ws.resid2, ws.hn, ws.qkv, ws.proj, ws.meta, ws.dec, ws.sel, ws.logits)
 	if e.hostLogits != nil {
 		errs = append(errs, e.hostLogits.Free())
 		e.hostLogits = nil

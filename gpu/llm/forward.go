@@ -32,7 +32,7 @@ type batch struct {
 	// in (ws.resid, or ws.resid2 after an odd number of fused norms), and
 	// delta the last layer's output still to be added to it.
 	resid *cuda.Buffer
-	delta residDelta
+	delta *cuda.Buffer
 }
 
 // plan validates a forward pass like model.Model.Forward does and lays out
@@ -210,14 +210,6 @@ func (e *Engine) workspaceFor(T, rows, metaBytes int, decode bool) error {
 	if e.fuseNorms(T) && ws.resid2 == nil {
 		if ws.resid2, err = e.realloc(nil, 4*h); err != nil {
 			return err
-		}
-	}
-	if e.fuseProj(T) && ws.fixO == nil {
-		// Each pass zeroes them before it adds into them (see layersQueue).
-		for _, b := range []**cuda.Buffer{&ws.fixO, &ws.fixD} {
-			if *b, err = e.realloc(nil, gpu.FixBytes(h)); err != nil {
-				return err
-			}
 		}
 	}
 	if decode && e.decodeSplit() && ws.decSeq < T {
@@ -428,12 +420,6 @@ func (e *Engine) layersQueue(b *batch, st *engine.Stats, paths []mlp.Path) error
 	// fused kernel reads cur and writes the sum to other.
 	fuse := e.fuseNorms(T)
 	cur, other := ws.resid, ws.resid2
-	// With the output projection fused into the attention (dec.oproj) the
-	// deltas are fixed-point sums: the attention adds into ws.fixO, which
-	// the q/k/v kernel before it zeroes, and a fused MLP into ws.fixD,
-	// which the attention zeroes; each is read by the kernel after its
-	// writer's, and zeroed again only once that reader is done.
-	fproj := dec.oproj
 	// With AttnRope a prefill pass on attn_wg64 rotates its queries in the
 	// attention: rope_kv (which the pass runs: no decode-sized projections)
 	// then leaves them as the q/k/v GEMM wrote them.
@@ -442,21 +428,13 @@ func (e *Engine) layersQueue(b *batch, st *engine.Stats, paths []mlp.Path) error
 	if keepQ {
 		qcos, qsin = e.cosB, e.sinB
 	}
-	var delta residDelta // what the next norm adds to cur
+	var delta *cuda.Buffer // what the next norm adds to cur (bf16 rows; nil: nothing)
 	for li, l := range e.layers {
 		rope := ropeArgs{qkv: ws.qkv, cos: e.cosB, sin: e.sinB, tokSeq: tokSeq, tokPos: tokPos, pt: pt, page: page,
 			T: T, layer: li, nq: nq, nkv: nkv, hd: hd, qkvW: qkvW, early: early, keepQ: keepQ}
 		norm := normArgs{resid: cur, delta: delta, w: l.attnNorm, out: ws.hn, n: T, d: h, eps: eps, early: early}
 		if fuse && e.gemv(T, h) {
-			var zero *cuda.Buffer
-			if fproj {
-				zero = ws.fixO
-			}
-			fn := e.k.qkvRope1N
-			if delta.fix != nil {
-				fn = e.k.qkvRope1F
-			}
-			if err := rope.qkvRopeNormed(fn, s, norm, other, zero, l.qkv, h); err != nil {
+			if err := rope.qkvRopeNormed(e.k.qkvRope1N, s, norm, other, l.qkv, h); err != nil {
 				return fmt.Errorf("llm: layer %d norm + qkv + rope: %w", li, err)
 			}
 			cur, other = other, cur
@@ -466,35 +444,28 @@ func (e *Engine) layersQueue(b *batch, st *engine.Stats, paths []mlp.Path) error
 		}
 		aa := attnArgs{qkv: ws.qkv, out: ws.hn, items: items, seqQ0: seqQ0, seqN: seqN, seqPast: seqPast,
 			pt: pt, cos: qcos, sin: qsin, page: page, nItems: b.items, layer: li, nq: nq, nkv: nkv, hd: hd, qkvW: qkvW}
-		var err error
-		switch {
-		case fproj:
-			err = dec.launch(s, aa, decProj{wo: l.o, acc: ws.fixO, zero: ws.fixD, d: h})
-			delta = residDelta{fix: ws.fixO}
-		case decode:
-			err = dec.launch(s, aa, decProj{})
-		default:
-			err = attn.launch(s, aa)
+		launch := attn.launch
+		if decode {
+			launch = dec.launch
 		}
-		if err != nil {
+		if err := launch(s, aa); err != nil {
 			return fmt.Errorf("llm: layer %d attention: %w", li, err)
 		}
 		prof("attention")
 		switch {
-		case fproj:
 		case e.OProjAdd && !e.gemv(T, nq*hd):
 			// cur += hn o_projᵀ in the GEMM: the MLP norm adds no delta.
 			g := cublas.Gemm{M: T, N: h, K: nq * hd, TransB: true, Alpha: 1, Beta: 1, CType: cublas.F32}
 			if err := e.blas.MatmulAdd(s, g, ws.hn, l.o, cur, cur); err != nil {
 				return fmt.Errorf("llm: layer %d o_proj: %w", li, err)
 			}
-			delta = residDelta{}
+			delta = nil
 			prof("o_proj")
 		default:
 			if err := e.project(T, h, nq*hd, ws.hn, l.o, ws.proj); err != nil {
 				return fmt.Errorf("llm: layer %d o_proj: %w", li, err)
 			}
-			delta = residDelta{bf: ws.proj}
+			delta = ws.proj
 			prof("o_proj")
 		}
 		var fixed *mlp.Path
@@ -503,18 +474,11 @@ func (e *Engine) layersQueue(b *batch, st *engine.Stats, paths []mlp.Path) error
 		}
 		if fuse && l.mlp != nil && e.mlpPath != mlp.Dense && fixed != nil && *fixed == mlp.Sparse {
 			l.mlp.Serial = e.Serial
-			in := gpu.NormedInput{Resid: cur, Delta: delta.bf, DeltaFix: delta.fix, ResidOut: other, Weight: l.mlpNorm, Eps: eps}
-			var err error
-			if fproj {
-				err = l.mlp.QueueFused(s, ws.fixD, in)
-				delta = residDelta{fix: ws.fixD}
-			} else {
-				err = l.mlp.QueueNormed(s, ws.proj, in)
-				delta = residDelta{bf: ws.proj}
-			}
-			if err != nil {
+			in := gpu.NormedInput{Resid: cur, Delta: delta, ResidOut: other, Weight: l.mlpNorm, Eps: eps}
+			if err := l.mlp.QueueNormed(s, ws.proj, in); err != nil {
 				return fmt.Errorf("llm: layer %d norm + MLP: %w", li, err)
 			}
+			delta = ws.proj
 			cur, other = other, cur
 			st.Paths[li] = mlp.Sparse
 			prof("mlp")
@@ -528,7 +492,7 @@ func (e *Engine) layersQueue(b *batch, st *engine.Stats, paths []mlp.Path) error
 		if err != nil {
 			return fmt.Errorf("llm: layer %d MLP: %w", li, err)
 		}
-		delta = residDelta{bf: ws.proj}
+		delta = ws.proj
 		if sparse {
 			st.Paths[li] = mlp.Sparse
 		}
@@ -537,12 +501,6 @@ func (e *Engine) layersQueue(b *batch, st *engine.Stats, paths []mlp.Path) error
 	b.resid, b.delta = cur, delta
 	return nil
 }
-
-// residDelta is a layer output still to be added to the residual stream:
-// bf16 rows (bf), or a fixed-point accumulator of one token (fix,
-// gpu.FixBytes) that a fused projection left; neither before the first
-// layer.
-type residDelta struct{ bf, fix *cuda.Buffer }
 
 // normQKV queues layer li's attention norm (norm) and its q/k/v
 // projection with RoPE and the cache write (rope): for decode-sized passes
@@ -571,15 +529,6 @@ func (e *Engine) normQKV(s *cuda.Stream, li int, norm normArgs, rope ropeArgs, l
 	}
 	prof("rope")
 	return nil
-}
-
-// fuseProj reports whether a pass of T tokens may fuse its output and
-// down projections into the kernels before them (Engine.FuseProj): fused
-// norms on the q/k/v kernel, and a hidden size the fused MLP kernel takes.
-// The attention decides (decodeAttention).
-func (e *Engine) fuseProj(T int) bool {
-	h := e.cfg.HiddenSize
-	return e.FuseProj && e.fuseNorms(T) && e.gemv(T, h) && h%64 == 0
 }
 
 // fuseNorms reports whether a pass of T tokens fuses its norms into the

@@ -31,7 +31,7 @@ type stepGraph struct {
 	epoch uint64       // the TwELL MLPs' workspace epoch when recorded
 	paths []mlp.Path   // each layer's MLP path
 	resid *cuda.Buffer // where its layers leave the residual stream (batch.resid)
-	delta residDelta   // and the last layer's output (batch.delta)
+	delta *cuda.Buffer // and the last layer's output (batch.delta)
 }
 
 // replay runs the decoder layers of b from a graph if b is a decode step

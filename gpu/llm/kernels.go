@@ -34,14 +34,12 @@ type kernels struct {
 	embed, addNorm, ropeKV *cuda.Function
 	attnRef                *cuda.Function
 	attnFA64, attnFA128    *cuda.Function
-	// dec are the decode attention kernels (attn_dec64, attn_dec128, and
-	// attn_dec_o64, attn_dec_o128 with the output projection fused in).
-	dec                map[decKey]decKernel
+	// dec are the decode attention kernels by head_dim (attn_dec64,
+	// attn_dec128).
+	dec                map[int]decKernel
 	gemv1, gemv4       *cuda.Function
 	qkvRope1, qkvRope4 *cuda.Function
-	// qkv_rope1n, qkv_rope1f: qkv_rope1 with the norm before it fused in,
-	// adding a bf16 delta and a fixed-point one
-	qkvRope1N, qkvRope1F *cuda.Function
+	qkvRope1N          *cuda.Function // qkv_rope1 with the norm before it fused in
 
 	dev *cuda.Device
 	// attnWG are the builds of the wgmma attention kernel by name
@@ -56,21 +54,6 @@ var (
 	kernMu  sync.Mutex
 	kernTab = map[*cuda.Device]*kernels{}
 )
-
-// decKey names a decode attention kernel: its head_dim (64 or 128),
-// whether it does the output projection too (oproj: attn_dec_o), and the
-// query heads of one KV head it takes a CTA (g: 1, one head,
-// attn_dec<hd>; 2, 4 or 8, attn_dec<hd>_g<g>).
-type decKey struct {
-	hd    int
-	oproj bool
-	g     int
-}
-
-// decGroups are the head groups of the grouped decode kernels
-// (attn_dec<hd>_g<g>) by head_dim: at head_dim 128 a group of 8 would hold
-// too many registers.
-var decGroups = map[int][]int{64: {2, 4, 8}, 128: {2, 4}}
 
 // decKernel is a decode attention kernel, its CTAs resident at once on the
 // device (slots; see decRuns), and whether its runs are launched as
@@ -89,10 +72,9 @@ var kernelFiles = []struct {
 	kernels []string
 }{
 	{"norm.cu", &normSrc, []string{"embed", "add_rmsnorm"}},
-	{"proj.cu", &projSrc, []string{"gemv_rows1", "gemv_rows4", "qkv_rope1", "qkv_rope4", "qkv_rope1n", "qkv_rope1f"}},
+	{"proj.cu", &projSrc, []string{"gemv_rows1", "gemv_rows4", "qkv_rope1", "qkv_rope4", "qkv_rope1n"}},
 	{"rope.cu", &ropeSrc, []string{"rope_kv"}},
-	{"attn.cu", &attnSrc, []string{"attn_ref", "attn_fa64", "attn_fa128", "attn_dec64", "attn_dec128", "attn_dec_o64", "attn_dec_o128",
-		"attn_dec64_g2", "attn_dec64_g4", "attn_dec64_g8", "attn_dec128_g2", "attn_dec128_g4"}},
+	{"attn.cu", &attnSrc, []string{"attn_ref", "attn_fa64", "attn_fa128", "attn_dec64", "attn_dec128"}},
 }
 
 // kernelsFor compiles the .cu files of kernelFiles for dev, with package
@@ -120,16 +102,10 @@ func kernelsFor(dev *cuda.Device) (*kernels, error) {
 		attnRef: fs["attn_ref"], attnFA64: fs["attn_fa64"], attnFA128: fs["attn_fa128"],
 		gemv1: fs["gemv_rows1"], gemv4: fs["gemv_rows4"],
 		qkvRope1: fs["qkv_rope1"], qkvRope4: fs["qkv_rope4"],
-		qkvRope1N: fs["qkv_rope1n"], qkvRope1F: fs["qkv_rope1f"], dec: map[decKey]decKernel{}}
-	decNames := map[decKey]string{{64, false, 1}: "attn_dec64", {128, false, 1}: "attn_dec128",
-		{64, true, 1}: "attn_dec_o64", {128, true, 1}: "attn_dec_o128"}
-	for hd, gs := range decGroups {
-		for _, g := range gs {
-			decNames[decKey{hd, false, g}] = fmt.Sprintf("attn_dec%d_g%d", hd, g)
-		}
-	}
-	for key, name := range decNames {
-		fn, hd := fs[name], key.hd
+		qkvRope1N: fs["qkv_rope1n"], dec: map[int]decKernel{}}
+	for _, hd := range []int{64, 128} {
+		name := fmt.Sprintf("attn_dec%d", hd)
+		fn := fs[name]
 		if err := fn.SetMaxDynamicShared(decSmem(hd)); err != nil {
 			return nil, fmt.Errorf("llm: %s: %w", name, err)
 		}
@@ -146,7 +122,7 @@ func kernelsFor(dev *cuda.Device) (*kernels, error) {
 				Block: cuda.Dim3{decThreads, 1, 1}, SharedBytes: decSmem(hd), Cluster: cuda.Dim3{1, decSplits, 1}})
 			dk.cluster = err == nil && c > 0
 		}
-		k.dec[key] = dk
+		k.dec[hd] = dk
 	}
 	kernTab[dev] = k
 	return k, nil

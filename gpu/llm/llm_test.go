@@ -27,9 +27,7 @@ func TestMain(m *testing.M) { cudatest.Main(m) }
 // (normArgs, gemvRows, ropeArgs.qkvRope, decAttention): each must wait with
 // griddepcontrol.wait before it touches earlier kernels' results.
 var earlyStartKernels = map[string]bool{"add_rmsnorm": true, "gemv_rows1": true, "gemv_rows4": true,
-	"qkv_rope1": true, "qkv_rope4": true, "qkv_rope1n": true, "qkv_rope1f": true,
-	"attn_dec64": true, "attn_dec128": true, "attn_dec_o64": true, "attn_dec_o128": true,
-	"attn_dec64_g2": true, "attn_dec64_g4": true, "attn_dec64_g8": true, "attn_dec128_g2": true, "attn_dec128_g4": true}
+	"qkv_rope1": true, "qkv_rope4": true, "qkv_rope1n": true, "attn_dec64": true, "attn_dec128": true}
 
 // TestCompile compiles every .cu file of kernelFiles to PTX: it needs NVRTC
 // but no GPU. The kernels launched with early start must wait first. The
@@ -723,8 +721,7 @@ func checkDecodeKernel(t *testing.T, seed uint64, got, ref, want, again [][]floa
 // sequences start with one token each (nothing cached: the only key is the
 // new token's, read after grid_wait, and every other run is empty), then
 // on two decode steps: the logits must agree with the plain kernel's and
-// the CPU model's, and repeat bit for bit; the grouped kernel (DecGQA) must
-// give the one-head kernel's bits.
+// the CPU model's, and repeat bit for bit.
 func TestDecodeAttentionFirstToken(t *testing.T) {
 	dev := cudatest.Device(t)
 	cudatest.Compiler(t)
@@ -732,14 +729,12 @@ func TestDecodeAttentionFirstToken(t *testing.T) {
 	r, seed := testutil.Rand(t)
 	m := sparseModel(t, c, r, seed)
 	passes := decodeSteps(r, 3, 3, c.VocabSize)
-	run := func(attn string, gqa bool) [][]float32 {
+	run := func(attn string) [][]float32 {
 		e := engineOnPath(t, dev, m, seed, "dense")
-		e.Attention, e.DecGQA = attn, gqa
+		e.Attention = attn
 		return enginetest.Passes(t, e, 64, passes...)
 	}
-	got := run("auto", false)
-	checkDecodeKernel(t, seed, got, run("ref", false), cpuForward(t, m, "dense", 64, passes...), run("auto", false))
-	enginetest.SameBits(t, fmt.Sprintf("seed %d: grouped vs one head a CTA", seed), run("auto", true), got)
+	checkDecodeKernel(t, seed, run("auto"), run("ref"), cpuForward(t, m, "dense", 64, passes...), run("auto"))
 }
 
 // TestDecodeAttentionManySequences runs the decode kernel on decode steps
@@ -760,12 +755,10 @@ func TestDecodeAttentionManySequences(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			for _, oproj := range []bool{false, true} {
-				if dev.Properties().Major == 9 && !k.dec[decKey{c.HeadDim, oproj, 1}].cluster {
-					t.Errorf("head_dim %d (output projection %v): no clusters of %d runs on %v (Hopper holds them)", c.HeadDim, oproj, decSplits, dev)
-				}
+			if dev.Properties().Major == 9 && !k.dec[c.HeadDim].cluster {
+				t.Errorf("head_dim %d: no clusters of %d runs on %v (Hopper holds them)", c.HeadDim, decSplits, dev)
 			}
-			for decRunsFor(S*c.NumAttentionHeads, k.dec[decKey{c.HeadDim, false, 1}].slots) > runs {
+			for decRunsFor(S*c.NumAttentionHeads, k.dec[c.HeadDim].slots) > runs {
 				S++
 			}
 			t.Run(fmt.Sprintf("hd%d_heads%d_seqs%d_runs%d", c.HeadDim, c.NumAttentionHeads, S, runs), func(t *testing.T) {
@@ -783,9 +776,8 @@ func TestDecodeAttentionManySequences(t *testing.T) {
 				}
 				run := func(attn string, global bool, forced int) [][]float32 {
 					e := engineOnPath(t, dev, m, seed, "dense")
-					// The attention kernel alone (FuseProj's is TestFusedProjections').
-					e.Attention, e.decGlobalMerge, e.decRunsFixed, e.FuseProj = attn, global, forced, false
-					if got, want := e.decRuns(S*c.NumAttentionHeads, k.dec[decKey{c.HeadDim, false, 1}]), cmp.Or(forced, runs); attn == "auto" && got != want {
+					e.Attention, e.decGlobalMerge, e.decRunsFixed = attn, global, forced
+					if got, want := e.decRuns(S*c.NumAttentionHeads, k.dec[c.HeadDim]), cmp.Or(forced, runs); attn == "auto" && got != want {
 						t.Fatalf("%d sequences: %d runs, want %d", S, got, want)
 					}
 					return enginetest.Passes(t, e, 304, passes...)[first:] // the decode steps' logits
@@ -800,53 +792,6 @@ func TestDecodeAttentionManySequences(t *testing.T) {
 				}
 			})
 		}
-	}
-}
-
-// TestDecGQASameBits runs decode steps on the grouped decode kernels
-// (Engine.DecGQA: every query head of a KV head in one CTA; groups of 2, 4
-// and 8 at head_dim 64, 2 and 4 at 128) after prefills of random lengths:
-// with the runs fixed (Engine.decRunsFixed: 1, 2 and 16), the logits must be
-// the one-head kernel's bit for bit, merged in a cluster or through global
-// memory; with the runs chosen by the batch, within tolerance of the plain
-// kernel's and the CPU model's, and the same on a second run.
-func TestDecGQASameBits(t *testing.T) {
-	dev := cudatest.Device(t)
-	cudatest.Compiler(t)
-	k, err := kernelsFor(dev)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, c := range []model.Config{testConfig(64, 8, 2, true), testConfig(64, 16, 2, true), testConfig(64, 4, 2, true),
-		testConfig(128, 8, 2, true), testConfig(128, 4, 2, true)} {
-		g := c.NumAttentionHeads / c.NumKeyValueHeads
-		t.Run(fmt.Sprintf("hd%d_g%d", c.HeadDim, g), func(t *testing.T) {
-			if _, ok := k.dec[decKey{c.HeadDim, false, g}]; !ok {
-				t.Fatalf("no grouped decode kernel for head_dim %d, %d heads a KV head", c.HeadDim, g)
-			}
-			r, seed := testutil.Rand(t)
-			m := sparseModel(t, c, r, seed)
-			S := 1 + r.IntN(4)
-			passes, first := promptThenSteps(r, S, 300, 3, c.VocabSize)
-			run := func(attn string, gqa, global bool, runs int) [][]float32 {
-				e := engineOnPath(t, dev, m, seed, "dense")
-				e.Attention, e.DecGQA, e.decGlobalMerge, e.decRunsFixed, e.FuseProj = attn, gqa, global, runs, false
-				out := enginetest.Passes(t, e, 320, passes...)[first:] // the decode steps' logits
-				if d, ok := e.decodeAttention(&batch{T: S, S: S}); gqa && (!ok || d.g != g) {
-					t.Fatalf("seed %d: DecGQA: the decode steps ran %d heads a CTA (decode kernel %v), want %d", seed, d.g, ok, g)
-				}
-				return out
-			}
-			for _, runs := range []int{1, 2, 16} {
-				base := run("auto", false, false, runs)
-				enginetest.SameBits(t, fmt.Sprintf("seed %d: %d runs: grouped vs one head a CTA", seed, runs), run("auto", true, false, runs), base)
-				if runs > 1 {
-					enginetest.SameBits(t, fmt.Sprintf("seed %d: %d runs: grouped, merged in global memory", seed, runs), run("auto", true, true, runs), base)
-				}
-			}
-			got := run("auto", true, false, 0)
-			checkDecodeKernel(t, seed, got, run("ref", false, false, 0), cpuForward(t, m, "dense", 320, passes...)[first:], run("auto", true, false, 0))
-		})
 	}
 }
 
@@ -871,7 +816,7 @@ func TestFusedNormsMatchUnfused(t *testing.T) {
 		for _, graphs := range []bool{true, false} {
 			run := func(fuse bool) ([][]float32, *Engine) {
 				e := engineOnPath(t, dev, m, seed, path)
-				e.FuseNorms, e.FuseProj, e.NoGraphs = fuse, false, !graphs
+				e.FuseNorms, e.NoGraphs = fuse, !graphs
 				return enginetest.Passes(t, e, 64, passes...), e
 			}
 			plain, _ := run(false)
@@ -890,73 +835,6 @@ func TestFusedNormsMatchUnfused(t *testing.T) {
 	err := e.layers[0].mlp.QueueNormed(e.stream, ws.proj, gpu.NormedInput{Resid: ws.resid, ResidOut: ws.resid, Weight: e.layers[0].mlpNorm})
 	if err == nil || !strings.Contains(err.Error(), "buffer it reads") {
 		t.Errorf("QueueNormed with the same residual buffer in and out: %v", err)
-	}
-}
-
-// TestFusedProjections decodes one sequence with the output and down
-// projections fused into the kernels before them (FuseProj: attn_dec_o,
-// and gemv_mlp_norm on graph-replayed sparse steps) and without, at
-// head_dim 64 and 128, on the sparse and the dense MLP path, replayed from
-// graphs and kernel by kernel: the logits must agree with the unfused
-// path's (which rounds the deltas to bf16) and the CPU model's, and repeat
-// bit for bit (the fixed-point sums do not depend on the order the CTAs
-// finish in), also with the attention's runs merged through global memory
-// (the same merged outputs, projected by one CTA a head); with one run a
-// head they must agree. An infinite output-projection weight must leave
-// the fused step's logits not finite, as it leaves the unfused step's.
-func TestFusedProjections(t *testing.T) {
-	dev := cudatest.Device(t)
-	cudatest.Compiler(t)
-	for _, c := range []model.Config{testConfig(64, 4, 2, true), testConfig(128, 2, 1, false)} {
-		t.Run(fmt.Sprintf("hd%d", c.HeadDim), func(t *testing.T) {
-			r, seed := testutil.Rand(t)
-			m := sparseModel(t, c, r, seed)
-			prompt := enginetest.Tokens(r, 1+r.IntN(300), c.VocabSize)
-			passes := append([][][]int{{prompt}}, decodeSteps(r, 12, 1, c.VocabSize)...)
-			for _, path := range []string{"sparse", "dense"} {
-				for _, graphs := range []bool{true, false} {
-					name := fmt.Sprintf("seed %d: %s path, graphs %v", seed, path, graphs)
-					run := func(fproj bool, global bool, runs int) [][]float32 {
-						e := engineOnPath(t, dev, m, seed, path)
-						e.FuseProj, e.NoGraphs, e.decGlobalMerge, e.decRunsFixed = fproj, !graphs, global, runs
-						out := enginetest.Passes(t, e, 320, passes...)[len(prompt):] // the decode steps' logits
-						if dec, _ := e.decodeAttention(&batch{T: 1, S: 1}); fproj && dev.Properties().Major == 9 && !dec.oproj {
-							t.Errorf("%s: the decode steps did not run attn_dec_o", name)
-						}
-						if graphs && (e.GraphReplays() == 0 || e.GraphError() != nil) {
-							t.Errorf("%s: %d graph replays (error %v)", name, e.GraphReplays(), e.GraphError())
-						}
-						return out
-					}
-					got := run(true, false, 0)
-					if d, err := enginetest.RelDiff(got, run(false, false, 0)); err != nil || d > 1e-2 {
-						t.Errorf("%s: fused vs unfused projections: rel diff %.3g (err %v)", name, d, err)
-					}
-					if d, err := enginetest.RelDiff(got, cpuForward(t, m, path, 320, passes...)[len(prompt):]); err != nil || d > bf16Tol {
-						t.Errorf("%s: fused projections vs CPU: rel diff %.3g (err %v)", name, d, err)
-					}
-					enginetest.SameBits(t, name+": fused projections, second run", run(true, false, 0), got)
-					if path == "sparse" && graphs {
-						enginetest.SameBits(t, name+": fused projections, runs merged in global memory", run(true, true, 0), got)
-						if d, err := enginetest.RelDiff(run(true, false, 1), got); err != nil || d > 1e-2 {
-							t.Errorf("%s: fused projections, one run a head: rel diff %.3g (err %v)", name, d, err)
-						}
-					}
-				}
-			}
-			m.Weights.Layers[0].O[r.IntN(len(m.Weights.Layers[0].O))] = float32(math.Inf(1))
-			for _, fproj := range []bool{true, false} {
-				e := engineOnPath(t, dev, m, seed, "sparse")
-				e.FuseProj = fproj
-				out := enginetest.Passes(t, e, 320, passes...)
-				for _, v := range out[len(out)-1] {
-					if !math.IsInf(float64(v), 0) && !math.IsNaN(float64(v)) {
-						t.Errorf("seed %d: an infinite o_proj weight, fused %v: finite logit %v", seed, fproj, v)
-						break
-					}
-				}
-			}
-		})
 	}
 }
 

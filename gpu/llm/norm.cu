@@ -18,12 +18,9 @@ extern "C" __global__ void embed(const u16* __restrict__ table, const int* __res
 }
 
 // add_rmsnorm: for output row b (one block each), with r = rows ? rows[b] : b,
-//   v = resid[r] + (delta ? delta[r] : 0) + (dfix ? dfix's values : 0)
+//   v = resid[r] + (delta ? delta[r] : 0)
 //   out[b] = bf16(v / sqrt(mean(v^2) + eps) * w)
-// and, when rows is null, resid[r] = v (the residual add). dfix, a
-// fixed-point accumulator of d values (common.cuh), is the delta of a
-// one-token pass whose last projection was fused into the kernel before
-// (row 0 only, not with delta). With rows set
+// and, when rows is null, resid[r] = v (the residual add). With rows set
 // (the final norm of the rows whose logits are wanted) resid is not written.
 // When d is a multiple of 4 and at most 16 per thread, each thread keeps
 // its values in registers between the sum of squares and the output (one
@@ -33,8 +30,8 @@ extern "C" __global__ void embed(const u16* __restrict__ table, const int* __res
 // Launched with early start, it waits (grid_wait) before reading resid and
 // delta, and reads them through the L2.
 extern "C" __global__ void add_rmsnorm(float* __restrict__ resid, const u16* __restrict__ delta,
-                                       const long long* __restrict__ dfix, const int* __restrict__ rows, const float* __restrict__ w,
-                                       u16* __restrict__ out, int d, float eps) {
+                                       const int* __restrict__ rows, const float* __restrict__ w, u16* __restrict__ out,
+                                       int d, float eps) {
   grid_wait();
   grid_release();
   int b = blockIdx.x;
@@ -45,9 +42,9 @@ extern "C" __global__ void add_rmsnorm(float* __restrict__ resid, const u16* __r
   if (rms_fits(d)) {  // common.cuh
     float4 v[RMS_MAXV], wv[RMS_MAXV];
     rms_weights(wv, w, d);
-    rms_load(v, x, dl, dfix, d);
+    rms_load(v, x, dl, d);
     const int n4 = d / 4;
-    if ((dl || dfix) && !rows)
+    if (dl && !rows)
 #pragma unroll
       for (int k = 0; k < RMS_MAXV; ++k) {
         int i = threadIdx.x + k * blockDim.x;
@@ -61,17 +58,11 @@ extern "C" __global__ void add_rmsnorm(float* __restrict__ resid, const u16* __r
     }
     return;
   }
-  const long long bad = dfix ? __ldcg(dfix + d) : 0;
-  // delta_at returns element i of the delta (0 without one).
-  auto delta_at = [&](int i) {
-    float v = dl ? bf_to_f(__ldcg(dl + i)) : 0.f;
-    return dfix ? v + fix_val(__ldcg(dfix + i), bad) : v;
-  };
   float ss = 0.f;
   for (int i = threadIdx.x; i < d; i += blockDim.x) {
     float v = __ldcg(x + i);
-    if (dl || dfix) {
-      v += delta_at(i);
+    if (dl) {
+      v += bf_to_f(__ldcg(dl + i));
       if (!rows) x[i] = v;
     }
     ss += v * v;
@@ -81,7 +72,7 @@ extern "C" __global__ void add_rmsnorm(float* __restrict__ resid, const u16* __r
   float inv = rsqrtf(block_sum(ss) / (float)d + eps);
   for (int i = threadIdx.x; i < d; i += blockDim.x) {
     float v = x[i];
-    if ((dl || dfix) && rows) v += delta_at(i);
+    if (dl && rows) v += bf_to_f(__ldcg(dl + i));
     o[i] = (u16)f_to_bf(v * inv * w[i]);
   }
 }

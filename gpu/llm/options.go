@@ -19,10 +19,8 @@ type Options struct {
 	NoGraphs  bool        // Engine.NoGraphs: EnvGraphs = "0"
 	NoGEMV    bool        // Engine.NoGEMV: EnvGEMV = "0"
 	FuseNorms bool        // Engine.FuseNorms: EnvFuseNorms unset or "1"
-	FuseProj  bool        // Engine.FuseProj: EnvFuseProj = "1"
 	AttnRope  bool        // Engine.AttnRope: EnvAttnRope = "1"
 	OProjAdd  bool        // Engine.OProjAdd: EnvOProjAdd = "1"
-	DecGQA    bool        // Engine.DecGQA: EnvDecGQA = "1"
 	GEMMTune  bool        // the engine's cuBLASLt handle tunes (cublas.DefaultTuneFlops): EnvGEMMTune = "1"
 	MLP       gpu.Options // each TwELL layer's kernels: gpu.Switches
 	// ReleaseWeights makes NewEngineWith drop each layer's float32
@@ -58,12 +56,6 @@ const EnvGEMV = "TWELL_GEMV"
 // decode 921-930 against 883-895 tokens/s, H200, 2026-12-05).
 const EnvFuseNorms = "TWELL_LLM_FUSE_NORMS"
 
-// EnvFuseProj names the environment variable that, set to "1", makes a new
-// Engine fuse the output and down projections of one-token passes into the
-// attention and the MLP's first kernel (Engine.FuseProj) instead of
-// running them as kernels of their own.
-const EnvFuseProj = "TWELL_LLM_FUSE_PROJ"
-
 // EnvAttnRope names the environment variable that, set to "1", makes a new
 // Engine rotate the queries of prefill passes in the wgmma attention kernel
 // instead of in rope_kv (Engine.AttnRope).
@@ -73,11 +65,6 @@ const EnvAttnRope = "TWELL_LLM_ATTN_ROPE"
 // Engine add the output projection of prefill passes into the residual
 // stream in its GEMM (Engine.OProjAdd).
 const EnvOProjAdd = "TWELL_LLM_OPROJ_ADD"
-
-// EnvDecGQA names the environment variable that, set to "1", makes a new
-// Engine run decode steps on the grouped decode attention kernel, every
-// query head of a KV head in one CTA (Engine.DecGQA).
-const EnvDecGQA = "TWELL_LLM_DEC_GQA"
 
 // EnvGEMMTune names the environment variable that, set to "1", makes a new
 // Engine choose the cuBLASLt algorithm of each large product (prefill's
@@ -97,7 +84,7 @@ const EnvKVMemory = "TWELL_LLM_KV_MEMORY"
 
 // Switches are the names of the environment variables that set Options:
 // the engine's and its TwELL MLPs' (gpu.Switches).
-var Switches = append([]string{EnvAttention, EnvGraphs, EnvGEMV, EnvFuseNorms, EnvFuseProj, EnvAttnRope, EnvOProjAdd, EnvDecGQA, EnvGEMMTune, EnvKVPageSize, EnvKVMemory}, gpu.Switches...)
+var Switches = append([]string{EnvAttention, EnvGraphs, EnvGEMV, EnvFuseNorms, EnvAttnRope, EnvOProjAdd, EnvGEMMTune, EnvKVPageSize, EnvKVMemory}, gpu.Switches...)
 
 // OptionsFromEnv returns the Options the environment sets, or an error
 // naming a value it does not know.
@@ -119,8 +106,7 @@ func OptionsFrom(getenv func(string) string) (Options, error) {
 		name string
 		dst  *bool
 		on   bool // unset
-	}{{EnvFuseNorms, &o.FuseNorms, true}, {EnvFuseProj, &o.FuseProj, false}, {EnvAttnRope, &o.AttnRope, false},
-		{EnvOProjAdd, &o.OProjAdd, false}, {EnvDecGQA, &o.DecGQA, false},
+	}{{EnvFuseNorms, &o.FuseNorms, true}, {EnvAttnRope, &o.AttnRope, false}, {EnvOProjAdd, &o.OProjAdd, false},
 		{EnvGEMMTune, &o.GEMMTune, false}} {
 		switch v := getenv(b.name); v {
 		case "":

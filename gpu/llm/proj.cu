@@ -65,29 +65,20 @@ extern "C" __global__ void __launch_bounds__(256) gemv_rows4(const u16* x, const
 // bytes. The rotation is applied to the fp32 dot products (rope_kv rotates
 // their bf16 rounding).
 //
-// With NORM (qkv_rope1n and qkv_rope1f, one token) the kernel also does
-// the residual add and RMSNorm before it (add_rmsnorm's work): every block
-// norms the token into its shared memory from resid + delta (NORM_BF16:
-// bf16, may be null) or + dfix (NORM_FIX: fixed point; stage_norm_x,
-// common.cuh, bit for bit add_rmsnorm's values), and block 0 writes the
-// sum to resid_out; x is not read. That saves a kernel of a decode step.
-// Block 0 also zeroes the fixed-point accumulator zero (if not null) once
-// the kernel before is done: the one the attention kernel after adds its
-// fused output projection into. (One entry point per kind of delta: with
-// both, ptxas spills under the 80 registers.)
-#define NORM_NONE 0
-#define NORM_BF16 1
-#define NORM_FIX 2
-template <int MB, int NORM>
+// With NORM (qkv_rope1n, one token) the kernel also does the residual add
+// and RMSNorm before it (add_rmsnorm's work): every block norms the token
+// into its shared memory from resid + delta (stage_norm_x, common.cuh, bit
+// for bit add_rmsnorm's values), and block 0 writes resid + delta to
+// resid_out; x is not read. That saves a kernel of a decode step.
+template <int MB, bool NORM>
 __device__ __forceinline__ void qkv_rope_body(const u16* __restrict__ x, const u16* __restrict__ w,
                                               u16* __restrict__ qkv, const float* __restrict__ cosT,
                                               const float* __restrict__ sinT, const int* __restrict__ tok_seq,
                                               const int* __restrict__ tok_pos, const u64* __restrict__ seq_pt,
                                               int page, int m, int k, int layer, int nq, int nkv, int hd,
                                               int qkv_w, const float* __restrict__ resid,
-                                              const u16* __restrict__ delta, const long long* __restrict__ dfix,
-                                              float* __restrict__ resid_out, const float* __restrict__ normw,
-                                              float eps, long long* __restrict__ zero) {
+                                              const u16* __restrict__ delta, float* __restrict__ resid_out,
+                                              const float* __restrict__ normw, float eps) {
   extern __shared__ __align__(16) u16 xs[];
   int lane = threadIdx.x & 31;
   int half = hd / 2, pairs = qkv_w / 2;
@@ -103,10 +94,8 @@ __device__ __forceinline__ void qkv_rope_body(const u16* __restrict__ x, const u
   if (NORM) rms_weights(nw, normw, k);
   grid_wait();
   grid_release();
-  if (NORM && blockIdx.x == 0) fix_zero(zero, k);
   if (NORM)
-    stage_norm_x(xs, resid, NORM == NORM_BF16 ? delta : nullptr, NORM == NORM_FIX ? dfix : nullptr, resid_out, nw, k,
-                 eps);
+    stage_norm_x(xs, resid, delta, resid_out, nw, k, eps);
   else
     stage_x(xs, x, m, k);
   if (!ok) return;
@@ -134,31 +123,26 @@ __device__ __forceinline__ void qkv_rope_body(const u16* __restrict__ x, const u
 }
 
 // QKV_ROPE(MB) defines qkv_rope<MB>, the entry point of qkv_rope_body<MB,
-// NORM_NONE> for up to MB tokens: qkv_rope1 and qkv_rope4.
+// false> for up to MB tokens: qkv_rope1 and qkv_rope4.
 #define QKV_ROPE(MB)                                                                                                \
   extern "C" __global__ void __launch_bounds__(256)                                                                 \
       qkv_rope##MB(const u16* x, const u16* w, u16* qkv, const float* cosT, const float* sinT, const int* tok_seq,   \
                    const int* tok_pos, const u64* seq_pt, int page, int m, int k, int layer, int nq, int nkv, int hd, \
                    int qkv_w) {                                                                                     \
-    qkv_rope_body<MB, NORM_NONE>(x, w, qkv, cosT, sinT, tok_seq, tok_pos, seq_pt, page, m, k, layer, nq, nkv, hd, qkv_w, \
-                             nullptr, nullptr, nullptr, nullptr, nullptr, 0.f, nullptr);                            \
+    qkv_rope_body<MB, false>(x, w, qkv, cosT, sinT, tok_seq, tok_pos, seq_pt, page, m, k, layer, nq, nkv, hd, qkv_w, \
+                             nullptr, nullptr, nullptr, nullptr, 0.f);                                              \
   }
 QKV_ROPE(1)
 QKV_ROPE(4)
 
-// qkv_rope1n, qkv_rope1f: qkv_rope1 with the residual add (of a bf16 delta
-// or of a fixed-point one) and RMSNorm before it fused in (one token; k a
-// multiple of 4, at most 4096, for 256 threads). Held to 80 registers, as
-// qkv_rope1 is: three blocks an SM, so that the 384 blocks of the SparseLM
-// shape run in one wave.
-#define QKV_ROPE_NORM(NAME, NORM)                                                                                    \
-  extern "C" __global__ void __launch_bounds__(256, 3)                                                               \
-      NAME(const float* resid, const u16* delta, const long long* dfix, float* resid_out, const float* normw,        \
-           float eps, long long* zero, const u16* w, u16* qkv, const float* cosT, const float* sinT,                 \
-           const int* tok_seq, const int* tok_pos, const u64* seq_pt, int page, int k, int layer, int nq, int nkv,   \
-           int hd, int qkv_w) {                                                                                     \
-    qkv_rope_body<1, NORM>(nullptr, w, qkv, cosT, sinT, tok_seq, tok_pos, seq_pt, page, 1, k, layer, nq, nkv, hd,   \
-                           qkv_w, resid, delta, dfix, resid_out, normw, eps, zero);                                 \
-  }
-QKV_ROPE_NORM(qkv_rope1n, NORM_BF16)
-QKV_ROPE_NORM(qkv_rope1f, NORM_FIX)
+// qkv_rope1n: qkv_rope1 with the residual add and RMSNorm before it fused
+// in (one token; k a multiple of 4, at most 4096, for 256 threads). Held to
+// 80 registers, as qkv_rope1 is: three blocks an SM, so that the 384 blocks
+// of the SparseLM shape run in one wave.
+extern "C" __global__ void __launch_bounds__(256, 3)
+    qkv_rope1n(const float* resid, const u16* delta, float* resid_out, const float* normw, float eps, const u16* w,
+               u16* qkv, const float* cosT, const float* sinT, const int* tok_seq, const int* tok_pos,
+               const u64* seq_pt, int page, int k, int layer, int nq, int nkv, int hd, int qkv_w) {
+  qkv_rope_body<1, true>(nullptr, w, qkv, cosT, sinT, tok_seq, tok_pos, seq_pt, page, 1, k, layer, nq, nkv, hd, qkv_w,
+                         resid, delta, resid_out, normw, eps);
+}
