@@ -34,12 +34,10 @@
 #                                       steps of one sequence with the norms not fused
 #                                       (TWELL_LLM_FUSE_NORMS=0) and the defaults again, twice
 #   scripts/gpu-bench.sh ab-prefill OUTDIR  the prefill switches, as variants of one run (bench model
-#                                       -variants), 32 x 2048 tokens, two rounds: cuBLASLt's
-#                                       algorithms chosen by timing (TWELL_GEMM_TUNE=1), the
-#                                       queries rotated in the attention (TWELL_LLM_ATTN_ROPE=1),
-#                                       the output projection added into the residual in its GEMM
-#                                       (TWELL_LLM_OPROJ_ADD=1), the three together, and
-#                                       the defaults again; first `bench gemm -transb` of
+#                                       -variants), 32 x 2048 tokens, two rounds: the defaults,
+#                                       cuBLASLt's heuristic's algorithms with the queries rotated
+#                                       in rope_kv (TWELL_GEMM_TUNE=0 TWELL_LLM_ATTN_ROPE=0), and
+#                                       no hot units (TWELL_HOT_UNITS=0); first `bench gemm -transb` of
 #                                       the prefill's products (q/k/v, q alone, k and v, output, MLP) with the
 #                                       heuristic's choice and the tuned one, every candidate timed
 #   scripts/gpu-bench.sh stalls OUTDIR  where the MLP block's kernels at m = 65536 wait (ncu, full
@@ -147,7 +145,7 @@ ab-prefill)
     [ "$round" = 1 ] && trace=(-trace "$out/prefill-trace.json" -trace-plot "$out/prefill-trace.png" -trace-steps 1)
     "$tw" bench model -device cuda -preset sparselm-1.5b -seed 9596107621982983358 -reps 3 -batch 32 -prompt-len 2048 \
       -decode-batch 1 -decode-context 512 -decode-steps 8 "${trace[@]}" \
-      -variants 'GEMM_TUNE=1;LLM_ATTN_ROPE=1;LLM_OPROJ_ADD=1;GEMM_TUNE=1 LLM_ATTN_ROPE=1 LLM_OPROJ_ADD=1;' \
+      -variants 'GEMM_TUNE=0 LLM_ATTN_ROPE=0;HOT_UNITS=0;' \
       -json "$out/prefill-$round.json" 2>&1 | tee "$out/prefill-$round.txt" || status=1
   done
   ;;

@@ -74,20 +74,9 @@ type Engine struct {
 	// and writes only the keys and values: about two thirds of its traffic
 	// (queries 4 KB of a token's 6 KB of q/k/v rows at the SparseLM shape)
 	// are not read and written back. Both rotate with rope_rotate
-	// (rope.cuh), so the logits are the same bits. NewEngine sets it when
-	// the environment variable TWELL_LLM_ATTN_ROPE is "1".
+	// (rope.cuh), so the logits are the same bits. NewEngine sets it unless
+	// the environment variable TWELL_LLM_ATTN_ROPE is "0".
 	AttnRope bool
-	// OProjAdd makes passes whose projections run on cuBLASLt (prefill) add
-	// the output projection straight into the fp32 residual stream (a GEMM
-	// with the residual as its addend and output) instead of writing a bf16
-	// delta that the MLP norm then adds: the norm reads the residual only
-	// and writes no residual, 1.6 of its 3.2 GB a layer at 131072 tokens of
-	// the SparseLM shape, moved into the GEMM's epilogue, where they may
-	// overlap its products. The delta is added unrounded, so the logits
-	// differ from the default path's by the bf16 rounding of that delta.
-	// NewEngine sets it when the environment variable TWELL_LLM_OPROJ_ADD is
-	// "1".
-	OProjAdd bool
 	// ReuseLogits makes Forward return its logits in host memory that the
 	// engine owns (page-locked, so the copy from the GPU is one fast DMA)
 	// and overwrites at the next Forward call or frees at Close, instead
@@ -233,7 +222,7 @@ func NewEngineWith(dev *cuda.Device, m *model.Model, opts Options) (*Engine, err
 		return nil, err
 	}
 	e := &Engine{cfg: c, dev: dev, k: k, mlpPath: mlp.Auto, rope: model.NewRoPETables(c), Attention: opts.Attention,
-		NoGraphs: opts.NoGraphs, NoGEMV: opts.NoGEMV, Serial: opts.MLP.Serial, FuseNorms: opts.FuseNorms, AttnRope: opts.AttnRope, OProjAdd: opts.OProjAdd, pool: &kvPool{dev: dev, cfg: c}}
+		NoGraphs: opts.NoGraphs, NoGEMV: opts.NoGEMV, Serial: opts.MLP.Serial, FuseNorms: opts.FuseNorms, AttnRope: opts.AttnRope, pool: &kvPool{dev: dev, cfg: c}}
 	if act, _ := c.GateActivation(); act == model.ActSiLU {
 		e.act = gpu.ActSiLU
 	}

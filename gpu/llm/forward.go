@@ -452,22 +452,11 @@ func (e *Engine) layersQueue(b *batch, st *engine.Stats, paths []mlp.Path) error
 			return fmt.Errorf("llm: layer %d attention: %w", li, err)
 		}
 		prof("attention")
-		switch {
-		case e.OProjAdd && !e.gemv(T, nq*hd):
-			// cur += hn o_projᵀ in the GEMM: the MLP norm adds no delta.
-			g := cublas.Gemm{M: T, N: h, K: nq * hd, TransB: true, Alpha: 1, Beta: 1, CType: cublas.F32}
-			if err := e.blas.MatmulAdd(s, g, ws.hn, l.o, cur, cur); err != nil {
-				return fmt.Errorf("llm: layer %d o_proj: %w", li, err)
-			}
-			delta = nil
-			prof("o_proj")
-		default:
-			if err := e.project(T, h, nq*hd, ws.hn, l.o, ws.proj); err != nil {
-				return fmt.Errorf("llm: layer %d o_proj: %w", li, err)
-			}
-			delta = ws.proj
-			prof("o_proj")
+		if err := e.project(T, h, nq*hd, ws.hn, l.o, ws.proj); err != nil {
+			return fmt.Errorf("llm: layer %d o_proj: %w", li, err)
 		}
+		delta = ws.proj
+		prof("o_proj")
 		var fixed *mlp.Path
 		if paths != nil {
 			fixed = &paths[li]

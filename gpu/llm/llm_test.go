@@ -546,59 +546,6 @@ func TestAttnRopeSameBits(t *testing.T) {
 	}
 }
 
-// TestCuBLASLtExperimentsMatch checks Engine.OProjAdd (the output
-// projection added into the residual stream in its GEMM, where the default
-// path adds its bf16-rounded delta in the norm) on passes whose projections
-// run on cuBLASLt. It must agree with the default path and with the CPU
-// model, on both MLP paths: two
-// sequences over two prefill passes and a decode step (which keeps the
-// default path: its projections are not cuBLASLt's), and 12 sequences over
-// a prefill and three decode steps (cuBLASLt GEMMs replayed from graphs).
-func TestCuBLASLtExperimentsMatch(t *testing.T) {
-	dev := cudatest.Device(t)
-	cudatest.Compiler(t)
-	c := testConfig(64, 6, 2, true) // heads x head_dim != hidden: o_proj's N and K differ
-	r, seed := testutil.Rand(t)
-	m := sparseModel(t, c, r, seed)
-	two := [][][]int{
-		{enginetest.Tokens(r, 20+r.IntN(200), c.VocabSize), enginetest.Tokens(r, 1+r.IntN(8), c.VocabSize)},
-		{enginetest.Tokens(r, 9+r.IntN(80), c.VocabSize), enginetest.Tokens(r, 70, c.VocabSize)},
-		{enginetest.Tokens(r, 1, c.VocabSize), enginetest.Tokens(r, 1, c.VocabSize)},
-	}
-	// 12 sequences: their one-token steps are too many for the gemv
-	// projections, so they run cuBLASLt GEMMs recorded in a graph.
-	many := make([][][]int, 4)
-	for i := range many {
-		for range 12 {
-			n := 1
-			if i == 0 {
-				n = 1 + r.IntN(40)
-			}
-			many[i] = append(many[i], enginetest.Tokens(r, n, c.VocabSize))
-		}
-	}
-	for _, path := range []string{"dense", "sparse"} {
-		for _, passes := range [][][][]int{two, many} {
-			want := cpuForward(t, m, path, 400, passes...)
-			run := func(add bool) [][]float32 {
-				e := engineOnPath(t, dev, m, seed, path)
-				e.OProjAdd = add
-				return enginetest.Passes(t, e, 400, passes...)
-			}
-			def, got := run(false), run(true)
-			name := fmt.Sprintf("seed %d: %s MLP, %d sequences: o_proj added in its GEMM", seed, path, len(passes[0]))
-			if d, err := enginetest.RelDiff(got, def); err != nil || d > 1e-2 {
-				t.Errorf("%s vs the default path: rel diff %.3g (err %v)", name, d, err)
-			}
-			d, err := enginetest.RelDiff(got, want)
-			if err != nil || d > bf16Tol {
-				t.Errorf("%s vs CPU: rel diff %.3g (err %v)", name, d, err)
-			}
-			t.Logf("%s: vs CPU rel diff %.2e", name, d)
-		}
-	}
-}
-
 // TestAttentionLongMatchesRef runs sequences over several query and key
 // blocks through the tensor-core attention kernels (mma.sync for head_dim
 // 64 and 128, and on Hopper the wgmma kernel for 64) and the

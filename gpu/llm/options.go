@@ -19,9 +19,8 @@ type Options struct {
 	NoGraphs  bool        // Engine.NoGraphs: EnvGraphs = "0"
 	NoGEMV    bool        // Engine.NoGEMV: EnvGEMV = "0"
 	FuseNorms bool        // Engine.FuseNorms: EnvFuseNorms unset or "1"
-	AttnRope  bool        // Engine.AttnRope: EnvAttnRope = "1"
-	OProjAdd  bool        // Engine.OProjAdd: EnvOProjAdd = "1"
-	GEMMTune  bool        // the engine's cuBLASLt handle tunes (cublas.DefaultTuneFlops): EnvGEMMTune = "1"
+	AttnRope  bool        // Engine.AttnRope: EnvAttnRope unset or "1"
+	GEMMTune  bool        // the engine's cuBLASLt handle tunes (cublas.DefaultTuneFlops): EnvGEMMTune unset or "1"
 	MLP       gpu.Options // each TwELL layer's kernels: gpu.Switches
 	// ReleaseWeights makes NewEngineWith drop each layer's float32
 	// matrices from the model once they are on the device, and the model's
@@ -56,21 +55,19 @@ const EnvGEMV = "TWELL_GEMV"
 // decode 921-930 against 883-895 tokens/s, H200, 2026-12-05).
 const EnvFuseNorms = "TWELL_LLM_FUSE_NORMS"
 
-// EnvAttnRope names the environment variable that, set to "1", makes a new
-// Engine rotate the queries of prefill passes in the wgmma attention kernel
-// instead of in rope_kv (Engine.AttnRope).
+// EnvAttnRope names the environment variable that, set to "0", makes a new
+// Engine rotate the queries of prefill passes in rope_kv instead of in the
+// wgmma attention kernel (Engine.AttnRope; in the attention: 32 x 2048-token
+// prefill 207.9 / 209.4 against 205.7-207.5 tokens/ms, H200, 2026-12-05).
 const EnvAttnRope = "TWELL_LLM_ATTN_ROPE"
 
-// EnvOProjAdd names the environment variable that, set to "1", makes a new
-// Engine add the output projection of prefill passes into the residual
-// stream in its GEMM (Engine.OProjAdd).
-const EnvOProjAdd = "TWELL_LLM_OPROJ_ADD"
-
-// EnvGEMMTune names the environment variable that, set to "1", makes a new
-// Engine choose the cuBLASLt algorithm of each large product (prefill's
+// EnvGEMMTune names the environment variable that, set to "0", makes a new
+// Engine take the cuBLASLt heuristic's first algorithm for every product
+// instead of choosing the algorithm of each large product (prefill's
 // projections, the dense MLP) by timing the heuristic's candidates on its
-// first call (cublas.Handle.TuneFlops = cublas.DefaultTuneFlops) instead of
-// taking the heuristic's first choice.
+// first call (cublas.Handle.TuneFlops = cublas.DefaultTuneFlops; tuned:
+// 32 x 2048-token prefill 211.5 / 209.0 against 205.7-207.5 tokens/ms,
+// H200, 2026-12-05).
 const EnvGEMMTune = "TWELL_GEMM_TUNE"
 
 // EnvKVPageSize names the environment variable that sets a new Engine's KV
@@ -84,7 +81,7 @@ const EnvKVMemory = "TWELL_LLM_KV_MEMORY"
 
 // Switches are the names of the environment variables that set Options:
 // the engine's and its TwELL MLPs' (gpu.Switches).
-var Switches = append([]string{EnvAttention, EnvGraphs, EnvGEMV, EnvFuseNorms, EnvAttnRope, EnvOProjAdd, EnvGEMMTune, EnvKVPageSize, EnvKVMemory}, gpu.Switches...)
+var Switches = append([]string{EnvAttention, EnvGraphs, EnvGEMV, EnvFuseNorms, EnvAttnRope, EnvGEMMTune, EnvKVPageSize, EnvKVMemory}, gpu.Switches...)
 
 // OptionsFromEnv returns the Options the environment sets, or an error
 // naming a value it does not know.
@@ -106,8 +103,7 @@ func OptionsFrom(getenv func(string) string) (Options, error) {
 		name string
 		dst  *bool
 		on   bool // unset
-	}{{EnvFuseNorms, &o.FuseNorms, true}, {EnvAttnRope, &o.AttnRope, false}, {EnvOProjAdd, &o.OProjAdd, false},
-		{EnvGEMMTune, &o.GEMMTune, false}} {
+	}{{EnvFuseNorms, &o.FuseNorms, true}, {EnvAttnRope, &o.AttnRope, true}, {EnvGEMMTune, &o.GEMMTune, true}} {
 		switch v := getenv(b.name); v {
 		case "":
 			*b.dst = b.on
