@@ -55,16 +55,8 @@ type timedCall struct {
 	start, end *cuda.Event
 }
 
-// bucketOf returns the timing bucket of a call of m tokens: powers of two,
-// with the wide kernels' batches (MLP.Wide) apart, so that their timings do
-// not mix with those of the small-batch kernels (m = 8) or of D2T (65 to
-// 127) in the same power of two.
-func (l *MLP) bucketOf(m int) int {
-	if l.wideTakes(m) {
-		return -bits.Len(uint(m))
-	}
-	return bits.Len(uint(m))
-}
+// bucketOf returns the timing bucket of a call of m tokens: powers of two.
+func (l *MLP) bucketOf(m int) int { return bits.Len(uint(m)) }
 
 // choose returns the path for a call of m tokens, and whether to time it;
 // byDensity is the density rule's choice.
@@ -95,10 +87,10 @@ func (l *MLP) choose(m int, byDensity mlp.Path) (mlp.Path, bool) {
 }
 
 // densityRule returns the density rule's path for a call of m tokens, given
-// its choice for large batches (next): batches of at most gemvMaxRows tokens,
-// and those the wide kernels take, are exempt (see the top of this file).
+// its choice for large batches (next): batches of at most gemvMaxRows tokens
+// are exempt (see the top of this file).
 func (l *MLP) densityRule(m int, next mlp.Path) mlp.Path {
-	if m <= gemvMaxRows || l.wideTakes(m) {
+	if m <= gemvMaxRows {
 		return mlp.Sparse
 	}
 	return next

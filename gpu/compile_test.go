@@ -93,26 +93,3 @@ func TestGEMVCleanSASS(t *testing.T) {
 	}
 	cudatest.CleanSASS(t, "gemv.cu", gemvSrc, append([]cuda.CompileOption{cuda.WithNameExpressions(gemvExprs()...)}, Headers()...)...)
 }
-
-// TestCompileWidePTX compiles the wide small-batch kernels (gemv_wide.cu,
-// Hopper only) for compute_90a: both start early (nothing written or read
-// through the L2 before their wait), and the sm_90a machine code has no
-// spills and no serialized wgmma.
-func TestCompileWidePTX(t *testing.T) {
-	cudatest.Compiler(t)
-	if major, minor, _, _ := cuda.NVRTCVersion(); major < 12 {
-		t.Skipf("NVRTC %d.%d cannot target compute_90a", major, minor)
-	}
-	opts := append([]cuda.CompileOption{cuda.WithArch("compute_90a"), cuda.WithNameExpressions(wideExprs...)}, Headers()...)
-	prog, err := cuda.CompileProgram("gemv_wide.cu", gemvWideSrc, opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if n := strings.Count(string(prog.Image), ".entry "); n != len(wideExprs) {
-		t.Errorf("%d kernels in the PTX, want %d", n, len(wideExprs))
-	}
-	for _, e := range wideExprs {
-		cudatest.WaitsFirst(t, prog, e)
-	}
-	cudatest.CleanSASS(t, "gemv_wide.cu", gemvWideSrc, append([]cuda.CompileOption{cuda.WithNameExpressions(wideExprs...)}, Headers()...)...)
-}

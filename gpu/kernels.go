@@ -39,9 +39,6 @@ type kernels struct {
 	gemvOnce  sync.Once
 	gemv      gemvSet
 	gemvErr   error
-	wideOnce  sync.Once
-	wide      wideSet
-	wideErr   error
 	hotK      hotSet // hot.cu (hot units)
 
 	t2dMu sync.Mutex

@@ -47,10 +47,6 @@ type MLP struct {
 	// compute capability 9.0 or later and is used there unless Serial is
 	// set).
 	Serial bool
-	// Wide runs the sparse path of a gated MLP for 9 to 64 tokens on the
-	// wide small-batch kernels (gemv_wide.cu, sm_90a; an experiment)
-	// instead of D2T and the tail.
-	Wide bool
 	// SkipHot runs every unit through D2T and the sparse tail even after
 	// Calibrate chose hot units (to compare; see hot.go).
 	SkipHot bool
@@ -60,11 +56,7 @@ type MLP struct {
 	blas           *cublas.Handle
 	gate, up, down *cuda.Buffer
 	tmB            *cuda.TensorMap // TMA map of the sparse-input weights (gate, or up)
-	tmG, tmU       *cuda.TensorMap // the wide kernels' maps of the gate and up weights (built on first use)
-	tmWX           *cuda.TensorMap // and of their input, x at tmWXp with tmWXm rows
-	tmWXp          cuda.DevicePtr
-	tmWXm          int
-	nnz            *cuda.Buffer // one uint64: active units counted by the last call
+	nnz            *cuda.Buffer    // one uint64: active units counted by the last call
 
 	ws    *workspace
 	tmA   *cuda.TensorMap
@@ -275,9 +267,6 @@ func (l *MLP) sparse(s *cuda.Stream, y, x *cuda.Buffer, m int, report bool) erro
 	l.pollFlagged()
 	if m <= gemvMaxRows {
 		return l.sparseGEMV(s, y, x, m)
-	}
-	if l.wideTakes(m) {
-		return l.sparseWide(s, y, x, m)
 	}
 	cols := l.sparseCols(m)
 	ws, err := l.runD2T(s, x, m, cols)

@@ -52,16 +52,6 @@ func newMLP(t *testing.T, dev *cuda.Device, blas *cublas.Handle, sl *synth.Layer
 	return l
 }
 
-// get copies n values of type T from b.
-func get[T any](t *testing.T, dev *cuda.Device, b *cuda.Buffer, n int) []T {
-	t.Helper()
-	v := make([]T, n)
-	if err := dev.CopyDtoH(cuda.Bytes(v), b); err != nil {
-		t.Fatal(err)
-	}
-	return v
-}
-
 // upload copies x to the device, freed when the test ends.
 func upload(t *testing.T, dev *cuda.Device, x []float32) *cuda.Buffer {
 	t.Helper()

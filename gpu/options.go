@@ -16,7 +16,6 @@ type Options struct {
 	Kernel Kernel // D2T kernel: EnvD2TKernel
 	Tail   Tail   // sparse tail: EnvTail
 	Serial bool   // no early start of the decode-step kernels: EnvEarlyStart = "0"
-	Wide   bool   // the wide small-batch kernels for 9 to 64 tokens: EnvWide = "1"
 	// SkipHot leaves calibrated hot units to the sparse kernels (MLP.SkipHot),
 	// and tells the callers that build MLPs not to calibrate: EnvHotUnits = "0".
 	SkipHot bool
@@ -36,19 +35,15 @@ const EnvTail = "TWELL_TAIL"
 // cuda.LaunchConfig.EarlyStart).
 const EnvEarlyStart = "TWELL_EARLY_START"
 
-// EnvWide names the environment variable that, set to "1", sets
-// Options.Wide (MLP.Wide: an experiment).
-const EnvWide = "TWELL_MLP_WIDE"
-
 // EnvHotUnits names the environment variable that, set to "0", sets
 // Options.SkipHot: no hot units (hot.go).
 const EnvHotUnits = "TWELL_HOT_UNITS"
 
 // Switches are the names of the environment variables that set Options.
-var Switches = []string{EnvD2TKernel, EnvTail, EnvEarlyStart, EnvWide, EnvHotUnits}
+var Switches = []string{EnvD2TKernel, EnvTail, EnvEarlyStart, EnvHotUnits}
 
 // OptionsFromEnv returns the Options that EnvD2TKernel, EnvTail,
-// EnvEarlyStart, EnvWide and EnvHotUnits set, or an error naming a value it
+// EnvEarlyStart and EnvHotUnits set, or an error naming a value it
 // does not know.
 func OptionsFromEnv() (Options, error) { return OptionsFrom(os.Getenv) }
 
@@ -62,9 +57,6 @@ func OptionsFrom(getenv func(string) string) (Options, error) {
 		return o, err
 	}
 	o.Serial = !early
-	if o.Wide, err = envBool(getenv, EnvWide, false); err != nil {
-		return o, err
-	}
 	hot, err := envBool(getenv, EnvHotUnits, true)
 	if err != nil {
 		return o, err
@@ -107,7 +99,7 @@ func envChoice[T any](getenv func(string) string, name, want string, choices map
 
 // Apply sets l's kernel choices to o.
 func (l *MLP) Apply(o Options) {
-	l.Kernel, l.Tail, l.Serial, l.Wide, l.SkipHot = o.Kernel, o.Tail, o.Serial, o.Wide, o.SkipHot
+	l.Kernel, l.Tail, l.Serial, l.SkipHot = o.Kernel, o.Tail, o.Serial, o.SkipHot
 }
 
 // EarlyStart reports whether kernels that wait with grid_wait (common.cuh)

@@ -49,14 +49,14 @@ func (l *MLP) TailFor(m int) Tail {
 }
 
 // KernelsFor names the kernels the sparse path runs for m tokens now:
-// "small-batch" (gemv.cu), "wide" (gemv_wide.cu), or after D2T the tail
-// TailFor(m) picks ("sorted" or "warp").
+// "small-batch" (gemv.cu), or after D2T the tail TailFor(m) picks ("sorted"
+// or "warp"), with "+hot" when the hot units run densely (hot.go).
 func (l *MLP) KernelsFor(m int) string {
 	if m <= gemvMaxRows {
 		return "small-batch"
 	}
-	if l.wideTakes(m) {
-		return "wide"
+	if l.hotFor(m) > 0 {
+		return l.TailFor(m).String() + "+hot"
 	}
 	return l.TailFor(m).String()
 }

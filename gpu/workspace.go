@@ -34,8 +34,6 @@ type sparseWS struct {
 	gx, gg, gu, gy *cuda.Buffer
 	// KernelLt's gate scratch: min(m, ltRows) x F bf16
 	gate *cuda.Buffer
-	// the wide small-batch kernels' buffers (gemv_wide.go)
-	wide wideWS
 }
 
 // dropWorkspace releases l's use of its workspace, freeing the buffers when
@@ -52,8 +50,7 @@ func (l *MLP) dropWorkspace() error {
 	var errs []error
 	for _, b := range []*cuda.Buffer{ws.sp.packed, ws.sp.flags, ws.sp.ovf, ws.sp.hbuf, ws.sp.cnt, ws.sp.order, ws.sp.lenBins,
 		ws.sp.gx, ws.sp.gg, ws.sp.gu, ws.sp.gy, ws.sp.gh, ws.sp.gmask, ws.sp.gcnt, ws.sp.fbMask, ws.sp.gate, ws.dn.g, ws.dn.u,
-		ws.sp.wide.ht, ws.sp.wide.tm, ws.sp.wide.meta, ws.sp.wide.rh, ws.sp.wide.mask, ws.sp.wide.cnt, ws.sp.wide.part,
-		ws.sp.wide.done, ws.hot.g, ws.hot.u} {
+		ws.hot.g, ws.hot.u} {
 		if b != nil {
 			errs = append(errs, b.Free())
 		}
@@ -92,15 +89,11 @@ func padRows(m int) int { return (m + 255) / 256 * 256 }
 // m tokens: the packed gate, the row flags and the overflow list (the
 // fallback scratch is fixed, one f-vector per multiprocessor), the split
 // tail's list lengths, and the gathered dense pass at its current size; for
-// m <= gemvMaxRows, the small-batch kernels' h, mask and counts; for the
-// wide kernels' calls (Wide), their buffers; and the hot units' gate and up
-// products (hot.go).
+// m <= gemvMaxRows, the small-batch kernels' h, mask and counts; and the
+// hot units' gate and up products (hot.go).
 func (l *MLP) SparseActBytes(m int) int64 {
 	if m <= gemvMaxRows {
 		return int64(4*gemvMaxRows*l.F + 2*4*(l.F/32))
-	}
-	if l.wideTakes(m) {
-		return l.wideActBytes()
 	}
 	mp := padRows(m)
 	var g int64

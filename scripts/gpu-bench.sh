@@ -19,18 +19,17 @@
 #                                       graph-replayed decode steps at 512 cached tokens, batches 1,
 #                                       8 and 64; per-kernel summaries in the JSON, Chrome traces
 #                                       (Perfetto) and plots of what each kernel adds to a step
-#   scripts/gpu-bench.sh ab-mlp OUTDIR  the MLP block's experiment switches not yet measured, the
-#                                       settings timed in turns in one process (bench ffn -variants):
-#                                       m = 4096, 16384 and 65536 (0.5%, skewed; 65536 uniform too) the D2T as
-#                                       cuBLASLt's gate GEMM and d2t_pack (TWELL_D2T_KERNEL=lt)
-#                                       against the fused default, and the defaults again (round 1
-#                                       traces every setting's kernels at 65536 uniform); m = 16,
-#                                       32 and 64 the wide small-batch kernels (TWELL_MLP_WIDE=1)
-#                                       against D2T and dense; two rounds
+#   scripts/gpu-bench.sh ab-mlp OUTDIR  the MLP block's switches, the settings timed in turns in
+#                                       one process (bench ffn -variants): m = 2048, 4096, 8192,
+#                                       16384 and 65536 (0.5%, skewed; 65536 uniform too) the
+#                                       defaults (hot units calibrated), every unit through the
+#                                       sparse kernels (TWELL_HOT_UNITS=0), and the D2T as
+#                                       cuBLASLt's gate GEMM and d2t_pack (TWELL_D2T_KERNEL=lt);
+#                                       round 1 traces every setting's kernels at 65536 skewed;
+#                                       two rounds
 #   scripts/gpu-bench.sh ab-decode OUTDIR  the decode switches, as variants of one run (bench model
 #                                       -variants): steps of 1, 8, 16, 32 and 64 sequences at 512
-#                                       cached tokens with the wide small-batch MLP kernels
-#                                       (TWELL_MLP_WIDE=1) and the defaults again, traced (CUPTI);
+#                                       cached tokens on the defaults, traced (CUPTI);
 #                                       steps of one sequence with the norms not fused
 #                                       (TWELL_LLM_FUSE_NORMS=0) and the defaults again, twice
 #   scripts/gpu-bench.sh ab-prefill OUTDIR  the prefill switches, as variants of one run (bench model
@@ -100,19 +99,14 @@ trace)
   ;;
 ab-mlp)
   for round in 1 2; do
-    for shape in 65536:skewed 65536:uniform 16384:skewed 4096:skewed; do
+    for shape in 65536:skewed 65536:uniform 16384:skewed 8192:skewed 4096:skewed 2048:skewed; do
       m=${shape%%:*} dist=${shape#*:}
-      name=ffn-$m-$dist-d2t-$round
-      # Round 1 traces each setting's kernels at m = 65536, uniform.
+      name=ffn-$m-$dist-$round
+      # Round 1 traces each setting's kernels at m = 65536, skewed.
       trace=()
-      [ "$round$shape" = 165536:uniform ] && trace=(-trace "$out/$name-trace.json" -trace-plot "$out/$name-trace.png")
+      [ "$round$shape" = 165536:skewed ] && trace=(-trace "$out/$name-trace.json" -trace-plot "$out/$name-trace.png")
       "$tw" bench ffn -device cuda -m "$m" -density 0.005 -dist "$dist" -seed 1 "${trace[@]}" \
-        -variants 'D2T_KERNEL=lt;' -json "$out/$name.json" 2>&1 | tee "$out/$name.txt" || status=1
-    done
-    for m in 16 32 64; do # the wide small-batch kernels against D2T and dense
-      name=ffn-$m-skewed-wide-$round
-      "$tw" bench ffn -device cuda -m "$m" -density 0.005 -dist skewed -seed 1 \
-        -variants 'MLP_WIDE=1;' -json "$out/$name.json" 2>&1 | tee "$out/$name.txt" || status=1
+        -variants ';HOT_UNITS=0;D2T_KERNEL=lt' -json "$out/$name.json" 2>&1 | tee "$out/$name.txt" || status=1
     done
   done
   ;;
@@ -123,7 +117,6 @@ ab-decode)
   ckpt=${TMPDIR:-/tmp}/twell-ab-sparselm
   "$tw" bench model -device cuda -preset sparselm-1.5b -save "$ckpt" -seed 9596107621982983358 -reps 2 -batch 8 \
     -prompt-len 64 -decode-batch 1,8,16,32,64 -decode-context 512 -decode-steps 32 \
-    -variants 'MLP_WIDE=1;' \
     -trace "$out/decode-batches-trace.json" -trace-plot "$out/decode-batches-trace.png" \
     -json "$out/decode-batches.json" 2>&1 | tee "$out/decode-batches.txt" || status=1
   model=(-preset sparselm-1.5b)

@@ -785,49 +785,6 @@ func TestFusedNormsMatchUnfused(t *testing.T) {
 	}
 }
 
-// TestWideDecode runs decode steps of 12 to 64 sequences with the sparse
-// MLP on the wide small-batch kernels (gpu.MLP.Wide, Hopper): replayed from
-// graphs, the logits must agree with the D2T sparse path's and the CPU
-// model's, and repeat bit for bit.
-func TestWideDecode(t *testing.T) {
-	dev := cudatest.Device(t)
-	cudatest.Compiler(t)
-	if a := dev.Properties().Arch; a != "sm_90a" {
-		t.Skipf("the wide kernels need sm_90a; %v is %s", dev, a)
-	}
-	c := testConfig(64, 4, 2, true)
-	r, seed := testutil.Rand(t)
-	m := sparseModel(t, c, r, seed)
-	S := 12 + r.IntN(53)
-	passes, first := promptThenSteps(r, S, 30, 4, c.VocabSize)
-	run := func(wide bool) ([][]float32, *Engine) {
-		e := engineOnPath(t, dev, m, seed, "sparse")
-		for _, l := range e.layers {
-			if l.mlp != nil {
-				l.mlp.Wide = wide
-			}
-		}
-		return enginetest.Passes(t, e, 128, passes...)[first:], e // the decode steps' logits
-	}
-	got, e := run(true)
-	if k := e.layers[0].mlp.KernelsFor(S); k != "wide" {
-		t.Fatalf("seed %d: %d sequences: the sparse MLP runs %q, want the wide kernels", seed, S, k)
-	}
-	if e.GraphReplays() == 0 || e.GraphError() != nil {
-		t.Errorf("seed %d: %d graph replays (error %v)", seed, e.GraphReplays(), e.GraphError())
-	}
-	base, _ := run(false)
-	if d, err := enginetest.RelDiff(got, base); err != nil || d > 1e-2 {
-		t.Errorf("seed %d: %d sequences: wide kernels vs the D2T sparse path: rel diff %.3g (err %v)", seed, S, d, err)
-	}
-	want := cpuForward(t, m, "sparse", 128, passes...)[first:]
-	if d, err := enginetest.RelDiff(got, want); err != nil || d > bf16Tol {
-		t.Errorf("seed %d: %d sequences: wide kernels vs CPU: rel diff %.3g (err %v)", seed, S, d, err)
-	}
-	again, _ := run(true)
-	enginetest.SameBits(t, fmt.Sprintf("seed %d: %d sequences: wide kernels, run 2 vs run 1", seed, S), again, got)
-}
-
 // TestCalibrateAtLongPrefill: the engine's first pass of
 // gpu.CalibrationTokens tokens or more calibrates every layer's MLP (at the
 // SparseLM widths, where the skewed rates make hot units worth it), and
