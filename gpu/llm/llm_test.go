@@ -637,19 +637,6 @@ func decodeSteps(r *rand.Rand, n, S, vocab int) [][][]int {
 	return steps
 }
 
-// promptThenSteps returns a prefill pass of S random prompts of 1 to
-// maxLen tokens followed by steps decode steps of the S sequences, and how
-// many logit rows the prefill gives (the decode steps' rows follow).
-func promptThenSteps(r *rand.Rand, S, maxLen, steps, vocab int) ([][][]int, int) {
-	prompts := make([][]int, S)
-	first := 0
-	for i := range prompts {
-		prompts[i] = enginetest.Tokens(r, 1+r.IntN(maxLen), vocab)
-		first += len(prompts[i])
-	}
-	return append([][][]int{prompts}, decodeSteps(r, steps, S, vocab)...), first
-}
-
 // checkDecodeKernel compares the decode steps' logits of the decode
 // attention kernel (got, then again from a second run) with the plain
 // kernel's (ref) and the CPU model's (want).
