@@ -173,8 +173,9 @@ type FFNResult struct {
 	AutoMJPerToken  float64 `json:"auto_mj_per_token,omitempty"`
 	InputBuffers    int     `json:"input_buffers,omitempty"` // rotated x batches
 	// HotUnits is how many units MLP.Calibrate chose to compute densely (on
-	// a batch of its own, before the timings; the rows whose settings skip
-	// them run every unit sparse), HotCovered the fraction of the
+	// a batch of its own, before the timings, when some row's settings turn
+	// them on; the rows whose settings leave them off run every unit
+	// sparse), HotCovered the fraction of the
 	// calibration batch's active pairs they held.
 	HotUnits   int     `json:"hot_units,omitempty"`
 	HotCovered float64 `json:"hot_covered,omitempty"`

@@ -365,7 +365,7 @@ func ffnCase(o FFNOptions, density float64, l *gpu.MLP, sl *synth.Layer, e ffnEn
 		kern, _ := l.D2TKernel()
 		r.D2TKernel = kern.String()
 		r.Tail = l.KernelsFor(o.M) // the kernels this TwELL timing ran
-		if v.opts.SkipHot {
+		if !v.opts.Hot {
 			r.HotUnits, r.HotCovered = 0, 0
 		}
 		r.TwELLActBytes = l.SparseActBytes(o.M)
@@ -403,12 +403,13 @@ func ffnCase(o FFNOptions, density float64, l *gpu.MLP, sl *synth.Layer, e ffnEn
 
 // calibrateFFN runs MLP.Calibrate on a batch of its own (same distribution
 // as the timed batches, another random stream; between gpu.CalibrationTokens
-// and gpu.CalibrationMaxTokens) unless every setting the TwELL path is timed with skips the
-// hot units, and records what it chose in the case's rows.
+// and gpu.CalibrationMaxTokens) when some setting the TwELL path is timed
+// with turns the hot units on (gpu.Options.Hot), and records what it chose in
+// the case's rows.
 func calibrateFFN(o FFNOptions, l *gpu.MLP, e ffnEnv) (*gpu.Calibration, error) {
-	skip := e.base.SkipHot
+	skip := !e.base.Hot
 	for _, v := range e.variants {
-		skip = skip && v.opts.SkipHot
+		skip = skip && !v.opts.Hot
 	}
 	if skip {
 		return nil, nil

@@ -16,9 +16,10 @@ type Options struct {
 	Kernel Kernel // D2T kernel: EnvD2TKernel
 	Tail   Tail   // sparse tail: EnvTail
 	Serial bool   // no early start of the decode-step kernels: EnvEarlyStart = "0"
-	// SkipHot leaves calibrated hot units to the sparse kernels (MLP.SkipHot),
-	// and tells the callers that build MLPs not to calibrate: EnvHotUnits = "0".
-	SkipHot bool
+	// Hot tells the callers that build MLPs to calibrate them (MLP.Calibrate)
+	// and the MLPs to compute their hot units densely (MLP.SkipHot unset):
+	// EnvHotUnits = "1". An experiment, off by default.
+	Hot bool
 }
 
 // EnvD2TKernel names the environment variable that, set to "mma", "wgmma"
@@ -35,8 +36,8 @@ const EnvTail = "TWELL_TAIL"
 // cuda.LaunchConfig.EarlyStart).
 const EnvEarlyStart = "TWELL_EARLY_START"
 
-// EnvHotUnits names the environment variable that, set to "0", sets
-// Options.SkipHot: no hot units (hot.go).
+// EnvHotUnits names the environment variable that, set to "1", sets
+// Options.Hot: hot units calibrated and computed densely (hot.go).
 const EnvHotUnits = "TWELL_HOT_UNITS"
 
 // Switches are the names of the environment variables that set Options.
@@ -57,11 +58,9 @@ func OptionsFrom(getenv func(string) string) (Options, error) {
 		return o, err
 	}
 	o.Serial = !early
-	hot, err := envBool(getenv, EnvHotUnits, true)
-	if err != nil {
+	if o.Hot, err = envBool(getenv, EnvHotUnits, false); err != nil {
 		return o, err
 	}
-	o.SkipHot = !hot
 	o.Kernel, err = envChoice(getenv, EnvD2TKernel, "auto, wgmma, mma or lt", map[string]Kernel{"wgmma": KernelWGMMA, "mma": KernelMMA, "lt": KernelLt})
 	if err != nil {
 		return o, err
@@ -99,7 +98,7 @@ func envChoice[T any](getenv func(string) string, name, want string, choices map
 
 // Apply sets l's kernel choices to o.
 func (l *MLP) Apply(o Options) {
-	l.Kernel, l.Tail, l.Serial, l.SkipHot = o.Kernel, o.Tail, o.Serial, o.SkipHot
+	l.Kernel, l.Tail, l.Serial, l.SkipHot = o.Kernel, o.Tail, o.Serial, !o.Hot
 }
 
 // EarlyStart reports whether kernels that wait with grid_wait (common.cuh)

@@ -538,8 +538,9 @@ func (e *Engine) mlp(l layer, T int, fixed *mlp.Path) (bool, error) {
 	ch := e.chunk()
 	sparse := l.mlp != nil && e.mlpPath != mlp.Dense
 	if sparse && fixed == nil && !l.mlp.SkipHot && !l.mlp.Calibrated() && T >= gpu.CalibrationTokens {
-		// The first pass large enough measures which units fire most (the
-		// layer's input of this pass, at most CalibrationMaxTokens rows).
+		// With hot units on (gpu.Options.Hot), the first pass large enough
+		// measures which units fire most (the layer's input of this pass,
+		// at most CalibrationMaxTokens rows).
 		m := min(T, gpu.CalibrationMaxTokens)
 		if _, err := l.mlp.Calibrate(s, view(ws.hn, 0, 2*m*h), m); err != nil {
 			return false, err

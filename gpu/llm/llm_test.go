@@ -772,9 +772,9 @@ func TestFusedNormsMatchUnfused(t *testing.T) {
 	}
 }
 
-// TestCalibrateAtLongPrefill: the engine's first pass of
-// gpu.CalibrationTokens tokens or more calibrates every layer's MLP (at the
-// SparseLM widths, where the skewed rates make hot units worth it), and
+// TestCalibrateAtLongPrefill: with hot units on, the engine's first pass
+// of gpu.CalibrationTokens tokens or more calibrates every layer's MLP (at
+// the SparseLM widths, where the skewed rates make hot units worth it), and
 // that pass's logits and a decode step's after it match the CPU model's.
 func TestCalibrateAtLongPrefill(t *testing.T) {
 	dev := cudatest.Device(t)
@@ -783,7 +783,19 @@ func TestCalibrateAtLongPrefill(t *testing.T) {
 	c.HiddenSize, c.IntermediateSize = 2048, 5632
 	r, seed := testutil.Rand(t)
 	m := sparseModel(t, c, r, seed)
-	e := engineOnPath(t, dev, m, seed, "sparse")
+	opts, err := OptionsFromEnv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts.MLP.Hot = true
+	e, err := NewEngineWith(dev, m, opts)
+	if err != nil {
+		t.Fatalf("seed %d: %v", seed, err)
+	}
+	t.Cleanup(func() { e.Close() })
+	if err := e.SetMLPPath(mlp.Sparse); err != nil {
+		t.Fatal(err)
+	}
 	const seqs, n = 9, 460 // 4140 tokens
 	toks := make([][]int, seqs)
 	step := make([][]int, seqs)
