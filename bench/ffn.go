@@ -162,7 +162,7 @@ type FFNResult struct {
 
 	// GPU runs only (FFNCUDA); zero and left out on the CPU.
 	D2TKernel       string  `json:"d2t_kernel,omitempty"` // wgmma, mma or lt, under the row's settings
-	Tail            string  `json:"tail,omitempty"`       // the kernels of the TwELL timing: sorted, warp or pair (after D2T), small-batch or wide
+	Tail            string  `json:"tail,omitempty"`       // the kernels of the TwELL timing: sorted or warp after D2T ("+hot": with hot units), or small-batch
 	D2TMS           float64 `json:"d2t_ms,omitempty"`     // the D2T kernel alone, under the row's settings
 	AutoMS          float64 `json:"auto_ms,omitempty"`    // MLP.Forward, the automatic path
 	AutoSpeedup     float64 `json:"auto_speedup,omitempty"`

@@ -141,7 +141,7 @@ func printFFN(w io.Writer, rs []bench.FFNResult) {
   rel err    TwELL output against a float64 reference, max |diff| / max |reference| over sampled rows
   act MiB    memory of the hidden activations: dense, m x f float32 (two when gated); TwELL, the packed words
   dense GFLOP/s  the dense path's arithmetic rate (2 m d f per projection)
-  kernels    GPU: what the TwELL path ran (sorted or warp tail after D2T, or small-batch)
+  kernels    GPU: what the TwELL path ran (sorted or warp tail after D2T, "+hot" with hot units, or small-batch)
   switches   the TWELL_ settings of the row (the environment's, with -variants each variant's over them)
 `)
 }
