@@ -230,9 +230,17 @@ func FFNCUDA(o FFNOptions, progress func(string)) ([]FFNResult, error) {
 			return nil, err
 		}
 		l.Apply(kernOpts)
-		rows, err := ffnCase(o, density, l, sl, ffnEnv{dev: dev, x0: x0, x: xs[0], y: y, refRows: refRows, base: kernOpts, variants: variants,
-			timeMS: timeMS, energy: energy, check: check, trace: trace, say: say})
+		env := ffnEnv{dev: dev, x0: x0, x: xs[0], y: y, refRows: refRows, base: kernOpts, variants: variants,
+			timeMS: timeMS, energy: energy, check: check, trace: trace, say: say}
+		if env.hot, env.cal, err = hotMLP(o, sl, blas, env); err != nil {
+			l.Close()
+			return nil, err
+		}
+		rows, err := ffnCase(o, density, l, sl, env)
 		l.Close()
+		if env.hot != nil {
+			env.hot.Close()
+		}
 		if err != nil {
 			return nil, err
 		}
@@ -256,8 +264,10 @@ type ffnVariant struct {
 // ffnEnv is what one benchmark case needs from FFNCUDA.
 type ffnEnv struct {
 	dev      *cuda.Device
-	x0       []float32    // host copy of input batch 0
-	x, y     *cuda.Buffer // input batch 0 and the output every path writes
+	hot      *gpu.MLP         // a second copy of the layer, calibrated, for the settings with Options.Hot (nil: none)
+	cal      *gpu.Calibration // what its calibration chose
+	x0       []float32        // host copy of input batch 0
+	x, y     *cuda.Buffer     // input batch 0 and the output every path writes
 	refRows  []int
 	base     gpu.Options  // the environment's settings: dense and auto run with them
 	variants []ffnVariant // the TwELL path's settings, a result row each
@@ -283,11 +293,6 @@ func ffnCase(o FFNOptions, density float64, l *gpu.MLP, sl *synth.Layer, e ffnEn
 	if kerr != nil {
 		e.say("density %g: D2T kernel %v (%v)", density, kern, kerr)
 	}
-	if c, err := calibrateFFN(o, l, e); err != nil {
-		return nil, err
-	} else if c != nil {
-		res.HotUnits, res.HotCovered = len(c.Hot), c.Covered
-	}
 	want := make([][]float64, len(e.refRows))
 	for i, row := range e.refRows {
 		want[i], _ = sl.Reference(e.x0[row*o.D : (row+1)*o.D])
@@ -295,23 +300,33 @@ func ffnCase(o FFNOptions, density float64, l *gpu.MLP, sl *synth.Layer, e ffnEn
 	yb := e.y
 	var err error
 	// Every run sets the options it is timed with: the variants' TwELL
-	// runs take turns with the others.
+	// runs take turns with the others. Settings with hot units run on the
+	// calibrated copy of the layer (its units reordered), the others on l.
+	pick := func(opts gpu.Options) *gpu.MLP {
+		if opts.Hot && e.hot != nil {
+			return e.hot
+		}
+		return l
+	}
 	dense := func(x *cuda.Buffer) error { l.Apply(e.base); return l.Dense(nil, yb, x, o.M) }
 	sparse := make([]func(*cuda.Buffer) error, len(e.variants))
 	for i, v := range e.variants {
-		sparse[i] = func(x *cuda.Buffer) error { l.Apply(v.opts); return l.Sparse(nil, yb, x, o.M) }
+		lv := pick(v.opts)
+		sparse[i] = func(x *cuda.Buffer) error { lv.Apply(v.opts); return lv.Sparse(nil, yb, x, o.M) }
 	}
 	var autoPath mlp.Path
+	la := pick(e.base)
 	auto := func(x *cuda.Buffer) error {
-		l.Apply(e.base)
-		p, err := l.Forward(nil, yb, x, o.M)
+		la.Apply(e.base)
+		p, err := la.Forward(nil, yb, x, o.M)
 		autoPath = p
 		return err
 	}
 	// D2T alone under each setting: a variant may change the D2T kernel.
 	d2t := make([]func(*cuda.Buffer) error, len(e.variants))
 	for i, v := range e.variants {
-		d2t[i] = func(x *cuda.Buffer) error { l.Apply(v.opts); return l.QueueD2T(nil, x, o.M) }
+		lv := pick(v.opts)
+		d2t[i] = func(x *cuda.Buffer) error { lv.Apply(v.opts); return lv.QueueD2T(nil, x, o.M) }
 	}
 
 	e.say("density %g: timing dense (cuBLASLt), TwELL and D2T alone (%d settings) and the automatic path, in turns", density, len(sparse))
@@ -361,14 +376,15 @@ func ffnCase(o FFNOptions, density float64, l *gpu.MLP, sl *synth.Layer, e ffnEn
 		r.Switches = overlay(res.Switches, v.switches)
 		r.TwELLMS, r.D2TMS = ms[1+i], ms[1+k+i]
 		r.Speedup = r.DenseMS / r.TwELLMS
-		l.Apply(v.opts)
-		kern, _ := l.D2TKernel()
+		lv := pick(v.opts)
+		lv.Apply(v.opts)
+		kern, _ := lv.D2TKernel()
 		r.D2TKernel = kern.String()
-		r.Tail = l.KernelsFor(o.M) // the kernels this TwELL timing ran
-		if !v.opts.Hot {
-			r.HotUnits, r.HotCovered = 0, 0
+		r.Tail = lv.KernelsFor(o.M) // the kernels this TwELL timing ran
+		if lv == e.hot {
+			r.HotUnits, r.HotCovered = len(e.cal.Hot), e.cal.Covered
 		}
-		r.TwELLActBytes = l.SparseActBytes(o.M)
+		r.TwELLActBytes = lv.SparseActBytes(o.M)
 		if r.RelErr, err = checkPath(sparse[i]); err != nil {
 			return nil, err
 		}
@@ -401,31 +417,40 @@ func ffnCase(o FFNOptions, density float64, l *gpu.MLP, sl *synth.Layer, e ffnEn
 	return rows, nil
 }
 
-// calibrateFFN runs MLP.Calibrate on a batch of its own (same distribution
-// as the timed batches, another random stream; between gpu.CalibrationTokens
-// and gpu.CalibrationMaxTokens) when some setting the TwELL path is timed
-// with turns the hot units on (gpu.Options.Hot), and records what it chose in
-// the case's rows.
-func calibrateFFN(o FFNOptions, l *gpu.MLP, e ffnEnv) (*gpu.Calibration, error) {
-	skip := !e.base.Hot
+// hotMLP returns, when some setting the TwELL path is timed with turns the
+// hot units on (gpu.Options.Hot), a second copy of the layer sl calibrated
+// with MLP.Calibrate on a batch of its own (same distribution as the timed
+// batches, another random stream; between gpu.CalibrationTokens and
+// gpu.CalibrationMaxTokens tokens), and what the calibration chose. The
+// other settings keep the uncalibrated layer, whose units stay in their
+// order (packing every unit of a calibrated layer would put the hot ones in
+// the same tiles).
+func hotMLP(o FFNOptions, sl *synth.Layer, blas *cublas.Handle, e ffnEnv) (*gpu.MLP, *gpu.Calibration, error) {
+	want := e.base.Hot
 	for _, v := range e.variants {
-		skip = skip && !v.opts.Hot
+		want = want || v.opts.Hot
 	}
-	if skip {
-		return nil, nil
+	if !want {
+		return nil, nil, nil
+	}
+	l, err := gpu.NewMLP(e.dev, blas, sl.Gate, sl.Up, sl.Down, o.D, o.F, o.Layout)
+	if err != nil {
+		return nil, nil, err
 	}
 	m := min(max(o.M, gpu.CalibrationTokens), gpu.CalibrationMaxTokens)
 	x, err := gpu.Upload(e.dev, synth.Tokens(rand.New(rand.NewPCG(o.Seed, 0xca1b)), m, o.D))
 	if err != nil {
-		return nil, err
+		l.Close()
+		return nil, nil, err
 	}
 	defer x.Free()
 	c, err := l.Calibrate(nil, x, m)
 	if err != nil {
-		return nil, fmt.Errorf("calibrating the hot units: %w", err)
+		l.Close()
+		return nil, nil, fmt.Errorf("calibrating the hot units: %w", err)
 	}
 	e.say("hot units: %d of %d (%.1f%% of the calibration batch's active pairs, %d tokens)", len(c.Hot), o.F, 100*c.Covered, c.Tokens)
-	return c, nil
+	return l, c, nil
 }
 
 // traceOne records the kernels of o.TraceSteps calls of run (path "dense"

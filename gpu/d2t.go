@@ -363,9 +363,9 @@ func wgmmaSmem(s int) int {
 }
 
 // d2tArgs are the operands of a D2T kernel for one call of m tokens: x
-// (m x d bf16) times w^T (w f x d bf16), packed into rowWords words a row
-// (S a tile), with the row flags, the overflow list and the active-unit
-// counter.
+// (m x d bf16) times the first f rows of w (F x d bf16) transposed, packed
+// into rowWords words a row (S a tile; F/C, whatever f), with the row flags,
+// the overflow list and the active-unit counter.
 type d2tArgs struct {
 	x, w, packed, flags, ovf, nnz *cuda.Buffer
 	m, d, f, s, rowWords          int

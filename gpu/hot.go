@@ -30,14 +30,12 @@ var hotSrc []byte
 // m = 65536; docs/gpu-twell.md): the sorted tail gathers an active pair's
 // weight rows at about hotPairRate, and the hot dense products run at about
 // hotGEMMRate with hotElemBytes of elementwise traffic per (token, unit) at
-// hotElemRate. A call of fewer tokens than cover hotCallCost with the
-// calibrated gain runs every unit sparse.
+// hotElemRate.
 const (
 	hotPairRate  = 8e12   // B/s of weight rows through the sorted tail (t2u + t2d_ws)
 	hotGEMMRate  = 600e12 // FLOP/s of the hot slice's GEMMs (N = a few hundred)
 	hotElemBytes = 12     // gate and up written and read, h written and read (bf16)
 	hotElemRate  = 3e12   // B/s
-	hotCallCost  = 15e-6  // s: the hot path's three GEMMs and relu_mul launched on top of the tail
 	hotBlock     = 256    // units moved at a time (a D2T tile)
 )
 
@@ -84,15 +82,11 @@ func (l *MLP) UnitOrder() []int {
 }
 
 // hotFor returns how many hot units the sparse path computes densely in a
-// call of m tokens through D2T: none when SkipHot is set, when Calibrate
-// chose none, or when m is too small for the gain to pay the extra
-// launches.
-func (l *MLP) hotFor(m int) int {
-	if l.SkipHot || l.hotK == 0 || float64(m)*l.hotGain < hotCallCost {
-		return 0
-	}
-	return l.hotK
-}
+// call of m tokens through D2T: all that Calibrate chose, whatever m. D2T
+// must never pack them: the reorder puts the most frequent units together
+// in the last tiles, which would overflow their capacity in most rows (at
+// 2% skewed density and C = 8, every row of a 4096-token batch).
+func (l *MLP) hotFor(int) int { return l.hotK }
 
 // sparseCols returns the units D2T packs and the tail gathers for m
 // tokens: all but the hot ones.
@@ -103,9 +97,11 @@ func (l *MLP) sparseCols(m int) int { return l.F - l.hotFor(m) }
 // chooses the hot units by the cost model (chooseHot) and reorders the
 // MLP's weights on the device so that they come last. Later sparse calls
 // through D2T compute them densely (see hotFor). It needs the cuBLAS handle
-// and synchronizes stream s. Calibrating again starts from the counts of
-// the new batch (the order it chooses replaces the last one). Work recorded
-// into CUDA graphs before it must be recorded again: it advances Epoch.
+// and synchronizes stream s. Calibrating again first restores the order
+// NewMLP was given (counting in the reordered one would pack the hot units
+// together and flag most rows), then chooses anew from the new batch's
+// counts. Work recorded into CUDA graphs before it must be recorded again:
+// it advances Epoch.
 func (l *MLP) Calibrate(s *cuda.Stream, x *cuda.Buffer, m int) (*Calibration, error) {
 	if err := l.checkIO(nil, x, m); err != nil {
 		return nil, err
@@ -117,6 +113,16 @@ func (l *MLP) Calibrate(s *cuda.Stream, x *cuda.Buffer, m int) (*Calibration, er
 	if err != nil {
 		return nil, err
 	}
+	if l.order != nil {
+		back := make([]int, l.F) // new position u takes the current position of unit u
+		for p, u := range l.order {
+			back[u] = p
+		}
+		if err := l.reorder(s, hk, back); err != nil {
+			return nil, err
+		}
+	}
+	l.hotK, l.calibrated = 0, true
 	ws, err := l.runD2T(s, x, m, l.F)
 	if err != nil {
 		return nil, err
@@ -171,7 +177,7 @@ func (l *MLP) Calibrate(s *cuda.Stream, x *cuda.Buffer, m int) (*Calibration, er
 		c.Covered = float64(held) / float64(all)
 	}
 	c.Gain = gain
-	l.hotK, l.hotGain, l.calibrated = len(hot), gain, true
+	l.hotK = len(hot)
 	return c, nil
 }
 
@@ -272,19 +278,22 @@ func (l *MLP) reorder(s *cuda.Stream, hk *hotSet, perm []int) error {
 	}
 	defer tmp.Free()
 	grid := cuda.Dim3{uint32(min(l.F, 8*l.dev.Properties().SMs)), 1, 1}
-	for _, w := range []*cuda.Buffer{l.gate, l.up, l.down} {
+	for i, w := range []*cuda.Buffer{l.gate, l.up, l.down} {
 		if w == nil {
 			continue
 		}
-		if err := hk.permute.Launch(grid, cuda.Dim3{256, 1, 1}, 0, s, w, tmp, pb, int32(l.F), int32(l.D)); err != nil {
-			return fmt.Errorf("gpu: permute_rows: %w", err)
+		err := hk.permute.Launch(grid, cuda.Dim3{256, 1, 1}, 0, s, w, tmp, pb, int32(l.F), int32(l.D))
+		if err == nil {
+			err = l.dev.CopyDtoDAsync(w, tmp, n, s)
 		}
-		if err := l.dev.CopyDtoDAsync(w, tmp, n, s); err != nil {
-			return err
+		if err == nil && i == 2 {
+			err = syncStream(l.dev, s)
 		}
-	}
-	if err := syncStream(l.dev, s); err != nil {
-		return err
+		if err != nil {
+			// Some matrices may be reordered and others not.
+			l.bad = fmt.Errorf("gpu: MLP weights left half reordered: %w", err)
+			return l.bad
+		}
 	}
 	old := l.UnitOrder()
 	l.order = make([]int, l.F)
@@ -349,7 +358,7 @@ var hotExprs = []string{"unit_count", "permute_rows"}
 
 // hot returns the kernels of hot.cu, compiling them on first use.
 func (k *kernels) hot() (*hotSet, error) {
-	h := &k.hotK
+	h := &k.hotKs
 	h.once.Do(func() {
 		exprs := hotExprs
 		fs, err := k.compile("hot.cu", hotSrc, exprs)

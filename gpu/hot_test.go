@@ -8,6 +8,8 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/twell-ai/twell/cuda"
+	"github.com/twell-ai/twell/cuda/cudatest"
 	"github.com/twell-ai/twell/internal/testutil"
 	"github.com/twell-ai/twell/synth"
 	"github.com/twell-ai/twell/twell"
@@ -161,21 +163,17 @@ func TestHotOrder(t *testing.T) {
 }
 
 // hotPaths runs the sparse path with hot units on a GPU against float64:
-// the sparse tails, the automatic path, and the same calls with SkipHot.
+// the sparse tails, the dense path (all units, in the new order) and the
+// automatic path.
 func hotPaths(t *testing.T, seed uint64, l *MLP, sl *synth.Layer, x []float32, rows []int, m int) {
 	t.Helper()
-	dev := l.dev
 	want := refRowsBF16(sl, x, sl.D, rows)
-	for _, skip := range []bool{false, true} {
-		l.SkipHot = skip
-		for _, path := range []string{"sparse-warp", "sparse-sorted", "auto"} {
-			y := runPath(t, dev, l, path, x, m)
-			if e := synth.RelErr(y, sl.D, rows, want); !(e <= 1e-2) {
-				t.Errorf("seed %d: %s (skip hot %v, %d hot units): rel err %.3g vs float64, want <= 1e-2", seed, path, skip, l.hotFor(m), e)
-			}
+	for _, path := range []string{"sparse-warp", "sparse-sorted", "dense", "auto"} {
+		y := runPath(t, l.dev, l, path, x, m)
+		if e := synth.RelErr(y, sl.D, rows, want); !(e <= 1e-2) {
+			t.Errorf("seed %d: %s (%d hot units): rel err %.3g vs float64, want <= 1e-2", seed, path, l.hotFor(m), e)
 		}
 	}
-	l.SkipHot = false
 }
 
 // TestCalibrateMatchesFloat64 calibrates the SparseLM shape with skewed
@@ -183,7 +181,8 @@ func hotPaths(t *testing.T, seed uint64, l *MLP, sl *synth.Layer, x []float32, r
 // reference, every tail and the automatic path, with and without the hot
 // units), permute the gate so that D2T's packed units map back through
 // UnitOrder to the uncalibrated ones, and report counts that name the
-// most frequent units. A second calibration starts from the first's order.
+// most frequent units. A second calibration restores the first order
+// before it counts.
 func TestCalibrateMatchesFloat64(t *testing.T) {
 	dev, blas := setup(t)
 	r, seed := testutil.Rand(t)
@@ -313,5 +312,54 @@ func forceHot(t *testing.T, seed uint64, l *MLP, r *rand.Rand, k int) {
 	if err := l.reorder(nil, hk, r.Perm(l.F)); err != nil {
 		t.Fatalf("seed %d: reorder: %v", seed, err)
 	}
-	l.hotK, l.hotGain, l.calibrated = k, 1, true
+	l.hotK, l.calibrated = k, true
+}
+
+// TestHotUnitsKeepTilesSparse: at 2% skewed density the hot units fill
+// several tiles; after calibration, calls of every size (decode-sized ones
+// that D2T takes too) must leave them out of D2T, or their tiles overflow
+// and flag most rows. The calibrated MLP's flagged rows stay within a few
+// of the uncalibrated one's on the same batch, its output matches float64,
+// and a second calibration (which counts in the first order again) chooses
+// as many hot units.
+func TestHotUnitsKeepTilesSparse(t *testing.T) {
+	dev, blas := setup(t)
+	r, seed := testutil.Rand(t)
+	const d, f = 512, 2048
+	sl := newLayer(t, r, d, f, 0.02, synth.Skewed, true)
+	plain := newMLP(t, dev, blas, sl, twell.DefaultLayout, seed)
+	l := newMLP(t, dev, blas, sl, twell.DefaultLayout, seed)
+	var hot int
+	for round := 0; round < 2; round++ {
+		cm := CalibrationTokens
+		c, err := l.Calibrate(nil, upload(t, dev, synth.Tokens(r, cm, d)), cm)
+		if err != nil {
+			t.Fatalf("seed %d: Calibrate: %v", seed, err)
+		}
+		if len(c.Hot) == 0 || (round == 1 && len(c.Hot) < hot-hotBlock) {
+			t.Fatalf("seed %d: round %d: %d hot units (first round %d)", seed, round, len(c.Hot), hot)
+		}
+		hot = len(c.Hot)
+		for _, m := range []int{9, 40 + r.IntN(100), 700 + r.IntN(300)} {
+			x := synth.Tokens(r, m, d)
+			xb := upload(t, dev, x)
+			flagged := func(l *MLP) int {
+				if err := l.Sparse(nil, cudatest.Alloc(t, dev, 2*m*d), xb, m); err != nil {
+					t.Fatalf("seed %d: %v", seed, err)
+				}
+				if err := dev.Synchronize(); err != nil {
+					t.Fatal(err)
+				}
+				var n [1]int32
+				if err := dev.CopyDtoH(cuda.Bytes(n[:]), l.ws.sp.ovf); err != nil {
+					t.Fatal(err)
+				}
+				return int(n[0])
+			}
+			if got, base := flagged(l), flagged(plain); got > base+2 {
+				t.Errorf("seed %d: round %d, m %d: %d rows flagged with %d hot units against %d without", seed, round, m, got, hot, base)
+			}
+			hotPaths(t, seed, l, sl, x, synth.SampleRows(r, m, 24), m)
+		}
+	}
 }

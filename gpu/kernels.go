@@ -39,7 +39,7 @@ type kernels struct {
 	gemvOnce  sync.Once
 	gemv      gemvSet
 	gemvErr   error
-	hotK      hotSet // hot.cu (hot units)
+	hotKs     hotSet // hot.cu (hot units)
 
 	t2dMu sync.Mutex
 	t2d   map[int]*t2dSet // by chunks per row, ceil(d/256)

@@ -47,9 +47,6 @@ type MLP struct {
 	// compute capability 9.0 or later and is used there unless Serial is
 	// set).
 	Serial bool
-	// SkipHot runs every unit through D2T and the sparse tail even after
-	// Calibrate chose hot units (to compare; see hot.go).
-	SkipHot bool
 
 	dev            *cuda.Device
 	k              *kernels
@@ -67,13 +64,13 @@ type MLP struct {
 	clusters   int // resident clusters of the wgmma D2T kernel (0: not yet asked)
 	packBlocks int // resident blocks of d2t_pack (KernelLt; 0: not yet asked)
 
-	// hot units (hot.go): the last hotK positions of the unit order, saving
-	// hotGain seconds per token; order maps positions to the units given to
-	// NewMLP (nil: unchanged)
+	// hot units (hot.go): the last hotK positions of the unit order; order
+	// maps positions to the units given to NewMLP (nil: unchanged); bad is
+	// why the weights are unusable (a reorder failed halfway)
 	hotK       int
-	hotGain    float64
 	order      []int
 	calibrated bool
+	bad        error
 
 	// automatic path state
 	next      mlp.Path // the density rule's path (mlp.Sparse or mlp.Dense)
@@ -226,15 +223,16 @@ func (l *MLP) checkIO(y, x *cuda.Buffer, m int) error {
 	if l.up == nil {
 		return errors.New("gpu: MLP was closed")
 	}
-	return nil
+	return l.bad
 }
 
 // Sparse queues the TwELL MLP on stream s (nil: the default stream): D2T,
 // then the sparse tail (see Tail), then the hot units' dense part when
 // Calibrate chose some (hot.go; D2T and the tail then take the other
-// units), then the dense recomputation of every row that D2T flagged: the first rows of the overflow list through a gathered
-// cuBLASLt pass sized from the flagged rows seen in earlier calls, any
-// others through the exact per-row kernel. x and y hold m x D bf16 values;
+// units), then the dense recomputation of every row that D2T flagged: the
+// first rows of the overflow list through a gathered cuBLASLt pass sized
+// from the flagged rows seen in earlier calls, any others through the exact
+// per-row kernel. x and y hold m x D bf16 values;
 // m may be any positive count (the kernels pad inside). Batches of at most
 // 8 tokens (decode steps) take the small-batch kernels instead (see
 // gemv.cu): every gate row is read once and only the active units' up and

@@ -16,9 +16,9 @@ type Options struct {
 	Kernel Kernel // D2T kernel: EnvD2TKernel
 	Tail   Tail   // sparse tail: EnvTail
 	Serial bool   // no early start of the decode-step kernels: EnvEarlyStart = "0"
-	// Hot tells the callers that build MLPs to calibrate them (MLP.Calibrate)
-	// and the MLPs to compute their hot units densely (MLP.SkipHot unset):
-	// EnvHotUnits = "1". An experiment, off by default.
+	// Hot tells the callers that build MLPs to calibrate them (MLP.Calibrate),
+	// after which the MLPs compute their hot units densely: EnvHotUnits =
+	// "1". An experiment, off by default. Apply does not read it.
 	Hot bool
 }
 
@@ -98,7 +98,7 @@ func envChoice[T any](getenv func(string) string, name, want string, choices map
 
 // Apply sets l's kernel choices to o.
 func (l *MLP) Apply(o Options) {
-	l.Kernel, l.Tail, l.Serial, l.SkipHot = o.Kernel, o.Tail, o.Serial, !o.Hot
+	l.Kernel, l.Tail, l.Serial = o.Kernel, o.Tail, o.Serial
 }
 
 // EarlyStart reports whether kernels that wait with grid_wait (common.cuh)

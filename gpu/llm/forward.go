@@ -537,13 +537,13 @@ func (e *Engine) mlp(l layer, T int, fixed *mlp.Path) (bool, error) {
 	ws, s := &e.ws, e.stream
 	ch := e.chunk()
 	sparse := l.mlp != nil && e.mlpPath != mlp.Dense
-	if sparse && fixed == nil && !l.mlp.SkipHot && !l.mlp.Calibrated() && T >= gpu.CalibrationTokens {
-		// With hot units on (gpu.Options.Hot), the first pass large enough
-		// measures which units fire most (the layer's input of this pass,
-		// at most CalibrationMaxTokens rows).
-		m := min(T, gpu.CalibrationMaxTokens)
+	if sparse && fixed == nil && e.HotUnits && !l.mlp.Calibrated() && T >= gpu.CalibrationTokens {
+		// The first pass large enough measures which units fire most: the
+		// layer's input of this pass, at most CalibrationMaxTokens rows and
+		// one MLP chunk (the workspace's bound).
+		m := min(T, gpu.CalibrationMaxTokens, ch)
 		if _, err := l.mlp.Calibrate(s, view(ws.hn, 0, 2*m*h), m); err != nil {
-			return false, err
+			e.hotErr, e.HotUnits = fmt.Errorf("llm: calibrating the hot units: %w", err), false
 		}
 	}
 	for off := 0; off < T; off += ch {

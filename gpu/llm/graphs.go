@@ -144,6 +144,10 @@ func (e *Engine) GraphReplays() int { return e.replays }
 // path changed).
 func (e *Engine) GraphRecords() int { return e.records }
 
+// CalibrationError returns why calibrating a layer's hot units failed
+// (Engine.HotUnits), or nil.
+func (e *Engine) CalibrationError() error { return e.hotErr }
+
 // GraphError returns why recording a decode step into a CUDA graph failed,
 // after which the engine runs every step kernel by kernel; nil if it has
 // not failed.
