@@ -171,7 +171,7 @@ func (l *MLP) QueueD2T(s *cuda.Stream, x *cuda.Buffer, m int) error {
 	if err := l.checkIO(nil, x, m); err != nil {
 		return err
 	}
-	_, err := l.runD2T(s, x, m, l.sparseCols(m))
+	_, err := l.runD2T(s, x, m, l.sparseCols())
 	return err
 }
 

@@ -81,23 +81,20 @@ func (l *MLP) UnitOrder() []int {
 	return slices.Clone(l.order)
 }
 
-// hotFor returns how many hot units the sparse path computes densely in a
-// call of m tokens through D2T: all that Calibrate chose, whatever m. D2T
-// must never pack them: the reorder puts the most frequent units together
-// in the last tiles, which would overflow their capacity in most rows (at
-// 2% skewed density and C = 8, every row of a 4096-token batch).
-func (l *MLP) hotFor(int) int { return l.hotK }
-
-// sparseCols returns the units D2T packs and the tail gathers for m
-// tokens: all but the hot ones.
-func (l *MLP) sparseCols(m int) int { return l.F - l.hotFor(m) }
+// sparseCols returns the units D2T packs and the tail gathers in every
+// sparse call through D2T: all but the hot ones, whatever the call's size.
+// D2T must never pack the hot units: the reorder puts the most frequent
+// units together in the last tiles, which would overflow their capacity in
+// most rows (at 2% skewed density and C = 8, every row of a 4096-token
+// batch).
+func (l *MLP) sparseCols() int { return l.F - l.hotK }
 
 // Calibrate runs the gate of the m tokens in x (m x D bf16; a few thousand
 // tokens of the data the MLP will see), counts how often each unit fires,
 // chooses the hot units by the cost model (chooseHot) and reorders the
 // MLP's weights on the device so that they come last. Later sparse calls
-// through D2T compute them densely (see hotFor). It needs the cuBLAS handle
-// and synchronizes stream s. Calibrating again first restores the order
+// through D2T compute them densely (see sparseCols). It needs the cuBLAS
+// handle and synchronizes stream s. Calibrating again first restores the order
 // NewMLP was given (counting in the reordered one would pack the hot units
 // together and flag most rows), then chooses anew from the new batch's
 // counts. Work recorded into CUDA graphs before it must be recorded again:
@@ -331,7 +328,7 @@ func (l *MLP) hotDense(s *cuda.Stream, y, x *cuda.Buffer, m, cols int) error {
 // hotActBytes returns the activation memory of the hot units' dense part
 // in a call of m tokens.
 func (l *MLP) hotActBytes(m int) int64 {
-	k := int64(l.hotFor(m))
+	k := int64(l.hotK)
 	if l.Gated {
 		return 2 * 2 * int64(m) * k
 	}

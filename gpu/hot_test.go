@@ -171,15 +171,14 @@ func hotPaths(t *testing.T, seed uint64, l *MLP, sl *synth.Layer, x []float32, r
 	for _, path := range []string{"sparse-warp", "sparse-sorted", "dense", "auto"} {
 		y := runPath(t, l.dev, l, path, x, m)
 		if e := synth.RelErr(y, sl.D, rows, want); !(e <= 1e-2) {
-			t.Errorf("seed %d: %s (%d hot units): rel err %.3g vs float64, want <= 1e-2", seed, path, l.hotFor(m), e)
+			t.Errorf("seed %d: %s (%d hot units): rel err %.3g vs float64, want <= 1e-2", seed, path, l.hotK, e)
 		}
 	}
 }
 
 // TestCalibrateMatchesFloat64 calibrates the SparseLM shape with skewed
 // rates: it must choose hot units, keep the MLP's output (float64
-// reference, every tail and the automatic path, with and without the hot
-// units), permute the gate so that D2T's packed units map back through
+// reference, every tail, the dense and the automatic path), permute the gate so that D2T's packed units map back through
 // UnitOrder to the uncalibrated ones, and report counts that name the
 // most frequent units. A second calibration restores the first order
 // before it counts.
@@ -203,8 +202,8 @@ func TestCalibrateMatchesFloat64(t *testing.T) {
 		if err != nil {
 			t.Fatalf("seed %d: Calibrate: %v", seed, err)
 		}
-		if len(c.Hot) == 0 || l.HotUnits() != len(c.Hot) || l.hotFor(m) == 0 {
-			t.Fatalf("seed %d: %d hot units (HotUnits %d, for %d tokens %d), want some", seed, len(c.Hot), l.HotUnits(), m, l.hotFor(m))
+		if len(c.Hot) == 0 || l.HotUnits() != len(c.Hot) || l.hotK == 0 {
+			t.Fatalf("seed %d: %d hot units (HotUnits %d, for %d tokens %d), want some", seed, len(c.Hot), l.HotUnits(), m, l.hotK)
 		}
 		if c.Tokens < cm-cm/100 || c.Covered < 0.3 || c.Covered > 0.8 {
 			t.Errorf("seed %d: %d of %d tokens counted, hot units hold %.2f of the pairs; want about half", seed, c.Tokens, cm, c.Covered)

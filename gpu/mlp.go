@@ -266,7 +266,7 @@ func (l *MLP) sparse(s *cuda.Stream, y, x *cuda.Buffer, m int, report bool) erro
 	if m <= gemvMaxRows {
 		return l.sparseGEMV(s, y, x, m)
 	}
-	cols := l.sparseCols(m)
+	cols := l.sparseCols()
 	ws, err := l.runD2T(s, x, m, cols)
 	if err != nil {
 		return err

@@ -55,7 +55,7 @@ func (l *MLP) KernelsFor(m int) string {
 	if m <= gemvMaxRows {
 		return "small-batch"
 	}
-	if l.hotFor(m) > 0 {
+	if l.hotK > 0 {
 		return l.TailFor(m).String() + "+hot"
 	}
 	return l.TailFor(m).String()
