@@ -20,6 +20,10 @@ type Options struct {
 	// after which the MLPs compute their hot units densely: EnvHotUnits =
 	// "1". An experiment, off by default. Apply does not read it.
 	Hot bool
+	// HotSide runs the hot units' gate and up products beside the sparse
+	// tail on a stream of their own (MLP.HotSide): EnvHotSide = "1". An
+	// experiment, off by default.
+	HotSide bool
 }
 
 // EnvD2TKernel names the environment variable that, set to "mma", "wgmma"
@@ -40,11 +44,15 @@ const EnvEarlyStart = "TWELL_EARLY_START"
 // Options.Hot: hot units calibrated and computed densely (hot.go).
 const EnvHotUnits = "TWELL_HOT_UNITS"
 
+// EnvHotSide names the environment variable that, set to "1", sets
+// Options.HotSide.
+const EnvHotSide = "TWELL_HOT_SIDE"
+
 // Switches are the names of the environment variables that set Options.
-var Switches = []string{EnvD2TKernel, EnvTail, EnvEarlyStart, EnvHotUnits}
+var Switches = []string{EnvD2TKernel, EnvTail, EnvEarlyStart, EnvHotUnits, EnvHotSide}
 
 // OptionsFromEnv returns the Options that EnvD2TKernel, EnvTail,
-// EnvEarlyStart and EnvHotUnits set, or an error naming a value it
+// EnvEarlyStart, EnvHotUnits and EnvHotSide set, or an error naming a value it
 // does not know.
 func OptionsFromEnv() (Options, error) { return OptionsFrom(os.Getenv) }
 
@@ -59,6 +67,9 @@ func OptionsFrom(getenv func(string) string) (Options, error) {
 	}
 	o.Serial = !early
 	if o.Hot, err = envBool(getenv, EnvHotUnits, false); err != nil {
+		return o, err
+	}
+	if o.HotSide, err = envBool(getenv, EnvHotSide, false); err != nil {
 		return o, err
 	}
 	o.Kernel, err = envChoice(getenv, EnvD2TKernel, "auto, wgmma, mma or lt", map[string]Kernel{"wgmma": KernelWGMMA, "mma": KernelMMA, "lt": KernelLt})
@@ -98,7 +109,7 @@ func envChoice[T any](getenv func(string) string, name, want string, choices map
 
 // Apply sets l's kernel choices to o.
 func (l *MLP) Apply(o Options) {
-	l.Kernel, l.Tail, l.Serial = o.Kernel, o.Tail, o.Serial
+	l.Kernel, l.Tail, l.Serial, l.HotSide = o.Kernel, o.Tail, o.Serial, o.HotSide
 }
 
 // EarlyStart reports whether kernels that wait with grid_wait (common.cuh)
