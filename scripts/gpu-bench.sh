@@ -129,7 +129,7 @@ ab-decode)
   ;;
 ab-prefill)
   "$tw" bench gemm -transb -backend lt,tuned -reps 20 -energy 0 \
-    -sizes 131072x3072x2048,131072x2048x2048,131072x1024x2048,131072x5632x2048,131072x2048x5632 \
+    -sizes 131072x6144x2048,131072x2048x2048,131072x4096x2048,131072x5632x2048,131072x2048x5632 \
     -json "$out/gemm-tuned.json" 2>&1 | tee "$out/gemm-tuned.txt" || status=1
   for round in 1 2; do
     # Round 1 also traces one more prefill pass of every engine: each
