@@ -25,18 +25,6 @@ func (dev *Device) NewStream() (*Stream, error) {
 	return &Stream{dev: dev, h: h}, nil
 }
 
-// NewSideStream creates a stream that does not wait for the default stream,
-// nor the default stream for it (CU_STREAM_NON_BLOCKING): work on it is
-// ordered against other streams only by events (Event.Record, Stream.Wait).
-func (dev *Device) NewSideStream() (*Stream, error) {
-	const nonBlocking = 1
-	var h uintptr
-	if err := dev.call("cuStreamCreate", func() int32 { return dev.drv.cuStreamCreate(&h, nonBlocking) }); err != nil {
-		return nil, err
-	}
-	return &Stream{dev: dev, h: h}, nil
-}
-
 // NewUrgentStream creates a stream of the device's greatest priority
 // (cuStreamCreateWithPriority): where its kernels and those of other
 // streams wait for the same multiprocessors, its blocks start first.
@@ -111,17 +99,17 @@ func (s *Stream) Done() (bool, error) {
 	return r == 0, check(r, "cuStreamQuery")
 }
 
-// Wait makes later work on s (nil: the default stream) wait until e has
-// completed (cuStreamWaitEvent), without blocking the host.
+// Wait makes later work on s wait until e has completed (cuStreamWaitEvent),
+// without blocking the host.
 func (s *Stream) Wait(e *Event) error {
-	if e == nil || e.destroyed.Load() {
-		return misuse("cuStreamWaitEvent", ErrorInvalidHandle, "nil or destroyed event")
-	}
-	h, err := e.dev.streamHandle("cuStreamWaitEvent", s)
+	dev, h, err := s.device("cuStreamWaitEvent")
 	if err != nil {
 		return err
 	}
-	return e.dev.hot("cuStreamWaitEvent", e.dev.drv.pStreamWaitEvent, h, e.h, 0)
+	if e == nil || e.destroyed.Load() {
+		return misuse("cuStreamWaitEvent", ErrorInvalidHandle, "nil or destroyed event")
+	}
+	return dev.hot("cuStreamWaitEvent", dev.drv.pStreamWaitEvent, h, e.h, 0)
 }
 
 // Destroy releases the stream once its queued work is done. Destroying it

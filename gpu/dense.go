@@ -278,34 +278,24 @@ func (l *DenseMLP) workspace(m int, ws *denseWS, realloc func(*cuda.Buffer, int)
 // the active units into l.nnz; else act_mul. With add, the down product is
 // added into y (the hot units of MLP, added to the sparse tail's output).
 func (l *DenseMLP) queue(s *cuda.Stream, y, x *cuda.Buffer, m int, ws *denseWS, realloc func(*cuda.Buffer, int) (*cuda.Buffer, error), add bool) error {
-	ws, err := l.hidden(s, x, m, ws, realloc)
+	ws, err := l.workspace(m, ws, realloc)
 	if err != nil {
 		return err
 	}
-	return l.downProj(s, y, ws, m, add)
-}
-
-// hidden queues the first half of queue: the gate and up products and the
-// activation, leaving the hidden activations in ws.g, which it returns.
-func (l *DenseMLP) hidden(s *cuda.Stream, x *cuda.Buffer, m int, ws *denseWS, realloc func(*cuda.Buffer, int) (*cuda.Buffer, error)) (*denseWS, error) {
-	ws, err := l.workspace(m, ws, realloc)
-	if err != nil {
-		return nil, err
-	}
 	ek, err := l.k.dense()
 	if err != nil {
-		return nil, err
+		return err
 	}
 	proj := cublas.Gemm{M: m, N: l.F, K: l.D, TransB: true}
 	first := l.up
 	if l.Gated {
 		first = l.gate
 		if err := l.blas.Matmul(s, proj, x, l.up, ws.u); err != nil {
-			return nil, err
+			return err
 		}
 	}
 	if err := l.blas.Matmul(s, proj, x, first, ws.g); err != nil {
-		return nil, err
+		return err
 	}
 	n := int64(m) * int64(l.F)
 	sms := l.dev.Properties().SMs
@@ -324,13 +314,8 @@ func (l *DenseMLP) hidden(s *cuda.Stream, x *cuda.Buffer, m int, ws *denseWS, re
 		err = ek.actMul.Launch(grid, cuda.Dim3{256, 1, 1}, 0, s, ws.g, u, n, int32(l.Act), gated)
 	}
 	if err != nil {
-		return nil, err
+		return err
 	}
-	return ws, nil
-}
-
-// downProj queues the second half of queue: y = ws.g down (with add, y +=).
-func (l *DenseMLP) downProj(s *cuda.Stream, y *cuda.Buffer, ws *denseWS, m int, add bool) error {
 	down := cublas.Gemm{M: m, N: l.D, K: l.F}
 	if add {
 		down.Alpha, down.Beta = 1, 1

@@ -300,90 +300,28 @@ func (l *MLP) reorder(s *cuda.Stream, hk *hotSet, perm []int) error {
 	return nil
 }
 
-// hotPart is the hot units' dense part of a sparse call: the dense MLP over
-// their weight rows, and with HotSide its hidden activations queued on the
-// side stream (ws nil: nothing queued yet).
-type hotPart struct {
-	mlp *DenseMLP
-	ws  *denseWS
-}
-
-// hotStart begins the hot units' part of a sparse call of m tokens whose
-// D2T covered the first cols positions (queued on s): the dense MLP over
-// the last F - cols positions' weight rows. With HotSide it queues that
-// MLP's gate and up products and activation on the side stream, after the
-// work queued on s so far, so that they run beside the tail.
-func (l *MLP) hotStart(s *cuda.Stream, x *cuda.Buffer, m, cols int) (*hotPart, error) {
+// hotDense queues the hot units' part of a sparse call of m tokens whose
+// other units (the first cols) went through D2T and the tail: a dense MLP
+// over the last F - cols units' weight rows whose down product adds into
+// y. relu_mul counts the hot units' firings into the MLP's counter.
+func (l *MLP) hotDense(s *cuda.Stream, y, x *cuda.Buffer, m, cols int) error {
 	off, n := 2*cols*l.D, 2*(l.F-cols)*l.D
-	dn := &DenseMLP{D: l.D, F: l.F - cols, Gated: l.Gated, Act: ActReLU, dev: l.dev, k: l.k, blas: l.blas, nnz: l.nnz}
+	dn := DenseMLP{D: l.D, F: l.F - cols, Gated: l.Gated, Act: ActReLU, dev: l.dev, k: l.k, blas: l.blas, nnz: l.nnz}
 	var err error
 	if l.Gated {
 		if dn.gate, err = l.gate.Slice(off, n); err != nil {
-			return nil, err
+			return err
 		}
 	}
 	if dn.up, err = l.up.Slice(off, n); err != nil {
-		return nil, err
-	}
-	if dn.down, err = l.down.Slice(off, n); err != nil {
-		return nil, err
-	}
-	hot := &hotPart{mlp: dn}
-	if !l.HotSide {
-		return hot, nil
-	}
-	if err := l.sideStream(); err != nil {
-		return nil, err
-	}
-	if err := l.fork.Record(s); err != nil {
-		return nil, err
-	}
-	if err := l.side.Wait(l.fork); err != nil {
-		return nil, err
-	}
-	if hot.ws, err = dn.hidden(l.side, x, m, &l.ws.hot, l.realloc); err != nil {
-		return nil, fmt.Errorf("gpu: hot units beside the tail: %w", err)
-	}
-	if err := l.join.Record(l.side); err != nil {
-		return nil, err
-	}
-	return hot, nil
-}
-
-// hotFinish queues, on s after the tail, the rest of the hot units' part:
-// their down product added into y (Beta = 1), after the side stream's
-// work, or the whole dense MLP if hotStart queued nothing.
-func (l *MLP) hotFinish(s *cuda.Stream, y, x *cuda.Buffer, m int, hot *hotPart) error {
-	var err error
-	if hot.ws == nil {
-		err = hot.mlp.queue(s, y, x, m, &l.ws.hot, l.realloc, true)
-	} else if err = s.Wait(l.join); err == nil {
-		err = hot.mlp.downProj(s, y, hot.ws, m, true)
-	}
-	if err != nil {
-		return fmt.Errorf("gpu: hot units: %w", err)
-	}
-	return nil
-}
-
-// sideStream creates HotSide's stream and events on first use.
-func (l *MLP) sideStream() error {
-	if l.side != nil {
-		return nil
-	}
-	fork, err := l.dev.NewEvent()
-	if err != nil {
 		return err
 	}
-	join, err := l.dev.NewEvent()
-	if err != nil {
-		return errors.Join(err, fork.Destroy())
+	if dn.down, err = l.down.Slice(off, n); err != nil {
+		return err
 	}
-	side, err := l.dev.NewSideStream()
-	if err != nil {
-		return errors.Join(err, fork.Destroy(), join.Destroy())
+	if err := dn.queue(s, y, x, m, &l.ws.hot, l.realloc, true); err != nil {
+		return fmt.Errorf("gpu: hot units: %w", err)
 	}
-	l.side, l.fork, l.join = side, fork, join
 	return nil
 }
 

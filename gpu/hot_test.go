@@ -2,7 +2,6 @@ package gpu
 
 import (
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -12,7 +11,6 @@ import (
 	"github.com/twell-ai/twell/cuda"
 	"github.com/twell-ai/twell/cuda/cudatest"
 	"github.com/twell-ai/twell/internal/testutil"
-	"github.com/twell-ai/twell/mlp"
 	"github.com/twell-ai/twell/synth"
 	"github.com/twell-ai/twell/twell"
 )
@@ -294,11 +292,8 @@ func TestHotUnitsForced(t *testing.T) {
 					rows[i] = i
 				}
 				want := refRows(sl, x, c.d, rows)
-				for _, side := range []bool{false, true} {
-					l.HotSide = side
-					for _, path := range []string{"sparse-warp", "sparse-sorted"} {
-						checkStress(t, seed, fmt.Sprintf("%s (hot units, side stream %v)", path, side), runPath(t, dev, l, path, x, m), want, rows, c.d, m)
-					}
+				for _, path := range []string{"sparse-warp", "sparse-sorted"} {
+					checkStress(t, seed, path+" (hot units)", runPath(t, dev, l, path, x, m), want, rows, c.d, m)
 				}
 			})
 		}
@@ -366,91 +361,4 @@ func TestHotUnitsKeepTilesSparse(t *testing.T) {
 			hotPaths(t, seed, l, sl, x, synth.SampleRows(r, m, 24), m)
 		}
 	}
-}
-
-// TestHotSideMatches: with HotSide the hot units' gate and up products run
-// on the side stream beside the tail, the same cuBLASLt products on the
-// same inputs, so the output must equal the one-stream output bit for bit:
-// on the default stream (the side stream does not wait for it implicitly,
-// only through the fork event), on a stream of the caller's, and replayed
-// from a CUDA graph captured on that stream (the fork and join bring the
-// side stream into the capture). Each call first poisons y, so a join that
-// came too late would leave NaNs or a partial sum.
-func TestHotSideMatches(t *testing.T) {
-	dev, blas := setup(t)
-	r, seed := testutil.Rand(t)
-	const d, f = 512, 2048
-	sl := newLayer(t, r, d, f, 0.01, synth.Skewed, true)
-	l := newMLP(t, dev, blas, sl, twell.DefaultLayout, seed)
-	forceHot(t, seed, l, r, hotBlock*(1+r.IntN(f/hotBlock-1)))
-	m := 2000 + r.IntN(3000)
-	x := synth.Tokens(r, m, d)
-	xb := upload(t, dev, x)
-	yb := cudatest.Alloc(t, dev, 2*m*d)
-	s, err := dev.NewStream()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Destroy()
-	run := func(what string, s *cuda.Stream, side bool, queue func(s *cuda.Stream) error) []byte {
-		t.Helper()
-		l.HotSide = side
-		if err := dev.Memset8(yb, 0xff, s); err != nil {
-			t.Fatal(err)
-		}
-		if err := queue(s); err != nil {
-			t.Fatalf("seed %d: %s: %v", seed, what, err)
-		}
-		if err := dev.Synchronize(); err != nil {
-			t.Fatalf("seed %d: %s: %v", seed, what, err)
-		}
-		out := make([]byte, 2*m*d)
-		if err := dev.CopyDtoH(out, yb); err != nil {
-			t.Fatal(err)
-		}
-		return out
-	}
-	sparse := func(s *cuda.Stream) error { return l.Queue(s, yb, xb, m, mlp.Sparse) }
-	want := run("one stream", nil, false, sparse)
-	rows := synth.SampleRows(r, m, 32)
-	if e := synth.RelErr(bf16Floats(want), d, rows, refRowsBF16(sl, x, d, rows)); !(e <= 1e-2) {
-		t.Fatalf("seed %d: one stream: rel err %.3g vs float64", seed, e)
-	}
-	for _, c := range []struct {
-		what string
-		s    *cuda.Stream
-	}{{"side, default stream", nil}, {"side, caller's stream", s}} {
-		if got := run(c.what, c.s, true, sparse); !slices.Equal(got, want) {
-			t.Errorf("seed %d: %s: output differs from the one-stream run", seed, c.what)
-		}
-	}
-	graph := func(s *cuda.Stream) error {
-		if err := s.BeginCapture(); err != nil {
-			return err
-		}
-		qerr := sparse(s)
-		g, err := s.EndCapture()
-		if qerr != nil || err != nil {
-			return errors.Join(qerr, err)
-		}
-		defer g.Destroy()
-		for range 2 {
-			if err := g.Launch(s); err != nil {
-				return err
-			}
-		}
-		return nil
-	}
-	if got := run("side, graph replay", s, true, graph); !slices.Equal(got, want) {
-		t.Errorf("seed %d: side, graph replay: output differs from the one-stream run", seed)
-	}
-}
-
-// bf16Floats widens little-endian bf16 bytes to float32s.
-func bf16Floats(b []byte) []float32 {
-	out := make([]float32, len(b)/2)
-	for i := range out {
-		out[i] = math.Float32frombits(uint32(binary.LittleEndian.Uint16(b[2*i:])) << 16)
-	}
-	return out
 }

@@ -47,10 +47,6 @@ type MLP struct {
 	// compute capability 9.0 or later and is used there unless Serial is
 	// set).
 	Serial bool
-	// HotSide queues the hot units' gate and up products (hot.go) on a
-	// stream of their own beside the sparse tail, joined before their down
-	// product; off, they follow the tail on the caller's stream.
-	HotSide bool
 
 	dev            *cuda.Device
 	k              *kernels
@@ -75,8 +71,6 @@ type MLP struct {
 	order      []int
 	calibrated bool
 	bad        error
-	side       *cuda.Stream // HotSide's stream, and its fork and join events
-	fork, join *cuda.Event
 
 	// automatic path state
 	next      mlp.Path // the density rule's path (mlp.Sparse or mlp.Dense)
@@ -189,9 +183,6 @@ func (l *MLP) Close() error {
 		release(&l.evt, (*cuda.Event).Destroy),
 		release(&l.hostOvf, (*cuda.HostBuffer).Free),
 		release(&l.evtOvf, (*cuda.Event).Destroy),
-		release(&l.fork, (*cuda.Event).Destroy),
-		release(&l.join, (*cuda.Event).Destroy),
-		release(&l.side, (*cuda.Stream).Destroy),
 		l.destroyEvents())
 	return errors.Join(errs...)
 }
@@ -284,17 +275,11 @@ func (l *MLP) sparse(s *cuda.Stream, y, x *cuda.Buffer, m int, report bool) erro
 	if err != nil {
 		return err
 	}
-	var hot *hotPart
-	if cols < l.F {
-		if hot, err = l.hotStart(s, x, m, cols); err != nil {
-			return err
-		}
-	}
 	if err := l.tail(s, set, y, x, ws, m, cols); err != nil {
 		return err
 	}
-	if hot != nil {
-		if err := l.hotFinish(s, y, x, m, hot); err != nil {
+	if cols < l.F {
+		if err := l.hotDense(s, y, x, m, cols); err != nil {
 			return err
 		}
 	}

@@ -20,10 +20,6 @@ type Options struct {
 	// after which the MLPs compute their hot units densely: EnvHotUnits =
 	// "1". An experiment, off by default. Apply does not read it.
 	Hot bool
-	// HotSide runs the hot units' gate and up products beside the sparse
-	// tail on a stream of their own (MLP.HotSide): EnvHotSide = "1". An
-	// experiment, off by default.
-	HotSide bool
 }
 
 // EnvD2TKernel names the environment variable that, set to "mma", "wgmma"
@@ -44,15 +40,11 @@ const EnvEarlyStart = "TWELL_EARLY_START"
 // Options.Hot: hot units calibrated and computed densely (hot.go).
 const EnvHotUnits = "TWELL_HOT_UNITS"
 
-// EnvHotSide names the environment variable that, set to "1", sets
-// Options.HotSide.
-const EnvHotSide = "TWELL_HOT_SIDE"
-
 // Switches are the names of the environment variables that set Options.
-var Switches = []string{EnvD2TKernel, EnvTail, EnvEarlyStart, EnvHotUnits, EnvHotSide}
+var Switches = []string{EnvD2TKernel, EnvTail, EnvEarlyStart, EnvHotUnits}
 
 // OptionsFromEnv returns the Options that EnvD2TKernel, EnvTail,
-// EnvEarlyStart, EnvHotUnits and EnvHotSide set, or an error naming a value it
+// EnvEarlyStart and EnvHotUnits set, or an error naming a value it
 // does not know.
 func OptionsFromEnv() (Options, error) { return OptionsFrom(os.Getenv) }
 
@@ -67,9 +59,6 @@ func OptionsFrom(getenv func(string) string) (Options, error) {
 	}
 	o.Serial = !early
 	if o.Hot, err = envBool(getenv, EnvHotUnits, false); err != nil {
-		return o, err
-	}
-	if o.HotSide, err = envBool(getenv, EnvHotSide, false); err != nil {
 		return o, err
 	}
 	o.Kernel, err = envChoice(getenv, EnvD2TKernel, "auto, wgmma, mma or lt", map[string]Kernel{"wgmma": KernelWGMMA, "mma": KernelMMA, "lt": KernelLt})
@@ -109,7 +98,7 @@ func envChoice[T any](getenv func(string) string, name, want string, choices map
 
 // Apply sets l's kernel choices to o.
 func (l *MLP) Apply(o Options) {
-	l.Kernel, l.Tail, l.Serial, l.HotSide = o.Kernel, o.Tail, o.Serial, o.HotSide
+	l.Kernel, l.Tail, l.Serial = o.Kernel, o.Tail, o.Serial
 }
 
 // EarlyStart reports whether kernels that wait with grid_wait (common.cuh)
