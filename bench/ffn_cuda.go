@@ -264,7 +264,7 @@ type ffnVariant struct {
 // ffnEnv is what one benchmark case needs from FFNCUDA.
 type ffnEnv struct {
 	dev      *cuda.Device
-	hot      *gpu.MLP         // a second copy of the layer, calibrated, for the settings with Options.Hot (nil: none)
+	hot      *gpu.MLP         // a second copy of the layer, calibrated, for the settings without Options.NoHotUnits (nil: none)
 	cal      *gpu.Calibration // what its calibration chose
 	x0       []float32        // host copy of input batch 0
 	x, y     *cuda.Buffer     // input batch 0 and the output every path writes
@@ -303,7 +303,7 @@ func ffnCase(o FFNOptions, density float64, l *gpu.MLP, sl *synth.Layer, e ffnEn
 	// runs take turns with the others. Settings with hot units run on the
 	// calibrated copy of the layer (its units reordered), the others on l.
 	pick := func(opts gpu.Options) *gpu.MLP {
-		if opts.Hot && e.hot != nil {
+		if !opts.NoHotUnits && e.hot != nil {
 			return e.hot
 		}
 		return l
@@ -418,7 +418,7 @@ func ffnCase(o FFNOptions, density float64, l *gpu.MLP, sl *synth.Layer, e ffnEn
 }
 
 // hotMLP returns, when some setting the TwELL path is timed with turns the
-// hot units on (gpu.Options.Hot), a second copy of the layer sl calibrated
+// hot units on (gpu.Options.NoHotUnits unset), a second copy of the layer sl calibrated
 // with MLP.Calibrate on a batch of its own (same distribution as the timed
 // batches, another random stream; between gpu.CalibrationTokens and
 // gpu.CalibrationMaxTokens tokens), and what the calibration chose. The
@@ -426,9 +426,9 @@ func ffnCase(o FFNOptions, density float64, l *gpu.MLP, sl *synth.Layer, e ffnEn
 // order (packing every unit of a calibrated layer would put the hot ones in
 // the same tiles).
 func hotMLP(o FFNOptions, sl *synth.Layer, blas *cublas.Handle, e ffnEnv) (*gpu.MLP, *gpu.Calibration, error) {
-	want := e.base.Hot
+	want := !e.base.NoHotUnits
 	for _, v := range e.variants {
-		want = want || v.opts.Hot
+		want = want || !v.opts.NoHotUnits
 	}
 	if !want {
 		return nil, nil, nil

@@ -16,10 +16,10 @@ type Options struct {
 	Kernel Kernel // D2T kernel: EnvD2TKernel
 	Tail   Tail   // sparse tail: EnvTail
 	Serial bool   // no early start of the decode-step kernels: EnvEarlyStart = "0"
-	// Hot tells the callers that build MLPs to calibrate them (MLP.Calibrate),
-	// after which the MLPs compute their hot units densely: EnvHotUnits =
-	// "1". An experiment, off by default. Apply does not read it.
-	Hot bool
+	// NoHotUnits tells the callers that build MLPs not to calibrate them
+	// (MLP.Calibrate), so that no units are computed densely: EnvHotUnits =
+	// "0". Apply does not read it.
+	NoHotUnits bool
 }
 
 // EnvD2TKernel names the environment variable that, set to "mma", "wgmma"
@@ -36,8 +36,9 @@ const EnvTail = "TWELL_TAIL"
 // cuda.LaunchConfig.EarlyStart).
 const EnvEarlyStart = "TWELL_EARLY_START"
 
-// EnvHotUnits names the environment variable that, set to "1", sets
-// Options.Hot: hot units calibrated and computed densely (hot.go).
+// EnvHotUnits names the environment variable that, set to "0", sets
+// Options.NoHotUnits: no hot units calibrated and computed densely
+// (hot.go).
 const EnvHotUnits = "TWELL_HOT_UNITS"
 
 // Switches are the names of the environment variables that set Options.
@@ -58,9 +59,11 @@ func OptionsFrom(getenv func(string) string) (Options, error) {
 		return o, err
 	}
 	o.Serial = !early
-	if o.Hot, err = envBool(getenv, EnvHotUnits, false); err != nil {
+	hot, err := envBool(getenv, EnvHotUnits, true)
+	if err != nil {
 		return o, err
 	}
+	o.NoHotUnits = !hot
 	o.Kernel, err = envChoice(getenv, EnvD2TKernel, "auto, wgmma, mma or lt", map[string]Kernel{"wgmma": KernelWGMMA, "mma": KernelMMA, "lt": KernelLt})
 	if err != nil {
 		return o, err

@@ -21,8 +21,8 @@ func TestOptionsFromEnv(t *testing.T) {
 		{Env: map[string]string{EnvD2TKernel: "tma"}, Bad: EnvD2TKernel},
 		{Env: map[string]string{EnvEarlyStart: "off"}, Bad: EnvEarlyStart},
 		{Env: map[string]string{EnvTail: "split"}, Bad: EnvTail},
-		{Env: map[string]string{EnvHotUnits: "1"}, Want: Options{Hot: true}},
-		{Env: map[string]string{EnvHotUnits: "0"}, Want: Options{}},
+		{Env: map[string]string{EnvHotUnits: "1"}, Want: Options{}},
+		{Env: map[string]string{EnvHotUnits: "0"}, Want: Options{NoHotUnits: true}},
 		{Env: map[string]string{EnvHotUnits: "off"}, Bad: EnvHotUnits},
 	})
 }

@@ -22,8 +22,8 @@
 #   scripts/gpu-bench.sh ab-mlp OUTDIR  the MLP block's switches, the settings timed in turns in
 #                                       one process (bench ffn -variants): m = 2048, 4096, 8192,
 #                                       16384 and 65536 (0.5%, skewed; 65536 uniform too) the
-#                                       defaults, the hot units calibrated and computed densely
-#                                       (TWELL_HOT_UNITS=1), and the D2T as
+#                                       defaults (hot units calibrated and computed densely),
+#                                       no hot units (TWELL_HOT_UNITS=0), and the D2T as
 #                                       cuBLASLt's gate GEMM and d2t_pack (TWELL_D2T_KERNEL=lt);
 #                                       round 1 traces every setting's kernels at 65536 skewed;
 #                                       two rounds
@@ -36,7 +36,7 @@
 #                                       -variants), 32 x 2048 tokens, two rounds: the defaults,
 #                                       cuBLASLt's heuristic's algorithms with the queries rotated
 #                                       in rope_kv (TWELL_GEMM_TUNE=0 TWELL_LLM_ATTN_ROPE=0), and
-#                                       hot units (TWELL_HOT_UNITS=1); first `bench gemm -transb` of
+#                                       no hot units (TWELL_HOT_UNITS=0); first `bench gemm -transb` of
 #                                       the prefill's products (q/k/v, q alone, k and v, output, MLP) with the
 #                                       heuristic's choice and the tuned one, every candidate timed
 #   scripts/gpu-bench.sh stalls OUTDIR  where the MLP block's kernels at m = 65536 wait (ncu, full
@@ -106,7 +106,7 @@ ab-mlp)
       trace=()
       [ "$round$shape" = 165536:skewed ] && trace=(-trace "$out/$name-trace.json" -trace-plot "$out/$name-trace.png")
       "$tw" bench ffn -device cuda -m "$m" -density 0.005 -dist "$dist" -seed 1 "${trace[@]}" \
-        -variants ';HOT_UNITS=1;D2T_KERNEL=lt' -json "$out/$name.json" 2>&1 | tee "$out/$name.txt" || status=1
+        -variants ';HOT_UNITS=0;D2T_KERNEL=lt' -json "$out/$name.json" 2>&1 | tee "$out/$name.txt" || status=1
     done
   done
   ;;
@@ -138,7 +138,7 @@ ab-prefill)
     [ "$round" = 1 ] && trace=(-trace "$out/prefill-trace.json" -trace-plot "$out/prefill-trace.png" -trace-steps 1)
     "$tw" bench model -device cuda -preset sparselm-1.5b -seed 9596107621982983358 -reps 3 -batch 32 -prompt-len 2048 \
       -decode-batch 1 -decode-context 512 -decode-steps 8 "${trace[@]}" \
-      -variants 'GEMM_TUNE=0 LLM_ATTN_ROPE=0;HOT_UNITS=1;' \
+      -variants 'GEMM_TUNE=0 LLM_ATTN_ROPE=0;HOT_UNITS=0;' \
       -json "$out/prefill-$round.json" 2>&1 | tee "$out/prefill-$round.txt" || status=1
   done
   ;;

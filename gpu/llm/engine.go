@@ -80,9 +80,9 @@ type Engine struct {
 	// HotUnits makes the first pass of at least gpu.CalibrationTokens
 	// tokens calibrate each TwELL layer on its input (gpu.MLP.Calibrate),
 	// after which the layers compute their most frequently firing units
-	// densely (an experiment). A failed calibration turns it off and is
-	// reported by CalibrationError; the pass goes on without hot units.
-	// NewEngine sets it when the environment variable TWELL_HOT_UNITS is "1".
+	// densely. A failed calibration turns it off and is reported by
+	// CalibrationError; the pass goes on without hot units. NewEngine sets
+	// it unless the environment variable TWELL_HOT_UNITS is "0".
 	HotUnits bool
 	// ReuseLogits makes Forward return its logits in host memory that the
 	// engine owns (page-locked, so the copy from the GPU is one fast DMA)
@@ -230,7 +230,7 @@ func NewEngineWith(dev *cuda.Device, m *model.Model, opts Options) (*Engine, err
 		return nil, err
 	}
 	e := &Engine{cfg: c, dev: dev, k: k, mlpPath: mlp.Auto, rope: model.NewRoPETables(c), Attention: opts.Attention,
-		NoGraphs: opts.NoGraphs, NoGEMV: opts.NoGEMV, Serial: opts.MLP.Serial, FuseNorms: opts.FuseNorms, AttnRope: opts.AttnRope, HotUnits: opts.MLP.Hot, pool: &kvPool{dev: dev, cfg: c}}
+		NoGraphs: opts.NoGraphs, NoGEMV: opts.NoGEMV, Serial: opts.MLP.Serial, FuseNorms: opts.FuseNorms, AttnRope: opts.AttnRope, HotUnits: !opts.MLP.NoHotUnits, pool: &kvPool{dev: dev, cfg: c}}
 	if act, _ := c.GateActivation(); act == model.ActSiLU {
 		e.act = gpu.ActSiLU
 	}

@@ -787,7 +787,7 @@ func TestCalibrateAtLongPrefill(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	opts.MLP.Hot = true
+	opts.MLP.NoHotUnits = false
 	e, err := NewEngineWith(dev, m, opts)
 	if err != nil {
 		t.Fatalf("seed %d: %v", seed, err)
