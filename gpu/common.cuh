@@ -239,14 +239,16 @@ __device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
 }
 
 // list_units (one warp) writes the units whose bits are set in activity
-// words [w0, w1) of mask (bit b of word w: unit 32 w + b), ascending, into
-// list, and returns how many in every lane; the words are read through the
-// L2 (an earlier kernel wrote them).
-__device__ __forceinline__ int list_units(const u32* __restrict__ mask, int w0, int w1, int* list) {
+// words w0, w0 + step, w0 + 2 step, ... below w1 of mask (bit b of word w:
+// unit 32 w + b), ascending, into list, and returns how many in every
+// lane; the words are read through the L2 (an earlier kernel wrote them).
+__device__ __forceinline__ int list_units(const u32* __restrict__ mask, int w0, int w1, int step, int* list) {
   const int lane = threadIdx.x & 31;
+  const int n = w0 < w1 ? (w1 - w0 + step - 1) / step : 0;
   int len = 0;
-  for (int wb = w0; wb < w1; wb += 32) {
-    u32 mine = wb + lane < w1 ? __ldcg(mask + wb + lane) : 0u;
+  for (int i0 = 0; i0 < n; i0 += 32) {
+    const int w = w0 + (i0 + lane) * step;
+    u32 mine = i0 + lane < n ? __ldcg(mask + w) : 0u;
     int c = __popc(mine), incl = c;
 #pragma unroll
     for (int o = 1; o < 32; o <<= 1) {
@@ -254,7 +256,7 @@ __device__ __forceinline__ int list_units(const u32* __restrict__ mask, int w0, 
       if (lane >= o) incl += v;
     }
     int pos = len + incl - c;
-    for (u32 b = mine; b; b &= b - 1) list[pos++] = (wb + lane) * 32 + __ffs(b) - 1;
+    for (u32 b = mine; b; b &= b - 1) list[pos++] = w * 32 + __ffs(b) - 1;
     len += __shfl_sync(0xffffffffu, incl, 31);
   }
   return len;

@@ -16,10 +16,11 @@
 //              bit mask of its 32 (gemv_act_mma: 16) units' activity and its
 //              count of active (token, unit) pairs: plain stores, no memset,
 //              no atomics.
-//   gemv_down  y[t][c] = sum over the active units j, ascending, of
-//              h[t][j] down[j][c]: each CTA owns DOWN_COLS columns; warp w lists
-//              the active units of its share of the mask and reads only those
-//              down rows; the warps' partial sums are added in warp order.
+//   gemv_down  y[t][c] = sum over the active units j of h[t][j] down[j][c]:
+//              each CTA owns DOWN_COLS columns; warp w lists the active
+//              units of its share of the mask (every eighth word, from
+//              word w) and reads only those down rows; the warps' partial
+//              sums are added in warp order.
 //              The summation order is fixed: results are deterministic.
 //              Block 0 also sums gemv_act's counts into *nnz.
 //
@@ -440,13 +441,14 @@ __device__ __forceinline__ void down_group(const float* __restrict__ h, const u3
                                            const int* __restrict__ ylist, int mg, int d, int f, int* list,
                                            float (*red)[MB][DOWN_COLS]) {
   int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  int words = f / 32;
-  int per = (words + 7) / 8;  // mask words per warp
-  int w0 = warp * per, w1 = min(words, w0 + per);
+  // Warp w takes mask words w, w + 8, w + 16, ...: interleaved, so that
+  // units that fire together (a calibrated MLP's hot units are its last
+  // ones, hot.go) are spread over the warps rather than all left to one.
+  const int words = f / 32;
   // Lane l takes column c0 + l % 16 of the units at odd (l >= 16) or even
   // places of the warp's list: each row's 16 columns are one 32-byte sector.
   int c0 = blockIdx.x * DOWN_COLS, col = c0 + (lane & 15), half = lane >> 4;
-  const int len = list_units(mask, w0, w1, list);
+  const int len = list_units(mask, warp, words, 8, list);
   __syncwarp();
   float acc[MB];
 #pragma unroll
@@ -487,7 +489,8 @@ __device__ __forceinline__ void down_group(const float* __restrict__ h, const u3
 }
 
 // gemv_down: grid d/DOWN_COLS blocks of 256 threads. Warp w first lists
-// the active units of its share of the mask in shared memory (ascending;
+// the active units of its share of the mask (every eighth word) in shared
+// memory (ascending;
 // dynamic shared memory 8 * ceil(f/256) * 32 ints), then reads their down
 // rows and h values eight units a half-warp at a time, so that a token's
 // few dozen units cost a round trip or two rather than one per unit. Block 0 sums the ncnt per-block
