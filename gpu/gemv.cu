@@ -490,11 +490,11 @@ __device__ __forceinline__ void down_group(const float* __restrict__ h, const u3
 
 // gemv_down: grid d/DOWN_COLS blocks of 256 threads. Warp w first lists
 // the active units of its share of the mask (every eighth word) in shared
-// memory (ascending;
-// dynamic shared memory 8 * ceil(f/256) * 32 ints), then reads their down
-// rows and h values eight units a half-warp at a time, so that a token's
-// few dozen units cost a round trip or two rather than one per unit. Block 0 sums the ncnt per-block
-// counts of the act kernel into *nnz.
+// memory (ascending; dynamic shared memory 8 * ceil(f/256) * 32 ints),
+// then reads their down rows and h values eight units a half-warp at a
+// time, so that a token's few dozen units cost a round trip or two rather
+// than one per unit. Block 0 sums the ncnt per-block counts of the act
+// kernel into *nnz.
 template <int MB, bool LIST>
 __global__ void __launch_bounds__(256)
     gemv_down(const float* __restrict__ h, const u32* __restrict__ mask, const u16* __restrict__ down,
