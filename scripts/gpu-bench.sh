@@ -31,7 +31,10 @@
 #                                       -variants): steps of 1, 8, 16, 32 and 64 sequences at 512
 #                                       cached tokens on the defaults, traced (CUPTI);
 #                                       steps of one sequence with the norms not fused
-#                                       (TWELL_LLM_FUSE_NORMS=0) and the defaults again, twice
+#                                       (TWELL_LLM_FUSE_NORMS=0) and the defaults again, twice;
+#                                       then steps of 1, 8 and 64 sequences after a prefill of
+#                                       8 x 512 tokens, which calibrates the hot units, against
+#                                       no hot units (TWELL_HOT_UNITS=0), twice
 #   scripts/gpu-bench.sh ab-prefill OUTDIR  the prefill switches, as variants of one run (bench model
 #                                       -variants), 32 x 2048 tokens, two rounds: the defaults,
 #                                       cuBLASLt's heuristic's algorithms with the queries rotated
@@ -125,6 +128,13 @@ ab-decode)
     "$tw" bench model -device cuda "${model[@]}" -seed 9596107621982983358 -reps 2 -batch 1 -prompt-len 64 \
       -decode-batch 1 -decode-context 512 -decode-steps 64 -variants 'LLM_FUSE_NORMS=0;' \
       -json "$out/decode-b1-fuse-$round.json" 2>&1 | tee "$out/decode-b1-fuse-$round.txt" || status=1
+  done
+  # A prefill of at least gpu.CalibrationTokens tokens calibrates the hot
+  # units; decode then runs on the reordered layers.
+  for round in 1 2; do
+    "$tw" bench model -device cuda "${model[@]}" -seed 9596107621982983358 -reps 2 -batch 8 -prompt-len 512 \
+      -decode-batch 1,8,64 -decode-context 512 -decode-steps 32 -variants 'HOT_UNITS=0' \
+      -json "$out/decode-hot-$round.json" -plot "$out/decode-hot-$round.png" 2>&1 | tee "$out/decode-hot-$round.txt" || status=1
   done
   ;;
 ab-prefill)
