@@ -37,6 +37,12 @@ type ModelCUDAResult struct {
 	// short prompt run by the GPU engine and by the float32 CPU model.
 	CPUCheckRelDiff float64 `json:"cpu_check_rel_diff"`
 	TwELLLayers     int     `json:"twell_layers"`
+	// HotUnits is, per layer, how many units the TwELL MLP computes densely
+	// after the prefill passes calibrated it (llm.Engine.HotUnitCounts; null
+	// on the dense path and without hot units), and CalibrationError why a
+	// calibration failed and left them off.
+	HotUnits         []int  `json:"hot_units,omitempty"`
+	CalibrationError string `json:"calibration_error,omitempty"`
 	// AttentionKernel is the attention kernel of the prefill passes.
 	AttentionKernel string `json:"attention_kernel"`
 	// PrefillStepMS is the GPU time of each kind of step (llm.Stats.StepMS)
@@ -220,6 +226,15 @@ func ModelCUDA(o ModelOptions, progress func(string)) ([]ModelCUDAResult, error)
 			warm++
 		}
 		progress(fmt.Sprintf("%s: %d warm-up passes (MLP paths settled: %v)", path, warm, e.MLPSettled(o.Batch*o.PromptLen)))
+		if path != "dense" {
+			if err := e.CalibrationError(); err != nil {
+				res.CalibrationError = err.Error()
+				progress(fmt.Sprintf("%s: hot units off: %v", path, err))
+			} else if hot := e.HotUnitCounts(); slices.ContainsFunc(hot, func(n int) bool { return n > 0 }) {
+				res.HotUnits = hot
+				progress(fmt.Sprintf("%s: hot units per layer: %v", path, hot))
+			}
+		}
 		for _, cache := range caches { // the pages a prefill takes
 			res.KVCacheBytes += e.CacheBytes(cache)
 		}

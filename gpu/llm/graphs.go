@@ -148,6 +148,19 @@ func (e *Engine) GraphRecords() int { return e.records }
 // (Engine.HotUnits), or nil.
 func (e *Engine) CalibrationError() error { return e.hotErr }
 
+// HotUnitCounts returns, per layer, how many units its TwELL MLP computes
+// densely (gpu.MLP.HotUnits): 0 for layers with a plain dense MLP and
+// before the layer's calibration.
+func (e *Engine) HotUnitCounts() []int {
+	n := make([]int, len(e.layers))
+	for i, l := range e.layers {
+		if l.mlp != nil {
+			n[i] = l.mlp.HotUnits()
+		}
+	}
+	return n
+}
+
 // GraphError returns why recording a decode step into a CUDA graph failed,
 // after which the engine runs every step kernel by kernel; nil if it has
 // not failed.

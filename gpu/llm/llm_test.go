@@ -809,10 +809,16 @@ func TestCalibrateAtLongPrefill(t *testing.T) {
 	if d, err := enginetest.RelDiff(got, want[:seqs*n]); err != nil || d > bf16Tol {
 		t.Fatalf("seed %d: prefill: rel diff %.3g (err %v), want <= %g", seed, d, err, bf16Tol)
 	}
-	hot := 0
+	if err := e.CalibrationError(); err != nil {
+		t.Fatalf("seed %d: %v", seed, err)
+	}
+	hot, counts := 0, e.HotUnitCounts()
 	for i, l := range e.layers {
 		if !l.mlp.Calibrated() {
 			t.Errorf("seed %d: layer %d not calibrated after a pass of %d tokens", seed, i, seqs*n)
+		}
+		if counts[i] != l.mlp.HotUnits() {
+			t.Errorf("seed %d: layer %d: HotUnitCounts %d, its MLP %d", seed, i, counts[i], l.mlp.HotUnits())
 		}
 		hot += l.mlp.HotUnits()
 		t.Logf("seed %d: layer %d: %d hot units", seed, i, l.mlp.HotUnits())
