@@ -3,18 +3,22 @@
 // and ReLU + TwELL packing in the epilogue. Persistent: one CTA per SM,
 // CTAs paired in clusters of 2 along M that share (multicast) the weight
 // tile. Two consumer warpgroups each own 64 of the CTA tile's 128 rows and
-// all 256 columns; a third warpgroup holds the TMA producer (one thread).
-// The consumers store each tile as bf16 into shared memory during the next
-// tile's first k steps, and three packer warps of the producer's warpgroup
-// pack it (3 stages), overlapped with the mainloop. On an H200 at
-// m = 65536 (d 2048, f 5632) it takes about 2.3 ms, 650 TFLOP/s; cuBLASLt's
-// plain GEMM of that shape takes about 2.0 ms. Findings built in: with all
-// 128 fp32 accumulators live through the packing, ptxas ran out of
-// registers and serialized the wgmmas (warning C7511, 4.12 ms), so the
-// accumulators go out as bf16 pairs; releasing each stage with a
-// cluster-scope arrive from one thread cost 27% (see release_stage); the
-// first k step is peeled (see mainloop). A build whose consumers packed
-// their own rows after the mainloop (4 stages) was no faster and is gone.
+// all 256 columns; a third warpgroup holds the TMA producer (one thread)
+// and three packer warps. After each tile's mainloop the consumers store
+// only each row's activity masks and the bf16 pairs that hold an active
+// value into shared memory; the packer warps rank the active units from
+// the masks and write the packed words while the consumers run the next
+// tile's mainloop. On an H100 at m = 65536 (d 2048, f 5632, 0.5%) it takes
+// 2.03 ms (skewed firing rates, 256 hot units left out) and 2.28 ms
+// (uniform, all 22 tiles); the reference's D2T took 2.11 and 2.17 ms in the
+// same run. Findings built in: with all 128 fp32 accumulators live into
+// the next tile's mainloop, ptxas ran out of registers and serialized the
+// wgmmas (warning C7511, 4.12 ms), so the epilogue finishes before it;
+// releasing each stage with a cluster-scope arrive from one thread cost
+// 27% (see release_stage); the first k step is peeled (see mainloop).
+// Storing the whole tile as bf16 for the packers to scan (during the next
+// tile's first k steps) took 2.38 and 2.48 ms on the same H100: the mask
+// epilogue replaced it.
 #include "common.cuh"
 #include "wgmma.cuh"
 
@@ -103,18 +107,17 @@ __device__ __forceinline__ void produce(const TmaDesc* tmA, const TmaDesc* tmB, 
 // mainloop accumulates one work item's 64 x 256 slice (rows cw*64..) over
 // all k steps: wgmma on each stage as it fills, WG_WAIT groups in flight,
 // each stage released to both CTAs of the pair once its wgmmas are done.
-// hook(k) runs after step k's wgmmas are issued, while they execute. The
-// first k step is peeled: its first wgmma writes the accumulators without
+// The first k step is peeled: its first wgmma writes the accumulators without
 // reading them (wgmma_m64n256k16_set). Without the peel, ptxas 12.4 kept
 // the 128 accumulators live through the epilogue, spilled there, and
 // serialized every wgmma (C7515); with it the four HGMMAs of a k step issue
 // back to back with one group in flight, without spills (4.66 ms against
 // 4.82 for the whole MLP at m = 65536, 0.5%, on an H200).
-template <int STAGES, typename Hook>
+template <int STAGES>
 __device__ __forceinline__ void mainloop(float (&acc)[128], u32 sA, u32 sB, u32 bars, int cw, int tid, int k_iters,
-                                         int& s, u32& phase, Hook hook) {
+                                         int& s, u32& phase) {
   int prev = -1;
-  auto step = [&](int k, bool first) {
+  auto step = [&](bool first) {
     mbar_wait(bars + 8u * s, phase);
     if (!first) fence_acc(acc);
     asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
@@ -127,7 +130,6 @@ __device__ __forceinline__ void mainloop(float (&acc)[128], u32 sA, u32 sB, u32 
 #pragma unroll
     for (int kk = 1; kk < 4; ++kk) wgmma_m64n256k16(acc, da + 2 * kk, db + 2 * kk, 1);
     asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-    hook(k);
     asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(WG_WAIT) : "memory");
     fence_acc(acc);
     if (prev >= 0) release_stage(bars + 8u * (STAGES + prev), tid);
@@ -137,19 +139,72 @@ __device__ __forceinline__ void mainloop(float (&acc)[128], u32 sA, u32 sB, u32 
       phase ^= 1u;
     }
   };
-  step(0, true);
-  for (int k = 1; k < k_iters; ++k) step(k, false);
+  step(true);
+  for (int k = 1; k < k_iters; ++k) step(false);
   asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
   fence_acc(acc);
   if (prev >= 0) release_stage(bars + 8u * (STAGES + prev), tid);
 }
 
-// Pipelined epilogue. The tile goes through shared memory
-// as bf16, 128 rows of 256 values, rows PIPE_LD words apart (padded by 4
-// words so that the consumers' quad-wise stores hit 32 distinct banks).
+// Epilogue buffers in shared memory: the tile's active values as bf16
+// pairs, 128 rows of 256 values, rows PIPE_LD words apart (padded by 4
+// words: the quad-wise stores of a warp hit 32 distinct banks); each
+// packer warp's S-word scratch row; the rows' activity masks, 8 words a
+// row.
 #define PIPE_LD 132
 #define PIPE_TILE (128 * PIPE_LD * 4)
 #define PIPE_PACKERS 3
+#define PIPE_MASKS (128 * 8 * 4)
+
+// pack_row_masked packs one row of the tile (one warp): masks holds the row's activity as 8 words, quad lane q's 64-bit
+// mask in words 2q and 2q + 1 (bit 2i + e: column 8i + 2q + e, as in
+// acc_to_bf), and tile_row only the bf16 pairs that hold an active value
+// (word 4i + q: columns 8i + 2q and 8i + 2q + 1). Lane l takes columns
+// 8l..8l+7; ranks come from ballots of the lanes' counts, not a shuffle
+// scan. Writes S words to out as pack_row_warp does (erow zero on entry and
+// on return) and returns the true count; sets bad if an active value is
+// NaN or Inf.
+template <int S>
+__device__ __forceinline__ int pack_row_masked(const u32* masks, const u32* tile_row, u32* erow, u32* out, int n0,
+                                               bool& bad) {
+  const int lane = threadIdx.x & 31, w = lane >> 4, sh = (2 * lane) & 31;
+  u32 m8 = 0;
+#pragma unroll
+  for (int q = 0; q < 4; ++q) m8 |= ((masks[2 * q + w] >> sh) & 3u) << (2 * q);
+  const u32 c = __popc(m8);
+  const u32 b0 = __ballot_sync(0xffffffffu, c & 1u), b1 = __ballot_sync(0xffffffffu, c & 2u),
+            b2 = __ballot_sync(0xffffffffu, c & 4u), b3 = __ballot_sync(0xffffffffu, c & 8u);
+  const int total = __popc(b0) + 2 * __popc(b1) + 4 * __popc(b2) + 8 * __popc(b3);
+  bad = false;
+  if (total == 0) {
+#pragma unroll
+    for (int i = lane; i < S; i += 32) out[i] = 0u;
+    return 0;
+  }
+  const u32 lt = (1u << lane) - 1u;
+  int rank = __popc(b0 & lt) + 2 * __popc(b1 & lt) + 4 * __popc(b2 & lt) + 8 * __popc(b3 & lt);
+  bool badl = false;
+  if (m8) {
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      if ((m8 >> k) & 1u) {
+        const u32 b = (tile_row[4 * lane + (k >> 1)] >> (16 * (k & 1))) & 0xffffu;
+        if ((b & 0x7fffu) >= 0x7f80u) badl = true;
+        if (rank < S - 1) erow[1 + rank] = (b << 16) | (u32)(n0 + 8 * lane + k);
+        ++rank;
+      }
+    }
+  }
+  bad = __any_sync(0xffffffffu, badl);
+  __syncwarp();
+#pragma unroll
+  for (int i = lane; i < S; i += 32) {
+    out[i] = (i == 0) ? (u32)total : erow[i];
+    erow[i] = 0u;
+  }
+  __syncwarp();
+  return total;
+}
 
 template <int S, int STAGES>
 __global__ void __launch_bounds__(384, 1)
@@ -163,8 +218,9 @@ __global__ void __launch_bounds__(384, 1)
   const u32 sA = base, sB = base + STAGES * A_BYTES;
   u32* tile = (u32*)(smem + STAGES * (A_BYTES + B_BYTES));
   u32* erows = tile + 128 * PIPE_LD;  // PIPE_PACKERS x S words
+  u32* masks = erows + PIPE_PACKERS * S;  // 128 rows x 8 words
   // full[STAGES], empty[STAGES], tile_full, tile_empty
-  const u32 bars = base + STAGES * (A_BYTES + B_BYTES) + PIPE_TILE + PIPE_PACKERS * S * 4;
+  const u32 bars = base + STAGES * (A_BYTES + B_BYTES) + PIPE_TILE + PIPE_PACKERS * S * 4 + PIPE_MASKS;
   const u32 tile_full = bars + 8u * (2 * STAGES), tile_empty = tile_full + 8u;
 
   const int tid = threadIdx.x;
@@ -203,7 +259,8 @@ __global__ void __launch_bounds__(384, 1)
         for (int r = pw; r < 128; r += PIPE_PACKERS) {
           const int row = m0 + r;
           bool bad;
-          const int n = pack_row_warp<S>(tile + r * PIPE_LD, erow, packed + (size_t)row * row_words + nt * S, n0, bad);
+          const int n = pack_row_masked<S>(masks + r * 8, tile + r * PIPE_LD, erow,
+                                           packed + (size_t)row * row_words + nt * S, n0, bad);
           if (row < m_valid) {
             sum += (u64)n;
             if (lane == 0 && (bad || n > S - 1)) flag_row(flags, ovf, row);
@@ -222,53 +279,41 @@ __global__ void __launch_bounds__(384, 1)
     float acc[128];
     int s = 0;
     u32 phase = 0, tphase = 0;
-    // The thread's two tile rows; word 4i of each holds its bf16 pair i.
+    // The thread's two tile rows (word 4i of each: its bf16 pair i) and
+    // their mask words (u64 q of the row: quad lane q's 64 bits).
     u32* trow0 = tile + (cw * 64 + wq * 16 + (lane >> 2)) * PIPE_LD + (lane & 3);
     u32* trow1 = trow0 + 8 * PIPE_LD;
-    // The previous tile as bf16 pairs (hb[32h + i]: row half h, pair i),
-    // stored into the shared tile in 4 chunks during the first k steps of
-    // the next tile, while its wgmmas run; chunk 0 first waits until the
-    // packers are done with the tile before.
-    u32 hb[64];
-    bool have = false;
-    auto dump = [&](int c) {
-      if (c == 0) mbar_wait(tile_empty, tphase ^ 1u);
-#pragma unroll
-      for (int cc = 0; cc < 4; ++cc) {
-        if (cc == c) {
-#pragma unroll
-          for (int i = 8 * cc; i < 8 * cc + 8; ++i) {
-            trow0[4 * i] = hb[i];
-            trow1[4 * i] = hb[32 + i];
-          }
-        }
-      }
-      if (c == 3) {
-        asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(tile_full) : "memory");
-        tphase ^= 1u;
-      }
-    };
+    u64* mrow0 = (u64*)(masks + (cw * 64 + wq * 16 + (lane >> 2)) * 8) + (lane & 3);
+    u64* mrow1 = mrow0 + 8 * 4;
     for (int w = cluster; w < m_pairs * n_tiles; w += nclusters) {
-      mainloop<STAGES>(acc, sA, sB, bars, cw, tid, k_iters, s, phase, [&](int k) {
-        if (have && k < 4) dump(k);
-      });
-      if (have)
-        for (int c = k_iters; c < 4; ++c) dump(c);
+      mainloop<STAGES>(acc, sA, sB, bars, cw, tid, k_iters, s, phase);
+      mbar_wait(tile_empty, tphase ^ 1u);  // the packers are done with the tile before
+      u64 mk[2] = {0ull, 0ull};
+#pragma unroll
+      for (int i = 0; i < 32; ++i)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int e = 0; e < 2; ++e)
+            if (!(acc[4 * i + 2 * h + e] <= 0.f)) mk[h] |= 1ull << (2 * i + e);  // > 0, or NaN
 #pragma unroll
       for (int i = 0; i < 32; ++i) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const float a0 = acc[4 * i + 2 * h], a1 = acc[4 * i + 2 * h + 1];
-          u32 p = cvt_bf2(a0, a1);
-          if ((p & 0xffffu) == 0u && a0 > 0.f) p |= 1u;  // positive under bf16's smallest subnormal
-          if ((p >> 16) == 0u && a1 > 0.f) p |= 0x10000u;
-          hb[32 * h + i] = p;
+          if ((mk[h] >> (2 * i)) & 3ull) {
+            const float a0 = acc[4 * i + 2 * h], a1 = acc[4 * i + 2 * h + 1];
+            u32 p = cvt_bf2(a0, a1);
+            if ((p & 0xffffu) == 0u && a0 > 0.f) p |= 1u;  // positive under bf16's smallest subnormal
+            if ((p >> 16) == 0u && a1 > 0.f) p |= 0x10000u;
+            (h ? trow1 : trow0)[4 * i] = p;
+          }
         }
       }
-      have = true;
+      *mrow0 = mk[0];
+      *mrow1 = mk[1];
+      asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(tile_full) : "memory");
+      tphase ^= 1u;
     }
-    if (have)
-      for (int c = 0; c < 4; ++c) dump(c);
   }
   __syncwarp();
   cluster_sync();
