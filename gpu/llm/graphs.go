@@ -22,16 +22,18 @@ import (
 // (gpu.MLP.Settled: the automatic choice is frozen in the graph, without
 // its bookkeeping), and recorded again when a buffer it uses was
 // reallocated (the metadata buffer too, which doubles when the page tables
-// outgrow it) or a path changed.
+// outgrow it), a path changed or a setting that picks kernels changed
+// (graphSettings).
 
 // stepGraph is a recorded decode step of some number of sequences.
 type stepGraph struct {
 	g     *cuda.Graph
-	gen   uint64       // e.gen when recorded
-	epoch uint64       // the TwELL MLPs' workspace epoch when recorded
-	paths []mlp.Path   // each layer's MLP path
-	resid *cuda.Buffer // where its layers leave the residual stream (batch.resid)
-	delta *cuda.Buffer // and the last layer's output (batch.delta)
+	gen   uint64        // e.gen when recorded
+	epoch uint64        // the TwELL MLPs' workspace epoch when recorded
+	paths []mlp.Path    // each layer's MLP path
+	set   graphSettings // the engine's settings when recorded
+	resid *cuda.Buffer  // where its layers leave the residual stream (batch.resid)
+	delta *cuda.Buffer  // and the last layer's output (batch.delta)
 }
 
 // replay runs the decoder layers of b from a graph if b is a decode step
@@ -47,7 +49,8 @@ func (e *Engine) replay(b *batch, st *engine.Stats) (bool, error) {
 		return false, nil
 	}
 	sg := e.graphs[b.S]
-	if sg != nil && (sg.gen != e.gen || sg.epoch != e.mlpEpoch() || !slices.Equal(sg.paths, paths)) {
+	set := e.graphSettings()
+	if sg != nil && (sg.gen != e.gen || sg.epoch != e.mlpEpoch() || !slices.Equal(sg.paths, paths) || sg.set != set) {
 		delete(e.graphs, b.S)
 		if err := sg.g.Destroy(); err != nil {
 			return false, err
@@ -61,7 +64,7 @@ func (e *Engine) replay(b *batch, st *engine.Stats) (bool, error) {
 			return false, nil
 		}
 		e.records++
-		sg = &stepGraph{g: g, gen: e.gen, epoch: e.mlpEpoch(), paths: paths, resid: b.resid, delta: b.delta}
+		sg = &stepGraph{g: g, gen: e.gen, epoch: e.mlpEpoch(), paths: paths, set: set, resid: b.resid, delta: b.delta}
 		if e.graphs == nil {
 			e.graphs = map[int]*stepGraph{}
 		}
@@ -75,6 +78,22 @@ func (e *Engine) replay(b *batch, st *engine.Stats) (bool, error) {
 	e.replays++
 	b.resid, b.delta = sg.resid, sg.delta
 	return true, sg.g.Launch(e.stream)
+}
+
+// graphSettings are the engine's settings that pick the kernels a decode
+// step queues. They are exported fields a caller may change between steps
+// (and the tests' hooks): a graph recorded under other values would replay
+// the kernels they picked then.
+type graphSettings struct {
+	attention                                        string
+	noGEMV, serial, fuseNorms, attnRope, globalMerge bool
+	decRuns                                          int
+}
+
+// graphSettings returns the engine's current graphSettings.
+func (e *Engine) graphSettings() graphSettings {
+	return graphSettings{attention: e.Attention, noGEMV: e.NoGEMV, serial: e.Serial, fuseNorms: e.FuseNorms,
+		attnRope: e.AttnRope, globalMerge: e.decGlobalMerge, decRuns: e.decRunsFixed}
 }
 
 // record captures the decoder layers of b into a graph.

@@ -475,6 +475,52 @@ func TestGraphDecodeMatchesEager(t *testing.T) {
 	}
 }
 
+// TestGraphFollowsSettings changes the attention kernel (Engine.Attention)
+// every three decode steps, back to the first at the end: steps replayed
+// from graphs must run the kernel set at the time, bit for bit as the same
+// steps run kernel by kernel, so each change records the graph again.
+func TestGraphFollowsSettings(t *testing.T) {
+	c := testConfig(64, 4, 2, true)
+	e, r, seed := gpuEngine(t, c, "dense")
+	kernels := attnKernels(e.dev, c.HeadDim)
+	prompts := [][]int{enginetest.Tokens(r, 21, c.VocabSize), enginetest.Tokens(r, 9, c.VocabSize)}
+	next := make([][]int, 3*(len(kernels)+1))
+	for i := range next {
+		next[i] = enginetest.Tokens(r, len(prompts), c.VocabSize)
+	}
+	decode := func(graphs bool) [][]float32 {
+		e.NoGraphs = !graphs
+		e.Attention = kernels[0]
+		caches := enginetest.Caches(t, e, len(prompts), 64)
+		enginetest.Forward(t, e, caches, prompts, false)
+		var out [][]float32
+		for i, ids := range next {
+			e.Attention = kernels[(i/3)%len(kernels)]
+			step := make([][]int, len(ids))
+			for s, id := range ids {
+				step[s] = []int{id}
+			}
+			l, _, err := e.Forward(caches, step, false)
+			if err != nil {
+				t.Fatalf("seed %d: step %d (%s): %v", seed, i, e.Attention, err)
+			}
+			out = append(out, l...)
+		}
+		return out
+	}
+	eager := decode(false)
+	records := e.GraphRecords()
+	graphed := decode(true)
+	if err := e.GraphError(); err != nil {
+		t.Fatalf("seed %d: recording a graph failed: %v", seed, err)
+	}
+	if n := e.GraphRecords() - records; n < len(kernels)+1 {
+		t.Errorf("seed %d: %d graphs recorded over %d attention settings in turn, want at least %d", seed, n,
+			len(kernels)+1, len(kernels)+1)
+	}
+	enginetest.SameBits(t, fmt.Sprintf("seed %d: attention changed between steps, graph vs eager", seed), graphed, eager)
+}
+
 // TestAttentionRepeatable runs each attention build three times on the same
 // long passes and wants bit-identical logits: the kernels are deterministic,
 // so a difference means a race (such as a block read before its cp.async
