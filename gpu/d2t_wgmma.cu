@@ -196,13 +196,7 @@ __device__ __forceinline__ int pack_row_masked(const u32* masks, const u32* tile
     }
   }
   bad = __any_sync(0xffffffffu, badl);
-  __syncwarp();
-#pragma unroll
-  for (int i = lane; i < S; i += 32) {
-    out[i] = (i == 0) ? (u32)total : erow[i];
-    erow[i] = 0u;
-  }
-  __syncwarp();
+  flush_row<S>(erow, out, total);
   return total;
 }
 
