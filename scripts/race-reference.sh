@@ -42,6 +42,7 @@
 set -uo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
+command="scripts/race-reference.sh $*" # for the report
 py=${PYTHON:-python3}
 helper=$root/scripts/race_reference.py
 default_shapes=(4096:0.5% 16384:0.5% 65536:0.5% 65536:0.5%:skewed 65536:2% 65536:5% 131072:0.5%:skewed
@@ -233,5 +234,5 @@ for i in "${!kinds[@]}"; do
   [ "$dry" = 1 ] || echo "race-reference: ($((SECONDS - t1)) s, $((SECONDS - t0)) s in all)" >&2
 done
 
-run "$out/report.txt" "$py" "$helper" report "$out" || failed "the report"
+run "$out/report.txt" "$py" "$helper" report --command "$command" "$out" || failed "the report"
 exit $status

@@ -893,6 +893,16 @@ def twell_rows(outdir, kind):
     return rows
 
 
+def twell_switches(rows):
+    """The TWELL_ settings twell's rows ran under ("switches" in its JSON):
+    one "NAME=VALUE" list if every row agrees, else "mixed"; [] for the
+    defaults."""
+    seen = {tuple(sorted(f"{k}={v}" for k, v in (r.get("switches") or {}).items())) for r in rows if "m" in r}
+    if len(seen) > 1:
+        return "mixed"
+    return list(seen.pop()) if seen else []
+
+
 def first_float(r, keys):
     for k in keys:
         v = r.get(k)
@@ -911,6 +921,7 @@ def cmd_report(a):
             "method": "paths in turns within one process per side, a buffer of twice the L2 written before every "
                       "timed call, CUDA events, 3 warm-up calls, median of the repetitions; twell's side is "
                       "`twell bench ffn -device cuda` on the same inputs (-dump-inputs)",
+            "command": a.command or None, "twell_switches": twell_switches(list(tw_ffn.values()) + list(tw_train.values())),
             "ffn": [], "train": []}
     seen = set()
     for e in refdoc.get("ffn", []):
@@ -976,6 +987,13 @@ def render_md(race):
              f"{(mc.get('l2_bytes') or 0) >> 20} MiB L2, driver {mc.get('driver') or '?'}); "
              f"PyTorch {mc.get('torch') or '?'} (CUDA {mc.get('torch_cuda') or '?'}); reference commit "
              f"{ref.get('commit', 'unknown')}.")
+    if race.get("command"):
+        L.append(f"Command: `{race['command']}`.")
+    sw = race.get("twell_switches")
+    if sw == "mixed":
+        L.append("twell's settings: mixed (see each row's `switches` in race.json).")
+    elif sw is not None:
+        L.append("twell's settings: " + (", ".join(f"`{x}`" for x in sw) if sw else "the defaults") + ".")
     L.append("Method: " + race["method"] + ". Compare ratios within this run only.")
     dims = sorted({(r.get("d"), r.get("f")) for r in race["ffn"] + race["train"] if r.get("d")})
     dims = ", ".join(f"d {d}, f {f}" for d, f in dims) or "d ?, f ?"
@@ -1073,6 +1091,7 @@ def main(argv=None):
 
     r = sub.add_parser("report", help="merge OUTDIR's JSON files into race.json and race.md")
     r.add_argument("outdir")
+    r.add_argument("--command", default="", help="the race's command line, recorded in the report")
 
     a = ap.parse_args(argv)
     if a.cmd in ("ffn", "train", "_child") and (a.m < 1 or a.reps < 1):
