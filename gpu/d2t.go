@@ -42,10 +42,16 @@ const (
 	// experiment: the fused wgmma kernel took 2.50 ms at m = 65536 on the
 	// SparseLM shape where cuBLASLt's gate GEMM alone took 1.96).
 	KernelLt
+	// KernelWGMMAStagger is KernelWGMMA with its second consumer
+	// warpgroup started a k step behind the first (STAGGER in
+	// d2t_wgmma.cu; an experiment, not yet measured).
+	KernelWGMMAStagger
 )
 
-// String returns "auto", "wgmma", "mma" or "lt".
-func (k Kernel) String() string { return enum.String(k, "Kernel", "auto", "wgmma", "mma", "lt") }
+// String returns "auto", "wgmma", "mma", "lt" or "wgmma-stagger".
+func (k Kernel) String() string {
+	return enum.String(k, "Kernel", "auto", "wgmma", "mma", "lt", "wgmma-stagger")
+}
 
 // ltRows is the row chunk of KernelLt: its gate scratch holds ltRows x f
 // bf16 values (92 MB at f 5632), so that the sparse path keeps its
@@ -75,8 +81,11 @@ func (l *MLP) d2tKernel() (*cuda.Function, Kernel, error) {
 	s := l.Layout.S()
 	switch l.Kernel {
 	case KernelWGMMA:
-		f, err := l.k.d2tWGMMA(s)
+		f, err := l.k.d2tWGMMA(s, false)
 		return f, KernelWGMMA, err
+	case KernelWGMMAStagger:
+		f, err := l.k.d2tWGMMA(s, true)
+		return f, KernelWGMMAStagger, err
 	case KernelMMA:
 		f, err := l.k.d2tMMA(s)
 		return f, KernelMMA, err
@@ -89,7 +98,7 @@ func (l *MLP) d2tKernel() (*cuda.Function, Kernel, error) {
 	}
 	// On Hopper the wgmma kernel (2.03-2.28 ms at m = 65536 on an H100),
 	// else mma.sync.
-	f, err := l.k.d2tWGMMA(s)
+	f, err := l.k.d2tWGMMA(s, false)
 	if err == nil {
 		return f, KernelWGMMA, nil
 	}
@@ -141,7 +150,7 @@ func (l *MLP) runD2T(s *cuda.Stream, x *cuda.Buffer, m, cols int) (*sparseWS, er
 		m: m, d: l.D, f: cols, s: l.Layout.S(), rowWords: l.F / l.Layout.C}
 	if kind == KernelLt {
 		err = l.d2tLt(s, fn, x, ws, a)
-	} else if kind == KernelWGMMA {
+	} else if kind == KernelWGMMA || kind == KernelWGMMAStagger {
 		if l.tmA == nil || l.tmAx != x.Ptr() || l.tmAm != m {
 			tm, err := l.dev.EncodeTiled(cuda.TiledTensor{
 				DataType: cuda.TensorBFloat16, Global: x.Ptr(),
@@ -320,8 +329,9 @@ func (k *kernels) d2tMMA(s int) (*cuda.Function, error) {
 	return k.mma.get(k, "d2t_mma.cu", d2tMMASrc, "d2t_mma", s)
 }
 
-// d2tWGMMA returns the Hopper D2T kernel for S words per tile.
-func (k *kernels) d2tWGMMA(s int) (*cuda.Function, error) {
+// d2tWGMMA returns the Hopper D2T kernel for S words per tile, with the
+// consumer warpgroups staggered if stagger.
+func (k *kernels) d2tWGMMA(s int, stagger bool) (*cuda.Function, error) {
 	k.wgOnce.Do(func() {
 		p := k.dev.Properties()
 		if p.Arch != "sm_90a" {
@@ -333,23 +343,40 @@ func (k *kernels) d2tWGMMA(s int) (*cuda.Function, error) {
 			k.wgErr = err
 			return
 		}
-		k.wg = map[int]*cuda.Function{}
+		k.wg = map[wgmmaKey]*cuda.Function{}
 		for _, s := range []int{32, 64, 128} {
-			k.wg[s] = fs[wgmmaName(s)]
+			for _, stagger := range []bool{false, true} {
+				k.wg[wgmmaKey{s, stagger}] = fs[wgmmaName(s, stagger)]
+			}
 		}
 	})
 	if k.wgErr != nil {
 		return nil, k.wgErr
 	}
-	return k.wg[s], nil
+	return k.wg[wgmmaKey{s, stagger}], nil
+}
+
+// wgmmaKey picks a wgmma D2T kernel: S words per tile, staggered
+// consumers.
+type wgmmaKey struct {
+	s       int
+	stagger bool
 }
 
 // wgmmaName is the name expression of the wgmma D2T kernel for S words per
-// tile.
-func wgmmaName(s int) string { return fmt.Sprintf("d2t_wgmma<%d,%d>", s, wgmmaStages) }
+// tile, with staggered consumers if stagger.
+func wgmmaName(s int, stagger bool) string {
+	return fmt.Sprintf("d2t_wgmma<%d,%d,%t>", s, wgmmaStages, stagger)
+}
 
 // wgmmaExprs are the name expressions of d2t_wgmma.cu.
-func wgmmaExprs() []string { return []string{wgmmaName(32), wgmmaName(64), wgmmaName(128)} }
+func wgmmaExprs() []string {
+	var e []string
+	for _, s := range []int{32, 64, 128} {
+		e = append(e, wgmmaName(s, false), wgmmaName(s, true))
+	}
+	return e
+}
 
 // wgmmaStages is the pipeline depth of d2t_wgmma: its tile of active bf16
 // values (66 KiB, addressed by column) leaves room for 3 stages.

@@ -31,7 +31,7 @@ type kernels struct {
 	pack      bySet // d2t_pack by S (KernelLt)
 	denseOnce sync.Once
 	wgOnce    sync.Once
-	wg        map[int]*cuda.Function // wgmma D2T by S
+	wg        map[wgmmaKey]*cuda.Function // wgmma D2T by S and stagger
 	wgErr     error
 	dn        denseSet
 	denseErr  error

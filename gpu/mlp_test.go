@@ -75,7 +75,7 @@ func roundBF16(v []float32) []float32 {
 func kernelsToTest(dev *cuda.Device) []Kernel {
 	ks := []Kernel{KernelMMA, KernelLt}
 	if dev.Properties().Arch == "sm_90a" {
-		ks = append(ks, KernelWGMMA)
+		ks = append(ks, KernelWGMMA, KernelWGMMAStagger)
 	}
 	return ks
 }
@@ -385,7 +385,8 @@ func TestOverflowStress(t *testing.T) {
 	}
 	if dev.Properties().Arch == "sm_90a" {
 		cases = append(cases, stressCase{"sparse-C8-wgmma", 0.01, twell.Layout{Tile: 256, C: 8}, KernelWGMMA},
-			stressCase{"dense-tiles-C2-wgmma", 0.6, twell.Layout{Tile: 256, C: 2}, KernelWGMMA})
+			stressCase{"dense-tiles-C2-wgmma", 0.6, twell.Layout{Tile: 256, C: 2}, KernelWGMMA},
+			stressCase{"sparse-C8-wgmma-stagger", 0.01, twell.Layout{Tile: 256, C: 8}, KernelWGMMAStagger})
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -22,8 +22,8 @@ type Options struct {
 	NoHotUnits bool
 }
 
-// EnvD2TKernel names the environment variable that, set to "mma", "wgmma"
-// or "lt", sets Options.Kernel (unset or "auto": KernelAuto).
+// EnvD2TKernel names the environment variable that, set to "mma", "wgmma",
+// "lt" or "wgmma-stagger", sets Options.Kernel (unset or "auto": KernelAuto).
 const EnvD2TKernel = "TWELL_D2T_KERNEL"
 
 // EnvTail names the environment variable that, set to "warp" or "sorted",
@@ -64,7 +64,8 @@ func OptionsFrom(getenv func(string) string) (Options, error) {
 		return o, err
 	}
 	o.NoHotUnits = !hot
-	o.Kernel, err = envChoice(getenv, EnvD2TKernel, "auto, wgmma, mma or lt", map[string]Kernel{"wgmma": KernelWGMMA, "mma": KernelMMA, "lt": KernelLt})
+	o.Kernel, err = envChoice(getenv, EnvD2TKernel, "auto, wgmma, mma, lt or wgmma-stagger",
+		map[string]Kernel{"wgmma": KernelWGMMA, "mma": KernelMMA, "lt": KernelLt, "wgmma-stagger": KernelWGMMAStagger})
 	if err != nil {
 		return o, err
 	}

@@ -18,6 +18,7 @@ func TestOptionsFromEnv(t *testing.T) {
 			Want: Options{Serial: true, Tail: TailSorted, Kernel: KernelMMA}},
 		{Env: map[string]string{EnvD2TKernel: "wgmma"}, Want: Options{Kernel: KernelWGMMA}},
 		{Env: map[string]string{EnvD2TKernel: "lt"}, Want: Options{Kernel: KernelLt}},
+		{Env: map[string]string{EnvD2TKernel: "wgmma-stagger"}, Want: Options{Kernel: KernelWGMMAStagger}},
 		{Env: map[string]string{EnvD2TKernel: "tma"}, Bad: EnvD2TKernel},
 		{Env: map[string]string{EnvEarlyStart: "off"}, Bad: EnvEarlyStart},
 		{Env: map[string]string{EnvTail: "split"}, Bad: EnvTail},
