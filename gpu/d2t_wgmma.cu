@@ -159,14 +159,14 @@ __device__ __forceinline__ void mainloop(float (&acc)[128], u32 sA, u32 sB, u32 
 #define PIPE_PACKERS 3
 #define PIPE_MASKS (128 * 8 * 4)
 
-// pack_row_masked packs one row of the tile (one warp): masks holds the row's activity as 8 words, quad lane q's 64-bit
-// mask in words 2q and 2q + 1 (bit 2i + e: column 8i + 2q + e, as in
-// acc_to_bf), and tile_row only the bf16 pairs that hold an active value
-// (word 4i + q: columns 8i + 2q and 8i + 2q + 1). Lane l takes columns
-// 8l..8l+7; ranks come from ballots of the lanes' counts, not a shuffle
-// scan. Writes S words to out as pack_row_warp does (erow zero on entry and
-// on return) and returns the true count; sets bad if an active value is
-// NaN or Inf.
+// pack_row_masked packs one row of the tile (one warp): masks holds the
+// row's activity as 8 words, quad lane q's 64-bit mask in words 2q and
+// 2q + 1 (bit 2i + e: column 8i + 2q + e, as in acc_to_bf), and tile_row
+// only the bf16 pairs that hold an active value (word 4i + q: columns
+// 8i + 2q and 8i + 2q + 1). Lane l takes columns 8l..8l+7; ranks come from
+// ballots of the lanes' counts, not a shuffle scan. Writes S words to out
+// as pack_row_warp does (erow zero on entry and on return) and returns the
+// true count; sets bad if an active value is NaN or Inf.
 template <int S>
 __device__ __forceinline__ int pack_row_masked(const u32* masks, const u32* tile_row, u32* erow, u32* out, int n0,
                                                bool& bad) {
