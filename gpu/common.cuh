@@ -314,6 +314,10 @@ __device__ __forceinline__ void cp_async4(u32 dst, const void* src, bool valid) 
 }
 // cp_async_commit closes a group of cp.async copies; cp_async_wait<N> waits
 // until at most N groups are pending.
+// cp_async16_hint is cp_async16 (always valid) with an L2 cache policy.
+__device__ __forceinline__ void cp_async16_hint(u32 dst, const void* src, u64 pol) {
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "l"(pol) : "memory");
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
@@ -433,45 +437,4 @@ __device__ __forceinline__ void flush_row(u32* erow, u32* out, int total) {
     erow[i] = 0u;
   }
   __syncwarp();
-}
-
-// pack_row_warp packs one 256-column row of bf16 values, tile_row (one
-// warp; lane l holds columns 8l..8l+7: shared memory in d2t_wgmma's
-// epilogue, the gate GEMM's output in d2t_pack), into S words at out, in
-// column order, and returns the true count. Active means positive or NaN
-// (of the bf16 value; pack_row_epilogue decides on the fp32 one). Sets
-// *bad if an active value is NaN or Inf.
-// erow is the warp's S-word scratch row, zero on entry and on return.
-template <int S>
-__device__ __forceinline__ int pack_row_warp(const u32* tile_row, u32* erow, u32* out, int n0, bool& bad) {
-  const int lane = threadIdx.x & 31;
-  const uint4 v = *(const uint4*)(tile_row + 4 * lane);
-  const u32 w[4] = {v.x, v.y, v.z, v.w};
-  u32 m8 = 0, b8 = 0;
-#pragma unroll
-  for (int k = 0; k < 8; ++k) {
-    const u32 b = (w[k >> 1] >> (16 * (k & 1))) & 0xffffu;
-    const u32 on = (((b & 0x8000u) == 0u && b != 0u) || (b & 0x7fffu) > 0x7f80u) ? 1u : 0u;
-    m8 |= on << k;
-    b8 |= (on && (b & 0x7fffu) >= 0x7f80u) ? 1u : 0u;
-  }
-  const int c = __popc(m8);
-  int incl = c;
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const int t = __shfl_up_sync(0xffffffffu, incl, o);
-    if (lane >= o) incl += t;
-  }
-  const int total = __shfl_sync(0xffffffffu, incl, 31);
-  int rank = incl - c;
-#pragma unroll
-  for (int k = 0; k < 8; ++k) {
-    if ((m8 >> k) & 1u) {
-      if (rank < S - 1) erow[1 + rank] = (((w[k >> 1] >> (16 * (k & 1))) & 0xffffu) << 16) | (u32)(n0 + 8 * lane + k);
-      ++rank;
-    }
-  }
-  bad = __any_sync(0xffffffffu, b8 != 0u);
-  flush_row<S>(erow, out, total);
-  return total;
 }

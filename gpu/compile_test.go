@@ -27,7 +27,6 @@ func TestCompilePTX(t *testing.T) {
 		{"hot.cu", hotSrc, hotExprs, nil, nil},
 		{"t2d.cu", t2dSrc, t2dExprs, []cuda.CompileOption{cuda.WithOptions("-DTW_NCH=8")}, t2dExprs[4:]}, // TailSorted's
 		{"d2t_mma.cu", d2tMMASrc, []string{"d2t_mma<32>", "d2t_mma<64>", "d2t_mma<128>"}, nil, nil},
-		{"d2t_pack.cu", d2tPackSrc, []string{"d2t_pack<32>", "d2t_pack<64>", "d2t_pack<128>"}, nil, nil},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			opts := append(append([]cuda.CompileOption{cuda.WithArch("compute_90"), cuda.WithNameExpressions(c.exprs...)},

@@ -7,7 +7,6 @@ import (
 	"sync"
 
 	"github.com/twell-ai/twell/cuda"
-	"github.com/twell-ai/twell/cuda/cublas"
 	"github.com/twell-ai/twell/internal/enum"
 	"github.com/twell-ai/twell/twell"
 )
@@ -18,8 +17,6 @@ var (
 	d2tMMASrc []byte
 	//go:embed d2t_wgmma.cu
 	d2tWGMMASrc []byte
-	//go:embed d2t_pack.cu
-	d2tPackSrc []byte
 )
 
 // Kernel selects the D2T implementation.
@@ -36,27 +33,10 @@ const (
 	KernelWGMMA
 	// KernelMMA is the simpler mma.sync kernel (any sm_80+ GPU).
 	KernelMMA
-	// KernelLt runs the gate GEMM on cuBLASLt into a bf16 scratch,
-	// ltRows rows at a time, and packs each chunk with d2t_pack: no fused
-	// epilogue, for the cost of writing and reading the gate once (an
-	// experiment: the fused wgmma kernel took 2.50 ms at m = 65536 on the
-	// SparseLM shape where cuBLASLt's gate GEMM alone took 1.96).
-	KernelLt
-	// KernelWGMMAStagger is KernelWGMMA with its second consumer
-	// warpgroup started a k step behind the first (STAGGER in
-	// d2t_wgmma.cu; an experiment, not yet measured).
-	KernelWGMMAStagger
 )
 
-// String returns "auto", "wgmma", "mma", "lt" or "wgmma-stagger".
-func (k Kernel) String() string {
-	return enum.String(k, "Kernel", "auto", "wgmma", "mma", "lt", "wgmma-stagger")
-}
-
-// ltRows is the row chunk of KernelLt: its gate scratch holds ltRows x f
-// bf16 values (92 MB at f 5632), so that the sparse path keeps its
-// activation memory well under the dense path's (2 x m x f bf16).
-const ltRows = 8192
+// String returns "auto", "wgmma" or "mma".
+func (k Kernel) String() string { return enum.String(k, "Kernel", "auto", "wgmma", "mma") }
 
 // residentClusters returns how many clusters of the persistent wgmma D2T
 // kernel fit on the GPU at once (all 66 of an H200; 64, as the reference
@@ -81,24 +61,15 @@ func (l *MLP) d2tKernel() (*cuda.Function, Kernel, error) {
 	s := l.Layout.S()
 	switch l.Kernel {
 	case KernelWGMMA:
-		f, err := l.k.d2tWGMMA(s, false)
+		f, err := l.k.d2tWGMMA(s)
 		return f, KernelWGMMA, err
-	case KernelWGMMAStagger:
-		f, err := l.k.d2tWGMMA(s, true)
-		return f, KernelWGMMAStagger, err
 	case KernelMMA:
 		f, err := l.k.d2tMMA(s)
 		return f, KernelMMA, err
-	case KernelLt:
-		if l.blas == nil {
-			return nil, KernelLt, fmt.Errorf("gpu: D2T kernel %v needs a cuBLAS handle", KernelLt)
-		}
-		f, err := l.k.d2tPack(s)
-		return f, KernelLt, err
 	}
 	// On Hopper the wgmma kernel (2.03-2.28 ms at m = 65536 on an H100),
 	// else mma.sync.
-	f, err := l.k.d2tWGMMA(s, false)
+	f, err := l.k.d2tWGMMA(s)
 	if err == nil {
 		return f, KernelWGMMA, nil
 	}
@@ -148,9 +119,7 @@ func (l *MLP) runD2T(s *cuda.Stream, x *cuda.Buffer, m, cols int) (*sparseWS, er
 	l.counted = m
 	a := d2tArgs{x: x, w: l.sparseIn(), packed: ws.packed, flags: ws.flags, ovf: ws.ovf, nnz: l.nnz,
 		m: m, d: l.D, f: cols, s: l.Layout.S(), rowWords: l.F / l.Layout.C}
-	if kind == KernelLt {
-		err = l.d2tLt(s, fn, x, ws, a)
-	} else if kind == KernelWGMMA || kind == KernelWGMMAStagger {
+	if kind == KernelWGMMA {
 		if l.tmA == nil || l.tmAx != x.Ptr() || l.tmAm != m {
 			tm, err := l.dev.EncodeTiled(cuda.TiledTensor{
 				DataType: cuda.TensorBFloat16, Global: x.Ptr(),
@@ -249,50 +218,6 @@ func (p *Packed) RowNNZ(r int) int {
 	return n
 }
 
-// d2tLt is KernelLt's D2T (a, on x, into ws): for each chunk of ltRows
-// padded rows, the gate GEMM of its valid rows on cuBLASLt into ws.gate,
-// then d2t_pack (fn) over the whole chunk.
-func (l *MLP) d2tLt(s *cuda.Stream, fn *cuda.Function, x *cuda.Buffer, ws *sparseWS, a d2tArgs) error {
-	mp := padRows(a.m)
-	var err error
-	if ws.gate, err = l.realloc(ws.gate, 2*min(mp, ltRows)*a.f); err != nil {
-		return err
-	}
-	blocks := uint32(l.residentPackBlocks(fn))
-	for r0 := 0; r0 < mp; r0 += ltRows {
-		rows := min(ltRows, mp-r0)
-		if valid := min(rows, a.m-r0); valid > 0 {
-			xv, err := x.Slice(2*r0*l.D, 2*valid*l.D)
-			if err != nil {
-				return err
-			}
-			if err := l.blas.Matmul(s, cublas.Gemm{M: valid, N: a.f, K: l.D, TransB: true}, xv, a.w, ws.gate); err != nil {
-				return err
-			}
-		}
-		if err := fn.Launch(cuda.Dim3{min(blocks, uint32((rows*(a.f/256)+7)/8)), 1, 1}, cuda.Dim3{256, 1, 1}, 0, s,
-			ws.gate, a.packed, a.flags, a.ovf, a.nnz, int32(r0), int32(rows), int32(a.m), int32(a.f), int32(a.rowWords)); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// residentPackBlocks returns how many 256-thread blocks of d2t_pack (fn)
-// fit on the GPU at once: its grid, so that the grid-stride loop runs in
-// one wave (its registers fit 6 blocks an SM, not 8). Without the
-// occupancy query, 4 an SM.
-func (l *MLP) residentPackBlocks(fn *cuda.Function) int {
-	if l.packBlocks == 0 {
-		n, err := fn.MaxActiveBlocksPerSM(256, 0)
-		if err != nil || n < 1 {
-			n = 4
-		}
-		l.packBlocks = n * l.dev.Properties().SMs
-	}
-	return l.packBlocks
-}
-
 // bySet is a kernel template of S words per tile (32, 64 and 128: the C of
 // 8, 4 and 2), compiled from its file on first use.
 type bySet struct {
@@ -319,19 +244,13 @@ func (b *bySet) get(k *kernels, file string, src []byte, name string, s int) (*c
 	return b.fns[s], nil
 }
 
-// d2tPack returns d2t_pack, KernelLt's packer, for S words per tile.
-func (k *kernels) d2tPack(s int) (*cuda.Function, error) {
-	return k.pack.get(k, "d2t_pack.cu", d2tPackSrc, "d2t_pack", s)
-}
-
 // d2tMMA returns the mma.sync D2T kernel for S words per tile.
 func (k *kernels) d2tMMA(s int) (*cuda.Function, error) {
 	return k.mma.get(k, "d2t_mma.cu", d2tMMASrc, "d2t_mma", s)
 }
 
-// d2tWGMMA returns the Hopper D2T kernel for S words per tile, with the
-// consumer warpgroups staggered if stagger.
-func (k *kernels) d2tWGMMA(s int, stagger bool) (*cuda.Function, error) {
+// d2tWGMMA returns the Hopper D2T kernel for S words per tile.
+func (k *kernels) d2tWGMMA(s int) (*cuda.Function, error) {
 	k.wgOnce.Do(func() {
 		p := k.dev.Properties()
 		if p.Arch != "sm_90a" {
@@ -343,37 +262,26 @@ func (k *kernels) d2tWGMMA(s int, stagger bool) (*cuda.Function, error) {
 			k.wgErr = err
 			return
 		}
-		k.wg = map[wgmmaKey]*cuda.Function{}
+		k.wg = map[int]*cuda.Function{}
 		for _, s := range []int{32, 64, 128} {
-			for _, stagger := range []bool{false, true} {
-				k.wg[wgmmaKey{s, stagger}] = fs[wgmmaName(s, stagger)]
-			}
+			k.wg[s] = fs[wgmmaName(s)]
 		}
 	})
 	if k.wgErr != nil {
 		return nil, k.wgErr
 	}
-	return k.wg[wgmmaKey{s, stagger}], nil
-}
-
-// wgmmaKey picks a wgmma D2T kernel: S words per tile, staggered
-// consumers.
-type wgmmaKey struct {
-	s       int
-	stagger bool
+	return k.wg[s], nil
 }
 
 // wgmmaName is the name expression of the wgmma D2T kernel for S words per
-// tile, with staggered consumers if stagger.
-func wgmmaName(s int, stagger bool) string {
-	return fmt.Sprintf("d2t_wgmma<%d,%d,%t>", s, wgmmaStages, stagger)
-}
+// tile.
+func wgmmaName(s int) string { return fmt.Sprintf("d2t_wgmma<%d,%d>", s, wgmmaStages) }
 
 // wgmmaExprs are the name expressions of d2t_wgmma.cu.
 func wgmmaExprs() []string {
 	var e []string
 	for _, s := range []int{32, 64, 128} {
-		e = append(e, wgmmaName(s, false), wgmmaName(s, true))
+		e = append(e, wgmmaName(s))
 	}
 	return e
 }

@@ -19,6 +19,10 @@
 // Storing the whole tile as bf16 for the packers to scan (during the next
 // tile's first k steps) took 2.38 and 2.48 ms on the same H100: the mask
 // epilogue replaced it.
+// Starting the second consumer warpgroup a k step behind the first, so that
+// each one's epilogue overlaps the other's wgmmas, changed nothing (2.041
+// against 2.045-2.061 ms skewed, 2.298 against 2.272-2.319 uniform, same
+// H100 run).
 #include "common.cuh"
 #include "wgmma.cuh"
 
@@ -113,11 +117,9 @@ __device__ __forceinline__ void produce(const TmaDesc* tmA, const TmaDesc* tmB, 
 // serialized every wgmma (C7515); with it the four HGMMAs of a k step issue
 // back to back with one group in flight, without spills (4.66 ms against
 // 4.82 for the whole MLP at m = 65536, 0.5%, on an H200).
-// With lead, the warpgroup arrives at named barrier 1 once its first k
-// step is issued (see STAGGER in d2t_wgmma).
 template <int STAGES>
 __device__ __forceinline__ void mainloop(float (&acc)[128], u32 sA, u32 sB, u32 bars, int cw, int tid, int k_iters,
-                                         int& s, u32& phase, bool lead) {
+                                         int& s, u32& phase) {
   int prev = -1;
   auto step = [&](bool first) {
     mbar_wait(bars + 8u * s, phase);
@@ -142,7 +144,6 @@ __device__ __forceinline__ void mainloop(float (&acc)[128], u32 sA, u32 sB, u32 
     }
   };
   step(true);
-  if (lead) asm volatile("bar.arrive 1, 256;" ::: "memory");
   for (int k = 1; k < k_iters; ++k) step(false);
   asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
   fence_acc(acc);
@@ -203,13 +204,7 @@ __device__ __forceinline__ int pack_row_masked(const u32* masks, const u32* tile
   return total;
 }
 
-// d2t_wgmma<S, STAGES, STAGGER>: with STAGGER (an experiment, not yet
-// measured) consumer warpgroup 1 starts once warpgroup 0 has issued its
-// first k step, so that from then on each warpgroup's epilogue (wgmma
-// drain, masks) tends to run while the other still issues wgmmas, instead
-// of both leaving the tensor cores idle at once; the shared stages bound
-// the lead to about one k step.
-template <int S, int STAGES, bool STAGGER>
+template <int S, int STAGES>
 __global__ void __launch_bounds__(384, 1)
     d2t_wgmma(const __grid_constant__ TmaDesc tmA, const __grid_constant__ TmaDesc tmB, u32* __restrict__ packed,
                    int* __restrict__ flags, int* __restrict__ ovf, u64* __restrict__ nnz, int m_pairs, int n_tiles,
@@ -288,11 +283,8 @@ __global__ void __launch_bounds__(384, 1)
     u32* trow1 = trow0 + 8 * PIPE_LD;
     u64* mrow0 = (u64*)(masks + (cw * 64 + wq * 16 + (lane >> 2)) * 8) + (lane & 3);
     u64* mrow1 = mrow0 + 8 * 4;
-    if (STAGGER && cw == 1) asm volatile("bar.sync 1, 256;" ::: "memory");
-    bool lead = STAGGER && cw == 0;
     for (int w = cluster; w < m_pairs * n_tiles; w += nclusters) {
-      mainloop<STAGES>(acc, sA, sB, bars, cw, tid, k_iters, s, phase, lead);
-      lead = false;
+      mainloop<STAGES>(acc, sA, sB, bars, cw, tid, k_iters, s, phase);
       mbar_wait(tile_empty, tphase ^ 1u);  // the packers are done with the tile before
       u64 mk[2] = {0ull, 0ull};
 #pragma unroll

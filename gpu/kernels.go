@@ -28,10 +28,9 @@ type kernels struct {
 	dev *cuda.Device
 
 	mma       bySet // mma.sync D2T by S
-	pack      bySet // d2t_pack by S (KernelLt)
 	denseOnce sync.Once
 	wgOnce    sync.Once
-	wg        map[wgmmaKey]*cuda.Function // wgmma D2T by S and stagger
+	wg        map[int]*cuda.Function // wgmma D2T by S
 	wgErr     error
 	dn        denseSet
 	denseErr  error

@@ -61,8 +61,7 @@ type MLP struct {
 	tmAm  int
 	wgErr error
 
-	clusters   int // resident clusters of the wgmma D2T kernel (0: not yet asked)
-	packBlocks int // resident blocks of d2t_pack (KernelLt; 0: not yet asked)
+	clusters int // resident clusters of the wgmma D2T kernel (0: not yet asked)
 
 	// hot units (hot.go): the last hotK positions of the unit order; order
 	// maps positions to the units given to NewMLP (nil: unchanged); bad is

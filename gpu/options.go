@@ -22,12 +22,13 @@ type Options struct {
 	NoHotUnits bool
 }
 
-// EnvD2TKernel names the environment variable that, set to "mma", "wgmma",
-// "lt" or "wgmma-stagger", sets Options.Kernel (unset or "auto": KernelAuto).
+// EnvD2TKernel names the environment variable that, set to "mma" or
+// "wgmma", sets Options.Kernel (unset or "auto": KernelAuto).
 const EnvD2TKernel = "TWELL_D2T_KERNEL"
 
-// EnvTail names the environment variable that, set to "warp" or "sorted",
-// sets Options.Tail (unset or "auto": TailAuto).
+// EnvTail names the environment variable that, set to "warp", "sorted",
+// "sorted-ring2" or "sorted-ring3", sets Options.Tail (unset or "auto":
+// TailAuto).
 const EnvTail = "TWELL_TAIL"
 
 // EnvEarlyStart names the environment variable that, set to "0", sets
@@ -64,12 +65,12 @@ func OptionsFrom(getenv func(string) string) (Options, error) {
 		return o, err
 	}
 	o.NoHotUnits = !hot
-	o.Kernel, err = envChoice(getenv, EnvD2TKernel, "auto, wgmma, mma, lt or wgmma-stagger",
-		map[string]Kernel{"wgmma": KernelWGMMA, "mma": KernelMMA, "lt": KernelLt, "wgmma-stagger": KernelWGMMAStagger})
+	o.Kernel, err = envChoice(getenv, EnvD2TKernel, "auto, wgmma or mma", map[string]Kernel{"wgmma": KernelWGMMA, "mma": KernelMMA})
 	if err != nil {
 		return o, err
 	}
-	o.Tail, err = envChoice(getenv, EnvTail, "auto, warp or sorted", map[string]Tail{"warp": TailWarp, "sorted": TailSorted})
+	o.Tail, err = envChoice(getenv, EnvTail, "auto, warp, sorted, sorted-ring2 or sorted-ring3",
+		map[string]Tail{"warp": TailWarp, "sorted": TailSorted, "sorted-ring2": TailSortedRing2, "sorted-ring3": TailSortedRing3})
 	return o, err
 }
 

@@ -32,8 +32,6 @@ type sparseWS struct {
 	// rows x F gate and up
 	gRows          int
 	gx, gg, gu, gy *cuda.Buffer
-	// KernelLt's gate scratch: min(m, ltRows) x F bf16
-	gate *cuda.Buffer
 }
 
 // dropWorkspace releases l's use of its workspace, freeing the buffers when
@@ -49,7 +47,7 @@ func (l *MLP) dropWorkspace() error {
 	}
 	var errs []error
 	for _, b := range []*cuda.Buffer{ws.sp.packed, ws.sp.flags, ws.sp.ovf, ws.sp.hbuf, ws.sp.cnt, ws.sp.order, ws.sp.lenBins,
-		ws.sp.gx, ws.sp.gg, ws.sp.gu, ws.sp.gy, ws.sp.gh, ws.sp.gmask, ws.sp.gcnt, ws.sp.fbMask, ws.sp.gate, ws.dn.g, ws.dn.u,
+		ws.sp.gx, ws.sp.gg, ws.sp.gu, ws.sp.gy, ws.sp.gh, ws.sp.gmask, ws.sp.gcnt, ws.sp.fbMask, ws.dn.g, ws.dn.u,
 		ws.hot.g, ws.hot.u} {
 		if b != nil {
 			errs = append(errs, b.Free())
@@ -99,9 +97,6 @@ func (l *MLP) SparseActBytes(m int) int64 {
 	var g int64
 	if l.ws != nil {
 		g = int64(l.ws.sp.gRows) * int64(2*2*l.D+2*2*l.F)
-	}
-	if l.Kernel == KernelLt {
-		g += 2 * int64(min(mp, ltRows)) * int64(l.F)
 	}
 	return int64(mp)*int64(l.F/l.Layout.C)*4 + 3*int64(mp)*4 + int64(mp+1)*4 + int64(l.dev.Properties().SMs*l.F*4) +
 		lenBins*4 + g + l.hotActBytes(m)
