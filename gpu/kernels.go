@@ -29,8 +29,8 @@ type kernels struct {
 
 	mma       bySet // mma.sync D2T by S
 	denseOnce sync.Once
-	wgOnce    sync.Once
-	wg        map[int]*cuda.Function // wgmma D2T by S
+	wgMu      sync.Mutex
+	wg        map[wgmmaBuild]*cuda.Function // wgmma D2T builds
 	wgErr     error
 	dn        denseSet
 	denseErr  error
