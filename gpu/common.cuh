@@ -314,10 +314,6 @@ __device__ __forceinline__ void cp_async4(u32 dst, const void* src, bool valid) 
 }
 // cp_async_commit closes a group of cp.async copies; cp_async_wait<N> waits
 // until at most N groups are pending.
-// cp_async16_hint is cp_async16 (always valid) with an L2 cache policy.
-__device__ __forceinline__ void cp_async16_hint(u32 dst, const void* src, u64 pol) {
-  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "l"(pol) : "memory");
-}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {

@@ -33,18 +33,10 @@ const (
 	KernelWGMMA
 	// KernelMMA is the simpler mma.sync kernel (any sm_80+ GPU).
 	KernelMMA
-	// KernelWGMMACompact is KernelWGMMA with each row's active values
-	// stored compactly for the packers (COMPACT in d2t_wgmma.cu), and
-	// KernelWGMMA4 that with a fourth pipeline stage in the shared memory
-	// it frees (where S <= 64; experiments).
-	KernelWGMMACompact
-	KernelWGMMA4
 )
 
-// String returns "auto", "wgmma", "mma", "wgmma-compact" or "wgmma4".
-func (k Kernel) String() string {
-	return enum.String(k, "Kernel", "auto", "wgmma", "mma", "wgmma-compact", "wgmma4")
-}
+// String returns "auto", "wgmma" or "mma".
+func (k Kernel) String() string { return enum.String(k, "Kernel", "auto", "wgmma", "mma") }
 
 // residentClusters returns how many clusters of the persistent wgmma D2T
 // kernel fit on the GPU at once (all 66 of an H200; 64, as the reference
@@ -68,16 +60,16 @@ func (l *MLP) residentClusters(fn *cuda.Function, cfg cuda.LaunchConfig) int {
 func (l *MLP) d2tKernel() (*cuda.Function, Kernel, error) {
 	s := l.Layout.S()
 	switch l.Kernel {
-	case KernelWGMMA, KernelWGMMACompact, KernelWGMMA4:
-		f, err := l.k.d2tWGMMA(wgmmaBuildOf(l.Kernel, s))
-		return f, l.Kernel, err
+	case KernelWGMMA:
+		f, err := l.k.d2tWGMMA(s)
+		return f, KernelWGMMA, err
 	case KernelMMA:
 		f, err := l.k.d2tMMA(s)
 		return f, KernelMMA, err
 	}
 	// On Hopper the wgmma kernel (2.03-2.28 ms at m = 65536 on an H100),
 	// else mma.sync.
-	f, err := l.k.d2tWGMMA(wgmmaBuildOf(KernelWGMMA, s))
+	f, err := l.k.d2tWGMMA(s)
 	if err == nil {
 		return f, KernelWGMMA, nil
 	}
@@ -127,7 +119,7 @@ func (l *MLP) runD2T(s *cuda.Stream, x *cuda.Buffer, m, cols int) (*sparseWS, er
 	l.counted = m
 	a := d2tArgs{x: x, w: l.sparseIn(), packed: ws.packed, flags: ws.flags, ovf: ws.ovf, nnz: l.nnz,
 		m: m, d: l.D, f: cols, s: l.Layout.S(), rowWords: l.F / l.Layout.C}
-	if kind != KernelMMA {
+	if kind == KernelWGMMA {
 		if l.tmA == nil || l.tmAx != x.Ptr() || l.tmAm != m {
 			tm, err := l.dev.EncodeTiled(cuda.TiledTensor{
 				DataType: cuda.TensorBFloat16, Global: x.Ptr(),
@@ -139,7 +131,7 @@ func (l *MLP) runD2T(s *cuda.Stream, x *cuda.Buffer, m, cols int) (*sparseWS, er
 			}
 			l.tmA, l.tmAx, l.tmAm = tm, x.Ptr(), m
 		}
-		err = a.wgmma(fn, wgmmaBuildOf(kind, a.s), s, l.tmA, l.tmB, func(cfg cuda.LaunchConfig) int { return l.residentClusters(fn, cfg) })
+		err = a.wgmma(fn, s, l.tmA, l.tmB, func(cfg cuda.LaunchConfig) int { return l.residentClusters(fn, cfg) })
 	} else {
 		err = a.mma(fn, s)
 	}
@@ -257,91 +249,51 @@ func (k *kernels) d2tMMA(s int) (*cuda.Function, error) {
 	return k.mma.get(k, "d2t_mma.cu", d2tMMASrc, "d2t_mma", s)
 }
 
-// wgmmaBuild is one build of d2t_wgmma.cu: S words per tile, the pipeline
-// depth, and the compact tile buffer.
-type wgmmaBuild struct {
-	s, stages int
-	compact   bool
-}
-
-// wgmmaBuildOf returns the build that kernel k (a wgmma kernel) runs for S
-// words per tile. With the full tile buffer (66 KiB) there is room for 3
-// stages; the compact one leaves room for 4 where S <= 64.
-func wgmmaBuildOf(k Kernel, s int) wgmmaBuild {
-	switch k {
-	case KernelWGMMACompact:
-		return wgmmaBuild{s, 3, true}
-	case KernelWGMMA4:
-		if s <= 64 {
-			return wgmmaBuild{s, 4, true}
-		}
-		return wgmmaBuild{s, 3, true}
-	}
-	return wgmmaBuild{s, 3, false}
-}
-
-// wgmmaBuilds are the builds compiled from d2t_wgmma.cu.
-func wgmmaBuilds() []wgmmaBuild {
-	var bs []wgmmaBuild
-	for _, k := range []Kernel{KernelWGMMA, KernelWGMMACompact, KernelWGMMA4} {
-		for _, s := range []int{32, 64, 128} {
-			if b := wgmmaBuildOf(k, s); !slices.Contains(bs, b) {
-				bs = append(bs, b)
-			}
-		}
-	}
-	return bs
-}
-
-// name is the build's name expression.
-func (b wgmmaBuild) name() string { return fmt.Sprintf("d2t_wgmma<%d,%d,%t>", b.s, b.stages, b.compact) }
-
-// smem returns the dynamic shared memory the build needs, with 1024 bytes
-// of slack for aligning the base (see d2t_wgmma.cu).
-func (b wgmmaBuild) smem() int {
-	const stage = 16384 + 32768
-	tile := 128 * 132 * 4
-	if b.compact {
-		tile = 128 * b.s * 2
-	}
-	return b.stages*stage + tile + 3*b.s*4 + 128*8*4 + (2*b.stages+2)*8 + 1024
-}
-
-// d2tWGMMA returns the Hopper D2T kernel of build b, compiling it on first
-// use (each build alone: a process compiles only the builds it runs). A
+// d2tWGMMA returns the Hopper D2T kernel for S words per tile, compiling
+// it on first use (each S alone: a process compiles only what it runs). A
 // failure is kept and returned again.
-func (k *kernels) d2tWGMMA(b wgmmaBuild) (*cuda.Function, error) {
+func (k *kernels) d2tWGMMA(s int) (*cuda.Function, error) {
 	k.wgMu.Lock()
 	defer k.wgMu.Unlock()
 	if k.wgErr != nil {
 		return nil, k.wgErr
 	}
-	if f := k.wg[b]; f != nil {
+	if f := k.wg[s]; f != nil {
 		return f, nil
 	}
 	if p := k.dev.Properties(); p.Arch != "sm_90a" {
 		k.wgErr = fmt.Errorf("gpu: the wgmma D2T kernel needs sm_90a (Hopper); %v is %s", k.dev, p.Arch)
 		return nil, k.wgErr
 	}
-	fs, err := k.compile("d2t_wgmma.cu", d2tWGMMASrc, []string{b.name()})
+	fs, err := k.compile("d2t_wgmma.cu", d2tWGMMASrc, []string{wgmmaName(s)})
 	if err != nil {
 		k.wgErr = err
 		return nil, err
 	}
 	if k.wg == nil {
-		k.wg = map[wgmmaBuild]*cuda.Function{}
+		k.wg = map[int]*cuda.Function{}
 	}
-	k.wg[b] = fs[b.name()]
-	return k.wg[b], nil
+	k.wg[s] = fs[wgmmaName(s)]
+	return k.wg[s], nil
 }
 
-// wgmmaExprs are the name expressions of d2t_wgmma.cu.
-func wgmmaExprs() []string {
-	var e []string
-	for _, b := range wgmmaBuilds() {
-		e = append(e, b.name())
-	}
-	return e
+// wgmmaName is the name expression of the wgmma D2T kernel for S words per
+// tile.
+func wgmmaName(s int) string { return fmt.Sprintf("d2t_wgmma<%d,%d>", s, wgmmaStages) }
+
+// wgmmaExprs are the name expressions of d2t_wgmma.cu's kernels (S of 32,
+// 64 and 128).
+func wgmmaExprs() []string { return []string{wgmmaName(32), wgmmaName(64), wgmmaName(128)} }
+
+// wgmmaStages is the pipeline depth of d2t_wgmma: its tile of active bf16
+// values (66 KiB, addressed by column) leaves room for 3 stages.
+const wgmmaStages = 3
+
+// wgmmaSmem returns the dynamic shared memory the wgmma D2T kernel needs,
+// with 1024 bytes of slack for aligning the base (see d2t_wgmma.cu).
+func wgmmaSmem(s int) int {
+	const stage = 16384 + 32768
+	return wgmmaStages*stage + 128*132*4 + 3*s*4 + 128*8*4 + (2*wgmmaStages+2)*8 + 1024
 }
 
 // d2tArgs are the operands of a D2T kernel for one call of m tokens: x
@@ -365,13 +317,13 @@ func (a d2tArgs) mma(fn *cuda.Function, s *cuda.Stream) error {
 		a.x, a.w, a.packed, a.flags, a.ovf, a.nnz, int32(mTiles), int32(nTiles), int32(a.d), int32(a.rowWords), int32(a.m))
 }
 
-// wgmma launches build b of the persistent d2t_wgmma with TMA maps tmA of x
+// wgmma launches the persistent d2t_wgmma<S, 3> with TMA maps tmA of x
 // and tmB of w: clusters of 2 CTAs of 384 threads, as many clusters as
 // resident returns for the launch configuration (at most one per work
 // item, a pair of 128-row tiles times a 256-column tile).
-func (a d2tArgs) wgmma(fn *cuda.Function, b wgmmaBuild, s *cuda.Stream, tmA, tmB *cuda.TensorMap, resident func(cuda.LaunchConfig) int) error {
+func (a d2tArgs) wgmma(fn *cuda.Function, s *cuda.Stream, tmA, tmB *cuda.TensorMap, resident func(cuda.LaunchConfig) int) error {
 	mPairs, nTiles := padRows(a.m)/256, a.f/256
-	cfg := cuda.LaunchConfig{Block: cuda.Dim3{384, 1, 1}, SharedBytes: b.smem(), Stream: s, Cluster: cuda.Dim3{2, 1, 1}}
+	cfg := cuda.LaunchConfig{Block: cuda.Dim3{384, 1, 1}, SharedBytes: wgmmaSmem(a.s), Stream: s, Cluster: cuda.Dim3{2, 1, 1}}
 	nClusters := min(resident(cfg), mPairs*nTiles)
 	cfg.Grid = cuda.Dim3{uint32(2 * nClusters), 1, 1}
 	return fn.LaunchEx(cfg, tmA, tmB, a.packed, a.flags, a.ovf, a.nnz,

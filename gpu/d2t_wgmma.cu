@@ -23,6 +23,11 @@
 // each one's epilogue overlaps the other's wgmmas, changed nothing (2.041
 // against 2.045-2.061 ms skewed, 2.298 against 2.272-2.319 uniform, same
 // H100 run).
+// Storing each row's active values compactly (S - 1 bf16 slots a row, 8 KiB
+// a tile) made the D2T slower (2.602 against 2.054 ms skewed, 3.087 against
+// 2.282 uniform, H100; the running slot counters spilled 32 bytes), and the
+// fourth stage that the freed memory held gained nothing over it (2.651 and
+// 3.104 ms): three stages keep the mainloop fed.
 #include "common.cuh"
 #include "wgmma.cuh"
 
@@ -152,10 +157,11 @@ __device__ __forceinline__ void mainloop(float (&acc)[128], u32 sA, u32 sB, u32 
 
 // Epilogue buffers in shared memory: the tile's active values as bf16
 // pairs, 128 rows of 256 values, rows PIPE_LD words apart (padded by 4
-// words: the quad-wise stores of a warp hit 32 distinct banks), or with
-// COMPACT S bf16 slots a row; each packer warp's S-word scratch row; the
-// rows' activity masks, 8 words a row.
+// words: the quad-wise stores of a warp hit 32 distinct banks); each
+// packer warp's S-word scratch row; the rows' activity masks, 8 words a
+// row.
 #define PIPE_LD 132
+#define PIPE_TILE (128 * PIPE_LD * 4)
 #define PIPE_PACKERS 3
 #define PIPE_MASKS (128 * 8 * 4)
 
@@ -203,66 +209,7 @@ __device__ __forceinline__ int pack_row_masked(const u32* masks, const u32* tile
   return total;
 }
 
-// pack_row_compact is pack_row_masked for the compact tile (COMPACT in
-// d2t_wgmma): trow16 holds the row's first S - 1 active values as bf16,
-// quad lane 0's in its mask's bit order, then quad lane 1's, and so on. A
-// value past them (the row then overflows and is flagged) is packed as 0.
-template <int S>
-__device__ __forceinline__ int pack_row_compact(const u32* masks, const u16* trow16, u32* erow, u32* out, int n0,
-                                                bool& bad) {
-  const int lane = threadIdx.x & 31, w = lane >> 4, sh = (2 * lane) & 31;
-  u32 mw[8];
-#pragma unroll
-  for (int j = 0; j < 8; ++j) mw[j] = masks[j];
-  u32 m8 = 0;
-#pragma unroll
-  for (int q = 0; q < 4; ++q) m8 |= ((mw[2 * q + w] >> sh) & 3u) << (2 * q);
-  const u32 c = __popc(m8);
-  const u32 b0 = __ballot_sync(0xffffffffu, c & 1u), b1 = __ballot_sync(0xffffffffu, c & 2u),
-            b2 = __ballot_sync(0xffffffffu, c & 4u), b3 = __ballot_sync(0xffffffffu, c & 8u);
-  const int total = __popc(b0) + 2 * __popc(b1) + 4 * __popc(b2) + 8 * __popc(b3);
-  bad = false;
-  if (total == 0) {
-#pragma unroll
-    for (int i = lane; i < S; i += 32) out[i] = 0u;
-    return 0;
-  }
-  const u32 lt = (1u << lane) - 1u;
-  int rank = __popc(b0 & lt) + 2 * __popc(b1 & lt) + 4 * __popc(b2 & lt) + 8 * __popc(b3 & lt);
-  bool badl = false;
-  if (m8) {
-    int off[4];
-    int sum = 0;
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      off[q] = sum;
-      sum += __popc(mw[2 * q]) + __popc(mw[2 * q + 1]);
-    }
-#pragma unroll
-    for (int k = 0; k < 8; ++k) {
-      if ((m8 >> k) & 1u) {
-        const int q = k >> 1, e = k & 1;
-        const u32 below = (1u << (sh + e)) - 1u;  // bits of the lane's word below column 8 lane + k
-        const int idx = off[q] + (w ? __popc(mw[2 * q]) + __popc(mw[2 * q + 1] & below) : __popc(mw[2 * q] & below));
-        u32 b = 0u;
-        if (idx < S - 1) {
-          b = trow16[idx];
-          if ((b & 0x7fffu) >= 0x7f80u) badl = true;
-        }
-        if (rank < S - 1) erow[1 + rank] = (b << 16) | (u32)(n0 + 8 * lane + k);
-        ++rank;
-      }
-    }
-  }
-  bad = __any_sync(0xffffffffu, badl);
-  flush_row<S>(erow, out, total);
-  return total;
-}
-
-// d2t_wgmma<S, STAGES, COMPACT>: with COMPACT (an experiment) the tile
-// buffer holds each row's active values compactly (S - 1 bf16 a row, 8 KiB
-// at S 32 instead of 66 KiB), which leaves room for a fourth stage.
-template <int S, int STAGES, bool COMPACT>
+template <int S, int STAGES>
 __global__ void __launch_bounds__(384, 1)
     d2t_wgmma(const __grid_constant__ TmaDesc tmA, const __grid_constant__ TmaDesc tmB, u32* __restrict__ packed,
                    int* __restrict__ flags, int* __restrict__ ovf, u64* __restrict__ nnz, int m_pairs, int n_tiles,
@@ -273,11 +220,10 @@ __global__ void __launch_bounds__(384, 1)
   unsigned char* smem = smem_raw + (base - raw);
   const u32 sA = base, sB = base + STAGES * A_BYTES;
   u32* tile = (u32*)(smem + STAGES * (A_BYTES + B_BYTES));
-  constexpr int TILE_WORDS = COMPACT ? 128 * S / 2 : 128 * PIPE_LD;
-  u32* erows = tile + TILE_WORDS;  // PIPE_PACKERS x S words
+  u32* erows = tile + 128 * PIPE_LD;  // PIPE_PACKERS x S words
   u32* masks = erows + PIPE_PACKERS * S;  // 128 rows x 8 words
   // full[STAGES], empty[STAGES], tile_full, tile_empty
-  const u32 bars = base + STAGES * (A_BYTES + B_BYTES) + TILE_WORDS * 4 + PIPE_PACKERS * S * 4 + PIPE_MASKS;
+  const u32 bars = base + STAGES * (A_BYTES + B_BYTES) + PIPE_TILE + PIPE_PACKERS * S * 4 + PIPE_MASKS;
   const u32 tile_full = bars + 8u * (2 * STAGES), tile_empty = tile_full + 8u;
 
   const int tid = threadIdx.x;
@@ -316,9 +262,8 @@ __global__ void __launch_bounds__(384, 1)
         for (int r = pw; r < 128; r += PIPE_PACKERS) {
           const int row = m0 + r;
           bool bad;
-          u32* dst = packed + (size_t)row * row_words + nt * S;
-          const int n = COMPACT ? pack_row_compact<S>(masks + r * 8, (const u16*)tile + r * S, erow, dst, n0, bad)
-                                : pack_row_masked<S>(masks + r * 8, tile + r * PIPE_LD, erow, dst, n0, bad);
+          const int n = pack_row_masked<S>(masks + r * 8, tile + r * PIPE_LD, erow,
+                                           packed + (size_t)row * row_words + nt * S, n0, bad);
           if (row < m_valid) {
             sum += (u64)n;
             if (lane == 0 && (bad || n > S - 1)) flag_row(flags, ovf, row);
@@ -341,7 +286,6 @@ __global__ void __launch_bounds__(384, 1)
     // their mask words (u64 q of the row: quad lane q's 64 bits).
     u32* trow0 = tile + (cw * 64 + wq * 16 + (lane >> 2)) * PIPE_LD + (lane & 3);
     u32* trow1 = trow0 + 8 * PIPE_LD;
-    u16* trow16 = (u16*)tile + (cw * 64 + wq * 16 + (lane >> 2)) * S;  // COMPACT: the first row's slots
     u64* mrow0 = (u64*)(masks + (cw * 64 + wq * 16 + (lane >> 2)) * 8) + (lane & 3);
     u64* mrow1 = mrow0 + 8 * 4;
     for (int w = cluster; w < m_pairs * n_tiles; w += nclusters) {
@@ -355,20 +299,6 @@ __global__ void __launch_bounds__(384, 1)
 #pragma unroll
           for (int e = 0; e < 2; ++e)
             if (!(acc[4 * i + 2 * h + e] <= 0.f)) mk[h] |= 1ull << (2 * i + e);  // > 0, or NaN
-      // The compact tile's slot of each row's next active value: quad lane
-      // q's values follow those of quad lanes 0..q-1 (COMPACT).
-      int slot[2] = {0, 0};
-      if (COMPACT) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int c = __popcll(mk[h]);
-          int incl = c, t = __shfl_up_sync(0xffffffffu, incl, 1, 4);
-          if ((lane & 3) >= 1) incl += t;
-          t = __shfl_up_sync(0xffffffffu, incl, 2, 4);
-          if ((lane & 3) >= 2) incl += t;
-          slot[h] = incl - c;
-        }
-      }
 #pragma unroll
       for (int i = 0; i < 32; ++i) {
 #pragma unroll
@@ -378,17 +308,7 @@ __global__ void __launch_bounds__(384, 1)
             u32 p = cvt_bf2(a0, a1);
             if ((p & 0xffffu) == 0u && a0 > 0.f) p |= 1u;  // positive under bf16's smallest subnormal
             if ((p >> 16) == 0u && a1 > 0.f) p |= 0x10000u;
-            if (COMPACT) {
-#pragma unroll
-              for (int e = 0; e < 2; ++e) {
-                if ((mk[h] >> (2 * i + e)) & 1ull) {
-                  if (slot[h] < S - 1) trow16[h * 8 * S + slot[h]] = (u16)(p >> (16 * e));
-                  ++slot[h];
-                }
-              }
-            } else {
-              (h ? trow1 : trow0)[4 * i] = p;
-            }
+            (h ? trow1 : trow0)[4 * i] = p;
           }
         }
       }

@@ -75,7 +75,7 @@ func roundBF16(v []float32) []float32 {
 func kernelsToTest(dev *cuda.Device) []Kernel {
 	ks := []Kernel{KernelMMA}
 	if dev.Properties().Arch == "sm_90a" {
-		ks = append(ks, KernelWGMMACompact, KernelWGMMA4, KernelWGMMA)
+		ks = append(ks, KernelWGMMA)
 	}
 	return ks
 }
@@ -131,53 +131,6 @@ func TestD2TMatchesFloat64(t *testing.T) {
 				checkPacked(t, seed, p, roundBF16(x), roundBF16(sl.Gate), m, d, f)
 			})
 		}
-	}
-}
-
-// TestD2TCompactMatchesWGMMA: the builds with the compact tile buffer
-// (3 and 4 stages) pack every row they do not flag as the full-tile build
-// does, bit for bit, and flag the same rows (a flagged row's payload is
-// incomplete, so it may differ).
-func TestD2TCompactMatchesWGMMA(t *testing.T) {
-	dev, blas := setup(t)
-	if dev.Properties().Arch != "sm_90a" {
-		t.Skip("the wgmma D2T needs sm_90a")
-	}
-	for _, c := range []int{8, 4, 2} {
-		t.Run(fmt.Sprintf("C%d", c), func(t *testing.T) {
-			r, seed := testutil.Rand(t)
-			d, f, m := 256, 1024, 300+r.IntN(400)
-			sl := newLayer(t, r, d, f, 0.08, synth.Skewed, true)
-			l := newMLP(t, dev, blas, sl, twell.Layout{Tile: 256, C: c}, seed)
-			xb := upload(t, dev, synth.Tokens(r, m, d))
-			packed := map[Kernel]*Packed{}
-			for _, k := range []Kernel{KernelWGMMA, KernelWGMMACompact, KernelWGMMA4} {
-				l.Kernel = k
-				p, err := l.D2T(nil, xb, m)
-				if err != nil {
-					t.Fatalf("seed %d: %v: %v", seed, k, err)
-				}
-				packed[k] = p
-			}
-			want := packed[KernelWGMMA]
-			rw := f / c
-			for _, k := range []Kernel{KernelWGMMACompact, KernelWGMMA4} {
-				p := packed[k]
-				if !slices.Equal(p.Overflow, want.Overflow) || p.NNZ != want.NNZ {
-					t.Fatalf("seed %d: %v flags rows %v (%d active), %v flags %v (%d)", seed, k, p.Overflow, p.NNZ,
-						KernelWGMMA, want.Overflow, want.NNZ)
-				}
-				for row := 0; row < m; row++ {
-					if _, flagged := slices.BinarySearch(want.Overflow, row); flagged {
-						continue
-					}
-					if !slices.Equal(p.Words[row*rw:(row+1)*rw], want.Words[row*rw:(row+1)*rw]) {
-						t.Fatalf("seed %d: %v packs row %d differently from %v", seed, k, row, KernelWGMMA)
-					}
-				}
-			}
-			t.Logf("C %d: %d of %d rows flagged", c, len(want.Overflow), m)
-		})
 	}
 }
 
@@ -285,16 +238,6 @@ func bf16Layer(sl *synth.Layer) *synth.Layer {
 	return &bl
 }
 
-// firstBitDiff returns the first index where a and b differ in bits, or -1.
-func firstBitDiff(a, b []float32) int {
-	for i := range a {
-		if math.Float32bits(a[i]) != math.Float32bits(b[i]) {
-			return i
-		}
-	}
-	return -1
-}
-
 func runPath(t *testing.T, dev *cuda.Device, l *MLP, path string, x []float32, m int) []float32 {
 	t.Helper()
 	xb := upload(t, dev, x)
@@ -304,10 +247,9 @@ func runPath(t *testing.T, dev *cuda.Device, l *MLP, path string, x []float32, m
 	}
 	var err error
 	switch path {
-	case "sparse", "sparse-warp", "sparse-sorted", "sparse-sorted-ring2", "sparse-sorted-ring3":
+	case "sparse", "sparse-warp", "sparse-sorted":
 		tail := l.Tail
-		l.Tail = map[string]Tail{"sparse": tail, "sparse-warp": TailWarp, "sparse-sorted": TailSorted,
-			"sparse-sorted-ring2": TailSortedRing2, "sparse-sorted-ring3": TailSortedRing3}[path]
+		l.Tail = map[string]Tail{"sparse": tail, "sparse-warp": TailWarp, "sparse-sorted": TailSorted}[path]
 		err = l.Sparse(nil, yb, xb, m)
 		l.Tail = tail
 	case "dense":
@@ -358,10 +300,8 @@ func TestMLPMatchesFloat64(t *testing.T) {
 			x := synth.Tokens(r, m, c.d)
 			rows := synth.SampleRows(r, m, 48)
 			want := refRowsBF16(sl, x, c.d, rows)
-			ys := map[string][]float32{}
-			for _, path := range []string{"sparse-warp", "sparse-sorted", "sparse-sorted-ring2", "sparse-sorted-ring3", "dense", "auto"} {
+			for _, path := range []string{"sparse-warp", "sparse-sorted", "dense", "auto"} {
 				y := runPath(t, dev, l, path, x, m)
-				ys[path] = y
 				for i := range y {
 					if math.IsNaN(float64(y[i])) {
 						t.Fatalf("seed %d: %s: output %d (row %d) is NaN: not written", seed, path, i, i/c.d)
@@ -369,13 +309,6 @@ func TestMLPMatchesFloat64(t *testing.T) {
 				}
 				if e := synth.RelErr(y, c.d, rows, want); !(e <= 1e-2) {
 					t.Errorf("seed %d: %s: rel err %.3g vs float64 on the bf16 inputs, want <= 1e-2", seed, path, e)
-				}
-			}
-			// The ring t2u sums in the register t2u's order: the same bits.
-			for _, ring := range []string{"sparse-sorted-ring2", "sparse-sorted-ring3"} {
-				if i := firstBitDiff(ys["sparse-sorted"], ys[ring]); i >= 0 {
-					t.Errorf("seed %d: %s output %d (row %d) is %v, sparse-sorted's %v", seed, ring, i, i/c.d,
-						ys[ring][i], ys["sparse-sorted"][i])
 				}
 			}
 		})
@@ -402,10 +335,7 @@ func TestOverflowStress(t *testing.T) {
 	}
 	if dev.Properties().Arch == "sm_90a" {
 		cases = append(cases, stressCase{"sparse-C8-wgmma", 0.01, twell.Layout{Tile: 256, C: 8}, KernelWGMMA},
-			stressCase{"dense-tiles-C2-wgmma", 0.6, twell.Layout{Tile: 256, C: 2}, KernelWGMMA},
-			stressCase{"sparse-C8-wgmma4", 0.01, twell.Layout{Tile: 256, C: 8}, KernelWGMMA4},
-			stressCase{"dense-tiles-C8-wgmma4", 0.3, twell.Layout{Tile: 256, C: 8}, KernelWGMMA4},
-			stressCase{"dense-tiles-C2-wgmma-compact", 0.6, twell.Layout{Tile: 256, C: 2}, KernelWGMMACompact})
+			stressCase{"dense-tiles-C2-wgmma", 0.6, twell.Layout{Tile: 256, C: 2}, KernelWGMMA})
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -22,14 +22,12 @@ type Options struct {
 	NoHotUnits bool
 }
 
-// EnvD2TKernel names the environment variable that, set to "mma", "wgmma",
-// "wgmma-compact" or "wgmma4", sets Options.Kernel (unset or "auto":
-// KernelAuto).
+// EnvD2TKernel names the environment variable that, set to "mma" or
+// "wgmma", sets Options.Kernel (unset or "auto": KernelAuto).
 const EnvD2TKernel = "TWELL_D2T_KERNEL"
 
-// EnvTail names the environment variable that, set to "warp", "sorted",
-// "sorted-ring2" or "sorted-ring3", sets Options.Tail (unset or "auto":
-// TailAuto).
+// EnvTail names the environment variable that, set to "warp" or "sorted",
+// sets Options.Tail (unset or "auto": TailAuto).
 const EnvTail = "TWELL_TAIL"
 
 // EnvEarlyStart names the environment variable that, set to "0", sets
@@ -66,13 +64,11 @@ func OptionsFrom(getenv func(string) string) (Options, error) {
 		return o, err
 	}
 	o.NoHotUnits = !hot
-	o.Kernel, err = envChoice(getenv, EnvD2TKernel, "auto, wgmma, mma, wgmma-compact or wgmma4",
-		map[string]Kernel{"wgmma": KernelWGMMA, "mma": KernelMMA, "wgmma-compact": KernelWGMMACompact, "wgmma4": KernelWGMMA4})
+	o.Kernel, err = envChoice(getenv, EnvD2TKernel, "auto, wgmma or mma", map[string]Kernel{"wgmma": KernelWGMMA, "mma": KernelMMA})
 	if err != nil {
 		return o, err
 	}
-	o.Tail, err = envChoice(getenv, EnvTail, "auto, warp, sorted, sorted-ring2 or sorted-ring3",
-		map[string]Tail{"warp": TailWarp, "sorted": TailSorted, "sorted-ring2": TailSortedRing2, "sorted-ring3": TailSortedRing3})
+	o.Tail, err = envChoice(getenv, EnvTail, "auto, warp or sorted", map[string]Tail{"warp": TailWarp, "sorted": TailSorted})
 	return o, err
 }
 

@@ -18,7 +18,6 @@ func TestOptionsFromEnv(t *testing.T) {
 			Want: Options{Serial: true, Tail: TailSorted, Kernel: KernelMMA}},
 		{Env: map[string]string{EnvD2TKernel: "wgmma"}, Want: Options{Kernel: KernelWGMMA}},
 		{Env: map[string]string{EnvD2TKernel: "lt"}, Bad: EnvD2TKernel},
-		{Env: map[string]string{EnvTail: "sorted-ring3"}, Want: Options{Tail: TailSortedRing3}},
 		{Env: map[string]string{EnvD2TKernel: "tma"}, Bad: EnvD2TKernel},
 		{Env: map[string]string{EnvEarlyStart: "off"}, Bad: EnvEarlyStart},
 		{Env: map[string]string{EnvTail: "split"}, Bad: EnvTail},

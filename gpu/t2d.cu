@@ -190,26 +190,22 @@ __global__ void __launch_bounds__(256, T2D_MINB)
 // bf16(h) << 16 | j, setting cnt[r] to its length. The row is private to its
 // warp and every write lands at or before the entry it replaces, below any
 // word still to be read. Flagged rows get cnt[r] = 0 (the fallback writes y).
-// The token's x row stays in registers. With RING 0 each lane loads its
-// part of one U row into registers at a time: two rows in flight spilled
-// 220 bytes at the 128 registers of two blocks an SM (sm_90a, d 2048; the
-// MLP block 4.58 against 4.42 ms at m = 65536, H200, 2026-12-05), and so
-// did two with x in shared memory instead (ptxas of CUDA 13: 136 bytes,
-// 4.87 against 4.42 ms, H100). With RING >= 2 (an experiment,
-// TailSortedRing2/3) the U rows go into a per-warp ring of RING rows in
-// shared memory (t2uRingBytes, dynamic) with cp.async, RING - 1 rows ahead
-// of the one being reduced, so that no register holds a row in flight.
-// Each lane reads back only the 16-byte pieces it copied, so the warp needs
-// no barrier, and it sums its pieces in the same order either way: the same
-// bits.
+// One U row is in flight per warp (gated): with two, ptxas spilled 220
+// bytes at the 128 registers of two blocks an SM (sm_90a, d 2048), and the
+// MLP block took 4.58 against 4.42 ms at m = 65536 (H200, 2026-12-05).
+// More rows in flight without spills did not help either: with each warp
+// copying its U rows by cp.async into a ring of 2 or 3 rows in shared
+// memory, 1 or 2 rows ahead of the one it reduces, the block took 4.482 and
+// 4.505 ms against 4.364-4.378 (m = 65536, 0.5%, uniform, H100); with x in
+// shared memory and two rows in registers, 4.865 against 4.424 (the
+// driver's ptxas spilled 136 bytes).
 #define T2U_MINB 2  // blocks per SM the register budget must allow (1: 1.57 ms, 2: 1.25 ms on an H200)
 // Block 0 also clears the sort's len_bins (LEN_BINS ints), for len_hist.
-template <bool GATED, int RING>
+template <bool GATED>
 __global__ void __launch_bounds__(256, T2U_MINB)
     t2u(const u16* __restrict__ x, u32* packed, const u16* __restrict__ U, int* __restrict__ cnt,
         const int* __restrict__ flags, int m, int d, int S, int tiles, int row_words, int* __restrict__ len_bins) {
   __shared__ u32 lists[T2D_WARPS][LCAP];
-  extern __shared__ uint4 t2u_ring[];  // RING x T2D_WARPS x TW_NCH x 32 pieces
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int r = blockIdx.x * T2D_WARPS + warp;
   grid_wait();  // the packed rows and flags are D2T's
@@ -230,57 +226,12 @@ __global__ void __launch_bounds__(256, T2U_MINB)
     xv[c].x = xv[c].y = xv[c].z = xv[c].w = 0u;
     if (GATED && k < d) xv[c] = ld_cg_hint(x + (size_t)r * d + k, stream);
   }
-  // The lane's piece c of ring slot s: ring[(s * TW_NCH + c) * 32].
-  uint4* ring = t2u_ring + warp * (RING > 0 ? RING : 1) * TW_NCH * 32 + lane;
   u32* prow = packed + (size_t)r * row_words;
   int out = 0;
-  // put writes entry i of the list: g (in w) times x . U[j], the lane's
-  // pieces of U[j] given by piece(c).
-  auto put = [&](u32 w, int i, auto piece) {
-    float p = 0.f;
-#pragma unroll
-    for (int c = 0; c < TW_NCH; ++c) p = dot8(xv[c], piece(c), p);
-    p = warp_sum(p);
-    if (lane == 0) prow[out + i] = (f_to_bf(bf_hi(w) * p) << 16) | (w & 0xffffu);
-  };
-  // fetch copies the lane's pieces of U[j] (list entry w) into ring slot s
-  // and commits them as one group.
-  auto fetch = [&](int s, u32 w) {
-    const size_t j = (size_t)(w & 0xffffu) * d;
-#pragma unroll
-    for (int c = 0; c < TW_NCH; ++c) {
-      int k = c * 256 + lane * 8;
-      if (k < d) cp_async16_hint(smem_addr(ring + (s * TW_NCH + c) * 32), U + j + k, keep);
-    }
-    cp_async_commit();
-  };
   // flush turns the list's n entries into compact words at prow + out.
   auto flush = [&](int n) {
     __syncwarp();
-    if (GATED && RING > 0) {
-      for (int i = 0; i < RING - 1; ++i) {
-        if (i < n)
-          fetch(i, list[i]);
-        else
-          cp_async_commit();
-      }
-      for (int i = 0; i < n; ++i) {
-        const int ahead = i + RING - 1;
-        if (ahead < n)
-          fetch(ahead % RING, list[ahead]);
-        else
-          cp_async_commit();
-        cp_async_wait<(RING > 0 ? RING - 1 : 0)>();  // entry i's group is done
-        const int s = i % RING;
-        put(list[i], i, [&](int c) {
-          uint4 v;
-          v.x = v.y = v.z = v.w = 0u;
-          if (c * 256 + lane * 8 < d) v = ring[(s * TW_NCH + c) * 32];
-          return v;
-        });
-      }
-      cp_async_wait<0>();
-    } else if (GATED) {
+    if (GATED) {
       for (int i = 0; i < n; ++i) {
         const u32 w = list[i];
         const size_t j = (size_t)(w & 0xffffu) * d;
@@ -291,7 +242,11 @@ __global__ void __launch_bounds__(256, T2U_MINB)
           ur[c].x = ur[c].y = ur[c].z = ur[c].w = 0u;
           if (k < d) ur[c] = ld_hint(U + j + k, keep);
         }
-        put(w, i, [&](int c) { return ur[c]; });
+        float p = 0.f;
+#pragma unroll
+        for (int c = 0; c < TW_NCH; ++c) p = dot8(xv[c], ur[c], p);
+        p = warp_sum(p);
+        if (lane == 0) prow[out + i] = (f_to_bf(bf_hi(w) * p) << 16) | (w & 0xffffu);
       }
     } else {
       for (int i = lane; i < n; i += 32) prow[out + i] = list[i];

@@ -34,38 +34,16 @@ const (
 	// same length. (1.66 ms against 1.81 without the sort, same results bit
 	// for bit, at m = 65536, 0.5%, on an H200.)
 	TailSorted
-	// TailSortedRing2 and TailSortedRing3 are TailSorted with t2u<true, 2>
-	// and t2u<true, 3>: each warp copies the U rows into a ring of 2 or 3
-	// rows in shared memory, 1 or 2 rows ahead of the one it reduces (an
-	// experiment; the same bits as TailSorted).
-	TailSortedRing2
-	TailSortedRing3
 )
 
-// String returns "auto", "warp", "sorted", "sorted-ring2" or "sorted-ring3".
-func (t Tail) String() string {
-	return enum.String(t, "Tail", "auto", "warp", "sorted", "sorted-ring2", "sorted-ring3")
-}
-
-// ring returns the t2u ring depth of a sorted tail (0: no ring).
-func (t Tail) ring() int {
-	switch t {
-	case TailSortedRing2:
-		return 2
-	case TailSortedRing3:
-		return 3
-	}
-	return 0
-}
+// String returns "auto", "warp" or "sorted".
+func (t Tail) String() string { return enum.String(t, "Tail", "auto", "warp", "sorted") }
 
 // TailFor returns the tail kernels the sparse path runs for m tokens now
-// (TailWarp, or a sorted tail: l.Tail's if it names one, else TailSorted).
+// (TailSorted or TailWarp).
 func (l *MLP) TailFor(m int) Tail {
 	if l.splitWidth() == 0 || !l.useSplit(m) {
 		return TailWarp
-	}
-	if l.Tail.ring() > 0 {
-		return l.Tail
 	}
 	return TailSorted
 }
@@ -124,7 +102,7 @@ func (l *MLP) useSplit(m int) bool {
 	switch l.Tail {
 	case TailWarp:
 		return false
-	case TailSorted, TailSortedRing2, TailSortedRing3:
+	case TailSorted:
 		return true
 	}
 	a := 1.0
@@ -135,10 +113,9 @@ func (l *MLP) useSplit(m int) bool {
 }
 
 type t2dSet struct {
-	gated, plain       *cuda.Function         // one warp per token (TailWarp)
-	t2uGated, t2uPlain *cuda.Function         // TailSorted: up projection and compaction
-	t2uRing            map[int]*cuda.Function // gated t2u by ring depth (TailSortedRing2/3)
-	ws16, ws8          *cuda.Function         // TailSorted: weight-stationary down projection
+	gated, plain       *cuda.Function // one warp per token (TailWarp)
+	t2uGated, t2uPlain *cuda.Function // TailSorted: up projection and compaction
+	ws16, ws8          *cuda.Function // TailSorted: weight-stationary down projection
 	// TailSorted's counting sort of the tokens by list length
 	lenHist, lenOffsets, lenScatter *cuda.Function
 	fbGated, fbPlain                *cuda.Function
@@ -147,8 +124,7 @@ type t2dSet struct {
 
 // t2dExprs are the kernels of t2d.cu, in the order t2dFor reads them.
 var t2dExprs = []string{"t2d<true>", "t2d<false>", "row_fallback<true>", "row_fallback<false>",
-	"t2u<true, 0>", "t2u<false, 0>", "t2d_ws<16>", "t2d_ws<8>", "len_hist", "len_offsets", "len_scatter",
-	"t2u<true, 2>", "t2u<true, 3>"}
+	"t2u<true>", "t2u<false>", "t2d_ws<16>", "t2d_ws<8>", "len_hist", "len_offsets", "len_scatter"}
 
 // t2dFor returns the T2D and fallback kernels for hidden size d.
 func (k *kernels) t2dFor(d int) (*t2dSet, error) {
@@ -168,7 +144,6 @@ func (k *kernels) t2dFor(d int) (*t2dSet, error) {
 		set.t2uGated, set.t2uPlain = fs[exprs[4]], fs[exprs[5]]
 		set.ws16, set.ws8 = fs[exprs[6]], fs[exprs[7]]
 		set.lenHist, set.lenOffsets, set.lenScatter = fs[exprs[8]], fs[exprs[9]], fs[exprs[10]]
-		set.t2uRing = map[int]*cuda.Function{2: fs[exprs[11]], 3: fs[exprs[12]]}
 	}
 	k.t2d[nch] = set
 	return set, set.err
@@ -202,17 +177,13 @@ func (a tailArgs) t2d(fn *cuda.Function, s *cuda.Stream) error {
 		int32(a.m), int32(a.d), int32(a.s), int32(a.f/256), int32(a.rowWords))
 }
 
-// t2u launches t2u<GATED, ring>: the up projection per token, rewriting
-// each packed row as a compact list of cnt[r] words; it also clears the
-// length bins.
-func (a tailArgs) t2u(fn *cuda.Function, ring int, s *cuda.Stream) error {
-	return a.launch(fn, a.warpGrid(), cuda.Dim3{256, 1, 1}, t2uRingBytes(ring, a.d), s, a.x, a.packed, a.up, a.cnt, a.flags,
+// t2u launches t2u<GATED>: the up projection per token, rewriting each
+// packed row as a compact list of cnt[r] words; it also clears the length
+// bins.
+func (a tailArgs) t2u(fn *cuda.Function, s *cuda.Stream) error {
+	return a.launch(fn, a.warpGrid(), cuda.Dim3{256, 1, 1}, 0, s, a.x, a.packed, a.up, a.cnt, a.flags,
 		int32(a.m), int32(a.d), int32(a.s), int32(a.f/256), int32(a.rowWords), a.lenBins)
 }
-
-// t2uRingBytes is the dynamic shared memory of t2u<true, ring>: ring rows
-// of d bf16 (in 256-column pieces) for each of its 8 warps.
-func t2uRingBytes(ring, d int) int { return ring * 8 * ((d + 255) / 256) * 256 * 2 }
 
 // t2dWS launches t2d_ws<w>, the weight-stationary down projection: d/w
 // column slices, each spread over enough blocks to fill the sms
@@ -232,8 +203,7 @@ func (l *MLP) tail(s *cuda.Stream, set *t2dSet, y, x *cuda.Buffer, ws *sparseWS,
 	a := tailArgs{x: x, y: y, packed: ws.packed, flags: ws.flags, up: l.up, down: l.down,
 		cnt: ws.cnt, order: ws.order, lenBins: ws.lenBins, m: m, d: l.D, f: cols, s: l.Layout.S(), rowWords: l.F / l.Layout.C,
 		early: l.earlyStart()}
-	tail := l.TailFor(m)
-	if tail == TailWarp {
+	if l.TailFor(m) != TailSorted {
 		t2d := set.plain
 		if l.Gated {
 			t2d = set.gated
@@ -243,13 +213,11 @@ func (l *MLP) tail(s *cuda.Stream, set *t2dSet, y, x *cuda.Buffer, ws *sparseWS,
 		}
 		return nil
 	}
-	t2u, ring := set.t2uPlain, 0
-	if l.Gated && tail.ring() > 0 {
-		t2u, ring = set.t2uRing[tail.ring()], tail.ring()
-	} else if l.Gated {
+	t2u := set.t2uPlain
+	if l.Gated {
 		t2u = set.t2uGated
 	}
-	if err := a.t2u(t2u, ring, s); err != nil {
+	if err := a.t2u(t2u, s); err != nil {
 		return fmt.Errorf("gpu: t2u: %w", err)
 	}
 	if err := l.lengthOrder(s, set, a); err != nil {

@@ -104,7 +104,7 @@ func TestKernelTimes(t *testing.T) {
 	}
 	pairs := float64(p.NNZ)
 	t.Logf("m=%d: dense %.3f ms, D2T %.3f ms; %.1f active/token", m, dense, d2t, pairs/float64(m))
-	for _, tail := range []Tail{TailWarp, TailSortedRing2, TailSortedRing3, TailSorted} {
+	for _, tail := range []Tail{TailWarp, TailSorted} {
 		l.Tail = tail
 		sparse := medianMS(t, dev, 20, func() error { return l.Sparse(nil, yb, xb, m) })
 		t.Logf("tail %v: sparse %.3f ms = D2T + %.3f ms (%.2fx dense)", tail, sparse, sparse-d2t, dense/sparse)
@@ -122,7 +122,7 @@ func TestKernelTimes(t *testing.T) {
 			l.ws.sp.packed, l.ws.sp.cnt, l.ws.sp.order, l.down, yb, int32(m), int32(d), int32(f), int32(f/8), int32(m))
 	})
 	t.Logf("t2d_ws<%d> alone: %.3f ms (%.2f G pairs/s)", w, ms, pairs/ms/1e6)
-	for name, fn := range map[string]*cuda.Function{"t2d<true>": set.gated, "t2u<true, 0>": set.t2uGated, "t2u<true, 2>": set.t2uRing[2], "t2u<true, 3>": set.t2uRing[3],
+	for name, fn := range map[string]*cuda.Function{"t2d<true>": set.gated, "t2u<true>": set.t2uGated,
 		"t2d_ws<16>": set.ws16, "row_fallback<true>": set.fbGated} {
 		a, _ := fn.Attributes()
 		t.Logf("%s: %d registers, %d B local", name, a.NumRegs, a.LocalBytes)

@@ -23,10 +23,9 @@
 #                                       one process (bench ffn -variants): m = 2048, 4096, 8192,
 #                                       16384 and 65536 (0.5%, skewed; 65536 uniform too) the
 #                                       defaults (hot units calibrated and computed densely),
-#                                       no hot units (TWELL_HOT_UNITS=0), and t2u copying U
-#                                       rows into a shared-memory ring of 2 or 3
-#                                       (TWELL_TAIL=sorted-ring2, sorted-ring3);
-#                                       round 1 traces every setting's kernels at 65536 skewed;
+#                                       no hot units (TWELL_HOT_UNITS=0), and the warp tail
+#                                       (TWELL_TAIL=warp); round 1 traces every setting's kernels
+#                                       at 65536 skewed;
 #                                       two rounds
 #   scripts/gpu-bench.sh ab-decode OUTDIR  the decode switches, as variants of one run (bench model
 #                                       -variants): steps of 1, 8, 16, 32 and 64 sequences at 512
@@ -110,7 +109,7 @@ ab-mlp)
       trace=()
       [ "$round$shape" = 165536:skewed ] && trace=(-trace "$out/$name-trace.json" -trace-plot "$out/$name-trace.png")
       "$tw" bench ffn -device cuda -m "$m" -density 0.005 -dist "$dist" -seed 1 "${trace[@]}" \
-        -variants ';HOT_UNITS=0;TAIL=sorted-ring2;TAIL=sorted-ring3' -json "$out/$name.json" 2>&1 | tee "$out/$name.txt" || status=1
+        -variants ';HOT_UNITS=0;TAIL=warp' -json "$out/$name.json" 2>&1 | tee "$out/$name.txt" || status=1
     done
   done
   ;;
