@@ -33,17 +33,10 @@ const (
 	KernelWGMMA
 	// KernelMMA is the simpler mma.sync kernel (any sm_80+ GPU).
 	KernelMMA
-	// KernelWGMMADirect is KernelWGMMA with its consumers writing the
-	// packed words themselves (DIRECT in d2t_wgmma.cu): no packer warps and
-	// no tile buffer, and 4 pipeline stages in the memory that frees (an
-	// experiment).
-	KernelWGMMADirect
 )
 
-// String returns "auto", "wgmma", "mma" or "wgmma-direct".
-func (k Kernel) String() string {
-	return enum.String(k, "Kernel", "auto", "wgmma", "mma", "wgmma-direct")
-}
+// String returns "auto", "wgmma" or "mma".
+func (k Kernel) String() string { return enum.String(k, "Kernel", "auto", "wgmma", "mma") }
 
 // residentClusters returns how many clusters of the persistent wgmma D2T
 // kernel fit on the GPU at once (all 66 of an H200; 64, as the reference
@@ -67,16 +60,16 @@ func (l *MLP) residentClusters(fn *cuda.Function, cfg cuda.LaunchConfig) int {
 func (l *MLP) d2tKernel() (*cuda.Function, Kernel, error) {
 	s := l.Layout.S()
 	switch l.Kernel {
-	case KernelWGMMA, KernelWGMMADirect:
-		f, err := l.k.d2tWGMMA(s, l.Kernel == KernelWGMMADirect)
-		return f, l.Kernel, err
+	case KernelWGMMA:
+		f, err := l.k.d2tWGMMA(s)
+		return f, KernelWGMMA, err
 	case KernelMMA:
 		f, err := l.k.d2tMMA(s)
 		return f, KernelMMA, err
 	}
 	// On Hopper the wgmma kernel (2.03-2.28 ms at m = 65536 on an H100),
 	// else mma.sync.
-	f, err := l.k.d2tWGMMA(s, false)
+	f, err := l.k.d2tWGMMA(s)
 	if err == nil {
 		return f, KernelWGMMA, nil
 	}
@@ -126,7 +119,7 @@ func (l *MLP) runD2T(s *cuda.Stream, x *cuda.Buffer, m, cols int) (*sparseWS, er
 	l.counted = m
 	a := d2tArgs{x: x, w: l.sparseIn(), packed: ws.packed, flags: ws.flags, ovf: ws.ovf, nnz: l.nnz,
 		m: m, d: l.D, f: cols, s: l.Layout.S(), rowWords: l.F / l.Layout.C}
-	if kind == KernelWGMMA || kind == KernelWGMMADirect {
+	if kind == KernelWGMMA {
 		if l.tmA == nil || l.tmAx != x.Ptr() || l.tmAm != m {
 			tm, err := l.dev.EncodeTiled(cuda.TiledTensor{
 				DataType: cuda.TensorBFloat16, Global: x.Ptr(),
@@ -138,7 +131,7 @@ func (l *MLP) runD2T(s *cuda.Stream, x *cuda.Buffer, m, cols int) (*sparseWS, er
 			}
 			l.tmA, l.tmAx, l.tmAm = tm, x.Ptr(), m
 		}
-		err = a.wgmma(fn, kind == KernelWGMMADirect, s, l.tmA, l.tmB, func(cfg cuda.LaunchConfig) int { return l.residentClusters(fn, cfg) })
+		err = a.wgmma(fn, s, l.tmA, l.tmB, func(cfg cuda.LaunchConfig) int { return l.residentClusters(fn, cfg) })
 	} else {
 		err = a.mma(fn, s)
 	}
@@ -256,74 +249,51 @@ func (k *kernels) d2tMMA(s int) (*cuda.Function, error) {
 	return k.mma.get(k, "d2t_mma.cu", d2tMMASrc, "d2t_mma", s)
 }
 
-// d2tWGMMA returns the Hopper D2T kernel for S words per tile (with the
-// direct epilogue if direct), compiling it on first use (each kernel
-// alone: a process compiles only what it runs). A failure is kept and
-// returned again.
-func (k *kernels) d2tWGMMA(s int, direct bool) (*cuda.Function, error) {
+// d2tWGMMA returns the Hopper D2T kernel for S words per tile, compiling
+// it on first use (each S alone: a process compiles only what it runs). A
+// failure is kept and returned again.
+func (k *kernels) d2tWGMMA(s int) (*cuda.Function, error) {
 	k.wgMu.Lock()
 	defer k.wgMu.Unlock()
 	if k.wgErr != nil {
 		return nil, k.wgErr
 	}
-	key := wgmmaKey{s, direct}
-	if f := k.wg[key]; f != nil {
+	if f := k.wg[s]; f != nil {
 		return f, nil
 	}
 	if p := k.dev.Properties(); p.Arch != "sm_90a" {
 		k.wgErr = fmt.Errorf("gpu: the wgmma D2T kernel needs sm_90a (Hopper); %v is %s", k.dev, p.Arch)
 		return nil, k.wgErr
 	}
-	fs, err := k.compile("d2t_wgmma.cu", d2tWGMMASrc, []string{key.name()})
+	fs, err := k.compile("d2t_wgmma.cu", d2tWGMMASrc, []string{wgmmaName(s)})
 	if err != nil {
 		k.wgErr = err
 		return nil, err
 	}
 	if k.wg == nil {
-		k.wg = map[wgmmaKey]*cuda.Function{}
+		k.wg = map[int]*cuda.Function{}
 	}
-	k.wg[key] = fs[key.name()]
-	return k.wg[key], nil
+	k.wg[s] = fs[wgmmaName(s)]
+	return k.wg[s], nil
 }
 
-// wgmmaKey picks a wgmma D2T kernel: S words per tile, and the direct
-// epilogue.
-type wgmmaKey struct {
-	s      int
-	direct bool
-}
-
-// stages is the kernel's pipeline depth: with the tile buffer (66 KiB) the
-// shared memory holds 3 stages, without it 4.
-func (k wgmmaKey) stages() int {
-	if k.direct {
-		return 4
-	}
-	return 3
-}
-
-// name is the kernel's name expression.
-func (k wgmmaKey) name() string { return fmt.Sprintf("d2t_wgmma<%d,%d,%t>", k.s, k.stages(), k.direct) }
-
-// smem returns the dynamic shared memory the kernel needs, with 1024 bytes
-// of slack for aligning the base (see d2t_wgmma.cu).
-func (k wgmmaKey) smem() int {
-	const stage = 16384 + 32768
-	n := k.stages()*stage + (2*k.stages()+2)*8 + 1024
-	if !k.direct {
-		n += 128*132*4 + 3*k.s*4 + 128*8*4
-	}
-	return n
-}
+// wgmmaName is the name expression of the wgmma D2T kernel for S words per
+// tile.
+func wgmmaName(s int) string { return fmt.Sprintf("d2t_wgmma<%d,%d>", s, wgmmaStages) }
 
 // wgmmaExprs are the name expressions of d2t_wgmma.cu's kernels (S of 32,
-// 64 and 128, both epilogues).
-func wgmmaExprs() []string {
-	var e []string
-	for _, s := range []int{32, 64, 128} {
-		e = append(e, wgmmaKey{s, false}.name(), wgmmaKey{s, true}.name())
-	}
-	return e
+// 64 and 128).
+func wgmmaExprs() []string { return []string{wgmmaName(32), wgmmaName(64), wgmmaName(128)} }
+
+// wgmmaStages is the pipeline depth of d2t_wgmma: its tile of active bf16
+// values (66 KiB, addressed by column) leaves room for 3 stages.
+const wgmmaStages = 3
+
+// wgmmaSmem returns the dynamic shared memory the wgmma D2T kernel needs,
+// with 1024 bytes of slack for aligning the base (see d2t_wgmma.cu).
+func wgmmaSmem(s int) int {
+	const stage = 16384 + 32768
+	return wgmmaStages*stage + 128*132*4 + 3*s*4 + 128*8*4 + (2*wgmmaStages+2)*8 + 1024
 }
 
 // d2tArgs are the operands of a D2T kernel for one call of m tokens: x
@@ -347,14 +317,13 @@ func (a d2tArgs) mma(fn *cuda.Function, s *cuda.Stream) error {
 		a.x, a.w, a.packed, a.flags, a.ovf, a.nnz, int32(mTiles), int32(nTiles), int32(a.d), int32(a.rowWords), int32(a.m))
 }
 
-// wgmma launches the persistent d2t_wgmma for S words per tile (with the
-// direct epilogue if direct) with TMA maps tmA of x
+// wgmma launches the persistent d2t_wgmma<S, 3> with TMA maps tmA of x
 // and tmB of w: clusters of 2 CTAs of 384 threads, as many clusters as
 // resident returns for the launch configuration (at most one per work
 // item, a pair of 128-row tiles times a 256-column tile).
-func (a d2tArgs) wgmma(fn *cuda.Function, direct bool, s *cuda.Stream, tmA, tmB *cuda.TensorMap, resident func(cuda.LaunchConfig) int) error {
+func (a d2tArgs) wgmma(fn *cuda.Function, s *cuda.Stream, tmA, tmB *cuda.TensorMap, resident func(cuda.LaunchConfig) int) error {
 	mPairs, nTiles := padRows(a.m)/256, a.f/256
-	cfg := cuda.LaunchConfig{Block: cuda.Dim3{384, 1, 1}, SharedBytes: wgmmaKey{a.s, direct}.smem(), Stream: s, Cluster: cuda.Dim3{2, 1, 1}}
+	cfg := cuda.LaunchConfig{Block: cuda.Dim3{384, 1, 1}, SharedBytes: wgmmaSmem(a.s), Stream: s, Cluster: cuda.Dim3{2, 1, 1}}
 	nClusters := min(resident(cfg), mPairs*nTiles)
 	cfg.Grid = cuda.Dim3{uint32(2 * nClusters), 1, 1}
 	return fn.LaunchEx(cfg, tmA, tmB, a.packed, a.flags, a.ovf, a.nnz,

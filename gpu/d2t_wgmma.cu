@@ -27,7 +27,13 @@
 // a tile) made the D2T slower (2.602 against 2.054 ms skewed, 3.087 against
 // 2.282 uniform, H100; the running slot counters spilled 32 bytes), and the
 // fourth stage that the freed memory held gained nothing over it (2.651 and
-// 3.104 ms): three stages keep the mainloop fed.
+// 3.104 ms). Nor did the consumers writing the packed words themselves (each
+// value at its rank from the quad's masks, shared by shuffles), with no
+// packer warps, no tile buffer and 4 stages: the same words, but the D2T took
+// 2.421-2.433 against 2.133-2.138 ms skewed and 2.405-2.435 against
+// 2.385-2.400 uniform (H100), though the consumers of this kernel spend about
+// 6% of their time waiting for the packers (tile_empty) and about 30% for
+// stages to fill (ncu's warp-state samples).
 #include "common.cuh"
 #include "wgmma.cuh"
 
@@ -209,78 +215,7 @@ __device__ __forceinline__ int pack_row_masked(const u32* masks, const u32* tile
   return total;
 }
 
-// low64 returns the 64-bit mask of bits below n (0 <= n <= 64).
-__device__ __forceinline__ u64 low64(int n) { return n >= 64 ? ~0ull : (1ull << n) - 1ull; }
-
-// pack_direct writes the thread's two rows of the tile (rows[h], columns
-// 8i + 2q + e of acc[4i + 2h + e], quad lane q = lane & 3, activity masks
-// mk) straight into the packed words (DIRECT in d2t_wgmma): each active
-// value at its rank in the row (slot 1 + rank, in column order, while it
-// fits), and each quad lane its S/4 words of the row's count word and
-// zeros past the count. The four lanes of a quad share their masks with
-// shuffles. Flags rows over capacity or holding NaN or Inf, as the packers
-// do; returns the valid rows' active count.
-template <int S>
-__device__ __forceinline__ u64 pack_direct(const float (&acc)[128], const u64 (&mk)[2], const int (&rows)[2],
-                                           u32* packed, int row_words, int nt, int n0, int m_valid, int* flags,
-                                           int* ovf) {
-  const int lane = threadIdx.x & 31, q = lane & 3, qbase = lane & ~3;
-  u64 counted = 0;
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    u64 qm[4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) qm[j] = __shfl_sync(0xffffffffu, mk[h], qbase | j);
-    const int total = __popcll(qm[0]) + __popcll(qm[1]) + __popcll(qm[2]) + __popcll(qm[3]);
-    u32* out = packed + (size_t)rows[h] * row_words + nt * S;
-    bool bad = false;
-    if (mk[h]) {
-#pragma unroll
-      for (int i = 0; i < 32; ++i) {
-        if ((mk[h] >> (2 * i)) & 3ull) {
-          const float a0 = acc[4 * i + 2 * h], a1 = acc[4 * i + 2 * h + 1];
-          u32 p = cvt_bf2(a0, a1);
-          if ((p & 0xffffu) == 0u && a0 > 0.f) p |= 1u;  // positive under bf16's smallest subnormal
-          if ((p >> 16) == 0u && a1 > 0.f) p |= 0x10000u;
-          // Active columns of the row before group i, and in group i before
-          // this lane's pair: quad lanes below q.
-          int before = 0;
-#pragma unroll
-          for (int j = 0; j < 4; ++j) before += __popcll(qm[j] & low64(j < q ? 2 * i + 2 : 2 * i));
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            if ((mk[h] >> (2 * i + e)) & 1ull) {
-              const u32 b = (p >> (16 * e)) & 0xffffu;
-              if ((b & 0x7fffu) >= 0x7f80u) bad = true;
-              if (before < S - 1) out[1 + before] = (b << 16) | (u32)(n0 + 8 * i + 2 * q + e);
-              ++before;
-            }
-          }
-        }
-      }
-    }
-#pragma unroll
-    for (int j = q * (S / 4); j < (q + 1) * (S / 4); ++j) {
-      if (j == 0)
-        out[0] = (u32)total;
-      else if (j > total)
-        out[j] = 0u;
-    }
-    u32 bq = bad ? 1u : 0u;
-    bq |= __shfl_xor_sync(0xffffffffu, bq, 1);
-    bq |= __shfl_xor_sync(0xffffffffu, bq, 2);
-    if (q == 0 && rows[h] < m_valid) {
-      counted += (u64)total;
-      if (bq || total > S - 1) flag_row(flags, ovf, rows[h]);
-    }
-  }
-  return counted;
-}
-
-// d2t_wgmma<S, STAGES, DIRECT>: with DIRECT (an experiment) the consumers
-// write the packed words themselves (pack_direct) and the packer warps and
-// the tile buffer go, which leaves room for a fourth stage.
-template <int S, int STAGES, bool DIRECT>
+template <int S, int STAGES>
 __global__ void __launch_bounds__(384, 1)
     d2t_wgmma(const __grid_constant__ TmaDesc tmA, const __grid_constant__ TmaDesc tmB, u32* __restrict__ packed,
                    int* __restrict__ flags, int* __restrict__ ovf, u64* __restrict__ nnz, int m_pairs, int n_tiles,
@@ -290,12 +225,11 @@ __global__ void __launch_bounds__(384, 1)
   u32 base = (raw + 1023u) & ~1023u;
   unsigned char* smem = smem_raw + (base - raw);
   const u32 sA = base, sB = base + STAGES * A_BYTES;
-  u32* tile = (u32*)(smem + STAGES * (A_BYTES + B_BYTES));  // not with DIRECT
+  u32* tile = (u32*)(smem + STAGES * (A_BYTES + B_BYTES));
   u32* erows = tile + 128 * PIPE_LD;  // PIPE_PACKERS x S words
   u32* masks = erows + PIPE_PACKERS * S;  // 128 rows x 8 words
   // full[STAGES], empty[STAGES], tile_full, tile_empty
-  const u32 bars =
-      base + STAGES * (A_BYTES + B_BYTES) + (DIRECT ? 0 : PIPE_TILE + PIPE_PACKERS * S * 4 + PIPE_MASKS);
+  const u32 bars = base + STAGES * (A_BYTES + B_BYTES) + PIPE_TILE + PIPE_PACKERS * S * 4 + PIPE_MASKS;
   const u32 tile_full = bars + 8u * (2 * STAGES), tile_empty = tile_full + 8u;
 
   const int tid = threadIdx.x;
@@ -312,8 +246,7 @@ __global__ void __launch_bounds__(384, 1)
     mbar_init(tile_empty, PIPE_PACKERS);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
-  if (!DIRECT)
-    for (int i = tid; i < PIPE_PACKERS * S; i += 384) erows[i] = 0;
+  for (int i = tid; i < PIPE_PACKERS * S; i += 384) erows[i] = 0;
   __syncthreads();
   cluster_sync();
 
@@ -322,7 +255,7 @@ __global__ void __launch_bounds__(384, 1)
     const int warp = (tid >> 5) & 3, lane = tid & 31;
     if (warp == 0) {
       if (lane == 0) produce<STAGES>(&tmA, &tmB, sA, sB, bars, rank, cluster, nclusters, m_pairs, n_tiles, k_iters);
-    } else if (!DIRECT) {
+    } else {
       const int pw = warp - 1;
       u32* erow = erows + pw * S;
       u64 sum = 0;
@@ -361,25 +294,8 @@ __global__ void __launch_bounds__(384, 1)
     u32* trow1 = trow0 + 8 * PIPE_LD;
     u64* mrow0 = (u64*)(masks + (cw * 64 + wq * 16 + (lane >> 2)) * 8) + (lane & 3);
     u64* mrow1 = mrow0 + 8 * 4;
-    u64 counted = 0;
     for (int w = cluster; w < m_pairs * n_tiles; w += nclusters) {
       mainloop<STAGES>(acc, sA, sB, bars, cw, tid, k_iters, s, phase);
-      if (DIRECT) {
-        int mp, nt;
-        work_coords(w, m_pairs, n_tiles, mp, nt);
-        const int r0 = (mp * 2 + (int)rank) * 128 + cw * 64 + wq * 16 + (lane >> 2);
-        const int rows[2] = {r0, r0 + 8};
-        u64 mk[2] = {0ull, 0ull};
-#pragma unroll
-        for (int i = 0; i < 32; ++i)
-#pragma unroll
-          for (int h = 0; h < 2; ++h)
-#pragma unroll
-            for (int e = 0; e < 2; ++e)
-              if (!(acc[4 * i + 2 * h + e] <= 0.f)) mk[h] |= 1ull << (2 * i + e);  // > 0, or NaN
-        counted += pack_direct<S>(acc, mk, rows, packed, row_words, nt, nt * 256, m_valid, flags, ovf);
-        continue;
-      }
       mbar_wait(tile_empty, tphase ^ 1u);  // the packers are done with the tile before
       u64 mk[2] = {0ull, 0ull};
 #pragma unroll
@@ -406,11 +322,6 @@ __global__ void __launch_bounds__(384, 1)
       *mrow1 = mk[1];
       asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(tile_full) : "memory");
       tphase ^= 1u;
-    }
-    if (DIRECT) {
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) counted += __shfl_xor_sync(0xffffffffu, counted, o);
-      if (lane == 0 && counted) atomicAdd(nnz, counted);
     }
   }
   __syncwarp();

@@ -75,7 +75,7 @@ func roundBF16(v []float32) []float32 {
 func kernelsToTest(dev *cuda.Device) []Kernel {
 	ks := []Kernel{KernelMMA}
 	if dev.Properties().Arch == "sm_90a" {
-		ks = append(ks, KernelWGMMADirect, KernelWGMMA)
+		ks = append(ks, KernelWGMMA)
 	}
 	return ks
 }
@@ -131,45 +131,6 @@ func TestD2TMatchesFloat64(t *testing.T) {
 				checkPacked(t, seed, p, roundBF16(x), roundBF16(sl.Gate), m, d, f)
 			})
 		}
-	}
-}
-
-// TestD2TDirectMatchesPackers: the wgmma D2T whose consumers write the
-// packed words (KernelWGMMADirect) writes every word the one with packer
-// warps writes, flagged rows included, and counts and flags alike.
-func TestD2TDirectMatchesPackers(t *testing.T) {
-	dev, blas := setup(t)
-	if dev.Properties().Arch != "sm_90a" {
-		t.Skip("the wgmma D2T needs sm_90a")
-	}
-	for _, c := range []int{8, 4, 2} {
-		t.Run(fmt.Sprintf("C%d", c), func(t *testing.T) {
-			r, seed := testutil.Rand(t)
-			d, f, m := 256, 1024, 300+r.IntN(400)
-			sl := newLayer(t, r, d, f, 0.04+0.1*r.Float64(), synth.Skewed, true)
-			l := newMLP(t, dev, blas, sl, twell.Layout{Tile: 256, C: c}, seed)
-			xb := upload(t, dev, synth.Tokens(r, m, d))
-			packed := map[Kernel]*Packed{}
-			for _, k := range []Kernel{KernelWGMMA, KernelWGMMADirect} {
-				l.Kernel = k
-				p, err := l.D2T(nil, xb, m)
-				if err != nil {
-					t.Fatalf("seed %d: %v: %v", seed, k, err)
-				}
-				packed[k] = p
-			}
-			a, b := packed[KernelWGMMA], packed[KernelWGMMADirect]
-			if !slices.Equal(a.Overflow, b.Overflow) || a.NNZ != b.NNZ {
-				t.Fatalf("seed %d: direct flags rows %v (%d active), packers %v (%d)", seed, b.Overflow, b.NNZ, a.Overflow, a.NNZ)
-			}
-			for i := range a.Words {
-				if a.Words[i] != b.Words[i] {
-					t.Fatalf("seed %d: word %d (row %d) is %#x from the direct epilogue, %#x from the packers", seed, i,
-						i/(f/c), b.Words[i], a.Words[i])
-				}
-			}
-			t.Logf("C %d: %d of %d rows flagged", c, len(a.Overflow), m)
-		})
 	}
 }
 
@@ -374,10 +335,7 @@ func TestOverflowStress(t *testing.T) {
 	}
 	if dev.Properties().Arch == "sm_90a" {
 		cases = append(cases, stressCase{"sparse-C8-wgmma", 0.01, twell.Layout{Tile: 256, C: 8}, KernelWGMMA},
-			stressCase{"dense-tiles-C2-wgmma", 0.6, twell.Layout{Tile: 256, C: 2}, KernelWGMMA},
-			stressCase{"sparse-C8-wgmma-direct", 0.01, twell.Layout{Tile: 256, C: 8}, KernelWGMMADirect},
-			stressCase{"dense-tiles-C8-wgmma-direct", 0.3, twell.Layout{Tile: 256, C: 8}, KernelWGMMADirect},
-			stressCase{"dense-tiles-C2-wgmma-direct", 0.6, twell.Layout{Tile: 256, C: 2}, KernelWGMMADirect})
+			stressCase{"dense-tiles-C2-wgmma", 0.6, twell.Layout{Tile: 256, C: 2}, KernelWGMMA})
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
