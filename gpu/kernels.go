@@ -30,7 +30,7 @@ type kernels struct {
 	mma       bySet // mma.sync D2T by S
 	denseOnce sync.Once
 	wgMu      sync.Mutex
-	wg        map[int]*cuda.Function // wgmma D2T by S
+	wg        map[wgmmaKey]*cuda.Function // wgmma D2T kernels
 	wgErr     error
 	dn        denseSet
 	denseErr  error
