@@ -33,16 +33,10 @@ const (
 	KernelWGMMA
 	// KernelMMA is the simpler mma.sync kernel (any sm_80+ GPU).
 	KernelMMA
-	// KernelWGMMASolo is KernelWGMMA with each CTA of a pair loading the
-	// whole weight tile itself, no multicast (MC in d2t_wgmma.cu; an
-	// experiment).
-	KernelWGMMASolo
 )
 
-// String returns "auto", "wgmma", "mma" or "wgmma-solo".
-func (k Kernel) String() string {
-	return enum.String(k, "Kernel", "auto", "wgmma", "mma", "wgmma-solo")
-}
+// String returns "auto", "wgmma" or "mma".
+func (k Kernel) String() string { return enum.String(k, "Kernel", "auto", "wgmma", "mma") }
 
 // residentClusters returns how many clusters of the persistent wgmma D2T
 // kernel fit on the GPU at once (all 66 of an H200; 64, as the reference
@@ -66,16 +60,16 @@ func (l *MLP) residentClusters(fn *cuda.Function, cfg cuda.LaunchConfig) int {
 func (l *MLP) d2tKernel() (*cuda.Function, Kernel, error) {
 	s := l.Layout.S()
 	switch l.Kernel {
-	case KernelWGMMA, KernelWGMMASolo:
-		f, err := l.k.d2tWGMMA(s, l.Kernel == KernelWGMMA)
-		return f, l.Kernel, err
+	case KernelWGMMA:
+		f, err := l.k.d2tWGMMA(s)
+		return f, KernelWGMMA, err
 	case KernelMMA:
 		f, err := l.k.d2tMMA(s)
 		return f, KernelMMA, err
 	}
 	// On Hopper the wgmma kernel (2.03-2.28 ms at m = 65536 on an H100),
 	// else mma.sync.
-	f, err := l.k.d2tWGMMA(s, true)
+	f, err := l.k.d2tWGMMA(s)
 	if err == nil {
 		return f, KernelWGMMA, nil
 	}
@@ -125,7 +119,7 @@ func (l *MLP) runD2T(s *cuda.Stream, x *cuda.Buffer, m, cols int) (*sparseWS, er
 	l.counted = m
 	a := d2tArgs{x: x, w: l.sparseIn(), packed: ws.packed, flags: ws.flags, ovf: ws.ovf, nnz: l.nnz,
 		m: m, d: l.D, f: cols, s: l.Layout.S(), rowWords: l.F / l.Layout.C}
-	if kind == KernelWGMMA || kind == KernelWGMMASolo {
+	if kind == KernelWGMMA {
 		if l.tmA == nil || l.tmAx != x.Ptr() || l.tmAm != m {
 			tm, err := l.dev.EncodeTiled(cuda.TiledTensor{
 				DataType: cuda.TensorBFloat16, Global: x.Ptr(),
@@ -255,55 +249,41 @@ func (k *kernels) d2tMMA(s int) (*cuda.Function, error) {
 	return k.mma.get(k, "d2t_mma.cu", d2tMMASrc, "d2t_mma", s)
 }
 
-// d2tWGMMA returns the Hopper D2T kernel for S words per tile (the pair
-// of CTAs multicasting the weight tile if mc), compiling it on first use
-// (each kernel alone: a process compiles only what it runs). A failure is
-// kept and returned again.
-func (k *kernels) d2tWGMMA(s int, mc bool) (*cuda.Function, error) {
+// d2tWGMMA returns the Hopper D2T kernel for S words per tile, compiling
+// it on first use (each S alone: a process compiles only what it runs). A
+// failure is kept and returned again.
+func (k *kernels) d2tWGMMA(s int) (*cuda.Function, error) {
 	k.wgMu.Lock()
 	defer k.wgMu.Unlock()
 	if k.wgErr != nil {
 		return nil, k.wgErr
 	}
-	key := wgmmaKey{s, mc}
-	if f := k.wg[key]; f != nil {
+	if f := k.wg[s]; f != nil {
 		return f, nil
 	}
 	if p := k.dev.Properties(); p.Arch != "sm_90a" {
 		k.wgErr = fmt.Errorf("gpu: the wgmma D2T kernel needs sm_90a (Hopper); %v is %s", k.dev, p.Arch)
 		return nil, k.wgErr
 	}
-	fs, err := k.compile("d2t_wgmma.cu", d2tWGMMASrc, []string{wgmmaName(s, mc)})
+	fs, err := k.compile("d2t_wgmma.cu", d2tWGMMASrc, []string{wgmmaName(s)})
 	if err != nil {
 		k.wgErr = err
 		return nil, err
 	}
 	if k.wg == nil {
-		k.wg = map[wgmmaKey]*cuda.Function{}
+		k.wg = map[int]*cuda.Function{}
 	}
-	k.wg[key] = fs[wgmmaName(s, mc)]
-	return k.wg[key], nil
-}
-
-// wgmmaKey picks a wgmma D2T kernel: S words per tile, multicast.
-type wgmmaKey struct {
-	s  int
-	mc bool
+	k.wg[s] = fs[wgmmaName(s)]
+	return k.wg[s], nil
 }
 
 // wgmmaName is the name expression of the wgmma D2T kernel for S words per
-// tile, multicasting the weight tile if mc.
-func wgmmaName(s int, mc bool) string { return fmt.Sprintf("d2t_wgmma<%d,%d,%t>", s, wgmmaStages, mc) }
+// tile.
+func wgmmaName(s int) string { return fmt.Sprintf("d2t_wgmma<%d,%d>", s, wgmmaStages) }
 
 // wgmmaExprs are the name expressions of d2t_wgmma.cu's kernels (S of 32,
-// 64 and 128, with and without multicast).
-func wgmmaExprs() []string {
-	var e []string
-	for _, s := range []int{32, 64, 128} {
-		e = append(e, wgmmaName(s, true), wgmmaName(s, false))
-	}
-	return e
-}
+// 64 and 128).
+func wgmmaExprs() []string { return []string{wgmmaName(32), wgmmaName(64), wgmmaName(128)} }
 
 // wgmmaStages is the pipeline depth of d2t_wgmma: its tile of active bf16
 // values (66 KiB, addressed by column) leaves room for 3 stages.

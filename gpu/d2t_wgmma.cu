@@ -33,7 +33,10 @@
 // 2.421-2.433 against 2.133-2.138 ms skewed and 2.405-2.435 against
 // 2.385-2.400 uniform (H100), though the consumers of this kernel spend about
 // 6% of their time waiting for the packers (tile_empty) and about 30% for
-// stages to fill (ncu's warp-state samples).
+// stages to fill (ncu's warp-state samples). Each CTA of a pair loading the
+// whole weight tile itself, so that no CTA waits for the other's consumers
+// to free a stage, did not help either (D2T 2.106-2.107 against 2.066-2.068
+// ms skewed, 2.330-2.338 against 2.326-2.345 uniform, H100).
 #include "common.cuh"
 #include "wgmma.cuh"
 
@@ -57,16 +60,9 @@ __device__ __forceinline__ void mbar_arrive_cta(u32 bar, u32 cta) {
 // release_stage tells both CTAs of the pair that this warpgroup is done
 // with stage bar: warps 0 and 1 of the warpgroup signal one CTA each, in
 // parallel.
-// Without MC (each CTA loads the whole weight tile itself) only this CTA's
-// producer waits on the stage: thread 0 arrives on this CTA's barrier.
-template <bool MC>
-__device__ __forceinline__ void release_stage(u32 bar, int tid, u32 rank) {
+__device__ __forceinline__ void release_stage(u32 bar, int tid) {
   const int t = tid & 127;
-  if (MC) {
-    if (t == 0 || t == 32) mbar_arrive_cta(bar, (u32)(t >> 5));
-  } else if (t == 0) {
-    mbar_arrive_cta(bar, rank);
-  }
+  if (t == 0 || t == 32) mbar_arrive_cta(bar, (u32)(t >> 5));
 }
 __device__ __forceinline__ void tma_load_mc(u32 dst, const TmaDesc* tm, int c0, int c1, u32 bar, u16 mask) {
   asm volatile(
@@ -103,7 +99,7 @@ __device__ __forceinline__ void work_coords(int w, int m_pairs, int n_tiles, int
 // cluster and k step, it waits for the stage to be free, then loads the
 // CTA's 128 x 64 slice of x and its half of the 256 x 64 weight slice,
 // multicast to both CTAs of the pair.
-template <int STAGES, bool MC>
+template <int STAGES>
 __device__ __forceinline__ void produce(const TmaDesc* tmA, const TmaDesc* tmB, u32 sA, u32 sB, u32 bars, u32 rank,
                                         int cluster, int nclusters, int m_pairs, int n_tiles, int k_iters) {
   int s = 0;
@@ -117,12 +113,7 @@ __device__ __forceinline__ void produce(const TmaDesc* tmA, const TmaDesc* tmB, 
       mbar_wait(empty, phase ^ 1u);
       mbar_expect_tx(full, A_BYTES + B_BYTES);
       tma_load(sA + s * A_BYTES, tmA, k * WG_BK, m0, full);
-      if (MC) {
-        tma_load_mc(sB + s * B_BYTES + rank * (B_BYTES / 2), tmB, k * WG_BK, n0 + (int)rank * 128, full, (u16)0x3);
-      } else {
-        tma_load(sB + s * B_BYTES, tmB, k * WG_BK, n0, full);
-        tma_load(sB + s * B_BYTES + B_BYTES / 2, tmB, k * WG_BK, n0 + 128, full);
-      }
+      tma_load_mc(sB + s * B_BYTES + rank * (B_BYTES / 2), tmB, k * WG_BK, n0 + (int)rank * 128, full, (u16)0x3);
       if (++s == STAGES) {
         s = 0;
         phase ^= 1u;
@@ -140,9 +131,9 @@ __device__ __forceinline__ void produce(const TmaDesc* tmA, const TmaDesc* tmB, 
 // serialized every wgmma (C7515); with it the four HGMMAs of a k step issue
 // back to back with one group in flight, without spills (4.66 ms against
 // 4.82 for the whole MLP at m = 65536, 0.5%, on an H200).
-template <int STAGES, bool MC>
+template <int STAGES>
 __device__ __forceinline__ void mainloop(float (&acc)[128], u32 sA, u32 sB, u32 bars, int cw, int tid, int k_iters,
-                                         int& s, u32& phase, u32 rank) {
+                                         int& s, u32& phase) {
   int prev = -1;
   auto step = [&](bool first) {
     mbar_wait(bars + 8u * s, phase);
@@ -159,7 +150,7 @@ __device__ __forceinline__ void mainloop(float (&acc)[128], u32 sA, u32 sB, u32 
     asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
     asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(WG_WAIT) : "memory");
     fence_acc(acc);
-    if (prev >= 0) release_stage<MC>(bars + 8u * (STAGES + prev), tid, rank);
+    if (prev >= 0) release_stage(bars + 8u * (STAGES + prev), tid);
     prev = s;
     if (++s == STAGES) {
       s = 0;
@@ -170,7 +161,7 @@ __device__ __forceinline__ void mainloop(float (&acc)[128], u32 sA, u32 sB, u32 
   for (int k = 1; k < k_iters; ++k) step(false);
   asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
   fence_acc(acc);
-  if (prev >= 0) release_stage<MC>(bars + 8u * (STAGES + prev), tid, rank);
+  if (prev >= 0) release_stage(bars + 8u * (STAGES + prev), tid);
 }
 
 // Epilogue buffers in shared memory: the tile's active values as bf16
@@ -227,10 +218,7 @@ __device__ __forceinline__ int pack_row_masked(const u32* masks, const u32* tile
   return total;
 }
 
-// d2t_wgmma<S, STAGES, MC>: without MC (an experiment) each CTA loads the
-// whole weight tile itself (twice the weight reads from the L2) and waits
-// only for its own consumers to release a stage, not the pair's four.
-template <int S, int STAGES, bool MC>
+template <int S, int STAGES>
 __global__ void __launch_bounds__(384, 1)
     d2t_wgmma(const __grid_constant__ TmaDesc tmA, const __grid_constant__ TmaDesc tmB, u32* __restrict__ packed,
                    int* __restrict__ flags, int* __restrict__ ovf, u64* __restrict__ nnz, int m_pairs, int n_tiles,
@@ -255,7 +243,7 @@ __global__ void __launch_bounds__(384, 1)
   if (tid == 0) {
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(bars + 8u * s, 1);
-      mbar_init(bars + 8u * (STAGES + s), MC ? 4 : 2);  // 2 consumer warpgroups (x 2 CTAs with MC)
+      mbar_init(bars + 8u * (STAGES + s), 4);  // 2 consumer warpgroups x 2 CTAs
     }
     mbar_init(tile_full, 256);
     mbar_init(tile_empty, PIPE_PACKERS);
@@ -269,7 +257,7 @@ __global__ void __launch_bounds__(384, 1)
     asm volatile("setmaxnreg.dec.sync.aligned.u32 56;");
     const int warp = (tid >> 5) & 3, lane = tid & 31;
     if (warp == 0) {
-      if (lane == 0) produce<STAGES, MC>(&tmA, &tmB, sA, sB, bars, rank, cluster, nclusters, m_pairs, n_tiles, k_iters);
+      if (lane == 0) produce<STAGES>(&tmA, &tmB, sA, sB, bars, rank, cluster, nclusters, m_pairs, n_tiles, k_iters);
     } else {
       const int pw = warp - 1;
       u32* erow = erows + pw * S;
@@ -310,7 +298,7 @@ __global__ void __launch_bounds__(384, 1)
     u64* mrow0 = (u64*)(masks + (cw * 64 + wq * 16 + (lane >> 2)) * 8) + (lane & 3);
     u64* mrow1 = mrow0 + 8 * 4;
     for (int w = cluster; w < m_pairs * n_tiles; w += nclusters) {
-      mainloop<STAGES, MC>(acc, sA, sB, bars, cw, tid, k_iters, s, phase, rank);
+      mainloop<STAGES>(acc, sA, sB, bars, cw, tid, k_iters, s, phase);
       mbar_wait(tile_empty, tphase ^ 1u);  // the packers are done with the tile before
       u64 mk[2] = {0ull, 0ull};
 #pragma unroll

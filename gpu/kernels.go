@@ -30,7 +30,7 @@ type kernels struct {
 	mma       bySet // mma.sync D2T by S
 	denseOnce sync.Once
 	wgMu      sync.Mutex
-	wg        map[wgmmaKey]*cuda.Function // wgmma D2T kernels
+	wg        map[int]*cuda.Function // wgmma D2T by S
 	wgErr     error
 	dn        denseSet
 	denseErr  error

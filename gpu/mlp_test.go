@@ -75,7 +75,7 @@ func roundBF16(v []float32) []float32 {
 func kernelsToTest(dev *cuda.Device) []Kernel {
 	ks := []Kernel{KernelMMA}
 	if dev.Properties().Arch == "sm_90a" {
-		ks = append(ks, KernelWGMMASolo, KernelWGMMA)
+		ks = append(ks, KernelWGMMA)
 	}
 	return ks
 }
@@ -131,35 +131,6 @@ func TestD2TMatchesFloat64(t *testing.T) {
 				checkPacked(t, seed, p, roundBF16(x), roundBF16(sl.Gate), m, d, f)
 			})
 		}
-	}
-}
-
-// TestD2TSoloMatchesMulticast: the wgmma D2T whose CTAs each load the whole
-// weight tile (KernelWGMMASolo) writes the same words, counts and flags as
-// the one whose pairs multicast it.
-func TestD2TSoloMatchesMulticast(t *testing.T) {
-	dev, blas := setup(t)
-	if dev.Properties().Arch != "sm_90a" {
-		t.Skip("the wgmma D2T needs sm_90a")
-	}
-	r, seed := testutil.Rand(t)
-	d, f, m := 256, 1024, 300+r.IntN(700)
-	sl := newLayer(t, r, d, f, 0.04+0.1*r.Float64(), synth.Skewed, true)
-	l := newMLP(t, dev, blas, sl, twell.DefaultLayout, seed)
-	xb := upload(t, dev, synth.Tokens(r, m, d))
-	packed := map[Kernel]*Packed{}
-	for _, k := range []Kernel{KernelWGMMA, KernelWGMMASolo} {
-		l.Kernel = k
-		p, err := l.D2T(nil, xb, m)
-		if err != nil {
-			t.Fatalf("seed %d: %v: %v", seed, k, err)
-		}
-		packed[k] = p
-	}
-	a, b := packed[KernelWGMMA], packed[KernelWGMMASolo]
-	if !slices.Equal(a.Overflow, b.Overflow) || a.NNZ != b.NNZ || !slices.Equal(a.Words, b.Words) {
-		t.Fatalf("seed %d: KernelWGMMASolo's packed gate differs from KernelWGMMA's (flagged %v / %v, %d / %d active)",
-			seed, b.Overflow, a.Overflow, b.NNZ, a.NNZ)
 	}
 }
 
@@ -364,8 +335,7 @@ func TestOverflowStress(t *testing.T) {
 	}
 	if dev.Properties().Arch == "sm_90a" {
 		cases = append(cases, stressCase{"sparse-C8-wgmma", 0.01, twell.Layout{Tile: 256, C: 8}, KernelWGMMA},
-			stressCase{"dense-tiles-C2-wgmma", 0.6, twell.Layout{Tile: 256, C: 2}, KernelWGMMA},
-			stressCase{"sparse-C8-wgmma-solo", 0.01, twell.Layout{Tile: 256, C: 8}, KernelWGMMASolo})
+			stressCase{"dense-tiles-C2-wgmma", 0.6, twell.Layout{Tile: 256, C: 2}, KernelWGMMA})
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -22,8 +22,8 @@ type Options struct {
 	NoHotUnits bool
 }
 
-// EnvD2TKernel names the environment variable that, set to "mma", "wgmma"
-// or "wgmma-solo", sets Options.Kernel (unset or "auto": KernelAuto).
+// EnvD2TKernel names the environment variable that, set to "mma" or
+// "wgmma", sets Options.Kernel (unset or "auto": KernelAuto).
 const EnvD2TKernel = "TWELL_D2T_KERNEL"
 
 // EnvTail names the environment variable that, set to "warp" or "sorted",
@@ -64,8 +64,7 @@ func OptionsFrom(getenv func(string) string) (Options, error) {
 		return o, err
 	}
 	o.NoHotUnits = !hot
-	o.Kernel, err = envChoice(getenv, EnvD2TKernel, "auto, wgmma, mma or wgmma-solo",
-		map[string]Kernel{"wgmma": KernelWGMMA, "mma": KernelMMA, "wgmma-solo": KernelWGMMASolo})
+	o.Kernel, err = envChoice(getenv, EnvD2TKernel, "auto, wgmma or mma", map[string]Kernel{"wgmma": KernelWGMMA, "mma": KernelMMA})
 	if err != nil {
 		return o, err
 	}
