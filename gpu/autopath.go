@@ -11,8 +11,8 @@ import (
 // The automatic path (Forward under mlp.Auto) has two guides. The density
 // rule (poll, through mlp.Choose): above DenseAbove the dense path runs (not
 // for batches of at most gemvMaxRows tokens: their kernels read every gate
-// row once whatever the density, so there the timings alone decide, and DenseAbove, a model of D2T's costs, does not
-// apply). Below it, timings:
+// row once whatever the density, so there the timings alone decide, and
+// DenseAbove, a model of D2T's costs, does not apply). Below it, timings:
 // Forward brackets every call with CUDA events, keeps per batch-size bucket
 // (powers of two) a running mean of each path's time per token, and runs
 // the faster path once both are known. A path's first timing in a bucket

@@ -419,18 +419,3 @@ __device__ __forceinline__ int pack_row_epilogue(u64 mine, B bits, u32* srow, in
   }
   return total;
 }
-
-// flush_row writes one packed row tile from the warp's S-word scratch row
-// erow, whose words 1.. hold the entries: word 0 the true count total, the
-// others erow's, and zeroes erow again (one warp, all lanes).
-template <int S>
-__device__ __forceinline__ void flush_row(u32* erow, u32* out, int total) {
-  const int lane = threadIdx.x & 31;
-  __syncwarp();
-#pragma unroll
-  for (int i = lane; i < S; i += 32) {
-    out[i] = (i == 0) ? (u32)total : erow[i];
-    erow[i] = 0u;
-  }
-  __syncwarp();
-}

@@ -174,13 +174,28 @@ __device__ __forceinline__ void mainloop(float (&acc)[128], u32 sA, u32 sB, u32 
 #define PIPE_PACKERS 3
 #define PIPE_MASKS (128 * 8 * 4)
 
+// flush_row writes one packed row tile from the warp's S-word scratch row
+// erow, whose words 1.. hold the entries: word 0 the true count total, the
+// others erow's, and zeroes erow again (one warp, all lanes).
+template <int S>
+__device__ __forceinline__ void flush_row(u32* erow, u32* out, int total) {
+  const int lane = threadIdx.x & 31;
+  __syncwarp();
+#pragma unroll
+  for (int i = lane; i < S; i += 32) {
+    out[i] = (i == 0) ? (u32)total : erow[i];
+    erow[i] = 0u;
+  }
+  __syncwarp();
+}
+
 // pack_row_masked packs one row of the tile (one warp): masks holds the
 // row's activity as 8 words, quad lane q's 64-bit mask in words 2q and
 // 2q + 1 (bit 2i + e: column 8i + 2q + e, as in acc_to_bf), and tile_row
 // only the bf16 pairs that hold an active value (word 4i + q: columns
 // 8i + 2q and 8i + 2q + 1). Lane l takes columns 8l..8l+7; ranks come from
 // ballots of the lanes' counts, not a shuffle scan. Writes S words to out
-// as pack_row_warp does (erow zero on entry and on return) and returns the
+// through flush_row (erow zero on entry and on return) and returns the
 // true count; sets bad if an active value is NaN or Inf.
 template <int S>
 __device__ __forceinline__ int pack_row_masked(const u32* masks, const u32* tile_row, u32* erow, u32* out, int n0,

@@ -275,22 +275,24 @@ func (l *MLP) reorder(s *cuda.Stream, hk *hotSet, perm []int) error {
 	}
 	defer tmp.Free()
 	grid := cuda.Dim3{uint32(min(l.F, 8*l.dev.Properties().SMs)), 1, 1}
-	for i, w := range []*cuda.Buffer{l.gate, l.up, l.down} {
+	for _, w := range []*cuda.Buffer{l.gate, l.up, l.down} {
 		if w == nil {
 			continue
 		}
-		err := hk.permute.Launch(grid, cuda.Dim3{256, 1, 1}, 0, s, w, tmp, pb, int32(l.F), int32(l.D))
-		if err == nil {
+		if err = hk.permute.Launch(grid, cuda.Dim3{256, 1, 1}, 0, s, w, tmp, pb, int32(l.F), int32(l.D)); err == nil {
 			err = l.dev.CopyDtoDAsync(w, tmp, n, s)
 		}
-		if err == nil && i == 2 {
-			err = syncStream(l.dev, s)
-		}
 		if err != nil {
-			// Some matrices may be reordered and others not.
-			l.bad = fmt.Errorf("gpu: MLP weights left half reordered: %w", err)
-			return l.bad
+			break
 		}
+	}
+	if err == nil {
+		err = syncStream(l.dev, s)
+	}
+	if err != nil {
+		// Some matrices may be reordered and others not.
+		l.bad = fmt.Errorf("gpu: MLP weights left half reordered: %w", err)
+		return l.bad
 	}
 	old := l.UnitOrder()
 	l.order = make([]int, l.F)

@@ -178,9 +178,9 @@ func hotPaths(t *testing.T, seed uint64, l *MLP, sl *synth.Layer, x []float32, r
 
 // TestCalibrateMatchesFloat64 calibrates the SparseLM shape with skewed
 // rates: it must choose hot units, keep the MLP's output (float64
-// reference, every tail, the dense and the automatic path), permute the gate so that D2T's packed units map back through
-// UnitOrder to the uncalibrated ones, and report counts that name the
-// most frequent units. A second calibration restores the first order
+// reference, every tail, the dense and the automatic path), permute the
+// gate so that D2T's packed units map back through UnitOrder to the
+// uncalibrated ones, and report counts that name the most frequent units. A second calibration restores the first order
 // before it counts.
 func TestCalibrateMatchesFloat64(t *testing.T) {
 	dev, blas := setup(t)

@@ -829,19 +829,8 @@ func TestCalibrateAtLongPrefill(t *testing.T) {
 	c.HiddenSize, c.IntermediateSize = 2048, 5632
 	r, seed := testutil.Rand(t)
 	m := sparseModel(t, c, r, seed)
-	opts, err := OptionsFromEnv()
-	if err != nil {
-		t.Fatal(err)
-	}
-	opts.MLP.NoHotUnits = false
-	e, err := NewEngineWith(dev, m, opts)
-	if err != nil {
-		t.Fatalf("seed %d: %v", seed, err)
-	}
-	t.Cleanup(func() { e.Close() })
-	if err := e.SetMLPPath(mlp.Sparse); err != nil {
-		t.Fatal(err)
-	}
+	e := engineOnPath(t, dev, m, seed, "sparse")
+	e.HotUnits = true      // whatever TWELL_HOT_UNITS says
 	const seqs, n = 9, 460 // 4140 tokens
 	toks := make([][]int, seqs)
 	step := make([][]int, seqs)
