@@ -220,6 +220,36 @@ __device__ __forceinline__ void grid_release() {
 #endif
 }
 
+// grid_sync: every block of the grid meets here, and what any block wrote
+// before it is visible to every block after it (read it through the L2).
+// A sense-reversing barrier on bar[0] (arrivals) and bar[1] (generation),
+// two u32s that start at zero: the last block to arrive resets the count
+// and bumps the generation, the others spin until it changes, so the same
+// words serve every later barrier and launch (and graph replay) with no
+// reset. Every block of the grid must be resident at once, or it hangs:
+// launch it cooperatively (cuda.LaunchConfig.Cooperative), at most as many
+// blocks as fit.
+__device__ __forceinline__ void grid_sync(u32* bar) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const u32 n = gridDim.x * gridDim.y * gridDim.z;
+    u32 gen, prev;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(gen) : "l"(bar + 1) : "memory");
+    __threadfence();
+    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(prev) : "l"(bar) : "memory");
+    if (prev == n - 1) {
+      asm volatile("st.relaxed.gpu.global.u32 [%0], 0;" ::"l"(bar) : "memory");
+      asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(bar + 1), "r"(gen + 1) : "memory");
+    } else {
+      u32 g;
+      do {
+        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(g) : "l"(bar + 1) : "memory");
+      } while (g == gen);
+    }
+  }
+  __syncthreads();
+}
+
 // mbarriers (shared memory, CTA scope) for asynchronous copies: a barrier
 // completes a phase when its arrivals are in and the bytes it expects have
 // landed.

@@ -86,12 +86,14 @@ __device__ __forceinline__ void gate_rows_issue(const u16* (&rows)[4], uint4 (&w
 
 // act_group computes gemv_act's h and mask for the mg <= MB tokens of one
 // group: x itself (rows == nullptr), the listed rows of x, or with NORM the
-// token that nin norms. The group's h is at h and its mask at mask.
+// token that nin norms. The group's h is at h and its mask at mask. With
+// down set, the down rows of the units active in some token are requested
+// into the L2 as they are found (for gemv_mlp's down phase).
 template <int MB, bool GATED, bool NORM>
 __device__ __forceinline__ void act_group(const u16* __restrict__ x, const int* __restrict__ rows_of_x,
                                           const u16* __restrict__ w, const u16* __restrict__ up, float* __restrict__ h,
                                           u32* __restrict__ mask, u32* __restrict__ cnt, int mg, int d, int f, u16* xs,
-                                          u32* wmask, u32* wcnt, NormIn nin) {
+                                          u32* wmask, u32* wcnt, NormIn nin, const u16* __restrict__ down = nullptr) {
   int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   int j0 = blockIdx.x * 32 + warp * 4;
   const u16* rows[4];
@@ -119,6 +121,10 @@ __device__ __forceinline__ void act_group(const u16* __restrict__ x, const int* 
       g[k][t] = __uint_as_float(f_to_bf(g[k][t]) << 16);
       on[t] = t < mg && (g[k][t] > 0.f || g[k][t] != g[k][t]);
       any |= on[t];
+    }
+    if (down && any) {
+      const u16* drow[1] = {down + (size_t)j * d};
+      rows_prefetch<1>(drow, 0, d, lane);
     }
     float u[1][MB];
 #pragma unroll
@@ -432,22 +438,24 @@ __global__ void __launch_bounds__(256, 3)
 // 2048).
 #define DOWN_COLS 16
 
-// down_group computes gemv_down's outputs for the mg <= MB tokens of one
-// group, whose h and mask gemv_act wrote, into rows ylist[0..mg) of y (rows
-// 0..mg without a list).
+// down_group computes gemv_down's outputs in the DOWN_COLS columns of slice
+// blk for the mg <= MB tokens of one group, whose h and mask gemv_act
+// wrote, into rows ylist[0..mg) of y (rows 0..mg without a list). lists
+// holds a list of 8 ceil(f/256) 32 ints per warp (8 warps).
 template <int MB>
 __device__ __forceinline__ void down_group(const float* __restrict__ h, const u32* __restrict__ mask,
                                            const u16* __restrict__ down, u16* __restrict__ y,
-                                           const int* __restrict__ ylist, int mg, int d, int f, int* list,
-                                           float (*red)[MB][DOWN_COLS]) {
+                                           const int* __restrict__ ylist, int mg, int d, int f, int* lists,
+                                           float (*red)[MB][DOWN_COLS], int blk) {
   int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   // Warp w takes mask words w, w + 8, w + 16, ...: interleaved, so that
   // units that fire together (a calibrated MLP's hot units are its last
   // ones, hot.go) are spread over the warps rather than all left to one.
   const int words = f / 32;
+  int* list = lists + warp * ((words + 7) / 8) * 32;
   // Lane l takes column c0 + l % 16 of the units at odd (l >= 16) or even
   // places of the warp's list: each row's 16 columns are one 32-byte sector.
-  int c0 = blockIdx.x * DOWN_COLS, col = c0 + (lane & 15), half = lane >> 4;
+  int c0 = blk * DOWN_COLS, col = c0 + (lane & 15), half = lane >> 4;
   const int len = list_units(mask, warp, words, 8, list);
   __syncwarp();
   float acc[MB];
@@ -488,6 +496,24 @@ __device__ __forceinline__ void down_group(const float* __restrict__ h, const u3
   }
 }
 
+// sum_counts (block 0, every thread) sums the act kernel's n per-block
+// counts into *nnz; all threads load them (one round trip for f <= 8192).
+__device__ __forceinline__ void sum_counts(const u32* __restrict__ cnt, int n, u64* __restrict__ nnz) {
+  __shared__ u32 part[8];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  u32 c = 0;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) c += __ldcg(cnt + i);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) c += __shfl_xor_sync(0xffffffffu, c, o);
+  if (lane == 0) part[warp] = c;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    u64 s = 0;
+    for (int w = 0; w < 8; ++w) s += part[w];
+    *nnz = s;
+  }
+}
+
 // gemv_down: grid d/DOWN_COLS blocks of 256 threads. Warp w first lists
 // the active units of its share of the mask (every eighth word) in shared
 // memory (ascending; dynamic shared memory 8 * ceil(f/256) * 32 ints),
@@ -502,34 +528,46 @@ __global__ void __launch_bounds__(256)
               int ncnt, const int* __restrict__ ylist, int first, int cap) {
   __shared__ float red[8][MB][DOWN_COLS];
   extern __shared__ int lists[];
-  int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  int words = f / 32;
-  int* list = lists + warp * ((words + 7) / 8) * 32;
   grid_wait();
   grid_release();
   if (LIST) {
-    const int total = listed(ylist, first, cap);
+    const int words = f / 32, total = listed(ylist, first, cap);
     for (int g0 = 0; g0 < total; g0 += MB) {
       if (g0 > 0) __syncthreads();  // the previous group's red has been read
       down_group<MB>(h + (size_t)g0 * f, mask + (size_t)(g0 / MB) * words, down, y, ylist + 1 + first + g0,
-                     min(MB, total - g0), d, f, list, red);
+                     min(MB, total - g0), d, f, lists, red, blockIdx.x);
     }
     return;
   }
-  down_group<MB>(h, mask, down, y, nullptr, m, d, f, list, red);
-  if (blockIdx.x == 0) {
-    // All threads load the counts (one round trip for f <= 8192).
-    __shared__ u32 part[8];
-    u32 c = 0;
-    for (int i = threadIdx.x; i < ncnt; i += blockDim.x) c += __ldcg(cnt + i);
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) c += __shfl_xor_sync(0xffffffffu, c, o);
-    if (lane == 0) part[warp] = c;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      u64 s = 0;
-      for (int w = 0; w < 8; ++w) s += part[w];
-      *nnz = s;
-    }
+  down_group<MB>(h, mask, down, y, nullptr, m, d, f, lists, red, blockIdx.x);
+  if (blockIdx.x == 0) sum_counts(cnt, ncnt, nnz);
+}
+
+// gemv_mlp: gemv_act (with NORM: gemv_act_norm) and gemv_down for one
+// token in one kernel, the phases met at a grid_sync instead of a kernel
+// boundary: grid F/32 blocks of 256 threads, every one resident at once
+// (the launcher checks the occupancy). The act phase requests the live
+// units' down rows into the L2; after the barrier block b computes the
+// down columns of slices b, b + grid, ... . The same sums in the same order
+// as the two kernels: the same bits. Dynamic shared memory the larger of
+// the act phase's d 2 bytes and the down phase's lists; bar is grid_sync's
+// two words. y may be delta (written after the barrier, when every block
+// has read it). (For 2 to 4 tokens the two kernels are faster: see
+// docs/gpu-twell.md.)
+template <bool GATED, bool NORM>
+__global__ void __launch_bounds__(256)
+    gemv_mlp(const u16* x, const float* resid, const u16* delta, float* resid_out, const float* normw, float eps,
+             const u16* __restrict__ w, const u16* __restrict__ up, const u16* __restrict__ down, float* h, u32* mask,
+             u32* cnt, u16* y, u64* nnz, u32* bar, int d, int f) {
+  extern __shared__ __align__(16) u16 xs[];
+  __shared__ u32 wmask[8], wcnt[8];
+  __shared__ float red[8][1][DOWN_COLS];
+  const NormIn nin = {resid, delta, resid_out, normw, eps};
+  act_group<1, GATED, NORM>(x, nullptr, w, up, h, mask, cnt, 1, d, f, xs, wmask, wcnt, nin, down);
+  grid_sync(bar);
+  for (int b = blockIdx.x; b < d / DOWN_COLS; b += gridDim.x) {
+    if (b != (int)blockIdx.x) __syncthreads();  // the previous slice's red has been read
+    down_group<1>(h, mask, down, y, nullptr, 1, d, f, reinterpret_cast<int*>(xs), red, b);
   }
+  if (blockIdx.x == 0) sum_counts(cnt, gridDim.x, nnz);
 }

@@ -65,17 +65,26 @@ func (l *MLP) QueueNormed(s *cuda.Stream, y *cuda.Buffer, in NormedInput) error 
 	if l.up == nil {
 		return errors.New("gpu: MLP was closed")
 	}
-	ks, ws, err := l.gemvPrepare()
+	ks, ws, err := l.gemvPrepare(s)
 	if err != nil {
 		return err
 	}
 	l.pollFlagged()
+	a := gemvArgs{w: l.sparseIn(), up: l.up, down: l.down, y: y, h: ws.gh, mask: ws.gmask, cnt: ws.gcnt, nnz: l.nnz,
+		m: 1, d: l.D, f: l.F, ncnt: l.F / 32, early: l.earlyStart()}
+	if fused, err := l.fusedKernel(ks, a, true); err != nil {
+		return err
+	} else if fused != nil {
+		if err := a.launchMLP(fused, s, ws.gbar, in); err != nil {
+			return fmt.Errorf("gpu: gemv_mlp: %w", err)
+		}
+		l.counted = 1
+		return nil
+	}
 	act := ks.actNormPlain
 	if l.Gated {
 		act = ks.actNormGated
 	}
-	a := gemvArgs{w: l.sparseIn(), up: l.up, down: l.down, y: y, h: ws.gh, mask: ws.gmask, cnt: ws.gcnt, nnz: l.nnz,
-		m: 1, d: l.D, f: l.F, ncnt: l.F / 32, early: l.earlyStart()}
 	if err := a.launch(act, cuda.Dim3{uint32(l.F / 32), 1, 1}, cuda.Dim3{256, 1, 1}, 2*l.D, s,
 		in.Resid, optional(in.Delta), in.ResidOut, in.Weight, in.Eps, a.w, a.up, a.h, a.mask, a.cnt, int32(l.D), int32(l.F)); err != nil {
 		return fmt.Errorf("gpu: gemv_act_norm: %w", err)
@@ -88,8 +97,9 @@ func (l *MLP) QueueNormed(s *cuda.Stream, y *cuda.Buffer, in NormedInput) error 
 }
 
 // gemvPrepare returns the small-batch kernels, compiling them on first
-// use, and the workspace grown to hold their h, mask and counts.
-func (l *MLP) gemvPrepare() (*gemvSet, *sparseWS, error) {
+// use, and the workspace grown to hold their h, mask and counts, and
+// gemv_mlp's barrier words (zeroed on s when new).
+func (l *MLP) gemvPrepare(s *cuda.Stream) (*gemvSet, *sparseWS, error) {
 	ks, err := l.k.gemvKernels()
 	if err != nil {
 		return nil, nil, err
@@ -104,12 +114,49 @@ func (l *MLP) gemvPrepare() (*gemvSet, *sparseWS, error) {
 			return nil, nil, err
 		}
 	}
+	if ws.gbar == nil { // grid_sync's words start at zero, and stay valid
+		if ws.gbar, err = l.realloc(nil, 8); err != nil {
+			return nil, nil, err
+		}
+		if err := l.dev.Memset8(ws.gbar, 0, s); err != nil {
+			return nil, nil, err
+		}
+	}
 	return ks, ws, nil
+}
+
+// fusedKernel returns the gemv_mlp kernel that runs a's call of one
+// token (normed or not), or nil where the two kernels run instead: split
+// by the options, no cooperative launches on the device, or not all of its
+// blocks resident at once (grid_sync needs them all). The occupancy is
+// asked once per kernel.
+func (l *MLP) fusedKernel(ks *gemvSet, a gemvArgs, normed bool) (*cuda.Function, error) {
+	key := mlpKey{l.Gated, normed}
+	fn := ks.mlp[key]
+	if l.SplitGEMV || fn == nil || !l.dev.Properties().CooperativeLaunch {
+		return nil, nil
+	}
+	ok, known := l.fits[key]
+	if !known {
+		per, err := fn.MaxActiveBlocksPerSM(256, a.mlpShared())
+		if err != nil {
+			return nil, fmt.Errorf("gpu: gemv_mlp occupancy: %w", err)
+		}
+		if l.fits == nil {
+			l.fits = map[mlpKey]bool{}
+		}
+		ok = per*l.dev.Properties().SMs >= l.F/32
+		l.fits[key] = ok
+	}
+	if !ok {
+		return nil, nil
+	}
+	return fn, nil
 }
 
 // sparseGEMV queues the small-batch sparse MLP (m <= gemvMaxRows).
 func (l *MLP) sparseGEMV(s *cuda.Stream, y, x *cuda.Buffer, m int) error {
-	ks, ws, err := l.gemvPrepare()
+	ks, ws, err := l.gemvPrepare(s)
 	if err != nil {
 		return err
 	}
@@ -135,6 +182,17 @@ func (l *MLP) sparseGEMV(s *cuda.Stream, y, x *cuda.Buffer, m int) error {
 			act = ks.actMMAGated
 		}
 	}
+	if m == 1 {
+		if fused, err := l.fusedKernel(ks, a, false); err != nil {
+			return err
+		} else if fused != nil {
+			if err := a.launchMLP(fused, s, ws.gbar, NormedInput{}); err != nil {
+				return fmt.Errorf("gpu: gemv_mlp: %w", err)
+			}
+			l.counted = m
+			return nil
+		}
+	}
 	if err := launch(act, s); err != nil {
 		return fmt.Errorf("gpu: gemv_act: %w", err)
 	}
@@ -158,7 +216,12 @@ type gemvSet struct {
 	// gemv_act_norm, gated and not: one token, with the residual add and
 	// RMSNorm before the MLP fused in (QueueNormed).
 	actNormGated, actNormPlain *cuda.Function
+	// gemv_mlp, act and down of one token in one kernel.
+	mlp map[mlpKey]*cuda.Function
 }
+
+// mlpKey picks a gemv_mlp instance: gated or not, normed or not.
+type mlpKey struct{ gated, normed bool }
 
 // gemvFMARows is the largest batch whose act kernel is gemv_act (FMAs);
 // larger batches run gemv_act_mma.
@@ -182,10 +245,14 @@ func gemvExprs() []string {
 		}
 		exprs = append(exprs, fmt.Sprintf("gemv_down<%d,false>", mb))
 	}
-	return append(exprs, fmt.Sprintf("gemv_act<%d,true,true>", fbGroup), fmt.Sprintf("gemv_act<%d,false,true>", fbGroup),
+	exprs = append(exprs, fmt.Sprintf("gemv_act<%d,true,true>", fbGroup), fmt.Sprintf("gemv_act<%d,false,true>", fbGroup),
 		fmt.Sprintf("gemv_down<%d,true>", fbGroup), "gemv_act_mma<true>", "gemv_act_mma<false>",
 		"gemv_act_norm<true>", "gemv_act_norm<false>")
+	return append(exprs, mlpExpr(true, false), mlpExpr(false, false), mlpExpr(true, true), mlpExpr(false, true))
 }
+
+// mlpExpr names gemv_mlp's instance, gated or not, normed or not.
+func mlpExpr(gated, norm bool) string { return fmt.Sprintf("gemv_mlp<%v,%v>", gated, norm) }
 
 // gemvKernels compiles gemv.cu once and returns its kernels.
 func (k *kernels) gemvKernels() (*gemvSet, error) {
@@ -204,10 +271,17 @@ func (k *kernels) gemvKernels() (*gemvSet, error) {
 			}
 			k.gemv.down[mb] = fs[fmt.Sprintf("gemv_down<%d,false>", mb)]
 		}
-		n := len(exprs)
-		k.gemv.fbActGated, k.gemv.fbActPlain, k.gemv.fbDown = fs[exprs[n-7]], fs[exprs[n-6]], fs[exprs[n-5]]
-		k.gemv.actMMAGated, k.gemv.actMMAPlain = fs[exprs[n-4]], fs[exprs[n-3]]
-		k.gemv.actNormGated, k.gemv.actNormPlain = fs[exprs[n-2]], fs[exprs[n-1]]
+		k.gemv.fbActGated = fs[fmt.Sprintf("gemv_act<%d,true,true>", fbGroup)]
+		k.gemv.fbActPlain = fs[fmt.Sprintf("gemv_act<%d,false,true>", fbGroup)]
+		k.gemv.fbDown = fs[fmt.Sprintf("gemv_down<%d,true>", fbGroup)]
+		k.gemv.actMMAGated, k.gemv.actMMAPlain = fs["gemv_act_mma<true>"], fs["gemv_act_mma<false>"]
+		k.gemv.actNormGated, k.gemv.actNormPlain = fs["gemv_act_norm<true>"], fs["gemv_act_norm<false>"]
+		k.gemv.mlp = map[mlpKey]*cuda.Function{}
+		for _, gated := range []bool{true, false} {
+			for _, normed := range []bool{true, false} {
+				k.gemv.mlp[mlpKey{gated, normed}] = fs[mlpExpr(gated, normed)]
+			}
+		}
 	})
 	return &k.gemv, k.gemvErr
 }
@@ -258,6 +332,26 @@ const actCols = 2048
 func (a gemvArgs) launchActMMA(fn *cuda.Function, s *cuda.Stream) error {
 	return a.launch(fn, cuda.Dim3{uint32(a.f / 16), 1, 1}, cuda.Dim3{256, 1, 1}, 2*16*(min(a.d, actCols)+8), s,
 		a.x, a.w, a.up, a.down, a.h, a.mask, a.cnt, int32(a.m), int32(a.d), int32(a.f))
+}
+
+// mlpShared is gemv_mlp's dynamic shared memory: the larger of the act
+// phase's staged tokens and the down phase's lists.
+func (a gemvArgs) mlpShared() int {
+	words := a.f / 32
+	return max(2*a.rows()*a.d, 8*((words+7)/8)*32*4)
+}
+
+// launchMLP launches gemv_mlp (act and down of one token in one kernel,
+// F/32 blocks that meet at a grid barrier on bar's two words), normed when
+// in holds the residual stream (a.x unused), else on a.x. The launch is
+// cooperative: the driver starts its blocks only all together, so the
+// barrier cannot wait on a block that another stream's kernel keeps from
+// an SM.
+func (a gemvArgs) launchMLP(fn *cuda.Function, s *cuda.Stream, bar *cuda.Buffer, in NormedInput) error {
+	return fn.LaunchEx(cuda.LaunchConfig{Grid: cuda.Dim3{uint32(a.f / 32), 1, 1}, Block: cuda.Dim3{256, 1, 1},
+		SharedBytes: a.mlpShared(), Stream: s, EarlyStart: a.early, Cooperative: true},
+		optional(a.x), optional(in.Resid), optional(in.Delta), optional(in.ResidOut), optional(in.Weight), in.Eps,
+		a.w, a.up, a.down, a.h, a.mask, a.cnt, a.y, a.nnz, bar, int32(a.d), int32(a.f))
 }
 
 // downCols is the number of output columns of a gemv_down block (gemv.cu's

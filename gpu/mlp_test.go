@@ -621,3 +621,110 @@ func checkStressBatch(t *testing.T, dev *cuda.Device, l *MLP, sl *synth.Layer, r
 	}
 	checkStress(t, seed, name, runPath(t, dev, l, "sparse", x, m), refRows(sl, x, d, rows), rows, d, m)
 }
+
+// TestFusedGEMVMatchesSplit checks gemv_mlp (act and down of one token in
+// one kernel, meeting at a grid barrier) against gemv_act and gemv_down run
+// apart, bit for bit, with the same active-unit count, gated and not, over
+// repeated calls (the barrier's words are reused by every call) on fresh
+// tokens. The last shape has more blocks than fit at once on current GPUs,
+// so it checks the fallback to the two kernels too.
+func TestFusedGEMVMatchesSplit(t *testing.T) {
+	dev, blas := setup(t)
+	for _, c := range []struct {
+		d, f  int
+		gated bool
+	}{{2048, 5632, true}, {320, 768, false}, {256, 32768, true}} {
+		t.Run(fmt.Sprintf("d%d_f%d_gated%v", c.d, c.f, c.gated), func(t *testing.T) {
+			r, seed := testutil.Rand(t)
+			sl := newLayer(t, r, c.d, c.f, 0.01, synth.Skewed, c.gated)
+			l := newMLP(t, dev, blas, sl, twell.DefaultLayout, seed)
+			const m = 1
+			for round := range 4 {
+				x := synth.Tokens(r, m, c.d)
+				var want []float32
+				var wantNNZ uint64
+				for i, split := range []bool{true, false, false, true, false} {
+					l.SplitGEMV = split
+					y := runPath(t, dev, l, "sparse", x, m)
+					nnz := downloadNNZ(t, dev, l)
+					if i == 0 {
+						want, wantNNZ = y, nnz
+						continue
+					}
+					for j := range y {
+						if math.Float32bits(y[j]) != math.Float32bits(want[j]) {
+							t.Fatalf("seed %d: round %d: call %d (split %v): output %d is %v, split kernels gave %v",
+								seed, round, i, split, j, y[j], want[j])
+						}
+					}
+					if nnz != wantNNZ {
+						t.Fatalf("seed %d: round %d: call %d (split %v): %d active units counted, split kernels %d",
+							seed, round, i, split, nnz, wantNNZ)
+					}
+				}
+			}
+		})
+	}
+}
+
+// downloadNNZ returns l's count of active units of its last call.
+func downloadNNZ(t *testing.T, dev *cuda.Device, l *MLP) uint64 {
+	t.Helper()
+	var n [1]uint64
+	if err := dev.CopyDtoH(cuda.Bytes(n[:]), l.nnz); err != nil {
+		t.Fatal(err)
+	}
+	return n[0]
+}
+
+// TestFusedGEMVConcurrentStreams runs gemv_mlp on two streams at once (two
+// MLPs of the shape of the SparseLM preset, each with its own workspace and
+// barrier), many calls each, so that the two kernels' blocks compete for
+// the SMs: the cooperative launch must keep each barrier from waiting on a
+// block that the other kernel keeps off the device (a hang), and each
+// stream's last result must be the one it computes alone.
+func TestFusedGEMVConcurrentStreams(t *testing.T) {
+	dev, blas := setup(t)
+	r, seed := testutil.Rand(t)
+	const d, f, calls = 2048, 5632, 200
+	var ls [2]*MLP
+	var xs, ys [2]*cuda.Buffer
+	var want [2][]float32
+	for i := range ls {
+		sl := newLayer(t, r, d, f, 0.005, synth.Skewed, true)
+		ls[i] = newMLP(t, dev, blas, sl, twell.DefaultLayout, seed)
+		x := synth.Tokens(r, 1, d)
+		want[i] = runPath(t, dev, ls[i], "sparse", x, 1)
+		xs[i], ys[i] = upload(t, dev, x), cudatest.Alloc(t, dev, 2*d)
+	}
+	var ss [2]*cuda.Stream
+	for i := range ss {
+		s, err := dev.NewStream()
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Destroy() })
+		ss[i] = s
+	}
+	for range calls {
+		for i := range ls {
+			if err := ls[i].Sparse(ss[i], ys[i], xs[i], 1); err != nil {
+				t.Fatalf("seed %d: stream %d: %v", seed, i, err)
+			}
+		}
+	}
+	for i := range ls {
+		if err := ss[i].Synchronize(); err != nil {
+			t.Fatalf("seed %d: stream %d: %v", seed, i, err)
+		}
+		got, err := Download(dev, ys[i], d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for j := range got {
+			if math.Float32bits(got[j]) != math.Float32bits(want[i][j]) {
+				t.Fatalf("seed %d: stream %d: output %d is %v after %d concurrent calls, %v alone", seed, i, j, got[j], calls, want[i][j])
+			}
+		}
+	}
+}

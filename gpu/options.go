@@ -16,6 +16,9 @@ type Options struct {
 	Kernel Kernel // D2T kernel: EnvD2TKernel
 	Tail   Tail   // sparse tail: EnvTail
 	Serial bool   // no early start of the decode-step kernels: EnvEarlyStart = "0"
+	// SplitGEMV runs the small-batch MLP of one token as two kernels
+	// rather than gemv_mlp's one: EnvGEMVFuse = "0".
+	SplitGEMV bool
 	// NoHotUnits tells the callers that build MLPs not to calibrate them
 	// (MLP.Calibrate), so that no units are computed densely: EnvHotUnits =
 	// "0". Apply does not read it.
@@ -36,16 +39,20 @@ const EnvTail = "TWELL_TAIL"
 // cuda.LaunchConfig.EarlyStart).
 const EnvEarlyStart = "TWELL_EARLY_START"
 
+// EnvGEMVFuse names the environment variable that, set to "0", sets
+// Options.SplitGEMV (gemv_act and gemv_down as two kernels for one token).
+const EnvGEMVFuse = "TWELL_GEMV_FUSE"
+
 // EnvHotUnits names the environment variable that, set to "0", sets
 // Options.NoHotUnits: no hot units calibrated and computed densely
 // (hot.go).
 const EnvHotUnits = "TWELL_HOT_UNITS"
 
 // Switches are the names of the environment variables that set Options.
-var Switches = []string{EnvD2TKernel, EnvTail, EnvEarlyStart, EnvHotUnits}
+var Switches = []string{EnvD2TKernel, EnvTail, EnvEarlyStart, EnvHotUnits, EnvGEMVFuse}
 
 // OptionsFromEnv returns the Options that EnvD2TKernel, EnvTail,
-// EnvEarlyStart and EnvHotUnits set, or an error naming a value it
+// EnvEarlyStart, EnvHotUnits and EnvGEMVFuse set, or an error naming a value it
 // does not know.
 func OptionsFromEnv() (Options, error) { return OptionsFrom(os.Getenv) }
 
@@ -64,6 +71,11 @@ func OptionsFrom(getenv func(string) string) (Options, error) {
 		return o, err
 	}
 	o.NoHotUnits = !hot
+	fuse, err := envBool(getenv, EnvGEMVFuse, true)
+	if err != nil {
+		return o, err
+	}
+	o.SplitGEMV = !fuse
 	o.Kernel, err = envChoice(getenv, EnvD2TKernel, "auto, wgmma or mma", map[string]Kernel{"wgmma": KernelWGMMA, "mma": KernelMMA})
 	if err != nil {
 		return o, err
@@ -101,7 +113,7 @@ func envChoice[T any](getenv func(string) string, name, want string, choices map
 
 // Apply sets l's kernel choices to o.
 func (l *MLP) Apply(o Options) {
-	l.Kernel, l.Tail, l.Serial = o.Kernel, o.Tail, o.Serial
+	l.Kernel, l.Tail, l.Serial, l.SplitGEMV = o.Kernel, o.Tail, o.Serial, o.SplitGEMV
 }
 
 // EarlyStart reports whether kernels that wait with grid_wait (common.cuh)

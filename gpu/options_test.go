@@ -24,5 +24,8 @@ func TestOptionsFromEnv(t *testing.T) {
 		{Env: map[string]string{EnvHotUnits: "1"}, Want: Options{}},
 		{Env: map[string]string{EnvHotUnits: "0"}, Want: Options{NoHotUnits: true}},
 		{Env: map[string]string{EnvHotUnits: "off"}, Bad: EnvHotUnits},
+		{Env: map[string]string{EnvGEMVFuse: "1"}, Want: Options{}},
+		{Env: map[string]string{EnvGEMVFuse: "0"}, Want: Options{SplitGEMV: true}},
+		{Env: map[string]string{EnvGEMVFuse: "yes"}, Bad: EnvGEMVFuse},
 	})
 }

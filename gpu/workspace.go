@@ -24,8 +24,9 @@ type sparseWS struct {
 	// TailSorted: the token order (mPad ints) and the length bins
 	order, lenBins *cuda.Buffer
 	// small-batch path (gemv.cu): h, gemvMaxRows x F fp32; the activity
-	// mask and the per-block counts, F/32 words each
-	gh, gmask, gcnt *cuda.Buffer
+	// mask and the per-block counts, F/32 words each; gemv_mlp's grid
+	// barrier, two words
+	gh, gmask, gcnt, gbar *cuda.Buffer
 	// activity masks of the flagged rows' groups (flaggedRows)
 	fbMask *cuda.Buffer
 	// gathered dense pass over flagged rows: rows x D inputs and outputs,
@@ -47,7 +48,7 @@ func (l *MLP) dropWorkspace() error {
 	}
 	var errs []error
 	for _, b := range []*cuda.Buffer{ws.sp.packed, ws.sp.flags, ws.sp.ovf, ws.sp.hbuf, ws.sp.cnt, ws.sp.order, ws.sp.lenBins,
-		ws.sp.gx, ws.sp.gg, ws.sp.gu, ws.sp.gy, ws.sp.gh, ws.sp.gmask, ws.sp.gcnt, ws.sp.fbMask, ws.dn.g, ws.dn.u,
+		ws.sp.gx, ws.sp.gg, ws.sp.gu, ws.sp.gy, ws.sp.gh, ws.sp.gmask, ws.sp.gcnt, ws.sp.gbar, ws.sp.fbMask, ws.dn.g, ws.dn.u,
 		ws.hot.g, ws.hot.u} {
 		if b != nil {
 			errs = append(errs, b.Free())
