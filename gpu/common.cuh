@@ -250,24 +250,6 @@ __device__ __forceinline__ void grid_sync(u32* bar) {
   __syncthreads();
 }
 
-// l2_prefetch_share asks the L2 for this block's share of the n bytes at p
-// (16-byte aligned; a trailing part of n that is not a whole 16 bytes is
-// left out): on sm_90 thread 0 issues bulk prefetches of up to 64 KiB,
-// before it every thread prefetches lines.
-__device__ __forceinline__ void l2_prefetch_share(const void* p, u64 n) {
-  const u64 per = ((n + gridDim.x - 1) / gridDim.x + 15) & ~15ull;
-  const u64 b = per * blockIdx.x, e = min(n & ~15ull, b + per);
-#if __CUDA_ARCH__ >= 900
-  if (threadIdx.x != 0) return;
-  for (u64 o = b; o < e; o += 65536)
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"((const char*)p + o), "r"((u32)min(e - o, 65536ull))
-                 : "memory");
-#else
-  for (u64 o = b + 128 * threadIdx.x; o < e; o += 128 * blockDim.x)
-    asm volatile("prefetch.global.L2 [%0];" ::"l"((const char*)p + o));
-#endif
-}
-
 // mbarriers (shared memory, CTA scope) for asynchronous copies: a barrier
 // completes a phase when its arrivals are in and the bytes it expects have
 // landed.

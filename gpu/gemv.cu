@@ -552,22 +552,19 @@ __global__ void __launch_bounds__(256)
 // as the two kernels: the same bits. Dynamic shared memory the larger of
 // the act phase's d 2 bytes and the down phase's lists; bar is grid_sync's
 // two words. y may be delta (written after the barrier, when every block
-// has read it). After the barrier the blocks ask the L2 for the pf_bytes at
-// pf (the next kernel's weights; none when 0): the down phase reads little
-// from memory. (For 2 to 4 tokens the two kernels are faster: see
+// has read it). (For 2 to 4 tokens the two kernels are faster: see
 // docs/gpu-twell.md.)
 template <bool GATED, bool NORM>
 __global__ void __launch_bounds__(256)
     gemv_mlp(const u16* x, const float* resid, const u16* delta, float* resid_out, const float* normw, float eps,
              const u16* __restrict__ w, const u16* __restrict__ up, const u16* __restrict__ down, float* h, u32* mask,
-             u32* cnt, u16* y, u64* nnz, u32* bar, const u16* pf, u64 pf_bytes, int d, int f) {
+             u32* cnt, u16* y, u64* nnz, u32* bar, int d, int f) {
   extern __shared__ __align__(16) u16 xs[];
   __shared__ u32 wmask[8], wcnt[8];
   __shared__ float red[8][1][DOWN_COLS];
   const NormIn nin = {resid, delta, resid_out, normw, eps};
   act_group<1, GATED, NORM>(x, nullptr, w, up, h, mask, cnt, 1, d, f, xs, wmask, wcnt, nin, down);
   grid_sync(bar);
-  if (pf_bytes) l2_prefetch_share(pf, pf_bytes);
   for (int b = blockIdx.x; b < d / DOWN_COLS; b += gridDim.x) {
     if (b != (int)blockIdx.x) __syncthreads();  // the previous slice's red has been read
     down_group<1>(h, mask, down, y, nullptr, 1, d, f, reinterpret_cast<int*>(xs), red, b);

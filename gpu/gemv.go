@@ -17,13 +17,10 @@ var gemvSrc []byte
 // (Resid, fp32 [D]), the delta added to it (Delta, bf16 [D]; nil: none),
 // the buffer that receives their sum (ResidOut, fp32 [D], not Resid: the
 // kernel's other blocks still read Resid while one writes it), and the
-// RMSNorm's weights (fp32 [D]) and epsilon. Prefetch, if set, is what the
-// kernel after the MLP reads first (the next layer's weights): gemv_mlp
-// asks the L2 for it once its gate rows are read.
+// RMSNorm's weights (fp32 [D]) and epsilon.
 type NormedInput struct {
 	Resid, Delta, ResidOut, Weight *cuda.Buffer
 	Eps                            float32
-	Prefetch                       *cuda.Buffer
 }
 
 // NormFuses reports whether QueueNormed takes an MLP of hidden size d:
@@ -354,16 +351,7 @@ func (a gemvArgs) launchMLP(fn *cuda.Function, s *cuda.Stream, bar *cuda.Buffer,
 	return fn.LaunchEx(cuda.LaunchConfig{Grid: cuda.Dim3{uint32(a.f / 32), 1, 1}, Block: cuda.Dim3{256, 1, 1},
 		SharedBytes: a.mlpShared(), Stream: s, EarlyStart: a.early, Cooperative: true},
 		optional(a.x), optional(in.Resid), optional(in.Delta), optional(in.ResidOut), optional(in.Weight), in.Eps,
-		a.w, a.up, a.down, a.h, a.mask, a.cnt, a.y, a.nnz, bar, optional(in.Prefetch), uint64(prefetchLen(in.Prefetch)),
-		int32(a.d), int32(a.f))
-}
-
-// prefetchLen is the length of b, 0 for nil.
-func prefetchLen(b *cuda.Buffer) int {
-	if b == nil {
-		return 0
-	}
-	return b.Len()
+		a.w, a.up, a.down, a.h, a.mask, a.cnt, a.y, a.nnz, bar, int32(a.d), int32(a.f))
 }
 
 // downCols is the number of output columns of a gemv_down block (gemv.cu's

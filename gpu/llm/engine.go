@@ -69,12 +69,6 @@ type Engine struct {
 	// write the residual sum to the other of two residual buffers. NewEngine
 	// sets it unless the environment variable TWELL_LLM_FUSE_NORMS is "0".
 	FuseNorms bool
-	// Prefetch makes the fused MLP of a one-token pass (FuseNorms, a
-	// graph-replayed step whose TwELL layer runs sparse) ask the L2 for the
-	// next layer's q/k/v weights once it has read its gate rows, so that
-	// their reads start before that layer's first kernel. NewEngine sets it
-	// when the environment variable TWELL_LLM_PREFETCH is "1".
-	Prefetch bool
 	// AttnRope makes prefill passes on the wgmma attention kernel (attn_wg64)
 	// rotate the queries as the attention loads them, so that rope_kv reads
 	// and writes only the keys and values: about two thirds of its traffic
@@ -236,7 +230,7 @@ func NewEngineWith(dev *cuda.Device, m *model.Model, opts Options) (*Engine, err
 		return nil, err
 	}
 	e := &Engine{cfg: c, dev: dev, k: k, mlpPath: mlp.Auto, rope: model.NewRoPETables(c), Attention: opts.Attention,
-		NoGraphs: opts.NoGraphs, NoGEMV: opts.NoGEMV, Serial: opts.MLP.Serial, FuseNorms: opts.FuseNorms, Prefetch: opts.Prefetch, AttnRope: opts.AttnRope, HotUnits: !opts.MLP.NoHotUnits, pool: &kvPool{dev: dev, cfg: c}}
+		NoGraphs: opts.NoGraphs, NoGEMV: opts.NoGEMV, Serial: opts.MLP.Serial, FuseNorms: opts.FuseNorms, AttnRope: opts.AttnRope, HotUnits: !opts.MLP.NoHotUnits, pool: &kvPool{dev: dev, cfg: c}}
 	if act, _ := c.GateActivation(); act == model.ActSiLU {
 		e.act = gpu.ActSiLU
 	}

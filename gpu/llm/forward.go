@@ -464,9 +464,6 @@ func (e *Engine) layersQueue(b *batch, st *engine.Stats, paths []mlp.Path) error
 		if fuse && l.mlp != nil && e.mlpPath != mlp.Dense && fixed != nil && *fixed == mlp.Sparse {
 			l.mlp.Serial = e.Serial
 			in := gpu.NormedInput{Resid: cur, Delta: delta, ResidOut: other, Weight: l.mlpNorm, Eps: eps}
-			if e.Prefetch && li+1 < len(e.layers) {
-				in.Prefetch = e.layers[li+1].qkv
-			}
 			if err := l.mlp.QueueNormed(s, ws.proj, in); err != nil {
 				return fmt.Errorf("llm: layer %d norm + MLP: %w", li, err)
 			}

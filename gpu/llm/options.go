@@ -21,7 +21,6 @@ type Options struct {
 	FuseNorms bool        // Engine.FuseNorms: EnvFuseNorms unset or "1"
 	AttnRope  bool        // Engine.AttnRope: EnvAttnRope unset or "1"
 	GEMMTune  bool        // the engine's cuBLASLt handle tunes (cublas.DefaultTuneFlops): EnvGEMMTune unset or "1"
-	Prefetch  bool        // Engine.Prefetch: EnvPrefetch = "1"
 	MLP       gpu.Options // each TwELL layer's kernels: gpu.Switches
 	// ReleaseWeights makes NewEngineWith drop each layer's float32
 	// matrices from the model once they are on the device, and the model's
@@ -71,11 +70,6 @@ const EnvAttnRope = "TWELL_LLM_ATTN_ROPE"
 // H200, 2026-12-05).
 const EnvGEMMTune = "TWELL_GEMM_TUNE"
 
-// EnvPrefetch names the environment variable that, set to "1", makes a new
-// Engine's fused one-token MLPs ask the L2 for the next layer's q/k/v
-// weights (Engine.Prefetch).
-const EnvPrefetch = "TWELL_LLM_PREFETCH"
-
 // EnvKVPageSize names the environment variable that sets a new Engine's KV
 // cache page size in positions (a multiple of 64).
 const EnvKVPageSize = "TWELL_LLM_KV_PAGE_SIZE"
@@ -87,7 +81,7 @@ const EnvKVMemory = "TWELL_LLM_KV_MEMORY"
 
 // Switches are the names of the environment variables that set Options:
 // the engine's and its TwELL MLPs' (gpu.Switches).
-var Switches = append([]string{EnvAttention, EnvGraphs, EnvGEMV, EnvFuseNorms, EnvAttnRope, EnvGEMMTune, EnvPrefetch, EnvKVPageSize, EnvKVMemory}, gpu.Switches...)
+var Switches = append([]string{EnvAttention, EnvGraphs, EnvGEMV, EnvFuseNorms, EnvAttnRope, EnvGEMMTune, EnvKVPageSize, EnvKVMemory}, gpu.Switches...)
 
 // OptionsFromEnv returns the Options the environment sets, or an error
 // naming a value it does not know.
@@ -109,8 +103,7 @@ func OptionsFrom(getenv func(string) string) (Options, error) {
 		name string
 		dst  *bool
 		on   bool // unset
-	}{{EnvFuseNorms, &o.FuseNorms, true}, {EnvAttnRope, &o.AttnRope, true}, {EnvGEMMTune, &o.GEMMTune, true},
-		{EnvPrefetch, &o.Prefetch, false}} {
+	}{{EnvFuseNorms, &o.FuseNorms, true}, {EnvAttnRope, &o.AttnRope, true}, {EnvGEMMTune, &o.GEMMTune, true}} {
 		switch v := getenv(b.name); v {
 		case "":
 			*b.dst = b.on

@@ -32,8 +32,5 @@ func TestOptionsFromEnv(t *testing.T) {
 		{Env: map[string]string{EnvGEMV: "8"}, Bad: EnvGEMV},
 		{Env: map[string]string{EnvGEMV: "1"}, Want: on},
 		{Env: map[string]string{EnvGEMV: "16"}, Bad: EnvGEMV},
-		{Env: map[string]string{EnvPrefetch: "1"}, Want: Options{FuseNorms: true, AttnRope: true, GEMMTune: true, Prefetch: true}},
-		{Env: map[string]string{EnvPrefetch: "0"}, Want: on},
-		{Env: map[string]string{EnvPrefetch: "yes"}, Bad: EnvPrefetch},
 	})
 }
