@@ -47,7 +47,8 @@ func (l *MLP) checkNormed(in NormedInput) error {
 
 // QueueNormed queues the sparse MLP of one token whose input is the
 // RMSNorm of in.Resid + in.Delta, with the norm fused into the MLP's
-// first kernel (gemv_act_norm): every block norms the token itself, bit
+// kernel (gemv_mlp, or gemv_act_norm before gemv_down where gemv_mlp does
+// not run: see fusedKernel): every block norms the token itself, bit
 // for bit as gpu/llm's add_rmsnorm does, and one block writes the sum to
 // in.ResidOut. It saves a decode step the norm kernel. Like Queue, it
 // keeps no bookkeeping (the form to record into a CUDA graph); y may be
@@ -236,7 +237,8 @@ const gemvMaxRows = 8
 
 // gemvExprs lists the kernels of gemv.cu: per batch size of gemvRows the
 // gated and the plain act (up to gemvFMARows) and down, the same three LIST
-// forms, then gated and plain gemv_act_mma and gemv_act_norm.
+// forms, then gated and plain gemv_act_mma and gemv_act_norm, and the four
+// gemv_mlp (gated or not, normed or not).
 func gemvExprs() []string {
 	var exprs []string
 	for _, mb := range gemvRows {

@@ -776,7 +776,7 @@ func TestDecodeAttentionManySequences(t *testing.T) {
 }
 
 // TestFusedNormsMatchUnfused decodes one sequence with the norms fused
-// into the kernels after them (FuseNorms: qkv_rope1n, and gemv_act_norm on
+// into the kernels after them (FuseNorms: qkv_rope1n, and gemv_mlp on
 // graph-replayed sparse steps) and without: the logits must be the same
 // bit for bit, replayed from graphs or kernel by kernel, on the sparse and
 // the dense MLP path.
