@@ -545,15 +545,15 @@ __global__ void __launch_bounds__(256)
 
 // gemv_mlp: gemv_act (with NORM: gemv_act_norm) and gemv_down for one
 // token in one kernel, the phases met at a grid_sync instead of a kernel
-// boundary: grid F/32 blocks of 256 threads, every one resident at once
-// (the launcher checks the occupancy). The act phase requests the live
-// units' down rows into the L2; after the barrier block b computes the
-// down columns of slices b, b + grid, ... . The same sums in the same order
-// as the two kernels: the same bits. Dynamic shared memory the larger of
-// the act phase's d 2 bytes and the down phase's lists; bar is grid_sync's
-// two words. y may be delta (written after the barrier, when every block
-// has read it). (For 2 to 4 tokens the two kernels are faster: see
-// docs/gpu-twell.md.)
+// boundary: grid F/32 blocks of 256 threads, launched cooperatively (every
+// one resident at once; the launcher checks that they fit). The act phase
+// requests the live units' down rows into the L2; after the barrier block
+// b computes the down columns of slices b, b + grid, ... . The same sums in
+// the same order as the two kernels: the same bits. Dynamic shared memory
+// the larger of the act phase's d 2 bytes and the down phase's lists; bar
+// is grid_sync's two words. y may be delta (written after the barrier,
+// when every block has read it). (For 2 to 4 tokens the two kernels are
+// faster: see docs/gpu-twell.md.)
 template <bool GATED, bool NORM>
 __global__ void __launch_bounds__(256)
     gemv_mlp(const u16* x, const float* resid, const u16* delta, float* resid_out, const float* normw, float eps,

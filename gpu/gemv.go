@@ -346,9 +346,9 @@ func (a gemvArgs) mlpShared() int {
 // launchMLP launches gemv_mlp (act and down of one token in one kernel,
 // F/32 blocks that meet at a grid barrier on bar's two words), normed when
 // in holds the residual stream (a.x unused), else on a.x. The launch is
-// cooperative: the driver starts its blocks only all together, so the
-// barrier cannot wait on a block that another stream's kernel keeps from
-// an SM.
+// cooperative, which guarantees that all of its blocks are resident at
+// once, also beside other streams' kernels (TestFusedGEMVConcurrentStreams
+// runs two at once).
 func (a gemvArgs) launchMLP(fn *cuda.Function, s *cuda.Stream, bar *cuda.Buffer, in NormedInput) error {
 	return fn.LaunchEx(cuda.LaunchConfig{Grid: cuda.Dim3{uint32(a.f / 32), 1, 1}, Block: cuda.Dim3{256, 1, 1},
 		SharedBytes: a.mlpShared(), Stream: s, EarlyStart: a.early, Cooperative: true},
