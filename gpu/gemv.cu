@@ -88,43 +88,17 @@ __device__ __forceinline__ void gate_rows_issue(const u16* (&rows)[4], uint4 (&w
 // group: x itself (rows == nullptr), the listed rows of x, or with NORM the
 // token that nin norms. The group's h is at h and its mask at mask. With
 // down set, the down rows of the units active in some token are requested
-// into the L2 as they are found (for gemv_mlp's down phase). With SLAB
-// (sm_90, 1024 < d <= 2048) the gate rows' columns from 1024 on are copied
-// into shared memory at slab (32 rows of d - 1024, completing on bar)
-// before grid_wait instead of being asked of the L2, so that after the
-// wait no weight comes from the L2.
-template <int MB, bool GATED, bool NORM, bool SLAB = false>
+// into the L2 as they are found (for gemv_mlp's down phase).
+template <int MB, bool GATED, bool NORM>
 __device__ __forceinline__ void act_group(const u16* __restrict__ x, const int* __restrict__ rows_of_x,
                                           const u16* __restrict__ w, const u16* __restrict__ up, float* __restrict__ h,
                                           u32* __restrict__ mask, u32* __restrict__ cnt, int mg, int d, int f, u16* xs,
-                                          u32* wmask, u32* wcnt, NormIn nin, const u16* __restrict__ down = nullptr,
-                                          u16* slab = nullptr, u64* bar = nullptr) {
+                                          u32* wmask, u32* wcnt, NormIn nin, const u16* __restrict__ down = nullptr) {
   int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   int j0 = blockIdx.x * 32 + warp * 4;
   const u16* rows[4];
   uint4 wv[4][4];
-  const int ld = d - 1024;
-  if (SLAB) {
-#if __CUDA_ARCH__ >= 900
-    const u32 b = smem_addr(bar);
-    if (threadIdx.x == 0) {
-      mbar_init(b, 1);
-      asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-      mbar_expect_tx(b, 32u * (u32)ld * 2u);
-    }
-    __syncthreads();
-#pragma unroll
-    for (int k = 0; k < 4; ++k) rows[k] = w + (size_t)(j0 + k) * d;
-    if (lane < 4)
-      asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                       smem_addr(slab + (warp * 4 + lane) * ld)),
-                   "l"(w + (size_t)(j0 + lane) * d + 1024), "r"(ld * 2), "r"(b)
-                   : "memory");
-    rows_load<4>(wv, rows, 0, d, lane);
-#endif
-  } else {
-    gate_rows_issue(rows, wv, w, j0, d, lane);
-  }
+  gate_rows_issue(rows, wv, w, j0, d, lane);
   float4 nw[RMS_MAXV];
   if (NORM) rms_weights(nw, nin.w, d);
   grid_wait();
@@ -136,14 +110,7 @@ __device__ __forceinline__ void act_group(const u16* __restrict__ x, const int* 
   else
     stage_x(xs, x, mg, d);
   float g[4][MB];
-  if (SLAB) {
-#if __CUDA_ARCH__ >= 900
-    mbar_wait(smem_addr(bar), 0);
-#endif
-    rows_dot<MB, 4, true>(wv, rows, xs, mg, d, lane, g, slab + warp * 4 * ld, ld);
-  } else {
-    rows_dot<MB, 4>(wv, rows, xs, mg, d, lane, g);
-  }
+  rows_dot<MB, 4>(wv, rows, xs, mg, d, lane, g);
   u32 bits = 0, n = 0;
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
@@ -586,20 +553,17 @@ __global__ void __launch_bounds__(256)
 // the larger of the act phase's d 2 bytes and the down phase's lists; bar
 // is grid_sync's two words. y may be delta (written after the barrier,
 // when every block has read it). (For 2 to 4 tokens the two kernels are
-// faster: see docs/gpu-twell.md.) With SLAB (act_group), the slab of the
-// gate rows' later columns follows xs in the dynamic shared memory.
-template <bool GATED, bool NORM, bool SLAB>
+// faster: see docs/gpu-twell.md.)
+template <bool GATED, bool NORM>
 __global__ void __launch_bounds__(256)
     gemv_mlp(const u16* x, const float* resid, const u16* delta, float* resid_out, const float* normw, float eps,
              const u16* __restrict__ w, const u16* __restrict__ up, const u16* __restrict__ down, float* h, u32* mask,
              u32* cnt, u16* y, u64* nnz, u32* bar, int d, int f) {
-  extern __shared__ __align__(128) u16 xs[];
+  extern __shared__ __align__(16) u16 xs[];
   __shared__ u32 wmask[8], wcnt[8];
   __shared__ float red[8][1][DOWN_COLS];
-  __shared__ __align__(8) u64 slab_bar;
   const NormIn nin = {resid, delta, resid_out, normw, eps};
-  act_group<1, GATED, NORM, SLAB>(x, nullptr, w, up, h, mask, cnt, 1, d, f, xs, wmask, wcnt, nin, down, xs + d,
-                                  &slab_bar);
+  act_group<1, GATED, NORM>(x, nullptr, w, up, h, mask, cnt, 1, d, f, xs, wmask, wcnt, nin, down);
   grid_sync(bar);
   for (int b = blockIdx.x; b < d / DOWN_COLS; b += gridDim.x) {
     if (b != (int)blockIdx.x) __syncthreads();  // the previous slice's red has been read

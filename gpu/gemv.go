@@ -73,7 +73,7 @@ func (l *MLP) QueueNormed(s *cuda.Stream, y *cuda.Buffer, in NormedInput) error 
 	l.pollFlagged()
 	a := gemvArgs{w: l.sparseIn(), up: l.up, down: l.down, y: y, h: ws.gh, mask: ws.gmask, cnt: ws.gcnt, nnz: l.nnz,
 		m: 1, d: l.D, f: l.F, ncnt: l.F / 32, early: l.earlyStart()}
-	if fused, err := l.fusedKernel(ks, &a, true); err != nil {
+	if fused, err := l.fusedKernel(ks, a, true); err != nil {
 		return err
 	} else if fused != nil {
 		if err := a.launchMLP(fused, s, ws.gbar, in); err != nil {
@@ -131,9 +131,8 @@ func (l *MLP) gemvPrepare(s *cuda.Stream) (*gemvSet, *sparseWS, error) {
 // by the options, no cooperative launches on the device, or not all of its
 // blocks resident at once (grid_sync needs them all). The occupancy is
 // asked once per kernel.
-func (l *MLP) fusedKernel(ks *gemvSet, a *gemvArgs, normed bool) (*cuda.Function, error) {
-	a.slab = normed && l.GEMVSlab && l.D > 1024 && l.D <= 2048 && l.dev.Properties().Major >= 9
-	key := mlpKey{l.Gated, normed, a.slab}
+func (l *MLP) fusedKernel(ks *gemvSet, a gemvArgs, normed bool) (*cuda.Function, error) {
+	key := mlpKey{l.Gated, normed}
 	fn := ks.mlp[key]
 	if l.SplitGEMV || fn == nil || !l.dev.Properties().CooperativeLaunch {
 		return nil, nil
@@ -185,7 +184,7 @@ func (l *MLP) sparseGEMV(s *cuda.Stream, y, x *cuda.Buffer, m int) error {
 		}
 	}
 	if m == 1 {
-		if fused, err := l.fusedKernel(ks, &a, false); err != nil {
+		if fused, err := l.fusedKernel(ks, a, false); err != nil {
 			return err
 		} else if fused != nil {
 			if err := a.launchMLP(fused, s, ws.gbar, NormedInput{}); err != nil {
@@ -222,10 +221,8 @@ type gemvSet struct {
 	mlp map[mlpKey]*cuda.Function
 }
 
-// mlpKey picks a gemv_mlp instance: gated or not, normed or not, and
-// whether the gate rows' later columns go to shared memory before the wait
-// (slab: normed, sm_90, 1024 < d <= 2048).
-type mlpKey struct{ gated, normed, slab bool }
+// mlpKey picks a gemv_mlp instance: gated or not, normed or not.
+type mlpKey struct{ gated, normed bool }
 
 // gemvFMARows is the largest batch whose act kernel is gemv_act (FMAs);
 // larger batches run gemv_act_mma.
@@ -253,19 +250,11 @@ func gemvExprs() []string {
 	exprs = append(exprs, fmt.Sprintf("gemv_act<%d,true,true>", fbGroup), fmt.Sprintf("gemv_act<%d,false,true>", fbGroup),
 		fmt.Sprintf("gemv_down<%d,true>", fbGroup), "gemv_act_mma<true>", "gemv_act_mma<false>",
 		"gemv_act_norm<true>", "gemv_act_norm<false>")
-	for _, k := range mlpKeys {
-		exprs = append(exprs, mlpExpr(k))
-	}
-	return exprs
+	return append(exprs, mlpExpr(true, false), mlpExpr(false, false), mlpExpr(true, true), mlpExpr(false, true))
 }
 
-// mlpKeys are the gemv_mlp instances: gated or not, normed or not, and the
-// normed ones with the slab.
-var mlpKeys = []mlpKey{{true, false, false}, {false, false, false}, {true, true, false}, {false, true, false},
-	{true, true, true}, {false, true, true}}
-
-// mlpExpr names gemv_mlp's instance k.
-func mlpExpr(k mlpKey) string { return fmt.Sprintf("gemv_mlp<%v,%v,%v>", k.gated, k.normed, k.slab) }
+// mlpExpr names gemv_mlp's instance, gated or not, normed or not.
+func mlpExpr(gated, norm bool) string { return fmt.Sprintf("gemv_mlp<%v,%v>", gated, norm) }
 
 // gemvKernels compiles gemv.cu once and returns its kernels.
 func (k *kernels) gemvKernels() (*gemvSet, error) {
@@ -290,8 +279,10 @@ func (k *kernels) gemvKernels() (*gemvSet, error) {
 		k.gemv.actMMAGated, k.gemv.actMMAPlain = fs["gemv_act_mma<true>"], fs["gemv_act_mma<false>"]
 		k.gemv.actNormGated, k.gemv.actNormPlain = fs["gemv_act_norm<true>"], fs["gemv_act_norm<false>"]
 		k.gemv.mlp = map[mlpKey]*cuda.Function{}
-		for _, key := range mlpKeys {
-			k.gemv.mlp[key] = fs[mlpExpr(key)]
+		for _, gated := range []bool{true, false} {
+			for _, normed := range []bool{true, false} {
+				k.gemv.mlp[mlpKey{gated, normed}] = fs[mlpExpr(gated, normed)]
+			}
 		}
 	})
 	return &k.gemv, k.gemvErr
@@ -309,7 +300,6 @@ type gemvArgs struct {
 	list              *cuda.Buffer
 	m, d, f, ncnt     int
 	first, cap        int
-	slab              bool // gemv_mlp with the gate rows' later columns in shared memory (fusedKernel)
 	// early launches the kernels with early start (they wait with
 	// grid_wait), so that their weight loads overlap the kernel before.
 	early bool
@@ -350,11 +340,7 @@ func (a gemvArgs) launchActMMA(fn *cuda.Function, s *cuda.Stream) error {
 // phase's staged tokens and the down phase's lists.
 func (a gemvArgs) mlpShared() int {
 	words := a.f / 32
-	act := 2 * a.rows() * a.d
-	if a.slab {
-		act += 32 * (a.d - 1024) * 2
-	}
-	return max(act, 8*((words+7)/8)*32*4)
+	return max(2*a.rows()*a.d, 8*((words+7)/8)*32*4)
 }
 
 // launchMLP launches gemv_mlp (act and down of one token in one kernel,

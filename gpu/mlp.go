@@ -52,10 +52,6 @@ type MLP struct {
 	// barrier (to compare; the split form also runs where gemv_mlp's blocks
 	// do not all fit on the device at once, and for 2 to 8 tokens).
 	SplitGEMV bool
-	// GEMVSlab makes gemv_mlp's normed form copy the gate rows' columns
-	// past the first 1024 into shared memory before it waits for the
-	// kernel before (experiment).
-	GEMVSlab bool
 
 	dev            *cuda.Device
 	k              *kernels

@@ -19,8 +19,6 @@ type Options struct {
 	// SplitGEMV runs the small-batch MLP of one token as two kernels
 	// rather than gemv_mlp's one: EnvGEMVFuse = "0".
 	SplitGEMV bool
-	// GEMVSlab: EnvGEMVSlab = "1" (experiment).
-	GEMVSlab bool
 	// NoHotUnits tells the callers that build MLPs not to calibrate them
 	// (MLP.Calibrate), so that no units are computed densely: EnvHotUnits =
 	// "0". Apply does not read it.
@@ -45,17 +43,13 @@ const EnvEarlyStart = "TWELL_EARLY_START"
 // Options.SplitGEMV (gemv_act and gemv_down as two kernels for one token).
 const EnvGEMVFuse = "TWELL_GEMV_FUSE"
 
-// EnvGEMVSlab names the environment variable that, set to "1", sets
-// Options.GEMVSlab.
-const EnvGEMVSlab = "TWELL_GEMV_SLAB"
-
 // EnvHotUnits names the environment variable that, set to "0", sets
 // Options.NoHotUnits: no hot units calibrated and computed densely
 // (hot.go).
 const EnvHotUnits = "TWELL_HOT_UNITS"
 
 // Switches are the names of the environment variables that set Options.
-var Switches = []string{EnvD2TKernel, EnvTail, EnvEarlyStart, EnvHotUnits, EnvGEMVFuse, EnvGEMVSlab}
+var Switches = []string{EnvD2TKernel, EnvTail, EnvEarlyStart, EnvHotUnits, EnvGEMVFuse}
 
 // OptionsFromEnv returns the Options that EnvD2TKernel, EnvTail,
 // EnvEarlyStart, EnvHotUnits and EnvGEMVFuse set, or an error naming a value it
@@ -82,9 +76,6 @@ func OptionsFrom(getenv func(string) string) (Options, error) {
 		return o, err
 	}
 	o.SplitGEMV = !fuse
-	if o.GEMVSlab, err = envBool(getenv, EnvGEMVSlab, false); err != nil {
-		return o, err
-	}
 	o.Kernel, err = envChoice(getenv, EnvD2TKernel, "auto, wgmma or mma", map[string]Kernel{"wgmma": KernelWGMMA, "mma": KernelMMA})
 	if err != nil {
 		return o, err
@@ -122,7 +113,7 @@ func envChoice[T any](getenv func(string) string, name, want string, choices map
 
 // Apply sets l's kernel choices to o.
 func (l *MLP) Apply(o Options) {
-	l.Kernel, l.Tail, l.Serial, l.SplitGEMV, l.GEMVSlab = o.Kernel, o.Tail, o.Serial, o.SplitGEMV, o.GEMVSlab
+	l.Kernel, l.Tail, l.Serial, l.SplitGEMV = o.Kernel, o.Tail, o.Serial, o.SplitGEMV
 }
 
 // EarlyStart reports whether kernels that wait with grid_wait (common.cuh)

@@ -27,7 +27,5 @@ func TestOptionsFromEnv(t *testing.T) {
 		{Env: map[string]string{EnvGEMVFuse: "1"}, Want: Options{}},
 		{Env: map[string]string{EnvGEMVFuse: "0"}, Want: Options{SplitGEMV: true}},
 		{Env: map[string]string{EnvGEMVFuse: "yes"}, Bad: EnvGEMVFuse},
-		{Env: map[string]string{EnvGEMVSlab: "1"}, Want: Options{GEMVSlab: true}},
-		{Env: map[string]string{EnvGEMVSlab: "on"}, Bad: EnvGEMVSlab},
 	})
 }

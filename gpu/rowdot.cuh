@@ -19,29 +19,13 @@ __device__ __forceinline__ void rows_load(uint4 (&wv)[U][4], const u16* const (&
     }
 }
 
-// rows_load_smem loads columns [base, base + 1024) of the U rows from
-// shared memory, where row u's columns from 1024 on start at slab + u ld.
-template <int U>
-__device__ __forceinline__ void rows_load_smem(uint4 (&wv)[U][4], const u16* slab, int ld, int base, int d,
-                                               int lane) {
-#pragma unroll
-  for (int u = 0; u < U; ++u)
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      int c = base + j * 256 + lane * 8;
-      if (c < d) wv[u][j] = *(const uint4*)(slab + u * ld + c - 1024);
-    }
-}
-
 // rows_dot sets acc[u][t] = xs[t] . rows[u] (t < m <= MB) in every lane of
 // the warp; xs holds the m x d tokens in shared memory, and wv the loads of
 // columns [0, 1024) that the caller issued with rows_load (before staging
-// xs, so that the two overlap). The columns from 1024 on come from the
-// rows, or with SMEM from shared memory at slab (rows_load_smem). d % 8 ==
-// 0.
-template <int MB, int U, bool SMEM = false>
+// xs, so that the two overlap). d % 8 == 0.
+template <int MB, int U>
 __device__ __forceinline__ void rows_dot(uint4 (&wv)[U][4], const u16* const (&rows)[U], const u16* xs, int m, int d,
-                                         int lane, float (&acc)[U][MB], const u16* slab = nullptr, int ld = 0) {
+                                         int lane, float (&acc)[U][MB]) {
 #pragma unroll
   for (int u = 0; u < U; ++u)
 #pragma unroll
@@ -61,10 +45,7 @@ __device__ __forceinline__ void rows_dot(uint4 (&wv)[U][4], const u16* const (&r
     }
     base += 1024;
     if (base >= d) break;
-    if (SMEM)
-      rows_load_smem<U>(wv, slab, ld, base, d, lane);
-    else
-      rows_load<U>(wv, rows, base, d, lane);
+    rows_load<U>(wv, rows, base, d, lane);
   }
 #pragma unroll
   for (int u = 0; u < U; ++u)
