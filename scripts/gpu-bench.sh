@@ -48,6 +48,12 @@
 #                                       cuBLASLt's gate GEMM, the D2T and the sorted tail (t2u,
 #                                       t2d_ws); the details page, the SASS page as CSV, and the
 #                                       report when under 15 MB
+#   scripts/gpu-bench.sh stalls-decode OUTDIR  where a one-sequence decode step's kernels wait (ncu,
+#                                       full set with warp-state sampling per SASS instruction):
+#                                       qkv_rope1n, the decode attention, gemv_rows1 and gemv_mlp of
+#                                       one layer of a graph-replayed step at 512 cached tokens
+#                                       (sparselm-1.5b preset, after the first 8 steps); ncu runs
+#                                       each kernel alone, so the early starts do not overlap them
 #   scripts/gpu-bench.sh host-mem OUTDIR  host memory of `twell generate -device cuda` on the
 #                                       sparselm-1.5b preset saved as a bf16 checkpoint (with the
 #                                       sample tokenizer): peak RSS by /usr/bin/time -v, and the
@@ -55,8 +61,8 @@
 # Each run ends with `twell bench table OUTDIR`.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-what=${1:?usage: gpu-bench.sh ffn|model|decode|train|trace|ab-mlp|ab-decode|ab-prefill|stalls|host-mem OUTDIR}
-out=${2:?usage: gpu-bench.sh ffn|model|decode|train|trace|ab-mlp|ab-decode|ab-prefill|stalls|host-mem OUTDIR}
+what=${1:?usage: gpu-bench.sh ffn|model|decode|train|trace|ab-mlp|ab-decode|ab-prefill|stalls|stalls-decode|host-mem OUTDIR}
+out=${2:?usage: gpu-bench.sh ffn|model|decode|train|trace|ab-mlp|ab-decode|ab-prefill|stalls|stalls-decode|host-mem OUTDIR}
 mkdir -p "$out"
 tw=$root/gpubin/twell
 if [ ! -x "$tw" ] && [ -f "$root/gpubin/pack.txz" ]; then
@@ -165,6 +171,20 @@ stalls)
   if [ "$(stat -c %s "$rep.ncu-rep" 2>/dev/null || echo 0)" -lt 15000000 ]; then cp "$rep.ncu-rep" "$out/"; fi
   grep -E "^  [a-z_]|Duration|Warp Cycles Per Issued|Issue Slots Busy|Stall" "$out/stalls-details.txt" | head -80
   ;;
+stalls-decode)
+  # The TwELL engine's decode steps come first in bench model, 4 launches of
+  # the filter's a layer (112 a step); its first 1000 (the first 8 steps:
+  # the eager ones before the MLP paths settle, the recording) are skipped.
+  rep=${TMPDIR:-/tmp}/twell-decode-stalls
+  ncu --clock-control none --set full --import-source yes -k 'regex:qkv_rope1n|attn_dec|gemv_rows1|gemv_mlp' \
+    --launch-skip 1000 --launch-count 4 -f -o "$rep" \
+    "$tw" bench model -device cuda -preset sparselm-1.5b -seed 9596107621982983358 -reps 1 -batch 1 -prompt-len 64 \
+    -decode-batch 1 -decode-context 512 -decode-steps 16 > "$out/stalls-decode-run.txt" 2>&1 || status=1
+  ncu -i "$rep.ncu-rep" --page details > "$out/stalls-decode-details.txt" 2>&1 || status=1
+  ncu -i "$rep.ncu-rep" --page source --csv --print-source sass > "$out/stalls-decode-sass.csv" 2>&1 || status=1
+  if [ "$(stat -c %s "$rep.ncu-rep" 2>/dev/null || echo 0)" -lt 15000000 ]; then cp "$rep.ncu-rep" "$out/"; fi
+  grep -E "^  [a-z_]|Duration|Warp Cycles Per Issued|Issue Slots Busy|Stall" "$out/stalls-decode-details.txt" | head -80
+  ;;
 host-mem)
   # The checkpoint (3 GB) goes outside OUTDIR.
   ckpt=${TMPDIR:-/tmp}/twell-host-mem-sparselm
@@ -176,7 +196,7 @@ host-mem)
   grep -E "Maximum resident|Elapsed|tokens" "$out/generate-time.txt"
   ;;
 *)
-  echo "gpu-bench: want ffn, model, decode, train, trace, ab-mlp, ab-decode, ab-prefill, stalls or host-mem, not $what" >&2
+  echo "gpu-bench: want ffn, model, decode, train, trace, ab-mlp, ab-decode, ab-prefill, stalls, stalls-decode or host-mem, not $what" >&2
   exit 2
   ;;
 esac
