@@ -33,36 +33,41 @@ const (
 	ErrorIllegalAddress       Result = 700
 	ErrorLaunchOutOfResources Result = 701
 	ErrorLaunchFailed         Result = 719
-	ErrorNotPermitted         Result = 800
-	ErrorNotSupported         Result = 801
-	ErrorInvalidClusterSize   Result = 912
-	ErrorUnknown              Result = 999
+	// ErrorCooperativeLaunchTooLarge: a cooperative launch of more blocks
+	// than can be resident at once (also where MPS gives the process fewer
+	// SMs than the device has).
+	ErrorCooperativeLaunchTooLarge Result = 720
+	ErrorNotPermitted              Result = 800
+	ErrorNotSupported              Result = 801
+	ErrorInvalidClusterSize        Result = 912
+	ErrorUnknown                   Result = 999
 )
 
 var resultNames = map[Result]string{
-	Success:                   "CUDA_SUCCESS",
-	ErrorInvalidValue:         "CUDA_ERROR_INVALID_VALUE",
-	ErrorOutOfMemory:          "CUDA_ERROR_OUT_OF_MEMORY",
-	ErrorNotInitialized:       "CUDA_ERROR_NOT_INITIALIZED",
-	ErrorDeinitialized:        "CUDA_ERROR_DEINITIALIZED",
-	ErrorStubLibrary:          "CUDA_ERROR_STUB_LIBRARY",
-	ErrorNoDevice:             "CUDA_ERROR_NO_DEVICE",
-	ErrorInvalidDevice:        "CUDA_ERROR_INVALID_DEVICE",
-	ErrorInvalidImage:         "CUDA_ERROR_INVALID_IMAGE",
-	ErrorInvalidContext:       "CUDA_ERROR_INVALID_CONTEXT",
-	ErrorNoBinaryForGPU:       "CUDA_ERROR_NO_BINARY_FOR_GPU",
-	ErrorInvalidPTX:           "CUDA_ERROR_INVALID_PTX",
-	ErrorUnsupportedPTX:       "CUDA_ERROR_UNSUPPORTED_PTX_VERSION",
-	ErrorInvalidHandle:        "CUDA_ERROR_INVALID_HANDLE",
-	ErrorNotFound:             "CUDA_ERROR_NOT_FOUND",
-	ErrorNotReady:             "CUDA_ERROR_NOT_READY",
-	ErrorIllegalAddress:       "CUDA_ERROR_ILLEGAL_ADDRESS",
-	ErrorLaunchOutOfResources: "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES",
-	ErrorLaunchFailed:         "CUDA_ERROR_LAUNCH_FAILED",
-	ErrorNotPermitted:         "CUDA_ERROR_NOT_PERMITTED",
-	ErrorNotSupported:         "CUDA_ERROR_NOT_SUPPORTED",
-	ErrorInvalidClusterSize:   "CUDA_ERROR_INVALID_CLUSTER_SIZE",
-	ErrorUnknown:              "CUDA_ERROR_UNKNOWN",
+	Success:                        "CUDA_SUCCESS",
+	ErrorInvalidValue:              "CUDA_ERROR_INVALID_VALUE",
+	ErrorOutOfMemory:               "CUDA_ERROR_OUT_OF_MEMORY",
+	ErrorNotInitialized:            "CUDA_ERROR_NOT_INITIALIZED",
+	ErrorDeinitialized:             "CUDA_ERROR_DEINITIALIZED",
+	ErrorStubLibrary:               "CUDA_ERROR_STUB_LIBRARY",
+	ErrorNoDevice:                  "CUDA_ERROR_NO_DEVICE",
+	ErrorInvalidDevice:             "CUDA_ERROR_INVALID_DEVICE",
+	ErrorInvalidImage:              "CUDA_ERROR_INVALID_IMAGE",
+	ErrorInvalidContext:            "CUDA_ERROR_INVALID_CONTEXT",
+	ErrorNoBinaryForGPU:            "CUDA_ERROR_NO_BINARY_FOR_GPU",
+	ErrorInvalidPTX:                "CUDA_ERROR_INVALID_PTX",
+	ErrorUnsupportedPTX:            "CUDA_ERROR_UNSUPPORTED_PTX_VERSION",
+	ErrorInvalidHandle:             "CUDA_ERROR_INVALID_HANDLE",
+	ErrorNotFound:                  "CUDA_ERROR_NOT_FOUND",
+	ErrorNotReady:                  "CUDA_ERROR_NOT_READY",
+	ErrorIllegalAddress:            "CUDA_ERROR_ILLEGAL_ADDRESS",
+	ErrorLaunchOutOfResources:      "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES",
+	ErrorLaunchFailed:              "CUDA_ERROR_LAUNCH_FAILED",
+	ErrorCooperativeLaunchTooLarge: "CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE",
+	ErrorNotPermitted:              "CUDA_ERROR_NOT_PERMITTED",
+	ErrorNotSupported:              "CUDA_ERROR_NOT_SUPPORTED",
+	ErrorInvalidClusterSize:        "CUDA_ERROR_INVALID_CLUSTER_SIZE",
+	ErrorUnknown:                   "CUDA_ERROR_UNKNOWN",
 }
 
 // Name returns the CUDA error name of r, e.g. "CUDA_ERROR_INVALID_VALUE",

@@ -76,11 +76,9 @@ func (l *MLP) QueueNormed(s *cuda.Stream, y *cuda.Buffer, in NormedInput) error 
 	if fused, err := l.fusedKernel(ks, a, true); err != nil {
 		return err
 	} else if fused != nil {
-		if err := a.launchMLP(fused, s, ws.gbar, in); err != nil {
-			return fmt.Errorf("gpu: gemv_mlp: %w", err)
+		if ok, err := l.launchFused(fused, a, s, ws.gbar, in, true); ok || err != nil {
+			return err
 		}
-		l.counted = 1
-		return nil
 	}
 	act := ks.actNormPlain
 	if l.Gated {
@@ -155,6 +153,25 @@ func (l *MLP) fusedKernel(ks *gemvSet, a gemvArgs, normed bool) (*cuda.Function,
 	return fn, nil
 }
 
+// launchFused queues gemv_mlp kernel fn for a's one token and reports
+// whether it did. A launch that the driver refuses as too large for a
+// cooperative grid (fewer SMs than the occupancy said, as under MPS) is
+// not an error: fn is marked as not fitting, and the caller runs the two
+// kernels instead.
+func (l *MLP) launchFused(fn *cuda.Function, a gemvArgs, s *cuda.Stream, bar *cuda.Buffer, in NormedInput,
+	normed bool) (bool, error) {
+	err := a.launchMLP(fn, s, bar, in)
+	switch {
+	case errors.Is(err, cuda.ErrorCooperativeLaunchTooLarge):
+		l.fits[mlpKey{l.Gated, normed}] = false
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("gpu: gemv_mlp: %w", err)
+	}
+	l.counted = 1
+	return true, nil
+}
+
 // sparseGEMV queues the small-batch sparse MLP (m <= gemvMaxRows).
 func (l *MLP) sparseGEMV(s *cuda.Stream, y, x *cuda.Buffer, m int) error {
 	ks, ws, err := l.gemvPrepare(s)
@@ -187,11 +204,9 @@ func (l *MLP) sparseGEMV(s *cuda.Stream, y, x *cuda.Buffer, m int) error {
 		if fused, err := l.fusedKernel(ks, a, false); err != nil {
 			return err
 		} else if fused != nil {
-			if err := a.launchMLP(fused, s, ws.gbar, NormedInput{}); err != nil {
-				return fmt.Errorf("gpu: gemv_mlp: %w", err)
+			if ok, err := l.launchFused(fused, a, s, ws.gbar, NormedInput{}, false); ok || err != nil {
+				return err
 			}
-			l.counted = m
-			return nil
 		}
 	}
 	if err := launch(act, s); err != nil {
