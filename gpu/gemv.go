@@ -73,12 +73,8 @@ func (l *MLP) QueueNormed(s *cuda.Stream, y *cuda.Buffer, in NormedInput) error 
 	l.pollFlagged()
 	a := gemvArgs{w: l.sparseIn(), up: l.up, down: l.down, y: y, h: ws.gh, mask: ws.gmask, cnt: ws.gcnt, nnz: l.nnz,
 		m: 1, d: l.D, f: l.F, ncnt: l.F / 32, early: l.earlyStart()}
-	if fused, err := l.fusedKernel(ks, a, true); err != nil {
+	if ok, err := l.queueFused(s, ks, a, ws.gbar, in, true); ok || err != nil {
 		return err
-	} else if fused != nil {
-		if ok, err := l.launchFused(fused, a, s, ws.gbar, in, true); ok || err != nil {
-			return err
-		}
 	}
 	act := ks.actNormPlain
 	if l.Gated {
@@ -153,14 +149,17 @@ func (l *MLP) fusedKernel(ks *gemvSet, a gemvArgs, normed bool) (*cuda.Function,
 	return fn, nil
 }
 
-// launchFused queues gemv_mlp kernel fn for a's one token and reports
-// whether it did. A launch that the driver refuses as too large for a
-// cooperative grid (fewer SMs than the occupancy said, as under MPS) is
-// not an error: fn is marked as not fitting, and the caller runs the two
-// kernels instead.
-func (l *MLP) launchFused(fn *cuda.Function, a gemvArgs, s *cuda.Stream, bar *cuda.Buffer, in NormedInput,
-	normed bool) (bool, error) {
-	err := a.launchMLP(fn, s, bar, in)
+// queueFused queues gemv_mlp for a's one token (normed or not) on s and
+// reports whether it did; if not, the caller runs the two kernels. A launch
+// that the driver refuses as too large for a cooperative grid (fewer SMs
+// than the occupancy said, as under MPS) is not an error: the kernel is
+// marked as not fitting.
+func (l *MLP) queueFused(s *cuda.Stream, ks *gemvSet, a gemvArgs, bar *cuda.Buffer, in NormedInput, normed bool) (bool, error) {
+	fn, err := l.fusedKernel(ks, a, normed)
+	if fn == nil || err != nil {
+		return false, err
+	}
+	err = a.launchMLP(fn, s, bar, in)
 	switch {
 	case errors.Is(err, cuda.ErrorCooperativeLaunchTooLarge):
 		l.fits[mlpKey{l.Gated, normed}] = false
@@ -186,27 +185,23 @@ func (l *MLP) sparseGEMV(s *cuda.Stream, y, x *cuda.Buffer, m int) error {
 			break
 		}
 	}
+	a := gemvArgs{x: x, w: l.sparseIn(), up: l.up, down: l.down, y: y, h: ws.gh, mask: ws.gmask, cnt: ws.gcnt, nnz: l.nnz,
+		m: m, d: l.D, f: l.F, ncnt: words, early: l.earlyStart()}
+	if m == 1 {
+		if ok, err := l.queueFused(s, ks, a, ws.gbar, NormedInput{}, false); ok || err != nil {
+			return err
+		}
+	}
 	act := ks.actPlain[mb] // nil past gemvFMARows: gemv_act_mma below
 	if l.Gated {
 		act = ks.actGated[mb]
 	}
-	a := gemvArgs{x: x, w: l.sparseIn(), up: l.up, down: l.down, y: y, h: ws.gh, mask: ws.gmask, cnt: ws.gcnt, nnz: l.nnz,
-		m: m, d: l.D, f: l.F, ncnt: words, early: l.earlyStart()}
 	launch := a.launchAct
 	if m > gemvFMARows {
 		a.ncnt = l.F / 16
 		act, launch = ks.actMMAPlain, a.launchActMMA
 		if l.Gated {
 			act = ks.actMMAGated
-		}
-	}
-	if m == 1 {
-		if fused, err := l.fusedKernel(ks, a, false); err != nil {
-			return err
-		} else if fused != nil {
-			if ok, err := l.launchFused(fused, a, s, ws.gbar, NormedInput{}, false); ok || err != nil {
-				return err
-			}
 		}
 	}
 	if err := launch(act, s); err != nil {
@@ -354,9 +349,12 @@ func (a gemvArgs) launchActMMA(fn *cuda.Function, s *cuda.Stream) error {
 // mlpShared is gemv_mlp's dynamic shared memory: the larger of the act
 // phase's staged tokens and the down phase's lists.
 func (a gemvArgs) mlpShared() int {
-	words := a.f / 32
-	return max(2*a.rows()*a.d, 8*((words+7)/8)*32*4)
+	return max(2*a.rows()*a.d, downListBytes(a.f))
 }
+
+// downListBytes is the shared memory of gemv_down's per-warp lists of
+// active units (8 warps, each up to ceil(f/256) mask words of 32 units).
+func downListBytes(f int) int { return 8 * ((f/32 + 7) / 8) * 32 * 4 }
 
 // launchMLP launches gemv_mlp (act and down of one token in one kernel,
 // F/32 blocks that meet at a grid barrier on bar's two words), normed when
@@ -380,9 +378,7 @@ const downCols = 16
 // act kernel's ncnt counts (one per 16 units after gemv_act_mma, per 32
 // after gemv_act).
 func (a gemvArgs) launchDown(fn *cuda.Function, s *cuda.Stream) error {
-	words := a.f / 32
-	lists := 8 * ((words + 7) / 8) * 32 * 4
-	return a.launch(fn, cuda.Dim3{uint32(a.d / downCols), 1, 1}, cuda.Dim3{256, 1, 1}, lists, s,
+	return a.launch(fn, cuda.Dim3{uint32(a.d / downCols), 1, 1}, cuda.Dim3{256, 1, 1}, downListBytes(a.f), s,
 		a.h, a.mask, a.down, a.y, optional(a.cnt), optional(a.nnz), int32(a.m), int32(a.d), int32(a.f), int32(a.ncnt),
 		optional(a.list), int32(a.first), int32(a.cap))
 }

@@ -69,6 +69,15 @@ if [ ! -x "$tw" ] && [ -f "$root/gpubin/pack.txz" ]; then
   tar -xJf "$root/gpubin/pack.txz" -C "$root/gpubin"
 fi
 status=0
+# ncu_pages REPORT NAME writes an ncu report's details page and its SASS
+# source page (CSV) to OUTDIR/NAME-details.txt and NAME-sass.csv, copies the
+# report when under 15 MB, and prints the details' headline lines.
+ncu_pages() {
+  ncu -i "$1.ncu-rep" --page details > "$out/$2-details.txt" 2>&1 || status=1
+  ncu -i "$1.ncu-rep" --page source --csv --print-source sass > "$out/$2-sass.csv" 2>&1 || status=1
+  if [ "$(stat -c %s "$1.ncu-rep" 2>/dev/null || echo 0)" -lt 15000000 ]; then cp "$1.ncu-rep" "$out/"; fi
+  grep -E "^  [a-z_]|Duration|Warp Cycles Per Issued|Issue Slots Busy|Stall" "$out/$2-details.txt" | head -80
+}
 case $what in
 ffn)
   for dist in uniform skewed; do
@@ -166,10 +175,7 @@ stalls)
   (cd "$root/gpu" && TWELL_PROFILE=1 ncu --clock-control none --set full --import-source yes \
     -k 'regex:nvjet|d2t_wgmma|t2u|t2d_ws' --launch-count 5 -f -o "$rep" \
     "$root/gpubin/gpu.test" -test.run TestProfileKernels -test.v) > "$out/stalls-run.txt" 2>&1 || status=1
-  ncu -i "$rep.ncu-rep" --page details > "$out/stalls-details.txt" 2>&1 || status=1
-  ncu -i "$rep.ncu-rep" --page source --csv --print-source sass > "$out/stalls-sass.csv" 2>&1 || status=1
-  if [ "$(stat -c %s "$rep.ncu-rep" 2>/dev/null || echo 0)" -lt 15000000 ]; then cp "$rep.ncu-rep" "$out/"; fi
-  grep -E "^  [a-z_]|Duration|Warp Cycles Per Issued|Issue Slots Busy|Stall" "$out/stalls-details.txt" | head -80
+  ncu_pages "$rep" stalls
   ;;
 stalls-decode)
   # The TwELL engine's decode steps come first in bench model, 4 launches of
@@ -180,10 +186,7 @@ stalls-decode)
     --launch-skip 1000 --launch-count 4 -f -o "$rep" \
     "$tw" bench model -device cuda -preset sparselm-1.5b -seed 9596107621982983358 -reps 1 -batch 1 -prompt-len 64 \
     -decode-batch 1 -decode-context 512 -decode-steps 16 > "$out/stalls-decode-run.txt" 2>&1 || status=1
-  ncu -i "$rep.ncu-rep" --page details > "$out/stalls-decode-details.txt" 2>&1 || status=1
-  ncu -i "$rep.ncu-rep" --page source --csv --print-source sass > "$out/stalls-decode-sass.csv" 2>&1 || status=1
-  if [ "$(stat -c %s "$rep.ncu-rep" 2>/dev/null || echo 0)" -lt 15000000 ]; then cp "$rep.ncu-rep" "$out/"; fi
-  grep -E "^  [a-z_]|Duration|Warp Cycles Per Issued|Issue Slots Busy|Stall" "$out/stalls-decode-details.txt" | head -80
+  ncu_pages "$rep" stalls-decode
   ;;
 host-mem)
   # The checkpoint (3 GB) goes outside OUTDIR.
