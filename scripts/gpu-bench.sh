@@ -178,9 +178,11 @@ stalls)
   ncu_pages "$rep" stalls
   ;;
 stalls-decode)
-  # The TwELL engine's decode steps come first in bench model, 4 launches of
-  # the filter's a layer (112 a step); its first 1000 (the first 8 steps:
-  # the eager ones before the MLP paths settle, the recording) are skipped.
+  # The TwELL engine's decode steps come first in bench model, 4 of the
+  # filter's kernels a layer (112 a step). The first 1000 launches (250
+  # layers: the first 8 steps, the eager ones before the MLP paths settle
+  # and the recording among them, and 26 layers of the ninth) are skipped,
+  # so the 4 profiled are one whole layer of a replayed step.
   rep=${TMPDIR:-/tmp}/twell-decode-stalls
   ncu --clock-control none --set full --import-source yes -k 'regex:qkv_rope1n|attn_dec|gemv_rows1|gemv_mlp' \
     --launch-skip 1000 --launch-count 4 -f -o "$rep" \
