@@ -209,6 +209,12 @@ __device__ __forceinline__ uint4 ld_cg_hint(const void* p, u64 pol) {
 // only reads weights (issuing those loads is the point) and writes nothing.
 // grid_release lets the next early-start kernel's blocks take free SM slots
 // now rather than when this grid exits. For plain launches both do nothing.
+// A kernel may release before it waits: the next kernel's blocks then start
+// (and issue their weight loads) as soon as every block of this one is
+// resident, while the kernel before still runs, rather than when that one
+// has finished. The chain stays ordered, since each grid_wait waits for a
+// kernel that itself waited for the one before it; what the earlier start
+// costs is SM slots held by waiting blocks. grid_release_wait does that.
 __device__ __forceinline__ void grid_wait() {
 #if __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -218,6 +224,14 @@ __device__ __forceinline__ void grid_release() {
 #if __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
+}
+
+// grid_release_wait releases the next kernel, then waits for the kernels
+// before (see grid_wait): for the decode-step kernels, whose successors
+// are early-start kernels of the engine's own.
+__device__ __forceinline__ void grid_release_wait() {
+  grid_release();
+  grid_wait();
 }
 
 // grid_sync: every block of the grid meets here, and what any block wrote

@@ -283,7 +283,10 @@ extern "C" __global__ void __launch_bounds__(256)
 // but the new token's was written by earlier passes, and the page tables
 // do not change within a pass. The new token's key and value (the kernel
 // before's) are left out of the copies and read from the L2 after
-// grid_wait by the lanes that use them.
+// grid_wait by the lanes that use them. With release_first the kernel lets
+// the next one start before its own wait (grid_release_wait): for passes
+// whose output projection runs gemv_rows, an early-start kernel; where
+// cuBLASLt's GEMM comes next it releases after the wait, as before.
 //
 // In a CTA of ATT_DEC_THREADS threads, groups of hd / 8 lanes take one key
 // at a time (a lane: 8 dimensions of q, k, v); per block a group scores all
@@ -392,7 +395,8 @@ __device__ __forceinline__ void attn_dec_body(const u16* __restrict__ qkv, u16* 
                                               const int* __restrict__ seq_n, const int* __restrict__ seq_past,
                                               const u64* __restrict__ seq_pt, int page, int layer, int nq, int nkv,
                                               int qkv_w, float scale_log2, float* __restrict__ po,
-                                              float* __restrict__ pm, float* __restrict__ pl, int* __restrict__ cnt) {
+                                              float* __restrict__ pm, float* __restrict__ pl, int* __restrict__ cnt,
+                                              int release_first) {
   constexpr int LPK = HD / 8;                // lanes per key
   constexpr int NG = ATT_DEC_THREADS / LPK;  // key groups of the CTA
   constexpr int NP = ATT_BK / NG;            // keys of a block per group
@@ -435,8 +439,12 @@ __device__ __forceinline__ void attn_dec_body(const u16* __restrict__ qkv, u16* 
 #endif
     }
   }
-  grid_wait();
-  grid_release();
+  if (release_first) {
+    grid_release_wait();
+  } else {
+    grid_wait();
+    grid_release();
+  }
   const uint4 q = ldg_cg(qkv + (size_t)a.qs * qkv_w + a.head * HD + sub * 8);
   float m = NEG_INF, l = 0.f, acc[8];
 #pragma unroll
@@ -571,9 +579,10 @@ __device__ __forceinline__ void attn_dec_body(const u16* __restrict__ qkv, u16* 
       attn_dec##HD(const u16* __restrict__ qkv, u16* __restrict__ out, const int* __restrict__ items,                 \
                    const int* __restrict__ seq_q0, const int* __restrict__ seq_n, const int* __restrict__ seq_past,   \
                    const u64* __restrict__ seq_pt, int page, int layer, int nq, int nkv, int qkv_w, float scale_log2, \
-                   float* __restrict__ po, float* __restrict__ pm, float* __restrict__ pl, int* __restrict__ cnt) {   \
+                   float* __restrict__ po, float* __restrict__ pm, float* __restrict__ pl, int* __restrict__ cnt,     \
+                   int release_first) {                                                                               \
     attn_dec_body<HD>(qkv, out, items, seq_q0, seq_n, seq_past, seq_pt, page, layer, nq, nkv, qkv_w, scale_log2, po,  \
-                      pm, pl, cnt);                                                                                   \
+                      pm, pl, cnt, release_first);                                                                    \
   }
 ATTN_DEC(64)
 ATTN_DEC(128)
