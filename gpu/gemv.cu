@@ -28,9 +28,9 @@
 // act kernels request their gate rows before grid_wait (gemv_act its first
 // loads and the rest into the L2, gemv_act_mma all of them into shared
 // memory), and every kernel reads what earlier kernels wrote (x, h, the
-// mask and counts) after it, through the L2. The kernels built on act_group
-// (gemv_act, gemv_act_norm, gemv_mlp) release the next kernel before their
-// wait (grid_release_wait, common.cuh).
+// mask and counts) after it, through the L2. The one-token kernels built on
+// act_group (gemv_act<1>, gemv_act_norm, gemv_mlp) release the next kernel
+// before their wait (grid_enter, common.cuh).
 //
 // Rows are bf16 [F][D] (gate or up, and down = Wd^T); x and y are bf16
 // [m][D]; h is fp32 [m][F]. D is a multiple of 64, F of 32.
@@ -103,7 +103,7 @@ __device__ __forceinline__ void act_group(const u16* __restrict__ x, const int* 
   gate_rows_issue(rows, wv, w, j0, d, lane);
   float4 nw[RMS_MAXV];
   if (NORM) rms_weights(nw, nin.w, d);
-  grid_release_wait();
+  grid_enter(MB == 1);
   if (NORM)
     stage_norm_x(xs, nin.resid, nin.delta, nin.resid_out, nw, d, nin.eps);
   else if (rows_of_x)

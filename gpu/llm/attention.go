@@ -157,10 +157,10 @@ type decAttention struct {
 	early             bool // launch with early start
 	cluster           bool // launch the runs of a (work item, head) as a cluster
 	// releaseFirst lets the next kernel start before this one's grid_wait
-	// (attn.cu): where that kernel is gemv_rows, which starts early. At b=1
-	// the decode kernels releasing first took decode from 812.8-830.4 to
-	// 837.0-846.9 tokens/s (H100); at b=8, where cuBLASLt's GEMM comes
-	// next, the attention releasing first ran 3868-3910 against 3920-4032.
+	// (attn.cu, grid_enter in common.cuh): in one-token steps, as the other
+	// one-token kernels do. (At b=8, where cuBLASLt's GEMM comes next, the
+	// attention releasing first ran 3868-3910 tokens/s against 3920-4032,
+	// H100.)
 	releaseFirst bool
 }
 
@@ -187,7 +187,7 @@ func (e *Engine) decodeAttention(b *batch) (decAttention, bool) {
 	l := decLayout(c, b.S)
 	v := func(i int) *cuda.Buffer { return view(e.ws.dec, l[i][0], l[i][1]) }
 	return decAttention{fn: k.fn, po: v(0), pm: v(1), pl: v(2), count: v(3), runs: e.decRuns(b.S*c.NumAttentionHeads, k),
-		early: e.early(), cluster: k.cluster && !e.decGlobalMerge, releaseFirst: e.gemv(b.T, c.NumAttentionHeads*c.HeadDim)}, true
+		early: e.early(), cluster: k.cluster && !e.decGlobalMerge, releaseFirst: b.T == 1 && e.gemv(1, c.NumAttentionHeads*c.HeadDim)}, true
 }
 
 // decLayout returns where the decode attention's buffer for S sequences of

@@ -284,9 +284,8 @@ extern "C" __global__ void __launch_bounds__(256)
 // do not change within a pass. The new token's key and value (the kernel
 // before's) are left out of the copies and read from the L2 after
 // grid_wait by the lanes that use them. With release_first the kernel lets
-// the next one start before its own wait (grid_release_wait): for passes
-// whose output projection runs gemv_rows, an early-start kernel; where
-// cuBLASLt's GEMM comes next it releases after the wait, as before.
+// the next one start before its own wait (grid_enter): in one-token steps,
+// whose output projection runs gemv_rows1, an early-start kernel.
 //
 // In a CTA of ATT_DEC_THREADS threads, groups of hd / 8 lanes take one key
 // at a time (a lane: 8 dimensions of q, k, v); per block a group scores all
@@ -439,12 +438,7 @@ __device__ __forceinline__ void attn_dec_body(const u16* __restrict__ qkv, u16* 
 #endif
     }
   }
-  if (release_first) {
-    grid_release_wait();
-  } else {
-    grid_wait();
-    grid_release();
-  }
+  grid_enter(release_first);
   const uint4 q = ldg_cg(qkv + (size_t)a.qs * qkv_w + a.head * HD + sub * 8);
   float m = NEG_INF, l = 0.f, acc[8];
 #pragma unroll

@@ -24,8 +24,8 @@
 // about half the memory bandwidth. They use rowdot.cuh: the first weight
 // loads are issued, and the rest of the rows prefetched into the L2, before
 // grid_wait (launched with early start, that overlaps the kernel before)
-// and before x is staged in shared memory, and the next kernel is released
-// before the wait (grid_release_wait), so that its loads start early too.
+// and before x is staged in shared memory; for one token the next kernel is
+// released before the wait (grid_enter), so that its loads start early too.
 // k % 8 == 0.
 
 // gemv_rows: y[t][n] = bf16(sum_k x[t][k] w[n][k]) for t < m <= MB. One
@@ -41,7 +41,7 @@ __device__ __forceinline__ void gemv_rows_body(const u16* __restrict__ x, const 
   uint4 wv[1][4];
   rows_load<1>(wv, rows, 0, k, lane);
   rows_prefetch<1>(rows, 1024, k, lane);
-  grid_release_wait();
+  grid_enter(MB == 1);
   stage_x(xs, x, m, k);
   if (col >= n) return;
   float acc[1][MB];
@@ -93,7 +93,7 @@ __device__ __forceinline__ void qkv_rope_body(const u16* __restrict__ x, const u
   rows_prefetch<2>(rows, 1024, k, lane);
   float4 nw[RMS_MAXV];
   if (NORM) rms_weights(nw, normw, k);
-  grid_release_wait();
+  grid_enter(MB == 1);
   if (NORM)
     stage_norm_x(xs, resid, delta, resid_out, nw, k, eps);
   else
