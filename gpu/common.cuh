@@ -230,7 +230,7 @@ __device__ __forceinline__ void grid_release() {
 // and releases the next one: release first, or wait first. The kernels of
 // one-token decode steps, all early-start kernels of the engine's own,
 // release first: decode at b=1 (H100, 512 cached tokens) went from
-// 816.4-830.4 to 837.0-852.4 tokens/s, ahead in 8 of 8 pairs. At b=4 the
+// 812.8-830.4 to 837.0-852.4 tokens/s, ahead in 8 of 8 pairs. At b=4 the
 // four-token kernels releasing first ran 1930.4-1952.6 against
 // 1952.2-1954.7, no gain, so the others wait first.
 __device__ __forceinline__ void grid_enter(bool release_first) {
