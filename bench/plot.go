@@ -118,9 +118,15 @@ func plotSpeedups(path, title, ylabel string, header []string, points []speedupP
 
 // PlotModel writes a PNG of a whole-model benchmark: prefill tokens/ms by
 // path (bars) and decode tokens/s against the batch size, one line per path.
+// A run with more rows than the dense and the TwELL one (variants, each
+// named by its path, rounds that repeat names) gets plotModelRows' figure
+// instead, where lines of near-equal rows would cover each other.
 func PlotModel(results []ModelResult, path string) error {
 	if len(results) == 0 {
 		return fmt.Errorf("bench: no model results to plot")
+	}
+	if len(results) > 2 {
+		return plotModelRows(results, path)
 	}
 	r0 := results[0]
 	var notes notes
@@ -185,6 +191,139 @@ func PlotModel(results []ModelResult, path string) error {
 
 	header := []string{r0.Model, r0.Machine + ", " + r0.Date}
 	return render(path, 12*vg.Inch, 5*vg.Inch, header, []*plot.Plot{pre, dec}, &leg, notes)
+}
+
+// rowGroups groups results by path name, in the order the names first
+// appear: names[i] holds the rows at the indices of rows[i].
+func rowGroups(results []ModelResult) (names []string, rows [][]int) {
+	at := map[string]int{}
+	for i, r := range results {
+		g, ok := at[r.Path]
+		if !ok {
+			g = len(names)
+			at[r.Path] = g
+			names = append(names, r.Path)
+			rows = append(rows, nil)
+		}
+		rows[g] = append(rows[g], i)
+	}
+	return names, rows
+}
+
+// plotModelRows writes the figure of a run with many rows: a panel for
+// prefill and one per decode batch size, each row's figure a point above
+// its name's number (the legend names them), the rows of one name side by
+// side and their median marked by a bar. The y axes start near the data,
+// not at 0, so that differences of a few percent show.
+func plotModelRows(results []ModelResult, path string) error {
+	names, rows := rowGroups(results)
+	var notes notes
+	leg := newLegend()
+	r0 := results[0]
+	type metric struct {
+		title, ylabel, what string
+		value               func(ModelResult) (float64, bool)
+	}
+	metrics := []metric{{fmt.Sprintf("prefill, %d tokens per pass", r0.PrefillTokens), "prefill throughput (tokens/ms)", "prefill tokens/ms",
+		func(r ModelResult) (float64, bool) { return r.PrefillTokPerMS, true }}}
+	var batches []int
+	for _, r := range results {
+		for _, d := range r.Decode {
+			if !slices.Contains(batches, d.Batch) {
+				batches = append(batches, d.Batch)
+			}
+		}
+	}
+	slices.Sort(batches)
+	for _, b := range batches {
+		metrics = append(metrics, metric{decodeTitle(results, b), "decode throughput (tokens/s)", fmt.Sprintf("decode tokens/s at batch %d", b),
+			func(r ModelResult) (float64, bool) {
+				for _, d := range r.Decode {
+					if d.Batch == b {
+						return d.TokensPerSec, true
+					}
+				}
+				return 0, false
+			}})
+	}
+	numbers := make([]string, len(names))
+	for i := range names {
+		numbers[i] = strconv.Itoa(i + 1)
+	}
+	var panels []*plot.Plot
+	named := make([]bool, len(names)) // in the legend
+	for _, m := range metrics {
+		p := newPanel(m.title, "row (numbered as in the legend)", m.ylabel)
+		var ys []float64
+		for g, idx := range rows {
+			var pts plotter.XYs
+			var vals []float64
+			for k, i := range idx {
+				v, ok := m.value(results[i])
+				if !ok {
+					continue
+				}
+				if !finite(v) || v < 0 {
+					notes.drop(names[g], m.what, v, "y axis")
+					continue
+				}
+				// repeats of a name side by side, within +-0.3 of its place
+				off := 0.0
+				if len(idx) > 1 {
+					off = 0.6 * (float64(k)/float64(len(idx)-1) - 0.5)
+				}
+				pts = append(pts, plotter.XY{X: float64(g) + off, Y: v})
+				vals = append(vals, v)
+			}
+			if len(pts) == 0 {
+				continue
+			}
+			s, err := plotter.NewScatter(pts)
+			if err != nil {
+				return fmt.Errorf("bench: plot points %q: %w", names[g], err)
+			}
+			s.Color, s.Shape = plotutil.Color(g), plotutil.Shape(g)
+			med := Median(vals)
+			bar, err := plotter.NewLine(plotter.XYs{{X: float64(g) - 0.4, Y: med}, {X: float64(g) + 0.4, Y: med}})
+			if err != nil {
+				return fmt.Errorf("bench: plot median %q: %w", names[g], err)
+			}
+			bar.Color, bar.Width = plotutil.Color(g), vg.Points(2)
+			p.Add(s, bar)
+			if !named[g] {
+				leg.Add(fmt.Sprintf("%d  %s", g+1, names[g]), s)
+				named[g] = true
+			}
+			ys = append(ys, vals...)
+		}
+		if len(ys) == 0 {
+			notes.add(fmt.Sprintf("no row has a finite %s >= 0: its panel is empty", m.what))
+		}
+		p.NominalX(numbers...)
+		p.X.Min, p.X.Max = -0.5, float64(len(names))-0.5
+		setLinearAxis(&p.Y, ys, false)
+		panels = append(panels, p)
+	}
+	header := []string{r0.Model, r0.Machine + ", " + r0.Date + "; a point per row of the run, a bar at each name's median"}
+	w := vg.Length(max(10, 3.2*float64(len(panels))+3)) * vg.Inch
+	return render(path, w, 5*vg.Inch, header, panels, &leg, notes)
+}
+
+// decodeTitle is the title of the decode panel of batch b: its batch and
+// the tokens cached before the timed steps (the most any row reports).
+func decodeTitle(results []ModelResult, b int) string {
+	context := 0
+	for _, r := range results {
+		for _, d := range r.Decode {
+			if d.Batch == b {
+				context = max(context, d.Context)
+			}
+		}
+	}
+	if context > 0 {
+		return fmt.Sprintf("decode b=%d, %d tokens cached", b, context)
+	}
+	return fmt.Sprintf("decode b=%d", b)
 }
 
 // addValueBars draws vals as bars on p's nominal x axis (names), each

@@ -66,6 +66,20 @@ func modelResults(r *rand.Rand, batches []int) []ModelResult {
 	return rs
 }
 
+// variantResults returns the rows of a run with variants: dense, twell and
+// two variants, each variant twice, as bench model -variants writes them.
+func variantResults(r *rand.Rand, batches []int) []ModelResult {
+	rs := modelResults(r, batches)
+	for range 2 {
+		for _, v := range []string{"twell [A=0]", "twell [A=1]"} {
+			row := modelResults(r, batches)[1]
+			row.Path = v
+			rs = append(rs, row)
+		}
+	}
+	return rs
+}
+
 func ffnResults(r *rand.Rand, densities []float64) []FFNResult {
 	var rs []FFNResult
 	for _, dist := range []string{"uniform", "skewed"} {
@@ -106,6 +120,22 @@ func TestPlotModelEdgeCases(t *testing.T) {
 			rs[0].PrefillTokPerMS, rs[1].PrefillTokPerMS = 0, 0
 			return rs
 		},
+		"variants":              func() []ModelResult { return variantResults(r, []int{1, 8}) },
+		"variants no decode":    func() []ModelResult { return variantResults(r, nil) },
+		"variants single value": func() []ModelResult { return variantResults(r, []int{4})[:3] },
+		"variants NaN and zero": func() []ModelResult {
+			rs := variantResults(r, []int{1, 4})
+			rs[2].PrefillTokPerMS, rs[3].Decode[0].TokensPerSec, rs[4].Decode[1].TokensPerSec = math.NaN(), 0, math.Inf(-1)
+			for i := range rs {
+				rs[i].Decode[1].TokensPerSec = math.NaN() // a panel with nothing to draw
+			}
+			return rs
+		},
+		"variants missing batch": func() []ModelResult {
+			rs := variantResults(r, []int{1, 8})
+			rs[3].Decode = rs[3].Decode[:1]
+			return rs
+		},
 		"equal decode": func() []ModelResult {
 			rs := modelResults(r, []int{4})
 			rs[1].Decode[0].TokensPerSec = rs[0].Decode[0].TokensPerSec
@@ -121,6 +151,29 @@ func TestPlotModelEdgeCases(t *testing.T) {
 	}
 	if err := PlotModel(nil, filepath.Join(t.TempDir(), "x.png")); err == nil {
 		t.Error("no results: no error")
+	}
+}
+
+// TestRowGroups: rows group by path name in the order names first appear,
+// every row in exactly one group.
+func TestRowGroups(t *testing.T) {
+	r, seed := testutil.Rand(t)
+	rs := variantResults(r, []int{1})
+	names, rows := rowGroups(rs)
+	if want := []string{"dense", "twell", "twell [A=0]", "twell [A=1]"}; !slices.Equal(names, want) {
+		t.Fatalf("seed %d: names %q, want %q", seed, names, want)
+	}
+	seen := map[int]bool{}
+	for g, idx := range rows {
+		for _, i := range idx {
+			if seen[i] || rs[i].Path != names[g] {
+				t.Fatalf("seed %d: row %d (%q) in group %d (%q), seen before: %v", seed, i, rs[i].Path, g, names[g], seen[i])
+			}
+			seen[i] = true
+		}
+	}
+	if len(seen) != len(rs) || len(rows[2]) != 2 || len(rows[3]) != 2 {
+		t.Fatalf("seed %d: groups %v over %d rows", seed, rows, len(rs))
 	}
 }
 

@@ -143,10 +143,8 @@ func benchModelCUDA(o bench.ModelOptions, jsonPath, plotPath, tracePath, tracePl
 	peak := make([]int64, len(rs))
 	for i, r := range rs {
 		base[i], peak[i] = r.ModelResult, r.PeakDeviceBytes
-		if d := bench.SwitchDiff(r.Switches, rs[0].Switches); d != "" { // a variant: name it in the table and plot
-			base[i].Path += " [" + d + "]"
-		}
 	}
+	bench.NameVariants(base) // the variants named in the table and plot
 	printModelTable(stdout, base, peak)
 	r := rs[0]
 	fmt.Fprintf(stderr, "model: %s, %s parameters on %s; weights %s, prefill KV caches %s; %d of %d layers on TwELL MLPs; GPU vs CPU logits %.1e\n",

@@ -1,0 +1,40 @@
+package bench
+
+import (
+	"encoding/json"
+	"fmt"
+)
+
+// NameVariants appends to the path of each row whose switches differ from
+// the first row's the switches that differ, in brackets ("twell
+// [GEMV_FUSE=0]"), as bench model -variants names its rows in its table
+// and figure.
+func NameVariants(rs []ModelResult) {
+	for i := range rs {
+		if d := SwitchDiff(rs[i].Switches, rs[0].Switches); d != "" {
+			rs[i].Path += " [" + d + "]"
+		}
+	}
+}
+
+// ReadModelResults decodes what bench model -json writes: a JSON array of
+// at least one row of schema ModelSchema (CPU or GPU rows; fields other than
+// ModelResult's are ignored), with a path on every row.
+func ReadModelResults(data []byte) ([]ModelResult, error) {
+	var rs []ModelResult
+	if err := json.Unmarshal(data, &rs); err != nil {
+		return nil, fmt.Errorf("not a bench model JSON array: %w", err)
+	}
+	if len(rs) == 0 {
+		return nil, fmt.Errorf("no rows")
+	}
+	for i, r := range rs {
+		if r.Schema != ModelSchema {
+			return nil, fmt.Errorf("row %d: schema %q, want %q", i, r.Schema, ModelSchema)
+		}
+		if r.Path == "" {
+			return nil, fmt.Errorf("row %d: no path", i)
+		}
+	}
+	return rs, nil
+}

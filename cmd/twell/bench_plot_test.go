@@ -1,0 +1,91 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"image"
+	_ "image/png"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/twell-ai/twell/bench"
+	"github.com/twell-ai/twell/internal/testutil"
+)
+
+// writeRun writes a bench model JSON file of a dense row, a TwELL row and
+// a variant of it (random figures), of model model, and returns its path.
+func writeRun(t *testing.T, dir, name, model string, seed func() float64) string {
+	t.Helper()
+	var rs []bench.ModelResult
+	for i, sw := range []map[string]string{nil, nil, {"TWELL_GEMV_FUSE": "0"}} {
+		path := "twell"
+		if i == 0 {
+			path = "dense"
+		}
+		rs = append(rs, bench.ModelResult{Row: bench.Row{Schema: bench.ModelSchema, Device: "cuda", Machine: "test", Date: "2026-12-05", Switches: sw},
+			Model: model, Path: path, PrefillTokens: 4096, PrefillTokPerMS: 200 + 20*seed(),
+			Decode: []bench.DecodePoint{{Batch: 1, Context: 512, TokensPerSec: 800 + 50*seed()}, {Batch: 8, Context: 512, TokensPerSec: 4000 + 100*seed()}}})
+	}
+	b, err := json.Marshal(rs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(dir, name)
+	if err := os.WriteFile(p, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// TestBenchPlot draws two runs' rows in one figure, and refuses what it
+// cannot draw with an exit code and a line naming the cause.
+func TestBenchPlot(t *testing.T) {
+	r, seed := testutil.Rand(t)
+	dir := t.TempDir()
+	a := writeRun(t, dir, "a.json", "sparselm-1.5b", r.Float64)
+	b := writeRun(t, dir, "b.json", "sparselm-1.5b", r.Float64)
+	png := filepath.Join(dir, "ab.png")
+	var out, errb bytes.Buffer
+	if code := run([]string{"bench", "plot", "-o", png, a, b}, &out, &errb); code != 0 {
+		t.Fatalf("seed %d: exit %d: %s", seed, code, errb.String())
+	}
+	if !strings.Contains(out.String(), "6 rows of 2 runs") {
+		t.Errorf("stdout %q", out.String())
+	}
+	f, err := os.Open(png)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, _, err := image.DecodeConfig(f)
+	f.Close()
+	if err != nil || cfg.Width < 500 || cfg.Height < 200 {
+		t.Errorf("figure: %v, %dx%d", err, cfg.Width, cfg.Height)
+	}
+
+	other := writeRun(t, dir, "other.json", "tiny", r.Float64)
+	bad := filepath.Join(dir, "bad.json")
+	if err := os.WriteFile(bad, []byte(`[{"schema":"twell.bench.ffn/1","path":"x"}]`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{a}, 2, "-o is required"},
+		{[]string{"-o", png}, 2, "at least one JSON file"},
+		{[]string{"-o", png, filepath.Join(dir, "missing.json")}, 1, "missing.json"},
+		{[]string{"-o", png, a, bad}, 1, `bad.json: row 0: schema "twell.bench.ffn/1"`},
+		{[]string{"-o", png, a, other}, 1, `model "tiny"`},
+		{[]string{"-o", filepath.Join(dir, "no", "such", "dir.png"), a}, 1, "dir.png"},
+	} {
+		out.Reset()
+		errb.Reset()
+		code := run(append([]string{"bench", "plot"}, c.args...), &out, &errb)
+		if code != c.code || !strings.Contains(errb.String(), c.want) || strings.Count(errb.String(), "\n") != 1 {
+			t.Errorf("bench plot %q: exit %d, stderr %q; want exit %d and one line with %q", c.args, code, errb.String(), c.code, c.want)
+		}
+	}
+}
