@@ -2,24 +2,19 @@ package bench
 
 import (
 	"bytes"
-	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/twell-ai/twell/internal/testutil"
 )
 
 // writeRows writes v as a results file named name in dir.
 func writeRows(t *testing.T, dir, name string, v any) string {
 	t.Helper()
-	b, err := json.Marshal(v)
-	if err != nil {
-		t.Fatal(err)
-	}
 	p := filepath.Join(dir, name)
-	if err := os.WriteFile(p, b, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	testutil.WriteJSON(t, p, v)
 	return p
 }
 

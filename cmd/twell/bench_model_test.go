@@ -3,8 +3,6 @@ package main
 import (
 	"bytes"
 	"encoding/json"
-	"image"
-	_ "image/png"
 	"os"
 	"path/filepath"
 	"strings"
@@ -22,15 +20,7 @@ func TestBenchModelOnCheckpoint(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errb.String())
 	}
-	if f, err := os.Open(png); err != nil {
-		t.Errorf("plot: %v", err)
-	} else {
-		cfg, _, err := image.DecodeConfig(f)
-		f.Close()
-		if err != nil || cfg.Width < 500 || cfg.Height < 200 {
-			t.Errorf("plot: %v, %dx%d", err, cfg.Width, cfg.Height)
-		}
-	}
+	checkFigure(t, png)
 	var rs []map[string]any
 	b, _ := os.ReadFile(js)
 	if err := json.Unmarshal(b, &rs); err != nil || len(rs) != 2 {

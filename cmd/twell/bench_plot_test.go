@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"encoding/json"
 	"image"
 	_ "image/png"
 	"os"
@@ -28,15 +27,23 @@ func writeRun(t *testing.T, dir, name, model string, seed func() float64) string
 			Model: model, Path: path, PrefillTokens: 4096, PrefillTokPerMS: 200 + 20*seed(),
 			Decode: []bench.DecodePoint{{Batch: 1, Context: 512, TokensPerSec: 800 + 50*seed()}, {Batch: 8, Context: 512, TokensPerSec: 4000 + 100*seed()}}})
 	}
-	b, err := json.Marshal(rs)
-	if err != nil {
-		t.Fatal(err)
-	}
 	p := filepath.Join(dir, name)
-	if err := os.WriteFile(p, b, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	testutil.WriteJSON(t, p, rs)
 	return p
+}
+
+// checkFigure fails the test unless path holds a PNG of a readable size.
+func checkFigure(t *testing.T, path string) {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatalf("figure: %v", err)
+	}
+	defer f.Close()
+	cfg, _, err := image.DecodeConfig(f)
+	if err != nil || cfg.Width < 500 || cfg.Height < 200 {
+		t.Errorf("figure %s: %v, %dx%d", path, err, cfg.Width, cfg.Height)
+	}
 }
 
 // TestBenchPlot draws two runs' rows in one figure, and refuses what it
@@ -54,15 +61,7 @@ func TestBenchPlot(t *testing.T) {
 	if !strings.Contains(out.String(), "6 rows of 2 runs") {
 		t.Errorf("stdout %q", out.String())
 	}
-	f, err := os.Open(png)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg, _, err := image.DecodeConfig(f)
-	f.Close()
-	if err != nil || cfg.Width < 500 || cfg.Height < 200 {
-		t.Errorf("figure: %v, %dx%d", err, cfg.Width, cfg.Height)
-	}
+	checkFigure(t, png)
 
 	other := writeRun(t, dir, "other.json", "tiny", r.Float64)
 	bad := filepath.Join(dir, "bad.json")

@@ -60,6 +60,18 @@ func ReadJSON(tb testing.TB, path string, v any) {
 	}
 }
 
+// WriteJSON writes v as JSON to the file path, failing the test on error.
+func WriteJSON(tb testing.TB, path string, v any) {
+	tb.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		tb.Fatal(err)
+	}
+}
+
 // EnvCase is a setting of environment variables and what reading them
 // gives: Want, or an error naming the variable Bad.
 type EnvCase[T any] struct {
