@@ -71,8 +71,7 @@ func (l *MLP) QueueNormed(s *cuda.Stream, y *cuda.Buffer, in NormedInput) error 
 		return err
 	}
 	l.pollFlagged()
-	a := gemvArgs{w: l.sparseIn(), up: l.up, down: l.down, y: y, h: ws.gh, mask: ws.gmask, cnt: ws.gcnt, nnz: l.nnz,
-		m: 1, d: l.D, f: l.F, ncnt: l.F / 32, early: l.earlyStart()}
+	a := l.smallArgs(ws, nil, y, 1)
 	if ok, err := l.queueFused(s, ks, a, ws.gbar, in, true); ok || err != nil {
 		return err
 	}
@@ -89,6 +88,14 @@ func (l *MLP) QueueNormed(s *cuda.Stream, y *cuda.Buffer, in NormedInput) error 
 	}
 	l.counted = 1
 	return nil
+}
+
+// smallArgs returns the operands of the small-batch kernels for m tokens
+// of x (nil for the normed form) into y, in the workspace ws of
+// gemvPrepare: per-block counts of 32 units (gemv_act's).
+func (l *MLP) smallArgs(ws *sparseWS, x, y *cuda.Buffer, m int) gemvArgs {
+	return gemvArgs{x: x, w: l.sparseIn(), up: l.up, down: l.down, y: y, h: ws.gh, mask: ws.gmask, cnt: ws.gcnt, nnz: l.nnz,
+		m: m, d: l.D, f: l.F, ncnt: l.F / 32, early: l.earlyStart()}
 }
 
 // gemvPrepare returns the small-batch kernels, compiling them on first
@@ -120,13 +127,11 @@ func (l *MLP) gemvPrepare(s *cuda.Stream) (*gemvSet, *sparseWS, error) {
 	return ks, ws, nil
 }
 
-// fusedKernel returns the gemv_mlp kernel that runs a's call of one
-// token (normed or not), or nil where the two kernels run instead: split
-// by the options, no cooperative launches on the device, or not all of its
+// fusedKernel returns the gemv_mlp instance key that runs a's call of
+// one token, or nil where the two kernels run instead: split by the options, no cooperative launches on the device, or not all of its
 // blocks resident at once (grid_sync needs them all). The occupancy is
 // asked once per kernel.
-func (l *MLP) fusedKernel(ks *gemvSet, a gemvArgs, normed bool) (*cuda.Function, error) {
-	key := mlpKey{l.Gated, normed}
+func (l *MLP) fusedKernel(ks *gemvSet, a gemvArgs, key mlpKey) (*cuda.Function, error) {
 	fn := ks.mlp[key]
 	if l.SplitGEMV || fn == nil || !l.dev.Properties().CooperativeLaunch {
 		return nil, nil
@@ -155,14 +160,15 @@ func (l *MLP) fusedKernel(ks *gemvSet, a gemvArgs, normed bool) (*cuda.Function,
 // than the occupancy said, as under MPS) is not an error: the kernel is
 // marked as not fitting.
 func (l *MLP) queueFused(s *cuda.Stream, ks *gemvSet, a gemvArgs, bar *cuda.Buffer, in NormedInput, normed bool) (bool, error) {
-	fn, err := l.fusedKernel(ks, a, normed)
+	key := mlpKey{l.Gated, normed}
+	fn, err := l.fusedKernel(ks, a, key)
 	if fn == nil || err != nil {
 		return false, err
 	}
 	err = a.launchMLP(fn, s, bar, in)
 	switch {
 	case errors.Is(err, cuda.ErrorCooperativeLaunchTooLarge):
-		l.fits[mlpKey{l.Gated, normed}] = false
+		l.fits[key] = false
 		return false, nil
 	case err != nil:
 		return false, fmt.Errorf("gpu: gemv_mlp: %w", err)
@@ -177,7 +183,6 @@ func (l *MLP) sparseGEMV(s *cuda.Stream, y, x *cuda.Buffer, m int) error {
 	if err != nil {
 		return err
 	}
-	words := l.F / 32
 	mb := gemvRows[len(gemvRows)-1]
 	for _, r := range gemvRows {
 		if m <= r {
@@ -185,8 +190,7 @@ func (l *MLP) sparseGEMV(s *cuda.Stream, y, x *cuda.Buffer, m int) error {
 			break
 		}
 	}
-	a := gemvArgs{x: x, w: l.sparseIn(), up: l.up, down: l.down, y: y, h: ws.gh, mask: ws.gmask, cnt: ws.gcnt, nnz: l.nnz,
-		m: m, d: l.D, f: l.F, ncnt: words, early: l.earlyStart()}
+	a := l.smallArgs(ws, x, y, m)
 	if m == 1 {
 		if ok, err := l.queueFused(s, ks, a, ws.gbar, NormedInput{}, false); ok || err != nil {
 			return err
