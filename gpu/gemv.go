@@ -127,10 +127,11 @@ func (l *MLP) gemvPrepare(s *cuda.Stream) (*gemvSet, *sparseWS, error) {
 	return ks, ws, nil
 }
 
-// fusedKernel returns the gemv_mlp instance key that runs a's call of
-// one token, or nil where the two kernels run instead: split by the options, no cooperative launches on the device, or not all of its
-// blocks resident at once (grid_sync needs them all). The occupancy is
-// asked once per kernel.
+// fusedKernel returns the gemv_mlp kernel of instance key for a's call of one
+// token, or nil where the two kernels run instead: split by the options,
+// no cooperative launches on the device, or not all of its blocks resident
+// at once (grid_sync needs them all). The occupancy is asked once per
+// kernel.
 func (l *MLP) fusedKernel(ks *gemvSet, a gemvArgs, key mlpKey) (*cuda.Function, error) {
 	fn := ks.mlp[key]
 	if l.SplitGEMV || fn == nil || !l.dev.Properties().CooperativeLaunch {
