@@ -239,6 +239,25 @@ __device__ __forceinline__ void grid_enter(bool release_first) {
   if (!release_first) grid_release();
 }
 
+// grid_arrive_wait (one thread of a block, after a block barrier) is the
+// grid barrier's arrival and wait; see grid_sync.
+__device__ __forceinline__ void grid_arrive_wait(u32* bar) {
+  const u32 n = gridDim.x * gridDim.y * gridDim.z;
+  u32 gen, prev;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(gen) : "l"(bar + 1) : "memory");
+  __threadfence();
+  asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(prev) : "l"(bar) : "memory");
+  if (prev == n - 1) {
+    asm volatile("st.relaxed.gpu.global.u32 [%0], 0;" ::"l"(bar) : "memory");
+    asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(bar + 1), "r"(gen + 1) : "memory");
+  } else {
+    u32 g;
+    do {
+      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(g) : "l"(bar + 1) : "memory");
+    } while (g == gen);
+  }
+}
+
 // grid_sync: every block of the grid meets here, and what any block wrote
 // before it is visible to every block after it (read it through the L2).
 // A sense-reversing barrier on bar[0] (arrivals) and bar[1] (generation),
@@ -250,23 +269,18 @@ __device__ __forceinline__ void grid_enter(bool release_first) {
 // blocks as fit.
 __device__ __forceinline__ void grid_sync(u32* bar) {
   __syncthreads();
-  if (threadIdx.x == 0) {
-    const u32 n = gridDim.x * gridDim.y * gridDim.z;
-    u32 gen, prev;
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(gen) : "l"(bar + 1) : "memory");
-    __threadfence();
-    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(prev) : "l"(bar) : "memory");
-    if (prev == n - 1) {
-      asm volatile("st.relaxed.gpu.global.u32 [%0], 0;" ::"l"(bar) : "memory");
-      asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(bar + 1), "r"(gen + 1) : "memory");
-    } else {
-      u32 g;
-      do {
-        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(g) : "l"(bar + 1) : "memory");
-      } while (g == gen);
-    }
-  }
+  if (threadIdx.x == 0) grid_arrive_wait(bar);
   __syncthreads();
+}
+
+// grid_meet is grid_sync for kernels where only NT threads of each block
+// (whole warps) take part, the others busy elsewhere: they meet at named
+// barrier 1, and leader (one of them) stands for the block.
+template <int NT>
+__device__ __forceinline__ void grid_meet(u32* bar, bool leader) {
+  asm volatile("bar.sync 1, %0;" ::"n"(NT) : "memory");
+  if (leader) grid_arrive_wait(bar);
+  asm volatile("bar.sync 1, %0;" ::"n"(NT) : "memory");
 }
 
 // mbarriers (shared memory, CTA scope) for asynchronous copies: a barrier
