@@ -224,6 +224,11 @@ type DecodePoint struct {
 	// SparseLayers is how many layers ran the sparse MLP path in the last
 	// step (GPU only).
 	SparseLayers int `json:"sparse_layers,omitempty"`
+	// PersistentSteps is how many of the steps ran the persistent decode
+	// kernel (GPU only, with TWELL_LLM_PERSISTENT=1), and PersistentError
+	// why it did not run where it was asked for.
+	PersistentSteps int    `json:"persistent_steps,omitempty"`
+	PersistentError string `json:"persistent_error,omitempty"`
 	// StepMS is the GPU time by kind of step of one more decode step,
 	// profiled and so not replayed from a graph (GPU only;
 	// llm.Stats.StepMS).

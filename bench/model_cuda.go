@@ -381,7 +381,7 @@ func decodeSpeedCUDA(e *llm.Engine, r *rand.Rand, batch int, o ModelOptions, pat
 	}
 	toks := make([][]int, batch)
 	times := make([]float64, 0, reps)
-	graphs0, records0 := e.GraphReplays(), e.GraphRecords()
+	graphs0, records0, persist0 := e.GraphReplays(), e.GraphRecords(), e.PersistentSteps()
 	// A serving loop samples each step's logits and drops them: reuse one
 	// page-locked buffer rather than allocating batch x vocabulary floats
 	// per step.
@@ -427,7 +427,10 @@ func decodeSpeedCUDA(e *llm.Engine, r *rand.Rand, batch int, o ModelOptions, pat
 	med := Median(times)
 	pt := DecodePoint{Batch: batch, Context: ctx, TokensPerSec: float64(batch*steps) / med * 1000, MSPerStep: med / float64(steps),
 		GraphSteps: e.GraphReplays() - graphs0, Steps: (reps + 1) * steps, GraphRecords: e.GraphRecords() - records0,
-		SparseLayers: sparse}
+		SparseLayers: sparse, PersistentSteps: e.PersistentSteps() - persist0}
+	if err := e.PersistentError(); err != nil {
+		pt.PersistentError = err.Error()
+	}
 	var sec TraceSection
 	if o.TraceSteps > 0 {
 		for i := range caches {

@@ -282,8 +282,15 @@ func printModelTable(w io.Writer, rs []bench.ModelResult, peak []int64) {
 		var parts []string
 		for _, p := range r.Decode {
 			if p.Steps > 0 {
-				parts = append(parts, fmt.Sprintf("b=%d %d/%d (%d recorded, %d sparse MLP layers)", p.Batch, p.GraphSteps, p.Steps,
-					p.GraphRecords, p.SparseLayers))
+				part := fmt.Sprintf("b=%d %d/%d (%d recorded, %d sparse MLP layers", p.Batch, p.GraphSteps, p.Steps,
+					p.GraphRecords, p.SparseLayers)
+				if p.PersistentSteps > 0 {
+					part += fmt.Sprintf(", %d in the persistent kernel", p.PersistentSteps)
+				}
+				if p.PersistentError != "" {
+					part += ", persistent kernel off: " + p.PersistentError
+				}
+				parts = append(parts, part+")")
 			}
 		}
 		if len(parts) > 0 {

@@ -573,7 +573,7 @@ __global__ void __launch_bounds__(32 * (P_NC + 1), 1)
       attend<HD>(it, nq, nkv, R, l, page, scale_log2, qbuf, att, runs, cnt, tok_seq, tok_pos, seq_pt);
     grid_meet<NC * 32>(bar, leader);
     // 3. output projection.
-    for (int k = threadIdx.x - 32; k < m * ow / 8; k += NC * 32) ((uint4*)xs)[k] = ldg_cg((const uint4*)att + k);
+    for (int k = threadIdx.x - 32; k < m * ow / 8; k += NC * 32) ((uint4*)xs)[k] = __ldcg((const uint4*)att + k);
     consumers_sync<NC>();
     chunks(1, ow, [&](int c, float (&acc)[P_ROWS][MB]) {
 #pragma unroll
@@ -604,11 +604,18 @@ __global__ void __launch_bounds__(32 * (P_NC + 1), 1)
         if (any) {
           prefetch_row(L.down + (size_t)j * d, d * 2);
           const u16* row = L.up + (size_t)j * d;
-          for (int c8 = lane * 8; c8 < d; c8 += 256) {
-            const uint4 w = ldg_nc(row + c8);
+          for (int base = lane * 8; base < d; base += 8 * 256) {
+            uint4 w[8];  // in flight together
 #pragma unroll
-            for (int t = 0; t < MB; ++t)
-              if (t < m) u[t] = dot8(w, *(const uint4*)(xs + (size_t)t * d + c8), u[t]);
+            for (int q = 0; q < 8; ++q)
+              if (base + q * 256 < d) w[q] = __ldg((const uint4*)(row + base + q * 256));
+#pragma unroll
+            for (int q = 0; q < 8; ++q) {
+              if (base + q * 256 >= d) break;
+#pragma unroll
+              for (int t = 0; t < MB; ++t)
+                if (t < m) u[t] = dot8(w[q], *(const uint4*)(xs + (size_t)t * d + base + q * 256), u[t]);
+            }
           }
 #pragma unroll
           for (int t = 0; t < MB; ++t) u[t] = warp_sum(u[t]);
