@@ -239,9 +239,18 @@ __device__ __forceinline__ void grid_enter(bool release_first) {
   if (!release_first) grid_release();
 }
 
+// globaltimer returns the GPU's global nanosecond timer.
+__device__ __forceinline__ u64 globaltimer() {
+  u64 t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
 // grid_arrive_wait (one thread of a block, after a block barrier) is the
-// grid barrier's arrival and wait; see grid_sync.
-__device__ __forceinline__ void grid_arrive_wait(u32* bar) {
+// grid barrier's arrival and wait; see grid_sync. A positive timeout_ns
+// bounds the wait: past it the kernel traps (a launch failure rather than
+// a hang, for kernels whose waits should take microseconds).
+__device__ __forceinline__ void grid_arrive_wait(u32* bar, u64 timeout_ns = 0) {
   const u32 n = gridDim.x * gridDim.y * gridDim.z;
   u32 gen, prev;
   asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(gen) : "l"(bar + 1) : "memory");
@@ -251,9 +260,11 @@ __device__ __forceinline__ void grid_arrive_wait(u32* bar) {
     asm volatile("st.relaxed.gpu.global.u32 [%0], 0;" ::"l"(bar) : "memory");
     asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(bar + 1), "r"(gen + 1) : "memory");
   } else {
+    const u64 t0 = timeout_ns ? globaltimer() : 0;
     u32 g;
     do {
       asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(g) : "l"(bar + 1) : "memory");
+      if (timeout_ns && g == gen && globaltimer() - t0 > timeout_ns) asm volatile("trap;");
     } while (g == gen);
   }
 }
@@ -275,11 +286,12 @@ __device__ __forceinline__ void grid_sync(u32* bar) {
 
 // grid_meet is grid_sync for kernels where only NT threads of each block
 // (whole warps) take part, the others busy elsewhere: they meet at named
-// barrier 1, and leader (one of them) stands for the block.
+// barrier 1, and leader (one of them) stands for the block. timeout_ns as
+// grid_arrive_wait's.
 template <int NT>
-__device__ __forceinline__ void grid_meet(u32* bar, bool leader) {
+__device__ __forceinline__ void grid_meet(u32* bar, bool leader, u64 timeout_ns) {
   asm volatile("bar.sync 1, %0;" ::"n"(NT) : "memory");
-  if (leader) grid_arrive_wait(bar);
+  if (leader) grid_arrive_wait(bar, timeout_ns);
   asm volatile("bar.sync 1, %0;" ::"n"(NT) : "memory");
 }
 

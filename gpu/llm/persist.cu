@@ -41,7 +41,12 @@
 // The layers leave the residual stream in resA and the last MLP output in
 // delta (the final norm adds them). Consumer warps take a block's chunks
 // in turn (chunk i of the block by warp i mod NC), so each chunk's dot
-// products are one warp's: no reduction across warps. Everything that
+// products are one warp's: no reduction across warps. Every consumer warp
+// waits for every chunk and releases it (the empty mbarrier counts NC
+// arrivals), the others as soon as it has landed: so no warp waits on a
+// slot's mbarrier a phase before the one it means (which a parity wait
+// cannot tell apart), whichever order the copies land in. Every wait is
+// bounded (P_TIMEOUT): a bug traps rather than hangs the grid. Everything that
 // another block wrote during the kernel is read through the L2 (ld.cg);
 // weights and metadata, which nothing writes, through the read-only path.
 
@@ -65,6 +70,36 @@ struct PLayer {
   const u16 *qkv, *o, *gate, *up, *down;
   const float *attn_norm, *mlp_norm;
 };
+
+// P_TIMEOUT bounds every wait of the kernel (nanoseconds; a step takes
+// about a millisecond): past it the kernel traps, so that a bug shows as a
+// launch failure, not as a cooperative grid that never ends.
+#define P_TIMEOUT 2000000000ull
+
+// ring_wait waits for phase parity of the ring's mbarrier bar (bounded by
+// P_TIMEOUT).
+__device__ __forceinline__ void ring_wait(u32 bar, u32 parity) {
+  u64 t0 = 0;
+  for (;;) {
+    u32 ok;
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}"
+        : "=r"(ok)
+        : "r"(bar), "r"(parity)
+        : "memory");
+    if (ok) return;
+    const u64 t = globaltimer();
+    if (t0 == 0) t0 = t;
+    if (t - t0 > P_TIMEOUT) asm volatile("trap;");
+  }
+}
+
+// ring_release marks the ring slot of mbarrier bar read by this warp
+// (lane 0 arrives, after the warp's reads).
+__device__ __forceinline__ void ring_release(u32 bar) {
+  __syncwarp();
+  if ((threadIdx.x & 31) == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
 
 // consumers_sync is a barrier among the NC consumer warps (named barrier 1).
 template <int NC>
@@ -101,7 +136,7 @@ __device__ __forceinline__ void produce(const PLayer* __restrict__ layers, int n
       const int len = ph == 1 ? nq * HD : d, n = chunk_count(ph, d, f, qkv_w);
       for (int c = blockIdx.x; c < n; c += gridDim.x, ++i) {
         const u32 s = i % nslot;
-        if (i >= (u32)nslot) mbar_wait(empty + 8 * s, (i / nslot - 1) & 1);
+        if (i >= (u32)nslot) ring_wait(empty + 8 * s, (i / nslot - 1) & 1);
         if (lane == 0) {
           asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // the consumers' reads of the slot come first
           mbar_expect_tx(full + 8 * s, (u32)(P_ROWS * len * 2));
@@ -507,7 +542,7 @@ __global__ void __launch_bounds__(32 * (P_NC + 1), 1)
   if (threadIdx.x == 0) {
     for (int s = 0; s < nslot; ++s) {
       mbar_init(full + 8 * s, 1);
-      mbar_init(empty + 8 * s, 1);
+      mbar_init(empty + 8 * s, NC);
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
@@ -526,13 +561,15 @@ __global__ void __launch_bounds__(32 * (P_NC + 1), 1)
   auto chunks = [&](int ph, int len, auto&& epi) {
     const int n = chunk_count(ph, d, f, qkv_w);
     for (int c = blockIdx.x; c < n; c += gridDim.x, ++i) {
-      if ((int)(i % NC) != cw) continue;
       const u32 s = i % nslot;
-      mbar_wait(full + 8 * s, (i / nslot) & 1);
+      ring_wait(full + 8 * s, (i / nslot) & 1);
+      if ((int)(i % NC) != cw) {
+        ring_release(empty + 8 * s);
+        continue;
+      }
       float acc[P_ROWS][MB];
       chunk_dot<MB>((const u16*)(smem + (size_t)s * slot_bytes), xs, len, m, acc);
-      __syncwarp();
-      if (lane == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(empty + 8 * s) : "memory");
+      ring_release(empty + 8 * s);
       epi(c, acc);
     }
   };
@@ -567,11 +604,11 @@ __global__ void __launch_bounds__(32 * (P_NC + 1), 1)
         dst[j + half] = (u16)f_to_bf(b);
       }
     });
-    grid_meet<NC * 32>(bar, leader);
+    grid_meet<NC * 32>(bar, leader, P_TIMEOUT);
     // 2. attention.
     for (int it = gw; it < items; it += nw)
       attend<HD>(it, nq, nkv, R, l, page, scale_log2, qbuf, att, runs, cnt, tok_seq, tok_pos, seq_pt);
-    grid_meet<NC * 32>(bar, leader);
+    grid_meet<NC * 32>(bar, leader, P_TIMEOUT);
     // 3. output projection.
     for (int k = threadIdx.x - 32; k < m * ow / 8; k += NC * 32) ((uint4*)xs)[k] = __ldcg((const uint4*)att + k);
     consumers_sync<NC>();
@@ -582,7 +619,7 @@ __global__ void __launch_bounds__(32 * (P_NC + 1), 1)
         if (lane < m) delta[(size_t)lane * d + P_ROWS * c + k] = (u16)f_to_bf(v);
       }
     });
-    grid_meet<NC * 32>(bar, leader);
+    grid_meet<NC * 32>(bar, leader, P_TIMEOUT);
     // 4. norm, gate, ReLU, up.
     if (cw == 0 && l + 1 < nl) prefetch_row(layers[l + 1].attn_norm, d * 4);
     norm_tokens<MB, NC>(xs, resB, delta, resA, L.mlp_norm, m, d, eps, part);
@@ -629,11 +666,11 @@ __global__ void __launch_bounds__(32 * (P_NC + 1), 1)
       }
       if (lane == 0) act[c] = (unsigned char)bits;
     });
-    grid_meet<NC * 32>(bar, leader);
+    grid_meet<NC * 32>(bar, leader, P_TIMEOUT);
     // 5. down.
     for (int s = blockIdx.x; s < d / P_COLS; s += gridDim.x)
       down_slice<MB, NC>(h, act, L.down, delta, m, d, f, s * P_COLS, lists, cap, red);
-    if (l + 1 < nl) grid_meet<NC * 32>(bar, leader);
+    if (l + 1 < nl) grid_meet<NC * 32>(bar, leader, P_TIMEOUT);
   }
 }
 
