@@ -39,8 +39,9 @@
 #                                       first its tests and the layer-by-layer decode tests (in
 #                                       OUTDIR/tests; the timings run even if they fail), then as a
 #                                       variant of one run (bench model -variants) against the
-#                                       layer-by-layer kernels: steps of 1 and 8 sequences at 512
-#                                       cached tokens, two rounds; then traced (CUPTI)
+#                                       layer-by-layer kernels, and with its ring capped at 6 slots
+#                                       (TWELL_LLM_PERSISTENT_SLOTS=6): steps of 1 and 8 sequences
+#                                       at 512 cached tokens, two rounds; then traced (CUPTI)
 #   scripts/gpu-bench.sh ab-prefill OUTDIR  the prefill switches, as variants of one run (bench model
 #                                       -variants), 32 x 2048 tokens, two rounds: the defaults,
 #                                       cuBLASLt's heuristic's algorithms with the queries rotated
@@ -165,7 +166,7 @@ ab-persistent)
   model=(-preset sparselm-1.5b -save "$ckpt")
   for round in 1 2; do
     "$tw" bench model -device cuda "${model[@]}" -seed 9596107621982983358 -reps 3 -batch 1 -prompt-len 64 \
-      -decode-batch 1,8 -decode-context 512 -decode-steps 64 -variants 'LLM_PERSISTENT=1;' \
+      -decode-batch 1,8 -decode-context 512 -decode-steps 64 -variants 'LLM_PERSISTENT=1;LLM_PERSISTENT=1 LLM_PERSISTENT_SLOTS=6;' \
       -json "$out/persistent-$round.json" -plot "$out/persistent-$round.png" 2>&1 | tee "$out/persistent-$round.txt" || status=1
     model=(-preset sparselm-1.5b)
     [ -f "$ckpt/config.json" ] && model=(-model "$ckpt")

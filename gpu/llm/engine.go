@@ -100,6 +100,10 @@ type Engine struct {
 	// TWELL_LLM_PERSISTENT is "1"; it is off by default until measured
 	// against the layer-by-layer kernels on a GPU.
 	Persistent bool
+	// PersistentSlots, when positive, caps the persistent kernel's ring
+	// slots (at least 4 are used); 0: as many as fit. NewEngine sets it from
+	// TWELL_LLM_PERSISTENT_SLOTS.
+	PersistentSlots int
 
 	dev    *cuda.Device
 	blas   *cublas.Handle
@@ -241,7 +245,7 @@ func NewEngineWith(dev *cuda.Device, m *model.Model, opts Options) (*Engine, err
 		return nil, err
 	}
 	e := &Engine{cfg: c, dev: dev, k: k, mlpPath: mlp.Auto, rope: model.NewRoPETables(c), Attention: opts.Attention,
-		NoGraphs: opts.NoGraphs, NoGEMV: opts.NoGEMV, Serial: opts.MLP.Serial, FuseNorms: opts.FuseNorms, AttnRope: opts.AttnRope, Persistent: opts.Persistent, HotUnits: !opts.MLP.NoHotUnits, pool: &kvPool{dev: dev, cfg: c}}
+		NoGraphs: opts.NoGraphs, NoGEMV: opts.NoGEMV, Serial: opts.MLP.Serial, FuseNorms: opts.FuseNorms, AttnRope: opts.AttnRope, Persistent: opts.Persistent, PersistentSlots: opts.PersistentSlots, HotUnits: !opts.MLP.NoHotUnits, pool: &kvPool{dev: dev, cfg: c}}
 	if act, _ := c.GateActivation(); act == model.ActSiLU {
 		e.act = gpu.ActSiLU
 	}

@@ -101,13 +101,13 @@ func (e *Engine) replay(b *batch, st *engine.Stats) (bool, error) {
 type graphSettings struct {
 	attention                                                    string
 	noGEMV, serial, fuseNorms, attnRope, globalMerge, persistent bool
-	decRuns                                                      int
+	decRuns, persistentSlots                                     int
 }
 
 // graphSettings returns the engine's current graphSettings.
 func (e *Engine) graphSettings() graphSettings {
 	return graphSettings{attention: e.Attention, noGEMV: e.NoGEMV, serial: e.Serial, fuseNorms: e.FuseNorms,
-		attnRope: e.AttnRope, globalMerge: e.decGlobalMerge, persistent: e.Persistent, decRuns: e.decRunsFixed}
+		attnRope: e.AttnRope, globalMerge: e.decGlobalMerge, persistent: e.Persistent, decRuns: e.decRunsFixed, persistentSlots: e.PersistentSlots}
 }
 
 // record captures the decoder layers of b into a graph: in the persistent

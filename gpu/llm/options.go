@@ -22,8 +22,10 @@ type Options struct {
 	AttnRope  bool   // Engine.AttnRope: EnvAttnRope unset or "1"
 	// Engine.Persistent: EnvPersistent = "1"
 	Persistent bool
-	GEMMTune   bool        // the engine's cuBLASLt handle tunes (cublas.DefaultTuneFlops): EnvGEMMTune unset or "1"
-	MLP        gpu.Options // each TwELL layer's kernels: gpu.Switches
+	// Engine.PersistentSlots: EnvPersistentSlots
+	PersistentSlots int
+	GEMMTune        bool        // the engine's cuBLASLt handle tunes (cublas.DefaultTuneFlops): EnvGEMMTune unset or "1"
+	MLP             gpu.Options // each TwELL layer's kernels: gpu.Switches
 	// ReleaseWeights makes NewEngineWith drop each layer's float32
 	// matrices from the model once they are on the device, and the model's
 	// weights (Weights becomes nil) at the end: for jobs that only run the
@@ -77,6 +79,11 @@ const EnvGEMMTune = "TWELL_GEMM_TUNE"
 // (Engine.Persistent); "0" or unset: layer by layer.
 const EnvPersistent = "TWELL_LLM_PERSISTENT"
 
+// EnvPersistentSlots names the environment variable that caps the ring
+// slots of the persistent decode kernel (Engine.PersistentSlots; unset or
+// 0: as many as fit), to time how many weight bytes in flight it wants.
+const EnvPersistentSlots = "TWELL_LLM_PERSISTENT_SLOTS"
+
 // EnvKVPageSize names the environment variable that sets a new Engine's KV
 // cache page size in positions (a multiple of 64).
 const EnvKVPageSize = "TWELL_LLM_KV_PAGE_SIZE"
@@ -88,7 +95,7 @@ const EnvKVMemory = "TWELL_LLM_KV_MEMORY"
 
 // Switches are the names of the environment variables that set Options:
 // the engine's and its TwELL MLPs' (gpu.Switches).
-var Switches = append([]string{EnvAttention, EnvGraphs, EnvGEMV, EnvFuseNorms, EnvAttnRope, EnvGEMMTune, EnvPersistent, EnvKVPageSize, EnvKVMemory}, gpu.Switches...)
+var Switches = append([]string{EnvAttention, EnvGraphs, EnvGEMV, EnvFuseNorms, EnvAttnRope, EnvGEMMTune, EnvPersistent, EnvPersistentSlots, EnvKVPageSize, EnvKVMemory}, gpu.Switches...)
 
 // OptionsFromEnv returns the Options the environment sets, or an error
 // naming a value it does not know.
@@ -127,6 +134,13 @@ func OptionsFrom(getenv func(string) string) (Options, error) {
 		if _, ok := wgBuilds[o.Attention]; !ok {
 			return o, fmt.Errorf("llm: %s=%q: want %s", EnvAttention, o.Attention, attentionChoices())
 		}
+	}
+	if v := getenv(EnvPersistentSlots); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			return o, fmt.Errorf("llm: %s=%q: want a number of ring slots (0: as many as fit)", EnvPersistentSlots, v)
+		}
+		o.PersistentSlots = n
 	}
 	if v := getenv(EnvKVPageSize); v != "" {
 		n, err := strconv.Atoi(v)

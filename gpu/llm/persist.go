@@ -148,6 +148,9 @@ func (e *Engine) persistSetup(T int) (*persistLaunch, error) {
 	cp := (words + nc - 1) / nc * 16 // list capacity of a warp
 	scratch := max(2*mb*row, 4*nc*cp)
 	nslot := min(persistMaxSlot, (p.SharedPerBlockOptin-attr.StaticShared-scratch)/slot)
+	if e.PersistentSlots > 0 {
+		nslot = min(nslot, max(persistMinSlot, e.PersistentSlots))
+	}
 	if nslot < persistMinSlot {
 		return nil, fmt.Errorf("llm: the persistent decode kernel fits %d ring slots of %d bytes in %d bytes of shared memory; it needs %d",
 			nslot, slot, p.SharedPerBlockOptin, persistMinSlot)

@@ -15,7 +15,8 @@ import (
 // kernel and layer by layer, both replayed from graphs on the sparse MLP
 // path: the persistent kernel must run every decode step, its logits must
 // agree with the layer-by-layer ones (1e-2) and the CPU model's (bf16Tol),
-// and repeat bit for bit. Head_dim 64 and 128, grouped-query attention, a
+// and repeat bit for bit, also with the ring at its fewest slots.
+// Head_dim 64 and 128, grouped-query attention, a
 // separate LM head, and a 3-layer model of SparseLM's widths (d 2048,
 // f 5632, 32 heads), where each block takes several chunks of every phase
 // and the attention several runs a head.
@@ -48,9 +49,9 @@ func TestPersistentDecodeMatchesLayers(t *testing.T) {
 				}
 				const steps = 6
 				passes := append([][][]int{prompts}, decodeSteps(r, steps, S, k.c.VocabSize)...)
-				run := func(persistent bool) [][]float32 {
+				run := func(persistent bool, slots int) [][]float32 {
 					e := engineOnPath(t, dev, m, seed, "sparse")
-					e.Persistent = persistent
+					e.Persistent, e.PersistentSlots = persistent, slots
 					got := enginetest.Passes(t, e, 160, passes...)[first:]
 					if err := e.GraphError(); err != nil {
 						t.Fatalf("seed %d: recording a graph: %v", seed, err)
@@ -65,14 +66,18 @@ func TestPersistentDecodeMatchesLayers(t *testing.T) {
 					}
 					return got
 				}
-				got, layers := run(true), run(false)
+				got, layers := run(true, 0), run(false, 0)
 				if d, err := enginetest.RelDiff(got, layers); err != nil || d > 1e-2 {
 					t.Errorf("seed %d: persistent vs layer by layer: rel diff %.3g (err %v)", seed, d, err)
 				}
 				if d, err := enginetest.RelDiff(got, cpuForward(t, m, "sparse", 160, passes...)[first:]); err != nil || d > bf16Tol {
 					t.Errorf("seed %d: persistent vs CPU: rel diff %.3g (err %v)", seed, d, err)
 				}
-				enginetest.SameBits(t, fmt.Sprintf("seed %d: persistent kernel, second run", seed), run(true), got)
+				enginetest.SameBits(t, fmt.Sprintf("seed %d: persistent kernel, second run", seed), run(true, 0), got)
+				// The fewest ring slots: every slot refilled the most often,
+				// the same sums in the same order.
+				enginetest.SameBits(t, fmt.Sprintf("seed %d: persistent kernel, %d ring slots", seed, persistMinSlot),
+					run(true, persistMinSlot), got)
 			})
 		}
 	}
