@@ -15,11 +15,11 @@ import (
 // kernel and layer by layer, both replayed from graphs on the sparse MLP
 // path: the persistent kernel must run every decode step, its logits must
 // agree with the layer-by-layer ones (1e-2) and the CPU model's (bf16Tol),
-// and repeat bit for bit, also with the ring at its fewest slots.
-// Head_dim 64 and 128, grouped-query attention, a
-// separate LM head, and a 3-layer model of SparseLM's widths (d 2048,
-// f 5632, 32 heads), where each block takes several chunks of every phase
-// and the attention several runs a head.
+// and repeat bit for bit, also with the ring at its fewest slots. Head_dim
+// 64 and 128, grouped-query attention, a separate LM head, and a 3-layer
+// model of SparseLM's widths (d 2048, f 5632, 32 heads), where each block
+// takes several chunks of every phase and the attention several runs a
+// head.
 func TestPersistentDecodeMatchesLayers(t *testing.T) {
 	dev := cudatest.Device(t)
 	cudatest.Compiler(t)
