@@ -22,8 +22,9 @@
 //      into shared memory, block 0 writes the residual sum; the block's
 //      q/k/v chunks (two RoPE pairs each: columns j and j + hd/2 of a head)
 //      are rotated, queries written to qbuf, keys and values to the cache.
-//      Each warp also asks the L2 for the cached keys and values its
-//      attention run reads next.
+//      Each warp also plans its attention run of phase 2 (the run's keys,
+//      the addresses of their pages) and asks the L2 for its cached keys
+//      and values.
 //   2. attention: a warp per run of keys of a (token, head), R runs a
 //      head; runs write their maximum, sum and unnormalized output, and
 //      the last run of a (token, head) to finish (a counter, reset by it)
@@ -265,49 +266,59 @@ __device__ __forceinline__ void prefetch_row(const void* row, int bytes) {
     asm volatile("prefetch.global.L2 [%0];" ::"l"((const char*)row + o));
 }
 
-// AttnRun is one attention run: token t, head, run r of R, keys [k0, k1)
-// of the past + 1 (the new token's last).
+// AttnRun is one attention run of phase 2: token t, head (kv head kh),
+// run r of R, keys [k0, k1) of the past + 1 (the new token's last), and
+// where they are: the sequence's page table pt, and in lane i the address
+// of page pg0 + i (the run's first 32 pages), so that a key's address
+// costs a shuffle rather than two dependent loads.
 struct AttnRun {
-  int t, head, r, k0, k1, past;
+  int t, head, kh, r, k0, k1, past, pg0;
+  const u64* pt;
+  u64 pg;
 };
 
-__device__ __forceinline__ AttnRun attn_run(int item, int nq, int R, const int* __restrict__ tok_pos) {
+// attn_run (a whole warp) plans run item of the m nq R runs.
+__device__ __forceinline__ AttnRun attn_run(int item, int nq, int nkv, int R, int page,
+                                            const int* __restrict__ tok_seq, const int* __restrict__ tok_pos,
+                                            const u64* __restrict__ seq_pt) {
   AttnRun a;
   a.t = item / (nq * R);
   a.head = item / R % nq;
+  a.kh = a.head / (nq / nkv);
   a.r = item % R;
   a.past = tok_pos[a.t];
   const int keys = a.past + 1;
   a.k0 = (int)((long)a.r * keys / R);
   a.k1 = (int)((long)(a.r + 1) * keys / R);
+  a.pt = kv_table(seq_pt, tok_seq[a.t]);
+  a.pg0 = a.k0 / page;
+  const int lane = threadIdx.x & 31, npg = a.k1 > a.k0 ? (a.k1 - 1) / page - a.pg0 + 1 : 0;
+  a.pg = lane < npg ? a.pt[a.pg0 + lane] : 0;
   return a;
 }
 
-// kv_row returns the address of position p's keys (kv 0) or values (kv 1)
-// of kv head kh in layer l of a sequence's pages pt.
+// kv_row (every lane of the warp, for its own position p) returns the
+// address of position p's keys (kv 0) or values (kv 1) of run a's kv head
+// in layer l.
 template <int HD>
-__device__ __forceinline__ const u16* kv_row(const u64* __restrict__ pt, int page, int l, int kv, int nkv, int kh,
-                                             int p) {
-  return (const u16*)pt[p / page] + kv_off(page, l, kv, nkv, kh, p % page, HD);
+__device__ __forceinline__ const u16* kv_row(const AttnRun& a, int page, int l, int kv, int nkv, int p) {
+  const int i = p / page - a.pg0;
+  u64 pg = __shfl_sync(0xffffffffu, a.pg, i & 31);
+  if (i >= 32) pg = a.pt[p / page];
+  return (const u16*)pg + kv_off(page, l, kv, nkv, a.kh, p % page, HD);
 }
 
-// prefetch_runs (a consumer warp) asks the L2 for the cached keys and
-// values (positions before the new token's) of the attention runs the warp
-// takes in phase 2.
+// prefetch_run (a consumer warp) asks the L2 for run a's cached keys and
+// values (positions before the new token's), for phase 2.
 template <int HD>
-__device__ __forceinline__ void prefetch_runs(int gw, int nw, int items, int nq, int nkv, int R, int l, int page,
-                                              const int* __restrict__ tok_seq, const int* __restrict__ tok_pos,
-                                              const u64* __restrict__ seq_pt) {
+__device__ __forceinline__ void prefetch_run(const AttnRun& a, int page, int l, int nkv) {
   constexpr int LINES = HD * 2 / 128;  // 128-byte lines of a row
-  const int lane = threadIdx.x & 31;
-  for (int it = gw; it < items; it += nw) {
-    const AttnRun a = attn_run(it, nq, R, tok_pos);
-    const u64* pt = kv_table(seq_pt, tok_seq[a.t]);
-    const int kh = a.head / (nq / nkv), n = (min(a.k1, a.past) - a.k0) * 2 * LINES;
-    for (int i = lane; i < n; i += 32) {
-      const int p = a.k0 + i / (2 * LINES), kv = i / LINES % 2, line = i % LINES;
-      asm volatile("prefetch.global.L2 [%0];" ::"l"(kv_row<HD>(pt, page, l, kv, nkv, kh, p) + line * 64));
-    }
+  const int lane = threadIdx.x & 31, n = (min(a.k1, a.past) - a.k0) * 2 * LINES;
+  for (int i0 = 0; i0 < n; i0 += 32) {  // whole warps: kv_row shuffles
+    const int i = min(i0 + lane, n - 1);
+    const int p = a.k0 + i / (2 * LINES), kv = i / LINES % 2, line = i % LINES;
+    const u16* row = kv_row<HD>(a, page, l, kv, nkv, p);
+    if (i0 + lane < n) asm volatile("prefetch.global.L2 [%0];" ::"l"(row + line * 64));
   }
 }
 
@@ -319,15 +330,10 @@ __device__ __forceinline__ void prefetch_runs(int gw, int nw, int items, int nq,
 // group, merged across the warp's groups; then the output, or the run's
 // partial result and, for the last run of the (token, head), the merge.
 template <int HD>
-__device__ __forceinline__ void attend(int it, int nq, int nkv, int R, int l, int page, float scale_log2,
-                                       const u16* qbuf, u16* att, float* runs, u32* cnt,
-                                       const int* __restrict__ tok_seq, const int* __restrict__ tok_pos,
-                                       const u64* __restrict__ seq_pt) {
+__device__ __forceinline__ void attend(const AttnRun& a, int nq, int nkv, int R, int l, int page, float scale_log2,
+                                       const u16* qbuf, u16* att, float* runs, u32* cnt) {
   constexpr int LPK = HD / 8, KPS = 32 / LPK;  // lanes per key; keys per step
   const int lane = threadIdx.x & 31, grp = lane / LPK, sub = lane % LPK;
-  const AttnRun a = attn_run(it, nq, R, tok_pos);
-  const u64* pt = kv_table(seq_pt, tok_seq[a.t]);
-  const int kh = a.head / (nq / nkv);
   const uint4 q = ldg_cg(qbuf + ((size_t)a.t * nq + a.head) * HD + sub * 8);
   float m = NEG_INF, lsum = 0.f, acc[8];
 #pragma unroll
@@ -336,11 +342,11 @@ __device__ __forceinline__ void attend(int it, int nq, int nkv, int R, int l, in
     uint4 kr[P_UNROLL], vr[P_UNROLL];
 #pragma unroll
     for (int u = 0; u < P_UNROLL; ++u) {
-      const int p = p0 + u * KPS + grp;
-      if (p < a.k1) {
-        const u16* K = kv_row<HD>(pt, page, l, 0, nkv, kh, p) + sub * 8;
+      const int p = min(p0 + u * KPS + grp, a.k1 - 1);
+      const u16* K = kv_row<HD>(a, page, l, 0, nkv, p) + sub * 8;
+      if (p0 + u * KPS + grp < a.k1) {
         kr[u] = ldg_cg(K);
-        vr[u] = ldg_cg(kv_row<HD>(pt, page, l, 1, nkv, kh, p) + sub * 8);
+        vr[u] = ldg_cg(K + (size_t)nkv * page * HD);  // the values: kv_off's next (layer, k|v) section
       }
     }
     float sc[P_UNROLL], mb = NEG_INF;
@@ -578,7 +584,11 @@ __global__ void __launch_bounds__(32 * (P_NC + 1), 1)
   for (int l = 0; l < nl; ++l) {
     const PLayer L = layers[l];
     // 1. norm, q/k/v, RoPE, cache write.
-    prefetch_runs<HD>(gw, nw, items, nq, nkv, R, l, page, tok_seq, tok_pos, seq_pt);
+    AttnRun run;  // the warp's first run of phase 2, planned now (its loads off the critical path)
+    if (gw < items) {
+      run = attn_run(gw, nq, nkv, R, page, tok_seq, tok_pos, seq_pt);
+      prefetch_run<HD>(run, page, l, nkv);
+    }
     if (cw == 0) prefetch_row(L.mlp_norm, d * 4);
     norm_tokens<MB, NC>(xs, resA, l > 0 ? delta : nullptr, resB, L.attn_norm, m, d, eps, part);
     chunks(0, d, [&](int c, float (&acc)[P_ROWS][MB]) {
@@ -598,7 +608,8 @@ __global__ void __launch_bounds__(32 * (P_NC + 1), 1)
           dst = qbuf + ((size_t)t * nq + head) * HD;
         } else {
           const int kv = head < nq + nkv ? 0 : 1;
-          dst = (u16*)kv_row<HD>(kv_table(seq_pt, tok_seq[t]), page, l, kv, nkv, head - nq - kv * nkv, pos);
+          dst = (u16*)kv_table(seq_pt, tok_seq[t])[pos / page] +
+                kv_off(page, l, kv, nkv, head - nq - kv * nkv, pos % page, HD);
         }
         dst[j] = (u16)f_to_bf(a);
         dst[j + half] = (u16)f_to_bf(b);
@@ -606,8 +617,10 @@ __global__ void __launch_bounds__(32 * (P_NC + 1), 1)
     });
     grid_meet<NC * 32>(bar, leader, P_TIMEOUT);
     // 2. attention.
-    for (int it = gw; it < items; it += nw)
-      attend<HD>(it, nq, nkv, R, l, page, scale_log2, qbuf, att, runs, cnt, tok_seq, tok_pos, seq_pt);
+    for (int it = gw; it < items; it += nw) {
+      if (it != gw) run = attn_run(it, nq, nkv, R, page, tok_seq, tok_pos, seq_pt);
+      attend<HD>(run, nq, nkv, R, l, page, scale_log2, qbuf, att, runs, cnt);
+    }
     grid_meet<NC * 32>(bar, leader, P_TIMEOUT);
     // 3. output projection.
     for (int k = threadIdx.x - 32; k < m * ow / 8; k += NC * 32) ((uint4*)xs)[k] = __ldcg((const uint4*)att + k);
