@@ -59,6 +59,9 @@
 #define P_MAXSLOT 16  // most ring slots
 #define P_COLS 16     // output columns of a down slice
 #define P_MAXRUNS 32  // most attention runs of a (token, head)
+// P_UPLOADS is the 16-byte loads of an up row a lane has in flight (all of
+// a d 2048 row).
+#define P_UPLOADS 8
 
 // P_NC is the number of consumer warps: with the producer, 256 threads,
 // so that a thread may have 255 registers (9 to 12 warps get 168).
@@ -325,11 +328,12 @@ __device__ __forceinline__ void prefetch_run(const AttnRun& a, int page, int l, 
 // P_UNROLL is how many key steps of a run a warp has in flight.
 #define P_UNROLL 8
 
-// attend (a consumer warp) runs attention run it: groups of HD/8 lanes
+// attend (a consumer warp) runs attention run a: groups of HD/8 lanes
 // take one key at a time (a lane: 8 dimensions), an online softmax per
 // group, merged across the warp's groups; then the output, or the run's
-// partial result and, for the last run of the (token, head), the merge.
-template <int HD>
+// partial result and, for the last run of the (token, head), the merge
+// (MERGE runs a group of lanes reads at once).
+template <int HD, int MERGE>
 __device__ __forceinline__ void attend(const AttnRun& a, int nq, int nkv, int R, int l, int page, float scale_log2,
                                        const u16* qbuf, u16* att, float* runs, u32* cnt) {
   constexpr int LPK = HD / 8, KPS = 32 / LPK;  // lanes per key; keys per step
@@ -412,28 +416,44 @@ __device__ __forceinline__ void attend(const AttnRun& a, int nq, int nkv, int R,
   if (lane == 0) last = atomicAdd(cnt + pair, 1u) == (u32)R - 1;
   if (!__shfl_sync(0xffffffffu, last, 0)) return;
   __threadfence();
-  // The last run merges all R in run order.
+  // The last run merges all R: group g takes runs g, g + NG, ...,
+  // MERGE at a time in flight, and a butterfly adds the groups' sums.
+  constexpr int NG = 32 / LPK;
   const float mr = lane < R ? __ldcg(rml + 2 * lane) : NEG_INF;
   const float lr = lane < R ? __ldcg(rml + 2 * lane + 1) : 0.f;
   float M = mr;
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
-  const float wr = mr == NEG_INF ? 0.f : ex2(mr - M);
+  const float wr = mr == NEG_INF ? 0.f : ex2(mr - M);  // run lane's weight
+  const float L = warp_sum(lr * wr);
   float o8[8];
 #pragma unroll
   for (int e = 0; e < 8; ++e) o8[e] = 0.f;
-  float L = 0.f;
-  for (int r = 0; r < R; ++r) {
-    const float w = __shfl_sync(0xffffffffu, wr, r), lv = __shfl_sync(0xffffffffu, lr, r);
-    L = fmaf(lv, w, L);
-    if (grp == 0) {
-      const float* rr = base + r * HD + sub * 8;
-      const float4 x0 = __ldcg((const float4*)rr), x1 = __ldcg((const float4*)rr + 1);
-      o8[0] = fmaf(x0.x, w, o8[0]), o8[1] = fmaf(x0.y, w, o8[1]), o8[2] = fmaf(x0.z, w, o8[2]);
-      o8[3] = fmaf(x0.w, w, o8[3]), o8[4] = fmaf(x1.x, w, o8[4]), o8[5] = fmaf(x1.y, w, o8[5]);
-      o8[6] = fmaf(x1.z, w, o8[6]), o8[7] = fmaf(x1.w, w, o8[7]);
+  for (int r0 = 0; r0 < R; r0 += MERGE * NG) {
+    float4 x[MERGE][2];
+    float w[MERGE];
+#pragma unroll
+    for (int k = 0; k < MERGE; ++k) {
+      const int r = r0 + k * NG + grp;
+      w[k] = __shfl_sync(0xffffffffu, wr, r & 31);
+      if (r < R) {
+        const float4* rr = (const float4*)(base + r * HD + sub * 8);
+        x[k][0] = __ldcg(rr), x[k][1] = __ldcg(rr + 1);
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < MERGE; ++k) {
+      if (r0 + k * NG + grp >= R) continue;
+      o8[0] = fmaf(x[k][0].x, w[k], o8[0]), o8[1] = fmaf(x[k][0].y, w[k], o8[1]);
+      o8[2] = fmaf(x[k][0].z, w[k], o8[2]), o8[3] = fmaf(x[k][0].w, w[k], o8[3]);
+      o8[4] = fmaf(x[k][1].x, w[k], o8[4]), o8[5] = fmaf(x[k][1].y, w[k], o8[5]);
+      o8[6] = fmaf(x[k][1].z, w[k], o8[6]), o8[7] = fmaf(x[k][1].w, w[k], o8[7]);
     }
   }
+#pragma unroll
+  for (int o = LPK; o < 32; o <<= 1)
+#pragma unroll
+    for (int e = 0; e < 8; ++e) o8[e] += __shfl_xor_sync(0xffffffffu, o8[e], o);
   if (grp == 0) store(o8, 1.f / L);
   if (lane == 0) cnt[pair] = 0;
 }
@@ -542,6 +562,7 @@ __global__ void __launch_bounds__(32 * (P_NC + 1), 1)
   __shared__ __align__(8) u64 bars[2 * P_MAXSLOT];
   __shared__ float part[NC][MB];
   __shared__ float red[NC][MB][P_COLS];
+  __shared__ AttnRun plans[NC * 32];  // each lane's copy of its warp's first attention run
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int qkv_w = (nq + 2 * nkv) * HD, ow = nq * HD, half = HD / 2;
   const u32 ring = smem_addr(smem), full = smem_addr(bars), empty = full + 8 * P_MAXSLOT;
@@ -584,10 +605,10 @@ __global__ void __launch_bounds__(32 * (P_NC + 1), 1)
   for (int l = 0; l < nl; ++l) {
     const PLayer L = layers[l];
     // 1. norm, q/k/v, RoPE, cache write.
-    AttnRun run;  // the warp's first run of phase 2, planned now (its loads off the critical path)
-    if (gw < items) {
-      run = attn_run(gw, nq, nkv, R, page, tok_seq, tok_pos, seq_pt);
+    if (gw < items) {  // the warp's first run of phase 2, planned now: its loads off the critical path
+      const AttnRun run = attn_run(gw, nq, nkv, R, page, tok_seq, tok_pos, seq_pt);
       prefetch_run<HD>(run, page, l, nkv);
+      plans[threadIdx.x - 32] = run;  // in shared memory: registers are short in phase 1
     }
     if (cw == 0) prefetch_row(L.mlp_norm, d * 4);
     norm_tokens<MB, NC>(xs, resA, l > 0 ? delta : nullptr, resB, L.attn_norm, m, d, eps, part);
@@ -618,8 +639,8 @@ __global__ void __launch_bounds__(32 * (P_NC + 1), 1)
     grid_meet<NC * 32>(bar, leader, P_TIMEOUT);
     // 2. attention.
     for (int it = gw; it < items; it += nw) {
-      if (it != gw) run = attn_run(it, nq, nkv, R, page, tok_seq, tok_pos, seq_pt);
-      attend<HD>(run, nq, nkv, R, l, page, scale_log2, qbuf, att, runs, cnt);
+      const AttnRun run = it == gw ? plans[threadIdx.x - 32] : attn_run(it, nq, nkv, R, page, tok_seq, tok_pos, seq_pt);
+      attend<HD, MB == 1 ? 4 : 1>(run, nq, nkv, R, l, page, scale_log2, qbuf, att, runs, cnt);
     }
     grid_meet<NC * 32>(bar, leader, P_TIMEOUT);
     // 3. output projection.
@@ -654,13 +675,13 @@ __global__ void __launch_bounds__(32 * (P_NC + 1), 1)
         if (any) {
           prefetch_row(L.down + (size_t)j * d, d * 2);
           const u16* row = L.up + (size_t)j * d;
-          for (int base = lane * 8; base < d; base += 8 * 256) {
-            uint4 w[8];  // in flight together
+          for (int base = lane * 8; base < d; base += P_UPLOADS * 256) {
+            uint4 w[P_UPLOADS];  // in flight together
 #pragma unroll
-            for (int q = 0; q < 8; ++q)
+            for (int q = 0; q < P_UPLOADS; ++q)
               if (base + q * 256 < d) w[q] = __ldg((const uint4*)(row + base + q * 256));
 #pragma unroll
-            for (int q = 0; q < 8; ++q) {
+            for (int q = 0; q < P_UPLOADS; ++q) {
               if (base + q * 256 >= d) break;
 #pragma unroll
               for (int t = 0; t < MB; ++t)
