@@ -431,6 +431,15 @@ func decodeSpeedCUDA(e *llm.Engine, r *rand.Rand, batch int, o ModelOptions, pat
 	if err := e.PersistentError(); err != nil {
 		pt.PersistentError = err.Error()
 	}
+	if e.PersistentStamps && pt.PersistentSteps > 0 {
+		phases, err := e.PersistentPhases()
+		if err != nil {
+			return DecodePoint{}, TraceSection{}, err
+		}
+		for _, p := range phases {
+			pt.PersistentPhases = append(pt.PersistentPhases, PhaseTime{Phase: p.Name, SpanUS: p.SpanUS, BarrierUS: p.BarrierUS})
+		}
+	}
 	var sec TraceSection
 	if o.TraceSteps > 0 {
 		for i := range caches {

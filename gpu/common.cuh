@@ -284,17 +284,6 @@ __device__ __forceinline__ void grid_sync(u32* bar) {
   __syncthreads();
 }
 
-// grid_meet is grid_sync for kernels where only NT threads of each block
-// (whole warps) take part, the others busy elsewhere: they meet at named
-// barrier 1, and leader (one of them) stands for the block. timeout_ns as
-// grid_arrive_wait's.
-template <int NT>
-__device__ __forceinline__ void grid_meet(u32* bar, bool leader, u64 timeout_ns) {
-  asm volatile("bar.sync 1, %0;" ::"n"(NT) : "memory");
-  if (leader) grid_arrive_wait(bar, timeout_ns);
-  asm volatile("bar.sync 1, %0;" ::"n"(NT) : "memory");
-}
-
 // mbarriers (shared memory, CTA scope) for asynchronous copies: a barrier
 // completes a phase when its arrivals are in and the bytes it expects have
 // landed.

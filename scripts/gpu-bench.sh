@@ -41,7 +41,8 @@
 #                                       variant of one run (bench model -variants) against the
 #                                       layer-by-layer kernels, and with its ring capped at 6 slots
 #                                       (TWELL_LLM_PERSISTENT_SLOTS=6): steps of 1 and 8 sequences
-#                                       at 512 cached tokens, two rounds; then traced (CUPTI)
+#                                       at 512 cached tokens, two rounds; then traced (CUPTI), with
+#                                       its phases timed (TWELL_LLM_PERSISTENT_STAMPS=1)
 #   scripts/gpu-bench.sh ab-prefill OUTDIR  the prefill switches, as variants of one run (bench model
 #                                       -variants), 32 x 2048 tokens, two rounds: the defaults,
 #                                       cuBLASLt's heuristic's algorithms with the queries rotated
@@ -171,8 +172,8 @@ ab-persistent)
     model=(-preset sparselm-1.5b)
     [ -f "$ckpt/config.json" ] && model=(-model "$ckpt")
   done
-  TWELL_LLM_PERSISTENT=1 "$tw" bench model -device cuda "${model[@]}" -seed 9596107621982983358 -reps 1 -batch 1 \
-    -prompt-len 64 -decode-batch 1,8 -decode-context 512 -decode-steps 32 \
+  TWELL_LLM_PERSISTENT=1 TWELL_LLM_PERSISTENT_STAMPS=1 "$tw" bench model -device cuda "${model[@]}" \
+    -seed 9596107621982983358 -reps 1 -batch 1 -prompt-len 64 -decode-batch 1,8 -decode-context 512 -decode-steps 32 \
     -trace "$out/persistent-trace.json" -trace-plot "$out/persistent-trace.png" \
     -json "$out/persistent-traced.json" 2>&1 | tee "$out/persistent-traced.txt" || status=1
   ;;

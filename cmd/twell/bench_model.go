@@ -296,5 +296,15 @@ func printModelTable(w io.Writer, rs []bench.ModelResult, peak []int64) {
 		if len(parts) > 0 {
 			fmt.Fprintf(w, "%s: decode steps replayed from CUDA graphs: %s\n", r.Path, strings.Join(parts, ", "))
 		}
+		for _, p := range r.Decode {
+			if len(p.PersistentPhases) == 0 {
+				continue
+			}
+			var ph []string
+			for _, x := range p.PersistentPhases {
+				ph = append(ph, fmt.Sprintf("%s %.1f + %.1f", x.Phase, x.SpanUS, x.BarrierUS))
+			}
+			fmt.Fprintf(w, "%s: b=%d persistent kernel, a layer's phases (us, span + barrier): %s\n", r.Path, p.Batch, strings.Join(ph, ", "))
+		}
 	}
 }

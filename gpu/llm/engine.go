@@ -104,6 +104,11 @@ type Engine struct {
 	// slots (at least 4 are used); 0: as many as fit. NewEngine sets it from
 	// TWELL_LLM_PERSISTENT_SLOTS.
 	PersistentSlots int
+	// PersistentStamps makes the persistent kernel record when each block
+	// starts and ends each phase of each layer (PersistentPhases reads the
+	// last step's). NewEngine sets it when TWELL_LLM_PERSISTENT_STAMPS is
+	// "1".
+	PersistentStamps bool
 
 	dev    *cuda.Device
 	blas   *cublas.Handle
@@ -245,7 +250,7 @@ func NewEngineWith(dev *cuda.Device, m *model.Model, opts Options) (*Engine, err
 		return nil, err
 	}
 	e := &Engine{cfg: c, dev: dev, k: k, mlpPath: mlp.Auto, rope: model.NewRoPETables(c), Attention: opts.Attention,
-		NoGraphs: opts.NoGraphs, NoGEMV: opts.NoGEMV, Serial: opts.MLP.Serial, FuseNorms: opts.FuseNorms, AttnRope: opts.AttnRope, Persistent: opts.Persistent, PersistentSlots: opts.PersistentSlots, HotUnits: !opts.MLP.NoHotUnits, pool: &kvPool{dev: dev, cfg: c}}
+		NoGraphs: opts.NoGraphs, NoGEMV: opts.NoGEMV, Serial: opts.MLP.Serial, FuseNorms: opts.FuseNorms, AttnRope: opts.AttnRope, Persistent: opts.Persistent, PersistentSlots: opts.PersistentSlots, PersistentStamps: opts.PersistentStamps, HotUnits: !opts.MLP.NoHotUnits, pool: &kvPool{dev: dev, cfg: c}}
 	if act, _ := c.GateActivation(); act == model.ActSiLU {
 		e.act = gpu.ActSiLU
 	}

@@ -99,15 +99,15 @@ func (e *Engine) replay(b *batch, st *engine.Stats) (bool, error) {
 // (and the tests' hooks): a graph recorded under other values would replay
 // the kernels they picked then.
 type graphSettings struct {
-	attention                                                    string
-	noGEMV, serial, fuseNorms, attnRope, globalMerge, persistent bool
-	decRuns, persistentSlots                                     int
+	attention                                                            string
+	noGEMV, serial, fuseNorms, attnRope, globalMerge, persistent, stamps bool
+	decRuns, persistentSlots                                             int
 }
 
 // graphSettings returns the engine's current graphSettings.
 func (e *Engine) graphSettings() graphSettings {
 	return graphSettings{attention: e.Attention, noGEMV: e.NoGEMV, serial: e.Serial, fuseNorms: e.FuseNorms,
-		attnRope: e.AttnRope, globalMerge: e.decGlobalMerge, persistent: e.Persistent, decRuns: e.decRunsFixed, persistentSlots: e.PersistentSlots}
+		attnRope: e.AttnRope, globalMerge: e.decGlobalMerge, persistent: e.Persistent, decRuns: e.decRunsFixed, persistentSlots: e.PersistentSlots, stamps: e.PersistentStamps}
 }
 
 // record captures the decoder layers of b into a graph: in the persistent

@@ -24,8 +24,10 @@ type Options struct {
 	Persistent bool
 	// Engine.PersistentSlots: EnvPersistentSlots
 	PersistentSlots int
-	GEMMTune        bool        // the engine's cuBLASLt handle tunes (cublas.DefaultTuneFlops): EnvGEMMTune unset or "1"
-	MLP             gpu.Options // each TwELL layer's kernels: gpu.Switches
+	// Engine.PersistentStamps: EnvPersistentStamps = "1"
+	PersistentStamps bool
+	GEMMTune         bool        // the engine's cuBLASLt handle tunes (cublas.DefaultTuneFlops): EnvGEMMTune unset or "1"
+	MLP              gpu.Options // each TwELL layer's kernels: gpu.Switches
 	// ReleaseWeights makes NewEngineWith drop each layer's float32
 	// matrices from the model once they are on the device, and the model's
 	// weights (Weights becomes nil) at the end: for jobs that only run the
@@ -84,6 +86,11 @@ const EnvPersistent = "TWELL_LLM_PERSISTENT"
 // 0: as many as fit), to time how many weight bytes in flight it wants.
 const EnvPersistentSlots = "TWELL_LLM_PERSISTENT_SLOTS"
 
+// EnvPersistentStamps names the environment variable that, set to "1",
+// makes the persistent decode kernel record its phases' times
+// (Engine.PersistentStamps).
+const EnvPersistentStamps = "TWELL_LLM_PERSISTENT_STAMPS"
+
 // EnvKVPageSize names the environment variable that sets a new Engine's KV
 // cache page size in positions (a multiple of 64).
 const EnvKVPageSize = "TWELL_LLM_KV_PAGE_SIZE"
@@ -95,7 +102,7 @@ const EnvKVMemory = "TWELL_LLM_KV_MEMORY"
 
 // Switches are the names of the environment variables that set Options:
 // the engine's and its TwELL MLPs' (gpu.Switches).
-var Switches = append([]string{EnvAttention, EnvGraphs, EnvGEMV, EnvFuseNorms, EnvAttnRope, EnvGEMMTune, EnvPersistent, EnvPersistentSlots, EnvKVPageSize, EnvKVMemory}, gpu.Switches...)
+var Switches = append([]string{EnvAttention, EnvGraphs, EnvGEMV, EnvFuseNorms, EnvAttnRope, EnvGEMMTune, EnvPersistent, EnvPersistentSlots, EnvPersistentStamps, EnvKVPageSize, EnvKVMemory}, gpu.Switches...)
 
 // OptionsFromEnv returns the Options the environment sets, or an error
 // naming a value it does not know.
@@ -118,7 +125,7 @@ func OptionsFrom(getenv func(string) string) (Options, error) {
 		dst  *bool
 		on   bool // unset
 	}{{EnvFuseNorms, &o.FuseNorms, true}, {EnvAttnRope, &o.AttnRope, true}, {EnvGEMMTune, &o.GEMMTune, true},
-		{EnvPersistent, &o.Persistent, false}} {
+		{EnvPersistent, &o.Persistent, false}, {EnvPersistentStamps, &o.PersistentStamps, false}} {
 		switch v := getenv(b.name); v {
 		case "":
 			*b.dst = b.on

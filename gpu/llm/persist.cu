@@ -15,8 +15,9 @@
 // into a ring of shared-memory slots with bulk asynchronous copies
 // completing on the slot's "full" mbarrier; it only waits for a slot to be
 // released ("empty" mbarrier). The other warps (the consumers) run the
-// phases of each layer, meeting at a grid barrier (grid_meet) between
-// phases, which the producer never joins:
+// phases of each layer, meeting at a grid barrier between phases (the
+// consumers' named barrier, then grid_arrive_wait), which the producer
+// never joins:
 //
 //   1. norm + q/k/v: every block norms the tokens (resid + delta, RMSNorm)
 //      into shared memory, block 0 writes the residual sum; the block's
@@ -549,11 +550,13 @@ __device__ __forceinline__ void down_slice(const float* h, const unsigned char* 
 // resB is the other residual buffer (both fp32 [m][d]), delta bf16 [m][d]
 // (the last layer's MLP output at the end), qbuf and att bf16 [m][nq HD],
 // h fp32 [m][f], act f / 4 bytes, runs m nq P_MAXRUNS (HD + 2) floats,
-// cnt m nq words (zero, and left zero), bar grid_meet's two words.
+// cnt m nq words (zero, and left zero), bar the grid barrier's two words
+// (grid_sync's), stamps null or 10 nl words a block (the phases' start and
+// end times, globaltimer).
 template <int HD, int MB>
 __global__ void __launch_bounds__(32 * (P_NC + 1), 1)
     persist_decode(const PLayer* __restrict__ layers, int nl, float* resA, float* resB, u16* delta, u16* qbuf,
-                   u16* att, float* h, unsigned char* act, float* runs, u32* cnt, u32* bar,
+                   u16* att, float* h, unsigned char* act, float* runs, u32* cnt, u32* bar, u64* stamps,
                    const float* __restrict__ cosT, const float* __restrict__ sinT, const int* __restrict__ tok_seq,
                    const int* __restrict__ tok_pos, const u64* __restrict__ seq_pt, int page, int m, int d, int f,
                    int nq, int nkv, int R, int nslot, int slot_bytes, int cap, float eps, float scale_log2) {
@@ -602,6 +605,22 @@ __global__ void __launch_bounds__(32 * (P_NC + 1), 1)
   };
   const int gw = blockIdx.x * NC + cw, nw = gridDim.x * NC, items = m * nq * R;
   const bool leader = threadIdx.x == 32;
+  // stamp records, with stamps, when the block's consumers start (end 0)
+  // or finish (end 1) phase ph of layer l.
+  auto stamp = [&](int l, int ph, int end) {
+    if (stamps && leader) stamps[((size_t)blockIdx.x * nl + l) * 10 + 2 * ph + end] = globaltimer();
+  };
+  // meet ends phase ph of layer l: the grid barrier, but after the last
+  // phase of the last layer.
+  auto meet = [&](int l, int ph) {
+    consumers_sync<NC>();
+    stamp(l, ph, 1);
+    if (l + 1 == nl && ph == 4) return;
+    if (leader) grid_arrive_wait(bar, P_TIMEOUT);
+    consumers_sync<NC>();
+    stamp(ph == 4 ? l + 1 : l, (ph + 1) % 5, 0);
+  };
+  stamp(0, 0, 0);
   for (int l = 0; l < nl; ++l) {
     const PLayer L = layers[l];
     // 1. norm, q/k/v, RoPE, cache write.
@@ -636,13 +655,13 @@ __global__ void __launch_bounds__(32 * (P_NC + 1), 1)
         dst[j + half] = (u16)f_to_bf(b);
       }
     });
-    grid_meet<NC * 32>(bar, leader, P_TIMEOUT);
+    meet(l, 0);
     // 2. attention.
     for (int it = gw; it < items; it += nw) {
       const AttnRun run = it == gw ? plans[threadIdx.x - 32] : attn_run(it, nq, nkv, R, page, tok_seq, tok_pos, seq_pt);
       attend<HD, MB == 1 ? 4 : 1>(run, nq, nkv, R, l, page, scale_log2, qbuf, att, runs, cnt);
     }
-    grid_meet<NC * 32>(bar, leader, P_TIMEOUT);
+    meet(l, 1);
     // 3. output projection.
     for (int k = threadIdx.x - 32; k < m * ow / 8; k += NC * 32) ((uint4*)xs)[k] = __ldcg((const uint4*)att + k);
     consumers_sync<NC>();
@@ -653,7 +672,7 @@ __global__ void __launch_bounds__(32 * (P_NC + 1), 1)
         if (lane < m) delta[(size_t)lane * d + P_ROWS * c + k] = (u16)f_to_bf(v);
       }
     });
-    grid_meet<NC * 32>(bar, leader, P_TIMEOUT);
+    meet(l, 2);
     // 4. norm, gate, ReLU, up.
     if (cw == 0 && l + 1 < nl) prefetch_row(layers[l + 1].attn_norm, d * 4);
     norm_tokens<MB, NC>(xs, resB, delta, resA, L.mlp_norm, m, d, eps, part);
@@ -700,11 +719,11 @@ __global__ void __launch_bounds__(32 * (P_NC + 1), 1)
       }
       if (lane == 0) act[c] = (unsigned char)bits;
     });
-    grid_meet<NC * 32>(bar, leader, P_TIMEOUT);
+    meet(l, 3);
     // 5. down.
     for (int s = blockIdx.x; s < d / P_COLS; s += gridDim.x)
       down_slice<MB, NC>(h, act, L.down, delta, m, d, f, s * P_COLS, lists, cap, red);
-    if (l + 1 < nl) grid_meet<NC * 32>(bar, leader, P_TIMEOUT);
+    meet(l, 4);
   }
 }
 

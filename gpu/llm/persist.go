@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"unsafe"
 
 	"github.com/twell-ai/twell/cuda"
@@ -72,7 +73,10 @@ type persistState struct {
 	act   *cuda.Buffer // f/4 activity bytes
 	runs  *cuda.Buffer // the attention runs: 8 nq P_MAXRUNS (hd + 2) floats
 	cnt   *cuda.Buffer // 8 nq run counters (zero at rest)
-	bar   *cuda.Buffer // grid_meet's two words (zero at first)
+	bar   *cuda.Buffer // the grid barrier's two words (zero at first)
+	// stamps, with Engine.PersistentStamps, get each block's phase start
+	// and end times: SMs x layers x 10 words
+	stamps *cuda.Buffer
 }
 
 // persistLaunch is what one step's launch needs beyond the buffers.
@@ -166,6 +170,11 @@ func (e *Engine) persistSetup(T int) (*persistLaunch, error) {
 	if err := e.persistAlloc(); err != nil {
 		return nil, err
 	}
+	if e.PersistentStamps && e.persist.stamps == nil {
+		if e.persist.stamps, err = e.dev.Alloc(8 * persistPhases * 2 * p.SMs * len(e.layers)); err != nil {
+			return nil, fmt.Errorf("llm: the persistent decode kernel's timeline: %w", err)
+		}
+	}
 	runs := min(persistMaxRuns, max(1, p.SMs*nc/(T*nq)))
 	return &persistLaunch{fn: fn, grid: p.SMs, threads: threads, shared: shared, nslot: nslot, slotBytes: slot, cap: cp, runs: runs}, nil
 }
@@ -219,7 +228,7 @@ func (e *Engine) persistAlloc() error {
 func (e *Engine) persistFree() error {
 	ps := &e.persist
 	var errs []error
-	for _, b := range []**cuda.Buffer{&ps.table, &ps.resB, &ps.h, &ps.act, &ps.runs, &ps.cnt, &ps.bar} {
+	for _, b := range []**cuda.Buffer{&ps.table, &ps.resB, &ps.h, &ps.act, &ps.runs, &ps.cnt, &ps.bar, &ps.stamps} {
 		if *b != nil {
 			errs = append(errs, (*b).Free())
 			*b = nil
@@ -234,10 +243,14 @@ func (e *Engine) persistFree() error {
 func (pl *persistLaunch) launch(e *Engine, b *batch, tokSeq, tokPos, pt *cuda.Buffer) error {
 	c := e.cfg
 	ws, ps := &e.ws, &e.persist
+	var stamps any = cuda.DevicePtr(0)
+	if e.PersistentStamps && ps.stamps != nil {
+		stamps = ps.stamps
+	}
 	scaleLog2 := float32(math.Log2E / math.Sqrt(float64(c.HeadDim)))
 	return pl.fn.LaunchEx(cuda.LaunchConfig{Grid: cuda.Dim3{uint32(pl.grid), 1, 1}, Block: cuda.Dim3{uint32(pl.threads), 1, 1},
 		SharedBytes: pl.shared, Stream: e.stream, Cooperative: true},
-		ps.table, int32(len(e.layers)), ws.resid, ps.resB, ws.proj, ws.qkv, ws.hn, ps.h, ps.act, ps.runs, ps.cnt, ps.bar,
+		ps.table, int32(len(e.layers)), ws.resid, ps.resB, ws.proj, ws.qkv, ws.hn, ps.h, ps.act, ps.runs, ps.cnt, ps.bar, stamps,
 		e.cosB, e.sinB, tokSeq, tokPos, pt, int32(e.pool.size), int32(b.T), int32(c.HiddenSize), int32(c.IntermediateSize),
 		int32(c.NumAttentionHeads), int32(c.NumKeyValueHeads), int32(pl.runs), int32(pl.nslot), int32(pl.slotBytes),
 		int32(pl.cap), float32(c.RMSNormEps), scaleLog2)
@@ -251,3 +264,79 @@ func (e *Engine) PersistentError() error { return e.persistErr }
 // PersistentSteps returns how many decode steps ran the persistent decode
 // kernel so far.
 func (e *Engine) PersistentSteps() int { return e.persistSteps }
+
+// persistPhases are the persistent kernel's phases a layer, in order.
+const persistPhases = 5
+
+// persistPhaseNames name them.
+var persistPhaseNames = [persistPhases]string{"norm+qkv", "attention", "o_proj", "norm+gate", "down"}
+
+// PersistentPhase is where a layer's time goes in the persistent decode
+// kernel, by phase (PersistentPhases).
+type PersistentPhase struct {
+	Name string
+	// SpanUS is the median over the layers of the time from the first block
+	// starting the phase to the last one finishing it (microseconds);
+	// BarrierUS of the time from then until the first block starts the
+	// next phase: the grid barrier.
+	SpanUS, BarrierUS float64
+}
+
+// PersistentPhases reads the timeline the last step that ran the
+// persistent decode kernel recorded (Engine.PersistentStamps) and returns
+// its phases. It synchronizes the engine's stream.
+func (e *Engine) PersistentPhases() ([]PersistentPhase, error) {
+	ps := &e.persist
+	if !e.PersistentStamps || ps.stamps == nil || e.persistSteps == 0 {
+		return nil, errors.New("llm: no persistent decode step recorded a timeline (PersistentStamps)")
+	}
+	nl, sms := len(e.layers), e.dev.Properties().SMs
+	w := make([]uint64, persistPhases*2*sms*nl)
+	if err := e.stream.Synchronize(); err != nil {
+		return nil, err
+	}
+	if err := e.dev.CopyDtoH(unsafe.Slice((*byte)(unsafe.Pointer(&w[0])), 8*len(w)), ps.stamps); err != nil {
+		return nil, err
+	}
+	return phaseTimes(w, sms, nl), nil
+}
+
+// phaseTimes summarizes stamps (block b, layer l, phase p, start 0 or end
+// 1 at ((b nl + l) 5 + p) 2 + end, nanoseconds) by phase.
+func phaseTimes(w []uint64, blocks, nl int) []PersistentPhase {
+	at := func(b, l, p, end int) uint64 { return w[((b*nl+l)*persistPhases+p)*2+end] }
+	out := make([]PersistentPhase, persistPhases)
+	for p := range out {
+		spans, gaps := make([]float64, 0, nl), make([]float64, 0, nl)
+		for l := range nl {
+			first, last, next := uint64(math.MaxUint64), uint64(0), uint64(math.MaxUint64)
+			for b := range blocks {
+				first, last = min(first, at(b, l, p, 0)), max(last, at(b, l, p, 1))
+				if p+1 < persistPhases {
+					next = min(next, at(b, l, p+1, 0))
+				} else if l+1 < nl {
+					next = min(next, at(b, l+1, 0, 0))
+				}
+			}
+			spans = append(spans, float64(last-first)/1e3)
+			if next != math.MaxUint64 {
+				gaps = append(gaps, float64(next-last)/1e3)
+			}
+		}
+		out[p] = PersistentPhase{Name: persistPhaseNames[p], SpanUS: median(spans), BarrierUS: median(gaps)}
+	}
+	return out
+}
+
+// median returns the median of v (0 for none); v is sorted in place.
+func median(v []float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	slices.Sort(v)
+	n := len(v)
+	if n%2 == 1 {
+		return v[n/2]
+	}
+	return (v[n/2-1] + v[n/2]) / 2
+}

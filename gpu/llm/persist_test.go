@@ -2,6 +2,7 @@ package llm
 
 import (
 	"fmt"
+	"math"
 	"testing"
 
 	"github.com/twell-ai/twell/cuda/cudatest"
@@ -102,6 +103,49 @@ func TestPersistentNotUsable(t *testing.T) {
 		if e.PersistentSteps() != 0 || e.PersistentError() != nil || e.GraphReplays() == 0 {
 			t.Errorf("seed %d: %s path, %d sequences: %d persistent steps (error %v), %d graph replays", seed, k.path, k.S,
 				e.PersistentSteps(), e.PersistentError(), e.GraphReplays())
+		}
+	}
+}
+
+// TestPhaseTimes builds random timelines of the persistent kernel's
+// phases (each block starting and ending each phase of each layer at its
+// own time, phases one after another with a barrier between) and checks
+// PersistentPhases' summary: per phase the median over the layers of the
+// first start to the last end, and of the last end to the next phase's
+// first start.
+func TestPhaseTimes(t *testing.T) {
+	r, seed := testutil.Rand(t)
+	for range 50 {
+		blocks, nl := 1+r.IntN(8), 1+r.IntN(6)
+		w := make([]uint64, persistPhases*2*blocks*nl)
+		idx := func(b, l, p, end int) int { return ((b*nl+l)*persistPhases+p)*2 + end }
+		spans := make([][]float64, persistPhases)
+		gaps := make([][]float64, persistPhases)
+		now := uint64(1 + r.IntN(1e6))
+		var lastEnd uint64
+		for l := range nl {
+			for p := range persistPhases {
+				first, last := uint64(math.MaxUint64), uint64(0)
+				for b := range blocks {
+					s := now + uint64(r.IntN(200))
+					e := s + uint64(50+r.IntN(3000))
+					w[idx(b, l, p, 0)], w[idx(b, l, p, 1)] = s, e
+					first, last = min(first, s), max(last, e)
+				}
+				if before := (p + persistPhases - 1) % persistPhases; l > 0 || p > 0 {
+					gaps[before] = append(gaps[before], float64(first-lastEnd)/1e3)
+				}
+				spans[p] = append(spans[p], float64(last-first)/1e3)
+				lastEnd = last
+				now = last + uint64(100+r.IntN(2000))
+			}
+		}
+		got := phaseTimes(w, blocks, nl)
+		for p, ph := range got {
+			if ph.Name != persistPhaseNames[p] || ph.SpanUS != median(spans[p]) || ph.BarrierUS != median(gaps[p]) {
+				t.Fatalf("seed %d: %d blocks, %d layers: phase %d: %+v, want span %.3f barrier %.3f", seed, blocks, nl, p, ph,
+					median(spans[p]), median(gaps[p]))
+			}
 		}
 	}
 }
