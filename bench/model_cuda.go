@@ -437,7 +437,7 @@ func decodeSpeedCUDA(e *llm.Engine, r *rand.Rand, batch int, o ModelOptions, pat
 			return DecodePoint{}, TraceSection{}, err
 		}
 		for _, p := range phases {
-			pt.PersistentPhases = append(pt.PersistentPhases, PhaseTime{Phase: p.Name, SpanUS: p.SpanUS, BarrierUS: p.BarrierUS})
+			pt.PersistentPhases = append(pt.PersistentPhases, PhaseTime{Phase: p.Name, SpanUS: Median(p.SpanUS), BarrierUS: Median(p.BarrierUS)})
 		}
 	}
 	var sec TraceSection

@@ -53,6 +53,7 @@
 // weights and metadata, which nothing writes, through the read-only path.
 
 #include "common.cuh"
+#include "rowdot.cuh"
 #include "mma.cuh"
 #include "kvpage.cuh"
 
@@ -185,16 +186,6 @@ __device__ __forceinline__ void chunk_dot(const u16* rows, const u16* xs, int le
   for (int k = 0; k < P_ROWS; ++k)
 #pragma unroll
     for (int t = 0; t < MB; ++t) acc[k][t] = warp_sum(acc[k][t]);
-}
-
-// lane_pick returns v[lane] for lane < MB (register selects, no local memory).
-template <int MB>
-__device__ __forceinline__ float lane_pick(const float (&v)[MB], int lane) {
-  float r = 0.f;
-#pragma unroll
-  for (int t = 0; t < MB; ++t)
-    if (t == lane) r = v[t];
-  return r;
 }
 
 // norm_tokens (consumers) norms the m tokens into xs (bf16, stride d):
@@ -506,25 +497,7 @@ __device__ __forceinline__ void down_slice(const float* h, const unsigned char* 
   float acc[MB];
 #pragma unroll
   for (int t = 0; t < MB; ++t) acc[t] = 0.f;
-  for (int i0 = half; i0 < len; i0 += 16) {
-    int js[8];
-    u16 dv[8];
-    float hv[8][MB];
-#pragma unroll
-    for (int k = 0; k < 8; ++k) {
-      js[k] = i0 + 2 * k < len ? list[i0 + 2 * k] : -1;
-      if (js[k] < 0) continue;
-      dv[k] = __ldg(down + (size_t)js[k] * d + col);
-#pragma unroll
-      for (int t = 0; t < MB; ++t) hv[k][t] = t < m ? __ldcg(h + (size_t)t * f + js[k]) : 0.f;
-    }
-#pragma unroll
-    for (int k = 0; k < 8; ++k) {
-      if (js[k] < 0) continue;
-#pragma unroll
-      for (int t = 0; t < MB; ++t) acc[t] = fmaf(hv[k][t], bf_to_f(dv[k]), acc[t]);
-    }
-  }
+  down_dot<MB>(list, len, half, down, h, m, d, f, col, acc);
 #pragma unroll
   for (int t = 0; t < MB; ++t) {
     const float other = __shfl_down_sync(0xffffffffu, acc[t], 16);
@@ -635,7 +608,7 @@ __global__ void __launch_bounds__(32 * (P_NC + 1), 1)
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int p = 2 * c + e, head = p / half, j = p % half;
-        float a = lane_pick<MB>(acc[2 * e], lane), b = lane_pick<MB>(acc[2 * e + 1], lane);
+        float a = pick<MB>(acc[2 * e], lane), b = pick<MB>(acc[2 * e + 1], lane);
         if (lane >= m) continue;
         const int t = lane, pos = tok_pos[t];
         if (head < nq + nkv) {
@@ -668,7 +641,7 @@ __global__ void __launch_bounds__(32 * (P_NC + 1), 1)
     chunks(1, ow, [&](int c, float (&acc)[P_ROWS][MB]) {
 #pragma unroll
       for (int k = 0; k < P_ROWS; ++k) {
-        const float v = lane_pick<MB>(acc[k], lane);
+        const float v = pick<MB>(acc[k], lane);
         if (lane < m) delta[(size_t)lane * d + P_ROWS * c + k] = (u16)f_to_bf(v);
       }
     });

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"slices"
 	"unsafe"
 
 	"github.com/twell-ai/twell/cuda"
@@ -271,15 +270,15 @@ const persistPhases = 5
 // persistPhaseNames name them.
 var persistPhaseNames = [persistPhases]string{"norm+qkv", "attention", "o_proj", "norm+gate", "down"}
 
-// PersistentPhase is where a layer's time goes in the persistent decode
+// PersistentPhase is where the layers' time goes in the persistent decode
 // kernel, by phase (PersistentPhases).
 type PersistentPhase struct {
 	Name string
-	// SpanUS is the median over the layers of the time from the first block
-	// starting the phase to the last one finishing it (microseconds);
-	// BarrierUS of the time from then until the first block starts the
-	// next phase: the grid barrier.
-	SpanUS, BarrierUS float64
+	// SpanUS holds, per layer, the time from the first block starting the
+	// phase to the last one finishing it (microseconds); BarrierUS the time
+	// from then until the first block starts the next phase (the grid
+	// barrier; none after the last layer's last phase).
+	SpanUS, BarrierUS []float64
 }
 
 // PersistentPhases reads the timeline the last step that ran the
@@ -301,8 +300,8 @@ func (e *Engine) PersistentPhases() ([]PersistentPhase, error) {
 	return phaseTimes(w, sms, nl), nil
 }
 
-// phaseTimes summarizes stamps (block b, layer l, phase p, start 0 or end
-// 1 at ((b nl + l) 5 + p) 2 + end, nanoseconds) by phase.
+// phaseTimes reads stamps (block b, layer l, phase p, start 0 or end 1 at
+// ((b nl + l) 5 + p) 2 + end, nanoseconds) by phase.
 func phaseTimes(w []uint64, blocks, nl int) []PersistentPhase {
 	at := func(b, l, p, end int) uint64 { return w[((b*nl+l)*persistPhases+p)*2+end] }
 	out := make([]PersistentPhase, persistPhases)
@@ -323,20 +322,7 @@ func phaseTimes(w []uint64, blocks, nl int) []PersistentPhase {
 				gaps = append(gaps, float64(next-last)/1e3)
 			}
 		}
-		out[p] = PersistentPhase{Name: persistPhaseNames[p], SpanUS: median(spans), BarrierUS: median(gaps)}
+		out[p] = PersistentPhase{Name: persistPhaseNames[p], SpanUS: spans, BarrierUS: gaps}
 	}
 	return out
-}
-
-// median returns the median of v (0 for none); v is sorted in place.
-func median(v []float64) float64 {
-	if len(v) == 0 {
-		return 0
-	}
-	slices.Sort(v)
-	n := len(v)
-	if n%2 == 1 {
-		return v[n/2]
-	}
-	return (v[n/2-1] + v[n/2]) / 2
 }
