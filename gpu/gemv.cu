@@ -460,8 +460,6 @@ __device__ __forceinline__ void down_group(const float* __restrict__ h, const u3
   const int len = list_units(mask, warp, words, 8, list);
   __syncwarp();
   float acc[MB];
-#pragma unroll
-  for (int t = 0; t < MB; ++t) acc[t] = 0.f;
   down_dot<MB>(list, len, half, down, h, mg, d, f, col, acc);
 #pragma unroll
   for (int t = 0; t < MB; ++t) {

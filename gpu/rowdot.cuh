@@ -81,7 +81,7 @@ __device__ __forceinline__ float pick(const float (&v)[MB], int lane) {
   return r;
 }
 
-// down_dot adds to acc[t] (t < m <= MB) the sum over the units list[i], i
+// down_dot sets acc[t] (t < m <= MB) to the sum over the units list[i], i
 // = half, half + 2, ... below len, of h[t][unit] down[unit][col]: a lane's
 // share of a sparse down product (gemv_down, and the persistent decode
 // kernel's down phase), eight units in flight. h is fp32 [m][f] (read
@@ -90,6 +90,8 @@ template <int MB>
 __device__ __forceinline__ void down_dot(const int* list, int len, int half, const u16* __restrict__ down,
                                          const float* __restrict__ h, int m, int d, int f, int col,
                                          float (&acc)[MB]) {
+#pragma unroll
+  for (int t = 0; t < MB; ++t) acc[t] = 0.f;
   for (int i0 = half; i0 < len; i0 += 16) {
     int js[8];
     u16 dv[8];

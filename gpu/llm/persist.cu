@@ -495,8 +495,6 @@ __device__ __forceinline__ void down_slice(const float* h, const unsigned char* 
   __syncwarp();
   const int col = c0 + (lane & 15), half = lane >> 4;
   float acc[MB];
-#pragma unroll
-  for (int t = 0; t < MB; ++t) acc[t] = 0.f;
   down_dot<MB>(list, len, half, down, h, m, d, f, col, acc);
 #pragma unroll
   for (int t = 0; t < MB; ++t) {
