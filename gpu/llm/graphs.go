@@ -107,7 +107,8 @@ type graphSettings struct {
 // graphSettings returns the engine's current graphSettings.
 func (e *Engine) graphSettings() graphSettings {
 	return graphSettings{attention: e.Attention, noGEMV: e.NoGEMV, serial: e.Serial, fuseNorms: e.FuseNorms,
-		attnRope: e.AttnRope, globalMerge: e.decGlobalMerge, persistent: e.Persistent, decRuns: e.decRunsFixed, persistentSlots: e.PersistentSlots, stamps: e.PersistentStamps}
+		attnRope: e.AttnRope, globalMerge: e.decGlobalMerge, decRuns: e.decRunsFixed,
+		persistent: e.Persistent, persistentSlots: e.PersistentSlots, stamps: e.PersistentStamps}
 }
 
 // record captures the decoder layers of b into a graph: in the persistent
