@@ -246,14 +246,16 @@ __device__ __forceinline__ u64 globaltimer() {
   return t;
 }
 
-// grid_arrive_wait (one thread of a block, after a block barrier) is the
-// grid barrier's arrival and wait; see grid_sync. A positive timeout_ns
-// bounds the wait: past it the kernel traps (a launch failure rather than
-// a hang, for kernels whose waits should take microseconds).
-__device__ __forceinline__ void grid_arrive_wait(u32* bar, u64 timeout_ns = 0) {
+// grid_arrive (one thread of a block, after a block barrier) is the grid
+// barrier's arrival and wait (see grid_sync), where gen is the barrier's
+// generation word as it was before any block arrived: read before this
+// block's arrival, or counted by a kernel that passes several barriers (one
+// round trip less each). A positive timeout_ns bounds the wait: past it the
+// kernel traps (a launch failure rather than a hang, for kernels whose
+// waits should take microseconds).
+__device__ __forceinline__ void grid_arrive(u32* bar, u32 gen, u64 timeout_ns) {
   const u32 n = gridDim.x * gridDim.y * gridDim.z;
-  u32 gen, prev;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(gen) : "l"(bar + 1) : "memory");
+  u32 prev;
   __threadfence();
   asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(prev) : "l"(bar) : "memory");
   if (prev == n - 1) {
@@ -269,6 +271,13 @@ __device__ __forceinline__ void grid_arrive_wait(u32* bar, u64 timeout_ns = 0) {
   }
 }
 
+// grid_generation reads a grid barrier's generation word.
+__device__ __forceinline__ u32 grid_generation(const u32* bar) {
+  u32 gen;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(gen) : "l"(bar + 1) : "memory");
+  return gen;
+}
+
 // grid_sync: every block of the grid meets here, and what any block wrote
 // before it is visible to every block after it (read it through the L2).
 // A sense-reversing barrier on bar[0] (arrivals) and bar[1] (generation),
@@ -280,7 +289,7 @@ __device__ __forceinline__ void grid_arrive_wait(u32* bar, u64 timeout_ns = 0) {
 // blocks as fit.
 __device__ __forceinline__ void grid_sync(u32* bar) {
   __syncthreads();
-  if (threadIdx.x == 0) grid_arrive_wait(bar);
+  if (threadIdx.x == 0) grid_arrive(bar, grid_generation(bar), 0);
   __syncthreads();
 }
 

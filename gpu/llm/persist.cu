@@ -16,7 +16,7 @@
 // completing on the slot's "full" mbarrier; it only waits for a slot to be
 // released ("empty" mbarrier). The other warps (the consumers) run the
 // phases of each layer, meeting at a grid barrier between phases (the
-// consumers' named barrier, then grid_arrive_wait), which the producer
+// consumers' named barrier, then grid_arrive), which the producer
 // never joins:
 //
 //   1. norm + q/k/v: every block norms the tokens (resid + delta, RMSNorm)
@@ -576,6 +576,9 @@ __global__ void __launch_bounds__(32 * (P_NC + 1), 1)
   };
   const int gw = blockIdx.x * NC + cw, nw = gridDim.x * NC, items = m * nq * R;
   const bool leader = threadIdx.x == 32;
+  // The grid barrier's generation, counted from here: no block can pass
+  // the first barrier before this one arrives at it.
+  u32 gen = leader ? grid_generation(bar) : 0;
   // stamp records, with stamps, when the block's consumers start (end 0)
   // or finish (end 1) phase ph of layer l.
   auto stamp = [&](int l, int ph, int end) {
@@ -587,7 +590,7 @@ __global__ void __launch_bounds__(32 * (P_NC + 1), 1)
     consumers_sync<NC>();
     stamp(l, ph, 1);
     if (l + 1 == nl && ph == 4) return;
-    if (leader) grid_arrive_wait(bar, P_TIMEOUT);
+    if (leader) grid_arrive(bar, gen++, P_TIMEOUT);
     consumers_sync<NC>();
     stamp(ph == 4 ? l + 1 : l, (ph + 1) % 5, 0);
   };
