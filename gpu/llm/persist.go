@@ -124,6 +124,11 @@ func (e *Engine) persistPlan(T int, paths []mlp.Path) *persistLaunch {
 	return pl
 }
 
+// persistSetup compiles the kernel (first use), sizes its ring to the
+// shared memory an SM gives one block (at most persistMaxSlot slots, or
+// PersistentSlots), checks that a block fits an SM, makes its buffers and
+// picks the attention runs a head: as many as fill the consumer warps of
+// the grid once, at most persistMaxRuns.
 func (e *Engine) persistSetup(T int) (*persistLaunch, error) {
 	c := e.cfg
 	d, f, hd, nq := c.HiddenSize, c.IntermediateSize, c.HeadDim, c.NumAttentionHeads
