@@ -143,10 +143,8 @@ __device__ __forceinline__ void produce(const PLayer* __restrict__ layers, int n
       for (int c = blockIdx.x; c < n; c += gridDim.x, ++i) {
         const u32 s = i % nslot;
         if (i >= (u32)nslot) ring_wait(empty + 8 * s, (i / nslot - 1) & 1);
-        if (lane == 0) {
-          asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // the consumers' reads of the slot come first
-          mbar_expect_tx(full + 8 * s, (u32)(P_ROWS * len * 2));
-        }
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // the consumers' reads of the slot come first
+        if (lane == 0) mbar_expect_tx(full + 8 * s, (u32)(P_ROWS * len * 2));
         __syncwarp();
         if (lane < P_ROWS)
           asm volatile(
