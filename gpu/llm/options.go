@@ -15,19 +15,19 @@ import (
 // the Engine's fields and its MLPs; nothing reads the environment while the
 // engine runs).
 type Options struct {
-	Attention string // Engine.Attention: EnvAttention
-	NoGraphs  bool   // Engine.NoGraphs: EnvGraphs = "0"
-	NoGEMV    bool   // Engine.NoGEMV: EnvGEMV = "0"
-	FuseNorms bool   // Engine.FuseNorms: EnvFuseNorms unset or "1"
-	AttnRope  bool   // Engine.AttnRope: EnvAttnRope unset or "1"
-	// Engine.Persistent: EnvPersistent = "1"
-	Persistent bool
-	// Engine.PersistentSlots: EnvPersistentSlots
-	PersistentSlots int
-	// Engine.PersistentStamps: EnvPersistentStamps = "1"
+	Attention string      // Engine.Attention: EnvAttention
+	NoGraphs  bool        // Engine.NoGraphs: EnvGraphs = "0"
+	NoGEMV    bool        // Engine.NoGEMV: EnvGEMV = "0"
+	FuseNorms bool        // Engine.FuseNorms: EnvFuseNorms unset or "1"
+	AttnRope  bool        // Engine.AttnRope: EnvAttnRope unset or "1"
+	GEMMTune  bool        // the engine's cuBLASLt handle tunes (cublas.DefaultTuneFlops): EnvGEMMTune unset or "1"
+	MLP       gpu.Options // each TwELL layer's kernels: gpu.Switches
+	// Persistent, PersistentSlots and PersistentStamps set the Engine's
+	// fields of those names: EnvPersistent = "1", EnvPersistentSlots,
+	// EnvPersistentStamps = "1".
+	Persistent       bool
+	PersistentSlots  int
 	PersistentStamps bool
-	GEMMTune         bool        // the engine's cuBLASLt handle tunes (cublas.DefaultTuneFlops): EnvGEMMTune unset or "1"
-	MLP              gpu.Options // each TwELL layer's kernels: gpu.Switches
 	// ReleaseWeights makes NewEngineWith drop each layer's float32
 	// matrices from the model once they are on the device, and the model's
 	// weights (Weights becomes nil) at the end: for jobs that only run the
