@@ -29,7 +29,8 @@
 //   2. attention: a warp per run of keys of a (token, head), R runs a
 //      head; runs write their maximum, sum and unnormalized output, and
 //      the last run of a (token, head) to finish (a counter, reset by it)
-//      merges them in run order.
+//      merges them, in an order fixed by the runs alone (so the result
+//      repeats bit for bit).
 //   3. output projection of the attention output into delta.
 //   4. norm + gate: the tokens normed again (resid + delta), block 0 writes
 //      the sum back; per gate chunk the gate values, ReLU, and for the
@@ -48,9 +49,10 @@
 // arrivals), the others as soon as it has landed: so no warp waits on a
 // slot's mbarrier a phase before the one it means (which a parity wait
 // cannot tell apart), whichever order the copies land in. Every wait is
-// bounded (P_TIMEOUT): a bug traps rather than hangs the grid. Everything that
-// another block wrote during the kernel is read through the L2 (ld.cg);
-// weights and metadata, which nothing writes, through the read-only path.
+// bounded (P_TIMEOUT): a bug traps rather than hangs the grid. Everything
+// that another block wrote during the kernel is read through the L2
+// (ld.cg); weights and metadata, which nothing writes, through the
+// read-only path.
 
 #include "common.cuh"
 #include "rowdot.cuh"
