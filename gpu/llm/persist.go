@@ -23,6 +23,7 @@ const (
 	persistMaxSlot = 16 // P_MAXSLOT
 	persistMinSlot = 4  // fewer slots than this and the weights cannot stream ahead
 	persistMaxRuns = 32 // P_MAXRUNS
+	persistWarps   = 7  // consumer warps a block (P_NC)
 )
 
 // persistExprs are the kernel's instances, by head_dim and MB.
@@ -36,9 +37,6 @@ func persistExpr(hd, m int) string {
 	}
 	return fmt.Sprintf("persist_decode<%d,%d>", hd, mb)
 }
-
-// persistWarps is the kernel's consumer warps (P_NC).
-const persistWarps = 7
 
 // persistKernels compiles persist.cu on first use: sm_90 and later only.
 func (k *kernels) persistKernels() (map[string]*cuda.Function, error) {
