@@ -42,7 +42,8 @@
 #                                       layer-by-layer kernels, and with its ring capped at 6 slots
 #                                       (TWELL_LLM_PERSISTENT_SLOTS=6): steps of 1 and 8 sequences
 #                                       at 512 cached tokens, two rounds; then traced (CUPTI), with
-#                                       its phases timed (TWELL_LLM_PERSISTENT_STAMPS=1)
+#                                       its phases timed (TWELL_LLM_PERSISTENT_STAMPS=1); PART=1 runs
+#                                       the tests and round 1, PART=2 round 2 and the traced run
 #   scripts/gpu-bench.sh ab-prefill OUTDIR  the prefill switches, as variants of one run (bench model
 #                                       -variants), 32 x 2048 tokens, two rounds: the defaults,
 #                                       cuBLASLt's heuristic's algorithms with the queries rotated
@@ -161,21 +162,32 @@ ab-decode)
   done
   ;;
 ab-persistent)
-  RUN='TestCompilePersistent|TestPersistent|TestGraphDecodeMatchesEager|TestFusedNormsMatchUnfused|TestFusedGEMV' \
-    "$root/scripts/gpu-run.sh" "$out/tests" || status=1
+  # PART=1 runs the tests and the first round, PART=2 the second round and
+  # the traced run (each under 10 minutes); unset, all of it.
   ckpt=${TMPDIR:-/tmp}/twell-ab-sparselm
   model=(-preset sparselm-1.5b -save "$ckpt")
-  for round in 1 2; do
+  [ -f "$ckpt/config.json" ] && model=(-model "$ckpt")
+  rounds="1 2"
+  case ${PART:-} in
+  1) rounds=1 ;;
+  2) rounds=2 ;;
+  esac
+  if [ "${PART:-1}" = 1 ]; then
+    RUN='TestCompilePersistent|TestPersistent|TestGraphDecodeMatchesEager|TestFusedNormsMatchUnfused|TestFusedGEMV' \
+      "$root/scripts/gpu-run.sh" "$out/tests" || status=1
+  fi
+  for round in $rounds; do
     "$tw" bench model -device cuda "${model[@]}" -seed 9596107621982983358 -reps 3 -batch 1 -prompt-len 64 \
       -decode-batch 1,8 -decode-context 512 -decode-steps 64 -variants 'LLM_PERSISTENT=1;LLM_PERSISTENT=1 LLM_PERSISTENT_SLOTS=6;' \
       -json "$out/persistent-$round.json" -plot "$out/persistent-$round.png" 2>&1 | tee "$out/persistent-$round.txt" || status=1
-    model=(-preset sparselm-1.5b)
     [ -f "$ckpt/config.json" ] && model=(-model "$ckpt")
   done
-  TWELL_LLM_PERSISTENT=1 TWELL_LLM_PERSISTENT_STAMPS=1 "$tw" bench model -device cuda "${model[@]}" \
-    -seed 9596107621982983358 -reps 1 -batch 1 -prompt-len 64 -decode-batch 1,8 -decode-context 512 -decode-steps 32 \
-    -trace "$out/persistent-trace.json" -trace-plot "$out/persistent-trace.png" \
-    -json "$out/persistent-traced.json" 2>&1 | tee "$out/persistent-traced.txt" || status=1
+  if [ "${PART:-2}" = 2 ]; then
+    TWELL_LLM_PERSISTENT=1 TWELL_LLM_PERSISTENT_STAMPS=1 "$tw" bench model -device cuda "${model[@]}" \
+      -seed 9596107621982983358 -reps 1 -batch 1 -prompt-len 64 -decode-batch 1,8 -decode-context 512 -decode-steps 32 \
+      -trace "$out/persistent-trace.json" -trace-plot "$out/persistent-trace.png" \
+      -json "$out/persistent-traced.json" 2>&1 | tee "$out/persistent-traced.txt" || status=1
+  fi
   ;;
 ab-prefill)
   "$tw" bench gemm -transb -backend lt,tuned -reps 20 -energy 0 \
