@@ -209,15 +209,6 @@ func fitsOnHost(c model.Config, o ModelOptions) error {
 	return memcheck.Fits(fmt.Sprintf("the %d-layer benchmark model", c.NumHiddenLayers), need, hint)
 }
 
-// PhaseTime is a phase of the GPU's persistent decode kernel: the median
-// over the layers of the time from its first block starting it to its
-// last finishing it, and of the grid barrier after it (microseconds).
-type PhaseTime struct {
-	Phase     string  `json:"phase"`
-	SpanUS    float64 `json:"span_us"`
-	BarrierUS float64 `json:"barrier_us"`
-}
-
 // DecodePoint is decode speed at one batch size.
 type DecodePoint struct {
 	Batch        int     `json:"batch"`
@@ -233,14 +224,6 @@ type DecodePoint struct {
 	// SparseLayers is how many layers ran the sparse MLP path in the last
 	// step (GPU only).
 	SparseLayers int `json:"sparse_layers,omitempty"`
-	// PersistentSteps is how many of the steps ran the persistent decode
-	// kernel (GPU only, with TWELL_LLM_PERSISTENT=1), and PersistentError
-	// why it did not run where it was asked for.
-	PersistentSteps int    `json:"persistent_steps,omitempty"`
-	PersistentError string `json:"persistent_error,omitempty"`
-	// PersistentPhases is where a layer's time went in the persistent
-	// kernel's last timed step, by phase (TWELL_LLM_PERSISTENT_STAMPS=1).
-	PersistentPhases []PhaseTime `json:"persistent_phases,omitempty"`
 	// StepMS is the GPU time by kind of step of one more decode step,
 	// profiled and so not replayed from a graph (GPU only;
 	// llm.Stats.StepMS).

@@ -381,7 +381,7 @@ func decodeSpeedCUDA(e *llm.Engine, r *rand.Rand, batch int, o ModelOptions, pat
 	}
 	toks := make([][]int, batch)
 	times := make([]float64, 0, reps)
-	graphs0, records0, persist0 := e.GraphReplays(), e.GraphRecords(), e.PersistentSteps()
+	graphs0, records0 := e.GraphReplays(), e.GraphRecords()
 	// A serving loop samples each step's logits and drops them: reuse one
 	// page-locked buffer rather than allocating batch x vocabulary floats
 	// per step.
@@ -427,19 +427,7 @@ func decodeSpeedCUDA(e *llm.Engine, r *rand.Rand, batch int, o ModelOptions, pat
 	med := Median(times)
 	pt := DecodePoint{Batch: batch, Context: ctx, TokensPerSec: float64(batch*steps) / med * 1000, MSPerStep: med / float64(steps),
 		GraphSteps: e.GraphReplays() - graphs0, Steps: (reps + 1) * steps, GraphRecords: e.GraphRecords() - records0,
-		SparseLayers: sparse, PersistentSteps: e.PersistentSteps() - persist0}
-	if err := e.PersistentError(); err != nil {
-		pt.PersistentError = err.Error()
-	}
-	if e.PersistentStamps && pt.PersistentSteps > 0 {
-		phases, err := e.PersistentPhases()
-		if err != nil {
-			return DecodePoint{}, TraceSection{}, err
-		}
-		for _, p := range phases {
-			pt.PersistentPhases = append(pt.PersistentPhases, PhaseTime{Phase: p.Name, SpanUS: Median(p.SpanUS), BarrierUS: Median(p.BarrierUS)})
-		}
-	}
+		SparseLayers: sparse}
 	var sec TraceSection
 	if o.TraceSteps > 0 {
 		for i := range caches {

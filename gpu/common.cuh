@@ -239,45 +239,6 @@ __device__ __forceinline__ void grid_enter(bool release_first) {
   if (!release_first) grid_release();
 }
 
-// globaltimer returns the GPU's global nanosecond timer.
-__device__ __forceinline__ u64 globaltimer() {
-  u64 t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
-
-// grid_arrive (one thread of a block, after a block barrier) is the grid
-// barrier's arrival and wait (see grid_sync), where gen is the barrier's
-// generation word as it was before any block arrived: read before this
-// block's arrival, or counted by a kernel that passes several barriers (one
-// round trip less each). A positive timeout_ns bounds the wait: past it the
-// kernel traps (a launch failure rather than a hang, for kernels whose
-// waits should take microseconds).
-__device__ __forceinline__ void grid_arrive(u32* bar, u32 gen, u64 timeout_ns) {
-  const u32 n = gridDim.x * gridDim.y * gridDim.z;
-  u32 prev;
-  __threadfence();
-  asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(prev) : "l"(bar) : "memory");
-  if (prev == n - 1) {
-    asm volatile("st.relaxed.gpu.global.u32 [%0], 0;" ::"l"(bar) : "memory");
-    asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(bar + 1), "r"(gen + 1) : "memory");
-  } else {
-    const u64 t0 = timeout_ns ? globaltimer() : 0;
-    u32 g;
-    do {
-      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(g) : "l"(bar + 1) : "memory");
-      if (timeout_ns && g == gen && globaltimer() - t0 > timeout_ns) asm volatile("trap;");
-    } while (g == gen);
-  }
-}
-
-// grid_generation reads a grid barrier's generation word.
-__device__ __forceinline__ u32 grid_generation(const u32* bar) {
-  u32 gen;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(gen) : "l"(bar + 1) : "memory");
-  return gen;
-}
-
 // grid_sync: every block of the grid meets here, and what any block wrote
 // before it is visible to every block after it (read it through the L2).
 // A sense-reversing barrier on bar[0] (arrivals) and bar[1] (generation),
@@ -289,7 +250,22 @@ __device__ __forceinline__ u32 grid_generation(const u32* bar) {
 // blocks as fit.
 __device__ __forceinline__ void grid_sync(u32* bar) {
   __syncthreads();
-  if (threadIdx.x == 0) grid_arrive(bar, grid_generation(bar), 0);
+  if (threadIdx.x == 0) {
+    const u32 n = gridDim.x * gridDim.y * gridDim.z;
+    u32 gen, prev;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(gen) : "l"(bar + 1) : "memory");
+    __threadfence();
+    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(prev) : "l"(bar) : "memory");
+    if (prev == n - 1) {
+      asm volatile("st.relaxed.gpu.global.u32 [%0], 0;" ::"l"(bar) : "memory");
+      asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(bar + 1), "r"(gen + 1) : "memory");
+    } else {
+      u32 g;
+      do {
+        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(g) : "l"(bar + 1) : "memory");
+      } while (g == gen);
+    }
+  }
   __syncthreads();
 }
 

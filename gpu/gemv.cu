@@ -460,7 +460,27 @@ __device__ __forceinline__ void down_group(const float* __restrict__ h, const u3
   const int len = list_units(mask, warp, words, 8, list);
   __syncwarp();
   float acc[MB];
-  down_dot<MB>(list, len, half, down, h, mg, d, f, col, acc);
+#pragma unroll
+  for (int t = 0; t < MB; ++t) acc[t] = 0.f;
+  for (int i0 = half; i0 < len; i0 += 16) {
+    int js[8];
+    u16 dv[8];
+    float hv[8][MB];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      js[k] = i0 + 2 * k < len ? list[i0 + 2 * k] : -1;
+      if (js[k] < 0) continue;
+      dv[k] = down[(size_t)js[k] * d + col];
+#pragma unroll
+      for (int t = 0; t < MB; ++t) hv[k][t] = t < mg ? __ldcg(h + (size_t)t * f + js[k]) : 0.f;
+    }
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      if (js[k] < 0) continue;
+#pragma unroll
+      for (int t = 0; t < MB; ++t) acc[t] = fmaf(hv[k][t], bf_to_f(dv[k]), acc[t]);
+    }
+  }
 #pragma unroll
   for (int t = 0; t < MB; ++t) {
     float other = __shfl_down_sync(0xffffffffu, acc[t], 16);

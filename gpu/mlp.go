@@ -165,13 +165,6 @@ func uploadBF16(dev *cuda.Device, w []float32) (*cuda.Buffer, error) {
 	return b, nil
 }
 
-// Rows returns the device weights the small-batch kernels read, in the
-// MLP's unit order (UnitOrder: calibration reorders them in place, so they
-// stay at these addresses for the MLP's life): the gate rows (nil when not
-// gated) and up rows, bf16 [F][D], and the down projection's rows (Wd
-// transposed), bf16 [F][D].
-func (l *MLP) Rows() (gate, up, down *cuda.Buffer) { return l.gate, l.up, l.down }
-
 // sparseIn returns the weights whose ReLU'd product is the sparse activation.
 func (l *MLP) sparseIn() *cuda.Buffer {
 	if l.Gated {

@@ -80,35 +80,3 @@ __device__ __forceinline__ float pick(const float (&v)[MB], int lane) {
     if (t == lane) r = v[t];
   return r;
 }
-
-// down_dot sets acc[t] (t < m <= MB) to the sum over the units list[i], i
-// = half, half + 2, ... below len, of h[t][unit] down[unit][col]: a lane's
-// share of a sparse down product (gemv_down, and the persistent decode
-// kernel's down phase), eight units in flight. h is fp32 [m][f] (read
-// through the L2: an earlier kernel or phase wrote it), down bf16 [f][d].
-template <int MB>
-__device__ __forceinline__ void down_dot(const int* list, int len, int half, const u16* __restrict__ down,
-                                         const float* __restrict__ h, int m, int d, int f, int col,
-                                         float (&acc)[MB]) {
-#pragma unroll
-  for (int t = 0; t < MB; ++t) acc[t] = 0.f;
-  for (int i0 = half; i0 < len; i0 += 16) {
-    int js[8];
-    u16 dv[8];
-    float hv[8][MB];
-#pragma unroll
-    for (int k = 0; k < 8; ++k) {
-      js[k] = i0 + 2 * k < len ? list[i0 + 2 * k] : -1;
-      if (js[k] < 0) continue;
-      dv[k] = down[(size_t)js[k] * d + col];
-#pragma unroll
-      for (int t = 0; t < MB; ++t) hv[k][t] = t < m ? __ldcg(h + (size_t)t * f + js[k]) : 0.f;
-    }
-#pragma unroll
-    for (int k = 0; k < 8; ++k) {
-      if (js[k] < 0) continue;
-#pragma unroll
-      for (int t = 0; t < MB; ++t) acc[t] = fmaf(hv[k][t], bf_to_f(dv[k]), acc[t]);
-    }
-  }
-}

@@ -35,15 +35,6 @@
 #                                       then steps of 1, 8 and 64 sequences after a prefill of
 #                                       8 x 512 tokens, which calibrates the hot units, against
 #                                       no hot units (TWELL_HOT_UNITS=0), twice
-#   scripts/gpu-bench.sh ab-persistent OUTDIR  the persistent decode kernel (TWELL_LLM_PERSISTENT=1):
-#                                       first its tests and the layer-by-layer decode tests (in
-#                                       OUTDIR/tests; the timings run even if they fail), then as a
-#                                       variant of one run (bench model -variants) against the
-#                                       layer-by-layer kernels, and with its ring capped at 6 slots
-#                                       (TWELL_LLM_PERSISTENT_SLOTS=6): steps of 1 and 8 sequences
-#                                       at 512 cached tokens, two rounds; then traced (CUPTI), with
-#                                       its phases timed (TWELL_LLM_PERSISTENT_STAMPS=1); PART=1 runs
-#                                       the tests and round 1, PART=2 round 2 and the traced run
 #   scripts/gpu-bench.sh ab-prefill OUTDIR  the prefill switches, as variants of one run (bench model
 #                                       -variants), 32 x 2048 tokens, two rounds: the defaults,
 #                                       cuBLASLt's heuristic's algorithms with the queries rotated
@@ -70,8 +61,8 @@
 # Each run ends with `twell bench table OUTDIR`.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-what=${1:?usage: gpu-bench.sh ffn|model|decode|train|trace|ab-mlp|ab-decode|ab-persistent|ab-prefill|stalls|stalls-decode|host-mem OUTDIR}
-out=${2:?usage: gpu-bench.sh ffn|model|decode|train|trace|ab-mlp|ab-decode|ab-persistent|ab-prefill|stalls|stalls-decode|host-mem OUTDIR}
+what=${1:?usage: gpu-bench.sh ffn|model|decode|train|trace|ab-mlp|ab-decode|ab-prefill|stalls|stalls-decode|host-mem OUTDIR}
+out=${2:?usage: gpu-bench.sh ffn|model|decode|train|trace|ab-mlp|ab-decode|ab-prefill|stalls|stalls-decode|host-mem OUTDIR}
 mkdir -p "$out"
 tw=$root/gpubin/twell
 if [ ! -x "$tw" ] && [ -f "$root/gpubin/pack.txz" ]; then
@@ -161,34 +152,6 @@ ab-decode)
       -json "$out/decode-hot-$round.json" -plot "$out/decode-hot-$round.png" 2>&1 | tee "$out/decode-hot-$round.txt" || status=1
   done
   ;;
-ab-persistent)
-  # PART=1 runs the tests and the first round, PART=2 the second round and
-  # the traced run (each under 10 minutes); unset, all of it.
-  ckpt=${TMPDIR:-/tmp}/twell-ab-sparselm
-  model=(-preset sparselm-1.5b -save "$ckpt")
-  [ -f "$ckpt/config.json" ] && model=(-model "$ckpt")
-  rounds="1 2"
-  case ${PART:-} in
-  1) rounds=1 ;;
-  2) rounds=2 ;;
-  esac
-  if [ "${PART:-1}" = 1 ]; then
-    RUN='TestCompilePersistent|TestPersistent|TestGraphDecodeMatchesEager|TestFusedNormsMatchUnfused|TestFusedGEMV' \
-      "$root/scripts/gpu-run.sh" "$out/tests" || status=1
-  fi
-  for round in $rounds; do
-    "$tw" bench model -device cuda "${model[@]}" -seed 9596107621982983358 -reps 3 -batch 1 -prompt-len 64 \
-      -decode-batch 1,8 -decode-context 512 -decode-steps 64 -variants 'LLM_PERSISTENT=1;LLM_PERSISTENT=1 LLM_PERSISTENT_SLOTS=6;' \
-      -json "$out/persistent-$round.json" -plot "$out/persistent-$round.png" 2>&1 | tee "$out/persistent-$round.txt" || status=1
-    [ -f "$ckpt/config.json" ] && model=(-model "$ckpt")
-  done
-  if [ "${PART:-2}" = 2 ]; then
-    TWELL_LLM_PERSISTENT=1 TWELL_LLM_PERSISTENT_STAMPS=1 "$tw" bench model -device cuda "${model[@]}" \
-      -seed 9596107621982983358 -reps 1 -batch 1 -prompt-len 64 -decode-batch 1,8 -decode-context 512 -decode-steps 32 \
-      -trace "$out/persistent-trace.json" -trace-plot "$out/persistent-trace.png" \
-      -json "$out/persistent-traced.json" 2>&1 | tee "$out/persistent-traced.txt" || status=1
-  fi
-  ;;
 ab-prefill)
   "$tw" bench gemm -transb -backend lt,tuned -reps 20 -energy 0 \
     -sizes 131072x6144x2048,131072x2048x2048,131072x4096x2048,131072x5632x2048,131072x2048x5632 \
@@ -238,7 +201,7 @@ host-mem)
   grep -E "Maximum resident|Elapsed|tokens" "$out/generate-time.txt"
   ;;
 *)
-  echo "gpu-bench: want ffn, model, decode, train, trace, ab-mlp, ab-decode, ab-persistent, ab-prefill, stalls, stalls-decode or host-mem, not $what" >&2
+  echo "gpu-bench: want ffn, model, decode, train, trace, ab-mlp, ab-decode, ab-prefill, stalls, stalls-decode or host-mem, not $what" >&2
   exit 2
   ;;
 esac

@@ -282,29 +282,12 @@ func printModelTable(w io.Writer, rs []bench.ModelResult, peak []int64) {
 		var parts []string
 		for _, p := range r.Decode {
 			if p.Steps > 0 {
-				part := fmt.Sprintf("b=%d %d/%d (%d recorded, %d sparse MLP layers", p.Batch, p.GraphSteps, p.Steps,
-					p.GraphRecords, p.SparseLayers)
-				if p.PersistentSteps > 0 {
-					part += fmt.Sprintf(", %d in the persistent kernel", p.PersistentSteps)
-				}
-				if p.PersistentError != "" {
-					part += ", persistent kernel off: " + p.PersistentError
-				}
-				parts = append(parts, part+")")
+				parts = append(parts, fmt.Sprintf("b=%d %d/%d (%d recorded, %d sparse MLP layers)", p.Batch, p.GraphSteps, p.Steps,
+					p.GraphRecords, p.SparseLayers))
 			}
 		}
 		if len(parts) > 0 {
 			fmt.Fprintf(w, "%s: decode steps replayed from CUDA graphs: %s\n", r.Path, strings.Join(parts, ", "))
-		}
-		for _, p := range r.Decode {
-			if len(p.PersistentPhases) == 0 {
-				continue
-			}
-			var ph []string
-			for _, x := range p.PersistentPhases {
-				ph = append(ph, fmt.Sprintf("%s %.1f + %.1f", x.Phase, x.SpanUS, x.BarrierUS))
-			}
-			fmt.Fprintf(w, "%s: b=%d persistent kernel, a layer's phases (us, span + barrier): %s\n", r.Path, p.Batch, strings.Join(ph, ", "))
 		}
 	}
 }

@@ -8,7 +8,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/twell-ai/twell/bench"
 	"github.com/twell-ai/twell/cuda"
 )
 
@@ -229,30 +228,5 @@ func TestBenchModelCUDATrace(t *testing.T) {
 	}
 	if !strings.Contains(errb.String(), "traced decode steps, batch 3") {
 		t.Errorf("stderr has no decode trace summary: %s", errb.String())
-	}
-}
-
-// TestModelTablePersistent: the table says how many decode steps ran the
-// GPU's persistent kernel, why it did not run where it was asked for, and
-// where a layer's time went in it by phase.
-func TestModelTablePersistent(t *testing.T) {
-	rs := []bench.ModelResult{{Path: "twell", Decode: []bench.DecodePoint{
-		{Batch: 1, Steps: 80, GraphSteps: 79, GraphRecords: 1, SparseLayers: 28, PersistentSteps: 79,
-			PersistentPhases: []bench.PhaseTime{{Phase: "norm+qkv", SpanUS: 2.31, BarrierUS: 1.5}, {Phase: "down", SpanUS: 1.04}}},
-		{Batch: 9, Steps: 80, GraphSteps: 79, GraphRecords: 1, SparseLayers: 28, PersistentError: "llm: no room"},
-	}}}
-	var out bytes.Buffer
-	printModelTable(&out, rs, []int64{1 << 30})
-	for _, want := range []string{
-		"b=1 79/80 (1 recorded, 28 sparse MLP layers, 79 in the persistent kernel)",
-		"b=9 79/80 (1 recorded, 28 sparse MLP layers, persistent kernel off: llm: no room)",
-		"twell: b=1 persistent kernel, a layer's phases (us, span + barrier): norm+qkv 2.3 + 1.5, down 1.0 + 0.0",
-	} {
-		if !strings.Contains(out.String(), want) {
-			t.Errorf("table lacks %q:\n%s", want, out.String())
-		}
-	}
-	if strings.Contains(out.String(), "b=9 persistent kernel") {
-		t.Errorf("table has phases for a step without them:\n%s", out.String())
 	}
 }

@@ -33,11 +33,7 @@
 //   - each MLP is a gpu.MLP (the TwELL sparse path or cuBLASLt dense, chosen
 //     by measured density) where the gate is ReLU and the shape suits the
 //     TwELL kernels, and a gpu.DenseMLP (cuBLASLt, the same dense code as
-//     gpu.MLP's dense path, ReLU or SiLU) otherwise;
-//   - decode steps replay CUDA graphs (graphs.go); with Engine.Persistent
-//     (off by default, not yet measured) a step of 1 to 8 sequences whose
-//     layers all run the gated TwELL MLP sparse runs every layer in one
-//     persistent kernel instead (persist.cu).
+//     gpu.MLP's dense path, ReLU or SiLU) otherwise.
 //
 // Results agree with the float32 CPU model within bf16 rounding; the tests
 // check logits, decoding against recomputation, batching, and caches in

@@ -92,23 +92,6 @@ type Engine struct {
 	// anew each step costs milliseconds on the host. Callers that keep
 	// logits past the next call must copy them.
 	ReuseLogits bool
-	// Persistent runs graph-replayed decode steps of 1 to 8 sequences whose
-	// layers all run the gated TwELL MLP sparse in one persistent kernel
-	// (persist.cu) instead of some ten kernels a layer; sm_90 and later.
-	// Where it cannot run (PersistentError says why) the steps run layer by
-	// layer. NewEngine sets it when the environment variable
-	// TWELL_LLM_PERSISTENT is "1"; it is off by default until measured
-	// against the layer-by-layer kernels on a GPU.
-	Persistent bool
-	// PersistentSlots, when positive, caps the persistent kernel's ring
-	// slots (at least 4 are used); 0: as many as fit. NewEngine sets it from
-	// TWELL_LLM_PERSISTENT_SLOTS.
-	PersistentSlots int
-	// PersistentStamps makes the persistent kernel record when each block
-	// starts and ends each phase of each layer (PersistentPhases reads the
-	// last step's). NewEngine sets it when TWELL_LLM_PERSISTENT_STAMPS is
-	// "1".
-	PersistentStamps bool
 
 	dev    *cuda.Device
 	blas   *cublas.Handle
@@ -144,15 +127,12 @@ type Engine struct {
 	prof   stepProfile // Profile's events
 	profOn bool        // the pass being queued is profiled: Profile set, not replayed from a graph
 
-	gen          uint64 // reallocations of engine buffers (a recorded graph uses their addresses)
-	graphs       map[int]*stepGraph
-	graphErr     error
-	persist      persistState // the persistent decode kernel's buffers
-	persistErr   error        // why the persistent decode kernel is off (Persistent)
-	persistSteps int          // decode steps run in it
-	hotErr       error        // why a calibration failed (HotUnits)
-	replays      int          // decode steps replayed from graphs
-	records      int          // decode-step graphs recorded
+	gen      uint64 // reallocations of engine buffers (a recorded graph uses their addresses)
+	graphs   map[int]*stepGraph
+	graphErr error
+	hotErr   error // why a calibration failed (HotUnits)
+	replays  int   // decode steps replayed from graphs
+	records  int   // decode-step graphs recorded
 }
 
 // layer is one decoder layer's weights on the device.
@@ -250,9 +230,7 @@ func NewEngineWith(dev *cuda.Device, m *model.Model, opts Options) (*Engine, err
 		return nil, err
 	}
 	e := &Engine{cfg: c, dev: dev, k: k, mlpPath: mlp.Auto, rope: model.NewRoPETables(c), Attention: opts.Attention,
-		NoGraphs: opts.NoGraphs, NoGEMV: opts.NoGEMV, Serial: opts.MLP.Serial, FuseNorms: opts.FuseNorms, AttnRope: opts.AttnRope,
-		Persistent: opts.Persistent, PersistentSlots: opts.PersistentSlots, PersistentStamps: opts.PersistentStamps,
-		HotUnits: !opts.MLP.NoHotUnits, pool: &kvPool{dev: dev, cfg: c}}
+		NoGraphs: opts.NoGraphs, NoGEMV: opts.NoGEMV, Serial: opts.MLP.Serial, FuseNorms: opts.FuseNorms, AttnRope: opts.AttnRope, HotUnits: !opts.MLP.NoHotUnits, pool: &kvPool{dev: dev, cfg: c}}
 	if act, _ := c.GateActivation(); act == model.ActSiLU {
 		e.act = gpu.ActSiLU
 	}
@@ -459,7 +437,6 @@ func (e *Engine) Close() error {
 	}
 	ws := &e.ws
 	free(ws.resid, ws.resid2, ws.hn, ws.qkv, ws.proj, ws.meta, ws.dec, ws.sel, ws.logits)
-	errs = append(errs, e.persistFree())
 	if e.hostLogits != nil {
 		errs = append(errs, e.hostLogits.Free())
 		e.hostLogits = nil

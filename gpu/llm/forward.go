@@ -366,7 +366,7 @@ func (e *Engine) queue(b *batch) (*engine.Stats, error) {
 		return st, err
 	}
 	e.profOn = e.Profile
-	return st, e.layersQueue(b, st, nil, nil)
+	return st, e.layersQueue(b, st, nil)
 }
 
 // prepare sizes the workspace and RoPE tables for b, points each
@@ -388,9 +388,8 @@ func (e *Engine) prepare(b *batch) error {
 
 // layersQueue queues the embedding and the decoder layers of b, whose
 // metadata prepare uploaded. paths, if not nil, fixes each layer's MLP path
-// and leaves out the MLPs' bookkeeping (for recording into a graph); pl,
-// if not nil, runs the layers in the persistent decode kernel.
-func (e *Engine) layersQueue(b *batch, st *engine.Stats, paths []mlp.Path, pl *persistLaunch) error {
+// and leaves out the MLPs' bookkeeping (for recording into a graph).
+func (e *Engine) layersQueue(b *batch, st *engine.Stats, paths []mlp.Path) error {
 	c := e.cfg
 	h, hd, nq, nkv := c.HiddenSize, c.HeadDim, c.NumAttentionHeads, c.NumKeyValueHeads
 	T := b.T
@@ -411,13 +410,6 @@ func (e *Engine) layersQueue(b *batch, st *engine.Stats, paths []mlp.Path, pl *p
 		return fmt.Errorf("llm: embed: %w", err)
 	}
 	prof("embed")
-	if pl != nil {
-		if err := pl.launch(e, b, tokSeq, tokPos, pt); err != nil {
-			return fmt.Errorf("llm: persistent decode kernel: %w", err)
-		}
-		b.resid, b.delta = ws.resid, ws.proj
-		return nil
-	}
 	attn, err := e.attentionKernel(T)
 	if err != nil {
 		return err

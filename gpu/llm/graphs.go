@@ -2,7 +2,6 @@ package llm
 
 import (
 	"errors"
-	"fmt"
 	"slices"
 
 	"github.com/twell-ai/twell/cuda"
@@ -35,8 +34,6 @@ type stepGraph struct {
 	set   graphSettings // the engine's settings when recorded
 	resid *cuda.Buffer  // where its layers leave the residual stream (batch.resid)
 	delta *cuda.Buffer  // and the last layer's output (batch.delta)
-	// persist: the graph runs the layers in the persistent decode kernel
-	persist bool
 }
 
 // replay runs the decoder layers of b from a graph if b is a decode step
@@ -61,21 +58,13 @@ func (e *Engine) replay(b *batch, st *engine.Stats) (bool, error) {
 		sg = nil
 	}
 	if sg == nil {
-		pl := e.persistPlan(b.T, paths)
-		g, err := e.record(b, paths, pl)
-		if err != nil && pl != nil {
-			// The layer-by-layer graph may still record.
-			e.persistErr = fmt.Errorf("llm: recording the persistent decode kernel: %w", err)
-			pl = nil
-			g, err = e.record(b, paths, nil)
-		}
+		g, err := e.record(b, paths)
 		if err != nil {
 			e.graphErr = err
 			return false, nil
 		}
 		e.records++
-		sg = &stepGraph{g: g, gen: e.gen, epoch: e.mlpEpoch(), paths: paths, set: set, resid: b.resid, delta: b.delta,
-			persist: pl != nil}
+		sg = &stepGraph{g: g, gen: e.gen, epoch: e.mlpEpoch(), paths: paths, set: set, resid: b.resid, delta: b.delta}
 		if e.graphs == nil {
 			e.graphs = map[int]*stepGraph{}
 		}
@@ -87,9 +76,6 @@ func (e *Engine) replay(b *batch, st *engine.Stats) (bool, error) {
 		}
 	}
 	e.replays++
-	if sg.persist {
-		e.persistSteps++
-	}
 	b.resid, b.delta = sg.resid, sg.delta
 	return true, sg.g.Launch(e.stream)
 }
@@ -99,26 +85,24 @@ func (e *Engine) replay(b *batch, st *engine.Stats) (bool, error) {
 // (and the tests' hooks): a graph recorded under other values would replay
 // the kernels they picked then.
 type graphSettings struct {
-	attention                                                            string
-	noGEMV, serial, fuseNorms, attnRope, globalMerge, persistent, stamps bool
-	decRuns, persistentSlots                                             int
+	attention                                        string
+	noGEMV, serial, fuseNorms, attnRope, globalMerge bool
+	decRuns                                          int
 }
 
 // graphSettings returns the engine's current graphSettings.
 func (e *Engine) graphSettings() graphSettings {
 	return graphSettings{attention: e.Attention, noGEMV: e.NoGEMV, serial: e.Serial, fuseNorms: e.FuseNorms,
-		attnRope: e.AttnRope, globalMerge: e.decGlobalMerge, decRuns: e.decRunsFixed,
-		persistent: e.Persistent, persistentSlots: e.PersistentSlots, stamps: e.PersistentStamps}
+		attnRope: e.AttnRope, globalMerge: e.decGlobalMerge, decRuns: e.decRunsFixed}
 }
 
-// record captures the decoder layers of b into a graph: in the persistent
-// decode kernel when pl is not nil.
-func (e *Engine) record(b *batch, paths []mlp.Path, pl *persistLaunch) (*cuda.Graph, error) {
+// record captures the decoder layers of b into a graph.
+func (e *Engine) record(b *batch, paths []mlp.Path) (*cuda.Graph, error) {
 	if err := e.stream.BeginCapture(); err != nil {
 		return nil, err
 	}
 	scratch := engine.NewStats(0, len(e.layers))
-	err := e.layersQueue(b, scratch, paths, pl)
+	err := e.layersQueue(b, scratch, paths)
 	g, cerr := e.stream.EndCapture()
 	if err != nil {
 		if cerr == nil {

@@ -48,12 +48,6 @@ type kernels struct {
 	wgOnce sync.Once
 	attnWG map[string]*cuda.Function
 	wgErr  error
-	// persist are the persistent decode kernel's instances by name
-	// expression (persistExprs), compiled at first use on sm_90 and later;
-	// persistErr says why they are missing.
-	persistOnce sync.Once
-	persist     map[string]*cuda.Function
-	persistErr  error
 }
 
 var (

@@ -81,30 +81,6 @@ func TestDecodeKernelsCleanSASS(t *testing.T) {
 	}
 }
 
-// TestCompilePersistent compiles persist.cu's instances to PTX for
-// compute_90 (bulk copies and mbarrier transaction counts: sm_90 and
-// later) with no local memory, and to sm_90a machine code without spills
-// (needs NVRTC 12 or later, but no GPU).
-func TestCompilePersistent(t *testing.T) {
-	cudatest.Compiler(t)
-	if major, minor, _, _ := cuda.NVRTCVersion(); major < 12 {
-		t.Skipf("NVRTC %d.%d cannot target sm_90", major, minor)
-	}
-	opts := append(headers(), cuda.WithNameExpressions(persistExprs...))
-	prog, err := cuda.CompileProgram("persist.cu", persistSrc, append(opts, cuda.WithArch("compute_90"))...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ptx := string(prog.Image)
-	if n := strings.Count(ptx, ".entry "); n != len(persistExprs) {
-		t.Errorf("%d kernels in the PTX, want %d", n, len(persistExprs))
-	}
-	if strings.Contains(ptx, ".local") {
-		t.Errorf("the PTX uses local memory")
-	}
-	cudatest.CleanSASS(t, "persist.cu", persistSrc, opts...)
-}
-
 // TestCompileWGMMA compiles attn_wgmma.cu for compute_90a, which needs
 // NVRTC 12 or later (but no GPU).
 func TestCompileWGMMA(t *testing.T) {

@@ -22,12 +22,6 @@ type Options struct {
 	AttnRope  bool        // Engine.AttnRope: EnvAttnRope unset or "1"
 	GEMMTune  bool        // the engine's cuBLASLt handle tunes (cublas.DefaultTuneFlops): EnvGEMMTune unset or "1"
 	MLP       gpu.Options // each TwELL layer's kernels: gpu.Switches
-	// Persistent, PersistentSlots and PersistentStamps set the Engine's
-	// fields of those names: EnvPersistent = "1", EnvPersistentSlots,
-	// EnvPersistentStamps = "1".
-	Persistent       bool
-	PersistentSlots  int
-	PersistentStamps bool
 	// ReleaseWeights makes NewEngineWith drop each layer's float32
 	// matrices from the model once they are on the device, and the model's
 	// weights (Weights becomes nil) at the end: for jobs that only run the
@@ -76,21 +70,6 @@ const EnvAttnRope = "TWELL_LLM_ATTN_ROPE"
 // H200, 2026-12-05).
 const EnvGEMMTune = "TWELL_GEMM_TUNE"
 
-// EnvPersistent names the environment variable that, set to "1", makes a
-// new Engine run graph-replayed decode steps in the persistent decode kernel
-// (Engine.Persistent); "0" or unset: layer by layer.
-const EnvPersistent = "TWELL_LLM_PERSISTENT"
-
-// EnvPersistentSlots names the environment variable that caps the ring
-// slots of the persistent decode kernel (Engine.PersistentSlots; unset or
-// 0: as many as fit), to time how many weight bytes in flight it wants.
-const EnvPersistentSlots = "TWELL_LLM_PERSISTENT_SLOTS"
-
-// EnvPersistentStamps names the environment variable that, set to "1",
-// makes the persistent decode kernel record its phases' times
-// (Engine.PersistentStamps).
-const EnvPersistentStamps = "TWELL_LLM_PERSISTENT_STAMPS"
-
 // EnvKVPageSize names the environment variable that sets a new Engine's KV
 // cache page size in positions (a multiple of 64).
 const EnvKVPageSize = "TWELL_LLM_KV_PAGE_SIZE"
@@ -102,7 +81,7 @@ const EnvKVMemory = "TWELL_LLM_KV_MEMORY"
 
 // Switches are the names of the environment variables that set Options:
 // the engine's and its TwELL MLPs' (gpu.Switches).
-var Switches = append([]string{EnvAttention, EnvGraphs, EnvGEMV, EnvFuseNorms, EnvAttnRope, EnvGEMMTune, EnvPersistent, EnvPersistentSlots, EnvPersistentStamps, EnvKVPageSize, EnvKVMemory}, gpu.Switches...)
+var Switches = append([]string{EnvAttention, EnvGraphs, EnvGEMV, EnvFuseNorms, EnvAttnRope, EnvGEMMTune, EnvKVPageSize, EnvKVMemory}, gpu.Switches...)
 
 // OptionsFromEnv returns the Options the environment sets, or an error
 // naming a value it does not know.
@@ -124,8 +103,7 @@ func OptionsFrom(getenv func(string) string) (Options, error) {
 		name string
 		dst  *bool
 		on   bool // unset
-	}{{EnvFuseNorms, &o.FuseNorms, true}, {EnvAttnRope, &o.AttnRope, true}, {EnvGEMMTune, &o.GEMMTune, true},
-		{EnvPersistent, &o.Persistent, false}, {EnvPersistentStamps, &o.PersistentStamps, false}} {
+	}{{EnvFuseNorms, &o.FuseNorms, true}, {EnvAttnRope, &o.AttnRope, true}, {EnvGEMMTune, &o.GEMMTune, true}} {
 		switch v := getenv(b.name); v {
 		case "":
 			*b.dst = b.on
@@ -141,13 +119,6 @@ func OptionsFrom(getenv func(string) string) (Options, error) {
 		if _, ok := wgBuilds[o.Attention]; !ok {
 			return o, fmt.Errorf("llm: %s=%q: want %s", EnvAttention, o.Attention, attentionChoices())
 		}
-	}
-	if v := getenv(EnvPersistentSlots); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 0 {
-			return o, fmt.Errorf("llm: %s=%q: want a number of ring slots (0: as many as fit)", EnvPersistentSlots, v)
-		}
-		o.PersistentSlots = n
 	}
 	if v := getenv(EnvKVPageSize); v != "" {
 		n, err := strconv.Atoi(v)

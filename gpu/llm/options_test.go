@@ -32,11 +32,5 @@ func TestOptionsFromEnv(t *testing.T) {
 		{Env: map[string]string{EnvGEMV: "8"}, Bad: EnvGEMV},
 		{Env: map[string]string{EnvGEMV: "1"}, Want: on},
 		{Env: map[string]string{EnvGEMV: "16"}, Bad: EnvGEMV},
-		{Env: map[string]string{EnvPersistent: "1", EnvPersistentSlots: "6"},
-			Want: Options{FuseNorms: true, AttnRope: true, GEMMTune: true, Persistent: true, PersistentSlots: 6}},
-		{Env: map[string]string{EnvPersistent: "0"}, Want: on},
-		{Env: map[string]string{EnvPersistent: "yes"}, Bad: EnvPersistent},
-		{Env: map[string]string{EnvPersistentSlots: "-1"}, Bad: EnvPersistentSlots},
-		{Env: map[string]string{EnvPersistentSlots: "six"}, Bad: EnvPersistentSlots},
 	})
 }
