@@ -87,9 +87,8 @@ __device__ __forceinline__ void gate_rows_issue(const u16* (&rows)[4], uint4 (&w
 }
 
 // act_group computes gemv_act's h and mask for the mg <= MB tokens of one
-// group, 4 units a warp (blocks of 8 warps, 32 units, one mask word; or,
-// for gemv_mlp, of 4 warps, 16 units, half a word): x itself (rows ==
-// nullptr), the listed rows of x, or with NORM the token that nin norms. The group's h is at h and its mask at mask. With
+// group: x itself (rows == nullptr), the listed rows of x, or with NORM the
+// token that nin norms. The group's h is at h and its mask at mask. With
 // down set, the down rows of the units active in some token are requested
 // into the L2 as they are found (for gemv_mlp's down phase).
 template <int MB, bool GATED, bool NORM>
@@ -97,8 +96,8 @@ __device__ __forceinline__ void act_group(const u16* __restrict__ x, const int* 
                                           const u16* __restrict__ w, const u16* __restrict__ up, float* __restrict__ h,
                                           u32* __restrict__ mask, u32* __restrict__ cnt, int mg, int d, int f, u16* xs,
                                           u32* wmask, u32* wcnt, NormIn nin, const u16* __restrict__ down = nullptr) {
-  int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
-  int j0 = blockIdx.x * 4 * nwarps + warp * 4;
+  int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  int j0 = blockIdx.x * 32 + warp * 4;
   const u16* rows[4];
   uint4 wv[4][4];
   gate_rows_issue(rows, wv, w, j0, d, lane);
@@ -155,14 +154,11 @@ __device__ __forceinline__ void act_group(const u16* __restrict__ x, const int* 
   __syncthreads();
   if (threadIdx.x == 0) {
     u32 b = 0, c = 0;
-    for (int i = 0; i < nwarps; ++i) {
+    for (int i = 0; i < 8; ++i) {
       b |= wmask[i];
       c += wcnt[i];
     }
-    if (nwarps == 8)
-      mask[blockIdx.x] = b;
-    else  // 16 units a block: half of a mask word
-      reinterpret_cast<unsigned short*>(mask)[blockIdx.x] = (unsigned short)b;
+    mask[blockIdx.x] = b;
     if (cnt) cnt[blockIdx.x] = c;
   }
 }
@@ -452,48 +448,43 @@ __device__ __forceinline__ void down_group(const float* __restrict__ h, const u3
                                            const u16* __restrict__ down, u16* __restrict__ y,
                                            const int* __restrict__ ylist, int mg, int d, int f, int* lists,
                                            float (*red)[MB][DOWN_COLS], int blk) {
-  int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
-  // Share s of the 8 takes mask words s, s + 8, s + 16, ...: interleaved,
-  // so that units that fire together (a calibrated MLP's hot units are its
-  // last ones, hot.go) are spread over the shares rather than all left to
-  // one. Warp w takes shares w, w + nwarps, ... (blocks of 8 or 4 warps):
-  // the same sums in either.
+  int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  // Warp w takes mask words w, w + 8, w + 16, ...: interleaved, so that
+  // units that fire together (a calibrated MLP's hot units are its last
+  // ones, hot.go) are spread over the warps rather than all left to one.
   const int words = f / 32;
   int* list = lists + warp * ((words + 7) / 8) * 32;
   // Lane l takes column c0 + l % 16 of the units at odd (l >= 16) or even
-  // places of the share's list: each row's 16 columns are one 32-byte sector.
+  // places of the warp's list: each row's 16 columns are one 32-byte sector.
   int c0 = blk * DOWN_COLS, col = c0 + (lane & 15), half = lane >> 4;
-  for (int sh = warp; sh < 8; sh += nwarps) {
-    const int len = list_units(mask, sh, words, 8, list);
-    __syncwarp();
-    float acc[MB];
+  const int len = list_units(mask, warp, words, 8, list);
+  __syncwarp();
+  float acc[MB];
 #pragma unroll
-    for (int t = 0; t < MB; ++t) acc[t] = 0.f;
-    for (int i0 = half; i0 < len; i0 += 16) {
-      int js[8];
-      u16 dv[8];
-      float hv[8][MB];
+  for (int t = 0; t < MB; ++t) acc[t] = 0.f;
+  for (int i0 = half; i0 < len; i0 += 16) {
+    int js[8];
+    u16 dv[8];
+    float hv[8][MB];
 #pragma unroll
-      for (int k = 0; k < 8; ++k) {
-        js[k] = i0 + 2 * k < len ? list[i0 + 2 * k] : -1;
-        if (js[k] < 0) continue;
-        dv[k] = down[(size_t)js[k] * d + col];
+    for (int k = 0; k < 8; ++k) {
+      js[k] = i0 + 2 * k < len ? list[i0 + 2 * k] : -1;
+      if (js[k] < 0) continue;
+      dv[k] = down[(size_t)js[k] * d + col];
 #pragma unroll
-        for (int t = 0; t < MB; ++t) hv[k][t] = t < mg ? __ldcg(h + (size_t)t * f + js[k]) : 0.f;
-      }
-#pragma unroll
-      for (int k = 0; k < 8; ++k) {
-        if (js[k] < 0) continue;
-#pragma unroll
-        for (int t = 0; t < MB; ++t) acc[t] = fmaf(hv[k][t], bf_to_f(dv[k]), acc[t]);
-      }
+      for (int t = 0; t < MB; ++t) hv[k][t] = t < mg ? __ldcg(h + (size_t)t * f + js[k]) : 0.f;
     }
 #pragma unroll
-    for (int t = 0; t < MB; ++t) {
-      float other = __shfl_down_sync(0xffffffffu, acc[t], 16);
-      if (half == 0) red[sh][t][lane] = acc[t] + other;
+    for (int k = 0; k < 8; ++k) {
+      if (js[k] < 0) continue;
+#pragma unroll
+      for (int t = 0; t < MB; ++t) acc[t] = fmaf(hv[k][t], bf_to_f(dv[k]), acc[t]);
     }
-    __syncwarp();  // the list is the next share's
+  }
+#pragma unroll
+  for (int t = 0; t < MB; ++t) {
+    float other = __shfl_down_sync(0xffffffffu, acc[t], 16);
+    if (half == 0) red[warp][t][lane] = acc[t] + other;
   }
   __syncthreads();
   for (int i = threadIdx.x; i < mg * DOWN_COLS; i += blockDim.x) {
@@ -519,7 +510,7 @@ __device__ __forceinline__ void sum_counts(const u32* __restrict__ cnt, int n, u
   __syncthreads();
   if (threadIdx.x == 0) {
     u64 s = 0;
-    for (int w = 0; w < (int)(blockDim.x >> 5); ++w) s += part[w];
+    for (int w = 0; w < 8; ++w) s += part[w];
     *nnz = s;
   }
 }
@@ -555,9 +546,8 @@ __global__ void __launch_bounds__(256)
 
 // gemv_mlp: gemv_act (with NORM: gemv_act_norm) and gemv_down for one
 // token in one kernel, the phases met at a grid_sync instead of a kernel
-// boundary: grid F/32 blocks of 256 threads, or F/16 of 128 (MLP.FusedUnits;
-// d at most 2048 with NORM), launched cooperatively (every one resident at
-// once; the launcher checks that they fit). The act phase
+// boundary: grid F/32 blocks of 256 threads, launched cooperatively (every
+// one resident at once; the launcher checks that they fit). The act phase
 // requests the live units' down rows into the L2; after the barrier block
 // b computes the down columns of slices b, b + grid, ... . The same sums in
 // the same order as the two kernels: the same bits. Dynamic shared memory

@@ -95,7 +95,7 @@ func (l *MLP) QueueNormed(s *cuda.Stream, y *cuda.Buffer, in NormedInput) error 
 // gemvPrepare: per-block counts of 32 units (gemv_act's).
 func (l *MLP) smallArgs(ws *sparseWS, x, y *cuda.Buffer, m int) gemvArgs {
 	return gemvArgs{x: x, w: l.sparseIn(), up: l.up, down: l.down, y: y, h: ws.gh, mask: ws.gmask, cnt: ws.gcnt, nnz: l.nnz,
-		m: m, d: l.D, f: l.F, ncnt: l.F / 32, early: l.earlyStart(), units: l.fusedUnits()}
+		m: m, d: l.D, f: l.F, ncnt: l.F / 32, early: l.earlyStart()}
 }
 
 // gemvPrepare returns the small-batch kernels, compiling them on first
@@ -137,18 +137,17 @@ func (l *MLP) fusedKernel(ks *gemvSet, a gemvArgs, key mlpKey) (*cuda.Function, 
 	if l.SplitGEMV || fn == nil || !l.dev.Properties().CooperativeLaunch {
 		return nil, nil
 	}
-	fk := fitKey{key, a.units}
-	ok, known := l.fits[fk]
+	ok, known := l.fits[key]
 	if !known {
-		per, err := fn.MaxActiveBlocksPerSM(8*a.units, a.mlpShared())
+		per, err := fn.MaxActiveBlocksPerSM(256, a.mlpShared())
 		if err != nil {
 			return nil, fmt.Errorf("gpu: gemv_mlp occupancy: %w", err)
 		}
 		if l.fits == nil {
-			l.fits = map[fitKey]bool{}
+			l.fits = map[mlpKey]bool{}
 		}
-		ok = per*l.dev.Properties().SMs >= l.F/a.units
-		l.fits[fk] = ok
+		ok = per*l.dev.Properties().SMs >= l.F/32
+		l.fits[key] = ok
 	}
 	if !ok {
 		return nil, nil
@@ -170,7 +169,7 @@ func (l *MLP) queueFused(s *cuda.Stream, ks *gemvSet, a gemvArgs, bar *cuda.Buff
 	err = a.launchMLP(fn, s, bar, in)
 	switch {
 	case errors.Is(err, cuda.ErrorCooperativeLaunchTooLarge):
-		l.fits[fitKey{key, a.units}] = false
+		l.fits[key] = false
 		return false, nil
 	case err != nil:
 		return false, fmt.Errorf("gpu: gemv_mlp: %w", err)
@@ -239,22 +238,6 @@ type gemvSet struct {
 
 // mlpKey picks a gemv_mlp instance: gated or not, normed or not.
 type mlpKey struct{ gated, normed bool }
-
-// fitKey is a gemv_mlp instance launched in blocks of units units.
-type fitKey struct {
-	mlpKey
-	units int
-}
-
-// fusedUnits is the units a block of l's gemv_mlp takes: 16 where
-// FusedUnits asks for it and d is at most 2048 (the fused norm of a
-// 128-thread block holds at most 2048 values), else 32.
-func (l *MLP) fusedUnits() int {
-	if l.FusedUnits == 16 && l.D <= 2048 {
-		return 16
-	}
-	return 32
-}
 
 // gemvFMARows is the largest batch whose act kernel is gemv_act (FMAs);
 // larger batches run gemv_act_mma.
@@ -335,8 +318,6 @@ type gemvArgs struct {
 	// early launches the kernels with early start (they wait with
 	// grid_wait), so that their weight loads overlap the kernel before.
 	early bool
-	// units is the units a block of gemv_mlp takes (MLP.fusedUnits).
-	units int
 }
 
 // launch queues fn with a's early-start choice.
@@ -381,14 +362,13 @@ func (a gemvArgs) mlpShared() int {
 func downListBytes(f int) int { return 8 * ((f/32 + 7) / 8) * 32 * 4 }
 
 // launchMLP launches gemv_mlp (act and down of one token in one kernel,
-// F/a.units blocks of 8 a.units threads that meet at a grid barrier on
-// bar's two words), normed when
+// F/32 blocks that meet at a grid barrier on bar's two words), normed when
 // in holds the residual stream (a.x unused), else on a.x. The launch is
 // cooperative, which guarantees that all of its blocks are resident at
 // once, also beside other streams' kernels (TestFusedGEMVConcurrentStreams
 // runs two at once).
 func (a gemvArgs) launchMLP(fn *cuda.Function, s *cuda.Stream, bar *cuda.Buffer, in NormedInput) error {
-	return fn.LaunchEx(cuda.LaunchConfig{Grid: cuda.Dim3{uint32(a.f / a.units), 1, 1}, Block: cuda.Dim3{uint32(8 * a.units), 1, 1},
+	return fn.LaunchEx(cuda.LaunchConfig{Grid: cuda.Dim3{uint32(a.f / 32), 1, 1}, Block: cuda.Dim3{256, 1, 1},
 		SharedBytes: a.mlpShared(), Stream: s, EarlyStart: a.early, Cooperative: true},
 		optional(a.x), optional(in.Resid), optional(in.Delta), optional(in.ResidOut), optional(in.Weight), in.Eps,
 		a.w, a.up, a.down, a.h, a.mask, a.cnt, a.y, a.nnz, bar, int32(a.d), int32(a.f))

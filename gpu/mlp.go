@@ -52,9 +52,6 @@ type MLP struct {
 	// barrier (to compare; the split form also runs where gemv_mlp's blocks
 	// do not all fit on the device at once, and for 2 to 8 tokens).
 	SplitGEMV bool
-	// FusedUnits is the units a block of gemv_mlp takes: 16 (4 warps; where
-	// d is at most 2048) or 32 (8 warps; 0 or any other value).
-	FusedUnits int
 
 	dev            *cuda.Device
 	k              *kernels
@@ -70,7 +67,7 @@ type MLP struct {
 	wgErr error
 
 	clusters int             // resident clusters of the wgmma D2T kernel (0: not yet asked)
-	fits     map[fitKey]bool // whether each gemv_mlp kernel's blocks are all resident at once
+	fits     map[mlpKey]bool // whether each gemv_mlp kernel's blocks are all resident at once
 
 	// hot units (hot.go): the last hotK positions of the unit order; order
 	// maps positions to the units given to NewMLP (nil: unchanged); bad is

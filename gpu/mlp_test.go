@@ -623,9 +623,8 @@ func checkStressBatch(t *testing.T, dev *cuda.Device, l *MLP, sl *synth.Layer, r
 }
 
 // TestFusedGEMVMatchesSplit checks gemv_mlp (act and down of one token in
-// one kernel, meeting at a grid barrier; blocks of 32 units and of 16)
-// against gemv_act and gemv_down run apart, bit for bit, with the same
-// active-unit count, gated and not, over
+// one kernel, meeting at a grid barrier) against gemv_act and gemv_down run
+// apart, bit for bit, with the same active-unit count, gated and not, over
 // repeated calls (the barrier's words are reused by every call) on fresh
 // tokens. The last shape has more blocks than fit at once on current GPUs,
 // so it checks the fallback to the two kernels too.
@@ -644,12 +643,8 @@ func TestFusedGEMVMatchesSplit(t *testing.T) {
 				x := synth.Tokens(r, m, c.d)
 				var want []float32
 				var wantNNZ uint64
-				for i, k := range []struct {
-					split bool
-					units int
-				}{{true, 32}, {false, 32}, {false, 16}, {true, 32}, {false, 32}, {false, 16}} {
-					split := k.split
-					l.SplitGEMV, l.FusedUnits = split, k.units
+				for i, split := range []bool{true, false, false, true, false} {
+					l.SplitGEMV = split
 					y := runPath(t, dev, l, "sparse", x, m)
 					nnz := downloadNNZ(t, dev, l)
 					if i == 0 {
@@ -658,8 +653,8 @@ func TestFusedGEMVMatchesSplit(t *testing.T) {
 					}
 					for j := range y {
 						if math.Float32bits(y[j]) != math.Float32bits(want[j]) {
-							t.Fatalf("seed %d: round %d: call %d (split %v, %d units a block): output %d is %v, split kernels gave %v",
-								seed, round, i, split, k.units, j, y[j], want[j])
+							t.Fatalf("seed %d: round %d: call %d (split %v): output %d is %v, split kernels gave %v",
+								seed, round, i, split, j, y[j], want[j])
 						}
 					}
 					if nnz != wantNNZ {

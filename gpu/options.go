@@ -19,9 +19,6 @@ type Options struct {
 	// SplitGEMV runs the small-batch MLP of one token as two kernels
 	// rather than gemv_mlp's one: EnvGEMVFuse = "0".
 	SplitGEMV bool
-	// FusedUnits is the units a block of gemv_mlp takes, 32 or 16 (0: 32):
-	// EnvFusedUnits.
-	FusedUnits int
 	// NoHotUnits tells the callers that build MLPs not to calibrate them
 	// (MLP.Calibrate), so that no units are computed densely: EnvHotUnits =
 	// "0". Apply does not read it.
@@ -46,23 +43,17 @@ const EnvEarlyStart = "TWELL_EARLY_START"
 // Options.SplitGEMV (gemv_act and gemv_down as two kernels for one token).
 const EnvGEMVFuse = "TWELL_GEMV_FUSE"
 
-// EnvFusedUnits names the environment variable that, set to "16", sets
-// Options.FusedUnits: gemv_mlp in blocks of 16 units (4 warps) instead of
-// 32, so that its blocks spread more evenly over the SMs (unset or "32":
-// 32).
-const EnvFusedUnits = "TWELL_GEMV_FUSED_UNITS"
-
 // EnvHotUnits names the environment variable that, set to "0", sets
 // Options.NoHotUnits: no hot units calibrated and computed densely
 // (hot.go).
 const EnvHotUnits = "TWELL_HOT_UNITS"
 
 // Switches are the names of the environment variables that set Options.
-var Switches = []string{EnvD2TKernel, EnvTail, EnvEarlyStart, EnvHotUnits, EnvGEMVFuse, EnvFusedUnits}
+var Switches = []string{EnvD2TKernel, EnvTail, EnvEarlyStart, EnvHotUnits, EnvGEMVFuse}
 
 // OptionsFromEnv returns the Options that EnvD2TKernel, EnvTail,
-// EnvEarlyStart, EnvHotUnits, EnvGEMVFuse and EnvFusedUnits set, or an error
-// naming a value it does not know.
+// EnvEarlyStart, EnvHotUnits and EnvGEMVFuse set, or an error naming a value it
+// does not know.
 func OptionsFromEnv() (Options, error) { return OptionsFrom(os.Getenv) }
 
 // OptionsFrom is OptionsFromEnv with the variables' values looked up by
@@ -85,9 +76,6 @@ func OptionsFrom(getenv func(string) string) (Options, error) {
 		return o, err
 	}
 	o.SplitGEMV = !fuse
-	if o.FusedUnits, err = envChoice(getenv, EnvFusedUnits, "16 or 32", map[string]int{"16": 16, "32": 32}); err != nil {
-		return o, err
-	}
 	o.Kernel, err = envChoice(getenv, EnvD2TKernel, "auto, wgmma or mma", map[string]Kernel{"wgmma": KernelWGMMA, "mma": KernelMMA})
 	if err != nil {
 		return o, err
@@ -125,7 +113,7 @@ func envChoice[T any](getenv func(string) string, name, want string, choices map
 
 // Apply sets l's kernel choices to o.
 func (l *MLP) Apply(o Options) {
-	l.Kernel, l.Tail, l.Serial, l.SplitGEMV, l.FusedUnits = o.Kernel, o.Tail, o.Serial, o.SplitGEMV, o.FusedUnits
+	l.Kernel, l.Tail, l.Serial, l.SplitGEMV = o.Kernel, o.Tail, o.Serial, o.SplitGEMV
 }
 
 // EarlyStart reports whether kernels that wait with grid_wait (common.cuh)

@@ -27,8 +27,5 @@ func TestOptionsFromEnv(t *testing.T) {
 		{Env: map[string]string{EnvGEMVFuse: "1"}, Want: Options{}},
 		{Env: map[string]string{EnvGEMVFuse: "0"}, Want: Options{SplitGEMV: true}},
 		{Env: map[string]string{EnvGEMVFuse: "yes"}, Bad: EnvGEMVFuse},
-		{Env: map[string]string{EnvFusedUnits: "16"}, Want: Options{FusedUnits: 16}},
-		{Env: map[string]string{EnvFusedUnits: "32"}, Want: Options{FusedUnits: 32}},
-		{Env: map[string]string{EnvFusedUnits: "8"}, Bad: EnvFusedUnits},
 	})
 }
