@@ -5,6 +5,7 @@ import (
 	"cmp"
 	"fmt"
 	"image/color"
+	"maps"
 	"math"
 	"slices"
 	"strconv"
@@ -226,17 +227,20 @@ func plotModelRows(results []ModelResult, path string) error {
 	}
 	metrics := []metric{{fmt.Sprintf("prefill, %d tokens per pass", r0.PrefillTokens), "prefill throughput (tokens/ms)", "prefill tokens/ms",
 		func(r ModelResult) (float64, bool) { return r.PrefillTokPerMS, true }}}
-	var batches []int
+	// context[b]: the tokens cached before batch b's timed steps, the most
+	// any row reports (for the panel's title).
+	context := map[int]int{}
 	for _, r := range results {
 		for _, d := range r.Decode {
-			if !slices.Contains(batches, d.Batch) {
-				batches = append(batches, d.Batch)
-			}
+			context[d.Batch] = max(context[d.Batch], d.Context)
 		}
 	}
-	slices.Sort(batches)
-	for _, b := range batches {
-		metrics = append(metrics, metric{decodeTitle(results, b), "decode throughput (tokens/s)", fmt.Sprintf("decode tokens/s at batch %d", b),
+	for _, b := range slices.Sorted(maps.Keys(context)) {
+		title := fmt.Sprintf("decode b=%d", b)
+		if context[b] > 0 {
+			title += fmt.Sprintf(", %d tokens cached", context[b])
+		}
+		metrics = append(metrics, metric{title, "decode throughput (tokens/s)", fmt.Sprintf("decode tokens/s at batch %d", b),
 			func(r ModelResult) (float64, bool) {
 				for _, d := range r.Decode {
 					if d.Batch == b {
@@ -307,23 +311,6 @@ func plotModelRows(results []ModelResult, path string) error {
 	header := []string{r0.Model, r0.Machine + ", " + r0.Date + "; a point per row of the run, a bar at each name's median"}
 	w := vg.Length(max(10, 3.2*float64(len(panels))+3)) * vg.Inch
 	return render(path, w, 5*vg.Inch, header, panels, &leg, notes)
-}
-
-// decodeTitle is the title of the decode panel of batch b: its batch and
-// the tokens cached before the timed steps (the most any row reports).
-func decodeTitle(results []ModelResult, b int) string {
-	context := 0
-	for _, r := range results {
-		for _, d := range r.Decode {
-			if d.Batch == b {
-				context = max(context, d.Context)
-			}
-		}
-	}
-	if context > 0 {
-		return fmt.Sprintf("decode b=%d, %d tokens cached", b, context)
-	}
-	return fmt.Sprintf("decode b=%d", b)
 }
 
 // addValueBars draws vals as bars on p's nominal x axis (names), each
