@@ -1,6 +1,7 @@
 package llm
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 	"slices"
@@ -102,18 +103,17 @@ func attentionChoices() string {
 }
 
 // decSplits is the most runs a decode step's keys are cut into, per
-// sequence and head (decRuns), decThreads is ATT_DEC_THREADS (attn.cu), the
-// threads of the CTA that takes one run, and decStages is ATT_DEC_STAGES,
-// the key blocks (keys and values) a CTA holds in shared memory at once.
+// sequence and head (decRuns), and decThreads is ATT_DEC_THREADS (attn.cu),
+// the threads of the CTA that takes one run.
 const (
 	decSplits  = 16
 	decThreads = 128
-	decStages  = 2
 )
 
-// decSmem is the decode kernel's dynamic shared memory for head_dim hd:
-// decStages blocks of keys (ATT_BK, PageMultiple) and their values, bf16.
-func decSmem(hd int) int { return decStages * 2 * PageMultiple * hd * 2 }
+// decSmem is the dynamic shared memory of the decode kernel for head_dim hd
+// that holds stages key blocks (ATT_BK, PageMultiple, keys and their
+// values, bf16) at once.
+func decSmem(hd, stages int) int { return stages * 2 * PageMultiple * hd * 2 }
 
 // decRuns is the number of runs a decode step on kernel k cuts each
 // query's keys into, where the step has pairs (sequence, head) pairs:
@@ -153,7 +153,11 @@ func decBytes(c model.Config, S int) int {
 type decAttention struct {
 	fn                *cuda.Function
 	po, pm, pl, count *cuda.Buffer
-	runs              int
+	runs, stages      int
+	// cos and sin, when set, make the kernel rotate the query and the new
+	// key and write the new key and value into the cache (Engine.DecRope):
+	// rope_kv does not run.
+	cos, sin *cuda.Buffer
 	early             bool // launch with early start
 	cluster           bool // launch the runs of a (work item, head) as a cluster
 	// releaseFirst lets the next kernel start before this one's grid_wait
@@ -176,6 +180,15 @@ func (e *Engine) decodeSplit() bool {
 	return (e.Attention == "" || e.Attention == "auto") && decBytes(e.cfg, 1) > 0
 }
 
+// decStages is the number of key blocks a decode attention CTA holds at
+// once: DecStages, 2 when unset.
+func (e *Engine) decStages() int { return cmp.Or(e.DecStages, 2) }
+
+// decRope reports whether a decode step of T sequences leaves RoPE and the
+// cache write to the decode attention kernel (DecRope): where its q/k/v
+// projection is cuBLASLt's, not qkv_rope.
+func (e *Engine) decRope(T int) bool { return e.DecRope && !e.gemv(T, e.cfg.HiddenSize) }
+
 // decodeAttention returns the decode kernel for pass b, and whether b runs
 // it: when b is a decode step and decodeSplit holds.
 func (e *Engine) decodeAttention(b *batch) (decAttention, bool) {
@@ -183,11 +196,16 @@ func (e *Engine) decodeAttention(b *batch) (decAttention, bool) {
 	if b.T != b.S || !e.decodeSplit() || e.ws.decSeq < b.S {
 		return decAttention{}, false
 	}
-	k := e.k.dec[c.HeadDim]
+	k := e.k.dec[decBuild{c.HeadDim, e.decStages()}]
 	l := decLayout(c, b.S)
 	v := func(i int) *cuda.Buffer { return view(e.ws.dec, l[i][0], l[i][1]) }
-	return decAttention{fn: k.fn, po: v(0), pm: v(1), pl: v(2), count: v(3), runs: e.decRuns(b.S*c.NumAttentionHeads, k),
-		early: e.early(), cluster: k.cluster && !e.decGlobalMerge, releaseFirst: b.T == 1 && e.gemv(1, c.NumAttentionHeads*c.HeadDim)}, true
+	d := decAttention{fn: k.fn, po: v(0), pm: v(1), pl: v(2), count: v(3), runs: e.decRuns(b.S*c.NumAttentionHeads, k),
+		stages: k.stages, early: e.early(), cluster: k.cluster && !e.decGlobalMerge,
+		releaseFirst: b.T == 1 && e.gemv(1, c.NumAttentionHeads*c.HeadDim)}
+	if e.decRope(b.T) {
+		d.cos, d.sin = e.cosB, e.sinB
+	}
+	return d, true
 }
 
 // decLayout returns where the decode attention's buffer for S sequences of
@@ -205,14 +223,15 @@ func decLayout(c model.Config, S int) [4][2]int {
 // merging through distributed shared memory.
 func (d decAttention) launch(s *cuda.Stream, a attnArgs) error {
 	grid := cuda.Dim3{uint32(a.nItems * a.nq), uint32(d.runs), 1}
-	cfg := cuda.LaunchConfig{Grid: grid, Block: cuda.Dim3{decThreads, 1, 1}, SharedBytes: decSmem(a.hd), Stream: s,
+	cfg := cuda.LaunchConfig{Grid: grid, Block: cuda.Dim3{decThreads, 1, 1}, SharedBytes: decSmem(a.hd, d.stages), Stream: s,
 		EarlyStart: d.early}
 	if d.runs > 1 && d.cluster {
 		cfg.Cluster = cuda.Dim3{1, uint32(d.runs), 1}
 	}
 	scaleLog2 := float32(math.Log2E / math.Sqrt(float64(a.hd)))
 	return d.fn.LaunchEx(cfg, a.qkv, a.out, a.items, a.seqQ0, a.seqN, a.seqPast, a.pt,
-		int32(a.page), int32(a.layer), int32(a.nq), int32(a.nkv), int32(a.qkvW), scaleLog2, d.po, d.pm, d.pl, d.count, releaseArg(d.releaseFirst))
+		int32(a.page), int32(a.layer), int32(a.nq), int32(a.nkv), int32(a.qkvW), scaleLog2, d.po, d.pm, d.pl, d.count, releaseArg(d.releaseFirst),
+		optional(d.cos), optional(d.sin))
 }
 
 // releaseArg is attn_dec's release_first argument.

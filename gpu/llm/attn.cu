@@ -18,6 +18,7 @@
 
 #include "common.cuh"
 #include "attn.cuh"
+#include "rope.cuh"
 
 // Attention. out[t][head*hd + j] = sum_p softmax_p(q . k_p / sqrt(hd)) v_p[j]
 // over the positions p <= pos(t) of t's sequence (causal), keys and values
@@ -274,7 +275,7 @@ extern "C" __global__ void __launch_bounds__(256)
 // blocks of ATT_BK) are cut into gridDim.y runs of whole blocks, as even as
 // they go, one CTA each, so that a short batch still spreads over the SMs.
 //
-// A CTA streams its run's keys and values through ATT_DEC_STAGES slots of
+// A CTA streams its run's keys and values through STAGES (2 to 4) slots of
 // shared memory (a block's keys, then its values): on sm_90 thread 0 asks
 // for each as two bulk asynchronous copies (cp.async.bulk) completing on
 // the slot's mbarrier; before sm_90 every thread issues 16-byte cp.async
@@ -286,6 +287,18 @@ extern "C" __global__ void __launch_bounds__(256)
 // grid_wait by the lanes that use them. With release_first the kernel lets
 // the next one start before its own wait (grid_enter): in one-token steps,
 // whose output projection runs gemv_rows1, an early-start kernel.
+//
+// With cos and sin (fp32 [position][hd/2]; null: rope_kv has run) the
+// kernel also does rope_kv's work for the step, which then does not run:
+// each CTA rotates its query, and the new token's key, as it loads them
+// (rope_rotate8, as rope_kv: the same bits), and the CTA of the run that
+// holds the new position, for the first query head of its key head, writes
+// the rotated key and the value into the cache. The copies never include
+// that position, so no CTA reads what another writes.
+//
+// The page of every key block is read from the page table one block ahead
+// of its copy (before the wait for the block in flight), so that a copy is
+// one round trip, not two.
 //
 // In a CTA of ATT_DEC_THREADS threads, groups of hd / 8 lanes take one key
 // at a time (a lane: 8 dimensions of q, k, v); per block a group scores all
@@ -301,7 +314,6 @@ extern "C" __global__ void __launch_bounds__(256)
 // count depends on the batch only, so a CUDA graph of a decode step stays
 // valid as the sequences grow.
 #define ATT_DEC_THREADS 128
-#define ATT_DEC_STAGES 2  // key blocks (keys and values) of a run in shared memory at once
 
 // dec_bulk copies bytes from global src to shared dst, completing on bar (sm_90).
 __device__ __forceinline__ void dec_bulk(u32 dst, const void* src, u32 bytes, u32 bar) {
@@ -388,23 +400,41 @@ __device__ __forceinline__ float ld_cluster(u32 a, u32 rank) {
 }
 #endif
 
+// dec_rope_lane returns lane sub's 8 elements (sub * 8 ..) of head row v
+// (hd elements, bf16), rotated for position pos by rope_rotate8 as rope_kv
+// rotates them: the lane loads its own 8 and those of the other half of the
+// head they pair with.
 template <int HD>
+__device__ __forceinline__ uint4 dec_rope_lane(const u16* v, int sub, const float* __restrict__ cosT,
+                                               const float* __restrict__ sinT, int pos) {
+  constexpr int HALF = HD / 2, LH = HD / 16;  // lanes per half of the head
+  const bool lo = sub < LH;
+  const int j = (lo ? sub : sub - LH) * 8;  // the pair's column in the first half
+  uint4 A = ldg_cg(v + j), B = ldg_cg(v + j + HALF);
+  const float* c = cosT + (size_t)pos * HALF + j;
+  const float* sn = sinT + (size_t)pos * HALF + j;
+  rope_rotate8(A, B, *(const float4*)c, *(const float4*)(c + 4), *(const float4*)sn, *(const float4*)(sn + 4));
+  return lo ? A : B;
+}
+
+template <int HD, int STAGES>
 __device__ __forceinline__ void attn_dec_body(const u16* __restrict__ qkv, u16* __restrict__ out,
                                               const int* __restrict__ items, const int* __restrict__ seq_q0,
                                               const int* __restrict__ seq_n, const int* __restrict__ seq_past,
                                               const u64* __restrict__ seq_pt, int page, int layer, int nq, int nkv,
                                               int qkv_w, float scale_log2, float* __restrict__ po,
                                               float* __restrict__ pm, float* __restrict__ pl, int* __restrict__ cnt,
-                                              int release_first) {
+                                              int release_first, const float* __restrict__ cosT,
+                                              const float* __restrict__ sinT) {
   constexpr int LPK = HD / 8;                // lanes per key
   constexpr int NG = ATT_DEC_THREADS / LPK;  // key groups of the CTA
   constexpr int NP = ATT_BK / NG;            // keys of a block per group
   constexpr int SLOT = 2 * ATT_BK * HD;      // elements of a slot: keys, then values
-  extern __shared__ __align__(128) u16 kv[];  // ATT_DEC_STAGES slots
+  extern __shared__ __align__(128) u16 kv[];  // STAGES slots
   __shared__ float sm[NG], sl[NG];
   __shared__ float so[NG][HD];
   __shared__ float rm, rl, ro[HD];  // the run's maximum, sum and output (read by cluster rank 0)
-  __shared__ __align__(8) u64 bars[ATT_DEC_STAGES];
+  __shared__ __align__(8) u64 bars[STAGES];
   __shared__ int last;
   const AttnItem a = attn_item(items, seq_q0, seq_n, seq_past, seq_pt, page, layer, nq, nkv, HD);
   const int id = blockIdx.x, sp = blockIdx.y;
@@ -416,47 +446,77 @@ __device__ __forceinline__ void attn_dec_body(const u16* __restrict__ qkv, u16* 
   const u32 kv0 = smem_addr(kv), bar0 = smem_addr(bars);
 #if __CUDA_ARCH__ >= 900
   if (threadIdx.x == 0) {
-    for (int s = 0; s < ATT_DEC_STAGES; ++s) mbar_init(bar0 + 8 * s, 1);
+    for (int s = 0; s < STAGES; ++s) mbar_init(bar0 + 8 * s, 1);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
 #endif
-  // copy(i) requests block b0 + i into slot i % ATT_DEC_STAGES (the rows
-  // before the new token's).
-  auto copy = [&](int i) {
-    const int blk = b0 + i, s = i % ATT_DEC_STAGES;
+  // copy(i, pg) requests block b0 + i, in page pg, into slot i % STAGES
+  // (the rows before the new token's).
+  auto copy = [&](int i, u64 pg) {
+    const int blk = b0 + i, s = i % STAGES;
     const int rows = min(ATT_BK, a.past - blk * ATT_BK);
-    dec_copy<HD>(kv0 + (u32)(s * SLOT * 2), block_keys(a, block_page(a, blk), blk, HD), a.vstep, rows,
-                 bar0 + 8 * s);
+    dec_copy<HD>(kv0 + (u32)(s * SLOT * 2), block_keys(a, pg, blk, HD), a.vstep, rows, bar0 + 8 * s);
   };
-  for (int i = 0; i < ATT_DEC_STAGES; ++i) {
-    if (b0 + i < b1) {
-      copy(i);
-    } else {
+  {
+    u64 pgs[STAGES];  // every page read before the first copy: one round trip
+#pragma unroll
+    for (int i = 0; i < STAGES; ++i) pgs[i] = b0 + i < b1 ? block_page(a, b0 + i) : 0;
+#pragma unroll
+    for (int i = 0; i < STAGES; ++i) {
+      if (b0 + i < b1) {
+        copy(i, pgs[i]);
+      } else {
 #if __CUDA_ARCH__ < 900
-      cp_async_commit();  // an empty group keeps the count of groups per block
+        cp_async_commit();  // an empty group keeps the count of groups per block
 #endif
+      }
     }
   }
   grid_enter(release_first);
-  const uint4 q = ldg_cg(qkv + (size_t)a.qs * qkv_w + a.head * HD + sub * 8);
+  const u16* qrow = qkv + (size_t)a.qs * qkv_w;
+  const int kh = a.head / (nq / nkv);
+  // The new token's key and value, this lane's 8 elements, for the run
+  // that holds its position: rotated here (cos) or from the cache.
+  const bool has_new = b1 == nblk && b0 < b1;
+  uint4 q, knew = make_uint4(0, 0, 0, 0), vnew = knew;
+  if (cosT) {
+    q = dec_rope_lane<HD>(qrow + a.head * HD, sub, cosT, sinT, a.past);
+    if (has_new) {
+      knew = dec_rope_lane<HD>(qrow + (nq + kh) * HD, sub, cosT, sinT, a.past);
+      vnew = ldg_cg(qrow + (nq + nkv + kh) * HD + sub * 8);
+      if (grp == 0 && a.head % (nq / nkv) == 0) {  // one CTA of the key head writes them
+        const int blk = nblk - 1;
+        u16* K = const_cast<u16*>(block_keys(a, block_page(a, blk), blk, HD)) + (a.past - blk * ATT_BK) * HD + sub * 8;
+        *(uint4*)K = knew;
+        *(uint4*)(K + a.vstep) = vnew;
+      }
+    }
+  } else {
+    q = ldg_cg(qrow + a.head * HD + sub * 8);
+    if (has_new) {
+      const int blk = nblk - 1;
+      const u16* K = block_keys(a, block_page(a, blk), blk, HD) + (a.past - blk * ATT_BK) * HD + sub * 8;
+      knew = ldg_cg(K), vnew = ldg_cg(K + a.vstep);
+    }
+  }
   float m = NEG_INF, l = 0.f, acc[8];
 #pragma unroll
   for (int e = 0; e < 8; ++e) acc[e] = 0.f;
   for (int blk = b0; blk < b1; ++blk) {
-    const int i = blk - b0, s = i % ATT_DEC_STAGES;
+    const int i = blk - b0, s = i % STAGES;
+    // The page of the block this slot takes next, read while the slot's
+    // block is awaited and used.
+    const u64 next_pg = i + STAGES < b1 - b0 ? block_page(a, blk + STAGES) : 0;
 #if __CUDA_ARCH__ >= 900
-    mbar_wait(bar0 + 8 * s, (u32)(i / ATT_DEC_STAGES) & 1u);
+    mbar_wait(bar0 + 8 * s, (u32)(i / STAGES) & 1u);
 #else
-    cp_async_wait<ATT_DEC_STAGES - 1>();
+    cp_async_wait<STAGES - 1>();
     __syncthreads();
 #endif
     const u16* Ks = kv + s * SLOT;
     const u16* Vs = Ks + ATT_BK * HD;
     const int kn = min(ATT_BK, keys - blk * ATT_BK), fresh = a.past - blk * ATT_BK;  // fresh: the new token's row
-    // The new token's keys in the cache, for its block only (a page-table
-    // read the other blocks skip).
-    const u16* Kg = fresh < ATT_BK ? block_keys(a, block_page(a, blk), blk, HD) : nullptr;
     float d[NP];
     uint4 vr[NP];
     float mb = NEG_INF;
@@ -466,8 +526,8 @@ __device__ __forceinline__ void attn_dec_body(const u16* __restrict__ qkv, u16* 
       const int o = r * HD + sub * 8;
       uint4 kr;
       if (r == fresh) {
-        kr = ldg_cg(Kg + o);
-        vr[j] = ldg_cg(Kg + a.vstep + o);
+        kr = knew;
+        vr[j] = vnew;
       } else {
         kr = *(const uint4*)(Ks + o);
         vr[j] = *(const uint4*)(Vs + o);
@@ -493,9 +553,9 @@ __device__ __forceinline__ void attn_dec_body(const u16* __restrict__ qkv, u16* 
         }
       m = mn;
     }
-    if (i + ATT_DEC_STAGES < b1 - b0) {
+    if (i + STAGES < b1 - b0) {
       __syncthreads();  // every thread is done with slot s
-      copy(i + ATT_DEC_STAGES);
+      copy(i + STAGES, next_pg);
     } else {
 #if __CUDA_ARCH__ < 900
       cp_async_commit();
@@ -567,16 +627,21 @@ __device__ __forceinline__ void attn_dec_body(const u16* __restrict__ qkv, u16* 
   if (threadIdx.x == 0) cnt[id] = 0;
 }
 
-// ATTN_DEC defines attn_dec<HD>, the entry point of attn_dec_body<HD>.
-#define ATTN_DEC(HD)                                                                                                  \
+// ATTN_DEC defines attn_dec<HD> (2 slots) and attn_dec<HD>s<STAGES>, the
+// entry points of attn_dec_body<HD, STAGES>.
+#define ATTN_DEC(NAME, HD, STAGES)                                                                                    \
   extern "C" __global__ void __launch_bounds__(ATT_DEC_THREADS)                                                       \
-      attn_dec##HD(const u16* __restrict__ qkv, u16* __restrict__ out, const int* __restrict__ items,                 \
-                   const int* __restrict__ seq_q0, const int* __restrict__ seq_n, const int* __restrict__ seq_past,   \
-                   const u64* __restrict__ seq_pt, int page, int layer, int nq, int nkv, int qkv_w, float scale_log2, \
-                   float* __restrict__ po, float* __restrict__ pm, float* __restrict__ pl, int* __restrict__ cnt,     \
-                   int release_first) {                                                                               \
-    attn_dec_body<HD>(qkv, out, items, seq_q0, seq_n, seq_past, seq_pt, page, layer, nq, nkv, qkv_w, scale_log2, po,  \
-                      pm, pl, cnt, release_first);                                                                    \
+      NAME(const u16* __restrict__ qkv, u16* __restrict__ out, const int* __restrict__ items,                         \
+           const int* __restrict__ seq_q0, const int* __restrict__ seq_n, const int* __restrict__ seq_past,           \
+           const u64* __restrict__ seq_pt, int page, int layer, int nq, int nkv, int qkv_w, float scale_log2,         \
+           float* __restrict__ po, float* __restrict__ pm, float* __restrict__ pl, int* __restrict__ cnt,             \
+           int release_first, const float* __restrict__ cosT, const float* __restrict__ sinT) {                      \
+    attn_dec_body<HD, STAGES>(qkv, out, items, seq_q0, seq_n, seq_past, seq_pt, page, layer, nq, nkv, qkv_w,          \
+                              scale_log2, po, pm, pl, cnt, release_first, cosT, sinT);                                \
   }
-ATTN_DEC(64)
-ATTN_DEC(128)
+ATTN_DEC(attn_dec64, 64, 2)
+ATTN_DEC(attn_dec128, 128, 2)
+ATTN_DEC(attn_dec64s3, 64, 3)
+ATTN_DEC(attn_dec128s3, 128, 3)
+ATTN_DEC(attn_dec64s4, 64, 4)
+ATTN_DEC(attn_dec128s4, 128, 4)

@@ -77,6 +77,17 @@ type Engine struct {
 	// (rope.cuh), so the logits are the same bits. NewEngine sets it unless
 	// the environment variable TWELL_LLM_ATTN_ROPE is "0".
 	AttnRope bool
+	// DecRope makes decode steps whose q/k/v projection runs on cuBLASLt
+	// (more sequences than the engine's own projection kernels take) skip
+	// rope_kv: the decode attention kernel rotates the query and the new key
+	// as it loads them, with rope_rotate8 as rope_kv (the same bits), and
+	// writes the new key and value into the cache. NewEngine sets it when
+	// the environment variable TWELL_LLM_DEC_ROPE is "1".
+	DecRope bool
+	// DecStages is the number of key blocks (2, 3 or 4) a CTA of the
+	// decode attention kernel holds in shared memory at once; 0 means 2.
+	// NewEngine sets it from the environment variable TWELL_LLM_DEC_STAGES.
+	DecStages int
 	// HotUnits makes the first pass of at least gpu.CalibrationTokens
 	// tokens calibrate each TwELL layer on its input (gpu.MLP.Calibrate),
 	// after which the layers compute their most frequently firing units
@@ -230,7 +241,7 @@ func NewEngineWith(dev *cuda.Device, m *model.Model, opts Options) (*Engine, err
 		return nil, err
 	}
 	e := &Engine{cfg: c, dev: dev, k: k, mlpPath: mlp.Auto, rope: model.NewRoPETables(c), Attention: opts.Attention,
-		NoGraphs: opts.NoGraphs, NoGEMV: opts.NoGEMV, Serial: opts.MLP.Serial, FuseNorms: opts.FuseNorms, AttnRope: opts.AttnRope, HotUnits: !opts.MLP.NoHotUnits, pool: &kvPool{dev: dev, cfg: c}}
+		NoGraphs: opts.NoGraphs, NoGEMV: opts.NoGEMV, Serial: opts.MLP.Serial, FuseNorms: opts.FuseNorms, AttnRope: opts.AttnRope, DecRope: opts.DecRope, DecStages: opts.DecStages, HotUnits: !opts.MLP.NoHotUnits, pool: &kvPool{dev: dev, cfg: c}}
 	if act, _ := c.GateActivation(); act == model.ActSiLU {
 		e.act = gpu.ActSiLU
 	}

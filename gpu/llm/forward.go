@@ -439,7 +439,7 @@ func (e *Engine) layersQueue(b *batch, st *engine.Stats, paths []mlp.Path) error
 			}
 			cur, other = other, cur
 			prof("qkv")
-		} else if err := e.normQKV(s, li, norm, rope, l, prof); err != nil {
+		} else if err := e.normQKV(s, li, norm, rope, l, decode && dec.cos != nil, prof); err != nil {
 			return err
 		}
 		aa := attnArgs{qkv: ws.qkv, out: ws.hn, items: items, seqQ0: seqQ0, seqN: seqN, seqPast: seqPast,
@@ -493,8 +493,9 @@ func (e *Engine) layersQueue(b *batch, st *engine.Stats, paths []mlp.Path) error
 
 // normQKV queues layer li's attention norm (norm) and its q/k/v
 // projection with RoPE and the cache write (rope): for decode-sized passes
-// qkv_rope, else the projection and rope_kv.
-func (e *Engine) normQKV(s *cuda.Stream, li int, norm normArgs, rope ropeArgs, l layer, prof func(string)) error {
+// qkv_rope, else the projection and rope_kv (unless noRope: the decode
+// attention does its work, Engine.DecRope).
+func (e *Engine) normQKV(s *cuda.Stream, li int, norm normArgs, rope ropeArgs, l layer, noRope bool, prof func(string)) error {
 	if err := norm.launch(e.k.addNorm, s); err != nil {
 		return fmt.Errorf("llm: layer %d norm: %w", li, err)
 	}
@@ -513,6 +514,9 @@ func (e *Engine) normQKV(s *cuda.Stream, li int, norm normArgs, rope ropeArgs, l
 		return fmt.Errorf("llm: layer %d qkv: %w", li, err)
 	}
 	prof("qkv")
+	if noRope {
+		return nil
+	}
 	if err := rope.ropeKV(e.k.ropeKV, s); err != nil {
 		return fmt.Errorf("llm: layer %d rope: %w", li, err)
 	}

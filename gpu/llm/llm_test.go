@@ -26,8 +26,14 @@ func TestMain(m *testing.M) { cudatest.Main(m) }
 // earlyStartKernels are the kernels the engine launches with early start
 // (normArgs, gemvRows, ropeArgs.qkvRope, decAttention): each must wait with
 // griddepcontrol.wait before it touches earlier kernels' results.
-var earlyStartKernels = map[string]bool{"add_rmsnorm": true, "gemv_rows1": true, "gemv_rows4": true,
-	"qkv_rope1": true, "qkv_rope4": true, "qkv_rope1n": true, "attn_dec64": true, "attn_dec128": true}
+var earlyStartKernels = func() map[string]bool {
+	m := map[string]bool{"add_rmsnorm": true, "gemv_rows1": true, "gemv_rows4": true,
+		"qkv_rope1": true, "qkv_rope4": true, "qkv_rope1n": true}
+	for _, name := range decNames() {
+		m[name] = true
+	}
+	return m
+}()
 
 // TestCompile compiles every .cu file of kernelFiles to PTX: it needs NVRTC
 // but no GPU. The kernels launched with early start must wait first. The
@@ -735,10 +741,11 @@ func TestDecodeAttentionManySequences(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if dev.Properties().Major == 9 && !k.dec[c.HeadDim].cluster {
+			kd := k.dec[decBuild{c.HeadDim, 2}]
+			if dev.Properties().Major == 9 && !kd.cluster {
 				t.Errorf("head_dim %d: no clusters of %d runs on %v (Hopper holds them)", c.HeadDim, decSplits, dev)
 			}
-			for decRunsFor(S*c.NumAttentionHeads, k.dec[c.HeadDim].slots) > runs {
+			for decRunsFor(S*c.NumAttentionHeads, kd.slots) > runs {
 				S++
 			}
 			t.Run(fmt.Sprintf("hd%d_heads%d_seqs%d_runs%d", c.HeadDim, c.NumAttentionHeads, S, runs), func(t *testing.T) {
@@ -757,7 +764,7 @@ func TestDecodeAttentionManySequences(t *testing.T) {
 				run := func(attn string, global bool, forced int) [][]float32 {
 					e := engineOnPath(t, dev, m, seed, "dense")
 					e.Attention, e.decGlobalMerge, e.decRunsFixed = attn, global, forced
-					if got, want := e.decRuns(S*c.NumAttentionHeads, k.dec[c.HeadDim]), cmp.Or(forced, runs); attn == "auto" && got != want {
+					if got, want := e.decRuns(S*c.NumAttentionHeads, kd), cmp.Or(forced, runs); attn == "auto" && got != want {
 						t.Fatalf("%d sequences: %d runs, want %d", S, got, want)
 					}
 					return enginetest.Passes(t, e, 304, passes...)[first:] // the decode steps' logits
@@ -770,6 +777,60 @@ func TestDecodeAttentionManySequences(t *testing.T) {
 				if d, err := enginetest.RelDiff(run("auto", false, 8*runs), ref); err != nil || d > 1e-2 {
 					t.Errorf("seed %d: decode kernel with %d runs vs plain kernel: rel diff %.3g (err %v)", seed, 8*runs, d, err)
 				}
+			})
+		}
+	}
+}
+
+// TestDecodeRopeAndStages decodes batches whose q/k/v projections run on
+// cuBLASLt with RoPE and the cache write done by the decode attention
+// kernel (Engine.DecRope) and with 2, 3 and 4 key blocks a CTA
+// (Engine.DecStages): the logits must be the same bits as with rope_kv and
+// 2 blocks, replayed from graphs or kernel by kernel, with runs merged in a
+// cluster or in global memory, and agree with the CPU model. The positions
+// of the new tokens fall at the start, the end and the middle of key
+// blocks, and at 0 (a first pass of one token a sequence); 3 sequences
+// with NoGEMV cut the keys into more runs than blocks.
+func TestDecodeRopeAndStages(t *testing.T) {
+	dev := cudatest.Device(t)
+	cudatest.Compiler(t)
+	for _, c := range []model.Config{testConfig(64, 4, 2, true), testConfig(128, 2, 1, true), testConfig(64, 40, 8, true)} {
+		for _, first := range []bool{false, true} {
+			t.Run(fmt.Sprintf("hd%d_heads%d_first%v", c.HeadDim, c.NumAttentionHeads, first), func(t *testing.T) {
+				r, seed := testutil.Rand(t)
+				m := sparseModel(t, c, r, seed)
+				lens := []int{1, 63, 64, 65, 130, 257}
+				if first {
+					lens = []int{1, 1, 1, 1, 1, 1}
+				}
+				prompts := make([][]int, len(lens))
+				for i, n := range lens {
+					prompts[i] = enginetest.Tokens(r, n, c.VocabSize)
+				}
+				passes := append([][][]int{prompts}, decodeSteps(r, 3, len(lens), c.VocabSize)...)
+				few := [][][]int{prompts[:3]}
+				few = append(few, decodeSteps(r, 2, 3, c.VocabSize)...)
+				run := func(p [][][]int, rope bool, stages int, graphs, global, noGEMV bool) [][]float32 {
+					e := engineOnPath(t, dev, m, seed, "sparse")
+					e.DecRope, e.DecStages, e.NoGraphs, e.decGlobalMerge, e.NoGEMV = rope, stages, !graphs, global, noGEMV
+					return enginetest.Passes(t, e, 320, p...)
+				}
+				base := run(passes, false, 0, true, false, false)
+				if d, err := enginetest.RelDiff(base, cpuForward(t, m, "sparse", 320, passes...)); err != nil || d > bf16Tol {
+					t.Errorf("seed %d: decode steps vs CPU: rel diff %.3g (err %v)", seed, d, err)
+				}
+				for _, stages := range []int{2, 3, 4} {
+					for _, rope := range []bool{false, true} {
+						name := fmt.Sprintf("seed %d: DecRope %v, %d stages", seed, rope, stages)
+						enginetest.SameBits(t, name, run(passes, rope, stages, true, false, false), base)
+						if rope && stages == 3 {
+							enginetest.SameBits(t, name+", kernel by kernel", run(passes, rope, stages, false, false, false), base)
+							enginetest.SameBits(t, name+", runs merged in global memory", run(passes, rope, stages, true, true, false), base)
+						}
+					}
+				}
+				fewBase := run(few, false, 0, true, false, true)
+				enginetest.SameBits(t, fmt.Sprintf("seed %d: 3 sequences on cuBLASLt, DecRope", seed), run(few, true, 3, true, false, true), fewBase)
 			})
 		}
 	}

@@ -21,6 +21,8 @@ type Options struct {
 	FuseNorms bool        // Engine.FuseNorms: EnvFuseNorms unset or "1"
 	AttnRope  bool        // Engine.AttnRope: EnvAttnRope unset or "1"
 	GEMMTune  bool        // the engine's cuBLASLt handle tunes (cublas.DefaultTuneFlops): EnvGEMMTune unset or "1"
+	DecRope   bool        // Engine.DecRope: EnvDecRope "1"
+	DecStages int         // Engine.DecStages: EnvDecStages (0: unset)
 	MLP       gpu.Options // each TwELL layer's kernels: gpu.Switches
 	// ReleaseWeights makes NewEngineWith drop each layer's float32
 	// matrices from the model once they are on the device, and the model's
@@ -70,6 +72,16 @@ const EnvAttnRope = "TWELL_LLM_ATTN_ROPE"
 // H200, 2026-12-05).
 const EnvGEMMTune = "TWELL_GEMM_TUNE"
 
+// EnvDecRope names the environment variable that, set to "1", makes the
+// decode attention kernel of a new Engine do rope_kv's work in decode steps
+// whose q/k/v projection runs on cuBLASLt (Engine.DecRope).
+const EnvDecRope = "TWELL_LLM_DEC_ROPE"
+
+// EnvDecStages names the environment variable that sets a new Engine's
+// DecStages: the key blocks a decode attention CTA holds in shared memory
+// at once (2, 3 or 4).
+const EnvDecStages = "TWELL_LLM_DEC_STAGES"
+
 // EnvKVPageSize names the environment variable that sets a new Engine's KV
 // cache page size in positions (a multiple of 64).
 const EnvKVPageSize = "TWELL_LLM_KV_PAGE_SIZE"
@@ -81,7 +93,8 @@ const EnvKVMemory = "TWELL_LLM_KV_MEMORY"
 
 // Switches are the names of the environment variables that set Options:
 // the engine's and its TwELL MLPs' (gpu.Switches).
-var Switches = append([]string{EnvAttention, EnvGraphs, EnvGEMV, EnvFuseNorms, EnvAttnRope, EnvGEMMTune, EnvKVPageSize, EnvKVMemory}, gpu.Switches...)
+var Switches = append([]string{EnvAttention, EnvGraphs, EnvGEMV, EnvFuseNorms, EnvAttnRope, EnvGEMMTune, EnvDecRope, EnvDecStages,
+	EnvKVPageSize, EnvKVMemory}, gpu.Switches...)
 
 // OptionsFromEnv returns the Options the environment sets, or an error
 // naming a value it does not know.
@@ -103,7 +116,7 @@ func OptionsFrom(getenv func(string) string) (Options, error) {
 		name string
 		dst  *bool
 		on   bool // unset
-	}{{EnvFuseNorms, &o.FuseNorms, true}, {EnvAttnRope, &o.AttnRope, true}, {EnvGEMMTune, &o.GEMMTune, true}} {
+	}{{EnvFuseNorms, &o.FuseNorms, true}, {EnvAttnRope, &o.AttnRope, true}, {EnvGEMMTune, &o.GEMMTune, true}, {EnvDecRope, &o.DecRope, false}} {
 		switch v := getenv(b.name); v {
 		case "":
 			*b.dst = b.on
@@ -119,6 +132,13 @@ func OptionsFrom(getenv func(string) string) (Options, error) {
 		if _, ok := wgBuilds[o.Attention]; !ok {
 			return o, fmt.Errorf("llm: %s=%q: want %s", EnvAttention, o.Attention, attentionChoices())
 		}
+	}
+	switch v := getenv(EnvDecStages); v {
+	case "":
+	case "2", "3", "4":
+		o.DecStages = int(v[0] - '0')
+	default:
+		return o, fmt.Errorf("llm: %s=%q: want 2, 3 or 4", EnvDecStages, v)
 	}
 	if v := getenv(EnvKVPageSize); v != "" {
 		n, err := strconv.Atoi(v)
