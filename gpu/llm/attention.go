@@ -158,8 +158,8 @@ type decAttention struct {
 	// key and write the new key and value into the cache (Engine.DecRope):
 	// rope_kv does not run.
 	cos, sin *cuda.Buffer
-	early             bool // launch with early start
-	cluster           bool // launch the runs of a (work item, head) as a cluster
+	early    bool // launch with early start
+	cluster  bool // launch the runs of a (work item, head) as a cluster
 	// releaseFirst lets the next kernel start before this one's grid_wait
 	// (attn.cu, grid_enter in common.cuh): in one-token steps, as the other
 	// one-token kernels do. (At b=8, where cuBLASLt's GEMM comes next, the
