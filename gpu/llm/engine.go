@@ -88,6 +88,12 @@ type Engine struct {
 	// decode attention kernel holds in shared memory at once; 0 means 2.
 	// NewEngine sets it from the environment variable TWELL_LLM_DEC_STAGES.
 	DecStages int
+	// RopeRelease makes rope_kv, in decode steps that run it before the
+	// decode attention kernel, let that kernel start at once (rather than
+	// when rope_kv ends), so that the attention's page-table reads and first
+	// key copies overlap it. NewEngine sets it when the environment variable
+	// TWELL_LLM_ROPE_RELEASE is "1".
+	RopeRelease bool
 	// HotUnits makes the first pass of at least gpu.CalibrationTokens
 	// tokens calibrate each TwELL layer on its input (gpu.MLP.Calibrate),
 	// after which the layers compute their most frequently firing units
@@ -241,7 +247,7 @@ func NewEngineWith(dev *cuda.Device, m *model.Model, opts Options) (*Engine, err
 		return nil, err
 	}
 	e := &Engine{cfg: c, dev: dev, k: k, mlpPath: mlp.Auto, rope: model.NewRoPETables(c), Attention: opts.Attention,
-		NoGraphs: opts.NoGraphs, NoGEMV: opts.NoGEMV, Serial: opts.MLP.Serial, FuseNorms: opts.FuseNorms, AttnRope: opts.AttnRope, DecRope: opts.DecRope, DecStages: opts.DecStages, HotUnits: !opts.MLP.NoHotUnits, pool: &kvPool{dev: dev, cfg: c}}
+		NoGraphs: opts.NoGraphs, NoGEMV: opts.NoGEMV, Serial: opts.MLP.Serial, FuseNorms: opts.FuseNorms, AttnRope: opts.AttnRope, DecRope: opts.DecRope, DecStages: opts.DecStages, RopeRelease: opts.RopeRelease, HotUnits: !opts.MLP.NoHotUnits, pool: &kvPool{dev: dev, cfg: c}}
 	if act, _ := c.GateActivation(); act == model.ActSiLU {
 		e.act = gpu.ActSiLU
 	}

@@ -784,16 +784,21 @@ func TestDecodeAttentionManySequences(t *testing.T) {
 
 // TestDecodeRopeAndStages decodes batches whose q/k/v projections run on
 // cuBLASLt with RoPE and the cache write done by the decode attention
-// kernel (Engine.DecRope) and with 2, 3 and 4 key blocks a CTA
-// (Engine.DecStages): the logits must be the same bits as with rope_kv and
-// 2 blocks, replayed from graphs or kernel by kernel, with runs merged in a
-// cluster or in global memory, and agree with the CPU model. The positions
-// of the new tokens fall at the start, the end and the middle of key
-// blocks, and at 0 (a first pass of one token a sequence); 3 sequences
+// kernel (Engine.DecRope), with 2, 3 and 4 key blocks a CTA
+// (Engine.DecStages), and with rope_kv letting the attention start at once
+// (Engine.RopeRelease): the logits must be the same bits as with rope_kv
+// and 2 blocks, replayed from graphs or kernel by kernel, with runs merged
+// in a cluster or in global memory, and agree with the CPU model. The
+// positions of the new tokens fall at the start, the end and the middle of
+// key blocks, and at 0 (a first pass of one token a sequence); 3 sequences
 // with NoGEMV cut the keys into more runs than blocks.
 func TestDecodeRopeAndStages(t *testing.T) {
 	dev := cudatest.Device(t)
 	cudatest.Compiler(t)
+	type setting struct {
+		rope, release, kernelByKernel, global, noGEMV bool
+		stages                                        int
+	}
 	for _, c := range []model.Config{testConfig(64, 4, 2, true), testConfig(128, 2, 1, true), testConfig(64, 40, 8, true)} {
 		for _, first := range []bool{false, true} {
 			t.Run(fmt.Sprintf("hd%d_heads%d_first%v", c.HeadDim, c.NumAttentionHeads, first), func(t *testing.T) {
@@ -810,27 +815,25 @@ func TestDecodeRopeAndStages(t *testing.T) {
 				passes := append([][][]int{prompts}, decodeSteps(r, 3, len(lens), c.VocabSize)...)
 				few := [][][]int{prompts[:3]}
 				few = append(few, decodeSteps(r, 2, 3, c.VocabSize)...)
-				run := func(p [][][]int, rope bool, stages int, graphs, global, noGEMV bool) [][]float32 {
+				run := func(p [][][]int, st setting) [][]float32 {
 					e := engineOnPath(t, dev, m, seed, "sparse")
-					e.DecRope, e.DecStages, e.NoGraphs, e.decGlobalMerge, e.NoGEMV = rope, stages, !graphs, global, noGEMV
+					e.DecRope, e.DecStages, e.RopeRelease = st.rope, st.stages, st.release
+					e.NoGraphs, e.decGlobalMerge, e.NoGEMV = st.kernelByKernel, st.global, st.noGEMV
 					return enginetest.Passes(t, e, 320, p...)
 				}
-				base := run(passes, false, 0, true, false, false)
+				base := run(passes, setting{})
 				if d, err := enginetest.RelDiff(base, cpuForward(t, m, "sparse", 320, passes...)); err != nil || d > bf16Tol {
 					t.Errorf("seed %d: decode steps vs CPU: rel diff %.3g (err %v)", seed, d, err)
 				}
-				for _, stages := range []int{2, 3, 4} {
-					for _, rope := range []bool{false, true} {
-						name := fmt.Sprintf("seed %d: DecRope %v, %d stages", seed, rope, stages)
-						enginetest.SameBits(t, name, run(passes, rope, stages, true, false, false), base)
-						if rope && stages == 3 {
-							enginetest.SameBits(t, name+", kernel by kernel", run(passes, rope, stages, false, false, false), base)
-							enginetest.SameBits(t, name+", runs merged in global memory", run(passes, rope, stages, true, true, false), base)
-						}
-					}
+				for _, st := range []setting{{stages: 2, rope: true}, {stages: 3}, {stages: 3, rope: true}, {stages: 4},
+					{stages: 4, rope: true}, {release: true}, {release: true, stages: 3}, {rope: true, stages: 3, kernelByKernel: true},
+					{rope: true, stages: 3, global: true}, {release: true, kernelByKernel: true}} {
+					enginetest.SameBits(t, fmt.Sprintf("seed %d: %+v", seed, st), run(passes, st), base)
 				}
-				fewBase := run(few, false, 0, true, false, true)
-				enginetest.SameBits(t, fmt.Sprintf("seed %d: 3 sequences on cuBLASLt, DecRope", seed), run(few, true, 3, true, false, true), fewBase)
+				fewBase := run(few, setting{noGEMV: true})
+				for _, st := range []setting{{noGEMV: true, rope: true, stages: 3}, {noGEMV: true, release: true}} {
+					enginetest.SameBits(t, fmt.Sprintf("seed %d: 3 sequences on cuBLASLt, %+v", seed, st), run(few, st), fewBase)
+				}
 			})
 		}
 	}

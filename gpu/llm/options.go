@@ -15,15 +15,16 @@ import (
 // the Engine's fields and its MLPs; nothing reads the environment while the
 // engine runs).
 type Options struct {
-	Attention string      // Engine.Attention: EnvAttention
-	NoGraphs  bool        // Engine.NoGraphs: EnvGraphs = "0"
-	NoGEMV    bool        // Engine.NoGEMV: EnvGEMV = "0"
-	FuseNorms bool        // Engine.FuseNorms: EnvFuseNorms unset or "1"
-	AttnRope  bool        // Engine.AttnRope: EnvAttnRope unset or "1"
-	GEMMTune  bool        // the engine's cuBLASLt handle tunes (cublas.DefaultTuneFlops): EnvGEMMTune unset or "1"
-	DecRope   bool        // Engine.DecRope: EnvDecRope "1"
-	DecStages int         // Engine.DecStages: EnvDecStages (0: unset)
-	MLP       gpu.Options // each TwELL layer's kernels: gpu.Switches
+	Attention   string      // Engine.Attention: EnvAttention
+	NoGraphs    bool        // Engine.NoGraphs: EnvGraphs = "0"
+	NoGEMV      bool        // Engine.NoGEMV: EnvGEMV = "0"
+	FuseNorms   bool        // Engine.FuseNorms: EnvFuseNorms unset or "1"
+	AttnRope    bool        // Engine.AttnRope: EnvAttnRope unset or "1"
+	GEMMTune    bool        // the engine's cuBLASLt handle tunes (cublas.DefaultTuneFlops): EnvGEMMTune unset or "1"
+	DecRope     bool        // Engine.DecRope: EnvDecRope "1"
+	DecStages   int         // Engine.DecStages: EnvDecStages (0: unset)
+	RopeRelease bool        // Engine.RopeRelease: EnvRopeRelease "1"
+	MLP         gpu.Options // each TwELL layer's kernels: gpu.Switches
 	// ReleaseWeights makes NewEngineWith drop each layer's float32
 	// matrices from the model once they are on the device, and the model's
 	// weights (Weights becomes nil) at the end: for jobs that only run the
@@ -82,6 +83,11 @@ const EnvDecRope = "TWELL_LLM_DEC_ROPE"
 // at once (2, 3 or 4).
 const EnvDecStages = "TWELL_LLM_DEC_STAGES"
 
+// EnvRopeRelease names the environment variable that, set to "1", makes
+// rope_kv let the decode attention kernel after it start at once
+// (Engine.RopeRelease).
+const EnvRopeRelease = "TWELL_LLM_ROPE_RELEASE"
+
 // EnvKVPageSize names the environment variable that sets a new Engine's KV
 // cache page size in positions (a multiple of 64).
 const EnvKVPageSize = "TWELL_LLM_KV_PAGE_SIZE"
@@ -94,7 +100,7 @@ const EnvKVMemory = "TWELL_LLM_KV_MEMORY"
 // Switches are the names of the environment variables that set Options:
 // the engine's and its TwELL MLPs' (gpu.Switches).
 var Switches = append([]string{EnvAttention, EnvGraphs, EnvGEMV, EnvFuseNorms, EnvAttnRope, EnvGEMMTune, EnvDecRope, EnvDecStages,
-	EnvKVPageSize, EnvKVMemory}, gpu.Switches...)
+	EnvRopeRelease, EnvKVPageSize, EnvKVMemory}, gpu.Switches...)
 
 // OptionsFromEnv returns the Options the environment sets, or an error
 // naming a value it does not know.
@@ -116,7 +122,8 @@ func OptionsFrom(getenv func(string) string) (Options, error) {
 		name string
 		dst  *bool
 		on   bool // unset
-	}{{EnvFuseNorms, &o.FuseNorms, true}, {EnvAttnRope, &o.AttnRope, true}, {EnvGEMMTune, &o.GEMMTune, true}, {EnvDecRope, &o.DecRope, false}} {
+	}{{EnvFuseNorms, &o.FuseNorms, true}, {EnvAttnRope, &o.AttnRope, true}, {EnvGEMMTune, &o.GEMMTune, true}, {EnvDecRope, &o.DecRope, false},
+		{EnvRopeRelease, &o.RopeRelease, false}} {
 		switch v := getenv(b.name); v {
 		case "":
 			*b.dst = b.on
