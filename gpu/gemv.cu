@@ -342,13 +342,14 @@ __device__ __forceinline__ void mma_sum(float (&c)[4], float4* red) {
   }
 }
 
+// act_mma_block is gemv_act_mma's work for block blockIdx.x (gemv_act_mma
+// and gemv_mlp_mma): red is shared, 4 floats a thread.
 template <bool GATED>
-__global__ void __launch_bounds__(256, 3)
-    gemv_act_mma(const u16* __restrict__ x, const u16* __restrict__ w, const u16* __restrict__ up,
-                 const u16* __restrict__ down, float* __restrict__ h, u32* __restrict__ mask, u32* __restrict__ cnt,
-                 int m, int d, int f) {
-  extern __shared__ __align__(128) u16 slab[];
-  __shared__ float4 red[256], gsave[32];
+__device__ __forceinline__ void act_mma_block(const u16* __restrict__ x, const u16* __restrict__ w,
+                                              const u16* __restrict__ up, const u16* __restrict__ down,
+                                              float* __restrict__ h, u32* __restrict__ mask, u32* __restrict__ cnt,
+                                              int m, int d, int f, u16* slab, float4* red) {
+  __shared__ float4 gsave[32];
   __shared__ u32 live_up;
   __shared__ __align__(8) u64 bar_mem;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
@@ -434,6 +435,16 @@ __global__ void __launch_bounds__(256, 3)
   }
 }
 
+template <bool GATED>
+__global__ void __launch_bounds__(256, 3)
+    gemv_act_mma(const u16* __restrict__ x, const u16* __restrict__ w, const u16* __restrict__ up,
+                 const u16* __restrict__ down, float* __restrict__ h, u32* __restrict__ mask, u32* __restrict__ cnt,
+                 int m, int d, int f) {
+  extern __shared__ __align__(128) u16 slab[];
+  __shared__ float4 red[256];
+  act_mma_block<GATED>(x, w, up, down, h, mask, cnt, m, d, f, slab, red);
+}
+
 // DOWN_COLS is the number of output columns of a gemv_down block (16: four
 // times the blocks of 64-column ones, which left 100 of 132 SMs idle at d
 // 2048).
@@ -443,7 +454,10 @@ __global__ void __launch_bounds__(256, 3)
 // blk for the mg <= MB tokens of one group, whose h and mask gemv_act
 // wrote, into rows ylist[0..mg) of y (rows 0..mg without a list). lists
 // holds a list of 8 ceil(f/256) 32 ints per warp (8 warps).
-template <int MB>
+//
+// A half-warp reads UNITS of its units' rows at a time (8; 4 where
+// registers are short): the same sums in the same order either way.
+template <int MB, int UNITS = 8>
 __device__ __forceinline__ void down_group(const float* __restrict__ h, const u32* __restrict__ mask,
                                            const u16* __restrict__ down, u16* __restrict__ y,
                                            const int* __restrict__ ylist, int mg, int d, int f, int* lists,
@@ -462,12 +476,12 @@ __device__ __forceinline__ void down_group(const float* __restrict__ h, const u3
   float acc[MB];
 #pragma unroll
   for (int t = 0; t < MB; ++t) acc[t] = 0.f;
-  for (int i0 = half; i0 < len; i0 += 16) {
-    int js[8];
-    u16 dv[8];
-    float hv[8][MB];
+  for (int i0 = half; i0 < len; i0 += 2 * UNITS) {
+    int js[UNITS];
+    u16 dv[UNITS];
+    float hv[UNITS][MB];
 #pragma unroll
-    for (int k = 0; k < 8; ++k) {
+    for (int k = 0; k < UNITS; ++k) {
       js[k] = i0 + 2 * k < len ? list[i0 + 2 * k] : -1;
       if (js[k] < 0) continue;
       dv[k] = down[(size_t)js[k] * d + col];
@@ -475,7 +489,7 @@ __device__ __forceinline__ void down_group(const float* __restrict__ h, const u3
       for (int t = 0; t < MB; ++t) hv[k][t] = t < mg ? __ldcg(h + (size_t)t * f + js[k]) : 0.f;
     }
 #pragma unroll
-    for (int k = 0; k < 8; ++k) {
+    for (int k = 0; k < UNITS; ++k) {
       if (js[k] < 0) continue;
 #pragma unroll
       for (int t = 0; t < MB; ++t) acc[t] = fmaf(hv[k][t], bf_to_f(dv[k]), acc[t]);
@@ -569,6 +583,33 @@ __global__ void __launch_bounds__(256)
   for (int b = blockIdx.x; b < d / DOWN_COLS; b += gridDim.x) {
     if (b != (int)blockIdx.x) __syncthreads();  // the previous slice's red has been read
     down_group<1>(h, mask, down, y, nullptr, 1, d, f, reinterpret_cast<int*>(xs), red, b);
+  }
+  if (blockIdx.x == 0) sum_counts(cnt, gridDim.x, nnz);
+}
+
+// gemv_mlp_mma: gemv_act_mma and gemv_down<8> for 5 to 8 tokens in one
+// kernel, the phases met at a grid_sync instead of a kernel boundary: grid
+// F/16 blocks of 256 threads, three an SM, launched cooperatively (every
+// one resident at once; the launcher checks that they fit). After the
+// barrier block b computes the down columns of slices b, b + grid, ...,
+// four units a half-warp at a time (80 registers): the same sums in the
+// same order as the two kernels, so the same bits. The act phase's shared
+// memory then holds the down phase's lists and partial sums. bar is
+// grid_sync's two words.
+template <bool GATED>
+__global__ void __launch_bounds__(256, 3)
+    gemv_mlp_mma(const u16* __restrict__ x, const u16* __restrict__ w, const u16* __restrict__ up,
+                 const u16* __restrict__ down, float* h, u32* mask, u32* cnt, u16* y, u64* nnz, u32* bar, int m,
+                 int d, int f) {
+  extern __shared__ __align__(128) u16 slab[];
+  __shared__ float4 red[256];
+  act_mma_block<GATED>(x, w, up, down, h, mask, cnt, m, d, f, slab, red);
+  grid_sync(bar);
+  static_assert(sizeof(red) == 8 * 8 * DOWN_COLS * sizeof(float), "down_group's partial sums fill red");
+  for (int b = blockIdx.x; b < d / DOWN_COLS; b += gridDim.x) {
+    if (b != (int)blockIdx.x) __syncthreads();  // the previous slice's red has been read
+    down_group<8, 4>(h, mask, down, y, nullptr, m, d, f, reinterpret_cast<int*>(slab),
+                     reinterpret_cast<float(*)[8][DOWN_COLS]>(red), b);
   }
   if (blockIdx.x == 0) sum_counts(cnt, gridDim.x, nnz);
 }
