@@ -356,13 +356,14 @@ func (a gemvArgs) launchAct(fn *cuda.Function, s *cuda.Stream) error {
 		optional(a.list), int32(a.first), int32(a.cap))
 }
 
-// actCols is the number of columns of a row chunk that gemv_act_mma holds
-// in shared memory (gemv.cu's ACT_COLS).
-const actCols = 2048
+// ActCols is the number of columns of a row chunk that the kernels on
+// rowmma.cuh (gemv_act_mma here, gpu/llm's gemv_rows_mma) hold in shared
+// memory (ACT_COLS).
+const ActCols = 2048
 
 // actMMAShared is gemv_act_mma's dynamic shared memory: its 16 rows'
-// chunks of min(d, actCols) columns, padded by 8.
-func (a gemvArgs) actMMAShared() int { return 2 * 16 * (min(a.d, actCols) + 8) }
+// chunks of min(d, ActCols) columns, padded by 8.
+func (a gemvArgs) actMMAShared() int { return 2 * 16 * (min(a.d, ActCols) + 8) }
 
 // launchActMMA launches gemv_act_mma: one block per 16 units, holding their
 // rows' chunks in shared memory.

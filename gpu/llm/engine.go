@@ -94,6 +94,11 @@ type Engine struct {
 	// key copies overlap it. NewEngine sets it when the environment variable
 	// TWELL_LLM_ROPE_RELEASE is "1".
 	RopeRelease bool
+	// GEMV8 makes the q/k/v and output projections of passes of 5 to 8
+	// tokens run gemv_rows_mma (tensor cores, weight rows requested before
+	// the kernel before ends) instead of cuBLASLt. NewEngine sets it when
+	// the environment variable TWELL_LLM_GEMV8 is "1".
+	GEMV8 bool
 	// HotUnits makes the first pass of at least gpu.CalibrationTokens
 	// tokens calibrate each TwELL layer on its input (gpu.MLP.Calibrate),
 	// after which the layers compute their most frequently firing units
@@ -247,7 +252,7 @@ func NewEngineWith(dev *cuda.Device, m *model.Model, opts Options) (*Engine, err
 		return nil, err
 	}
 	e := &Engine{cfg: c, dev: dev, k: k, mlpPath: mlp.Auto, rope: model.NewRoPETables(c), Attention: opts.Attention,
-		NoGraphs: opts.NoGraphs, NoGEMV: opts.NoGEMV, Serial: opts.MLP.Serial, FuseNorms: opts.FuseNorms, AttnRope: opts.AttnRope, DecRope: opts.DecRope, DecStages: opts.DecStages, RopeRelease: opts.RopeRelease, HotUnits: !opts.MLP.NoHotUnits, pool: &kvPool{dev: dev, cfg: c}}
+		NoGraphs: opts.NoGraphs, NoGEMV: opts.NoGEMV, Serial: opts.MLP.Serial, FuseNorms: opts.FuseNorms, AttnRope: opts.AttnRope, DecRope: opts.DecRope, DecStages: opts.DecStages, RopeRelease: opts.RopeRelease, GEMV8: opts.GEMV8, HotUnits: !opts.MLP.NoHotUnits, pool: &kvPool{dev: dev, cfg: c}}
 	if act, _ := c.GateActivation(); act == model.ActSiLU {
 		e.act = gpu.ActSiLU
 	}

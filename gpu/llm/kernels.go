@@ -38,6 +38,7 @@ type kernels struct {
 	// blocks (attn_dec64, attn_dec128 with 2; attn_dec64s3 and so on).
 	dec                map[decBuild]decKernel
 	gemv1, gemv4       *cuda.Function
+	gemvMMA            *cuda.Function // gemv_rows_mma: 5 to 8 tokens
 	qkvRope1, qkvRope4 *cuda.Function
 	qkvRope1N          *cuda.Function // qkv_rope1 with the norm before it fused in
 
@@ -97,7 +98,7 @@ var kernelFiles = []struct {
 	kernels []string
 }{
 	{"norm.cu", &normSrc, []string{"embed", "add_rmsnorm"}},
-	{"proj.cu", &projSrc, []string{"gemv_rows1", "gemv_rows4", "qkv_rope1", "qkv_rope4", "qkv_rope1n"}},
+	{"proj.cu", &projSrc, []string{"gemv_rows1", "gemv_rows4", "gemv_rows_mma", "qkv_rope1", "qkv_rope4", "qkv_rope1n"}},
 	{"rope.cu", &ropeSrc, []string{"rope_kv"}},
 	{"attn.cu", &attnSrc, append([]string{"attn_ref", "attn_fa64", "attn_fa128"}, decNames()...)},
 }
@@ -125,7 +126,7 @@ func kernelsFor(dev *cuda.Device) (*kernels, error) {
 	}
 	k := &kernels{dev: dev, embed: fs["embed"], addNorm: fs["add_rmsnorm"], ropeKV: fs["rope_kv"],
 		attnRef: fs["attn_ref"], attnFA64: fs["attn_fa64"], attnFA128: fs["attn_fa128"],
-		gemv1: fs["gemv_rows1"], gemv4: fs["gemv_rows4"],
+		gemv1: fs["gemv_rows1"], gemv4: fs["gemv_rows4"], gemvMMA: fs["gemv_rows_mma"],
 		qkvRope1: fs["qkv_rope1"], qkvRope4: fs["qkv_rope4"],
 		qkvRope1N: fs["qkv_rope1n"], dec: map[decBuild]decKernel{}}
 	for _, b := range decBuilds {

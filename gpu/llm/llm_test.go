@@ -28,7 +28,7 @@ func TestMain(m *testing.M) { cudatest.Main(m) }
 // griddepcontrol.wait before it touches earlier kernels' results.
 var earlyStartKernels = func() map[string]bool {
 	m := map[string]bool{"add_rmsnorm": true, "gemv_rows1": true, "gemv_rows4": true,
-		"qkv_rope1": true, "qkv_rope4": true, "qkv_rope1n": true}
+		"qkv_rope1": true, "qkv_rope4": true, "qkv_rope1n": true, "gemv_rows_mma": true}
 	for _, name := range decNames() {
 		m[name] = true
 	}
@@ -833,6 +833,45 @@ func TestDecodeRopeAndStages(t *testing.T) {
 				fewBase := run(few, setting{noGEMV: true})
 				for _, st := range []setting{{noGEMV: true, rope: true, stages: 3}, {noGEMV: true, release: true}} {
 					enginetest.SameBits(t, fmt.Sprintf("seed %d: 3 sequences on cuBLASLt, %+v", seed, st), run(few, st), fewBase)
+				}
+			})
+		}
+	}
+}
+
+// TestGEMV8MatchesCPU decodes 5 and 8 sequences with their q/k/v and
+// output projections on gemv_rows_mma (Engine.GEMV8), with and without
+// DecRope, from graphs and kernel by kernel: the logits must agree with
+// cuBLASLt's and the CPU model's and repeat bit for bit.
+func TestGEMV8MatchesCPU(t *testing.T) {
+	dev := cudatest.Device(t)
+	cudatest.Compiler(t)
+	for _, c := range []model.Config{testConfig(64, 4, 2, true), testConfig(128, 2, 1, false)} {
+		for _, S := range []int{5, 8} {
+			t.Run(fmt.Sprintf("hd%d_seqs%d", c.HeadDim, S), func(t *testing.T) {
+				r, seed := testutil.Rand(t)
+				m := sparseModel(t, c, r, seed)
+				prompts := make([][]int, S)
+				for i := range prompts {
+					prompts[i] = enginetest.Tokens(r, 1+r.IntN(150), c.VocabSize)
+				}
+				passes := append([][][]int{prompts}, decodeSteps(r, 4, S, c.VocabSize)...)
+				run := func(gemv8, rope, graphs bool) [][]float32 {
+					e := engineOnPath(t, dev, m, seed, "sparse")
+					e.GEMV8, e.DecRope, e.NoGraphs = gemv8, rope, !graphs
+					return enginetest.Passes(t, e, 160, passes...)
+				}
+				lt, want := run(false, false, true), cpuForward(t, m, "sparse", 160, passes...)
+				for _, rope := range []bool{false, true} {
+					got := run(true, rope, true)
+					if d, err := enginetest.RelDiff(got, lt); err != nil || d > 1e-2 {
+						t.Errorf("seed %d: gemv_rows_mma (DecRope %v) vs cuBLASLt: rel diff %.3g (err %v)", seed, rope, d, err)
+					}
+					if d, err := enginetest.RelDiff(got, want); err != nil || d > bf16Tol {
+						t.Errorf("seed %d: gemv_rows_mma (DecRope %v) vs CPU: rel diff %.3g (err %v)", seed, rope, d, err)
+					}
+					enginetest.SameBits(t, fmt.Sprintf("seed %d: gemv_rows_mma (DecRope %v), again", seed, rope), run(true, rope, true), got)
+					enginetest.SameBits(t, fmt.Sprintf("seed %d: gemv_rows_mma (DecRope %v), kernel by kernel", seed, rope), run(true, rope, false), got)
 				}
 			})
 		}

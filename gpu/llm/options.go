@@ -24,6 +24,7 @@ type Options struct {
 	DecRope     bool        // Engine.DecRope: EnvDecRope "1"
 	DecStages   int         // Engine.DecStages: EnvDecStages (0: unset)
 	RopeRelease bool        // Engine.RopeRelease: EnvRopeRelease "1"
+	GEMV8       bool        // Engine.GEMV8: EnvGEMV8 "1"
 	MLP         gpu.Options // each TwELL layer's kernels: gpu.Switches
 	// ReleaseWeights makes NewEngineWith drop each layer's float32
 	// matrices from the model once they are on the device, and the model's
@@ -88,6 +89,11 @@ const EnvDecStages = "TWELL_LLM_DEC_STAGES"
 // (Engine.RopeRelease).
 const EnvRopeRelease = "TWELL_LLM_ROPE_RELEASE"
 
+// EnvGEMV8 names the environment variable that, set to "1", makes the
+// projections of passes of 5 to 8 tokens of a new Engine run gemv_rows_mma
+// (Engine.GEMV8).
+const EnvGEMV8 = "TWELL_LLM_GEMV8"
+
 // EnvKVPageSize names the environment variable that sets a new Engine's KV
 // cache page size in positions (a multiple of 64).
 const EnvKVPageSize = "TWELL_LLM_KV_PAGE_SIZE"
@@ -100,7 +106,7 @@ const EnvKVMemory = "TWELL_LLM_KV_MEMORY"
 // Switches are the names of the environment variables that set Options:
 // the engine's and its TwELL MLPs' (gpu.Switches).
 var Switches = append([]string{EnvAttention, EnvGraphs, EnvGEMV, EnvFuseNorms, EnvAttnRope, EnvGEMMTune, EnvDecRope, EnvDecStages,
-	EnvRopeRelease, EnvKVPageSize, EnvKVMemory}, gpu.Switches...)
+	EnvRopeRelease, EnvGEMV8, EnvKVPageSize, EnvKVMemory}, gpu.Switches...)
 
 // OptionsFromEnv returns the Options the environment sets, or an error
 // naming a value it does not know.
@@ -123,7 +129,7 @@ func OptionsFrom(getenv func(string) string) (Options, error) {
 		dst  *bool
 		on   bool // unset
 	}{{EnvFuseNorms, &o.FuseNorms, true}, {EnvAttnRope, &o.AttnRope, true}, {EnvGEMMTune, &o.GEMMTune, true}, {EnvDecRope, &o.DecRope, false},
-		{EnvRopeRelease, &o.RopeRelease, false}} {
+		{EnvRopeRelease, &o.RopeRelease, false}, {EnvGEMV8, &o.GEMV8, false}} {
 		switch v := getenv(b.name); v {
 		case "":
 			*b.dst = b.on
