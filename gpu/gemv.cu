@@ -247,17 +247,7 @@ __device__ __forceinline__ void act_mma_block(const u16* __restrict__ x, const u
   u32 phase = 0;
   float gc[4] = {0.f, 0.f, 0.f, 0.f};
   uint4 xv[ACT_STEPS];
-  for (int c0 = 0; c0 < d; c0 += kc) {
-    int s0, s1;
-    act_steps(d, c0, kc, s0, s1);
-    act_x(xv, x, m, d, c0, s0, s1);
-    slab_wait(bar, phase);
-    act_mma(slab, ld, 0xffffu, xv, s0, s1, gc);
-    if (c0 + kc < d) {
-      __syncthreads();  // every warp is done with the chunk
-      slab_load(sl, ld, w, j0, 0xffffu, d, c0 + kc, min(kc, d - c0 - kc), bar, pol);
-    }
-  }
+  rows_mma(sl, slab, ld, w, j0, 0xffffu, x, m, d, kc, bar, phase, pol, xv, gc);
   mma_sum(gc, red);
   // Warp 0 holds the gate values of units j0 + g (gc[0], gc[1]) and
   // j0 + g + 8 (gc[2], gc[3]) for tokens 2q, 2q + 1. It rounds them to bf16

@@ -133,3 +133,24 @@ __device__ __forceinline__ void mma_sum(float (&c)[4], float4* red) {
   }
 }
 
+// rows_mma (all threads) adds the products of the rows j0 + r of w with bit
+// r set in rows with the m tokens of x (d columns) into this warp's c,
+// chunk by chunk of kc columns. The first chunk's copy must have been
+// requested (slab_load of columns [0, kc)); each later one is requested
+// here once every warp is done with the chunk before. xv ends holding the
+// last chunk's x fragments. phase counts bar's phases (slab_wait).
+__device__ __forceinline__ void rows_mma(u32 sl, const u16* slab, int ld, const u16* __restrict__ w, int j0, u32 rows,
+                                         const u16* __restrict__ x, int m, int d, int kc, u32 bar, u32& phase,
+                                         u64 pol, uint4 (&xv)[ACT_STEPS], float (&c)[4]) {
+  for (int c0 = 0; c0 < d; c0 += kc) {
+    int s0, s1;
+    act_steps(d, c0, kc, s0, s1);
+    act_x(xv, x, m, d, c0, s0, s1);
+    slab_wait(bar, phase);
+    act_mma(slab, ld, rows, xv, s0, s1, c);
+    if (c0 + kc < d) {
+      __syncthreads();  // every warp is done with the chunk
+      slab_load(sl, ld, w, j0, rows, d, c0 + kc, min(kc, d - c0 - kc), bar, pol);
+    }
+  }
+}

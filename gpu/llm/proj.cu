@@ -83,17 +83,7 @@ extern "C" __global__ void __launch_bounds__(256, 3)
   u32 phase = 0;
   float c[4] = {0.f, 0.f, 0.f, 0.f};
   uint4 xv[ACT_STEPS];
-  for (int c0 = 0; c0 < k; c0 += kc) {
-    int s0, s1;
-    act_steps(k, c0, kc, s0, s1);
-    act_x(xv, x, m, k, c0, s0, s1);
-    slab_wait(bar, phase);
-    act_mma(slab, ld, rows, xv, s0, s1, c);
-    if (c0 + kc < k) {
-      __syncthreads();  // every warp is done with the chunk
-      slab_load(sl, ld, w, j0, rows, k, c0 + kc, min(kc, k - c0 - kc), bar, pol);
-    }
-  }
+  rows_mma(sl, slab, ld, w, j0, rows, x, m, k, kc, bar, phase, pol, xv, c);
   mma_sum(c, red);
   if (threadIdx.x >= 32) return;
   // Warp 0 holds rows j0 + g (c[0], c[1]) and j0 + g + 8 (c[2], c[3]) for
