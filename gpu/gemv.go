@@ -143,6 +143,9 @@ func (l *MLP) fusedKernel(ks *gemvSet, a gemvArgs, key mlpKey) (*cuda.Function, 
 		if key.mma {
 			shared, blocks = a.mlpMMAShared(), l.F/16
 		}
+		if err := fn.SetMaxDynamicShared(shared); err != nil { // the query counts blocks of this size
+			return nil, fmt.Errorf("gpu: gemv_mlp shared memory: %w", err)
+		}
 		per, err := fn.MaxActiveBlocksPerSM(256, shared)
 		if err != nil {
 			return nil, fmt.Errorf("gpu: gemv_mlp occupancy: %w", err)

@@ -181,8 +181,15 @@ func (e *Engine) decodeSplit() bool {
 }
 
 // decStages is the number of key blocks a decode attention CTA holds at
-// once: DecStages, 2 when unset.
-func (e *Engine) decStages() int { return cmp.Or(e.DecStages, 2) }
+// once in a step of T sequences: DecStages (2 when unset) where the q/k/v
+// projection is not the engine's own one-to-four-token kernel (whose steps
+// keep 2), else 2.
+func (e *Engine) decStages(T int) int {
+	if e.gemv(T, e.cfg.HiddenSize) {
+		return 2
+	}
+	return cmp.Or(e.DecStages, 2)
+}
 
 // decRope reports whether a decode step of T sequences leaves RoPE and the
 // cache write to the decode attention kernel (DecRope): where its q/k/v
@@ -196,7 +203,7 @@ func (e *Engine) decodeAttention(b *batch) (decAttention, bool) {
 	if b.T != b.S || !e.decodeSplit() || e.ws.decSeq < b.S {
 		return decAttention{}, false
 	}
-	k := e.k.dec[decBuild{c.HeadDim, e.decStages()}]
+	k := e.k.dec[decBuild{c.HeadDim, e.decStages(b.T)}]
 	l := decLayout(c, b.S)
 	v := func(i int) *cuda.Buffer { return view(e.ws.dec, l[i][0], l[i][1]) }
 	d := decAttention{fn: k.fn, po: v(0), pm: v(1), pl: v(2), count: v(3), runs: e.decRuns(b.S*c.NumAttentionHeads, k),
