@@ -45,7 +45,6 @@
 #include "common.cuh"
 #include "rowdot.cuh"
 #include "mma.cuh"
-#include "rowmma.cuh"
 
 // stage_rows copies the m token rows rows[0..m) of x into shared memory
 // and waits for them.
@@ -224,16 +223,132 @@ __global__ void __launch_bounds__(256)
 // ACT_COLS columns (one chunk for d <= ACT_COLS); dynamic shared memory
 // 16 (min(d, ACT_COLS) + 8) * 2 bytes: the 8-element pad puts row r + 1
 // 16 bytes of banks after row r, so the A loads are free of bank
-// conflicts (rowmma.cuh). Three blocks an SM (all 352 blocks of f 5632 in
-// one wave).
-// act_mma_block is gemv_act_mma's work for block blockIdx.x (gemv_act_mma
-// and gemv_mlp_mma): red is shared, 4 floats a thread.
+// conflicts. Three blocks an SM (all 352 blocks of f 5632 in one wave).
+#define ACT_COLS 2048                // columns of a row chunk in shared memory
+#define ACT_STEPS (ACT_COLS / 32 / 8)  // 32-column steps of a warp per chunk
+
+// bulk_rows (warp 0, all lanes) copies columns [c0, c0 + cw) of the rows
+// j0 + r of w with bit r set in rows into row r of slab (row stride ld
+// elements), completing on bar, which expects their bytes (sm_90).
+__device__ __forceinline__ void bulk_rows(u32 slab, int ld, const u16* __restrict__ w, int j0, u32 rows, int d,
+                                          int c0, int cw, u32 bar, u64 pol) {
+  const int lane = threadIdx.x & 31;
+  if (lane == 0) mbar_expect_tx(bar, (u32)__popc(rows) * (u32)cw * 2u);
+  __syncwarp();
+  if (lane < 16 && (rows >> lane & 1))
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], "
+        "%4;" ::"r"(slab + (u32)(lane * ld * 2)),
+        "l"(w + (size_t)(j0 + lane) * d + c0), "r"(cw * 2), "r"(bar), "l"(pol)
+        : "memory");
+}
+
+// slab_init (all threads) prepares bar for slab_load: on sm_90 thread 0
+// initializes it, and the block waits for that.
+__device__ __forceinline__ void slab_init(u32 bar) {
+#if __CUDA_ARCH__ >= 900
+  if (threadIdx.x == 0) {
+    mbar_init(bar, 1);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+#endif
+}
+
+// slab_load (all threads) requests columns [c0, c0 + cw) of the rows j0 + r
+// of w with bit r set in rows into row r of slab, once every thread is
+// done reading what it overwrites (a __syncthreads before it, or none
+// yet): on sm_90 warp 0 issues bulk copies completing on bar (after a
+// proxy fence, which orders the block's earlier reads of slab before
+// them); before sm_90 every thread issues 16-byte cp.async copies.
+__device__ __forceinline__ void slab_load(u32 slab, int ld, const u16* __restrict__ w, int j0, u32 rows, int d,
+                                          int c0, int cw, u32 bar, u64 pol) {
+#if __CUDA_ARCH__ >= 900
+  if (threadIdx.x < 32) {
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    bulk_rows(slab, ld, w, j0, rows, d, c0, cw, bar, pol);
+  }
+#else
+  const int per = cw / 8;  // 16-byte pieces a row
+  for (int i = threadIdx.x; i < 16 * per; i += blockDim.x) {
+    const int r = i / per, c = i - r * per;
+    if (rows >> r & 1) cp_async16(slab + (u32)((r * ld + 8 * c) * 2), w + (size_t)(j0 + r) * d + c0 + 8 * c, true);
+  }
+  cp_async_commit();
+#endif
+}
+
+// slab_wait (all threads) waits for the last slab_load; phase counts bar's
+// phases (sm_90).
+__device__ __forceinline__ void slab_wait(u32 bar, u32& phase) {
+#if __CUDA_ARCH__ >= 900
+  mbar_wait(bar, phase);
+  phase ^= 1;
+#else
+  cp_async_wait<0>();
+  __syncthreads();
+#endif
+}
+
+// act_steps sets this warp's share [s0, s1) of the 32-column steps of the
+// chunk at column c0 (chunks of kc columns).
+__device__ __forceinline__ void act_steps(int d, int c0, int kc, int& s0, int& s1) {
+  const int steps = min(kc, d - c0) / 32, per = (steps + 7) / 8;
+  s0 = min(steps, (int)(threadIdx.x >> 5) * per);
+  s1 = min(steps, s0 + per);
+}
+
+// act_x loads this warp's x fragments of steps [s0, s1) of the chunk at
+// column c0: token g's 16 bytes at column 32 s + 8 q (zero past m).
+__device__ __forceinline__ void act_x(uint4 (&xv)[ACT_STEPS], const u16* __restrict__ x, int m, int d, int c0,
+                                      int s0, int s1) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+#pragma unroll
+  for (int i = 0; i < ACT_STEPS; ++i)
+    xv[i] = s0 + i < s1 && g < m ? ldg_cg(x + (size_t)g * d + c0 + 32 * (s0 + i) + 8 * q) : make_uint4(0, 0, 0, 0);
+}
+
+// act_mma adds this warp's share, steps [s0, s1) of 32 columns of a chunk,
+// of the 16 x 8 products of the rows in slab (row stride ld; rows whose bit
+// is clear in live count as zeros) with the x fragments xv into c.
+__device__ __forceinline__ void act_mma(const u16* slab, int ld, u32 live, const uint4 (&xv)[ACT_STEPS], int s0,
+                                        int s1, float (&c)[4]) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+  const bool la = live >> g & 1, lb = live >> (g + 8) & 1;
+  const u16* ra = slab + g * ld + 8 * q;
+  const u16* rb = ra + 8 * ld;
+#pragma unroll
+  for (int i = 0; i < ACT_STEPS; ++i) {
+    if (s0 + i >= s1) break;
+    const int col = 32 * (s0 + i);
+    const uint4 wa = la ? *(const uint4*)(ra + col) : make_uint4(0, 0, 0, 0);
+    const uint4 wb = lb ? *(const uint4*)(rb + col) : make_uint4(0, 0, 0, 0);
+    const u32 a0[4] = {wa.x, wb.x, wa.y, wb.y}, a1[4] = {wa.z, wb.z, wa.w, wb.w};
+    mma16816(c, a0, xv[i].x, xv[i].y);
+    mma16816(c, a1, xv[i].z, xv[i].w);
+  }
+}
+
+// mma_sum adds the warps' products c in warp order into warp 0's c; red is
+// shared, 4 floats per thread.
+__device__ __forceinline__ void mma_sum(float (&c)[4], float4* red) {
+  __syncthreads();  // red's previous contents have been read
+  red[threadIdx.x] = make_float4(c[0], c[1], c[2], c[3]);
+  __syncthreads();
+  if (threadIdx.x >= 32) return;
+  for (int wi = 1; wi < (int)(blockDim.x >> 5); ++wi) {
+    const float4 v = red[wi * 32 + threadIdx.x];
+    c[0] += v.x, c[1] += v.y, c[2] += v.z, c[3] += v.w;
+  }
+}
+
 template <bool GATED>
-__device__ __forceinline__ void act_mma_block(const u16* __restrict__ x, const u16* __restrict__ w,
-                                              const u16* __restrict__ up, const u16* __restrict__ down,
-                                              float* __restrict__ h, u32* __restrict__ mask, u32* __restrict__ cnt,
-                                              int m, int d, int f, u16* slab, float4* red) {
-  __shared__ float4 gsave[32];
+__global__ void __launch_bounds__(256, 3)
+    gemv_act_mma(const u16* __restrict__ x, const u16* __restrict__ w, const u16* __restrict__ up,
+                 const u16* __restrict__ down, float* __restrict__ h, u32* __restrict__ mask, u32* __restrict__ cnt,
+                 int m, int d, int f) {
+  extern __shared__ __align__(128) u16 slab[];
+  __shared__ float4 red[256], gsave[32];
   __shared__ u32 live_up;
   __shared__ __align__(8) u64 bar_mem;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
@@ -247,7 +362,17 @@ __device__ __forceinline__ void act_mma_block(const u16* __restrict__ x, const u
   u32 phase = 0;
   float gc[4] = {0.f, 0.f, 0.f, 0.f};
   uint4 xv[ACT_STEPS];
-  rows_mma(sl, slab, ld, w, j0, 0xffffu, x, m, d, kc, bar, phase, pol, xv, gc);
+  for (int c0 = 0; c0 < d; c0 += kc) {
+    int s0, s1;
+    act_steps(d, c0, kc, s0, s1);
+    act_x(xv, x, m, d, c0, s0, s1);
+    slab_wait(bar, phase);
+    act_mma(slab, ld, 0xffffu, xv, s0, s1, gc);
+    if (c0 + kc < d) {
+      __syncthreads();  // every warp is done with the chunk
+      slab_load(sl, ld, w, j0, 0xffffu, d, c0 + kc, min(kc, d - c0 - kc), bar, pol);
+    }
+  }
   mma_sum(gc, red);
   // Warp 0 holds the gate values of units j0 + g (gc[0], gc[1]) and
   // j0 + g + 8 (gc[2], gc[3]) for tokens 2q, 2q + 1. It rounds them to bf16
@@ -309,16 +434,6 @@ __device__ __forceinline__ void act_mma_block(const u16* __restrict__ x, const u
   }
 }
 
-template <bool GATED>
-__global__ void __launch_bounds__(256, 3)
-    gemv_act_mma(const u16* __restrict__ x, const u16* __restrict__ w, const u16* __restrict__ up,
-                 const u16* __restrict__ down, float* __restrict__ h, u32* __restrict__ mask, u32* __restrict__ cnt,
-                 int m, int d, int f) {
-  extern __shared__ __align__(128) u16 slab[];
-  __shared__ float4 red[256];
-  act_mma_block<GATED>(x, w, up, down, h, mask, cnt, m, d, f, slab, red);
-}
-
 // DOWN_COLS is the number of output columns of a gemv_down block (16: four
 // times the blocks of 64-column ones, which left 100 of 132 SMs idle at d
 // 2048).
@@ -328,10 +443,7 @@ __global__ void __launch_bounds__(256, 3)
 // blk for the mg <= MB tokens of one group, whose h and mask gemv_act
 // wrote, into rows ylist[0..mg) of y (rows 0..mg without a list). lists
 // holds a list of 8 ceil(f/256) 32 ints per warp (8 warps).
-//
-// A half-warp reads UNITS of its units' rows at a time (8; 4 where
-// registers are short): the same sums in the same order either way.
-template <int MB, int UNITS = 8>
+template <int MB>
 __device__ __forceinline__ void down_group(const float* __restrict__ h, const u32* __restrict__ mask,
                                            const u16* __restrict__ down, u16* __restrict__ y,
                                            const int* __restrict__ ylist, int mg, int d, int f, int* lists,
@@ -350,12 +462,12 @@ __device__ __forceinline__ void down_group(const float* __restrict__ h, const u3
   float acc[MB];
 #pragma unroll
   for (int t = 0; t < MB; ++t) acc[t] = 0.f;
-  for (int i0 = half; i0 < len; i0 += 2 * UNITS) {
-    int js[UNITS];
-    u16 dv[UNITS];
-    float hv[UNITS][MB];
+  for (int i0 = half; i0 < len; i0 += 16) {
+    int js[8];
+    u16 dv[8];
+    float hv[8][MB];
 #pragma unroll
-    for (int k = 0; k < UNITS; ++k) {
+    for (int k = 0; k < 8; ++k) {
       js[k] = i0 + 2 * k < len ? list[i0 + 2 * k] : -1;
       if (js[k] < 0) continue;
       dv[k] = down[(size_t)js[k] * d + col];
@@ -363,7 +475,7 @@ __device__ __forceinline__ void down_group(const float* __restrict__ h, const u3
       for (int t = 0; t < MB; ++t) hv[k][t] = t < mg ? __ldcg(h + (size_t)t * f + js[k]) : 0.f;
     }
 #pragma unroll
-    for (int k = 0; k < UNITS; ++k) {
+    for (int k = 0; k < 8; ++k) {
       if (js[k] < 0) continue;
 #pragma unroll
       for (int t = 0; t < MB; ++t) acc[t] = fmaf(hv[k][t], bf_to_f(dv[k]), acc[t]);
@@ -457,33 +569,6 @@ __global__ void __launch_bounds__(256)
   for (int b = blockIdx.x; b < d / DOWN_COLS; b += gridDim.x) {
     if (b != (int)blockIdx.x) __syncthreads();  // the previous slice's red has been read
     down_group<1>(h, mask, down, y, nullptr, 1, d, f, reinterpret_cast<int*>(xs), red, b);
-  }
-  if (blockIdx.x == 0) sum_counts(cnt, gridDim.x, nnz);
-}
-
-// gemv_mlp_mma: gemv_act_mma and gemv_down<8> for 5 to 8 tokens in one
-// kernel, the phases met at a grid_sync instead of a kernel boundary: grid
-// F/16 blocks of 256 threads, three an SM, launched cooperatively (every
-// one resident at once; the launcher checks that they fit). After the
-// barrier block b computes the down columns of slices b, b + grid, ...,
-// four units a half-warp at a time (80 registers): the same sums in the
-// same order as the two kernels, so the same bits. The act phase's shared
-// memory then holds the down phase's lists and partial sums. bar is
-// grid_sync's two words.
-template <bool GATED>
-__global__ void __launch_bounds__(256, 3)
-    gemv_mlp_mma(const u16* __restrict__ x, const u16* __restrict__ w, const u16* __restrict__ up,
-                 const u16* __restrict__ down, float* h, u32* mask, u32* cnt, u16* y, u64* nnz, u32* bar, int m,
-                 int d, int f) {
-  extern __shared__ __align__(128) u16 slab[];
-  __shared__ float4 red[256];
-  act_mma_block<GATED>(x, w, up, down, h, mask, cnt, m, d, f, slab, red);
-  grid_sync(bar);
-  static_assert(sizeof(red) == 8 * 8 * DOWN_COLS * sizeof(float), "down_group's partial sums fill red");
-  for (int b = blockIdx.x; b < d / DOWN_COLS; b += gridDim.x) {
-    if (b != (int)blockIdx.x) __syncthreads();  // the previous slice's red has been read
-    down_group<8, 4>(h, mask, down, y, nullptr, m, d, f, reinterpret_cast<int*>(slab),
-                     reinterpret_cast<float(*)[8][DOWN_COLS]>(red), b);
   }
   if (blockIdx.x == 0) sum_counts(cnt, gridDim.x, nnz);
 }

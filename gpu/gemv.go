@@ -134,26 +134,19 @@ func (l *MLP) gemvPrepare(s *cuda.Stream) (*gemvSet, *sparseWS, error) {
 // kernel.
 func (l *MLP) fusedKernel(ks *gemvSet, a gemvArgs, key mlpKey) (*cuda.Function, error) {
 	fn := ks.mlp[key]
-	if l.SplitGEMV || (key.mma && !l.FuseGEMV8) || fn == nil || !l.dev.Properties().CooperativeLaunch {
+	if l.SplitGEMV || fn == nil || !l.dev.Properties().CooperativeLaunch {
 		return nil, nil
 	}
 	ok, known := l.fits[key]
 	if !known {
-		shared, blocks := a.mlpShared(), l.F/32
-		if key.mma {
-			shared, blocks = a.mlpMMAShared(), l.F/16
-		}
-		if err := fn.SetMaxDynamicShared(shared); err != nil { // the query counts blocks of this size
-			return nil, fmt.Errorf("gpu: gemv_mlp shared memory: %w", err)
-		}
-		per, err := fn.MaxActiveBlocksPerSM(256, shared)
+		per, err := fn.MaxActiveBlocksPerSM(256, a.mlpShared())
 		if err != nil {
 			return nil, fmt.Errorf("gpu: gemv_mlp occupancy: %w", err)
 		}
 		if l.fits == nil {
 			l.fits = map[mlpKey]bool{}
 		}
-		ok = per*l.dev.Properties().SMs >= blocks
+		ok = per*l.dev.Properties().SMs >= l.F/32
 		l.fits[key] = ok
 	}
 	if !ok {
@@ -162,23 +155,18 @@ func (l *MLP) fusedKernel(ks *gemvSet, a gemvArgs, key mlpKey) (*cuda.Function, 
 	return fn, nil
 }
 
-// queueFused queues gemv_mlp for a's one token (normed or not), or
-// gemv_mlp_mma for its 5 to 8 (Options.FuseGEMV8), on s and reports
-// whether it did; if not, the caller runs the two kernels. A launch
+// queueFused queues gemv_mlp for a's one token (normed or not) on s and
+// reports whether it did; if not, the caller runs the two kernels. A launch
 // that the driver refuses as too large for a cooperative grid (fewer SMs
 // than the occupancy said, as under MPS) is not an error: the kernel is
 // marked as not fitting.
 func (l *MLP) queueFused(s *cuda.Stream, ks *gemvSet, a gemvArgs, bar *cuda.Buffer, in NormedInput, normed bool) (bool, error) {
-	key := mlpKey{gated: l.Gated, normed: normed, mma: a.m > gemvFMARows}
+	key := mlpKey{l.Gated, normed}
 	fn, err := l.fusedKernel(ks, a, key)
 	if fn == nil || err != nil {
 		return false, err
 	}
-	if key.mma {
-		err = a.launchMLPMMA(fn, s, bar)
-	} else {
-		err = a.launchMLP(fn, s, bar, in)
-	}
+	err = a.launchMLP(fn, s, bar, in)
 	switch {
 	case errors.Is(err, cuda.ErrorCooperativeLaunchTooLarge):
 		l.fits[key] = false
@@ -186,7 +174,7 @@ func (l *MLP) queueFused(s *cuda.Stream, ks *gemvSet, a gemvArgs, bar *cuda.Buff
 	case err != nil:
 		return false, fmt.Errorf("gpu: gemv_mlp: %w", err)
 	}
-	l.counted = a.m
+	l.counted = 1
 	return true, nil
 }
 
@@ -216,9 +204,6 @@ func (l *MLP) sparseGEMV(s *cuda.Stream, y, x *cuda.Buffer, m int) error {
 	launch := a.launchAct
 	if m > gemvFMARows {
 		a.ncnt = l.F / 16
-		if ok, err := l.queueFused(s, ks, a, ws.gbar, NormedInput{}, false); ok || err != nil {
-			return err
-		}
 		act, launch = ks.actMMAPlain, a.launchActMMA
 		if l.Gated {
 			act = ks.actMMAGated
@@ -247,14 +232,12 @@ type gemvSet struct {
 	// gemv_act_norm, gated and not: one token, with the residual add and
 	// RMSNorm before the MLP fused in (QueueNormed).
 	actNormGated, actNormPlain *cuda.Function
-	// gemv_mlp, act and down of one token in one kernel; gemv_mlp_mma
-	// (mma), gemv_act_mma and gemv_down of 5 to 8 tokens in one kernel.
+	// gemv_mlp, act and down of one token in one kernel.
 	mlp map[mlpKey]*cuda.Function
 }
 
-// mlpKey picks a gemv_mlp instance: gated or not, normed or not; or with
-// mma, a gemv_mlp_mma instance (never normed).
-type mlpKey struct{ gated, normed, mma bool }
+// mlpKey picks a gemv_mlp instance: gated or not, normed or not.
+type mlpKey struct{ gated, normed bool }
 
 // gemvFMARows is the largest batch whose act kernel is gemv_act (FMAs);
 // larger batches run gemv_act_mma.
@@ -282,8 +265,7 @@ func gemvExprs() []string {
 	exprs = append(exprs, fmt.Sprintf("gemv_act<%d,true,true>", fbGroup), fmt.Sprintf("gemv_act<%d,false,true>", fbGroup),
 		fmt.Sprintf("gemv_down<%d,true>", fbGroup), "gemv_act_mma<true>", "gemv_act_mma<false>",
 		"gemv_act_norm<true>", "gemv_act_norm<false>")
-	return append(exprs, mlpExpr(true, false), mlpExpr(false, false), mlpExpr(true, true), mlpExpr(false, true),
-		"gemv_mlp_mma<true>", "gemv_mlp_mma<false>")
+	return append(exprs, mlpExpr(true, false), mlpExpr(false, false), mlpExpr(true, true), mlpExpr(false, true))
 }
 
 // mlpExpr names gemv_mlp's instance, gated or not, normed or not.
@@ -314,9 +296,8 @@ func (k *kernels) gemvKernels() (*gemvSet, error) {
 		k.gemv.mlp = map[mlpKey]*cuda.Function{}
 		for _, gated := range []bool{true, false} {
 			for _, normed := range []bool{true, false} {
-				k.gemv.mlp[mlpKey{gated: gated, normed: normed}] = fs[mlpExpr(gated, normed)]
+				k.gemv.mlp[mlpKey{gated, normed}] = fs[mlpExpr(gated, normed)]
 			}
-			k.gemv.mlp[mlpKey{gated: gated, mma: true}] = fs[fmt.Sprintf("gemv_mlp_mma<%v>", gated)]
 		}
 	})
 	return &k.gemv, k.gemvErr
@@ -359,33 +340,15 @@ func (a gemvArgs) launchAct(fn *cuda.Function, s *cuda.Stream) error {
 		optional(a.list), int32(a.first), int32(a.cap))
 }
 
-// ActCols is the number of columns of a row chunk that the kernels on
-// rowmma.cuh (gemv_act_mma here, gpu/llm's gemv_rows_mma) hold in shared
-// memory (ACT_COLS).
-const ActCols = 2048
-
-// actMMAShared is gemv_act_mma's dynamic shared memory: its 16 rows'
-// chunks of min(d, ActCols) columns, padded by 8.
-func (a gemvArgs) actMMAShared() int { return 2 * 16 * (min(a.d, ActCols) + 8) }
+// actCols is the number of columns of a row chunk that gemv_act_mma holds
+// in shared memory (gemv.cu's ACT_COLS).
+const actCols = 2048
 
 // launchActMMA launches gemv_act_mma: one block per 16 units, holding their
-// rows' chunks in shared memory.
+// rows' chunks of min(d, actCols) columns (padded by 8) in shared memory.
 func (a gemvArgs) launchActMMA(fn *cuda.Function, s *cuda.Stream) error {
-	return a.launch(fn, cuda.Dim3{uint32(a.f / 16), 1, 1}, cuda.Dim3{256, 1, 1}, a.actMMAShared(), s,
+	return a.launch(fn, cuda.Dim3{uint32(a.f / 16), 1, 1}, cuda.Dim3{256, 1, 1}, 2*16*(min(a.d, actCols)+8), s,
 		a.x, a.w, a.up, a.down, a.h, a.mask, a.cnt, int32(a.m), int32(a.d), int32(a.f))
-}
-
-// mlpMMAShared is gemv_mlp_mma's dynamic shared memory: the larger of the
-// act phase's rows and the down phase's lists.
-func (a gemvArgs) mlpMMAShared() int { return max(a.actMMAShared(), downListBytes(a.f)) }
-
-// launchMLPMMA launches gemv_mlp_mma (gemv_act_mma and gemv_down of 5 to 8
-// tokens in one kernel, F/16 blocks that meet at a grid barrier on bar's
-// two words), cooperatively, as launchMLP.
-func (a gemvArgs) launchMLPMMA(fn *cuda.Function, s *cuda.Stream, bar *cuda.Buffer) error {
-	return fn.LaunchEx(cuda.LaunchConfig{Grid: cuda.Dim3{uint32(a.f / 16), 1, 1}, Block: cuda.Dim3{256, 1, 1},
-		SharedBytes: a.mlpMMAShared(), Stream: s, EarlyStart: a.early, Cooperative: true},
-		a.x, a.w, a.up, a.down, a.h, a.mask, a.cnt, a.y, a.nnz, bar, int32(a.m), int32(a.d), int32(a.f))
 }
 
 // mlpShared is gemv_mlp's dynamic shared memory: the larger of the act

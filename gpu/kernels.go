@@ -19,8 +19,6 @@ var (
 	rowdotCUH []byte
 	//go:embed mma.cuh
 	mmaCUH []byte
-	//go:embed rowmma.cuh
-	rowmmaCUH []byte
 )
 
 // kernels are the compiled modules of one device. Each .cu file is compiled
@@ -66,12 +64,11 @@ func kernelsFor(dev *cuda.Device) *kernels {
 // package's device headers: common.cuh (types, bf16 helpers, dot8,
 // cp.async, L2 hints, block sums), rowdot.cuh (weight-row dot products for
 // a few tokens), mma.cuh (mma.sync and ldmatrix building blocks of the
-// attention kernels), wgmma.cuh (Hopper only) and rowmma.cuh (16 weight
-// rows times up to 8 tokens on mma.sync). Packages gpu/llm and
+// attention kernels) and wgmma.cuh (Hopper only). Packages gpu/llm and
 // gpu/trainer compile their kernels with them.
 func Headers() []cuda.CompileOption {
 	return []cuda.CompileOption{cuda.WithHeader("common.cuh", commonCUH), cuda.WithHeader("rowdot.cuh", rowdotCUH),
-		cuda.WithHeader("mma.cuh", mmaCUH), cuda.WithHeader("wgmma.cuh", wgmmaCUH), cuda.WithHeader("rowmma.cuh", rowmmaCUH)}
+		cuda.WithHeader("mma.cuh", mmaCUH), cuda.WithHeader("wgmma.cuh", wgmmaCUH)}
 }
 
 func (k *kernels) compile(name string, src []byte, exprs []string, opts ...cuda.CompileOption) (map[string]*cuda.Function, error) {

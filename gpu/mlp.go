@@ -52,10 +52,6 @@ type MLP struct {
 	// barrier (to compare; the split form also runs where gemv_mlp's blocks
 	// do not all fit on the device at once, and for 2 to 8 tokens).
 	SplitGEMV bool
-	// FuseGEMV8 runs the small-batch MLP of 5 to 8 tokens as one kernel,
-	// gemv_mlp_mma, which meets at a grid barrier like gemv_mlp, rather
-	// than gemv_act_mma and gemv_down (unless SplitGEMV).
-	FuseGEMV8 bool
 
 	dev            *cuda.Device
 	k              *kernels

@@ -1,7 +1,6 @@
 package llm
 
 import (
-	"cmp"
 	"fmt"
 	"math"
 	"slices"
@@ -103,17 +102,18 @@ func attentionChoices() string {
 }
 
 // decSplits is the most runs a decode step's keys are cut into, per
-// sequence and head (decRuns), and decThreads is ATT_DEC_THREADS (attn.cu),
-// the threads of the CTA that takes one run.
+// sequence and head (decRuns), decThreads is ATT_DEC_THREADS (attn.cu), the
+// threads of the CTA that takes one run, and decStages is ATT_DEC_STAGES,
+// the key blocks (keys and values) a CTA holds in shared memory at once.
 const (
 	decSplits  = 16
 	decThreads = 128
+	decStages  = 2
 )
 
-// decSmem is the dynamic shared memory of the decode kernel for head_dim hd
-// that holds stages key blocks (ATT_BK, PageMultiple, keys and their
-// values, bf16) at once.
-func decSmem(hd, stages int) int { return stages * 2 * PageMultiple * hd * 2 }
+// decSmem is the decode kernel's dynamic shared memory for head_dim hd:
+// decStages blocks of keys (ATT_BK, PageMultiple) and their values, bf16.
+func decSmem(hd int) int { return decStages * 2 * PageMultiple * hd * 2 }
 
 // decRuns is the number of runs a decode step on kernel k cuts each
 // query's keys into, where the step has pairs (sequence, head) pairs:
@@ -153,7 +153,7 @@ func decBytes(c model.Config, S int) int {
 type decAttention struct {
 	fn                *cuda.Function
 	po, pm, pl, count *cuda.Buffer
-	runs, stages      int
+	runs              int
 	// cos and sin, when set, make the kernel rotate the query and the new
 	// key and write the new key and value into the cache (Engine.DecRope):
 	// rope_kv does not run.
@@ -180,17 +180,6 @@ func (e *Engine) decodeSplit() bool {
 	return (e.Attention == "" || e.Attention == "auto") && decBytes(e.cfg, 1) > 0
 }
 
-// decStages is the number of key blocks a decode attention CTA holds at
-// once in a step of T sequences: DecStages (2 when unset) where the q/k/v
-// projection is not the engine's own one-to-four-token kernel (whose steps
-// keep 2), else 2.
-func (e *Engine) decStages(T int) int {
-	if e.gemv(T, e.cfg.HiddenSize) {
-		return 2
-	}
-	return cmp.Or(e.DecStages, 2)
-}
-
 // decRope reports whether a decode step of T sequences leaves RoPE and the
 // cache write to the decode attention kernel (DecRope): where its q/k/v
 // projection is cuBLASLt's, not qkv_rope.
@@ -203,11 +192,11 @@ func (e *Engine) decodeAttention(b *batch) (decAttention, bool) {
 	if b.T != b.S || !e.decodeSplit() || e.ws.decSeq < b.S {
 		return decAttention{}, false
 	}
-	k := e.k.dec[decBuild{c.HeadDim, e.decStages(b.T)}]
+	k := e.k.dec[c.HeadDim]
 	l := decLayout(c, b.S)
 	v := func(i int) *cuda.Buffer { return view(e.ws.dec, l[i][0], l[i][1]) }
 	d := decAttention{fn: k.fn, po: v(0), pm: v(1), pl: v(2), count: v(3), runs: e.decRuns(b.S*c.NumAttentionHeads, k),
-		stages: k.stages, early: e.early(), cluster: k.cluster && !e.decGlobalMerge,
+		early: e.early(), cluster: k.cluster && !e.decGlobalMerge,
 		releaseFirst: b.T == 1 && e.gemv(1, c.NumAttentionHeads*c.HeadDim)}
 	if e.decRope(b.T) {
 		d.cos, d.sin = e.cosB, e.sinB
@@ -230,7 +219,7 @@ func decLayout(c model.Config, S int) [4][2]int {
 // merging through distributed shared memory.
 func (d decAttention) launch(s *cuda.Stream, a attnArgs) error {
 	grid := cuda.Dim3{uint32(a.nItems * a.nq), uint32(d.runs), 1}
-	cfg := cuda.LaunchConfig{Grid: grid, Block: cuda.Dim3{decThreads, 1, 1}, SharedBytes: decSmem(a.hd, d.stages), Stream: s,
+	cfg := cuda.LaunchConfig{Grid: grid, Block: cuda.Dim3{decThreads, 1, 1}, SharedBytes: decSmem(a.hd), Stream: s,
 		EarlyStart: d.early}
 	if d.runs > 1 && d.cluster {
 		cfg.Cluster = cuda.Dim3{1, uint32(d.runs), 1}

@@ -275,7 +275,7 @@ extern "C" __global__ void __launch_bounds__(256)
 // blocks of ATT_BK) are cut into gridDim.y runs of whole blocks, as even as
 // they go, one CTA each, so that a short batch still spreads over the SMs.
 //
-// A CTA streams its run's keys and values through STAGES (2 to 4) slots of
+// A CTA streams its run's keys and values through ATT_DEC_STAGES slots of
 // shared memory (a block's keys, then its values): on sm_90 thread 0 asks
 // for each as two bulk asynchronous copies (cp.async.bulk) completing on
 // the slot's mbarrier; before sm_90 every thread issues 16-byte cp.async
@@ -314,6 +314,7 @@ extern "C" __global__ void __launch_bounds__(256)
 // count depends on the batch only, so a CUDA graph of a decode step stays
 // valid as the sequences grow.
 #define ATT_DEC_THREADS 128
+#define ATT_DEC_STAGES 2  // key blocks (keys and values) of a run in shared memory at once
 
 // dec_bulk copies bytes from global src to shared dst, completing on bar (sm_90).
 __device__ __forceinline__ void dec_bulk(u32 dst, const void* src, u32 bytes, u32 bar) {
@@ -417,7 +418,7 @@ __device__ __forceinline__ uint4 dec_rope_lane(const u16* v, int sub, const floa
   return lo ? A : B;
 }
 
-template <int HD, int STAGES>
+template <int HD>
 __device__ __forceinline__ void attn_dec_body(const u16* __restrict__ qkv, u16* __restrict__ out,
                                               const int* __restrict__ items, const int* __restrict__ seq_q0,
                                               const int* __restrict__ seq_n, const int* __restrict__ seq_past,
@@ -430,11 +431,11 @@ __device__ __forceinline__ void attn_dec_body(const u16* __restrict__ qkv, u16* 
   constexpr int NG = ATT_DEC_THREADS / LPK;  // key groups of the CTA
   constexpr int NP = ATT_BK / NG;            // keys of a block per group
   constexpr int SLOT = 2 * ATT_BK * HD;      // elements of a slot: keys, then values
-  extern __shared__ __align__(128) u16 kv[];  // STAGES slots
+  extern __shared__ __align__(128) u16 kv[];  // ATT_DEC_STAGES slots
   __shared__ float sm[NG], sl[NG];
   __shared__ float so[NG][HD];
   __shared__ float rm, rl, ro[HD];  // the run's maximum, sum and output (read by cluster rank 0)
-  __shared__ __align__(8) u64 bars[STAGES];
+  __shared__ __align__(8) u64 bars[ATT_DEC_STAGES];
   __shared__ int last;
   const AttnItem a = attn_item(items, seq_q0, seq_n, seq_past, seq_pt, page, layer, nq, nkv, HD);
   const int id = blockIdx.x, sp = blockIdx.y;
@@ -446,24 +447,24 @@ __device__ __forceinline__ void attn_dec_body(const u16* __restrict__ qkv, u16* 
   const u32 kv0 = smem_addr(kv), bar0 = smem_addr(bars);
 #if __CUDA_ARCH__ >= 900
   if (threadIdx.x == 0) {
-    for (int s = 0; s < STAGES; ++s) mbar_init(bar0 + 8 * s, 1);
+    for (int s = 0; s < ATT_DEC_STAGES; ++s) mbar_init(bar0 + 8 * s, 1);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
 #endif
-  // copy(i, pg) requests block b0 + i, in page pg, into slot i % STAGES
+  // copy(i, pg) requests block b0 + i, in page pg, into slot i % ATT_DEC_STAGES
   // (the rows before the new token's).
   auto copy = [&](int i, u64 pg) {
-    const int blk = b0 + i, s = i % STAGES;
+    const int blk = b0 + i, s = i % ATT_DEC_STAGES;
     const int rows = min(ATT_BK, a.past - blk * ATT_BK);
     dec_copy<HD>(kv0 + (u32)(s * SLOT * 2), block_keys(a, pg, blk, HD), a.vstep, rows, bar0 + 8 * s);
   };
   {
-    u64 pgs[STAGES];  // every page read before the first copy: one round trip
+    u64 pgs[ATT_DEC_STAGES];  // every page read before the first copy: one round trip
 #pragma unroll
-    for (int i = 0; i < STAGES; ++i) pgs[i] = b0 + i < b1 ? block_page(a, b0 + i) : 0;
+    for (int i = 0; i < ATT_DEC_STAGES; ++i) pgs[i] = b0 + i < b1 ? block_page(a, b0 + i) : 0;
 #pragma unroll
-    for (int i = 0; i < STAGES; ++i) {
+    for (int i = 0; i < ATT_DEC_STAGES; ++i) {
       if (b0 + i < b1) {
         copy(i, pgs[i]);
       } else {
@@ -504,14 +505,14 @@ __device__ __forceinline__ void attn_dec_body(const u16* __restrict__ qkv, u16* 
 #pragma unroll
   for (int e = 0; e < 8; ++e) acc[e] = 0.f;
   for (int blk = b0; blk < b1; ++blk) {
-    const int i = blk - b0, s = i % STAGES;
+    const int i = blk - b0, s = i % ATT_DEC_STAGES;
     // The page of the block this slot takes next, read while the slot's
     // block is awaited and used.
-    const u64 next_pg = i + STAGES < b1 - b0 ? block_page(a, blk + STAGES) : 0;
+    const u64 next_pg = i + ATT_DEC_STAGES < b1 - b0 ? block_page(a, blk + ATT_DEC_STAGES) : 0;
 #if __CUDA_ARCH__ >= 900
-    mbar_wait(bar0 + 8 * s, (u32)(i / STAGES) & 1u);
+    mbar_wait(bar0 + 8 * s, (u32)(i / ATT_DEC_STAGES) & 1u);
 #else
-    cp_async_wait<STAGES - 1>();
+    cp_async_wait<ATT_DEC_STAGES - 1>();
     __syncthreads();
 #endif
     const u16* Ks = kv + s * SLOT;
@@ -553,9 +554,9 @@ __device__ __forceinline__ void attn_dec_body(const u16* __restrict__ qkv, u16* 
         }
       m = mn;
     }
-    if (i + STAGES < b1 - b0) {
+    if (i + ATT_DEC_STAGES < b1 - b0) {
       __syncthreads();  // every thread is done with slot s
-      copy(i + STAGES, next_pg);
+      copy(i + ATT_DEC_STAGES, next_pg);
     } else {
 #if __CUDA_ARCH__ < 900
       cp_async_commit();
@@ -627,21 +628,16 @@ __device__ __forceinline__ void attn_dec_body(const u16* __restrict__ qkv, u16* 
   if (threadIdx.x == 0) cnt[id] = 0;
 }
 
-// ATTN_DEC defines attn_dec<HD> (2 slots) and attn_dec<HD>s<STAGES>, the
-// entry points of attn_dec_body<HD, STAGES>.
-#define ATTN_DEC(NAME, HD, STAGES)                                                                                    \
+// ATTN_DEC defines attn_dec<HD>, the entry point of attn_dec_body<HD>.
+#define ATTN_DEC(HD)                                                                                                  \
   extern "C" __global__ void __launch_bounds__(ATT_DEC_THREADS)                                                       \
-      NAME(const u16* __restrict__ qkv, u16* __restrict__ out, const int* __restrict__ items,                         \
-           const int* __restrict__ seq_q0, const int* __restrict__ seq_n, const int* __restrict__ seq_past,           \
-           const u64* __restrict__ seq_pt, int page, int layer, int nq, int nkv, int qkv_w, float scale_log2,         \
-           float* __restrict__ po, float* __restrict__ pm, float* __restrict__ pl, int* __restrict__ cnt,             \
-           int release_first, const float* __restrict__ cosT, const float* __restrict__ sinT) {                      \
-    attn_dec_body<HD, STAGES>(qkv, out, items, seq_q0, seq_n, seq_past, seq_pt, page, layer, nq, nkv, qkv_w,          \
-                              scale_log2, po, pm, pl, cnt, release_first, cosT, sinT);                                \
+      attn_dec##HD(const u16* __restrict__ qkv, u16* __restrict__ out, const int* __restrict__ items,                 \
+                   const int* __restrict__ seq_q0, const int* __restrict__ seq_n, const int* __restrict__ seq_past,   \
+                   const u64* __restrict__ seq_pt, int page, int layer, int nq, int nkv, int qkv_w, float scale_log2, \
+                   float* __restrict__ po, float* __restrict__ pm, float* __restrict__ pl, int* __restrict__ cnt,     \
+                   int release_first, const float* __restrict__ cosT, const float* __restrict__ sinT) {              \
+    attn_dec_body<HD>(qkv, out, items, seq_q0, seq_n, seq_past, seq_pt, page, layer, nq, nkv, qkv_w, scale_log2, po,  \
+                      pm, pl, cnt, release_first, cosT, sinT);                                                        \
   }
-ATTN_DEC(attn_dec64, 64, 2)
-ATTN_DEC(attn_dec128, 128, 2)
-ATTN_DEC(attn_dec64s3, 64, 3)
-ATTN_DEC(attn_dec128s3, 128, 3)
-ATTN_DEC(attn_dec64s4, 64, 4)
-ATTN_DEC(attn_dec128s4, 128, 4)
+ATTN_DEC(64)
+ATTN_DEC(128)

@@ -81,24 +81,9 @@ type Engine struct {
 	// (more sequences than the engine's own projection kernels take) skip
 	// rope_kv: the decode attention kernel rotates the query and the new key
 	// as it loads them, with rope_rotate8 as rope_kv (the same bits), and
-	// writes the new key and value into the cache. NewEngine sets it when
-	// the environment variable TWELL_LLM_DEC_ROPE is "1".
+	// writes the new key and value into the cache. NewEngine sets it unless
+	// the environment variable TWELL_LLM_DEC_ROPE is "0".
 	DecRope bool
-	// DecStages is the number of key blocks (2, 3 or 4) a CTA of the
-	// decode attention kernel holds in shared memory at once; 0 means 2.
-	// NewEngine sets it from the environment variable TWELL_LLM_DEC_STAGES.
-	DecStages int
-	// RopeRelease makes rope_kv, in decode steps that run it before the
-	// decode attention kernel, let that kernel start at once (rather than
-	// when rope_kv ends), so that the attention's page-table reads and first
-	// key copies overlap it. NewEngine sets it when the environment variable
-	// TWELL_LLM_ROPE_RELEASE is "1".
-	RopeRelease bool
-	// GEMV8 makes the q/k/v and output projections of passes of 5 to 8
-	// tokens run gemv_rows_mma (tensor cores, weight rows requested before
-	// the kernel before ends) instead of cuBLASLt. NewEngine sets it when
-	// the environment variable TWELL_LLM_GEMV8 is "1".
-	GEMV8 bool
 	// HotUnits makes the first pass of at least gpu.CalibrationTokens
 	// tokens calibrate each TwELL layer on its input (gpu.MLP.Calibrate),
 	// after which the layers compute their most frequently firing units
@@ -252,7 +237,7 @@ func NewEngineWith(dev *cuda.Device, m *model.Model, opts Options) (*Engine, err
 		return nil, err
 	}
 	e := &Engine{cfg: c, dev: dev, k: k, mlpPath: mlp.Auto, rope: model.NewRoPETables(c), Attention: opts.Attention,
-		NoGraphs: opts.NoGraphs, NoGEMV: opts.NoGEMV, Serial: opts.MLP.Serial, FuseNorms: opts.FuseNorms, AttnRope: opts.AttnRope, DecRope: opts.DecRope, DecStages: opts.DecStages, RopeRelease: opts.RopeRelease, GEMV8: opts.GEMV8, HotUnits: !opts.MLP.NoHotUnits, pool: &kvPool{dev: dev, cfg: c}}
+		NoGraphs: opts.NoGraphs, NoGEMV: opts.NoGEMV, Serial: opts.MLP.Serial, FuseNorms: opts.FuseNorms, AttnRope: opts.AttnRope, DecRope: opts.DecRope, HotUnits: !opts.MLP.NoHotUnits, pool: &kvPool{dev: dev, cfg: c}}
 	if act, _ := c.GateActivation(); act == model.ActSiLU {
 		e.act = gpu.ActSiLU
 	}

@@ -431,8 +431,7 @@ func (e *Engine) layersQueue(b *batch, st *engine.Stats, paths []mlp.Path) error
 	var delta *cuda.Buffer // what the next norm adds to cur (bf16 rows; nil: nothing)
 	for li, l := range e.layers {
 		rope := ropeArgs{qkv: ws.qkv, cos: e.cosB, sin: e.sinB, tokSeq: tokSeq, tokPos: tokPos, pt: pt, page: page,
-			T: T, layer: li, nq: nq, nkv: nkv, hd: hd, qkvW: qkvW, early: early, keepQ: keepQ,
-			release: decode && dec.early && e.RopeRelease}
+			T: T, layer: li, nq: nq, nkv: nkv, hd: hd, qkvW: qkvW, early: early, keepQ: keepQ}
 		norm := normArgs{resid: cur, delta: delta, w: l.attnNorm, out: ws.hn, n: T, d: h, eps: eps, early: early}
 		if fuse && e.gemv(T, h) {
 			if err := rope.qkvRopeNormed(e.k.qkvRope1N, s, norm, other, l.qkv, h); err != nil {

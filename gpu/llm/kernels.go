@@ -34,11 +34,10 @@ type kernels struct {
 	embed, addNorm, ropeKV *cuda.Function
 	attnRef                *cuda.Function
 	attnFA64, attnFA128    *cuda.Function
-	// dec are the decode attention kernels by head_dim and slots of key
-	// blocks (attn_dec64, attn_dec128 with 2; attn_dec64s3 and so on).
-	dec                map[decBuild]decKernel
+	// dec are the decode attention kernels by head_dim (attn_dec64,
+	// attn_dec128).
+	dec                map[int]decKernel
 	gemv1, gemv4       *cuda.Function
-	gemvMMA            *cuda.Function // gemv_rows_mma: 5 to 8 tokens
 	qkvRope1, qkvRope4 *cuda.Function
 	qkvRope1N          *cuda.Function // qkv_rope1 with the norm before it fused in
 
@@ -56,38 +55,13 @@ var (
 	kernTab = map[*cuda.Device]*kernels{}
 )
 
-// decBuild names a build of the decode attention kernel: its head_dim and
-// the key blocks a CTA holds in shared memory at once (STAGES in attn.cu).
-type decBuild struct{ hd, stages int }
-
-// name is the build's kernel name.
-func (b decBuild) name() string {
-	if b.stages == 2 {
-		return fmt.Sprintf("attn_dec%d", b.hd)
-	}
-	return fmt.Sprintf("attn_dec%ds%d", b.hd, b.stages)
-}
-
-// decBuilds are the decode attention kernels attn.cu defines.
-var decBuilds = []decBuild{{64, 2}, {128, 2}, {64, 3}, {128, 3}, {64, 4}, {128, 4}}
-
 // decKernel is a decode attention kernel, its CTAs resident at once on the
 // device (slots; see decRuns), and whether its runs are launched as
 // clusters (decAttention.cluster).
 type decKernel struct {
 	fn      *cuda.Function
 	slots   int
-	stages  int
 	cluster bool
-}
-
-// decNames are the names of the decode attention kernels.
-func decNames() []string {
-	names := make([]string, len(decBuilds))
-	for i, b := range decBuilds {
-		names[i] = b.name()
-	}
-	return names
 }
 
 // kernelFiles are this package's .cu files (but attn_wgmma.cu, compiled at
@@ -98,9 +72,9 @@ var kernelFiles = []struct {
 	kernels []string
 }{
 	{"norm.cu", &normSrc, []string{"embed", "add_rmsnorm"}},
-	{"proj.cu", &projSrc, []string{"gemv_rows1", "gemv_rows4", "gemv_rows_mma", "qkv_rope1", "qkv_rope4", "qkv_rope1n"}},
+	{"proj.cu", &projSrc, []string{"gemv_rows1", "gemv_rows4", "qkv_rope1", "qkv_rope4", "qkv_rope1n"}},
 	{"rope.cu", &ropeSrc, []string{"rope_kv"}},
-	{"attn.cu", &attnSrc, append([]string{"attn_ref", "attn_fa64", "attn_fa128"}, decNames()...)},
+	{"attn.cu", &attnSrc, []string{"attn_ref", "attn_fa64", "attn_fa128", "attn_dec64", "attn_dec128"}},
 }
 
 // kernelsFor compiles the .cu files of kernelFiles for dev, with package
@@ -126,29 +100,29 @@ func kernelsFor(dev *cuda.Device) (*kernels, error) {
 	}
 	k := &kernels{dev: dev, embed: fs["embed"], addNorm: fs["add_rmsnorm"], ropeKV: fs["rope_kv"],
 		attnRef: fs["attn_ref"], attnFA64: fs["attn_fa64"], attnFA128: fs["attn_fa128"],
-		gemv1: fs["gemv_rows1"], gemv4: fs["gemv_rows4"], gemvMMA: fs["gemv_rows_mma"],
+		gemv1: fs["gemv_rows1"], gemv4: fs["gemv_rows4"],
 		qkvRope1: fs["qkv_rope1"], qkvRope4: fs["qkv_rope4"],
-		qkvRope1N: fs["qkv_rope1n"], dec: map[decBuild]decKernel{}}
-	for _, b := range decBuilds {
-		name, smem := b.name(), decSmem(b.hd, b.stages)
+		qkvRope1N: fs["qkv_rope1n"], dec: map[int]decKernel{}}
+	for _, hd := range []int{64, 128} {
+		name := fmt.Sprintf("attn_dec%d", hd)
 		fn := fs[name]
-		if err := fn.SetMaxDynamicShared(smem); err != nil {
+		if err := fn.SetMaxDynamicShared(decSmem(hd)); err != nil {
 			return nil, fmt.Errorf("llm: %s: %w", name, err)
 		}
-		n, err := fn.MaxActiveBlocksPerSM(decThreads, smem)
+		n, err := fn.MaxActiveBlocksPerSM(decThreads, decSmem(hd))
 		if err != nil {
 			return nil, fmt.Errorf("llm: %s: %w", name, err)
 		}
-		dk := decKernel{fn: fn, slots: max(1, n) * dev.Properties().SMs, stages: b.stages}
+		dk := decKernel{fn: fn, slots: max(1, n) * dev.Properties().SMs}
 		if dev.Properties().ClusterLaunch {
 			// The runs of a (sequence, head) merge in a cluster where the
 			// device can hold one of the most runs (sizes above 8 are not
 			// portable).
 			c, err := fn.MaxActiveClusters(cuda.LaunchConfig{Grid: cuda.Dim3{1, decSplits, 1},
-				Block: cuda.Dim3{decThreads, 1, 1}, SharedBytes: smem, Cluster: cuda.Dim3{1, decSplits, 1}})
+				Block: cuda.Dim3{decThreads, 1, 1}, SharedBytes: decSmem(hd), Cluster: cuda.Dim3{1, decSplits, 1}})
 			dk.cluster = err == nil && c > 0
 		}
-		k.dec[b] = dk
+		k.dec[hd] = dk
 	}
 	kernTab[dev] = k
 	return k, nil

@@ -15,17 +15,14 @@ import (
 // the Engine's fields and its MLPs; nothing reads the environment while the
 // engine runs).
 type Options struct {
-	Attention   string      // Engine.Attention: EnvAttention
-	NoGraphs    bool        // Engine.NoGraphs: EnvGraphs = "0"
-	NoGEMV      bool        // Engine.NoGEMV: EnvGEMV = "0"
-	FuseNorms   bool        // Engine.FuseNorms: EnvFuseNorms unset or "1"
-	AttnRope    bool        // Engine.AttnRope: EnvAttnRope unset or "1"
-	GEMMTune    bool        // the engine's cuBLASLt handle tunes (cublas.DefaultTuneFlops): EnvGEMMTune unset or "1"
-	DecRope     bool        // Engine.DecRope: EnvDecRope "1"
-	DecStages   int         // Engine.DecStages: EnvDecStages (0: unset)
-	RopeRelease bool        // Engine.RopeRelease: EnvRopeRelease "1"
-	GEMV8       bool        // Engine.GEMV8: EnvGEMV8 "1"
-	MLP         gpu.Options // each TwELL layer's kernels: gpu.Switches
+	Attention string      // Engine.Attention: EnvAttention
+	NoGraphs  bool        // Engine.NoGraphs: EnvGraphs = "0"
+	NoGEMV    bool        // Engine.NoGEMV: EnvGEMV = "0"
+	FuseNorms bool        // Engine.FuseNorms: EnvFuseNorms unset or "1"
+	AttnRope  bool        // Engine.AttnRope: EnvAttnRope unset or "1"
+	GEMMTune  bool        // the engine's cuBLASLt handle tunes (cublas.DefaultTuneFlops): EnvGEMMTune unset or "1"
+	DecRope   bool        // Engine.DecRope: EnvDecRope unset or "1"
+	MLP       gpu.Options // each TwELL layer's kernels: gpu.Switches
 	// ReleaseWeights makes NewEngineWith drop each layer's float32
 	// matrices from the model once they are on the device, and the model's
 	// weights (Weights becomes nil) at the end: for jobs that only run the
@@ -74,25 +71,14 @@ const EnvAttnRope = "TWELL_LLM_ATTN_ROPE"
 // H200, 2026-12-05).
 const EnvGEMMTune = "TWELL_GEMM_TUNE"
 
-// EnvDecRope names the environment variable that, set to "1", makes the
-// decode attention kernel of a new Engine do rope_kv's work in decode steps
-// whose q/k/v projection runs on cuBLASLt (Engine.DecRope).
+// EnvDecRope names the environment variable that, set to "0", makes the
+// decode steps of a new Engine whose q/k/v projection runs on cuBLASLt run
+// rope_kv after it instead of leaving RoPE and the cache write to the decode
+// attention kernel (Engine.DecRope; in the kernel: decode at 512 cached
+// tokens 4112.5 / 5893.8 / 12965.0 tokens/s at 8 / 16 / 64 sequences
+// against 3960.9-4072.1 / 5691.1-5726.3 / 12336.2-12842.2, H100,
+// 2026-12-06).
 const EnvDecRope = "TWELL_LLM_DEC_ROPE"
-
-// EnvDecStages names the environment variable that sets a new Engine's
-// DecStages: the key blocks a decode attention CTA holds in shared memory
-// at once (2, 3 or 4).
-const EnvDecStages = "TWELL_LLM_DEC_STAGES"
-
-// EnvRopeRelease names the environment variable that, set to "1", makes
-// rope_kv let the decode attention kernel after it start at once
-// (Engine.RopeRelease).
-const EnvRopeRelease = "TWELL_LLM_ROPE_RELEASE"
-
-// EnvGEMV8 names the environment variable that, set to "1", makes the
-// projections of passes of 5 to 8 tokens of a new Engine run gemv_rows_mma
-// (Engine.GEMV8).
-const EnvGEMV8 = "TWELL_LLM_GEMV8"
 
 // EnvKVPageSize names the environment variable that sets a new Engine's KV
 // cache page size in positions (a multiple of 64).
@@ -105,8 +91,8 @@ const EnvKVMemory = "TWELL_LLM_KV_MEMORY"
 
 // Switches are the names of the environment variables that set Options:
 // the engine's and its TwELL MLPs' (gpu.Switches).
-var Switches = append([]string{EnvAttention, EnvGraphs, EnvGEMV, EnvFuseNorms, EnvAttnRope, EnvGEMMTune, EnvDecRope, EnvDecStages,
-	EnvRopeRelease, EnvGEMV8, EnvKVPageSize, EnvKVMemory}, gpu.Switches...)
+var Switches = append([]string{EnvAttention, EnvGraphs, EnvGEMV, EnvFuseNorms, EnvAttnRope, EnvGEMMTune, EnvDecRope,
+	EnvKVPageSize, EnvKVMemory}, gpu.Switches...)
 
 // OptionsFromEnv returns the Options the environment sets, or an error
 // naming a value it does not know.
@@ -128,8 +114,7 @@ func OptionsFrom(getenv func(string) string) (Options, error) {
 		name string
 		dst  *bool
 		on   bool // unset
-	}{{EnvFuseNorms, &o.FuseNorms, true}, {EnvAttnRope, &o.AttnRope, true}, {EnvGEMMTune, &o.GEMMTune, true}, {EnvDecRope, &o.DecRope, false},
-		{EnvRopeRelease, &o.RopeRelease, false}, {EnvGEMV8, &o.GEMV8, false}} {
+	}{{EnvFuseNorms, &o.FuseNorms, true}, {EnvAttnRope, &o.AttnRope, true}, {EnvGEMMTune, &o.GEMMTune, true}, {EnvDecRope, &o.DecRope, true}} {
 		switch v := getenv(b.name); v {
 		case "":
 			*b.dst = b.on
@@ -145,13 +130,6 @@ func OptionsFrom(getenv func(string) string) (Options, error) {
 		if _, ok := wgBuilds[o.Attention]; !ok {
 			return o, fmt.Errorf("llm: %s=%q: want %s", EnvAttention, o.Attention, attentionChoices())
 		}
-	}
-	switch v := getenv(EnvDecStages); v {
-	case "":
-	case "2", "3", "4":
-		o.DecStages = int(v[0] - '0')
-	default:
-		return o, fmt.Errorf("llm: %s=%q: want 2, 3 or 4", EnvDecStages, v)
 	}
 	if v := getenv(EnvKVPageSize); v != "" {
 		n, err := strconv.Atoi(v)

@@ -17,8 +17,6 @@
 
 #include "common.cuh"
 #include "rowdot.cuh"
-#include "mma.cuh"
-#include "rowmma.cuh"
 #include "kvpage.cuh"
 
 // The projections of decode steps (passes of at most 4 tokens) are bound by
@@ -56,43 +54,6 @@ extern "C" __global__ void __launch_bounds__(256) gemv_rows1(const u16* x, const
 }
 extern "C" __global__ void __launch_bounds__(256) gemv_rows4(const u16* x, const u16* w, u16* y, int m, int n, int k) {
   gemv_rows_body<4>(x, w, y, m, n, k);
-}
-
-// gemv_rows_mma: gemv_rows for 5 to 8 tokens (m <= 8) on tensor cores
-// (rowmma.cuh): block b computes output columns 16b .. 16b+15, its 16 weight
-// rows copied into shared memory before grid_wait (bulk copies, the L2
-// told to evict them first: they are read once a step), the products
-// summed in fp32 and rounded to bf16 once. Grid ceil(n/16) blocks of 256
-// threads, three an SM; dynamic shared memory 16 (min(k, ACT_COLS) + 8) 2
-// bytes; k % 64 == 0. With release_first the next kernel may start before
-// this one's wait (grid_enter).
-extern "C" __global__ void __launch_bounds__(256, 3)
-    gemv_rows_mma(const u16* __restrict__ x, const u16* __restrict__ w, u16* __restrict__ y, int m, int n, int k,
-                  int release_first) {
-  extern __shared__ __align__(128) u16 slab[];
-  __shared__ float4 red[256];
-  __shared__ __align__(8) u64 bar_mem;
-  const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
-  const int j0 = blockIdx.x * 16, kc = min(k, ACT_COLS), ld = kc + 8;
-  const u32 rows = n - j0 >= 16 ? 0xffffu : (1u << (n - j0)) - 1u;  // the block's rows below n
-  const u32 sl = smem_addr(slab), bar = smem_addr(&bar_mem);
-  const u64 pol = policy_evict_first();
-  slab_init(bar);
-  slab_load(sl, ld, w, j0, rows, k, 0, kc, bar, pol);
-  grid_enter(release_first);
-  u32 phase = 0;
-  float c[4] = {0.f, 0.f, 0.f, 0.f};
-  uint4 xv[ACT_STEPS];
-  rows_mma(sl, slab, ld, w, j0, rows, x, m, k, kc, bar, phase, pol, xv, c);
-  mma_sum(c, red);
-  if (threadIdx.x >= 32) return;
-  // Warp 0 holds rows j0 + g (c[0], c[1]) and j0 + g + 8 (c[2], c[3]) for
-  // tokens 2q, 2q + 1.
-#pragma unroll
-  for (int e = 0; e < 4; ++e) {
-    const int t = 2 * q + (e & 1), j = j0 + g + 8 * (e >> 1);
-    if (t < m && j < n) y[(size_t)t * n + j] = (u16)f_to_bf(c[e]);
-  }
 }
 
 // qkv_rope: the q/k/v projection of a decode step with RoPE and the KV-cache

@@ -23,25 +23,9 @@ func gemvKernel(one, four *cuda.Function, m int) *cuda.Function {
 	return four
 }
 
-// gemvMMAMaxRows is the largest token count whose projections run
-// gemv_rows_mma (Engine.GEMV8) rather than cuBLASLt.
-const gemvMMAMaxRows = 8
-
-// gemvMMA reports whether the projections of a pass of m tokens with
-// inputs of width k run gemv_rows_mma: more tokens than gemv takes, at most
-// gemvMMAMaxRows, with GEMV8 set.
-func (e *Engine) gemvMMA(m, k int) bool {
-	return e.GEMV8 && !e.NoGEMV && m > gemvMaxRows && m <= gemvMMAMaxRows && k%64 == 0
-}
-
 // project queues y = x w^T for m tokens (x: m x k, w: n x k, y: m x n, bf16):
-// gemv_rows or gemv_rows_mma for decode-sized batches, else cuBLASLt.
+// gemv_rows for decode-sized batches, else cuBLASLt.
 func (e *Engine) project(m, n, k int, x, w, y *cuda.Buffer) error {
-	if e.gemvMMA(m, k) {
-		return e.k.gemvMMA.LaunchEx(cuda.LaunchConfig{Grid: cuda.Dim3{uint32((n + 15) / 16), 1, 1}, Block: cuda.Dim3{256, 1, 1},
-			SharedBytes: 2 * 16 * (min(k, gpu.ActCols) + 8), Stream: e.stream, EarlyStart: e.early()},
-			x, w, y, int32(m), int32(n), int32(k), int32(1))
-	}
 	if !e.gemv(m, k) {
 		return e.blas.Matmul(e.stream, cublas.Gemm{M: m, N: n, K: k, TransB: true}, x, w, y)
 	}

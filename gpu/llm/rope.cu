@@ -25,15 +25,11 @@
 // kernel that rotates them as it loads them) and write its rotated keys and
 // its values into its sequence's KV cache at its position. Hugging Face's
 // rotate_half: pairs (i, i + hd/2) by rope_rotate (rope.cuh). cos and sin
-// are fp32 [position][hd/2]. With release, the kernel lets the next one (the
-// decode attention, an early-start kernel that waits for this one before it
-// reads q/k/v or the new cache rows) start at once: its page reads and first
-// key copies then overlap this kernel.
+// are fp32 [position][hd/2].
 extern "C" __global__ void rope_kv(u16* __restrict__ qkv, const float* __restrict__ cosT,
                                    const float* __restrict__ sinT, const int* __restrict__ tok_seq,
                                    const int* __restrict__ tok_pos, const u64* __restrict__ seq_pt, int page,
-                                   int layer, int nq, int nkv, int hd, int qkv_w, int rot_q, int release) {
-  if (release) grid_release();
+                                   int layer, int nq, int nkv, int hd, int qkv_w, int rot_q) {
   int t = blockIdx.x;
   int s = tok_seq[t], p = tok_pos[t];
   int half = hd / 2, h0 = rot_q ? 0 : nq;  // the first head rotated here

@@ -8,13 +8,11 @@ import "github.com/twell-ai/twell/cuda"
 // token's sequence and position, each sequence's page table; page
 // positions a page). early launches qkv_rope with early start; keepQ makes
 // rope_kv leave the queries unrotated, for an attention kernel that rotates
-// them as it loads them (Engine.AttnRope); release makes rope_kv let the
-// kernel after it (the decode attention, which waits for it) start at once
-// (Engine.RopeRelease).
+// them as it loads them (Engine.AttnRope).
 type ropeArgs struct {
 	qkv, cos, sin, tokSeq, tokPos, pt *cuda.Buffer
 	T, page, layer, nq, nkv, hd, qkvW int
-	early, keepQ, release             bool
+	early, keepQ                      bool
 }
 
 // ropeKV queues rope_kv: one block per token rotates its query heads in
@@ -27,7 +25,7 @@ func (a ropeArgs) ropeKV(fn *cuda.Function, s *cuda.Stream) error {
 		threads, rotQ = 128, 0
 	}
 	return fn.Launch(cuda.Dim3{uint32(a.T), 1, 1}, cuda.Dim3{uint32(threads), 1, 1}, 0, s, a.qkv, a.cos, a.sin, a.tokSeq, a.tokPos,
-		a.pt, int32(a.page), int32(a.layer), int32(a.nq), int32(a.nkv), int32(a.hd), int32(a.qkvW), rotQ, releaseArg(a.release))
+		a.pt, int32(a.page), int32(a.layer), int32(a.nq), int32(a.nkv), int32(a.hd), int32(a.qkvW), rotQ)
 }
 
 // qkvRopeNormed queues qkv_rope1n for one token: the residual add and
