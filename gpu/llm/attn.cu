@@ -412,9 +412,8 @@ __device__ __forceinline__ uint4 dec_rope_lane(const u16* v, int sub, const floa
   const bool lo = sub < LH;
   const int j = (lo ? sub : sub - LH) * 8;  // the pair's column in the first half
   uint4 A = ldg_cg(v + j), B = ldg_cg(v + j + HALF);
-  const float* c = cosT + (size_t)pos * HALF + j;
-  const float* sn = sinT + (size_t)pos * HALF + j;
-  rope_rotate8(A, B, *(const float4*)c, *(const float4*)(c + 4), *(const float4*)sn, *(const float4*)(sn + 4));
+  const size_t cs = (size_t)pos * HALF + j;  // the columns' cos and sin
+  rope_rotate8(A, B, cosT + cs, sinT + cs);
   return lo ? A : B;
 }
 
@@ -478,8 +477,13 @@ __device__ __forceinline__ void attn_dec_body(const u16* __restrict__ qkv, u16* 
   const u16* qrow = qkv + (size_t)a.qs * qkv_w;
   const int kh = a.head / (nq / nkv);
   // The new token's key and value, this lane's 8 elements, for the run
-  // that holds its position: rotated here (cos) or from the cache.
+  // that holds its position: rotated here (cos) or from the cache, whose
+  // row new_key addresses (its value a.vstep on).
   const bool has_new = b1 == nblk && b0 < b1;
+  auto new_key = [&]() {
+    return const_cast<u16*>(block_keys(a, block_page(a, nblk - 1), nblk - 1, HD)) +
+           (a.past - (nblk - 1) * ATT_BK) * HD + sub * 8;
+  };
   uint4 q, knew = make_uint4(0, 0, 0, 0), vnew = knew;
   if (cosT) {
     q = dec_rope_lane<HD>(qrow + a.head * HD, sub, cosT, sinT, a.past);
@@ -487,8 +491,7 @@ __device__ __forceinline__ void attn_dec_body(const u16* __restrict__ qkv, u16* 
       knew = dec_rope_lane<HD>(qrow + (nq + kh) * HD, sub, cosT, sinT, a.past);
       vnew = ldg_cg(qrow + (nq + nkv + kh) * HD + sub * 8);
       if (grp == 0 && a.head % (nq / nkv) == 0) {  // one CTA of the key head writes them
-        const int blk = nblk - 1;
-        u16* K = const_cast<u16*>(block_keys(a, block_page(a, blk), blk, HD)) + (a.past - blk * ATT_BK) * HD + sub * 8;
+        u16* K = new_key();
         *(uint4*)K = knew;
         *(uint4*)(K + a.vstep) = vnew;
       }
@@ -496,8 +499,7 @@ __device__ __forceinline__ void attn_dec_body(const u16* __restrict__ qkv, u16* 
   } else {
     q = ldg_cg(qrow + a.head * HD + sub * 8);
     if (has_new) {
-      const int blk = nblk - 1;
-      const u16* K = block_keys(a, block_page(a, blk), blk, HD) + (a.past - blk * ATT_BK) * HD + sub * 8;
+      const u16* K = new_key();
       knew = ldg_cg(K), vnew = ldg_cg(K + a.vstep);
     }
   }

@@ -99,8 +99,7 @@ __global__ void __launch_bounds__(256, 2)
         const size_t cs = (size_t)(past + row) * (HD / 2) + c * 8;  // the query's position's cos and sin
         A = *(const uint4*)src;
         B = *(const uint4*)(src + HD / 2);
-        rope_rotate8(A, B, *(const float4*)(cosT + cs), *(const float4*)(cosT + cs + 4), *(const float4*)(sinT + cs),
-                     *(const float4*)(sinT + cs + 4));
+        rope_rotate8(A, B, cosT + cs, sinT + cs);
       }
       st_shared16(sQ + swz(r, c), A);
       st_shared16(sQ + swz(r, c + 4), B);

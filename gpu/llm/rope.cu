@@ -47,8 +47,7 @@ extern "C" __global__ void rope_kv(u16* __restrict__ qkv, const float* __restric
       int h = h0 + i / q8, j = (i % q8) * 8;
       u16* v = row + h * hd;
       uint4 A = *(const uint4*)(v + j), B = *(const uint4*)(v + j + half);
-      rope_rotate8(A, B, *(const float4*)(c + j), *(const float4*)(c + j + 4), *(const float4*)(sn + j),
-                   *(const float4*)(sn + j + 4));
+      rope_rotate8(A, B, c + j, sn + j);
       u16* dst = h < nq ? v : pg + kv_off(page, layer, 0, nkv, h - nq, pp, hd);
       *(uint4*)(dst + j) = A;
       *(uint4*)(dst + j + half) = B;

@@ -1,6 +1,7 @@
-// rope.cuh: the rotation of rotary position embedding that rope_kv and
-// attn_wg64's query load (prefill with Engine.AttnRope) both apply, written
-// out once so that both give the same bits.
+// rope.cuh: the rotation of rotary position embedding that rope_kv,
+// attn_wg64's query load (prefill with Engine.AttnRope) and attn_dec's
+// (decode with Engine.DecRope) apply, written out once so that all give the
+// same bits.
 #pragma once
 
 // rope_rotate rotates the pair (a, b), elements i and i + hd/2 of a head
@@ -15,9 +16,11 @@ __device__ __forceinline__ void rope_rotate(float a, float b, float c, float s, 
 
 // rope_rotate8 rotates 8 pairs: the bf16 elements of A (8 consecutive of a
 // head's first half) with those of B (the same columns of its second
-// half), by the cosines c0, c1 and sines s0, s1 of their columns; A and B
-// become the rotated values, rounded to bf16.
-__device__ __forceinline__ void rope_rotate8(uint4& A, uint4& B, float4 c0, float4 c1, float4 s0, float4 s1) {
+// half), by the cosines c[0..8) and sines s[0..8) of their columns (fp32,
+// 16-byte aligned); A and B become the rotated values, rounded to bf16.
+__device__ __forceinline__ void rope_rotate8(uint4& A, uint4& B, const float* c, const float* s) {
+  const float4 c0 = *(const float4*)c, c1 = *(const float4*)(c + 4);
+  const float4 s0 = *(const float4*)s, s1 = *(const float4*)(s + 4);
   u32 a[4] = {A.x, A.y, A.z, A.w}, b[4] = {B.x, B.y, B.z, B.w};
   float cc[8] = {c0.x, c0.y, c0.z, c0.w, c1.x, c1.y, c1.z, c1.w};
   float ss[8] = {s0.x, s0.y, s0.z, s0.w, s1.x, s1.y, s1.z, s1.w};
