@@ -215,7 +215,10 @@ func Serve(ctx context.Context, o ServeOptions, progress func(done, total int)) 
 	}
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: max(o.Concurrency, min(o.Requests, 1024)), DisableCompression: true}}
 	defer client.CloseIdleConnections()
-	reqs := make([]ServeRequest, o.Requests)
+	// The goroutines write into all, which is never reassigned; reqs is the
+	// part of it that was sent, cut once they are done.
+	all := make([]ServeRequest, o.Requests)
+	sent := len(all)
 	var sem chan struct{}
 	if o.Concurrency > 0 {
 		sem = make(chan struct{}, o.Concurrency)
@@ -225,7 +228,7 @@ func Serve(ctx context.Context, o ServeOptions, progress func(done, total int)) 
 	done := 0
 	t0 := time.Now()
 	var cancelled error
-	for i := range reqs {
+	for i := range all {
 		if d := time.Until(t0.Add(time.Duration(starts[i] * float64(time.Second)))); d > 0 {
 			select {
 			case <-time.After(d):
@@ -245,14 +248,14 @@ func Serve(ctx context.Context, o ServeOptions, progress func(done, total int)) 
 			if sem != nil {
 				<-sem
 			}
-			reqs = reqs[:i]
+			sent = i
 			break
 		}
 		wg.Go(func() {
 			if sem != nil {
 				defer func() { <-sem }()
 			}
-			reqs[i] = sendOne(ctx, client, base, o, o.Prompts[i%len(o.Prompts)], seeds[i], cuts[i], t0)
+			all[i] = sendOne(ctx, client, base, o, o.Prompts[i%len(o.Prompts)], seeds[i], cuts[i], t0)
 			// progress runs under mu: one call at a time, counts in order.
 			mu.Lock()
 			defer mu.Unlock()
@@ -266,6 +269,7 @@ func Serve(ctx context.Context, o ServeOptions, progress func(done, total int)) 
 	if cancelled != nil {
 		return nil, cancelled
 	}
+	reqs := all[:sent]
 	res := &ServeResult{Row: newRow(ServeSchema, "remote", CPUName()), Server: base, Model: o.Model, Requests: len(reqs),
 		Rate: o.Rate, Concurrency: o.Concurrency, MaxTokens: o.MaxTokens, PerRequest: reqs, Preemptions: scrapePreemptions(client, base)}
 	var ttft, tpot, e2e []float64
