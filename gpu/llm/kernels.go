@@ -104,12 +104,12 @@ func kernelsFor(dev *cuda.Device) (*kernels, error) {
 		qkvRope1: fs["qkv_rope1"], qkvRope4: fs["qkv_rope4"],
 		qkvRope1N: fs["qkv_rope1n"], dec: map[int]decKernel{}}
 	for _, hd := range []int{64, 128} {
-		name := fmt.Sprintf("attn_dec%d", hd)
+		name, smem := fmt.Sprintf("attn_dec%d", hd), decSmem(hd)
 		fn := fs[name]
-		if err := fn.SetMaxDynamicShared(decSmem(hd)); err != nil {
+		if err := fn.SetMaxDynamicShared(smem); err != nil {
 			return nil, fmt.Errorf("llm: %s: %w", name, err)
 		}
-		n, err := fn.MaxActiveBlocksPerSM(decThreads, decSmem(hd))
+		n, err := fn.MaxActiveBlocksPerSM(decThreads, smem)
 		if err != nil {
 			return nil, fmt.Errorf("llm: %s: %w", name, err)
 		}
@@ -119,7 +119,7 @@ func kernelsFor(dev *cuda.Device) (*kernels, error) {
 			// device can hold one of the most runs (sizes above 8 are not
 			// portable).
 			c, err := fn.MaxActiveClusters(cuda.LaunchConfig{Grid: cuda.Dim3{1, decSplits, 1},
-				Block: cuda.Dim3{decThreads, 1, 1}, SharedBytes: decSmem(hd), Cluster: cuda.Dim3{1, decSplits, 1}})
+				Block: cuda.Dim3{decThreads, 1, 1}, SharedBytes: smem, Cluster: cuda.Dim3{1, decSplits, 1}})
 			dk.cluster = err == nil && c > 0
 		}
 		k.dec[hd] = dk

@@ -735,10 +735,11 @@ func TestDecodeAttentionManySequences(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if dev.Properties().Major == 9 && !k.dec[c.HeadDim].cluster {
+			kd := k.dec[c.HeadDim]
+			if dev.Properties().Major == 9 && !kd.cluster {
 				t.Errorf("head_dim %d: no clusters of %d runs on %v (Hopper holds them)", c.HeadDim, decSplits, dev)
 			}
-			for decRunsFor(S*c.NumAttentionHeads, k.dec[c.HeadDim].slots) > runs {
+			for decRunsFor(S*c.NumAttentionHeads, kd.slots) > runs {
 				S++
 			}
 			t.Run(fmt.Sprintf("hd%d_heads%d_seqs%d_runs%d", c.HeadDim, c.NumAttentionHeads, S, runs), func(t *testing.T) {
@@ -757,7 +758,7 @@ func TestDecodeAttentionManySequences(t *testing.T) {
 				run := func(attn string, global bool, forced int) [][]float32 {
 					e := engineOnPath(t, dev, m, seed, "dense")
 					e.Attention, e.decGlobalMerge, e.decRunsFixed = attn, global, forced
-					if got, want := e.decRuns(S*c.NumAttentionHeads, k.dec[c.HeadDim]), cmp.Or(forced, runs); attn == "auto" && got != want {
+					if got, want := e.decRuns(S*c.NumAttentionHeads, kd), cmp.Or(forced, runs); attn == "auto" && got != want {
 						t.Fatalf("%d sequences: %d runs, want %d", S, got, want)
 					}
 					return enginetest.Passes(t, e, 304, passes...)[first:] // the decode steps' logits
