@@ -202,8 +202,8 @@ __global__ void __launch_bounds__(256)
   act_group<1, GATED, true>(nullptr, nullptr, w, up, h, mask, cnt, 1, d, f, xs, wmask, wcnt, nin);
 }
 
-// gemv_act_mma: gemv_act (not LIST) for up to 8 NG tokens (NG groups of 8,
-// 1 or 2) on tensor cores. Block b takes units 16b .. 16b+15. Warp 0 copies their gate rows into
+// gemv_act_mma: gemv_act (not LIST) for up to 8 tokens on tensor cores.
+// Block b takes units 16b .. 16b+15. Warp 0 copies their gate rows into
 // shared memory with bulk asynchronous copies (cp.async.bulk, completing on
 // an mbarrier) before grid_wait, so that every block's whole share of the
 // gate weights is requested at once, while the kernel before still runs:
@@ -215,8 +215,7 @@ __global__ void __launch_bounds__(256)
 // adds the shares in warp order. Within each 32 columns, lane (g, q) feeds
 // the MMA columns 8q .. 8q+7 of rows g and g + 8 as whole 16-byte loads:
 // the k order of a product is permuted the same way for both operands, so
-// the sums are the dot products. A second group of 8 tokens reuses the
-// rows in shared memory with its own x fragments. The up rows of the units active in some
+// the sums are the dot products. The up rows of the units active in some
 // token follow into the same shared memory (gated), and the down rows of
 // those units are requested into the L2 for gemv_down. The mask and the
 // per-block count (of 16 units) are stored as halves: mask as u16 [f/16]
@@ -343,13 +342,13 @@ __device__ __forceinline__ void mma_sum(float (&c)[4], float4* red) {
   }
 }
 
-template <bool GATED, int NG>
+template <bool GATED>
 __global__ void __launch_bounds__(256, 3)
     gemv_act_mma(const u16* __restrict__ x, const u16* __restrict__ w, const u16* __restrict__ up,
                  const u16* __restrict__ down, float* __restrict__ h, u32* __restrict__ mask, u32* __restrict__ cnt,
                  int m, int d, int f) {
   extern __shared__ __align__(128) u16 slab[];
-  __shared__ float4 red[256], gsave[NG * 32];
+  __shared__ float4 red[256], gsave[32];
   __shared__ u32 live_up;
   __shared__ __align__(8) u64 bar_mem;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
@@ -361,46 +360,35 @@ __global__ void __launch_bounds__(256, 3)
   grid_wait();
   grid_release();
   u32 phase = 0;
-  float gc[NG][4] = {};
+  float gc[4] = {0.f, 0.f, 0.f, 0.f};
   uint4 xv[ACT_STEPS];
   for (int c0 = 0; c0 < d; c0 += kc) {
     int s0, s1;
     act_steps(d, c0, kc, s0, s1);
     act_x(xv, x, m, d, c0, s0, s1);
     slab_wait(bar, phase);
-    act_mma(slab, ld, 0xffffu, xv, s0, s1, gc[0]);
-#pragma unroll
-    for (int gi = 1; gi < NG; ++gi) {  // the next 8 tokens, on the same rows
-      act_x(xv, x + (size_t)8 * gi * d, m - 8 * gi, d, c0, s0, s1);
-      act_mma(slab, ld, 0xffffu, xv, s0, s1, gc[gi]);
-    }
+    act_mma(slab, ld, 0xffffu, xv, s0, s1, gc);
     if (c0 + kc < d) {
       __syncthreads();  // every warp is done with the chunk
       slab_load(sl, ld, w, j0, 0xffffu, d, c0 + kc, min(kc, d - c0 - kc), bar, pol);
     }
   }
-  // Warp 0 holds, per group gi of 8 tokens, the gate values of units j0 + g
-  // (gc[gi][0], gc[gi][1]) and j0 + g + 8 (gc[gi][2], gc[gi][3]) for tokens
-  // 8 gi + 2q, 8 gi + 2q + 1. It rounds them to bf16 as a GEMM's output
-  // would be and parks them (0 where inactive) in gsave while the up rows
-  // are read: registers are short there.
-  u32 any = 0;
-#pragma unroll
-  for (int gi = 0; gi < NG; ++gi) {
-    mma_sum(gc[gi], red);
-    if (warp == 0) {
-      float gv[4];
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float v = __uint_as_float(f_to_bf(gc[gi][e]) << 16);
-        const bool on = 8 * gi + 2 * q + (e & 1) < m && (v > 0.f || v != v);
-        gv[e] = on ? v : 0.f;
-        if (on) any |= 1u << (g + 8 * (e >> 1));
-      }
-      gsave[gi * 32 + lane] = make_float4(gv[0], gv[1], gv[2], gv[3]);
-    }
-  }
+  mma_sum(gc, red);
+  // Warp 0 holds the gate values of units j0 + g (gc[0], gc[1]) and
+  // j0 + g + 8 (gc[2], gc[3]) for tokens 2q, 2q + 1. It rounds them to bf16
+  // as a GEMM's output would be and parks them (0 where inactive) in gsave
+  // while the up rows are read: registers are short there.
   if (warp == 0) {
+    u32 any = 0;
+    float gv[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float v = __uint_as_float(f_to_bf(gc[e]) << 16);
+      const bool on = 2 * q + (e & 1) < m && (v > 0.f || v != v);
+      gv[e] = on ? v : 0.f;
+      if (on) any |= 1u << (g + 8 * (e >> 1));
+    }
+    gsave[lane] = make_float4(gv[0], gv[1], gv[2], gv[3]);
 #pragma unroll
     for (int o = 1; o < 32; o <<= 1) any |= __shfl_xor_sync(0xffffffffu, any, o);
     if (lane == 0) live_up = any;
@@ -412,41 +400,32 @@ __global__ void __launch_bounds__(256, 3)
   }
   __syncthreads();
   const u32 live = live_up;
-  // Group by group, the last first: with one chunk its x fragments and,
-  // for the groups after it, the up rows are still here.
-  u32 n = 0;
-#pragma unroll
-  for (int gi = NG - 1; gi >= 0; --gi) {
-    float uc[4] = {1.f, 1.f, 1.f, 1.f};
-    if (GATED && live) {
-      // mma_sum's barriers come after every warp's last read of the rows
-      // before (the gate rows, or the previous group's last up chunk).
-      uc[0] = uc[1] = uc[2] = uc[3] = 0.f;
-      const bool first = gi == NG - 1;
-      for (int c0 = 0; c0 < d; c0 += kc) {
-        int s0, s1;
-        act_steps(d, c0, kc, s0, s1);
-        if (d > kc || first) slab_load(sl, ld, up, j0, live, d, c0, min(kc, d - c0), bar, pol);
-        if (d > kc || !first) act_x(xv, x + (size_t)8 * gi * d, m - 8 * gi, d, c0, s0, s1);
-        if (d > kc || first) slab_wait(bar, phase);
-        act_mma(slab, ld, live, xv, s0, s1, uc);
-        if (c0 + kc < d) __syncthreads();  // every warp is done with the chunk
-      }
-      mma_sum(uc, red);
+  float uc[4] = {1.f, 1.f, 1.f, 1.f};
+  if (GATED && live) {
+    // mma_sum's barriers come after every warp's last read of the gate rows.
+    uc[0] = uc[1] = uc[2] = uc[3] = 0.f;
+    for (int c0 = 0; c0 < d; c0 += kc) {
+      int s0, s1;
+      act_steps(d, c0, kc, s0, s1);
+      slab_load(sl, ld, up, j0, live, d, c0, min(kc, d - c0), bar, pol);
+      if (d > kc) act_x(xv, x, m, d, c0, s0, s1);  // one chunk: the gate pass's are still here
+      slab_wait(bar, phase);
+      act_mma(slab, ld, live, xv, s0, s1, uc);
+      if (c0 + kc < d) __syncthreads();  // every warp is done with the chunk
     }
-    if (warp == 0) {
-      const float4 gs = gsave[gi * 32 + lane];
-      const float gv[4] = {gs.x, gs.y, gs.z, gs.w};
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int t = 8 * gi + 2 * q + (e & 1), j = j0 + g + 8 * (e >> 1);
-        const bool on = live >> (g + 8 * (e >> 1)) & 1 && t < m && gv[e] != 0.f;
-        if (t < m) h[(size_t)t * f + j] = on ? gv[e] * uc[e] : 0.f;
-        n += on;
-      }
-    }
+    mma_sum(uc, red);
   }
   if (warp != 0) return;
+  const float4 gs = gsave[lane];
+  const float gv[4] = {gs.x, gs.y, gs.z, gs.w};
+  u32 n = 0;
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const int t = 2 * q + (e & 1), j = j0 + g + 8 * (e >> 1);
+    const bool on = live >> (g + 8 * (e >> 1)) & 1 && t < m && gv[e] != 0.f;
+    if (t < m) h[(size_t)t * f + j] = on ? gv[e] * uc[e] : 0.f;
+    n += on;
+  }
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) n += __shfl_xor_sync(0xffffffffu, n, o);
   if (lane == 0) {
@@ -463,10 +442,8 @@ __global__ void __launch_bounds__(256, 3)
 // down_group computes gemv_down's outputs in the DOWN_COLS columns of slice
 // blk for the mg <= MB tokens of one group, whose h and mask gemv_act
 // wrote, into rows ylist[0..mg) of y (rows 0..mg without a list). lists
-// holds a list of 8 ceil(f/256) 32 ints per warp (8 warps). A half-warp
-// reads UNITS of its units' rows at a time (8; 4 for 16 tokens, where
-// registers are short): the same sums in the same order either way.
-template <int MB, int UNITS = 8>
+// holds a list of 8 ceil(f/256) 32 ints per warp (8 warps).
+template <int MB>
 __device__ __forceinline__ void down_group(const float* __restrict__ h, const u32* __restrict__ mask,
                                            const u16* __restrict__ down, u16* __restrict__ y,
                                            const int* __restrict__ ylist, int mg, int d, int f, int* lists,
@@ -485,12 +462,12 @@ __device__ __forceinline__ void down_group(const float* __restrict__ h, const u3
   float acc[MB];
 #pragma unroll
   for (int t = 0; t < MB; ++t) acc[t] = 0.f;
-  for (int i0 = half; i0 < len; i0 += 2 * UNITS) {
-    int js[UNITS];
-    u16 dv[UNITS];
-    float hv[UNITS][MB];
+  for (int i0 = half; i0 < len; i0 += 16) {
+    int js[8];
+    u16 dv[8];
+    float hv[8][MB];
 #pragma unroll
-    for (int k = 0; k < UNITS; ++k) {
+    for (int k = 0; k < 8; ++k) {
       js[k] = i0 + 2 * k < len ? list[i0 + 2 * k] : -1;
       if (js[k] < 0) continue;
       dv[k] = down[(size_t)js[k] * d + col];
@@ -498,7 +475,7 @@ __device__ __forceinline__ void down_group(const float* __restrict__ h, const u3
       for (int t = 0; t < MB; ++t) hv[k][t] = t < mg ? __ldcg(h + (size_t)t * f + js[k]) : 0.f;
     }
 #pragma unroll
-    for (int k = 0; k < UNITS; ++k) {
+    for (int k = 0; k < 8; ++k) {
       if (js[k] < 0) continue;
 #pragma unroll
       for (int t = 0; t < MB; ++t) acc[t] = fmaf(hv[k][t], bf_to_f(dv[k]), acc[t]);
@@ -541,8 +518,8 @@ __device__ __forceinline__ void sum_counts(const u32* __restrict__ cnt, int n, u
 // gemv_down: grid d/DOWN_COLS blocks of 256 threads. Warp w first lists
 // the active units of its share of the mask (every eighth word) in shared
 // memory (ascending; dynamic shared memory 8 * ceil(f/256) * 32 ints),
-// then reads their down rows and h values eight units (four for 16
-// tokens) a half-warp at a time, so that a token's few dozen units cost a round trip or two rather
+// then reads their down rows and h values eight units a half-warp at a
+// time, so that a token's few dozen units cost a round trip or two rather
 // than one per unit. Block 0 sums the ncnt per-block counts of the act
 // kernel into *nnz.
 template <int MB, bool LIST>
@@ -563,7 +540,7 @@ __global__ void __launch_bounds__(256)
     }
     return;
   }
-  down_group<MB, MB <= 8 ? 8 : 4>(h, mask, down, y, nullptr, m, d, f, lists, red, blockIdx.x);
+  down_group<MB>(h, mask, down, y, nullptr, m, d, f, lists, red, blockIdx.x);
   if (blockIdx.x == 0) sum_counts(cnt, ncnt, nnz);
 }
 

@@ -204,10 +204,9 @@ func (l *MLP) sparseGEMV(s *cuda.Stream, y, x *cuda.Buffer, m int) error {
 	launch := a.launchAct
 	if m > gemvFMARows {
 		a.ncnt = l.F / 16
-		ng := (m + 7) / 8 // token groups of 8
-		act, launch = ks.actMMAPlain[ng-1], a.launchActMMA
+		act, launch = ks.actMMAPlain, a.launchActMMA
 		if l.Gated {
-			act = ks.actMMAGated[ng-1]
+			act = ks.actMMAGated
 		}
 	}
 	if err := launch(act, s); err != nil {
@@ -222,14 +221,14 @@ func (l *MLP) sparseGEMV(s *cuda.Stream, y, x *cuda.Buffer, m int) error {
 
 // gemvSet are the kernels of the small-batch sparse MLP (gemv.cu), by
 // rows per call (the template's MB: 1, 2 or 4 for act, gated or not, and
-// 1, 2, 4, 8 or 16 for down).
+// 1, 2, 4 or 8 for down).
 type gemvSet struct {
 	actGated, actPlain, down map[int]*cuda.Function
 	// The LIST forms (MB = 4), which recompute the rows D2T flagged.
 	fbActGated, fbActPlain, fbDown *cuda.Function
 	// gemv_act_mma, gated and not: act on tensor cores, for more than
-	// gemvFMARows tokens; index i runs i+1 groups of 8 tokens.
-	actMMAGated, actMMAPlain [2]*cuda.Function
+	// gemvFMARows tokens.
+	actMMAGated, actMMAPlain *cuda.Function
 	// gemv_act_norm, gated and not: one token, with the residual add and
 	// RMSNorm before the MLP fused in (QueueNormed).
 	actNormGated, actNormPlain *cuda.Function
@@ -246,15 +245,14 @@ const gemvFMARows = 4
 
 // gemvRows are the batch sizes gemv.cu is instantiated for; a call of m
 // tokens uses the smallest that holds m.
-var gemvRows = []int{1, 2, 4, 8, 16}
+var gemvRows = []int{1, 2, 4, 8}
 
 // gemvMaxRows is the largest batch the small-batch sparse MLP takes.
-const gemvMaxRows = 16
+const gemvMaxRows = 8
 
 // gemvExprs lists the kernels of gemv.cu: per batch size of gemvRows the
 // gated and the plain act (up to gemvFMARows) and down, the same three LIST
-// forms, then gated and plain gemv_act_mma (one and two groups of 8 tokens)
-// and gemv_act_norm, and the four
+// forms, then gated and plain gemv_act_mma and gemv_act_norm, and the four
 // gemv_mlp (gated or not, normed or not).
 func gemvExprs() []string {
 	var exprs []string
@@ -265,15 +263,9 @@ func gemvExprs() []string {
 		exprs = append(exprs, fmt.Sprintf("gemv_down<%d,false>", mb))
 	}
 	exprs = append(exprs, fmt.Sprintf("gemv_act<%d,true,true>", fbGroup), fmt.Sprintf("gemv_act<%d,false,true>", fbGroup),
-		fmt.Sprintf("gemv_down<%d,true>", fbGroup), actMMAExpr(true, 1), actMMAExpr(false, 1), actMMAExpr(true, 2),
-		actMMAExpr(false, 2), "gemv_act_norm<true>", "gemv_act_norm<false>")
+		fmt.Sprintf("gemv_down<%d,true>", fbGroup), "gemv_act_mma<true>", "gemv_act_mma<false>",
+		"gemv_act_norm<true>", "gemv_act_norm<false>")
 	return append(exprs, mlpExpr(true, false), mlpExpr(false, false), mlpExpr(true, true), mlpExpr(false, true))
-}
-
-// actMMAExpr names gemv_act_mma's instance, gated or not, for groups
-// groups of 8 tokens.
-func actMMAExpr(gated bool, groups int) string {
-	return fmt.Sprintf("gemv_act_mma<%v,%d>", gated, groups)
 }
 
 // mlpExpr names gemv_mlp's instance, gated or not, normed or not.
@@ -299,9 +291,7 @@ func (k *kernels) gemvKernels() (*gemvSet, error) {
 		k.gemv.fbActGated = fs[fmt.Sprintf("gemv_act<%d,true,true>", fbGroup)]
 		k.gemv.fbActPlain = fs[fmt.Sprintf("gemv_act<%d,false,true>", fbGroup)]
 		k.gemv.fbDown = fs[fmt.Sprintf("gemv_down<%d,true>", fbGroup)]
-		for i := range k.gemv.actMMAGated {
-			k.gemv.actMMAGated[i], k.gemv.actMMAPlain[i] = fs[actMMAExpr(true, i+1)], fs[actMMAExpr(false, i+1)]
-		}
+		k.gemv.actMMAGated, k.gemv.actMMAPlain = fs["gemv_act_mma<true>"], fs["gemv_act_mma<false>"]
 		k.gemv.actNormGated, k.gemv.actNormPlain = fs["gemv_act_norm<true>"], fs["gemv_act_norm<false>"]
 		k.gemv.mlp = map[mlpKey]*cuda.Function{}
 		for _, gated := range []bool{true, false} {
