@@ -2,9 +2,11 @@ package bench
 
 import (
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"os"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -233,6 +235,61 @@ type DecodePoint struct {
 	// TraceError says why there is none when the tracer failed.
 	Trace      *TraceSummary `json:"trace,omitempty"`
 	TraceError string        `json:"trace_error,omitempty"`
+	// GEMVTimeline is where the one-token sparse MLP kernel's time goes in
+	// graph-replayed steps, when its measuring build ran (GPU, batch 1,
+	// TWELL_GEMV_TIMELINE=1; see GEMVTimelineOf).
+	GEMVTimeline []GEMVPhase `json:"gemv_timeline,omitempty"`
+}
+
+// GEMVPhase is one point of the one-token sparse MLP kernel's timeline
+// (gpu.GEMVPoints): when its blocks reach it, in microseconds after the
+// kernel's first block started, as the median over steps of the median
+// block (MedianUS) and of the last block (LastUS).
+type GEMVPhase struct {
+	Point    string  `json:"point"`
+	MedianUS float64 `json:"median_us"`
+	LastUS   float64 `json:"last_us"`
+}
+
+// formatGEMVTimeline writes phases as "point median/last" pairs.
+func formatGEMVTimeline(phases []GEMVPhase) string {
+	parts := make([]string, len(phases))
+	for i, p := range phases {
+		parts[i] = fmt.Sprintf("%s %.2f/%.2f", p.Point, p.MedianUS, p.LastUS)
+	}
+	return strings.Join(parts, ", ")
+}
+
+// GEMVTimelineOf sums up the stamps of several launches of the one-token
+// sparse MLP kernel (steps[i][block][point], ns, points named by points):
+// per launch, each point's time after the earliest block's first stamp for
+// the median block and the last one; per point, their medians over the
+// launches. Nil for no launches.
+func GEMVTimelineOf(steps [][][]uint64, points []string) []GEMVPhase {
+	if len(steps) == 0 {
+		return nil
+	}
+	med := make([][]float64, len(points))
+	last := make([][]float64, len(points))
+	for _, blocks := range steps {
+		t0 := uint64(math.MaxUint64)
+		for _, b := range blocks {
+			t0 = min(t0, b[0])
+		}
+		for p := range points {
+			at := make([]float64, len(blocks))
+			for i, b := range blocks {
+				at[i] = float64(int64(b[p]-t0)) / 1000
+			}
+			med[p] = append(med[p], Median(at))
+			last[p] = append(last[p], slices.Max(at))
+		}
+	}
+	out := make([]GEMVPhase, len(points))
+	for p, name := range points {
+		out[p] = GEMVPhase{Point: name, MedianUS: Median(med[p]), LastUS: Median(last[p])}
+	}
+	return out
 }
 
 // ModelSchema names the layout of a ModelResult row in JSON (on the GPU,

@@ -14,6 +14,7 @@ import (
 	"github.com/twell-ai/twell/cuda/cupti"
 	"github.com/twell-ai/twell/cuda/nvml"
 	"github.com/twell-ai/twell/engine"
+	"github.com/twell-ai/twell/gpu"
 	"github.com/twell-ai/twell/gpu/llm"
 	"github.com/twell-ai/twell/mlp"
 )
@@ -299,6 +300,10 @@ func ModelCUDA(o ModelOptions, progress func(string)) ([]ModelCUDAResult, error)
 				return nil, nil, err
 			}
 			progress(fmt.Sprintf("%s: profiled decode step, batch %d, ms by step: %s", path, b, formatSteps(pt.StepMS)))
+			if pt.GEMVTimeline != nil {
+				progress(fmt.Sprintf("%s: gemv_mlp timeline, batch %d (us after its first block starts, median block / last block): %s",
+					path, b, formatGEMVTimeline(pt.GEMVTimeline)))
+			}
 			if pt.Trace != nil {
 				res.Traces = append(res.Traces, sec)
 				progress(fmt.Sprintf("%s: traced decode steps, batch %d, %s", path, b, pt.Trace))
@@ -360,6 +365,33 @@ func ParseModelVariants(s string) ([]map[string]string, error) {
 		_, err := llm.OptionsFrom(variantEnv(v))
 		return err
 	})
+}
+
+// gemvTimeline runs steps more one-token decode steps from ctx cached
+// tokens on e, whose TwELL layers run the measuring build of the
+// small-batch kernels, and sums up the stamps the last layer's gemv_mlp
+// left in each (GEMVTimelineOf).
+func gemvTimeline(e *llm.Engine, caches []engine.Cache, toks [][]int, ctx, steps int, r *rand.Rand) ([]GEMVPhase, error) {
+	for _, c := range caches {
+		if err := c.Truncate(ctx); err != nil {
+			return nil, err
+		}
+	}
+	var stamps [][][]uint64
+	for range steps {
+		for i := range toks {
+			toks[i] = []int{r.IntN(e.Config().VocabSize)}
+		}
+		if _, _, err := e.Forward(caches, toks, false); err != nil {
+			return nil, err
+		}
+		s, err := e.GEMVStamps()
+		if err != nil {
+			return nil, err
+		}
+		stamps = append(stamps, s)
+	}
+	return GEMVTimelineOf(stamps, gpu.GEMVPoints), nil
 }
 
 // decodeSpeedCUDA times o.DecodeSteps single-token decode steps for batch
@@ -428,6 +460,12 @@ func decodeSpeedCUDA(e *llm.Engine, r *rand.Rand, batch int, o ModelOptions, pat
 	pt := DecodePoint{Batch: batch, Context: ctx, TokensPerSec: float64(batch*steps) / med * 1000, MSPerStep: med / float64(steps),
 		GraphSteps: e.GraphReplays() - graphs0, Steps: (reps + 1) * steps, GraphRecords: e.GraphRecords() - records0,
 		SparseLayers: sparse}
+	if batch == 1 && e.GEMVTimeline() {
+		var err error
+		if pt.GEMVTimeline, err = gemvTimeline(e, caches, toks, ctx, steps, r); err != nil {
+			return DecodePoint{}, TraceSection{}, err
+		}
+	}
 	var sec TraceSection
 	if o.TraceSteps > 0 {
 		for i := range caches {

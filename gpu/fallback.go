@@ -15,7 +15,7 @@ import (
 // automatic path soon sends dense) through row_fallback, one CTA per row
 // (about 10 ms per row on an H200 where it walks every unit alone).
 func (l *MLP) flaggedRows(s *cuda.Stream, set *t2dSet, y, x *cuda.Buffer, ws *sparseWS, first int) error {
-	ks, err := l.k.gemvKernels()
+	ks, err := l.k.gemvKernels(l.GEMVTimeline)
 	if err != nil {
 		return err
 	}

@@ -46,6 +46,38 @@
 #include "rowdot.cuh"
 #include "mma.cuh"
 
+// With GEMV_TIMELINE defined (a separate build, Options.GEMVTimeline),
+// thread 0 of each block of the one-token kernels built on act_group
+// (gemv_mlp above all) stamps the GPU's global timer (ns) at the points
+// TL_ENTRY .. TL_END into gemv_timeline[block][point], for a timeline of
+// where the kernel's time goes inside a graph-replayed decode step. Each
+// launch overwrites the stamps of the one before. Without it TL_MARK is
+// nothing.
+#define TL_BLOCKS 1024
+#define TL_POINTS 8
+#define TL_ENTRY 0   // the block starts
+#define TL_WAITED 1  // grid_enter returned: the kernels before are done
+#define TL_STAGED 2  // x (normed) is in shared memory
+#define TL_GATE 3    // warp 0's gate dot products are summed
+#define TL_ACT 4     // the block's h and mask are written
+#define TL_SYNCED 5  // past gemv_mlp's grid barrier
+#define TL_END 6     // the block's down columns are written
+#ifdef GEMV_TIMELINE
+__device__ unsigned long long gemv_timeline[TL_BLOCKS * TL_POINTS];
+__device__ __forceinline__ void tl_mark(int point) {
+  if (threadIdx.x == 0 && blockIdx.x < TL_BLOCKS) {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    gemv_timeline[blockIdx.x * TL_POINTS + point] = t;
+  }
+}
+#define TL_MARK(point) tl_mark(point)
+#define TL_MARK_ALL(point) (__syncthreads(), tl_mark(point))  // once every warp is there
+#else
+#define TL_MARK(point)
+#define TL_MARK_ALL(point)
+#endif
+
 // stage_rows copies the m token rows rows[0..m) of x into shared memory
 // and waits for them.
 __device__ __forceinline__ void stage_rows(u16* xs, const u16* __restrict__ x, const int* __restrict__ rows, int m,
@@ -100,18 +132,22 @@ __device__ __forceinline__ void act_group(const u16* __restrict__ x, const int* 
   int j0 = blockIdx.x * 32 + warp * 4;
   const u16* rows[4];
   uint4 wv[4][4];
+  TL_MARK(TL_ENTRY);
   gate_rows_issue(rows, wv, w, j0, d, lane);
   float4 nw[RMS_MAXV];
   if (NORM) rms_weights(nw, nin.w, d);
   grid_enter(MB == 1);
+  TL_MARK(TL_WAITED);
   if (NORM)
     stage_norm_x(xs, nin.resid, nin.delta, nin.resid_out, nw, d, nin.eps);
   else if (rows_of_x)
     stage_rows(xs, x, rows_of_x, mg, d);
   else
     stage_x(xs, x, mg, d);
+  TL_MARK(TL_STAGED);
   float g[4][MB];
   rows_dot<MB, 4>(wv, rows, xs, mg, d, lane, g);
+  TL_MARK(TL_GATE);
   u32 bits = 0, n = 0;
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
@@ -161,6 +197,7 @@ __device__ __forceinline__ void act_group(const u16* __restrict__ x, const int* 
     mask[blockIdx.x] = b;
     if (cnt) cnt[blockIdx.x] = c;
   }
+  TL_MARK(TL_ACT);
 }
 
 // gemv_act: grid F/32 blocks of 256 threads, warp w taking units 4w..4w+3
@@ -566,9 +603,11 @@ __global__ void __launch_bounds__(256)
   const NormIn nin = {resid, delta, resid_out, normw, eps};
   act_group<1, GATED, NORM>(x, nullptr, w, up, h, mask, cnt, 1, d, f, xs, wmask, wcnt, nin, down);
   grid_sync(bar);
+  TL_MARK(TL_SYNCED);
   for (int b = blockIdx.x; b < d / DOWN_COLS; b += gridDim.x) {
     if (b != (int)blockIdx.x) __syncthreads();  // the previous slice's red has been read
     down_group<1>(h, mask, down, y, nullptr, 1, d, f, reinterpret_cast<int*>(xs), red, b);
   }
+  TL_MARK_ALL(TL_END);
   if (blockIdx.x == 0) sum_counts(cnt, gridDim.x, nnz);
 }

@@ -102,7 +102,7 @@ func (l *MLP) smallArgs(ws *sparseWS, x, y *cuda.Buffer, m int) gemvArgs {
 // use, and the workspace grown to hold their h, mask and counts, and
 // gemv_mlp's barrier words (zeroed on s when new).
 func (l *MLP) gemvPrepare(s *cuda.Stream) (*gemvSet, *sparseWS, error) {
-	ks, err := l.k.gemvKernels()
+	ks, err := l.k.gemvKernels(l.GEMVTimeline)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -271,36 +271,57 @@ func gemvExprs() []string {
 // mlpExpr names gemv_mlp's instance, gated or not, normed or not.
 func mlpExpr(gated, norm bool) string { return fmt.Sprintf("gemv_mlp<%v,%v>", gated, norm) }
 
-// gemvKernels compiles gemv.cu once and returns its kernels.
-func (k *kernels) gemvKernels() (*gemvSet, error) {
+// gemvKernels compiles gemv.cu once and returns its kernels; with
+// timeline, its GEMV_TIMELINE build (stamping gemv_timeline, read by
+// MLP.GEMVStamps).
+func (k *kernels) gemvKernels(timeline bool) (*gemvSet, error) {
+	if timeline {
+		k.gemvTLOnce.Do(func() {
+			mod, fs, err := k.compileModule("gemv.cu", gemvSrc, gemvExprs(), cuda.WithOptions("-DGEMV_TIMELINE"))
+			if err == nil {
+				k.gemvStamps, err = mod.Global("gemv_timeline")
+			}
+			if err != nil {
+				k.gemvTLErr = err
+				return
+			}
+			k.gemvTL = newGemvSet(fs)
+		})
+		return &k.gemvTL, k.gemvTLErr
+	}
 	k.gemvOnce.Do(func() {
-		exprs := gemvExprs()
-		fs, err := k.compile("gemv.cu", gemvSrc, exprs)
+		fs, err := k.compile("gemv.cu", gemvSrc, gemvExprs())
 		if err != nil {
 			k.gemvErr = err
 			return
 		}
-		k.gemv = gemvSet{actGated: map[int]*cuda.Function{}, actPlain: map[int]*cuda.Function{}, down: map[int]*cuda.Function{}}
-		for _, mb := range gemvRows {
-			if mb <= gemvFMARows {
-				k.gemv.actGated[mb] = fs[fmt.Sprintf("gemv_act<%d,true,false>", mb)]
-				k.gemv.actPlain[mb] = fs[fmt.Sprintf("gemv_act<%d,false,false>", mb)]
-			}
-			k.gemv.down[mb] = fs[fmt.Sprintf("gemv_down<%d,false>", mb)]
-		}
-		k.gemv.fbActGated = fs[fmt.Sprintf("gemv_act<%d,true,true>", fbGroup)]
-		k.gemv.fbActPlain = fs[fmt.Sprintf("gemv_act<%d,false,true>", fbGroup)]
-		k.gemv.fbDown = fs[fmt.Sprintf("gemv_down<%d,true>", fbGroup)]
-		k.gemv.actMMAGated, k.gemv.actMMAPlain = fs["gemv_act_mma<true>"], fs["gemv_act_mma<false>"]
-		k.gemv.actNormGated, k.gemv.actNormPlain = fs["gemv_act_norm<true>"], fs["gemv_act_norm<false>"]
-		k.gemv.mlp = map[mlpKey]*cuda.Function{}
-		for _, gated := range []bool{true, false} {
-			for _, normed := range []bool{true, false} {
-				k.gemv.mlp[mlpKey{gated, normed}] = fs[mlpExpr(gated, normed)]
-			}
-		}
+		k.gemv = newGemvSet(fs)
 	})
 	return &k.gemv, k.gemvErr
+}
+
+// newGemvSet picks gemv.cu's kernels out of its compiled functions fs.
+func newGemvSet(fs map[string]*cuda.Function) gemvSet {
+	g := gemvSet{actGated: map[int]*cuda.Function{}, actPlain: map[int]*cuda.Function{}, down: map[int]*cuda.Function{}}
+	for _, mb := range gemvRows {
+		if mb <= gemvFMARows {
+			g.actGated[mb] = fs[fmt.Sprintf("gemv_act<%d,true,false>", mb)]
+			g.actPlain[mb] = fs[fmt.Sprintf("gemv_act<%d,false,false>", mb)]
+		}
+		g.down[mb] = fs[fmt.Sprintf("gemv_down<%d,false>", mb)]
+	}
+	g.fbActGated = fs[fmt.Sprintf("gemv_act<%d,true,true>", fbGroup)]
+	g.fbActPlain = fs[fmt.Sprintf("gemv_act<%d,false,true>", fbGroup)]
+	g.fbDown = fs[fmt.Sprintf("gemv_down<%d,true>", fbGroup)]
+	g.actMMAGated, g.actMMAPlain = fs["gemv_act_mma<true>"], fs["gemv_act_mma<false>"]
+	g.actNormGated, g.actNormPlain = fs["gemv_act_norm<true>"], fs["gemv_act_norm<false>"]
+	g.mlp = map[mlpKey]*cuda.Function{}
+	for _, gated := range []bool{true, false} {
+		for _, normed := range []bool{true, false} {
+			g.mlp[mlpKey{gated, normed}] = fs[mlpExpr(gated, normed)]
+		}
+	}
+	return g
 }
 
 // gemvArgs are the operands of gemv_act and gemv_down (gemv.cu): x (m x d
@@ -386,4 +407,48 @@ func (a gemvArgs) launchDown(fn *cuda.Function, s *cuda.Stream) error {
 	return a.launch(fn, cuda.Dim3{uint32(a.d / downCols), 1, 1}, cuda.Dim3{256, 1, 1}, downListBytes(a.f), s,
 		a.h, a.mask, a.down, a.y, optional(a.cnt), optional(a.nnz), int32(a.m), int32(a.d), int32(a.f), int32(a.ncnt),
 		optional(a.list), int32(a.first), int32(a.cap))
+}
+
+// GEMVPoints names the stamps of the GEMV_TIMELINE build, in the order of a
+// block's row of GEMVStamps (TL_ENTRY .. TL_END, gemv.cu): the block
+// starts, its wait for the kernels before returns, x is staged (normed),
+// its first warp's gate sums are done, its h and mask are written, it is
+// past gemv_mlp's grid barrier, its down columns are written.
+var GEMVPoints = []string{"entry", "waited", "staged", "gate", "act", "synced", "end"}
+
+// tlPoints is TL_POINTS (gemv.cu): the stamps a block has room for.
+const tlPoints = 8
+
+// GEMVStamps returns the GPU's global timer stamps (ns) that the last
+// gemv_mlp launch of the GEMV_TIMELINE build left, one row per block of its
+// grid (F/32 blocks), in GEMVPoints' order. Call it once that launch has
+// finished (Forward and the MLP's synchronous calls return after it). It is
+// an error if l does not run that build (GEMVTimeline unset) or no launch
+// left every stamp.
+func (l *MLP) GEMVStamps() ([][]uint64, error) {
+	if !l.GEMVTimeline {
+		return nil, errors.New("gpu: GEMVStamps: the MLP does not run the GEMV_TIMELINE build (Options.GEMVTimeline)")
+	}
+	if _, err := l.k.gemvKernels(true); err != nil {
+		return nil, err
+	}
+	blocks := l.F / 32
+	raw := make([]uint64, blocks*tlPoints)
+	src, err := l.k.gemvStamps.Slice(0, 8*len(raw))
+	if err == nil {
+		err = l.dev.CopyDtoH(cuda.Bytes(raw), src)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("gpu: GEMVStamps: %w", err)
+	}
+	out := make([][]uint64, blocks)
+	for b := range out {
+		out[b] = raw[b*tlPoints : b*tlPoints+len(GEMVPoints)]
+		for p, t := range out[b] {
+			if t == 0 {
+				return nil, fmt.Errorf("gpu: GEMVStamps: block %d has no %q stamp: gemv_mlp has not run in this build", b, GEMVPoints[p])
+			}
+		}
+	}
+	return out, nil
 }

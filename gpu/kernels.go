@@ -38,7 +38,13 @@ type kernels struct {
 	gemvOnce  sync.Once
 	gemv      gemvSet
 	gemvErr   error
-	hotKs     hotSet // hot.cu (hot units)
+	// gemv.cu built with GEMV_TIMELINE (Options.GEMVTimeline), and its
+	// stamps (the module's gemv_timeline).
+	gemvTLOnce sync.Once
+	gemvTL     gemvSet
+	gemvTLErr  error
+	gemvStamps *cuda.Buffer
+	hotKs      hotSet // hot.cu (hot units)
 
 	t2dMu sync.Mutex
 	t2d   map[int]*t2dSet // by chunks per row, ceil(d/256)
@@ -72,20 +78,26 @@ func Headers() []cuda.CompileOption {
 }
 
 func (k *kernels) compile(name string, src []byte, exprs []string, opts ...cuda.CompileOption) (map[string]*cuda.Function, error) {
+	_, fs, err := k.compileModule(name, src, exprs, opts...)
+	return fs, err
+}
+
+// compileModule is compile that also returns the module (for its globals).
+func (k *kernels) compileModule(name string, src []byte, exprs []string, opts ...cuda.CompileOption) (*cuda.Module, map[string]*cuda.Function, error) {
 	opts = append(append(opts, Headers()...), cuda.WithNameExpressions(exprs...))
 	mod, err := k.dev.Compile(name, src, opts...)
 	if err != nil {
-		return nil, fmt.Errorf("gpu: compiling %s: %w", name, err)
+		return nil, nil, fmt.Errorf("gpu: compiling %s: %w", name, err)
 	}
 	fs := map[string]*cuda.Function{}
 	for _, e := range exprs {
 		f, err := mod.Function(e)
 		if err != nil {
-			return nil, fmt.Errorf("gpu: %s: kernel %s: %w", name, e, err)
+			return nil, nil, fmt.Errorf("gpu: %s: kernel %s: %w", name, e, err)
 		}
 		fs[e] = f
 	}
-	return fs, nil
+	return mod, fs, nil
 }
 
 // optional returns b as a kernel argument, or a null pointer for nil.

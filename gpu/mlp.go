@@ -52,6 +52,9 @@ type MLP struct {
 	// barrier (to compare; the split form also runs where gemv_mlp's blocks
 	// do not all fit on the device at once, and for 2 to 8 tokens).
 	SplitGEMV bool
+	// GEMVTimeline runs the GEMV_TIMELINE build of the small-batch kernels
+	// (Options.GEMVTimeline; see GEMVStamps).
+	GEMVTimeline bool
 
 	dev            *cuda.Device
 	k              *kernels

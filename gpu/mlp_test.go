@@ -728,3 +728,50 @@ func TestFusedGEMVConcurrentStreams(t *testing.T) {
 		}
 	}
 }
+
+// TestGEMVTimelineBuild runs the one-token sparse MLP in the measuring
+// build (GEMV_TIMELINE): gemv_mlp must give the bits of the normal build,
+// and leave every block's stamps in GEMVPoints' order, nondecreasing,
+// within the launch; the normal build has none to read.
+func TestGEMVTimelineBuild(t *testing.T) {
+	dev, blas := setup(t)
+	r, seed := testutil.Rand(t)
+	const d, f = 2048, 5632
+	sl := newLayer(t, r, d, f, 0.005, synth.Skewed, true)
+	l := newMLP(t, dev, blas, sl, twell.DefaultLayout, seed)
+	if _, err := l.GEMVStamps(); err == nil {
+		t.Fatalf("seed %d: GEMVStamps on the normal build gave no error", seed)
+	}
+	for round := range 3 {
+		x := synth.Tokens(r, 1, d)
+		l.GEMVTimeline = false
+		want := runPath(t, dev, l, "sparse", x, 1)
+		l.GEMVTimeline = true
+		got := runPath(t, dev, l, "sparse", x, 1)
+		for j := range got {
+			if math.Float32bits(got[j]) != math.Float32bits(want[j]) {
+				t.Fatalf("seed %d: round %d: output %d is %v in the timeline build, %v in the normal one", seed, round, j, got[j], want[j])
+			}
+		}
+		stamps, err := l.GEMVStamps()
+		if err != nil {
+			t.Fatalf("seed %d: round %d: %v", seed, round, err)
+		}
+		if len(stamps) != f/32 {
+			t.Fatalf("seed %d: %d blocks stamped, want %d", seed, len(stamps), f/32)
+		}
+		first, last := stamps[0][0], stamps[0][0]
+		for b, s := range stamps {
+			for p := 1; p < len(s); p++ {
+				if s[p] < s[p-1] {
+					t.Fatalf("seed %d: round %d: block %d stamped %q at %d, before %q at %d",
+						seed, round, b, GEMVPoints[p], s[p], GEMVPoints[p-1], s[p-1])
+				}
+			}
+			first, last = min(first, s[0]), max(last, s[len(s)-1])
+		}
+		if span := last - first; span > 1e9 {
+			t.Fatalf("seed %d: round %d: the stamps span %d ns, not one launch", seed, round, span)
+		}
+	}
+}

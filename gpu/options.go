@@ -19,6 +19,10 @@ type Options struct {
 	// SplitGEMV runs the small-batch MLP of one token as two kernels
 	// rather than gemv_mlp's one: EnvGEMVFuse = "0".
 	SplitGEMV bool
+	// GEMVTimeline runs the small-batch kernels of the GEMV_TIMELINE build,
+	// which stamp where gemv_mlp's time goes (MLP.GEMVStamps):
+	// EnvGEMVTimeline = "1". A measuring build, not for production.
+	GEMVTimeline bool
 	// NoHotUnits tells the callers that build MLPs not to calibrate them
 	// (MLP.Calibrate), so that no units are computed densely: EnvHotUnits =
 	// "0". Apply does not read it.
@@ -43,17 +47,21 @@ const EnvEarlyStart = "TWELL_EARLY_START"
 // Options.SplitGEMV (gemv_act and gemv_down as two kernels for one token).
 const EnvGEMVFuse = "TWELL_GEMV_FUSE"
 
+// EnvGEMVTimeline names the environment variable that, set to "1", sets
+// Options.GEMVTimeline.
+const EnvGEMVTimeline = "TWELL_GEMV_TIMELINE"
+
 // EnvHotUnits names the environment variable that, set to "0", sets
 // Options.NoHotUnits: no hot units calibrated and computed densely
 // (hot.go).
 const EnvHotUnits = "TWELL_HOT_UNITS"
 
 // Switches are the names of the environment variables that set Options.
-var Switches = []string{EnvD2TKernel, EnvTail, EnvEarlyStart, EnvHotUnits, EnvGEMVFuse}
+var Switches = []string{EnvD2TKernel, EnvTail, EnvEarlyStart, EnvHotUnits, EnvGEMVFuse, EnvGEMVTimeline}
 
 // OptionsFromEnv returns the Options that EnvD2TKernel, EnvTail,
-// EnvEarlyStart, EnvHotUnits and EnvGEMVFuse set, or an error naming a value it
-// does not know.
+// EnvEarlyStart, EnvHotUnits, EnvGEMVFuse and EnvGEMVTimeline set, or an
+// error naming a value it does not know.
 func OptionsFromEnv() (Options, error) { return OptionsFrom(os.Getenv) }
 
 // OptionsFrom is OptionsFromEnv with the variables' values looked up by
@@ -76,6 +84,9 @@ func OptionsFrom(getenv func(string) string) (Options, error) {
 		return o, err
 	}
 	o.SplitGEMV = !fuse
+	if o.GEMVTimeline, err = envBool(getenv, EnvGEMVTimeline, false); err != nil {
+		return o, err
+	}
 	o.Kernel, err = envChoice(getenv, EnvD2TKernel, "auto, wgmma or mma", map[string]Kernel{"wgmma": KernelWGMMA, "mma": KernelMMA})
 	if err != nil {
 		return o, err
@@ -113,7 +124,7 @@ func envChoice[T any](getenv func(string) string, name, want string, choices map
 
 // Apply sets l's kernel choices to o.
 func (l *MLP) Apply(o Options) {
-	l.Kernel, l.Tail, l.Serial, l.SplitGEMV = o.Kernel, o.Tail, o.Serial, o.SplitGEMV
+	l.Kernel, l.Tail, l.Serial, l.SplitGEMV, l.GEMVTimeline = o.Kernel, o.Tail, o.Serial, o.SplitGEMV, o.GEMVTimeline
 }
 
 // EarlyStart reports whether kernels that wait with grid_wait (common.cuh)

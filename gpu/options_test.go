@@ -27,5 +27,8 @@ func TestOptionsFromEnv(t *testing.T) {
 		{Env: map[string]string{EnvGEMVFuse: "1"}, Want: Options{}},
 		{Env: map[string]string{EnvGEMVFuse: "0"}, Want: Options{SplitGEMV: true}},
 		{Env: map[string]string{EnvGEMVFuse: "yes"}, Bad: EnvGEMVFuse},
+		{Env: map[string]string{EnvGEMVTimeline: "0"}, Want: Options{}},
+		{Env: map[string]string{EnvGEMVTimeline: "1"}, Want: Options{GEMVTimeline: true}},
+		{Env: map[string]string{EnvGEMVTimeline: "on"}, Bad: EnvGEMVTimeline},
 	})
 }

@@ -459,7 +459,7 @@ func (e *Engine) Close() error {
 	return errors.Join(errs...)
 }
 
-// firstMLP returns the TwELL MLP of the first layer that has one, or nil.
+// firstDense returns the dense MLP of the first layer that has one, or nil.
 func (e *Engine) firstDense() *gpu.DenseMLP {
 	for _, l := range e.layers {
 		if l.dense != nil {
@@ -477,4 +477,23 @@ func (e *Engine) firstMLP() *gpu.MLP {
 		}
 	}
 	return nil
+}
+
+// GEMVTimeline reports whether the TwELL layers run the measuring build of
+// the small-batch kernels that GEMVStamps reads.
+func (e *Engine) GEMVTimeline() bool {
+	l := e.firstMLP()
+	return l != nil && l.GEMVTimeline
+}
+
+// GEMVStamps returns the timer stamps that the last one-token sparse MLP
+// kernel (gemv_mlp) left when the TwELL layers run the GEMV_TIMELINE build
+// (Options.MLP.GEMVTimeline; see gpu.MLP.GEMVStamps): after a decode step
+// of one sequence, the last sparse layer's. Call it after Forward.
+func (e *Engine) GEMVStamps() ([][]uint64, error) {
+	l := e.firstMLP()
+	if l == nil {
+		return nil, errors.New("llm: GEMVStamps: the engine has no TwELL layers")
+	}
+	return l.GEMVStamps()
 }
