@@ -10,7 +10,8 @@ import (
 
 // TestGEMVTimelineOf checks the timeline summary against a direct
 // computation on random stamps: per launch the median and the last block's
-// time after the earliest first stamp, then their medians over launches.
+// time after the earliest first stamp, then their medians over launches;
+// and a launch's blocks (gemvBlocks) against the same offsets.
 func TestGEMVTimelineOf(t *testing.T) {
 	if GEMVTimelineOf(nil, []string{"a"}) != nil {
 		t.Fatal("no launches: want nil")
@@ -28,6 +29,25 @@ func TestGEMVTimelineOf(t *testing.T) {
 				for range points {
 					steps[i][b] = append(steps[i][b], t)
 					t += r.Uint64N(20000)
+				}
+			}
+		}
+		sms := make([]int, blocks)
+		for i := range sms {
+			sms[i] = r.IntN(132)
+		}
+		bl := gemvBlocks(steps[0], sms)
+		t0 := steps[0][0][0]
+		for _, b := range steps[0] {
+			t0 = min(t0, b[0])
+		}
+		for i, b := range bl {
+			if b.SM != sms[i] || len(b.US) != len(points) {
+				t.Fatalf("seed %d: trial %d: block %d: %+v", seed, trial, i, b)
+			}
+			for p, us := range b.US {
+				if want := float64(steps[0][i][p]-t0) / 1000; math.Abs(us-want) > 1e-9 || us < 0 {
+					t.Fatalf("seed %d: trial %d: block %d point %d: %v us, want %v", seed, trial, i, p, us, want)
 				}
 			}
 		}

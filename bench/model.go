@@ -239,6 +239,34 @@ type DecodePoint struct {
 	// graph-replayed steps, when its measuring build ran (GPU, batch 1,
 	// TWELL_GEMV_TIMELINE=1; see GEMVTimelineOf).
 	GEMVTimeline []GEMVPhase `json:"gemv_timeline,omitempty"`
+	// GEMVBlocks are the blocks of the last of those launches.
+	GEMVBlocks []GEMVBlock `json:"gemv_blocks,omitempty"`
+}
+
+// GEMVBlock is one block of a launch of the one-token sparse MLP kernel:
+// the SM it ran on and its stamps (gpu.GEMVPoints), in microseconds after
+// the launch's first block started.
+type GEMVBlock struct {
+	SM int       `json:"sm"`
+	US []float64 `json:"us"`
+}
+
+// gemvBlocks returns the blocks of one launch (stamps[block][point], ns;
+// the SM of each block).
+func gemvBlocks(stamps [][]uint64, sms []int) []GEMVBlock {
+	t0 := uint64(math.MaxUint64)
+	for _, b := range stamps {
+		t0 = min(t0, b[0])
+	}
+	out := make([]GEMVBlock, len(stamps))
+	for i, b := range stamps {
+		us := make([]float64, len(b))
+		for p, t := range b {
+			us[p] = float64(int64(t-t0)) / 1000
+		}
+		out[i] = GEMVBlock{SM: sms[i], US: us}
+	}
+	return out
 }
 
 // GEMVPhase is one point of the one-token sparse MLP kernel's timeline

@@ -370,28 +370,29 @@ func ParseModelVariants(s string) ([]map[string]string, error) {
 // gemvTimeline runs steps more one-token decode steps from ctx cached
 // tokens on e, whose TwELL layers run the measuring build of the
 // small-batch kernels, and sums up the stamps the last layer's gemv_mlp
-// left in each (GEMVTimelineOf).
-func gemvTimeline(e *llm.Engine, caches []engine.Cache, toks [][]int, ctx, steps int, r *rand.Rand) ([]GEMVPhase, error) {
+// left in each (GEMVTimelineOf); it also returns the last step's blocks.
+func gemvTimeline(e *llm.Engine, caches []engine.Cache, toks [][]int, ctx, steps int, r *rand.Rand) ([]GEMVPhase, []GEMVBlock, error) {
 	for _, c := range caches {
 		if err := c.Truncate(ctx); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 	}
 	var stamps [][][]uint64
+	var sms []int
 	for range steps {
 		for i := range toks {
 			toks[i] = []int{r.IntN(e.Config().VocabSize)}
 		}
 		if _, _, err := e.Forward(caches, toks, false); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
-		s, err := e.GEMVStamps()
+		s, sm, err := e.GEMVStamps()
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
-		stamps = append(stamps, s)
+		stamps, sms = append(stamps, s), sm
 	}
-	return GEMVTimelineOf(stamps, gpu.GEMVPoints), nil
+	return GEMVTimelineOf(stamps, gpu.GEMVPoints), gemvBlocks(stamps[len(stamps)-1], sms), nil
 }
 
 // decodeSpeedCUDA times o.DecodeSteps single-token decode steps for batch
@@ -462,7 +463,7 @@ func decodeSpeedCUDA(e *llm.Engine, r *rand.Rand, batch int, o ModelOptions, pat
 		SparseLayers: sparse}
 	if batch == 1 && e.GEMVTimeline() {
 		var err error
-		if pt.GEMVTimeline, err = gemvTimeline(e, caches, toks, ctx, steps, r); err != nil {
+		if pt.GEMVTimeline, pt.GEMVBlocks, err = gemvTimeline(e, caches, toks, ctx, steps, r); err != nil {
 			return DecodePoint{}, TraceSection{}, err
 		}
 	}

@@ -241,29 +241,29 @@ __device__ __forceinline__ void grid_enter(bool release_first) {
 
 // grid_sync: every block of the grid meets here, and what any block wrote
 // before it is visible to every block after it (read it through the L2).
-// A sense-reversing barrier on bar[0] (arrivals) and bar[1] (generation),
-// two u32s that start at zero: the last block to arrive resets the count
-// and bumps the generation, the others spin until it changes, so the same
-// words serve every later barrier and launch (and graph replay) with no
-// reset. Every block of the grid must be resident at once, or it hangs:
-// launch it cooperatively (cuda.LaunchConfig.Cooperative), at most as many
-// blocks as fit.
-__device__ __forceinline__ void grid_sync(u32* bar) {
+// Every block adds its arrival to a 64-bit counter that only grows (cnt,
+// zero at first) and waits until it reaches the next multiple of the
+// grid's size: the last arrival is itself the release, and the last block,
+// seeing the target reached in what its add returns, does not poll. The
+// same counter serves every later launch of the same grid size (and graph
+// replay) with no reset. Every block of the grid must be resident at once,
+// or it hangs: launch it cooperatively (cuda.LaunchConfig.Cooperative), at
+// most as many blocks as fit. (A sense-reversing barrier, a count the last
+// block reset and a generation word it bumped, took one more L2 round trip
+// after the last arrival: gemv_mlp's blocks left it 1.9 us after the last
+// one reached it, against 1.2 us here; docs/gpu-llm.md.)
+__device__ __forceinline__ void grid_sync(u64* cnt) {
   __syncthreads();
   if (threadIdx.x == 0) {
-    const u32 n = gridDim.x * gridDim.y * gridDim.z;
-    u32 gen, prev;
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(gen) : "l"(bar + 1) : "memory");
+    const u64 n = gridDim.x * gridDim.y * gridDim.z;
+    u64 prev, now;
     __threadfence();
-    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(prev) : "l"(bar) : "memory");
-    if (prev == n - 1) {
-      asm volatile("st.relaxed.gpu.global.u32 [%0], 0;" ::"l"(bar) : "memory");
-      asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(bar + 1), "r"(gen + 1) : "memory");
-    } else {
-      u32 g;
+    asm volatile("atom.acq_rel.gpu.global.add.u64 %0, [%1], 1;" : "=l"(prev) : "l"(cnt) : "memory");
+    const u64 target = (prev / n + 1) * n;
+    if (prev + 1 != target) {
       do {
-        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(g) : "l"(bar + 1) : "memory");
-      } while (g == gen);
+        asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(now) : "l"(cnt) : "memory");
+      } while (now < target);
     }
   }
   __syncthreads();

@@ -62,6 +62,7 @@
 #define TL_ACT 4     // the block's h and mask are written
 #define TL_SYNCED 5  // past gemv_mlp's grid barrier
 #define TL_END 6     // the block's down columns are written
+#define TL_SM 7      // not a time: the SM the block ran on
 #ifdef GEMV_TIMELINE
 __device__ unsigned long long gemv_timeline[TL_BLOCKS * TL_POINTS];
 __device__ __forceinline__ void tl_mark(int point) {
@@ -69,6 +70,11 @@ __device__ __forceinline__ void tl_mark(int point) {
     unsigned long long t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     gemv_timeline[blockIdx.x * TL_POINTS + point] = t;
+    if (point == TL_ENTRY) {
+      unsigned sm;
+      asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+      gemv_timeline[blockIdx.x * TL_POINTS + TL_SM] = sm;
+    }
   }
 }
 #define TL_MARK(point) tl_mark(point)
@@ -589,14 +595,14 @@ __global__ void __launch_bounds__(256)
 // b computes the down columns of slices b, b + grid, ... . The same sums in
 // the same order as the two kernels: the same bits. Dynamic shared memory
 // the larger of the act phase's d 2 bytes and the down phase's lists; bar
-// is grid_sync's two words. y may be delta (written after the barrier,
+// is grid_sync's counter. y may be delta (written after the barrier,
 // when every block has read it). (For 2 to 4 tokens the two kernels are
 // faster: see docs/gpu-twell.md.)
 template <bool GATED, bool NORM>
 __global__ void __launch_bounds__(256)
     gemv_mlp(const u16* x, const float* resid, const u16* delta, float* resid_out, const float* normw, float eps,
              const u16* __restrict__ w, const u16* __restrict__ up, const u16* __restrict__ down, float* h, u32* mask,
-             u32* cnt, u16* y, u64* nnz, u32* bar, int d, int f) {
+             u32* cnt, u16* y, u64* nnz, u64* bar, int d, int f) {
   extern __shared__ __align__(16) u16 xs[];
   __shared__ u32 wmask[8], wcnt[8];
   __shared__ float red[8][1][DOWN_COLS];

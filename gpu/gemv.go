@@ -100,7 +100,7 @@ func (l *MLP) smallArgs(ws *sparseWS, x, y *cuda.Buffer, m int) gemvArgs {
 
 // gemvPrepare returns the small-batch kernels, compiling them on first
 // use, and the workspace grown to hold their h, mask and counts, and
-// gemv_mlp's barrier words (zeroed on s when new).
+// gemv_mlp's barrier counter (zeroed on s when new).
 func (l *MLP) gemvPrepare(s *cuda.Stream) (*gemvSet, *sparseWS, error) {
 	ks, err := l.k.gemvKernels(l.GEMVTimeline)
 	if err != nil {
@@ -116,7 +116,7 @@ func (l *MLP) gemvPrepare(s *cuda.Stream) (*gemvSet, *sparseWS, error) {
 			return nil, nil, err
 		}
 	}
-	if ws.gbar == nil { // grid_sync's words start at zero, and stay valid
+	if ws.gbar == nil { // grid_sync's counter starts at zero, and stays valid
 		if ws.gbar, err = l.realloc(nil, 8); err != nil {
 			return nil, nil, err
 		}
@@ -416,21 +416,22 @@ func (a gemvArgs) launchDown(fn *cuda.Function, s *cuda.Stream) error {
 // past gemv_mlp's grid barrier, its down columns are written.
 var GEMVPoints = []string{"entry", "waited", "staged", "gate", "act", "synced", "end"}
 
-// tlPoints is TL_POINTS (gemv.cu): the stamps a block has room for.
+// tlPoints is TL_POINTS (gemv.cu): a block's words, the stamps and last
+// its SM.
 const tlPoints = 8
 
 // GEMVStamps returns the GPU's global timer stamps (ns) that the last
 // gemv_mlp launch of the GEMV_TIMELINE build left, one row per block of its
-// grid (F/32 blocks), in GEMVPoints' order. Call it once that launch has
-// finished (Forward and the MLP's synchronous calls return after it). It is
-// an error if l does not run that build (GEMVTimeline unset) or no launch
-// left every stamp.
-func (l *MLP) GEMVStamps() ([][]uint64, error) {
+// grid (F/32 blocks), in GEMVPoints' order, and the SM each block ran on.
+// Call it once that launch has finished (Forward and the MLP's synchronous
+// calls return after it). It is an error if l does not run that build
+// (GEMVTimeline unset) or no launch left every stamp.
+func (l *MLP) GEMVStamps() (stamps [][]uint64, sms []int, err error) {
 	if !l.GEMVTimeline {
-		return nil, errors.New("gpu: GEMVStamps: the MLP does not run the GEMV_TIMELINE build (Options.GEMVTimeline)")
+		return nil, nil, errors.New("gpu: GEMVStamps: the MLP does not run the GEMV_TIMELINE build (Options.GEMVTimeline)")
 	}
 	if _, err := l.k.gemvKernels(true); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	blocks := l.F / 32
 	raw := make([]uint64, blocks*tlPoints)
@@ -439,16 +440,17 @@ func (l *MLP) GEMVStamps() ([][]uint64, error) {
 		err = l.dev.CopyDtoH(cuda.Bytes(raw), src)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("gpu: GEMVStamps: %w", err)
+		return nil, nil, fmt.Errorf("gpu: GEMVStamps: %w", err)
 	}
-	out := make([][]uint64, blocks)
-	for b := range out {
-		out[b] = raw[b*tlPoints : b*tlPoints+len(GEMVPoints)]
-		for p, t := range out[b] {
+	stamps, sms = make([][]uint64, blocks), make([]int, blocks)
+	for b := range stamps {
+		row := raw[b*tlPoints : (b+1)*tlPoints]
+		stamps[b], sms[b] = row[:len(GEMVPoints)], int(row[tlPoints-1])
+		for p, t := range stamps[b] {
 			if t == 0 {
-				return nil, fmt.Errorf("gpu: GEMVStamps: block %d has no %q stamp: gemv_mlp has not run in this build", b, GEMVPoints[p])
+				return nil, nil, fmt.Errorf("gpu: GEMVStamps: block %d has no %q stamp: gemv_mlp has not run in this build", b, GEMVPoints[p])
 			}
 		}
 	}
-	return out, nil
+	return stamps, sms, nil
 }

@@ -625,7 +625,7 @@ func checkStressBatch(t *testing.T, dev *cuda.Device, l *MLP, sl *synth.Layer, r
 // TestFusedGEMVMatchesSplit checks gemv_mlp (act and down of one token in
 // one kernel, meeting at a grid barrier) against gemv_act and gemv_down run
 // apart, bit for bit, with the same active-unit count, gated and not, over
-// repeated calls (the barrier's words are reused by every call) on fresh
+// repeated calls (the barrier's counter is reused by every call) on fresh
 // tokens. The last shape has more blocks than fit at once on current GPUs,
 // so it checks the fallback to the two kernels too.
 func TestFusedGEMVMatchesSplit(t *testing.T) {
@@ -739,7 +739,7 @@ func TestGEMVTimelineBuild(t *testing.T) {
 	const d, f = 2048, 5632
 	sl := newLayer(t, r, d, f, 0.005, synth.Skewed, true)
 	l := newMLP(t, dev, blas, sl, twell.DefaultLayout, seed)
-	if _, err := l.GEMVStamps(); err == nil {
+	if _, _, err := l.GEMVStamps(); err == nil {
 		t.Fatalf("seed %d: GEMVStamps on the normal build gave no error", seed)
 	}
 	for round := range 3 {
@@ -753,9 +753,14 @@ func TestGEMVTimelineBuild(t *testing.T) {
 				t.Fatalf("seed %d: round %d: output %d is %v in the timeline build, %v in the normal one", seed, round, j, got[j], want[j])
 			}
 		}
-		stamps, err := l.GEMVStamps()
+		stamps, sms, err := l.GEMVStamps()
 		if err != nil {
 			t.Fatalf("seed %d: round %d: %v", seed, round, err)
+		}
+		for b, sm := range sms {
+			if sm < 0 || sm >= dev.Properties().SMs {
+				t.Fatalf("seed %d: round %d: block %d ran on SM %d of %d", seed, round, b, sm, dev.Properties().SMs)
+			}
 		}
 		if len(stamps) != f/32 {
 			t.Fatalf("seed %d: %d blocks stamped, want %d", seed, len(stamps), f/32)

@@ -25,7 +25,8 @@ type sparseWS struct {
 	order, lenBins *cuda.Buffer
 	// small-batch path (gemv.cu): h, gemvMaxRows x F fp32; the activity
 	// mask and the per-block counts, F/32 words each; gemv_mlp's grid
-	// barrier, two words
+	// barrier, a 64-bit counter (its grid is F/32 blocks for every MLP
+	// sharing the workspace, as grid_sync needs)
 	gh, gmask, gcnt, gbar *cuda.Buffer
 	// activity masks of the flagged rows' groups (flaggedRows)
 	fbMask *cuda.Buffer

@@ -488,12 +488,13 @@ func (e *Engine) GEMVTimeline() bool {
 
 // GEMVStamps returns the timer stamps that the last one-token sparse MLP
 // kernel (gemv_mlp) left when the TwELL layers run the GEMV_TIMELINE build
-// (Options.MLP.GEMVTimeline; see gpu.MLP.GEMVStamps): after a decode step
-// of one sequence, the last sparse layer's. Call it after Forward.
-func (e *Engine) GEMVStamps() ([][]uint64, error) {
+// (Options.MLP.GEMVTimeline; see gpu.MLP.GEMVStamps), and the SM of each
+// block: after a decode step of one sequence, the last sparse layer's. Call
+// it after Forward.
+func (e *Engine) GEMVStamps() (stamps [][]uint64, sms []int, err error) {
 	l := e.firstMLP()
 	if l == nil {
-		return nil, errors.New("llm: GEMVStamps: the engine has no TwELL layers")
+		return nil, nil, errors.New("llm: GEMVStamps: the engine has no TwELL layers")
 	}
 	return l.GEMVStamps()
 }
