@@ -383,7 +383,7 @@ func (a gemvArgs) mlpShared() int {
 func downListBytes(f int) int { return 8 * ((f/32 + 7) / 8) * 32 * 4 }
 
 // launchMLP launches gemv_mlp (act and down of one token in one kernel,
-// F/32 blocks that meet at a grid barrier on bar's two words), normed when
+// F/32 blocks that meet at a grid barrier on bar's counter), normed when
 // in holds the residual stream (a.x unused), else on a.x. The launch is
 // cooperative, which guarantees that all of its blocks are resident at
 // once, also beside other streams' kernels (TestFusedGEMVConcurrentStreams
