@@ -254,17 +254,27 @@ type GEMVBlock struct {
 // gemvBlocks returns the blocks of one launch (stamps[block][point], ns;
 // the SM of each block).
 func gemvBlocks(stamps [][]uint64, sms []int) []GEMVBlock {
+	us := launchUS(stamps)
+	out := make([]GEMVBlock, len(us))
+	for i, b := range us {
+		out[i] = GEMVBlock{SM: sms[i], US: b}
+	}
+	return out
+}
+
+// launchUS returns one launch's stamps (stamps[block][point], ns) in
+// microseconds after its earliest block's first stamp.
+func launchUS(stamps [][]uint64) [][]float64 {
 	t0 := uint64(math.MaxUint64)
 	for _, b := range stamps {
 		t0 = min(t0, b[0])
 	}
-	out := make([]GEMVBlock, len(stamps))
+	out := make([][]float64, len(stamps))
 	for i, b := range stamps {
-		us := make([]float64, len(b))
+		out[i] = make([]float64, len(b))
 		for p, t := range b {
-			us[p] = float64(int64(t-t0)) / 1000
+			out[i][p] = float64(int64(t-t0)) / 1000
 		}
-		out[i] = GEMVBlock{SM: sms[i], US: us}
 	}
 	return out
 }
@@ -299,15 +309,12 @@ func GEMVTimelineOf(steps [][][]uint64, points []string) []GEMVPhase {
 	}
 	med := make([][]float64, len(points))
 	last := make([][]float64, len(points))
-	for _, blocks := range steps {
-		t0 := uint64(math.MaxUint64)
-		for _, b := range blocks {
-			t0 = min(t0, b[0])
-		}
+	for _, launch := range steps {
+		us := launchUS(launch)
 		for p := range points {
-			at := make([]float64, len(blocks))
-			for i, b := range blocks {
-				at[i] = float64(int64(b[p]-t0)) / 1000
+			at := make([]float64, len(us))
+			for i, b := range us {
+				at[i] = b[p]
 			}
 			med[p] = append(med[p], Median(at))
 			last[p] = append(last[p], slices.Max(at))
