@@ -66,30 +66,18 @@ __device__ __forceinline__ float block_sum(float v) {
 // these, so their normed values are the same bit for bit.
 #define RMS_MAXV 4
 
-// rms_index is the float4 that thread threadIdx.x holds in v[k] when the
-// row is spread over the block's first NT threads (0: all of them), or n4
-// (past the row) for threads beyond them: a kernel of more threads than
-// add_rmsnorm's 256 takes NT = 256 to norm a row with the same sums in the
-// same order (the other warps add zeros to block_sum).
-template <int NT>
-__device__ __forceinline__ int rms_index(int k, int n4) {
-  if (NT == 0) return threadIdx.x + k * blockDim.x;
-  return (int)threadIdx.x < NT ? (int)threadIdx.x + k * NT : n4;
-}
-
 // rms_fits reports whether a row of d values takes the register-resident
 // form with blockDim.x threads.
 __device__ __forceinline__ bool rms_fits(int d) { return d % 4 == 0 && d / 4 <= RMS_MAXV * (int)blockDim.x; }
 
 // rms_load sets v = x + delta, where delta is the bf16 row delta (may be
 // null), both read through the L2 (what the kernels before wrote).
-template <int NT = 0>
 __device__ __forceinline__ void rms_load(float4 (&v)[RMS_MAXV], const float* __restrict__ x,
                                          const u16* __restrict__ delta, int d) {
   const int n4 = d / 4;
 #pragma unroll
   for (int k = 0; k < RMS_MAXV; ++k) {
-    const int i = rms_index<NT>(k, n4);
+    const int i = threadIdx.x + k * blockDim.x;
     if (i >= n4) continue;
     v[k] = __ldcg((const float4*)x + i);
     if (delta) {
@@ -104,13 +92,12 @@ __device__ __forceinline__ void rms_load(float4 (&v)[RMS_MAXV], const float* __r
 
 // rms_inv returns 1 / sqrt(mean(v^2) + eps) over the block's row (every
 // thread of the block calls it).
-template <int NT = 0>
 __device__ __forceinline__ float rms_inv(const float4 (&v)[RMS_MAXV], int d, float eps) {
   const int n4 = d / 4;
   float ss = 0.f;
 #pragma unroll
   for (int k = 0; k < RMS_MAXV; ++k) {
-    const int i = rms_index<NT>(k, n4);
+    const int i = threadIdx.x + k * blockDim.x;
     if (i >= n4) continue;
     ss += v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
   }
@@ -129,19 +116,18 @@ __device__ __forceinline__ uint2 rms_pack(float4 v, float inv, float4 w) {
 // delta (bf16, may be null: see rms_load), xs = bf16(v / rms(v) w), as
 // add_rmsnorm does; block 0 also writes v to resid_out (the residual add:
 // another buffer than resid, which the other blocks are still reading). wv
-// holds w's float4s, loaded by the caller (weights: before grid_wait), for
-// the same NT (see rms_index). It ends with a barrier.
-template <int NT = 0>
+// holds w's float4s, loaded by the caller (weights: before grid_wait). It
+// ends with a barrier.
 __device__ __forceinline__ void stage_norm_x(u16* xs, const float* __restrict__ resid, const u16* __restrict__ delta,
                                              float* __restrict__ resid_out, const float4 (&wv)[RMS_MAXV], int d,
                                              float eps) {
   float4 v[RMS_MAXV];
-  rms_load<NT>(v, resid, delta, d);
-  const float inv = rms_inv<NT>(v, d, eps);
+  rms_load(v, resid, delta, d);
+  const float inv = rms_inv(v, d, eps);
   const int n4 = d / 4;
 #pragma unroll
   for (int k = 0; k < RMS_MAXV; ++k) {
-    const int i = rms_index<NT>(k, n4);
+    const int i = threadIdx.x + k * blockDim.x;
     if (i >= n4) continue;
     ((uint2*)xs)[i] = rms_pack(v[k], inv, wv[k]);
     if (blockIdx.x == 0) ((float4*)resid_out)[i] = v[k];
@@ -150,11 +136,10 @@ __device__ __forceinline__ void stage_norm_x(u16* xs, const float* __restrict__ 
 }
 
 // rms_weights loads the float4s of norm weights w that stage_norm_x takes.
-template <int NT = 0>
 __device__ __forceinline__ void rms_weights(float4 (&wv)[RMS_MAXV], const float* __restrict__ w, int d) {
 #pragma unroll
   for (int k = 0; k < RMS_MAXV; ++k) {
-    const int i = rms_index<NT>(k, d / 4);
+    const int i = threadIdx.x + k * blockDim.x;
     wv[k] = i < d / 4 ? ((const float4*)w)[i] : make_float4(0.f, 0.f, 0.f, 0.f);
   }
 }
@@ -302,31 +287,17 @@ __device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
       : "memory");
 }
 
-// quad_word packs the low 4 bits of each byte of x into a word, byte i's
-// at bits 4 i .. 4 i + 3.
-__device__ __forceinline__ u32 quad_word(u64 x) {
-  x &= 0x0F0F0F0F0F0F0F0Full;
-  x = (x | (x >> 4)) & 0x00FF00FF00FF00FFull;
-  x = (x | (x >> 8)) & 0x0000FFFF0000FFFFull;
-  return (u32)(x | (x >> 16));
-}
-
 // list_units (one warp) writes the units whose bits are set in activity
 // words w0, w0 + step, w0 + 2 step, ... below w1 of mask (bit b of word w:
 // unit 32 w + b), ascending, into list, and returns how many in every
 // lane; the words are read through the L2 (an earlier kernel wrote them).
-// With QUAD the mask holds a byte per 4 units (bits 0..3 of byte i: units
-// 4 i .. 4 i + 3), and word w is its bytes 8 w .. 8 w + 7.
-template <bool QUAD = false>
 __device__ __forceinline__ int list_units(const u32* __restrict__ mask, int w0, int w1, int step, int* list) {
   const int lane = threadIdx.x & 31;
   const int n = w0 < w1 ? (w1 - w0 + step - 1) / step : 0;
   int len = 0;
   for (int i0 = 0; i0 < n; i0 += 32) {
     const int w = w0 + (i0 + lane) * step;
-    u32 mine = 0u;
-    if (i0 + lane < n)
-      mine = QUAD ? quad_word(__ldcg(reinterpret_cast<const unsigned long long*>(mask) + w)) : __ldcg(mask + w);
+    u32 mine = i0 + lane < n ? __ldcg(mask + w) : 0u;
     int c = __popc(mine), incl = c;
 #pragma unroll
     for (int o = 1; o < 32; o <<= 1) {

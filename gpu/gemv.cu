@@ -129,32 +129,23 @@ __device__ __forceinline__ void gate_rows_issue(const u16* (&rows)[4], uint4 (&w
 // token that nin norms. The group's h is at h and its mask at mask. With
 // down set, the down rows of the units active in some token are requested
 // into the L2 as they are found (for gemv_mlp's down phase).
-//
-// With QUAD (gemv_mlp's balanced grid: any number of warps a block, up to
-// 16) warp w of block b takes units 4 (b warps + w) .. +3, and each warp
-// writes its 4 units' activity bits as the low bits of byte (b warps + w)
-// of mask (list_units<true> reads 8 bytes as one word of 32 units); else
-// blocks have 8 warps and thread 0 writes the block's 32 bits as word b.
-template <int MB, bool GATED, bool NORM, bool QUAD = false>
+template <int MB, bool GATED, bool NORM>
 __device__ __forceinline__ void act_group(const u16* __restrict__ x, const int* __restrict__ rows_of_x,
                                           const u16* __restrict__ w, const u16* __restrict__ up, float* __restrict__ h,
                                           u32* __restrict__ mask, u32* __restrict__ cnt, int mg, int d, int f, u16* xs,
                                           u32* wmask, u32* wcnt, NormIn nin, const u16* __restrict__ down = nullptr) {
   int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int warps = blockDim.x >> 5;
-  int j0 = (blockIdx.x * warps + warp) * 4;
+  int j0 = blockIdx.x * 32 + warp * 4;
   const u16* rows[4];
   uint4 wv[4][4];
   TL_MARK(TL_ENTRY);
   gate_rows_issue(rows, wv, w, j0, d, lane);
   float4 nw[RMS_MAXV];
-  // The balanced grid's blocks norm on 256 threads, as add_rmsnorm does.
-  constexpr int NT = QUAD ? 256 : 0;
-  if (NORM) rms_weights<NT>(nw, nin.w, d);
+  if (NORM) rms_weights(nw, nin.w, d);
   grid_enter(MB == 1);
   TL_MARK(TL_WAITED);
   if (NORM)
-    stage_norm_x<NT>(xs, nin.resid, nin.delta, nin.resid_out, nw, d, nin.eps);
+    stage_norm_x(xs, nin.resid, nin.delta, nin.resid_out, nw, d, nin.eps);
   else if (rows_of_x)
     stage_rows(xs, x, rows_of_x, mg, d);
   else
@@ -195,24 +186,21 @@ __device__ __forceinline__ void act_group(const u16* __restrict__ x, const int* 
         n += on[t];
       }
     }
-    bits |= (u32)any << k;
+    bits |= (u32)any << (warp * 4 + k);
   }
   if (lane == 0) {
-    if (QUAD)
-      reinterpret_cast<unsigned char*>(mask)[j0 / 4] = (unsigned char)bits;
-    else
-      wmask[warp] = bits << (warp * 4);
+    wmask[warp] = bits;
     wcnt[warp] = n;
   }
   // Also keeps a next group from restaging xs while a warp still reads it.
   __syncthreads();
   if (threadIdx.x == 0) {
     u32 b = 0, c = 0;
-    for (int i = 0; i < warps; ++i) {
-      if (!QUAD) b |= wmask[i];
+    for (int i = 0; i < 8; ++i) {
+      b |= wmask[i];
       c += wcnt[i];
     }
-    if (!QUAD) mask[blockIdx.x] = b;
+    mask[blockIdx.x] = b;
     if (cnt) cnt[blockIdx.x] = c;
   }
   TL_MARK(TL_ACT);
@@ -494,12 +482,15 @@ __global__ void __launch_bounds__(256, 3)
 // 2048).
 #define DOWN_COLS 16
 
-// down_sums is down_group's part for warp w < 8: its partial sums of slice
-// blk's columns into red[w].
-template <int MB, bool QUAD>
-__device__ __forceinline__ void down_sums(const float* __restrict__ h, const u32* __restrict__ mask,
-                                          const u16* __restrict__ down, int mg, int d, int f, int* lists,
-                                          float (*red)[MB][DOWN_COLS], int blk) {
+// down_group computes gemv_down's outputs in the DOWN_COLS columns of slice
+// blk for the mg <= MB tokens of one group, whose h and mask gemv_act
+// wrote, into rows ylist[0..mg) of y (rows 0..mg without a list). lists
+// holds a list of 8 ceil(f/256) 32 ints per warp (8 warps).
+template <int MB>
+__device__ __forceinline__ void down_group(const float* __restrict__ h, const u32* __restrict__ mask,
+                                           const u16* __restrict__ down, u16* __restrict__ y,
+                                           const int* __restrict__ ylist, int mg, int d, int f, int* lists,
+                                           float (*red)[MB][DOWN_COLS], int blk) {
   int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   // Warp w takes mask words w, w + 8, w + 16, ...: interleaved, so that
   // units that fire together (a calibrated MLP's hot units are its last
@@ -509,7 +500,7 @@ __device__ __forceinline__ void down_sums(const float* __restrict__ h, const u32
   // Lane l takes column c0 + l % 16 of the units at odd (l >= 16) or even
   // places of the warp's list: each row's 16 columns are one 32-byte sector.
   int c0 = blk * DOWN_COLS, col = c0 + (lane & 15), half = lane >> 4;
-  const int len = list_units<QUAD>(mask, warp, words, 8, list);
+  const int len = list_units(mask, warp, words, 8, list);
   __syncwarp();
   float acc[MB];
 #pragma unroll
@@ -538,23 +529,7 @@ __device__ __forceinline__ void down_sums(const float* __restrict__ h, const u32
     float other = __shfl_down_sync(0xffffffffu, acc[t], 16);
     if (half == 0) red[warp][t][lane] = acc[t] + other;
   }
-}
-
-// down_group computes gemv_down's outputs in the DOWN_COLS columns of slice
-// blk for the mg <= MB tokens of one group, whose h and mask gemv_act
-// wrote, into rows ylist[0..mg) of y (rows 0..mg without a list). lists
-// holds a list of 8 ceil(f/256) 32 ints per warp (8 warps).
-// With QUAD the mask has a byte per 4 units (act_group's QUAD form). Only
-// the first 8 warps of a larger block take part (the others only meet it
-// at its barrier), so the sums are those of 8-warp blocks either way.
-template <int MB, bool QUAD = false>
-__device__ __forceinline__ void down_group(const float* __restrict__ h, const u32* __restrict__ mask,
-                                           const u16* __restrict__ down, u16* __restrict__ y,
-                                           const int* __restrict__ ylist, int mg, int d, int f, int* lists,
-                                           float (*red)[MB][DOWN_COLS], int blk) {
-  if ((threadIdx.x >> 5) < 8) down_sums<MB, QUAD>(h, mask, down, mg, d, f, lists, red, blk);
   __syncthreads();
-  const int c0 = blk * DOWN_COLS;
   for (int i = threadIdx.x; i < mg * DOWN_COLS; i += blockDim.x) {
     int t = i / DOWN_COLS, c = i % DOWN_COLS;
     float s = 0.f;
@@ -565,11 +540,10 @@ __device__ __forceinline__ void down_group(const float* __restrict__ h, const u3
   }
 }
 
-
 // sum_counts (block 0, every thread) sums the act kernel's n per-block
 // counts into *nnz; all threads load them (one round trip for f <= 8192).
 __device__ __forceinline__ void sum_counts(const u32* __restrict__ cnt, int n, u64* __restrict__ nnz) {
-  __shared__ u32 part[16];  // a warp's, up to 16 warps
+  __shared__ u32 part[8];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   u32 c = 0;
   for (int i = threadIdx.x; i < n; i += blockDim.x) c += __ldcg(cnt + i);
@@ -579,7 +553,7 @@ __device__ __forceinline__ void sum_counts(const u32* __restrict__ cnt, int n, u
   __syncthreads();
   if (threadIdx.x == 0) {
     u64 s = 0;
-    for (int w = 0; w < (int)(blockDim.x >> 5); ++w) s += part[w];
+    for (int w = 0; w < 8; ++w) s += part[w];
     *nnz = s;
   }
 }
@@ -624,25 +598,21 @@ __global__ void __launch_bounds__(256)
 // is grid_sync's counter. y may be delta (written after the barrier,
 // when every block has read it). (For 2 to 4 tokens the two kernels are
 // faster: see docs/gpu-twell.md.)
-//
-// With BALANCED the grid is one block an SM (MLP.GEMVBalance): blocks of
-// any number of warps up to 16, 4 units a warp (act_group's QUAD form),
-// so that no SM reads twice the gate rows of another; the same sums.
-template <bool GATED, bool NORM, bool BALANCED = false>
-__global__ void __launch_bounds__(BALANCED ? 512 : 256)
+template <bool GATED, bool NORM>
+__global__ void __launch_bounds__(256)
     gemv_mlp(const u16* x, const float* resid, const u16* delta, float* resid_out, const float* normw, float eps,
              const u16* __restrict__ w, const u16* __restrict__ up, const u16* __restrict__ down, float* h, u32* mask,
              u32* cnt, u16* y, u64* nnz, u64* bar, int d, int f) {
   extern __shared__ __align__(16) u16 xs[];
-  __shared__ u32 wmask[16], wcnt[16];
+  __shared__ u32 wmask[8], wcnt[8];
   __shared__ float red[8][1][DOWN_COLS];
   const NormIn nin = {resid, delta, resid_out, normw, eps};
-  act_group<1, GATED, NORM, BALANCED>(x, nullptr, w, up, h, mask, cnt, 1, d, f, xs, wmask, wcnt, nin, down);
+  act_group<1, GATED, NORM>(x, nullptr, w, up, h, mask, cnt, 1, d, f, xs, wmask, wcnt, nin, down);
   grid_sync(bar);
   TL_MARK(TL_SYNCED);
   for (int b = blockIdx.x; b < d / DOWN_COLS; b += gridDim.x) {
     if (b != (int)blockIdx.x) __syncthreads();  // the previous slice's red has been read
-    down_group<1, BALANCED>(h, mask, down, y, nullptr, 1, d, f, reinterpret_cast<int*>(xs), red, b);
+    down_group<1>(h, mask, down, y, nullptr, 1, d, f, reinterpret_cast<int*>(xs), red, b);
   }
   TL_MARK_ALL(TL_END);
   if (blockIdx.x == 0) sum_counts(cnt, gridDim.x, nnz);

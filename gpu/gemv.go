@@ -99,9 +99,8 @@ func (l *MLP) smallArgs(ws *sparseWS, x, y *cuda.Buffer, m int) gemvArgs {
 }
 
 // gemvPrepare returns the small-batch kernels, compiling them on first
-// use, and the workspace grown to hold their h, mask (a bit a unit, or in
-// gemv_mlp's balanced form a byte per 4 units) and per-block counts (at
-// most F/4 blocks), and gemv_mlp's barrier counter (zeroed on s when new).
+// use, and the workspace grown to hold their h, mask and counts, and
+// gemv_mlp's barrier counter (zeroed on s when new).
 func (l *MLP) gemvPrepare(s *cuda.Stream) (*gemvSet, *sparseWS, error) {
 	ks, err := l.k.gemvKernels(l.GEMVTimeline)
 	if err != nil {
@@ -112,7 +111,7 @@ func (l *MLP) gemvPrepare(s *cuda.Stream) (*gemvSet, *sparseWS, error) {
 	for _, b := range []struct {
 		p **cuda.Buffer
 		n int
-	}{{&ws.gh, 4 * gemvMaxRows * l.F}, {&ws.gmask, 8 * words}, {&ws.gcnt, l.F}} {
+	}{{&ws.gh, 4 * gemvMaxRows * l.F}, {&ws.gmask, 4 * words}, {&ws.gcnt, 4 * l.F / 16}} {
 		if *b.p, err = l.realloc(*b.p, b.n); err != nil {
 			return nil, nil, err
 		}
@@ -129,53 +128,31 @@ func (l *MLP) gemvPrepare(s *cuda.Stream) (*gemvSet, *sparseWS, error) {
 }
 
 // fusedKernel returns the gemv_mlp kernel of instance key for a's call of one
-// token and its grid, or nil where the two kernels run instead: split by
-// the options, no cooperative launches on the device, or not all of its
-// blocks resident at once (grid_sync needs them all). The occupancy is
-// asked once per kernel.
-func (l *MLP) fusedKernel(ks *gemvSet, a gemvArgs, key mlpKey) (*cuda.Function, mlpGrid, error) {
+// token, or nil where the two kernels run instead: split by the options,
+// no cooperative launches on the device, or not all of its blocks resident
+// at once (grid_sync needs them all). The occupancy is asked once per
+// kernel.
+func (l *MLP) fusedKernel(ks *gemvSet, a gemvArgs, key mlpKey) (*cuda.Function, error) {
 	fn := ks.mlp[key]
 	if l.SplitGEMV || fn == nil || !l.dev.Properties().CooperativeLaunch {
-		return nil, mlpGrid{}, nil
-	}
-	g := mlpGrid{blocks: l.F / 32, warps: 8}
-	if key.balanced {
-		g = balancedGrid(l.F, l.dev.Properties().SMs)
+		return nil, nil
 	}
 	ok, known := l.fits[key]
 	if !known {
-		per, err := fn.MaxActiveBlocksPerSM(32*g.warps, a.mlpShared())
+		per, err := fn.MaxActiveBlocksPerSM(256, a.mlpShared())
 		if err != nil {
-			return nil, g, fmt.Errorf("gpu: gemv_mlp occupancy: %w", err)
+			return nil, fmt.Errorf("gpu: gemv_mlp occupancy: %w", err)
 		}
 		if l.fits == nil {
 			l.fits = map[mlpKey]bool{}
 		}
-		ok = per*l.dev.Properties().SMs >= g.blocks
+		ok = per*l.dev.Properties().SMs >= l.F/32
 		l.fits[key] = ok
 	}
 	if !ok {
-		return nil, g, nil
+		return nil, nil
 	}
-	return fn, g, nil
-}
-
-// mlpGrid is a gemv_mlp launch's grid: blocks of warps warps, 4 units a
-// warp.
-type mlpGrid struct{ blocks, warps int }
-
-// balancedGrid returns gemv_mlp's grid of about one block an SM for f
-// units on sms SMs (MLP.GEMVBalance): the fewest warps a block, 8 to 16
-// (the down phase takes 8), that split the f/4 warps' shares evenly over
-// at most sms blocks; blocks 0 when none do.
-func balancedGrid(f, sms int) mlpGrid {
-	quads := f / 4
-	for w := max(8, (quads+sms-1)/sms); w <= 16; w++ {
-		if quads%w == 0 {
-			return mlpGrid{blocks: quads / w, warps: w}
-		}
-	}
-	return mlpGrid{}
+	return fn, nil
 }
 
 // queueFused queues gemv_mlp for a's one token (normed or not) on s and
@@ -184,16 +161,12 @@ func balancedGrid(f, sms int) mlpGrid {
 // than the occupancy said, as under MPS) is not an error: the kernel is
 // marked as not fitting.
 func (l *MLP) queueFused(s *cuda.Stream, ks *gemvSet, a gemvArgs, bar *cuda.Buffer, in NormedInput, normed bool) (bool, error) {
-	key := mlpKey{gated: l.Gated, normed: normed}
-	if l.GEMVBalance && balancedGrid(l.F, l.dev.Properties().SMs).blocks > 0 {
-		key.balanced = true
-	}
-	fn, g, err := l.fusedKernel(ks, a, key)
+	key := mlpKey{l.Gated, normed}
+	fn, err := l.fusedKernel(ks, a, key)
 	if fn == nil || err != nil {
 		return false, err
 	}
-	err = a.launchMLP(fn, g, s, bar, in)
-	l.fusedGrid = g
+	err = a.launchMLP(fn, s, bar, in)
 	switch {
 	case errors.Is(err, cuda.ErrorCooperativeLaunchTooLarge):
 		l.fits[key] = false
@@ -263,9 +236,8 @@ type gemvSet struct {
 	mlp map[mlpKey]*cuda.Function
 }
 
-// mlpKey picks a gemv_mlp instance: gated or not, normed or not, on the
-// balanced grid or not.
-type mlpKey struct{ gated, normed, balanced bool }
+// mlpKey picks a gemv_mlp instance: gated or not, normed or not.
+type mlpKey struct{ gated, normed bool }
 
 // gemvFMARows is the largest batch whose act kernel is gemv_act (FMAs);
 // larger batches run gemv_act_mma.
@@ -293,29 +265,11 @@ func gemvExprs() []string {
 	exprs = append(exprs, fmt.Sprintf("gemv_act<%d,true,true>", fbGroup), fmt.Sprintf("gemv_act<%d,false,true>", fbGroup),
 		fmt.Sprintf("gemv_down<%d,true>", fbGroup), "gemv_act_mma<true>", "gemv_act_mma<false>",
 		"gemv_act_norm<true>", "gemv_act_norm<false>")
-	for _, k := range mlpKeys() {
-		exprs = append(exprs, mlpExpr(k))
-	}
-	return exprs
+	return append(exprs, mlpExpr(true, false), mlpExpr(false, false), mlpExpr(true, true), mlpExpr(false, true))
 }
 
-// mlpKeys lists gemv_mlp's instances.
-func mlpKeys() []mlpKey {
-	var keys []mlpKey
-	for _, b := range []bool{false, true} {
-		for _, n := range []bool{false, true} {
-			for _, g := range []bool{true, false} {
-				keys = append(keys, mlpKey{gated: g, normed: n, balanced: b})
-			}
-		}
-	}
-	return keys
-}
-
-// mlpExpr names gemv_mlp's instance k.
-func mlpExpr(k mlpKey) string {
-	return fmt.Sprintf("gemv_mlp<%v,%v,%v>", k.gated, k.normed, k.balanced)
-}
+// mlpExpr names gemv_mlp's instance, gated or not, normed or not.
+func mlpExpr(gated, norm bool) string { return fmt.Sprintf("gemv_mlp<%v,%v>", gated, norm) }
 
 // gemvKernels compiles gemv.cu once and returns its kernels; with
 // timeline, its GEMV_TIMELINE build (stamping gemv_timeline, read by
@@ -362,8 +316,10 @@ func newGemvSet(fs map[string]*cuda.Function) gemvSet {
 	g.actMMAGated, g.actMMAPlain = fs["gemv_act_mma<true>"], fs["gemv_act_mma<false>"]
 	g.actNormGated, g.actNormPlain = fs["gemv_act_norm<true>"], fs["gemv_act_norm<false>"]
 	g.mlp = map[mlpKey]*cuda.Function{}
-	for _, k := range mlpKeys() {
-		g.mlp[k] = fs[mlpExpr(k)]
+	for _, gated := range []bool{true, false} {
+		for _, normed := range []bool{true, false} {
+			g.mlp[mlpKey{gated, normed}] = fs[mlpExpr(gated, normed)]
+		}
 	}
 	return g
 }
@@ -427,14 +383,13 @@ func (a gemvArgs) mlpShared() int {
 func downListBytes(f int) int { return 8 * ((f/32 + 7) / 8) * 32 * 4 }
 
 // launchMLP launches gemv_mlp (act and down of one token in one kernel,
-// grid g's blocks (F/32 of 8 warps, or balancedGrid's) that meet at a grid
-// barrier on bar's counter), normed when
+// F/32 blocks that meet at a grid barrier on bar's counter), normed when
 // in holds the residual stream (a.x unused), else on a.x. The launch is
 // cooperative, which guarantees that all of its blocks are resident at
 // once, also beside other streams' kernels (TestFusedGEMVConcurrentStreams
 // runs two at once).
-func (a gemvArgs) launchMLP(fn *cuda.Function, g mlpGrid, s *cuda.Stream, bar *cuda.Buffer, in NormedInput) error {
-	return fn.LaunchEx(cuda.LaunchConfig{Grid: cuda.Dim3{uint32(g.blocks), 1, 1}, Block: cuda.Dim3{uint32(32 * g.warps), 1, 1},
+func (a gemvArgs) launchMLP(fn *cuda.Function, s *cuda.Stream, bar *cuda.Buffer, in NormedInput) error {
+	return fn.LaunchEx(cuda.LaunchConfig{Grid: cuda.Dim3{uint32(a.f / 32), 1, 1}, Block: cuda.Dim3{256, 1, 1},
 		SharedBytes: a.mlpShared(), Stream: s, EarlyStart: a.early, Cooperative: true},
 		optional(a.x), optional(in.Resid), optional(in.Delta), optional(in.ResidOut), optional(in.Weight), in.Eps,
 		a.w, a.up, a.down, a.h, a.mask, a.cnt, a.y, a.nnz, bar, int32(a.d), int32(a.f))
@@ -467,7 +422,7 @@ const tlPoints = 8
 
 // GEMVStamps returns the GPU's global timer stamps (ns) that the last
 // gemv_mlp launch of the GEMV_TIMELINE build left, one row per block of its
-// grid, in GEMVPoints' order, and the SM each block ran on.
+// grid (F/32 blocks), in GEMVPoints' order, and the SM each block ran on.
 // Call it once that launch has finished (Forward and the MLP's synchronous
 // calls return after it). It is an error if l does not run that build
 // (GEMVTimeline unset) or no launch left every stamp.
@@ -478,10 +433,7 @@ func (l *MLP) GEMVStamps() (stamps [][]uint64, sms []int, err error) {
 	if _, err := l.k.gemvKernels(true); err != nil {
 		return nil, nil, err
 	}
-	blocks := l.fusedGrid.blocks
-	if blocks == 0 {
-		return nil, nil, errors.New("gpu: GEMVStamps: gemv_mlp has not run")
-	}
+	blocks := l.F / 32
 	raw := make([]uint64, blocks*tlPoints)
 	src, err := l.k.gemvStamps.Slice(0, 8*len(raw))
 	if err == nil {

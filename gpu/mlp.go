@@ -52,9 +52,6 @@ type MLP struct {
 	// barrier (to compare; the split form also runs where gemv_mlp's blocks
 	// do not all fit on the device at once, and for 2 to 8 tokens).
 	SplitGEMV bool
-	// GEMVBalance runs gemv_mlp on about one block an SM
-	// (Options.GEMVBalance).
-	GEMVBalance bool
 	// GEMVTimeline runs the GEMV_TIMELINE build of the small-batch kernels
 	// (Options.GEMVTimeline; see GEMVStamps).
 	GEMVTimeline bool
@@ -72,9 +69,8 @@ type MLP struct {
 	tmAm  int
 	wgErr error
 
-	clusters  int             // resident clusters of the wgmma D2T kernel (0: not yet asked)
-	fits      map[mlpKey]bool // whether each gemv_mlp kernel's blocks are all resident at once
-	fusedGrid mlpGrid         // the grid of the last gemv_mlp launch
+	clusters int             // resident clusters of the wgmma D2T kernel (0: not yet asked)
+	fits     map[mlpKey]bool // whether each gemv_mlp kernel's blocks are all resident at once
 
 	// hot units (hot.go): the last hotK positions of the unit order; order
 	// maps positions to the units given to NewMLP (nil: unchanged); bad is

@@ -623,8 +623,8 @@ func checkStressBatch(t *testing.T, dev *cuda.Device, l *MLP, sl *synth.Layer, r
 }
 
 // TestFusedGEMVMatchesSplit checks gemv_mlp (act and down of one token in
-// one kernel, meeting at a grid barrier; on its grid of 8-warp blocks and
-// on the balanced one) against gemv_act and gemv_down run apart, bit for bit, with the same active-unit count, gated and not, over
+// one kernel, meeting at a grid barrier) against gemv_act and gemv_down run
+// apart, bit for bit, with the same active-unit count, gated and not, over
 // repeated calls (the barrier's counter is reused by every call) on fresh
 // tokens. The last shape has more blocks than fit at once on current GPUs,
 // so it checks the fallback to the two kernels too.
@@ -643,9 +643,8 @@ func TestFusedGEMVMatchesSplit(t *testing.T) {
 				x := synth.Tokens(r, m, c.d)
 				var want []float32
 				var wantNNZ uint64
-				for i, split := range []bool{true, false, false, true, false, false} {
-					// The fused calls run on each grid in turn.
-					l.SplitGEMV, l.GEMVBalance = split, i%2 == 1
+				for i, split := range []bool{true, false, false, true, false} {
+					l.SplitGEMV = split
 					y := runPath(t, dev, l, "sparse", x, m)
 					nnz := downloadNNZ(t, dev, l)
 					if i == 0 {
@@ -680,7 +679,7 @@ func downloadNNZ(t *testing.T, dev *cuda.Device, l *MLP) uint64 {
 
 // TestFusedGEMVConcurrentStreams runs gemv_mlp on two streams at once (two
 // MLPs of the shape of the SparseLM preset, each with its own workspace and
-// barrier, one on each gemv_mlp grid), many calls each, so that the two kernels' blocks compete for
+// barrier), many calls each, so that the two kernels' blocks compete for
 // the SMs: the cooperative launch must keep each barrier from waiting on a
 // block that the other kernel keeps off the device (a hang), and each
 // stream's last result must be the one it computes alone.
@@ -694,7 +693,6 @@ func TestFusedGEMVConcurrentStreams(t *testing.T) {
 	for i := range ls {
 		sl := newLayer(t, r, d, f, 0.005, synth.Skewed, true)
 		ls[i] = newMLP(t, dev, blas, sl, twell.DefaultLayout, seed)
-		ls[i].GEMVBalance = i == 1 // one on each grid
 		x := synth.Tokens(r, 1, d)
 		want[i] = runPath(t, dev, ls[i], "sparse", x, 1)
 		xs[i], ys[i] = upload(t, dev, x), cudatest.Alloc(t, dev, 2*d)

@@ -19,9 +19,6 @@ type Options struct {
 	// SplitGEMV runs the small-batch MLP of one token as two kernels
 	// rather than gemv_mlp's one: EnvGEMVFuse = "0".
 	SplitGEMV bool
-	// GEMVBalance runs gemv_mlp on about one block an SM (balancedGrid):
-	// EnvGEMVBalance = "1".
-	GEMVBalance bool
 	// GEMVTimeline runs the small-batch kernels of the GEMV_TIMELINE build,
 	// which stamp where gemv_mlp's time goes (MLP.GEMVStamps):
 	// EnvGEMVTimeline = "1". A measuring build, not for production.
@@ -50,10 +47,6 @@ const EnvEarlyStart = "TWELL_EARLY_START"
 // Options.SplitGEMV (gemv_act and gemv_down as two kernels for one token).
 const EnvGEMVFuse = "TWELL_GEMV_FUSE"
 
-// EnvGEMVBalance names the environment variable that, set to "1", sets
-// Options.GEMVBalance.
-const EnvGEMVBalance = "TWELL_GEMV_BALANCE"
-
 // EnvGEMVTimeline names the environment variable that, set to "1", sets
 // Options.GEMVTimeline.
 const EnvGEMVTimeline = "TWELL_GEMV_TIMELINE"
@@ -64,11 +57,11 @@ const EnvGEMVTimeline = "TWELL_GEMV_TIMELINE"
 const EnvHotUnits = "TWELL_HOT_UNITS"
 
 // Switches are the names of the environment variables that set Options.
-var Switches = []string{EnvD2TKernel, EnvTail, EnvEarlyStart, EnvHotUnits, EnvGEMVFuse, EnvGEMVBalance, EnvGEMVTimeline}
+var Switches = []string{EnvD2TKernel, EnvTail, EnvEarlyStart, EnvHotUnits, EnvGEMVFuse, EnvGEMVTimeline}
 
 // OptionsFromEnv returns the Options that EnvD2TKernel, EnvTail,
-// EnvEarlyStart, EnvHotUnits, EnvGEMVFuse, EnvGEMVBalance and
-// EnvGEMVTimeline set, or an error naming a value it does not know.
+// EnvEarlyStart, EnvHotUnits, EnvGEMVFuse and EnvGEMVTimeline set, or an
+// error naming a value it does not know.
 func OptionsFromEnv() (Options, error) { return OptionsFrom(os.Getenv) }
 
 // OptionsFrom is OptionsFromEnv with the variables' values looked up by
@@ -92,9 +85,6 @@ func OptionsFrom(getenv func(string) string) (Options, error) {
 	}
 	o.SplitGEMV = !fuse
 	if o.GEMVTimeline, err = envBool(getenv, EnvGEMVTimeline, false); err != nil {
-		return o, err
-	}
-	if o.GEMVBalance, err = envBool(getenv, EnvGEMVBalance, false); err != nil {
 		return o, err
 	}
 	o.Kernel, err = envChoice(getenv, EnvD2TKernel, "auto, wgmma or mma", map[string]Kernel{"wgmma": KernelWGMMA, "mma": KernelMMA})
@@ -134,7 +124,7 @@ func envChoice[T any](getenv func(string) string, name, want string, choices map
 
 // Apply sets l's kernel choices to o.
 func (l *MLP) Apply(o Options) {
-	l.Kernel, l.Tail, l.Serial, l.SplitGEMV, l.GEMVBalance, l.GEMVTimeline = o.Kernel, o.Tail, o.Serial, o.SplitGEMV, o.GEMVBalance, o.GEMVTimeline
+	l.Kernel, l.Tail, l.Serial, l.SplitGEMV, l.GEMVTimeline = o.Kernel, o.Tail, o.Serial, o.SplitGEMV, o.GEMVTimeline
 }
 
 // EarlyStart reports whether kernels that wait with grid_wait (common.cuh)

@@ -30,7 +30,5 @@ func TestOptionsFromEnv(t *testing.T) {
 		{Env: map[string]string{EnvGEMVTimeline: "0"}, Want: Options{}},
 		{Env: map[string]string{EnvGEMVTimeline: "1"}, Want: Options{GEMVTimeline: true}},
 		{Env: map[string]string{EnvGEMVTimeline: "on"}, Bad: EnvGEMVTimeline},
-		{Env: map[string]string{EnvGEMVBalance: "1"}, Want: Options{GEMVBalance: true}},
-		{Env: map[string]string{EnvGEMVBalance: "2"}, Bad: EnvGEMVBalance},
 	})
 }
