@@ -33,7 +33,7 @@
 // defaults' spread): 4 stages with one barrier an iteration, each block's
 // softmax overlapped with the block before's P V (as flash-attention 3
 // does), and the queries held in registers as wgmma A fragments.
-template <int STAGES>
+template <int STAGES, bool LEAN>
 __global__ void __launch_bounds__(256, 2)
     attn_wg64(const u16* __restrict__ qkv, u16* __restrict__ out, const int* __restrict__ items,
               const int* __restrict__ seq_q0, const int* __restrict__ seq_n, const int* __restrict__ seq_past,
@@ -83,8 +83,47 @@ __global__ void __launch_bounds__(256, 2)
     }
     cp_async_commit();
   };
+  // The lean build's loads: the blocks in order, each thread the same two
+  // 16-byte chunks of every block (rows lr and lr + 32, chunk lc), the
+  // block's page and stage tracked from one block to the next instead of
+  // divided out, and the next block's page read as this one is queued.
+  const int lr = tid >> 3, lc = tid & 7;
+  const u32 soff = swz(lr, lc);  // row lr + 32 is 4096 bytes further
+  const int goff = lr * HD + lc * 8;
+  int lblk = 0, lpb = 0, lst = 0;  // next block to load, its block in its page, its stage
+  const u64* lpt = a.pt;           // its page table entry
+  u64 lpg = 0;                     // its page
+  if (LEAN && nblk > 0) lpg = *lpt;
+  auto load_next = [&]() {
+    if (lblk < nblk) {
+      const int k0 = lblk * BK;
+      const u16* K = (const u16*)lpg + a.koff + lpb * BK * HD;
+      const u16* V = K + a.vstep;
+      const u32 sk = sKV + (u32)lst * 2 * BLK + soff, sv = sk + BLK;
+      const bool ok0 = k0 + lr < kend, ok1 = k0 + lr + 32 < kend;
+      const int o0 = ok0 ? goff : lc * 8, o1 = ok1 ? goff + 32 * HD : lc * 8;
+      cp_async16(sk, K + o0, ok0);
+      cp_async16(sv, V + o0, ok0);
+      cp_async16(sk + 4096, K + o1, ok1);
+      cp_async16(sv + 4096, V + o1, ok1);
+      ++lblk;
+      lst = lst + 1 == STAGES ? 0 : lst + 1;
+      if (++lpb == a.bpp) {
+        lpb = 0;
+        ++lpt;
+        if (lblk < nblk) lpg = *lpt;
+      }
+    }
+    cp_async_commit();
+  };
+  static_assert(BK * 8 == 2 * 256, "the lean loads take two chunks a thread");
+  if constexpr (LEAN) {
 #pragma unroll
-  for (int i = 0; i < AHEAD; ++i) load(i, i < nblk ? block_page(a, i) : 0);
+    for (int i = 0; i < AHEAD; ++i) load_next();
+  } else {
+#pragma unroll
+    for (int i = 0; i < AHEAD; ++i) load(i, i < nblk ? block_page(a, i) : 0);
+  }
   if (cosT != nullptr) {
     // Rotate the queries here, while the first blocks' copies are in
     // flight: 8 pairs (a 16-byte chunk of each half of the row) per step,
@@ -107,7 +146,7 @@ __global__ void __launch_bounds__(256, 2)
   }
   // The page of the next block to load, read from the page table an
   // iteration ahead so that queuing a block does not wait for it.
-  u64 pg = AHEAD < nblk ? block_page(a, AHEAD) : 0;
+  u64 pg = !LEAN && AHEAD < nblk ? block_page(a, AHEAD) : 0;
 
   float o[HD / 8][4];
   zero(o);
@@ -125,8 +164,12 @@ __global__ void __launch_bounds__(256, 2)
   };
 
   for (int kb = 0; kb < nblk; ++kb) {
-    load(kb + AHEAD, pg);
-    if (kb + AHEAD + 1 < nblk) pg = block_page(a, kb + AHEAD + 1);
+    if constexpr (LEAN) {
+      load_next();
+    } else {
+      load(kb + AHEAD, pg);
+      if (kb + AHEAD + 1 < nblk) pg = block_page(a, kb + AHEAD + 1);
+    }
     // Groups 0 .. kb + AHEAD are committed.
     cp_async_wait<AHEAD>();
     // cp.async wrote through the generic proxy; wgmma reads through the async one.
@@ -138,7 +181,15 @@ __global__ void __launch_bounds__(256, 2)
       float sc[BK / 8][4];
       scores(sc, kb);
       mask(sc, k0);
-      softmax_step(sc, mrow, lrow, o, scale_log2);
+      if constexpr (LEAN) {
+        // o *= corr only where a row's maximum moved: multiplying by
+        // exactly 1 would leave the same bits.
+        float corr[2];
+        softmax_probs(sc, mrow, lrow, corr, scale_log2);
+        if (__any_sync(0xffffffffu, corr[0] != 1.f || corr[1] != 1.f)) rescale(o, corr);
+      } else {
+        softmax_step(sc, mrow, lrow, o, scale_log2);
+      }
       wg_pv_probs(o, sc, p, dv);
     }
     if (END_SYNC) __syncthreads();  // the stage just read is the next iteration's load target

@@ -1,6 +1,7 @@
 package llm
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"math"
@@ -126,7 +127,26 @@ func (e *Engine) plan(caches []*cache, tokens [][]int, allLogits bool) (*batch, 
 	// Longest items first: CTAs start in item order, and under the causal
 	// mask an item's cost grows with its keys, so the short ones fill the
 	// tail of the launch.
-	slices.SortStableFunc(work, func(x, y attnItem) int { return y.keys - x.keys })
+	if e.AttnBySeq {
+		// Sequence by sequence, so that the CTAs resident at once share
+		// their keys and values in the L2; the sequences with the most keys
+		// first, and each one's items longest first.
+		most := make([]int, b.S)
+		for _, a := range work {
+			most[a.s] = max(most[a.s], a.keys)
+		}
+		slices.SortStableFunc(work, func(x, y attnItem) int {
+			if c := cmp.Compare(most[y.s], most[x.s]); c != 0 {
+				return c
+			}
+			if x.s != y.s {
+				return cmp.Compare(x.s, y.s)
+			}
+			return y.keys - x.keys
+		})
+	} else {
+		slices.SortStableFunc(work, func(x, y attnItem) int { return y.keys - x.keys })
+	}
 	for i, a := range work {
 		w[b.item+2*i], w[b.item+2*i+1] = a.s, a.q0
 	}
