@@ -33,7 +33,7 @@
 // defaults' spread): 4 stages with one barrier an iteration, each block's
 // softmax overlapped with the block before's P V (as flash-attention 3
 // does), and the queries held in registers as wgmma A fragments.
-template <int STAGES, bool LEAN>
+template <int STAGES>
 __global__ void __launch_bounds__(256, 2)
     attn_wg64(const u16* __restrict__ qkv, u16* __restrict__ out, const int* __restrict__ items,
               const int* __restrict__ seq_q0, const int* __restrict__ seq_n, const int* __restrict__ seq_past,
@@ -65,35 +65,21 @@ __global__ void __launch_bounds__(256, 2)
     }
   }
   auto stage = [&](int blk) { return sKV + (u32)(blk % STAGES) * 2 * BLK; };  // K block; V at + BLK
-  // load queues block blk (if any), whose page is pg, and commits a group
-  // either way, so that every iteration waits for the same count.
-  auto load = [&](int blk, u64 pg) {
-    if (blk < nblk) {
-      int k0 = blk * BK;
-      const u16* K = block_keys(a, pg, blk, HD);
-      const u16* V = K + a.vstep;
-      u32 sk = stage(blk), sv = sk + BLK;
-      for (int idx = tid; idx < BK * 8; idx += 256) {
-        int r = idx >> 3, c = idx & 7;
-        bool ok = k0 + r < kend;
-        int off = (ok ? r : 0) * HD + c * 8;
-        cp_async16(sk + swz(r, c), K + off, ok);
-        cp_async16(sv + swz(r, c), V + off, ok);
-      }
-    }
-    cp_async_commit();
-  };
-  // The lean build's loads: the blocks in order, each thread the same two
-  // 16-byte chunks of every block (rows lr and lr + 32, chunk lc), the
-  // block's page and stage tracked from one block to the next instead of
-  // divided out, and the next block's page read as this one is queued.
+  // load_next queues the next block of keys and values (if any) and
+  // commits a group either way, so that every iteration waits for the same
+  // count. The blocks go in order, each thread copying the same two 16-byte
+  // chunks of every block (rows lr and lr + 32, chunk lc); the block's page
+  // and stage are tracked from one block to the next, not divided out (the
+  // divisions by the blocks a page holds were a fifth of the kernel's
+  // instructions), and the next block's page is read as this one is
+  // queued, an iteration before it is needed.
   const int lr = tid >> 3, lc = tid & 7;
   const u32 soff = swz(lr, lc);  // row lr + 32 is 4096 bytes further
   const int goff = lr * HD + lc * 8;
   int lblk = 0, lpb = 0, lst = 0;  // next block to load, its block in its page, its stage
   const u64* lpt = a.pt;           // its page table entry
   u64 lpg = 0;                     // its page
-  if (LEAN && nblk > 0) lpg = *lpt;
+  if (nblk > 0) lpg = *lpt;
   auto load_next = [&]() {
     if (lblk < nblk) {
       const int k0 = lblk * BK;
@@ -116,14 +102,9 @@ __global__ void __launch_bounds__(256, 2)
     }
     cp_async_commit();
   };
-  static_assert(BK * 8 == 2 * 256, "the lean loads take two chunks a thread");
-  if constexpr (LEAN) {
+  static_assert(BK * 8 == 2 * 256, "a block is two 16-byte chunks a thread");
 #pragma unroll
-    for (int i = 0; i < AHEAD; ++i) load_next();
-  } else {
-#pragma unroll
-    for (int i = 0; i < AHEAD; ++i) load(i, i < nblk ? block_page(a, i) : 0);
-  }
+  for (int i = 0; i < AHEAD; ++i) load_next();
   if (cosT != nullptr) {
     // Rotate the queries here, while the first blocks' copies are in
     // flight: 8 pairs (a 16-byte chunk of each half of the row) per step,
@@ -144,9 +125,6 @@ __global__ void __launch_bounds__(256, 2)
       st_shared16(sQ + swz(r, c + 4), B);
     }
   }
-  // The page of the next block to load, read from the page table an
-  // iteration ahead so that queuing a block does not wait for it.
-  u64 pg = !LEAN && AHEAD < nblk ? block_page(a, AHEAD) : 0;
 
   float o[HD / 8][4];
   zero(o);
@@ -164,12 +142,7 @@ __global__ void __launch_bounds__(256, 2)
   };
 
   for (int kb = 0; kb < nblk; ++kb) {
-    if constexpr (LEAN) {
-      load_next();
-    } else {
-      load(kb + AHEAD, pg);
-      if (kb + AHEAD + 1 < nblk) pg = block_page(a, kb + AHEAD + 1);
-    }
+    load_next();
     // Groups 0 .. kb + AHEAD are committed.
     cp_async_wait<AHEAD>();
     // cp.async wrote through the generic proxy; wgmma reads through the async one.
@@ -181,15 +154,12 @@ __global__ void __launch_bounds__(256, 2)
       float sc[BK / 8][4];
       scores(sc, kb);
       mask(sc, k0);
-      if constexpr (LEAN) {
-        // o *= corr only where a row's maximum moved: multiplying by
-        // exactly 1 would leave the same bits.
-        float corr[2];
-        softmax_probs(sc, mrow, lrow, corr, scale_log2);
-        if (__any_sync(0xffffffffu, corr[0] != 1.f || corr[1] != 1.f)) rescale(o, corr);
-      } else {
-        softmax_step(sc, mrow, lrow, o, scale_log2);
-      }
+      // o *= corr only in warps where a row's maximum moved (multiplying
+      // by exactly 1 would leave the same bits): after the first blocks,
+      // most blocks move no maximum.
+      float corr[2];
+      softmax_probs(sc, mrow, lrow, corr, scale_log2);
+      if (__any_sync(0xffffffffu, corr[0] != 1.f || corr[1] != 1.f)) rescale(o, corr);
       wg_pv_probs(o, sc, p, dv);
     }
     if (END_SYNC) __syncthreads();  // the stage just read is the next iteration's load target

@@ -77,13 +77,6 @@ type Engine struct {
 	// (rope.cuh), so the logits are the same bits. NewEngine sets it unless
 	// the environment variable TWELL_LLM_ATTN_ROPE is "0".
 	AttnRope bool
-	// AttnBySeq orders a prefill pass's attention work items sequence by
-	// sequence (the sequences with the most keys first, each one's items
-	// longest first) instead of longest first over the whole pass, so that
-	// the CTAs resident at once read the keys and values of few sequences
-	// and find them in the L2. NewEngine sets it when the environment
-	// variable TWELL_LLM_ATTN_BY_SEQ is "1".
-	AttnBySeq bool
 	// DecRope makes decode steps whose q/k/v projection runs on cuBLASLt
 	// (more sequences than the engine's own projection kernels take) skip
 	// rope_kv: the decode attention kernel rotates the query and the new key
@@ -244,7 +237,7 @@ func NewEngineWith(dev *cuda.Device, m *model.Model, opts Options) (*Engine, err
 		return nil, err
 	}
 	e := &Engine{cfg: c, dev: dev, k: k, mlpPath: mlp.Auto, rope: model.NewRoPETables(c), Attention: opts.Attention,
-		NoGraphs: opts.NoGraphs, NoGEMV: opts.NoGEMV, Serial: opts.MLP.Serial, FuseNorms: opts.FuseNorms, AttnRope: opts.AttnRope, AttnBySeq: opts.AttnBySeq, DecRope: opts.DecRope, HotUnits: !opts.MLP.NoHotUnits, pool: &kvPool{dev: dev, cfg: c}}
+		NoGraphs: opts.NoGraphs, NoGEMV: opts.NoGEMV, Serial: opts.MLP.Serial, FuseNorms: opts.FuseNorms, AttnRope: opts.AttnRope, DecRope: opts.DecRope, HotUnits: !opts.MLP.NoHotUnits, pool: &kvPool{dev: dev, cfg: c}}
 	if act, _ := c.GateActivation(); act == model.ActSiLU {
 		e.act = gpu.ActSiLU
 	}

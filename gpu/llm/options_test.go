@@ -22,8 +22,6 @@ func TestOptionsFromEnv(t *testing.T) {
 		{Env: map[string]string{EnvAttnRope: "1"}, Want: on},
 		{Env: map[string]string{EnvAttnRope: "0"}, Want: Options{FuseNorms: true, GEMMTune: true, DecRope: true}},
 		{Env: map[string]string{EnvAttnRope: "yes"}, Bad: EnvAttnRope},
-		{Env: map[string]string{EnvAttnBySeq: "1"}, Want: Options{FuseNorms: true, AttnRope: true, GEMMTune: true, DecRope: true, AttnBySeq: true}},
-		{Env: map[string]string{EnvAttnBySeq: "on"}, Bad: EnvAttnBySeq},
 		{Env: map[string]string{EnvGEMMTune: "1"}, Want: on},
 		{Env: map[string]string{EnvGEMMTune: "0"}, Want: Options{FuseNorms: true, AttnRope: true, DecRope: true}},
 		{Env: map[string]string{EnvDecRope: "1"}, Want: on},
