@@ -74,35 +74,14 @@ __device__ __forceinline__ void p_frag(const float (&sc)[NJ][4], int kk, u32 (&a
 // unnormalized probabilities, and returns in corr the factor by which the
 // rows' earlier outputs must be scaled. The maxima stay finite because key
 // 0 is in every row's first block.
-//
-// With TREE the row maxima are taken as a tree (the same values: max is
-// exact in any order) and the row sums in four partial sums (other bits),
-// so that neither is one chain of NJ * 2 dependent instructions.
-template <int NJ, bool TREE = false>
+template <int NJ>
 __device__ __forceinline__ void softmax_probs(float (&sc)[NJ][4], float (&mrow)[2], float (&lrow)[2], float (&corr)[2],
                                               float scale_log2) {
   float mx[2] = {NEG_INF, NEG_INF};
-  if constexpr (TREE) {
-    static_assert(NJ % 4 == 0, "the tree takes four columns of tiles at a time");
-    float t[2][NJ];
 #pragma unroll
-    for (int j = 0; j < NJ; ++j)
+  for (int j = 0; j < NJ; ++j)
 #pragma unroll
-      for (int h = 0; h < 2; ++h) t[h][j] = fmaxf(sc[j][2 * h], sc[j][2 * h + 1]);
-#pragma unroll
-    for (int w = NJ / 2; w >= 1; w /= 2)
-#pragma unroll
-      for (int j = 0; j < w; ++j)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) t[h][j] = fmaxf(t[h][j], t[h][j + w]);
-    mx[0] = t[0][0];
-    mx[1] = t[1][0];
-  } else {
-#pragma unroll
-    for (int j = 0; j < NJ; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) mx[e >> 1] = fmaxf(mx[e >> 1], sc[j][e]);
-  }
+    for (int e = 0; e < 4; ++e) mx[e >> 1] = fmaxf(mx[e >> 1], sc[j][e]);
   float ms[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -114,28 +93,14 @@ __device__ __forceinline__ void softmax_probs(float (&sc)[NJ][4], float (&mrow)[
     ms[h] = mn;
   }
   float ls[2] = {0.f, 0.f};
-  if constexpr (TREE) {
-    float part[2][4] = {};
 #pragma unroll
-    for (int j = 0; j < NJ; ++j)
+  for (int j = 0; j < NJ; ++j)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float p = ex2(fmaf(sc[j][e], scale_log2, -ms[e >> 1]));
-        sc[j][e] = p;
-        part[e >> 1][(j & 1) * 2 + (e & 1)] += p;
-      }
-#pragma unroll
-    for (int h = 0; h < 2; ++h) ls[h] = (part[h][0] + part[h][1]) + (part[h][2] + part[h][3]);
-  } else {
-#pragma unroll
-    for (int j = 0; j < NJ; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float p = ex2(fmaf(sc[j][e], scale_log2, -ms[e >> 1]));
-        sc[j][e] = p;
-        ls[e >> 1] += p;
-      }
-  }
+    for (int e = 0; e < 4; ++e) {
+      float p = ex2(fmaf(sc[j][e], scale_log2, -ms[e >> 1]));
+      sc[j][e] = p;
+      ls[e >> 1] += p;
+    }
 #pragma unroll
   for (int h = 0; h < 2; ++h) lrow[h] = lrow[h] * corr[h] + ls[h];
 }
@@ -165,7 +130,7 @@ __device__ __forceinline__ void softmax_step(float (&sc)[NJ][4], float (&mrow)[2
 // store_rows writes a 16-row output tile, normalized by the row sums (summed
 // over the quad here), for the rows below n; orow0 points at row g's first
 // column of this lane (column 2tq).
-template <int NO>
+template <int NO, bool HW = false>
 __device__ __forceinline__ void store_rows(const float (&o)[NO][4], const float (&lrow)[2], u16* orow0, size_t pitch,
                                            int row_g, int n) {
 #pragma unroll
@@ -177,6 +142,7 @@ __device__ __forceinline__ void store_rows(const float (&o)[NO][4], const float 
     float il = 1.f / l;
     u16* orow = orow0 + (size_t)(8 * h) * pitch;
 #pragma unroll
-    for (int j = 0; j < NO; ++j) *(u32*)(orow + j * 8) = pack_bf2(o[j][2 * h] * il, o[j][2 * h + 1] * il);
+    for (int j = 0; j < NO; ++j)
+      *(u32*)(orow + j * 8) = HW ? cvt_bf2(o[j][2 * h] * il, o[j][2 * h + 1] * il) : pack_bf2(o[j][2 * h] * il, o[j][2 * h + 1] * il);
   }
 }
