@@ -130,7 +130,7 @@ __device__ __forceinline__ void softmax_step(float (&sc)[NJ][4], float (&mrow)[2
 // store_rows writes a 16-row output tile, normalized by the row sums (summed
 // over the quad here), for the rows below n; orow0 points at row g's first
 // column of this lane (column 2tq).
-template <int NO, bool HW = false>
+template <int NO>
 __device__ __forceinline__ void store_rows(const float (&o)[NO][4], const float (&lrow)[2], u16* orow0, size_t pitch,
                                            int row_g, int n) {
 #pragma unroll
@@ -142,7 +142,6 @@ __device__ __forceinline__ void store_rows(const float (&o)[NO][4], const float 
     float il = 1.f / l;
     u16* orow = orow0 + (size_t)(8 * h) * pitch;
 #pragma unroll
-    for (int j = 0; j < NO; ++j)
-      *(u32*)(orow + j * 8) = HW ? cvt_bf2(o[j][2 * h] * il, o[j][2 * h + 1] * il) : pack_bf2(o[j][2 * h] * il, o[j][2 * h + 1] * il);
+    for (int j = 0; j < NO; ++j) *(u32*)(orow + j * 8) = pack_bf2(o[j][2 * h] * il, o[j][2 * h + 1] * il);
   }
 }

@@ -263,7 +263,7 @@ type wgBuild struct {
 // block's softmax overlapped with the block before's P V, and with the
 // queries in registers were within the defaults' spread in whole-model
 // prefill (H200, 2026-12-05) and are gone.
-var wgBuilds = map[string]wgBuild{"wgmma3": {"attn_wg64<3, true>", 3}, "wgmma3sw": {"attn_wg64<3, false>", 3}}
+var wgBuilds = map[string]wgBuild{"wgmma3": {"attn_wg64<3>", 3}}
 
 // wgExprs returns the name expressions of every build, sorted.
 func wgExprs() []string {

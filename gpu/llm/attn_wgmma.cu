@@ -33,7 +33,7 @@
 // defaults' spread): 4 stages with one barrier an iteration, each block's
 // softmax overlapped with the block before's P V (as flash-attention 3
 // does), and the queries held in registers as wgmma A fragments.
-template <int STAGES, bool HW>
+template <int STAGES>
 __global__ void __launch_bounds__(256, 2)
     attn_wg64(const u16* __restrict__ qkv, u16* __restrict__ out, const int* __restrict__ items,
               const int* __restrict__ seq_q0, const int* __restrict__ seq_n, const int* __restrict__ seq_past,
@@ -119,7 +119,7 @@ __global__ void __launch_bounds__(256, 2)
         const size_t cs = (size_t)(past + row) * (HD / 2) + c * 8;  // the query's position's cos and sin
         A = *(const uint4*)src;
         B = *(const uint4*)(src + HD / 2);
-        rope_rotate8<HW>(A, B, cosT + cs, sinT + cs);
+        rope_rotate8(A, B, cosT + cs, sinT + cs);
       }
       st_shared16(sQ + swz(r, c), A);
       st_shared16(sQ + swz(r, c + 4), B);
@@ -167,7 +167,7 @@ __global__ void __launch_bounds__(256, 2)
   cp_async_wait<0>();
   if (trow0 < n) {
     int row = trow0 + g;
-    store_rows<HD / 8, HW>(o, lrow, out + (size_t)(qs + row) * nq * HD + head * HD + tq * 2, (size_t)nq * HD, row, n);
+    store_rows(o, lrow, out + (size_t)(qs + row) * nq * HD + head * HD + tq * 2, (size_t)nq * HD, row, n);
   }
 }
 

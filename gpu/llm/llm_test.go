@@ -924,31 +924,3 @@ func TestCalibrateAtLongPrefill(t *testing.T) {
 		t.Fatalf("seed %d: decode step: rel diff %.3g (err %v), want <= %g", seed, d, err, bf16Tol)
 	}
 }
-
-// TestWGMMABuildsSameBits checks that every wgmma attention build gives
-// the logits of the first, bit for bit, over passes of several items per
-// sequence, one-token sequences, and a second pass on cached keys.
-func TestWGMMABuildsSameBits(t *testing.T) {
-	dev := cudatest.Device(t)
-	cudatest.Compiler(t)
-	if dev.Properties().Arch != "sm_90a" {
-		t.Skip("attn_wg64 needs sm_90a")
-	}
-	c := testConfig(64, 4, 2, true)
-	r, seed := testutil.Rand(t)
-	m := sparseModel(t, c, r, seed)
-	passes := [][][]int{
-		{enginetest.Tokens(r, 129+r.IntN(400), c.VocabSize), enginetest.Tokens(r, 1+r.IntN(3), c.VocabSize), enginetest.Tokens(r, 200, c.VocabSize)},
-		{enginetest.Tokens(r, 1+r.IntN(300), c.VocabSize), enginetest.Tokens(r, 129, c.VocabSize), enginetest.Tokens(r, 70, c.VocabSize)},
-	}
-	names := wgNames()
-	run := func(name string) [][]float32 {
-		e := engineOnPath(t, dev, m, seed, "dense")
-		e.Attention = name
-		return enginetest.Passes(t, e, 900, passes...)
-	}
-	want := run(names[0])
-	for _, name := range names[1:] {
-		enginetest.SameBits(t, fmt.Sprintf("seed %d: %s vs %s", seed, name, names[0]), run(name), want)
-	}
-}

@@ -18,7 +18,6 @@ __device__ __forceinline__ void rope_rotate(float a, float b, float c, float s, 
 // head's first half) with those of B (the same columns of its second
 // half), by the cosines c[0..8) and sines s[0..8) of their columns (fp32,
 // 16-byte aligned); A and B become the rotated values, rounded to bf16.
-template <bool HW = false>
 __device__ __forceinline__ void rope_rotate8(uint4& A, uint4& B, const float* c, const float* s) {
   const float4 c0 = *(const float4*)c, c1 = *(const float4*)(c + 4);
   const float4 s0 = *(const float4*)s, s1 = *(const float4*)(s + 4);
@@ -31,13 +30,8 @@ __device__ __forceinline__ void rope_rotate8(uint4& A, uint4& B, const float* c,
     float x0, y0, x1, y1;
     rope_rotate(bf_lo(a[i]), bf_lo(b[i]), cc[2 * i], ss[2 * i], x0, y0);
     rope_rotate(bf_hi(a[i]), bf_hi(b[i]), cc[2 * i + 1], ss[2 * i + 1], x1, y1);
-    if constexpr (HW) {
-      ra[i] = cvt_bf2(x0, x1);
-      rb[i] = cvt_bf2(y0, y1);
-    } else {
-      ra[i] = pack_bf2(x0, x1);
-      rb[i] = pack_bf2(y0, y1);
-    }
+    ra[i] = pack_bf2(x0, x1);
+    rb[i] = pack_bf2(y0, y1);
   }
   A = make_uint4(ra[0], ra[1], ra[2], ra[3]);
   B = make_uint4(rb[0], rb[1], rb[2], rb[3]);
