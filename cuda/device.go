@@ -257,6 +257,19 @@ func (dev *Device) Synchronize() error {
 	return dev.call("cuCtxSynchronize", func() int32 { return dev.drv.cuCtxSynchronize() })
 }
 
+// Available returns the device memory an allocation can get, in bytes: what
+// the driver has free (MemInfo) plus the blocks the caching allocator holds
+// for reuse, which it gives back to the driver when an allocation would
+// otherwise fail. Checks of whether something fits use this, not MemInfo's
+// free: after a large buffer is freed, the driver alone does not count it.
+func (dev *Device) Available() (int64, error) {
+	free, _, err := dev.MemInfo()
+	if err != nil {
+		return 0, err
+	}
+	return free + dev.MemStats().Cached, nil
+}
+
 // MemInfo returns the device's free and total memory in bytes (cuMemGetInfo).
 // Memory held by the caching allocator counts as used.
 func (dev *Device) MemInfo() (free, total int64, err error) {

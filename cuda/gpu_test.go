@@ -601,6 +601,48 @@ func TestCachingAllocator(t *testing.T) {
 	}
 }
 
+// TestAvailableCountsCache checks Device.Available: a freed block the
+// allocator keeps counts as available, though the driver no longer counts
+// it as free, and an allocation of all that is available succeeds.
+func TestAvailableCountsCache(t *testing.T) {
+	dev := cudatest.Device(t)
+	rng, seed := testutil.Rand(t)
+	if err := dev.EmptyCache(); err != nil {
+		t.Fatal(err)
+	}
+	size := 256<<20 + rng.IntN(64<<20)
+	a, err := dev.Alloc(size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Free(); err != nil {
+		t.Fatal(err)
+	}
+	free, _, err := dev.MemInfo()
+	if err != nil {
+		t.Fatal(err)
+	}
+	avail, err := dev.Available()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cached := dev.MemStats().Cached; avail != free+cached || cached < int64(size) {
+		t.Fatalf("seed %d: Available %d, want the driver's free %d plus the %d cached bytes (at least the %d freed)", seed, avail, free, cached, size)
+	}
+	// Everything available but 512 MiB (left for what else the context
+	// allocates) in one block: the cache goes back to the driver first.
+	b, err := dev.Alloc(int(avail - 512<<20))
+	if err != nil {
+		t.Fatalf("seed %d: allocating the %d bytes Available reported, less 512 MiB: %v", seed, avail, err)
+	}
+	if err := b.Free(); err != nil {
+		t.Fatal(err)
+	}
+	if err := dev.EmptyCache(); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestCompileCacheOnGPU compiles the same source twice and checks the second
 // comes from the disk cache.
 func TestCompileCacheOnGPU(t *testing.T) {

@@ -224,7 +224,7 @@ func gpuKVBudget(g *gpullm.Engine, o serve.Options, pageSize int, budget int64, 
 		pageSize = gpullm.DefaultPageSize
 	}
 	fits := func(what string, need float64, hint string) error {
-		free, _, err := g.Device().MemInfo()
+		free, err := g.Device().Available()
 		if err != nil {
 			return err
 		}

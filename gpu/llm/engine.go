@@ -224,7 +224,7 @@ func NewEngineWith(dev *cuda.Device, m *model.Model, opts Options) (*Engine, err
 	}
 	// The bf16 weights (half the float32 size) must fit in what the device
 	// has free, with room to spare for workspaces and KV caches.
-	if free, _, err := dev.MemInfo(); err == nil && c.WeightBytes()/2 > float64(free) {
+	if free, err := dev.Available(); err == nil && c.WeightBytes()/2 > float64(free) {
 		return nil, fmt.Errorf("llm: the model's bf16 weights need about %s of device memory, but %s is free on %v",
 			memcheck.Format(c.WeightBytes()/2), memcheck.Format(float64(free)), dev)
 	}

@@ -249,7 +249,7 @@ func ParamBytes(c model.Config) int64 {
 // batch > 0: including the activations of micro-batches of batch x seq)
 // exceed the device's free memory, and what would fit.
 func fits(dev *cuda.Device, need int64, c model.Config, batch, seq int, o Options) error {
-	free, err := freeMemory(dev)
+	free, err := dev.Available()
 	if err != nil {
 		return err
 	}
@@ -302,14 +302,6 @@ func fitError(need, free int64, dev string, c model.Config, batch, seq int, o Op
 	}
 	return fmt.Errorf("trainer: %s needs about %s of device memory (%s of weights, gradients and AdamW moments), but %s is free on %s%s",
 		what, memcheck.Format(float64(need+fitSlack)), memcheck.Format(float64(state)), memcheck.Format(float64(free)), dev, hint)
-}
-
-// freeMemory is the device memory an allocation can get: what the driver
-// has free plus what the caching allocator holds for reuse (given back to
-// the driver when an allocation would otherwise fail).
-func freeMemory(dev *cuda.Device) (int64, error) {
-	free, _, err := dev.MemInfo()
-	return free + dev.MemStats().Cached, err
 }
 
 // Config returns the configuration of the model being trained.

@@ -59,7 +59,7 @@ func NewMLPBlock(dev *cuda.Device, m, h, f int, gated bool, l1 float64) (*MLPBlo
 		return nil, err
 	}
 	s := mlpShape{m: m, h: h, f: f, gated: gated}
-	free, err := freeMemory(dev)
+	free, err := dev.Available()
 	if err != nil {
 		return nil, err
 	}
