@@ -70,9 +70,9 @@ __global__ void __launch_bounds__(256, 2)
   // count. The blocks go in order, each thread copying the same two 16-byte
   // chunks of every block (rows lr and lr + 32, chunk lc); the block's page
   // and stage are tracked from one block to the next, not divided out (the
-  // divisions by the blocks a page holds were a fifth of the kernel's
-  // instructions), and the next block's page is read as this one is
-  // queued, an iteration before it is needed.
+  // loads with their divisions by the blocks a page holds were a quarter of
+  // the kernel's instructions), and the next block's page is read as this
+  // one is queued, an iteration before it is needed.
   const int lr = tid >> 3, lc = tid & 7;
   const u32 soff = swz(lr, lc);  // row lr + 32 is 4096 bytes further
   const int goff = lr * HD + lc * 8;
@@ -154,9 +154,8 @@ __global__ void __launch_bounds__(256, 2)
       float sc[BK / 8][4];
       scores(sc, kb);
       mask(sc, k0);
-      // o *= corr only in warps where a row's maximum moved (multiplying
-      // by exactly 1 would leave the same bits): after the first blocks,
-      // most blocks move no maximum.
+      // o *= corr only in warps where a row's maximum moved: a rescale by
+      // exactly 1 would leave the same bits.
       float corr[2];
       softmax_probs(sc, mrow, lrow, corr, scale_log2);
       if (__any_sync(0xffffffffu, corr[0] != 1.f || corr[1] != 1.f)) rescale(o, corr);
