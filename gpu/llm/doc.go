@@ -26,7 +26,8 @@
 //     through the engine's gemv_rows kernel;
 //   - attention is flash-attention 2 style (online softmax over blocks of
 //     64 keys streamed through a cp.async pipeline, one CTA per sequence,
-//     head and block of 128 queries, longest first), on tensor cores: on
+//     head and block of 128 queries, sequence by sequence and each
+//     sequence's longest first), on tensor cores: on
 //     Hopper wgmma (attn_wgmma.cu, 3 stages) for prefill passes with
 //     head_dim 64, else mma.sync and ldmatrix (attn.cu) for head_dim 64 and
 //     128; a plain kernel otherwise;
