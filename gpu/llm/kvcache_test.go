@@ -62,7 +62,7 @@ func attnKernels(dev *cuda.Device, hd int) []string {
 		ks = append(ks, "mma")
 	}
 	if hd == 64 && dev.Properties().Arch == "sm_90a" {
-		ks = append(ks, "wgmma3")
+		ks = append(ks, wgNames()...)
 	}
 	return ks
 }

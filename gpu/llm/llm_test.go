@@ -537,7 +537,7 @@ func TestAttentionRepeatable(t *testing.T) {
 	toks := [][]int{enginetest.Tokens(r, 1024, c.VocabSize), enginetest.Tokens(r, 1000, c.VocabSize), enginetest.Tokens(r, 700, c.VocabSize)}
 	kernels := []string{"mma"}
 	if dev.Properties().Arch == "sm_90a" {
-		kernels = append(kernels, "wgmma3")
+		kernels = append(kernels, wgNames()...)
 	}
 	for _, k := range kernels {
 		e := engineOnPath(t, dev, m, seed, "dense")
