@@ -4,6 +4,7 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"sync"
 
 	"github.com/twell-ai/twell/cuda"
 )
@@ -271,33 +272,35 @@ func gemvExprs() []string {
 // mlpExpr names gemv_mlp's instance, gated or not, normed or not.
 func mlpExpr(gated, norm bool) string { return fmt.Sprintf("gemv_mlp<%v,%v>", gated, norm) }
 
+// gemvBuild is one build of gemv.cu, compiled on first use: its kernels
+// and, for the GEMV_TIMELINE build, its stamps (the module's
+// gemv_timeline, read by MLP.GEMVStamps).
+type gemvBuild struct {
+	once   sync.Once
+	set    gemvSet
+	stamps *cuda.Buffer
+	err    error
+}
+
 // gemvKernels compiles gemv.cu once and returns its kernels; with
-// timeline, its GEMV_TIMELINE build (stamping gemv_timeline, read by
-// MLP.GEMVStamps).
+// timeline, those of its GEMV_TIMELINE build.
 func (k *kernels) gemvKernels(timeline bool) (*gemvSet, error) {
+	b, opts := &k.gemv, []cuda.CompileOption(nil)
 	if timeline {
-		k.gemvTLOnce.Do(func() {
-			mod, fs, err := k.compileModule("gemv.cu", gemvSrc, gemvExprs(), cuda.WithOptions("-DGEMV_TIMELINE"))
-			if err == nil {
-				k.gemvStamps, err = mod.Global("gemv_timeline")
-			}
-			if err != nil {
-				k.gemvTLErr = err
-				return
-			}
-			k.gemvTL = newGemvSet(fs)
-		})
-		return &k.gemvTL, k.gemvTLErr
+		b, opts = &k.gemvTL, []cuda.CompileOption{cuda.WithOptions("-DGEMV_TIMELINE")}
 	}
-	k.gemvOnce.Do(func() {
-		fs, err := k.compile("gemv.cu", gemvSrc, gemvExprs())
+	b.once.Do(func() {
+		mod, fs, err := k.compileModule("gemv.cu", gemvSrc, gemvExprs(), opts...)
+		if err == nil && timeline {
+			b.stamps, err = mod.Global("gemv_timeline")
+		}
 		if err != nil {
-			k.gemvErr = err
+			b.err = err
 			return
 		}
-		k.gemv = newGemvSet(fs)
+		b.set = newGemvSet(fs)
 	})
-	return &k.gemv, k.gemvErr
+	return &b.set, b.err
 }
 
 // newGemvSet picks gemv.cu's kernels out of its compiled functions fs.
@@ -435,7 +438,7 @@ func (l *MLP) GEMVStamps() (stamps [][]uint64, sms []int, err error) {
 	}
 	blocks := l.F / 32
 	raw := make([]uint64, blocks*tlPoints)
-	src, err := l.k.gemvStamps.Slice(0, 8*len(raw))
+	src, err := l.k.gemvTL.stamps.Slice(0, 8*len(raw))
 	if err == nil {
 		err = l.dev.CopyDtoH(cuda.Bytes(raw), src)
 	}

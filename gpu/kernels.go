@@ -35,16 +35,9 @@ type kernels struct {
 	dn        denseSet
 	denseErr  error
 	gath      gatheredSet
-	gemvOnce  sync.Once
-	gemv      gemvSet
-	gemvErr   error
-	// gemv.cu built with GEMV_TIMELINE (Options.GEMVTimeline), and its
-	// stamps (the module's gemv_timeline).
-	gemvTLOnce sync.Once
-	gemvTL     gemvSet
-	gemvTLErr  error
-	gemvStamps *cuda.Buffer
-	hotKs      hotSet // hot.cu (hot units)
+	gemv      gemvBuild // gemv.cu
+	gemvTL    gemvBuild // gemv.cu built with GEMV_TIMELINE (Options.GEMVTimeline)
+	hotKs     hotSet    // hot.cu (hot units)
 
 	t2dMu sync.Mutex
 	t2d   map[int]*t2dSet // by chunks per row, ceil(d/256)
