@@ -128,19 +128,16 @@ __device__ __forceinline__ void softmax_step(float (&sc)[NJ][4], float (&mrow)[2
 }
 
 // store_rows writes a 16-row output tile, normalized by the row sums (summed
-// over the quad here unless WHOLE: lrow then holds the whole sums), for the
-// rows below n; orow0 points at row g's first column of this lane (column
-// 2tq).
-template <int NO, bool WHOLE = false>
+// over the quad here), for the rows below n; orow0 points at row g's first
+// column of this lane (column 2tq).
+template <int NO>
 __device__ __forceinline__ void store_rows(const float (&o)[NO][4], const float (&lrow)[2], u16* orow0, size_t pitch,
                                            int row_g, int n) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     float l = lrow[h];
-    if (!WHOLE) {
-      l += __shfl_xor_sync(0xffffffffu, l, 1);
-      l += __shfl_xor_sync(0xffffffffu, l, 2);
-    }
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
     if (row_g + 8 * h >= n) continue;
     float il = 1.f / l;
     u16* orow = orow0 + (size_t)(8 * h) * pitch;

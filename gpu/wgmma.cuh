@@ -75,18 +75,6 @@ __device__ __forceinline__ void wg_rs64t(float (&d)[8][4], const u32 (&a)[4], u6
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
 }
 
-// wg_rs8 issues wgmma m64n8k16 adding A (bf16 fragments in registers, the
-// mma.m16n8k16 A layout per warp) times B (shared memory descriptor,
-// K-major) to d: 4 accumulators a thread, columns 2tq and 2tq + 1 of the
-// warp's rows g (d[0], d[1]) and g + 8 (d[2], d[3]).
-__device__ __forceinline__ void wg_rs8(float (&d)[4], const u32 (&a)[4], u64 db) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %9, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0,%1,%2,%3}, {%4,%5,%6,%7}, %8, p, 1, 1, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
-}
-
 // swz is the byte offset of 16-byte chunk c of row r in a tile of 128-byte
 // rows with the 128-byte swizzle (1024-byte aligned).
 __device__ __forceinline__ u32 swz(int r, int c) { return (u32)(r * 128 + ((c ^ (r & 7)) << 4)); }

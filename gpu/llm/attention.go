@@ -263,7 +263,7 @@ type wgBuild struct {
 // block's softmax overlapped with the block before's P V, and with the
 // queries in registers were within the defaults' spread in whole-model
 // prefill (H200, 2026-12-05) and are gone.
-var wgBuilds = map[string]wgBuild{"wgmma3": {"attn_wg64<3, false>", 3}, "wgmma3sum": {"attn_wg64<3, true>", 3}}
+var wgBuilds = map[string]wgBuild{"wgmma3": {"attn_wg64<3>", 3}}
 
 // wgExprs returns the name expressions of every build, sorted.
 func wgExprs() []string {
@@ -276,10 +276,9 @@ func wgExprs() []string {
 }
 
 // wgSmem is the dynamic shared memory of a build of stages stages: the 128
-// query rows and the stages' 64-key K and V blocks, 128 bytes a row, the
-// 1024-byte block of ones of the builds that sum rows on the tensor cores,
-// plus 1024 bytes for aligning the base.
-func wgSmem(stages int) int { return (attnBQ+stages*2*64)*128 + 1024 + 1024 }
+// query rows and the stages' 64-key K and V blocks, 128 bytes a row, plus
+// 1024 bytes for aligning the base.
+func wgSmem(stages int) int { return (attnBQ+stages*2*64)*128 + 1024 }
 
 // wgmma returns the wgmma attention build of Engine.Attention name name
 // (a key of wgBuilds), compiling attn_wgmma.cu on first use.

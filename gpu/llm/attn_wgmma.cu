@@ -33,7 +33,7 @@
 // defaults' spread): 4 stages with one barrier an iteration, each block's
 // softmax overlapped with the block before's P V (as flash-attention 3
 // does), and the queries held in registers as wgmma A fragments.
-template <int STAGES, bool SUM>
+template <int STAGES>
 __global__ void __launch_bounds__(256, 2)
     attn_wg64(const u16* __restrict__ qkv, u16* __restrict__ out, const int* __restrict__ items,
               const int* __restrict__ seq_q0, const int* __restrict__ seq_n, const int* __restrict__ seq_past,
@@ -126,15 +126,6 @@ __global__ void __launch_bounds__(256, 2)
     }
   }
 
-  // With SUM the row sums come from the tensor cores: P times a 64 x 8
-  // block of ones (1024 bytes after the stages, K-major: any layout of ones
-  // is ones) beside P V, accumulated in lsum and rescaled with o; the
-  // softmax's own sums (lrow) are then dead code. The sums are of the bf16
-  // probabilities that P V multiplies, not of their fp32 values.
-  const u32 sOnes = sKV + (u32)STAGES * 2 * BLK;
-  if (SUM) asm volatile("st.shared.u32 [%0], %1;" ::"r"(sOnes + 4u * tid), "r"(0x3F803F80u) : "memory");
-  const u64 dones = sw128_desc(sOnes);
-  float lsum[4] = {0.f, 0.f, 0.f, 0.f};
   float o[HD / 8][4];
   zero(o);
   float mrow[2] = {NEG_INF, NEG_INF}, lrow[2] = {0.f, 0.f};
@@ -167,44 +158,15 @@ __global__ void __launch_bounds__(256, 2)
       // exactly 1 would leave the same bits.
       float corr[2];
       softmax_probs(sc, mrow, lrow, corr, scale_log2);
-      if (__any_sync(0xffffffffu, corr[0] != 1.f || corr[1] != 1.f)) {
-        rescale(o, corr);
-        if (SUM) lsum[0] *= corr[0], lsum[1] *= corr[0], lsum[2] *= corr[1], lsum[3] *= corr[1];
-      }
-      if constexpr (SUM) {
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk) p_frag(sc, kk, p[kk]);
-        keep_live(o);
-        keep_live(p);
-#pragma unroll
-        for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(lsum[e])::"memory");
-        asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk) wg_rs64t(o, p[kk], dv + kk * (16 * 128 >> 4));  // 16 keys per k step
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk) wg_rs8(lsum, p[kk], dones);
-        asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-        wg_wait<0>();
-        keep_live(o);
-        keep_live(p);
-#pragma unroll
-        for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(lsum[e])::"memory");
-      } else {
-        wg_pv_probs(o, sc, p, dv);
-      }
+      if (__any_sync(0xffffffffu, corr[0] != 1.f || corr[1] != 1.f)) rescale(o, corr);
+      wg_pv_probs(o, sc, p, dv);
     }
     if (END_SYNC) __syncthreads();  // the stage just read is the next iteration's load target
   }
   cp_async_wait<0>();
   if (trow0 < n) {
     int row = trow0 + g;
-    u16* orow = out + (size_t)(qs + row) * nq * HD + head * HD + tq * 2;
-    if constexpr (SUM) {
-      const float whole[2] = {lsum[0], lsum[2]};
-      store_rows<HD / 8, true>(o, whole, orow, (size_t)nq * HD, row, n);
-    } else {
-      store_rows(o, lrow, orow, (size_t)nq * HD, row, n);
-    }
+    store_rows(o, lrow, out + (size_t)(qs + row) * nq * HD + head * HD + tq * 2, (size_t)nq * HD, row, n);
   }
 }
 
