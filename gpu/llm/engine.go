@@ -77,16 +77,6 @@ type Engine struct {
 	// (rope.cuh), so the logits are the same bits. NewEngine sets it unless
 	// the environment variable TWELL_LLM_ATTN_ROPE is "0".
 	AttnRope bool
-	// ResidGEMM makes passes whose output projection runs on cuBLASLt add
-	// it to the residual stream in the GEMM (fp32 C and D, beta 1), so that
-	// the MLP's norm only reads the residual and writes the normed rows: 6
-	// bytes an element instead of 12 (the residual read and written in
-	// fp32, the projection read and the normed row written in bf16), for 8
-	// more in the GEMM's epilogue (the residual read and written in fp32,
-	// against the projection written in bf16). The residual then gets the
-	// fp32 sum, not its bf16 rounding. NewEngine sets it when the
-	// environment variable TWELL_LLM_RESID_GEMM is "1".
-	ResidGEMM bool
 	// DecRope makes decode steps whose q/k/v projection runs on cuBLASLt
 	// (more sequences than the engine's own projection kernels take) skip
 	// rope_kv: the decode attention kernel rotates the query and the new key
@@ -247,7 +237,7 @@ func NewEngineWith(dev *cuda.Device, m *model.Model, opts Options) (*Engine, err
 		return nil, err
 	}
 	e := &Engine{cfg: c, dev: dev, k: k, mlpPath: mlp.Auto, rope: model.NewRoPETables(c), Attention: opts.Attention,
-		NoGraphs: opts.NoGraphs, NoGEMV: opts.NoGEMV, Serial: opts.MLP.Serial, FuseNorms: opts.FuseNorms, AttnRope: opts.AttnRope, ResidGEMM: opts.ResidGEMM, DecRope: opts.DecRope, HotUnits: !opts.MLP.NoHotUnits, pool: &kvPool{dev: dev, cfg: c}}
+		NoGraphs: opts.NoGraphs, NoGEMV: opts.NoGEMV, Serial: opts.MLP.Serial, FuseNorms: opts.FuseNorms, AttnRope: opts.AttnRope, DecRope: opts.DecRope, HotUnits: !opts.MLP.NoHotUnits, pool: &kvPool{dev: dev, cfg: c}}
 	if act, _ := c.GateActivation(); act == model.ActSiLU {
 		e.act = gpu.ActSiLU
 	}

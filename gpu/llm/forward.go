@@ -475,20 +475,10 @@ func (e *Engine) layersQueue(b *batch, st *engine.Stats, paths []mlp.Path) error
 			return fmt.Errorf("llm: layer %d attention: %w", li, err)
 		}
 		prof("attention")
-		if e.ResidGEMM && !fuse && !e.gemv(T, nq*hd) {
-			// cur += hn o^T in fp32, in the GEMM's epilogue (the attention
-			// norm has added the last MLP's output to cur).
-			g := cublas.Gemm{M: T, N: h, K: nq * hd, TransB: true, Alpha: 1, Beta: 1, CType: cublas.F32}
-			if err := e.blas.Matmul(s, g, ws.hn, l.o, cur); err != nil {
-				return fmt.Errorf("llm: layer %d o_proj: %w", li, err)
-			}
-			delta = nil
-		} else {
-			if err := e.project(T, h, nq*hd, ws.hn, l.o, ws.proj); err != nil {
-				return fmt.Errorf("llm: layer %d o_proj: %w", li, err)
-			}
-			delta = ws.proj
+		if err := e.project(T, h, nq*hd, ws.hn, l.o, ws.proj); err != nil {
+			return fmt.Errorf("llm: layer %d o_proj: %w", li, err)
 		}
+		delta = ws.proj
 		prof("o_proj")
 		var fixed *mlp.Path
 		if paths != nil {

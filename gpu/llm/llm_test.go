@@ -924,37 +924,3 @@ func TestCalibrateAtLongPrefill(t *testing.T) {
 		t.Fatalf("seed %d: decode step: rel diff %.3g (err %v), want <= %g", seed, d, err, bf16Tol)
 	}
 }
-
-// TestResidGEMMMatchesCPU checks Engine.ResidGEMM: passes whose output
-// projection adds into the residual stream in its GEMM agree with the CPU
-// model (and with the engine without it) within bf16 rounding, on the
-// sparse and dense MLP paths, over a prefill of two sequences and a second
-// pass of several tokens each (both on cuBLASLt projections).
-func TestResidGEMMMatchesCPU(t *testing.T) {
-	dev := cudatest.Device(t)
-	cudatest.Compiler(t)
-	for _, path := range []string{"sparse", "dense"} {
-		t.Run(path, func(t *testing.T) {
-			c := testConfig(64, 4, 2, true)
-			r, seed := testutil.Rand(t)
-			m := sparseModel(t, c, r, seed)
-			passes := [][][]int{
-				{enginetest.Tokens(r, 60+r.IntN(100), c.VocabSize), enginetest.Tokens(r, 1+r.IntN(9), c.VocabSize)},
-				{enginetest.Tokens(r, 9+r.IntN(30), c.VocabSize), enginetest.Tokens(r, 9, c.VocabSize)},
-			}
-			run := func(on bool) [][]float32 {
-				e := engineOnPath(t, dev, m, seed, path)
-				e.ResidGEMM = on
-				return enginetest.Passes(t, e, 220, passes...)
-			}
-			got, base := run(true), run(false)
-			want := cpuForward(t, m, path, 220, passes...)
-			if d, err := enginetest.RelDiff(got, want); err != nil || d > bf16Tol {
-				t.Errorf("seed %d: against the CPU: rel diff %.3g (err %v), want <= %g", seed, d, err, bf16Tol)
-			}
-			if d, err := enginetest.RelDiff(got, base); err != nil || d > bf16Tol {
-				t.Errorf("seed %d: against the engine without it: rel diff %.3g (err %v), want <= %g", seed, d, err, bf16Tol)
-			}
-		})
-	}
-}

@@ -22,8 +22,6 @@ func TestOptionsFromEnv(t *testing.T) {
 		{Env: map[string]string{EnvAttnRope: "1"}, Want: on},
 		{Env: map[string]string{EnvAttnRope: "0"}, Want: Options{FuseNorms: true, GEMMTune: true, DecRope: true}},
 		{Env: map[string]string{EnvAttnRope: "yes"}, Bad: EnvAttnRope},
-		{Env: map[string]string{EnvResidGEMM: "1"}, Want: Options{FuseNorms: true, AttnRope: true, GEMMTune: true, DecRope: true, ResidGEMM: true}},
-		{Env: map[string]string{EnvResidGEMM: "on"}, Bad: EnvResidGEMM},
 		{Env: map[string]string{EnvGEMMTune: "1"}, Want: on},
 		{Env: map[string]string{EnvGEMMTune: "0"}, Want: Options{FuseNorms: true, AttnRope: true, DecRope: true}},
 		{Env: map[string]string{EnvDecRope: "1"}, Want: on},
