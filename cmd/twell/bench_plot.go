@@ -1,16 +1,18 @@
 package main
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
 	"os"
 
 	"github.com/twell-ai/twell/bench"
+	"github.com/twell-ai/twell/internal/atomicfile"
 )
 
 func init() {
-	register(command{name: "bench plot", summary: "one figure of several bench model runs (rounds of an A/B)", args: "RUN.json...",
-		run: runBenchPlot})
+	register(command{name: "bench plot", summary: "one figure of several bench model runs (rounds of an A/B), or of go test -bench output",
+		args: "RUN.json... | -gobench METRIC BENCH.txt...", run: runBenchPlot})
 }
 
 // maxRunJSON bounds the size of a bench model JSON file that bench plot
@@ -20,12 +22,21 @@ const maxRunJSON = 64 << 20
 func runBenchPlot(args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("bench plot", stderr)
 	out := fs.String("o", "", "write the figure (PNG) to this file (required)")
+	goMetric := fs.String("gobench", "", "the files are go test -bench output: draw the median of this metric (a unit the benchmarks report, e.g. ns/op or us/step) of each benchmark")
+	jsonOut := fs.String("json", "", "with -gobench: also write each benchmark's medians to this JSON file")
+	title := fs.String("title", "go test -bench", "with -gobench: the figure's title")
 	paths, err := parseFlagsAndArgs(fs, args)
 	if err != nil {
 		return err
 	}
 	if *out == "" {
 		return usagef("-o is required: where to write the figure")
+	}
+	if *goMetric != "" {
+		return plotGoBench(paths, *goMetric, *title, *out, *jsonOut, stdout)
+	}
+	if *jsonOut != "" {
+		return usagef("-json goes with -gobench (bench model writes its own JSON)")
 	}
 	if len(paths) == 0 {
 		return usagef("name at least one JSON file that bench model -json wrote")
@@ -69,4 +80,45 @@ func readRun(path string) ([]bench.ModelResult, error) {
 	}
 	bench.NameVariants(rs)
 	return rs, nil
+}
+
+// maxGoBench bounds the size of a go test -bench output file bench plot
+// reads.
+const maxGoBench = 64 << 20
+
+// plotGoBench draws the median of metric of each benchmark in the go test
+// -bench output files paths, and with jsonOut writes all their medians.
+func plotGoBench(paths []string, metric, title, out, jsonOut string, stdout io.Writer) error {
+	if len(paths) == 0 {
+		return usagef("name at least one file of go test -bench output")
+	}
+	var all []bench.GoBenchResult
+	for _, path := range paths {
+		f, err := os.Open(path)
+		if err != nil {
+			return err
+		}
+		rs, err := bench.ReadGoBench(io.LimitReader(f, maxGoBench), path)
+		f.Close()
+		if err != nil {
+			return err
+		}
+		all = append(all, rs...)
+	}
+	if err := bench.PlotGoBench(all, metric, title, out); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "wrote %s: %d benchmarks of %d files\n", out, len(all), len(paths))
+	if jsonOut == "" {
+		return nil
+	}
+	data, err := json.MarshalIndent(all, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := atomicfile.WriteFile(jsonOut, append(data, '\n')); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "wrote %s\n", jsonOut)
+	return nil
 }

@@ -2,6 +2,8 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
+	"fmt"
 	"image"
 	_ "image/png"
 	"os"
@@ -85,6 +87,49 @@ func TestBenchPlot(t *testing.T) {
 		code := run(append([]string{"bench", "plot"}, c.args...), &out, &errb)
 		if code != c.code || !strings.Contains(errb.String(), c.want) || strings.Count(errb.String(), "\n") != 1 {
 			t.Errorf("bench plot %q: exit %d, stderr %q; want exit %d and one line with %q", c.args, code, errb.String(), c.code, c.want)
+		}
+	}
+}
+
+// TestBenchPlotGoBench draws go test -bench output and writes its medians,
+// and refuses a metric no benchmark reports or -json without -gobench.
+func TestBenchPlotGoBench(t *testing.T) {
+	r, seed := testutil.Rand(t)
+	dir := t.TempDir()
+	in := filepath.Join(dir, "bench.txt")
+	var sb strings.Builder
+	sb.WriteString("pkg: example.com/p\n")
+	for i := 0; i < 3; i++ {
+		fmt.Fprintf(&sb, "BenchmarkS/n=%d-16\t30\t%d ns/op\t%.1f us/step\n", i, 1000+r.IntN(1000), 500+100*r.Float64())
+	}
+	if err := os.WriteFile(in, []byte(sb.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	png, js := filepath.Join(dir, "g.png"), filepath.Join(dir, "g.json")
+	var out, errb bytes.Buffer
+	if code := run([]string{"bench", "plot", "-gobench", "us/step", "-json", js, "-o", png, in}, &out, &errb); code != 0 {
+		t.Fatalf("seed %d: exit %d: %s", seed, code, errb.String())
+	}
+	checkFigure(t, png)
+	var got []bench.GoBenchResult
+	data, err := os.ReadFile(js)
+	if err != nil || json.Unmarshal(data, &got) != nil || len(got) != 3 || got[2].Median["us/step"] < 500 {
+		t.Fatalf("seed %d: %s: %v %+v", seed, js, err, got)
+	}
+	for _, c := range []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{"-gobench", "GB/s", "-o", png, in}, 1, `"GB/s"`},
+		{[]string{"-json", js, "-o", png, in}, 2, "-json goes with -gobench"},
+		{[]string{"-gobench", "us/step", "-o", png}, 2, "go test -bench output"},
+	} {
+		out.Reset()
+		errb.Reset()
+		code := run(append([]string{"bench", "plot"}, c.args...), &out, &errb)
+		if code != c.code || !strings.Contains(errb.String(), c.want) {
+			t.Errorf("bench plot %q: exit %d, stderr %q; want exit %d and %q", c.args, code, errb.String(), c.code, c.want)
 		}
 	}
 }
