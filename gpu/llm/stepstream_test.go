@@ -27,17 +27,18 @@ var ssSlots = []int{4, 13}
 
 // The bits of step_stream's mode (stepstream.cu).
 const (
-	ssSync  = 1 // a grid barrier after each phase
-	ssStage = 2 // x read again after each barrier
-	ssDown  = 4 // the scattered reads of the down phase
-	ssLayer = 8 // one barrier a layer instead of five
-	ssReal  = ssSync | ssStage | ssDown
+	ssSync    = 1  // a grid barrier after each phase
+	ssStage   = 2  // x read again after each barrier
+	ssDown    = 4  // the scattered reads of the down phase
+	ssLayer   = 8  // one barrier a layer instead of five
+	ssNoFence = 16 // the barriers without __threadfence
+	ssReal    = ssSync | ssStage | ssDown
 )
 
 // ssBuilds are the (ring slots, mode) pairs timed.
 var ssBuilds = []struct{ slots, mode int }{
 	{13, 0}, {13, ssSync}, {13, ssSync | ssStage}, {13, ssDown}, {13, ssReal}, {4, ssReal},
-	{13, ssReal | ssLayer}}
+	{13, ssReal | ssLayer}, {13, ssSync | ssNoFence}, {13, ssReal | ssNoFence}}
 
 func ssName(slots int) string { return fmt.Sprintf("step_stream<%d>", slots) }
 
@@ -218,7 +219,7 @@ func BenchmarkStepStream(b *testing.B) {
 		})
 	}
 	empty := newSSRig(b, ssLayers, [4]int{})
-	for _, mode := range []int{ssSync, ssSync | ssStage} {
+	for _, mode := range []int{ssSync, ssSync | ssStage, ssSync | ssNoFence} {
 		b.Run(fmt.Sprintf("slots=13/empty/mode=%d", mode), func(b *testing.B) { ssTime(b, empty, 13, mode, 0) })
 	}
 }

@@ -14,7 +14,9 @@
 // what a real step's dependencies add: SS_SYNC ends each phase with a grid
 // barrier of the consumers, SS_STAGE then has them read x again through the
 // L2 (as a real step reads the phase before's results), SS_DOWN makes the
-// scattered reads, SS_LAYER keeps only the barrier at each layer's end.
+// scattered reads, SS_LAYER keeps only the barrier at each layer's end,
+// SS_NOFENCE leaves out the barrier's __threadfence (the arrival's release
+// still orders what the block wrote before it).
 #include "common.cuh"
 
 #define SS_D 2048
@@ -27,6 +29,7 @@
 #define SS_STAGE 2
 #define SS_DOWN 4
 #define SS_LAYER 8
+#define SS_NOFENCE 16
 
 // SSLayer is one layer's streamed rows: q/k/v, keys and values, output
 // projection, gate; each nc[p] chunks of 4 rows of SS_D bf16.
@@ -37,13 +40,13 @@ struct SSLayer {
 __device__ __forceinline__ void cons_sync() { asm volatile("bar.sync 1, 256;" ::: "memory"); }
 
 // cons_grid_sync is grid_sync among the consumer warps only (the producer
-// runs ahead and never meets them).
-__device__ __forceinline__ void cons_grid_sync(u64* cnt) {
+// runs ahead and never meets them); fence: with grid_sync's __threadfence.
+__device__ __forceinline__ void cons_grid_sync(u64* cnt, bool fence) {
   cons_sync();
   if (threadIdx.x == 0) {
     const u64 n = gridDim.x;
     u64 prev, now;
-    __threadfence();
+    if (fence) __threadfence();
     asm volatile("atom.acq_rel.gpu.global.add.u64 %0, [%1], 1;" : "=l"(prev) : "l"(cnt) : "memory");
     const u64 target = (prev / n + 1) * n;
     if (prev + 1 != target) {
@@ -134,7 +137,7 @@ __global__ void __launch_bounds__(288, 1)
         }
       }
       poff += nc[p];
-      if ((mode & SS_SYNC) && !(mode & SS_LAYER)) cons_grid_sync(cnt);
+      if ((mode & SS_SYNC) && !(mode & SS_LAYER)) cons_grid_sync(cnt, !(mode & SS_NOFENCE));
     }
     // The down phase: SS_ACTIVE scattered 32-byte reads of the gate rows.
     if ((mode & SS_DOWN) && threadIdx.x < SS_ACTIVE * 2) {
@@ -145,7 +148,7 @@ __global__ void __launch_bounds__(288, 1)
       uint4 v = __ldcg((const uint4*)src);
       kept += bf_lo(v.x) + bf_hi(v.w);
     }
-    if (mode & SS_SYNC) cons_grid_sync(cnt);
+    if (mode & SS_SYNC) cons_grid_sync(cnt, !(mode & SS_NOFENCE));
   }
   if (threadIdx.x < SS_ACTIVE * 2) sink[b * SS_ACTIVE * 2 + threadIdx.x] = kept;
 }
