@@ -251,21 +251,24 @@ __device__ __forceinline__ void grid_enter(bool release_first) {
 // most as many blocks as fit. (A sense-reversing barrier, a count the last
 // block reset and a generation word it bumped, took one more L2 round trip
 // after the last arrival: gemv_mlp's blocks left it 1.9 us after the last
-// one reached it, against 1.2 us here; docs/gpu-llm.md.)
+// one reached it, against 1.2 us here; docs/gpu-llm.md.) grid_arrive_wait
+// is one thread's part, for a barrier of some of a block's warps; fence
+// adds the __threadfence grid_sync has.
+__device__ __forceinline__ void grid_arrive_wait(u64* cnt, bool fence) {
+  const u64 n = gridDim.x * gridDim.y * gridDim.z;
+  u64 prev, now;
+  if (fence) __threadfence();
+  asm volatile("atom.acq_rel.gpu.global.add.u64 %0, [%1], 1;" : "=l"(prev) : "l"(cnt) : "memory");
+  const u64 target = (prev / n + 1) * n;
+  if (prev + 1 != target) {
+    do {
+      asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(now) : "l"(cnt) : "memory");
+    } while (now < target);
+  }
+}
 __device__ __forceinline__ void grid_sync(u64* cnt) {
   __syncthreads();
-  if (threadIdx.x == 0) {
-    const u64 n = gridDim.x * gridDim.y * gridDim.z;
-    u64 prev, now;
-    __threadfence();
-    asm volatile("atom.acq_rel.gpu.global.add.u64 %0, [%1], 1;" : "=l"(prev) : "l"(cnt) : "memory");
-    const u64 target = (prev / n + 1) * n;
-    if (prev + 1 != target) {
-      do {
-        asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(now) : "l"(cnt) : "memory");
-      } while (now < target);
-    }
-  }
+  if (threadIdx.x == 0) grid_arrive_wait(cnt, true);
   __syncthreads();
 }
 

@@ -43,18 +43,7 @@ __device__ __forceinline__ void cons_sync() { asm volatile("bar.sync 1, 256;" ::
 // runs ahead and never meets them); fence: with grid_sync's __threadfence.
 __device__ __forceinline__ void cons_grid_sync(u64* cnt, bool fence) {
   cons_sync();
-  if (threadIdx.x == 0) {
-    const u64 n = gridDim.x;
-    u64 prev, now;
-    if (fence) __threadfence();
-    asm volatile("atom.acq_rel.gpu.global.add.u64 %0, [%1], 1;" : "=l"(prev) : "l"(cnt) : "memory");
-    const u64 target = (prev / n + 1) * n;
-    if (prev + 1 != target) {
-      do {
-        asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(now) : "l"(cnt) : "memory");
-      } while (now < target);
-    }
-  }
+  if (threadIdx.x == 0) grid_arrive_wait(cnt, fence);
   cons_sync();
 }
 
