@@ -24,7 +24,7 @@ func runBenchPlot(args []string, stdout, stderr io.Writer) error {
 	out := fs.String("o", "", "write the figure (PNG) to this file (required)")
 	goMetric := fs.String("gobench", "", "the files are go test -bench output: draw the median of this metric (a unit the benchmarks report, e.g. ns/op or us/step) of each benchmark")
 	jsonOut := fs.String("json", "", "with -gobench: also write each benchmark's medians to this JSON file")
-	title := fs.String("title", "go test -bench", "with -gobench: the figure's title")
+	title := fs.String("title", "", "with -gobench: the figure's title (default: go test -bench)")
 	paths, err := parseFlagsAndArgs(fs, args)
 	if err != nil {
 		return err
@@ -35,8 +35,8 @@ func runBenchPlot(args []string, stdout, stderr io.Writer) error {
 	if *goMetric != "" {
 		return plotGoBench(paths, *goMetric, *title, *out, *jsonOut, stdout)
 	}
-	if *jsonOut != "" {
-		return usagef("-json goes with -gobench (bench model writes its own JSON)")
+	if *jsonOut != "" || *title != "" {
+		return usagef("-json and -title go with -gobench (bench model writes its own JSON and titles)")
 	}
 	if len(paths) == 0 {
 		return usagef("name at least one JSON file that bench model -json wrote")
@@ -91,6 +91,9 @@ const maxGoBench = 64 << 20
 func plotGoBench(paths []string, metric, title, out, jsonOut string, stdout io.Writer) error {
 	if len(paths) == 0 {
 		return usagef("name at least one file of go test -bench output")
+	}
+	if title == "" {
+		title = "go test -bench"
 	}
 	var all []bench.GoBenchResult
 	for _, path := range paths {

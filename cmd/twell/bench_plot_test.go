@@ -122,7 +122,8 @@ func TestBenchPlotGoBench(t *testing.T) {
 		want string
 	}{
 		{[]string{"-gobench", "GB/s", "-o", png, in}, 1, `"GB/s"`},
-		{[]string{"-json", js, "-o", png, in}, 2, "-json goes with -gobench"},
+		{[]string{"-json", js, "-o", png, in}, 2, "go with -gobench"},
+		{[]string{"-title", "x", "-o", png, in}, 2, "go with -gobench"},
 		{[]string{"-gobench", "us/step", "-o", png}, 2, "go test -bench output"},
 	} {
 		out.Reset()
