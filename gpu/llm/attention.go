@@ -2,6 +2,7 @@ package llm
 
 import (
 	"fmt"
+	"maps"
 	"math"
 	"slices"
 	"strings"
@@ -93,12 +94,15 @@ func (e *Engine) attentionKernel(T int) (attnKernel, error) {
 
 // attentionChoices lists the values Engine.Attention takes, for messages.
 func attentionChoices() string {
-	names := []string{"auto", "mma", "ref"}
-	for name := range wgBuilds {
-		names = append(names, name)
-	}
-	slices.Sort(names[3:])
-	return strings.Join(names, ", ")
+	return strings.Join(append([]string{"auto", "mma", "ref"}, wgNames()...), ", ")
+}
+
+// wgNames returns the names of the wgmma attention builds (wgBuilds),
+// sorted.
+func wgNames() []string {
+	names := slices.Collect(maps.Keys(wgBuilds))
+	slices.Sort(names)
+	return names
 }
 
 // decSplits is the most runs a decode step's keys are cut into, per

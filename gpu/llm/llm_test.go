@@ -3,10 +3,8 @@ package llm
 import (
 	"cmp"
 	"fmt"
-	"maps"
 	"math"
 	"math/rand/v2"
-	"slices"
 	"strings"
 	"testing"
 
@@ -592,14 +590,6 @@ func TestAttnRopeSameBits(t *testing.T) {
 		enginetest.SameBits(t, fmt.Sprintf("seed %d, %s attention: queries rotated by attn_wg64 vs by rope_kv (first lengths %d, %d)", seed, attn, n0, n1),
 			run(true), run(false))
 	}
-}
-
-// wgNames returns the names of the wgmma attention builds (wgBuilds),
-// sorted.
-func wgNames() []string {
-	names := slices.Collect(maps.Keys(wgBuilds))
-	slices.Sort(names)
-	return names
 }
 
 // TestAttentionLongMatchesRef runs sequences over several query and key

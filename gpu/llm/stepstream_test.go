@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"math"
 	"testing"
-	"unsafe"
 
 	"github.com/twell-ai/twell/bf16"
 	"github.com/twell-ai/twell/cuda"
@@ -158,11 +157,10 @@ func TestStepStream(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		raw := make([]byte, r.nl*total*8*4)
-		if err := r.dev.CopyDtoH(raw, r.out); err != nil {
+		got := make([]float32, r.nl*total*8)
+		if err := r.dev.CopyDtoH(cuda.Bytes(got), r.out); err != nil {
 			t.Fatalf("%s mode %d: %v", ssName(b.slots), b.mode, err)
 		}
-		got := unsafe.Slice((*float32)(unsafe.Pointer(&raw[0])), len(raw)/4)
 		for l := range host {
 			off := 0
 			for p, n := range nc {
@@ -190,7 +188,7 @@ func upload(tb testing.TB, dev *cuda.Device, dst *cuda.Buffer, v []float32) {
 	tb.Helper()
 	b := make([]uint16, len(v))
 	bf16.FromFloat32s(b, v)
-	if err := dev.CopyHtoD(dst, unsafe.Slice((*byte)(unsafe.Pointer(&b[0])), len(b)*2)); err != nil {
+	if err := dev.CopyHtoD(dst, cuda.Bytes(b)); err != nil {
 		tb.Fatal(err)
 	}
 }
