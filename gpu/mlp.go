@@ -205,12 +205,6 @@ func release[T any](p **T, free func(*T) error) error {
 	return err
 }
 
-// Rows returns the MLP's weights on the device: bf16 [F][D] gate, up and
-// down (Wd^T) rows, in the unit order the MLP keeps (hot units reorder all
-// three alike, in place); gate is nil for a non-gated MLP. They stay valid
-// until Close.
-func (l *MLP) Rows() (gate, up, down *cuda.Buffer) { return l.gate, l.up, l.down }
-
 // WeightBytes returns the device memory the weights take.
 func (l *MLP) WeightBytes() int64 {
 	n := int64(2 * 2 * l.D * l.F)

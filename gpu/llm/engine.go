@@ -99,13 +99,6 @@ type Engine struct {
 	// anew each step costs milliseconds on the host. Callers that keep
 	// logits past the next call must copy them.
 	ReuseLogits bool
-	// StepKernel runs graph-replayed decode steps of one sequence whose
-	// every layer is on the sparse path as one kernel, step_b1 (step.cu):
-	// every layer of the step in one launch, the weights streamed through
-	// shared memory ahead of the activations. NewEngine sets it when the
-	// environment variable TWELL_LLM_STEP is "1"; the first such step
-	// fails with the reason where the model's shape is not one it takes.
-	StepKernel bool
 
 	dev    *cuda.Device
 	blas   *cublas.Handle
@@ -128,8 +121,6 @@ type Engine struct {
 	weightBytes  int64
 
 	hostLogits *cuda.HostBuffer // ReuseLogits' buffer
-	step       *stepKernel      // StepKernel's kernel and buffers, made at first use
-	stepGraphs int              // decode-step graphs recorded with step_b1
 
 	// decGlobalMerge merges the decode kernel's runs through global memory
 	// where clusters would merge them (tests compare both).
@@ -246,7 +237,7 @@ func NewEngineWith(dev *cuda.Device, m *model.Model, opts Options) (*Engine, err
 		return nil, err
 	}
 	e := &Engine{cfg: c, dev: dev, k: k, mlpPath: mlp.Auto, rope: model.NewRoPETables(c), Attention: opts.Attention,
-		NoGraphs: opts.NoGraphs, NoGEMV: opts.NoGEMV, Serial: opts.MLP.Serial, FuseNorms: opts.FuseNorms, AttnRope: opts.AttnRope, DecRope: opts.DecRope, StepKernel: opts.StepKernel, HotUnits: !opts.MLP.NoHotUnits, pool: &kvPool{dev: dev, cfg: c}}
+		NoGraphs: opts.NoGraphs, NoGEMV: opts.NoGEMV, Serial: opts.MLP.Serial, FuseNorms: opts.FuseNorms, AttnRope: opts.AttnRope, DecRope: opts.DecRope, HotUnits: !opts.MLP.NoHotUnits, pool: &kvPool{dev: dev, cfg: c}}
 	if act, _ := c.GateActivation(); act == model.ActSiLU {
 		e.act = gpu.ActSiLU
 	}
@@ -437,7 +428,7 @@ func (e *Engine) Close() error {
 	if e.stream != nil {
 		errs = append(errs, e.stream.Synchronize())
 	}
-	errs = append(errs, e.dropGraphs(), e.pool.close(), e.closeStep())
+	errs = append(errs, e.dropGraphs(), e.pool.close())
 	if e.head != e.embed {
 		free(e.head)
 	}

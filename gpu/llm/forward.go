@@ -406,11 +406,6 @@ func (e *Engine) prepare(b *batch) error {
 	if err := e.ropeFor(b.maxPos + 1); err != nil {
 		return err
 	}
-	if e.StepKernel && b.T == 1 {
-		if err := e.stepReady(); err != nil {
-			return err
-		}
-	}
 	return e.dev.CopyHtoDAsync(e.ws.meta, cuda.Bytes(b.words), e.stream)
 }
 
@@ -438,17 +433,6 @@ func (e *Engine) layersQueue(b *batch, st *engine.Stats, paths []mlp.Path) error
 		return fmt.Errorf("llm: embed: %w", err)
 	}
 	prof("embed")
-	if e.useStep(T, paths) {
-		if err := e.stepQueue(s, ws.resid, tokPos, pt); err != nil {
-			return fmt.Errorf("llm: step kernel: %w", err)
-		}
-		for li := range e.layers {
-			st.Paths[li] = mlp.Sparse
-		}
-		e.stepGraphs++
-		b.resid, b.delta = ws.resid, nil
-		return nil
-	}
 	attn, err := e.attentionKernel(T)
 	if err != nil {
 		return err

@@ -87,14 +87,13 @@ func (e *Engine) replay(b *batch, st *engine.Stats) (bool, error) {
 type graphSettings struct {
 	attention                                        string
 	noGEMV, serial, fuseNorms, attnRope, globalMerge bool
-	stepKernel                                       bool
 	decRuns                                          int
 }
 
 // graphSettings returns the engine's current graphSettings.
 func (e *Engine) graphSettings() graphSettings {
 	return graphSettings{attention: e.Attention, noGEMV: e.NoGEMV, serial: e.Serial, fuseNorms: e.FuseNorms,
-		attnRope: e.AttnRope, globalMerge: e.decGlobalMerge, stepKernel: e.StepKernel, decRuns: e.decRunsFixed}
+		attnRope: e.AttnRope, globalMerge: e.decGlobalMerge, decRuns: e.decRunsFixed}
 }
 
 // record captures the decoder layers of b into a graph.
