@@ -267,7 +267,7 @@ type wgBuild struct {
 // block's softmax overlapped with the block before's P V, and with the
 // queries in registers were within the defaults' spread in whole-model
 // prefill (H200, 2026-12-05) and are gone.
-var wgBuilds = map[string]wgBuild{"wgmma3": {"attn_wg64<3>", 3}, "wgmma4p": {"attn_wg64p<4>", 4}}
+var wgBuilds = map[string]wgBuild{"wgmma3": {"attn_wg64<3>", 3}}
 
 // wgExprs returns the name expressions of every build, sorted.
 func wgExprs() []string {

@@ -23,8 +23,6 @@
 
 #define WG_BK 64  // keys per block
 
-extern __shared__ __align__(1024) unsigned char smem_raw[];
-
 // attn_wg64<STAGES>: see the top of the file. Dynamic shared memory:
 // (128 + STAGES * 2 * 64) * 128 bytes, plus 1024 for alignment. The engine
 // instantiates STAGES = 3: on an H200, 3 stages beat 2 and a build that
@@ -35,35 +33,18 @@ extern __shared__ __align__(1024) unsigned char smem_raw[];
 // defaults' spread): 4 stages with one barrier an iteration, each block's
 // softmax overlapped with the block before's P V (as flash-attention 3
 // does), and the queries held in registers as wgmma A fragments.
-//
-// attn_wg64p<STAGES> (PIPE, STAGES >= 4) overlaps each block's softmax with
-// the block before's P V within a warpgroup, as flash-attention 3 does: an
-// iteration issues S = Q K^T of block kb and then P V of block kb - 1 (at
-// kb = 0 of zero probabilities), waits for S only, takes the block's maxima
-// and probabilities while P V runs, then waits for it, rescales the output
-// and packs the new probabilities; the last block's P V runs after the
-// loop. Every iteration that computes commits the same two groups (a
-// branch-dependent count, or a register of an in-flight wgmma redefined in
-// between, makes ptxas serialize every wgmma: C7513/C7515). A block's
-// values are read in the iteration after its keys, so its stage is loaded
-// again only after the barrier of the iteration after that: the copies are
-// queued after each iteration's barrier, two blocks ahead, and one barrier
-// an iteration does. The output is rescaled after the block before's P V
-// is added instead of before, so its sums round differently from
-// attn_wg64's.
-template <int STAGES, bool PIPE>
-__device__ __forceinline__ void attn_wg64_body(const u16* __restrict__ qkv, u16* __restrict__ out,
-                                               const int* __restrict__ items, const int* __restrict__ seq_q0,
-                                               const int* __restrict__ seq_n, const int* __restrict__ seq_past,
-                                               const u64* __restrict__ seq_pt, int page, int layer, int nq, int nkv,
-                                               int qkv_w, float scale_log2, const float* __restrict__ cosT,
-                                               const float* __restrict__ sinT) {
+template <int STAGES>
+__global__ void __launch_bounds__(256, 2)
+    attn_wg64(const u16* __restrict__ qkv, u16* __restrict__ out, const int* __restrict__ items,
+              const int* __restrict__ seq_q0, const int* __restrict__ seq_n, const int* __restrict__ seq_past,
+              const u64* __restrict__ seq_pt, int page, int layer, int nq, int nkv, int qkv_w, float scale_log2,
+              const float* __restrict__ cosT, const float* __restrict__ sinT) {
   constexpr int HD = 64, BK = WG_BK;
   static_assert(BK == ATT_BK, "the blocks of keys are the ones a page holds whole");
-  static_assert(!PIPE || STAGES >= 4, "P V reads a block's stage an iteration late");
   constexpr int AHEAD = STAGES - 1 < 2 ? STAGES - 1 : 2;  // blocks loaded ahead of the one computed
-  constexpr bool END_SYNC = !PIPE && STAGES < AHEAD + 2;  // whether a stage is reloaded right after its use
+  constexpr bool END_SYNC = STAGES < AHEAD + 2;  // whether a stage is reloaded right after its use
   constexpr u32 QBYTES = ATT_BQ * 128, BLK = BK * 128;  // Q tile; one K or V block
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
   const u32 sQ = (smem_addr(smem_raw) + 1023u) & ~1023u, sKV = sQ + QBYTES;
 
   const AttnItem a = attn_item(items, seq_q0, seq_n, seq_past, seq_pt, page, layer, nq, nkv, HD);
@@ -160,49 +141,7 @@ __device__ __forceinline__ void attn_wg64_body(const u16* __restrict__ qkv, u16*
     if (k0 + BK - 1 > past + trow0) mask_after(sc, k0, past + trow0 + g, tq);
   };
 
-  if (PIPE) {
-    // The warpgroup's blocks: those with a key at or before its last.
-    const int nwg = wklast < 0 ? 0 : wklast / BK + 1;
-    u64 dv = sw128_desc(stage(0) + BLK);  // the values of the block whose probabilities p holds
-#pragma unroll
-    for (int kk = 0; kk < BK / 16; ++kk) p[kk][0] = p[kk][1] = p[kk][2] = p[kk][3] = 0u;
-    for (int kb = 0; kb < nblk; ++kb) {
-      // Groups 0 .. kb + AHEAD - 1 are committed: wait for block kb's.
-      cp_async_wait<AHEAD - 1>();
-      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-      __syncthreads();
-      // Block kb + AHEAD goes to the stage of block kb + AHEAD - STAGES,
-      // whose P V every warpgroup finished before this barrier.
-      load_next();
-      const int k0 = kb * BK;
-      if (kb < nwg) {  // uniform over the warpgroup, as wgmma needs
-        float sc[BK / 8][4], corr[2];
-        wg_scores(sc, dq, sw128_desc(stage(kb)));  // commit group: S
-        wg_pv(o, p, dv);                           // and P V of block kb - 1 (at kb = 0, zero probabilities)
-        wg_wait<1>();                              // S is in
-        keep_live(sc);
-        mask(sc, k0);
-        softmax_probs(sc, mrow, lrow, corr, scale_log2);
-        wg_wait<0>();  // P V is in: o may be rescaled and p refilled
-        keep_live(o);
-        keep_live(p);
-        if (__any_sync(0xffffffffu, corr[0] != 1.f || corr[1] != 1.f)) rescale(o, corr);
-#pragma unroll
-        for (int kk = 0; kk < BK / 16; ++kk) p_frag(sc, kk, p[kk]);
-        dv = sw128_desc(stage(kb) + BLK);
-      }
-    }
-    // The last block's P V. Its stage holds it still: a warpgroup's blocks
-    // end at most one before the CTA's (its 64 queries against the CTA's
-    // 128), and the stage of block nblk - 2 would next take block nblk + 2.
-    if (nwg > 0) {
-      wg_pv(o, p, dv);
-      wg_wait<0>();
-      keep_live(o);
-      keep_live(p);
-    }
-  }
-  for (int kb = 0; !PIPE && kb < nblk; ++kb) {
+  for (int kb = 0; kb < nblk; ++kb) {
     load_next();
     // Groups 0 .. kb + AHEAD are committed.
     cp_async_wait<AHEAD>();
@@ -231,26 +170,6 @@ __device__ __forceinline__ void attn_wg64_body(const u16* __restrict__ qkv, u16*
   }
 }
 
-template <int STAGES>
-__global__ void __launch_bounds__(256, 2)
-    attn_wg64(const u16* __restrict__ qkv, u16* __restrict__ out, const int* __restrict__ items,
-              const int* __restrict__ seq_q0, const int* __restrict__ seq_n, const int* __restrict__ seq_past,
-              const u64* __restrict__ seq_pt, int page, int layer, int nq, int nkv, int qkv_w, float scale_log2,
-              const float* __restrict__ cosT, const float* __restrict__ sinT) {
-  attn_wg64_body<STAGES, false>(qkv, out, items, seq_q0, seq_n, seq_past, seq_pt, page, layer, nq, nkv, qkv_w,
-                                scale_log2, cosT, sinT);
-}
-
-template <int STAGES>
-__global__ void __launch_bounds__(256, 2)
-    attn_wg64p(const u16* __restrict__ qkv, u16* __restrict__ out, const int* __restrict__ items,
-               const int* __restrict__ seq_q0, const int* __restrict__ seq_n, const int* __restrict__ seq_past,
-               const u64* __restrict__ seq_pt, int page, int layer, int nq, int nkv, int qkv_w, float scale_log2,
-               const float* __restrict__ cosT, const float* __restrict__ sinT) {
-  attn_wg64_body<STAGES, true>(qkv, out, items, seq_q0, seq_n, seq_past, seq_pt, page, layer, nq, nkv, qkv_w,
-                               scale_log2, cosT, sinT);
-}
-
 // attn_wg64_probe checks the two products of attn_wg64 in isolation (tests
 // only; one CTA of one warpgroup): with q, k, v each 64 x 64 bf16 row-major
 // in global memory, it writes s = q k^T (fp32, 64 x 64, row-major) through
@@ -259,6 +178,7 @@ __global__ void __launch_bounds__(256, 2)
 extern "C" __global__ void __launch_bounds__(128)
     attn_wg64_probe(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __restrict__ v,
                     float* __restrict__ s_out, float* __restrict__ o_out) {
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
   const u32 sQ = (smem_addr(smem_raw) + 1023u) & ~1023u, sK = sQ + 8192, sV = sK + 8192;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, tq = lane & 3;
   for (int idx = tid; idx < 64 * 8; idx += 128) {
