@@ -70,32 +70,22 @@ __device__ __forceinline__ float block_sum(float v) {
 // form with blockDim.x threads.
 __device__ __forceinline__ bool rms_fits(int d) { return d % 4 == 0 && d / 4 <= RMS_MAXV * (int)blockDim.x; }
 
-// rms_load sets v = x + delta + delta2 (added in that order), where delta
-// and delta2 are bf16 row deltas (either may be null), all read through the
-// L2 (what the kernels before wrote).
+// rms_load sets v = x + delta, where delta is the bf16 row delta (may be
+// null), both read through the L2 (what the kernels before wrote).
 __device__ __forceinline__ void rms_load(float4 (&v)[RMS_MAXV], const float* __restrict__ x,
-                                         const u16* __restrict__ delta, int d,
-                                         const u16* __restrict__ delta2 = nullptr) {
+                                         const u16* __restrict__ delta, int d) {
   const int n4 = d / 4;
 #pragma unroll
   for (int k = 0; k < RMS_MAXV; ++k) {
     const int i = threadIdx.x + k * blockDim.x;
     if (i >= n4) continue;
     v[k] = __ldcg((const float4*)x + i);
-    uint2 d1 = make_uint2(0, 0), d2 = d1;
-    if (delta) d1 = __ldcg((const uint2*)delta + i);
-    if (delta2) d2 = __ldcg((const uint2*)delta2 + i);
     if (delta) {
-      v[k].x += bf_lo(d1.x);
-      v[k].y += bf_hi(d1.x);
-      v[k].z += bf_lo(d1.y);
-      v[k].w += bf_hi(d1.y);
-    }
-    if (delta2) {
-      v[k].x += bf_lo(d2.x);
-      v[k].y += bf_hi(d2.x);
-      v[k].z += bf_lo(d2.y);
-      v[k].w += bf_hi(d2.y);
+      const uint2 dd = __ldcg((const uint2*)delta + i);
+      v[k].x += bf_lo(dd.x);
+      v[k].y += bf_hi(dd.x);
+      v[k].z += bf_lo(dd.y);
+      v[k].w += bf_hi(dd.y);
     }
   }
 }

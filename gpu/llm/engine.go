@@ -84,16 +84,6 @@ type Engine struct {
 	// writes the new key and value into the cache. NewEngine sets it unless
 	// the environment variable TWELL_LLM_DEC_ROPE is "0".
 	DecRope bool
-	// LazyResid makes the attention norm of a pass whose norms run as
-	// kernels of their own (not FuseNorms) leave the residual unwritten,
-	// and the MLP norm add the MLP's delta of the layer before and the
-	// attention's at once: the same sums in the same order, so the same
-	// bits, for one fp32 write of the residual a layer less; the output
-	// projection then writes its rows into the q/k/v buffer, which the
-	// attention has read, so that the MLP's delta is kept until then.
-	// NewEngine sets it unless the environment variable
-	// TWELL_LLM_LAZY_RESID is "0".
-	LazyResid bool
 	// HotUnits makes the first pass of at least gpu.CalibrationTokens
 	// tokens calibrate each TwELL layer on its input (gpu.MLP.Calibrate),
 	// after which the layers compute their most frequently firing units
@@ -247,7 +237,7 @@ func NewEngineWith(dev *cuda.Device, m *model.Model, opts Options) (*Engine, err
 		return nil, err
 	}
 	e := &Engine{cfg: c, dev: dev, k: k, mlpPath: mlp.Auto, rope: model.NewRoPETables(c), Attention: opts.Attention,
-		NoGraphs: opts.NoGraphs, NoGEMV: opts.NoGEMV, Serial: opts.MLP.Serial, FuseNorms: opts.FuseNorms, AttnRope: opts.AttnRope, DecRope: opts.DecRope, LazyResid: opts.LazyResid, HotUnits: !opts.MLP.NoHotUnits, pool: &kvPool{dev: dev, cfg: c}}
+		NoGraphs: opts.NoGraphs, NoGEMV: opts.NoGEMV, Serial: opts.MLP.Serial, FuseNorms: opts.FuseNorms, AttnRope: opts.AttnRope, DecRope: opts.DecRope, HotUnits: !opts.MLP.NoHotUnits, pool: &kvPool{dev: dev, cfg: c}}
 	if act, _ := c.GateActivation(); act == model.ActSiLU {
 		e.act = gpu.ActSiLU
 	}

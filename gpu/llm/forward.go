@@ -452,21 +452,10 @@ func (e *Engine) layersQueue(b *batch, st *engine.Stats, paths []mlp.Path) error
 		qcos, qsin = e.cosB, e.sinB
 	}
 	var delta *cuda.Buffer // what the next norm adds to cur (bf16 rows; nil: nothing)
-	// With unfused norms the attention norm leaves the residual as it is
-	// (keep) and the MLP norm adds the MLP's delta and the attention's at
-	// once, the same bits for a pass over the residual less a layer (its
-	// fp32 write). The MLP's delta stays in ws.proj until then, so the
-	// output projection writes into ws.qkv, which the attention has read.
-	lazy := e.LazyResid && !fuse && qkvW >= h
-	attnOut := ws.proj
-	if lazy {
-		attnOut = view(ws.qkv, 0, 2*T*h)
-	}
 	for li, l := range e.layers {
 		rope := ropeArgs{qkv: ws.qkv, cos: e.cosB, sin: e.sinB, tokSeq: tokSeq, tokPos: tokPos, pt: pt, page: page,
 			T: T, layer: li, nq: nq, nkv: nkv, hd: hd, qkvW: qkvW, early: early, keepQ: keepQ}
-		norm := normArgs{resid: cur, delta: delta, w: l.attnNorm, out: ws.hn, n: T, d: h, eps: eps, keep: lazy, early: early}
-		pending := delta // the MLP delta the attention norm left unadded (lazy)
+		norm := normArgs{resid: cur, delta: delta, w: l.attnNorm, out: ws.hn, n: T, d: h, eps: eps, early: early}
 		if fuse && e.gemv(T, h) {
 			if err := rope.qkvRopeNormed(e.k.qkvRope1N, s, norm, other, l.qkv, h); err != nil {
 				return fmt.Errorf("llm: layer %d norm + qkv + rope: %w", li, err)
@@ -486,10 +475,10 @@ func (e *Engine) layersQueue(b *batch, st *engine.Stats, paths []mlp.Path) error
 			return fmt.Errorf("llm: layer %d attention: %w", li, err)
 		}
 		prof("attention")
-		if err := e.project(T, h, nq*hd, ws.hn, l.o, attnOut); err != nil {
+		if err := e.project(T, h, nq*hd, ws.hn, l.o, ws.proj); err != nil {
 			return fmt.Errorf("llm: layer %d o_proj: %w", li, err)
 		}
-		delta = attnOut
+		delta = ws.proj
 		prof("o_proj")
 		var fixed *mlp.Path
 		if paths != nil {
@@ -507,11 +496,7 @@ func (e *Engine) layersQueue(b *batch, st *engine.Stats, paths []mlp.Path) error
 			prof("mlp")
 			continue
 		}
-		mlpNorm := normArgs{resid: cur, delta: delta, w: l.mlpNorm, out: ws.hn, n: T, d: h, eps: eps, early: early}
-		if lazy {
-			mlpNorm.delta, mlpNorm.delta2 = pending, delta
-		}
-		if err := mlpNorm.launch(e.k.addNorm, s); err != nil {
+		if err := (normArgs{resid: cur, delta: delta, w: l.mlpNorm, out: ws.hn, n: T, d: h, eps: eps, early: early}).launch(e.k.addNorm, s); err != nil {
 			return fmt.Errorf("llm: layer %d norm: %w", li, err)
 		}
 		prof("norm")

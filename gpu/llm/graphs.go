@@ -85,15 +85,15 @@ func (e *Engine) replay(b *batch, st *engine.Stats) (bool, error) {
 // (and the tests' hooks): a graph recorded under other values would replay
 // the kernels they picked then.
 type graphSettings struct {
-	attention                                                   string
-	noGEMV, serial, fuseNorms, attnRope, globalMerge, lazyResid bool
-	decRuns                                                     int
+	attention                                        string
+	noGEMV, serial, fuseNorms, attnRope, globalMerge bool
+	decRuns                                          int
 }
 
 // graphSettings returns the engine's current graphSettings.
 func (e *Engine) graphSettings() graphSettings {
 	return graphSettings{attention: e.Attention, noGEMV: e.NoGEMV, serial: e.Serial, fuseNorms: e.FuseNorms,
-		attnRope: e.AttnRope, globalMerge: e.decGlobalMerge, lazyResid: e.LazyResid, decRuns: e.decRunsFixed}
+		attnRope: e.AttnRope, globalMerge: e.decGlobalMerge, decRuns: e.decRunsFixed}
 }
 
 // record captures the decoder layers of b into a graph.

@@ -18,41 +18,33 @@ extern "C" __global__ void embed(const u16* __restrict__ table, const int* __res
 }
 
 // add_rmsnorm: for output row b (one block each), with r = rows ? rows[b] : b,
-//   v = resid[r] + (delta ? delta[r] : 0) + (delta2 ? delta2[r] : 0)
+//   v = resid[r] + (delta ? delta[r] : 0)
 //   out[b] = bf16(v / sqrt(mean(v^2) + eps) * w)
-// and, when rows is null, keep is 0 and some delta is set, resid[r] = v
-// (the residual add). With rows set (the final norm of the rows whose
-// logits are wanted) or keep set (a norm whose deltas the next one adds
-// again: the attention norm of a layer, whose MLP delta the MLP norm adds
-// with the attention's) resid is not written. The deltas are added one
-// after the other in fp32, so a norm that adds both gives the bits of two
-// norms that add one each. When d is a multiple of 4 and at most 16 per
-// thread, each thread keeps its values in registers between the sum of
-// squares and the output (one pass over memory, its loads issued together:
-// decode steps run this at a few tokens, where latency is all that counts);
-// else a plain two-pass loop.
+// and, when rows is null, resid[r] = v (the residual add). With rows set
+// (the final norm of the rows whose logits are wanted) resid is not written.
+// When d is a multiple of 4 and at most 16 per thread, each thread keeps
+// its values in registers between the sum of squares and the output (one
+// pass over memory, its loads issued together: decode steps run this at a
+// few tokens, where latency is all that counts); else a plain two-pass loop.
 //
 // Launched with early start, it waits (grid_wait) before reading resid and
-// the deltas, and reads them through the L2.
+// delta, and reads them through the L2.
 extern "C" __global__ void add_rmsnorm(float* __restrict__ resid, const u16* __restrict__ delta,
-                                       const u16* __restrict__ delta2, const int* __restrict__ rows,
-                                       const float* __restrict__ w, u16* __restrict__ out, int d, float eps,
-                                       int keep) {
+                                       const int* __restrict__ rows, const float* __restrict__ w, u16* __restrict__ out,
+                                       int d, float eps) {
   grid_wait();
   grid_release();
   int b = blockIdx.x;
   int r = rows ? rows[b] : b;
   float* x = resid + (size_t)r * d;
   const u16* dl = delta ? delta + (size_t)r * d : nullptr;
-  const u16* dl2 = delta2 ? delta2 + (size_t)r * d : nullptr;
-  const bool write = !rows && !keep && (dl || dl2);
   u16* o = out + (size_t)b * d;
   if (rms_fits(d)) {  // common.cuh
     float4 v[RMS_MAXV], wv[RMS_MAXV];
     rms_weights(wv, w, d);
-    rms_load(v, x, dl, d, dl2);
+    rms_load(v, x, dl, d);
     const int n4 = d / 4;
-    if (write)
+    if (dl && !rows)
 #pragma unroll
       for (int k = 0; k < RMS_MAXV; ++k) {
         int i = threadIdx.x + k * blockDim.x;
@@ -69,9 +61,10 @@ extern "C" __global__ void add_rmsnorm(float* __restrict__ resid, const u16* __r
   float ss = 0.f;
   for (int i = threadIdx.x; i < d; i += blockDim.x) {
     float v = __ldcg(x + i);
-    if (dl) v += bf_to_f(__ldcg(dl + i));
-    if (dl2) v += bf_to_f(__ldcg(dl2 + i));
-    if (write) x[i] = v;
+    if (dl) {
+      v += bf_to_f(__ldcg(dl + i));
+      if (!rows) x[i] = v;
+    }
     ss += v * v;
   }
   // Each thread re-reads only the elements it wrote, so no barrier is
@@ -79,10 +72,8 @@ extern "C" __global__ void add_rmsnorm(float* __restrict__ resid, const u16* __r
   float inv = rsqrtf(block_sum(ss) / (float)d + eps);
   for (int i = threadIdx.x; i < d; i += blockDim.x) {
     float v = x[i];
-    if (!write) {
-      if (dl) v += bf_to_f(__ldcg(dl + i));
-      if (dl2) v += bf_to_f(__ldcg(dl2 + i));
-    }
+    if (dl && rows) v += bf_to_f(__ldcg(dl + i));
     o[i] = (u16)f_to_bf(v * inv * w[i]);
   }
 }
+

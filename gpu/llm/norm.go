@@ -4,26 +4,21 @@ import "github.com/twell-ai/twell/cuda"
 
 // normArgs are the operands of add_rmsnorm (norm.cu) over n rows of d
 // values: with rows nil, row r of the fp32 residual stream resid gets
-// delta's and then delta2's row r added (either nil: nothing) and is
-// written back, unless keep is set (the next norm adds the deltas again);
-// with rows set (the final norm), row b reads resid row rows[b] and resid
-// is not written. out (bf16) gets the normed rows scaled by w (fp32 [d]).
-// early launches it with early start (it waits with grid_wait).
+// delta's row r added (delta nil: nothing) and is written back; with rows
+// set (the final norm), row b reads resid row rows[b] and resid is not
+// written. out (bf16) gets the normed rows scaled by w (fp32 [d]). early
+// launches it with early start (it waits with grid_wait).
 type normArgs struct {
-	resid, delta, delta2, rows, w, out *cuda.Buffer
-	n, d                               int
-	eps                                float32
-	keep, early                        bool
+	resid, delta, rows, w, out *cuda.Buffer
+	n, d                       int
+	eps                        float32
+	early                      bool
 }
 
 // launch queues add_rmsnorm: one block per row.
 func (a normArgs) launch(fn *cuda.Function, s *cuda.Stream) error {
-	keep := int32(0)
-	if a.keep {
-		keep = 1
-	}
 	return fn.LaunchEx(cuda.LaunchConfig{Grid: cuda.Dim3{uint32(a.n), 1, 1}, Block: normBlock(a.d), Stream: s, EarlyStart: a.early},
-		a.resid, optional(a.delta), optional(a.delta2), optional(a.rows), a.w, a.out, int32(a.d), a.eps, keep)
+		a.resid, optional(a.delta), optional(a.rows), a.w, a.out, int32(a.d), a.eps)
 }
 
 // normBlock returns the block size of add_rmsnorm for hidden size h: its

@@ -22,7 +22,6 @@ type Options struct {
 	AttnRope  bool        // Engine.AttnRope: EnvAttnRope unset or "1"
 	GEMMTune  bool        // the engine's cuBLASLt handle tunes (cublas.DefaultTuneFlops): EnvGEMMTune unset or "1"
 	DecRope   bool        // Engine.DecRope: EnvDecRope unset or "1"
-	LazyResid bool        // Engine.LazyResid: EnvLazyResid unset or "1"
 	MLP       gpu.Options // each TwELL layer's kernels: gpu.Switches
 	// ReleaseWeights makes NewEngineWith drop each layer's float32
 	// matrices from the model once they are on the device, and the model's
@@ -81,11 +80,6 @@ const EnvGEMMTune = "TWELL_GEMM_TUNE"
 // 2026-12-06).
 const EnvDecRope = "TWELL_LLM_DEC_ROPE"
 
-// EnvLazyResid names the environment variable that, set to "0", makes the
-// attention norm of a new Engine's unfused layers write the residual sum
-// back instead of leaving it to the MLP norm (Engine.LazyResid).
-const EnvLazyResid = "TWELL_LLM_LAZY_RESID"
-
 // EnvKVPageSize names the environment variable that sets a new Engine's KV
 // cache page size in positions (a multiple of 64).
 const EnvKVPageSize = "TWELL_LLM_KV_PAGE_SIZE"
@@ -98,7 +92,7 @@ const EnvKVMemory = "TWELL_LLM_KV_MEMORY"
 // Switches are the names of the environment variables that set Options:
 // the engine's and its TwELL MLPs' (gpu.Switches).
 var Switches = append([]string{EnvAttention, EnvGraphs, EnvGEMV, EnvFuseNorms, EnvAttnRope, EnvGEMMTune, EnvDecRope,
-	EnvLazyResid, EnvKVPageSize, EnvKVMemory}, gpu.Switches...)
+	EnvKVPageSize, EnvKVMemory}, gpu.Switches...)
 
 // OptionsFromEnv returns the Options the environment sets, or an error
 // naming a value it does not know.
@@ -120,7 +114,7 @@ func OptionsFrom(getenv func(string) string) (Options, error) {
 		name string
 		dst  *bool
 		on   bool // unset
-	}{{EnvFuseNorms, &o.FuseNorms, true}, {EnvAttnRope, &o.AttnRope, true}, {EnvGEMMTune, &o.GEMMTune, true}, {EnvDecRope, &o.DecRope, true}, {EnvLazyResid, &o.LazyResid, true}} {
+	}{{EnvFuseNorms, &o.FuseNorms, true}, {EnvAttnRope, &o.AttnRope, true}, {EnvGEMMTune, &o.GEMMTune, true}, {EnvDecRope, &o.DecRope, true}} {
 		switch v := getenv(b.name); v {
 		case "":
 			*b.dst = b.on
