@@ -32,8 +32,21 @@ type ModelCUDAResult struct {
 	PeakDeviceBytes int64 `json:"peak_device_bytes"`
 	WeightBytes     int64 `json:"weight_bytes"`
 	KVCacheBytes    int64 `json:"kv_cache_bytes"` // the prefill batch's caches
-	// EnergySeconds is the wall time the energy figure was measured over.
-	EnergySeconds float64 `json:"energy_seconds,omitempty"`
+	// EnergySeconds is the wall time the energy figure was measured over,
+	// and PrefillWatts the mean power in it; PowerLimitWatts is the board's
+	// enforced power limit.
+	EnergySeconds   float64 `json:"energy_seconds,omitempty"`
+	PrefillWatts    float64 `json:"prefill_watts,omitempty"`
+	PowerLimitWatts float64 `json:"power_limit_watts,omitempty"`
+	// PrefillSMClockMHz is the median SM clock sampled every 10 ms through
+	// that window (MaxSMClockMHz the clock's maximum), and
+	// PrefillPowerCapped the share of those samples in which the driver held
+	// the clocks down to keep within the power limit (null where not
+	// readable): near 1, the prefill's speed is set by its energy per token,
+	// not by its kernels' time at full clock.
+	PrefillSMClockMHz  int      `json:"prefill_sm_clock_mhz,omitempty"`
+	MaxSMClockMHz      int      `json:"max_sm_clock_mhz,omitempty"`
+	PrefillPowerCapped *float64 `json:"prefill_power_capped,omitempty"`
 	// CPUCheckRelDiff is max |GPU - CPU| / max |CPU| over the logits of a
 	// short prompt run by the GPU engine and by the float32 CPU model.
 	CPUCheckRelDiff float64 `json:"cpu_check_rel_diff"`
@@ -249,17 +262,27 @@ func ModelCUDA(o ModelOptions, progress func(string)) ([]ModelCUDAResult, error)
 		}
 		if nvErr == nil { // the counter needs a few hundred milliseconds of work
 			if mt, err := meter.StartMeter(); err == nil {
+				stop := meter.Sample(10 * time.Millisecond)
 				n, t0 := 0, time.Now()
 				for n < o.Reps || time.Since(t0) < 500*time.Millisecond {
 					if err := prefill(); err != nil {
+						stop()
 						return nil, nil, err
 					}
 					n++
 				}
+				smp := stop()
 				if j, el, err := mt.Stop(); err == nil {
 					v := j / float64(n*res.PrefillTokens)
 					res.JoulesPerToken, res.EnergySeconds = &v, el.Seconds()
+					res.PrefillWatts = j / el.Seconds()
 				}
+				res.PrefillSMClockMHz = smp.MedianSMClock
+				if smp.PowerCapped >= 0 {
+					res.PrefillPowerCapped = &smp.PowerCapped
+				}
+				res.PowerLimitWatts, _ = meter.PowerLimit()
+				res.MaxSMClockMHz, _ = meter.MaxSMClock()
 			}
 		}
 		res.PrefillMS = Median(times)

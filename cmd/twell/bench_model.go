@@ -146,6 +146,11 @@ func benchModelCUDA(o bench.ModelOptions, jsonPath, plotPath, tracePath, tracePl
 	}
 	bench.NameVariants(base) // the variants named in the table and plot
 	printModelTable(stdout, base, peak)
+	for i, r := range rs {
+		if line := powerLine(r); line != "" {
+			fmt.Fprintf(stdout, "%s: %s\n", base[i].Path, line)
+		}
+	}
 	r := rs[0]
 	fmt.Fprintf(stderr, "model: %s, %s parameters on %s; weights %s, prefill KV caches %s; %d of %d layers on TwELL MLPs; GPU vs CPU logits %.1e\n",
 		r.Model, countString(r.Params), r.Machine, memcheck.Format(float64(r.WeightBytes)), memcheck.Format(float64(r.KVCacheBytes)),
@@ -235,6 +240,30 @@ func setFlags(fs *flag.FlagSet) map[string]bool {
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	return set
+}
+
+// powerLine describes the power and clocks of r's prefill energy window:
+// "prefill at 688 W of a 700 W limit, SM clock 1530 of 1980 MHz, power cap
+// in 100% of samples", or "" without energy figures.
+func powerLine(r bench.ModelCUDAResult) string {
+	if r.PrefillWatts == 0 {
+		return ""
+	}
+	s := fmt.Sprintf("prefill at %.0f W", r.PrefillWatts)
+	if r.PowerLimitWatts > 0 {
+		s += fmt.Sprintf(" of a %.0f W limit", r.PowerLimitWatts)
+	}
+	if r.PrefillSMClockMHz > 0 {
+		s += fmt.Sprintf(", SM clock %d", r.PrefillSMClockMHz)
+		if r.MaxSMClockMHz > 0 {
+			s += fmt.Sprintf(" of %d", r.MaxSMClockMHz)
+		}
+		s += " MHz"
+	}
+	if r.PrefillPowerCapped != nil {
+		s += fmt.Sprintf(", power cap in %.0f%% of samples", 100**r.PrefillPowerCapped)
+	}
+	return s
 }
 
 // printModelTable prints one row per path; with peak device memory per path

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/twell-ai/twell/bench"
 	"github.com/twell-ai/twell/cuda"
 )
 
@@ -228,5 +229,24 @@ func TestBenchModelCUDATrace(t *testing.T) {
 	}
 	if !strings.Contains(errb.String(), "traced decode steps, batch 3") {
 		t.Errorf("stderr has no decode trace summary: %s", errb.String())
+	}
+}
+
+// TestPowerLine: the power line names what the energy window measured and
+// leaves out what it could not read.
+func TestPowerLine(t *testing.T) {
+	capped := 1.0
+	for _, c := range []struct {
+		r    bench.ModelCUDAResult
+		want string
+	}{
+		{bench.ModelCUDAResult{}, ""},
+		{bench.ModelCUDAResult{PrefillWatts: 688.4, PowerLimitWatts: 700, PrefillSMClockMHz: 1530, MaxSMClockMHz: 1980, PrefillPowerCapped: &capped},
+			"prefill at 688 W of a 700 W limit, SM clock 1530 of 1980 MHz, power cap in 100% of samples"},
+		{bench.ModelCUDAResult{PrefillWatts: 301, PrefillSMClockMHz: 1980}, "prefill at 301 W, SM clock 1980 MHz"},
+	} {
+		if got := powerLine(c.r); got != c.want {
+			t.Errorf("powerLine(%+v) = %q, want %q", c.r, got, c.want)
+		}
 	}
 }

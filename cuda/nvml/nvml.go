@@ -1,11 +1,13 @@
-// Package nvml reads GPU power and energy through NVIDIA's management
-// library (libnvidia-ml), opened at run time through purego, so that
-// benchmarks can report joules per token.
+// Package nvml reads GPU power, energy and clocks through NVIDIA's
+// management library (libnvidia-ml), opened at run time through purego, so
+// that benchmarks can report joules per token and whether the power limit
+// held the clocks down.
 package nvml
 
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -40,6 +42,8 @@ type lib struct {
 	powerLimit    func(d uintptr, mw *uint32) int32
 	temperature   func(d uintptr, sensor int32, c *uint32) int32
 	clock         func(d uintptr, typ int32, mhz *uint32) int32
+	maxClock      func(d uintptr, typ int32, mhz *uint32) int32
+	reasons       func(d uintptr, r *uint64) int32
 }
 
 func (n *lib) symbols() []dl.Symbol {
@@ -57,6 +61,8 @@ func (n *lib) symbols() []dl.Symbol {
 		O(&n.powerLimit, "nvmlDeviceGetEnforcedPowerLimit"),
 		O(&n.temperature, "nvmlDeviceGetTemperature"),
 		O(&n.clock, "nvmlDeviceGetClockInfo"),
+		O(&n.maxClock, "nvmlDeviceGetMaxClockInfo"),
+		O(&n.reasons, "nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"),
 	}
 }
 
@@ -192,6 +198,89 @@ func (d *Device) SMClock() (int, error) {
 		return 0, err
 	}
 	return int(mhz), nil
+}
+
+// MaxSMClock returns the SM clock's maximum in MHz.
+func (d *Device) MaxSMClock() (int, error) {
+	if d.n.maxClock == nil {
+		return 0, &Error{Op: "nvmlDeviceGetMaxClockInfo", Code: 13, Detail: "not in this libnvidia-ml"}
+	}
+	var mhz uint32
+	if err := d.n.check(d.n.maxClock(d.h, 1, &mhz), "nvmlDeviceGetMaxClockInfo"); err != nil {
+		return 0, err
+	}
+	return int(mhz), nil
+}
+
+// swPowerCap is nvmlClocksEventReasonSwPowerCap: the driver holds the
+// clocks down to keep the board's power within its limit.
+const swPowerCap = 0x4
+
+// PowerCapped reports whether the driver is holding the clocks down now to
+// keep the board within its power limit.
+func (d *Device) PowerCapped() (bool, error) {
+	if d.n.reasons == nil {
+		return false, &Error{Op: "nvmlDeviceGetCurrentClocksEventReasons", Code: 13, Detail: "not in this libnvidia-ml"}
+	}
+	var r uint64
+	if err := d.n.check(d.n.reasons(d.h, &r), "nvmlDeviceGetCurrentClocksEventReasons"); err != nil {
+		return false, err
+	}
+	return r&swPowerCap != 0, nil
+}
+
+// Samples summarizes the SM clock and the power cap's state over a piece of
+// work (Device.Sample).
+type Samples struct {
+	N             int     // samples taken
+	MedianSMClock int     // MHz; 0 where the clock was not readable
+	PowerCapped   float64 // share of the samples with the power cap holding the clocks down; -1 where not readable
+}
+
+// Sample reads the SM clock and whether the power cap holds it down every
+// interval, from a goroutine, until the returned stop is called; stop
+// returns what the samples show.
+func (d *Device) Sample(every time.Duration) (stop func() Samples) {
+	done, out := make(chan struct{}), make(chan Samples, 1)
+	go func() {
+		var clocks []int
+		n, capped, known := 0, 0, true
+		read := func() {
+			n++
+			if c, err := d.SMClock(); err == nil {
+				clocks = append(clocks, c)
+			}
+			if on, err := d.PowerCapped(); err != nil {
+				known = false
+			} else if on {
+				capped++
+			}
+		}
+		t := time.NewTicker(every)
+		defer t.Stop()
+		read()
+		for {
+			select {
+			case <-t.C:
+				read()
+			case <-done:
+				s := Samples{N: n, PowerCapped: -1}
+				if len(clocks) > 0 {
+					slices.Sort(clocks)
+					s.MedianSMClock = clocks[len(clocks)/2]
+				}
+				if known {
+					s.PowerCapped = float64(capped) / float64(n)
+				}
+				out <- s
+				return
+			}
+		}
+	}()
+	return func() Samples {
+		close(done)
+		return <-out
+	}
 }
 
 // Meter measures the energy a piece of work uses, from the GPU's total

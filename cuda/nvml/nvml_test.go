@@ -47,6 +47,7 @@ func TestPowerAndEnergy(t *testing.T) {
 	defer buf.Free()
 	half, _ := buf.Slice(0, 1<<29)
 	other, _ := buf.Slice(1<<29, 1<<29)
+	stop := d.Sample(10 * time.Millisecond)
 	deadline := time.Now().Add(500 * time.Millisecond)
 	for time.Now().Before(deadline) {
 		if err := dev.CopyDtoD(other, half, 1<<29); err != nil {
@@ -56,6 +57,7 @@ func TestPowerAndEnergy(t *testing.T) {
 	if err := dev.Synchronize(); err != nil {
 		t.Fatal(err)
 	}
+	smp := stop()
 	j, dt, err := m.Stop()
 	if err != nil {
 		t.Fatal(err)
@@ -67,8 +69,14 @@ func TestPowerAndEnergy(t *testing.T) {
 	limit, _ := d.PowerLimit()
 	temp, _ := d.Temperature()
 	clock, _ := d.SMClock()
-	t.Logf("%s, driver %s: %.1f J in %v (%.0f W average), power now %.0f W of %.0f W, %d °C, SM %d MHz",
-		name, ver, j, dt, j/dt.Seconds(), w, limit, temp, clock)
+	maxClock, _ := d.MaxSMClock()
+	t.Logf("%s, driver %s: %.1f J in %v (%.0f W average), power now %.0f W of %.0f W, %d °C, SM %d MHz (max %d); "+
+		"%d samples: median SM %d MHz, power cap in %.0f%%",
+		name, ver, j, dt, j/dt.Seconds(), w, limit, temp, clock, maxClock, smp.N, smp.MedianSMClock, 100*smp.PowerCapped)
+	if smp.N < 10 || smp.MedianSMClock <= 0 || (maxClock > 0 && smp.MedianSMClock > maxClock) ||
+		smp.PowerCapped != -1 && (smp.PowerCapped < 0 || smp.PowerCapped > 1) {
+		t.Errorf("implausible samples %+v (max SM clock %d MHz)", smp, maxClock)
+	}
 	if j <= 0 || w <= 0 || j/dt.Seconds() > 2000 {
 		t.Errorf("implausible energy %.1f J over %v, power %.0f W", j, dt, w)
 	}
