@@ -189,24 +189,20 @@ func (d *Device) Temperature() (int, error) {
 }
 
 // SMClock returns the current SM clock in MHz.
-func (d *Device) SMClock() (int, error) {
-	if d.n.clock == nil {
-		return 0, &Error{Op: "nvmlDeviceGetClockInfo", Code: 13, Detail: "not in this libnvidia-ml"}
-	}
-	var mhz uint32
-	if err := d.n.check(d.n.clock(d.h, 1, &mhz), "nvmlDeviceGetClockInfo"); err != nil {
-		return 0, err
-	}
-	return int(mhz), nil
-}
+func (d *Device) SMClock() (int, error) { return d.smClock(d.n.clock, "nvmlDeviceGetClockInfo") }
 
 // MaxSMClock returns the SM clock's maximum in MHz.
 func (d *Device) MaxSMClock() (int, error) {
-	if d.n.maxClock == nil {
-		return 0, &Error{Op: "nvmlDeviceGetMaxClockInfo", Code: 13, Detail: "not in this libnvidia-ml"}
+	return d.smClock(d.n.maxClock, "nvmlDeviceGetMaxClockInfo")
+}
+
+// smClock reads the SM clock (NVML_CLOCK_SM) through f, the NVML call op.
+func (d *Device) smClock(f func(d uintptr, typ int32, mhz *uint32) int32, op string) (int, error) {
+	if f == nil {
+		return 0, &Error{Op: op, Code: 13, Detail: "not in this libnvidia-ml"}
 	}
 	var mhz uint32
-	if err := d.n.check(d.n.maxClock(d.h, 1, &mhz), "nvmlDeviceGetMaxClockInfo"); err != nil {
+	if err := d.n.check(f(d.h, 1, &mhz), op); err != nil {
 		return 0, err
 	}
 	return int(mhz), nil
