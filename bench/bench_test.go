@@ -101,3 +101,25 @@ func TestParseModelVariants(t *testing.T) {
 		}
 	}
 }
+
+// TestFFNPowerSummary: the power line of a bench ffn row names each path's
+// window and leaves out what could not be read.
+func TestFFNPowerSummary(t *testing.T) {
+	full, half := 1.0, 0.5
+	for _, c := range []struct {
+		r    FFNResult
+		want string
+	}{
+		{FFNResult{}, ""},
+		{FFNResult{DenseWatts: 672.4, TwELLWatts: 701, AutoWatts: 699, PowerLimitWatts: 700,
+			DenseSMClockMHz: 1500, TwELLSMClockMHz: 1710, AutoSMClockMHz: 1695, MaxSMClockMHz: 1980,
+			DensePowerCapped: &full, TwELLPowerCapped: &full, AutoPowerCapped: &half},
+			"power dense / TwELL / auto: 672 / 701 / 699 W (limit 700 W), SM clock 1500 / 1710 / 1695 of 1980 MHz, power cap in 100 / 100 / 50% of samples"},
+		{FFNResult{DenseWatts: 300, TwELLWatts: 280, AutoWatts: 281, DenseSMClockMHz: 1980, TwELLSMClockMHz: 1980, AutoSMClockMHz: 1980, TwELLPowerCapped: &half},
+			"power dense / TwELL / auto: 300 / 280 / 281 W, SM clock 1980 / 1980 / 1980 MHz, power cap in - / 50 / -% of samples"},
+	} {
+		if got := c.r.powerSummary(); got != c.want {
+			t.Errorf("powerSummary() = %q, want %q", got, c.want)
+		}
+	}
+}

@@ -171,7 +171,24 @@ type FFNResult struct {
 	DenseMJPerToken float64 `json:"dense_mj_per_token,omitempty"` // NVML energy per token
 	TwELLMJPerToken float64 `json:"twell_mj_per_token,omitempty"`
 	AutoMJPerToken  float64 `json:"auto_mj_per_token,omitempty"`
-	InputBuffers    int     `json:"input_buffers,omitempty"` // rotated x batches
+	// The mean power of each path's energy window, the median SM clock
+	// sampled every 10 ms through it, and the share of those samples in
+	// which the driver held the clocks down to keep within the power limit
+	// (null where not readable); the board's power limit and the SM clock's
+	// maximum. A share near 1 means the path's time there is set by its
+	// energy, not by its kernels at full clock.
+	DenseWatts       float64  `json:"dense_watts,omitempty"`
+	TwELLWatts       float64  `json:"twell_watts,omitempty"`
+	AutoWatts        float64  `json:"auto_watts,omitempty"`
+	DenseSMClockMHz  int      `json:"dense_sm_clock_mhz,omitempty"`
+	TwELLSMClockMHz  int      `json:"twell_sm_clock_mhz,omitempty"`
+	AutoSMClockMHz   int      `json:"auto_sm_clock_mhz,omitempty"`
+	DensePowerCapped *float64 `json:"dense_power_capped,omitempty"`
+	TwELLPowerCapped *float64 `json:"twell_power_capped,omitempty"`
+	AutoPowerCapped  *float64 `json:"auto_power_capped,omitempty"`
+	PowerLimitWatts  float64  `json:"power_limit_watts,omitempty"`
+	MaxSMClockMHz    int      `json:"max_sm_clock_mhz,omitempty"`
+	InputBuffers     int      `json:"input_buffers,omitempty"` // rotated x batches
 	// HotUnits is how many units MLP.Calibrate chose to compute densely (on
 	// a batch of its own, before the timings, when some row's settings turn
 	// them on; the rows whose settings leave them off run every unit

@@ -5,11 +5,13 @@ import (
 	"fmt"
 	"maps"
 	"math/rand/v2"
+	"time"
 
 	"github.com/twell-ai/twell/bf16"
 	"github.com/twell-ai/twell/cuda"
 	"github.com/twell-ai/twell/cuda/cublas"
 	"github.com/twell-ai/twell/cuda/cupti"
+	"github.com/twell-ai/twell/cuda/nvml"
 	"github.com/twell-ai/twell/gpu"
 	"github.com/twell-ai/twell/mlp"
 	"github.com/twell-ai/twell/synth"
@@ -140,32 +142,41 @@ func FFNCUDA(o FFNOptions, progress func(string)) ([]FFNResult, error) {
 		return med, nil
 	}
 	// energy returns millijoules per token over back-to-back calls lasting
-	// at least half a second.
-	energy := func(run func(x *cuda.Buffer) error, ms float64) (float64, error) {
+	// at least half a second, with the window's power and clocks (zero
+	// without NVML).
+	energy := func(run func(x *cuda.Buffer) error, ms float64) (energyWindow, error) {
 		if meter == nil || ms <= 0 {
-			return 0, nil
+			return energyWindow{}, nil
 		}
 		n := max(o.Reps, int(500/ms)+1)
 		if err := dev.Synchronize(); err != nil {
-			return 0, err
+			return energyWindow{}, err
 		}
 		mt, err := meter.StartMeter()
 		if err != nil {
-			return 0, nil
+			return energyWindow{}, nil
 		}
+		stop := meter.Sample(10 * time.Millisecond)
 		for i := 0; i < n; i++ {
 			if err := run(xs[i%nbuf]); err != nil {
-				return 0, err
+				stop()
+				return energyWindow{}, err
 			}
 		}
 		if err := dev.Synchronize(); err != nil {
-			return 0, err
+			stop()
+			return energyWindow{}, err
 		}
-		j, _, err := mt.Stop()
+		smp := stop()
+		j, el, err := mt.Stop()
 		if err != nil {
-			return 0, nil
+			return energyWindow{}, nil
 		}
-		return 1000 * j / float64(n*o.M), nil
+		w := energyWindow{mJPerToken: 1000 * j / float64(n*o.M), watts: j / el.Seconds(), clock: smp.MedianSMClock}
+		if smp.PowerCapped >= 0 {
+			w.capped = &smp.PowerCapped
+		}
+		return w, nil
 	}
 	// check runs once on batch 0 and returns the rel err of the ref rows.
 	check := func(run func(x *cuda.Buffer) error, want [][]float64) (float64, error) {
@@ -230,7 +241,7 @@ func FFNCUDA(o FFNOptions, progress func(string)) ([]FFNResult, error) {
 			return nil, err
 		}
 		l.Apply(kernOpts)
-		env := ffnEnv{dev: dev, x0: x0, x: xs[0], y: y, refRows: refRows, base: kernOpts, variants: variants,
+		env := ffnEnv{dev: dev, meter: meter, x0: x0, x: xs[0], y: y, refRows: refRows, base: kernOpts, variants: variants,
 			timeMS: timeMS, energy: energy, check: check, trace: trace, say: say}
 		if env.hot, env.cal, err = hotMLP(o, sl, blas, env); err != nil {
 			l.Close()
@@ -253,6 +264,43 @@ func FFNCUDA(o FFNOptions, progress func(string)) ([]FFNResult, error) {
 	return out, nil
 }
 
+// energyWindow is what energy measured over one path's back-to-back calls:
+// millijoules a token, the mean power, the median SM clock and the share of
+// samples with the power cap on (nil where not readable).
+type energyWindow struct {
+	mJPerToken, watts float64
+	clock             int
+	capped            *float64
+}
+
+// powerSummary describes r's energy windows: "power dense / TwELL / auto:
+// 672 / 701 / 699 W, SM clock 1500 / 1710 / 1695 of 1980 MHz, power cap in
+// 100 / 100 / 100% of samples", or "" without power figures.
+func (r FFNResult) powerSummary() string {
+	if r.DenseWatts == 0 && r.TwELLWatts == 0 && r.AutoWatts == 0 {
+		return ""
+	}
+	s := fmt.Sprintf("power dense / TwELL / auto: %.0f / %.0f / %.0f W", r.DenseWatts, r.TwELLWatts, r.AutoWatts)
+	if r.PowerLimitWatts > 0 {
+		s += fmt.Sprintf(" (limit %.0f W)", r.PowerLimitWatts)
+	}
+	s += fmt.Sprintf(", SM clock %d / %d / %d", r.DenseSMClockMHz, r.TwELLSMClockMHz, r.AutoSMClockMHz)
+	if r.MaxSMClockMHz > 0 {
+		s += fmt.Sprintf(" of %d", r.MaxSMClockMHz)
+	}
+	s += " MHz"
+	share := func(p *float64) string {
+		if p == nil {
+			return "-"
+		}
+		return fmt.Sprintf("%.0f", 100**p)
+	}
+	if r.DensePowerCapped != nil || r.TwELLPowerCapped != nil || r.AutoPowerCapped != nil {
+		s += fmt.Sprintf(", power cap in %s / %s / %s%% of samples", share(r.DensePowerCapped), share(r.TwELLPowerCapped), share(r.AutoPowerCapped))
+	}
+	return s
+}
+
 // ffnVariant is one setting of the MLP's switches the TwELL path is timed
 // with: the values it sets over the environment's (none: the environment's
 // own) and the options they make.
@@ -264,6 +312,7 @@ type ffnVariant struct {
 // ffnEnv is what one benchmark case needs from FFNCUDA.
 type ffnEnv struct {
 	dev      *cuda.Device
+	meter    *nvml.Device     // nil: no energy figures
 	hot      *gpu.MLP         // a second copy of the layer, calibrated, for the settings without Options.NoHotUnits (nil: none)
 	cal      *gpu.Calibration // what its calibration chose
 	x0       []float32        // host copy of input batch 0
@@ -272,7 +321,7 @@ type ffnEnv struct {
 	base     gpu.Options  // the environment's settings: dense and auto run with them
 	variants []ffnVariant // the TwELL path's settings, a result row each
 	timeMS   func(...func(*cuda.Buffer) error) ([]float64, error)
-	energy   func(func(*cuda.Buffer) error, float64) (float64, error)
+	energy   func(func(*cuda.Buffer) error, float64) (energyWindow, error)
 	check    func(func(*cuda.Buffer) error, [][]float64) (float64, error)
 	trace    func(string, func(*cuda.Buffer) error) (TraceSummary, TraceSection, error)
 	say      func(string, ...any)
@@ -357,11 +406,18 @@ func ffnCase(o FFNOptions, density float64, l *gpu.MLP, sl *synth.Layer, e ffnEn
 	for r := 0; r < o.M; r++ {
 		res.NNZMax = max(res.NNZMax, p.RowNNZ(r))
 	}
-	if res.DenseMJPerToken, err = e.energy(dense, res.DenseMS); err != nil {
+	ew, err := e.energy(dense, res.DenseMS)
+	if err != nil {
 		return nil, err
 	}
-	if res.AutoMJPerToken, err = e.energy(auto, res.AutoMS); err != nil {
+	res.DenseMJPerToken, res.DenseWatts, res.DenseSMClockMHz, res.DensePowerCapped = ew.mJPerToken, ew.watts, ew.clock, ew.capped
+	if ew, err = e.energy(auto, res.AutoMS); err != nil {
 		return nil, err
+	}
+	res.AutoMJPerToken, res.AutoWatts, res.AutoSMClockMHz, res.AutoPowerCapped = ew.mJPerToken, ew.watts, ew.clock, ew.capped
+	if e.meter != nil {
+		res.PowerLimitWatts, _ = e.meter.PowerLimit()
+		res.MaxSMClockMHz, _ = e.meter.MaxSMClock()
 	}
 	flops := 4.0 * float64(o.M) * float64(o.D) * float64(o.F)
 	if o.Gated {
@@ -388,9 +444,11 @@ func ffnCase(o FFNOptions, density float64, l *gpu.MLP, sl *synth.Layer, e ffnEn
 		if r.RelErr, err = checkPath(sparse[i]); err != nil {
 			return nil, err
 		}
-		if r.TwELLMJPerToken, err = e.energy(sparse[i], r.TwELLMS); err != nil {
+		ew, err := e.energy(sparse[i], r.TwELLMS)
+		if err != nil {
 			return nil, err
 		}
+		r.TwELLMJPerToken, r.TwELLWatts, r.TwELLSMClockMHz, r.TwELLPowerCapped = ew.mJPerToken, ew.watts, ew.clock, ew.capped
 		if o.TraceSteps > 0 && traceErr == "" {
 			if denseTrace == nil { // the first row holds the dense path's section of the Chrome trace
 				if denseTrace, r.Traces, traceErr, err = traceOne(e, o, density, "dense", dense); err != nil {
@@ -411,6 +469,9 @@ func ffnCase(o FFNOptions, density float64, l *gpu.MLP, sl *synth.Layer, e ffnEn
 		e.say("density %g%s: dense %.3f ms, TwELL %.3f ms (%.2fx, %s; D2T %.3f ms), auto %.3f ms (%.2fx, %s); rel err %.1e/%.1e/%.1e; mJ/token %.4f/%.4f/%.4f",
 			density, switchString(v.switches), r.DenseMS, r.TwELLMS, r.Speedup, r.Tail, r.D2TMS, r.AutoMS, r.AutoSpeedup, r.AutoPath,
 			r.DenseRelErr, r.RelErr, r.AutoRelErr, r.DenseMJPerToken, r.TwELLMJPerToken, r.AutoMJPerToken)
+		if p := r.powerSummary(); p != "" {
+			e.say("density %g%s: %s", density, switchString(v.switches), p)
+		}
 		rows[i] = r
 	}
 	l.Apply(e.base)
