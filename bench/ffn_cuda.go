@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"maps"
 	"math/rand/v2"
-	"time"
 
 	"github.com/twell-ai/twell/bf16"
 	"github.com/twell-ai/twell/cuda"
@@ -142,41 +141,28 @@ func FFNCUDA(o FFNOptions, progress func(string)) ([]FFNResult, error) {
 		return med, nil
 	}
 	// energy returns millijoules per token over back-to-back calls lasting
-	// at least half a second, with the window's power and clocks (zero
+	// at least half a second, and the window's power and clocks (zero
 	// without NVML).
-	energy := func(run func(x *cuda.Buffer) error, ms float64) (energyWindow, error) {
+	energy := func(run func(x *cuda.Buffer) error, ms float64) (float64, energyWindow, error) {
 		if meter == nil || ms <= 0 {
-			return energyWindow{}, nil
+			return 0, energyWindow{}, nil
 		}
 		n := max(o.Reps, int(500/ms)+1)
 		if err := dev.Synchronize(); err != nil {
-			return energyWindow{}, err
+			return 0, energyWindow{}, err
 		}
-		mt, err := meter.StartMeter()
-		if err != nil {
-			return energyWindow{}, nil
-		}
-		stop := meter.Sample(10 * time.Millisecond)
-		for i := 0; i < n; i++ {
-			if err := run(xs[i%nbuf]); err != nil {
-				stop()
-				return energyWindow{}, err
+		w, err := measureEnergy(meter, func() error {
+			for i := 0; i < n; i++ {
+				if err := run(xs[i%nbuf]); err != nil {
+					return err
+				}
 			}
+			return dev.Synchronize()
+		})
+		if err != nil || !w.ok {
+			return 0, w, err
 		}
-		if err := dev.Synchronize(); err != nil {
-			stop()
-			return energyWindow{}, err
-		}
-		smp := stop()
-		j, el, err := mt.Stop()
-		if err != nil {
-			return energyWindow{}, nil
-		}
-		w := energyWindow{mJPerToken: 1000 * j / float64(n*o.M), watts: j / el.Seconds(), clock: smp.MedianSMClock}
-		if smp.PowerCapped >= 0 {
-			w.capped = &smp.PowerCapped
-		}
-		return w, nil
+		return 1000 * w.joules / float64(n*o.M), w, nil
 	}
 	// check runs once on batch 0 and returns the rel err of the ref rows.
 	check := func(run func(x *cuda.Buffer) error, want [][]float64) (float64, error) {
@@ -264,15 +250,6 @@ func FFNCUDA(o FFNOptions, progress func(string)) ([]FFNResult, error) {
 	return out, nil
 }
 
-// energyWindow is what energy measured over one path's back-to-back calls:
-// millijoules a token, the mean power, the median SM clock and the share of
-// samples with the power cap on (nil where not readable).
-type energyWindow struct {
-	mJPerToken, watts float64
-	clock             int
-	capped            *float64
-}
-
 // powerSummary describes r's energy windows: "power dense / TwELL / auto:
 // 672 / 701 / 699 W, SM clock 1500 / 1710 / 1695 of 1980 MHz, power cap in
 // 100 / 100 / 100% of samples", or "" without power figures.
@@ -321,7 +298,7 @@ type ffnEnv struct {
 	base     gpu.Options  // the environment's settings: dense and auto run with them
 	variants []ffnVariant // the TwELL path's settings, a result row each
 	timeMS   func(...func(*cuda.Buffer) error) ([]float64, error)
-	energy   func(func(*cuda.Buffer) error, float64) (energyWindow, error)
+	energy   func(func(*cuda.Buffer) error, float64) (float64, energyWindow, error)
 	check    func(func(*cuda.Buffer) error, [][]float64) (float64, error)
 	trace    func(string, func(*cuda.Buffer) error) (TraceSummary, TraceSection, error)
 	say      func(string, ...any)
@@ -406,15 +383,15 @@ func ffnCase(o FFNOptions, density float64, l *gpu.MLP, sl *synth.Layer, e ffnEn
 	for r := 0; r < o.M; r++ {
 		res.NNZMax = max(res.NNZMax, p.RowNNZ(r))
 	}
-	ew, err := e.energy(dense, res.DenseMS)
+	mj, ew, err := e.energy(dense, res.DenseMS)
 	if err != nil {
 		return nil, err
 	}
-	res.DenseMJPerToken, res.DenseWatts, res.DenseSMClockMHz, res.DensePowerCapped = ew.mJPerToken, ew.watts, ew.clock, ew.capped
-	if ew, err = e.energy(auto, res.AutoMS); err != nil {
+	res.DenseMJPerToken, res.DenseWatts, res.DenseSMClockMHz, res.DensePowerCapped = mj, ew.watts, ew.clock, ew.capped
+	if mj, ew, err = e.energy(auto, res.AutoMS); err != nil {
 		return nil, err
 	}
-	res.AutoMJPerToken, res.AutoWatts, res.AutoSMClockMHz, res.AutoPowerCapped = ew.mJPerToken, ew.watts, ew.clock, ew.capped
+	res.AutoMJPerToken, res.AutoWatts, res.AutoSMClockMHz, res.AutoPowerCapped = mj, ew.watts, ew.clock, ew.capped
 	if e.meter != nil {
 		res.PowerLimitWatts, _ = e.meter.PowerLimit()
 		res.MaxSMClockMHz, _ = e.meter.MaxSMClock()
@@ -444,11 +421,11 @@ func ffnCase(o FFNOptions, density float64, l *gpu.MLP, sl *synth.Layer, e ffnEn
 		if r.RelErr, err = checkPath(sparse[i]); err != nil {
 			return nil, err
 		}
-		ew, err := e.energy(sparse[i], r.TwELLMS)
+		mj, ew, err := e.energy(sparse[i], r.TwELLMS)
 		if err != nil {
 			return nil, err
 		}
-		r.TwELLMJPerToken, r.TwELLWatts, r.TwELLSMClockMHz, r.TwELLPowerCapped = ew.mJPerToken, ew.watts, ew.clock, ew.capped
+		r.TwELLMJPerToken, r.TwELLWatts, r.TwELLSMClockMHz, r.TwELLPowerCapped = mj, ew.watts, ew.clock, ew.capped
 		if o.TraceSteps > 0 && traceErr == "" {
 			if denseTrace == nil { // the first row holds the dense path's section of the Chrome trace
 				if denseTrace, r.Traces, traceErr, err = traceOne(e, o, density, "dense", dense); err != nil {

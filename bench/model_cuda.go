@@ -261,29 +261,25 @@ func ModelCUDA(o ModelOptions, progress func(string)) ([]ModelCUDAResult, error)
 			times = append(times, ms)
 		}
 		if nvErr == nil { // the counter needs a few hundred milliseconds of work
-			if mt, err := meter.StartMeter(); err == nil {
-				stop := meter.Sample(10 * time.Millisecond)
-				n, t0 := 0, time.Now()
-				for n < o.Reps || time.Since(t0) < 500*time.Millisecond {
+			n := 0
+			w, err := measureEnergy(meter, func() error {
+				for t0 := time.Now(); n < o.Reps || time.Since(t0) < 500*time.Millisecond; n++ {
 					if err := prefill(); err != nil {
-						stop()
-						return nil, nil, err
+						return err
 					}
-					n++
 				}
-				smp := stop()
-				if j, el, err := mt.Stop(); err == nil {
-					v := j / float64(n*res.PrefillTokens)
-					res.JoulesPerToken, res.EnergySeconds = &v, el.Seconds()
-					res.PrefillWatts = j / el.Seconds()
-				}
-				res.PrefillSMClockMHz = smp.MedianSMClock
-				if smp.PowerCapped >= 0 {
-					res.PrefillPowerCapped = &smp.PowerCapped
-				}
-				res.PowerLimitWatts, _ = meter.PowerLimit()
-				res.MaxSMClockMHz, _ = meter.MaxSMClock()
+				return nil
+			})
+			if err != nil {
+				return nil, nil, err
 			}
+			if w.ok {
+				v := w.joules / float64(n*res.PrefillTokens)
+				res.JoulesPerToken, res.EnergySeconds, res.PrefillWatts = &v, w.seconds, w.watts
+			}
+			res.PrefillSMClockMHz, res.PrefillPowerCapped = w.clock, w.capped
+			res.PowerLimitWatts, _ = meter.PowerLimit()
+			res.MaxSMClockMHz, _ = meter.MaxSMClock()
 		}
 		res.PrefillMS = Median(times)
 		res.PrefillTokPerMS = float64(res.PrefillTokens) / res.PrefillMS

@@ -1,0 +1,42 @@
+package bench
+
+import (
+	"time"
+
+	"github.com/twell-ai/twell/cuda/nvml"
+)
+
+// energyWindow is what NVML saw over a piece of work: the joules it used
+// over its wall time and their mean power (ok: the counter was read), the
+// median SM clock sampled every 10 ms, and the share of those samples in
+// which the power cap held the clocks down (nil where not readable).
+type energyWindow struct {
+	ok                     bool
+	joules, seconds, watts float64
+	clock                  int
+	capped                 *float64
+}
+
+// measureEnergy runs work under meter's energy counter and clock sampling.
+// Without a readable counter it runs nothing and returns a window that is
+// not ok; the error is work's.
+func measureEnergy(meter *nvml.Device, work func() error) (energyWindow, error) {
+	mt, err := meter.StartMeter()
+	if err != nil {
+		return energyWindow{}, nil
+	}
+	stop := meter.Sample(10 * time.Millisecond)
+	err = work()
+	smp := stop()
+	if err != nil {
+		return energyWindow{}, err
+	}
+	w := energyWindow{clock: smp.MedianSMClock}
+	if smp.PowerCapped >= 0 {
+		w.capped = &smp.PowerCapped
+	}
+	if j, el, err := mt.Stop(); err == nil {
+		w.ok, w.joules, w.seconds, w.watts = true, j, el.Seconds(), j/el.Seconds()
+	}
+	return w, nil
+}
