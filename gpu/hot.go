@@ -157,7 +157,7 @@ func (l *MLP) Calibrate(s *cuda.Stream, x *cuda.Buffer, m int) (*Calibration, er
 		pos[i] = int64(v)
 		c.Counts[order[i]] = int64(v)
 	}
-	hot, gain := chooseHot(pos, c.Tokens, l.D, l.Gated, l.HotScale)
+	hot, gain := chooseHot(pos, c.Tokens, l.D, l.Gated)
 	perm := hotOrder(l.F, hot)
 	if err := l.reorder(s, hk, perm); err != nil {
 		return nil, err
@@ -184,9 +184,8 @@ func (l *MLP) Calibrate(s *cuda.Stream, x *cuda.Buffer, m int) (*Calibration, er
 // units in descending count order (ties by position), hotBlock at a time,
 // while a block's dense cost (the up and down products beyond D2T's, and
 // the elementwise traffic) is below the gathers its firings cost in the
-// sparse tail. At least one block stays sparse. scale (Options.HotScale; 0
-// means 1) multiplies the price of a gathered pair.
-func chooseHot(counts []int64, tokens, d int, gated bool, scale float64) ([]int, float64) {
+// sparse tail. At least one block stays sparse.
+func chooseHot(counts []int64, tokens, d int, gated bool) ([]int, float64) {
 	f := len(counts)
 	if tokens <= 0 || f < 2*hotBlock {
 		return nil, 0
@@ -195,10 +194,7 @@ func chooseHot(counts []int64, tokens, d int, gated bool, scale float64) ([]int,
 	if gated {
 		rows, flops = 2, 4*float64(d)
 	}
-	if scale <= 0 {
-		scale = 1
-	}
-	pair := scale * rows * 2 * float64(d) / hotPairRate
+	pair := rows * 2 * float64(d) / hotPairRate
 	unit := flops/hotGEMMRate + hotElemBytes/hotElemRate
 	byCount := make([]int, f)
 	for i := range byCount {

@@ -18,9 +18,9 @@ import (
 // checkChooseHot checks chooseHot's promises on counts: whole blocks of the
 // most frequent units, at least one block left sparse, each chosen block
 // worth its dense cost and the next one not, and the gain their sum.
-func checkChooseHot(t *testing.T, seed uint64, counts []int64, tokens, d int, gated bool, scale float64) []int {
+func checkChooseHot(t *testing.T, seed uint64, counts []int64, tokens, d int, gated bool) []int {
 	t.Helper()
-	hot, gain := chooseHot(counts, tokens, d, gated, scale)
+	hot, gain := chooseHot(counts, tokens, d, gated)
 	f := len(counts)
 	if len(hot)%hotBlock != 0 || len(hot) > max(0, f-hotBlock) {
 		t.Fatalf("seed %d: %d hot units of %d, want a multiple of %d leaving a block", seed, len(hot), f, hotBlock)
@@ -41,10 +41,7 @@ func checkChooseHot(t *testing.T, seed uint64, counts []int64, tokens, d int, ga
 	if gated {
 		rows, flops = 2, 4*float64(d)
 	}
-	if scale <= 0 {
-		scale = 1
-	}
-	pair, unit := scale*rows*2*float64(d)/hotPairRate, flops/hotGEMMRate+hotElemBytes/hotElemRate
+	pair, unit := rows*2*float64(d)/hotPairRate, flops/hotGEMMRate+hotElemBytes/hotElemRate
 	blockGain := func(ps []int) float64 {
 		var n int64
 		for _, p := range ps {
@@ -98,15 +95,7 @@ func TestChooseHot(t *testing.T) {
 			}
 			counts[j] = min(counts[j], int64(tokens))
 		}
-		d, gated := 64*(1+r.IntN(64)), r.IntN(2) == 0
-		checkChooseHot(t, seed, counts, tokens, d, gated, 0)
-		// A higher price of a gathered pair never makes fewer units hot.
-		s1 := math.Exp(2 * r.NormFloat64())
-		s2 := s1 * (1 + 4*r.Float64())
-		h1 := checkChooseHot(t, seed, counts, tokens, d, gated, s1)
-		if h2 := checkChooseHot(t, seed, counts, tokens, d, gated, s2); len(h2) < len(h1) {
-			t.Errorf("seed %d: pair price x%.3g: %d hot units, fewer than x%.3g's %d", seed, s2, len(h2), s1, len(h1))
-		}
+		checkChooseHot(t, seed, counts, tokens, 64*(1+r.IntN(64)), r.IntN(2) == 0)
 	}
 	const d, f, tokens = 2048, 5632, 16384
 	for _, c := range []struct {
@@ -121,11 +110,11 @@ func TestChooseHot(t *testing.T) {
 		for j, p := range rates {
 			counts[j] = int64(math.Round(p * tokens))
 		}
-		if hot := checkChooseHot(t, seed, counts, tokens, d, true, 0); len(hot) < c.min || len(hot) > c.max {
+		if hot := checkChooseHot(t, seed, counts, tokens, d, true); len(hot) < c.min || len(hot) > c.max {
 			t.Errorf("seed %d: %s rates at 0.5%%: %d hot units, want %d to %d", seed, c.dist, len(hot), c.min, c.max)
 		}
 	}
-	if hot, gain := chooseHot(make([]int64, 1024), 0, 2048, true, 0); hot != nil || gain != 0 {
+	if hot, gain := chooseHot(make([]int64, 1024), 0, 2048, true); hot != nil || gain != 0 {
 		t.Errorf("no tokens: hot %v gain %g, want none", hot, gain)
 	}
 }
@@ -144,7 +133,7 @@ func FuzzChooseHot(f *testing.F) {
 		if len(b) >= 8 {
 			counts[0] = int64(binary.LittleEndian.Uint64(b) >> 2)
 		}
-		checkChooseHot(t, 0, counts, int(tokens)+1, 64*(1+int(dk%64)), gated, 0)
+		checkChooseHot(t, 0, counts, int(tokens)+1, 64*(1+int(dk%64)), gated)
 	})
 }
 

@@ -55,9 +55,6 @@ type MLP struct {
 	// GEMVTimeline runs the GEMV_TIMELINE build of the small-batch kernels
 	// (Options.GEMVTimeline; see GEMVStamps).
 	GEMVTimeline bool
-	// HotScale multiplies the price of a gathered pair in the cost model
-	// that Calibrate chooses the hot units by (Options.HotScale; 0 means 1).
-	HotScale float64
 
 	dev            *cuda.Device
 	k              *kernels

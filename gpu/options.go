@@ -2,9 +2,7 @@ package gpu
 
 import (
 	"fmt"
-	"math"
 	"os"
-	"strconv"
 
 	"github.com/twell-ai/twell/cuda"
 )
@@ -29,10 +27,6 @@ type Options struct {
 	// (MLP.Calibrate), so that no units are computed densely: EnvHotUnits =
 	// "0". Apply does not read it.
 	NoHotUnits bool
-	// HotScale multiplies the hot units' cost model's price of a gathered
-	// pair (chooseHot), so that Calibrate moves more units (above 1) or
-	// fewer (below 1) to the dense products: EnvHotScale; 0 means 1.
-	HotScale float64
 }
 
 // EnvD2TKernel names the environment variable that, set to "mma" or
@@ -62,15 +56,11 @@ const EnvGEMVTimeline = "TWELL_GEMV_TIMELINE"
 // (hot.go).
 const EnvHotUnits = "TWELL_HOT_UNITS"
 
-// EnvHotScale names the environment variable that sets Options.HotScale
-// (a positive number; unset: 1).
-const EnvHotScale = "TWELL_HOT_SCALE"
-
 // Switches are the names of the environment variables that set Options.
-var Switches = []string{EnvD2TKernel, EnvTail, EnvEarlyStart, EnvHotUnits, EnvHotScale, EnvGEMVFuse, EnvGEMVTimeline}
+var Switches = []string{EnvD2TKernel, EnvTail, EnvEarlyStart, EnvHotUnits, EnvGEMVFuse, EnvGEMVTimeline}
 
 // OptionsFromEnv returns the Options that EnvD2TKernel, EnvTail,
-// EnvEarlyStart, EnvHotUnits, EnvHotScale, EnvGEMVFuse and EnvGEMVTimeline set, or an
+// EnvEarlyStart, EnvHotUnits, EnvGEMVFuse and EnvGEMVTimeline set, or an
 // error naming a value it does not know.
 func OptionsFromEnv() (Options, error) { return OptionsFrom(os.Getenv) }
 
@@ -89,13 +79,6 @@ func OptionsFrom(getenv func(string) string) (Options, error) {
 		return o, err
 	}
 	o.NoHotUnits = !hot
-	if v := getenv(EnvHotScale); v != "" {
-		f, err := strconv.ParseFloat(v, 64)
-		if err != nil || !(f > 0) || math.IsInf(f, 0) {
-			return o, fmt.Errorf("gpu: %s=%q: want a positive number", EnvHotScale, v)
-		}
-		o.HotScale = f
-	}
 	fuse, err := envBool(getenv, EnvGEMVFuse, true)
 	if err != nil {
 		return o, err
@@ -142,7 +125,6 @@ func envChoice[T any](getenv func(string) string, name, want string, choices map
 // Apply sets l's kernel choices to o.
 func (l *MLP) Apply(o Options) {
 	l.Kernel, l.Tail, l.Serial, l.SplitGEMV, l.GEMVTimeline = o.Kernel, o.Tail, o.Serial, o.SplitGEMV, o.GEMVTimeline
-	l.HotScale = o.HotScale
 }
 
 // EarlyStart reports whether kernels that wait with grid_wait (common.cuh)
