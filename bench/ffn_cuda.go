@@ -141,13 +141,13 @@ func FFNCUDA(o FFNOptions, progress func(string)) ([]FFNResult, error) {
 		return med, nil
 	}
 	// energy returns millijoules per token over back-to-back calls lasting
-	// at least half a second, and the window's power and clocks (zero
+	// at least minEnergyWindow, and the window's power and clocks (zero
 	// without NVML).
 	energy := func(run func(x *cuda.Buffer) error, ms float64) (float64, energyWindow, error) {
 		if meter == nil || ms <= 0 {
 			return 0, energyWindow{}, nil
 		}
-		n := max(o.Reps, int(500/ms)+1)
+		n := max(o.Reps, int(float64(minEnergyWindow.Milliseconds())/ms)+1)
 		if err := dev.Synchronize(); err != nil {
 			return 0, energyWindow{}, err
 		}

@@ -108,7 +108,7 @@ func formatSteps(ms map[string]float64) string {
 // path, on the same weights and tokens; then decode steps at each of
 // o.DecodeBatches. Times come from CUDA events around each call on the
 // engine's stream (one warm-up, median of o.Reps); energy from NVML's
-// counter over back-to-back prefill calls (at least o.Reps and 0.5 s).
+// counter over back-to-back prefill calls (at least o.Reps and minEnergyWindow).
 // Before timing, the engine's logits on a short prompt are checked against
 // the float32 CPU model.
 func ModelCUDA(o ModelOptions, progress func(string)) ([]ModelCUDAResult, error) {
@@ -260,10 +260,10 @@ func ModelCUDA(o ModelOptions, progress func(string)) ([]ModelCUDAResult, error)
 			}
 			times = append(times, ms)
 		}
-		if nvErr == nil { // the counter needs a few hundred milliseconds of work
+		if nvErr == nil {
 			n := 0
 			w, err := measureEnergy(meter, func() error {
-				for t0 := time.Now(); n < o.Reps || time.Since(t0) < 500*time.Millisecond; n++ {
+				for t0 := time.Now(); n < o.Reps || time.Since(t0) < minEnergyWindow; n++ {
 					if err := prefill(); err != nil {
 						return err
 					}
