@@ -90,35 +90,51 @@ func (l *MLP) D2TKernel() (Kernel, error) {
 
 // runD2T queues the gate GEMM with ReLU + TwELL packing of the first cols
 // units (a multiple of 256: all, or all but the hot ones) into the sparse
-// workspace, after zeroing the flags, the overflow count and the nnz counter.
-func (l *MLP) runD2T(s *cuda.Stream, x *cuda.Buffer, m, cols int) (*sparseWS, error) {
+// workspace, after zeroing the flags, the overflow count and the nnz
+// counter. With hot, the units after the first cols are hot (hot.go), and
+// the wgmma kernel also computes their gate and up products into the hot
+// workspace, unless SeparateHot is set; it reports whether it did (if
+// not, hotDense must compute them).
+func (l *MLP) runD2T(s *cuda.Stream, x *cuda.Buffer, m, cols int, hot bool) (*sparseWS, bool, error) {
 	ws, err := l.sparseWorkspace(m)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	fn, kind, err := l.d2tKernel()
 	if err != nil {
-		return nil, err
+		return nil, false, err
+	}
+	var hws *denseWS
+	if hot && cols < l.F && kind == KernelWGMMA && !l.SeparateHot {
+		if hws, err = l.hotWorkspace(m, cols); err != nil {
+			return nil, false, err
+		}
 	}
 	// This call's rows, not the workspace's capacity: a workspace sized by
 	// a large prefill must not make every later decode step do its work.
 	mp := padRows(m)
 	flags, err := ws.flags.Slice(0, 4*mp)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	ovf0, err := ws.ovf.Slice(0, 4)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	for _, b := range []*cuda.Buffer{flags, ovf0, l.nnz} {
 		if err := l.dev.Memset8(b, 0, s); err != nil {
-			return nil, err
+			return nil, false, err
 		}
 	}
 	l.counted = m
 	a := d2tArgs{x: x, w: l.sparseIn(), packed: ws.packed, flags: ws.flags, ovf: ws.ovf, nnz: l.nnz,
 		m: m, d: l.D, f: cols, s: l.Layout.S(), rowWords: l.F / l.Layout.C}
+	if hws != nil {
+		a.hotG, a.hotTiles = hws.g, (l.F-cols)/256
+		if l.Gated {
+			a.hotU = hws.u
+		}
+	}
 	if kind == KernelWGMMA {
 		if l.tmA == nil || l.tmAx != x.Ptr() || l.tmAm != m {
 			tm, err := l.dev.EncodeTiled(cuda.TiledTensor{
@@ -127,29 +143,33 @@ func (l *MLP) runD2T(s *cuda.Stream, x *cuda.Buffer, m, cols int) (*sparseWS, er
 				Box: []uint32{64, 128}, Swizzle: cuda.Swizzle128B, L2Promotion: cuda.L2Promotion256B,
 			})
 			if err != nil {
-				return nil, err
+				return nil, false, err
 			}
 			l.tmA, l.tmAx, l.tmAm = tm, x.Ptr(), m
 		}
-		err = a.wgmma(fn, s, l.tmA, l.tmB, func(cfg cuda.LaunchConfig) int { return l.residentClusters(fn, cfg) })
+		tmU := l.tmB
+		if l.tmU != nil {
+			tmU = l.tmU
+		}
+		err = a.wgmma(fn, s, l.tmA, l.tmB, tmU, func(cfg cuda.LaunchConfig) int { return l.residentClusters(fn, cfg) })
 	} else {
 		err = a.mma(fn, s)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("gpu: D2T (%v): %w", kind, err)
+		return nil, false, fmt.Errorf("gpu: D2T (%v): %w", kind, err)
 	}
-	return ws, nil
+	return ws, hws != nil, nil
 }
 
-// QueueD2T queues the D2T kernel alone on stream s (for timing it), over
-// the units a sparse call of m tokens packs (all but the hot units it
-// computes densely); the result stays in the MLP's workspace. D2T
-// downloads it.
+// QueueD2T queues the D2T kernel alone on stream s (for timing it), as a
+// sparse call of m tokens runs it: packing all but the hot units, and on
+// the wgmma kernel also computing the hot units' products; the result
+// stays in the MLP's workspace. D2T downloads it.
 func (l *MLP) QueueD2T(s *cuda.Stream, x *cuda.Buffer, m int) error {
 	if err := l.checkIO(nil, x, m); err != nil {
 		return err
 	}
-	_, err := l.runD2T(s, x, m, l.sparseCols())
+	_, _, err := l.runD2T(s, x, m, l.sparseCols(), true)
 	return err
 }
 
@@ -174,7 +194,7 @@ func (l *MLP) D2T(s *cuda.Stream, x *cuda.Buffer, m int) (*Packed, error) {
 	if err := l.checkIO(nil, x, m); err != nil {
 		return nil, err
 	}
-	ws, err := l.runD2T(s, x, m, l.F)
+	ws, _, err := l.runD2T(s, x, m, l.F, false)
 	if err != nil {
 		return nil, err
 	}
@@ -303,6 +323,11 @@ func wgmmaSmem(s int) int {
 type d2tArgs struct {
 	x, w, packed, flags, ovf, nnz *cuda.Buffer
 	m, d, f, s, rowWords          int
+	// hotTiles 256-unit tiles after the first f (wgmma only) are hot: their
+	// products with w's rows go to hotG and, when hotU is set, with the up
+	// weights' same rows to hotU (m rows of 256 hotTiles values each).
+	hotG, hotU *cuda.Buffer
+	hotTiles   int
 }
 
 // mmaSmem is the dynamic shared memory of d2t_mma<S>: three stages of a
@@ -317,15 +342,25 @@ func (a d2tArgs) mma(fn *cuda.Function, s *cuda.Stream) error {
 		a.x, a.w, a.packed, a.flags, a.ovf, a.nnz, int32(mTiles), int32(nTiles), int32(a.d), int32(a.rowWords), int32(a.m))
 }
 
-// wgmma launches the persistent d2t_wgmma<S, 3> with TMA maps tmA of x
-// and tmB of w: clusters of 2 CTAs of 384 threads, as many clusters as
-// resident returns for the launch configuration (at most one per work
-// item, a pair of 128-row tiles times a 256-column tile).
-func (a d2tArgs) wgmma(fn *cuda.Function, s *cuda.Stream, tmA, tmB *cuda.TensorMap, resident func(cuda.LaunchConfig) int) error {
-	mPairs, nTiles := padRows(a.m)/256, a.f/256
+// wgmma launches the persistent d2t_wgmma<S, 3> with TMA maps tmA of x,
+// tmB of w and tmU of the up weights (used only with hotU): clusters of 2
+// CTAs of 384 threads, as many clusters as resident returns for the launch
+// configuration (at most one per work item, a pair of 128-row tiles times
+// a 256-column tile).
+func (a d2tArgs) wgmma(fn *cuda.Function, s *cuda.Stream, tmA, tmB, tmU *cuda.TensorMap, resident func(cuda.LaunchConfig) int) error {
+	mPairs, sparse := padRows(a.m)/256, a.f/256
+	nTiles := sparse + a.hotTiles
+	hotG, hotU := any(cuda.DevicePtr(0)), any(cuda.DevicePtr(0))
+	if a.hotG != nil {
+		hotG = a.hotG
+	}
+	if a.hotU != nil {
+		hotU = a.hotU
+		nTiles += a.hotTiles
+	}
 	cfg := cuda.LaunchConfig{Block: cuda.Dim3{384, 1, 1}, SharedBytes: wgmmaSmem(a.s), Stream: s, Cluster: cuda.Dim3{2, 1, 1}}
 	nClusters := min(resident(cfg), mPairs*nTiles)
 	cfg.Grid = cuda.Dim3{uint32(2 * nClusters), 1, 1}
-	return fn.LaunchEx(cfg, tmA, tmB, a.packed, a.flags, a.ovf, a.nnz,
-		int32(mPairs), int32(nTiles), int32(a.d/64), int32(a.rowWords), int32(a.m))
+	return fn.LaunchEx(cfg, tmA, tmB, tmU, a.packed, a.flags, a.ovf, a.nnz, hotG, hotU,
+		int32(mPairs), int32(nTiles), int32(sparse), int32(a.hotTiles), int32(a.d/64), int32(a.rowWords), int32(a.m))
 }

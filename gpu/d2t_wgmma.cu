@@ -8,7 +8,9 @@
 // only each row's activity masks and the bf16 pairs that hold an active
 // value into shared memory; the packer warps rank the active units from
 // the masks and write the packed words while the consumers run the next
-// tile's mainloop. On an H100 at m = 65536 (d 2048, f 5632, 0.5%) it takes
+// tile's mainloop. Work items past the packed N tiles are the hot units'
+// dense products (hot.go), which the consumers store as bf16 instead. On
+// an H100 at m = 65536 (d 2048, f 5632, 0.5%) it takes
 // 2.03 ms (skewed firing rates, 256 hot units left out) and 2.28 ms
 // (uniform, all 22 tiles); the reference's D2T took 2.11 and 2.17 ms in the
 // same run. Findings built in: with all 128 fp32 accumulators live into
@@ -100,20 +102,23 @@ __device__ __forceinline__ void work_coords(int w, int m_pairs, int n_tiles, int
 // CTA's 128 x 64 slice of x and its half of the 256 x 64 weight slice,
 // multicast to both CTAs of the pair.
 template <int STAGES>
-__device__ __forceinline__ void produce(const TmaDesc* tmA, const TmaDesc* tmB, u32 sA, u32 sB, u32 bars, u32 rank,
-                                        int cluster, int nclusters, int m_pairs, int n_tiles, int k_iters) {
+__device__ __forceinline__ void produce(const TmaDesc* tmA, const TmaDesc* tmB, const TmaDesc* tmU, u32 sA, u32 sB,
+                                        u32 bars, u32 rank, int cluster, int nclusters, int m_pairs, int n_tiles,
+                                        int n_up, int n_hot, int k_iters) {
   int s = 0;
   u32 phase = 0;
   for (int w = cluster; w < m_pairs * n_tiles; w += nclusters) {
     int mp, nt;
     work_coords(w, m_pairs, n_tiles, mp, nt);
-    int m0 = (mp * 2 + (int)rank) * 128, n0 = nt * 256;
+    const bool up = nt >= n_up;  // a hot up tile: the up rows of hot tile nt - n_hot
+    const TmaDesc* tw = up ? tmU : tmB;
+    int m0 = (mp * 2 + (int)rank) * 128, n0 = (up ? nt - n_hot : nt) * 256;
     for (int k = 0; k < k_iters; ++k) {
       const u32 full = bars + 8u * s, empty = bars + 8u * (STAGES + s);
       mbar_wait(empty, phase ^ 1u);
       mbar_expect_tx(full, A_BYTES + B_BYTES);
       tma_load(sA + s * A_BYTES, tmA, k * WG_BK, m0, full);
-      tma_load_mc(sB + s * B_BYTES + rank * (B_BYTES / 2), tmB, k * WG_BK, n0 + (int)rank * 128, full, (u16)0x3);
+      tma_load_mc(sB + s * B_BYTES + rank * (B_BYTES / 2), tw, k * WG_BK, n0 + (int)rank * 128, full, (u16)0x3);
       if (++s == STAGES) {
         s = 0;
         phase ^= 1u;
@@ -233,11 +238,35 @@ __device__ __forceinline__ int pack_row_masked(const u32* masks, const u32* tile
   return total;
 }
 
+// store_dense writes a hot tile's products as bf16, rounded as a GEMM's
+// output is (no ReLU, no packing): the thread's rows row0 and row0 + 8 of
+// out (ld values a row; rows from m_valid on are not stored), columns 8i +
+// 2tq and 8i + 2tq + 1 from acc[4i + 2h], acc[4i + 2h + 1] (h: the row).
+__device__ __forceinline__ void store_dense(const float (&acc)[128], u16* __restrict__ out, int ld, int row0, int tq,
+                                            int m_valid) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = row0 + 8 * h;
+    if (row >= m_valid) continue;
+    u32* dst = (u32*)(out + (size_t)row * ld) + tq;
+#pragma unroll
+    for (int i = 0; i < 32; ++i) dst[4 * i] = cvt_bf2(acc[4 * i + 2 * h], acc[4 * i + 2 * h + 1]);
+  }
+}
+
+// d2t_wgmma: see the top of the file. Work items of N tiles from n_sparse
+// on are the hot units' dense products (hot.go), which the cuBLASLt GEMMs
+// of the hot slice computed before: tiles n_sparse .. n_sparse + n_hot - 1
+// of the weights tmB maps (the rows after the packed ones), then, gated,
+// n_hot tiles of the up weights' same rows (tmU). Their epilogue writes the
+// products to hot_g and hot_u (m_valid rows of n_hot * 256 values) in
+// place of packing them. n_tiles counts every tile.
 template <int S, int STAGES>
 __global__ void __launch_bounds__(384, 1)
-    d2t_wgmma(const __grid_constant__ TmaDesc tmA, const __grid_constant__ TmaDesc tmB, u32* __restrict__ packed,
-                   int* __restrict__ flags, int* __restrict__ ovf, u64* __restrict__ nnz, int m_pairs, int n_tiles,
-                   int k_iters, int row_words, int m_valid) {
+    d2t_wgmma(const __grid_constant__ TmaDesc tmA, const __grid_constant__ TmaDesc tmB,
+              const __grid_constant__ TmaDesc tmU, u32* __restrict__ packed, int* __restrict__ flags,
+              int* __restrict__ ovf, u64* __restrict__ nnz, u16* __restrict__ hot_g, u16* __restrict__ hot_u,
+              int m_pairs, int n_tiles, int n_sparse, int n_hot, int k_iters, int row_words, int m_valid) {
   extern __shared__ unsigned char smem_raw[];
   u32 raw = smem_addr(smem_raw);
   u32 base = (raw + 1023u) & ~1023u;
@@ -272,7 +301,9 @@ __global__ void __launch_bounds__(384, 1)
     asm volatile("setmaxnreg.dec.sync.aligned.u32 56;");
     const int warp = (tid >> 5) & 3, lane = tid & 31;
     if (warp == 0) {
-      if (lane == 0) produce<STAGES>(&tmA, &tmB, sA, sB, bars, rank, cluster, nclusters, m_pairs, n_tiles, k_iters);
+      if (lane == 0)
+        produce<STAGES>(&tmA, &tmB, &tmU, sA, sB, bars, rank, cluster, nclusters, m_pairs, n_tiles,
+                        n_sparse + n_hot, n_hot, k_iters);
     } else {
       const int pw = warp - 1;
       u32* erow = erows + pw * S;
@@ -281,6 +312,7 @@ __global__ void __launch_bounds__(384, 1)
       for (int w = cluster; w < m_pairs * n_tiles; w += nclusters) {
         int mp, nt;
         work_coords(w, m_pairs, n_tiles, mp, nt);
+        if (nt >= n_sparse) continue;  // a hot tile: its consumers store it
         const int m0 = (mp * 2 + (int)rank) * 128, n0 = nt * 256;
         mbar_wait(tile_full, tphase);
         for (int r = pw; r < 128; r += PIPE_PACKERS) {
@@ -314,6 +346,15 @@ __global__ void __launch_bounds__(384, 1)
     u64* mrow1 = mrow0 + 8 * 4;
     for (int w = cluster; w < m_pairs * n_tiles; w += nclusters) {
       mainloop<STAGES>(acc, sA, sB, bars, cw, tid, k_iters, s, phase);
+      int mp, nt;
+      work_coords(w, m_pairs, n_tiles, mp, nt);
+      if (nt >= n_sparse) {
+        const int h = nt - n_sparse, up = h >= n_hot;
+        u16* out = (up ? hot_u : hot_g) + (up ? h - n_hot : h) * 256;
+        store_dense(acc, out, n_hot * 256, (mp * 2 + (int)rank) * 128 + cw * 64 + wq * 16 + (lane >> 2), lane & 3,
+                    m_valid);
+        continue;
+      }
       mbar_wait(tile_empty, tphase ^ 1u);  // the packers are done with the tile before
       u64 mk[2] = {0ull, 0ull};
 #pragma unroll

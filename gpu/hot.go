@@ -20,8 +20,10 @@ import (
 // units worth computing densely, 256 at a time, to the end of the MLP's unit
 // order (the MLP's output does not depend on that order). The sparse path
 // then runs D2T and the tail over the other units only, and the hot ones as
-// a dense MLP on cuBLASLt (gate and up GEMMs over the hot slice, relu_mul,
-// and a down GEMM that adds into the tail's output).
+// a dense MLP: their gate and up products (on Hopper as extra tiles of the
+// wgmma D2T, which stores them densely instead of packing them; elsewhere,
+// or with SeparateHot, cuBLASLt GEMMs over the hot slice), relu_mul, and a
+// down GEMM that adds into the tail's output.
 
 //go:embed hot.cu
 var hotSrc []byte
@@ -120,7 +122,7 @@ func (l *MLP) Calibrate(s *cuda.Stream, x *cuda.Buffer, m int) (*Calibration, er
 		}
 	}
 	l.hotK, l.calibrated = 0, true
-	ws, err := l.runD2T(s, x, m, l.F)
+	ws, _, err := l.runD2T(s, x, m, l.F, false)
 	if err != nil {
 		return nil, err
 	}
@@ -305,26 +307,55 @@ func (l *MLP) reorder(s *cuda.Stream, hk *hotSet, perm []int) error {
 // hotDense queues the hot units' part of a sparse call of m tokens whose
 // other units (the first cols) went through D2T and the tail: a dense MLP
 // over the last F - cols units' weight rows whose down product adds into
-// y. relu_mul counts the hot units' firings into the MLP's counter.
-func (l *MLP) hotDense(s *cuda.Stream, y, x *cuda.Buffer, m, cols int) error {
-	off, n := 2*cols*l.D, 2*(l.F-cols)*l.D
-	dn := DenseMLP{D: l.D, F: l.F - cols, Gated: l.Gated, Act: ActReLU, dev: l.dev, k: l.k, blas: l.blas, nnz: l.nnz}
-	var err error
-	if l.Gated {
-		if dn.gate, err = l.gate.Slice(off, n); err != nil {
-			return err
-		}
-	}
-	if dn.up, err = l.up.Slice(off, n); err != nil {
+// y. With projected, D2T already wrote the gate and up products into the
+// hot workspace (hotWorkspace), and only the elementwise kernel and the
+// down product run. relu_mul counts the hot units' firings into the MLP's
+// counter.
+func (l *MLP) hotDense(s *cuda.Stream, y, x *cuda.Buffer, m, cols int, projected bool) error {
+	dn, err := l.hotSlice(cols)
+	if err != nil {
 		return err
 	}
-	if dn.down, err = l.down.Slice(off, n); err != nil {
-		return err
+	if projected {
+		err = dn.activateDown(s, y, m, &l.ws.hot, true)
+	} else {
+		err = dn.queue(s, y, x, m, &l.ws.hot, l.realloc, true)
 	}
-	if err := dn.queue(s, y, x, m, &l.ws.hot, l.realloc, true); err != nil {
+	if err != nil {
 		return fmt.Errorf("gpu: hot units: %w", err)
 	}
 	return nil
+}
+
+// hotSlice returns the dense MLP of the units after the first cols: views
+// of the weight rows of the hot units.
+func (l *MLP) hotSlice(cols int) (*DenseMLP, error) {
+	off, n := 2*cols*l.D, 2*(l.F-cols)*l.D
+	dn := &DenseMLP{D: l.D, F: l.F - cols, Gated: l.Gated, Act: ActReLU, dev: l.dev, k: l.k, blas: l.blas, nnz: l.nnz}
+	var err error
+	if l.Gated {
+		if dn.gate, err = l.gate.Slice(off, n); err != nil {
+			return nil, err
+		}
+	}
+	if dn.up, err = l.up.Slice(off, n); err != nil {
+		return nil, err
+	}
+	if dn.down, err = l.down.Slice(off, n); err != nil {
+		return nil, err
+	}
+	return dn, nil
+}
+
+// hotWorkspace grows the hot units' workspace to m tokens of the units
+// after the first cols and returns it (D2T's wgmma kernel writes their
+// products there).
+func (l *MLP) hotWorkspace(m, cols int) (*denseWS, error) {
+	dn, err := l.hotSlice(cols)
+	if err != nil {
+		return nil, err
+	}
+	return dn.workspace(m, &l.ws.hot, l.realloc)
 }
 
 // hotActBytes returns the activation memory of the hot units' dense part

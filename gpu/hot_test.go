@@ -8,6 +8,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/twell-ai/twell/bf16"
 	"github.com/twell-ai/twell/cuda"
 	"github.com/twell-ai/twell/cuda/cudatest"
 	"github.com/twell-ai/twell/internal/testutil"
@@ -360,5 +361,96 @@ func TestHotUnitsKeepTilesSparse(t *testing.T) {
 			}
 			hotPaths(t, seed, l, sl, x, synth.SampleRows(r, m, 24), m)
 		}
+	}
+}
+
+// TestHotTilesMatchFloat64: on Hopper the wgmma D2T computes the hot units'
+// gate and up products as extra tiles and stores them densely. Each stored
+// value must be the float64 product of the bf16 operands rounded to bf16
+// (within one bf16 step, for fp32 accumulation near a rounding boundary),
+// in the hot unit's column of the row's token, for 1 and 2 hot tiles,
+// gated and not, a token count that is not a multiple of the tiles' 256
+// rows, after a random unit order; rows past the call's tokens are not
+// written.
+func TestHotTilesMatchFloat64(t *testing.T) {
+	dev, blas := setup(t)
+	if dev.Properties().Arch != "sm_90a" {
+		t.Skip("the hot tiles run in the wgmma D2T (sm_90a)")
+	}
+	for _, c := range []struct {
+		d, f, hot int
+		gated     bool
+	}{{256, 1024, 512, true}, {320, 768, 256, true}, {256, 768, 256, false}} {
+		t.Run(fmt.Sprintf("d%d_f%d_hot%d_gated%v", c.d, c.f, c.hot, c.gated), func(t *testing.T) {
+			r, seed := testutil.Rand(t)
+			sl := newLayer(t, r, c.d, c.f, 0.02, synth.Skewed, c.gated)
+			l := newMLP(t, dev, blas, sl, twell.DefaultLayout, seed)
+			forceHot(t, seed, l, r, c.hot)
+			m := 300 + r.IntN(400)
+			x := synth.Tokens(r, m, c.d)
+			xb := upload(t, dev, x)
+			// Fill the workspace with a marker first: a bigger call sizes it,
+			// so rows m.. exist and must keep the marker.
+			const marker = 0x7fc1
+			big := m + 200
+			hws, err := l.hotWorkspace(big, l.F-c.hot)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, b := range []*cuda.Buffer{hws.g, hws.u} {
+				if b != nil {
+					if err := dev.Memset32(b, marker<<16|marker, nil); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			if err := l.QueueD2T(nil, xb, m); err != nil {
+				t.Fatalf("seed %d: %v", seed, err)
+			}
+			if err := dev.Synchronize(); err != nil {
+				t.Fatal(err)
+			}
+			order := l.UnitOrder()
+			xr := roundBF16(x)
+			check := func(name string, buf *cuda.Buffer, w []float32) {
+				got := make([]uint16, big*c.hot)
+				if err := dev.CopyDtoH(cuda.Bytes(got), buf); err != nil {
+					t.Fatal(err)
+				}
+				wr := roundBF16(w)
+				bad := 0
+				for row := 0; row < big; row++ {
+					for i := 0; i < c.hot; i++ {
+						g := got[row*c.hot+i]
+						if row >= m {
+							if g != marker && bad < 5 {
+								bad++
+								t.Errorf("seed %d: %s row %d (of %d) unit %d written: %#x", seed, name, row, m, i, g)
+							}
+							continue
+						}
+						u := order[l.F-c.hot+i]
+						var sum, mag float64
+						for k := 0; k < c.d; k++ {
+							p := float64(xr[row*c.d+k]) * float64(wr[u*c.d+k])
+							sum += p
+							mag += math.Abs(p)
+						}
+						want := float64(bf16.Round(float32(sum)))
+						ulp := math.Ldexp(1, math.Ilogb(math.Max(math.Abs(want), 1e-30))-7)
+						if d := math.Abs(float64(bf16.ToFloat32(g)) - want); d > math.Max(ulp, 1e-5*mag) && bad < 5 {
+							bad++
+							t.Errorf("seed %d: %s row %d hot unit %d: %g, want %g (float64 %g)", seed, name, row, i, bf16.ToFloat32(g), want, sum)
+						}
+					}
+				}
+			}
+			if c.gated {
+				check("gate", hws.g, sl.Gate)
+				check("up", hws.u, sl.Up)
+			} else {
+				check("up", hws.g, sl.Up)
+			}
+		})
 	}
 }

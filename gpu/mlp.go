@@ -55,12 +55,17 @@ type MLP struct {
 	// GEMVTimeline runs the GEMV_TIMELINE build of the small-batch kernels
 	// (Options.GEMVTimeline; see GEMVStamps).
 	GEMVTimeline bool
+	// SeparateHot computes the hot units' gate and up products with
+	// cuBLASLt GEMMs of the hot slice, as the mma.sync D2T always does,
+	// instead of as extra tiles of the wgmma D2T (see runD2T).
+	SeparateHot bool
 
 	dev            *cuda.Device
 	k              *kernels
 	blas           *cublas.Handle
 	gate, up, down *cuda.Buffer
 	tmB            *cuda.TensorMap // TMA map of the sparse-input weights (gate, or up)
+	tmU            *cuda.TensorMap // gated: TMA map of the up weights (the hot units' up products in D2T)
 	nnz            *cuda.Buffer    // one uint64: active units counted by the last call
 
 	ws    *workspace
@@ -140,12 +145,18 @@ func NewMLP(dev *cuda.Device, blas *cublas.Handle, wg, wu, wd []float32, d, f in
 	if err == nil {
 		l.evtOvf, err = dev.NewEvent()
 	}
-	if err == nil {
-		l.tmB, err = dev.EncodeTiled(cuda.TiledTensor{
-			DataType: cuda.TensorBFloat16, Global: l.sparseIn().Ptr(),
+	weightMap := func(w *cuda.Buffer) (*cuda.TensorMap, error) {
+		return dev.EncodeTiled(cuda.TiledTensor{
+			DataType: cuda.TensorBFloat16, Global: w.Ptr(),
 			Dims: []uint64{uint64(d), uint64(f)}, Strides: []uint64{uint64(2 * d)},
 			Box: []uint32{64, 128}, Swizzle: cuda.Swizzle128B, L2Promotion: cuda.L2Promotion256B,
 		})
+	}
+	if err == nil {
+		l.tmB, err = weightMap(l.sparseIn())
+	}
+	if err == nil && l.Gated {
+		l.tmU, err = weightMap(l.up)
 	}
 	if err != nil {
 		l.Close()
@@ -275,7 +286,7 @@ func (l *MLP) sparse(s *cuda.Stream, y, x *cuda.Buffer, m int, report bool) erro
 		return l.sparseGEMV(s, y, x, m)
 	}
 	cols := l.sparseCols()
-	ws, err := l.runD2T(s, x, m, cols)
+	ws, projected, err := l.runD2T(s, x, m, cols, true)
 	if err != nil {
 		return err
 	}
@@ -287,7 +298,7 @@ func (l *MLP) sparse(s *cuda.Stream, y, x *cuda.Buffer, m int, report bool) erro
 		return err
 	}
 	if cols < l.F {
-		if err := l.hotDense(s, y, x, m, cols); err != nil {
+		if err := l.hotDense(s, y, x, m, cols, projected); err != nil {
 			return err
 		}
 	}

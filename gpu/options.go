@@ -27,6 +27,10 @@ type Options struct {
 	// (MLP.Calibrate), so that no units are computed densely: EnvHotUnits =
 	// "0". Apply does not read it.
 	NoHotUnits bool
+	// SeparateHot computes the hot units' gate and up products with
+	// cuBLASLt GEMMs instead of as extra tiles of the wgmma D2T:
+	// EnvHotD2T = "0".
+	SeparateHot bool
 }
 
 // EnvD2TKernel names the environment variable that, set to "mma" or
@@ -56,12 +60,16 @@ const EnvGEMVTimeline = "TWELL_GEMV_TIMELINE"
 // (hot.go).
 const EnvHotUnits = "TWELL_HOT_UNITS"
 
+// EnvHotD2T names the environment variable that, set to "0", sets
+// Options.SeparateHot.
+const EnvHotD2T = "TWELL_HOT_D2T"
+
 // Switches are the names of the environment variables that set Options.
-var Switches = []string{EnvD2TKernel, EnvTail, EnvEarlyStart, EnvHotUnits, EnvGEMVFuse, EnvGEMVTimeline}
+var Switches = []string{EnvD2TKernel, EnvTail, EnvEarlyStart, EnvHotUnits, EnvHotD2T, EnvGEMVFuse, EnvGEMVTimeline}
 
 // OptionsFromEnv returns the Options that EnvD2TKernel, EnvTail,
-// EnvEarlyStart, EnvHotUnits, EnvGEMVFuse and EnvGEMVTimeline set, or an
-// error naming a value it does not know.
+// EnvEarlyStart, EnvHotUnits, EnvHotD2T, EnvGEMVFuse and EnvGEMVTimeline
+// set, or an error naming a value it does not know.
 func OptionsFromEnv() (Options, error) { return OptionsFrom(os.Getenv) }
 
 // OptionsFrom is OptionsFromEnv with the variables' values looked up by
@@ -79,6 +87,11 @@ func OptionsFrom(getenv func(string) string) (Options, error) {
 		return o, err
 	}
 	o.NoHotUnits = !hot
+	hotD2T, err := envBool(getenv, EnvHotD2T, true)
+	if err != nil {
+		return o, err
+	}
+	o.SeparateHot = !hotD2T
 	fuse, err := envBool(getenv, EnvGEMVFuse, true)
 	if err != nil {
 		return o, err
@@ -125,6 +138,7 @@ func envChoice[T any](getenv func(string) string, name, want string, choices map
 // Apply sets l's kernel choices to o.
 func (l *MLP) Apply(o Options) {
 	l.Kernel, l.Tail, l.Serial, l.SplitGEMV, l.GEMVTimeline = o.Kernel, o.Tail, o.Serial, o.SplitGEMV, o.GEMVTimeline
+	l.SeparateHot = o.SeparateHot
 }
 
 // EarlyStart reports whether kernels that wait with grid_wait (common.cuh)

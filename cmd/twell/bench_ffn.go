@@ -34,7 +34,7 @@ func runBenchFFN(args []string, stdout, stderr io.Writer) error {
 	trace := fs.String("trace", "", "cuda: record the kernels (CUPTI) of -trace-steps more calls of each path, each after the L2 flush, and write them to this file as a Chrome trace (Perfetto opens it); per-kernel summaries go to the JSON and stderr")
 	traceSteps := fs.Int("trace-steps", 0, "cuda: calls of each path to trace (default 5 with -trace or -trace-plot)")
 	tracePlot := fs.String("trace-plot", "", "cuda: write a PNG of what each kernel adds to a call of each path to this file (traces as -trace does)")
-	variants := fs.String("variants", "", "cuda: time the TwELL path under each of these settings of the MLP's switches, in turns, a result row each: variants separated by ';', each NAME=VALUE ... (names with or without TWELL_: D2T_KERNEL, TAIL, EARLY_START, HOT_UNITS), over the environment's; e.g. 'TAIL=sorted;TAIL=warp'")
+	variants := fs.String("variants", "", "cuda: time the TwELL path under each of these settings of the MLP's switches, in turns, a result row each: variants separated by ';', each NAME=VALUE ... (names with or without TWELL_: D2T_KERNEL, TAIL, EARLY_START, HOT_UNITS, HOT_D2T), over the environment's; e.g. 'TAIL=sorted;TAIL=warp'")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
