@@ -345,7 +345,14 @@ func ModelCUDA(o ModelOptions, progress func(string)) ([]ModelCUDAResult, error)
 		byPath[path], logitsOf[path] = res, logits
 	}
 	// Each variant: the TwELL path again, on an engine of its own settings
-	// over the same weights (uploaded again).
+	// over the same weights (uploaded again). The first engine goes first,
+	// so that a variant's peak memory is its own and two engines' KV pools
+	// never need to fit at once.
+	if len(o.Variants) > 0 {
+		if err := e.Close(); err != nil {
+			return nil, err
+		}
+	}
 	var variantRows []ModelCUDAResult
 	for _, v := range o.Variants {
 		opts, err := llm.OptionsFrom(variantEnv(v))
