@@ -255,8 +255,8 @@ __device__ __forceinline__ void store_dense(const float (&acc)[128], u16* __rest
 }
 
 // d2t_wgmma: see the top of the file. Work items of N tiles from n_sparse
-// on are the hot units' dense products (hot.go), which the cuBLASLt GEMMs
-// of the hot slice computed before: tiles n_sparse .. n_sparse + n_hot - 1
+// on are the hot units' dense products (hot.go; with SeparateHot cuBLASLt
+// computes them instead, and n_hot is 0): tiles n_sparse .. n_sparse + n_hot - 1
 // of the weights tmB maps (the rows after the packed ones), then, gated,
 // n_hot tiles of the up weights' same rows (tmU). Their epilogue writes the
 // products to hot_g and hot_u (m_valid rows of n_hot * 256 values) in
