@@ -255,9 +255,6 @@ func NewEngineWith(dev *cuda.Device, m *model.Model, opts Options) (*Engine, err
 	}
 	if opts.GEMMTune {
 		e.blas.TuneFlops = cublas.DefaultTuneFlops
-		if opts.TuneAll {
-			e.blas.TuneFlops = 1
-		}
 	}
 	if e.stream, err = dev.NewStream(); err != nil {
 		return nil, err

@@ -20,8 +20,7 @@ type Options struct {
 	NoGEMV    bool        // Engine.NoGEMV: EnvGEMV = "0"
 	FuseNorms bool        // Engine.FuseNorms: EnvFuseNorms unset or "1"
 	AttnRope  bool        // Engine.AttnRope: EnvAttnRope unset or "1"
-	GEMMTune  bool        // the engine's cuBLASLt handle tunes (cublas.DefaultTuneFlops): EnvGEMMTune unset, "1" or "all"
-	TuneAll   bool        // with GEMMTune, every product is tuned, however small (decode steps'): EnvGEMMTune = "all"
+	GEMMTune  bool        // the engine's cuBLASLt handle tunes (cublas.DefaultTuneFlops): EnvGEMMTune unset or "1"
 	DecRope   bool        // Engine.DecRope: EnvDecRope unset or "1"
 	MLP       gpu.Options // each TwELL layer's kernels: gpu.Switches
 	// ReleaseWeights makes NewEngineWith drop each layer's float32
@@ -69,8 +68,7 @@ const EnvAttnRope = "TWELL_LLM_ATTN_ROPE"
 // projections, the dense MLP) by timing the heuristic's candidates on its
 // first call (cublas.Handle.TuneFlops = cublas.DefaultTuneFlops; tuned:
 // 32 x 2048-token prefill 211.5 / 209.0 against 205.7-207.5 tokens/ms,
-// H200, 2026-12-05). Set to "all", it times the candidates of every
-// product, the small ones of decode steps too (Options.TuneAll).
+// H200, 2026-12-05).
 const EnvGEMMTune = "TWELL_GEMM_TUNE"
 
 // EnvDecRope names the environment variable that, set to "0", makes the
@@ -112,22 +110,12 @@ func OptionsFrom(getenv func(string) string) (Options, error) {
 	default:
 		return o, fmt.Errorf("llm: %s=%q: want 0 or 1", EnvGEMV, v)
 	}
-	tune := getenv(EnvGEMMTune)
-	if tune == "all" {
-		o.TuneAll, tune = true, "1"
-	}
-	get := func(name string) string {
-		if name == EnvGEMMTune {
-			return tune
-		}
-		return getenv(name)
-	}
 	for _, b := range []struct {
 		name string
 		dst  *bool
 		on   bool // unset
 	}{{EnvFuseNorms, &o.FuseNorms, true}, {EnvAttnRope, &o.AttnRope, true}, {EnvGEMMTune, &o.GEMMTune, true}, {EnvDecRope, &o.DecRope, true}} {
-		switch v := get(b.name); v {
+		switch v := getenv(b.name); v {
 		case "":
 			*b.dst = b.on
 		case "0", "1":

@@ -28,7 +28,6 @@ func TestOptionsFromEnv(t *testing.T) {
 		{Env: map[string]string{EnvDecRope: "0"}, Want: Options{FuseNorms: true, AttnRope: true, GEMMTune: true}},
 		{Env: map[string]string{EnvDecRope: "yes"}, Bad: EnvDecRope},
 		{Env: map[string]string{EnvGEMMTune: "on"}, Bad: EnvGEMMTune},
-		{Env: map[string]string{EnvGEMMTune: "all"}, Want: Options{FuseNorms: true, AttnRope: true, GEMMTune: true, TuneAll: true, DecRope: true}},
 		{Env: map[string]string{EnvAttention: "flash"}, Bad: EnvAttention},
 		{Env: map[string]string{EnvFuseNorms: "on"}, Bad: EnvFuseNorms},
 		{Env: map[string]string{gpu.EnvTail: "on"}, Bad: gpu.EnvTail},
