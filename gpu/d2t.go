@@ -91,11 +91,11 @@ func (l *MLP) D2TKernel() (Kernel, error) {
 // runD2T queues the gate GEMM with ReLU + TwELL packing of the first cols
 // units (a multiple of 256: all, or all but the hot ones) into the sparse
 // workspace, after zeroing the flags, the overflow count and the nnz
-// counter. With hot, the units after the first cols are hot (hot.go), and
-// the wgmma kernel also computes their gate and up products into the hot
-// workspace, unless SeparateHot is set; it reports whether it did (if
-// not, hotDense must compute them).
-func (l *MLP) runD2T(s *cuda.Stream, x *cuda.Buffer, m, cols int, hot bool) (*sparseWS, bool, error) {
+// counter. hot, when not nil, is the dense MLP of the units after the
+// first cols (hotSlice): the wgmma kernel then also computes their gate and
+// up products into its workspace, unless SeparateHot is set. It reports
+// whether it did (if not, hotDense must compute them).
+func (l *MLP) runD2T(s *cuda.Stream, x *cuda.Buffer, m, cols int, hot *DenseMLP) (*sparseWS, bool, error) {
 	ws, err := l.sparseWorkspace(m)
 	if err != nil {
 		return nil, false, err
@@ -105,8 +105,8 @@ func (l *MLP) runD2T(s *cuda.Stream, x *cuda.Buffer, m, cols int, hot bool) (*sp
 		return nil, false, err
 	}
 	var hws *denseWS
-	if hot && cols < l.F && kind == KernelWGMMA && !l.SeparateHot {
-		if hws, err = l.hotWorkspace(m, cols); err != nil {
+	if hot != nil && kind == KernelWGMMA && !l.SeparateHot {
+		if hws, err = hot.workspace(m, &l.ws.hot, l.realloc); err != nil {
 			return nil, false, err
 		}
 	}
@@ -147,11 +147,7 @@ func (l *MLP) runD2T(s *cuda.Stream, x *cuda.Buffer, m, cols int, hot bool) (*sp
 			}
 			l.tmA, l.tmAx, l.tmAm = tm, x.Ptr(), m
 		}
-		tmU := l.tmB
-		if l.tmU != nil {
-			tmU = l.tmU
-		}
-		err = a.wgmma(fn, s, l.tmA, l.tmB, tmU, func(cfg cuda.LaunchConfig) int { return l.residentClusters(fn, cfg) })
+		err = a.wgmma(fn, s, l.tmA, l.tmB, l.tmU, func(cfg cuda.LaunchConfig) int { return l.residentClusters(fn, cfg) })
 	} else {
 		err = a.mma(fn, s)
 	}
@@ -169,7 +165,12 @@ func (l *MLP) QueueD2T(s *cuda.Stream, x *cuda.Buffer, m int) error {
 	if err := l.checkIO(nil, x, m); err != nil {
 		return err
 	}
-	_, _, err := l.runD2T(s, x, m, l.sparseCols(), true)
+	cols := l.sparseCols()
+	hot, err := l.hotSlice(cols)
+	if err != nil {
+		return err
+	}
+	_, _, err = l.runD2T(s, x, m, cols, hot)
 	return err
 }
 
@@ -194,7 +195,7 @@ func (l *MLP) D2T(s *cuda.Stream, x *cuda.Buffer, m int) (*Packed, error) {
 	if err := l.checkIO(nil, x, m); err != nil {
 		return nil, err
 	}
-	ws, _, err := l.runD2T(s, x, m, l.F, false)
+	ws, _, err := l.runD2T(s, x, m, l.F, nil)
 	if err != nil {
 		return nil, err
 	}

@@ -122,7 +122,7 @@ func (l *MLP) Calibrate(s *cuda.Stream, x *cuda.Buffer, m int) (*Calibration, er
 		}
 	}
 	l.hotK, l.calibrated = 0, true
-	ws, _, err := l.runD2T(s, x, m, l.F, false)
+	ws, _, err := l.runD2T(s, x, m, l.F, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -305,17 +305,13 @@ func (l *MLP) reorder(s *cuda.Stream, hk *hotSet, perm []int) error {
 }
 
 // hotDense queues the hot units' part of a sparse call of m tokens whose
-// other units (the first cols) went through D2T and the tail: a dense MLP
-// over the last F - cols units' weight rows whose down product adds into
-// y. With projected, D2T already wrote the gate and up products into the
-// hot workspace (hotWorkspace), and only the elementwise kernel and the
-// down product run. relu_mul counts the hot units' firings into the MLP's
-// counter.
-func (l *MLP) hotDense(s *cuda.Stream, y, x *cuda.Buffer, m, cols int, projected bool) error {
-	dn, err := l.hotSlice(cols)
-	if err != nil {
-		return err
-	}
+// other units went through D2T and the tail: dn, the dense MLP of the hot
+// units (hotSlice), whose down product adds into y. With projected, D2T
+// already wrote the gate and up products into the hot workspace, and only
+// the elementwise kernel and the down product run. relu_mul counts the hot
+// units' firings into the MLP's counter.
+func (l *MLP) hotDense(s *cuda.Stream, y, x *cuda.Buffer, m int, dn *DenseMLP, projected bool) error {
+	var err error
 	if projected {
 		err = dn.activateDown(s, y, m, &l.ws.hot, true)
 	} else {
@@ -327,9 +323,12 @@ func (l *MLP) hotDense(s *cuda.Stream, y, x *cuda.Buffer, m, cols int, projected
 	return nil
 }
 
-// hotSlice returns the dense MLP of the units after the first cols: views
-// of the weight rows of the hot units.
+// hotSlice returns the dense MLP of the units after the first cols (views
+// of the hot units' weight rows), or nil when cols is all of them.
 func (l *MLP) hotSlice(cols int) (*DenseMLP, error) {
+	if cols == l.F {
+		return nil, nil
+	}
 	off, n := 2*cols*l.D, 2*(l.F-cols)*l.D
 	dn := &DenseMLP{D: l.D, F: l.F - cols, Gated: l.Gated, Act: ActReLU, dev: l.dev, k: l.k, blas: l.blas, nnz: l.nnz}
 	var err error
@@ -345,17 +344,6 @@ func (l *MLP) hotSlice(cols int) (*DenseMLP, error) {
 		return nil, err
 	}
 	return dn, nil
-}
-
-// hotWorkspace grows the hot units' workspace to m tokens of the units
-// after the first cols and returns it (D2T's wgmma kernel writes their
-// products there).
-func (l *MLP) hotWorkspace(m, cols int) (*denseWS, error) {
-	dn, err := l.hotSlice(cols)
-	if err != nil {
-		return nil, err
-	}
-	return dn.workspace(m, &l.ws.hot, l.realloc)
 }
 
 // hotActBytes returns the activation memory of the hot units' dense part

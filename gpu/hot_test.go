@@ -393,7 +393,11 @@ func TestHotTilesMatchFloat64(t *testing.T) {
 			// so rows m.. exist and must keep the marker.
 			const marker = 0x7fc1
 			big := m + 200
-			hws, err := l.hotWorkspace(big, l.F-c.hot)
+			dn, err := l.hotSlice(l.F - c.hot)
+			if err != nil {
+				t.Fatal(err)
+			}
+			hws, err := dn.workspace(big, &l.ws.hot, l.realloc)
 			if err != nil {
 				t.Fatal(err)
 			}

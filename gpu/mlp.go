@@ -65,7 +65,7 @@ type MLP struct {
 	blas           *cublas.Handle
 	gate, up, down *cuda.Buffer
 	tmB            *cuda.TensorMap // TMA map of the sparse-input weights (gate, or up)
-	tmU            *cuda.TensorMap // gated: TMA map of the up weights (the hot units' up products in D2T)
+	tmU            *cuda.TensorMap // TMA map of the up weights (the hot units' up products in D2T; tmB when not gated)
 	nnz            *cuda.Buffer    // one uint64: active units counted by the last call
 
 	ws    *workspace
@@ -155,6 +155,7 @@ func NewMLP(dev *cuda.Device, blas *cublas.Handle, wg, wu, wd []float32, d, f in
 	if err == nil {
 		l.tmB, err = weightMap(l.sparseIn())
 	}
+	l.tmU = l.tmB
 	if err == nil && l.Gated {
 		l.tmU, err = weightMap(l.up)
 	}
@@ -286,7 +287,11 @@ func (l *MLP) sparse(s *cuda.Stream, y, x *cuda.Buffer, m int, report bool) erro
 		return l.sparseGEMV(s, y, x, m)
 	}
 	cols := l.sparseCols()
-	ws, projected, err := l.runD2T(s, x, m, cols, true)
+	hot, err := l.hotSlice(cols)
+	if err != nil {
+		return err
+	}
+	ws, projected, err := l.runD2T(s, x, m, cols, hot)
 	if err != nil {
 		return err
 	}
@@ -297,8 +302,8 @@ func (l *MLP) sparse(s *cuda.Stream, y, x *cuda.Buffer, m int, report bool) erro
 	if err := l.tail(s, set, y, x, ws, m, cols); err != nil {
 		return err
 	}
-	if cols < l.F {
-		if err := l.hotDense(s, y, x, m, cols, projected); err != nil {
+	if hot != nil {
+		if err := l.hotDense(s, y, x, m, hot, projected); err != nil {
 			return err
 		}
 	}
