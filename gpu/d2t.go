@@ -90,8 +90,8 @@ func (l *MLP) D2TKernel() (Kernel, error) {
 
 // runD2T queues the gate GEMM with ReLU + TwELL packing of the first cols
 // units (a multiple of 256: all, or all but the hot ones) into the sparse
-// workspace, after zeroing the flags, the overflow count and the nnz
-// counter. hot, when not nil, is the dense MLP of the units after the
+// workspace, after zeroing the flags, the overflow count, the sort's bins
+// (one memset) and the nnz counter. hot, when not nil, is the dense MLP of the units after the
 // first cols (hotSlice): the wgmma kernel then also computes their gate and
 // up products into its workspace, unless SeparateHot is set. It reports
 // whether it did (if not, hotDense must compute them).
@@ -110,18 +110,9 @@ func (l *MLP) runD2T(s *cuda.Stream, x *cuda.Buffer, m, cols int, hot *DenseMLP)
 			return nil, false, err
 		}
 	}
-	// This call's rows, not the workspace's capacity: a workspace sized by
-	// a large prefill must not make every later decode step do its work.
-	mp := padRows(m)
-	flags, err := ws.flags.Slice(0, 4*mp)
-	if err != nil {
-		return nil, false, err
-	}
-	ovf0, err := ws.ovf.Slice(0, 4)
-	if err != nil {
-		return nil, false, err
-	}
-	for _, b := range []*cuda.Buffer{flags, ovf0, l.nnz} {
+	// The flags of the workspace's rows, not only this call's, so that one
+	// memset covers them all; D2T's work covers this call's rows only.
+	for _, b := range []*cuda.Buffer{ws.clear, l.nnz} {
 		if err := l.dev.Memset8(b, 0, s); err != nil {
 			return nil, false, err
 		}

@@ -25,7 +25,7 @@ func (l *MLP) flaggedRows(s *cuda.Stream, set *t2dSet, y, x *cuda.Buffer, ws *sp
 		act = ks.fbActGated
 	}
 	a := gemvArgs{x: x, w: l.sparseIn(), up: l.up, down: l.down, y: y, h: ws.hbuf, mask: ws.fbMask, list: ws.ovf,
-		d: l.D, f: l.F, first: first, cap: capRows}
+		d: l.D, f: l.F, first: first, cap: capRows, early: l.earlyStart()}
 	if err := a.launchAct(act, s); err != nil {
 		return fmt.Errorf("gpu: flagged rows (gemv_act): %w", err)
 	}
@@ -131,9 +131,10 @@ func (l *MLP) gatheredDense(s *cuda.Stream, y, x *cuda.Buffer, ws *sparseWS, R i
 
 // rowFallback launches row_fallback (t2d.cu) on the flagged rows from
 // index first of the overflow list a.list: one block per multiprocessor,
-// each row's h in a.h (one f-vector per block).
+// each row's h in a.h (one f-vector per block). Like the LIST kernels
+// before it, it may start early: in most calls all three find no row.
 func (a gemvArgs) rowFallback(fn *cuda.Function, s *cuda.Stream, first, sms int) error {
-	return fn.Launch(cuda.Dim3{uint32(sms), 1, 1}, cuda.Dim3{256, 1, 1}, 4*a.d, s,
+	return a.launch(fn, cuda.Dim3{uint32(sms), 1, 1}, cuda.Dim3{256, 1, 1}, 4*a.d, s,
 		a.x, a.w, a.up, a.down, a.y, a.list, a.h, int32(a.d), int32(a.f), int32(first))
 }
 

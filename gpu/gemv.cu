@@ -222,6 +222,7 @@ __global__ void __launch_bounds__(256)
     return;
   }
   grid_wait();  // the list is the kernel before's
+  grid_release();
   const int total = listed(list, first, cap);
   for (int g0 = 0; g0 < total; g0 += MB)
     act_group<MB, GATED, false>(x, list + 1 + first + g0, w, up, h + (size_t)g0 * f,

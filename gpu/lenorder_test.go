@@ -10,10 +10,10 @@ import (
 )
 
 // TestLengthOrder checks TailSorted's counting sort on its own: random list
-// lengths (mostly short, some over the last bin, zeros for flagged rows)
-// must come back as a permutation of the tokens in non-increasing order of
-// the clamped length, with the kernels launched one after another and with
-// early start.
+// lengths (mostly short, some over the last bin, zeros for flagged rows),
+// counted into the bins as t2u counts them, must come back as a
+// permutation of the tokens in non-increasing order of the clamped length,
+// with len_scatter launched with and without early start.
 func TestLengthOrder(t *testing.T) {
 	dev, blas := setup(t)
 	r, seed := testutil.Rand(t)
@@ -50,12 +50,20 @@ func TestLengthOrder(t *testing.T) {
 		if err := dev.CopyHtoD(cb, cuda.Bytes(cnt)); err != nil {
 			t.Fatal(err)
 		}
+		hist := make([]int32, lenBins)
+		for _, n := range cnt {
+			hist[lenBins-1-min(n, lenBins-1)]++
+		}
 		for _, early := range []bool{false, EarlyStart(dev, false)} {
-			// t2u clears the bins before the sort.
-			if err := dev.Memset32(ws.lenBins, 0, nil); err != nil {
+			// t2u counts the lengths into the bins; runD2T zeroes the fill
+			// counts.
+			if err := dev.CopyHtoD(ws.lenBins, cuda.Bytes(hist)); err != nil {
 				t.Fatal(err)
 			}
-			if err := l.lengthOrder(nil, set, tailArgs{cnt: ws.cnt, order: ws.order, lenBins: ws.lenBins, m: m, early: early}); err != nil {
+			if err := dev.Memset32(ws.lenCur, 0, nil); err != nil {
+				t.Fatal(err)
+			}
+			if err := l.lengthOrder(nil, set, tailArgs{cnt: ws.cnt, order: ws.order, lenBins: ws.lenBins, lenCur: ws.lenCur, m: m, early: early}); err != nil {
 				t.Fatalf("seed %d: m=%d: %v", seed, m, err)
 			}
 			checkOrder(t, seed, dev, ws.order, cnt, fmt.Sprintf("m=%d, early start %v", m, early))

@@ -27,8 +27,8 @@ const (
 	// reads each active unit's up and down rows from L2.
 	TailWarp
 	// TailSorted is t2u (up projection per token, writing a compact list),
-	// a counting sort of the tokens by list length (longest first; len_*
-	// kernels in t2d.cu), then t2d_ws (weight-stationary down projection:
+	// a counting sort of the tokens by list length (longest first; t2u
+	// counts the lengths, len_scatter orders the tokens), then t2d_ws (weight-stationary down projection:
 	// each block keeps W columns of every down row in shared memory), so
 	// that the tokens a warp takes in one round have lists of about the
 	// same length. (1.66 ms against 1.81 without the sort, same results bit
@@ -65,18 +65,12 @@ func (l *MLP) KernelsFor(m int) string {
 // (LEN_BINS in t2d.cu).
 const lenBins = 1024
 
-// lengthOrder queues the counting sort that orders the a.m tokens by the
-// length of their compact lists (a.cnt, written by t2u, which also clears
-// a.lenBins) into a.order.
+// lengthOrder queues len_scatter, which orders the a.m tokens by the length
+// of their compact lists (a.cnt, written by t2u, which also counts them
+// into the bins a.lenBins) into a.order; a.lenCur must be zero.
 func (l *MLP) lengthOrder(s *cuda.Stream, set *t2dSet, a tailArgs) error {
 	blocks := cuda.Dim3{uint32(min((a.m+255)/256, 4*l.dev.Properties().SMs)), 1, 1}
-	if err := a.launch(set.lenHist, blocks, cuda.Dim3{256, 1, 1}, 0, s, a.cnt, int32(a.m), a.lenBins); err != nil {
-		return fmt.Errorf("gpu: len_hist: %w", err)
-	}
-	if err := a.launch(set.lenOffsets, cuda.Dim3{1, 1, 1}, cuda.Dim3{lenBins, 1, 1}, 0, s, a.lenBins); err != nil {
-		return fmt.Errorf("gpu: len_offsets: %w", err)
-	}
-	if err := a.launch(set.lenScatter, blocks, cuda.Dim3{256, 1, 1}, 0, s, a.cnt, int32(a.m), a.lenBins, a.order); err != nil {
+	if err := a.launch(set.lenScatter, blocks, cuda.Dim3{256, 1, 1}, 0, s, a.cnt, int32(a.m), a.lenBins, a.lenCur, a.order); err != nil {
 		return fmt.Errorf("gpu: len_scatter: %w", err)
 	}
 	return nil
@@ -116,15 +110,14 @@ type t2dSet struct {
 	gated, plain       *cuda.Function // one warp per token (TailWarp)
 	t2uGated, t2uPlain *cuda.Function // TailSorted: up projection and compaction
 	ws16, ws8          *cuda.Function // TailSorted: weight-stationary down projection
-	// TailSorted's counting sort of the tokens by list length
-	lenHist, lenOffsets, lenScatter *cuda.Function
-	fbGated, fbPlain                *cuda.Function
-	err                             error
+	lenScatter         *cuda.Function // TailSorted's order of the tokens by list length
+	fbGated, fbPlain   *cuda.Function
+	err                error
 }
 
 // t2dExprs are the kernels of t2d.cu, in the order t2dFor reads them.
 var t2dExprs = []string{"t2d<true>", "t2d<false>", "row_fallback<true>", "row_fallback<false>",
-	"t2u<true>", "t2u<false>", "t2d_ws<16>", "t2d_ws<8>", "len_hist", "len_offsets", "len_scatter"}
+	"t2u<true>", "t2u<false>", "t2d_ws<16>", "t2d_ws<8>", "len_scatter"}
 
 // t2dFor returns the T2D and fallback kernels for hidden size d.
 func (k *kernels) t2dFor(d int) (*t2dSet, error) {
@@ -143,7 +136,7 @@ func (k *kernels) t2dFor(d int) (*t2dSet, error) {
 		set.gated, set.plain, set.fbGated, set.fbPlain = fs[exprs[0]], fs[exprs[1]], fs[exprs[2]], fs[exprs[3]]
 		set.t2uGated, set.t2uPlain = fs[exprs[4]], fs[exprs[5]]
 		set.ws16, set.ws8 = fs[exprs[6]], fs[exprs[7]]
-		set.lenHist, set.lenOffsets, set.lenScatter = fs[exprs[8]], fs[exprs[9]], fs[exprs[10]]
+		set.lenScatter = fs[exprs[8]]
 	}
 	k.t2d[nch] = set
 	return set, set.err
@@ -152,12 +145,12 @@ func (k *kernels) t2dFor(d int) (*t2dSet, error) {
 // tailArgs are the operands of the tail kernels (t2d.cu) for one call of m
 // tokens: x and y m x d bf16, the packed gate (rowWords words a row, S per
 // tile) and its row flags from D2T, the up and down weights (f x d bf16),
-// and TailSorted's list lengths, token order and length bins. early
-// launches TailSorted's kernels with early start (they wait with
-// grid_wait).
+// and TailSorted's list lengths, token order, length bins and the bins'
+// fill counts. early launches TailSorted's kernels with early start (they
+// wait with grid_wait).
 type tailArgs struct {
 	x, y, packed, flags, up, down *cuda.Buffer
-	cnt, order, lenBins           *cuda.Buffer
+	cnt, order, lenBins, lenCur   *cuda.Buffer
 	m, d, f, s, rowWords          int
 	early                         bool
 }
@@ -178,8 +171,8 @@ func (a tailArgs) t2d(fn *cuda.Function, s *cuda.Stream) error {
 }
 
 // t2u launches t2u<GATED>: the up projection per token, rewriting each
-// packed row as a compact list of cnt[r] words; it also clears the length
-// bins.
+// packed row as a compact list of cnt[r] words; it also counts the lists'
+// lengths into the sort's bins.
 func (a tailArgs) t2u(fn *cuda.Function, s *cuda.Stream) error {
 	return a.launch(fn, a.warpGrid(), cuda.Dim3{256, 1, 1}, 0, s, a.x, a.packed, a.up, a.cnt, a.flags,
 		int32(a.m), int32(a.d), int32(a.s), int32(a.f/256), int32(a.rowWords), a.lenBins)
@@ -201,7 +194,7 @@ func (a tailArgs) t2dWS(fn *cuda.Function, s *cuda.Stream, w, sms int) error {
 // cols units, the ones D2T packed (see TailFor).
 func (l *MLP) tail(s *cuda.Stream, set *t2dSet, y, x *cuda.Buffer, ws *sparseWS, m, cols int) error {
 	a := tailArgs{x: x, y: y, packed: ws.packed, flags: ws.flags, up: l.up, down: l.down,
-		cnt: ws.cnt, order: ws.order, lenBins: ws.lenBins, m: m, d: l.D, f: cols, s: l.Layout.S(), rowWords: l.F / l.Layout.C,
+		cnt: ws.cnt, order: ws.order, lenBins: ws.lenBins, lenCur: ws.lenCur, m: m, d: l.D, f: cols, s: l.Layout.S(), rowWords: l.F / l.Layout.C,
 		early: l.earlyStart()}
 	if l.TailFor(m) != TailSorted {
 		t2d := set.plain

@@ -19,10 +19,16 @@ type workspace struct {
 }
 
 type sparseWS struct {
-	mPad                          int
-	packed, flags, ovf, hbuf, cnt *cuda.Buffer
-	// TailSorted: the token order (mPad ints) and the length bins
-	order, lenBins *cuda.Buffer
+	mPad              int
+	packed, hbuf, cnt *cuda.Buffer
+	// ctl holds, as int32, the length bins and their fill counts of
+	// TailSorted's sort (lenBins each), the row flags (mPad) and the
+	// overflow list (its count, then mPad rows), in that order, so that a
+	// sparse call zeroes all but the list with one memset (clear); the
+	// others are views of it.
+	ctl, clear, lenBins, lenCur, flags, ovf *cuda.Buffer
+	// TailSorted: the token order (mPad ints)
+	order *cuda.Buffer
 	// small-batch path (gemv.cu): h, gemvMaxRows x F fp32; the activity
 	// mask and the per-block counts, F/32 words each; gemv_mlp's grid
 	// barrier, a 64-bit counter (its grid is F/32 blocks for every MLP
@@ -48,7 +54,7 @@ func (l *MLP) dropWorkspace() error {
 		return nil
 	}
 	var errs []error
-	for _, b := range []*cuda.Buffer{ws.sp.packed, ws.sp.flags, ws.sp.ovf, ws.sp.hbuf, ws.sp.cnt, ws.sp.order, ws.sp.lenBins,
+	for _, b := range []*cuda.Buffer{ws.sp.packed, ws.sp.ctl, ws.sp.hbuf, ws.sp.cnt, ws.sp.order,
 		ws.sp.gx, ws.sp.gg, ws.sp.gu, ws.sp.gy, ws.sp.gh, ws.sp.gmask, ws.sp.gcnt, ws.sp.gbar, ws.sp.fbMask, ws.dn.g, ws.dn.u,
 		ws.hot.g, ws.hot.u} {
 		if b != nil {
@@ -101,7 +107,7 @@ func (l *MLP) SparseActBytes(m int) int64 {
 		g = int64(l.ws.sp.gRows) * int64(2*2*l.D+2*2*l.F)
 	}
 	return int64(mp)*int64(l.F/l.Layout.C)*4 + 3*int64(mp)*4 + int64(mp+1)*4 + int64(l.dev.Properties().SMs*l.F*4) +
-		lenBins*4 + g + l.hotActBytes(m)
+		2*lenBins*4 + g + l.hotActBytes(m)
 }
 
 // DenseActBytes returns the activation memory the dense path allocates for m
@@ -134,10 +140,10 @@ func (l *MLP) sparseWorkspace(m int) (*sparseWS, error) {
 	if ws.packed, err = l.realloc(ws.packed, mp*(l.F/l.Layout.C)*4); err != nil {
 		return nil, err
 	}
-	if ws.flags, err = l.realloc(ws.flags, mp*4); err != nil {
+	if ws.ctl, err = l.realloc(ws.ctl, 4*(2*lenBins+2*mp+1)); err != nil {
 		return nil, err
 	}
-	if ws.ovf, err = l.realloc(ws.ovf, (mp+1)*4); err != nil {
+	if err := ws.ctlViews(mp); err != nil {
 		return nil, err
 	}
 	if ws.hbuf, err = l.realloc(ws.hbuf, l.dev.Properties().SMs*l.F*4); err != nil {
@@ -152,9 +158,24 @@ func (l *MLP) sparseWorkspace(m int) (*sparseWS, error) {
 	if ws.order, err = l.realloc(ws.order, mp*4); err != nil {
 		return nil, err
 	}
-	if ws.lenBins, err = l.realloc(ws.lenBins, lenBins*4); err != nil {
-		return nil, err
-	}
 	ws.mPad = mp
 	return ws, nil
+}
+
+// ctlViews cuts ws.ctl, sized for mp rows, into its views.
+func (ws *sparseWS) ctlViews(mp int) error {
+	views := []struct {
+		b        **cuda.Buffer
+		off, len int // int32s
+	}{
+		{&ws.lenBins, 0, lenBins}, {&ws.lenCur, lenBins, lenBins}, {&ws.flags, 2 * lenBins, mp},
+		{&ws.ovf, 2*lenBins + mp, mp + 1}, {&ws.clear, 0, 2*lenBins + mp + 1},
+	}
+	for _, v := range views {
+		var err error
+		if *v.b, err = ws.ctl.Slice(4*v.off, 4*v.len); err != nil {
+			return err
+		}
+	}
+	return nil
 }
