@@ -91,10 +91,11 @@ func (l *MLP) D2TKernel() (Kernel, error) {
 // runD2T queues the gate GEMM with ReLU + TwELL packing of the first cols
 // units (a multiple of 256: all, or all but the hot ones) into the sparse
 // workspace, after zeroing the flags, the overflow count, the sort's bins
-// (one memset) and the nnz counter. hot, when not nil, is the dense MLP of the units after the
-// first cols (hotSlice): the wgmma kernel then also computes their gate and
-// up products into its workspace, unless SeparateHot is set. It reports
-// whether it did (if not, hotDense must compute them).
+// (one memset) and the nnz counter. hot, when not nil, is the dense MLP of
+// the units after the first cols (hotSlice): the wgmma kernel then also
+// computes their h = relu(gate) up (non-gated relu(up)) into the hot
+// workspace's g, unless SeparateHot is set. It reports whether it did (if
+// not, hotDense must compute it).
 func (l *MLP) runD2T(s *cuda.Stream, x *cuda.Buffer, m, cols int, hot *DenseMLP) (*sparseWS, bool, error) {
 	ws, err := l.sparseWorkspace(m)
 	if err != nil {
@@ -104,11 +105,12 @@ func (l *MLP) runD2T(s *cuda.Stream, x *cuda.Buffer, m, cols int, hot *DenseMLP)
 	if err != nil {
 		return nil, false, err
 	}
-	var hws *denseWS
-	if hot != nil && kind == KernelWGMMA && !l.SeparateHot {
-		if hws, err = hot.workspace(m, &l.ws.hot, l.realloc); err != nil {
+	var hotH *cuda.Buffer
+	if hot != nil && l.hotInD2T() {
+		if l.ws.hot.g, err = l.realloc(l.ws.hot.g, 2*m*hot.F); err != nil {
 			return nil, false, err
 		}
+		hotH = l.ws.hot.g
 	}
 	// The flags of the workspace's rows, not only this call's, so that one
 	// memset covers them all; D2T's work covers this call's rows only.
@@ -120,11 +122,8 @@ func (l *MLP) runD2T(s *cuda.Stream, x *cuda.Buffer, m, cols int, hot *DenseMLP)
 	l.counted = m
 	a := d2tArgs{x: x, w: l.sparseIn(), packed: ws.packed, flags: ws.flags, ovf: ws.ovf, nnz: l.nnz,
 		m: m, d: l.D, f: cols, s: l.Layout.S(), rowWords: l.F / l.Layout.C}
-	if hws != nil {
-		a.hotG, a.hotTiles = hws.g, (l.F-cols)/256
-		if l.Gated {
-			a.hotU = hws.u
-		}
+	if hotH != nil {
+		a.hotH, a.hotUnits, a.hotGated = hotH, l.F-cols, l.Gated
 	}
 	if kind == KernelWGMMA {
 		if l.tmA == nil || l.tmAx != x.Ptr() || l.tmAm != m {
@@ -145,7 +144,7 @@ func (l *MLP) runD2T(s *cuda.Stream, x *cuda.Buffer, m, cols int, hot *DenseMLP)
 	if err != nil {
 		return nil, false, fmt.Errorf("gpu: D2T (%v): %w", kind, err)
 	}
-	return ws, hws != nil, nil
+	return ws, hotH != nil, nil
 }
 
 // QueueD2T queues the D2T kernel alone on stream s (for timing it), as a
@@ -315,11 +314,12 @@ func wgmmaSmem(s int) int {
 type d2tArgs struct {
 	x, w, packed, flags, ovf, nnz *cuda.Buffer
 	m, d, f, s, rowWords          int
-	// hotTiles 256-unit tiles after the first f (wgmma only) are hot: their
-	// products with w's rows go to hotG and, when hotU is set, with the up
-	// weights' same rows to hotU (m rows of 256 hotTiles values each).
-	hotG, hotU *cuda.Buffer
-	hotTiles   int
+	// hotUnits units after the first f (wgmma only; a multiple of 256) are
+	// hot: their h goes to hotH (m rows of hotUnits bf16), from their rows
+	// of w and, when hotGated, of the up weights.
+	hotH     *cuda.Buffer
+	hotUnits int
+	hotGated bool
 }
 
 // mmaSmem is the dynamic shared memory of d2t_mma<S>: three stages of a
@@ -335,24 +335,25 @@ func (a d2tArgs) mma(fn *cuda.Function, s *cuda.Stream) error {
 }
 
 // wgmma launches the persistent d2t_wgmma<S, 3> with TMA maps tmA of x,
-// tmB of w and tmU of the up weights (used only with hotU): clusters of 2
-// CTAs of 384 threads, as many clusters as resident returns for the launch
-// configuration (at most one per work item, a pair of 128-row tiles times
-// a 256-column tile).
+// tmB of w and tmU of the up weights (used only with hotGated): clusters
+// of 2 CTAs of 384 threads, as many clusters as resident returns for the
+// launch configuration (at most one per work item, a pair of 128-row tiles
+// times a 256-column weight tile: 256 packed units, or 128 hot units'
+// gate and up rows, or non-gated 256 hot units).
 func (a d2tArgs) wgmma(fn *cuda.Function, s *cuda.Stream, tmA, tmB, tmU *cuda.TensorMap, resident func(cuda.LaunchConfig) int) error {
 	mPairs, sparse := padRows(a.m)/256, a.f/256
-	nTiles := sparse + a.hotTiles
-	hotG, hotU := any(cuda.DevicePtr(0)), any(cuda.DevicePtr(0))
-	if a.hotG != nil {
-		hotG = a.hotG
-	}
-	if a.hotU != nil {
-		hotU = a.hotU
-		nTiles += a.hotTiles
+	nTiles, hotH, gated := sparse, any(cuda.DevicePtr(0)), int32(0)
+	if a.hotH != nil {
+		hotH = a.hotH
+		nTiles += a.hotUnits / 256
+		if a.hotGated {
+			nTiles += a.hotUnits / 256
+			gated = 1
+		}
 	}
 	cfg := cuda.LaunchConfig{Block: cuda.Dim3{384, 1, 1}, SharedBytes: wgmmaSmem(a.s), Stream: s, Cluster: cuda.Dim3{2, 1, 1}}
 	nClusters := min(resident(cfg), mPairs*nTiles)
 	cfg.Grid = cuda.Dim3{uint32(2 * nClusters), 1, 1}
-	return fn.LaunchEx(cfg, tmA, tmB, tmU, a.packed, a.flags, a.ovf, a.nnz, hotG, hotU,
-		int32(mPairs), int32(nTiles), int32(sparse), int32(a.hotTiles), int32(a.d/64), int32(a.rowWords), int32(a.m))
+	return fn.LaunchEx(cfg, tmA, tmB, tmU, a.packed, a.flags, a.ovf, a.nnz, hotH, gated,
+		int32(mPairs), int32(nTiles), int32(sparse), int32(a.hotUnits), int32(a.d/64), int32(a.rowWords), int32(a.m))
 }

@@ -9,7 +9,9 @@
 // value into shared memory; the packer warps rank the active units from
 // the masks and write the packed words while the consumers run the next
 // tile's mainloop. Work items past the packed N tiles are the hot units'
-// dense products (hot.go), which the consumers store as bf16 instead. On
+// dense products (hot.go), from which the consumers store h = relu(g) u
+// (gated: each item's weight tile is 128 gate rows and the same units' 128
+// up rows) as bf16 instead. On
 // an H100 at m = 65536 (d 2048, f 5632, 0.5%) it takes
 // 2.03 ms (skewed firing rates, 256 hot units left out) and 2.28 ms
 // (uniform, all 22 tiles); the reference's D2T took 2.11 and 2.17 ms in the
@@ -100,25 +102,28 @@ __device__ __forceinline__ void work_coords(int w, int m_pairs, int n_tiles, int
 // produce runs the TMA producer (one thread): for every work item of the
 // cluster and k step, it waits for the stage to be free, then loads the
 // CTA's 128 x 64 slice of x and its half of the 256 x 64 weight slice,
-// multicast to both CTAs of the pair.
+// multicast to both CTAs of the pair. A gated hot item h (nt = n_sparse +
+// h) takes the 128 units from n_sparse * 256 + 128 h: rank 0 loads their
+// gate rows, rank 1 their up rows.
 template <int STAGES>
 __device__ __forceinline__ void produce(const TmaDesc* tmA, const TmaDesc* tmB, const TmaDesc* tmU, u32 sA, u32 sB,
                                         u32 bars, u32 rank, int cluster, int nclusters, int m_pairs, int n_tiles,
-                                        int n_up, int n_hot, int k_iters) {
+                                        int n_sparse, bool hot_gated, int k_iters) {
   int s = 0;
   u32 phase = 0;
   for (int w = cluster; w < m_pairs * n_tiles; w += nclusters) {
     int mp, nt;
     work_coords(w, m_pairs, n_tiles, mp, nt);
-    const bool up = nt >= n_up;  // a hot up tile: the up rows of hot tile nt - n_hot
-    const TmaDesc* tw = up ? tmU : tmB;
-    int m0 = (mp * 2 + (int)rank) * 128, n0 = (up ? nt - n_hot : nt) * 256;
+    const bool pair = hot_gated && nt >= n_sparse;
+    const TmaDesc* tw = pair && rank ? tmU : tmB;
+    const int m0 = (mp * 2 + (int)rank) * 128;
+    const int w0 = pair ? n_sparse * 256 + (nt - n_sparse) * 128 : nt * 256 + (int)rank * 128;
     for (int k = 0; k < k_iters; ++k) {
       const u32 full = bars + 8u * s, empty = bars + 8u * (STAGES + s);
       mbar_wait(empty, phase ^ 1u);
       mbar_expect_tx(full, A_BYTES + B_BYTES);
       tma_load(sA + s * A_BYTES, tmA, k * WG_BK, m0, full);
-      tma_load_mc(sB + s * B_BYTES + rank * (B_BYTES / 2), tw, k * WG_BK, n0 + (int)rank * 128, full, (u16)0x3);
+      tma_load_mc(sB + s * B_BYTES + rank * (B_BYTES / 2), tw, k * WG_BK, w0, full, (u16)0x3);
       if (++s == STAGES) {
         s = 0;
         phase ^= 1u;
@@ -238,35 +243,59 @@ __device__ __forceinline__ int pack_row_masked(const u32* masks, const u32* tile
   return total;
 }
 
-// store_dense writes a hot tile's products as bf16, rounded as a GEMM's
-// output is (no ReLU, no packing): the thread's rows row0 and row0 + 8 of
-// out (ld values a row; rows from m_valid on are not stored), columns 8i +
-// 2tq and 8i + 2tq + 1 from acc[4i + 2h], acc[4i + 2h + 1] (h: the row).
-__device__ __forceinline__ void store_dense(const float (&acc)[128], u16* __restrict__ out, int ld, int row0, int tq,
-                                            int m_valid) {
+// store_hot writes the hot units' h of a hot item as bf16, computed as the
+// dense path computes it from cuBLASLt's bf16 products (gate and up
+// rounded to bf16 first, then relu_mul's or relu_inplace's arithmetic, so
+// the same bits), and returns how many of the thread's units fired (gate >
+// 0), as those kernels count. The thread's rows are row0 and row0 + 8 of
+// out (ld values a row; rows from m_valid on are neither stored nor
+// counted), its columns 8i + 2tq and 8i + 2tq + 1 from acc[4i + 2h] and
+// acc[4i + 2h + 1] (h: the row). Gated, columns 0..127 of the accumulator
+// are the gate's and 128..255 the same units' up products, so each thread
+// holds both factors of its 32 values of h (i < 16); otherwise all 256 are
+// the up products, h = relu(u).
+template <bool GATED>
+__device__ __forceinline__ u32 store_hot(const float (&acc)[128], u16* __restrict__ out, int ld, int row0, int tq,
+                                         int m_valid) {
+  u32 fired = 0;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int row = row0 + 8 * h;
     if (row >= m_valid) continue;
     u32* dst = (u32*)(out + (size_t)row * ld) + tq;
 #pragma unroll
-    for (int i = 0; i < 32; ++i) dst[4 * i] = cvt_bf2(acc[4 * i + 2 * h], acc[4 * i + 2 * h + 1]);
+    for (int i = 0; i < (GATED ? 16 : 32); ++i) {
+      const u32 g = cvt_bf2(acc[4 * i + 2 * h], acc[4 * i + 2 * h + 1]);
+      const float g0 = bf_lo(g), g1 = bf_hi(g);
+      fired += (g0 > 0.f) + (g1 > 0.f);
+      u32 v;
+      if (GATED) {
+        const u32 u = cvt_bf2(acc[4 * (i + 16) + 2 * h], acc[4 * (i + 16) + 2 * h + 1]);
+        v = pack_bf2(fmaxf(g0, 0.f) * bf_lo(u), fmaxf(g1, 0.f) * bf_hi(u));
+      } else {
+        v = pack_bf2(fmaxf(g0, 0.f), fmaxf(g1, 0.f));
+      }
+      dst[4 * i] = v;
+    }
   }
+  return fired;
 }
 
 // d2t_wgmma: see the top of the file. Work items of N tiles from n_sparse
-// on are the hot units' dense products (hot.go; with SeparateHot cuBLASLt
-// computes them instead, and n_hot is 0): tiles n_sparse .. n_sparse + n_hot - 1
-// of the weights tmB maps (the rows after the packed ones), then, gated,
-// n_hot tiles of the up weights' same rows (tmU). Their epilogue writes the
-// products to hot_g and hot_u (m_valid rows of n_hot * 256 values) in
-// place of packing them. n_tiles counts every tile.
+// on are the n_hot hot units' (the rows of the weights after the packed
+// ones; hot.go): with SeparateHot cuBLASLt computes their products instead,
+// and n_hot is 0. Gated (hot_gated), n_hot / 128 items of 128 units each,
+// whose weight tiles are their gate rows (tmB) and their up rows (tmU);
+// else n_hot / 256 items of the up rows' tiles (tmB). Their epilogue
+// writes h (store_hot) to hot_h (m_valid rows of n_hot values) in place of
+// packing it, and counts the hot units that fired into nnz. n_tiles
+// counts every item's tile.
 template <int S, int STAGES>
 __global__ void __launch_bounds__(384, 1)
     d2t_wgmma(const __grid_constant__ TmaDesc tmA, const __grid_constant__ TmaDesc tmB,
               const __grid_constant__ TmaDesc tmU, u32* __restrict__ packed, int* __restrict__ flags,
-              int* __restrict__ ovf, u64* __restrict__ nnz, u16* __restrict__ hot_g, u16* __restrict__ hot_u,
-              int m_pairs, int n_tiles, int n_sparse, int n_hot, int k_iters, int row_words, int m_valid) {
+              int* __restrict__ ovf, u64* __restrict__ nnz, u16* __restrict__ hot_h, int hot_gated, int m_pairs,
+              int n_tiles, int n_sparse, int n_hot, int k_iters, int row_words, int m_valid) {
   extern __shared__ unsigned char smem_raw[];
   u32 raw = smem_addr(smem_raw);
   u32 base = (raw + 1023u) & ~1023u;
@@ -302,8 +331,8 @@ __global__ void __launch_bounds__(384, 1)
     const int warp = (tid >> 5) & 3, lane = tid & 31;
     if (warp == 0) {
       if (lane == 0)
-        produce<STAGES>(&tmA, &tmB, &tmU, sA, sB, bars, rank, cluster, nclusters, m_pairs, n_tiles,
-                        n_sparse + n_hot, n_hot, k_iters);
+        produce<STAGES>(&tmA, &tmB, &tmU, sA, sB, bars, rank, cluster, nclusters, m_pairs, n_tiles, n_sparse,
+                        hot_gated != 0, k_iters);
     } else {
       const int pw = warp - 1;
       u32* erow = erows + pw * S;
@@ -337,7 +366,7 @@ __global__ void __launch_bounds__(384, 1)
     const int lane = tid & 31, wq = (tid >> 5) & 3;
     float acc[128];
     int s = 0;
-    u32 phase = 0, tphase = 0;
+    u32 phase = 0, tphase = 0, fired = 0;
     // The thread's two tile rows (word 4i of each: its bf16 pair i) and
     // their mask words (u64 q of the row: quad lane q's 64 bits).
     u32* trow0 = tile + (cw * 64 + wq * 16 + (lane >> 2)) * PIPE_LD + (lane & 3);
@@ -349,10 +378,11 @@ __global__ void __launch_bounds__(384, 1)
       int mp, nt;
       work_coords(w, m_pairs, n_tiles, mp, nt);
       if (nt >= n_sparse) {
-        const int h = nt - n_sparse, up = h >= n_hot;
-        u16* out = (up ? hot_u : hot_g) + (up ? h - n_hot : h) * 256;
-        store_dense(acc, out, n_hot * 256, (mp * 2 + (int)rank) * 128 + cw * 64 + wq * 16 + (lane >> 2), lane & 3,
-                    m_valid);
+        const int row0 = (mp * 2 + (int)rank) * 128 + cw * 64 + wq * 16 + (lane >> 2), h = nt - n_sparse;
+        if (hot_gated)
+          fired += store_hot<true>(acc, hot_h + h * 128, n_hot, row0, lane & 3, m_valid);
+        else
+          fired += store_hot<false>(acc, hot_h + h * 256, n_hot, row0, lane & 3, m_valid);
         continue;
       }
       mbar_wait(tile_empty, tphase ^ 1u);  // the packers are done with the tile before
@@ -382,6 +412,8 @@ __global__ void __launch_bounds__(384, 1)
       asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(tile_full) : "memory");
       tphase ^= 1u;
     }
+    fired = __reduce_add_sync(0xffffffffu, fired);
+    if (lane == 0 && fired) atomicAdd(nnz, (u64)fired);
   }
   __syncwarp();
   cluster_sync();

@@ -324,11 +324,16 @@ func (l *DenseMLP) activateDown(s *cuda.Stream, y *cuda.Buffer, m int, ws *dense
 	if err != nil {
 		return err
 	}
+	return l.downProduct(s, y, m, ws.g, add)
+}
+
+// downProduct queues y = h D (with add, y += h D) for m rows of h.
+func (l *DenseMLP) downProduct(s *cuda.Stream, y *cuda.Buffer, m int, h *cuda.Buffer, add bool) error {
 	down := cublas.Gemm{M: m, N: l.D, K: l.F}
 	if add {
 		down.Alpha, down.Beta = 1, 1
 	}
-	return l.blas.Matmul(s, down, ws.g, l.down, y)
+	return l.blas.Matmul(s, down, h, l.down, y)
 }
 
 // denseSet are the elementwise kernels of the dense MLP (dense.cu).

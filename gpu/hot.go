@@ -307,13 +307,13 @@ func (l *MLP) reorder(s *cuda.Stream, hk *hotSet, perm []int) error {
 // hotDense queues the hot units' part of a sparse call of m tokens whose
 // other units went through D2T and the tail: dn, the dense MLP of the hot
 // units (hotSlice), whose down product adds into y. With projected, D2T
-// already wrote the gate and up products into the hot workspace, and only
-// the elementwise kernel and the down product run. relu_mul counts the hot
-// units' firings into the MLP's counter.
+// already wrote h into the hot workspace's g and counted the hot units'
+// firings, and only the down product runs; else relu_mul counts them into
+// the MLP's counter.
 func (l *MLP) hotDense(s *cuda.Stream, y, x *cuda.Buffer, m int, dn *DenseMLP, projected bool) error {
 	var err error
 	if projected {
-		err = dn.activateDown(s, y, m, &l.ws.hot, true)
+		err = dn.downProduct(s, y, m, l.ws.hot.g, true)
 	} else {
 		err = dn.queue(s, y, x, m, &l.ws.hot, l.realloc, true)
 	}
@@ -347,13 +347,21 @@ func (l *MLP) hotSlice(cols int) (*DenseMLP, error) {
 }
 
 // hotActBytes returns the activation memory of the hot units' dense part
-// in a call of m tokens.
+// in a call of m tokens: h, and gated the up products too where cuBLASLt
+// computes them (not hotInD2T).
 func (l *MLP) hotActBytes(m int) int64 {
 	k := int64(l.hotK)
-	if l.Gated {
+	if l.Gated && !l.hotInD2T() {
 		return 2 * 2 * int64(m) * k
 	}
 	return 2 * int64(m) * k
+}
+
+// hotInD2T reports whether the D2T kernel computes the hot units' h (the
+// wgmma kernel, unless SeparateHot is set).
+func (l *MLP) hotInD2T() bool {
+	_, kind, err := l.d2tKernel()
+	return err == nil && kind == KernelWGMMA && !l.SeparateHot
 }
 
 // syncStream waits for stream s (nil: the whole device).
