@@ -20,10 +20,10 @@ import (
 // units worth computing densely, 256 at a time, to the end of the MLP's unit
 // order (the MLP's output does not depend on that order). The sparse path
 // then runs D2T and the tail over the other units only, and the hot ones as
-// a dense MLP: their gate and up products (on Hopper as extra tiles of the
-// wgmma D2T, which stores them densely instead of packing them; elsewhere,
-// or with SeparateHot, cuBLASLt GEMMs over the hot slice), relu_mul, and a
-// down GEMM that adds into the tail's output.
+// a dense MLP: h = relu(gate) up (on Hopper from extra tiles of the wgmma
+// D2T, which stores h densely instead of packing it; elsewhere, or with
+// SeparateHot, cuBLASLt GEMMs over the hot slice and relu_mul), and a down
+// GEMM that writes y before the tail adds its sums to it.
 
 //go:embed hot.cu
 var hotSrc []byte
@@ -36,7 +36,7 @@ var hotSrc []byte
 const (
 	hotPairRate  = 8e12   // B/s of weight rows through the sorted tail (t2u + t2d_ws)
 	hotGEMMRate  = 600e12 // FLOP/s of the hot slice's GEMMs (N = a few hundred)
-	hotElemBytes = 12     // gate and up written and read, h written and read (bf16)
+	hotElemBytes = 12     // gate and up written and read, h written and read (bf16; 4 when the D2T stores h)
 	hotElemRate  = 3e12   // B/s
 	hotBlock     = 256    // units moved at a time (a D2T tile)
 )
