@@ -276,7 +276,7 @@ func (l *DenseMLP) workspace(m int, ws *denseWS, realloc func(*cuda.Buffer, int)
 // down projections and one elementwise kernel: for ReLU with F a multiple
 // of 8, relu_mul or relu_inplace (8 values per thread), which also count
 // the active units into l.nnz; else act_mul. With add, the down product is
-// added into y (the hot units of MLP, when the sparse tail wrote y first).
+// added into y (the hot units of MLP, added to the sparse tail's output).
 func (l *DenseMLP) queue(s *cuda.Stream, y, x *cuda.Buffer, m int, ws *denseWS, realloc func(*cuda.Buffer, int) (*cuda.Buffer, error), add bool) error {
 	ws, err := l.workspace(m, ws, realloc)
 	if err != nil {

@@ -305,18 +305,17 @@ func (l *MLP) reorder(s *cuda.Stream, hk *hotSet, perm []int) error {
 }
 
 // hotDense queues the hot units' part of a sparse call of m tokens whose
-// other units go through D2T and the tail: dn, the dense MLP of the hot
-// units (hotSlice), whose down product writes y (with add, adds into y,
-// after the tail). With projected, D2T
+// other units went through D2T and the tail: dn, the dense MLP of the hot
+// units (hotSlice), whose down product adds into y. With projected, D2T
 // already wrote h into the hot workspace's g and counted the hot units'
 // firings, and only the down product runs; else relu_mul counts them into
 // the MLP's counter.
-func (l *MLP) hotDense(s *cuda.Stream, y, x *cuda.Buffer, m int, dn *DenseMLP, projected, add bool) error {
+func (l *MLP) hotDense(s *cuda.Stream, y, x *cuda.Buffer, m int, dn *DenseMLP, projected bool) error {
 	var err error
 	if projected {
-		err = dn.downProduct(s, y, m, l.ws.hot.g, add)
+		err = dn.downProduct(s, y, m, l.ws.hot.g, true)
 	} else {
-		err = dn.queue(s, y, x, m, &l.ws.hot, l.realloc, add)
+		err = dn.queue(s, y, x, m, &l.ws.hot, l.realloc, true)
 	}
 	if err != nil {
 		return fmt.Errorf("gpu: hot units: %w", err)

@@ -207,11 +207,6 @@ func (l *MLP) Close() error {
 	return errors.Join(errs...)
 }
 
-// overlaps reports whether the first n bytes of a and b overlap.
-func overlaps(a, b *cuda.Buffer, n int) bool {
-	return a.Ptr() < b.Ptr().Add(n) && b.Ptr() < a.Ptr().Add(n)
-}
-
 // release frees *p with free, if it is set, and clears it.
 func release[T any](p **T, free func(*T) error) error {
 	if *p == nil {
@@ -252,9 +247,9 @@ func (l *MLP) checkIO(y, x *cuda.Buffer, m int) error {
 }
 
 // Sparse queues the TwELL MLP on stream s (nil: the default stream): D2T,
-// then the hot units' dense part when Calibrate chose some (hot.go; D2T and
-// the tail then take the other units), then the sparse tail (see Tail),
-// which adds to the hot units' output, then the dense recomputation of every row that D2T flagged: the
+// then the sparse tail (see Tail), then the hot units' dense part when
+// Calibrate chose some (hot.go; D2T and the tail then take the other
+// units), then the dense recomputation of every row that D2T flagged: the
 // first rows of the overflow list through a gathered cuBLASLt pass sized
 // from the flagged rows seen in earlier calls, any others through the exact
 // per-row kernel. x and y hold m x D bf16 values;
@@ -304,20 +299,11 @@ func (l *MLP) sparse(s *cuda.Stream, y, x *cuda.Buffer, m int, report bool) erro
 	if err != nil {
 		return err
 	}
-	// The hot units' down product writes y first and the tail adds its sums
-	// to it, so that the GEMM's epilogue does not read y; not when y
-	// overlaps x, which the tail reads.
-	hotFirst := hot != nil && !overlaps(y, x, 2*m*l.D)
-	if hotFirst {
-		if err := l.hotDense(s, y, x, m, hot, projected, false); err != nil {
-			return err
-		}
-	}
-	if err := l.tail(s, set, y, x, ws, m, cols, hotFirst); err != nil {
+	if err := l.tail(s, set, y, x, ws, m, cols); err != nil {
 		return err
 	}
-	if hot != nil && !hotFirst {
-		if err := l.hotDense(s, y, x, m, hot, projected, true); err != nil {
+	if hot != nil {
+		if err := l.hotDense(s, y, x, m, hot, projected); err != nil {
 			return err
 		}
 	}

@@ -238,9 +238,6 @@ func bf16Layer(sl *synth.Layer) *synth.Layer {
 	return &bl
 }
 
-// runPath runs l on x (m tokens) along path: "sparse" (l's tail),
-// "sparse-warp", "sparse-sorted", "sparse-inplace" (y written over x),
-// "dense", or else the automatic path; it returns y.
 func runPath(t *testing.T, dev *cuda.Device, l *MLP, path string, x []float32, m int) []float32 {
 	t.Helper()
 	xb := upload(t, dev, x)
@@ -249,11 +246,7 @@ func runPath(t *testing.T, dev *cuda.Device, l *MLP, path string, x []float32, m
 		t.Fatal(err)
 	}
 	var err error
-	out := yb
 	switch path {
-	case "sparse-inplace": // y over x: the hot units' part must not run first
-		out = xb
-		err = l.Sparse(nil, xb, xb, m)
 	case "sparse", "sparse-warp", "sparse-sorted":
 		tail := l.Tail
 		l.Tail = map[string]Tail{"sparse": tail, "sparse-warp": TailWarp, "sparse-sorted": TailSorted}[path]
@@ -270,7 +263,7 @@ func runPath(t *testing.T, dev *cuda.Device, l *MLP, path string, x []float32, m
 	if err := dev.Synchronize(); err != nil {
 		t.Fatalf("%s: %v", path, err)
 	}
-	y, err := Download(dev, out, m*l.D)
+	y, err := Download(dev, yb, m*l.D)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,9 +12,7 @@
 //     operands, u and h stay fp32, y is rounded to bf16 once.
 //   t2u + t2d_ws (split, for large batches): see below.
 // Weights are read with an L2 evict_last policy, activations with
-// evict_first. With add (hot units: their down product wrote y first),
-// both tails add y's bf16 values to their fp32 sums before the one
-// rounding.
+// evict_first.
 //
 // Rows flagged by D2T (tile overflow, NaN/Inf) are skipped here; the dense
 // fallback (a gathered cuBLASLt pass, then gemv.cu's LIST kernels, then
@@ -27,17 +25,6 @@
 #define T2D_WARPS 8
 #define T2D_MINB 1  // blocks per SM the register budget must allow (2: at most 128 registers)
 #define LCAP 256
-
-// add_bf8 adds 8 bf16 values (an earlier kernel's part of the same output:
-// the hot units', see tail.go) to 8 fp32 accumulators.
-__device__ __forceinline__ void add_bf8(float* acc, uint4 v) {
-  const u32 w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    acc[2 * i] += bf_lo(w[i]);
-    acc[2 * i + 1] += bf_hi(w[i]);
-  }
-}
 
 // gather_list appends a token's active entries (its packed row prow: per
 // 256-column tile a count word, then the entries) in column order to the
@@ -133,7 +120,7 @@ template <bool GATED>
 __global__ void __launch_bounds__(256, T2D_MINB)
     t2d(const u16* __restrict__ x, const u32* __restrict__ packed, const u16* __restrict__ U,
         const u16* __restrict__ D, u16* __restrict__ y, const int* __restrict__ flags, int m, int d, int S, int tiles,
-        int row_words, int add) {
+        int row_words) {
   __shared__ u32 lists[T2D_WARPS][LCAP];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int r = blockIdx.x * T2D_WARPS + warp;
@@ -166,7 +153,6 @@ __global__ void __launch_bounds__(256, T2D_MINB)
   for (int c = 0; c < TW_NCH; ++c) {
     int k = c * 256 + lane * 8;
     if (k < d) {
-      if (add) add_bf8(&acc[c * 8], __ldcg((const uint4*)(y + rowoff + k)));
       uint4 o;
       o.x = pack_bf2(acc[c * 8 + 0], acc[c * 8 + 1]);
       o.y = pack_bf2(acc[c * 8 + 2], acc[c * 8 + 3]);
@@ -345,9 +331,9 @@ extern "C" __global__ void __launch_bounds__(256)
 // token, each lane owning 8 of its columns: the lanes walk the token's list
 // together (4 entries per 16-byte load) and each reads 16 bytes of the entry's
 // slice row, so the W/8 lanes of a token read one contiguous row (fewer bank
-// conflicts than one lane reading it all). fp32 accumulators (plus y's
-// values with add), y rounded to bf16 once. Flagged rows (cnt 0) get zeros
-// (or y's values), overwritten later by the fallback.
+// conflicts than one lane reading it all). fp32 accumulators, y rounded to
+// bf16 once. Flagged rows (cnt 0) get zeros, overwritten later by the
+// fallback.
 //
 // A warp steps through its tokens' lists together, as many steps as its
 // longest list (lanes with shorter lists idle). Walking each lane group's
@@ -359,8 +345,7 @@ extern "C" __global__ void __launch_bounds__(256)
 template <int W>
 __global__ void __launch_bounds__(1024, 1)
     t2d_ws(const u32* __restrict__ packed, const int* __restrict__ cnt, const int* __restrict__ order,
-           const u16* __restrict__ D, u16* __restrict__ y, int m, int d, int f, int row_words, int tok_per_block,
-           int add) {
+           const u16* __restrict__ D, u16* __restrict__ y, int m, int d, int f, int row_words, int tok_per_block) {
   extern __shared__ uint4 ds[];
   constexpr int L = W / 8;  // lanes per token, uint4 per slice row
   const int c0 = blockIdx.x * W, tid = threadIdx.x, sub = tid % L;
@@ -373,8 +358,7 @@ __global__ void __launch_bounds__(1024, 1)
   grid_release();
   __syncthreads();
   const int t0 = blockIdx.y * tok_per_block, t1 = min(m, t0 + tok_per_block);
-  auto store = [&](int t, float(&acc)[8]) {
-    if (add) add_bf8(acc, __ldcg((const uint4*)(y + (size_t)t * d + c0 + sub * 8)));
+  auto store = [&](int t, const float(&acc)[8]) {
     uint4 o;
     o.x = pack_bf2(acc[0], acc[1]);
     o.y = pack_bf2(acc[2], acc[3]);

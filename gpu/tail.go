@@ -153,15 +153,6 @@ type tailArgs struct {
 	cnt, order, lenBins, lenCur   *cuda.Buffer
 	m, d, f, s, rowWords          int
 	early                         bool
-	add                           bool // add the tail's sums to y (the hot units' part)
-}
-
-// addFlag is add as the kernels' int argument.
-func (a tailArgs) addFlag() int32 {
-	if a.add {
-		return 1
-	}
-	return 0
 }
 
 // launch queues fn with a's early-start choice.
@@ -176,7 +167,7 @@ func (a tailArgs) warpGrid() cuda.Dim3 { return cuda.Dim3{uint32((a.m + 7) / 8),
 // t2d launches t2d<GATED>: the whole tail, one warp per token.
 func (a tailArgs) t2d(fn *cuda.Function, s *cuda.Stream) error {
 	return fn.Launch(a.warpGrid(), cuda.Dim3{256, 1, 1}, 0, s, a.x, a.packed, a.up, a.down, a.y, a.flags,
-		int32(a.m), int32(a.d), int32(a.s), int32(a.f/256), int32(a.rowWords), a.addFlag())
+		int32(a.m), int32(a.d), int32(a.s), int32(a.f/256), int32(a.rowWords))
 }
 
 // t2u launches t2u<GATED>: the up projection per token, rewriting each
@@ -196,14 +187,13 @@ func (a tailArgs) t2dWS(fn *cuda.Function, s *cuda.Stream, w, sms int) error {
 	split := max(1, sms/slices)
 	per := (a.m + split - 1) / split
 	return a.launch(fn, cuda.Dim3{uint32(slices), uint32(split), 1}, cuda.Dim3{1024, 1, 1}, a.f*w*2, s,
-		a.packed, a.cnt, a.order, a.down, a.y, int32(a.m), int32(a.d), int32(a.f), int32(a.rowWords), int32(per), a.addFlag())
+		a.packed, a.cnt, a.order, a.down, a.y, int32(a.m), int32(a.d), int32(a.f), int32(a.rowWords), int32(per))
 }
 
 // tail queues the sparse kernels after D2T for m tokens over the first
-// cols units, the ones D2T packed (see TailFor); with add, their sums are
-// added to what y holds.
-func (l *MLP) tail(s *cuda.Stream, set *t2dSet, y, x *cuda.Buffer, ws *sparseWS, m, cols int, add bool) error {
-	a := tailArgs{x: x, y: y, packed: ws.packed, flags: ws.flags, up: l.up, down: l.down, add: add,
+// cols units, the ones D2T packed (see TailFor).
+func (l *MLP) tail(s *cuda.Stream, set *t2dSet, y, x *cuda.Buffer, ws *sparseWS, m, cols int) error {
+	a := tailArgs{x: x, y: y, packed: ws.packed, flags: ws.flags, up: l.up, down: l.down,
 		cnt: ws.cnt, order: ws.order, lenBins: ws.lenBins, lenCur: ws.lenCur, m: m, d: l.D, f: cols, s: l.Layout.S(), rowWords: l.F / l.Layout.C,
 		early: l.earlyStart()}
 	if l.TailFor(m) != TailSorted {
