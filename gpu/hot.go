@@ -23,7 +23,7 @@ import (
 // a dense MLP: h = relu(gate) up (on Hopper from extra tiles of the wgmma
 // D2T, which stores h densely instead of packing it; elsewhere, or with
 // SeparateHot, cuBLASLt GEMMs over the hot slice and relu_mul), and a down
-// GEMM that writes y before the tail adds its sums to it.
+// GEMM that adds into the tail's output.
 
 //go:embed hot.cu
 var hotSrc []byte

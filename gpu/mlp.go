@@ -240,6 +240,11 @@ func (l *MLP) checkIO(y, x *cuda.Buffer, m int) error {
 	if y != nil && y.Len() < need {
 		return fmt.Errorf("gpu: MLP output %v holds fewer than %d bytes (%d tokens x %d bf16)", y, need, m, l.D)
 	}
+	if y != nil && y.Ptr() < x.Ptr().Add(need) && x.Ptr() < y.Ptr().Add(need) {
+		// The sparse path writes y while later kernels (the hot units'
+		// products, the flagged rows' recomputation) still read x.
+		return fmt.Errorf("gpu: MLP output %v overlaps its input %v; the output must be a separate buffer", y, x)
+	}
 	if l.up == nil {
 		return errors.New("gpu: MLP was closed")
 	}
@@ -252,7 +257,7 @@ func (l *MLP) checkIO(y, x *cuda.Buffer, m int) error {
 // units), then the dense recomputation of every row that D2T flagged: the
 // first rows of the overflow list through a gathered cuBLASLt pass sized
 // from the flagged rows seen in earlier calls, any others through the exact
-// per-row kernel. x and y hold m x D bf16 values;
+// per-row kernel. x and y hold m x D bf16 values and must not overlap;
 // m may be any positive count (the kernels pad inside). Batches of at most
 // 8 tokens (decode steps) take the small-batch kernels instead (see
 // gemv.cu): every gate row is read once and only the active units' up and

@@ -5,6 +5,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/twell-ai/twell/bf16"
@@ -98,6 +99,50 @@ func TestNewMLPRejectsBadShapes(t *testing.T) {
 	}
 	if _, err := NewMLP(nil, nil, nil, w(10), w(64*256), 64, 256, twell.DefaultLayout); err == nil {
 		t.Error("NewMLP with a short up matrix: no error")
+	}
+}
+
+// TestMLPRejectsOverlappingIO: an output that overlaps the input (in place,
+// or shifted by a row) is refused with an error on every path, before
+// anything is queued, and the input is left as it was.
+func TestMLPRejectsOverlappingIO(t *testing.T) {
+	dev, blas := setup(t)
+	r, seed := testutil.Rand(t)
+	d, f, m := 256, 512, 300+r.IntN(100)
+	l := newMLP(t, dev, blas, newLayer(t, r, d, f, 0.02, synth.Skewed, true), twell.DefaultLayout, seed)
+	x := synth.Tokens(r, m, d)
+	buf := cudatest.Alloc(t, dev, 2*(m+1)*d)
+	xb, err := buf.Slice(0, 2*m*d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	xh := make([]uint16, len(x))
+	bf16.FromFloat32s(xh, x)
+	if err := dev.CopyHtoD(xb, cuda.Bytes(xh)); err != nil {
+		t.Fatal(err)
+	}
+	shifted, err := buf.Slice(2*d, 2*m*d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, y := range []*cuda.Buffer{xb, shifted} {
+		calls := map[string]func() error{
+			"Sparse":  func() error { return l.Sparse(nil, y, xb, m) },
+			"Dense":   func() error { return l.Dense(nil, y, xb, m) },
+			"Forward": func() error { _, err := l.Forward(nil, y, xb, m); return err },
+		}
+		for name, call := range calls {
+			if err := call(); err == nil || !strings.Contains(err.Error(), "overlaps its input") {
+				t.Errorf("seed %d: %s with y at offset %d of x: err %v, want an overlap error", seed, name, y.Ptr()-xb.Ptr(), err)
+			}
+		}
+	}
+	got, err := Download(dev, xb, m*d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := roundBF16(x); !slices.Equal(got, want) {
+		t.Errorf("seed %d: the input changed", seed)
 	}
 }
 
