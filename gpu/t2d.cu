@@ -194,8 +194,9 @@ __global__ void __launch_bounds__(256, T2D_MINB)
 // next position (cur, the bins' fill counts). hist and cur are zeroed with
 // the row flags before D2T. The order within a bin is arbitrary, which
 // changes no result: every token's sum runs over its own list in list order.
-// (Three kernels, a histogram and a one-block scan before the scatter, took
-// about 5.4 us of a 290 us call at m = 4096 on an H100.)
+// (In traced calls at m = 4096 on an H100, an earlier form in three kernels,
+// a histogram and a one-block scan before the scatter, added about 5.4 us;
+// len_scatter alone adds 3.8.)
 
 __device__ __forceinline__ int len_bin(int n) { return LEN_BINS - 1 - min(max(n, 0), LEN_BINS - 1); }
 
