@@ -36,7 +36,7 @@ var hotSrc []byte
 const (
 	hotPairRate  = 8e12   // B/s of weight rows through the sorted tail (t2u + t2d_ws)
 	hotGEMMRate  = 600e12 // FLOP/s of the hot slice's GEMMs (N = a few hundred)
-	hotElemBytes = 12     // gate and up written and read, h written and read (bf16; 4 when the D2T stores h)
+	hotElemBytes = 12     // gate and up written and read, h written and read (bf16): the cuBLASLt path's; the D2T's h store moves 4, which the model does not tell apart
 	hotElemRate  = 3e12   // B/s
 	hotBlock     = 256    // units moved at a time (a D2T tile)
 )
