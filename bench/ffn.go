@@ -161,16 +161,19 @@ type FFNResult struct {
 	DenseGFLOPS   float64 `json:"dense_gflops"`
 
 	// GPU runs only (FFNCUDA); zero and left out on the CPU.
-	D2TKernel       string  `json:"d2t_kernel,omitempty"` // wgmma, mma or lt, under the row's settings
-	Tail            string  `json:"tail,omitempty"`       // the kernels of the TwELL timing: sorted or warp after D2T ("+hot": with hot units), or small-batch
-	D2TMS           float64 `json:"d2t_ms,omitempty"`     // the D2T kernel alone, under the row's settings
-	AutoMS          float64 `json:"auto_ms,omitempty"`    // MLP.Forward, the automatic path
-	AutoSpeedup     float64 `json:"auto_speedup,omitempty"`
-	AutoPath        string  `json:"auto_path,omitempty"` // the path Forward settled on
-	AutoRelErr      float64 `json:"auto_rel_err,omitempty"`
-	DenseMJPerToken float64 `json:"dense_mj_per_token,omitempty"` // NVML energy per token
-	TwELLMJPerToken float64 `json:"twell_mj_per_token,omitempty"`
-	AutoMJPerToken  float64 `json:"auto_mj_per_token,omitempty"`
+	D2TKernel   string  `json:"d2t_kernel,omitempty"` // wgmma, mma or lt, under the row's settings
+	Tail        string  `json:"tail,omitempty"`       // the kernels of the TwELL timing: sorted or warp after D2T ("+hot": with hot units), or small-batch
+	D2TMS       float64 `json:"d2t_ms,omitempty"`     // the D2T kernel alone, under the row's settings
+	AutoMS      float64 `json:"auto_ms,omitempty"`    // MLP.Forward, the automatic path
+	AutoSpeedup float64 `json:"auto_speedup,omitempty"`
+	AutoPath    string  `json:"auto_path,omitempty"` // the path most of its timed calls ran
+	// AutoCalls counts the automatic path's timed calls (warm-up calls
+	// included) by the path each ran, when both ran.
+	AutoCalls       map[string]int `json:"auto_calls,omitempty"`
+	AutoRelErr      float64        `json:"auto_rel_err,omitempty"`
+	DenseMJPerToken float64        `json:"dense_mj_per_token,omitempty"` // NVML energy per token
+	TwELLMJPerToken float64        `json:"twell_mj_per_token,omitempty"`
+	AutoMJPerToken  float64        `json:"auto_mj_per_token,omitempty"`
 	// The mean power of each path's energy window, the median SM clock
 	// sampled every 10 ms through it, and the share of those samples in
 	// which the driver held the clocks down to keep within the power limit

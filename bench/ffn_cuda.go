@@ -250,6 +250,35 @@ func FFNCUDA(o FFNOptions, progress func(string)) ([]FFNResult, error) {
 	return out, nil
 }
 
+// autoSummary returns the path most of the automatic path's calls ran, and
+// the calls by path when both ran.
+func autoSummary(calls map[mlp.Path]int) (string, map[string]int) {
+	most := mlp.Sparse
+	if calls[mlp.Dense] > calls[mlp.Sparse] {
+		most = mlp.Dense
+	}
+	if calls[mlp.Sparse] == 0 || calls[mlp.Dense] == 0 {
+		return most.String(), nil
+	}
+	return most.String(), map[string]int{mlp.Sparse.String(): calls[mlp.Sparse], mlp.Dense.String(): calls[mlp.Dense]}
+}
+
+// autoDesc names the path the automatic path ran: "sparse", or with both,
+// e.g. "dense; sparse in 3 of 33 calls".
+func (r FFNResult) autoDesc() string {
+	if len(r.AutoCalls) == 0 {
+		return r.AutoPath
+	}
+	other, n := mlp.Sparse.String(), 0
+	if r.AutoPath == other {
+		other = mlp.Dense.String()
+	}
+	for _, c := range r.AutoCalls {
+		n += c
+	}
+	return fmt.Sprintf("%s; %s in %d of %d calls", r.AutoPath, other, r.AutoCalls[other], n)
+}
+
 // powerSummary describes r's energy windows: "power dense / TwELL / auto:
 // 672 / 701 / 699 W, SM clock 1500 / 1710 / 1695 of 1980 MHz, power cap in
 // 100 / 100 / 100% of samples", or "" without power figures.
@@ -340,12 +369,12 @@ func ffnCase(o FFNOptions, density float64, l *gpu.MLP, sl *synth.Layer, e ffnEn
 		lv := pick(v.opts)
 		sparse[i] = func(x *cuda.Buffer) error { lv.Apply(v.opts); return lv.Sparse(nil, yb, x, o.M) }
 	}
-	var autoPath mlp.Path
+	autoCalls := map[mlp.Path]int{}
 	la := pick(e.base)
 	auto := func(x *cuda.Buffer) error {
 		la.Apply(e.base)
 		p, err := la.Forward(nil, yb, x, o.M)
-		autoPath = p
+		autoCalls[p]++
 		return err
 	}
 	// D2T alone under each setting: a variant may change the D2T kernel.
@@ -363,7 +392,7 @@ func ffnCase(o FFNOptions, density float64, l *gpu.MLP, sl *synth.Layer, e ffnEn
 	}
 	k := len(sparse)
 	res.DenseMS, res.AutoMS = ms[0], ms[2*k+1]
-	res.AutoPath = autoPath.String()
+	res.AutoPath, res.AutoCalls = autoSummary(autoCalls)
 	res.AutoSpeedup = res.DenseMS / res.AutoMS
 
 	checkPath := func(run func(*cuda.Buffer) error) (float64, error) { return e.check(run, want) }
@@ -444,7 +473,7 @@ func ffnCase(o FFNOptions, density float64, l *gpu.MLP, sl *synth.Layer, e ffnEn
 		}
 		r.TraceError = traceErr
 		e.say("density %g%s: dense %.3f ms, TwELL %.3f ms (%.2fx, %s; D2T %.3f ms), auto %.3f ms (%.2fx, %s); rel err %.1e/%.1e/%.1e; mJ/token %.4f/%.4f/%.4f",
-			density, switchString(v.switches), r.DenseMS, r.TwELLMS, r.Speedup, r.Tail, r.D2TMS, r.AutoMS, r.AutoSpeedup, r.AutoPath,
+			density, switchString(v.switches), r.DenseMS, r.TwELLMS, r.Speedup, r.Tail, r.D2TMS, r.AutoMS, r.AutoSpeedup, r.autoDesc(),
 			r.DenseRelErr, r.RelErr, r.AutoRelErr, r.DenseMJPerToken, r.TwELLMJPerToken, r.AutoMJPerToken)
 		if p := r.powerSummary(); p != "" {
 			e.say("density %g%s: %s", density, switchString(v.switches), p)

@@ -107,7 +107,7 @@ func tableFile(w io.Writer, name string, b []byte) error {
 			}
 			fmt.Fprint(w, ")")
 			if r.AutoMS > 0 {
-				fmt.Fprintf(w, ", auto %.4g ms (%.2fx, %s)", r.AutoMS, r.AutoSpeedup, r.AutoPath)
+				fmt.Fprintf(w, ", auto %.4g ms (%.2fx, %s)", r.AutoMS, r.AutoSpeedup, r.autoDesc())
 			}
 			fmt.Fprintf(w, ", rel err %.2g\n", r.RelErr)
 			traceLine(w, name, "dense", r.DenseTrace)

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/twell-ai/twell/internal/testutil"
+	"github.com/twell-ai/twell/mlp"
 )
 
 // writeRows writes v as a results file named name in dir.
@@ -44,6 +45,10 @@ func TestTable(t *testing.T) {
 	model[0].Decode[0].Trace = tr
 	model[0].Decode[1].Steps, model[0].Decode[1].SparseLayers = 40, 28
 	writeRows(t, dir, "a-ffn.json", ffn)
+	mixed := ffn[0]
+	mixed.Switches, mixed.TwELLTrace = nil, nil
+	mixed.AutoMS, mixed.AutoSpeedup, mixed.AutoPath, mixed.AutoCalls = 0.0388, 0.99, "dense", map[string]int{"sparse": 3, "dense": 30}
+	writeRows(t, dir, "a2-ffn.json", []FFNResult{mixed})
 	writeRows(t, dir, "b-model.json", model)
 	writeRows(t, dir, "c-trace.json", map[string]any{"traceEvents": []int{}})
 	writeRows(t, dir, "d-train.json", []TrainStepResult{{Row: Row{Schema: TrainStepSchema}, Path: "auto", Batch: 8, Seq: 2048,
@@ -58,6 +63,7 @@ func TestTable(t *testing.T) {
 	got := out.String()
 	for _, want := range []string{
 		"a-ffn.json [TAIL=sorted]: ffn m 64, 0.5% skewed: dense 0.0386 ms, twell 0.0212 ms (1.82x, sorted tail), auto 0.0213 ms (1.81x, sparse), rel err 0.0026\n",
+		"a2-ffn.json: ffn m 64, 0.5% skewed: dense 0.0386 ms, twell 0.0212 ms (1.82x, sorted tail), auto 0.0388 ms (0.99x, dense; sparse in 3 of 33 calls), rel err 0.0026\n",
 		"b-model.json: model twell: prefill 206.1 tokens/ms (1.20x dense), b1@512 900 tokens/s, b64@512 12600 tokens/s (28 sparse layers)\n",
 		"b-model.json: twell / dense: b1@512 1.500x b64@512 1.050x\n",
 		"b-model.json: twell [LLM_FUSE_NORMS=0] / dense: b1@512 1.600x b64@512 1.200x\n",
@@ -101,4 +107,19 @@ func FuzzTable(f *testing.F) {
 		var out bytes.Buffer
 		_ = tableFile(&out, "x.json", b)
 	})
+}
+
+// TestAutoSummary names the path most of the automatic path's calls ran,
+// and counts them by path only when both ran.
+func TestAutoSummary(t *testing.T) {
+	for _, c := range []struct {
+		sparse, dense int
+		want          string
+		both          bool
+	}{{30, 0, "sparse", false}, {0, 33, "dense", false}, {3, 30, "dense", true}, {30, 3, "sparse", true}, {5, 5, "sparse", true}} {
+		path, calls := autoSummary(map[mlp.Path]int{mlp.Sparse: c.sparse, mlp.Dense: c.dense})
+		if path != c.want || (calls != nil) != c.both || (c.both && (calls["sparse"] != c.sparse || calls["dense"] != c.dense)) {
+			t.Errorf("%d sparse, %d dense calls: %q %v, want %q (counts %v)", c.sparse, c.dense, path, calls, c.want, c.both)
+		}
+	}
 }

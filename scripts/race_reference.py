@@ -941,7 +941,8 @@ def cmd_report(a):
             "reference_d2t_nnz_mean": (e["paths"].get("reference_d2t") or {}).get("nnz_mean"),
             "twell_d2t_ms": tw.get("d2t_ms"),
             "twell_dense_ms": tw.get("dense_ms"), "twell_ms": tw.get("twell_ms"), "twell_auto_ms": tw.get("auto_ms"),
-            "twell_auto_path": tw.get("auto_path"), "twell_rel_err": tw.get("rel_err"),
+            "twell_auto_path": tw.get("auto_path"), "twell_auto_calls": tw.get("auto_calls"),
+            "twell_rel_err": tw.get("rel_err"),
             "twell_over_reference": ratio, "nnz_mean": e.get("nnz_mean"), "twell_nnz_mean": tw.get("nnz_mean"),
             "inputs": e.get("inputs"), "reference_run": e, "twell_run": tw or None,
         })
