@@ -245,8 +245,8 @@ __device__ __forceinline__ int pack_row_masked(const u32* masks, const u32* tile
 
 // store_hot writes the hot units' h of a hot item as bf16, computed as the
 // dense path computes it from cuBLASLt's bf16 products (gate and up
-// rounded to bf16 first, then relu_mul's or relu_inplace's arithmetic, so
-// the same bits), and returns how many of the thread's units fired (gate >
+// rounded to bf16 first, then relu_mul's or relu_inplace's arithmetic: the
+// same bits from the same rounded products), and returns how many of the thread's units fired (gate >
 // 0), as those kernels count. The thread's rows are row0 and row0 + 8 of
 // out (ld values a row; rows from m_valid on are neither stored nor
 // counted), its columns 8i + 2tq and 8i + 2tq + 1 from acc[4i + 2h] and
