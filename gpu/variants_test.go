@@ -3,6 +3,7 @@ package gpu
 import (
 	"os"
 	"slices"
+	"strconv"
 	"testing"
 
 	"github.com/twell-ai/twell/cuda"
@@ -131,14 +132,21 @@ func TestKernelTimes(t *testing.T) {
 
 // TestProfileKernels runs the SparseLM-shape kernels a few times each for a
 // profiler (ncu -k ...): the cuBLASLt gate GEMM, the default D2T and the
-// sparse MLP with the sorted tail. An experiment, not a check: set
-// TWELL_PROFILE=1 to run it.
+// sparse MLP with the sorted tail, for 65536 tokens or TWELL_PROFILE_M. An
+// experiment, not a check: set TWELL_PROFILE=1 to run it.
 func TestProfileKernels(t *testing.T) {
 	if os.Getenv("TWELL_PROFILE") == "" {
 		t.Skip("set TWELL_PROFILE=1 to run the kernels for a profiler")
 	}
-	dev, blas := setup(t)
 	d, f, m := 2048, 5632, 65536
+	if v := os.Getenv("TWELL_PROFILE_M"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			t.Fatalf("TWELL_PROFILE_M=%q: want a positive token count", v)
+		}
+		m = n
+	}
+	dev, blas := setup(t)
 	l, xb, _ := sparseLMLayer(t, dev, blas, m)
 	l.Tail = TailSorted
 	yb := cudatest.Alloc(t, dev, max(2*m*d, 2*m*f))

@@ -48,6 +48,14 @@
 #                                       cuBLASLt's gate GEMM, the D2T and the sorted tail (t2u,
 #                                       t2d_ws); the details page, the SASS page as CSV, and the
 #                                       report when under 15 MB
+#   scripts/gpu-bench.sh stalls-d2t OUTDIR  our D2T against the reference's at STALLS_M tokens
+#                                       (4096), 0.5% uniform, the same ncu set: the first D2T
+#                                       launch of TestProfileKernels (TWELL_PROFILE_M), then the
+#                                       reference's D2T (its first launch in scripts/race_reference.py's
+#                                       child process, on its own draw of the workload); needs the
+#                                       reference built as race-reference.sh --build-only builds it
+#                                       (RACE_BUILD_DIR, default build/race-reference) and its
+#                                       files in REF (default third_party/sparser-faster-llms)
 #   scripts/gpu-bench.sh stalls-decode OUTDIR  where a one-sequence decode step's kernels wait (ncu,
 #                                       full set with warp-state sampling per SASS instruction):
 #                                       qkv_rope1n, the decode attention, gemv_rows1 and gemv_mlp of
@@ -61,8 +69,8 @@
 # Each run ends with `twell bench table OUTDIR`.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-what=${1:?usage: gpu-bench.sh ffn|model|decode|train|trace|ab-mlp|ab-decode|ab-prefill|stalls|stalls-decode|host-mem OUTDIR}
-out=${2:?usage: gpu-bench.sh ffn|model|decode|train|trace|ab-mlp|ab-decode|ab-prefill|stalls|stalls-decode|host-mem OUTDIR}
+what=${1:?usage: gpu-bench.sh ffn|model|decode|train|trace|ab-mlp|ab-decode|ab-prefill|stalls|stalls-d2t|stalls-decode|host-mem OUTDIR}
+out=${2:?usage: gpu-bench.sh ffn|model|decode|train|trace|ab-mlp|ab-decode|ab-prefill|stalls|stalls-d2t|stalls-decode|host-mem OUTDIR}
 mkdir -p "$out"
 tw=$root/gpubin/twell
 if [ ! -x "$tw" ] && [ -f "$root/gpubin/pack.txz" ]; then
@@ -177,6 +185,22 @@ stalls)
     "$root/gpubin/gpu.test" -test.run TestProfileKernels -test.v) > "$out/stalls-run.txt" 2>&1 || status=1
   ncu_pages "$rep" stalls
   ;;
+stalls-d2t)
+  # ncu flushes the caches before each profiled launch, so the first will do.
+  m=${STALLS_M:-4096}
+  rep=${TMPDIR:-/tmp}/twell-d2t-stalls
+  (cd "$root/gpu" && TWELL_PROFILE=1 TWELL_PROFILE_M=$m ncu --clock-control none --set full --import-source yes \
+    -k 'regex:d2t_wgmma' --launch-count 1 -f -o "$rep" \
+    "$root/gpubin/gpu.test" -test.run TestProfileKernels -test.v) > "$out/stalls-d2t-run.txt" 2>&1 || status=1
+  ncu_pages "$rep" stalls-d2t
+  rrep=${TMPDIR:-/tmp}/reference-d2t-stalls
+  ncu --clock-control none --set full --import-source yes -k 'regex:mm_wgmma_nt' --launch-count 1 -f -o "$rrep" \
+    "${PYTHON:-python3}" "$root/scripts/race_reference.py" _child ffn --paths reference_d2t \
+    --result "$out/stalls-ref-d2t-child.json" --ref "${REF:-$root/third_party/sparser-faster-llms}" \
+    --build-dir "${RACE_BUILD_DIR:-$root/build/race-reference}" --m "$m" --density 0.005 --dist uniform --reps 3 \
+    > "$out/stalls-ref-d2t-run.txt" 2>&1 || status=1
+  ncu_pages "$rrep" stalls-ref-d2t
+  ;;
 stalls-decode)
   # The TwELL engine's decode steps come first in bench model, 4 of the
   # filter's kernels a layer (112 a step). The first 1000 launches (250
@@ -201,7 +225,7 @@ host-mem)
   grep -E "Maximum resident|Elapsed|tokens" "$out/generate-time.txt"
   ;;
 *)
-  echo "gpu-bench: want ffn, model, decode, train, trace, ab-mlp, ab-decode, ab-prefill, stalls, stalls-decode or host-mem, not $what" >&2
+  echo "gpu-bench: want ffn, model, decode, train, trace, ab-mlp, ab-decode, ab-prefill, stalls, stalls-d2t, stalls-decode or host-mem, not $what" >&2
   exit 2
   ;;
 esac
