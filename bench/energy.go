@@ -46,3 +46,26 @@ func measureEnergy(meter *nvml.Device, work func() error) (energyWindow, error) 
 	}
 	return w, nil
 }
+
+// energyPerToken runs run(0), run(1), ... back to back, at least reps times
+// and for at least minEnergyWindow by its time of ms a call, then sync, all
+// under meter, and returns millijoules per token (tokens a call) with the
+// window; 0 and a window that is not ok when the counter cannot be read.
+func energyPerToken(meter *nvml.Device, sync func() error, run func(i int) error, ms float64, reps, tokens int) (float64, energyWindow, error) {
+	n := max(reps, int(float64(minEnergyWindow.Milliseconds())/max(ms, 1e-3))+1)
+	if err := sync(); err != nil {
+		return 0, energyWindow{}, err
+	}
+	w, err := measureEnergy(meter, func() error {
+		for i := range n {
+			if err := run(i); err != nil {
+				return err
+			}
+		}
+		return sync()
+	})
+	if err != nil || !w.ok {
+		return 0, w, err
+	}
+	return 1000 * w.joules / float64(n*tokens), w, nil
+}

@@ -147,22 +147,7 @@ func FFNCUDA(o FFNOptions, progress func(string)) ([]FFNResult, error) {
 		if meter == nil || ms <= 0 {
 			return 0, energyWindow{}, nil
 		}
-		n := max(o.Reps, int(float64(minEnergyWindow.Milliseconds())/ms)+1)
-		if err := dev.Synchronize(); err != nil {
-			return 0, energyWindow{}, err
-		}
-		w, err := measureEnergy(meter, func() error {
-			for i := 0; i < n; i++ {
-				if err := run(xs[i%nbuf]); err != nil {
-					return err
-				}
-			}
-			return dev.Synchronize()
-		})
-		if err != nil || !w.ok {
-			return 0, w, err
-		}
-		return 1000 * w.joules / float64(n*o.M), w, nil
+		return energyPerToken(meter, dev.Synchronize, func(i int) error { return run(xs[i%nbuf]) }, ms, o.Reps, o.M)
 	}
 	// check runs once on batch 0 and returns the rel err of the ref rows.
 	check := func(run func(x *cuda.Buffer) error, want [][]float64) (float64, error) {

@@ -194,7 +194,8 @@ func TrainMLPCUDA(o TrainMLPOptions, progress func(string)) ([]TrainMLPResult, e
 		res.DenseTFLOPS = flops / res.DenseMS / 1e9
 		if meter != nil {
 			for i, p := range []*float64{&res.DenseMJPerToken, &res.TwellMJPerToken} {
-				if *p, err = energyPerToken(s, meter, runs[i], []float64{res.DenseMS, res.TwellMS}[i], o.Reps, o.M); err != nil {
+				run := runs[i]
+				if *p, _, err = energyPerToken(meter, s.Synchronize, func(int) error { return run() }, []float64{res.DenseMS, res.TwellMS}[i], o.Reps, o.M); err != nil {
 					return nil, err
 				}
 			}
@@ -218,27 +219,6 @@ func TrainMLPCUDA(o TrainMLPOptions, progress func(string)) ([]TrainMLPResult, e
 		out = append(out, res)
 	}
 	return out, nil
-}
-
-// energyPerToken returns millijoules per token of run over back-to-back
-// calls lasting at least minEnergyWindow (0 when the meter cannot start).
-func energyPerToken(s *cuda.Stream, meter *nvml.Device, run func() error, ms float64, reps, tokens int) (float64, error) {
-	n := max(reps, int(float64(minEnergyWindow.Milliseconds())/max(ms, 1e-3))+1)
-	if err := s.Synchronize(); err != nil {
-		return 0, err
-	}
-	w, err := measureEnergy(meter, func() error {
-		for range n {
-			if err := run(); err != nil {
-				return err
-			}
-		}
-		return s.Synchronize()
-	})
-	if err != nil || !w.ok {
-		return 0, err
-	}
-	return 1000 * w.joules / float64(n*tokens), nil
 }
 
 // relErr32 is ‖a − b‖ / ‖b‖ (0 for two empty slices).

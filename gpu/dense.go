@@ -293,14 +293,6 @@ func (l *DenseMLP) queue(s *cuda.Stream, y, x *cuda.Buffer, m int, ws *denseWS, 
 	if err := l.blas.Matmul(s, proj, x, first, ws.g); err != nil {
 		return err
 	}
-	return l.activateDown(s, y, m, ws, add)
-}
-
-// activateDown queues the rest of the layer once ws holds the products of
-// m tokens (ws.g the gate's, or non-gated the up projection's; ws.u the
-// up projection's): the elementwise kernel, then the down product into y
-// (added to it with add).
-func (l *DenseMLP) activateDown(s *cuda.Stream, y *cuda.Buffer, m int, ws *denseWS, add bool) error {
 	ek, err := l.k.dense()
 	if err != nil {
 		return err

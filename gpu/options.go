@@ -28,8 +28,8 @@ type Options struct {
 	// "0". Apply does not read it.
 	NoHotUnits bool
 	// SeparateHot computes the hot units' gate and up products with
-	// cuBLASLt GEMMs instead of as extra tiles of the wgmma D2T:
-	// EnvHotD2T = "0".
+	// cuBLASLt GEMMs and h with relu_mul, instead of in extra tiles of the
+	// wgmma D2T: EnvHotD2T = "0".
 	SeparateHot bool
 }
 
