@@ -182,6 +182,7 @@ __device__ __forceinline__ void mainloop(float (&acc)[128], u32 sA, u32 sB, u32 
 #define PIPE_LD 132
 #define PIPE_TILE (128 * PIPE_LD * 4)
 #define PIPE_PACKERS 3
+#define PIPE_LAST (PIPE_PACKERS + 8)  // warps that pack the cluster's last tile: the packers and the consumers
 #define PIPE_MASKS (128 * 8 * 4)
 
 // flush_row writes one packed row tile from the warp's S-word scratch row
@@ -241,6 +242,29 @@ __device__ __forceinline__ int pack_row_masked(const u32* masks, const u32* tile
   bad = __any_sync(0xffffffffu, badl);
   flush_row<S>(erow, out, total);
   return total;
+}
+
+// pack_rows packs rows r0, r0 + stride, ... of the tile at rows m0.. and N
+// tile nt (one warp; erow its scratch row), flags the rows that overflow or
+// hold NaN or Inf, and returns the active values of the valid rows (the
+// same count on every lane).
+template <int S>
+__device__ __forceinline__ u64 pack_rows(const u32* masks, const u32* tile, u32* erow, u32* __restrict__ packed,
+                                         int* __restrict__ flags, int* __restrict__ ovf, int m0, int nt,
+                                         int row_words, int m_valid, int r0, int stride) {
+  const int lane = threadIdx.x & 31;
+  u64 sum = 0;
+  for (int r = r0; r < 128; r += stride) {
+    const int row = m0 + r;
+    bool bad;
+    const int n = pack_row_masked<S>(masks + r * 8, tile + r * PIPE_LD, erow, packed + (size_t)row * row_words + nt * S,
+                                     nt * 256, bad);
+    if (row < m_valid) {
+      sum += (u64)n;
+      if (lane == 0 && (bad || n > S - 1)) flag_row(flags, ovf, row);
+    }
+  }
+  return sum;
 }
 
 // store_hot writes the hot units' h of a hot item as bf16, computed as the
@@ -303,9 +327,9 @@ __global__ void __launch_bounds__(384, 1)
   const u32 sA = base, sB = base + STAGES * A_BYTES;
   u32* tile = (u32*)(smem + STAGES * (A_BYTES + B_BYTES));
   u32* erows = tile + 128 * PIPE_LD;  // PIPE_PACKERS x S words
-  u32* masks = erows + PIPE_PACKERS * S;  // 128 rows x 8 words
+  u32* masks = erows + PIPE_LAST * S;  // 128 rows x 8 words
   // full[STAGES], empty[STAGES], tile_full, tile_empty
-  const u32 bars = base + STAGES * (A_BYTES + B_BYTES) + PIPE_TILE + PIPE_PACKERS * S * 4 + PIPE_MASKS;
+  const u32 bars = base + STAGES * (A_BYTES + B_BYTES) + PIPE_TILE + PIPE_LAST * S * 4 + PIPE_MASKS;
   const u32 tile_full = bars + 8u * (2 * STAGES), tile_empty = tile_full + 8u;
 
   const int tid = threadIdx.x;
@@ -322,7 +346,7 @@ __global__ void __launch_bounds__(384, 1)
     mbar_init(tile_empty, PIPE_PACKERS);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
-  for (int i = tid; i < PIPE_PACKERS * S; i += 384) erows[i] = 0;
+  for (int i = tid; i < PIPE_LAST * S; i += 384) erows[i] = 0;
   __syncthreads();
   cluster_sync();
 
@@ -342,18 +366,11 @@ __global__ void __launch_bounds__(384, 1)
         int mp, nt;
         work_coords(w, m_pairs, n_tiles, mp, nt);
         if (nt >= n_sparse) continue;  // a hot tile: its consumers store it
-        const int m0 = (mp * 2 + (int)rank) * 128, n0 = nt * 256;
         mbar_wait(tile_full, tphase);
-        for (int r = pw; r < 128; r += PIPE_PACKERS) {
-          const int row = m0 + r;
-          bool bad;
-          const int n = pack_row_masked<S>(masks + r * 8, tile + r * PIPE_LD, erow,
-                                           packed + (size_t)row * row_words + nt * S, n0, bad);
-          if (row < m_valid) {
-            sum += (u64)n;
-            if (lane == 0 && (bad || n > S - 1)) flag_row(flags, ovf, row);
-          }
-        }
+        // The consumers help with the cluster's last tile (pack_rows).
+        const bool last = w + nclusters >= m_pairs * n_tiles;
+        sum += pack_rows<S>(masks, tile, erow, packed, flags, ovf, (mp * 2 + (int)rank) * 128, nt, row_words, m_valid,
+                            pw, last ? PIPE_LAST : PIPE_PACKERS);
         __syncwarp();
         if (lane == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(tile_empty) : "memory");
         tphase ^= 1u;
@@ -373,10 +390,12 @@ __global__ void __launch_bounds__(384, 1)
     u32* trow1 = trow0 + 8 * PIPE_LD;
     u64* mrow0 = (u64*)(masks + (cw * 64 + wq * 16 + (lane >> 2)) * 8) + (lane & 3);
     u64* mrow1 = mrow0 + 8 * 4;
+    int last_mp = -1, last_nt = 0;  // the cluster's last item, when packed
     for (int w = cluster; w < m_pairs * n_tiles; w += nclusters) {
       mainloop<STAGES>(acc, sA, sB, bars, cw, tid, k_iters, s, phase);
       int mp, nt;
       work_coords(w, m_pairs, n_tiles, mp, nt);
+      last_mp = -1;
       if (nt >= n_sparse) {
         const int row0 = (mp * 2 + (int)rank) * 128 + cw * 64 + wq * 16 + (lane >> 2), h = nt - n_sparse;
         if (hot_gated)
@@ -411,9 +430,20 @@ __global__ void __launch_bounds__(384, 1)
       *mrow1 = mk[1];
       asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(tile_full) : "memory");
       tphase ^= 1u;
+      last_mp = mp;
+      last_nt = nt;
     }
     fired = __reduce_add_sync(0xffffffffu, fired);
-    if (lane == 0 && fired) atomicAdd(nnz, (u64)fired);
+    u64 sum = fired;
+    if (last_mp >= 0) {
+      // No mainloop is left to overlap the packers' work on the last tile,
+      // so the consumer warps take 8 of every PIPE_LAST rows of it.
+      mbar_wait(tile_full, tphase ^ 1u);
+      sum += pack_rows<S>(masks, tile, erows + (PIPE_PACKERS + cw * 4 + wq) * S, packed, flags, ovf,
+                          (last_mp * 2 + (int)rank) * 128, last_nt, row_words, m_valid,
+                          PIPE_PACKERS + cw * 4 + wq, PIPE_LAST);
+    }
+    if (lane == 0 && sum) atomicAdd(nnz, sum);
   }
   __syncwarp();
   cluster_sync();
