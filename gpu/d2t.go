@@ -130,7 +130,7 @@ func (l *MLP) runD2T(s *cuda.Stream, x *cuda.Buffer, m, cols int, hot *DenseMLP)
 			tm, err := l.dev.EncodeTiled(cuda.TiledTensor{
 				DataType: cuda.TensorBFloat16, Global: x.Ptr(),
 				Dims: []uint64{uint64(l.D), uint64(m)}, Strides: []uint64{uint64(2 * l.D)},
-				Box: []uint32{wgmmaBK, 128}, Swizzle: wgmmaSwizzle, L2Promotion: cuda.L2Promotion256B,
+				Box: []uint32{64, 128}, Swizzle: cuda.Swizzle128B, L2Promotion: cuda.L2Promotion256B,
 			})
 			if err != nil {
 				return nil, false, err
@@ -297,16 +297,8 @@ func wgmmaName(s int) string { return fmt.Sprintf("d2t_wgmma<%d,%d>", s, wgmmaSt
 func wgmmaExprs() []string { return []string{wgmmaName(32), wgmmaName(64), wgmmaName(128)} }
 
 // wgmmaStages is the pipeline depth of d2t_wgmma: its tile of active bf16
-// values (66 KiB, addressed by column) leaves room for 144 KiB of stages,
-// six of wgmmaBK columns.
-const wgmmaStages = 6
-
-// wgmmaBK is d2t_wgmma's WG_BK, the columns of x and the weights in a
-// stage, and wgmmaSwizzle the TMA maps' swizzle for rows of that many bf16.
-const (
-	wgmmaBK      = 32
-	wgmmaSwizzle = cuda.Swizzle64B
-)
+// values (66 KiB, addressed by column) leaves room for 3 stages.
+const wgmmaStages = 3
 
 // wgmmaScratchRows is d2t_wgmma's PIPE_LAST: the warps that pack a
 // cluster's last tile (its 3 packer warps and 8 consumer warps), an S-word
@@ -316,7 +308,7 @@ const wgmmaScratchRows = 11
 // wgmmaSmem returns the dynamic shared memory the wgmma D2T kernel needs,
 // with 1024 bytes of slack for aligning the base (see d2t_wgmma.cu).
 func wgmmaSmem(s int) int {
-	const stage = (128 + 256) * wgmmaBK * 2
+	const stage = 16384 + 32768
 	return wgmmaStages*stage + 128*132*4 + wgmmaScratchRows*s*4 + 128*8*4 + (2*wgmmaStages+2)*8 + 1024
 }
 
@@ -368,5 +360,5 @@ func (a d2tArgs) wgmma(fn *cuda.Function, s *cuda.Stream, tmA, tmB, tmU *cuda.Te
 	nClusters := min(resident(cfg), mPairs*nTiles)
 	cfg.Grid = cuda.Dim3{uint32(2 * nClusters), 1, 1}
 	return fn.LaunchEx(cfg, tmA, tmB, tmU, a.packed, a.flags, a.ovf, a.nnz, hotH, gated,
-		int32(mPairs), int32(nTiles), int32(sparse), int32(a.hotUnits), int32(a.d/wgmmaBK), int32(a.rowWords), int32(a.m))
+		int32(mPairs), int32(nTiles), int32(sparse), int32(a.hotUnits), int32(a.d/64), int32(a.rowWords), int32(a.m))
 }

@@ -47,19 +47,9 @@
 #define WG_WAIT 1    // wgmma groups in flight across k steps
 #define WG_GROUP 16  // M-tile pairs that sweep the N tiles together (4: 1.5% slower mainloop on an H200)
 
-#define WG_BK 32                    // columns of x and W a stage (d2t.go's wgmmaBK)
-#define A_BYTES (128 * WG_BK * 2)  // 8 KiB
-#define B_BYTES (256 * WG_BK * 2)  // 16 KiB
-
-// stage_desc is the wgmma descriptor of a stage's tile: WG_BK * 2-byte
-// rows, with the TMA maps' swizzle of that width.
-__device__ __forceinline__ u64 stage_desc(u32 addr) {
-#if WG_BK == 64
-  return sw128_desc(addr);
-#else
-  return sw64_desc(addr);
-#endif
-}
+#define WG_BK 64
+#define A_BYTES (128 * WG_BK * 2)  // 16 KiB
+#define B_BYTES (256 * WG_BK * 2)  // 32 KiB
 
 // mbar_arrive_cta arrives on the barrier at the same offset in CTA cta of
 // the cluster (possibly this one), with .cta scope (a .release.cluster
@@ -159,14 +149,14 @@ __device__ __forceinline__ void mainloop(float (&acc)[128], u32 sA, u32 sB, u32 
     mbar_wait(bars + 8u * s, phase);
     if (!first) fence_acc(acc);
     asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-    u64 da = stage_desc(sA + s * A_BYTES + cw * 64 * (WG_BK * 2));
-    u64 db = stage_desc(sB + s * B_BYTES);
+    u64 da = sw128_desc(sA + s * A_BYTES + cw * 64 * 128);
+    u64 db = sw128_desc(sB + s * B_BYTES);
     if (first)
       wgmma_m64n256k16_set(acc, da, db);
     else
       wgmma_m64n256k16(acc, da, db, 1);
 #pragma unroll
-    for (int kk = 1; kk < WG_BK / 16; ++kk) wgmma_m64n256k16(acc, da + 2 * kk, db + 2 * kk, 1);
+    for (int kk = 1; kk < 4; ++kk) wgmma_m64n256k16(acc, da + 2 * kk, db + 2 * kk, 1);
     asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
     asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(WG_WAIT) : "memory");
     fence_acc(acc);

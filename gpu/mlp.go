@@ -149,7 +149,7 @@ func NewMLP(dev *cuda.Device, blas *cublas.Handle, wg, wu, wd []float32, d, f in
 		return dev.EncodeTiled(cuda.TiledTensor{
 			DataType: cuda.TensorBFloat16, Global: w.Ptr(),
 			Dims: []uint64{uint64(d), uint64(f)}, Strides: []uint64{uint64(2 * d)},
-			Box: []uint32{wgmmaBK, 128}, Swizzle: wgmmaSwizzle, L2Promotion: cuda.L2Promotion256B,
+			Box: []uint32{64, 128}, Swizzle: cuda.Swizzle128B, L2Promotion: cuda.L2Promotion256B,
 		})
 	}
 	if err == nil {

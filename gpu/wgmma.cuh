@@ -15,12 +15,6 @@ __device__ __forceinline__ u64 sw128_desc(u32 addr) {
   return (u64)((addr & 0x3FFFFu) >> 4) | (u64)1 << 16 | (u64)(1024 >> 4) << 32 | (u64)1 << 62;
 }
 
-// sw64_desc is the descriptor of a K-major tile of 64-byte rows with the
-// 64-byte swizzle, 8-row groups 512 bytes apart.
-__device__ __forceinline__ u64 sw64_desc(u32 addr) {
-  return (u64)((addr & 0x3FFFFu) >> 4) | (u64)1 << 16 | (u64)(512 >> 4) << 32 | (u64)2 << 62;
-}
-
 // wgmma_m64n256k16 issues one wgmma.mma_async m64n256k16 (bf16 in, fp32
 // accumulate) with A and B from shared memory descriptors. scale_d = 0
 // overwrites the accumulators (first k step), 1 adds to them.
