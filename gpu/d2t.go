@@ -300,11 +300,16 @@ func wgmmaExprs() []string { return []string{wgmmaName(32), wgmmaName(64), wgmma
 // values (66 KiB, addressed by column) leaves room for 3 stages.
 const wgmmaStages = 3
 
+// wgmmaScratchRows is d2t_wgmma's PIPE_LAST: the warps that pack a
+// cluster's last tile (its 3 packer warps and 8 consumer warps), an S-word
+// scratch row each.
+const wgmmaScratchRows = 11
+
 // wgmmaSmem returns the dynamic shared memory the wgmma D2T kernel needs,
 // with 1024 bytes of slack for aligning the base (see d2t_wgmma.cu).
 func wgmmaSmem(s int) int {
 	const stage = 16384 + 32768
-	return wgmmaStages*stage + 128*132*4 + 128*8*4 + (2*wgmmaStages+2)*8 + 1024
+	return wgmmaStages*stage + 128*132*4 + wgmmaScratchRows*s*4 + 128*8*4 + (2*wgmmaStages+2)*8 + 1024
 }
 
 // d2tArgs are the operands of a D2T kernel for one call of m tokens: x
