@@ -290,21 +290,15 @@ func (k *kernels) d2tWGMMA(s int) (*cuda.Function, error) {
 
 // wgmmaName is the name expression of the wgmma D2T kernel for S words per
 // tile.
-func wgmmaName(s int) string { return fmt.Sprintf("d2t_wgmma<%d,%d>", s, wgmmaStages(s)) }
+func wgmmaName(s int) string { return fmt.Sprintf("d2t_wgmma<%d,%d>", s, wgmmaStages) }
 
 // wgmmaExprs are the name expressions of d2t_wgmma.cu's kernels (S of 32,
 // 64 and 128).
 func wgmmaExprs() []string { return []string{wgmmaName(32), wgmmaName(64), wgmmaName(128)} }
 
-// wgmmaStages is the pipeline depth of d2t_wgmma for S words a tile: four
-// stages of 48 KiB fit beside the epilogue buffers while a row's values
-// take at most 128 bytes (S <= 64), three beside S = 128's 32 KiB.
-func wgmmaStages(s int) int {
-	if s <= 64 {
-		return 4
-	}
-	return 3
-}
+// wgmmaStages is the pipeline depth of d2t_wgmma: its tile of active bf16
+// values (66 KiB, addressed by column) leaves room for 3 stages.
+const wgmmaStages = 3
 
 // wgmmaScratchRows is d2t_wgmma's PIPE_LAST: the warps that pack a
 // cluster's last tile (its 3 packer warps and 8 consumer warps), an S-word
@@ -312,13 +306,10 @@ func wgmmaStages(s int) int {
 const wgmmaScratchRows = 11
 
 // wgmmaSmem returns the dynamic shared memory the wgmma D2T kernel needs,
-// with 1024 bytes of slack for aligning the base (see d2t_wgmma.cu): the
-// stages, S bf16 values a row, the scratch rows, the masks and the
-// barriers.
+// with 1024 bytes of slack for aligning the base (see d2t_wgmma.cu).
 func wgmmaSmem(s int) int {
 	const stage = 16384 + 32768
-	st := wgmmaStages(s)
-	return st*stage + 128*s*2 + wgmmaScratchRows*s*4 + 128*8*4 + (2*st+2)*8 + 1024
+	return wgmmaStages*stage + 128*132*4 + wgmmaScratchRows*s*4 + 128*8*4 + (2*wgmmaStages+2)*8 + 1024
 }
 
 // d2tArgs are the operands of a D2T kernel for one call of m tokens: x

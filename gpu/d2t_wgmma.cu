@@ -1,12 +1,12 @@
 // d2t_wgmma.cu: D2T for Hopper (sm_90a): the gate GEMM C = x W^T with TMA
-// loads, a 4-stage mbarrier pipeline (3 at S = 128), wgmma m64n256k16
-// tensor-core math, and ReLU + TwELL packing in the epilogue. Persistent: one CTA per SM,
+// loads, a 3-stage mbarrier pipeline, wgmma m64n256k16 tensor-core math,
+// and ReLU + TwELL packing in the epilogue. Persistent: one CTA per SM,
 // CTAs paired in clusters of 2 along M that share (multicast) the weight
 // tile. Two consumer warpgroups each own 64 of the CTA tile's 128 rows and
 // all 256 columns; a third warpgroup holds the TMA producer (one thread)
 // and three packer warps. After each tile's mainloop the consumers store
-// only each row's activity masks and its first S - 1 active values (bf16,
-// in column order) into shared memory; the packer warps rank the active units from
+// only each row's activity masks and the bf16 pairs that hold an active
+// value into shared memory; the packer warps rank the active units from
 // the masks and write the packed words while the consumers run the next
 // tile's mainloop. Work items past the packed N tiles are the hot units'
 // dense products (hot.go), from which the consumers store h = relu(g) u
@@ -182,14 +182,16 @@ __device__ __forceinline__ void mainloop(float (&acc)[128], u32 sA, u32 sB, u32 
   if (prev >= 0) release_stage(bars + 8u * (STAGES + prev), tid);
 }
 
-// Epilogue buffers in shared memory: each row's first S - 1 active values
-// in column order, as bf16 (S slots a row: the packed row holds no more,
-// and a row with more is flagged); each packing warp's S-word scratch row;
-// the rows' activity masks, 8 words a row.
+// Epilogue buffers in shared memory: the tile's active values as bf16
+// pairs, 128 rows of 256 values, rows PIPE_LD words apart (padded by 4
+// words: the quad-wise stores of a warp hit 32 distinct banks); each
+// packer warp's S-word scratch row; the rows' activity masks, 8 words a
+// row.
+#define PIPE_LD 132
+#define PIPE_TILE (128 * PIPE_LD * 4)
 #define PIPE_PACKERS 3
 #define PIPE_LAST (PIPE_PACKERS + 8)  // warps that pack the cluster's last tile: the packers and the consumers
 #define PIPE_MASKS (128 * 8 * 4)
-#define PIPE_VALS(S) (128 * (S) * 2)
 
 // flush_row writes one packed row tile from the warp's S-word scratch row
 // erow, whose words 1.. hold the entries: word 0 the true count total, the
@@ -208,14 +210,14 @@ __device__ __forceinline__ void flush_row(u32* erow, u32* out, int total) {
 
 // pack_row_masked packs one row of the tile (one warp): masks holds the
 // row's activity as 8 words, quad lane q's 64-bit mask in words 2q and
-// 2q + 1 (bit 2i + e: column 8i + 2q + e, as in acc_to_bf), and vrow the
-// row's first S - 1 active values in column order. Lane l takes columns
-// 8l..8l+7; ranks come from ballots of the lanes' counts, not a shuffle
-// scan. Writes S words to out through flush_row (erow zero on entry and on
-// return) and returns the true count; sets bad if a stored value is NaN or
-// Inf (a row with more than S - 1 is flagged anyway).
+// 2q + 1 (bit 2i + e: column 8i + 2q + e, as in acc_to_bf), and tile_row
+// only the bf16 pairs that hold an active value (word 4i + q: columns
+// 8i + 2q and 8i + 2q + 1). Lane l takes columns 8l..8l+7; ranks come from
+// ballots of the lanes' counts, not a shuffle scan. Writes S words to out
+// through flush_row (erow zero on entry and on return) and returns the
+// true count; sets bad if an active value is NaN or Inf.
 template <int S>
-__device__ __forceinline__ int pack_row_masked(const u32* masks, const u16* vrow, u32* erow, u32* out, int n0,
+__device__ __forceinline__ int pack_row_masked(const u32* masks, const u32* tile_row, u32* erow, u32* out, int n0,
                                                bool& bad) {
   const int lane = threadIdx.x & 31, w = lane >> 4, sh = (2 * lane) & 31;
   u32 m8 = 0;
@@ -238,11 +240,9 @@ __device__ __forceinline__ int pack_row_masked(const u32* masks, const u16* vrow
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
       if ((m8 >> k) & 1u) {
-        if (rank < S - 1) {
-          const u32 b = vrow[rank];
-          if ((b & 0x7fffu) >= 0x7f80u) badl = true;
-          erow[1 + rank] = (b << 16) | (u32)(n0 + 8 * lane + k);
-        }
+        const u32 b = (tile_row[4 * lane + (k >> 1)] >> (16 * (k & 1))) & 0xffffu;
+        if ((b & 0x7fffu) >= 0x7f80u) badl = true;
+        if (rank < S - 1) erow[1 + rank] = (b << 16) | (u32)(n0 + 8 * lane + k);
         ++rank;
       }
     }
@@ -257,7 +257,7 @@ __device__ __forceinline__ int pack_row_masked(const u32* masks, const u16* vrow
 // hold NaN or Inf, and returns the active values of the valid rows (the
 // same count on every lane).
 template <int S>
-__device__ __forceinline__ u64 pack_rows(const u32* masks, const u16* vals, u32* erow, u32* __restrict__ packed,
+__device__ __forceinline__ u64 pack_rows(const u32* masks, const u32* tile, u32* erow, u32* __restrict__ packed,
                                          int* __restrict__ flags, int* __restrict__ ovf, int m0, int nt,
                                          int row_words, int m_valid, int r0, int stride) {
   const int lane = threadIdx.x & 31;
@@ -265,7 +265,7 @@ __device__ __forceinline__ u64 pack_rows(const u32* masks, const u16* vals, u32*
   for (int r = r0; r < 128; r += stride) {
     const int row = m0 + r;
     bool bad;
-    const int n = pack_row_masked<S>(masks + r * 8, vals + r * S, erow, packed + (size_t)row * row_words + nt * S,
+    const int n = pack_row_masked<S>(masks + r * 8, tile + r * PIPE_LD, erow, packed + (size_t)row * row_words + nt * S,
                                      nt * 256, bad);
     if (row < m_valid) {
       sum += (u64)n;
@@ -333,11 +333,11 @@ __global__ void __launch_bounds__(384, 1)
   u32 base = (raw + 1023u) & ~1023u;
   unsigned char* smem = smem_raw + (base - raw);
   const u32 sA = base, sB = base + STAGES * A_BYTES;
-  u16* vals = (u16*)(smem + STAGES * (A_BYTES + B_BYTES));
-  u32* erows = (u32*)(vals + 128 * S);  // PIPE_PACKERS x S words
+  u32* tile = (u32*)(smem + STAGES * (A_BYTES + B_BYTES));
+  u32* erows = tile + 128 * PIPE_LD;  // PIPE_PACKERS x S words
   u32* masks = erows + PIPE_LAST * S;  // 128 rows x 8 words
   // full[STAGES], empty[STAGES], tile_full, tile_empty
-  const u32 bars = base + STAGES * (A_BYTES + B_BYTES) + PIPE_VALS(S) + PIPE_LAST * S * 4 + PIPE_MASKS;
+  const u32 bars = base + STAGES * (A_BYTES + B_BYTES) + PIPE_TILE + PIPE_LAST * S * 4 + PIPE_MASKS;
   const u32 tile_full = bars + 8u * (2 * STAGES), tile_empty = tile_full + 8u;
 
   const int tid = threadIdx.x;
@@ -377,7 +377,7 @@ __global__ void __launch_bounds__(384, 1)
         mbar_wait(tile_full, tphase);
         // The consumers help with the cluster's last tile (pack_rows).
         const bool last = w + nclusters >= m_pairs * n_tiles;
-        sum += pack_rows<S>(masks, vals, erow, packed, flags, ovf, (mp * 2 + (int)rank) * 128, nt, row_words, m_valid,
+        sum += pack_rows<S>(masks, tile, erow, packed, flags, ovf, (mp * 2 + (int)rank) * 128, nt, row_words, m_valid,
                             pw, last ? PIPE_LAST : PIPE_PACKERS);
         __syncwarp();
         if (lane == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(tile_empty) : "memory");
@@ -392,12 +392,11 @@ __global__ void __launch_bounds__(384, 1)
     float acc[128];
     int s = 0;
     u32 phase = 0, tphase = 0, fired = 0;
-    // The thread's two rows of values and their mask words (u64 q of the
-    // row: quad lane q's 64 bits).
-    const int q = lane & 3, lrow = cw * 64 + wq * 16 + (lane >> 2);
-    u16* vrow0 = vals + lrow * S;
-    u16* vrow1 = vrow0 + 8 * S;
-    u64* mrow0 = (u64*)(masks + lrow * 8) + q;
+    // The thread's two tile rows (word 4i of each: its bf16 pair i) and
+    // their mask words (u64 q of the row: quad lane q's 64 bits).
+    u32* trow0 = tile + (cw * 64 + wq * 16 + (lane >> 2)) * PIPE_LD + (lane & 3);
+    u32* trow1 = trow0 + 8 * PIPE_LD;
+    u64* mrow0 = (u64*)(masks + (cw * 64 + wq * 16 + (lane >> 2)) * 8) + (lane & 3);
     u64* mrow1 = mrow0 + 8 * 4;
     int last_mp = -1, last_nt = 0;  // the cluster's last item, when packed
     for (int w = cluster; w < m_pairs * n_tiles; w += nclusters) {
@@ -422,38 +421,21 @@ __global__ void __launch_bounds__(384, 1)
 #pragma unroll
           for (int e = 0; e < 2; ++e)
             if (!(acc[4 * i + 2 * h + e] <= 0.f)) mk[h] |= 1ull << (2 * i + e);  // > 0, or NaN
-      *mrow0 = mk[0];
-      *mrow1 = mk[1];
-      __syncwarp();
-      // Each active value goes to its column-order rank in the row: the bits
-      // of the quad's masks before its column (quad lanes before this one
-      // up to pair i, after it before pair i). Rows hold few, so the masks
-      // are read only for them.
 #pragma unroll
       for (int i = 0; i < 32; ++i) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            if ((mk[h] >> (2 * i + e)) & 1ull) {
-              const u64* qm = h ? mrow1 - q : mrow0 - q;
-              const ulonglong2 m01 = *(const ulonglong2*)qm, m23 = *(const ulonglong2*)(qm + 2);
-              const u64 before = 2 * i + 2 >= 64 ? ~0ull : (1ull << (2 * i + 2)) - 1ull;
-              const u64 after = (1ull << (2 * i)) - 1ull, own = (1ull << (2 * i + e)) - 1ull;
-              const int rank = __popcll(m01.x & (q > 0 ? before : own)) +
-                               __popcll(m01.y & (q > 1 ? before : q == 1 ? own : after)) +
-                               __popcll(m23.x & (q > 2 ? before : q == 2 ? own : after)) +
-                               __popcll(m23.y & (q == 3 ? own : after));
-              if (rank < S - 1) {
-                const float a = acc[4 * i + 2 * h + e];
-                u32 b = cvt_bf2(a, a) & 0xffffu;
-                if (b == 0u && a > 0.f) b = 1u;  // positive under bf16's smallest subnormal
-                (h ? vrow1 : vrow0)[rank] = (u16)b;
-              }
-            }
+          if ((mk[h] >> (2 * i)) & 3ull) {
+            const float a0 = acc[4 * i + 2 * h], a1 = acc[4 * i + 2 * h + 1];
+            u32 p = cvt_bf2(a0, a1);
+            if ((p & 0xffffu) == 0u && a0 > 0.f) p |= 1u;  // positive under bf16's smallest subnormal
+            if ((p >> 16) == 0u && a1 > 0.f) p |= 0x10000u;
+            (h ? trow1 : trow0)[4 * i] = p;
           }
         }
       }
+      *mrow0 = mk[0];
+      *mrow1 = mk[1];
       asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(tile_full) : "memory");
       tphase ^= 1u;
       last_mp = mp;
@@ -465,7 +447,7 @@ __global__ void __launch_bounds__(384, 1)
       // No mainloop is left to overlap the packers' work on the last tile,
       // so the consumer warps take 8 of every PIPE_LAST rows of it.
       mbar_wait(tile_full, tphase ^ 1u);
-      sum += pack_rows<S>(masks, vals, erows + (PIPE_PACKERS + cw * 4 + wq) * S, packed, flags, ovf,
+      sum += pack_rows<S>(masks, tile, erows + (PIPE_PACKERS + cw * 4 + wq) * S, packed, flags, ovf,
                           (last_mp * 2 + (int)rank) * 128, last_nt, row_words, m_valid,
                           PIPE_PACKERS + cw * 4 + wq, PIPE_LAST);
     }
