@@ -184,9 +184,10 @@ __device__ __forceinline__ void mainloop(float (&acc)[128], u32 sA, u32 sB, u32 
 
 // Epilogue buffers in shared memory: the tile's active values as bf16
 // pairs, 128 rows of 256 values, rows PIPE_LD words apart (padded by 4
-// words: the quad-wise stores of a warp hit 32 distinct banks); each
-// packer warp's S-word scratch row; the rows' activity masks, 8 words a
-// row.
+// words: the quad-wise stores of a warp hit 32 distinct banks); an S-word
+// scratch row for each warp that packs (PIPE_LAST: the packer warps, and
+// the consumer warps on a cluster's last tile); the rows' activity masks,
+// 8 words a row.
 #define PIPE_LD 132
 #define PIPE_TILE (128 * PIPE_LD * 4)
 #define PIPE_PACKERS 3
@@ -334,7 +335,7 @@ __global__ void __launch_bounds__(384, 1)
   unsigned char* smem = smem_raw + (base - raw);
   const u32 sA = base, sB = base + STAGES * A_BYTES;
   u32* tile = (u32*)(smem + STAGES * (A_BYTES + B_BYTES));
-  u32* erows = tile + 128 * PIPE_LD;  // PIPE_PACKERS x S words
+  u32* erows = tile + 128 * PIPE_LD;  // PIPE_LAST x S words
   u32* masks = erows + PIPE_LAST * S;  // 128 rows x 8 words
   // full[STAGES], empty[STAGES], tile_full, tile_empty
   const u32 bars = base + STAGES * (A_BYTES + B_BYTES) + PIPE_TILE + PIPE_LAST * S * 4 + PIPE_MASKS;
