@@ -27,6 +27,13 @@
 #                                       (TWELL_TAIL=warp); round 1 traces every setting's kernels
 #                                       at 65536 skewed;
 #                                       two rounds
+#   scripts/gpu-bench.sh ab-builds OUTDIR  builds against each other: gpubin/twell and every
+#                                       gpubin/twell-REV that scripts/gpu-build.sh built from
+#                                       BUILDS (gpubin/builds.txt), one process each, in turns,
+#                                       two rounds, `bench ffn` at AB_SHAPES (default
+#                                       4096:uniform 4096:skewed 65536:uniform 65536:skewed,
+#                                       0.5%); ends with a table of each build's MLP block and
+#                                       D2T times by shape
 #   scripts/gpu-bench.sh ab-decode OUTDIR  the decode switches, as variants of one run (bench model
 #                                       -variants): steps of 1, 8, 16, 32 and 64 sequences at 512
 #                                       cached tokens on the defaults, traced (CUPTI);
@@ -69,8 +76,8 @@
 # Each run ends with `twell bench table OUTDIR`.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-what=${1:?usage: gpu-bench.sh ffn|model|decode|train|trace|ab-mlp|ab-decode|ab-prefill|stalls|stalls-d2t|stalls-decode|host-mem OUTDIR}
-out=${2:?usage: gpu-bench.sh ffn|model|decode|train|trace|ab-mlp|ab-decode|ab-prefill|stalls|stalls-d2t|stalls-decode|host-mem OUTDIR}
+what=${1:?usage: gpu-bench.sh ffn|model|decode|train|trace|ab-mlp|ab-builds|ab-decode|ab-prefill|stalls|stalls-d2t|stalls-decode|host-mem OUTDIR}
+out=${2:?usage: gpu-bench.sh ffn|model|decode|train|trace|ab-mlp|ab-builds|ab-decode|ab-prefill|stalls|stalls-d2t|stalls-decode|host-mem OUTDIR}
 mkdir -p "$out"
 tw=$root/gpubin/twell
 if [ ! -x "$tw" ] && [ -f "$root/gpubin/pack.txz" ]; then
@@ -134,6 +141,25 @@ ab-mlp)
       "$tw" bench ffn -device cuda -m "$m" -density 0.005 -dist "$dist" -seed 1 "${trace[@]}" \
         -variants ';HOT_UNITS=0;TAIL=warp' -json "$out/$name.json" 2>&1 | tee "$out/$name.txt" || status=1
     done
+  done
+  ;;
+ab-builds)
+  builds=(twell)
+  [ -f "$root/gpubin/builds.txt" ] && mapfile -t -O 1 builds < "$root/gpubin/builds.txt"
+  for round in 1 2; do
+    for shape in ${AB_SHAPES:-4096:uniform 4096:skewed 65536:uniform 65536:skewed}; do
+      m=${shape%%:*} dist=${shape#*:}
+      for b in "${builds[@]}"; do
+        name=ffn-$m-$dist-$round-$b
+        "$root/gpubin/$b" bench ffn -device cuda -m "$m" -density 0.005 -dist "$dist" -seed 1 \
+          -json "$out/$name.json" > "$out/$name.txt" 2>&1 || status=1
+      done
+    done
+  done
+  # One line per run: the MLP block's and the D2T's medians.
+  for f in "$out"/ffn-*.txt; do
+    line=$(grep -m1 'density 0.005: dense' "$f" | sed -e 's/.*TwELL \([0-9.]*\) ms.*D2T \([0-9.]*\) ms.*/TwELL \1 ms, D2T \2 ms/')
+    printf '%-44s %s\n' "$(basename "$f" .txt)" "${line:-no result}"
   done
   ;;
 ab-decode)
@@ -225,7 +251,7 @@ host-mem)
   grep -E "Maximum resident|Elapsed|tokens" "$out/generate-time.txt"
   ;;
 *)
-  echo "gpu-bench: want ffn, model, decode, train, trace, ab-mlp, ab-decode, ab-prefill, stalls, stalls-d2t, stalls-decode or host-mem, not $what" >&2
+  echo "gpu-bench: want ffn, model, decode, train, trace, ab-mlp, ab-builds, ab-decode, ab-prefill, stalls, stalls-d2t, stalls-decode or host-mem, not $what" >&2
   exit 2
   ;;
 esac

@@ -10,8 +10,14 @@
 #
 # PACK, a space-separated list of package folders (e.g. PACK="gpu gpu/llm"),
 # builds only the CLI and those packages' tests: every test binary packs to
-# about 42 MB, the CLI with the gpu and gpu/llm tests to about 18 MB, for a
+# about 32 MB, the CLI with the gpu and gpu/llm tests to about 17 MB, for a
 # transfer that also carries the source tree under a size limit.
+#
+# BUILDS, a space-separated list of git revisions (e.g. BUILDS="9dda84c
+# e8ea649"), also builds the CLI of each into gpubin/twell-REV (from a
+# temporary worktree) for `scripts/gpu-bench.sh ab-builds`, which times
+# them against gpubin/twell in turns; gpubin/builds.txt lists them. Builds
+# of nearby revisions add little to the pack (xz finds the shared bytes).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=gpubin
@@ -43,7 +49,22 @@ go list -f '{{.ImportPath}} {{.Dir}} {{join .TestImports " "}} {{join .XTestImpo
     fi
   done
 echo "built $out/twell; test binaries listed in $out/tests.txt"
-(cd "$out" && tar -cJf pack.txz --exclude=pack.txz ./*)
+: > "$out/builds.txt"
+for rev in ${BUILDS:-}; do
+  short=$(git rev-parse --short "$rev^{commit}")
+  wt=$(mktemp -d)
+  git worktree add -q --detach "$wt" "$short"
+  if (cd "$wt" && go build -trimpath "${strip[@]}" -o "$OLDPWD/$out/twell-$short" ./cmd/twell); then
+    echo "twell-$short" >> "$out/builds.txt"
+    echo "built $out/twell-$short (revision $rev)"
+  else
+    echo "FAILED to build revision $rev" | tee -a "$out/build-failures.txt" >&2
+  fi
+  git worktree remove --force "$wt"
+done
+# xz -9 keeps 64 MiB of history, so the builds of nearby revisions share
+# their bytes in the pack (the default level's 8 MiB do not span a binary).
+(cd "$out" && tar -cf - --exclude=pack.txz ./* | xz -9e -T0 > pack.txz)
 echo "packed $out/pack.txz ($(du -h "$out/pack.txz" | cut -f1))"
 if [ -s "$out/build-failures.txt" ]; then
   exit 1
