@@ -14,10 +14,12 @@
 # transfer that also carries the source tree under a size limit.
 #
 # BUILDS, a space-separated list of git revisions (e.g. BUILDS="9dda84c
-# e8ea649"), also builds the CLI of each into gpubin/twell-REV (from a
-# temporary worktree) for `scripts/gpu-bench.sh ab-builds`, which times
-# them against gpubin/twell in turns; gpubin/builds.txt lists them. Builds
-# of nearby revisions add little to the pack (xz finds the shared bytes).
+# e8ea649"), also builds the CLI of each into gpubin/twell-REV and the test
+# binary of its package gpu into gpubin/gpu-REV.test (from a temporary
+# worktree; run it in gpu/ as gpu.test is), for `scripts/gpu-bench.sh
+# ab-builds`, which times the CLIs against gpubin/twell in turns;
+# gpubin/builds.txt lists them. Builds of nearby revisions add little to
+# the pack (xz finds the shared bytes).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=gpubin
@@ -54,9 +56,10 @@ for rev in ${BUILDS:-}; do
   short=$(git rev-parse --short "$rev^{commit}")
   wt=$(mktemp -d)
   git worktree add -q --detach "$wt" "$short"
-  if (cd "$wt" && go build -trimpath "${strip[@]}" -o "$OLDPWD/$out/twell-$short" ./cmd/twell); then
+  if (cd "$wt" && go build -trimpath "${strip[@]}" -o "$OLDPWD/$out/twell-$short" ./cmd/twell &&
+    go test -c -trimpath "${strip[@]}" -o "$OLDPWD/$out/gpu-$short.test" ./gpu); then
     echo "twell-$short" >> "$out/builds.txt"
-    echo "built $out/twell-$short (revision $rev)"
+    echo "built $out/twell-$short and $out/gpu-$short.test (revision $rev)"
   else
     echo "FAILED to build revision $rev" | tee -a "$out/build-failures.txt" >&2
   fi
