@@ -30,10 +30,10 @@
 #   scripts/gpu-bench.sh ab-builds OUTDIR  builds against each other: gpubin/twell and every
 #                                       gpubin/twell-REV that scripts/gpu-build.sh built from
 #                                       BUILDS (gpubin/builds.txt), one process each, in turns,
-#                                       two rounds, `bench ffn` at AB_SHAPES (default
-#                                       4096:uniform 4096:skewed 65536:uniform 65536:skewed,
-#                                       0.5%); ends with a table of each build's MLP block and
-#                                       D2T times by shape
+#                                       two rounds, `bench ffn` at AB_SHAPES (M:DIST[:DENSITY],
+#                                       default 4096:uniform 4096:skewed 65536:uniform
+#                                       65536:skewed, density 0.005); ends with each run's
+#                                       dense, TwELL (D2T) and automatic-path medians
 #   scripts/gpu-bench.sh ab-decode OUTDIR  the decode switches, as variants of one run (bench model
 #                                       -variants): steps of 1, 8, 16, 32 and 64 sequences at 512
 #                                       cached tokens on the defaults, traced (CUPTI);
@@ -148,18 +148,20 @@ ab-builds)
   [ -f "$root/gpubin/builds.txt" ] && mapfile -t -O 1 builds < "$root/gpubin/builds.txt"
   for round in 1 2; do
     for shape in ${AB_SHAPES:-4096:uniform 4096:skewed 65536:uniform 65536:skewed}; do
-      m=${shape%%:*} dist=${shape#*:}
+      IFS=: read -r m dist dens <<< "$shape"
+      dens=${dens:-0.005}
       for b in "${builds[@]}"; do
-        name=ffn-$m-$dist-$round-$b
-        "$root/gpubin/$b" bench ffn -device cuda -m "$m" -density 0.005 -dist "$dist" -seed 1 \
+        name=ffn-$m-$dist-$dens-$round-$b
+        "$root/gpubin/$b" bench ffn -device cuda -m "$m" -density "$dens" -dist "$dist" -seed 1 \
           -json "$out/$name.json" > "$out/$name.txt" 2>&1 || status=1
       done
     done
   done
-  # One line per run: the MLP block's and the D2T's medians.
+  # One line per run: the medians of the dense path, the TwELL path (its
+  # D2T) and the automatic path.
   for f in "$out"/ffn-*.txt; do
-    line=$(grep -m1 'density 0.005: dense' "$f" | sed -e 's/.*TwELL \([0-9.]*\) ms.*D2T \([0-9.]*\) ms.*/TwELL \1 ms, D2T \2 ms/')
-    printf '%-44s %s\n' "$(basename "$f" .txt)" "${line:-no result}"
+    line=$(grep -m1 ': dense .* ms, TwELL' "$f" | sed -e 's/ *rel err.*//' -e 's/^ *//')
+    printf '%-52s %s\n' "$(basename "$f" .txt)" "${line:-no result}"
   done
   ;;
 ab-decode)
