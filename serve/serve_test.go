@@ -513,24 +513,29 @@ func TestQueueFull(t *testing.T) {
 	o.MaxConcurrent, o.MaxQueue = 1, 1
 	s, hs, e := newTestServer(t, o)
 	release := make(chan struct{})
+	unblock := sync.OnceFunc(func() { close(release) })
+	defer unblock()
 	s.stepHook = func() { <-release }
 	body := map[string]any{"prompt": "x", "max_tokens": 3, "temperature": 0}
 	codes := make(chan int, 2)
-	for want := 1; want <= 2; want++ {
+	// The first request must be running before the second is sent: while
+	// it still waits in the queue (of one), the second would be refused.
+	for _, want := range [][2]int{{1, 0}, {1, 1}} {
 		go func() { c, _ := post(t, hs.URL+"/v1/completions", body); codes <- c }()
-		for r, q := s.Load(); r+q < want; r, q = s.Load() {
+		deadline := time.Now().Add(30 * time.Second)
+		for r, q := s.Load(); r != want[0] || q != want[1]; r, q = s.Load() {
+			if time.Now().After(deadline) {
+				t.Fatalf("%d running, %d queued after 30 s; want %d and %d", r, q, want[0], want[1])
+			}
 			time.Sleep(time.Millisecond)
 		}
-	}
-	if r, q := s.Load(); r != 1 || q != 1 {
-		t.Fatalf("%d running, %d queued; want 1 and 1", r, q)
 	}
 	code, out := post(t, hs.URL+"/v1/completions", body)
 	eo, _ := out["error"].(map[string]any)
 	if code != 429 || eo["type"] != "rate_limit_error" || !strings.Contains(eo["message"].(string), "-max-queue") {
 		t.Errorf("got %d %v; want 429", code, out)
 	}
-	close(release)
+	unblock()
 	for range 2 {
 		if c := <-codes; c != 200 {
 			t.Errorf("a waiting request got %d", c)
