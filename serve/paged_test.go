@@ -14,15 +14,20 @@ import (
 )
 
 // gateFirstStep holds the batcher's first step until n requests are
-// running or waiting, so that they all meet in the batch.
+// running or waiting, so that they all meet in the batch (for at most 30
+// s: a request that never comes then fails the test's checks, not its
+// time limit).
 func gateFirstStep(s *Server, n int) {
 	var once sync.Once
-	s.stepHook = func() {
-		once.Do(func() {
-			for r, q := s.Load(); r+q < n; r, q = s.Load() {
-				time.Sleep(time.Millisecond)
-			}
-		})
+	s.stepHook = func() { once.Do(func() { waitLoad(s, n) }) }
+}
+
+// waitLoad waits until at least n requests are running or waiting, for at
+// most 30 s.
+func waitLoad(s *Server, n int) {
+	deadline := time.Now().Add(30 * time.Second)
+	for r, q := s.Load(); r+q < n && time.Now().Before(deadline); r, q = s.Load() {
+		time.Sleep(time.Millisecond)
 	}
 }
 
@@ -100,9 +105,7 @@ func TestPrefillChunksInterleave(t *testing.T) {
 		if steps.Add(1) == 1 || arrived.Load() {
 			return
 		}
-		for r, q := s.Load(); r+q < 2; r, q = s.Load() {
-			time.Sleep(time.Millisecond)
-		}
+		waitLoad(s, 2)
 		arrived.Store(true)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
