@@ -106,7 +106,7 @@ func (l *MLP) runD2T(s *cuda.Stream, x *cuda.Buffer, m, cols int, hot *DenseMLP)
 		return nil, false, err
 	}
 	var hotH *cuda.Buffer
-	if hot != nil && l.hotInD2T() {
+	if hot != nil && l.hotInKernel(kind) {
 		if l.ws.hot.g, err = l.realloc(l.ws.hot.g, 2*m*hot.F); err != nil {
 			return nil, false, err
 		}

@@ -357,12 +357,16 @@ func (l *MLP) hotActBytes(m int) int64 {
 	return 2 * int64(m) * k
 }
 
-// hotInD2T reports whether the D2T kernel computes the hot units' h (the
-// wgmma kernel, unless SeparateHot is set).
+// hotInD2T reports whether the D2T kernel computes the hot units' h (see
+// hotInKernel).
 func (l *MLP) hotInD2T() bool {
 	_, kind, err := l.d2tKernel()
-	return err == nil && kind == KernelWGMMA && !l.SeparateHot
+	return err == nil && l.hotInKernel(kind)
 }
+
+// hotInKernel reports whether D2T kernel kind computes the hot units' h:
+// the wgmma kernel does, unless SeparateHot is set.
+func (l *MLP) hotInKernel(kind Kernel) bool { return kind == KernelWGMMA && !l.SeparateHot }
 
 // syncStream waits for stream s (nil: the whole device).
 func syncStream(dev *cuda.Device, s *cuda.Stream) error {

@@ -19,17 +19,28 @@ import (
 // time limit).
 func gateFirstStep(s *Server, n int) {
 	var once sync.Once
-	s.stepHook = func() { once.Do(func() { waitLoad(s, n) }) }
+	s.stepHook = func() { once.Do(func() { waitLoad(s, atLeast(n)) }) }
 }
 
-// waitLoad waits until at least n requests are running or waiting, for at
-// most 30 s.
-func waitLoad(s *Server, n int) {
+// waitLoad waits until ok holds for the server's running and waiting
+// requests, for at most 30 s, and returns the last counts and whether ok
+// held.
+func waitLoad(s *Server, ok func(running, queued int) bool) (int, int, bool) {
 	deadline := time.Now().Add(30 * time.Second)
-	for r, q := s.Load(); r+q < n && time.Now().Before(deadline); r, q = s.Load() {
+	for {
+		r, q := s.Load()
+		if ok(r, q) {
+			return r, q, true
+		}
+		if time.Now().After(deadline) {
+			return r, q, false
+		}
 		time.Sleep(time.Millisecond)
 	}
 }
+
+// atLeast holds when at least n requests are running or waiting.
+func atLeast(n int) func(int, int) bool { return func(r, q int) bool { return r+q >= n } }
 
 // TestPreemptionKeepsGreedyOutputs: with too few KV pages for the requests
 // running together, the newest are preempted and fed again later; every
@@ -105,7 +116,7 @@ func TestPrefillChunksInterleave(t *testing.T) {
 		if steps.Add(1) == 1 || arrived.Load() {
 			return
 		}
-		waitLoad(s, 2)
+		waitLoad(s, atLeast(2))
 		arrived.Store(true)
 	}
 	ctx, cancel := context.WithCancel(context.Background())

@@ -522,12 +522,8 @@ func TestQueueFull(t *testing.T) {
 	// it still waits in the queue (of one), the second would be refused.
 	for _, want := range [][2]int{{1, 0}, {1, 1}} {
 		go func() { c, _ := post(t, hs.URL+"/v1/completions", body); codes <- c }()
-		deadline := time.Now().Add(30 * time.Second)
-		for r, q := s.Load(); r != want[0] || q != want[1]; r, q = s.Load() {
-			if time.Now().After(deadline) {
-				t.Fatalf("%d running, %d queued after 30 s; want %d and %d", r, q, want[0], want[1])
-			}
-			time.Sleep(time.Millisecond)
+		if r, q, ok := waitLoad(s, func(r, q int) bool { return r == want[0] && q == want[1] }); !ok {
+			t.Fatalf("%d running, %d queued after 30 s; want %d and %d", r, q, want[0], want[1])
 		}
 	}
 	code, out := post(t, hs.URL+"/v1/completions", body)
