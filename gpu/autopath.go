@@ -9,7 +9,8 @@ import (
 )
 
 // The automatic path (Forward under mlp.Auto) has two guides. The density
-// rule (poll, through mlp.Choose): above DenseAbove the dense path runs (not
+// rule (poll, through mlp.Choose): above DenseAbove (with Measure,
+// measuredBand times it) the dense path runs (not
 // for batches of at most gemvMaxRows tokens: their kernels read every gate
 // row once whatever the density, so there the timings alone decide, and
 // DenseAbove, a model of D2T's costs, does not apply). Below it, timings:
@@ -244,10 +245,25 @@ func (l *MLP) poll() {
 	l.pending = false
 	n := binary.LittleEndian.Uint64(l.hostNNZ.Bytes())
 	l.lastNNZ, l.lastKnown = float64(n)/float64(l.pendingM), true
-	l.next = mlp.Choose(mlp.Auto, l.lastNNZ/float64(l.F), l.DenseAbove)
+	l.next = mlp.Choose(mlp.Auto, l.lastNNZ/float64(l.F), l.denseAbove())
 	if l.flagKnown && l.flagRate > maxSparseFlagRate {
 		l.next = mlp.Dense
 	}
+}
+
+// measuredBand is how far past DenseAbove the timings, when Measure is
+// on, still decide: the cost model puts the SparseLM shape's threshold at
+// about 1%, but at m = 65536 and 2% uniform the sparse path ran 6.748 ms
+// against dense's 6.834 (H100, one run), and at 5% 7.172 against 6.823.
+const measuredBand = 3
+
+// denseAbove returns the density above which the density rule runs dense:
+// DenseAbove, or measuredBand times it when timings decide below.
+func (l *MLP) denseAbove() float64 {
+	if l.Measure {
+		return measuredBand * l.DenseAbove
+	}
+	return l.DenseAbove
 }
 
 // maxSparseFlagRate is the share of flagged rows above which the automatic

@@ -194,3 +194,30 @@ func TestSettled(t *testing.T) {
 		}
 	}
 }
+
+// TestDenseAboveBand: with Measure the density rule leaves densities up to
+// measuredBand times DenseAbove to the timings; without it DenseAbove
+// alone decides.
+func TestDenseAboveBand(t *testing.T) {
+	r, seed := testutil.Rand(t)
+	for trial := 0; trial < 100; trial++ {
+		above := 0.001 + 0.05*r.Float64()
+		density := above * (0.1 + 4*r.Float64())
+		l := &MLP{DenseAbove: above}
+		want := mlp.Sparse
+		if density > above {
+			want = mlp.Dense
+		}
+		if got := mlp.Choose(mlp.Auto, density, l.denseAbove()); got != want {
+			t.Errorf("seed %d: density %.4f, DenseAbove %.4f, no Measure: %v, want %v", seed, density, above, got, want)
+		}
+		l.Measure = true
+		want = mlp.Sparse
+		if density > measuredBand*above {
+			want = mlp.Dense
+		}
+		if got := mlp.Choose(mlp.Auto, density, l.denseAbove()); got != want {
+			t.Errorf("seed %d: density %.4f, DenseAbove %.4f, Measure: %v, want %v", seed, density, above, got, want)
+		}
+	}
+}

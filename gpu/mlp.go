@@ -32,14 +32,15 @@ type MLP struct {
 	// needs a cuBLAS handle).
 	Path mlp.Path
 	// DenseAbove is the density (mean active units per token / F) above
-	// which Forward runs the dense path under mlp.Auto (mlp.Choose). NewMLP
-	// sets it from a cost model of the device (see DefaultDenseAbove);
-	// callers may calibrate it.
+	// which Forward runs the dense path under mlp.Auto (mlp.Choose); with
+	// Measure, above measuredBand times it. NewMLP sets it from a cost
+	// model of the device (see DefaultDenseAbove); callers may calibrate
+	// it.
 	DenseAbove float64
-	// Measure makes Forward, under mlp.Auto and below DenseAbove, time its
-	// calls and run the path measured faster for the batch size (NewMLP
-	// sets it; see autopath.go). Off, Forward follows the density rule
-	// alone.
+	// Measure makes Forward, under mlp.Auto and below measuredBand times
+	// DenseAbove, time its calls and run the path measured faster for the
+	// batch size (NewMLP sets it; see autopath.go). Off, Forward follows
+	// the density rule alone.
 	Measure bool
 	// Serial launches the small-batch and sorted-tail kernels
 	// without early start: each then begins only when the kernel before it
@@ -347,8 +348,9 @@ func (l *MLP) sparse(s *cuda.Stream, y, x *cuda.Buffer, m int, report bool) erro
 // pass, whose count runs on over consecutive dense calls so that the dense
 // path adds no reset) and copies the count back without waiting; under
 // mlp.Auto the next call that finds the count arrived passes the density
-// (mean active units per token / F) to mlp.Choose with DenseAbove and runs
-// dense above it. Below it, with Measure set, the path measured faster for
+// (mean active units per token / F) to mlp.Choose with DenseAbove (with
+// Measure, measuredBand times it) and runs dense above it. Below it, with
+// Measure set, the path measured faster for
 // this batch size runs (the first calls of a size time sparse, then dense;
 // see autopath.go). It returns the path it ran (mlp.Sparse or mlp.Dense).
 func (l *MLP) Forward(s *cuda.Stream, y, x *cuda.Buffer, m int) (mlp.Path, error) {
