@@ -4,6 +4,9 @@
 package cudatest
 
 import (
+	"bytes"
+	"encoding/binary"
+	"errors"
 	"os"
 	"regexp"
 	"strings"
@@ -93,6 +96,65 @@ func CleanSASS(tb testing.TB, name string, src []byte, opts ...cuda.CompileOptio
 	if spills.MatchString(prog.Log) {
 		tb.Errorf("%s: ptxas spilled registers:\n%s", name, prog.Log)
 	}
+	logCodeSizes(tb, name, prog.Image)
+}
+
+// logCodeSizes logs the size of each kernel's machine code in cubin (an
+// ELF image, a .text section a function): every warp that takes a path
+// issues its instructions, so an epilogue that grows by thousands of
+// instructions shows here before it runs on a GPU (go test -v).
+func logCodeSizes(tb testing.TB, name string, cubin []byte) {
+	tb.Helper()
+	secs, err := elfSections(cubin)
+	if err != nil {
+		tb.Logf("%s: reading the machine code: %v", name, err)
+		return
+	}
+	for _, s := range secs {
+		if fn, ok := strings.CutPrefix(s.name, ".text."); ok {
+			tb.Logf("%s: %s: %d bytes of machine code", name, fn, s.size)
+		}
+	}
+}
+
+type elfSection struct {
+	name string
+	size uint64
+}
+
+// elfSections lists the sections of a 64-bit little-endian ELF image by
+// name and size. debug/elf refuses cubins: their header's version byte
+// carries the CUDA ABI (EV_CURRENT + 123).
+func elfSections(b []byte) ([]elfSection, error) {
+	if len(b) < 64 || !bytes.HasPrefix(b, []byte("\x7fELF\x02\x01")) {
+		return nil, errors.New("not a 64-bit little-endian ELF image")
+	}
+	le := binary.LittleEndian
+	off, entSize := le.Uint64(b[0x28:]), uint64(le.Uint16(b[0x3a:]))
+	n, strIdx := uint64(le.Uint16(b[0x3c:])), uint64(le.Uint16(b[0x3e:]))
+	if entSize < 64 || strIdx >= n || off > uint64(len(b)) || n*entSize > uint64(len(b))-off {
+		return nil, errors.New("section headers out of the image")
+	}
+	hdr := func(i uint64) []byte { return b[off+i*entSize:] }
+	strOff, strSize := le.Uint64(hdr(strIdx)[0x18:]), le.Uint64(hdr(strIdx)[0x20:])
+	if strOff > uint64(len(b)) || strSize > uint64(len(b))-strOff {
+		return nil, errors.New("section names out of the image")
+	}
+	names := b[strOff : strOff+strSize]
+	secs := make([]elfSection, 0, n)
+	for i := range n {
+		h := hdr(i)
+		at := uint64(le.Uint32(h))
+		if at >= uint64(len(names)) {
+			return nil, errors.New("section name out of the name table")
+		}
+		nm := names[at:]
+		if j := bytes.IndexByte(nm, 0); j >= 0 {
+			nm = nm[:j]
+		}
+		secs = append(secs, elfSection{string(nm), le.Uint64(h[0x20:])})
+	}
+	return secs, nil
 }
 
 // touchesResults matches the PTX instructions that write memory or read
