@@ -194,6 +194,15 @@ __device__ __forceinline__ void mainloop(float (&acc)[128], u32 sA, u32 sB, u32 
 #define PIPE_LAST (PIPE_PACKERS + 8)  // warps that pack the cluster's last tile: the packers and the consumers
 #define PIPE_MASKS (128 * 8 * 4)
 
+// Registers a thread after setmaxnreg: the producer's warpgroup (producer
+// and packer warps) gives some to the two consumer warpgroups. Together
+// they must stay within the CTA's pool, 384 threads at the 168 registers
+// __launch_bounds__(384, 1) leaves; a setmaxnreg.inc past the pool waits
+// for registers that never come, and the kernel hangs.
+#define REG_PRODUCERS 56
+#define REG_CONSUMERS 224
+static_assert(128 * REG_PRODUCERS + 256 * REG_CONSUMERS <= 384 * 168, "setmaxnreg past the CTA's registers");
+
 // flush_row writes one packed row tile from the warp's S-word scratch row
 // erow, whose words 1.. hold the entries: word 0 the true count total, the
 // others erow's, and zeroes erow again (one warp, all lanes).
@@ -360,7 +369,7 @@ __global__ void __launch_bounds__(384, 1)
   cluster_sync();
 
   if (wg == 2) {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 56;");
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(REG_PRODUCERS));
     const int warp = (tid >> 5) & 3, lane = tid & 31;
     if (warp == 0) {
       if (lane == 0)
@@ -387,7 +396,7 @@ __global__ void __launch_bounds__(384, 1)
       if (lane == 0 && sum) atomicAdd(nnz, sum);
     }
   } else {
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 224;");
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(REG_CONSUMERS));
     const int cw = wg;
     const int lane = tid & 31, wq = (tid >> 5) & 3;
     float acc[128];
