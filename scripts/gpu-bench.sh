@@ -33,7 +33,9 @@
 #                                       two rounds, `bench ffn` at AB_SHAPES (M:DIST[:DENSITY],
 #                                       default 4096:uniform 4096:skewed 65536:uniform
 #                                       65536:skewed, density 0.005); ends with each run's
-#                                       dense, TwELL (D2T) and automatic-path medians
+#                                       dense, TwELL (D2T) and automatic-path medians; a run
+#                                       past AB_TIMEOUT seconds (240) is stopped and its build
+#                                       left out of the later runs
 #   scripts/gpu-bench.sh ab-decode OUTDIR  the decode switches, as variants of one run (bench model
 #                                       -variants): steps of 1, 8, 16, 32 and 64 sequences at 512
 #                                       cached tokens on the defaults, traced (CUPTI);
@@ -146,14 +148,24 @@ ab-mlp)
 ab-builds)
   builds=(twell)
   [ -f "$root/gpubin/builds.txt" ] && mapfile -t -O 1 builds < "$root/gpubin/builds.txt"
+  # A build whose run passes AB_TIMEOUT seconds (a kernel that never
+  # returns) is stopped and left out of the later runs.
+  declare -A hung=()
   for round in 1 2; do
     for shape in ${AB_SHAPES:-4096:uniform 4096:skewed 65536:uniform 65536:skewed}; do
       IFS=: read -r m dist dens <<< "$shape"
       dens=${dens:-0.005}
       for b in "${builds[@]}"; do
+        [ -n "${hung[$b]:-}" ] && continue
         name=ffn-$m-$dist-$dens-$round-$b
-        "$root/gpubin/$b" bench ffn -device cuda -m "$m" -density "$dens" -dist "$dist" -seed 1 \
-          -json "$out/$name.json" > "$out/$name.txt" 2>&1 || status=1
+        timeout -k 10 "${AB_TIMEOUT:-240}" "$root/gpubin/$b" bench ffn -device cuda -m "$m" -density "$dens" \
+          -dist "$dist" -seed 1 -json "$out/$name.json" > "$out/$name.txt" 2>&1
+        rc=$?
+        if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
+          hung[$b]=1
+          echo "ab-builds: $b stopped after ${AB_TIMEOUT:-240} s at $shape, round $round; left out from here" | tee -a "$out/$name.txt"
+        fi
+        [ $rc -eq 0 ] || status=1
       done
     done
   done
@@ -161,6 +173,7 @@ ab-builds)
   # D2T) and the automatic path.
   for f in "$out"/ffn-*.txt; do
     line=$(grep -m1 ': dense .* ms, TwELL' "$f" | sed -e 's/ *rel err.*//' -e 's/^ *//')
+    [ -n "$line" ] || line=$(grep -m1 -o 'stopped after .*' "$f")
     printf '%-52s %s\n' "$(basename "$f" .txt)" "${line:-no result}"
   done
   ;;
