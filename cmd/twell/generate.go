@@ -1,9 +1,11 @@
 package main
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -142,7 +144,16 @@ func runGenerate(args []string, stdout, stderr io.Writer) error {
 // only runs the model (runOnly) the layers stay in the checkpoint until the
 // engine reads them (model.LoadDeferred); close the model when done.
 func loadCheckpoint(dir string, runOnly bool) (*model.Model, *tokenizer.Tokenizer, error) {
-	tok, err := tokenizer.Load(filepath.Join(dir, "tokenizer.json"))
+	if fi, err := os.Stat(dir); err != nil {
+		return nil, nil, fmt.Errorf("model %s: %w", dir, err)
+	} else if !fi.IsDir() {
+		return nil, nil, fmt.Errorf("model %s: not a folder (a checkpoint is a folder holding config.json, the weights and tokenizer.json)", dir)
+	}
+	tokPath := filepath.Join(dir, "tokenizer.json")
+	if _, err := os.Stat(tokPath); errors.Is(err, fs.ErrNotExist) {
+		return nil, nil, fmt.Errorf("model %s: no tokenizer.json in the folder", dir)
+	}
+	tok, err := tokenizer.Load(tokPath)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -66,12 +66,19 @@ func TestGenerateDefaultModel(t *testing.T) {
 }
 
 func TestGenerateBadInput(t *testing.T) {
+	empty := t.TempDir()
+	file := filepath.Join(empty, "config.json")
+	if err := os.WriteFile(file, []byte("{}"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	cases := []struct {
 		args []string
 		code int
 		want string
 	}{
-		{[]string{"generate", "-model", "/nonexistent", "-prompt", "x"}, 1, "nonexistent"},
+		{[]string{"generate", "-model", "/nonexistent", "-prompt", "x"}, 1, "model /nonexistent: stat /nonexistent: no such file"},
+		{[]string{"generate", "-model", file, "-prompt", "x"}, 1, "not a folder"},
+		{[]string{"generate", "-model", empty, "-prompt", "x"}, 1, "no tokenizer.json"},
 		{[]string{"generate", "-model", ".", "-temperature", "-1"}, 2, "temperature"},
 		{[]string{"generate", "-model", ".", "-top-p", "2"}, 2, "top-p"},
 		{[]string{"generate", "-model", ".", "-max-tokens", "0"}, 2, "-max-tokens 0"},
