@@ -36,6 +36,12 @@
 #                                       dense, TwELL (D2T) and automatic-path medians; a run
 #                                       past AB_TIMEOUT seconds (240) is stopped and its build
 #                                       left out of the later runs
+#   scripts/gpu-bench.sh test-builds OUTDIR  the package gpu's GPU tests of the tree (gpubin/gpu.test)
+#                                       and of every build in gpubin/builds.txt (gpubin/gpu-REV.test),
+#                                       in gpu/, those matching RUN (default: the D2T, MLP, hot-unit,
+#                                       overflow, length-order, dense and workspace tests), each
+#                                       binary stopped after TEST_TIMEOUT seconds (150); one line
+#                                       a build: passed, failed, and whether it was stopped
 #   scripts/gpu-bench.sh ab-decode OUTDIR  the decode switches, as variants of one run (bench model
 #                                       -variants): steps of 1, 8, 16, 32 and 64 sequences at 512
 #                                       cached tokens on the defaults, traced (CUPTI);
@@ -78,8 +84,8 @@
 # Each run ends with `twell bench table OUTDIR`.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-what=${1:?usage: gpu-bench.sh ffn|model|decode|train|trace|ab-mlp|ab-builds|ab-decode|ab-prefill|stalls|stalls-d2t|stalls-decode|host-mem OUTDIR}
-out=${2:?usage: gpu-bench.sh ffn|model|decode|train|trace|ab-mlp|ab-builds|ab-decode|ab-prefill|stalls|stalls-d2t|stalls-decode|host-mem OUTDIR}
+what=${1:?usage: gpu-bench.sh ffn|model|decode|train|trace|ab-mlp|test-builds|ab-builds|ab-decode|ab-prefill|stalls|stalls-d2t|stalls-decode|host-mem OUTDIR}
+out=${2:?usage: gpu-bench.sh ffn|model|decode|train|trace|ab-mlp|test-builds|ab-builds|ab-decode|ab-prefill|stalls|stalls-d2t|stalls-decode|host-mem OUTDIR}
 mkdir -p "$out"
 tw=$root/gpubin/twell
 if [ ! -x "$tw" ] && [ -f "$root/gpubin/pack.txz" ]; then
@@ -143,6 +149,24 @@ ab-mlp)
       "$tw" bench ffn -device cuda -m "$m" -density 0.005 -dist "$dist" -seed 1 "${trace[@]}" \
         -variants ';HOT_UNITS=0;TAIL=warp' -json "$out/$name.json" 2>&1 | tee "$out/$name.txt" || status=1
     done
+  done
+  ;;
+test-builds)
+  builds=(twell)
+  [ -f "$root/gpubin/builds.txt" ] && mapfile -t -O 1 builds < "$root/gpubin/builds.txt"
+  for b in "${builds[@]}"; do
+    bin=$root/gpubin/gpu.test
+    [ "$b" = twell ] || bin=$root/gpubin/gpu-${b#twell-}.test
+    log=$out/tests-$b.txt
+    (cd "$root/gpu" && TWELL_REQUIRE_GPU=1 timeout -k 10 "${TEST_TIMEOUT:-150}" "$bin" -test.v -test.count=1 \
+      -test.run "${RUN:-D2T|MLP|Hot|Overflow|LengthOrder|Dense|SharedWorkspace}") > "$log" 2>&1
+    rc=$?
+    note=""
+    if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
+      note=", stopped after ${TEST_TIMEOUT:-150} s in $(grep '^=== RUN' "$log" | tail -1 | sed 's/=== RUN *//')"
+    fi
+    [ $rc -eq 0 ] || status=1
+    echo "$b: $(grep -c -- '--- PASS' "$log") passed, $(grep -c -- '--- FAIL' "$log") failed (with subtests), exit $rc$note"
   done
   ;;
 ab-builds)
@@ -266,7 +290,7 @@ host-mem)
   grep -E "Maximum resident|Elapsed|tokens" "$out/generate-time.txt"
   ;;
 *)
-  echo "gpu-bench: want ffn, model, decode, train, trace, ab-mlp, ab-builds, ab-decode, ab-prefill, stalls, stalls-d2t, stalls-decode or host-mem, not $what" >&2
+  echo "gpu-bench: want ffn, model, decode, train, trace, ab-mlp, test-builds, ab-builds, ab-decode, ab-prefill, stalls, stalls-d2t, stalls-decode or host-mem, not $what" >&2
   exit 2
   ;;
 esac
