@@ -101,6 +101,14 @@ ncu_pages() {
   if [ "$(stat -c %s "$1.ncu-rep" 2>/dev/null || echo 0)" -lt 15000000 ]; then cp "$1.ncu-rep" "$out/"; fi
   grep -E "^  [a-z_]|Duration|Warp Cycles Per Issued|Issue Slots Busy|Stall" "$out/$2-details.txt" | head -80
 }
+# read_builds sets builds to the tree's CLI (twell) and every twell-REV that
+# scripts/gpu-build.sh built from BUILDS (gpubin/builds.txt).
+read_builds() {
+  builds=(twell)
+  if [ -f "$root/gpubin/builds.txt" ]; then mapfile -t -O 1 builds < "$root/gpubin/builds.txt"; fi
+}
+# stopped RC: whether exit status RC is timeout's (the command ran past its limit).
+stopped() { [ "$1" -eq 124 ] || [ "$1" -eq 137 ]; }
 case $what in
 ffn)
   for dist in uniform skewed; do
@@ -152,8 +160,7 @@ ab-mlp)
   done
   ;;
 test-builds)
-  builds=(twell)
-  [ -f "$root/gpubin/builds.txt" ] && mapfile -t -O 1 builds < "$root/gpubin/builds.txt"
+  read_builds
   for b in "${builds[@]}"; do
     bin=$root/gpubin/gpu.test
     [ "$b" = twell ] || bin=$root/gpubin/gpu-${b#twell-}.test
@@ -162,7 +169,7 @@ test-builds)
       -test.run "${RUN:-D2T|MLP|Hot|Overflow|LengthOrder|Dense|SharedWorkspace}") > "$log" 2>&1
     rc=$?
     note=""
-    if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
+    if stopped $rc; then
       note=", stopped after ${TEST_TIMEOUT:-150} s in $(grep '^=== RUN' "$log" | tail -1 | sed 's/=== RUN *//')"
     fi
     [ $rc -eq 0 ] || status=1
@@ -170,8 +177,7 @@ test-builds)
   done
   ;;
 ab-builds)
-  builds=(twell)
-  [ -f "$root/gpubin/builds.txt" ] && mapfile -t -O 1 builds < "$root/gpubin/builds.txt"
+  read_builds
   # A build whose run passes AB_TIMEOUT seconds (a kernel that never
   # returns) is stopped and left out of the later runs.
   declare -A hung=()
@@ -185,7 +191,7 @@ ab-builds)
         timeout -k 10 "${AB_TIMEOUT:-240}" "$root/gpubin/$b" bench ffn -device cuda -m "$m" -density "$dens" \
           -dist "$dist" -seed 1 -json "$out/$name.json" > "$out/$name.txt" 2>&1
         rc=$?
-        if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
+        if stopped $rc; then
           hung[$b]=1
           echo "ab-builds: $b stopped after ${AB_TIMEOUT:-240} s at $shape, round $round; left out from here" | tee -a "$out/$name.txt"
         fi

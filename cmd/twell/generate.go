@@ -149,12 +149,10 @@ func loadCheckpoint(dir string, runOnly bool) (*model.Model, *tokenizer.Tokenize
 	} else if !fi.IsDir() {
 		return nil, nil, fmt.Errorf("model %s: not a folder (a checkpoint is a folder holding config.json, the weights and tokenizer.json)", dir)
 	}
-	tokPath := filepath.Join(dir, "tokenizer.json")
-	if _, err := os.Stat(tokPath); errors.Is(err, fs.ErrNotExist) {
+	tok, err := tokenizer.Load(filepath.Join(dir, "tokenizer.json"))
+	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil, fmt.Errorf("model %s: no tokenizer.json in the folder", dir)
-	}
-	tok, err := tokenizer.Load(tokPath)
-	if err != nil {
+	} else if err != nil {
 		return nil, nil, err
 	}
 	load := model.Load
