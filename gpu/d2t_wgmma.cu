@@ -440,10 +440,11 @@ __global__ void __launch_bounds__(384, 1)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           if ((mk[h] >> (2 * i)) & 3ull) {
-            const float a0 = acc[4 * i + 2 * h], a1 = acc[4 * i + 2 * h + 1];
-            u32 p = cvt_bf2(a0, a1);
-            if ((p & 0xffffu) == 0u && a0 > 0.f) p |= 1u;  // positive under bf16's smallest subnormal
-            if ((p >> 16) == 0u && a1 > 0.f) p |= 0x10000u;
+            // The packers read a half only where its value is active (> 0
+            // or NaN), where a zero can only be a positive value under
+            // bf16's smallest subnormal: max(half, 1) stores that one.
+            u32 p = cvt_bf2(acc[4 * i + 2 * h], acc[4 * i + 2 * h + 1]);
+            asm("max.u16x2 %0, %0, %1;" : "+r"(p) : "r"(0x00010001u));
             (h ? trow1 : trow0)[4 * i] = p;
           }
         }
