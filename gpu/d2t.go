@@ -300,10 +300,10 @@ func wgmmaExprs() []string { return []string{wgmmaName(32), wgmmaName(64), wgmma
 // values (66 KiB, addressed by column) leaves room for 3 stages.
 const wgmmaStages = 3
 
-// wgmmaScratchRows is d2t_wgmma's PIPE_LAST: the warps that pack a
-// cluster's last tile (its 3 packer warps and 8 consumer warps), an S-word
-// scratch row each.
-const wgmmaScratchRows = 11
+// wgmmaScratchRows is twice d2t_wgmma's PIPE_LAST: the warps that pack a
+// cluster's last tile (its 3 packer warps and 8 consumer warps), two S-word
+// scratch rows each.
+const wgmmaScratchRows = 22
 
 // wgmmaSmem returns the dynamic shared memory the wgmma D2T kernel needs,
 // with 1024 bytes of slack for aligning the base (see d2t_wgmma.cu).

@@ -11,11 +11,10 @@
 // tile's mainloop. Work items past the packed N tiles are the hot units'
 // dense products (hot.go), from which the consumers store h = relu(g) u
 // (gated: each item's weight tile is 128 gate rows and the same units' 128
-// up rows) as bf16 instead. On
-// an H100 at m = 65536 (d 2048, f 5632, 0.5%) it takes
-// 2.03 ms (skewed firing rates, 256 hot units left out) and 2.28 ms
-// (uniform, all 22 tiles); the reference's D2T took 2.11 and 2.17 ms in the
-// same run. Findings built in: with all 128 fp32 accumulators live into
+// up rows) as bf16 instead. On an H100 at m = 65536 (d 2048, f 5632, 0.5%)
+// it takes 2.17 ms (skewed firing rates, 256 hot units left out) and 2.14
+// ms (uniform, all 22 tiles); the reference's D2T took 2.16 and 2.20 ms in
+// the same run (scripts/race-reference.sh, 2026-12-06). Findings built in: with all 128 fp32 accumulators live into
 // the next tile's mainloop, ptxas ran out of registers and serialized the
 // wgmmas (warning C7511, 4.12 ms), so the epilogue finishes before it;
 // releasing each stage with a cluster-scope arrive from one thread cost
@@ -53,6 +52,17 @@
 // with a fourth stage in the freed memory lost too: 0.226 against 0.180
 // ms at 4096 uniform, 2.86-2.90 against 2.39 at 65536 (H100), its
 // epilogue about 4,100 instructions longer.
+// Two changes that shortened the work a tile won together (H100, one
+// process a build in turns, two rounds): each packer warp packs two rows at
+// a time (pack_two_rows, the two rows' loads and ballots interleaved), and
+// the consumers store each active pair as max(bf16 pair, 1) with one
+// max.u16x2 instead of testing each half for a positive value under bf16's
+// smallest subnormal (machine code 97.5 -> 86.5 KB; 95.7 KB with the
+// two-row packer, whose code the packer warps run). D2T 0.162 against
+// 0.181-0.182 ms at 4096 uniform, 2.197-2.214 against 2.306-2.343 at 65536
+// skewed, 2.100-2.106 against 2.404-2.419 uniform; the store alone gave
+// 0.172, 2.204-2.208 and 2.285-2.303. The two-row packer first hung, its
+// setmaxnreg counts past the CTA's registers (see REG_PRODUCERS).
 #include "common.cuh"
 #include "wgmma.cuh"
 
@@ -188,8 +198,8 @@ __device__ __forceinline__ void mainloop(float (&acc)[128], u32 sA, u32 sB, u32 
 
 // Epilogue buffers in shared memory: the tile's active values as bf16
 // pairs, 128 rows of 256 values, rows PIPE_LD words apart (padded by 4
-// words: the quad-wise stores of a warp hit 32 distinct banks); an S-word
-// scratch row for each warp that packs (PIPE_LAST: the packer warps, and
+// words: the quad-wise stores of a warp hit 32 distinct banks); two S-word
+// scratch rows for each warp that packs (PIPE_LAST: the packer warps, and
 // the consumer warps on a cluster's last tile); the rows' activity masks,
 // 8 words a row.
 #define PIPE_LD 132
@@ -203,87 +213,95 @@ __device__ __forceinline__ void mainloop(float (&acc)[128], u32 sA, u32 sB, u32 
 // they must stay within the CTA's pool, 384 threads at the 168 registers
 // __launch_bounds__(384, 1) leaves; a setmaxnreg.inc past the pool waits
 // for registers that never come, and the kernel hangs.
-#define REG_PRODUCERS 56
-#define REG_CONSUMERS 224
+#define REG_PRODUCERS 72
+#define REG_CONSUMERS 216
 static_assert(128 * REG_PRODUCERS + 256 * REG_CONSUMERS <= 384 * 168, "setmaxnreg past the CTA's registers");
 
-// flush_row writes one packed row tile from the warp's S-word scratch row
-// erow, whose words 1.. hold the entries: word 0 the true count total, the
-// others erow's, and zeroes erow again (one warp, all lanes).
+// pack_two_rows packs rows ra and rb of the tile (one warp; they may be the
+// same row) into outa and outb, S words each: masks holds each row's
+// activity as 8 words, quad lane q's 64-bit mask in words 2q and 2q + 1
+// (bit 2i + e: column 8i + 2q + e, as in acc_to_bf), and tile only the bf16
+// pairs that hold an active value (word 4i + q of a row: columns 8i + 2q
+// and 8i + 2q + 1). Lane l takes columns 8l..8l+7; ranks come from ballots
+// of the lanes' counts, not a shuffle scan. The entries go through erow
+// (2S words, zero on entry and on return), the two rows' work interleaved
+// so that their loads and ballots overlap. Sets the true counts and
+// whether an active value is NaN or Inf.
 template <int S>
-__device__ __forceinline__ void flush_row(u32* erow, u32* out, int total) {
-  const int lane = threadIdx.x & 31;
+__device__ __forceinline__ void pack_two_rows(const u32* masks, const u32* tile, u32* erow, u32* outa, u32* outb,
+                                              int ra, int rb, int n0, int& na, int& nb, bool& bada, bool& badb) {
+  const int lane = threadIdx.x & 31, w = lane >> 4, sh = (2 * lane) & 31;
+  u32 ma = 0, mb = 0;
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    ma |= ((masks[ra * 8 + 2 * q + w] >> sh) & 3u) << (2 * q);
+    mb |= ((masks[rb * 8 + 2 * q + w] >> sh) & 3u) << (2 * q);
+  }
+  const u32 ca = __popc(ma), cb = __popc(mb);
+  const u32 a0 = __ballot_sync(0xffffffffu, ca & 1u), a1 = __ballot_sync(0xffffffffu, ca & 2u),
+            a2 = __ballot_sync(0xffffffffu, ca & 4u), a3 = __ballot_sync(0xffffffffu, ca & 8u);
+  const u32 b0 = __ballot_sync(0xffffffffu, cb & 1u), b1 = __ballot_sync(0xffffffffu, cb & 2u),
+            b2 = __ballot_sync(0xffffffffu, cb & 4u), b3 = __ballot_sync(0xffffffffu, cb & 8u);
+  na = __popc(a0) + 2 * __popc(a1) + 4 * __popc(a2) + 8 * __popc(a3);
+  nb = __popc(b0) + 2 * __popc(b1) + 4 * __popc(b2) + 8 * __popc(b3);
+  const u32 lt = (1u << lane) - 1u;
+  int rka = __popc(a0 & lt) + 2 * __popc(a1 & lt) + 4 * __popc(a2 & lt) + 8 * __popc(a3 & lt);
+  int rkb = __popc(b0 & lt) + 2 * __popc(b1 & lt) + 4 * __popc(b2 & lt) + 8 * __popc(b3 & lt);
+  bool bla = false, blb = false;
+  const u32* ta = tile + ra * PIPE_LD + 4 * lane;
+  const u32* tb = tile + rb * PIPE_LD + 4 * lane;
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    if ((ma >> k) & 1u) {
+      const u32 v = (ta[k >> 1] >> (16 * (k & 1))) & 0xffffu;
+      bla |= (v & 0x7fffu) >= 0x7f80u;
+      if (rka < S - 1) erow[1 + rka] = (v << 16) | (u32)(n0 + 8 * lane + k);
+      ++rka;
+    }
+    if ((mb >> k) & 1u) {
+      const u32 v = (tb[k >> 1] >> (16 * (k & 1))) & 0xffffu;
+      blb |= (v & 0x7fffu) >= 0x7f80u;
+      if (rkb < S - 1) erow[S + 1 + rkb] = (v << 16) | (u32)(n0 + 8 * lane + k);
+      ++rkb;
+    }
+  }
+  bada = __any_sync(0xffffffffu, bla);
+  badb = __any_sync(0xffffffffu, blb);
   __syncwarp();
 #pragma unroll
   for (int i = lane; i < S; i += 32) {
-    out[i] = (i == 0) ? (u32)total : erow[i];
-    erow[i] = 0u;
+    outa[i] = (i == 0) ? (u32)na : erow[i];
+    outb[i] = (i == 0) ? (u32)nb : erow[S + i];
   }
+  __syncwarp();
+#pragma unroll
+  for (int i = lane; i < 2 * S; i += 32) erow[i] = 0u;
   __syncwarp();
 }
 
-// pack_row_masked packs one row of the tile (one warp): masks holds the
-// row's activity as 8 words, quad lane q's 64-bit mask in words 2q and
-// 2q + 1 (bit 2i + e: column 8i + 2q + e, as in acc_to_bf), and tile_row
-// only the bf16 pairs that hold an active value (word 4i + q: columns
-// 8i + 2q and 8i + 2q + 1). Lane l takes columns 8l..8l+7; ranks come from
-// ballots of the lanes' counts, not a shuffle scan. Writes S words to out
-// through flush_row (erow zero on entry and on return) and returns the
-// true count; sets bad if an active value is NaN or Inf.
-template <int S>
-__device__ __forceinline__ int pack_row_masked(const u32* masks, const u32* tile_row, u32* erow, u32* out, int n0,
-                                               bool& bad) {
-  const int lane = threadIdx.x & 31, w = lane >> 4, sh = (2 * lane) & 31;
-  u32 m8 = 0;
-#pragma unroll
-  for (int q = 0; q < 4; ++q) m8 |= ((masks[2 * q + w] >> sh) & 3u) << (2 * q);
-  const u32 c = __popc(m8);
-  const u32 b0 = __ballot_sync(0xffffffffu, c & 1u), b1 = __ballot_sync(0xffffffffu, c & 2u),
-            b2 = __ballot_sync(0xffffffffu, c & 4u), b3 = __ballot_sync(0xffffffffu, c & 8u);
-  const int total = __popc(b0) + 2 * __popc(b1) + 4 * __popc(b2) + 8 * __popc(b3);
-  bad = false;
-  if (total == 0) {
-#pragma unroll
-    for (int i = lane; i < S; i += 32) out[i] = 0u;
-    return 0;
-  }
-  const u32 lt = (1u << lane) - 1u;
-  int rank = __popc(b0 & lt) + 2 * __popc(b1 & lt) + 4 * __popc(b2 & lt) + 8 * __popc(b3 & lt);
-  bool badl = false;
-  if (m8) {
-#pragma unroll
-    for (int k = 0; k < 8; ++k) {
-      if ((m8 >> k) & 1u) {
-        const u32 b = (tile_row[4 * lane + (k >> 1)] >> (16 * (k & 1))) & 0xffffu;
-        if ((b & 0x7fffu) >= 0x7f80u) badl = true;
-        if (rank < S - 1) erow[1 + rank] = (b << 16) | (u32)(n0 + 8 * lane + k);
-        ++rank;
-      }
-    }
-  }
-  bad = __any_sync(0xffffffffu, badl);
-  flush_row<S>(erow, out, total);
-  return total;
-}
-
 // pack_rows packs rows r0, r0 + stride, ... of the tile at rows m0.. and N
-// tile nt (one warp; erow its scratch row), flags the rows that overflow or
-// hold NaN or Inf, and returns the active values of the valid rows (the
-// same count on every lane).
+// tile nt (one warp; erow its 2S-word scratch), two at a time, flags the
+// rows that overflow or hold NaN or Inf, and returns the active values of
+// the valid rows (the same count on every lane).
 template <int S>
 __device__ __forceinline__ u64 pack_rows(const u32* masks, const u32* tile, u32* erow, u32* __restrict__ packed,
                                          int* __restrict__ flags, int* __restrict__ ovf, int m0, int nt,
                                          int row_words, int m_valid, int r0, int stride) {
   const int lane = threadIdx.x & 31;
   u64 sum = 0;
-  for (int r = r0; r < 128; r += stride) {
-    const int row = m0 + r;
-    bool bad;
-    const int n = pack_row_masked<S>(masks + r * 8, tile + r * PIPE_LD, erow, packed + (size_t)row * row_words + nt * S,
-                                     nt * 256, bad);
-    if (row < m_valid) {
-      sum += (u64)n;
-      if (lane == 0 && (bad || n > S - 1)) flag_row(flags, ovf, row);
+  for (int r = r0; r < 128; r += 2 * stride) {
+    const int r2 = r + stride < 128 ? r + stride : r;  // past the rows: row r again, the same words
+    int na, nb;
+    bool bada, badb;
+    pack_two_rows<S>(masks, tile, erow, packed + (size_t)(m0 + r) * row_words + nt * S,
+                     packed + (size_t)(m0 + r2) * row_words + nt * S, r, r2, nt * 256, na, nb, bada, badb);
+    if (m0 + r < m_valid) {
+      sum += (u64)na;
+      if (lane == 0 && (bada || na > S - 1)) flag_row(flags, ovf, m0 + r);
+    }
+    if (r2 != r && m0 + r2 < m_valid) {
+      sum += (u64)nb;
+      if (lane == 0 && (badb || nb > S - 1)) flag_row(flags, ovf, m0 + r2);
     }
   }
   return sum;
@@ -348,10 +366,10 @@ __global__ void __launch_bounds__(384, 1)
   unsigned char* smem = smem_raw + (base - raw);
   const u32 sA = base, sB = base + STAGES * A_BYTES;
   u32* tile = (u32*)(smem + STAGES * (A_BYTES + B_BYTES));
-  u32* erows = tile + 128 * PIPE_LD;  // PIPE_LAST x S words
-  u32* masks = erows + PIPE_LAST * S;  // 128 rows x 8 words
+  u32* erows = tile + 128 * PIPE_LD;  // 2 x PIPE_LAST x S words
+  u32* masks = erows + 2 * PIPE_LAST * S;  // 128 rows x 8 words
   // full[STAGES], empty[STAGES], tile_full, tile_empty
-  const u32 bars = base + STAGES * (A_BYTES + B_BYTES) + PIPE_TILE + PIPE_LAST * S * 4 + PIPE_MASKS;
+  const u32 bars = base + STAGES * (A_BYTES + B_BYTES) + PIPE_TILE + 2 * PIPE_LAST * S * 4 + PIPE_MASKS;
   const u32 tile_full = bars + 8u * (2 * STAGES), tile_empty = tile_full + 8u;
 
   const int tid = threadIdx.x;
@@ -368,7 +386,7 @@ __global__ void __launch_bounds__(384, 1)
     mbar_init(tile_empty, PIPE_PACKERS);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
-  for (int i = tid; i < PIPE_LAST * S; i += 384) erows[i] = 0;
+  for (int i = tid; i < 2 * PIPE_LAST * S; i += 384) erows[i] = 0;
   __syncthreads();
   cluster_sync();
 
@@ -381,7 +399,7 @@ __global__ void __launch_bounds__(384, 1)
                         hot_gated != 0, k_iters);
     } else {
       const int pw = warp - 1;
-      u32* erow = erows + pw * S;
+      u32* erow = erows + 2 * pw * S;
       u64 sum = 0;
       u32 tphase = 0;
       for (int w = cluster; w < m_pairs * n_tiles; w += nclusters) {
@@ -462,7 +480,7 @@ __global__ void __launch_bounds__(384, 1)
       // No mainloop is left to overlap the packers' work on the last tile,
       // so the consumer warps take 8 of every PIPE_LAST rows of it.
       mbar_wait(tile_full, tphase ^ 1u);
-      sum += pack_rows<S>(masks, tile, erows + (PIPE_PACKERS + cw * 4 + wq) * S, packed, flags, ovf,
+      sum += pack_rows<S>(masks, tile, erows + 2 * (PIPE_PACKERS + cw * 4 + wq) * S, packed, flags, ovf,
                           (last_mp * 2 + (int)rank) * 128, last_nt, row_words, m_valid,
                           PIPE_PACKERS + cw * 4 + wq, PIPE_LAST);
     }
