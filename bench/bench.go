@@ -7,6 +7,7 @@ package bench
 import (
 	"os"
 	"runtime"
+	"runtime/debug"
 	"slices"
 	"strings"
 	"time"
@@ -68,22 +69,54 @@ func itoa(n int) string {
 }
 
 // Row is what every result row starts with: the layout of the row (its
-// schema and version), where it ran and when, and the TWELL_ environment
-// variables set for the run (the experiment switches), so that rows of an
-// A/B say which side they are.
+// schema and version), where it ran and when, the source commit of the
+// build that measured it, and the TWELL_ environment variables set for the
+// run (the experiment switches), so that rows of an A/B say which side
+// they are.
 type Row struct {
-	Schema   string            `json:"schema"`
-	Device   string            `json:"device"` // "cpu" or "cuda"
-	Machine  string            `json:"machine"`
-	Date     string            `json:"date"`
+	Schema  string `json:"schema"`
+	Device  string `json:"device"` // "cpu" or "cuda"
+	Machine string `json:"machine"`
+	Date    string `json:"date"`
+	// Commit is the source commit the measuring binary was built from, its
+	// first 7 hex digits, with "+dirty" when the tree had uncommitted
+	// changes; empty when the build does not record it (test binaries,
+	// builds outside the repository).
+	Commit   string            `json:"commit,omitempty"`
 	Switches map[string]string `json:"switches,omitempty"`
 }
 
 // newRow returns the start of a row of schema measured now on device of
 // machine.
 func newRow(schema, device, machine string) Row {
+	bi, _ := debug.ReadBuildInfo()
 	return Row{Schema: schema, Device: device, Machine: machine, Date: time.Now().UTC().Format(time.RFC3339),
-		Switches: switches(os.Environ())}
+		Commit: commitOf(bi), Switches: switches(os.Environ())}
+}
+
+// commitOf returns the source commit recorded in bi (see Row.Commit), or
+// "" when bi is nil or records none.
+func commitOf(bi *debug.BuildInfo) string {
+	if bi == nil {
+		return ""
+	}
+	commit, dirty := "", false
+	for _, s := range bi.Settings {
+		switch s.Key {
+		case "vcs.revision":
+			commit = s.Value
+		case "vcs.modified":
+			dirty = s.Value == "true"
+		}
+	}
+	if commit == "" {
+		return ""
+	}
+	commit = commit[:min(7, len(commit))]
+	if dirty {
+		commit += "+dirty"
+	}
+	return commit
 }
 
 // switches returns the TWELL_ variables of env (KEY=VALUE entries), or nil

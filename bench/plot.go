@@ -212,21 +212,12 @@ func rowGroups(results []ModelResult) (names []string, rows [][]int) {
 }
 
 // plotModelRows writes the figure of a run with many rows: a panel for
-// prefill and one per decode batch size, each row's figure a point above
-// its name's number (the legend names them), the rows of one name side by
-// side and their median marked by a bar. The y axes start near the data,
-// not at 0, so that differences of a few percent show.
+// prefill and one per decode batch size (see plotRows).
 func plotModelRows(results []ModelResult, path string) error {
 	names, rows := rowGroups(results)
-	var notes notes
-	leg := newLegend()
 	r0 := results[0]
-	type metric struct {
-		title, ylabel, what string
-		value               func(ModelResult) (float64, bool)
-	}
-	metrics := []metric{{fmt.Sprintf("prefill, %d tokens per pass", r0.PrefillTokens), "prefill throughput (tokens/ms)", "prefill tokens/ms",
-		func(r ModelResult) (float64, bool) { return r.PrefillTokPerMS, true }}}
+	metrics := []rowMetric{{fmt.Sprintf("prefill, %d tokens per pass", r0.PrefillTokens), "prefill throughput (tokens/ms)", "prefill tokens/ms",
+		func(i int) (float64, bool) { return results[i].PrefillTokPerMS, true }}}
 	// context[b]: the tokens cached before batch b's timed steps, the most
 	// any row reports (for the panel's title).
 	context := map[int]int{}
@@ -240,9 +231,9 @@ func plotModelRows(results []ModelResult, path string) error {
 		if context[b] > 0 {
 			title += fmt.Sprintf(", %d tokens cached", context[b])
 		}
-		metrics = append(metrics, metric{title, "decode throughput (tokens/s)", fmt.Sprintf("decode tokens/s at batch %d", b),
-			func(r ModelResult) (float64, bool) {
-				for _, d := range r.Decode {
+		metrics = append(metrics, rowMetric{title, "decode throughput (tokens/s)", fmt.Sprintf("decode tokens/s at batch %d", b),
+			func(i int) (float64, bool) {
+				for _, d := range results[i].Decode {
 					if d.Batch == b {
 						return d.TokensPerSec, true
 					}
@@ -250,6 +241,25 @@ func plotModelRows(results []ModelResult, path string) error {
 				return 0, false
 			}})
 	}
+	header := []string{r0.Model, r0.Machine + ", " + r0.Date + "; a point per row of the run, a bar at each name's median"}
+	return plotRows(path, header, names, rows, metrics)
+}
+
+// rowMetric is one panel of plotRows: its title, y label, what it shows
+// (for the notes), and each row's value (false: the row has none).
+type rowMetric struct {
+	title, ylabel, what string
+	value               func(row int) (float64, bool)
+}
+
+// plotRows writes a figure of named groups of rows: a panel per metric,
+// each row's value a point above its group's number (the legend names
+// the groups), the rows of one group side by side and their median marked
+// by a bar. The y axes start near the data, not at 0, so that differences
+// of a few percent show. names[g] holds the rows at the indices rows[g].
+func plotRows(path string, header, names []string, rows [][]int, metrics []rowMetric) error {
+	var notes notes
+	leg := newLegend()
 	numbers := make([]string, len(names))
 	for i := range names {
 		numbers[i] = strconv.Itoa(i + 1)
@@ -263,7 +273,7 @@ func plotModelRows(results []ModelResult, path string) error {
 			var pts plotter.XYs
 			var vals []float64
 			for k, i := range idx {
-				v, ok := m.value(results[i])
+				v, ok := m.value(i)
 				if !ok {
 					continue
 				}
@@ -308,9 +318,84 @@ func plotModelRows(results []ModelResult, path string) error {
 		setLinearAxis(&p.Y, ys, false)
 		panels = append(panels, p)
 	}
-	header := []string{r0.Model, r0.Machine + ", " + r0.Date + "; a point per row of the run, a bar at each name's median"}
 	w := vg.Length(max(10, 3.2*float64(len(panels))+3)) * vg.Inch
 	return render(path, w, 5*vg.Inch, header, panels, &leg, notes)
+}
+
+// PlotFFNRuns writes a PNG of several bench ffn runs (the rounds of an
+// A/B): for each shape (tokens, density, firing rates) a panel of the
+// TwELL MLP block's time and, where measured, one of its D2T kernel's,
+// each row a point above its build's number (the source commit and the
+// switches that differ from the first row's), a bar at each build's
+// median.
+func PlotFFNRuns(results []FFNResult, path string) error {
+	if len(results) == 0 {
+		return fmt.Errorf("bench: no MLP results to plot")
+	}
+	at := map[string]int{}
+	var names []string
+	var rows [][]int
+	type shape struct {
+		m       int
+		density float64
+		dist    string
+		gated   bool
+	}
+	var shapes []shape
+	d2t := map[shape]bool{}
+	for i, r := range results {
+		name := FFNBuildName(r, results[0].Switches)
+		g, ok := at[name]
+		if !ok {
+			g = len(names)
+			at[name] = g
+			names = append(names, name)
+			rows = append(rows, nil)
+		}
+		rows[g] = append(rows[g], i)
+		sh := shape{r.M, r.Density, r.Dist, r.Gated}
+		if !slices.Contains(shapes, sh) {
+			shapes = append(shapes, sh)
+		}
+		d2t[sh] = d2t[sh] || r.D2TMS > 0
+	}
+	var metrics []rowMetric
+	for _, sh := range shapes {
+		kind := ""
+		if !sh.gated {
+			kind = ", non-gated"
+		}
+		title := fmt.Sprintf("m=%d, %g%% %s%s", sh.m, 100*sh.density, sh.dist, kind)
+		of := func(v func(FFNResult) float64) func(int) (float64, bool) {
+			return func(i int) (float64, bool) {
+				r := results[i]
+				return v(r), shape{r.M, r.Density, r.Dist, r.Gated} == sh
+			}
+		}
+		metrics = append(metrics, rowMetric{"MLP block, " + title, "TwELL path (ms, median of its reps)", "TwELL ms at " + title,
+			of(func(r FFNResult) float64 { return r.TwELLMS })})
+		if d2t[sh] {
+			metrics = append(metrics, rowMetric{"D2T, " + title, "D2T kernel (ms, median of its reps)", "D2T ms at " + title,
+				of(func(r FFNResult) float64 { return r.D2TMS })})
+		}
+	}
+	r0 := results[0]
+	header := []string{fmt.Sprintf("MLP block d=%d, f=%d, compression %d", r0.D, r0.F, r0.C),
+		r0.Machine + ", " + r0.Date + "; a point per run, a bar at each build's median"}
+	return plotRows(path, header, names, rows, metrics)
+}
+
+// FFNBuildName names the build that measured r: its source commit (or
+// "unknown build") and, in brackets, the switches that differ from base.
+func FFNBuildName(r FFNResult, base map[string]string) string {
+	name := r.Commit
+	if name == "" {
+		name = "unknown build"
+	}
+	if d := SwitchDiff(r.Switches, base); d != "" {
+		name += " [" + d + "]"
+	}
+	return name
 }
 
 // addValueBars draws vals as bars on p's nominal x axis (names), each

@@ -197,6 +197,86 @@ func TestPlotFFNEdgeCases(t *testing.T) {
 	}
 }
 
+// ffnRuns returns the rows of an A/B of builds as bench ffn writes them:
+// three builds (one of them also with a switch), rounds rounds of two
+// shapes each, random times.
+func ffnRuns(r *rand.Rand, rounds int) []FFNResult {
+	var rs []FFNResult
+	for range rounds {
+		for _, b := range []struct {
+			commit string
+			sw     map[string]string
+		}{{"ab460e2", nil}, {"a36a257", nil}, {"7683c70+dirty", nil}, {"7683c70+dirty", map[string]string{"TWELL_HOT_UNITS": "0"}}} {
+			for _, sh := range []struct {
+				m    int
+				dist string
+			}{{4096, "uniform"}, {65536, "skewed"}} {
+				row := testRow
+				row.Schema, row.Device, row.Commit, row.Switches = FFNSchema, "cuda", b.commit, b.sw
+				ms := float64(sh.m) / 16384 * (0.9 + 0.2*r.Float64())
+				rs = append(rs, FFNResult{Row: row, D: 2048, F: 5632, C: 8, M: sh.m, Density: 0.005, Dist: sh.dist, Gated: true,
+					DenseMS: 1.6 * ms, TwELLMS: ms, D2TMS: 0.55 * ms})
+			}
+		}
+	}
+	return rs
+}
+
+// TestPlotFFNRuns: an A/B of builds is drawn a panel per shape and
+// measure, its rows grouped by build; zero, negative, NaN and infinite
+// times, rows without a D2T time and rows of an unknown build are drawn or
+// left out with a note, never a panic.
+func TestPlotFFNRuns(t *testing.T) {
+	r, seed := testutil.Rand(t)
+	rs := ffnRuns(r, 2)
+	names := map[string]int{}
+	for _, x := range rs {
+		names[FFNBuildName(x, rs[0].Switches)]++
+	}
+	want := map[string]int{"ab460e2": 4, "a36a257": 4, "7683c70+dirty": 4, "7683c70+dirty [HOT_UNITS=0]": 4}
+	if len(names) != len(want) {
+		t.Fatalf("seed %d: builds %v, want %v", seed, names, want)
+	}
+	for k, n := range want {
+		if names[k] != n {
+			t.Errorf("seed %d: build %q has %d rows, want %d", seed, k, names[k], n)
+		}
+	}
+	cases := map[string]func() []FFNResult{
+		"typical": func() []FFNResult { return ffnRuns(r, 2) },
+		"one run": func() []FFNResult { return ffnRuns(r, 1)[:1] },
+		"bad times": func() []FFNResult {
+			rs := ffnRuns(r, 2)
+			rs[0].TwELLMS, rs[1].TwELLMS, rs[2].D2TMS, rs[3].TwELLMS = math.NaN(), math.Inf(1), -1, 0
+			return rs
+		},
+		"no D2T, no commit": func() []FFNResult {
+			rs := ffnRuns(r, 2)
+			for i := range rs {
+				rs[i].D2TMS, rs[i].Commit = 0, ""
+			}
+			return rs
+		},
+		"nothing usable": func() []FFNResult {
+			rs := ffnRuns(r, 1)
+			for i := range rs {
+				rs[i].TwELLMS, rs[i].D2TMS = math.NaN(), -2
+			}
+			return rs
+		},
+	}
+	for name, mk := range cases {
+		path := figurePath(t, "ffn-runs-"+name+".png")
+		if err := PlotFFNRuns(mk(), path); err != nil {
+			t.Fatalf("seed %d: %s: %v", seed, name, err)
+		}
+		checkPNG(t, path)
+	}
+	if err := PlotFFNRuns(nil, figurePath(t, "ffn-runs-none.png")); err == nil {
+		t.Error("no rows: no error")
+	}
+}
+
 // labels returns the labelled tick values.
 func labels(ts []plot.Tick) []float64 {
 	var vs []float64

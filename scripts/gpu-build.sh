@@ -3,9 +3,11 @@
 # runs: the twell CLI and the `go test -c` binary of every package whose
 # tests use the cuda packages, all with CGO_ENABLED=0, into gpubin/ (ignored
 # by git). gpubin/tests.txt lists each test binary with its package folder.
-# The binaries are stripped, and packed into gpubin/pack.txz (xz), which is
-# what to copy when the transfer is limited in size: scripts/gpu-run.sh and
-# scripts/gpu-bench.sh unpack it when the binaries are missing. Then run
+# The CLIs record their source commit (-buildvcs=true, whatever GOFLAGS
+# says), which bench rows carry as "commit". The binaries are stripped, and
+# packed into gpubin/pack.txz (xz), which is what to copy when the transfer
+# is limited in size: scripts/gpu-run.sh and scripts/gpu-bench.sh unpack it
+# when the binaries are missing. Then run
 # scripts/gpu-run.sh on the GPU machine (see README.md, "GPU").
 #
 # PACK, a space-separated list of package folders (e.g. PACK="gpu gpu/llm"),
@@ -27,7 +29,7 @@ rm -rf "$out"
 mkdir -p "$out"
 export CGO_ENABLED=0 GOOS=linux GOARCH=amd64
 strip=(-ldflags='-s -w')
-go build -trimpath "${strip[@]}" -o "$out/twell" ./cmd/twell
+go build -buildvcs=true -trimpath "${strip[@]}" -o "$out/twell" ./cmd/twell
 mod=$(go list -m)
 : > "$out/tests.txt"
 go list -f '{{.ImportPath}} {{.Dir}} {{join .TestImports " "}} {{join .XTestImports " "}}' ./... |
@@ -56,7 +58,7 @@ for rev in ${BUILDS:-}; do
   short=$(git rev-parse --short "$rev^{commit}")
   wt=$(mktemp -d)
   git worktree add -q --detach "$wt" "$short"
-  if (cd "$wt" && go build -trimpath "${strip[@]}" -o "$OLDPWD/$out/twell-$short" ./cmd/twell &&
+  if (cd "$wt" && go build -buildvcs=true -trimpath "${strip[@]}" -o "$OLDPWD/$out/twell-$short" ./cmd/twell &&
     go test -c -trimpath "${strip[@]}" -o "$OLDPWD/$out/gpu-$short.test" ./gpu); then
     echo "twell-$short" >> "$out/builds.txt"
     echo "built $out/twell-$short and $out/gpu-$short.test (revision $rev)"

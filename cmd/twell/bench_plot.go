@@ -11,12 +11,12 @@ import (
 )
 
 func init() {
-	register(command{name: "bench plot", summary: "one figure of several bench model runs (rounds of an A/B), or of go test -bench output",
+	register(command{name: "bench plot", summary: "one figure of several bench model or bench ffn runs (rounds of an A/B), or of go test -bench output",
 		args: "RUN.json... | -gobench METRIC BENCH.txt...", run: runBenchPlot})
 }
 
-// maxRunJSON bounds the size of a bench model JSON file that bench plot
-// reads: a run of many variants with traces is well under a megabyte.
+// maxRunJSON bounds the size of a bench JSON file that bench plot reads: a
+// run of many variants with traces is well under a megabyte.
 const maxRunJSON = 64 << 20
 
 func runBenchPlot(args []string, stdout, stderr io.Writer) error {
@@ -39,14 +39,28 @@ func runBenchPlot(args []string, stdout, stderr io.Writer) error {
 		return usagef("-json and -title go with -gobench (bench model writes its own JSON and titles)")
 	}
 	if len(paths) == 0 {
-		return usagef("name at least one JSON file that bench model -json wrote")
+		return usagef("name at least one JSON file that bench model or bench ffn -json wrote")
 	}
-	var all []bench.ModelResult
-	for _, path := range paths {
-		rs, err := readRun(path)
-		if err != nil {
+	data := make([][]byte, len(paths))
+	for i, path := range paths {
+		if data[i], err = readRunFile(path); err != nil {
 			return err
 		}
+	}
+	schema, err := bench.ResultSchema(data[0])
+	if err != nil {
+		return fmt.Errorf("%s: %w", paths[0], err)
+	}
+	if schema == bench.FFNSchema {
+		return plotFFNRuns(paths, data, *out, stdout)
+	}
+	var all []bench.ModelResult
+	for i, path := range paths {
+		rs, err := bench.ReadModelResults(data[i])
+		if err != nil {
+			return fmt.Errorf("%s: %w", path, err)
+		}
+		bench.NameVariants(rs) // as in the run's own table
 		if len(all) > 0 && rs[0].Model != all[0].Model {
 			return fmt.Errorf("%s: model %q, but %s is of %q: plot runs of one model together", path, rs[0].Model, paths[0], all[0].Model)
 		}
@@ -59,9 +73,27 @@ func runBenchPlot(args []string, stdout, stderr io.Writer) error {
 	return nil
 }
 
-// readRun reads one bench model JSON file, its variants named by their
-// switches as in the run's own table.
-func readRun(path string) ([]bench.ModelResult, error) {
+// plotFFNRuns draws the bench ffn runs in data (read from paths) in one
+// figure: each shape's TwELL and D2T times by build.
+func plotFFNRuns(paths []string, data [][]byte, out string, stdout io.Writer) error {
+	var all []bench.FFNResult
+	for i, path := range paths {
+		rs, err := bench.ReadFFNResults(data[i])
+		if err != nil {
+			return fmt.Errorf("%s: %w (plot bench ffn runs and bench model runs apart)", path, err)
+		}
+		all = append(all, rs...)
+	}
+	if err := bench.PlotFFNRuns(all, out); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "wrote %s: %d rows of %d runs\n", out, len(all), len(paths))
+	return nil
+}
+
+// readRunFile reads one JSON file that bench model or bench ffn wrote,
+// refusing one larger than maxRunJSON.
+func readRunFile(path string) ([]byte, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, err
@@ -72,14 +104,9 @@ func readRun(path string) ([]bench.ModelResult, error) {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	if len(data) > maxRunJSON {
-		return nil, fmt.Errorf("%s: larger than %d MiB: not a bench model JSON file", path, maxRunJSON>>20)
+		return nil, fmt.Errorf("%s: larger than %d MiB: not a bench JSON file", path, maxRunJSON>>20)
 	}
-	rs, err := bench.ReadModelResults(data)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
-	}
-	bench.NameVariants(rs)
-	return rs, nil
+	return data, nil
 }
 
 // maxGoBench bounds the size of a go test -bench output file bench plot

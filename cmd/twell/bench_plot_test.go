@@ -91,6 +91,42 @@ func TestBenchPlot(t *testing.T) {
 	}
 }
 
+// TestBenchPlotFFN draws bench ffn runs of two builds in one figure, and
+// refuses a bench model file among them.
+func TestBenchPlotFFN(t *testing.T) {
+	r, seed := testutil.Rand(t)
+	dir := t.TempDir()
+	var paths []string
+	for i, commit := range []string{"ab460e2", "7683c70", "ab460e2", "7683c70"} {
+		var rs []bench.FFNResult
+		for _, m := range []int{4096, 65536} {
+			ms := float64(m) / 16384 * (0.9 + 0.2*r.Float64())
+			rs = append(rs, bench.FFNResult{Row: bench.Row{Schema: bench.FFNSchema, Device: "cuda", Machine: "test", Date: "2026-12-06", Commit: commit},
+				D: 2048, F: 5632, C: 8, M: m, Density: 0.005, Dist: "skewed", Gated: true, DenseMS: 1.7 * ms, TwELLMS: ms, D2TMS: 0.6 * ms})
+		}
+		p := filepath.Join(dir, fmt.Sprintf("ffn-%d.json", i))
+		testutil.WriteJSON(t, p, rs)
+		paths = append(paths, p)
+	}
+	png := filepath.Join(dir, "ffn.png")
+	var out, errb bytes.Buffer
+	if code := run(append([]string{"bench", "plot", "-o", png}, paths...), &out, &errb); code != 0 {
+		t.Fatalf("seed %d: exit %d: %s", seed, code, errb.String())
+	}
+	if !strings.Contains(out.String(), "8 rows of 4 runs") {
+		t.Errorf("stdout %q", out.String())
+	}
+	checkFigure(t, png)
+
+	model := writeRun(t, dir, "model.json", "sparselm-1.5b", r.Float64)
+	out.Reset()
+	errb.Reset()
+	code := run([]string{"bench", "plot", "-o", png, paths[0], model}, &out, &errb)
+	if want := `model.json: row 0: schema "twell.bench.model/1"`; code != 1 || !strings.Contains(errb.String(), want) || strings.Count(errb.String(), "\n") != 1 {
+		t.Errorf("ffn and model runs: exit %d, stderr %q; want exit 1 and one line with %q", code, errb.String(), want)
+	}
+}
+
 // TestBenchPlotGoBench draws go test -bench output and writes its medians,
 // and refuses a metric no benchmark reports or -json without -gobench.
 func TestBenchPlotGoBench(t *testing.T) {
