@@ -18,7 +18,7 @@
 # BUILDS, a space-separated list of git revisions (e.g. BUILDS="9dda84c
 # e8ea649"), also builds the CLI of each into gpubin/twell-REV and the test
 # binary of its package gpu into gpubin/gpu-REV.test (from a temporary
-# worktree; run it in gpu/ as gpu.test is), for `scripts/gpu-bench.sh
+# clone; run it in gpu/ as gpu.test is), for `scripts/gpu-bench.sh
 # ab-builds`, which times the CLIs against gpubin/twell in turns;
 # gpubin/builds.txt lists them. Builds of nearby revisions add little to
 # the pack (xz finds the shared bytes).
@@ -56,8 +56,11 @@ echo "built $out/twell; test binaries listed in $out/tests.txt"
 : > "$out/builds.txt"
 for rev in ${BUILDS:-}; do
   short=$(git rev-parse --short "$rev^{commit}")
+  # A shared clone, not a worktree: go build records the commit only where
+  # .git is a folder.
   wt=$(mktemp -d)
-  git worktree add -q --detach "$wt" "$short"
+  git clone -q --shared --no-checkout . "$wt"
+  git -C "$wt" checkout -q --detach "$short"
   if (cd "$wt" && go build -buildvcs=true -trimpath "${strip[@]}" -o "$OLDPWD/$out/twell-$short" ./cmd/twell &&
     go test -c -trimpath "${strip[@]}" -o "$OLDPWD/$out/gpu-$short.test" ./gpu); then
     echo "twell-$short" >> "$out/builds.txt"
@@ -65,7 +68,7 @@ for rev in ${BUILDS:-}; do
   else
     echo "FAILED to build revision $rev" | tee -a "$out/build-failures.txt" >&2
   fi
-  git worktree remove --force "$wt"
+  rm -rf "$wt"
 done
 # xz -9 keeps 64 MiB of history, so the builds of nearby revisions share
 # their bytes in the pack (the default level's 8 MiB do not span a binary).
