@@ -11,6 +11,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/twell-ai/twell/internal/buildinfo"
 )
 
 // Median returns the median of xs (which it sorts).
@@ -97,18 +99,7 @@ func newRow(schema, device, machine string) Row {
 // commitOf returns the source commit recorded in bi (see Row.Commit), or
 // "" when bi is nil or records none.
 func commitOf(bi *debug.BuildInfo) string {
-	if bi == nil {
-		return ""
-	}
-	commit, dirty := "", false
-	for _, s := range bi.Settings {
-		switch s.Key {
-		case "vcs.revision":
-			commit = s.Value
-		case "vcs.modified":
-			dirty = s.Value == "true"
-		}
-	}
+	commit, dirty := buildinfo.VCS(bi)
 	if commit == "" {
 		return ""
 	}

@@ -81,24 +81,19 @@ func FuzzReadFFNResults(f *testing.F) {
 // TestCommitOf: the build's commit is its first 7 hex digits, marked
 // "+dirty" for uncommitted changes, and empty where the build records none.
 func TestCommitOf(t *testing.T) {
-	set := func(kv ...string) *debug.BuildInfo {
-		bi := &debug.BuildInfo{}
-		for i := 0; i+1 < len(kv); i += 2 {
-			bi.Settings = append(bi.Settings, debug.BuildSetting{Key: kv[i], Value: kv[i+1]})
-		}
-		return bi
-	}
+	const rev = "7683c70a1b2c3d4e5f60718293a4b5c6d7e8f901"
+	revision := debug.BuildSetting{Key: "vcs.revision", Value: rev}
+	modified := debug.BuildSetting{Key: "vcs.modified", Value: "true"}
 	for _, c := range []struct {
 		bi   *debug.BuildInfo
 		want string
 	}{
 		{nil, ""},
-		{set(), ""},
-		{set("vcs.modified", "true"), ""},
-		{set("vcs.revision", "7683c70a1b2c3d4e5f60718293a4b5c6d7e8f901"), "7683c70"},
-		{set("vcs.revision", "7683c70a1b2c3d4e5f60718293a4b5c6d7e8f901", "vcs.modified", "false"), "7683c70"},
-		{set("vcs.modified", "true", "vcs.revision", "4dd3bfe0000000000000000000000000000000aa"), "4dd3bfe+dirty"},
-		{set("vcs.revision", "abc"), "abc"},
+		{&debug.BuildInfo{}, ""},
+		{&debug.BuildInfo{Settings: []debug.BuildSetting{modified}}, ""},
+		{&debug.BuildInfo{Settings: []debug.BuildSetting{revision}}, "7683c70"},
+		{&debug.BuildInfo{Settings: []debug.BuildSetting{modified, revision}}, "7683c70+dirty"},
+		{&debug.BuildInfo{Settings: []debug.BuildSetting{{Key: "vcs.revision", Value: "abc"}}}, "abc"},
 	} {
 		if got := commitOf(c.bi); got != c.want {
 			t.Errorf("commitOf(%v) = %q, want %q", c.bi, got, c.want)

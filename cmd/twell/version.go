@@ -5,6 +5,8 @@ import (
 	"io"
 	"runtime"
 	"runtime/debug"
+
+	"github.com/twell-ai/twell/internal/buildinfo"
 )
 
 // version is twell's release version.
@@ -19,16 +21,10 @@ func runVersion(args []string, stdout, stderr io.Writer) error {
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	commit, modified := "unknown", false
-	if bi, ok := debug.ReadBuildInfo(); ok {
-		for _, s := range bi.Settings {
-			switch s.Key {
-			case "vcs.revision":
-				commit = s.Value
-			case "vcs.modified":
-				modified = s.Value == "true"
-			}
-		}
+	bi, _ := debug.ReadBuildInfo()
+	commit, modified := buildinfo.VCS(bi)
+	if commit == "" {
+		commit = "unknown"
 	}
 	if modified {
 		commit += " (with uncommitted changes)"
