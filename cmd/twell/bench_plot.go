@@ -80,7 +80,10 @@ func plotFFNRuns(paths []string, data [][]byte, out string, stdout io.Writer) er
 	for i, path := range paths {
 		rs, err := bench.ReadFFNResults(data[i])
 		if err != nil {
-			return fmt.Errorf("%s: %w (plot bench ffn runs and bench model runs apart)", path, err)
+			if s, serr := bench.ResultSchema(data[i]); serr == nil && s != bench.FFNSchema {
+				return fmt.Errorf("%s: rows of schema %q, but %s holds bench ffn runs: plot them apart", path, s, paths[0])
+			}
+			return fmt.Errorf("%s: %w", path, err)
 		}
 		all = append(all, rs...)
 	}

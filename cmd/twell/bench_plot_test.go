@@ -122,7 +122,7 @@ func TestBenchPlotFFN(t *testing.T) {
 	out.Reset()
 	errb.Reset()
 	code := run([]string{"bench", "plot", "-o", png, paths[0], model}, &out, &errb)
-	if want := `model.json: row 0: schema "twell.bench.model/1"`; code != 1 || !strings.Contains(errb.String(), want) || strings.Count(errb.String(), "\n") != 1 {
+	if want := `model.json: rows of schema "twell.bench.model/1", but`; code != 1 || !strings.Contains(errb.String(), want) || strings.Count(errb.String(), "\n") != 1 {
 		t.Errorf("ffn and model runs: exit %d, stderr %q; want exit 1 and one line with %q", code, errb.String(), want)
 	}
 }
