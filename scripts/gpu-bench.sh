@@ -77,6 +77,12 @@
 #                                       one layer of a graph-replayed step at 512 cached tokens
 #                                       (sparselm-1.5b preset, after the first 8 steps); ncu runs
 #                                       each kernel alone, so the early starts do not overlap them
+#   scripts/gpu-bench.sh sass OUTDIR    the machine code of the wgmma D2T kernels: the sm_90a
+#                                       cubins that the gpu tests' compile check builds with
+#                                       NVRTC (TestCompileWGMMAPTX, TWELL_CUBIN_DUMP), each
+#                                       disassembled (cuobjdump --dump-sass) into OUTDIR/NAME.sass
+#                                       with its opcodes counted in OUTDIR/NAME.opcodes (count,
+#                                       opcode, most first); compiles only, no kernel runs
 #   scripts/gpu-bench.sh host-mem OUTDIR  host memory of `twell generate -device cuda` on the
 #                                       sparselm-1.5b preset saved as a bf16 checkpoint (with the
 #                                       sample tokenizer): peak RSS by /usr/bin/time -v, and the
@@ -84,8 +90,8 @@
 # Each run ends with `twell bench table OUTDIR`.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-what=${1:?usage: gpu-bench.sh ffn|model|decode|train|trace|ab-mlp|test-builds|ab-builds|ab-decode|ab-prefill|stalls|stalls-d2t|stalls-decode|host-mem OUTDIR}
-out=${2:?usage: gpu-bench.sh ffn|model|decode|train|trace|ab-mlp|test-builds|ab-builds|ab-decode|ab-prefill|stalls|stalls-d2t|stalls-decode|host-mem OUTDIR}
+what=${1:?usage: gpu-bench.sh ffn|model|decode|train|trace|ab-mlp|test-builds|ab-builds|ab-decode|ab-prefill|stalls|stalls-d2t|stalls-decode|sass|host-mem OUTDIR}
+out=${2:?usage: gpu-bench.sh ffn|model|decode|train|trace|ab-mlp|test-builds|ab-builds|ab-decode|ab-prefill|stalls|stalls-d2t|stalls-decode|sass|host-mem OUTDIR}
 mkdir -p "$out"
 tw=$root/gpubin/twell
 if [ ! -x "$tw" ] && [ -f "$root/gpubin/pack.txz" ]; then
@@ -106,6 +112,18 @@ ncu_pages() {
 read_builds() {
   builds=(twell)
   if [ -f "$root/gpubin/builds.txt" ]; then mapfile -t -O 1 builds < "$root/gpubin/builds.txt"; fi
+}
+# opcode_counts reads cuobjdump --dump-sass output and prints each opcode
+# (the mnemonic before its first '.', predicates left out) with its count,
+# most first.
+opcode_counts() {
+  awk '/\/\*[0-9a-f]+\*\// {
+      sub(/.*\/\*[0-9a-f]+\*\/[ \t]*/, "")
+      if ($1 ~ /^@/) $0 = substr($0, index($0, $2))
+      op = $1; sub(/\..*/, "", op); sub(/;$/, "", op)
+      if (op != "") n[op]++
+    }
+    END { for (op in n) print n[op], op }' | sort -k1,1nr -k2
 }
 # stopped RC: whether exit status RC is timeout's (the command ran past its limit).
 stopped() { [ "$1" -eq 124 ] || [ "$1" -eq 137 ]; }
@@ -285,6 +303,21 @@ stalls-decode)
     -decode-batch 1 -decode-context 512 -decode-steps 16 > "$out/stalls-decode-run.txt" 2>&1 || status=1
   ncu_pages "$rep" stalls-decode
   ;;
+sass)
+  dump=$out/cubin
+  (cd "$root/gpu" && TWELL_CUBIN_DUMP=$dump "$root/gpubin/gpu.test" -test.run 'TestCompileWGMMAPTX' -test.count=1 \
+    -test.v) > "$out/compile.txt" 2>&1 || status=1
+  n=0
+  for c in "$dump"/*.cubin; do
+    [ -e "$c" ] || continue
+    name=$(basename "$c" .cubin)
+    cuobjdump --dump-sass "$c" > "$out/$name.sass" 2>&1 || status=1
+    opcode_counts < "$out/$name.sass" > "$out/$name.opcodes"
+    echo "$name: $(awk '{n += $1} END {print n + 0}' "$out/$name.opcodes") instructions; most: $(head -5 "$out/$name.opcodes" | awk '{printf "%s %s, ", $2, $1}')"
+    n=$((n + 1))
+  done
+  [ $n -gt 0 ] || { echo "gpu-bench: no cubin in $dump (see $out/compile.txt)" >&2; status=1; }
+  ;;
 host-mem)
   # The checkpoint (3 GB) goes outside OUTDIR.
   ckpt=${TMPDIR:-/tmp}/twell-host-mem-sparselm
@@ -296,7 +329,7 @@ host-mem)
   grep -E "Maximum resident|Elapsed|tokens" "$out/generate-time.txt"
   ;;
 *)
-  echo "gpu-bench: want ffn, model, decode, train, trace, ab-mlp, test-builds, ab-builds, ab-decode, ab-prefill, stalls, stalls-d2t, stalls-decode or host-mem, not $what" >&2
+  echo "gpu-bench: want ffn, model, decode, train, trace, ab-mlp, test-builds, ab-builds, ab-decode, ab-prefill, stalls, stalls-d2t, stalls-decode, sass or host-mem, not $what" >&2
   exit 2
   ;;
 esac
