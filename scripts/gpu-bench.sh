@@ -33,9 +33,11 @@
 #                                       two rounds, `bench ffn` at AB_SHAPES (M:DIST[:DENSITY],
 #                                       default 4096:uniform 4096:skewed 65536:uniform
 #                                       65536:skewed, density 0.005); ends with each run's
-#                                       dense, TwELL (D2T) and automatic-path medians; a run
-#                                       past AB_TIMEOUT seconds (240) is stopped and its build
-#                                       left out of the later runs
+#                                       dense, TwELL (D2T) and automatic-path medians, each
+#                                       build's medians over the rounds, and OUTDIR/ab-builds.png
+#                                       (bench plot: every run by the commit its build recorded);
+#                                       a run past AB_TIMEOUT seconds (240) is stopped and its
+#                                       build left out of the later runs
 #   scripts/gpu-bench.sh test-builds OUTDIR  the package gpu's GPU tests of the tree (gpubin/gpu.test)
 #                                       and of every build in gpubin/builds.txt (gpubin/gpu-REV.test),
 #                                       in gpu/, those matching RUN (default: the D2T, MLP, hot-unit,
@@ -124,6 +126,37 @@ opcode_counts() {
       if (op != "") n[op]++
     }
     END { for (op in n) print n[op], op }' | sort -k1,1nr -k2
+}
+# ab_summary OUTDIR prints ab-builds' summary of the runs in OUTDIR: one
+# line per run with the medians of the dense path, the TwELL path (its D2T)
+# and the automatic path; each build's medians over the rounds, a line per
+# shape and build; and draws OUTDIR/ab-builds.png, every run grouped by the
+# commit its build recorded (bench plot).
+ab_summary() {
+  # One line per run: the medians of the dense path, the TwELL path (its
+  # D2T) and the automatic path.
+  for f in "$1"/ffn-*.txt; do
+    line=$(grep -m1 ': dense .* ms, TwELL' "$f" | sed -e 's/ *rel err.*//' -e 's/^ *//')
+    [ -n "$line" ] || line=$(grep -m1 -o 'stopped after .*' "$f")
+    printf '%-52s %s\n' "$(basename "$f" .txt)" "${line:-no result}"
+  done
+  # Each build's medians over the rounds, a line per shape and build, and
+  # a figure of every run, grouped by the commit each build recorded.
+  echo "medians over the rounds (TwELL ms, D2T ms):"
+  for f in "$1"/ffn-*.txt; do
+    line=$(grep -m1 -o 'TwELL [0-9.]* ms (.*D2T [0-9.]* ms' "$f") || continue
+    name=$(basename "$f" .txt)
+    shape=${name%%-twell*} shape=${shape%-*}
+    echo "$shape ${name#"${name%%-twell*}"-} $(echo "$line" | sed -E 's/TwELL ([0-9.]*) ms.*D2T ([0-9.]*) ms/\1 \2/')"
+  done | sort | awk '
+    function med(s,   a, n, i, j, t) {
+      n = split(s, a, " ")
+      for (i = 2; i <= n; i++) { t = a[i] + 0; for (j = i - 1; j >= 1 && a[j] + 0 > t; j--) a[j + 1] = a[j]; a[j + 1] = t }
+      return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
+    }
+    { k = $1 " " $2; tw[k] = tw[k] " " $3; d2t[k] = d2t[k] " " $4; if (!(k in seen)) { seen[k] = 1; order[++n] = k } }
+    END { for (i = 1; i <= n; i++) { k = order[i]; split(k, f, " "); printf "  %-28s %-16s %.4f  %.4f\n", f[1], f[2], med(tw[k]), med(d2t[k]) } }'
+  if ls "$1"/ffn-*.json > /dev/null 2>&1; then "$tw" bench plot -o "$1/ab-builds.png" "$1"/ffn-*.json; fi
 }
 # stopped RC: whether exit status RC is timeout's (the command ran past its limit).
 stopped() { [ "$1" -eq 124 ] || [ "$1" -eq 137 ]; }
@@ -217,13 +250,7 @@ ab-builds)
       done
     done
   done
-  # One line per run: the medians of the dense path, the TwELL path (its
-  # D2T) and the automatic path.
-  for f in "$out"/ffn-*.txt; do
-    line=$(grep -m1 ': dense .* ms, TwELL' "$f" | sed -e 's/ *rel err.*//' -e 's/^ *//')
-    [ -n "$line" ] || line=$(grep -m1 -o 'stopped after .*' "$f")
-    printf '%-52s %s\n' "$(basename "$f" .txt)" "${line:-no result}"
-  done
+  ab_summary "$out" || status=1
   ;;
 ab-decode)
   # The preset is built and calibrated once, saved outside OUTDIR (3 GB)
