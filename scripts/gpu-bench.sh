@@ -84,7 +84,10 @@
 #                                       NVRTC (TestCompileWGMMAPTX, TWELL_CUBIN_DUMP), each
 #                                       disassembled (cuobjdump --dump-sass) into OUTDIR/NAME.sass
 #                                       with its opcodes counted in OUTDIR/NAME.opcodes (count,
-#                                       opcode, most first); compiles only, no kernel runs
+#                                       opcode, most first); compiles only, no kernel runs, so
+#                                       it also runs off the GPU machine with TWELL_CUDA_LIB_DIR
+#                                       and a cuobjdump on PATH (Debian trixie's
+#                                       nvidia-cuda-toolkit package holds one)
 #   scripts/gpu-bench.sh host-mem OUTDIR  host memory of `twell generate -device cuda` on the
 #                                       sparselm-1.5b preset saved as a bf16 checkpoint (with the
 #                                       sample tokenizer): peak RSS by /usr/bin/time -v, and the
