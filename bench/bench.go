@@ -88,6 +88,9 @@ type Row struct {
 	Switches map[string]string `json:"switches,omitempty"`
 }
 
+// rowSchema returns the row's schema (for readRows).
+func (r Row) rowSchema() string { return r.Schema }
+
 // newRow returns the start of a row of schema measured now on device of
 // machine.
 func newRow(schema, device, machine string) Row {

@@ -9,19 +9,7 @@ import (
 // least one row of schema FFNSchema (fields other than FFNResult's are
 // ignored).
 func ReadFFNResults(data []byte) ([]FFNResult, error) {
-	var rs []FFNResult
-	if err := json.Unmarshal(data, &rs); err != nil {
-		return nil, fmt.Errorf("not a bench ffn JSON array: %w", err)
-	}
-	if len(rs) == 0 {
-		return nil, fmt.Errorf("no rows")
-	}
-	for i, r := range rs {
-		if r.Schema != FFNSchema {
-			return nil, fmt.Errorf("row %d: schema %q, want %q", i, r.Schema, FFNSchema)
-		}
-	}
-	return rs, nil
+	return readRows[FFNResult](data, FFNSchema, "bench ffn")
 }
 
 // ResultSchema returns the schema of the first row of a JSON array of

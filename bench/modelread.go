@@ -21,19 +21,31 @@ func NameVariants(rs []ModelResult) {
 // at least one row of schema ModelSchema (CPU or GPU rows; fields other than
 // ModelResult's are ignored), with a path on every row.
 func ReadModelResults(data []byte) ([]ModelResult, error) {
-	var rs []ModelResult
+	rs, err := readRows[ModelResult](data, ModelSchema, "bench model")
+	if err != nil {
+		return nil, err
+	}
+	for i, r := range rs {
+		if r.Path == "" {
+			return nil, fmt.Errorf("row %d: no path", i)
+		}
+	}
+	return rs, nil
+}
+
+// readRows decodes a JSON array of at least one result row of schema
+// (what names the command that writes it, for the errors).
+func readRows[T interface{ rowSchema() string }](data []byte, schema, what string) ([]T, error) {
+	var rs []T
 	if err := json.Unmarshal(data, &rs); err != nil {
-		return nil, fmt.Errorf("not a bench model JSON array: %w", err)
+		return nil, fmt.Errorf("not a %s JSON array: %w", what, err)
 	}
 	if len(rs) == 0 {
 		return nil, fmt.Errorf("no rows")
 	}
 	for i, r := range rs {
-		if r.Schema != ModelSchema {
-			return nil, fmt.Errorf("row %d: schema %q, want %q", i, r.Schema, ModelSchema)
-		}
-		if r.Path == "" {
-			return nil, fmt.Errorf("row %d: no path", i)
+		if got := r.rowSchema(); got != schema {
+			return nil, fmt.Errorf("row %d: schema %q, want %q", i, got, schema)
 		}
 	}
 	return rs, nil

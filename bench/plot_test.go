@@ -51,6 +51,19 @@ func checkPNG(t *testing.T, path string) {
 	}
 }
 
+// drawCases draws each case's results with plot into a figure named
+// prefix + the case's name and checks that it is a PNG of a sensible size.
+func drawCases[T any](t *testing.T, seed uint64, prefix string, cases map[string]func() []T, plot func([]T, string) error) {
+	t.Helper()
+	for name, mk := range cases {
+		path := figurePath(t, prefix+name+".png")
+		if err := plot(mk(), path); err != nil {
+			t.Fatalf("seed %d: %s: %v", seed, name, err)
+		}
+		checkPNG(t, path)
+	}
+}
+
 var testRow = Row{Device: "cpu", Machine: "2-core test VM", Date: "2026-12-03"}
 
 func modelResults(r *rand.Rand, batches []int) []ModelResult {
@@ -142,13 +155,7 @@ func TestPlotModelEdgeCases(t *testing.T) {
 			return rs
 		},
 	}
-	for name, mk := range cases {
-		path := figurePath(t, "model-"+name+".png")
-		if err := PlotModel(mk(), path); err != nil {
-			t.Fatalf("seed %d: %s: %v", seed, name, err)
-		}
-		checkPNG(t, path)
-	}
+	drawCases(t, seed, "model-", cases, PlotModel)
 	if err := PlotModel(nil, filepath.Join(t.TempDir(), "x.png")); err == nil {
 		t.Error("no results: no error")
 	}
@@ -188,13 +195,7 @@ func TestPlotFFNEdgeCases(t *testing.T) {
 		"zero speedup":   func() []FFNResult { rs := ffnResults(r, []float64{0.01, 0.1}); rs[0].Speedup = 0; return rs },
 		"nothing usable": func() []FFNResult { return ffnResults(r, []float64{-1}) },
 	}
-	for name, mk := range cases {
-		path := figurePath(t, "ffn-"+name+".png")
-		if err := PlotFFN(mk(), path); err != nil {
-			t.Fatalf("seed %d: %s: %v", seed, name, err)
-		}
-		checkPNG(t, path)
-	}
+	drawCases(t, seed, "ffn-", cases, PlotFFN)
 }
 
 // ffnRuns returns the rows of an A/B of builds as bench ffn writes them:
@@ -265,13 +266,7 @@ func TestPlotFFNRuns(t *testing.T) {
 			return rs
 		},
 	}
-	for name, mk := range cases {
-		path := figurePath(t, "ffn-runs-"+name+".png")
-		if err := PlotFFNRuns(mk(), path); err != nil {
-			t.Fatalf("seed %d: %s: %v", seed, name, err)
-		}
-		checkPNG(t, path)
-	}
+	drawCases(t, seed, "ffn-runs-", cases, PlotFFNRuns)
 	if err := PlotFFNRuns(nil, figurePath(t, "ffn-runs-none.png")); err == nil {
 		t.Error("no rows: no error")
 	}
@@ -363,13 +358,7 @@ func TestPlotTrainMLPEdgeCases(t *testing.T) {
 		"infinite":     func() []TrainMLPResult { rs := mk(0.01, 0.1); rs[0].AutoSpeedup = math.Inf(1); return rs },
 		"nothing":      func() []TrainMLPResult { return mk(-1) },
 	}
-	for name, f := range cases {
-		path := figurePath(t, "train-mlp-"+name+".png")
-		if err := PlotTrainMLP(f(), path); err != nil {
-			t.Fatalf("seed %d: %s: %v", seed, name, err)
-		}
-		checkPNG(t, path)
-	}
+	drawCases(t, seed, "train-mlp-", cases, PlotTrainMLP)
 	if err := PlotTrainMLP(nil, figurePath(t, "train-mlp-empty.png")); err == nil {
 		t.Error("no results: no error")
 	}
@@ -414,13 +403,7 @@ func TestPlotTrainStepEdgeCases(t *testing.T) {
 			return rs
 		},
 	}
-	for name, f := range cases {
-		path := figurePath(t, "train-step-"+name+".png")
-		if err := PlotTrainStep(f(), path); err != nil {
-			t.Fatalf("seed %d: %s: %v", seed, name, err)
-		}
-		checkPNG(t, path)
-	}
+	drawCases(t, seed, "train-step-", cases, PlotTrainStep)
 	if err := PlotTrainStep(nil, figurePath(t, "train-step-empty.png")); err == nil {
 		t.Error("no results: no error")
 	}
