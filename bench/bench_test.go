@@ -117,6 +117,9 @@ func TestFFNPowerSummary(t *testing.T) {
 			"power dense / TwELL / auto: 672 / 701 / 699 W (limit 700 W), SM clock 1500 / 1710 / 1695 of 1980 MHz, power cap in 100 / 100 / 50% of samples"},
 		{FFNResult{DenseWatts: 300, TwELLWatts: 280, AutoWatts: 281, DenseSMClockMHz: 1980, TwELLSMClockMHz: 1980, AutoSMClockMHz: 1980, TwELLPowerCapped: &half},
 			"power dense / TwELL / auto: 300 / 280 / 281 W, SM clock 1980 / 1980 / 1980 MHz, power cap in - / 50 / -% of samples"},
+		{FFNResult{DenseWatts: 690, TwELLWatts: 700, AutoWatts: 699, DenseSMClockMHz: 1500, TwELLSMClockMHz: 1700, AutoSMClockMHz: 1695,
+			D2TWatts: 698.6, D2TSMClockMHz: 1620, D2TPowerCapped: &full},
+			"power dense / TwELL / auto: 690 / 700 / 699 W, SM clock 1500 / 1700 / 1695 MHz; D2T alone 699 W at 1620 MHz, power cap in 100% of samples"},
 	} {
 		if got := c.r.powerSummary(); got != c.want {
 			t.Errorf("powerSummary() = %q, want %q", got, c.want)

@@ -191,7 +191,14 @@ type FFNResult struct {
 	AutoPowerCapped  *float64 `json:"auto_power_capped,omitempty"`
 	PowerLimitWatts  float64  `json:"power_limit_watts,omitempty"`
 	MaxSMClockMHz    int      `json:"max_sm_clock_mhz,omitempty"`
-	InputBuffers     int      `json:"input_buffers,omitempty"` // rotated x batches
+	// The same for the D2T kernel alone under the row's settings: whether
+	// the gate GEMM with its packing epilogue is itself held to the power
+	// limit, and at what clock.
+	D2TMJPerToken  float64  `json:"d2t_mj_per_token,omitempty"`
+	D2TWatts       float64  `json:"d2t_watts,omitempty"`
+	D2TSMClockMHz  int      `json:"d2t_sm_clock_mhz,omitempty"`
+	D2TPowerCapped *float64 `json:"d2t_power_capped,omitempty"`
+	InputBuffers   int      `json:"input_buffers,omitempty"` // rotated x batches
 	// HotUnits is how many units MLP.Calibrate chose to compute densely (on
 	// a batch of its own, before the timings, when some row's settings turn
 	// them on; the rows whose settings leave them off run every unit

@@ -268,7 +268,7 @@ func (r FFNResult) autoDesc() string {
 // 672 / 701 / 699 W, SM clock 1500 / 1710 / 1695 of 1980 MHz, power cap in
 // 100 / 100 / 100% of samples", or "" without power figures.
 func (r FFNResult) powerSummary() string {
-	if r.DenseWatts == 0 && r.TwELLWatts == 0 && r.AutoWatts == 0 {
+	if r.DenseWatts == 0 && r.TwELLWatts == 0 && r.AutoWatts == 0 && r.D2TWatts == 0 {
 		return ""
 	}
 	s := fmt.Sprintf("power dense / TwELL / auto: %.0f / %.0f / %.0f W", r.DenseWatts, r.TwELLWatts, r.AutoWatts)
@@ -288,6 +288,9 @@ func (r FFNResult) powerSummary() string {
 	}
 	if r.DensePowerCapped != nil || r.TwELLPowerCapped != nil || r.AutoPowerCapped != nil {
 		s += fmt.Sprintf(", power cap in %s / %s / %s%% of samples", share(r.DensePowerCapped), share(r.TwELLPowerCapped), share(r.AutoPowerCapped))
+	}
+	if r.D2TWatts > 0 {
+		s += fmt.Sprintf("; D2T alone %.0f W at %d MHz, power cap in %s%% of samples", r.D2TWatts, r.D2TSMClockMHz, share(r.D2TPowerCapped))
 	}
 	return s
 }
@@ -440,6 +443,10 @@ func ffnCase(o FFNOptions, density float64, l *gpu.MLP, sl *synth.Layer, e ffnEn
 			return nil, err
 		}
 		r.TwELLMJPerToken, r.TwELLWatts, r.TwELLSMClockMHz, r.TwELLPowerCapped = mj, ew.watts, ew.clock, ew.capped
+		if mj, ew, err = e.energy(d2t[i], r.D2TMS); err != nil {
+			return nil, err
+		}
+		r.D2TMJPerToken, r.D2TWatts, r.D2TSMClockMHz, r.D2TPowerCapped = mj, ew.watts, ew.clock, ew.capped
 		if o.TraceSteps > 0 && traceErr == "" {
 			if denseTrace == nil { // the first row holds the dense path's section of the Chrome trace
 				if denseTrace, r.Traces, traceErr, err = traceOne(e, o, density, "dense", dense); err != nil {

@@ -79,7 +79,12 @@ type gemmResult struct {
 	MaxAbsErrRel  float64 `json:"max_abs_err_rel"` // max |c − ref| / rms(ref)
 	JoulesPerGemm float64 `json:"joules_per_gemm,omitempty"`
 	AvgWatts      float64 `json:"avg_watts,omitempty"`
-	EnergyNote    string  `json:"energy_note,omitempty"`
+	// SMClockMHz is the median SM clock sampled every 10 ms through the
+	// energy window, PowerCapped the share of those samples in which the
+	// driver held the clocks down to keep within the power limit.
+	SMClockMHz  int      `json:"sm_clock_mhz,omitempty"`
+	PowerCapped *float64 `json:"power_capped,omitempty"`
+	EnergyNote  string   `json:"energy_note,omitempty"`
 	// Tuning is the tuned backend's choice: every algorithm cuBLASLt's
 	// heuristic offered, timed, and the one kept.
 	Tuning *cublas.Tuning `json:"tuning,omitempty"`
@@ -223,13 +228,19 @@ func runBenchGemm(args []string, stdout, stderr io.Writer) error {
 
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintf(stdout, "%s (%s, %d SMs), driver %s, cuBLAS %s\n", p.Name, p.Arch, p.SMs, orNone(rep.Driver), orNone(cbv))
-	fmt.Fprintln(tw, "M\tN\tK\tbackend\tmedian ms\tTFLOP/s\tmean TFLOP/s\trel err\tJ/GEMM\tW\t")
+	fmt.Fprintln(tw, "M\tN\tK\tbackend\tmedian ms\tTFLOP/s\tmean TFLOP/s\trel err\tJ/GEMM\tW\tSM MHz\tcapped\t")
 	for _, r := range rep.Results {
-		j, w := "-", "-"
+		j, w, clk, capped := "-", "-", "-", "-"
 		if r.JoulesPerGemm > 0 {
 			j, w = fmt.Sprintf("%.3f", r.JoulesPerGemm), fmt.Sprintf("%.0f", r.AvgWatts)
 		}
-		fmt.Fprintf(tw, "%d\t%d\t%d\t%s\t%.3f\t%.1f\t%.1f\t%.1e\t%s\t%s\t\n", r.M, r.N, r.K, r.Backend, r.MedianMS, r.TFLOPSMedian, r.TFLOPSMean, r.RelErr, j, w)
+		if r.SMClockMHz > 0 {
+			clk = strconv.Itoa(r.SMClockMHz)
+		}
+		if r.PowerCapped != nil {
+			capped = fmt.Sprintf("%.0f%%", 100**r.PowerCapped)
+		}
+		fmt.Fprintf(tw, "%d\t%d\t%d\t%s\t%.3f\t%.1f\t%.1f\t%.1e\t%s\t%s\t%s\t%s\t\n", r.M, r.N, r.K, r.Backend, r.MedianMS, r.TFLOPSMedian, r.TFLOPSMean, r.RelErr, j, w, clk, capped)
 	}
 	tw.Flush()
 	if *jsonPath != "" {
@@ -419,14 +430,20 @@ func benchGemmSize(dev *cuda.Device, sz gemmSize, transB bool, bks []gemmBackend
 			n := max(1, int(energy.Seconds()/median))
 			mt, err := meter.StartMeter()
 			if err == nil {
+				stop := meter.Sample(10 * time.Millisecond)
 				for i := 0; i < n && err == nil; i++ {
 					err = run(i)
 				}
 				if err == nil {
 					err = dev.Synchronize()
 				}
+				smp := stop()
 				if err != nil {
 					return out, err
+				}
+				r.SMClockMHz = smp.MedianSMClock
+				if smp.PowerCapped >= 0 {
+					r.PowerCapped = &smp.PowerCapped
 				}
 				if j, dt, err := mt.Stop(); err == nil && j > 0 {
 					r.JoulesPerGemm = j / float64(n)
