@@ -66,7 +66,7 @@
 #include "common.cuh"
 #include "wgmma.cuh"
 
-#define WG_WAIT 1    // wgmma groups in flight across k steps
+#define WG_WAIT 0    // wgmma groups in flight across k steps
 #define WG_GROUP 16  // M-tile pairs that sweep the N tiles together (4: 1.5% slower mainloop on an H200)
 
 #define WG_BK 64
@@ -182,8 +182,12 @@ __device__ __forceinline__ void mainloop(float (&acc)[128], u32 sA, u32 sB, u32 
     asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
     asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(WG_WAIT) : "memory");
     fence_acc(acc);
+#if WG_WAIT == 0
+    release_stage(bars + 8u * (STAGES + s), tid);  // this step's wgmmas are done
+#else
     if (prev >= 0) release_stage(bars + 8u * (STAGES + prev), tid);
     prev = s;
+#endif
     if (++s == STAGES) {
       s = 0;
       phase ^= 1u;
