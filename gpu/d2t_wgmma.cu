@@ -444,7 +444,6 @@ __global__ void __launch_bounds__(384, 1)
           fired += store_hot<false>(acc, hot_h + h * 256, n_hot, row0, lane & 3, m_valid);
         continue;
       }
-      mbar_wait(tile_empty, tphase ^ 1u);  // the packers are done with the tile before
       u64 mk[2] = {0ull, 0ull};
 #pragma unroll
       for (int i = 0; i < 32; ++i)
@@ -453,6 +452,9 @@ __global__ void __launch_bounds__(384, 1)
 #pragma unroll
           for (int e = 0; e < 2; ++e)
             if (!(acc[4 * i + 2 * h + e] <= 0.f)) mk[h] |= 1ull << (2 * i + e);  // > 0, or NaN
+      // The masks live in registers: only their stores wait for the packers
+      // to be done with the tile before.
+      mbar_wait(tile_empty, tphase ^ 1u);
 #pragma unroll
       for (int i = 0; i < 32; ++i) {
 #pragma unroll
