@@ -342,7 +342,7 @@ func PlotFFNRuns(results []FFNResult, path string) error {
 		gated   bool
 	}
 	var shapes []shape
-	d2t := map[shape]bool{}
+	d2t, energy, d2tEnergy := map[shape]bool{}, map[shape]bool{}, map[shape]bool{}
 	for i, r := range results {
 		name := FFNBuildName(r, results[0].Switches)
 		g, ok := at[name]
@@ -358,6 +358,8 @@ func PlotFFNRuns(results []FFNResult, path string) error {
 			shapes = append(shapes, sh)
 		}
 		d2t[sh] = d2t[sh] || r.D2TMS > 0
+		energy[sh] = energy[sh] || r.TwELLMJPerToken > 0
+		d2tEnergy[sh] = d2tEnergy[sh] || r.D2TMJPerToken > 0
 	}
 	var metrics []rowMetric
 	for _, sh := range shapes {
@@ -377,6 +379,16 @@ func PlotFFNRuns(results []FFNResult, path string) error {
 		if d2t[sh] {
 			metrics = append(metrics, rowMetric{"D2T, " + title, "D2T kernel (ms, median of its reps)", "D2T ms at " + title,
 				of(func(r FFNResult) float64 { return r.D2TMS })})
+		}
+		// Energy where NVML could be read: at large m the block runs at
+		// the power limit, where energy, not waiting, sets its time.
+		if energy[sh] {
+			metrics = append(metrics, rowMetric{"MLP block energy, " + title, "TwELL path (mJ a token, NVML)", "TwELL mJ/token at " + title,
+				of(func(r FFNResult) float64 { return r.TwELLMJPerToken })})
+		}
+		if d2tEnergy[sh] {
+			metrics = append(metrics, rowMetric{"D2T energy, " + title, "D2T kernel (mJ a token, NVML)", "D2T mJ/token at " + title,
+				of(func(r FFNResult) float64 { return r.D2TMJPerToken })})
 		}
 	}
 	r0 := results[0]

@@ -224,7 +224,7 @@ func ffnRuns(r *rand.Rand, rounds int) []FFNResult {
 }
 
 // TestPlotFFNRuns: an A/B of builds is drawn a panel per shape and
-// measure, its rows grouped by build; zero, negative, NaN and infinite
+// measure (energy too where NVML was read), its rows grouped by build; zero, negative, NaN and infinite
 // times, rows without a D2T time and rows of an unknown build are drawn or
 // left out with a note, never a panic.
 func TestPlotFFNRuns(t *testing.T) {
@@ -249,6 +249,14 @@ func TestPlotFFNRuns(t *testing.T) {
 		"bad times": func() []FFNResult {
 			rs := ffnRuns(r, 2)
 			rs[0].TwELLMS, rs[1].TwELLMS, rs[2].D2TMS, rs[3].TwELLMS = math.NaN(), math.Inf(1), -1, 0
+			return rs
+		},
+		"energy": func() []FFNResult {
+			rs := ffnRuns(r, 2)
+			for i := range rs {
+				rs[i].TwELLMJPerToken, rs[i].D2TMJPerToken = 0.03+0.02*r.Float64(), 0.02+0.01*r.Float64()
+			}
+			rs[1].D2TMJPerToken = 0 // not read in one run
 			return rs
 		},
 		"no D2T, no commit": func() []FFNResult {
