@@ -224,9 +224,10 @@ func ffnRuns(r *rand.Rand, rounds int) []FFNResult {
 }
 
 // TestPlotFFNRuns: an A/B of builds is drawn a panel per shape and
-// measure (energy too where NVML was read), its rows grouped by build; zero, negative, NaN and infinite
-// times, rows without a D2T time and rows of an unknown build are drawn or
-// left out with a note, never a panic.
+// measure (energy too where NVML was read), its rows grouped by build;
+// zero, negative, NaN and infinite times, rows without a D2T time or energy
+// and rows of an unknown build are drawn or left out with a note, never a
+// panic.
 func TestPlotFFNRuns(t *testing.T) {
 	r, seed := testutil.Rand(t)
 	rs := ffnRuns(r, 2)
