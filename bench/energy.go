@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"fmt"
 	"time"
 
 	"github.com/twell-ai/twell/cuda/nvml"
@@ -12,38 +13,43 @@ import (
 // prefill passes agree to a few percent.
 const minEnergyWindow = 2 * time.Second
 
-// energyWindow is what NVML saw over a piece of work: the joules it used
-// over its wall time and their mean power (ok: the counter was read), the
+// EnergyWindow is what NVML saw over a piece of work: the joules it used
+// over its wall time and their mean power (OK: the counter was read), the
 // median SM clock sampled every 10 ms, and the share of those samples in
-// which the power cap held the clocks down (nil where not readable).
-type energyWindow struct {
-	ok                     bool
-	joules, seconds, watts float64
-	clock                  int
-	capped                 *float64
+// which the power cap held the clocks down (nil where not readable). Note
+// says why the counter was not read, where it was not.
+type EnergyWindow struct {
+	OK                     bool
+	Joules, Seconds, Watts float64
+	SMClockMHz             int
+	PowerCapped            *float64
+	Note                   string
 }
 
-// measureEnergy runs work under meter's energy counter and clock sampling.
-// Without a readable counter it runs nothing and returns a window that is
-// not ok; the error is work's.
-func measureEnergy(meter *nvml.Device, work func() error) (energyWindow, error) {
+// MeasureEnergy runs work under meter's energy counter and clock sampling.
+// Without a counter to start it runs nothing and returns a window that is
+// not OK; the error is work's.
+func MeasureEnergy(meter *nvml.Device, work func() error) (EnergyWindow, error) {
 	mt, err := meter.StartMeter()
 	if err != nil {
-		return energyWindow{}, nil
+		return EnergyWindow{Note: err.Error()}, nil
 	}
 	stop := meter.Sample(10 * time.Millisecond)
 	err = work()
 	smp := stop()
 	if err != nil {
-		return energyWindow{}, err
+		return EnergyWindow{}, err
 	}
-	w := energyWindow{clock: smp.MedianSMClock}
+	w := EnergyWindow{SMClockMHz: smp.MedianSMClock}
 	if smp.PowerCapped >= 0 {
-		w.capped = &smp.PowerCapped
+		w.PowerCapped = &smp.PowerCapped
 	}
-	if j, el, err := mt.Stop(); err == nil {
-		w.ok, w.joules, w.seconds, w.watts = true, j, el.Seconds(), j/el.Seconds()
+	j, el, err := mt.Stop()
+	if err != nil {
+		w.Note = fmt.Sprintf("energy counter: %v (%.3f J)", err, j)
+		return w, nil
 	}
+	w.OK, w.Joules, w.Seconds, w.Watts = true, j, el.Seconds(), j/el.Seconds()
 	return w, nil
 }
 
@@ -51,12 +57,12 @@ func measureEnergy(meter *nvml.Device, work func() error) (energyWindow, error) 
 // and for at least minEnergyWindow by its time of ms a call, then sync, all
 // under meter, and returns millijoules per token (tokens a call) with the
 // window; 0 and a window that is not ok when the counter cannot be read.
-func energyPerToken(meter *nvml.Device, sync func() error, run func(i int) error, ms float64, reps, tokens int) (float64, energyWindow, error) {
+func energyPerToken(meter *nvml.Device, sync func() error, run func(i int) error, ms float64, reps, tokens int) (float64, EnergyWindow, error) {
 	n := max(reps, int(float64(minEnergyWindow.Milliseconds())/max(ms, 1e-3))+1)
 	if err := sync(); err != nil {
-		return 0, energyWindow{}, err
+		return 0, EnergyWindow{}, err
 	}
-	w, err := measureEnergy(meter, func() error {
+	w, err := MeasureEnergy(meter, func() error {
 		for i := range n {
 			if err := run(i); err != nil {
 				return err
@@ -64,8 +70,8 @@ func energyPerToken(meter *nvml.Device, sync func() error, run func(i int) error
 		}
 		return sync()
 	})
-	if err != nil || !w.ok {
+	if err != nil || !w.OK {
 		return 0, w, err
 	}
-	return 1000 * w.joules / float64(n*tokens), w, nil
+	return 1000 * w.Joules / float64(n*tokens), w, nil
 }

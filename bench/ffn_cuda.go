@@ -143,9 +143,9 @@ func FFNCUDA(o FFNOptions, progress func(string)) ([]FFNResult, error) {
 	// energy returns millijoules per token over back-to-back calls lasting
 	// at least minEnergyWindow, and the window's power and clocks (zero
 	// without NVML).
-	energy := func(run func(x *cuda.Buffer) error, ms float64) (float64, energyWindow, error) {
+	energy := func(run func(x *cuda.Buffer) error, ms float64) (float64, EnergyWindow, error) {
 		if meter == nil || ms <= 0 {
-			return 0, energyWindow{}, nil
+			return 0, EnergyWindow{}, nil
 		}
 		return energyPerToken(meter, dev.Synchronize, func(i int) error { return run(xs[i%nbuf]) }, ms, o.Reps, o.M)
 	}
@@ -315,7 +315,7 @@ type ffnEnv struct {
 	base     gpu.Options  // the environment's settings: dense and auto run with them
 	variants []ffnVariant // the TwELL path's settings, a result row each
 	timeMS   func(...func(*cuda.Buffer) error) ([]float64, error)
-	energy   func(func(*cuda.Buffer) error, float64) (float64, energyWindow, error)
+	energy   func(func(*cuda.Buffer) error, float64) (float64, EnergyWindow, error)
 	check    func(func(*cuda.Buffer) error, [][]float64) (float64, error)
 	trace    func(string, func(*cuda.Buffer) error) (TraceSummary, TraceSection, error)
 	say      func(string, ...any)
@@ -404,11 +404,11 @@ func ffnCase(o FFNOptions, density float64, l *gpu.MLP, sl *synth.Layer, e ffnEn
 	if err != nil {
 		return nil, err
 	}
-	res.DenseMJPerToken, res.DenseWatts, res.DenseSMClockMHz, res.DensePowerCapped = mj, ew.watts, ew.clock, ew.capped
+	res.DenseMJPerToken, res.DenseWatts, res.DenseSMClockMHz, res.DensePowerCapped = mj, ew.Watts, ew.SMClockMHz, ew.PowerCapped
 	if mj, ew, err = e.energy(auto, res.AutoMS); err != nil {
 		return nil, err
 	}
-	res.AutoMJPerToken, res.AutoWatts, res.AutoSMClockMHz, res.AutoPowerCapped = mj, ew.watts, ew.clock, ew.capped
+	res.AutoMJPerToken, res.AutoWatts, res.AutoSMClockMHz, res.AutoPowerCapped = mj, ew.Watts, ew.SMClockMHz, ew.PowerCapped
 	if e.meter != nil {
 		res.PowerLimitWatts, _ = e.meter.PowerLimit()
 		res.MaxSMClockMHz, _ = e.meter.MaxSMClock()
@@ -442,11 +442,11 @@ func ffnCase(o FFNOptions, density float64, l *gpu.MLP, sl *synth.Layer, e ffnEn
 		if err != nil {
 			return nil, err
 		}
-		r.TwELLMJPerToken, r.TwELLWatts, r.TwELLSMClockMHz, r.TwELLPowerCapped = mj, ew.watts, ew.clock, ew.capped
+		r.TwELLMJPerToken, r.TwELLWatts, r.TwELLSMClockMHz, r.TwELLPowerCapped = mj, ew.Watts, ew.SMClockMHz, ew.PowerCapped
 		if mj, ew, err = e.energy(d2t[i], r.D2TMS); err != nil {
 			return nil, err
 		}
-		r.D2TMJPerToken, r.D2TWatts, r.D2TSMClockMHz, r.D2TPowerCapped = mj, ew.watts, ew.clock, ew.capped
+		r.D2TMJPerToken, r.D2TWatts, r.D2TSMClockMHz, r.D2TPowerCapped = mj, ew.Watts, ew.SMClockMHz, ew.PowerCapped
 		if o.TraceSteps > 0 && traceErr == "" {
 			if denseTrace == nil { // the first row holds the dense path's section of the Chrome trace
 				if denseTrace, r.Traces, traceErr, err = traceOne(e, o, density, "dense", dense); err != nil {

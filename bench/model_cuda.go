@@ -262,7 +262,7 @@ func ModelCUDA(o ModelOptions, progress func(string)) ([]ModelCUDAResult, error)
 		}
 		if nvErr == nil {
 			n := 0
-			w, err := measureEnergy(meter, func() error {
+			w, err := MeasureEnergy(meter, func() error {
 				for t0 := time.Now(); n < o.Reps || time.Since(t0) < minEnergyWindow; n++ {
 					if err := prefill(); err != nil {
 						return err
@@ -273,11 +273,11 @@ func ModelCUDA(o ModelOptions, progress func(string)) ([]ModelCUDAResult, error)
 			if err != nil {
 				return nil, nil, err
 			}
-			if w.ok {
-				v := w.joules / float64(n*res.PrefillTokens)
-				res.JoulesPerToken, res.EnergySeconds, res.PrefillWatts = &v, w.seconds, w.watts
+			if w.OK {
+				v := w.Joules / float64(n*res.PrefillTokens)
+				res.JoulesPerToken, res.EnergySeconds, res.PrefillWatts = &v, w.Seconds, w.Watts
 			}
-			res.PrefillSMClockMHz, res.PrefillPowerCapped = w.clock, w.capped
+			res.PrefillSMClockMHz, res.PrefillPowerCapped = w.SMClockMHz, w.PowerCapped
 			res.PowerLimitWatts, _ = meter.PowerLimit()
 			res.MaxSMClockMHz, _ = meter.MaxSMClock()
 		}

@@ -428,31 +428,26 @@ func benchGemmSize(dev *cuda.Device, sz gemmSize, transB bool, bks []gemmBackend
 
 		if meter != nil && energy > 0 {
 			n := max(1, int(energy.Seconds()/median))
-			mt, err := meter.StartMeter()
-			if err == nil {
-				stop := meter.Sample(10 * time.Millisecond)
-				for i := 0; i < n && err == nil; i++ {
-					err = run(i)
+			w, err := bench.MeasureEnergy(meter, func() error {
+				for i := range n {
+					if err := run(i); err != nil {
+						return err
+					}
 				}
-				if err == nil {
-					err = dev.Synchronize()
-				}
-				smp := stop()
-				if err != nil {
-					return out, err
-				}
-				r.SMClockMHz = smp.MedianSMClock
-				if smp.PowerCapped >= 0 {
-					r.PowerCapped = &smp.PowerCapped
-				}
-				if j, dt, err := mt.Stop(); err == nil && j > 0 {
-					r.JoulesPerGemm = j / float64(n)
-					r.AvgWatts = j / dt.Seconds()
-				} else {
-					r.EnergyNote = fmt.Sprintf("energy counter: %v (%.3f J)", err, j)
-				}
-			} else {
-				r.EnergyNote = err.Error()
+				return dev.Synchronize()
+			})
+			if err != nil {
+				return out, err
+			}
+			r.SMClockMHz, r.PowerCapped = w.SMClockMHz, w.PowerCapped
+			switch {
+			case w.OK && w.Joules > 0:
+				r.JoulesPerGemm = w.Joules / float64(n)
+				r.AvgWatts = w.Watts
+			case w.OK:
+				r.EnergyNote = fmt.Sprintf("energy counter: %v (%.3f J)", error(nil), w.Joules)
+			default:
+				r.EnergyNote = w.Note
 			}
 		}
 		fmt.Fprintf(log, "  %dx%dx%d %s: median %.3f ms, %.1f TFLOP/s, rel err %.1e over %d samples\n",
