@@ -217,6 +217,13 @@ type DecodePoint struct {
 	Context      int     `json:"context"` // tokens cached per sequence before the timed steps
 	TokensPerSec float64 `json:"tokens_per_s"`
 	MSPerStep    float64 `json:"ms_per_step"`
+	// GreedyTokensPerSec and GreedyMSPerStep time as many steps from the
+	// same context run by a greedy engine.Decoder (GPU only): the picks
+	// made on the device and each step queued before the host has the
+	// picks of the one before, where TokensPerSec's steps copy their
+	// logits back and wait for the host.
+	GreedyTokensPerSec float64 `json:"greedy_tokens_per_s,omitempty"`
+	GreedyMSPerStep    float64 `json:"greedy_ms_per_step,omitempty"`
 	// GraphSteps is how many of the decode steps run (warm-up included)
 	// replayed a CUDA graph (GPU only; see gpu/llm).
 	GraphSteps int `json:"graph_steps,omitempty"`

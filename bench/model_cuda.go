@@ -439,7 +439,7 @@ func decodeSpeedCUDA(e *llm.Engine, r *rand.Rand, batch int, o ModelOptions, pat
 		defer caches[i].Free()
 	}
 	toks := make([][]int, batch)
-	times := make([]float64, 0, reps)
+	times, greedy := make([]float64, 0, reps), make([]float64, 0, reps)
 	graphs0, records0 := e.GraphReplays(), e.GraphRecords()
 	// A serving loop samples each step's logits and drops them: reuse one
 	// page-locked buffer rather than allocating batch x vocabulary floats
@@ -478,13 +478,19 @@ func decodeSpeedCUDA(e *llm.Engine, r *rand.Rand, batch int, o ModelOptions, pat
 		if err != nil {
 			return DecodePoint{}, TraceSection{}, err
 		}
+		gms, err := greedySteps(e, caches, r, ctx, steps, timed)
+		if err != nil {
+			return DecodePoint{}, TraceSection{}, fmt.Errorf("greedy decoder: %w", err)
+		}
 		sample()
 		if rep >= 0 {
 			times = append(times, ms)
+			greedy = append(greedy, gms)
 		}
 	}
-	med := Median(times)
+	med, gmed := Median(times), Median(greedy)
 	pt := DecodePoint{Batch: batch, Context: ctx, TokensPerSec: float64(batch*steps) / med * 1000, MSPerStep: med / float64(steps),
+		GreedyTokensPerSec: float64(batch*steps) / gmed * 1000, GreedyMSPerStep: gmed / float64(steps),
 		GraphSteps: e.GraphReplays() - graphs0, Steps: (reps + 1) * steps, GraphRecords: e.GraphRecords() - records0,
 		SparseLayers: sparse}
 	if batch == 1 && e.GEMVTimeline() {
@@ -539,6 +545,39 @@ func decodeSpeedCUDA(e *llm.Engine, r *rand.Rand, batch int, o ModelOptions, pat
 	}
 	pt.StepMS = st.StepMS
 	return pt, sec, nil
+}
+
+// greedySteps times steps greedy decode steps from ctx cached tokens in
+// caches (truncated to ctx first), run by an engine.Decoder that keeps the
+// next step queued: random first tokens, then each step's picks.
+func greedySteps(e *llm.Engine, caches []engine.Cache, r *rand.Rand, ctx, steps int, timed func(func() error) (float64, error)) (float64, error) {
+	for _, c := range caches {
+		if err := c.Truncate(ctx); err != nil {
+			return 0, err
+		}
+	}
+	d, err := e.NewDecoder(caches, 0)
+	if err != nil {
+		return 0, err
+	}
+	first := randTokens(r, len(caches), e.Config().VocabSize)
+	ms, err := timed(func() error {
+		if err := d.Queue(first); err != nil {
+			return err
+		}
+		for s := range steps {
+			if s+1 < steps {
+				if err := d.Queue(nil); err != nil {
+					return err
+				}
+			}
+			if _, err := d.Next(); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	return ms, errors.Join(err, d.Close())
 }
 
 // allLogits runs tokens, one sequence, through e in a fresh cache and

@@ -121,6 +121,9 @@ func tableFile(w io.Writer, name string, b []byte) error {
 			fmt.Fprintf(w, "%s%s: model %s: prefill %.4g tokens/ms (%.2fx dense)", name, sw, r.Path, r.PrefillTokPerMS, r.Speedup)
 			for _, d := range r.Decode {
 				fmt.Fprintf(w, ", b%d@%d %.5g tokens/s", d.Batch, d.Context, d.TokensPerSec)
+				if d.GreedyTokensPerSec > 0 {
+					fmt.Fprintf(w, " (greedy decoder %.5g)", d.GreedyTokensPerSec)
+				}
 				if r.Path == "twell" && d.Steps > 0 {
 					fmt.Fprintf(w, " (%d sparse layers)", d.SparseLayers)
 				}
@@ -221,6 +224,9 @@ func modelRatios(w io.Writer, name string, models []ModelResult) {
 			for _, dp := range dense.Decode {
 				if dp.Batch == tp.Batch && dp.Context == tp.Context && dp.TokensPerSec > 0 {
 					fmt.Fprintf(w, " b%d@%d %.3fx", tp.Batch, tp.Context, tp.TokensPerSec/dp.TokensPerSec)
+					if dp.GreedyTokensPerSec > 0 {
+						fmt.Fprintf(w, " (greedy decoder %.3fx)", tp.GreedyTokensPerSec/dp.GreedyTokensPerSec)
+					}
 				}
 			}
 		}

@@ -138,3 +138,33 @@ func NewStats(tokens, layers int) *Stats {
 	}
 	return s
 }
+
+// GreedyDecoding is implemented by an engine that can make the greedy
+// picks of decode steps where it runs and queue a step before the host has
+// the picks of the one before, so that the device does not wait for the
+// host between steps (the GPU engine, package gpu/llm).
+type GreedyDecoding interface {
+	Engine
+	// NewDecoder returns a Decoder for the sequences whose caches are
+	// given, picking among the first vocab logits of each step (the whole
+	// vocabulary when vocab is 0).
+	NewDecoder(caches []Cache, vocab int) (Decoder, error)
+}
+
+// Decoder runs greedy decode steps of a fixed batch of sequences: each
+// step appends one token to every sequence and picks the next one, as
+// package sample's greedy mode does on the step's logits.
+type Decoder interface {
+	// Queue queues a step that appends tokens[i] to sequence i, or, with
+	// tokens nil, the token the previous queued step picked for it. It does
+	// not wait for the step; at most two steps may be queued whose picks
+	// Next has not returned.
+	Queue(tokens []int) error
+	// Next waits for the oldest queued step whose picks it has not
+	// returned and returns each sequence's pick. A sequence with no logit
+	// above -Inf is an error wrapping sample.ErrNoCandidate.
+	Next() ([]int, error)
+	// Close waits for the queued steps and frees what the decoder holds;
+	// the caches keep the tokens of every queued step.
+	Close() error
+}

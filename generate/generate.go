@@ -179,6 +179,20 @@ func (s *Sequence) Next(logits []float32) (Step, error) {
 	if err != nil {
 		return Step{}, err
 	}
+	return s.accept(tok)
+}
+
+// greedyOnDevice reports whether the sequence's picks are the greedy picks
+// an engine.Decoder makes: greedy sampling without a repetition penalty.
+func (s *Sequence) greedyOnDevice() bool {
+	return s.o.Sample.Temperature == 0 && s.o.Sample.RepetitionPenalty == 1
+}
+
+// accept takes tok as the sequence's next token (Next after its pick).
+func (s *Sequence) accept(tok int) (Step, error) {
+	if s.reason != NotDone {
+		return Step{}, fmt.Errorf("the sequence has ended (%v)", s.reason)
+	}
 	if s.eos[tok] {
 		if err := s.decodeNew(true); err != nil {
 			return Step{}, err
@@ -356,28 +370,86 @@ func Run(e engine.Engine, dec Decoder, prompt []int, o Options, emit func(text s
 	res.Prefill = time.Since(t0)
 	act.add(st)
 	t1 := time.Now()
-	for {
-		step, err := s.Next(logits[0])
-		if err != nil {
-			return nil, err
-		}
+	show := func(step Step) error {
 		if emit != nil && step.Text != "" {
-			if err := emit(step.Text); err != nil {
+			return emit(step.Text)
+		}
+		return nil
+	}
+	step, err := s.Next(logits[0])
+	if err != nil {
+		return nil, err
+	}
+	if err := show(step); err != nil {
+		return nil, err
+	}
+	if gd, ok := e.(engine.GreedyDecoding); ok && !step.Done && s.greedyOnDevice() {
+		err = s.decodeOnDevice(gd, cache, step.Token, show)
+	} else {
+		for !step.Done {
+			if logits, st, err = e.Forward([]engine.Cache{cache}, [][]int{{step.Token}}, false); err != nil {
+				return nil, err
+			}
+			act.add(st)
+			if step, err = s.Next(logits[0]); err != nil {
+				return nil, err
+			}
+			if err := show(step); err != nil {
 				return nil, err
 			}
 		}
-		if step.Done {
-			break
-		}
-		if logits, st, err = e.Forward([]engine.Cache{cache}, [][]int{{step.Token}}, false); err != nil {
-			return nil, err
-		}
-		act.add(st)
+	}
+	if err != nil {
+		return nil, err
 	}
 	res.Decode = time.Since(t1)
 	res.Tokens, res.Text, res.Reason = s.Tokens(), s.Text(), s.Reason()
 	res.MeanActive = act.mean()
 	return res, nil
+}
+
+// decodeOnDevice runs the sequence's decode steps, from its first generated
+// token tok on, through a Decoder of gd: the picks are made on the device
+// and the step that feeds a pick is queued before the host has it, unless
+// that pick is the last token (one step too many then runs at an end of
+// sequence or stop string, its token never read). show gets each step.
+func (s *Sequence) decodeOnDevice(gd engine.GreedyDecoding, cache engine.Cache, tok int, show func(Step) error) (err error) {
+	vocab := 0
+	if s.o.Vocab > 0 && s.o.Vocab < gd.Config().VocabSize {
+		vocab = s.o.Vocab
+	}
+	d, err := gd.NewDecoder([]engine.Cache{cache}, vocab)
+	if err != nil {
+		return err
+	}
+	defer func() { err = errors.Join(err, d.Close()) }()
+	if err := d.Queue([]int{tok}); err != nil {
+		return err
+	}
+	// fed counts the generated tokens queued; the last one (limit) is
+	// never fed.
+	for fed := 1; ; {
+		if fed < s.limit-1 {
+			if err := d.Queue(nil); err != nil {
+				return err
+			}
+			fed++
+		}
+		picks, err := d.Next()
+		if err != nil {
+			return err
+		}
+		step, err := s.accept(picks[0])
+		if err != nil {
+			return err
+		}
+		if err := show(step); err != nil {
+			return err
+		}
+		if step.Done {
+			return nil
+		}
+	}
 }
 
 // activeSum adds up the active MLP units of forward passes, per layer.

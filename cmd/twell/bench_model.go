@@ -275,6 +275,11 @@ func printModelTable(w io.Writer, rs []bench.ModelResult, peak []int64) {
 	for _, p := range rs[0].Decode {
 		fmt.Fprintf(tw, "decode b=%d tok/s\t", p.Batch)
 	}
+	if gpu {
+		for _, p := range rs[0].Decode {
+			fmt.Fprintf(tw, "greedy b=%d tok/s\t", p.Batch)
+		}
+	}
 	fmt.Fprint(tw, "MLP active/token\tmax |dlogit|\t")
 	if gpu {
 		fmt.Fprint(tw, "peak GiB\tmJ/token\t")
@@ -284,6 +289,11 @@ func printModelTable(w io.Writer, rs []bench.ModelResult, peak []int64) {
 		fmt.Fprintf(tw, "%s\t%d\t%.1f\t%.3f\t%.2fx\t", r.Path, r.PrefillTokens, r.PrefillMS, r.PrefillTokPerMS, r.Speedup)
 		for _, p := range r.Decode {
 			fmt.Fprintf(tw, "%.1f\t", p.TokensPerSec)
+		}
+		if gpu {
+			for _, p := range r.Decode {
+				fmt.Fprintf(tw, "%.1f\t", p.GreedyTokensPerSec)
+			}
 		}
 		act := "-"
 		if len(r.MLPActive) > 0 {

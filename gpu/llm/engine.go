@@ -140,6 +140,10 @@ type Engine struct {
 	hotErr   error // why a calibration failed (HotUnits)
 	replays  int   // decode steps replayed from graphs
 	records  int   // decode-step graphs recorded
+	// decoders are the open Decoders; inflight says that steps they
+	// queued may still run (settle).
+	decoders map[*Decoder]bool
+	inflight bool
 }
 
 // layer is one decoder layer's weights on the device.
@@ -416,8 +420,11 @@ func (e *Engine) Close() error {
 	if e.closed {
 		return nil
 	}
-	e.closed = true
 	var errs []error
+	for d := range e.decoders {
+		errs = append(errs, d.Close())
+	}
+	e.closed = true
 	free := func(bs ...*cuda.Buffer) {
 		for _, b := range bs {
 			if b != nil {

@@ -182,6 +182,10 @@ func (e *Engine) realloc(b *cuda.Buffer, n int) (*cuda.Buffer, error) {
 		return b, nil
 	}
 	if b != nil {
+		// A Decoder's steps may still read b.
+		if err := e.settle(); err != nil {
+			return nil, err
+		}
 		if err := b.Free(); err != nil {
 			return nil, err
 		}
@@ -321,6 +325,9 @@ func (e *Engine) Forward(ecaches []engine.Cache, tokens [][]int, allLogits bool)
 	if e.closed {
 		return nil, nil, errors.New("llm: engine was closed")
 	}
+	if err := e.settle(); err != nil {
+		return nil, nil, err
+	}
 	caches := make([]*cache, len(ecaches))
 	for i, c := range ecaches {
 		kc, ok := c.(*cache)
@@ -383,12 +390,19 @@ func (e *Engine) queue(b *batch) (*engine.Stats, error) {
 	if err := e.prepare(b); err != nil {
 		return nil, err
 	}
+	return e.decoderLayers(b, e.Profile)
+}
+
+// decoderLayers queues the embedding and decoder layers of b, whose
+// metadata is uploaded: from a CUDA graph for decode steps once every MLP's
+// path has settled, else kernel by kernel, profiled if profile is set.
+func (e *Engine) decoderLayers(b *batch, profile bool) (*engine.Stats, error) {
 	st := engine.NewStats(b.T, len(e.layers))
 	if ok, err := e.replay(b, st); ok || err != nil {
 		e.profOn = false
 		return st, err
 	}
-	e.profOn = e.Profile
+	e.profOn = profile
 	return st, e.layersQueue(b, st, nil)
 }
 
@@ -628,16 +642,34 @@ func (e *Engine) logitsOut(n int) ([]float32, error) {
 	return unsafe.Slice((*float32)(unsafe.Pointer(&e.hostLogits.Bytes()[0])), n), nil
 }
 
-// logits queues the final norm of the rows whose logits are wanted and the
-// LM head, in chunks of at most headChunk rows, and downloads them.
+// logits queues the head of b (headQueue) and the download of its logits.
 func (e *Engine) logits(b *batch) ([][]float32, error) {
-	c := e.cfg
-	h, V := c.HiddenSize, c.VocabSize
-	ws, s := &e.ws, e.stream
+	V := e.cfg.VocabSize
 	out, err := e.logitsOut(b.rows * V)
 	if err != nil {
 		return nil, err
 	}
+	err = e.headQueue(b, func(r0, rc int) error {
+		return e.dev.CopyDtoHAsync(cuda.Bytes(out[r0*V:(r0+rc)*V]), e.ws.logits, e.stream)
+	})
+	if err != nil {
+		return nil, err
+	}
+	rows := make([][]float32, b.rows)
+	for i := range rows {
+		rows[i] = out[i*V : (i+1)*V : (i+1)*V]
+	}
+	return rows, nil
+}
+
+// headQueue queues the final norm of the rows of b whose logits are wanted and
+// the LM head, in chunks of at most headChunk rows; after each chunk it
+// calls each(r0, rc) to queue what reads the chunk's rc rows of logits,
+// rows r0 onwards, from ws.logits before the next chunk overwrites them.
+func (e *Engine) headQueue(b *batch, each func(r0, rc int) error) error {
+	c := e.cfg
+	h, V := c.HiddenSize, c.VocabSize
+	ws, s := &e.ws, e.stream
 	resid := b.resid
 	if resid == nil {
 		resid = ws.resid
@@ -647,19 +679,14 @@ func (e *Engine) logits(b *batch) ([][]float32, error) {
 		rows := view(ws.meta, 4*(b.row+r0), 4*rc)
 		norm := normArgs{resid: resid, delta: b.delta, rows: rows, w: e.norm, out: ws.sel, n: rc, d: h, eps: float32(c.RMSNormEps), early: e.early()}
 		if err := norm.launch(e.k.addNorm, s); err != nil {
-			return nil, fmt.Errorf("llm: final norm: %w", err)
+			return fmt.Errorf("llm: final norm: %w", err)
 		}
 		if err := e.blas.Matmul(s, cublas.Gemm{M: rc, N: V, K: h, TransB: true, CType: cublas.F32}, ws.sel, e.head, ws.logits); err != nil {
-			return nil, fmt.Errorf("llm: LM head: %w", err)
+			return fmt.Errorf("llm: LM head: %w", err)
 		}
-		dst := out[r0*V : (r0+rc)*V]
-		if err := e.dev.CopyDtoHAsync(cuda.Bytes(dst), ws.logits, s); err != nil {
-			return nil, err
+		if err := each(r0, rc); err != nil {
+			return err
 		}
 	}
-	rows := make([][]float32, b.rows)
-	for i := range rows {
-		rows[i] = out[i*V : (i+1)*V : (i+1)*V]
-	}
-	return rows, nil
+	return nil
 }

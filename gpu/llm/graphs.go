@@ -52,6 +52,10 @@ func (e *Engine) replay(b *batch, st *engine.Stats) (bool, error) {
 	set := e.graphSettings()
 	if sg != nil && (sg.gen != e.gen || sg.epoch != e.mlpEpoch() || !slices.Equal(sg.paths, paths) || sg.set != set) {
 		delete(e.graphs, b.S)
+		// A Decoder's step queued before may still replay it.
+		if err := e.settle(); err != nil {
+			return false, err
+		}
 		if err := sg.g.Destroy(); err != nil {
 			return false, err
 		}
@@ -192,7 +196,7 @@ func (e *Engine) ResetGraphs() error { return e.dropGraphs() }
 
 // dropGraphs destroys the recorded graphs.
 func (e *Engine) dropGraphs() error {
-	var errs []error
+	errs := []error{e.settle()}
 	for k, sg := range e.graphs {
 		errs = append(errs, sg.g.Destroy())
 		delete(e.graphs, k)

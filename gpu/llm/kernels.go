@@ -26,6 +26,8 @@ var (
 	ropeCUH []byte
 	//go:embed attn_wgmma.cu
 	attnWGMMASrc []byte
+	//go:embed pick.cu
+	pickSrc []byte
 )
 
 // kernels are the compiled functions of this package's .cu files on one
@@ -40,6 +42,7 @@ type kernels struct {
 	gemv1, gemv4       *cuda.Function
 	qkvRope1, qkvRope4 *cuda.Function
 	qkvRope1N          *cuda.Function // qkv_rope1 with the norm before it fused in
+	argmax             *cuda.Function // argmax_rows: the greedy picks of a Decoder
 
 	dev *cuda.Device
 	// attnWG are the builds of the wgmma attention kernel by name
@@ -75,6 +78,7 @@ var kernelFiles = []struct {
 	{"proj.cu", &projSrc, []string{"gemv_rows1", "gemv_rows4", "qkv_rope1", "qkv_rope4", "qkv_rope1n"}},
 	{"rope.cu", &ropeSrc, []string{"rope_kv"}},
 	{"attn.cu", &attnSrc, []string{"attn_ref", "attn_fa64", "attn_fa128", "attn_dec64", "attn_dec128"}},
+	{"pick.cu", &pickSrc, []string{"argmax_rows"}},
 }
 
 // kernelsFor compiles the .cu files of kernelFiles for dev, with package
@@ -102,7 +106,7 @@ func kernelsFor(dev *cuda.Device) (*kernels, error) {
 		attnRef: fs["attn_ref"], attnFA64: fs["attn_fa64"], attnFA128: fs["attn_fa128"],
 		gemv1: fs["gemv_rows1"], gemv4: fs["gemv_rows4"],
 		qkvRope1: fs["qkv_rope1"], qkvRope4: fs["qkv_rope4"],
-		qkvRope1N: fs["qkv_rope1n"], dec: map[int]decKernel{}}
+		qkvRope1N: fs["qkv_rope1n"], argmax: fs["argmax_rows"], dec: map[int]decKernel{}}
 	for _, hd := range []int{64, 128} {
 		name, smem := fmt.Sprintf("attn_dec%d", hd), decSmem(hd)
 		fn := fs[name]

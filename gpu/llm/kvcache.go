@@ -283,6 +283,10 @@ func (c *cache) Truncate(n int) error {
 	if n < 0 || n > c.n {
 		return fmt.Errorf("llm: truncate to %d positions: the cache holds %d", n, c.n)
 	}
+	// A Decoder's steps may still use the pages given back.
+	if err := c.e.settle(); err != nil {
+		return err
+	}
 	c.n = n
 	c.e.pool.release(c.pt, c.e.pool.pagesFor(n))
 	return nil
@@ -294,6 +298,9 @@ func (c *cache) Truncate(n int) error {
 func (c *cache) Free() error {
 	if c.pt == nil {
 		return errors.New("llm: cache was already freed")
+	}
+	if err := c.e.settle(); err != nil {
+		return err
 	}
 	c.cleanup.Stop()
 	c.e.pool.release(c.pt, 0)

@@ -24,10 +24,11 @@ import (
 func TestMain(m *testing.M) { cudatest.Main(m) }
 
 // earlyStartKernels are the kernels the engine launches with early start
-// (normArgs, gemvRows, ropeArgs.qkvRope, decAttention): each must wait with
+// (normArgs, gemvRows, ropeArgs.qkvRope, decAttention, Decoder): each must wait with
 // griddepcontrol.wait before it touches earlier kernels' results.
 var earlyStartKernels = map[string]bool{"add_rmsnorm": true, "gemv_rows1": true, "gemv_rows4": true,
-	"qkv_rope1": true, "qkv_rope4": true, "qkv_rope1n": true, "attn_dec64": true, "attn_dec128": true}
+	"qkv_rope1": true, "qkv_rope4": true, "qkv_rope1n": true, "attn_dec64": true, "attn_dec128": true,
+	"argmax_rows": true}
 
 // TestCompile compiles every .cu file of kernelFiles to PTX: it needs NVRTC
 // but no GPU. The kernels launched with early start must wait first. The
@@ -69,14 +70,14 @@ func TestCompile(t *testing.T) {
 }
 
 // TestDecodeKernelsCleanSASS: the kernels of decode steps compile to sm_90a
-// machine code without spills (norm.cu and proj.cu; attn.cu has the
+// machine code without spills (norm.cu, proj.cu and pick.cu; attn.cu has the
 // prefill kernels, which attn_fa64 at 128 registers spills 16 bytes).
 func TestDecodeKernelsCleanSASS(t *testing.T) {
 	cudatest.Compiler(t)
 	for _, f := range []struct {
 		name string
 		src  []byte
-	}{{"norm.cu", normSrc}, {"proj.cu", projSrc}} {
+	}{{"norm.cu", normSrc}, {"proj.cu", projSrc}, {"pick.cu", pickSrc}} {
 		cudatest.CleanSASS(t, f.name, f.src, headers()...)
 	}
 }

@@ -1,0 +1,347 @@
+package llm
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/twell-ai/twell/cuda"
+	"github.com/twell-ai/twell/engine"
+	"github.com/twell-ai/twell/engine/enginetest"
+	"github.com/twell-ai/twell/generate"
+	"github.com/twell-ai/twell/sample"
+)
+
+// greedy is package sample's greedy pick among the first vocab logits.
+func greedy(t *testing.T, logits []float32, vocab int) int {
+	t.Helper()
+	s, err := sample.New(sample.Greedy())
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, err := s.Pick(logits[:vocab], nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return id
+}
+
+// TestDecoderMatchesForward decodes a batch of prompts greedily twice on
+// one engine: step by step through Forward with the picks made on the host,
+// and through a Decoder with two steps queued ahead. The tokens must be the
+// same, on both MLP paths, for one and several sequences, with the picks
+// limited to part of the vocabulary, and with a Forward that grows the
+// workspace between two queued steps.
+func TestDecoderMatchesForward(t *testing.T) {
+	c := testConfig(64, 4, 2, true)
+	e, r, seed := gpuEngine(t, c, "")
+	const steps = 12
+	for _, path := range []string{"sparse", "dense"} {
+		if err := e.SetMLPPath(pathOf(t, path)); err != nil {
+			t.Fatal(err)
+		}
+		for _, S := range []int{1, 3, 8} {
+			vocab := c.VocabSize - r.IntN(2)*(1+r.IntN(c.VocabSize/2))
+			prompts := make([][]int, S)
+			for i := range prompts {
+				prompts[i] = enginetest.Tokens(r, 1+r.IntN(40), c.VocabSize)
+			}
+			capacity := 40 + steps + 1
+			// The reference: Forward and host picks.
+			caches := enginetest.Caches(t, e, S, capacity)
+			logits, _ := enginetest.Forward(t, e, caches, prompts, false)
+			first := make([]int, S)
+			for i, l := range logits {
+				first[i] = greedy(t, l, vocab)
+			}
+			want := make([][]int, steps)
+			cur := first
+			for i := range want {
+				step := make([][]int, S)
+				for s, id := range cur {
+					step[s] = []int{id}
+				}
+				logits, _ = enginetest.Forward(t, e, caches, step, false)
+				want[i] = make([]int, S)
+				for s, l := range logits {
+					want[i][s] = greedy(t, l, vocab)
+				}
+				cur = want[i]
+			}
+			// The decoder.
+			caches = enginetest.Caches(t, e, S, capacity)
+			enginetest.Forward(t, e, caches, prompts, false)
+			d, err := e.NewDecoder(caches, vocab)
+			if err != nil {
+				t.Fatalf("seed %d: %v", seed, err)
+			}
+			if err := d.Queue(first); err != nil {
+				t.Fatalf("seed %d: %v", seed, err)
+			}
+			grow := enginetest.Tokens(r, 300, c.VocabSize)
+			for i := range steps {
+				if i+1 < steps {
+					if err := d.Queue(nil); err != nil {
+						t.Fatalf("seed %d: %s S=%d: queue step %d: %v", seed, path, S, i+1, err)
+					}
+				}
+				if i == steps/2 { // a Forward, and a workspace that grows, between queued steps
+					enginetest.Forward(t, e, enginetest.Caches(t, e, 1, len(grow)), [][]int{grow}, false)
+				}
+				got, err := d.Next()
+				if err != nil {
+					t.Fatalf("seed %d: %s S=%d: step %d: %v", seed, path, S, i, err)
+				}
+				if !slices.Equal(got, want[i]) {
+					t.Fatalf("seed %d: %s S=%d vocab %d: step %d picked %v, Forward and host picks %v", seed, path, S, vocab, i, got, want[i])
+				}
+			}
+			if err := d.Close(); err != nil {
+				t.Fatal(err)
+			}
+			for i, c := range caches {
+				if want := len(prompts[i]) + steps; c.Len() != want {
+					t.Errorf("seed %d: cache %d holds %d positions after the decoder, want %d", seed, i, c.Len(), want)
+				}
+				c.Free()
+			}
+		}
+	}
+	if e.GraphReplays() == 0 || e.GraphError() != nil {
+		t.Errorf("seed %d: %d graph replays (error %v)", seed, e.GraphReplays(), e.GraphError())
+	}
+}
+
+// TestDecoderErrors checks the decoder's misuse errors, and that a failed
+// Queue changes no cache.
+func TestDecoderErrors(t *testing.T) {
+	c := testConfig(64, 4, 2, true)
+	e, r, seed := gpuEngine(t, c, "sparse")
+	caches := enginetest.Caches(t, e, 2, 8)
+	enginetest.Forward(t, e, caches, [][]int{enginetest.Tokens(r, 3, c.VocabSize), enginetest.Tokens(r, 5, c.VocabSize)}, false)
+	if _, err := e.NewDecoder(nil, 0); err == nil {
+		t.Error("a decoder of no sequences was made")
+	}
+	if _, err := e.NewDecoder([]engine.Cache{caches[0], caches[0]}, 0); err == nil {
+		t.Error("a decoder of one cache twice was made")
+	}
+	if _, err := e.NewDecoder(caches, c.VocabSize+1); err == nil {
+		t.Error("a decoder picking past the vocabulary was made")
+	}
+	d, err := e.NewDecoder(caches, 0)
+	if err != nil {
+		t.Fatalf("seed %d: %v", seed, err)
+	}
+	if _, err := d.Next(); err == nil {
+		t.Error("Next with no step queued gave no error")
+	}
+	if err := d.Queue(nil); err == nil {
+		t.Error("Queue(nil) with no step before gave no error")
+	}
+	if err := d.Queue([]int{1}); err == nil {
+		t.Error("one token for two sequences gave no error")
+	}
+	if err := d.Queue([]int{1, c.VocabSize}); err == nil {
+		t.Error("a token outside the vocabulary gave no error")
+	}
+	if caches[0].Len() != 3 || caches[1].Len() != 5 {
+		t.Errorf("failed Queues changed the caches: %d and %d positions", caches[0].Len(), caches[1].Len())
+	}
+	if err := d.Queue([]int{1, 2}); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Queue(nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Queue(nil); err == nil {
+		t.Error("a third step queued before Next gave no error")
+	}
+	for range 2 {
+		if _, err := d.Next(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The caches hold 8 positions: one more step fills the second.
+	if err := d.Queue(nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.Next(); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Queue(nil); err == nil {
+		t.Error("a step past a cache's capacity gave no error")
+	}
+	if caches[0].Len() != 6 || caches[1].Len() != 8 {
+		t.Errorf("the failed Queue changed the caches: %d and %d positions, want 6 and 8", caches[0].Len(), caches[1].Len())
+	}
+	if err := d.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Queue([]int{1, 2}); err == nil {
+		t.Error("Queue after Close gave no error")
+	}
+	if err := d.Close(); err != nil {
+		t.Errorf("a second Close: %v", err)
+	}
+}
+
+// TestArgmaxRows runs argmax_rows on rows of random logits with NaN, +Inf,
+// -Inf and ties, rows with nothing to sample, rows whose length is not a
+// multiple of 4 and picks limited to part of a row: each pick and
+// no-candidate flag must be what package sample's greedy mode gives.
+func TestArgmaxRows(t *testing.T) {
+	c := testConfig(64, 4, 2, true)
+	e, r, seed := gpuEngine(t, c, "")
+	dev := e.Device()
+	for _, shape := range []struct{ ld, vocab int }{{384, 384}, {384, 101}, {389, 389}, {4099, 4001}, {49152, 49152}} {
+		const rows = 24
+		x := make([]float32, rows*shape.ld)
+		for i := range x {
+			x[i] = float32(r.NormFloat64())
+		}
+		nan, inf := float32(math.NaN()), float32(math.Inf(1))
+		for row := range rows {
+			v := x[row*shape.ld : row*shape.ld+shape.vocab]
+			switch row % 8 {
+			case 1: // ties at the maximum
+				m := slices.Max(v)
+				for range 3 {
+					v[r.IntN(len(v))] = m
+				}
+			case 2: // NaNs
+				for range 1 + len(v)/10 {
+					v[r.IntN(len(v))] = nan
+				}
+			case 3: // two +Inf
+				v[r.IntN(len(v))], v[r.IntN(len(v))] = inf, inf
+			case 4: // all -Inf, some NaN
+				fill(v, -inf)
+				v[r.IntN(len(v))] = nan
+				v[0] = nan
+			case 5: // all NaN
+				fill(v, nan)
+			case 6: // the maximum past the vocabulary, -Inf inside
+				v[r.IntN(len(v))] = -inf
+				if shape.vocab < shape.ld {
+					x[row*shape.ld+shape.vocab] = 100
+				}
+			case 7: // the last value the largest
+				v[len(v)-1] = 50
+			}
+		}
+		got := argmaxRows(t, dev, e, x, rows, shape.ld, shape.vocab)
+		sm, err := sample.New(sample.Greedy())
+		if err != nil {
+			t.Fatal(err)
+		}
+		for row := range rows {
+			v := x[row*shape.ld : row*shape.ld+shape.vocab]
+			want := sm.Sample(v, nil)
+			_, perr := sm.Pick(v, nil)
+			none := errors.Is(perr, sample.ErrNoCandidate)
+			if int(got[row]) != want || (got[rows+row] != 0) != none {
+				t.Errorf("seed %d: ld %d vocab %d row %d (case %d): pick %d, no candidate %d; want %d, %v",
+					seed, shape.ld, shape.vocab, row, row%8, got[row], got[rows+row], want, none)
+			}
+		}
+	}
+}
+
+func fill(v []float32, x float32) {
+	for i := range v {
+		v[i] = x
+	}
+}
+
+// argmaxRows runs argmax_rows on rows of ld logits and returns the picks,
+// then the no-candidate flags.
+func argmaxRows(t *testing.T, dev *cuda.Device, e *Engine, x []float32, rows, ld, vocab int) []int32 {
+	t.Helper()
+	in, err := dev.Alloc(4 * len(x))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer in.Free()
+	out, err := dev.Alloc(8 * rows)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer out.Free()
+	if err := dev.CopyHtoD(in, cuda.Bytes(x)); err != nil {
+		t.Fatal(err)
+	}
+	err = e.k.argmax.Launch(cuda.Dim3{uint32(rows), 1, 1}, cuda.Dim3{pickThreads, 1, 1}, 0, e.stream,
+		in, int32(ld), int32(vocab), view(out, 0, 4*rows), view(out, 4*rows, 4*rows))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.stream.Synchronize(); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]int32, 2*rows)
+	if err := dev.CopyDtoH(cuda.Bytes(got), out); err != nil {
+		t.Fatal(err)
+	}
+	return got
+}
+
+// hostOnly hides an engine's GreedyDecoding, so that generate.Run picks on
+// the host.
+type hostOnly struct{ engine.Engine }
+
+// idText decodes token ids as "<id>" each.
+type idText struct{}
+
+func (idText) Decode(ids []int, _ bool) (string, error) {
+	var b strings.Builder
+	for _, id := range ids {
+		fmt.Fprintf(&b, "<%d>", id)
+	}
+	return b.String(), nil
+}
+
+// TestGenerateOnDeviceMatchesHost runs greedy generations through
+// generate.Run on the GPU engine, which decodes through a Decoder, and on
+// the same engine with the picks made on the host: the same tokens, text
+// and stop reason, ending at the token limit, at an end-of-sequence token,
+// at a stop string, and with the picks limited to part of the vocabulary.
+func TestGenerateOnDeviceMatchesHost(t *testing.T) {
+	c := testConfig(64, 4, 2, true)
+	e, r, seed := gpuEngine(t, c, "sparse")
+	prompt := enginetest.Tokens(r, 1+r.IntN(30), c.VocabSize)
+	base := generate.Options{MaxTokens: 24, Context: c.MaxPositionEmbeddings, Sample: sample.Greedy()}
+	run := func(eng engine.Engine, o generate.Options) *generate.Result {
+		t.Helper()
+		res, err := generate.Run(eng, idText{}, prompt, o, nil)
+		if err != nil {
+			t.Fatalf("seed %d: %v", seed, err)
+		}
+		return res
+	}
+	first := run(hostOnly{e}, base)
+	cases := map[string]generate.Options{"limit": base}
+	if n := len(first.Tokens); n > 2 {
+		o := base
+		o.EOS = []int{first.Tokens[n/2]}
+		cases["eos"] = o
+		o = base
+		o.Stop = []string{fmt.Sprintf("%d><", first.Tokens[n/3])}
+		cases["stop"] = o
+	}
+	o := base
+	o.Vocab = c.VocabSize / 3
+	cases["vocab"] = o
+	o = base
+	o.MaxTokens = 1
+	cases["one token"] = o
+	for name, o := range cases {
+		want, got := run(hostOnly{e}, o), run(e, o)
+		if !slices.Equal(got.Tokens, want.Tokens) || got.Text != want.Text || got.Reason != want.Reason {
+			t.Errorf("seed %d: %s: on the device %v %q (%v), on the host %v %q (%v)", seed, name,
+				got.Tokens, got.Text, got.Reason, want.Tokens, want.Text, want.Reason)
+		}
+	}
+}
