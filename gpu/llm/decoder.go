@@ -20,7 +20,9 @@ import (
 // feeds the picks to the next step by a device copy into that step's token
 // ids, queued between the upload of its metadata and its layers; so the
 // host queues step n+1 before it has step n's picks, and the GPU runs the
-// steps back to back. The picks come back to the host 8 bytes a sequence
+// steps back to back. Each step's metadata goes up from page-locked memory
+// (an upload from pageable memory may wait for the stream), one of two
+// slots as for the picks. The picks come back to the host 8 bytes a sequence
 // (the pick and a no-candidate flag) into one of two page-locked slots,
 // each step's copy followed by an event that Next waits for.
 
@@ -37,6 +39,7 @@ type Decoder struct {
 	vocab  int
 	picks  *cuda.Buffer                // int32 [2][S]: the last queued step's picks, then its no-candidate flags
 	host   [maxQueued]*cuda.HostBuffer // the picks of the steps in flight, slot = step % maxQueued
+	stage  [maxQueued]*cuda.HostBuffer // the metadata of the steps in flight, uploaded from here
 	done   [maxQueued]*cuda.Event      // recorded after each slot's copy
 	queued int                         // steps queued
 	read   int                         // steps whose picks Next returned
@@ -145,7 +148,20 @@ func (d *Decoder) Queue(tokens []int) error {
 func (d *Decoder) queue(b *batch, fed bool) error {
 	e, s, S := d.e, d.e.stream, len(d.caches)
 	b.setPages(d.caches)
-	if err := e.prepare(b); err != nil {
+	slot := d.queued % maxQueued
+	// The slot's last upload ran before the step that Next last read.
+	if st := d.stage[slot]; st == nil || len(st.Bytes()) < 4*len(b.words) {
+		if st != nil {
+			if err := st.Free(); err != nil {
+				return err
+			}
+		}
+		var err error
+		if d.stage[slot], err = e.dev.AllocHost(4 * len(b.words)); err != nil {
+			return err
+		}
+	}
+	if err := e.prepare(b, d.stage[slot]); err != nil {
 		return err
 	}
 	if fed {
@@ -165,7 +181,6 @@ func (d *Decoder) queue(b *batch, fed bool) error {
 	if err != nil {
 		return err
 	}
-	slot := d.queued % maxQueued
 	if err := e.dev.CopyDtoHAsync(d.host[slot].Bytes(), d.picks, s); err != nil {
 		return err
 	}
@@ -236,6 +251,10 @@ func (d *Decoder) free() error {
 		if d.host[i] != nil {
 			errs = append(errs, d.host[i].Free())
 			d.host[i] = nil
+		}
+		if d.stage[i] != nil {
+			errs = append(errs, d.stage[i].Free())
+			d.stage[i] = nil
 		}
 		if d.done[i] != nil {
 			errs = append(errs, d.done[i].Destroy())

@@ -387,7 +387,7 @@ func (e *Engine) Forward(ecaches []engine.Cache, tokens [][]int, allLogits bool)
 // graph for decode steps once every MLP's path has settled (graphs.go),
 // else kernel by kernel.
 func (e *Engine) queue(b *batch) (*engine.Stats, error) {
-	if err := e.prepare(b); err != nil {
+	if err := e.prepare(b, nil); err != nil {
 		return nil, err
 	}
 	return e.decoderLayers(b, e.Profile)
@@ -408,8 +408,9 @@ func (e *Engine) decoderLayers(b *batch, profile bool) (*engine.Stats, error) {
 
 // prepare sizes the workspace and RoPE tables for b, points each
 // sequence's seq_pt at its page table in the metadata buffer, and uploads
-// the metadata.
-func (e *Engine) prepare(b *batch) error {
+// the metadata: from stage, page-locked memory of at least its size, when
+// not nil (an upload from pageable memory may wait for the stream).
+func (e *Engine) prepare(b *batch, stage *cuda.HostBuffer) error {
 	if err := e.workspaceFor(b.T, b.rows, 4*len(b.words), b.T == b.S); err != nil {
 		return err
 	}
@@ -420,7 +421,11 @@ func (e *Engine) prepare(b *batch) error {
 	if err := e.ropeFor(b.maxPos + 1); err != nil {
 		return err
 	}
-	return e.dev.CopyHtoDAsync(e.ws.meta, cuda.Bytes(b.words), e.stream)
+	src := cuda.Bytes(b.words)
+	if stage != nil {
+		src = stage.Bytes()[:copy(stage.Bytes(), src)]
+	}
+	return e.dev.CopyHtoDAsync(e.ws.meta, src, e.stream)
 }
 
 // layersQueue queues the embedding and the decoder layers of b, whose
