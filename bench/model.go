@@ -242,6 +242,9 @@ type DecodePoint struct {
 	// TraceError says why there is none when the tracer failed.
 	Trace      *TraceSummary `json:"trace,omitempty"`
 	TraceError string        `json:"trace_error,omitempty"`
+	// GreedyTrace is the same for as many steps run by the greedy
+	// engine.Decoder of GreedyTokensPerSec.
+	GreedyTrace *TraceSummary `json:"greedy_trace,omitempty"`
 	// GEMVTimeline is where the one-token sparse MLP kernel's time goes in
 	// graph-replayed steps, when its measuring build ran (GPU, batch 1,
 	// TWELL_GEMV_TIMELINE=1; see GEMVTimelineOf).

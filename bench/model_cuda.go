@@ -314,7 +314,7 @@ func ModelCUDA(o ModelOptions, progress func(string)) ([]ModelCUDAResult, error)
 		}
 		for _, b := range o.DecodeBatches {
 			progress(fmt.Sprintf("%s: decode batch %d, context %d", path, b, o.DecodeContext))
-			pt, sec, err := decodeSpeedCUDA(e, r, b, o, path, timed, sample)
+			pt, secs, err := decodeSpeedCUDA(e, r, b, o, path, timed, sample)
 			if err != nil {
 				return nil, nil, err
 			}
@@ -324,9 +324,13 @@ func ModelCUDA(o ModelOptions, progress func(string)) ([]ModelCUDAResult, error)
 					path, b, formatGEMVTimeline(pt.GEMVTimeline)))
 			}
 			if pt.Trace != nil {
-				res.Traces = append(res.Traces, sec)
+				res.Traces = append(res.Traces, secs...)
 				progress(fmt.Sprintf("%s: traced decode steps, batch %d, %s", path, b, pt.Trace))
-			} else if pt.TraceError != "" {
+				if pt.GreedyTrace != nil {
+					progress(fmt.Sprintf("%s: traced greedy decoder steps, batch %d, %s", path, b, pt.GreedyTrace))
+				}
+			}
+			if pt.TraceError != "" {
 				progress(fmt.Sprintf("%s: decode batch %d: %s", path, b, pt.TraceError))
 			}
 			res.Decode = append(res.Decode, pt)
@@ -427,14 +431,14 @@ func gemvTimeline(e *llm.Engine, caches []engine.Cache, toks [][]int, ctx, steps
 // warm-up repetition. With o.TraceSteps, that many more steps from the
 // same context are traced (the section of the trace is returned). One more
 // step, profiled, gives the point's StepMS.
-func decodeSpeedCUDA(e *llm.Engine, r *rand.Rand, batch int, o ModelOptions, path string, timed func(func() error) (float64, error), sample func()) (DecodePoint, TraceSection, error) {
+func decodeSpeedCUDA(e *llm.Engine, r *rand.Rand, batch int, o ModelOptions, path string, timed func(func() error) (float64, error), sample func()) (DecodePoint, []TraceSection, error) {
 	c := e.Config()
 	ctx, steps, reps := o.DecodeContext, o.DecodeSteps, o.Reps
 	caches := make([]engine.Cache, batch)
 	for i := range caches {
 		var err error
 		if caches[i], err = e.NewCache(ctx + max(steps, o.TraceSteps+1) + 1); err != nil {
-			return DecodePoint{}, TraceSection{}, err
+			return DecodePoint{}, nil, err
 		}
 		defer caches[i].Free()
 	}
@@ -450,12 +454,12 @@ func decodeSpeedCUDA(e *llm.Engine, r *rand.Rand, batch int, o ModelOptions, pat
 	for rep := -1; rep < reps; rep++ {
 		for i := range caches {
 			if err := caches[i].Truncate(0); err != nil {
-				return DecodePoint{}, TraceSection{}, err
+				return DecodePoint{}, nil, err
 			}
 			toks[i] = randTokens(r, ctx, c.VocabSize)
 		}
 		if _, _, err := e.Forward(caches, toks, false); err != nil {
-			return DecodePoint{}, TraceSection{}, err
+			return DecodePoint{}, nil, err
 		}
 		ms, err := timed(func() error {
 			for s := 0; s < steps; s++ {
@@ -476,11 +480,11 @@ func decodeSpeedCUDA(e *llm.Engine, r *rand.Rand, batch int, o ModelOptions, pat
 			return nil
 		})
 		if err != nil {
-			return DecodePoint{}, TraceSection{}, err
+			return DecodePoint{}, nil, err
 		}
 		gms, err := greedySteps(e, caches, r, ctx, steps, timed)
 		if err != nil {
-			return DecodePoint{}, TraceSection{}, fmt.Errorf("greedy decoder: %w", err)
+			return DecodePoint{}, nil, fmt.Errorf("greedy decoder: %w", err)
 		}
 		sample()
 		if rep >= 0 {
@@ -496,14 +500,15 @@ func decodeSpeedCUDA(e *llm.Engine, r *rand.Rand, batch int, o ModelOptions, pat
 	if batch == 1 && e.GEMVTimeline() {
 		var err error
 		if pt.GEMVTimeline, pt.GEMVBlocks, err = gemvTimeline(e, caches, toks, ctx, steps, r); err != nil {
-			return DecodePoint{}, TraceSection{}, err
+			return DecodePoint{}, nil, err
 		}
 	}
 	var sec TraceSection
+	var gsecs []TraceSection
 	if o.TraceSteps > 0 {
 		for i := range caches {
 			if err := caches[i].Truncate(ctx); err != nil {
-				return DecodePoint{}, TraceSection{}, err
+				return DecodePoint{}, nil, err
 			}
 		}
 		label := fmt.Sprintf("%s decode b=%d at %d cached", path, batch, ctx)
@@ -519,16 +524,24 @@ func decodeSpeedCUDA(e *llm.Engine, r *rand.Rand, batch int, o ModelOptions, pat
 		sum, s, err := traceSteps(label, o.TraceSteps, prepare, step)
 		msg, traceFailed := traceFailure(err)
 		if err != nil && !traceFailed {
-			return DecodePoint{}, TraceSection{}, fmt.Errorf("%s: %w", label, err)
+			return DecodePoint{}, nil, fmt.Errorf("%s: %w", label, err)
 		}
 		// Graphs recorded under the tracer are not used for timing.
 		if err := e.ResetGraphs(); err != nil {
-			return DecodePoint{}, TraceSection{}, err
+			return DecodePoint{}, nil, err
 		}
 		if traceFailed {
 			pt.TraceError = msg
 		} else {
 			pt.Trace, sec = &sum, s
+			gsum, gsec, err := traceGreedy(e, caches, r, label+", greedy decoder", ctx, o.TraceSteps)
+			if msg, failed := traceFailure(err); failed {
+				pt.TraceError = msg
+			} else if err != nil {
+				return DecodePoint{}, nil, fmt.Errorf("%s: greedy decoder: %w", label, err)
+			} else {
+				pt.GreedyTrace, gsecs = &gsum, []TraceSection{gsec}
+			}
 		}
 	}
 	// One more step, profiled: where a decode step's time goes. It runs
@@ -541,10 +554,13 @@ func decodeSpeedCUDA(e *llm.Engine, r *rand.Rand, batch int, o ModelOptions, pat
 	_, st, err := e.Forward(caches, toks, false)
 	e.Profile, e.NoGraphs = false, noGraphs
 	if err != nil {
-		return DecodePoint{}, TraceSection{}, err
+		return DecodePoint{}, nil, err
 	}
 	pt.StepMS = st.StepMS
-	return pt, sec, nil
+	if pt.Trace == nil {
+		return pt, nil, nil
+	}
+	return pt, append([]TraceSection{sec}, gsecs...), nil
 }
 
 // greedySteps times steps greedy decode steps from ctx cached tokens in
@@ -578,6 +594,37 @@ func greedySteps(e *llm.Engine, caches []engine.Cache, r *rand.Rand, ctx, steps 
 		return nil
 	})
 	return ms, errors.Join(err, d.Close())
+}
+
+// traceGreedy traces steps greedy decode steps from ctx cached tokens in
+// caches (truncated to ctx first) run by an engine.Decoder, each step of
+// the trace a Next with the step after it queued before (the graphs
+// recorded again while the tracer runs, and dropped after).
+func traceGreedy(e *llm.Engine, caches []engine.Cache, r *rand.Rand, label string, ctx, steps int) (TraceSummary, TraceSection, error) {
+	for _, c := range caches {
+		if err := c.Truncate(ctx); err != nil {
+			return TraceSummary{}, TraceSection{}, err
+		}
+	}
+	d, err := e.NewDecoder(caches, 0)
+	if err != nil {
+		return TraceSummary{}, TraceSection{}, err
+	}
+	i := 0
+	prepare := func() error {
+		return errors.Join(e.ResetGraphs(), d.Queue(randTokens(r, len(caches), e.Config().VocabSize)))
+	}
+	step := func() error {
+		if i++; i < steps {
+			if err := d.Queue(nil); err != nil {
+				return err
+			}
+		}
+		_, err := d.Next()
+		return err
+	}
+	sum, sec, err := traceSteps(label, steps, prepare, step)
+	return sum, sec, errors.Join(err, d.Close(), e.ResetGraphs())
 }
 
 // allLogits runs tokens, one sequence, through e in a fresh cache and
