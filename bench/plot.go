@@ -163,25 +163,50 @@ func PlotModel(results []ModelResult, path string) error {
 	dec := newPanel(title, "batch (sequences per step, log scale)", "decode throughput (tokens/s, log scale)")
 	leg := newLegend()
 	var xs, ys []float64
-	for i, r := range results {
-		var pts plotter.XYs
+	// A run's greedy decoder steps (GPU) are a second line of its path.
+	greedy := false
+	for _, r := range results {
 		for _, d := range r.Decode {
-			switch {
-			case d.Batch <= 0:
+			greedy = greedy || d.GreedyTokensPerSec != 0
+		}
+	}
+	for i, r := range results {
+		var pts, gpts plotter.XYs
+		for _, d := range r.Decode {
+			if d.Batch <= 0 {
 				notes.drop(r.Path, "decode batch", float64(d.Batch), "log x axis")
-			case !(d.TokensPerSec > 0) || math.IsInf(d.TokensPerSec, 0):
+				continue
+			}
+			if !(d.TokensPerSec > 0) || math.IsInf(d.TokensPerSec, 0) {
 				notes.drop(r.Path, fmt.Sprintf("decode tokens/s at batch %d", d.Batch), d.TokensPerSec, "log y axis")
-			default:
+			} else {
 				pts = append(pts, plotter.XY{X: float64(d.Batch), Y: d.TokensPerSec})
 			}
+			if !greedy {
+				continue
+			}
+			if !(d.GreedyTokensPerSec > 0) || math.IsInf(d.GreedyTokensPerSec, 0) {
+				notes.drop(r.Path, fmt.Sprintf("greedy decoder tokens/s at batch %d", d.Batch), d.GreedyTokensPerSec, "log y axis")
+			} else {
+				gpts = append(gpts, plotter.XY{X: float64(d.Batch), Y: d.GreedyTokensPerSec})
+			}
 		}
-		if len(pts) == 0 {
-			continue
+		name := r.Path
+		if greedy {
+			name += ", logits to the host"
 		}
-		if err := addLine(dec, &leg, i, r.Path, pts); err != nil {
-			return err
+		for k, line := range []struct {
+			name string
+			pts  plotter.XYs
+		}{{name, pts}, {r.Path + ", greedy decoder", gpts}} {
+			if len(line.pts) == 0 {
+				continue
+			}
+			if err := addLine(dec, &leg, i+k*len(results), line.name, line.pts); err != nil {
+				return err
+			}
+			xs, ys = appendXY(xs, ys, line.pts)
 		}
-		xs, ys = appendXY(xs, ys, pts)
 	}
 	if len(xs) == 0 {
 		notes.add("no decode measurement with a positive batch and tokens/s: the decode panel is empty")

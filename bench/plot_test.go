@@ -79,6 +79,18 @@ func modelResults(r *rand.Rand, batches []int) []ModelResult {
 	return rs
 }
 
+// withGreedy gives every decode point of rs greedy decoder figures a
+// little above its own.
+func withGreedy(r *rand.Rand, rs []ModelResult) []ModelResult {
+	for i := range rs {
+		for k := range rs[i].Decode {
+			d := &rs[i].Decode[k]
+			d.GreedyTokensPerSec = d.TokensPerSec * (1 + 0.1*r.Float64())
+		}
+	}
+	return rs
+}
+
 // variantResults returns the rows of a run with variants: dense, twell and
 // two variants, each variant twice, as bench model -variants writes them.
 func variantResults(r *rand.Rand, batches []int) []ModelResult {
@@ -147,6 +159,13 @@ func TestPlotModelEdgeCases(t *testing.T) {
 		"variants missing batch": func() []ModelResult {
 			rs := variantResults(r, []int{1, 8})
 			rs[3].Decode = rs[3].Decode[:1]
+			return rs
+		},
+		"greedy decoder": func() []ModelResult { return withGreedy(r, modelResults(r, []int{1, 8, 64})) },
+		"greedy decoder, some missing": func() []ModelResult {
+			rs := withGreedy(r, modelResults(r, []int{1, 8}))
+			rs[0].Decode[1].GreedyTokensPerSec, rs[1].Decode[0].GreedyTokensPerSec = math.NaN(), 0
+			rs[1].Decode[1].TokensPerSec = math.Inf(1)
 			return rs
 		},
 		"equal decode": func() []ModelResult {
