@@ -149,6 +149,11 @@ type GreedyDecoding interface {
 	// given, picking among the first vocab logits of each step (the whole
 	// vocabulary when vocab is 0).
 	NewDecoder(caches []Cache, vocab int) (Decoder, error)
+	// ForwardGreedy runs a pass as Forward does (without allLogits) but
+	// returns, for each sequence, the greedy pick after its last new token
+	// among the first vocab logits (all when vocab is 0), so that only the
+	// picks leave the device. A sequence with no logit above -Inf gets -1.
+	ForwardGreedy(caches []Cache, tokens [][]int, vocab int) ([]int, *Stats, error)
 }
 
 // Decoder runs greedy decode steps of a fixed batch of sequences: each

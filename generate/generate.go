@@ -179,19 +179,26 @@ func (s *Sequence) Next(logits []float32) (Step, error) {
 	if err != nil {
 		return Step{}, err
 	}
-	return s.accept(tok)
+	return s.Accept(tok)
 }
 
-// greedyOnDevice reports whether the sequence's picks are the greedy picks
-// an engine.Decoder makes: greedy sampling without a repetition penalty.
-func (s *Sequence) greedyOnDevice() bool {
+// GreedyPicks reports whether the sequence samples greedily without a
+// repetition penalty, so that the greedy picks an engine makes on its
+// device (engine.GreedyDecoding) among the first Options.Vocab logits are
+// what Next would choose: feed those to Accept.
+func (s *Sequence) GreedyPicks() bool {
 	return s.o.Sample.Temperature == 0 && s.o.Sample.RepetitionPenalty == 1
 }
 
-// accept takes tok as the sequence's next token (Next after its pick).
-func (s *Sequence) accept(tok int) (Step, error) {
+// Accept is Next with the token chosen elsewhere: tok is the sequence's
+// next token. A negative tok (an engine's greedy pick where no logit was
+// above -Inf) is an error wrapping sample.ErrNoCandidate, as Next's is.
+func (s *Sequence) Accept(tok int) (Step, error) {
 	if s.reason != NotDone {
 		return Step{}, fmt.Errorf("the sequence has ended (%v)", s.reason)
+	}
+	if tok < 0 {
+		return Step{}, fmt.Errorf("sample: %w: no logit above -Inf", sample.ErrNoCandidate)
 	}
 	if s.eos[tok] {
 		if err := s.decodeNew(true); err != nil {
@@ -383,7 +390,7 @@ func Run(e engine.Engine, dec Decoder, prompt []int, o Options, emit func(text s
 	if err := show(step); err != nil {
 		return nil, err
 	}
-	if gd, ok := e.(engine.GreedyDecoding); ok && !step.Done && s.greedyOnDevice() {
+	if gd, ok := e.(engine.GreedyDecoding); ok && !step.Done && s.GreedyPicks() {
 		err = s.decodeOnDevice(gd, cache, step.Token, show)
 	} else {
 		for !step.Done {
@@ -439,7 +446,7 @@ func (s *Sequence) decodeOnDevice(gd engine.GreedyDecoding, cache engine.Cache, 
 		if err != nil {
 			return err
 		}
-		step, err := s.accept(picks[0])
+		step, err := s.Accept(picks[0])
 		if err != nil {
 			return err
 		}

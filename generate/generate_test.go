@@ -176,6 +176,17 @@ func TestBadInput(t *testing.T) {
 	if _, err := Run(e, voc, []int{0}, greedy(0, 4), nil); err == nil {
 		t.Error("max tokens 0 accepted")
 	}
+	// A pick made elsewhere with nothing to sample.
+	s, err := NewSequence(voc, []int{0}, greedy(2, 4))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Accept(-1); !errors.Is(err, sample.ErrNoCandidate) {
+		t.Errorf("Accept(-1): %v, want an error wrapping sample.ErrNoCandidate", err)
+	}
+	if st, err := s.Accept(0); err != nil || st.Token != 0 {
+		t.Errorf("Accept(0) after the failed one: %+v, %v", st, err)
+	}
 }
 
 // TestVocabLimitsSampling: ids past a smaller tokenizer's vocabulary are

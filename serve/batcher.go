@@ -377,7 +377,15 @@ func (s *Server) step(items []item, allLogits bool, running []*job) []*job {
 	for i, it := range items {
 		caches[i], tokens[i] = it.j.cache, it.toks
 	}
-	logits, st, err := s.e.Forward(caches, tokens, allLogits)
+	var logits [][]float32
+	var picks []int
+	var st *engine.Stats
+	var err error
+	if gd, ok := s.e.(engine.GreedyDecoding); ok && !s.o.PicksOnHost && greedyStep(items, allLogits) {
+		picks, st, err = gd.ForwardGreedy(caches, tokens, s.vocab)
+	} else {
+		logits, st, err = s.e.Forward(caches, tokens, allLogits)
+	}
 	if err != nil {
 		for _, j := range running {
 			s.finish(j, err)
@@ -394,7 +402,10 @@ func (s *Server) step(items []item, allLogits bool, running []*job) []*job {
 		if allLogits {
 			rows = len(tokens[i])
 		}
-		last := logits[row+rows-1]
+		var last []float32
+		if logits != nil {
+			last = logits[row+rows-1]
+		}
 		if it.logp {
 			s.promptLogprobs(j, logits[row:row+rows], j.cache.Len()-len(it.toks))
 		}
@@ -407,7 +418,12 @@ func (s *Server) step(items []item, allLogits bool, running []*job) []*job {
 			ended[j] = true
 			continue
 		}
-		stp, err := j.seq.Next(last)
+		var stp generate.Step
+		if picks != nil {
+			stp, err = j.seq.Accept(picks[i])
+		} else {
+			stp, err = j.seq.Next(last)
+		}
 		if err != nil {
 			s.finish(j, err)
 			ended[j] = true
@@ -449,6 +465,23 @@ func (s *Server) step(items []item, allLogits bool, running []*job) []*job {
 		}
 	}
 	return live
+}
+
+// greedyStep reports whether a step of items needs no logits on the host:
+// no log-probabilities, no scoring, and every job sampling greedily without
+// a repetition penalty (generate.Sequence.GreedyPicks), so that the
+// engine's greedy picks are what each job's Next would choose.
+func greedyStep(items []item, allLogits bool) bool {
+	if allLogits {
+		return false
+	}
+	for _, it := range items {
+		j := it.j
+		if it.logp || j.score || j.topN >= 0 || !j.seq.GreedyPicks() {
+			return false
+		}
+	}
+	return true
 }
 
 // promptLogprobs records the log-probabilities of the prompt tokens that

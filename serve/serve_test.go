@@ -217,7 +217,14 @@ func direct(t *testing.T, s *Server, text string, maxTokens int) *generate.Resul
 // the server's engine, driven by the test goroutine alone.
 func (s *Server) onEngine(t *testing.T, f func(engine.Engine)) {
 	t.Helper()
-	f(s.e.(*countingEngine).ref)
+	switch e := s.e.(type) {
+	case *countingEngine:
+		f(e.ref)
+	case *greedyEngine:
+		f(e.ref)
+	default:
+		t.Fatalf("no reference engine beside a %T", s.e)
+	}
 }
 
 func choice(t *testing.T, m map[string]any) map[string]any {

@@ -47,6 +47,11 @@ type Options struct {
 	// feeds, beside one token of each running request: longer prompts are
 	// fed in chunks of this many tokens over several steps.
 	PrefillTokens int
+	// PicksOnHost copies every step's logits to the host and samples there,
+	// also where the engine could make the step's greedy picks on its
+	// device (engine.GreedyDecoding: a step whose requests all sample
+	// greedily without a repetition penalty and want no log-probabilities).
+	PicksOnHost bool
 }
 
 // DefaultOptions are the flags' defaults.

@@ -62,6 +62,7 @@ func runBenchServe(args []string, stdout, stderr io.Writer) error {
 	fs.Var(&path, "mlp", "in-process server: MLP path, auto, sparse or dense")
 	maxConc := fs.Int("max-concurrent", d.MaxConcurrent, "in-process server: requests running in the batch at once")
 	prefill := fs.Int("prefill-tokens", d.PrefillTokens, "in-process server: prompt tokens fed per step")
+	picksOnHost := fs.Bool("picks-on-host", false, "in-process server: sample every step on the host, also greedy steps the GPU could pick on the device")
 	kvMem := fs.String("kv-memory", "", "in-process server: KV cache budget, e.g. 256MiB (default: what -max-concurrent full-context requests take)")
 	kvPage := fs.Int("kv-page-size", 0, "in-process server: positions per KV page (0: the engine's default)")
 	ctxLen := fs.Int("context", 0, "in-process server: positions per request (0: the model's)")
@@ -112,7 +113,7 @@ func runBenchServe(args []string, stdout, stderr io.Writer) error {
 	deviceName, server := "remote", *url
 	var is *inProcess
 	if *url == "" {
-		st := serverSetup{dir: *dir, preset: *preset, layers: *layers, device: *device, path: path, maxConc: *maxConc, prefill: *prefill, kvMem: *kvMem, kvPage: *kvPage,
+		st := serverSetup{dir: *dir, preset: *preset, layers: *layers, device: *device, path: path, maxConc: *maxConc, prefill: *prefill, picksOnHost: *picksOnHost, kvMem: *kvMem, kvPage: *kvPage,
 			context: *ctxLen, queue: *requests}
 		if is, err = startInProcess(st, stderr); err != nil {
 			return err
@@ -202,6 +203,7 @@ type serverSetup struct {
 	path                       mlp.Path
 	maxConc, prefill, layers   int
 	kvPage, context, queue     int
+	picksOnHost                bool
 }
 
 // inProcess is a server run in this process for the load test.
@@ -260,7 +262,7 @@ func startInProcess(st serverSetup, stderr io.Writer) (*inProcess, error) {
 		return nil, usagef("-context %d: must be >= 0", st.context)
 	}
 	o := serve.Options{ModelName: "twell", MaxConcurrent: st.maxConc, MaxQueue: max(st.queue, serve.DefaultOptions().MaxQueue),
-		MaxTokens: 1000000, MaxBody: serve.DefaultOptions().MaxBody, Context: st.context, PrefillTokens: st.prefill}
+		MaxTokens: 1000000, MaxBody: serve.DefaultOptions().MaxBody, Context: st.context, PrefillTokens: st.prefill, PicksOnHost: st.picksOnHost}
 	if err := o.Validate(); err != nil {
 		return nil, usagef("%v", err)
 	}
@@ -315,8 +317,12 @@ func startInProcess(st serverSetup, stderr io.Writer) (*inProcess, error) {
 	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second}
 	served := make(chan error, 1)
 	go func() { served <- hs.Serve(ln) }()
-	desc := fmt.Sprintf("in-process twell serve: %s on %s, %d positions, max-concurrent %d, prefill-tokens %d, mlp %s%s",
-		modelDesc, kind, o.Context, o.MaxConcurrent, o.PrefillTokens, st.path, kvNote(e))
+	picks := ""
+	if o.PicksOnHost {
+		picks = ", picks on the host"
+	}
+	desc := fmt.Sprintf("in-process twell serve: %s on %s, %d positions, max-concurrent %d, prefill-tokens %d, mlp %s%s%s",
+		modelDesc, kind, o.Context, o.MaxConcurrent, o.PrefillTokens, st.path, picks, kvNote(e))
 	stop := func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()

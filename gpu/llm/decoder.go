@@ -56,12 +56,9 @@ func (e *Engine) NewDecoder(ecaches []engine.Cache, vocab int) (engine.Decoder, 
 	if len(ecaches) == 0 {
 		return nil, errors.New("llm: decoder: no sequences")
 	}
-	V := e.cfg.VocabSize
-	if vocab < 0 || vocab > V {
-		return nil, fmt.Errorf("llm: decoder: vocab %d outside [0, %d] (0 is the whole vocabulary)", vocab, V)
-	}
-	if vocab == 0 {
-		vocab = V
+	vocab, err := e.pickVocab(vocab)
+	if err != nil {
+		return nil, err
 	}
 	d := &Decoder{e: e, caches: make([]*cache, len(ecaches)), vocab: vocab}
 	seen := make(map[*cache]int, len(ecaches))
@@ -77,7 +74,6 @@ func (e *Engine) NewDecoder(ecaches []engine.Cache, vocab int) (engine.Decoder, 
 		d.caches[i] = kc
 	}
 	n := 8 * len(ecaches)
-	var err error
 	if d.picks, err = e.dev.Alloc(n); err != nil {
 		return nil, fmt.Errorf("llm: decoder: %w", err)
 	}
@@ -172,13 +168,7 @@ func (d *Decoder) queue(b *batch, fed bool) error {
 	if _, err := e.decoderLayers(b, false); err != nil {
 		return err
 	}
-	picks, none := view(d.picks, 0, 4*S), view(d.picks, 4*S, 4*S)
-	err := e.headQueue(b, func(r0, rc int) error {
-		return e.k.argmax.LaunchEx(cuda.LaunchConfig{Grid: cuda.Dim3{uint32(rc), 1, 1}, Block: cuda.Dim3{pickThreads, 1, 1},
-			Stream: s, EarlyStart: e.early()},
-			e.ws.logits, int32(e.cfg.VocabSize), int32(d.vocab), view(picks, 4*r0, 4*rc), view(none, 4*r0, 4*rc))
-	})
-	if err != nil {
+	if err := e.headPicks(b, d.picks, d.vocab); err != nil {
 		return err
 	}
 	if err := e.dev.CopyDtoHAsync(d.host[slot].Bytes(), d.picks, s); err != nil {
@@ -189,6 +179,111 @@ func (d *Decoder) queue(b *batch, fed bool) error {
 
 // pickThreads is argmax_rows' block (PICK_THREADS in pick.cu).
 const pickThreads = 1024
+
+// pickVocab checks the number of logits greedy picks choose among (0: the
+// whole vocabulary) and returns it.
+func (e *Engine) pickVocab(vocab int) (int, error) {
+	V := e.cfg.VocabSize
+	if vocab < 0 || vocab > V {
+		return 0, fmt.Errorf("llm: greedy picks: vocab %d outside [0, %d] (0 is the whole vocabulary)", vocab, V)
+	}
+	if vocab == 0 {
+		vocab = V
+	}
+	return vocab, nil
+}
+
+// headPicks queues the head of b (headQueue) and, after each chunk of its
+// logits, argmax_rows: the greedy pick of row r among the first vocab
+// logits into picks[r] (int32), its no-candidate flag into picks[b.rows+r].
+func (e *Engine) headPicks(b *batch, picks *cuda.Buffer, vocab int) error {
+	n := b.rows
+	p, none := view(picks, 0, 4*n), view(picks, 4*n, 4*n)
+	return e.headQueue(b, func(r0, rc int) error {
+		return e.k.argmax.LaunchEx(cuda.LaunchConfig{Grid: cuda.Dim3{uint32(rc), 1, 1}, Block: cuda.Dim3{pickThreads, 1, 1},
+			Stream: e.stream, EarlyStart: e.early()},
+			e.ws.logits, int32(e.cfg.VocabSize), int32(vocab), view(p, 4*r0, 4*rc), view(none, 4*r0, 4*rc))
+	})
+}
+
+// ForwardGreedy runs a pass as Forward does (without allLogits) but
+// returns, for each sequence, the greedy pick after its last new token
+// among the first vocab logits (the whole vocabulary when vocab is 0),
+// made on the device: only the picks come back to the host. A sequence
+// with no logit above -Inf gets -1.
+func (e *Engine) ForwardGreedy(ecaches []engine.Cache, tokens [][]int, vocab int) ([]int, *engine.Stats, error) {
+	vocab, err := e.pickVocab(vocab)
+	if err != nil {
+		return nil, nil, err
+	}
+	S := len(tokens)
+	if err := e.settle(); err != nil {
+		return nil, nil, err
+	}
+	if err := e.greedyFor(S); err != nil {
+		return nil, nil, err
+	}
+	st, err := e.forward(ecaches, tokens, false, func(b *batch) error {
+		if err := e.headPicks(b, e.greedy.picks, vocab); err != nil {
+			return err
+		}
+		return e.dev.CopyDtoHAsync(e.greedy.host.Bytes()[:8*S], e.greedy.picks, e.stream)
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	w := unsafe.Slice((*int32)(unsafe.Pointer(&e.greedy.host.Bytes()[0])), 2*S)
+	out := make([]int, S)
+	for i := range out {
+		out[i] = int(w[i])
+		if w[S+i] != 0 {
+			out[i] = -1
+		}
+	}
+	return out, st, nil
+}
+
+// greedyPicks are ForwardGreedy's buffers: picks and flags on the device,
+// and their page-locked copy.
+type greedyPicks struct {
+	picks *cuda.Buffer
+	host  *cuda.HostBuffer
+	seqs  int // sequences they hold
+}
+
+// greedyFor grows ForwardGreedy's buffers to S sequences (the stream is
+// idle).
+func (e *Engine) greedyFor(S int) error {
+	g := &e.greedy
+	if g.seqs >= S {
+		return nil
+	}
+	if err := g.free(); err != nil {
+		return err
+	}
+	var err error
+	if g.picks, err = e.dev.Alloc(8 * S); err != nil {
+		return fmt.Errorf("llm: greedy picks: %w", err)
+	}
+	if g.host, err = e.dev.AllocHost(8 * S); err != nil {
+		return fmt.Errorf("llm: greedy picks: %w", err)
+	}
+	g.seqs = S
+	return nil
+}
+
+// free frees the buffers.
+func (g *greedyPicks) free() error {
+	var errs []error
+	if g.picks != nil {
+		errs = append(errs, g.picks.Free())
+	}
+	if g.host != nil {
+		errs = append(errs, g.host.Free())
+	}
+	*g = greedyPicks{}
+	return errors.Join(errs...)
+}
 
 // Next waits for the oldest queued step whose picks it has not returned and
 // returns each sequence's greedy pick: the token after the one that step

@@ -345,3 +345,41 @@ func TestGenerateOnDeviceMatchesHost(t *testing.T) {
 		}
 	}
 }
+
+// TestForwardGreedyMatchesForward runs passes of prompts and decode tokens
+// of several sequences, some still on their prompt beside others decoding,
+// through ForwardGreedy and, on copies of the caches, Forward with the picks
+// made on the host: the same picks, the same cache lengths, on both MLP
+// paths, with the picks limited to part of the vocabulary.
+func TestForwardGreedyMatchesForward(t *testing.T) {
+	c := testConfig(64, 4, 2, true)
+	e, r, seed := gpuEngine(t, c, "")
+	for _, path := range []string{"sparse", "dense"} {
+		if err := e.SetMLPPath(pathOf(t, path)); err != nil {
+			t.Fatal(err)
+		}
+		S := 1 + r.IntN(9)
+		vocab := c.VocabSize - r.IntN(2)*(1+r.IntN(c.VocabSize/2))
+		ref, dev := enginetest.Caches(t, e, S, 200), enginetest.Caches(t, e, S, 200)
+		for pass := range 8 {
+			toks := make([][]int, S)
+			for i := range toks {
+				toks[i] = enginetest.Tokens(r, 1+r.IntN(3)*r.IntN(20), c.VocabSize)
+			}
+			logits, _ := enginetest.Forward(t, e, ref, toks, false)
+			got, _, err := e.ForwardGreedy(dev, toks, vocab)
+			if err != nil {
+				t.Fatalf("seed %d: %s pass %d: %v", seed, path, pass, err)
+			}
+			for i, l := range logits {
+				if want := greedy(t, l, vocab); got[i] != want || dev[i].Len() != ref[i].Len() {
+					t.Fatalf("seed %d: %s pass %d sequence %d: pick %d with %d positions, want %d with %d",
+						seed, path, pass, i, got[i], dev[i].Len(), want, ref[i].Len())
+				}
+			}
+		}
+	}
+	if _, _, err := e.ForwardGreedy(enginetest.Caches(t, e, 1, 4), [][]int{{1}}, -1); err == nil {
+		t.Error("a negative vocab gave no error")
+	}
+}

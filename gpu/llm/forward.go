@@ -322,26 +322,40 @@ func view(b *cuda.Buffer, off, n int) *cuda.Buffer {
 // "head" (final norm, LM head, logits copy); nil for steps replayed from a
 // CUDA graph.
 func (e *Engine) Forward(ecaches []engine.Cache, tokens [][]int, allLogits bool) ([][]float32, *engine.Stats, error) {
+	var logits [][]float32
+	st, err := e.forward(ecaches, tokens, allLogits, func(b *batch) (err error) {
+		logits, err = e.logits(b)
+		return err
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	return logits, st, nil
+}
+
+// forward runs a pass as Forward does, with head queuing what follows the
+// decoder layers (the LM head and what reads its logits), and waits for it.
+func (e *Engine) forward(ecaches []engine.Cache, tokens [][]int, allLogits bool, head func(*batch) error) (*engine.Stats, error) {
 	if e.closed {
-		return nil, nil, errors.New("llm: engine was closed")
+		return nil, errors.New("llm: engine was closed")
 	}
 	if err := e.settle(); err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	caches := make([]*cache, len(ecaches))
 	for i, c := range ecaches {
 		kc, ok := c.(*cache)
 		if !ok || kc.e != e {
-			return nil, nil, fmt.Errorf("llm: cache %d was not made by this engine", i)
+			return nil, fmt.Errorf("llm: cache %d was not made by this engine", i)
 		}
 		caches[i] = kc
 	}
 	b, err := e.plan(caches, tokens, allLogits)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	if err := e.pool.grow(caches, tokens); err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	done := false
 	defer func() {
@@ -352,21 +366,20 @@ func (e *Engine) Forward(ecaches []engine.Cache, tokens [][]int, allLogits bool)
 	b.setPages(caches)
 	st, err := e.queue(b)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
-	logits, err := e.logits(b)
-	if err != nil {
-		return nil, nil, err
+	if err := head(b); err != nil {
+		return nil, err
 	}
 	if e.profOn {
 		e.prof.mark(e.dev, e.stream, "head")
 	}
 	if err := e.stream.Synchronize(); err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	if e.profOn {
 		if st.StepMS, err = e.prof.collect(); err != nil {
-			return nil, nil, fmt.Errorf("llm: profile: %w", err)
+			return nil, fmt.Errorf("llm: profile: %w", err)
 		}
 	}
 	for s, toks := range tokens {
@@ -380,7 +393,7 @@ func (e *Engine) Forward(ecaches []engine.Cache, tokens [][]int, allLogits bool)
 			}
 		}
 	}
-	return logits, st, nil
+	return st, nil
 }
 
 // queue uploads the metadata and queues the decoder layers: from a CUDA
