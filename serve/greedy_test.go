@@ -3,7 +3,6 @@ package serve
 import (
 	"errors"
 	"fmt"
-	"net/http/httptest"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -62,17 +61,7 @@ func TestGreedyStepsPickOnEngine(t *testing.T) {
 			e := &greedyEngine{countingEngine: ce}
 			o := DefaultOptions()
 			o.PicksOnHost = onHost
-			s, err := New(e, tok, o)
-			if err != nil {
-				t.Fatal(err)
-			}
-			hs := httptest.NewServer(s.Handler())
-			t.Cleanup(func() {
-				hs.Close()
-				done := make(chan struct{})
-				close(done)
-				s.Shutdown(done)
-			})
+			s, hs := serveOn(t, e, tok, o)
 			prompts := []string{"Once upon a time", "The", "A long time ago in a galaxy far, far away", "1 2 3 4 5 6"}
 			alone := make([]string, len(prompts))
 			for i, p := range prompts {

@@ -122,6 +122,14 @@ func newTestServer(t *testing.T, o Options) (*Server, *httptest.Server, *countin
 func newPagedTestServer(t *testing.T, o Options, pageSize, pages int) (*Server, *httptest.Server, *countingEngine) {
 	t.Helper()
 	e, tok := tinyPagedEngine(t, pageSize, pages)
+	s, hs := serveOn(t, e, tok, o)
+	return s, hs, e
+}
+
+// serveOn starts a server over e behind httptest, shut down at the end of
+// the test.
+func serveOn(t *testing.T, e engine.Engine, tok *tokenizer.Tokenizer, o Options) (*Server, *httptest.Server) {
+	t.Helper()
 	s, err := New(e, tok, o)
 	if err != nil {
 		t.Fatal(err)
@@ -133,7 +141,7 @@ func newPagedTestServer(t *testing.T, o Options, pageSize, pages int) (*Server, 
 		close(done)
 		s.Shutdown(done)
 	})
-	return s, hs, e
+	return s, hs
 }
 
 // post sends body as JSON and returns the status and the decoded answer.
