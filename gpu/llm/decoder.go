@@ -14,8 +14,7 @@ import (
 //
 // A step that returns logits ends with the host: the logits are copied
 // back, the host picks the next tokens and only then queues the next step,
-// while the GPU waits (at 512 cached tokens on an H200 about 45 us of a
-// 1.04 ms step at one sequence and 0.2 ms of 1.84 ms at eight). A Decoder
+// while the GPU waits (docs/gpu-llm.md has the figures). A Decoder
 // picks on the device instead (argmax_rows, pick.cu, after the LM head) and
 // feeds the picks to the next step by a device copy into that step's token
 // ids, queued between the upload of its metadata and its layers; so the
@@ -126,16 +125,17 @@ func (d *Decoder) Queue(tokens []int) error {
 	if err := e.pool.grow(d.caches, toks); err != nil {
 		return err
 	}
+	// From here kernels that read the step's pages may be queued.
+	e.inflight = true
 	if err := d.queue(b, tokens == nil); err != nil {
+		d.err = errors.Join(err, e.settle())
 		e.pool.ungrow(d.caches)
-		d.err = err
 		return err
 	}
 	for _, c := range d.caches {
 		c.n++
 	}
 	d.queued++
-	e.inflight = true
 	return nil
 }
 
