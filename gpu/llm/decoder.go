@@ -304,7 +304,11 @@ func (d *Decoder) Next() ([]int, error) {
 	}
 	d.read++
 	if d.read == d.queued {
+		// Work queued after this step may still run for another decoder.
 		d.e.inflight = false
+		for o := range d.e.decoders {
+			d.e.inflight = d.e.inflight || o.read < o.queued
+		}
 	}
 	S := len(d.caches)
 	w := unsafe.Slice((*int32)(unsafe.Pointer(&d.host[slot].Bytes()[0])), 2*S)
