@@ -68,6 +68,12 @@ type ServeOptions struct {
 	// uniformly from 1..max(1, MaxTokens/2): the abuse a server must
 	// survive without leaking. Such requests count as Disconnected.
 	Disconnect float64
+	// Warmup is a number of requests sent before the timed ones, all at
+	// once at Concurrency, with the same prompts and MaxTokens, and not
+	// counted: the first requests to a server pay for what it does once
+	// (a GPU server compiles its kernels, records a decode step's graph
+	// for each batch size and times its MLP paths).
+	Warmup int
 }
 
 // Validate reports the first bad option, naming its flag.
@@ -94,6 +100,8 @@ func (o ServeOptions) Validate() error {
 		return fmt.Errorf("-duration %v: must be >= 0", o.Duration)
 	case !(o.Disconnect >= 0 && o.Disconnect <= 1):
 		return fmt.Errorf("-disconnect %g: must be a probability in [0, 1]", o.Disconnect)
+	case o.Warmup < 0 || o.Warmup > 1000000:
+		return fmt.Errorf("-warmup %d: must be in 0..1000000", o.Warmup)
 	}
 	for i, p := range o.Prompts {
 		if strings.TrimSpace(p) == "" {
@@ -182,7 +190,8 @@ type ServeResult struct {
 	TPOT          Dist           `json:"tpot"`
 	ITL           Dist           `json:"itl"`
 	E2E           Dist           `json:"e2e_latency"`
-	Preemptions   int64          `json:"preemptions"` // from the server's /metrics; -1 where it has none
+	Preemptions   int64          `json:"preemptions"`      // from the server's /metrics (warm-up included); -1 where it has none
+	Warmup        int            `json:"warmup,omitempty"` // requests sent before and not counted (ServeOptions.Warmup)
 	PerRequest    []ServeRequest `json:"per_request"`
 	itl           []float64
 }
@@ -194,6 +203,18 @@ type ServeResult struct {
 func Serve(ctx context.Context, o ServeOptions, progress func(done, total int)) (*ServeResult, error) {
 	if err := o.Validate(); err != nil {
 		return nil, err
+	}
+	if o.Warmup > 0 {
+		w := o
+		w.Requests, w.Warmup, w.Rate, w.Duration, w.Disconnect = o.Warmup, 0, 0, 0, 0
+		w.Seed = o.Seed ^ 0x3a4e
+		wr, err := Serve(ctx, w, nil)
+		if err != nil {
+			return nil, fmt.Errorf("warm-up: %w", err)
+		}
+		if wr.Failed > 0 {
+			return nil, fmt.Errorf("warm-up: %d of %d requests failed: %s", wr.Failed, wr.Requests, strings.Join(wr.Errors, "; "))
+		}
 	}
 	base := strings.TrimRight(o.URL, "/")
 	r := rand.New(rand.NewPCG(o.Seed, 0x5e7e))
@@ -271,7 +292,8 @@ func Serve(ctx context.Context, o ServeOptions, progress func(done, total int)) 
 	}
 	reqs := all[:sent]
 	res := &ServeResult{Row: newRow(ServeSchema, "remote", CPUName()), Server: base, Model: o.Model, Requests: len(reqs),
-		Rate: o.Rate, Concurrency: o.Concurrency, MaxTokens: o.MaxTokens, PerRequest: reqs, Preemptions: scrapePreemptions(client, base)}
+		Rate: o.Rate, Concurrency: o.Concurrency, MaxTokens: o.MaxTokens, PerRequest: reqs, Preemptions: scrapePreemptions(client, base),
+		Warmup: o.Warmup}
 	var ttft, tpot, e2e []float64
 	end := 0.0
 	for _, q := range reqs {

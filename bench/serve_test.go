@@ -176,6 +176,7 @@ func TestServeOptionsChecked(t *testing.T) {
 		{func(o *ServeOptions) { o.Temperature = -1 }, "-temperature"},
 		{func(o *ServeOptions) { o.Prompts = nil }, "no prompts"},
 		{func(o *ServeOptions) { o.Prompts = []string{" "} }, "empty"},
+		{func(o *ServeOptions) { o.Warmup = -1 }, "-warmup -1"},
 	} {
 		o := good
 		c.set(&o)

@@ -8,7 +8,8 @@
 #   scripts/gpu-serve-bench.sh OUTDIR [MODEL_DIR]
 #
 # Writes OUTDIR/serve-PATH-cN.json and .txt per run and prints the summary
-# lines. MAX_TOKENS (default 128) tokens per request, -ignore-eos.
+# lines. MAX_TOKENS (default 128) tokens per request, -ignore-eos; each run
+# first sends as many requests as it keeps in flight, not counted (-warmup).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:?usage: scripts/gpu-serve-bench.sh OUTDIR [MODEL_DIR]}
@@ -21,7 +22,7 @@ status=0
 for c in 1 8 64; do
   for p in auto dense; do
     n=$((c < 8 ? 16 : 4 * c))
-    "$bin" bench serve "${src[@]}" -device cuda -mlp "$p" -concurrency "$c" -max-concurrent 64 -requests "$n" \
+    "$bin" bench serve "${src[@]}" -device cuda -mlp "$p" -concurrency "$c" -max-concurrent 64 -requests "$n" -warmup "$c" \
       -max-tokens "${MAX_TOKENS:-128}" -ignore-eos -seed 1 -json "$out/serve-$p-c$c.json" > "$out/serve-$p-c$c.txt" 2>&1 || status=1
     echo "== $p, $c in flight"
     grep -E "output throughput|time to first|time per output" "$out/serve-$p-c$c.txt"

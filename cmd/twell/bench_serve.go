@@ -46,6 +46,7 @@ func runBenchServe(args []string, stdout, stderr io.Writer) error {
 	requests := fs.Int("requests", 64, "requests to send, 1..1000000")
 	rate := fs.Float64("rate", 0, "mean requests per second, Poisson arrivals (0: all at once)")
 	concurrency := fs.Int("concurrency", 0, "most requests in flight (0: no limit)")
+	warmup := fs.Int("warmup", 0, "requests sent all at once (at -concurrency) before the timed ones and not counted, 0..1000000: a server's first requests pay for compiling kernels and recording graphs")
 	maxTokens := fs.Int("max-tokens", 64, "max_tokens of each request")
 	promptsPath := fs.String("prompts", "", "text file or folder (its .txt files) to cut prompts from (default: the bundled text sample)")
 	words := fs.Int("prompt-words", 64, "words per prompt, from the start of a paragraph drawn at random")
@@ -92,7 +93,7 @@ func runBenchServe(args []string, stdout, stderr io.Writer) error {
 	}
 	o := bench.ServeOptions{URL: "http://127.0.0.1:1", Prompts: []string{"x"}, Requests: *requests, Rate: *rate, Concurrency: *concurrency,
 		MaxTokens: *maxTokens, Temperature: *temp, IgnoreEOS: *ignoreEOS, Seed: *seed, Timeout: *timeout,
-		Duration: *duration, Disconnect: *disconnect}
+		Duration: *duration, Disconnect: *disconnect, Warmup: *warmup}
 	if *url != "" {
 		o.URL = *url
 	}
@@ -347,6 +348,9 @@ func printServeReport(w io.Writer, r *bench.ServeResult) {
 	}
 	fmt.Fprintf(w, "server:              %s\n", r.Server)
 	fmt.Fprintf(w, "requests:            %d (rate %s, concurrency %s, max_tokens %d): %d done, %d failed, %d hung up by the client\n", r.Requests, rate, conc, r.MaxTokens, r.Completed, r.Failed, r.Disconnected)
+	if r.Warmup > 0 {
+		fmt.Fprintf(w, "warm-up:             %d requests before, not counted\n", r.Warmup)
+	}
 	if l := r.Leaks; l != nil {
 		fmt.Fprintf(w, "leak check:          goroutines %d -> %d, Go heap %.1f -> %.1f MiB, KV pages in use %d -> %d, running %d, queued %d\n",
 			l.GoroutinesBefore, l.GoroutinesAfter, l.HeapMiBBefore, l.HeapMiBAfter, l.KVPagesBefore, l.KVPagesAfter, l.RunningAfter, l.QueuedAfter)
