@@ -5,6 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"runtime"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/twell-ai/twell/engine"
@@ -395,6 +398,9 @@ func (s *Server) step(items []item, allLogits bool, running []*job) []*job {
 	s.metrics.addStats(st)
 	now := time.Now()
 	ended := map[*job]bool{}
+	// The jobs that sample this step, each from its last row of logits (or
+	// the engine's pick).
+	var draws []draw
 	row := 0
 	for i, it := range items {
 		j := it.j
@@ -402,9 +408,11 @@ func (s *Server) step(items []item, allLogits bool, running []*job) []*job {
 		if allLogits {
 			rows = len(tokens[i])
 		}
-		var last []float32
+		d := draw{j: j, pick: -1}
 		if logits != nil {
-			last = logits[row+rows-1]
+			d.last = logits[row+rows-1]
+		} else {
+			d.pick = picks[i]
 		}
 		if it.logp {
 			s.promptLogprobs(j, logits[row:row+rows], j.cache.Len()-len(it.toks))
@@ -418,18 +426,23 @@ func (s *Server) step(items []item, allLogits bool, running []*job) []*job {
 			ended[j] = true
 			continue
 		}
-		var stp generate.Step
-		if picks != nil {
-			stp, err = j.seq.Accept(picks[i])
-		} else {
-			stp, err = j.seq.Next(last)
+		draws = append(draws, d)
+	}
+	sampled := s.sampleAll(draws)
+	for i := range draws {
+		d := &draws[i]
+		if !sampled {
+			// Each job's text goes to its stream before the next job
+			// samples, so the handlers write while the batcher goes on.
+			s.sampleOne(d)
 		}
-		if err != nil {
-			s.finish(j, err)
+		j := d.j
+		if d.err != nil {
+			s.finish(j, d.err)
 			ended[j] = true
 			continue
 		}
-		var lp []tokenLogprob
+		stp := d.stp
 		if stp.Token >= 0 {
 			if len(j.seq.Tokens()) == 1 {
 				s.metrics.ttft.observe(now.Sub(j.arrived).Seconds())
@@ -437,14 +450,11 @@ func (s *Server) step(items []item, allLogits bool, running []*job) []*job {
 				s.metrics.itl.observe(now.Sub(j.lastToken).Seconds())
 			}
 			j.lastToken = now
-			if j.topN >= 0 {
-				lp = []tokenLogprob{logprobOf(last, stp.Token, j.topN, s.vocab)}
-				j.genLogp = append(j.genLogp, lp...)
-			}
+			j.genLogp = append(j.genLogp, d.lp...)
 		}
-		if j.out != nil && (stp.Text != "" || lp != nil) {
+		if j.out != nil && (stp.Text != "" || d.lp != nil) {
 			select {
-			case j.out <- piece{text: stp.Text, logprobs: lp}:
+			case j.out <- piece{text: stp.Text, logprobs: d.lp}:
 			default:
 				s.finish(j, errTooSlow)
 				ended[j] = true
@@ -465,6 +475,62 @@ func (s *Server) step(items []item, allLogits bool, running []*job) []*job {
 		}
 	}
 	return live
+}
+
+// draw is one job's sample of a step: its input (the last row of logits,
+// or the engine's pick) and what its Sequence made of it.
+type draw struct {
+	j    *job
+	last []float32 // nil when the engine picked
+	pick int
+	stp  generate.Step
+	err  error
+	lp   []tokenLogprob // the token's log-probability, when asked for
+}
+
+// sampleOne runs a draw's sampler (Sequence.Next or Accept) and, when
+// its job asks for it, the sampled token's log-probability.
+func (s *Server) sampleOne(d *draw) {
+	j := d.j
+	if d.last == nil {
+		d.stp, d.err = j.seq.Accept(d.pick)
+	} else {
+		d.stp, d.err = j.seq.Next(d.last)
+	}
+	if d.err == nil && d.stp.Token >= 0 && j.topN >= 0 {
+		d.lp = []tokenLogprob{logprobOf(d.last, d.stp.Token, j.topN, s.vocab)}
+	}
+}
+
+// sampleAll runs the draws' samplers on the host's cores where two or more
+// of them draw at a temperature or want log-probabilities, and reports
+// whether it did. Each job's state is its own, and such a draw takes a
+// softmax of a whole row (about 0.2 ms at a vocabulary of 32000 on one
+// core), so one core for a batch of 64 would take longer than a GPU's
+// decode step. Greedy picks (one pass over the row, or none when the
+// engine picked) are left to the caller, one job at a time.
+func (s *Server) sampleAll(draws []draw) bool {
+	heavy := 0
+	for _, d := range draws {
+		if d.last != nil && (d.j.topN >= 0 || !d.j.seq.GreedyPicks()) {
+			heavy++
+		}
+	}
+	workers := min(len(draws), runtime.GOMAXPROCS(0))
+	if workers <= 1 || heavy < 2 {
+		return false
+	}
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			for i := int(next.Add(1)) - 1; i < len(draws); i = int(next.Add(1)) - 1 {
+				s.sampleOne(&draws[i])
+			}
+		})
+	}
+	wg.Wait()
+	return true
 }
 
 // greedyStep reports whether a step of items needs no logits on the host:

@@ -68,10 +68,20 @@ func (e *instantEngine) Forward(cs []engine.Cache, toks [][]int, all bool) ([][]
 	return e.out, engine.NewStats(n, e.c.NumHiddenLayers), nil
 }
 
-// BenchmarkServeStreams streams 64 greedy completions of 64 tokens at once
-// through the server over an engine that costs nothing: output tokens/s
-// is the server's own ceiling.
+// BenchmarkServeStreams streams 64 completions of 64 tokens at once
+// through the server over an engine that costs nothing, greedy and at
+// temperature 0.8: output tokens/s is the server's own ceiling.
 func BenchmarkServeStreams(b *testing.B) {
+	for _, temp := range []float64{0, 0.8} {
+		name := "greedy"
+		if temp > 0 {
+			name = "t0.8"
+		}
+		b.Run(name, func(b *testing.B) { serveStreams(b, temp) })
+	}
+}
+
+func serveStreams(b *testing.B, temp float64) {
 	m, tok := enginetest.TinyModel(b, 512)
 	c := m.Config
 	e := &instantEngine{c: c}
@@ -97,7 +107,7 @@ func BenchmarkServeStreams(b *testing.B) {
 		s.Shutdown(done)
 	}()
 	body, _ := json.Marshal(map[string]any{"prompt": "The quick brown fox jumps over the lazy dog", "max_tokens": 64,
-		"temperature": 0, "stream": true, "ignore_eos": true})
+		"temperature": temp, "seed": 7, "stream": true, "ignore_eos": true})
 	const clients = 64
 	b.ResetTimer()
 	for range b.N {

@@ -3,14 +3,30 @@ package serve
 import (
 	"errors"
 	"fmt"
+	"math/rand/v2"
+	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/twell-ai/twell/engine"
+	"github.com/twell-ai/twell/generate"
+	"github.com/twell-ai/twell/internal/testutil"
 	"github.com/twell-ai/twell/sample"
 )
+
+// idText decodes token ids as "<id>" each.
+type idText struct{}
+
+func (idText) Decode(ids []int, _ bool) (string, error) {
+	var b strings.Builder
+	for _, id := range ids {
+		fmt.Fprintf(&b, "<%d>", id)
+	}
+	return b.String(), nil
+}
 
 // greedyEngine is a countingEngine that also makes greedy picks "on its
 // device" (engine.GreedyDecoding), by its Forward and package sample's
@@ -108,5 +124,58 @@ func TestGreedyStepsPickOnEngine(t *testing.T) {
 			}
 			waitIdle(t, s, ce)
 		})
+	}
+}
+
+// TestSampleAllMatchesSerial samples a step of jobs at temperatures, with
+// top-p, log-probabilities and greedy picks among them, through sampleAll
+// (on several goroutines) and, on twins of the same jobs, one after
+// another: every job's steps and log-probabilities are the same.
+func TestSampleAllMatchesSerial(t *testing.T) {
+	r, seed := testutil.Rand(t)
+	const vocab, jobs, steps = 3000, 24, 5
+	s := &Server{vocab: vocab}
+	twins := func() []*job {
+		rr := rand.New(rand.NewPCG(seed, 1))
+		js := make([]*job, jobs)
+		for i := range js {
+			o := generate.Options{MaxTokens: 64, Context: 256, Sample: sample.Greedy(), Vocab: vocab}
+			if i%4 != 0 {
+				o.Sample.Temperature, o.Sample.TopP, o.Sample.Seed = 0.5+rr.Float64(), 0.9, rr.Uint64()
+			}
+			sq, err := generate.NewSequence(idText{}, []int{1, 2, 3}, o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			js[i] = &job{seq: sq, topN: i%3 - 1}
+		}
+		return js
+	}
+	par, ser := twins(), twins()
+	for step := range steps {
+		rows := make([][]float32, jobs)
+		for i := range rows {
+			rows[i] = make([]float32, vocab)
+			for k := range rows[i] {
+				rows[i][k] = float32(r.NormFloat64() * 2)
+			}
+		}
+		dp, ds := make([]draw, jobs), make([]draw, jobs)
+		for i := range dp {
+			dp[i] = draw{j: par[i], last: rows[i], pick: -1}
+			ds[i] = draw{j: ser[i], last: rows[i], pick: -1}
+		}
+		if !s.sampleAll(dp) && runtime.GOMAXPROCS(0) > 1 {
+			t.Fatalf("seed %d: sampleAll left %d draws at temperatures to the caller", seed, jobs)
+		}
+		for i := range ds {
+			s.sampleOne(&ds[i])
+		}
+		for i := range dp {
+			if fmt.Sprint(dp[i].stp, dp[i].err, dp[i].lp) != fmt.Sprint(ds[i].stp, ds[i].err, ds[i].lp) {
+				t.Fatalf("seed %d: step %d job %d: %v %v %v on goroutines, %v %v %v one after another", seed, step, i,
+					dp[i].stp, dp[i].err, dp[i].lp, ds[i].stp, ds[i].err, ds[i].lp)
+			}
+		}
 	}
 }
