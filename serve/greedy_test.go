@@ -5,28 +5,17 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"runtime"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/twell-ai/twell/engine"
+	"github.com/twell-ai/twell/engine/enginetest"
 	"github.com/twell-ai/twell/generate"
 	"github.com/twell-ai/twell/internal/testutil"
 	"github.com/twell-ai/twell/sample"
 )
-
-// idText decodes token ids as "<id>" each.
-type idText struct{}
-
-func (idText) Decode(ids []int, _ bool) (string, error) {
-	var b strings.Builder
-	for _, id := range ids {
-		fmt.Fprintf(&b, "<%d>", id)
-	}
-	return b.String(), nil
-}
 
 // greedyEngine is a countingEngine that also makes greedy picks "on its
 // device" (engine.GreedyDecoding), by its Forward and package sample's
@@ -143,7 +132,7 @@ func TestSampleAllMatchesSerial(t *testing.T) {
 			if i%4 != 0 {
 				o.Sample.Temperature, o.Sample.TopP, o.Sample.Seed = 0.5+rr.Float64(), 0.9, rr.Uint64()
 			}
-			sq, err := generate.NewSequence(idText{}, []int{1, 2, 3}, o)
+			sq, err := generate.NewSequence(enginetest.IDText{}, []int{1, 2, 3}, o)
 			if err != nil {
 				t.Fatal(err)
 			}

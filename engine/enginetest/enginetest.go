@@ -10,6 +10,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/twell-ai/twell/engine"
@@ -213,4 +214,17 @@ func HFCrossCheck(t *testing.T, check func(t *testing.T, c *HFCase)) {
 			check(t, &c)
 		})
 	}
+}
+
+// IDText is a detokenizer (generate.Decoder) that writes each id as
+// "<id>": text whose stop strings and pieces a test can predict from ids.
+type IDText struct{}
+
+// Decode writes ids as "<id>" each.
+func (IDText) Decode(ids []int, _ bool) (string, error) {
+	var b strings.Builder
+	for _, id := range ids {
+		fmt.Fprintf(&b, "<%d>", id)
+	}
+	return b.String(), nil
 }

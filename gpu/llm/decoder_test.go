@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"math"
 	"slices"
-	"strings"
 	"testing"
 
 	"github.com/twell-ai/twell/cuda"
@@ -292,17 +291,6 @@ func argmaxRows(t *testing.T, dev *cuda.Device, e *Engine, x []float32, rows, ld
 // the host.
 type hostOnly struct{ engine.Engine }
 
-// idText decodes token ids as "<id>" each.
-type idText struct{}
-
-func (idText) Decode(ids []int, _ bool) (string, error) {
-	var b strings.Builder
-	for _, id := range ids {
-		fmt.Fprintf(&b, "<%d>", id)
-	}
-	return b.String(), nil
-}
-
 // TestGenerateOnDeviceMatchesHost runs greedy generations through
 // generate.Run on the GPU engine, which decodes through a Decoder, and on
 // the same engine with the picks made on the host: the same tokens, text
@@ -315,7 +303,7 @@ func TestGenerateOnDeviceMatchesHost(t *testing.T) {
 	base := generate.Options{MaxTokens: 24, Context: c.MaxPositionEmbeddings, Sample: sample.Greedy()}
 	run := func(eng engine.Engine, o generate.Options) *generate.Result {
 		t.Helper()
-		res, err := generate.Run(eng, idText{}, prompt, o, nil)
+		res, err := generate.Run(eng, enginetest.IDText{}, prompt, o, nil)
 		if err != nil {
 			t.Fatalf("seed %d: %v", seed, err)
 		}
