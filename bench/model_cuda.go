@@ -219,10 +219,8 @@ func ModelCUDA(o ModelOptions, progress func(string)) ([]ModelCUDAResult, error)
 		defer func(v bool) { e.ReuseLogits = v }(e.ReuseLogits)
 		e.ReuseLogits = true
 		prefill := func() error {
-			for _, cache := range caches {
-				if err := cache.Truncate(0); err != nil {
-					return err
-				}
+			if err := truncateAll(caches, 0); err != nil {
+				return err
 			}
 			var err error
 			logits, stats, err = e.Forward(caches, prompts, false)
@@ -402,10 +400,8 @@ func ParseModelVariants(s string) ([]map[string]string, error) {
 // small-batch kernels, and sums up the stamps the last layer's gemv_mlp
 // left in each (GEMVTimelineOf); it also returns the last step's blocks.
 func gemvTimeline(e *llm.Engine, caches []engine.Cache, toks [][]int, ctx, steps int, r *rand.Rand) ([]GEMVPhase, []GEMVBlock, error) {
-	for _, c := range caches {
-		if err := c.Truncate(ctx); err != nil {
-			return nil, nil, err
-		}
+	if err := truncateAll(caches, ctx); err != nil {
+		return nil, nil, err
 	}
 	var stamps [][][]uint64
 	var sms []int
@@ -506,10 +502,8 @@ func decodeSpeedCUDA(e *llm.Engine, r *rand.Rand, batch int, o ModelOptions, pat
 	var sec TraceSection
 	var gsecs []TraceSection
 	if o.TraceSteps > 0 {
-		for i := range caches {
-			if err := caches[i].Truncate(ctx); err != nil {
-				return DecodePoint{}, nil, err
-			}
+		if err := truncateAll(caches, ctx); err != nil {
+			return DecodePoint{}, nil, err
 		}
 		label := fmt.Sprintf("%s decode b=%d at %d cached", path, batch, ctx)
 		step := func() error {
@@ -563,68 +557,86 @@ func decodeSpeedCUDA(e *llm.Engine, r *rand.Rand, batch int, o ModelOptions, pat
 	return pt, append([]TraceSection{sec}, gsecs...), nil
 }
 
-// greedySteps times steps greedy decode steps from ctx cached tokens in
-// caches (truncated to ctx first), run by an engine.Decoder that keeps the
-// next step queued: random first tokens, then each step's picks.
-func greedySteps(e *llm.Engine, caches []engine.Cache, r *rand.Rand, ctx, steps int, timed func(func() error) (float64, error)) (float64, error) {
-	for _, c := range caches {
-		if err := c.Truncate(ctx); err != nil {
-			return 0, err
-		}
+// greedyRun drives steps greedy decode steps of a batch through an
+// engine.Decoder, the step after each one queued before its picks are
+// read.
+type greedyRun struct {
+	d          engine.Decoder
+	first      []int // the first step's tokens
+	steps, got int   // steps to run; steps whose picks were read
+}
+
+// newGreedyRun truncates caches to ctx and returns a greedyRun of steps
+// steps on them, fed random first tokens.
+func newGreedyRun(e *llm.Engine, caches []engine.Cache, r *rand.Rand, ctx, steps int) (*greedyRun, error) {
+	if err := truncateAll(caches, ctx); err != nil {
+		return nil, err
 	}
 	d, err := e.NewDecoder(caches, 0)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
-	first := randTokens(r, len(caches), e.Config().VocabSize)
-	ms, err := timed(func() error {
-		if err := d.Queue(first); err != nil {
+	return &greedyRun{d: d, first: randTokens(r, len(caches), e.Config().VocabSize), steps: steps}, nil
+}
+
+// start queues the first step.
+func (g *greedyRun) start() error { return g.d.Queue(g.first) }
+
+// step queues the step after the oldest unread one, unless that is the
+// last, and waits for the oldest one's picks.
+func (g *greedyRun) step() error {
+	if g.got++; g.got < g.steps {
+		if err := g.d.Queue(nil); err != nil {
 			return err
 		}
-		for s := range steps {
-			if s+1 < steps {
-				if err := d.Queue(nil); err != nil {
-					return err
-				}
-			}
-			if _, err := d.Next(); err != nil {
+	}
+	_, err := g.d.Next()
+	return err
+}
+
+// greedySteps times steps greedy decode steps from ctx cached tokens in
+// caches (truncated to ctx first), run by a greedyRun.
+func greedySteps(e *llm.Engine, caches []engine.Cache, r *rand.Rand, ctx, steps int, timed func(func() error) (float64, error)) (float64, error) {
+	g, err := newGreedyRun(e, caches, r, ctx, steps)
+	if err != nil {
+		return 0, err
+	}
+	ms, err := timed(func() error {
+		if err := g.start(); err != nil {
+			return err
+		}
+		for range steps {
+			if err := g.step(); err != nil {
 				return err
 			}
 		}
 		return nil
 	})
-	return ms, errors.Join(err, d.Close())
+	return ms, errors.Join(err, g.d.Close())
 }
 
 // traceGreedy traces steps greedy decode steps from ctx cached tokens in
-// caches (truncated to ctx first) run by an engine.Decoder, each step of
-// the trace a Next with the step after it queued before (the graphs
-// recorded again while the tracer runs, and dropped after).
+// caches (truncated to ctx first) run by a greedyRun, each step of the
+// trace one greedyRun.step (the graphs recorded again while the tracer
+// runs, and dropped after).
 func traceGreedy(e *llm.Engine, caches []engine.Cache, r *rand.Rand, label string, ctx, steps int) (TraceSummary, TraceSection, error) {
-	for _, c := range caches {
-		if err := c.Truncate(ctx); err != nil {
-			return TraceSummary{}, TraceSection{}, err
-		}
-	}
-	d, err := e.NewDecoder(caches, 0)
+	g, err := newGreedyRun(e, caches, r, ctx, steps)
 	if err != nil {
 		return TraceSummary{}, TraceSection{}, err
 	}
-	i := 0
-	prepare := func() error {
-		return errors.Join(e.ResetGraphs(), d.Queue(randTokens(r, len(caches), e.Config().VocabSize)))
-	}
-	step := func() error {
-		if i++; i < steps {
-			if err := d.Queue(nil); err != nil {
-				return err
-			}
+	prepare := func() error { return errors.Join(e.ResetGraphs(), g.start()) }
+	sum, sec, err := traceSteps(label, steps, prepare, g.step)
+	return sum, sec, errors.Join(err, g.d.Close(), e.ResetGraphs())
+}
+
+// truncateAll truncates every cache to n positions.
+func truncateAll(caches []engine.Cache, n int) error {
+	for _, c := range caches {
+		if err := c.Truncate(n); err != nil {
+			return err
 		}
-		_, err := d.Next()
-		return err
 	}
-	sum, sec, err := traceSteps(label, steps, prepare, step)
-	return sum, sec, errors.Join(err, d.Close(), e.ResetGraphs())
+	return nil
 }
 
 // allLogits runs tokens, one sequence, through e in a fresh cache and

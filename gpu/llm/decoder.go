@@ -217,9 +217,6 @@ func (e *Engine) ForwardGreedy(ecaches []engine.Cache, tokens [][]int, vocab int
 		return nil, nil, err
 	}
 	S := len(tokens)
-	if err := e.settle(); err != nil {
-		return nil, nil, err
-	}
 	if err := e.greedyFor(S); err != nil {
 		return nil, nil, err
 	}
@@ -232,13 +229,9 @@ func (e *Engine) ForwardGreedy(ecaches []engine.Cache, tokens [][]int, vocab int
 	if err != nil {
 		return nil, nil, err
 	}
-	w := unsafe.Slice((*int32)(unsafe.Pointer(&e.greedy.host.Bytes()[0])), 2*S)
-	out := make([]int, S)
-	for i := range out {
-		out[i] = int(w[i])
-		if w[S+i] != 0 {
-			out[i] = -1
-		}
+	out, none := readPicks(e.greedy.host, S)
+	for _, i := range none {
+		out[i] = -1
 	}
 	return out, st, nil
 }
@@ -310,17 +303,25 @@ func (d *Decoder) Next() ([]int, error) {
 			d.e.inflight = d.e.inflight || o.read < o.queued
 		}
 	}
-	S := len(d.caches)
-	w := unsafe.Slice((*int32)(unsafe.Pointer(&d.host[slot].Bytes()[0])), 2*S)
-	out := make([]int, S)
-	var err error
-	for i := range out {
-		out[i] = int(w[i])
-		if w[S+i] != 0 && err == nil {
-			err = fmt.Errorf("llm: decoder: sequence %d: %w: no logit above -Inf", i, sample.ErrNoCandidate)
+	out, none := readPicks(d.host[slot], len(d.caches))
+	if len(none) > 0 {
+		return out, fmt.Errorf("llm: decoder: sequence %d: %w: no logit above -Inf", none[0], sample.ErrNoCandidate)
+	}
+	return out, nil
+}
+
+// readPicks returns the S picks that headPicks left in h (copied from the
+// device) and the sequences whose no-candidate flag is set.
+func readPicks(h *cuda.HostBuffer, S int) (picks, none []int) {
+	w := unsafe.Slice((*int32)(unsafe.Pointer(&h.Bytes()[0])), 2*S)
+	picks = make([]int, S)
+	for i := range picks {
+		picks[i] = int(w[i])
+		if w[S+i] != 0 {
+			none = append(none, i)
 		}
 	}
-	return out, err
+	return picks, none
 }
 
 // Close waits for the queued steps and frees what the decoder holds. The
