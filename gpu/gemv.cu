@@ -639,8 +639,8 @@ __global__ void __launch_bounds__(256)
   act_group<1, GATED, NORM>(x, nullptr, w, up, nullptr, mask, cnt, 1, d, f, xs, wmask, wcnt, nin, down, sum);
 }
 
-// gemv_sum_out: y = bf16(sum) for the d sums gemv_mlp added (rounded to
-// fp32 first, as a GEMM's fp32 output would be), and the sums zeroed for
+// gemv_sum_out: y = bf16(sum) for the d sums gemv_mlp added (rounded as
+// gpu/llm's norms round them: sum_bf, common.cuh), and the sums zeroed for
 // the next call; block 0 also adds gemv_mlp's ncnt per-block counts into
 // *nnz. Grid ceil(d/256) blocks of 256 threads.
 __global__ void __launch_bounds__(256)
@@ -650,7 +650,7 @@ __global__ void __launch_bounds__(256)
   grid_release();
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i < d) {
-    y[i] = (u16)f_to_bf((float)__ldcg(sum + i));
+    y[i] = (u16)(__float_as_uint(sum_bf(__ldcg(sum + i))) >> 16);
     sum[i] = 0.0;
   }
   if (blockIdx.x == 0) sum_counts(cnt, ncnt, nnz);
