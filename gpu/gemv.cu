@@ -131,17 +131,6 @@ __device__ __forceinline__ void gate_rows_issue(const u16* (&rows)[4], uint4 (&w
   rows_prefetch<4>(rows, 1024, d, lane);
 }
 
-// red_row8 adds hv times the 8 bf16 weights of wv to the fp64 sums at s
-// (s[0..8)), each product exact in fp64.
-__device__ __forceinline__ void red_row8(double* s, uint4 wv, double hv) {
-  const u32 ws[4] = {wv.x, wv.y, wv.z, wv.w};
-#pragma unroll
-  for (int e = 0; e < 4; ++e) {
-    asm volatile("red.global.add.f64 [%0], %1;" ::"l"(s + 2 * e), "d"(hv * (double)bf_lo(ws[e])) : "memory");
-    asm volatile("red.global.add.f64 [%0], %1;" ::"l"(s + 2 * e + 1), "d"(hv * (double)bf_hi(ws[e])) : "memory");
-  }
-}
-
 // DOWN_CHUNK is the number of columns of a down row a warp holds in
 // registers at once (8 loads a lane).
 #define DOWN_CHUNK 2048
@@ -157,15 +146,25 @@ __device__ __forceinline__ void down_load(uint4 (&dv)[8], const u16* __restrict_
 }
 
 // down_add adds hv times the down row (whose first chunk dv holds) to the
-// sums, chunk by chunk.
+// sums, chunk by chunk. Each chunk goes through the warp's stage in shared
+// memory (DOWN_CHUNK bf16), so that lane l adds the sums of columns l, l +
+// 32, ...: each red of the warp then covers 32 consecutive sums, 8 sectors
+// of the L2, where the 16-byte pieces of the loads would scatter it over 32.
 __device__ __forceinline__ void down_add(uint4 (&dv)[8], const u16* __restrict__ row, double* __restrict__ sum,
-                                         double hv, int d, int lane) {
+                                         double hv, int d, int lane, u16* stage) {
   for (int base = 0;;) {
+    const int n = min(DOWN_CHUNK, d - base);
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
-      const int c = base + i * 256 + lane * 8;
-      if (c < d) red_row8(sum + c, dv[i], hv);
+      const int c = i * 256 + lane * 8;
+      if (c < n) *(uint4*)(stage + c) = dv[i];
     }
+    __syncwarp();
+#pragma unroll 8
+    for (int c = lane; c < n; c += 32)
+      asm volatile("red.global.add.f64 [%0], %1;" ::"l"(sum + base + c), "d"(hv * (double)bf_to_f(stage[c]))
+                   : "memory");
+    __syncwarp();  // every lane has read the stage
     base += DOWN_CHUNK;
     if (base >= d) break;
     down_load(dv, row, base, d, lane);
@@ -176,13 +175,14 @@ __device__ __forceinline__ void down_add(uint4 (&dv)[8], const u16* __restrict__
 // group: x itself (rows == nullptr), the listed rows of x, or with NORM the
 // token that nin norms. The group's h is at h and its mask at mask. With
 // sum set (gemv_mlp, one token) it writes no h: a unit's h times its down
-// row goes to the sums instead, the down row read along with the up row.
+// row goes to the sums instead, the down row read along with the up row and
+// staged in the warp's DOWN_CHUNK bf16 of dstage (down_add).
 template <int MB, bool GATED, bool NORM>
 __device__ __forceinline__ void act_group(const u16* __restrict__ x, const int* __restrict__ rows_of_x,
                                           const u16* __restrict__ w, const u16* __restrict__ up, float* __restrict__ h,
                                           u32* __restrict__ mask, u32* __restrict__ cnt, int mg, int d, int f, u16* xs,
                                           u32* wmask, u32* wcnt, NormIn nin, const u16* __restrict__ down = nullptr,
-                                          double* __restrict__ sum = nullptr) {
+                                          double* __restrict__ sum = nullptr, u16* dstage = nullptr) {
   int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   int j0 = blockIdx.x * 32 + warp * 4;
   const u16* rows[4];
@@ -226,7 +226,7 @@ __device__ __forceinline__ void act_group(const u16* __restrict__ x, const int* 
       rows_load<1>(uv, urow, 0, d, lane);
       rows_dot<MB, 1>(uv, urow, xs, mg, d, lane, u);
     }
-    if (sum && any) down_add(dv, drow, sum, (double)(g[k][0] * u[0][0]), d, lane);
+    if (sum && any) down_add(dv, drow, sum, (double)(g[k][0] * u[0][0]), d, lane, dstage + warp * DOWN_CHUNK);
 #pragma unroll
     for (int t = 0; t < MB; ++t) {
       if (t >= mg) continue;
@@ -626,7 +626,8 @@ __global__ void __launch_bounds__(256)
 // work with each active unit's h times its down row added to sum (fp64
 // [d], zeros before the first call), no barrier between the blocks. Grid
 // F/32 blocks of 256 threads, warp w taking units 4w .. 4w+3 of the
-// block's 32; dynamic shared memory d 2 bytes. mask and cnt get the
+// block's 32; dynamic shared memory 2 (d + 8 min(d, DOWN_CHUNK)) bytes (x,
+// then each warp's stage for down_add). mask and cnt get the
 // block's activity bits and count, for gemv_sum_out.
 template <bool GATED, bool NORM>
 __global__ void __launch_bounds__(256)
@@ -636,7 +637,7 @@ __global__ void __launch_bounds__(256)
   extern __shared__ __align__(16) u16 xs[];
   __shared__ u32 wmask[8], wcnt[8];
   const NormIn nin = {resid, delta, resid_out, normw, eps};
-  act_group<1, GATED, NORM>(x, nullptr, w, up, nullptr, mask, cnt, 1, d, f, xs, wmask, wcnt, nin, down, sum);
+  act_group<1, GATED, NORM>(x, nullptr, w, up, nullptr, mask, cnt, 1, d, f, xs, wmask, wcnt, nin, down, sum, xs + d);
 }
 
 // gemv_sum_out: y = bf16(sum) for the d sums gemv_mlp added (rounded as

@@ -323,11 +323,25 @@ func (a gemvArgs) launchActMMA(fn *cuda.Function, s *cuda.Stream) error {
 // active units (8 warps, each up to ceil(f/256) mask words of 32 units).
 func downListBytes(f int) int { return 8 * ((f/32 + 7) / 8) * 32 * 4 }
 
+// downChunk is the number of down-row columns a warp of gemv_mlp stages
+// in shared memory at a time (gemv.cu's DOWN_CHUNK).
+const downChunk = 2048
+
+// mlpShared is gemv_mlp's dynamic shared memory: the token, and each of the
+// 8 warps' stage of down-row columns.
+func mlpShared(d int) int { return 2 * (d + 8*min(d, downChunk)) }
+
 // launchMLP launches gemv_mlp (the MLP of one token, its outputs added to
 // a.sum), normed when in holds the residual stream (a.x unused), else on
 // a.x: F/32 blocks.
 func (a gemvArgs) launchMLP(fn *cuda.Function, s *cuda.Stream, in NormedInput) error {
-	return a.launch(fn, cuda.Dim3{uint32(a.f / 32), 1, 1}, cuda.Dim3{256, 1, 1}, 2*a.d, s,
+	smem := mlpShared(a.d)
+	if smem > 48<<10 {
+		if err := fn.SetMaxDynamicShared(smem); err != nil {
+			return err
+		}
+	}
+	return a.launch(fn, cuda.Dim3{uint32(a.f / 32), 1, 1}, cuda.Dim3{256, 1, 1}, smem, s,
 		optional(a.x), optional(in.Resid), optional(in.Delta), optional(in.ResidOut), optional(in.Weight), in.Eps,
 		a.w, a.up, a.down, a.mask, a.cnt, a.sum, int32(a.d), int32(a.f))
 }
