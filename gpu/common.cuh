@@ -70,20 +70,10 @@ __device__ __forceinline__ float block_sum(float v) {
 // form with blockDim.x threads.
 __device__ __forceinline__ bool rms_fits(int d) { return d % 4 == 0 && d / 4 <= RMS_MAXV * (int)blockDim.x; }
 
-// sum_bf rounds an fp64 sum of gpu's gemv_mlp as its bf16 output would be:
-// to fp32, then bf16 (to nearest even, by the conversion instruction: a
-// NaN's payload is not kept).
-__device__ __forceinline__ float sum_bf(double s) {
-  unsigned short b;
-  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(b) : "f"((float)s));
-  return __uint_as_float((u32)b << 16);
-}
-
-// rms_load sets v = x + delta, where delta is the bf16 row delta or the
-// fp64 sums sum (gemv_mlp's, rounded by sum_bf); either or both may be
-// null. All are read through the L2 (what the kernels before wrote).
+// rms_load sets v = x + delta, where delta is the bf16 row delta (may be
+// null), both read through the L2 (what the kernels before wrote).
 __device__ __forceinline__ void rms_load(float4 (&v)[RMS_MAXV], const float* __restrict__ x,
-                                         const u16* __restrict__ delta, const double* __restrict__ sum, int d) {
+                                         const u16* __restrict__ delta, int d) {
   const int n4 = d / 4;
 #pragma unroll
   for (int k = 0; k < RMS_MAXV; ++k) {
@@ -97,20 +87,6 @@ __device__ __forceinline__ void rms_load(float4 (&v)[RMS_MAXV], const float* __r
       v[k].z += bf_lo(dd.y);
       v[k].w += bf_hi(dd.y);
     }
-  }
-  if (!sum) return;
-  // Two float4s' sums in flight (64 bytes a thread), not four: qkv_rope1s
-  // spills at its 80 registers with four. Rows of up to 2048 values at 256
-  // threads take one round trip.
-#pragma unroll 2
-  for (int k = 0; k < RMS_MAXV; ++k) {
-    const int i = threadIdx.x + k * blockDim.x;
-    if (i >= n4) continue;
-    const double2 a = __ldcg((const double2*)sum + 2 * i), b = __ldcg((const double2*)sum + 2 * i + 1);
-    v[k].x += sum_bf(a.x);
-    v[k].y += sum_bf(a.y);
-    v[k].z += sum_bf(b.x);
-    v[k].w += sum_bf(b.y);
   }
 }
 
@@ -137,16 +113,16 @@ __device__ __forceinline__ uint2 rms_pack(float4 v, float inv, float4 w) {
 }
 
 // stage_norm_x norms one token into shared memory (xs, d bf16): v = resid +
-// delta (bf16) or sum (fp64; either may be null: see rms_load), xs = bf16(v / rms(v) w), as
+// delta (bf16, may be null: see rms_load), xs = bf16(v / rms(v) w), as
 // add_rmsnorm does; block 0 also writes v to resid_out (the residual add:
 // another buffer than resid, which the other blocks are still reading). wv
 // holds w's float4s, loaded by the caller (weights: before grid_wait). It
 // ends with a barrier.
 __device__ __forceinline__ void stage_norm_x(u16* xs, const float* __restrict__ resid, const u16* __restrict__ delta,
-                                             const double* __restrict__ sum, float* __restrict__ resid_out,
-                                             const float4 (&wv)[RMS_MAXV], int d, float eps) {
+                                             float* __restrict__ resid_out, const float4 (&wv)[RMS_MAXV], int d,
+                                             float eps) {
   float4 v[RMS_MAXV];
-  rms_load(v, resid, delta, sum, d);
+  rms_load(v, resid, delta, d);
   const float inv = rms_inv(v, d, eps);
   const int n4 = d / 4;
 #pragma unroll

@@ -24,24 +24,13 @@
 //              The summation order is fixed: results are deterministic.
 //              Block 0 also sums gemv_act's counts into *nnz.
 //
-// gemv_mlp is gemv_act for one token with the down product folded in: a
-// warp that finds a unit active reads its down row along with its up row
-// and adds h times the row to the fp64 sums of the token's outputs
-// (red.global.add.f64), so that no block waits for any other. The products
-// h (fp32) times a bf16 weight are exact in fp64, so the sums depend on the
-// order of the adds only through fp64 rounding, 29 bits below the fp32
-// rounding that follows: the same bits whatever the order, but for a sum
-// that fp64 rounding moves across an fp32 rounding boundary. gemv_sum_out then rounds the
-// sums to bf16 outputs and zeroes them for the next call; gpu/llm instead
-// adds them to the residual stream in the next layer's norm.
-//
-// All may be launched with early start (cuda.LaunchConfig.EarlyStart): the
-// act kernels request their gate rows before grid_wait (gemv_act and
-// gemv_mlp their first loads and the rest into the L2, gemv_act_mma all of
-// them into shared memory), and every kernel reads what earlier kernels
-// wrote (x, h, the mask and counts, the sums) after it, through the L2.
-// gemv_mlp releases the next kernel before its wait (grid_enter,
-// common.cuh).
+// Both may be launched with early start (cuda.LaunchConfig.EarlyStart): the
+// act kernels request their gate rows before grid_wait (gemv_act its first
+// loads and the rest into the L2, gemv_act_mma all of them into shared
+// memory), and every kernel reads what earlier kernels wrote (x, h, the
+// mask and counts) after it, through the L2. The one-token kernels built on
+// act_group (gemv_act<1>, gemv_act_norm, gemv_mlp) release the next kernel
+// before their wait (grid_enter, common.cuh).
 //
 // Rows are bf16 [F][D] (gate or up, and down = Wd^T); x and y are bf16
 // [m][D]; h is fp32 [m][F]. D is a multiple of 64, F of 32.
@@ -70,7 +59,9 @@
 #define TL_WAITED 1  // grid_enter returned: the kernels before are done
 #define TL_STAGED 2  // x (normed) is in shared memory
 #define TL_GATE 3    // warp 0's gate dot products are summed
-#define TL_END 4     // the block's mask is written (gemv_mlp: its units' sums added)
+#define TL_ACT 4     // the block's h and mask are written
+#define TL_SYNCED 5  // past gemv_mlp's grid barrier
+#define TL_END 6     // the block's down columns are written
 #define TL_SM 7      // not a time: the SM the block ran on
 #ifdef GEMV_TIMELINE
 __device__ unsigned long long gemv_timeline[TL_BLOCKS * TL_POINTS];
@@ -87,8 +78,10 @@ __device__ __forceinline__ void tl_mark(int point) {
   }
 }
 #define TL_MARK(point) tl_mark(point)
+#define TL_MARK_ALL(point) (__syncthreads(), tl_mark(point))  // once every warp is there
 #else
 #define TL_MARK(point)
+#define TL_MARK_ALL(point)
 #endif
 
 // stage_rows copies the m token rows rows[0..m) of x into shared memory
@@ -131,58 +124,16 @@ __device__ __forceinline__ void gate_rows_issue(const u16* (&rows)[4], uint4 (&w
   rows_prefetch<4>(rows, 1024, d, lane);
 }
 
-// DOWN_CHUNK is the number of columns of a down row a warp holds in
-// registers at once (8 loads a lane).
-#define DOWN_CHUNK 2048
-
-// down_load issues the loads of columns [base, base + DOWN_CHUNK) of the
-// down row into dv.
-__device__ __forceinline__ void down_load(uint4 (&dv)[8], const u16* __restrict__ row, int base, int d, int lane) {
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const int c = base + i * 256 + lane * 8;
-    if (c < d) dv[i] = ldg_nc(row + c);
-  }
-}
-
-// down_add adds hv times the down row (whose first chunk dv holds) to the
-// sums, chunk by chunk. Each chunk goes through the warp's stage in shared
-// memory (DOWN_CHUNK bf16), so that lane l adds the sums of columns l, l +
-// 32, ...: each red of the warp then covers 32 consecutive sums, 8 sectors
-// of the L2, where the 16-byte pieces of the loads would scatter it over 32.
-__device__ __forceinline__ void down_add(uint4 (&dv)[8], const u16* __restrict__ row, double* __restrict__ sum,
-                                         double hv, int d, int lane, u16* stage) {
-  for (int base = 0;;) {
-    const int n = min(DOWN_CHUNK, d - base);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const int c = i * 256 + lane * 8;
-      if (c < n) *(uint4*)(stage + c) = dv[i];
-    }
-    __syncwarp();
-#pragma unroll 8
-    for (int c = lane; c < n; c += 32)
-      asm volatile("red.global.add.f64 [%0], %1;" ::"l"(sum + base + c), "d"(hv * (double)bf_to_f(stage[c]))
-                   : "memory");
-    __syncwarp();  // every lane has read the stage
-    base += DOWN_CHUNK;
-    if (base >= d) break;
-    down_load(dv, row, base, d, lane);
-  }
-}
-
 // act_group computes gemv_act's h and mask for the mg <= MB tokens of one
 // group: x itself (rows == nullptr), the listed rows of x, or with NORM the
 // token that nin norms. The group's h is at h and its mask at mask. With
-// sum set (gemv_mlp, one token) it writes no h: a unit's h times its down
-// row goes to the sums instead, the down row read along with the up row and
-// staged in the warp's DOWN_CHUNK bf16 of dstage (down_add).
+// down set, the down rows of the units active in some token are requested
+// into the L2 as they are found (for gemv_mlp's down phase).
 template <int MB, bool GATED, bool NORM>
 __device__ __forceinline__ void act_group(const u16* __restrict__ x, const int* __restrict__ rows_of_x,
                                           const u16* __restrict__ w, const u16* __restrict__ up, float* __restrict__ h,
                                           u32* __restrict__ mask, u32* __restrict__ cnt, int mg, int d, int f, u16* xs,
-                                          u32* wmask, u32* wcnt, NormIn nin, const u16* __restrict__ down = nullptr,
-                                          double* __restrict__ sum = nullptr, u16* dstage = nullptr) {
+                                          u32* wmask, u32* wcnt, NormIn nin, const u16* __restrict__ down = nullptr) {
   int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   int j0 = blockIdx.x * 32 + warp * 4;
   const u16* rows[4];
@@ -194,7 +145,7 @@ __device__ __forceinline__ void act_group(const u16* __restrict__ x, const int* 
   grid_enter(MB == 1);
   TL_MARK(TL_WAITED);
   if (NORM)
-    stage_norm_x(xs, nin.resid, nin.delta, nullptr, nin.resid_out, nw, d, nin.eps);
+    stage_norm_x(xs, nin.resid, nin.delta, nin.resid_out, nw, d, nin.eps);
   else if (rows_of_x)
     stage_rows(xs, x, rows_of_x, mg, d);
   else
@@ -214,9 +165,10 @@ __device__ __forceinline__ void act_group(const u16* __restrict__ x, const int* 
       on[t] = t < mg && (g[k][t] > 0.f || g[k][t] != g[k][t]);
       any |= on[t];
     }
-    const u16* drow = sum ? down + (size_t)j * d : nullptr;
-    uint4 dv[8];
-    if (sum && any) down_load(dv, drow, 0, d, lane);
+    if (down && any) {
+      const u16* drow[1] = {down + (size_t)j * d};
+      rows_prefetch<1>(drow, 0, d, lane);
+    }
     float u[1][MB];
 #pragma unroll
     for (int t = 0; t < MB; ++t) u[0][t] = 1.f;
@@ -226,12 +178,13 @@ __device__ __forceinline__ void act_group(const u16* __restrict__ x, const int* 
       rows_load<1>(uv, urow, 0, d, lane);
       rows_dot<MB, 1>(uv, urow, xs, mg, d, lane, u);
     }
-    if (sum && any) down_add(dv, drow, sum, (double)(g[k][0] * u[0][0]), d, lane, dstage + warp * DOWN_CHUNK);
+    if (lane == 0) {
 #pragma unroll
-    for (int t = 0; t < MB; ++t) {
-      if (t >= mg) continue;
-      if (lane == 0 && !sum) h[(size_t)t * f + j] = on[t] ? g[k][t] * u[0][t] : 0.f;
-      n += on[t];
+      for (int t = 0; t < MB; ++t) {
+        if (t >= mg) continue;
+        h[(size_t)t * f + j] = on[t] ? g[k][t] * u[0][t] : 0.f;
+        n += on[t];
+      }
     }
     bits |= (u32)any << (warp * 4 + k);
   }
@@ -250,7 +203,7 @@ __device__ __forceinline__ void act_group(const u16* __restrict__ x, const int* 
     mask[blockIdx.x] = b;
     if (cnt) cnt[blockIdx.x] = c;
   }
-  TL_MARK(TL_END);
+  TL_MARK(TL_ACT);
 }
 
 // gemv_act: grid F/32 blocks of 256 threads, warp w taking units 4w..4w+3
@@ -275,6 +228,22 @@ __global__ void __launch_bounds__(256)
     act_group<MB, GATED, false>(x, list + 1 + first + g0, w, up, h + (size_t)g0 * f,
                                 mask + (size_t)(g0 / MB) * gridDim.x, nullptr, min(MB, total - g0), d, f, xs, wmask,
                                 wcnt, none);
+}
+
+// gemv_act_norm: gemv_act for one token, with the residual add and RMSNorm
+// before it fused in: every block norms the token into its shared memory
+// (stage_norm_x, common.cuh: bit for bit gpu/llm's add_rmsnorm), block 0
+// writes resid + delta to resid_out. d a multiple of 4, at most 4096;
+// dynamic shared memory d * 2 bytes.
+template <bool GATED>
+__global__ void __launch_bounds__(256)
+    gemv_act_norm(const float* resid, const u16* delta, float* resid_out, const float* normw, float eps,
+                  const u16* __restrict__ w, const u16* __restrict__ up, float* __restrict__ h, u32* __restrict__ mask,
+                  u32* __restrict__ cnt, int d, int f) {
+  extern __shared__ __align__(16) u16 xs[];
+  __shared__ u32 wmask[8], wcnt[8];
+  const NormIn nin = {resid, delta, resid_out, normw, eps};
+  act_group<1, GATED, true>(nullptr, nullptr, w, up, h, mask, cnt, 1, d, f, xs, wmask, wcnt, nin);
 }
 
 // gemv_act_mma: gemv_act (not LIST) for up to 8 tokens on tensor cores.
@@ -619,40 +588,33 @@ __global__ void __launch_bounds__(256)
   if (blockIdx.x == 0) sum_counts(cnt, ncnt, nnz);
 }
 
-// gemv_mlp: the sparse MLP of one token, its input x or, with NORM, the
-// RMSNorm of nin's residual add (every block norms the token itself into
-// its shared memory, stage_norm_x, common.cuh: bit for bit gpu/llm's
-// add_rmsnorm; block 0 writes resid + delta to resid_out): gemv_act's
-// work with each active unit's h times its down row added to sum (fp64
-// [d], zeros before the first call), no barrier between the blocks. Grid
-// F/32 blocks of 256 threads, warp w taking units 4w .. 4w+3 of the
-// block's 32; dynamic shared memory 2 (d + 8 min(d, DOWN_CHUNK)) bytes (x,
-// then each warp's stage for down_add). mask and cnt get the
-// block's activity bits and count, for gemv_sum_out.
+// gemv_mlp: gemv_act (with NORM: gemv_act_norm) and gemv_down for one
+// token in one kernel, the phases met at a grid_sync instead of a kernel
+// boundary: grid F/32 blocks of 256 threads, launched cooperatively (every
+// one resident at once; the launcher checks that they fit). The act phase
+// requests the live units' down rows into the L2; after the barrier block
+// b computes the down columns of slices b, b + grid, ... . The same sums in
+// the same order as the two kernels: the same bits. Dynamic shared memory
+// the larger of the act phase's d 2 bytes and the down phase's lists; bar
+// is grid_sync's counter. y may be delta (written after the barrier,
+// when every block has read it). (For 2 to 4 tokens the two kernels are
+// faster: see docs/gpu-twell.md.)
 template <bool GATED, bool NORM>
 __global__ void __launch_bounds__(256)
     gemv_mlp(const u16* x, const float* resid, const u16* delta, float* resid_out, const float* normw, float eps,
-             const u16* __restrict__ w, const u16* __restrict__ up, const u16* __restrict__ down, u32* mask,
-             u32* cnt, double* sum, int d, int f) {
+             const u16* __restrict__ w, const u16* __restrict__ up, const u16* __restrict__ down, float* h, u32* mask,
+             u32* cnt, u16* y, u64* nnz, u64* bar, int d, int f) {
   extern __shared__ __align__(16) u16 xs[];
   __shared__ u32 wmask[8], wcnt[8];
+  __shared__ float red[8][1][DOWN_COLS];
   const NormIn nin = {resid, delta, resid_out, normw, eps};
-  act_group<1, GATED, NORM>(x, nullptr, w, up, nullptr, mask, cnt, 1, d, f, xs, wmask, wcnt, nin, down, sum, xs + d);
-}
-
-// gemv_sum_out: y = bf16(sum) for the d sums gemv_mlp added (rounded as
-// gpu/llm's norms round them: sum_bf, common.cuh), and the sums zeroed for
-// the next call; block 0 also adds gemv_mlp's ncnt per-block counts into
-// *nnz. Grid ceil(d/256) blocks of 256 threads.
-__global__ void __launch_bounds__(256)
-    gemv_sum_out(double* sum, u16* __restrict__ y, const u32* __restrict__ cnt, u64* __restrict__ nnz, int d,
-                 int ncnt) {
-  grid_wait();
-  grid_release();
-  const int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < d) {
-    y[i] = (u16)(__float_as_uint(sum_bf(__ldcg(sum + i))) >> 16);
-    sum[i] = 0.0;
+  act_group<1, GATED, NORM>(x, nullptr, w, up, h, mask, cnt, 1, d, f, xs, wmask, wcnt, nin, down);
+  grid_sync(bar);
+  TL_MARK(TL_SYNCED);
+  for (int b = blockIdx.x; b < d / DOWN_COLS; b += gridDim.x) {
+    if (b != (int)blockIdx.x) __syncthreads();  // the previous slice's red has been read
+    down_group<1>(h, mask, down, y, nullptr, 1, d, f, reinterpret_cast<int*>(xs), red, b);
   }
-  if (blockIdx.x == 0) sum_counts(cnt, ncnt, nnz);
+  TL_MARK_ALL(TL_END);
+  if (blockIdx.x == 0) sum_counts(cnt, gridDim.x, nnz);
 }

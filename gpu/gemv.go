@@ -48,21 +48,21 @@ func (l *MLP) checkNormed(in NormedInput) error {
 
 // QueueNormed queues the sparse MLP of one token whose input is the
 // RMSNorm of in.Resid + in.Delta, with the norm fused into the MLP's
-// kernel (gemv_mlp): every block norms the token itself, bit for bit as
-// gpu/llm's add_rmsnorm does, and one block writes the sum to in.ResidOut.
-// The output is added to sum (fp64 [D], which holds zeros or an earlier
-// output to add to), in no fixed order: see gemv.cu. It saves a decode step
-// the norm kernel, and its blocks wait for no other. Like Queue, it keeps
-// no bookkeeping (the form to record into a CUDA graph).
-func (l *MLP) QueueNormed(s *cuda.Stream, sum *cuda.Buffer, in NormedInput) error {
+// kernel (gemv_mlp, or gemv_act_norm before gemv_down where gemv_mlp does
+// not run: see fusedKernel): every block norms the token itself, bit
+// for bit as gpu/llm's add_rmsnorm does, and one block writes the sum to
+// in.ResidOut. It saves a decode step the norm kernel. Like Queue, it
+// keeps no bookkeeping (the form to record into a CUDA graph); y may be
+// in.Delta (it is written after every read of it).
+func (l *MLP) QueueNormed(s *cuda.Stream, y *cuda.Buffer, in NormedInput) error {
 	if !NormFuses(l.D) {
 		return fmt.Errorf("gpu: QueueNormed takes hidden sizes that are multiples of 4 up to 4096, not %d", l.D)
 	}
 	if err := l.checkNormed(in); err != nil {
 		return err
 	}
-	if sum == nil || sum.Len() < 8*l.D {
-		return fmt.Errorf("gpu: MLP sums %v hold fewer than %d bytes (1 token x %d fp64)", sum, 8*l.D, l.D)
+	if y == nil || y.Len() < 2*l.D {
+		return fmt.Errorf("gpu: MLP output %v holds fewer than %d bytes (1 token x %d bf16)", y, 2*l.D, l.D)
 	}
 	if l.up == nil {
 		return errors.New("gpu: MLP was closed")
@@ -72,11 +72,22 @@ func (l *MLP) QueueNormed(s *cuda.Stream, sum *cuda.Buffer, in NormedInput) erro
 		return err
 	}
 	l.pollFlagged()
-	a := l.smallArgs(ws, nil, nil, 1)
-	a.sum = sum
-	if err := a.launchMLP(ks.mlp[mlpKey{l.Gated, true}], s, in); err != nil {
-		return fmt.Errorf("gpu: gemv_mlp: %w", err)
+	a := l.smallArgs(ws, nil, y, 1)
+	if ok, err := l.queueFused(s, ks, a, ws.gbar, in, true); ok || err != nil {
+		return err
 	}
+	act := ks.actNormPlain
+	if l.Gated {
+		act = ks.actNormGated
+	}
+	if err := a.launch(act, cuda.Dim3{uint32(l.F / 32), 1, 1}, cuda.Dim3{256, 1, 1}, 2*l.D, s,
+		in.Resid, optional(in.Delta), in.ResidOut, in.Weight, in.Eps, a.w, a.up, a.h, a.mask, a.cnt, int32(l.D), int32(l.F)); err != nil {
+		return fmt.Errorf("gpu: gemv_act_norm: %w", err)
+	}
+	if err := a.launchDown(ks.down[1], s); err != nil {
+		return fmt.Errorf("gpu: gemv_down: %w", err)
+	}
+	l.counted = 1
 	return nil
 }
 
@@ -90,8 +101,7 @@ func (l *MLP) smallArgs(ws *sparseWS, x, y *cuda.Buffer, m int) gemvArgs {
 
 // gemvPrepare returns the small-batch kernels, compiling them on first
 // use, and the workspace grown to hold their h, mask and counts, and
-// gemv_mlp's sums for gemv_sum_out (zeroed on s when new; gemv_sum_out
-// leaves them zero).
+// gemv_mlp's barrier counter (zeroed on s when new).
 func (l *MLP) gemvPrepare(s *cuda.Stream) (*gemvSet, *sparseWS, error) {
 	ks, err := l.k.gemvKernels(l.GEMVTimeline)
 	if err != nil {
@@ -107,41 +117,85 @@ func (l *MLP) gemvPrepare(s *cuda.Stream) (*gemvSet, *sparseWS, error) {
 			return nil, nil, err
 		}
 	}
-	if ws.gsum == nil || ws.gsum.Len() < 8*l.D {
-		if ws.gsum, err = l.realloc(ws.gsum, 8*l.D); err != nil {
+	if ws.gbar == nil { // grid_sync's counter starts at zero, and stays valid
+		if ws.gbar, err = l.realloc(nil, 8); err != nil {
 			return nil, nil, err
 		}
-		if err := l.dev.Memset8(ws.gsum, 0, s); err != nil {
+		if err := l.dev.Memset8(ws.gbar, 0, s); err != nil {
 			return nil, nil, err
 		}
 	}
 	return ks, ws, nil
 }
 
-// sparseGEMV queues the small-batch sparse MLP (m <= gemvMaxRows): for
-// one token gemv_mlp and gemv_sum_out, else an act kernel and gemv_down.
+// fusedKernel returns the gemv_mlp kernel of instance key for a's call of one
+// token, or nil where the two kernels run instead: split by the options,
+// no cooperative launches on the device, or not all of its blocks resident
+// at once (grid_sync needs them all). The occupancy is asked once per
+// kernel.
+func (l *MLP) fusedKernel(ks *gemvSet, a gemvArgs, key mlpKey) (*cuda.Function, error) {
+	fn := ks.mlp[key]
+	if l.SplitGEMV || fn == nil || !l.dev.Properties().CooperativeLaunch {
+		return nil, nil
+	}
+	ok, known := l.fits[key]
+	if !known {
+		per, err := fn.MaxActiveBlocksPerSM(256, a.mlpShared())
+		if err != nil {
+			return nil, fmt.Errorf("gpu: gemv_mlp occupancy: %w", err)
+		}
+		if l.fits == nil {
+			l.fits = map[mlpKey]bool{}
+		}
+		ok = per*l.dev.Properties().SMs >= l.F/32
+		l.fits[key] = ok
+	}
+	if !ok {
+		return nil, nil
+	}
+	return fn, nil
+}
+
+// queueFused queues gemv_mlp for a's one token (normed or not) on s and
+// reports whether it did; if not, the caller runs the two kernels. A launch
+// that the driver refuses as too large for a cooperative grid (fewer SMs
+// than the occupancy said, as under MPS) is not an error: the kernel is
+// marked as not fitting.
+func (l *MLP) queueFused(s *cuda.Stream, ks *gemvSet, a gemvArgs, bar *cuda.Buffer, in NormedInput, normed bool) (bool, error) {
+	key := mlpKey{l.Gated, normed}
+	fn, err := l.fusedKernel(ks, a, key)
+	if fn == nil || err != nil {
+		return false, err
+	}
+	err = a.launchMLP(fn, s, bar, in)
+	switch {
+	case errors.Is(err, cuda.ErrorCooperativeLaunchTooLarge):
+		l.fits[key] = false
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("gpu: gemv_mlp: %w", err)
+	}
+	l.counted = 1
+	return true, nil
+}
+
+// sparseGEMV queues the small-batch sparse MLP (m <= gemvMaxRows).
 func (l *MLP) sparseGEMV(s *cuda.Stream, y, x *cuda.Buffer, m int) error {
 	ks, ws, err := l.gemvPrepare(s)
 	if err != nil {
 		return err
-	}
-	a := l.smallArgs(ws, x, y, m)
-	l.counted = m
-	if m == 1 {
-		a.sum = ws.gsum
-		if err := a.launchMLP(ks.mlp[mlpKey{l.Gated, false}], s, NormedInput{}); err != nil {
-			return fmt.Errorf("gpu: gemv_mlp: %w", err)
-		}
-		if err := a.launchSumOut(ks.sumOut, s); err != nil {
-			return fmt.Errorf("gpu: gemv_sum_out: %w", err)
-		}
-		return nil
 	}
 	mb := gemvRows[len(gemvRows)-1]
 	for _, r := range gemvRows {
 		if m <= r {
 			mb = r
 			break
+		}
+	}
+	a := l.smallArgs(ws, x, y, m)
+	if m == 1 {
+		if ok, err := l.queueFused(s, ks, a, ws.gbar, NormedInput{}, false); ok || err != nil {
+			return err
 		}
 	}
 	act := ks.actPlain[mb] // nil past gemvFMARows: gemv_act_mma below
@@ -162,12 +216,13 @@ func (l *MLP) sparseGEMV(s *cuda.Stream, y, x *cuda.Buffer, m int) error {
 	if err := a.launchDown(ks.down[mb], s); err != nil {
 		return fmt.Errorf("gpu: gemv_down: %w", err)
 	}
+	l.counted = m
 	return nil
 }
 
 // gemvSet are the kernels of the small-batch sparse MLP (gemv.cu), by
-// rows per call (the template's MB: 2 or 4 for act, gated or not, and 2, 4
-// or 8 for down).
+// rows per call (the template's MB: 1, 2 or 4 for act, gated or not, and
+// 1, 2, 4 or 8 for down).
 type gemvSet struct {
 	actGated, actPlain, down map[int]*cuda.Function
 	// The LIST forms (MB = 4), which recompute the rows D2T flagged.
@@ -175,10 +230,11 @@ type gemvSet struct {
 	// gemv_act_mma, gated and not: act on tensor cores, for more than
 	// gemvFMARows tokens.
 	actMMAGated, actMMAPlain *cuda.Function
-	// gemv_mlp, the MLP of one token (normed or not: QueueNormed), and
-	// gemv_sum_out, its sums to bf16 outputs.
-	mlp    map[mlpKey]*cuda.Function
-	sumOut *cuda.Function
+	// gemv_act_norm, gated and not: one token, with the residual add and
+	// RMSNorm before the MLP fused in (QueueNormed).
+	actNormGated, actNormPlain *cuda.Function
+	// gemv_mlp, act and down of one token in one kernel.
+	mlp map[mlpKey]*cuda.Function
 }
 
 // mlpKey picks a gemv_mlp instance: gated or not, normed or not.
@@ -188,17 +244,17 @@ type mlpKey struct{ gated, normed bool }
 // larger batches run gemv_act_mma.
 const gemvFMARows = 4
 
-// gemvRows are the batch sizes past one token that gemv.cu is
-// instantiated for; a call of m tokens uses the smallest that holds m.
-var gemvRows = []int{2, 4, 8}
+// gemvRows are the batch sizes gemv.cu is instantiated for; a call of m
+// tokens uses the smallest that holds m.
+var gemvRows = []int{1, 2, 4, 8}
 
 // gemvMaxRows is the largest batch the small-batch sparse MLP takes.
 const gemvMaxRows = 8
 
 // gemvExprs lists the kernels of gemv.cu: per batch size of gemvRows the
 // gated and the plain act (up to gemvFMARows) and down, the same three LIST
-// forms, then gated and plain gemv_act_mma, the four gemv_mlp (gated or
-// not, normed or not) and gemv_sum_out.
+// forms, then gated and plain gemv_act_mma and gemv_act_norm, and the four
+// gemv_mlp (gated or not, normed or not).
 func gemvExprs() []string {
 	var exprs []string
 	for _, mb := range gemvRows {
@@ -208,8 +264,9 @@ func gemvExprs() []string {
 		exprs = append(exprs, fmt.Sprintf("gemv_down<%d,false>", mb))
 	}
 	exprs = append(exprs, fmt.Sprintf("gemv_act<%d,true,true>", fbGroup), fmt.Sprintf("gemv_act<%d,false,true>", fbGroup),
-		fmt.Sprintf("gemv_down<%d,true>", fbGroup), "gemv_act_mma<true>", "gemv_act_mma<false>")
-	return append(exprs, mlpExpr(true, false), mlpExpr(false, false), mlpExpr(true, true), mlpExpr(false, true), "gemv_sum_out")
+		fmt.Sprintf("gemv_down<%d,true>", fbGroup), "gemv_act_mma<true>", "gemv_act_mma<false>",
+		"gemv_act_norm<true>", "gemv_act_norm<false>")
+	return append(exprs, mlpExpr(true, false), mlpExpr(false, false), mlpExpr(true, true), mlpExpr(false, true))
 }
 
 // mlpExpr names gemv_mlp's instance, gated or not, normed or not.
@@ -260,7 +317,7 @@ func newGemvSet(fs map[string]*cuda.Function) gemvSet {
 	g.fbActPlain = fs[fmt.Sprintf("gemv_act<%d,false,true>", fbGroup)]
 	g.fbDown = fs[fmt.Sprintf("gemv_down<%d,true>", fbGroup)]
 	g.actMMAGated, g.actMMAPlain = fs["gemv_act_mma<true>"], fs["gemv_act_mma<false>"]
-	g.sumOut = fs["gemv_sum_out"]
+	g.actNormGated, g.actNormPlain = fs["gemv_act_norm<true>"], fs["gemv_act_norm<false>"]
 	g.mlp = map[mlpKey]*cuda.Function{}
 	for _, gated := range []bool{true, false} {
 		for _, normed := range []bool{true, false} {
@@ -279,7 +336,6 @@ func newGemvSet(fs map[string]*cuda.Function) gemvSet {
 type gemvArgs struct {
 	x, w, up, down, y *cuda.Buffer
 	h, mask, cnt, nnz *cuda.Buffer
-	sum               *cuda.Buffer // gemv_mlp's fp64 sums
 	list              *cuda.Buffer
 	m, d, f, ncnt     int
 	first, cap        int
@@ -319,38 +375,27 @@ func (a gemvArgs) launchActMMA(fn *cuda.Function, s *cuda.Stream) error {
 		a.x, a.w, a.up, a.down, a.h, a.mask, a.cnt, int32(a.m), int32(a.d), int32(a.f))
 }
 
+// mlpShared is gemv_mlp's dynamic shared memory: the larger of the act
+// phase's staged tokens and the down phase's lists.
+func (a gemvArgs) mlpShared() int {
+	return max(2*a.rows()*a.d, downListBytes(a.f))
+}
+
 // downListBytes is the shared memory of gemv_down's per-warp lists of
 // active units (8 warps, each up to ceil(f/256) mask words of 32 units).
 func downListBytes(f int) int { return 8 * ((f/32 + 7) / 8) * 32 * 4 }
 
-// downChunk is the number of down-row columns a warp of gemv_mlp stages
-// in shared memory at a time (gemv.cu's DOWN_CHUNK).
-const downChunk = 2048
-
-// mlpShared is gemv_mlp's dynamic shared memory: the token, and each of the
-// 8 warps' stage of down-row columns.
-func mlpShared(d int) int { return 2 * (d + 8*min(d, downChunk)) }
-
-// launchMLP launches gemv_mlp (the MLP of one token, its outputs added to
-// a.sum), normed when in holds the residual stream (a.x unused), else on
-// a.x: F/32 blocks.
-func (a gemvArgs) launchMLP(fn *cuda.Function, s *cuda.Stream, in NormedInput) error {
-	smem := mlpShared(a.d)
-	if smem > 48<<10 {
-		if err := fn.SetMaxDynamicShared(smem); err != nil {
-			return err
-		}
-	}
-	return a.launch(fn, cuda.Dim3{uint32(a.f / 32), 1, 1}, cuda.Dim3{256, 1, 1}, smem, s,
+// launchMLP launches gemv_mlp (act and down of one token in one kernel,
+// F/32 blocks that meet at a grid barrier on bar's counter), normed when
+// in holds the residual stream (a.x unused), else on a.x. The launch is
+// cooperative, which guarantees that all of its blocks are resident at
+// once, also beside other streams' kernels (TestFusedGEMVConcurrentStreams
+// runs two at once).
+func (a gemvArgs) launchMLP(fn *cuda.Function, s *cuda.Stream, bar *cuda.Buffer, in NormedInput) error {
+	return fn.LaunchEx(cuda.LaunchConfig{Grid: cuda.Dim3{uint32(a.f / 32), 1, 1}, Block: cuda.Dim3{256, 1, 1},
+		SharedBytes: a.mlpShared(), Stream: s, EarlyStart: a.early, Cooperative: true},
 		optional(a.x), optional(in.Resid), optional(in.Delta), optional(in.ResidOut), optional(in.Weight), in.Eps,
-		a.w, a.up, a.down, a.mask, a.cnt, a.sum, int32(a.d), int32(a.f))
-}
-
-// launchSumOut launches gemv_sum_out: a.sum rounded into a.y and zeroed,
-// gemv_mlp's F/32 per-block counts summed into a.nnz.
-func (a gemvArgs) launchSumOut(fn *cuda.Function, s *cuda.Stream) error {
-	return a.launch(fn, cuda.Dim3{uint32((a.d + 255) / 256), 1, 1}, cuda.Dim3{256, 1, 1}, 0, s,
-		a.sum, a.y, a.cnt, a.nnz, int32(a.d), int32(a.f/32))
+		a.w, a.up, a.down, a.h, a.mask, a.cnt, a.y, a.nnz, bar, int32(a.d), int32(a.f))
 }
 
 // downCols is the number of output columns of a gemv_down block (gemv.cu's
@@ -370,9 +415,9 @@ func (a gemvArgs) launchDown(fn *cuda.Function, s *cuda.Stream) error {
 // GEMVPoints names the stamps of the GEMV_TIMELINE build, in the order of a
 // block's row of GEMVStamps (TL_ENTRY .. TL_END, gemv.cu): the block
 // starts, its wait for the kernels before returns, x is staged (normed),
-// its first warp's gate sums are done, its units' products are added to
-// the sums and its mask is written.
-var GEMVPoints = []string{"entry", "waited", "staged", "gate", "end"}
+// its first warp's gate sums are done, its h and mask are written, it is
+// past gemv_mlp's grid barrier, its down columns are written.
+var GEMVPoints = []string{"entry", "waited", "staged", "gate", "act", "synced", "end"}
 
 // tlPoints is TL_POINTS (gemv.cu): a block's words, the stamps and last
 // its SM.

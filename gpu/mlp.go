@@ -48,6 +48,11 @@ type MLP struct {
 	// compute capability 9.0 or later and is used there unless Serial is
 	// set).
 	Serial bool
+	// SplitGEMV runs the small-batch MLP of one token as two kernels
+	// (act, then down) rather than gemv_mlp's one, which meets at a grid
+	// barrier (to compare; the split form also runs where gemv_mlp's blocks
+	// do not all fit on the device at once, and for 2 to 8 tokens).
+	SplitGEMV bool
 	// GEMVTimeline runs the GEMV_TIMELINE build of the small-batch kernels
 	// (Options.GEMVTimeline; see GEMVStamps).
 	GEMVTimeline bool
@@ -70,7 +75,8 @@ type MLP struct {
 	tmAm  int
 	wgErr error
 
-	clusters int // resident clusters of the wgmma D2T kernel (0: not yet asked)
+	clusters int             // resident clusters of the wgmma D2T kernel (0: not yet asked)
+	fits     map[mlpKey]bool // whether each gemv_mlp kernel's blocks are all resident at once
 
 	// hot units (hot.go): the last hotK positions of the unit order; order
 	// maps positions to the units given to NewMLP (nil: unchanged); bad is

@@ -667,58 +667,49 @@ func checkStressBatch(t *testing.T, dev *cuda.Device, l *MLP, sl *synth.Layer, r
 	checkStress(t, seed, name, runPath(t, dev, l, "sparse", x, m), refRows(sl, x, d, rows), rows, d, m)
 }
 
-// TestOneTokenMatchesPair checks the MLP of one token (gemv_mlp, whose
-// blocks add their units' down rows to fp64 sums in no fixed order, then
-// gemv_sum_out) against the two-token kernels (gemv_act and gemv_down, a
-// fixed fp32 order) on the token given twice: the same active units,
-// counted once a token, and outputs within a bf16 rounding of each other,
-// gated and not, over repeated calls on fresh tokens (the sums must be left
-// zero for the next call).
-func TestOneTokenMatchesPair(t *testing.T) {
+// TestFusedGEMVMatchesSplit checks gemv_mlp (act and down of one token in
+// one kernel, meeting at a grid barrier) against gemv_act and gemv_down run
+// apart, bit for bit, with the same active-unit count, gated and not, over
+// repeated calls (the barrier's counter is reused by every call) on fresh
+// tokens. The last shape has more blocks than fit at once on current GPUs,
+// so it checks the fallback to the two kernels too.
+func TestFusedGEMVMatchesSplit(t *testing.T) {
 	dev, blas := setup(t)
 	for _, c := range []struct {
 		d, f  int
 		gated bool
-	}{{2048, 5632, true}, {320, 768, false}, {4160, 768, true}} {
+	}{{2048, 5632, true}, {320, 768, false}, {256, 32768, true}} {
 		t.Run(fmt.Sprintf("d%d_f%d_gated%v", c.d, c.f, c.gated), func(t *testing.T) {
 			r, seed := testutil.Rand(t)
 			sl := newLayer(t, r, c.d, c.f, 0.01, synth.Skewed, c.gated)
 			l := newMLP(t, dev, blas, sl, twell.DefaultLayout, seed)
+			const m = 1
 			for round := range 4 {
-				x := synth.Tokens(r, 1, c.d)
-				one := runPath(t, dev, l, "sparse", x, 1)
-				nnz := downloadNNZ(t, dev, l)
-				pair := runPath(t, dev, l, "sparse", append(append([]float32{}, x...), x...), 2)
-				if got := downloadNNZ(t, dev, l); got != 2*nnz {
-					t.Fatalf("seed %d: round %d: %d active units counted for the token, %d for it twice", seed, round, nnz, got)
-				}
-				// Sums whose terms cancel keep the fp32 order's rounding of
-				// the terms: about 2^-24 of the largest output a term.
-				atol := 0.0
-				for _, v := range one {
-					atol = math.Max(atol, 1e-4*math.Abs(float64(v)))
-				}
-				for j := range one {
-					for k, p := range []float32{pair[j], pair[c.d+j]} {
-						if !withinBF16(one[j], p, atol) {
-							t.Fatalf("seed %d: round %d: output %d is %v alone, %v as token %d of two", seed, round, j, one[j], p, k)
+				x := synth.Tokens(r, m, c.d)
+				var want []float32
+				var wantNNZ uint64
+				for i, split := range []bool{true, false, false, true, false} {
+					l.SplitGEMV = split
+					y := runPath(t, dev, l, "sparse", x, m)
+					nnz := downloadNNZ(t, dev, l)
+					if i == 0 {
+						want, wantNNZ = y, nnz
+						continue
+					}
+					for j := range y {
+						if math.Float32bits(y[j]) != math.Float32bits(want[j]) {
+							t.Fatalf("seed %d: round %d: call %d (split %v): output %d is %v, split kernels gave %v",
+								seed, round, i, split, j, y[j], want[j])
 						}
+					}
+					if nnz != wantNNZ {
+						t.Fatalf("seed %d: round %d: call %d (split %v): %d active units counted, split kernels %d",
+							seed, round, i, split, nnz, wantNNZ)
 					}
 				}
 			}
 		})
 	}
-}
-
-// withinBF16 reports whether a and b, sums rounded to bf16, agree to one
-// bf16 rounding step (2^-7 of the larger), or to atol where the fp32
-// rounding of terms that cancel dominates; NaN only with NaN.
-func withinBF16(a, b float32, atol float64) bool {
-	if a != a || b != b {
-		return a != a && b != b
-	}
-	diff := math.Abs(float64(a) - float64(b))
-	return diff <= atol || diff <= 0x1p-7*math.Max(math.Abs(float64(a)), math.Abs(float64(b)))
 }
 
 // downloadNNZ returns l's count of active units of its last call.
@@ -733,8 +724,10 @@ func downloadNNZ(t *testing.T, dev *cuda.Device, l *MLP) uint64 {
 
 // TestFusedGEMVConcurrentStreams runs gemv_mlp on two streams at once (two
 // MLPs of the shape of the SparseLM preset, each with its own workspace and
-// sums), many calls each, so that the two kernels' blocks compete for the
-// SMs: each stream's last result must be the one it computes alone.
+// barrier), many calls each, so that the two kernels' blocks compete for
+// the SMs: the cooperative launch must keep each barrier from waiting on a
+// block that the other kernel keeps off the device (a hang), and each
+// stream's last result must be the one it computes alone.
 func TestFusedGEMVConcurrentStreams(t *testing.T) {
 	dev, blas := setup(t)
 	r, seed := testutil.Rand(t)

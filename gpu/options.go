@@ -16,6 +16,9 @@ type Options struct {
 	Kernel Kernel // D2T kernel: EnvD2TKernel
 	Tail   Tail   // sparse tail: EnvTail
 	Serial bool   // no early start of the decode-step kernels: EnvEarlyStart = "0"
+	// SplitGEMV runs the small-batch MLP of one token as two kernels
+	// rather than gemv_mlp's one: EnvGEMVFuse = "0".
+	SplitGEMV bool
 	// GEMVTimeline runs the small-batch kernels of the GEMV_TIMELINE build,
 	// which stamp where gemv_mlp's time goes (MLP.GEMVStamps):
 	// EnvGEMVTimeline = "1". A measuring build, not for production.
@@ -44,6 +47,10 @@ const EnvTail = "TWELL_TAIL"
 // cuda.LaunchConfig.EarlyStart).
 const EnvEarlyStart = "TWELL_EARLY_START"
 
+// EnvGEMVFuse names the environment variable that, set to "0", sets
+// Options.SplitGEMV (gemv_act and gemv_down as two kernels for one token).
+const EnvGEMVFuse = "TWELL_GEMV_FUSE"
+
 // EnvGEMVTimeline names the environment variable that, set to "1", sets
 // Options.GEMVTimeline.
 const EnvGEMVTimeline = "TWELL_GEMV_TIMELINE"
@@ -58,10 +65,10 @@ const EnvHotUnits = "TWELL_HOT_UNITS"
 const EnvHotD2T = "TWELL_HOT_D2T"
 
 // Switches are the names of the environment variables that set Options.
-var Switches = []string{EnvD2TKernel, EnvTail, EnvEarlyStart, EnvHotUnits, EnvHotD2T, EnvGEMVTimeline}
+var Switches = []string{EnvD2TKernel, EnvTail, EnvEarlyStart, EnvHotUnits, EnvHotD2T, EnvGEMVFuse, EnvGEMVTimeline}
 
 // OptionsFromEnv returns the Options that EnvD2TKernel, EnvTail,
-// EnvEarlyStart, EnvHotUnits, EnvHotD2T and EnvGEMVTimeline
+// EnvEarlyStart, EnvHotUnits, EnvHotD2T, EnvGEMVFuse and EnvGEMVTimeline
 // set, or an error naming a value it does not know.
 func OptionsFromEnv() (Options, error) { return OptionsFrom(os.Getenv) }
 
@@ -85,6 +92,11 @@ func OptionsFrom(getenv func(string) string) (Options, error) {
 		return o, err
 	}
 	o.SeparateHot = !hotD2T
+	fuse, err := envBool(getenv, EnvGEMVFuse, true)
+	if err != nil {
+		return o, err
+	}
+	o.SplitGEMV = !fuse
 	if o.GEMVTimeline, err = envBool(getenv, EnvGEMVTimeline, false); err != nil {
 		return o, err
 	}
@@ -125,7 +137,7 @@ func envChoice[T any](getenv func(string) string, name, want string, choices map
 
 // Apply sets l's kernel choices to o.
 func (l *MLP) Apply(o Options) {
-	l.Kernel, l.Tail, l.Serial, l.GEMVTimeline = o.Kernel, o.Tail, o.Serial, o.GEMVTimeline
+	l.Kernel, l.Tail, l.Serial, l.SplitGEMV, l.GEMVTimeline = o.Kernel, o.Tail, o.Serial, o.SplitGEMV, o.GEMVTimeline
 	l.SeparateHot = o.SeparateHot
 }
 

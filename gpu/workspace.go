@@ -30,9 +30,10 @@ type sparseWS struct {
 	// TailSorted: the token order (mPad ints)
 	order *cuda.Buffer
 	// small-batch path (gemv.cu): h, gemvMaxRows x F fp32; the activity
-	// mask and the per-block counts, F/32 words each; gemv_mlp's fp64
-	// sums of one token's outputs, zero between calls
-	gh, gmask, gcnt, gsum *cuda.Buffer
+	// mask and the per-block counts, F/32 words each; gemv_mlp's grid
+	// barrier, a 64-bit counter (its grid is F/32 blocks for every MLP
+	// sharing the workspace, as grid_sync needs)
+	gh, gmask, gcnt, gbar *cuda.Buffer
 	// activity masks of the flagged rows' groups (flaggedRows)
 	fbMask *cuda.Buffer
 	// gathered dense pass over flagged rows: rows x D inputs and outputs,
@@ -54,7 +55,7 @@ func (l *MLP) dropWorkspace() error {
 	}
 	var errs []error
 	for _, b := range []*cuda.Buffer{ws.sp.packed, ws.sp.ctl, ws.sp.hbuf, ws.sp.cnt, ws.sp.order,
-		ws.sp.gx, ws.sp.gg, ws.sp.gu, ws.sp.gy, ws.sp.gh, ws.sp.gmask, ws.sp.gcnt, ws.sp.gsum, ws.sp.fbMask, ws.dn.g, ws.dn.u,
+		ws.sp.gx, ws.sp.gg, ws.sp.gu, ws.sp.gy, ws.sp.gh, ws.sp.gmask, ws.sp.gcnt, ws.sp.gbar, ws.sp.fbMask, ws.dn.g, ws.dn.u,
 		ws.hot.g, ws.hot.u} {
 		if b != nil {
 			errs = append(errs, b.Free())

@@ -20,7 +20,7 @@ import (
 func writeRun(t *testing.T, dir, name, model string, seed func() float64) string {
 	t.Helper()
 	var rs []bench.ModelResult
-	for i, sw := range []map[string]string{nil, nil, {"TWELL_EARLY_START": "0"}} {
+	for i, sw := range []map[string]string{nil, nil, {"TWELL_GEMV_FUSE": "0"}} {
 		path := "twell"
 		if i == 0 {
 			path = "dense"

@@ -162,7 +162,6 @@ type workspace struct {
 	tokens int          // tokens the token-sized buffers hold
 	resid  *cuda.Buffer // fp32 [T][d], the residual stream
 	resid2 *cuda.Buffer // fp32 [d]: the other residual buffer of fused norms (FuseNorms)
-	sums   *cuda.Buffer // fp64 [layers][d]: each fused sparse MLP's output (FuseNorms)
 	hn     *cuda.Buffer // bf16 [T][max(d, nq hd)]: normed input, then attention output
 	qkv    *cuda.Buffer // bf16 [T][(nq+2nkv) hd]
 	proj   *cuda.Buffer // bf16 [T][d]: attention projection, then MLP output
@@ -452,7 +451,7 @@ func (e *Engine) Close() error {
 		}
 	}
 	ws := &e.ws
-	free(ws.resid, ws.resid2, ws.sums, ws.hn, ws.qkv, ws.proj, ws.meta, ws.dec, ws.sel, ws.logits)
+	free(ws.resid, ws.resid2, ws.hn, ws.qkv, ws.proj, ws.meta, ws.dec, ws.sel, ws.logits)
 	if e.hostLogits != nil {
 		errs = append(errs, e.hostLogits.Free())
 		e.hostLogits = nil

@@ -31,11 +31,9 @@ type batch struct {
 	tables, pages []int
 	// resid is the residual buffer the decoder layers leave their output
 	// in (ws.resid, or ws.resid2 after an odd number of fused norms), and
-	// delta (bf16 rows) or sum (fp64, a one-token sparse MLP's) the last
-	// layer's output still to be added to it.
+	// delta the last layer's output still to be added to it.
 	resid *cuda.Buffer
 	delta *cuda.Buffer
-	sum   *cuda.Buffer
 }
 
 // plan validates a forward pass like model.Model.Forward does and lays out
@@ -238,11 +236,6 @@ func (e *Engine) workspaceFor(T, rows, metaBytes int, decode bool) error {
 	}
 	if e.fuseNorms(T) && ws.resid2 == nil {
 		if ws.resid2, err = e.realloc(nil, 4*h); err != nil {
-			return err
-		}
-	}
-	if e.fuseNorms(T) && ws.sums == nil && slices.ContainsFunc(e.layers, func(l layer) bool { return l.mlp != nil }) {
-		if ws.sums, err = e.realloc(nil, 8*h*len(e.layers)); err != nil {
 			return err
 		}
 	}
@@ -468,20 +461,7 @@ func (e *Engine) layersQueue(b *batch, st *engine.Stats, paths []mlp.Path) error
 		e.prof.begin(e.dev, s)
 		prof = func(step string) { e.prof.mark(e.dev, s, step) }
 	}
-	// With fused norms a layer whose sparse MLP runs fused (recorded with
-	// paths) adds its output to its own fp64 sums, which embed zeroes.
-	fuse := e.fuseNorms(T)
-	fusedMLP := func(li int) bool {
-		l := e.layers[li]
-		return fuse && paths != nil && l.mlp != nil && e.mlpPath != mlp.Dense && paths[li] == mlp.Sparse
-	}
-	var zero *cuda.Buffer
-	for li := range e.layers {
-		if fusedMLP(li) {
-			zero = ws.sums
-		}
-	}
-	if err := embedRows(e.k.embed, s, e.embed, ids, ws.resid, zero, T, h); err != nil {
+	if err := embedRows(e.k.embed, s, e.embed, ids, ws.resid, T, h); err != nil {
 		return fmt.Errorf("llm: embed: %w", err)
 	}
 	prof("embed")
@@ -493,6 +473,7 @@ func (e *Engine) layersQueue(b *batch, st *engine.Stats, paths []mlp.Path) error
 	early := e.early()
 	// With fused norms the residual stream moves between two buffers: a
 	// fused kernel reads cur and writes the sum to other.
+	fuse := e.fuseNorms(T)
 	cur, other := ws.resid, ws.resid2
 	// With AttnRope a prefill pass on attn_wg64 rotates its queries in the
 	// attention: rope_kv (which the pass runs: no decode-sized projections)
@@ -502,15 +483,13 @@ func (e *Engine) layersQueue(b *batch, st *engine.Stats, paths []mlp.Path) error
 	if keepQ {
 		qcos, qsin = e.cosB, e.sinB
 	}
-	// What the next norm adds to cur: bf16 rows (delta), or the fp64 sums
-	// of a fused sparse MLP (sum); nil: nothing.
-	var delta, sum *cuda.Buffer
+	var delta *cuda.Buffer // what the next norm adds to cur (bf16 rows; nil: nothing)
 	for li, l := range e.layers {
 		rope := ropeArgs{qkv: ws.qkv, cos: e.cosB, sin: e.sinB, tokSeq: tokSeq, tokPos: tokPos, pt: pt, page: page,
 			T: T, layer: li, nq: nq, nkv: nkv, hd: hd, qkvW: qkvW, early: early, keepQ: keepQ}
-		norm := normArgs{resid: cur, delta: delta, sum: sum, w: l.attnNorm, out: ws.hn, n: T, d: h, eps: eps, early: early}
+		norm := normArgs{resid: cur, delta: delta, w: l.attnNorm, out: ws.hn, n: T, d: h, eps: eps, early: early}
 		if fuse && e.gemv(T, h) {
-			if err := rope.qkvRopeNormed(e.k, s, norm, other, l.qkv, h); err != nil {
+			if err := rope.qkvRopeNormed(e.k.qkvRope1N, s, norm, other, l.qkv, h); err != nil {
 				return fmt.Errorf("llm: layer %d norm + qkv + rope: %w", li, err)
 			}
 			cur, other = other, cur
@@ -531,20 +510,19 @@ func (e *Engine) layersQueue(b *batch, st *engine.Stats, paths []mlp.Path) error
 		if err := e.project(T, h, nq*hd, ws.hn, l.o, ws.proj); err != nil {
 			return fmt.Errorf("llm: layer %d o_proj: %w", li, err)
 		}
-		delta, sum = ws.proj, nil
+		delta = ws.proj
 		prof("o_proj")
 		var fixed *mlp.Path
 		if paths != nil {
 			fixed = &paths[li]
 		}
-		if fusedMLP(li) {
+		if fuse && l.mlp != nil && e.mlpPath != mlp.Dense && fixed != nil && *fixed == mlp.Sparse {
 			l.mlp.Serial = e.Serial
 			in := gpu.NormedInput{Resid: cur, Delta: delta, ResidOut: other, Weight: l.mlpNorm, Eps: eps}
-			sum = view(ws.sums, 8*h*li, 8*h)
-			if err := l.mlp.QueueNormed(s, sum, in); err != nil {
+			if err := l.mlp.QueueNormed(s, ws.proj, in); err != nil {
 				return fmt.Errorf("llm: layer %d norm + MLP: %w", li, err)
 			}
-			delta = nil
+			delta = ws.proj
 			cur, other = other, cur
 			st.Paths[li] = mlp.Sparse
 			prof("mlp")
@@ -564,7 +542,7 @@ func (e *Engine) layersQueue(b *batch, st *engine.Stats, paths []mlp.Path) error
 		}
 		prof("mlp")
 	}
-	b.resid, b.delta, b.sum = cur, delta, sum
+	b.resid, b.delta = cur, delta
 	return nil
 }
 
@@ -717,7 +695,7 @@ func (e *Engine) headQueue(b *batch, each func(r0, rc int) error) error {
 	for r0 := 0; r0 < b.rows; r0 += headChunk {
 		rc := min(headChunk, b.rows-r0)
 		rows := view(ws.meta, 4*(b.row+r0), 4*rc)
-		norm := normArgs{resid: resid, delta: b.delta, sum: b.sum, rows: rows, w: e.norm, out: ws.sel, n: rc, d: h, eps: float32(c.RMSNormEps), early: e.early()}
+		norm := normArgs{resid: resid, delta: b.delta, rows: rows, w: e.norm, out: ws.sel, n: rc, d: h, eps: float32(c.RMSNormEps), early: e.early()}
 		if err := norm.launch(e.k.addNorm, s); err != nil {
 			return fmt.Errorf("llm: final norm: %w", err)
 		}

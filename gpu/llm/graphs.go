@@ -33,8 +33,7 @@ type stepGraph struct {
 	paths []mlp.Path    // each layer's MLP path
 	set   graphSettings // the engine's settings when recorded
 	resid *cuda.Buffer  // where its layers leave the residual stream (batch.resid)
-	delta *cuda.Buffer  // and the last layer's output (batch.delta, or sum)
-	sum   *cuda.Buffer
+	delta *cuda.Buffer  // and the last layer's output (batch.delta)
 }
 
 // replay runs the decoder layers of b from a graph if b is a decode step
@@ -69,7 +68,7 @@ func (e *Engine) replay(b *batch, st *engine.Stats) (bool, error) {
 			return false, nil
 		}
 		e.records++
-		sg = &stepGraph{g: g, gen: e.gen, epoch: e.mlpEpoch(), paths: paths, set: set, resid: b.resid, delta: b.delta, sum: b.sum}
+		sg = &stepGraph{g: g, gen: e.gen, epoch: e.mlpEpoch(), paths: paths, set: set, resid: b.resid, delta: b.delta}
 		if e.graphs == nil {
 			e.graphs = map[int]*stepGraph{}
 		}
@@ -81,7 +80,7 @@ func (e *Engine) replay(b *batch, st *engine.Stats) (bool, error) {
 		}
 	}
 	e.replays++
-	b.resid, b.delta, b.sum = sg.resid, sg.delta, sg.sum
+	b.resid, b.delta = sg.resid, sg.delta
 	return true, sg.g.Launch(e.stream)
 }
 

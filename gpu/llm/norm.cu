@@ -8,28 +8,19 @@
 #include "common.cuh"
 
 
-// embed: resid[t] = table[ids[t]] (bf16 -> fp32). One block per token,
-// t < T; blocks T and on zero the nzero fp64 sums at zero (a multiple of
-// 2), where the pass's one-token MLPs (gpu's gemv_mlp) add their outputs.
+// embed: resid[t] = table[ids[t]] (bf16 -> fp32). One block per token.
 extern "C" __global__ void embed(const u16* __restrict__ table, const int* __restrict__ ids, float* __restrict__ resid,
-                                 int d, int T, double* __restrict__ zero, int nzero) {
+                                 int d) {
   int t = blockIdx.x;
-  if (t >= T) {
-    for (int i = (t - T) * blockDim.x + threadIdx.x; i < nzero / 2; i += (gridDim.x - T) * blockDim.x)
-      ((double2*)zero)[i] = make_double2(0.0, 0.0);
-    return;
-  }
   const u16* row = table + (size_t)ids[t] * d;
   float* out = resid + (size_t)t * d;
   for (int i = threadIdx.x; i < d; i += blockDim.x) out[i] = bf_to_f(row[i]);
 }
 
 // add_rmsnorm: for output row b (one block each), with r = rows ? rows[b] : b,
-//   v = resid[r] + (delta ? delta[r] : 0) + (sum ? sum_bf(sum[r]) : 0)
+//   v = resid[r] + (delta ? delta[r] : 0)
 //   out[b] = bf16(v / sqrt(mean(v^2) + eps) * w)
-// (sum: the fp64 sums of a one-token MLP, gpu's gemv_mlp; with it d is a
-// multiple of 4 and at most 16 a thread) and, when rows is null, resid[r] =
-// v (the residual add). With rows set
+// and, when rows is null, resid[r] = v (the residual add). With rows set
 // (the final norm of the rows whose logits are wanted) resid is not written.
 // When d is a multiple of 4 and at most 16 per thread, each thread keeps
 // its values in registers between the sum of squares and the output (one
@@ -39,22 +30,21 @@ extern "C" __global__ void embed(const u16* __restrict__ table, const int* __res
 // Launched with early start, it waits (grid_wait) before reading resid and
 // delta, and reads them through the L2.
 extern "C" __global__ void add_rmsnorm(float* __restrict__ resid, const u16* __restrict__ delta,
-                                       const double* __restrict__ sum, const int* __restrict__ rows,
-                                       const float* __restrict__ w, u16* __restrict__ out, int d, float eps) {
+                                       const int* __restrict__ rows, const float* __restrict__ w, u16* __restrict__ out,
+                                       int d, float eps) {
   grid_wait();
   grid_release();
   int b = blockIdx.x;
   int r = rows ? rows[b] : b;
   float* x = resid + (size_t)r * d;
   const u16* dl = delta ? delta + (size_t)r * d : nullptr;
-  const double* sl = sum ? sum + (size_t)r * d : nullptr;
   u16* o = out + (size_t)b * d;
   if (rms_fits(d)) {  // common.cuh
     float4 v[RMS_MAXV], wv[RMS_MAXV];
     rms_weights(wv, w, d);
-    rms_load(v, x, dl, sl, d);
+    rms_load(v, x, dl, d);
     const int n4 = d / 4;
-    if ((dl || sl) && !rows)
+    if (dl && !rows)
 #pragma unroll
       for (int k = 0; k < RMS_MAXV; ++k) {
         int i = threadIdx.x + k * blockDim.x;

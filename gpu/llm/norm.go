@@ -4,22 +4,21 @@ import "github.com/twell-ai/twell/cuda"
 
 // normArgs are the operands of add_rmsnorm (norm.cu) over n rows of d
 // values: with rows nil, row r of the fp32 residual stream resid gets
-// delta's row r added (bf16), or sum's (the fp64 sums of a one-token sparse
-// MLP, gpu.MLP.QueueNormed; nil: nothing), and is written back; with rows
+// delta's row r added (delta nil: nothing) and is written back; with rows
 // set (the final norm), row b reads resid row rows[b] and resid is not
 // written. out (bf16) gets the normed rows scaled by w (fp32 [d]). early
 // launches it with early start (it waits with grid_wait).
 type normArgs struct {
-	resid, delta, sum, rows, w, out *cuda.Buffer
-	n, d                            int
-	eps                             float32
-	early                           bool
+	resid, delta, rows, w, out *cuda.Buffer
+	n, d                       int
+	eps                        float32
+	early                      bool
 }
 
 // launch queues add_rmsnorm: one block per row.
 func (a normArgs) launch(fn *cuda.Function, s *cuda.Stream) error {
 	return fn.LaunchEx(cuda.LaunchConfig{Grid: cuda.Dim3{uint32(a.n), 1, 1}, Block: normBlock(a.d), Stream: s, EarlyStart: a.early},
-		a.resid, optional(a.delta), optional(a.sum), optional(a.rows), a.w, a.out, int32(a.d), a.eps)
+		a.resid, optional(a.delta), optional(a.rows), a.w, a.out, int32(a.d), a.eps)
 }
 
 // normBlock returns the block size of add_rmsnorm for hidden size h: its
@@ -32,16 +31,9 @@ func normBlock(h int) cuda.Dim3 {
 }
 
 // embedRows queues embed (norm.cu): resid[t] = table[ids[t]] for T tokens
-// of d values, one block each, and zero (fp64, nil: none) set to zeros by
-// as many more blocks as take 16 bytes a thread.
-func embedRows(fn *cuda.Function, s *cuda.Stream, table, ids, resid, zero *cuda.Buffer, T, d int) error {
-	n := 0
-	if zero != nil {
-		n = zero.Len() / 8 &^ 1
-	}
-	blocks := T + (n/2+255)/256
-	return fn.Launch(cuda.Dim3{uint32(blocks), 1, 1}, cuda.Dim3{256, 1, 1}, 0, s, table, ids, resid, int32(d), int32(T),
-		optional(zero), int32(n))
+// of d values, one block each.
+func embedRows(fn *cuda.Function, s *cuda.Stream, table, ids, resid *cuda.Buffer, T, d int) error {
+	return fn.Launch(cuda.Dim3{uint32(T), 1, 1}, cuda.Dim3{256, 1, 1}, 0, s, table, ids, resid, int32(d))
 }
 
 // optional returns b as a kernel argument, or a null pointer for nil.

@@ -68,9 +68,9 @@ extern "C" __global__ void __launch_bounds__(256) gemv_rows4(const u16* x, const
 //
 // With NORM (qkv_rope1n, one token) the kernel also does the residual add
 // and RMSNorm before it (add_rmsnorm's work): every block norms the token
-// into its shared memory from resid + delta or sum (stage_norm_x,
-// common.cuh, bit for bit add_rmsnorm's values), and block 0 writes the
-// sum to resid_out; x is not read. That saves a kernel of a decode step.
+// into its shared memory from resid + delta (stage_norm_x, common.cuh, bit
+// for bit add_rmsnorm's values), and block 0 writes resid + delta to
+// resid_out; x is not read. That saves a kernel of a decode step.
 template <int MB, bool NORM>
 __device__ __forceinline__ void qkv_rope_body(const u16* __restrict__ x, const u16* __restrict__ w,
                                               u16* __restrict__ qkv, const float* __restrict__ cosT,
@@ -78,8 +78,7 @@ __device__ __forceinline__ void qkv_rope_body(const u16* __restrict__ x, const u
                                               const int* __restrict__ tok_pos, const u64* __restrict__ seq_pt,
                                               int page, int m, int k, int layer, int nq, int nkv, int hd,
                                               int qkv_w, const float* __restrict__ resid,
-                                              const u16* __restrict__ delta, const double* __restrict__ sum,
-                                              float* __restrict__ resid_out,
+                                              const u16* __restrict__ delta, float* __restrict__ resid_out,
                                               const float* __restrict__ normw, float eps) {
   extern __shared__ __align__(16) u16 xs[];
   int lane = threadIdx.x & 31;
@@ -96,7 +95,7 @@ __device__ __forceinline__ void qkv_rope_body(const u16* __restrict__ x, const u
   if (NORM) rms_weights(nw, normw, k);
   grid_enter(MB == 1);
   if (NORM)
-    stage_norm_x(xs, resid, delta, sum, resid_out, nw, k, eps);
+    stage_norm_x(xs, resid, delta, resid_out, nw, k, eps);
   else
     stage_x(xs, x, m, k);
   if (!ok) return;
@@ -131,25 +130,19 @@ __device__ __forceinline__ void qkv_rope_body(const u16* __restrict__ x, const u
                    const int* tok_pos, const u64* seq_pt, int page, int m, int k, int layer, int nq, int nkv, int hd, \
                    int qkv_w) {                                                                                     \
     qkv_rope_body<MB, false>(x, w, qkv, cosT, sinT, tok_seq, tok_pos, seq_pt, page, m, k, layer, nq, nkv, hd, qkv_w, \
-                             nullptr, nullptr, nullptr, nullptr, nullptr, 0.f);                                     \
+                             nullptr, nullptr, nullptr, nullptr, 0.f);                                              \
   }
 QKV_ROPE(1)
 QKV_ROPE(4)
 
-// qkv_rope1n and qkv_rope1s: qkv_rope1 with the residual add and RMSNorm
-// before it fused in (one token; k a multiple of 4, at most 4096, for 256
-// threads), what is added to the residual stream the bf16 row delta (may
-// be null; qkv_rope1n) or the fp64 sums of a one-token sparse MLP (gpu's
-// gemv_mlp; qkv_rope1s): two kernels, since one that takes both spills.
-// Held to 80 registers, as qkv_rope1 is: three blocks an SM, so that the
-// 384 blocks of the SparseLM shape run in one wave.
-#define QKV_ROPE_NORMED(NAME, DELTA, SUM)                                                                            \
-  extern "C" __global__ void __launch_bounds__(256, 3)                                                              \
-      NAME(const float* resid, const void* delta, float* resid_out, const float* normw, float eps, const u16* w,     \
-           u16* qkv, const float* cosT, const float* sinT, const int* tok_seq, const int* tok_pos,                  \
-           const u64* seq_pt, int page, int k, int layer, int nq, int nkv, int hd, int qkv_w) {                     \
-    qkv_rope_body<1, true>(nullptr, w, qkv, cosT, sinT, tok_seq, tok_pos, seq_pt, page, 1, k, layer, nq, nkv, hd,   \
-                           qkv_w, resid, DELTA, SUM, resid_out, normw, eps);                                        \
-  }
-QKV_ROPE_NORMED(qkv_rope1n, (const u16*)delta, nullptr)
-QKV_ROPE_NORMED(qkv_rope1s, nullptr, (const double*)delta)
+// qkv_rope1n: qkv_rope1 with the residual add and RMSNorm before it fused
+// in (one token; k a multiple of 4, at most 4096, for 256 threads). Held to
+// 80 registers, as qkv_rope1 is: three blocks an SM, so that the 384 blocks
+// of the SparseLM shape run in one wave.
+extern "C" __global__ void __launch_bounds__(256, 3)
+    qkv_rope1n(const float* resid, const u16* delta, float* resid_out, const float* normw, float eps, const u16* w,
+               u16* qkv, const float* cosT, const float* sinT, const int* tok_seq, const int* tok_pos,
+               const u64* seq_pt, int page, int k, int layer, int nq, int nkv, int hd, int qkv_w) {
+  qkv_rope_body<1, true>(nullptr, w, qkv, cosT, sinT, tok_seq, tok_pos, seq_pt, page, 1, k, layer, nq, nkv, hd, qkv_w,
+                         resid, delta, resid_out, normw, eps);
+}

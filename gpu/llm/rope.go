@@ -28,17 +28,13 @@ func (a ropeArgs) ropeKV(fn *cuda.Function, s *cuda.Stream) error {
 		a.pt, int32(a.page), int32(a.layer), int32(a.nq), int32(a.nkv), int32(a.hd), int32(a.qkvW), rotQ)
 }
 
-// qkvRopeNormed queues qkv_rope1n (or, where norm adds sums, qkv_rope1s:
-// the kernels k holds) for one token: the residual add and RMSNorm of norm
-// (resid + delta or sum into residOut, normed with w; see normArgs) fused
-// before the projection by w (qkvW x h) with RoPE and the cache write.
-func (a ropeArgs) qkvRopeNormed(k *kernels, s *cuda.Stream, norm normArgs, residOut, w *cuda.Buffer, h int) error {
-	fn, add := k.qkvRope1N, optional(norm.delta)
-	if norm.sum != nil {
-		fn, add = k.qkvRope1S, norm.sum
-	}
+// qkvRopeNormed queues qkv_rope1n for one token: the residual add and
+// RMSNorm of norm (resid + delta into residOut, normed with w; see
+// normArgs) fused before the projection by w (qkvW x h) with RoPE and the
+// cache write.
+func (a ropeArgs) qkvRopeNormed(fn *cuda.Function, s *cuda.Stream, norm normArgs, residOut, w *cuda.Buffer, h int) error {
 	return fn.LaunchEx(cuda.LaunchConfig{Grid: cuda.Dim3{uint32((a.qkvW/2 + 7) / 8), 1, 1}, Block: cuda.Dim3{256, 1, 1}, SharedBytes: 2 * h,
-		Stream: s, EarlyStart: a.early}, norm.resid, add, residOut, norm.w, norm.eps, w, a.qkv,
+		Stream: s, EarlyStart: a.early}, norm.resid, optional(norm.delta), residOut, norm.w, norm.eps, w, a.qkv,
 		a.cos, a.sin, a.tokSeq, a.tokPos, a.pt, int32(a.page), int32(h), int32(a.layer), int32(a.nq), int32(a.nkv),
 		int32(a.hd), int32(a.qkvW))
 }
