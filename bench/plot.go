@@ -220,15 +220,25 @@ func PlotModel(results []ModelResult, path string) error {
 }
 
 // rowGroups groups results by path name, in the order the names first
-// appear: names[i] holds the rows at the indices of rows[i].
+// appear: names[i] holds the rows at the indices of rows[i]. Where the rows
+// come from builds of more than one commit (an A/B of builds), the name is
+// the path and the commit ("twell @ 1a2b3c4").
 func rowGroups(results []ModelResult) (names []string, rows [][]int) {
+	commits := map[string]bool{}
+	for _, r := range results {
+		commits[r.Commit] = true
+	}
 	at := map[string]int{}
 	for i, r := range results {
-		g, ok := at[r.Path]
+		name := r.Path
+		if len(commits) > 1 {
+			name += " @ " + cmp.Or(r.Commit, "unknown build")
+		}
+		g, ok := at[name]
 		if !ok {
 			g = len(names)
-			at[r.Path] = g
-			names = append(names, r.Path)
+			at[name] = g
+			names = append(names, name)
 			rows = append(rows, nil)
 		}
 		rows[g] = append(rows[g], i)

@@ -201,6 +201,21 @@ func TestRowGroups(t *testing.T) {
 	if len(seen) != len(rs) || len(rows[2]) != 2 || len(rows[3]) != 2 {
 		t.Fatalf("seed %d: groups %v over %d rows", seed, rows, len(rs))
 	}
+	// Builds of two commits (an A/B of builds): each path by commit.
+	ab := modelResults(r, []int{1})
+	ab = append(ab, modelResults(r, []int{1})...)
+	for i := range ab {
+		ab[i].Commit = []string{"aaaaaaa", "bbbbbbb"}[i/2]
+	}
+	names, rows = rowGroups(ab)
+	if want := []string{"dense @ aaaaaaa", "twell @ aaaaaaa", "dense @ bbbbbbb", "twell @ bbbbbbb"}; !slices.Equal(names, want) {
+		t.Fatalf("seed %d: names %q, want %q", seed, names, want)
+	}
+	for g, idx := range rows {
+		if len(idx) != 1 || idx[0] != g {
+			t.Fatalf("seed %d: groups %v", seed, rows)
+		}
+	}
 }
 
 // TestPlotFFNEdgeCases: the same for the MLP figure.
