@@ -38,6 +38,15 @@
 #                                       (bench plot: every run by the commit its build recorded);
 #                                       a run past AB_TIMEOUT seconds (240) is stopped and its
 #                                       build left out of the later runs
+#   scripts/gpu-bench.sh ab-decode-builds OUTDIR  decode of the builds against each other: gpubin/twell
+#                                       and every gpubin/twell-REV (gpubin/builds.txt), one process
+#                                       each, in turns, AB_ROUNDS rounds (2): `bench model` of the
+#                                       sparselm-1.5b preset after a prefill of 8 x 512 tokens, steps
+#                                       of AB_BATCHES sequences (1,8) at 512 cached tokens; prints each
+#                                       run's dense and TwELL rows and draws OUTDIR/ab-decode-builds.png
+#                                       (bench plot: each path by the commit its build recorded); a run
+#                                       past AB_TIMEOUT seconds (110) is stopped and its build left
+#                                       out of the later runs
 #   scripts/gpu-bench.sh test-builds OUTDIR  the package gpu's GPU tests of the tree (gpubin/gpu.test)
 #                                       and of every build in gpubin/builds.txt (gpubin/gpu-REV.test),
 #                                       in gpu/, those matching RUN (default: the D2T, MLP, hot-unit,
@@ -95,8 +104,8 @@
 # Each run ends with `twell bench table OUTDIR`.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-what=${1:?usage: gpu-bench.sh ffn|model|decode|train|trace|ab-mlp|test-builds|ab-builds|ab-decode|ab-prefill|stalls|stalls-d2t|stalls-decode|sass|host-mem OUTDIR}
-out=${2:?usage: gpu-bench.sh ffn|model|decode|train|trace|ab-mlp|test-builds|ab-builds|ab-decode|ab-prefill|stalls|stalls-d2t|stalls-decode|sass|host-mem OUTDIR}
+what=${1:?usage: gpu-bench.sh ffn|model|decode|train|trace|ab-mlp|test-builds|ab-builds|ab-decode-builds|ab-decode|ab-prefill|stalls|stalls-d2t|stalls-decode|sass|host-mem OUTDIR}
+out=${2:?usage: gpu-bench.sh ffn|model|decode|train|trace|ab-mlp|test-builds|ab-builds|ab-decode-builds|ab-decode|ab-prefill|stalls|stalls-d2t|stalls-decode|sass|host-mem OUTDIR}
 mkdir -p "$out"
 tw=$root/gpubin/twell
 if [ ! -x "$tw" ] && [ -f "$root/gpubin/pack.txz" ]; then
@@ -255,6 +264,28 @@ ab-builds)
   done
   ab_summary "$out" || status=1
   ;;
+ab-decode-builds)
+  read_builds
+  declare -A hung=()
+  for round in $(seq "${AB_ROUNDS:-2}"); do
+    for b in "${builds[@]}"; do
+      [ -n "${hung[$b]:-}" ] && continue
+      name=decode-$round-$b
+      timeout -k 10 "${AB_TIMEOUT:-110}" "$root/gpubin/$b" bench model -device cuda -preset sparselm-1.5b \
+        -seed 9596107621982983358 -reps 3 -batch 8 -prompt-len 512 -decode-context 512 -decode-steps 32 \
+        -decode-batch "${AB_BATCHES:-1,8}" -json "$out/$name.json" > "$out/$name.txt" 2>&1
+      rc=$?
+      if stopped $rc; then
+        hung[$b]=1
+        echo "ab-decode-builds: $b stopped after ${AB_TIMEOUT:-110} s, round $round; left out from here" | tee -a "$out/$name.txt"
+      fi
+      [ $rc -eq 0 ] || status=1
+      echo "== $name"
+      grep -E '^ +(path|dense|twell) ' "$out/$name.txt"
+    done
+  done
+  if ls "$out"/decode-*.json > /dev/null 2>&1; then "$tw" bench plot -o "$out/ab-decode-builds.png" "$out"/decode-*.json || status=1; fi
+  ;;
 ab-decode)
   # The preset is built and calibrated once, saved outside OUTDIR (3 GB)
   # and loaded by the later runs; the variants run on engines of their own
@@ -359,7 +390,7 @@ host-mem)
   grep -E "Maximum resident|Elapsed|tokens" "$out/generate-time.txt"
   ;;
 *)
-  echo "gpu-bench: want ffn, model, decode, train, trace, ab-mlp, test-builds, ab-builds, ab-decode, ab-prefill, stalls, stalls-d2t, stalls-decode, sass or host-mem, not $what" >&2
+  echo "gpu-bench: want ffn, model, decode, train, trace, ab-mlp, test-builds, ab-builds, ab-decode-builds, ab-decode, ab-prefill, stalls, stalls-d2t, stalls-decode, sass or host-mem, not $what" >&2
   exit 2
   ;;
 esac
