@@ -172,6 +172,20 @@ ab_summary() {
 }
 # stopped RC: whether exit status RC is timeout's (the command ran past its limit).
 stopped() { [ "$1" -eq 124 ] || [ "$1" -eq 137 ]; }
+# run_build B NAME LIMIT ARGS... runs gpubin/B with ARGS, its output in
+# OUTDIR/NAME.txt, stopped after LIMIT seconds; a stopped build is marked in
+# hung (declare -A hung first), for the A/B modes to leave out of later runs.
+run_build() {
+  local b=$1 name=$2 limit=$3
+  shift 3
+  timeout -k 10 "$limit" "$root/gpubin/$b" "$@" > "$out/$name.txt" 2>&1
+  local rc=$?
+  if stopped $rc; then
+    hung[$b]=1
+    echo "$what: $b stopped after $limit s ($name); left out from here" | tee -a "$out/$name.txt"
+  fi
+  [ $rc -eq 0 ] || status=1
+}
 case $what in
 ffn)
   for dist in uniform skewed; do
@@ -251,14 +265,8 @@ ab-builds)
       for b in "${builds[@]}"; do
         [ -n "${hung[$b]:-}" ] && continue
         name=ffn-$m-$dist-$dens-$round-$b
-        timeout -k 10 "${AB_TIMEOUT:-240}" "$root/gpubin/$b" bench ffn -device cuda -m "$m" -density "$dens" \
-          -dist "$dist" -seed 1 -json "$out/$name.json" > "$out/$name.txt" 2>&1
-        rc=$?
-        if stopped $rc; then
-          hung[$b]=1
-          echo "ab-builds: $b stopped after ${AB_TIMEOUT:-240} s at $shape, round $round; left out from here" | tee -a "$out/$name.txt"
-        fi
-        [ $rc -eq 0 ] || status=1
+        run_build "$b" "$name" "${AB_TIMEOUT:-240}" bench ffn -device cuda -m "$m" -density "$dens" \
+          -dist "$dist" -seed 1 -json "$out/$name.json"
       done
     done
   done
@@ -271,15 +279,9 @@ ab-decode-builds)
     for b in "${builds[@]}"; do
       [ -n "${hung[$b]:-}" ] && continue
       name=decode-$round-$b
-      timeout -k 10 "${AB_TIMEOUT:-110}" "$root/gpubin/$b" bench model -device cuda -preset sparselm-1.5b \
+      run_build "$b" "$name" "${AB_TIMEOUT:-110}" bench model -device cuda -preset sparselm-1.5b \
         -seed 9596107621982983358 -reps 3 -batch 8 -prompt-len 512 -decode-context 512 -decode-steps 32 \
-        -decode-batch "${AB_BATCHES:-1,8}" -json "$out/$name.json" > "$out/$name.txt" 2>&1
-      rc=$?
-      if stopped $rc; then
-        hung[$b]=1
-        echo "ab-decode-builds: $b stopped after ${AB_TIMEOUT:-110} s, round $round; left out from here" | tee -a "$out/$name.txt"
-      fi
-      [ $rc -eq 0 ] || status=1
+        -decode-batch "${AB_BATCHES:-1,8}" -json "$out/$name.json"
       echo "== $name"
       grep -E '^ +(path|dense|twell) ' "$out/$name.txt"
     done
