@@ -572,7 +572,7 @@ func newGreedyRun(e *llm.Engine, caches []engine.Cache, r *rand.Rand, ctx, steps
 	if err := truncateAll(caches, ctx); err != nil {
 		return nil, err
 	}
-	d, err := e.NewDecoder(caches, 0)
+	d, err := e.NewDecoder(caches, 0, nil)
 	if err != nil {
 		return nil, err
 	}

@@ -52,6 +52,10 @@ type ServeOptions struct {
 	MaxTokens int
 	// Temperature is each request's temperature (0: greedy).
 	Temperature float64
+	// TopP and TopK are each request's top_p (in (0, 1]; 0 is read as 1)
+	// and top_k (0: off).
+	TopP float64
+	TopK int
 	// IgnoreEOS asks the server to generate past the end of sequence
 	// (vLLM's ignore_eos, which twell serve takes), so that every request
 	// generates MaxTokens tokens.
@@ -92,6 +96,10 @@ func (o ServeOptions) Validate() error {
 		return fmt.Errorf("-max-tokens %d: must be in 1..1000000", o.MaxTokens)
 	case !(o.Temperature >= 0) || math.IsInf(o.Temperature, 0):
 		return fmt.Errorf("-temperature %g: must be a finite number >= 0", o.Temperature)
+	case !(o.TopP >= 0 && o.TopP <= 1):
+		return fmt.Errorf("-top-p %g: must be in (0, 1] (1 keeps all tokens)", o.TopP)
+	case o.TopK < 0:
+		return fmt.Errorf("-top-k %d: must be >= 0 (0 keeps all tokens)", o.TopK)
 	case len(o.Prompts) == 0:
 		return errors.New("no prompts")
 	case o.Timeout < 0:
@@ -175,6 +183,9 @@ type ServeResult struct {
 	Rate          float64        `json:"rate"` // requests/s asked; 0: all at once
 	Concurrency   int            `json:"concurrency"`
 	MaxTokens     int            `json:"max_tokens"`
+	Temperature   float64        `json:"temperature"`
+	TopP          float64        `json:"top_p,omitempty"` // 0: not sent (1)
+	TopK          int            `json:"top_k,omitempty"`
 	Completed     int            `json:"completed"`
 	Failed        int            `json:"failed"`
 	Disconnected  int            `json:"disconnected"` // clients that hung up on purpose
@@ -292,7 +303,7 @@ func Serve(ctx context.Context, o ServeOptions, progress func(done, total int)) 
 	}
 	reqs := all[:sent]
 	res := &ServeResult{Row: newRow(ServeSchema, "remote", CPUName()), Server: base, Model: o.Model, Requests: len(reqs),
-		Rate: o.Rate, Concurrency: o.Concurrency, MaxTokens: o.MaxTokens, PerRequest: reqs, Preemptions: scrapePreemptions(client, base),
+		Rate: o.Rate, Concurrency: o.Concurrency, MaxTokens: o.MaxTokens, Temperature: o.Temperature, TopP: o.TopP, TopK: o.TopK, PerRequest: reqs, Preemptions: scrapePreemptions(client, base),
 		Warmup: o.Warmup}
 	var ttft, tpot, e2e []float64
 	end := 0.0
@@ -339,10 +350,17 @@ func (r *ServeResult) ITLSamples() []float64 { return r.itl }
 // sendOne sends one streamed completion and times its chunks.
 // With cut > 0 the client hangs up after cut chunks of text.
 func sendOne(ctx context.Context, client *http.Client, base string, o ServeOptions, prompt string, seed int64, cut int, t0 time.Time) ServeRequest {
-	body, _ := json.Marshal(map[string]any{
+	fields := map[string]any{
 		"model": o.Model, "prompt": prompt, "max_tokens": o.MaxTokens, "temperature": o.Temperature, "seed": seed,
 		"ignore_eos": o.IgnoreEOS, "stream": true, "stream_options": map[string]any{"include_usage": true},
-	})
+	}
+	if o.TopP > 0 {
+		fields["top_p"] = o.TopP
+	}
+	if o.TopK > 0 {
+		fields["top_k"] = o.TopK
+	}
+	body, _ := json.Marshal(fields)
 	if o.Timeout > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, o.Timeout)

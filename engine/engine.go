@@ -19,6 +19,7 @@ import (
 
 	"github.com/twell-ai/twell/mlp"
 	"github.com/twell-ai/twell/model"
+	"github.com/twell-ai/twell/sample"
 )
 
 // Engine runs forward passes of one model on one backend. An Engine is not
@@ -139,26 +140,31 @@ func NewStats(tokens, layers int) *Stats {
 	return s
 }
 
-// GreedyDecoding is implemented by an engine that can make the greedy
-// picks of decode steps where it runs and queue a step before the host has
-// the picks of the one before, so that the device does not wait for the
-// host between steps (the GPU engine, package gpu/llm).
-type GreedyDecoding interface {
+// DeviceSampling is implemented by an engine that picks the next tokens of
+// decode steps where it runs, greedily or drawn at a temperature with top-k
+// and top-p (sample.Draw), so that only the picks come back to the host,
+// not rows of logits, and that can queue a step before the host has the
+// picks of the one before, so that the device does not wait for the host
+// between steps (the GPU engine, package gpu/llm).
+type DeviceSampling interface {
 	Engine
 	// NewDecoder returns a Decoder for the sequences whose caches are
 	// given, picking among the first vocab logits of each step (the whole
-	// vocabulary when vocab is 0).
-	NewDecoder(caches []Cache, vocab int) (Decoder, error)
-	// ForwardGreedy runs a pass as Forward does (without allLogits) but
-	// returns, for each sequence, the greedy pick after its last new token
-	// among the first vocab logits (all when vocab is 0), so that only the
-	// picks leave the device. A sequence with no logit above -Inf gets -1.
-	ForwardGreedy(caches []Cache, tokens [][]int, vocab int) ([]int, *Stats, error)
+	// vocabulary when vocab is 0): sequence i's n-th step (from 0) draws
+	// as draws[i] with Index draws[i].Index + n, or greedily when draws is
+	// nil.
+	NewDecoder(caches []Cache, vocab int, draws []sample.Draw) (Decoder, error)
+	// ForwardSample runs a pass as Forward does (without allLogits) but
+	// returns, for each sequence, the token draws[i] picks after its last
+	// new token among the first vocab logits (all when vocab is 0), so
+	// that only the picks leave the device. A sequence with no logit above
+	// -Inf gets -1.
+	ForwardSample(caches []Cache, tokens [][]int, vocab int, draws []sample.Draw) ([]int, *Stats, error)
 }
 
-// Decoder runs greedy decode steps of a fixed batch of sequences: each
-// step appends one token to every sequence and picks the next one, as
-// package sample's greedy mode does on the step's logits.
+// Decoder runs decode steps of a fixed batch of sequences: each step
+// appends one token to every sequence and picks the next one on the
+// device, as its sample.Draw says (DeviceSampling.NewDecoder).
 type Decoder interface {
 	// Queue queues a step that appends tokens[i] to sequence i, or, with
 	// tokens nil, the token the previous queued step picked for it. It does

@@ -175,19 +175,21 @@ func (s *Sequence) Next(logits []float32) (Step, error) {
 	if s.o.Vocab > 0 && s.o.Vocab < len(logits) {
 		logits = logits[:s.o.Vocab]
 	}
-	tok, err := s.sampler.Pick(logits, s.history)
+	tok, err := s.sampler.Pick(logits, s.history, uint64(len(s.gen)))
 	if err != nil {
 		return Step{}, err
 	}
 	return s.Accept(tok)
 }
 
-// GreedyPicks reports whether the sequence samples greedily without a
-// repetition penalty, so that the greedy picks an engine makes on its
-// device (engine.GreedyDecoding) among the first Options.Vocab logits are
-// what Next would choose: feed those to Accept.
-func (s *Sequence) GreedyPicks() bool {
-	return s.o.Sample.Temperature == 0 && s.o.Sample.RepetitionPenalty == 1
+// DeviceDraw returns the draw of the sequence's next token for an engine
+// that picks on its device (engine.DeviceSampling), among the first
+// Options.Vocab logits, and false when the sequence has a repetition
+// penalty (it needs the history): feed the engine's pick to Accept. Its
+// Index is the number of tokens generated so far, so that a generation's
+// draws do not depend on the other sequences it shares steps with.
+func (s *Sequence) DeviceDraw() (sample.Draw, bool) {
+	return s.o.Sample.Draw(uint64(len(s.gen)))
 }
 
 // Accept is Next with the token chosen elsewhere: tok is the sequence's
@@ -369,13 +371,35 @@ func Run(e engine.Engine, dec Decoder, prompt []int, o Options, emit func(text s
 	layers := e.Config().NumHiddenLayers
 	act := newActiveSum(layers)
 	res := &Result{PromptTokens: s.Prompt()}
+	// On an engine that picks on its device, every token of a sequence
+	// without a repetition penalty is picked there, the first one too.
+	ds, onDevice := e.(engine.DeviceSampling)
+	if _, ok := s.DeviceDraw(); !ok {
+		onDevice = false
+	}
 	t0 := time.Now()
-	logits, st, err := e.Forward([]engine.Cache{cache}, [][]int{prompt}, false)
+	var step Step
+	if onDevice {
+		draw, _ := s.DeviceDraw()
+		picks, st, err := ds.ForwardSample([]engine.Cache{cache}, [][]int{prompt}, s.pickVocab(e), []sample.Draw{draw})
+		if err != nil {
+			return nil, err
+		}
+		res.Prefill = time.Since(t0)
+		act.add(st)
+		step, err = s.Accept(picks[0])
+	} else {
+		logits, st, err := e.Forward([]engine.Cache{cache}, [][]int{prompt}, false)
+		if err != nil {
+			return nil, err
+		}
+		res.Prefill = time.Since(t0)
+		act.add(st)
+		step, err = s.Next(logits[0])
+	}
 	if err != nil {
 		return nil, err
 	}
-	res.Prefill = time.Since(t0)
-	act.add(st)
 	t1 := time.Now()
 	show := func(step Step) error {
 		if emit != nil && step.Text != "" {
@@ -383,18 +407,15 @@ func Run(e engine.Engine, dec Decoder, prompt []int, o Options, emit func(text s
 		}
 		return nil
 	}
-	step, err := s.Next(logits[0])
-	if err != nil {
-		return nil, err
-	}
 	if err := show(step); err != nil {
 		return nil, err
 	}
-	if gd, ok := e.(engine.GreedyDecoding); ok && !step.Done && s.GreedyPicks() {
-		err = s.decodeOnDevice(gd, cache, step.Token, show)
+	if onDevice && !step.Done {
+		err = s.decodeOnDevice(ds, cache, step.Token, show)
 	} else {
 		for !step.Done {
-			if logits, st, err = e.Forward([]engine.Cache{cache}, [][]int{{step.Token}}, false); err != nil {
+			logits, st, err := e.Forward([]engine.Cache{cache}, [][]int{{step.Token}}, false)
+			if err != nil {
 				return nil, err
 			}
 			act.add(st)
@@ -415,17 +436,24 @@ func Run(e engine.Engine, dec Decoder, prompt []int, o Options, emit func(text s
 	return res, nil
 }
 
+// pickVocab is the number of logits an engine's picks for the sequence
+// choose among (engine.DeviceSampling): Options.Vocab where it limits e's
+// vocabulary, else 0 (all).
+func (s *Sequence) pickVocab(e engine.Engine) int {
+	if s.o.Vocab > 0 && s.o.Vocab < e.Config().VocabSize {
+		return s.o.Vocab
+	}
+	return 0
+}
+
 // decodeOnDevice runs the sequence's decode steps, from its first generated
-// token tok on, through a Decoder of gd: the picks are made on the device
+// token tok on, through a Decoder of ds: the picks are made on the device
 // and the step that feeds a pick is queued before the host has it, unless
 // that pick is the last token (one step too many then runs at an end of
 // sequence or stop string, its token never read). show gets each step.
-func (s *Sequence) decodeOnDevice(gd engine.GreedyDecoding, cache engine.Cache, tok int, show func(Step) error) (err error) {
-	vocab := 0
-	if s.o.Vocab > 0 && s.o.Vocab < gd.Config().VocabSize {
-		vocab = s.o.Vocab
-	}
-	d, err := gd.NewDecoder([]engine.Cache{cache}, vocab)
+func (s *Sequence) decodeOnDevice(ds engine.DeviceSampling, cache engine.Cache, tok int, show func(Step) error) (err error) {
+	draw, _ := s.DeviceDraw()
+	d, err := ds.NewDecoder([]engine.Cache{cache}, s.pickVocab(ds), []sample.Draw{draw})
 	if err != nil {
 		return err
 	}

@@ -23,8 +23,8 @@ func BenchmarkPick(b *testing.B) {
 			name = "t0.8"
 		}
 		b.Run(name, func(b *testing.B) {
-			for range b.N {
-				s.Sample(logits, nil)
+			for i := range b.N {
+				s.Sample(logits, nil, uint64(i))
 			}
 		})
 	}

@@ -85,11 +85,11 @@ func check(t *testing.T, s *Sampler, o Options, logits []float32, history []int)
 		anyCandidate = anyCandidate || x > math.Inf(-1)
 		anyNumber = anyNumber || !math.IsNaN(x)
 	}
-	id, err := s.Pick(logits, history)
+	id, err := s.Pick(logits, history, 7)
 	if (err != nil) == anyCandidate {
 		t.Fatalf("%+v, logits %v: Pick error %v, but a token above -Inf exists: %v", o, logits, err, anyCandidate)
 	}
-	got := s.Sample(logits, history)
+	got := s.Sample(logits, history, 7)
 	if len(logits) == 0 {
 		if got != -1 {
 			t.Fatalf("Sample(no logits) = %d, want -1", got)

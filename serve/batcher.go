@@ -12,6 +12,7 @@ import (
 
 	"github.com/twell-ai/twell/engine"
 	"github.com/twell-ai/twell/generate"
+	"github.com/twell-ai/twell/sample"
 )
 
 // streamBuffer is how many pieces of text a streaming request's channel
@@ -384,9 +385,12 @@ func (s *Server) step(items []item, allLogits bool, running []*job) []*job {
 	var picks []int
 	var st *engine.Stats
 	var err error
-	if gd, ok := s.e.(engine.GreedyDecoding); ok && !s.o.PicksOnHost && greedyStep(items, allLogits) {
-		picks, st, err = gd.ForwardGreedy(caches, tokens, s.vocab)
-	} else {
+	if ds, ok := s.e.(engine.DeviceSampling); ok && !s.o.PicksOnHost {
+		if draws := deviceDraws(items, allLogits); draws != nil {
+			picks, st, err = ds.ForwardSample(caches, tokens, s.vocab, draws)
+		}
+	}
+	if picks == nil && err == nil {
 		logits, st, err = s.e.Forward(caches, tokens, allLogits)
 	}
 	if err != nil {
@@ -512,7 +516,9 @@ func (s *Server) sampleOne(d *draw) {
 func (s *Server) sampleAll(draws []draw) bool {
 	heavy := 0
 	for _, d := range draws {
-		if d.last != nil && (d.j.topN >= 0 || !d.j.seq.GreedyPicks()) {
+		dr, greedy := d.j.seq.DeviceDraw()
+		greedy = greedy && dr.Temperature == 0
+		if d.last != nil && (d.j.topN >= 0 || !greedy) {
 			heavy++
 		}
 	}
@@ -533,21 +539,26 @@ func (s *Server) sampleAll(draws []draw) bool {
 	return true
 }
 
-// greedyStep reports whether a step of items needs no logits on the host:
-// no log-probabilities, no scoring, and every job sampling greedily without
-// a repetition penalty (generate.Sequence.GreedyPicks), so that the
-// engine's greedy picks are what each job's Next would choose.
-func greedyStep(items []item, allLogits bool) bool {
+// deviceDraws returns the draws of a step of items whose picks the engine
+// can make on its device (engine.DeviceSampling), one per item, or nil when
+// the step needs logits on the host: for log-probabilities, scoring, or a
+// job with a repetition penalty (generate.Sequence.DeviceDraw). An item
+// still feeding its prompt gets the draw its next token will have; its
+// pick is not used.
+func deviceDraws(items []item, allLogits bool) []sample.Draw {
 	if allLogits {
-		return false
+		return nil
 	}
-	for _, it := range items {
+	draws := make([]sample.Draw, len(items))
+	for i, it := range items {
 		j := it.j
-		if it.logp || j.score || j.topN >= 0 || !j.seq.GreedyPicks() {
-			return false
+		d, ok := j.seq.DeviceDraw()
+		if it.logp || j.score || j.topN >= 0 || !ok {
+			return nil
 		}
+		draws[i] = d
 	}
-	return true
+	return draws
 }
 
 // promptLogprobs records the log-probabilities of the prompt tokens that

@@ -228,7 +228,7 @@ func (s *Server) onEngine(t *testing.T, f func(engine.Engine)) {
 	switch e := s.e.(type) {
 	case *countingEngine:
 		f(e.ref)
-	case *greedyEngine:
+	case *pickingEngine:
 		f(e.ref)
 	default:
 		t.Fatalf("no reference engine beside a %T", s.e)

@@ -48,9 +48,10 @@ type Options struct {
 	// fed in chunks of this many tokens over several steps.
 	PrefillTokens int
 	// PicksOnHost copies every step's logits to the host and samples there,
-	// also where the engine could make the step's greedy picks on its
-	// device (engine.GreedyDecoding: a step whose requests all sample
-	// greedily without a repetition penalty and want no log-probabilities).
+	// also where the engine could make the step's picks on its device
+	// (engine.DeviceSampling: a step whose requests want no
+	// log-probabilities and sample, greedily or at a temperature with top-k
+	// and top-p, without a repetition penalty).
 	PicksOnHost bool
 }
 

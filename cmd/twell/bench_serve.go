@@ -51,6 +51,8 @@ func runBenchServe(args []string, stdout, stderr io.Writer) error {
 	promptsPath := fs.String("prompts", "", "text file or folder (its .txt files) to cut prompts from (default: the bundled text sample)")
 	words := fs.Int("prompt-words", 64, "words per prompt, from the start of a paragraph drawn at random")
 	temp := fs.Float64("temperature", 0, "temperature of each request (0: greedy)")
+	topP := fs.Float64("top-p", 1, "top_p of each request, in (0, 1] (1: off)")
+	topK := fs.Int("top-k", 0, "top_k of each request (0: off)")
 	ignoreEOS := fs.Bool("ignore-eos", false, "ask the server to generate max-tokens tokens past any end of sequence")
 	seed := fs.Uint64("seed", 0, "random seed of the prompts, arrivals and sampling (0: fresh, printed)")
 	timeout := fs.Duration("timeout", 0, "bound on one request (0: none)")
@@ -63,7 +65,7 @@ func runBenchServe(args []string, stdout, stderr io.Writer) error {
 	fs.Var(&path, "mlp", "in-process server: MLP path, auto, sparse or dense")
 	maxConc := fs.Int("max-concurrent", d.MaxConcurrent, "in-process server: requests running in the batch at once")
 	prefill := fs.Int("prefill-tokens", d.PrefillTokens, "in-process server: prompt tokens fed per step")
-	picksOnHost := fs.Bool("picks-on-host", false, "in-process server: sample every step on the host, also greedy steps the GPU could pick on the device")
+	picksOnHost := fs.Bool("picks-on-host", false, "in-process server: sample every step on the host, also steps the GPU could pick on the device")
 	kvMem := fs.String("kv-memory", "", "in-process server: KV cache budget, e.g. 256MiB (default: what -max-concurrent full-context requests take)")
 	kvPage := fs.Int("kv-page-size", 0, "in-process server: positions per KV page (0: the engine's default)")
 	ctxLen := fs.Int("context", 0, "in-process server: positions per request (0: the model's)")
@@ -92,7 +94,7 @@ func runBenchServe(args []string, stdout, stderr io.Writer) error {
 		*seed = rand.Uint64()
 	}
 	o := bench.ServeOptions{URL: "http://127.0.0.1:1", Prompts: []string{"x"}, Requests: *requests, Rate: *rate, Concurrency: *concurrency,
-		MaxTokens: *maxTokens, Temperature: *temp, IgnoreEOS: *ignoreEOS, Seed: *seed, Timeout: *timeout,
+		MaxTokens: *maxTokens, Temperature: *temp, TopP: *topP, TopK: *topK, IgnoreEOS: *ignoreEOS, Seed: *seed, Timeout: *timeout,
 		Duration: *duration, Disconnect: *disconnect, Warmup: *warmup}
 	if *url != "" {
 		o.URL = *url

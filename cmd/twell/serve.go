@@ -47,7 +47,7 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	ctxLen := fs.Int("context", 0, "most positions per request, prompt and generated (0: the model's max_position_embeddings)")
 	grace := fs.Duration("shutdown-timeout", 30*time.Second, "on SIGINT/SIGTERM, how long running requests may finish before they are cancelled")
 	prefill := fs.Int("prefill-tokens", d.PrefillTokens, "most prompt tokens fed per batcher step beside the running requests' tokens, 1..1048576; longer prompts go in chunks")
-	picksOnHost := fs.Bool("picks-on-host", false, "copy every step's logits back and sample on the host, also for steps of greedy requests that the GPU could pick on the device")
+	picksOnHost := fs.Bool("picks-on-host", false, "copy every step's logits back and sample on the host, also for steps whose picks the GPU could make on the device")
 	kvMem := fs.String("kv-memory", "", "KV cache budget, e.g. 2GiB or 512MB (default: what -max-concurrent full-context requests take); requests are admitted by the pages free")
 	kvPage := fs.Int("kv-page-size", 0, "positions per KV cache page (0: on the CPU 16, or more where a page would not fill the OS's memory pages; on the GPU 64, and a multiple of 64 if set)")
 	decodeBF16 := fs.Bool("decode-bf16", false, "CPU passes of <= 16 tokens read bf16 copies of weights that bf16 cannot hold exactly (faster, but a greedy result may then depend on the batch; bf16 checkpoints are held in bf16 either way, with float32 results)")

@@ -1,8 +1,10 @@
 package llm
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"unsafe"
 
 	"github.com/twell-ai/twell/cuda"
@@ -10,12 +12,14 @@ import (
 	"github.com/twell-ai/twell/sample"
 )
 
-// Greedy decode steps with the picks made on the device.
+// Decode steps with the picks made on the device.
 //
 // A step that returns logits ends with the host: the logits are copied
 // back, the host picks the next tokens and only then queues the next step,
-// while the GPU waits (docs/gpu-llm.md has the figures). A Decoder
-// picks on the device instead (argmax_rows, pick.cu, after the LM head) and
+// while the GPU waits (docs/gpu-llm.md has the figures). ForwardSample and
+// a Decoder pick on the device instead (pick_rows, pick.cu, after the LM
+// head: greedy picks, or draws at a temperature with top-k and top-p). A
+// Decoder
 // feeds the picks to the next step by a device copy into that step's token
 // ids, queued between the upload of its metadata and its layers; so the
 // host queues step n+1 before it has step n's picks, and the GPU runs the
@@ -29,14 +33,15 @@ import (
 // not returned: one running, one queued behind it.
 const maxQueued = 2
 
-// Decoder runs greedy decode steps of one batch of sequences on the engine
-// (engine.Decoder). It is not safe for concurrent use, nor for use beside
+// Decoder runs decode steps of one batch of sequences on the engine, each
+// step's picks made on the device (engine.Decoder). It is not safe for concurrent use, nor for use beside
 // another goroutine's calls into the engine.
 type Decoder struct {
 	e      *Engine
 	caches []*cache
 	vocab  int
 	picks  *cuda.Buffer                // int32 [2][S]: the last queued step's picks, then its no-candidate flags
+	params *cuda.Buffer                // the sequences' draws (drawParams), nil for greedy picks
 	host   [maxQueued]*cuda.HostBuffer // the picks of the steps in flight, slot = step % maxQueued
 	stage  [maxQueued]*cuda.HostBuffer // the metadata of the steps in flight, uploaded from here
 	done   [maxQueued]*cuda.Event      // recorded after each slot's copy
@@ -47,8 +52,10 @@ type Decoder struct {
 
 // NewDecoder returns a Decoder for the sequences whose caches are given
 // (made by this engine, each at most once), picking among the first vocab
-// logits of each step (the whole vocabulary when vocab is 0).
-func (e *Engine) NewDecoder(ecaches []engine.Cache, vocab int) (engine.Decoder, error) {
+// logits of each step (the whole vocabulary when vocab is 0): sequence i's
+// n-th step (from 0) draws as draws[i] with Index draws[i].Index + n, or
+// greedily when draws is nil.
+func (e *Engine) NewDecoder(ecaches []engine.Cache, vocab int, draws []sample.Draw) (engine.Decoder, error) {
 	if e.closed {
 		return nil, errors.New("llm: engine was closed")
 	}
@@ -58,6 +65,10 @@ func (e *Engine) NewDecoder(ecaches []engine.Cache, vocab int) (engine.Decoder, 
 	vocab, err := e.pickVocab(vocab)
 	if err != nil {
 		return nil, err
+	}
+	params, err := drawWords(draws, len(ecaches))
+	if err != nil {
+		return nil, fmt.Errorf("llm: decoder: %w", err)
 	}
 	d := &Decoder{e: e, caches: make([]*cache, len(ecaches)), vocab: vocab}
 	seen := make(map[*cache]int, len(ecaches))
@@ -75,6 +86,14 @@ func (e *Engine) NewDecoder(ecaches []engine.Cache, vocab int) (engine.Decoder, 
 	n := 8 * len(ecaches)
 	if d.picks, err = e.dev.Alloc(n); err != nil {
 		return nil, fmt.Errorf("llm: decoder: %w", err)
+	}
+	if params != nil {
+		if d.params, err = e.dev.Alloc(len(params)); err == nil {
+			err = e.dev.CopyHtoD(d.params, params)
+		}
+		if err != nil {
+			return nil, errors.Join(fmt.Errorf("llm: decoder: %w", err), d.free())
+		}
 	}
 	for i := range d.host {
 		if d.host[i], err = e.dev.AllocHost(n); err == nil {
@@ -168,7 +187,7 @@ func (d *Decoder) queue(b *batch, fed bool) error {
 	if _, err := e.decoderLayers(b, false); err != nil {
 		return err
 	}
-	if err := e.headPicks(b, d.picks, d.vocab); err != nil {
+	if err := e.headPicks(b, d.picks, d.vocab, d.params, uint64(d.queued)); err != nil {
 		return err
 	}
 	if err := e.dev.CopyDtoHAsync(d.host[slot].Bytes(), d.picks, s); err != nil {
@@ -177,15 +196,15 @@ func (d *Decoder) queue(b *batch, fed bool) error {
 	return d.done[slot].Record(s)
 }
 
-// pickThreads is argmax_rows' block (PICK_THREADS in pick.cu).
+// pickThreads is pick_rows' block (PICK_THREADS in pick.cu).
 const pickThreads = 1024
 
-// pickVocab checks the number of logits greedy picks choose among (0: the
+// pickVocab checks the number of logits the picks choose among (0: the
 // whole vocabulary) and returns it.
 func (e *Engine) pickVocab(vocab int) (int, error) {
 	V := e.cfg.VocabSize
 	if vocab < 0 || vocab > V {
-		return 0, fmt.Errorf("llm: greedy picks: vocab %d outside [0, %d] (0 is the whole vocabulary)", vocab, V)
+		return 0, fmt.Errorf("llm: picks: vocab %d outside [0, %d] (0 is the whole vocabulary)", vocab, V)
 	}
 	if vocab == 0 {
 		vocab = V
@@ -193,61 +212,120 @@ func (e *Engine) pickVocab(vocab int) (int, error) {
 	return vocab, nil
 }
 
+// drawParamsSize is the size of pick.cu's DrawParams.
+const drawParamsSize = 32
+
+// drawWords returns the draws of S sequences as pick_rows reads them
+// (DrawParams), or nil when every draw is greedy (draws nil, or each at
+// temperature 0), or the first draw out of range.
+func drawWords(draws []sample.Draw, S int) ([]byte, error) {
+	if draws == nil {
+		return nil, nil
+	}
+	if len(draws) != S {
+		return nil, fmt.Errorf("%d draws for %d sequences", len(draws), S)
+	}
+	greedy := true
+	for i, d := range draws {
+		o := sample.Options{Temperature: d.Temperature, TopK: d.TopK, TopP: d.TopP, RepetitionPenalty: 1}
+		if err := o.Validate(); err != nil {
+			return nil, fmt.Errorf("sequence %d: %w", i, err)
+		}
+		greedy = greedy && d.Temperature == 0
+	}
+	if greedy {
+		return nil, nil
+	}
+	w := make([]byte, drawParamsSize*S)
+	for i, d := range draws {
+		p := w[drawParamsSize*i:]
+		// A temperature past 1e30 draws as uniformly as 1e30 does, and
+		// keeps 1/T a normal float32; one that rounds to 0 in float32 is
+		// greedy.
+		binary.LittleEndian.PutUint32(p[0:], math.Float32bits(float32(min(d.Temperature, 1e30))))
+		binary.LittleEndian.PutUint32(p[4:], math.Float32bits(float32(d.TopP)))
+		binary.LittleEndian.PutUint32(p[8:], uint32(min(d.TopK, math.MaxInt32)))
+		binary.LittleEndian.PutUint64(p[16:], d.Seed)
+		binary.LittleEndian.PutUint64(p[24:], d.Index)
+	}
+	return w, nil
+}
+
 // headPicks queues the head of b (headQueue) and, after each chunk of its
-// logits, argmax_rows: the greedy pick of row r among the first vocab
-// logits into picks[r] (int32), its no-candidate flag into picks[b.rows+r].
-func (e *Engine) headPicks(b *batch, picks *cuda.Buffer, vocab int) error {
+// logits, pick_rows: the pick of row r among the first vocab logits into
+// picks[r] (int32), its no-candidate flag into picks[b.rows+r]. params holds
+// the rows' draws (drawWords), their Index advanced by step, or is nil for
+// greedy picks.
+func (e *Engine) headPicks(b *batch, picks *cuda.Buffer, vocab int, params *cuda.Buffer, step uint64) error {
 	n := b.rows
 	p, none := view(picks, 0, 4*n), view(picks, 4*n, 4*n)
 	return e.headQueue(b, func(r0, rc int) error {
-		return e.k.argmax.LaunchEx(cuda.LaunchConfig{Grid: cuda.Dim3{uint32(rc), 1, 1}, Block: cuda.Dim3{pickThreads, 1, 1},
+		var pr any = cuda.DevicePtr(0)
+		if params != nil {
+			pr = view(params, drawParamsSize*r0, drawParamsSize*rc)
+		}
+		return e.k.pick.LaunchEx(cuda.LaunchConfig{Grid: cuda.Dim3{uint32(rc), 1, 1}, Block: cuda.Dim3{pickThreads, 1, 1},
 			Stream: e.stream, EarlyStart: e.early()},
-			e.ws.logits, int32(e.cfg.VocabSize), int32(vocab), view(p, 4*r0, 4*rc), view(none, 4*r0, 4*rc))
+			e.ws.logits, int32(e.cfg.VocabSize), int32(vocab), pr, step, view(p, 4*r0, 4*rc), view(none, 4*r0, 4*rc))
 	})
 }
 
-// ForwardGreedy runs a pass as Forward does (without allLogits) but
-// returns, for each sequence, the greedy pick after its last new token
-// among the first vocab logits (the whole vocabulary when vocab is 0),
-// made on the device: only the picks come back to the host. A sequence
-// with no logit above -Inf gets -1.
-func (e *Engine) ForwardGreedy(ecaches []engine.Cache, tokens [][]int, vocab int) ([]int, *engine.Stats, error) {
+// ForwardSample runs a pass as Forward does (without allLogits) but
+// returns, for each sequence, the token draws[i] picks after its last new
+// token among the first vocab logits (the whole vocabulary when vocab is
+// 0), made on the device: only the picks come back to the host. draws nil
+// picks greedily. A sequence with no logit above -Inf gets -1.
+func (e *Engine) ForwardSample(ecaches []engine.Cache, tokens [][]int, vocab int, draws []sample.Draw) ([]int, *engine.Stats, error) {
 	vocab, err := e.pickVocab(vocab)
 	if err != nil {
 		return nil, nil, err
 	}
 	S := len(tokens)
-	if err := e.greedyFor(S); err != nil {
+	params, err := drawWords(draws, S)
+	if err != nil {
+		return nil, nil, fmt.Errorf("llm: picks: %w", err)
+	}
+	if err := e.picksFor(S); err != nil {
 		return nil, nil, err
 	}
+	g := &e.picks
 	st, err := e.forward(ecaches, tokens, false, func(b *batch) error {
-		if err := e.headPicks(b, e.greedy.picks, vocab); err != nil {
+		var pb *cuda.Buffer
+		if params != nil {
+			// The stream is idle between passes: the page-locked copy is free.
+			pb = g.params
+			if err := e.dev.CopyHtoDAsync(pb, g.paramsHost.Bytes()[:copy(g.paramsHost.Bytes(), params)], e.stream); err != nil {
+				return err
+			}
+		}
+		if err := e.headPicks(b, g.picks, vocab, pb, 0); err != nil {
 			return err
 		}
-		return e.dev.CopyDtoHAsync(e.greedy.host.Bytes()[:8*S], e.greedy.picks, e.stream)
+		return e.dev.CopyDtoHAsync(g.host.Bytes()[:8*S], g.picks, e.stream)
 	})
 	if err != nil {
 		return nil, nil, err
 	}
-	out, none := readPicks(e.greedy.host, S)
+	out, none := readPicks(g.host, S)
 	for _, i := range none {
 		out[i] = -1
 	}
 	return out, st, nil
 }
 
-// greedyPicks are ForwardGreedy's buffers: picks and flags on the device,
-// and their page-locked copy.
-type greedyPicks struct {
-	picks *cuda.Buffer
-	host  *cuda.HostBuffer
-	seqs  int // sequences they hold
+// passPicks are ForwardSample's buffers: picks and flags on the device and
+// their page-locked copy, the draws on the device and where they are
+// uploaded from.
+type passPicks struct {
+	picks, params    *cuda.Buffer
+	host, paramsHost *cuda.HostBuffer
+	seqs             int // sequences they hold
 }
 
-// greedyFor grows ForwardGreedy's buffers to S sequences (the stream is
+// picksFor grows ForwardSample's buffers to S sequences (the stream is
 // idle).
-func (e *Engine) greedyFor(S int) error {
-	g := &e.greedy
+func (e *Engine) picksFor(S int) error {
+	g := &e.picks
 	if g.seqs >= S {
 		return nil
 	}
@@ -255,26 +333,34 @@ func (e *Engine) greedyFor(S int) error {
 		return err
 	}
 	var err error
-	if g.picks, err = e.dev.Alloc(8 * S); err != nil {
-		return fmt.Errorf("llm: greedy picks: %w", err)
+	if g.picks, err = e.dev.Alloc(8 * S); err == nil {
+		if g.params, err = e.dev.Alloc(drawParamsSize * S); err == nil {
+			if g.host, err = e.dev.AllocHost(8 * S); err == nil {
+				g.paramsHost, err = e.dev.AllocHost(drawParamsSize * S)
+			}
+		}
 	}
-	if g.host, err = e.dev.AllocHost(8 * S); err != nil {
-		return fmt.Errorf("llm: greedy picks: %w", err)
+	if err != nil {
+		return errors.Join(fmt.Errorf("llm: picks: %w", err), g.free())
 	}
 	g.seqs = S
 	return nil
 }
 
 // free frees the buffers.
-func (g *greedyPicks) free() error {
+func (g *passPicks) free() error {
 	var errs []error
-	if g.picks != nil {
-		errs = append(errs, g.picks.Free())
+	for _, b := range []*cuda.Buffer{g.picks, g.params} {
+		if b != nil {
+			errs = append(errs, b.Free())
+		}
 	}
-	if g.host != nil {
-		errs = append(errs, g.host.Free())
+	for _, h := range []*cuda.HostBuffer{g.host, g.paramsHost} {
+		if h != nil {
+			errs = append(errs, h.Free())
+		}
 	}
-	*g = greedyPicks{}
+	*g = passPicks{}
 	return errors.Join(errs...)
 }
 
@@ -346,6 +432,10 @@ func (d *Decoder) free() error {
 	if d.picks != nil {
 		errs = append(errs, d.picks.Free())
 		d.picks = nil
+	}
+	if d.params != nil {
+		errs = append(errs, d.params.Free())
+		d.params = nil
 	}
 	for i := range d.host {
 		if d.host[i] != nil {

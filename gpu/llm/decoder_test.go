@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"slices"
 	"testing"
 
@@ -14,26 +15,51 @@ import (
 	"github.com/twell-ai/twell/sample"
 )
 
-// greedy is package sample's greedy pick among the first vocab logits.
-func greedy(t *testing.T, logits []float32, vocab int) int {
+// hostPick is package sample's pick of draw d among the first vocab logits.
+func hostPick(t *testing.T, logits []float32, vocab int, d sample.Draw) int {
 	t.Helper()
-	s, err := sample.New(sample.Greedy())
+	o := sample.Greedy()
+	o.Temperature, o.TopK, o.TopP, o.Seed = d.Temperature, d.TopK, d.TopP, d.Seed
+	s, err := sample.New(o)
 	if err != nil {
 		t.Fatal(err)
 	}
-	id, err := s.Pick(logits[:vocab], nil)
+	id, err := s.Pick(logits[:vocab], nil, d.Index)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return id
 }
 
-// TestDecoderMatchesForward decodes a batch of prompts greedily twice on
-// one engine: step by step through Forward with the picks made on the host,
-// and through a Decoder with two steps queued ahead. The tokens must be the
-// same, on both MLP paths, for one and several sequences, with the picks
-// limited to part of the vocabulary, and with a Forward that grows the
-// workspace between two queued steps.
+// greedy is package sample's greedy pick among the first vocab logits.
+func greedy(t *testing.T, logits []float32, vocab int) int {
+	return hostPick(t, logits, vocab, sample.Draw{TopP: 1})
+}
+
+// randomDraws returns S draws at random settings (about a quarter greedy),
+// at random indices.
+func randomDraws(r *rand.Rand, S int) []sample.Draw {
+	draws := make([]sample.Draw, S)
+	for i := range draws {
+		d := sample.Draw{Temperature: []float64{0, 0.3, 0.8, 1, 1.7}[r.IntN(5)], TopP: 1, Seed: r.Uint64(), Index: uint64(r.IntN(1000))}
+		if r.IntN(2) == 0 {
+			d.TopK = []int{1, 2, 5, 50, 1000}[r.IntN(5)]
+		}
+		if r.IntN(2) == 0 {
+			d.TopP = []float64{0.1, 0.5, 0.9, 0.95, 0.999}[r.IntN(5)]
+		}
+		draws[i] = d
+	}
+	return draws
+}
+
+// TestDecoderMatchesForward decodes a batch of prompts twice on one engine,
+// greedily or drawing at random settings: step by step through Forward with
+// the picks made on the host (package sample), and through a Decoder with
+// two steps queued ahead. The tokens must be the same, on both MLP paths,
+// for one and several sequences, with the picks limited to part of the
+// vocabulary, and with a Forward that grows the workspace between two
+// queued steps.
 func TestDecoderMatchesForward(t *testing.T) {
 	c := testConfig(64, 4, 2, true)
 	e, r, seed := gpuEngine(t, c, "")
@@ -49,12 +75,24 @@ func TestDecoderMatchesForward(t *testing.T) {
 				prompts[i] = enginetest.Tokens(r, 1+r.IntN(40), c.VocabSize)
 			}
 			capacity := 40 + steps + 1
+			var draws []sample.Draw // nil: greedy
+			if r.IntN(3) > 0 {
+				draws = randomDraws(r, S)
+			}
+			draw := func(s, n int) sample.Draw {
+				if draws == nil {
+					return sample.Draw{TopP: 1}
+				}
+				d := draws[s]
+				d.Index += uint64(n)
+				return d
+			}
 			// The reference: Forward and host picks.
 			caches := enginetest.Caches(t, e, S, capacity)
 			logits, _ := enginetest.Forward(t, e, caches, prompts, false)
 			first := make([]int, S)
 			for i, l := range logits {
-				first[i] = greedy(t, l, vocab)
+				first[i] = hostPick(t, l, vocab, draw(i, 0))
 			}
 			want := make([][]int, steps)
 			cur := first
@@ -66,14 +104,18 @@ func TestDecoderMatchesForward(t *testing.T) {
 				logits, _ = enginetest.Forward(t, e, caches, step, false)
 				want[i] = make([]int, S)
 				for s, l := range logits {
-					want[i][s] = greedy(t, l, vocab)
+					want[i][s] = hostPick(t, l, vocab, draw(s, 1+i))
 				}
 				cur = want[i]
 			}
 			// The decoder.
 			caches = enginetest.Caches(t, e, S, capacity)
 			enginetest.Forward(t, e, caches, prompts, false)
-			d, err := e.NewDecoder(caches, vocab)
+			var next []sample.Draw
+			for i := range draws {
+				next = append(next, draw(i, 1))
+			}
+			d, err := e.NewDecoder(caches, vocab, next)
 			if err != nil {
 				t.Fatalf("seed %d: %v", seed, err)
 			}
@@ -95,7 +137,7 @@ func TestDecoderMatchesForward(t *testing.T) {
 					t.Fatalf("seed %d: %s S=%d: step %d: %v", seed, path, S, i, err)
 				}
 				if !slices.Equal(got, want[i]) {
-					t.Fatalf("seed %d: %s S=%d vocab %d: step %d picked %v, Forward and host picks %v", seed, path, S, vocab, i, got, want[i])
+					t.Fatalf("seed %d: %s S=%d vocab %d draws %+v: step %d picked %v, Forward and host picks %v", seed, path, S, vocab, draws, i, got, want[i])
 				}
 			}
 			if err := d.Close(); err != nil {
@@ -121,16 +163,24 @@ func TestDecoderErrors(t *testing.T) {
 	e, r, seed := gpuEngine(t, c, "sparse")
 	caches := enginetest.Caches(t, e, 2, 8)
 	enginetest.Forward(t, e, caches, [][]int{enginetest.Tokens(r, 3, c.VocabSize), enginetest.Tokens(r, 5, c.VocabSize)}, false)
-	if _, err := e.NewDecoder(nil, 0); err == nil {
+	if _, err := e.NewDecoder(nil, 0, nil); err == nil {
 		t.Error("a decoder of no sequences was made")
 	}
-	if _, err := e.NewDecoder([]engine.Cache{caches[0], caches[0]}, 0); err == nil {
+	if _, err := e.NewDecoder([]engine.Cache{caches[0], caches[0]}, 0, nil); err == nil {
 		t.Error("a decoder of one cache twice was made")
 	}
-	if _, err := e.NewDecoder(caches, c.VocabSize+1); err == nil {
+	if _, err := e.NewDecoder(caches, c.VocabSize+1, nil); err == nil {
 		t.Error("a decoder picking past the vocabulary was made")
 	}
-	d, err := e.NewDecoder(caches, 0)
+	if _, err := e.NewDecoder(caches, 0, randomDraws(r, 1)); err == nil {
+		t.Error("a decoder with one draw for two sequences was made")
+	}
+	bad := randomDraws(r, 2)
+	bad[1].TopP = 0
+	if _, err := e.NewDecoder(caches, 0, bad); err == nil {
+		t.Error("a decoder with top-p 0 was made")
+	}
+	d, err := e.NewDecoder(caches, 0, nil)
 	if err != nil {
 		t.Fatalf("seed %d: %v", seed, err)
 	}
@@ -187,24 +237,27 @@ func TestDecoderErrors(t *testing.T) {
 	}
 }
 
-// TestArgmaxRows runs argmax_rows on rows of random logits with NaN, +Inf,
+// TestPickRows runs pick_rows on rows of random logits with NaN, +Inf,
 // -Inf and ties, rows with nothing to sample, rows whose length is not a
-// multiple of 4 and picks limited to part of a row: each pick and
-// no-candidate flag must be what package sample's greedy mode gives.
-func TestArgmaxRows(t *testing.T) {
+// multiple of 4 and picks limited to part of a row, each row greedy or a
+// draw at random settings (temperature, top-k, top-p, seed, index, the
+// launch's step): each pick and no-candidate flag must be what package
+// sample gives, bit for bit.
+func TestPickRows(t *testing.T) {
 	c := testConfig(64, 4, 2, true)
 	e, r, seed := gpuEngine(t, c, "")
 	dev := e.Device()
 	for _, shape := range []struct{ ld, vocab int }{{384, 384}, {384, 101}, {389, 389}, {4099, 4001}, {49152, 49152}} {
-		const rows = 24
+		const rows = 48
 		x := make([]float32, rows*shape.ld)
+		scale := []float64{0.3, 1, 3, 10}[r.IntN(4)]
 		for i := range x {
-			x[i] = float32(r.NormFloat64())
+			x[i] = float32(r.NormFloat64() * scale)
 		}
 		nan, inf := float32(math.NaN()), float32(math.Inf(1))
 		for row := range rows {
 			v := x[row*shape.ld : row*shape.ld+shape.vocab]
-			switch row % 8 {
+			switch row % 10 {
 			case 1: // ties at the maximum
 				m := slices.Max(v)
 				for range 3 {
@@ -229,21 +282,35 @@ func TestArgmaxRows(t *testing.T) {
 				}
 			case 7: // the last value the largest
 				v[len(v)-1] = 50
+			case 8: // few distinct values: many ties at every cut
+				for i := range v {
+					v[i] = float32(r.IntN(4))
+				}
 			}
 		}
-		got := argmaxRows(t, dev, e, x, rows, shape.ld, shape.vocab)
-		sm, err := sample.New(sample.Greedy())
-		if err != nil {
-			t.Fatal(err)
-		}
-		for row := range rows {
-			v := x[row*shape.ld : row*shape.ld+shape.vocab]
-			want := sm.Sample(v, nil)
-			_, perr := sm.Pick(v, nil)
-			none := errors.Is(perr, sample.ErrNoCandidate)
-			if int(got[row]) != want || (got[rows+row] != 0) != none {
-				t.Errorf("seed %d: ld %d vocab %d row %d (case %d): pick %d, no candidate %d; want %d, %v",
-					seed, shape.ld, shape.vocab, row, row%8, got[row], got[rows+row], want, none)
+		for _, draws := range [][]sample.Draw{nil, randomDraws(r, rows)} {
+			step := uint64(r.IntN(3))
+			got := pickRows(t, dev, e, x, rows, shape.ld, shape.vocab, draws, step)
+			for row := range rows {
+				v := x[row*shape.ld : row*shape.ld+shape.vocab]
+				d := sample.Draw{TopP: 1}
+				if draws != nil {
+					d = draws[row]
+					d.Index += step
+				}
+				o := sample.Greedy()
+				o.Temperature, o.TopK, o.TopP, o.Seed = d.Temperature, d.TopK, d.TopP, d.Seed
+				sm, err := sample.New(o)
+				if err != nil {
+					t.Fatal(err)
+				}
+				want := sm.Sample(v, nil, d.Index)
+				_, perr := sm.Pick(v, nil, d.Index)
+				none := errors.Is(perr, sample.ErrNoCandidate)
+				if int(got[row]) != want || (got[rows+row] != 0) != none {
+					t.Errorf("seed %d: ld %d vocab %d row %d (case %d) draw %+v: pick %d, no candidate %d; want %d, %v",
+						seed, shape.ld, shape.vocab, row, row%10, d, got[row], got[rows+row], want, none)
+				}
 			}
 		}
 	}
@@ -255,9 +322,9 @@ func fill(v []float32, x float32) {
 	}
 }
 
-// argmaxRows runs argmax_rows on rows of ld logits and returns the picks,
-// then the no-candidate flags.
-func argmaxRows(t *testing.T, dev *cuda.Device, e *Engine, x []float32, rows, ld, vocab int) []int32 {
+// pickRows runs pick_rows on rows of ld logits with draws (nil: greedy) at
+// step and returns the picks, then the no-candidate flags.
+func pickRows(t *testing.T, dev *cuda.Device, e *Engine, x []float32, rows, ld, vocab int, draws []sample.Draw, step uint64) []int32 {
 	t.Helper()
 	in, err := dev.Alloc(4 * len(x))
 	if err != nil {
@@ -272,8 +339,24 @@ func argmaxRows(t *testing.T, dev *cuda.Device, e *Engine, x []float32, rows, ld
 	if err := dev.CopyHtoD(in, cuda.Bytes(x)); err != nil {
 		t.Fatal(err)
 	}
-	err = e.k.argmax.Launch(cuda.Dim3{uint32(rows), 1, 1}, cuda.Dim3{pickThreads, 1, 1}, 0, e.stream,
-		in, int32(ld), int32(vocab), view(out, 0, 4*rows), view(out, 4*rows, 4*rows))
+	words, err := drawWords(draws, rows)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var params any = cuda.DevicePtr(0)
+	if words != nil {
+		p, err := dev.Alloc(len(words))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer p.Free()
+		if err := dev.CopyHtoD(p, words); err != nil {
+			t.Fatal(err)
+		}
+		params = p
+	}
+	err = e.k.pick.Launch(cuda.Dim3{uint32(rows), 1, 1}, cuda.Dim3{pickThreads, 1, 1}, 0, e.stream,
+		in, int32(ld), int32(vocab), params, step, view(out, 0, 4*rows), view(out, 4*rows, 4*rows))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -287,15 +370,16 @@ func argmaxRows(t *testing.T, dev *cuda.Device, e *Engine, x []float32, rows, ld
 	return got
 }
 
-// hostOnly hides an engine's GreedyDecoding, so that generate.Run picks on
+// hostOnly hides an engine's DeviceSampling, so that generate.Run picks on
 // the host.
 type hostOnly struct{ engine.Engine }
 
-// TestGenerateOnDeviceMatchesHost runs greedy generations through
-// generate.Run on the GPU engine, which decodes through a Decoder, and on
-// the same engine with the picks made on the host: the same tokens, text
-// and stop reason, ending at the token limit, at an end-of-sequence token,
-// at a stop string, and with the picks limited to part of the vocabulary.
+// TestGenerateOnDeviceMatchesHost runs generations through generate.Run on
+// the GPU engine, which decodes through a Decoder, and on the same engine
+// with the picks made on the host: the same tokens, text and stop reason,
+// greedy ending at the token limit, at an end-of-sequence token, at a stop
+// string, and with the picks limited to part of the vocabulary, and drawn
+// at a temperature, with top-k and top-p.
 func TestGenerateOnDeviceMatchesHost(t *testing.T) {
 	c := testConfig(64, 4, 2, true)
 	e, r, seed := gpuEngine(t, c, "sparse")
@@ -325,6 +409,14 @@ func TestGenerateOnDeviceMatchesHost(t *testing.T) {
 	o = base
 	o.MaxTokens = 1
 	cases["one token"] = o
+	for _, sm := range []sample.Options{
+		{Temperature: 0.8, TopP: 1, RepetitionPenalty: 1, Seed: r.Uint64()},
+		{Temperature: 1.3, TopK: 40, TopP: 0.9, RepetitionPenalty: 1, Seed: r.Uint64()},
+	} {
+		o = base
+		o.Sample = sm
+		cases[fmt.Sprintf("draws %+v", sm)] = o
+	}
 	for name, o := range cases {
 		want, got := run(hostOnly{e}, o), run(e, o)
 		if !slices.Equal(got.Tokens, want.Tokens) || got.Text != want.Text || got.Reason != want.Reason {
@@ -334,12 +426,13 @@ func TestGenerateOnDeviceMatchesHost(t *testing.T) {
 	}
 }
 
-// TestForwardGreedyMatchesForward runs passes of prompts and decode tokens
+// TestForwardSampleMatchesForward runs passes of prompts and decode tokens
 // of several sequences, some still on their prompt beside others decoding,
-// through ForwardGreedy and, on copies of the caches, Forward with the picks
-// made on the host: the same picks, the same cache lengths, on both MLP
-// paths, with the picks limited to part of the vocabulary.
-func TestForwardGreedyMatchesForward(t *testing.T) {
+// through ForwardSample (greedy, or drawing at random settings) and, on
+// copies of the caches, Forward with the picks made on the host: the same
+// picks, the same cache lengths, on both MLP paths, with the picks limited
+// to part of the vocabulary.
+func TestForwardSampleMatchesForward(t *testing.T) {
 	c := testConfig(64, 4, 2, true)
 	e, r, seed := gpuEngine(t, c, "")
 	for _, path := range []string{"sparse", "dense"} {
@@ -354,20 +447,31 @@ func TestForwardGreedyMatchesForward(t *testing.T) {
 			for i := range toks {
 				toks[i] = enginetest.Tokens(r, 1+r.IntN(3)*r.IntN(20), c.VocabSize)
 			}
+			var draws []sample.Draw
+			if pass%2 == 1 {
+				draws = randomDraws(r, S)
+			}
 			logits, _ := enginetest.Forward(t, e, ref, toks, false)
-			got, _, err := e.ForwardGreedy(dev, toks, vocab)
+			got, _, err := e.ForwardSample(dev, toks, vocab, draws)
 			if err != nil {
 				t.Fatalf("seed %d: %s pass %d: %v", seed, path, pass, err)
 			}
 			for i, l := range logits {
-				if want := greedy(t, l, vocab); got[i] != want || dev[i].Len() != ref[i].Len() {
-					t.Fatalf("seed %d: %s pass %d sequence %d: pick %d with %d positions, want %d with %d",
-						seed, path, pass, i, got[i], dev[i].Len(), want, ref[i].Len())
+				d := sample.Draw{TopP: 1}
+				if draws != nil {
+					d = draws[i]
+				}
+				if want := hostPick(t, l, vocab, d); got[i] != want || dev[i].Len() != ref[i].Len() {
+					t.Fatalf("seed %d: %s pass %d sequence %d draw %+v: pick %d with %d positions, want %d with %d",
+						seed, path, pass, i, d, got[i], dev[i].Len(), want, ref[i].Len())
 				}
 			}
 		}
 	}
-	if _, _, err := e.ForwardGreedy(enginetest.Caches(t, e, 1, 4), [][]int{{1}}, -1); err == nil {
+	if _, _, err := e.ForwardSample(enginetest.Caches(t, e, 1, 4), [][]int{{1}}, -1, nil); err == nil {
 		t.Error("a negative vocab gave no error")
+	}
+	if _, _, err := e.ForwardSample(enginetest.Caches(t, e, 1, 4), [][]int{{1}}, 0, randomDraws(r, 2)); err == nil {
+		t.Error("two draws for one sequence gave no error")
 	}
 }

@@ -144,7 +144,7 @@ type Engine struct {
 	// queued may still run (settle).
 	decoders map[*Decoder]bool
 	inflight bool
-	greedy   greedyPicks // ForwardGreedy's buffers
+	picks    passPicks // ForwardSample's buffers
 }
 
 // layer is one decoder layer's weights on the device.
@@ -456,7 +456,7 @@ func (e *Engine) Close() error {
 		errs = append(errs, e.hostLogits.Free())
 		e.hostLogits = nil
 	}
-	errs = append(errs, e.greedy.free())
+	errs = append(errs, e.picks.free())
 	errs = append(errs, e.prof.close())
 	e.layers, e.ws = nil, workspace{}
 	if e.stream != nil {

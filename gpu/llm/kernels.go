@@ -42,7 +42,7 @@ type kernels struct {
 	gemv1, gemv4       *cuda.Function
 	qkvRope1, qkvRope4 *cuda.Function
 	qkvRope1N          *cuda.Function // qkv_rope1 with the norm before it fused in
-	argmax             *cuda.Function // argmax_rows: the greedy picks of a Decoder
+	pick               *cuda.Function // pick_rows: the picks of ForwardSample and of a Decoder
 
 	dev *cuda.Device
 	// attnWG are the builds of the wgmma attention kernel by name
@@ -78,7 +78,7 @@ var kernelFiles = []struct {
 	{"proj.cu", &projSrc, []string{"gemv_rows1", "gemv_rows4", "qkv_rope1", "qkv_rope4", "qkv_rope1n"}},
 	{"rope.cu", &ropeSrc, []string{"rope_kv"}},
 	{"attn.cu", &attnSrc, []string{"attn_ref", "attn_fa64", "attn_fa128", "attn_dec64", "attn_dec128"}},
-	{"pick.cu", &pickSrc, []string{"argmax_rows"}},
+	{"pick.cu", &pickSrc, []string{"pick_rows"}},
 }
 
 // kernelsFor compiles the .cu files of kernelFiles for dev, with package
@@ -106,7 +106,7 @@ func kernelsFor(dev *cuda.Device) (*kernels, error) {
 		attnRef: fs["attn_ref"], attnFA64: fs["attn_fa64"], attnFA128: fs["attn_fa128"],
 		gemv1: fs["gemv_rows1"], gemv4: fs["gemv_rows4"],
 		qkvRope1: fs["qkv_rope1"], qkvRope4: fs["qkv_rope4"],
-		qkvRope1N: fs["qkv_rope1n"], argmax: fs["argmax_rows"], dec: map[int]decKernel{}}
+		qkvRope1N: fs["qkv_rope1n"], pick: fs["pick_rows"], dec: map[int]decKernel{}}
 	for _, hd := range []int{64, 128} {
 		name, smem := fmt.Sprintf("attn_dec%d", hd), decSmem(hd)
 		fn := fs[name]
