@@ -224,6 +224,10 @@ type DecodePoint struct {
 	// logits back and wait for the host.
 	GreedyTokensPerSec float64 `json:"greedy_tokens_per_s,omitempty"`
 	GreedyMSPerStep    float64 `json:"greedy_ms_per_step,omitempty"`
+	// DrawnTokensPerSec and DrawnMSPerStep are the same for a Decoder
+	// whose picks are draws at temperature 1 and top-p 0.95 (GPU only).
+	DrawnTokensPerSec float64 `json:"drawn_tokens_per_s,omitempty"`
+	DrawnMSPerStep    float64 `json:"drawn_ms_per_step,omitempty"`
 	// GraphSteps is how many of the decode steps run (warm-up included)
 	// replayed a CUDA graph (GPU only; see gpu/llm).
 	GraphSteps int `json:"graph_steps,omitempty"`

@@ -17,6 +17,7 @@ import (
 	"github.com/twell-ai/twell/gpu"
 	"github.com/twell-ai/twell/gpu/llm"
 	"github.com/twell-ai/twell/mlp"
+	"github.com/twell-ai/twell/sample"
 )
 
 // ModelCUDAResult is one path (dense or TwELL) of the whole-model benchmark
@@ -141,7 +142,7 @@ func ModelCUDA(o ModelOptions, progress func(string)) ([]ModelCUDAResult, error)
 		progress(fmt.Sprintf("no energy figures: %v", nvErr))
 	}
 	peak := int64(0)
-	sample := func() { peak = max(peak, dev.MemStats().InUse) }
+	notePeak := func() { peak = max(peak, dev.MemStats().InUse) }
 
 	// Check against the CPU model on a short prompt, on the sparse path:
 	// under "auto" the dense first positions of this short prompt would
@@ -224,7 +225,7 @@ func ModelCUDA(o ModelOptions, progress func(string)) ([]ModelCUDAResult, error)
 			}
 			var err error
 			logits, stats, err = e.Forward(caches, prompts, false)
-			sample()
+			notePeak()
 			return err
 		}
 		// Warm up (kernel compilation, workspaces) until the automatic MLP
@@ -312,7 +313,7 @@ func ModelCUDA(o ModelOptions, progress func(string)) ([]ModelCUDAResult, error)
 		}
 		for _, b := range o.DecodeBatches {
 			progress(fmt.Sprintf("%s: decode batch %d, context %d", path, b, o.DecodeContext))
-			pt, secs, err := decodeSpeedCUDA(e, r, b, o, path, timed, sample)
+			pt, secs, err := decodeSpeedCUDA(e, r, b, o, path, timed, notePeak)
 			if err != nil {
 				return nil, nil, err
 			}
@@ -427,7 +428,7 @@ func gemvTimeline(e *llm.Engine, caches []engine.Cache, toks [][]int, ctx, steps
 // warm-up repetition. With o.TraceSteps, that many more steps from the
 // same context are traced (the section of the trace is returned). One more
 // step, profiled, gives the point's StepMS.
-func decodeSpeedCUDA(e *llm.Engine, r *rand.Rand, batch int, o ModelOptions, path string, timed func(func() error) (float64, error), sample func()) (DecodePoint, []TraceSection, error) {
+func decodeSpeedCUDA(e *llm.Engine, r *rand.Rand, batch int, o ModelOptions, path string, timed func(func() error) (float64, error), notePeak func()) (DecodePoint, []TraceSection, error) {
 	c := e.Config()
 	ctx, steps, reps := o.DecodeContext, o.DecodeSteps, o.Reps
 	caches := make([]engine.Cache, batch)
@@ -439,7 +440,11 @@ func decodeSpeedCUDA(e *llm.Engine, r *rand.Rand, batch int, o ModelOptions, pat
 		defer caches[i].Free()
 	}
 	toks := make([][]int, batch)
-	times, greedy := make([]float64, 0, reps), make([]float64, 0, reps)
+	times, greedy, drawn := make([]float64, 0, reps), make([]float64, 0, reps), make([]float64, 0, reps)
+	draws := make([]sample.Draw, batch)
+	for i := range draws {
+		draws[i] = sample.Draw{Temperature: 1, TopP: 0.95, Seed: r.Uint64()}
+	}
 	graphs0, records0 := e.GraphReplays(), e.GraphRecords()
 	// A serving loop samples each step's logits and drops them: reuse one
 	// page-locked buffer rather than allocating batch x vocabulary floats
@@ -478,19 +483,25 @@ func decodeSpeedCUDA(e *llm.Engine, r *rand.Rand, batch int, o ModelOptions, pat
 		if err != nil {
 			return DecodePoint{}, nil, err
 		}
-		gms, err := greedySteps(e, caches, r, ctx, steps, timed)
+		gms, err := decoderSteps(e, caches, r, ctx, steps, nil, timed)
 		if err != nil {
 			return DecodePoint{}, nil, fmt.Errorf("greedy decoder: %w", err)
 		}
-		sample()
+		dms, err := decoderSteps(e, caches, r, ctx, steps, draws, timed)
+		if err != nil {
+			return DecodePoint{}, nil, fmt.Errorf("decoder drawing at temperature 1, top-p 0.95: %w", err)
+		}
+		notePeak()
 		if rep >= 0 {
 			times = append(times, ms)
 			greedy = append(greedy, gms)
+			drawn = append(drawn, dms)
 		}
 	}
-	med, gmed := Median(times), Median(greedy)
+	med, gmed, dmed := Median(times), Median(greedy), Median(drawn)
 	pt := DecodePoint{Batch: batch, Context: ctx, TokensPerSec: float64(batch*steps) / med * 1000, MSPerStep: med / float64(steps),
 		GreedyTokensPerSec: float64(batch*steps) / gmed * 1000, GreedyMSPerStep: gmed / float64(steps),
+		DrawnTokensPerSec: float64(batch*steps) / dmed * 1000, DrawnMSPerStep: dmed / float64(steps),
 		GraphSteps: e.GraphReplays() - graphs0, Steps: (reps + 1) * steps, GraphRecords: e.GraphRecords() - records0,
 		SparseLayers: sparse}
 	if batch == 1 && e.GEMVTimeline() {
@@ -557,34 +568,35 @@ func decodeSpeedCUDA(e *llm.Engine, r *rand.Rand, batch int, o ModelOptions, pat
 	return pt, append([]TraceSection{sec}, gsecs...), nil
 }
 
-// greedyRun drives steps greedy decode steps of a batch through an
+// decoderRun drives steps decode steps of a batch through an
 // engine.Decoder, the step after each one queued before its picks are
 // read.
-type greedyRun struct {
+type decoderRun struct {
 	d          engine.Decoder
 	first      []int // the first step's tokens
 	steps, got int   // steps to run; steps whose picks were read
 }
 
-// newGreedyRun truncates caches to ctx and returns a greedyRun of steps
-// steps on them, fed random first tokens.
-func newGreedyRun(e *llm.Engine, caches []engine.Cache, r *rand.Rand, ctx, steps int) (*greedyRun, error) {
+// newDecoderRun truncates caches to ctx and returns a decoderRun of steps
+// steps on them, fed random first tokens, its picks drawn as draws says
+// (nil: greedy).
+func newDecoderRun(e *llm.Engine, caches []engine.Cache, r *rand.Rand, ctx, steps int, draws []sample.Draw) (*decoderRun, error) {
 	if err := truncateAll(caches, ctx); err != nil {
 		return nil, err
 	}
-	d, err := e.NewDecoder(caches, 0, nil)
+	d, err := e.NewDecoder(caches, 0, draws)
 	if err != nil {
 		return nil, err
 	}
-	return &greedyRun{d: d, first: randTokens(r, len(caches), e.Config().VocabSize), steps: steps}, nil
+	return &decoderRun{d: d, first: randTokens(r, len(caches), e.Config().VocabSize), steps: steps}, nil
 }
 
 // start queues the first step.
-func (g *greedyRun) start() error { return g.d.Queue(g.first) }
+func (g *decoderRun) start() error { return g.d.Queue(g.first) }
 
 // step queues the step after the oldest unread one, unless that is the
 // last, and waits for the oldest one's picks.
-func (g *greedyRun) step() error {
+func (g *decoderRun) step() error {
 	if g.got++; g.got < g.steps {
 		if err := g.d.Queue(nil); err != nil {
 			return err
@@ -594,10 +606,10 @@ func (g *greedyRun) step() error {
 	return err
 }
 
-// greedySteps times steps greedy decode steps from ctx cached tokens in
-// caches (truncated to ctx first), run by a greedyRun.
-func greedySteps(e *llm.Engine, caches []engine.Cache, r *rand.Rand, ctx, steps int, timed func(func() error) (float64, error)) (float64, error) {
-	g, err := newGreedyRun(e, caches, r, ctx, steps)
+// decoderSteps times steps decode steps from ctx cached tokens in caches
+// (truncated to ctx first), run by a decoderRun with draws.
+func decoderSteps(e *llm.Engine, caches []engine.Cache, r *rand.Rand, ctx, steps int, draws []sample.Draw, timed func(func() error) (float64, error)) (float64, error) {
+	g, err := newDecoderRun(e, caches, r, ctx, steps, draws)
 	if err != nil {
 		return 0, err
 	}
@@ -616,11 +628,11 @@ func greedySteps(e *llm.Engine, caches []engine.Cache, r *rand.Rand, ctx, steps 
 }
 
 // traceGreedy traces steps greedy decode steps from ctx cached tokens in
-// caches (truncated to ctx first) run by a greedyRun, each step of the
-// trace one greedyRun.step (the graphs recorded again while the tracer
+// caches (truncated to ctx first) run by a greedy decoderRun, each step of
+// the trace one decoderRun.step (the graphs recorded again while the tracer
 // runs, and dropped after).
 func traceGreedy(e *llm.Engine, caches []engine.Cache, r *rand.Rand, label string, ctx, steps int) (TraceSummary, TraceSection, error) {
-	g, err := newGreedyRun(e, caches, r, ctx, steps)
+	g, err := newDecoderRun(e, caches, r, ctx, steps, nil)
 	if err != nil {
 		return TraceSummary{}, TraceSection{}, err
 	}

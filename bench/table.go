@@ -124,6 +124,9 @@ func tableFile(w io.Writer, name string, b []byte) error {
 				if d.GreedyTokensPerSec > 0 {
 					fmt.Fprintf(w, " (greedy decoder %.5g)", d.GreedyTokensPerSec)
 				}
+				if d.DrawnTokensPerSec > 0 {
+					fmt.Fprintf(w, " (drawing decoder %.5g)", d.DrawnTokensPerSec)
+				}
 				if r.Path == "twell" && d.Steps > 0 {
 					fmt.Fprintf(w, " (%d sparse layers)", d.SparseLayers)
 				}

@@ -279,6 +279,9 @@ func printModelTable(w io.Writer, rs []bench.ModelResult, peak []int64) {
 		for _, p := range rs[0].Decode {
 			fmt.Fprintf(tw, "greedy b=%d tok/s\t", p.Batch)
 		}
+		for _, p := range rs[0].Decode {
+			fmt.Fprintf(tw, "drawn b=%d tok/s\t", p.Batch)
+		}
 	}
 	fmt.Fprint(tw, "MLP active/token\tmax |dlogit|\t")
 	if gpu {
@@ -293,6 +296,9 @@ func printModelTable(w io.Writer, rs []bench.ModelResult, peak []int64) {
 		if gpu {
 			for _, p := range r.Decode {
 				fmt.Fprintf(tw, "%.1f\t", p.GreedyTokensPerSec)
+			}
+			for _, p := range r.Decode {
+				fmt.Fprintf(tw, "%.1f\t", p.DrawnTokensPerSec)
 			}
 		}
 		act := "-"
