@@ -3,6 +3,7 @@ package sample
 import (
 	"encoding/binary"
 	"math"
+	"slices"
 	"testing"
 )
 
@@ -11,7 +12,8 @@ import (
 // the settings Validate rejects; with valid settings (the raw ones, or ones
 // folded into range) Sample must not panic, must return an index in range,
 // never a NaN or -Inf token while a token above -Inf exists, always a +Inf
-// token when one exists, and Pick must fail exactly when no token is above -Inf.
+// token when one exists, and Pick must fail exactly when no token is above
+// -Inf, else pick one of Distribution's tokens, whose probabilities sum to 1.
 func FuzzSample(f *testing.F) {
 	le := func(vs ...float32) []byte {
 		b := make([]byte, 4*len(vs))
@@ -101,6 +103,19 @@ func check(t *testing.T, s *Sampler, o Options, logits []float32, history []int)
 	}
 	if err == nil && (id < 0 || id >= len(logits)) {
 		t.Fatalf("%+v, logits %v: Pick = %d, out of range", o, logits, id)
+	}
+	if err == nil {
+		ids, probs, derr := s.Distribution(logits, history)
+		if derr != nil || !slices.Contains(ids, id) {
+			t.Fatalf("%+v, logits %v: Pick = %d, not among Distribution's %v (error %v)", o, logits, id, ids, derr)
+		}
+		sum := 0.0
+		for _, p := range probs {
+			sum += p
+		}
+		if math.Abs(sum-1) > 1e-9 {
+			t.Fatalf("%+v, logits %v: Distribution's probabilities sum to %g", o, logits, sum)
+		}
 	}
 	v := float64(logits[got])
 	switch {
