@@ -41,8 +41,8 @@ __device__ __forceinline__ void pick_merge(float& bv, int& bi, float v, int i) {
 }
 
 // Block-wide reductions over PICK_THREADS threads, the result to every
-// thread. sh is PICK_WARPS + 1 words of shared memory; each call begins
-// with a barrier, so calls may follow each other on the same sh.
+// thread. Each call begins with a barrier, so calls may follow each other
+// on the same shared memory.
 __device__ __forceinline__ void pick_best(float& bv, int& bi, float* shv, int* shi) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) {
@@ -67,41 +67,33 @@ __device__ __forceinline__ void pick_best(float& bv, int& bi, float* shv, int* s
   }
 }
 
-__device__ __forceinline__ u64 block_sum_u64(u64 v, u64* sh) {
+// block_reduce returns op over v of every thread of the block; sh is
+// PICK_WARPS values of shared memory.
+template <typename T, typename Op>
+__device__ __forceinline__ T block_reduce(T v, T* sh, Op op) {
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
   __syncthreads();
   if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = v;
   __syncthreads();
   v = sh[threadIdx.x & 31];
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
 }
 
-__device__ __forceinline__ u32 block_max_u32(u32 v, u32* sh) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
-  __syncthreads();
-  if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = v;
-  __syncthreads();
-  v = sh[threadIdx.x & 31];
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-
-__device__ __forceinline__ int block_min_int(int v, int* sh) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = min(v, __shfl_xor_sync(0xffffffffu, v, o));
-  __syncthreads();
-  if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = v;
-  __syncthreads();
-  v = sh[threadIdx.x & 31];
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = min(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
+struct OpAdd {
+  template <typename T>
+  __device__ T operator()(T a, T b) const { return a + b; }
+};
+struct OpMax {
+  template <typename T>
+  __device__ T operator()(T a, T b) const { return max(a, b); }
+};
+struct OpMin {
+  template <typename T>
+  __device__ T operator()(T a, T b) const { return min(a, b); }
+};
 
 // row_argmax returns the greedy pick among x's first vocab values (bv its
 // value), to every thread. Each thread loads its values 16 bytes at a time,
@@ -333,7 +325,7 @@ __device__ void top_p(Row& r, float p, PickShared& sh) {
     u32 key;
     if (row_kept(r, i, key)) sum += weight(r, key);
   }
-  sum = block_sum_u64(sum, sh.red);
+  sum = block_reduce(sum, sh.red, OpAdd());
   u64 target = (u64)ceil((double)p * (double)sum);
   target = max(target, (u64)1);
   u32 prefix = 0, mask = 0, ties = 0;
@@ -511,9 +503,9 @@ extern "C" __global__ void __launch_bounds__(PICK_THREADS)
     }
     if (v == PICK_INF) infs++;
   }
-  top = block_max_u32(top, sh.cnt);
-  lowest = block_min_int(lowest, sh.bi);
-  const u64 counts = block_sum_u64(infs << 32 | cands, sh.red);
+  top = block_reduce(top, sh.cnt, OpMax());
+  lowest = block_reduce(lowest, sh.bi, OpMin());
+  const u64 counts = block_reduce(infs << 32 | cands, sh.red, OpAdd());
   infs = counts >> 32;
   cands = counts & 0xffffffffu;
   if (cands == 0) {
