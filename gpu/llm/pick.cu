@@ -82,6 +82,19 @@ __device__ __forceinline__ T block_reduce(T v, T* sh, Op op) {
   return v;
 }
 
+// warp_scan returns the sum of v over the lanes of the warp up to this
+// one's, this one's included.
+template <typename T>
+__device__ __forceinline__ T warp_scan(T v) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const T u = __shfl_up_sync(0xffffffffu, v, o);
+    if (lane >= o) v += u;
+  }
+  return v;
+}
+
 struct OpAdd {
   template <typename T>
   __device__ T operator()(T a, T b) const { return a + b; }
@@ -284,13 +297,7 @@ __device__ void top_k(Row& r, int k, PickShared& sh) {
       const int l = threadIdx.x, top = 255 - 8 * l;
       u32 own = 0;
       for (int j = 0; j < 8; j++) own += sh.cnt[top - j];
-      u32 incl = own;
-#pragma unroll
-      for (int o = 1; o < 32; o <<= 1) {
-        u32 v = __shfl_up_sync(0xffffffffu, incl, o);
-        if (l >= o) incl += v;
-      }
-      const u32 excl = incl - own;
+      const u32 incl = warp_scan(own), excl = incl - own;
       if (excl < need && incl >= need) {
         u32 c = excl;
         for (int j = 0; j < 8; j++) {
@@ -339,13 +346,7 @@ __device__ void top_p(Row& r, float p, PickShared& sh) {
       const int l = threadIdx.x, top = 255 - 8 * l;
       u64 own = 0;
       for (int j = 0; j < 8; j++) own += sh.mass[top - j];
-      u64 incl = own;
-#pragma unroll
-      for (int o = 1; o < 32; o <<= 1) {
-        u64 v = __shfl_up_sync(0xffffffffu, incl, o);
-        if (l >= o) incl += v;
-      }
-      const u64 excl = incl - own;
+      const u64 incl = warp_scan(own), excl = incl - own;
       const bool here = above + excl < target && above + incl >= target;
       // The last digit with a key, for the fallback.
       int last = -1;
@@ -438,12 +439,7 @@ __device__ int draw_kept(const Row& r, u64 u, PickShared& sh) {
       u64 w = 0;
       u32 key;
       if (i < hi && row_kept(r, i, key)) w = weight(r, key);
-      u64 incl = w;
-#pragma unroll
-      for (int o = 1; o < 32; o <<= 1) {
-        const u64 v = __shfl_up_sync(0xffffffffu, incl, o);
-        if (lane >= o) incl += v;
-      }
+      const u64 incl = warp_scan(w);
       const u32 hit = __ballot_sync(0xffffffffu, t - run < incl);
       if (hit != 0) {
         if (lane == __ffs(hit) - 1) sh.pick[1] = i;
