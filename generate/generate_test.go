@@ -2,6 +2,7 @@ package generate
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -273,6 +274,86 @@ func TestIncrementalTextMatchesWholeDecode(t *testing.T) {
 				t.Fatalf("%s seed %d trial %d: ids %v: text (or released text) differs from the whole decode at byte %d: %q against %q",
 					name, seed, trial, ids, i, got[max(0, i-8):min(len(got), i+12)], want[max(0, i-8):min(len(want), i+12)])
 			}
+		}
+	}
+}
+
+// noisy is an engine whose logits are a hash of the sequence's length, its
+// last token and the vocabulary entry: random-looking, but the same for the
+// same sequence.
+type noisy struct {
+	script
+	last map[*scriptCache]int
+}
+
+func (e *noisy) Forward(cs []engine.Cache, toks [][]int, _ bool) ([][]float32, *engine.Stats, error) {
+	out := make([][]float32, len(cs))
+	for s, c := range cs {
+		sc := c.(*scriptCache)
+		if sc.n+len(toks[s]) > sc.cap {
+			return nil, nil, errors.New("past the cache")
+		}
+		sc.n += len(toks[s])
+		e.last[sc] = toks[s][len(toks[s])-1]
+		out[s] = make([]float32, e.vocab)
+		for i := range out[s] {
+			h := uint64(sc.n)*0x9e3779b97f4a7c15 ^ uint64(e.last[sc])*0xbf58476d1ce4e5b9 ^ uint64(i)*0x94d049bb133111eb
+			h ^= h >> 31
+			h *= 0xd6e8feb86659fd93
+			h ^= h >> 32
+			out[s][i] = float32(h%10000)/1000 - 5
+		}
+	}
+	return out, engine.NewStats(len(toks[0]), e.layers), nil
+}
+
+// TestPicksOnEngineMatchHost generates through an engine that makes its
+// own picks (engine.DeviceSampling, here package sample's picks from the
+// engine's logits) and through the same engine picking on the host,
+// greedily and drawn at temperatures with top-k and top-p: the same tokens,
+// text and stop reason, the engine's picks used whenever there is no
+// repetition penalty (the first token's too), the host's otherwise.
+func TestPicksOnEngineMatchHost(t *testing.T) {
+	r, seed := testutil.Rand(t)
+	voc := make(pieces, 300)
+	for i := range voc {
+		voc[i] = string(rune('a' + i%26))
+	}
+	prompt := []int{1, 2, 3}
+	for trial := range 12 {
+		o := Options{MaxTokens: 1 + r.IntN(40), Context: 100, Sample: sample.Greedy(), Vocab: []int{0, 250}[r.IntN(2)]}
+		if trial%3 > 0 {
+			o.Sample = sample.Options{Temperature: 0.5 + r.Float64(), TopK: r.IntN(3) * 20, TopP: []float64{1, 0.9}[r.IntN(2)], RepetitionPenalty: 1, Seed: r.Uint64()}
+		}
+		if trial%4 == 3 {
+			o.Sample.RepetitionPenalty = 1.3
+		}
+		if r.IntN(2) == 0 {
+			o.EOS = []int{r.IntN(len(voc))}
+		}
+		run := func(e engine.Engine) *Result {
+			res, err := Run(e, voc, prompt, o, nil)
+			if err != nil {
+				t.Fatalf("seed %d trial %d: %v", seed, trial, err)
+			}
+			return res
+		}
+		newNoisy := func() *noisy {
+			return &noisy{script: script{vocab: len(voc), layers: 2, ctx: o.Context}, last: map[*scriptCache]int{}}
+		}
+		want := run(newNoisy())
+		hp := &enginetest.HostPicks{Engine: newNoisy()}
+		got := run(hp)
+		if fmt.Sprint(got.Tokens, got.Text, got.Reason) != fmt.Sprint(want.Tokens, want.Text, want.Reason) {
+			t.Fatalf("seed %d trial %d %+v: picks on the engine %v %q (%v), on the host %v %q (%v)", seed, trial, o,
+				got.Tokens, got.Text, got.Reason, want.Tokens, want.Text, want.Reason)
+		}
+		// A decoder runs the steps after the first token, unless that ended
+		// the generation.
+		onEngine := o.Sample.RepetitionPenalty == 1
+		decoded := onEngine && (len(got.Tokens) > 1 || len(got.Tokens) == 1 && got.Reason == EndOfSequence)
+		if (hp.Passes > 0) != onEngine || (hp.Decoders > 0) != decoded {
+			t.Errorf("seed %d trial %d %+v: %d passes and %d decoders picked on the engine", seed, trial, o, hp.Passes, hp.Decoders)
 		}
 	}
 }
