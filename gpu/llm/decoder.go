@@ -19,23 +19,24 @@ import (
 // while the GPU waits (docs/gpu-llm.md has the figures). ForwardSample and
 // a Decoder pick on the device instead (pick_rows, pick.cu, after the LM
 // head: greedy picks, or draws at a temperature with top-k and top-p). A
-// Decoder
-// feeds the picks to the next step by a device copy into that step's token
-// ids, queued between the upload of its metadata and its layers; so the
-// host queues step n+1 before it has step n's picks, and the GPU runs the
-// steps back to back. Each step's metadata goes up from page-locked memory
-// (an upload from pageable memory may wait for the stream), one of two
-// slots as for the picks. The picks come back to the host 8 bytes a sequence
-// (the pick and a no-candidate flag) into one of two page-locked slots,
-// each step's copy followed by an event that Next waits for.
+// Decoder feeds the picks to the next step by a device copy into that
+// step's token ids, queued between the upload of its metadata and its
+// layers; so the host queues step n+1 before it has step n's picks, and the
+// GPU runs the steps back to back. Each step's metadata goes up from
+// page-locked memory (an upload from pageable memory may wait for the
+// stream), one of two slots as for the picks. The picks come back to the
+// host 8 bytes a sequence (the pick and a no-candidate flag) into one of
+// two page-locked slots, each step's copy followed by an event that Next
+// waits for.
 
 // maxQueued is the most steps a Decoder keeps queued whose picks Next has
 // not returned: one running, one queued behind it.
 const maxQueued = 2
 
 // Decoder runs decode steps of one batch of sequences on the engine, each
-// step's picks made on the device (engine.Decoder). It is not safe for concurrent use, nor for use beside
-// another goroutine's calls into the engine.
+// step's picks made on the device (engine.Decoder). It is not safe for
+// concurrent use, nor for use beside another goroutine's calls into the
+// engine.
 type Decoder struct {
 	e      *Engine
 	caches []*cache
