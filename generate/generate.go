@@ -378,28 +378,11 @@ func Run(e engine.Engine, dec Decoder, prompt []int, o Options, emit func(text s
 		onDevice = false
 	}
 	t0 := time.Now()
-	var step Step
-	if onDevice {
-		draw, _ := s.DeviceDraw()
-		picks, st, err := ds.ForwardSample([]engine.Cache{cache}, [][]int{prompt}, s.pickVocab(e), []sample.Draw{draw})
-		if err != nil {
-			return nil, err
-		}
-		res.Prefill = time.Since(t0)
-		act.add(st)
-		step, err = s.Accept(picks[0])
-	} else {
-		logits, st, err := e.Forward([]engine.Cache{cache}, [][]int{prompt}, false)
-		if err != nil {
-			return nil, err
-		}
-		res.Prefill = time.Since(t0)
-		act.add(st)
-		step, err = s.Next(logits[0])
-	}
+	step, err := s.first(e, cache, prompt, onDevice, act)
 	if err != nil {
 		return nil, err
 	}
+	res.Prefill = time.Since(t0)
 	t1 := time.Now()
 	show := func(step Step) error {
 		if emit != nil && step.Text != "" {
@@ -434,6 +417,27 @@ func Run(e engine.Engine, dec Decoder, prompt []int, o Options, emit func(text s
 	res.Tokens, res.Text, res.Reason = s.Tokens(), s.Text(), s.Reason()
 	res.MeanActive = act.mean()
 	return res, nil
+}
+
+// first runs the prompt's pass on e and takes the first generated token:
+// picked on the engine (engine.DeviceSampling) when onDevice, else from the
+// logits.
+func (s *Sequence) first(e engine.Engine, cache engine.Cache, prompt []int, onDevice bool, act *activeSum) (Step, error) {
+	if onDevice {
+		draw, _ := s.DeviceDraw()
+		picks, st, err := e.(engine.DeviceSampling).ForwardSample([]engine.Cache{cache}, [][]int{prompt}, s.pickVocab(e), []sample.Draw{draw})
+		if err != nil {
+			return Step{}, err
+		}
+		act.add(st)
+		return s.Accept(picks[0])
+	}
+	logits, st, err := e.Forward([]engine.Cache{cache}, [][]int{prompt}, false)
+	if err != nil {
+		return Step{}, err
+	}
+	act.add(st)
+	return s.Next(logits[0])
 }
 
 // pickVocab is the number of logits an engine's picks for the sequence

@@ -3,6 +3,7 @@ package generate
 import (
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -354,6 +355,35 @@ func TestPicksOnEngineMatchHost(t *testing.T) {
 		decoded := onEngine && (len(got.Tokens) > 1 || len(got.Tokens) == 1 && got.Reason == EndOfSequence)
 		if (hp.Passes > 0) != onEngine || (hp.Decoders > 0) != decoded {
 			t.Errorf("seed %d trial %d %+v: %d passes and %d decoders picked on the engine", seed, trial, o, hp.Passes, hp.Decoders)
+		}
+	}
+}
+
+// nanEngine is a script whose logits are all NaN: nothing to sample.
+type nanEngine struct{ script }
+
+func (e *nanEngine) Forward(cs []engine.Cache, toks [][]int, all bool) ([][]float32, *engine.Stats, error) {
+	logits, st, err := e.script.Forward(cs, toks, all)
+	for _, l := range logits {
+		for i := range l {
+			l[i] = float32(math.NaN())
+		}
+	}
+	return logits, st, err
+}
+
+// TestNoCandidateIsAnError: where no logit is above -Inf, Run fails with
+// an error wrapping sample.ErrNoCandidate, with the picks on the host and
+// on the engine.
+func TestNoCandidateIsAnError(t *testing.T) {
+	voc := pieces{"a", "b", "c"}
+	for _, onEngine := range []bool{false, true} {
+		var e engine.Engine = &nanEngine{script{vocab: len(voc), layers: 1, ctx: 50}}
+		if onEngine {
+			e = &enginetest.HostPicks{Engine: e}
+		}
+		if _, err := Run(e, voc, []int{1}, greedy(5, 50), nil); !errors.Is(err, sample.ErrNoCandidate) {
+			t.Errorf("picks on the engine %v: error %v, want one wrapping ErrNoCandidate", onEngine, err)
 		}
 	}
 }
