@@ -163,32 +163,39 @@ func PlotModel(results []ModelResult, path string) error {
 	dec := newPanel(title, "batch (sequences per step, log scale)", "decode throughput (tokens/s, log scale)")
 	leg := newLegend()
 	var xs, ys []float64
-	// A run's greedy decoder steps (GPU) are a second line of its path.
+	// A run's decoder steps (GPU), greedy and drawing, are more lines of
+	// its path.
 	greedy := false
 	for _, r := range results {
 		for _, d := range r.Decode {
-			greedy = greedy || d.GreedyTokensPerSec != 0
+			greedy = greedy || d.GreedyTokensPerSec != 0 || d.DrawnTokensPerSec != 0
 		}
 	}
 	for i, r := range results {
-		var pts, gpts plotter.XYs
+		var pts, gpts, dpts plotter.XYs
 		for _, d := range r.Decode {
 			if d.Batch <= 0 {
 				notes.drop(r.Path, "decode batch", float64(d.Batch), "log x axis")
 				continue
 			}
-			if !(d.TokensPerSec > 0) || math.IsInf(d.TokensPerSec, 0) {
-				notes.drop(r.Path, fmt.Sprintf("decode tokens/s at batch %d", d.Batch), d.TokensPerSec, "log y axis")
-			} else {
-				pts = append(pts, plotter.XY{X: float64(d.Batch), Y: d.TokensPerSec})
-			}
-			if !greedy {
-				continue
-			}
-			if !(d.GreedyTokensPerSec > 0) || math.IsInf(d.GreedyTokensPerSec, 0) {
-				notes.drop(r.Path, fmt.Sprintf("greedy decoder tokens/s at batch %d", d.Batch), d.GreedyTokensPerSec, "log y axis")
-			} else {
-				gpts = append(gpts, plotter.XY{X: float64(d.Batch), Y: d.GreedyTokensPerSec})
+			x := float64(d.Batch)
+			for _, v := range []struct {
+				what string
+				y    float64
+				pts  *plotter.XYs
+				skip bool
+			}{
+				{"decode tokens/s", d.TokensPerSec, &pts, false},
+				{"greedy decoder tokens/s", d.GreedyTokensPerSec, &gpts, !greedy},
+				{"drawing decoder tokens/s", d.DrawnTokensPerSec, &dpts, !greedy || d.DrawnTokensPerSec == 0},
+			} {
+				switch {
+				case v.skip:
+				case !(v.y > 0) || math.IsInf(v.y, 0):
+					notes.drop(r.Path, fmt.Sprintf("%s at batch %d", v.what, d.Batch), v.y, "log y axis")
+				default:
+					*v.pts = append(*v.pts, plotter.XY{X: x, Y: v.y})
+				}
 			}
 		}
 		name := r.Path
@@ -198,7 +205,7 @@ func PlotModel(results []ModelResult, path string) error {
 		for k, line := range []struct {
 			name string
 			pts  plotter.XYs
-		}{{name, pts}, {r.Path + ", greedy decoder", gpts}} {
+		}{{name, pts}, {r.Path + ", greedy decoder", gpts}, {r.Path + ", decoder drawing (T 1, top-p 0.95)", dpts}} {
 			if len(line.pts) == 0 {
 				continue
 			}
