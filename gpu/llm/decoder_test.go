@@ -31,11 +31,6 @@ func hostPick(t *testing.T, logits []float32, vocab int, d sample.Draw) int {
 	return id
 }
 
-// greedy is package sample's greedy pick among the first vocab logits.
-func greedy(t *testing.T, logits []float32, vocab int) int {
-	return hostPick(t, logits, vocab, sample.Draw{TopP: 1})
-}
-
 // randomDraws returns S draws at random settings (about a quarter greedy),
 // at random indices.
 func randomDraws(r *rand.Rand, S int) []sample.Draw {
