@@ -1,6 +1,7 @@
 package llm
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"math"
@@ -468,5 +469,50 @@ func TestForwardSampleMatchesForward(t *testing.T) {
 	}
 	if _, _, err := e.ForwardSample(enginetest.Caches(t, e, 1, 4), [][]int{{1}}, 0, randomDraws(r, 2)); err == nil {
 		t.Error("two draws for one sequence gave no error")
+	}
+}
+
+// TestDrawWords checks the draws' layout as pick.cu's DrawParams reads
+// them (temperature and top-p as float32, top-k as int32, seed and index as
+// uint64), that all-greedy draws need none, and the errors.
+func TestDrawWords(t *testing.T) {
+	draws := []sample.Draw{
+		{Temperature: 0.8, TopK: 40, TopP: 0.95, Seed: 0x0123456789abcdef, Index: 7},
+		{Temperature: 0, TopP: 1},
+		{Temperature: 1e300, TopK: math.MaxInt, TopP: 0.5, Seed: 1, Index: 1 << 40},
+	}
+	w, err := drawWords(draws, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(w) != 3*drawParamsSize {
+		t.Fatalf("%d bytes for 3 draws, want %d", len(w), 3*drawParamsSize)
+	}
+	f32 := func(b []byte) float32 { return math.Float32frombits(binary.LittleEndian.Uint32(b)) }
+	for i, want := range []struct {
+		temp, topP float32
+		topK       int32
+		seed, at   uint64
+	}{{0.8, 0.95, 40, 0x0123456789abcdef, 7}, {0, 1, 0, 0, 0}, {1e30, 0.5, math.MaxInt32, 1, 1 << 40}} {
+		p := w[i*drawParamsSize:]
+		got := struct {
+			temp, topP float32
+			topK       int32
+			seed, at   uint64
+		}{f32(p[0:]), f32(p[4:]), int32(binary.LittleEndian.Uint32(p[8:])), binary.LittleEndian.Uint64(p[16:]), binary.LittleEndian.Uint64(p[24:])}
+		if got != want {
+			t.Errorf("draw %d: %+v, want %+v", i, got, want)
+		}
+	}
+	if w, err := drawWords([]sample.Draw{{TopP: 1}, {TopP: 1}}, 2); w != nil || err != nil {
+		t.Errorf("greedy draws: %d bytes, error %v; want none", len(w), err)
+	}
+	if w, err := drawWords(nil, 4); w != nil || err != nil {
+		t.Errorf("no draws: %d bytes, error %v; want none", len(w), err)
+	}
+	for _, bad := range [][]sample.Draw{{{TopP: 1}}, {{TopP: 0}, {TopP: 1}}, {{Temperature: -1, TopP: 1}, {TopP: 1}}} {
+		if _, err := drawWords(bad, 2); err == nil {
+			t.Errorf("draws %+v for 2 sequences: no error", bad)
+		}
 	}
 }
