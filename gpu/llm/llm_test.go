@@ -28,7 +28,7 @@ func TestMain(m *testing.M) { cudatest.Main(m) }
 // griddepcontrol.wait before it touches earlier kernels' results.
 var earlyStartKernels = map[string]bool{"add_rmsnorm": true, "gemv_rows1": true, "gemv_rows4": true,
 	"qkv_rope1": true, "qkv_rope4": true, "qkv_rope1n": true, "attn_dec64": true, "attn_dec128": true,
-	"argmax_rows": true}
+	"pick_rows": true}
 
 // TestCompile compiles every .cu file of kernelFiles to PTX: it needs NVRTC
 // but no GPU. The kernels launched with early start must wait first. The
