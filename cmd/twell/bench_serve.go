@@ -349,7 +349,7 @@ func printServeReport(w io.Writer, r *bench.ServeResult) {
 		conc = fmt.Sprint(r.Concurrency)
 	}
 	fmt.Fprintf(w, "server:              %s\n", r.Server)
-	fmt.Fprintf(w, "requests:            %d (rate %s, concurrency %s, max_tokens %d): %d done, %d failed, %d hung up by the client\n", r.Requests, rate, conc, r.MaxTokens, r.Completed, r.Failed, r.Disconnected)
+	fmt.Fprintf(w, "requests:            %d (rate %s, concurrency %s, max_tokens %d, %s): %d done, %d failed, %d hung up by the client\n", r.Requests, rate, conc, r.MaxTokens, samplingDesc(r), r.Completed, r.Failed, r.Disconnected)
 	if r.Warmup > 0 {
 		fmt.Fprintf(w, "warm-up:             %d requests before, not counted\n", r.Warmup)
 	}
@@ -374,4 +374,20 @@ func printServeReport(w io.Writer, r *bench.ServeResult) {
 	}
 	tw.Flush()
 	fmt.Fprintf(w, "machine: %s, %s\n", r.Machine, r.Date)
+}
+
+// samplingDesc says how the requests of r sampled: "greedy", or their
+// temperature with top_p and top_k where sent.
+func samplingDesc(r *bench.ServeResult) string {
+	if r.Temperature == 0 {
+		return "greedy"
+	}
+	d := fmt.Sprintf("temperature %g", r.Temperature)
+	if r.TopP > 0 && r.TopP < 1 {
+		d += fmt.Sprintf(", top_p %g", r.TopP)
+	}
+	if r.TopK > 0 {
+		d += fmt.Sprintf(", top_k %d", r.TopK)
+	}
+	return d
 }

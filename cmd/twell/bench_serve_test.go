@@ -21,13 +21,14 @@ func TestBenchServeInProcess(t *testing.T) {
 	const n, maxTokens = 5, 6
 	var out, errb bytes.Buffer
 	code := run([]string{"bench", "serve", "-device", "cpu", "-requests", "5", "-max-tokens", "6", "-ignore-eos", "-concurrency", "3",
-		"-prompt-words", "12", "-max-concurrent", "2", "-prefill-tokens", "16", "-kv-memory", "256KiB", "-warmup", "4", "-json", jsonPath, "-plot", plotPath},
+		"-prompt-words", "12", "-max-concurrent", "2", "-prefill-tokens", "16", "-kv-memory", "256KiB", "-warmup", "4", "-json", jsonPath, "-plot", plotPath,
+		"-temperature", "0.7", "-top-p", "0.9", "-top-k", "20"},
 		&out, &errb)
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errb.String())
 	}
 	for _, want := range []string{"request throughput:", "output throughput:", "time to first token", "inter-token latency", "time per output token",
-		"warm-up:             4 requests before, not counted"} {
+		"warm-up:             4 requests before, not counted", "max_tokens 6, temperature 0.7, top_p 0.9, top_k 20)"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("report lacks %q:\n%s", want, out.String())
 		}
@@ -36,6 +37,8 @@ func TestBenchServeInProcess(t *testing.T) {
 	switch {
 	case r.Schema != bench.ServeSchema || r.Device != "cpu" || !strings.Contains(r.Server, "tiny-random") || !strings.Contains(r.Server, "KV cache"):
 		t.Errorf("header %+v", r.Row)
+	case r.Temperature != 0.7 || r.TopP != 0.9 || r.TopK != 20:
+		t.Errorf("sampling recorded as temperature %g, top_p %g, top_k %d", r.Temperature, r.TopP, r.TopK)
 	case r.Requests != n || r.Completed != n || r.Failed != 0 || len(r.PerRequest) != n || r.Concurrency != 3 || r.Warmup != 4:
 		t.Errorf("%d requests, %d done, %d failed, %d rows, %d warm-up", r.Requests, r.Completed, r.Failed, len(r.PerRequest), r.Warmup)
 	case r.OutputTokens != n*maxTokens || r.InputTokens < n*12:
