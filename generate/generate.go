@@ -373,12 +373,12 @@ func Run(e engine.Engine, dec Decoder, prompt []int, o Options, emit func(text s
 	res := &Result{PromptTokens: s.Prompt()}
 	// On an engine that picks on its device, every token of a sequence
 	// without a repetition penalty is picked there, the first one too.
-	ds, onDevice := e.(engine.DeviceSampling)
+	ds, _ := e.(engine.DeviceSampling)
 	if _, ok := s.DeviceDraw(); !ok {
-		onDevice = false
+		ds = nil
 	}
 	t0 := time.Now()
-	step, err := s.first(e, cache, prompt, onDevice, act)
+	step, err := s.first(e, ds, cache, prompt, act)
 	if err != nil {
 		return nil, err
 	}
@@ -393,7 +393,7 @@ func Run(e engine.Engine, dec Decoder, prompt []int, o Options, emit func(text s
 	if err := show(step); err != nil {
 		return nil, err
 	}
-	if onDevice && !step.Done {
+	if ds != nil && !step.Done {
 		err = s.decodeOnDevice(ds, cache, step.Token, show)
 	} else {
 		for !step.Done {
@@ -419,13 +419,12 @@ func Run(e engine.Engine, dec Decoder, prompt []int, o Options, emit func(text s
 	return res, nil
 }
 
-// first runs the prompt's pass on e and takes the first generated token:
-// picked on the engine (engine.DeviceSampling) when onDevice, else from the
-// logits.
-func (s *Sequence) first(e engine.Engine, cache engine.Cache, prompt []int, onDevice bool, act *activeSum) (Step, error) {
-	if onDevice {
+// first runs the prompt's pass and takes the first generated token:
+// picked on ds when it is not nil, else from e's logits.
+func (s *Sequence) first(e engine.Engine, ds engine.DeviceSampling, cache engine.Cache, prompt []int, act *activeSum) (Step, error) {
+	if ds != nil {
 		draw, _ := s.DeviceDraw()
-		picks, st, err := e.(engine.DeviceSampling).ForwardSample([]engine.Cache{cache}, [][]int{prompt}, s.pickVocab(e), []sample.Draw{draw})
+		picks, st, err := ds.ForwardSample([]engine.Cache{cache}, [][]int{prompt}, s.pickVocab(e), []sample.Draw{draw})
 		if err != nil {
 			return Step{}, err
 		}

@@ -49,25 +49,9 @@ func (e *pickingEngine) ForwardSample(cs []engine.Cache, toks [][]int, vocab int
 	if err != nil {
 		return nil, nil, err
 	}
-	picks := make([]int, len(logits))
-	for i, l := range logits {
-		o, index := sample.Greedy(), uint64(0)
-		if draws != nil {
-			d := draws[i]
-			o.Temperature, o.TopK, o.TopP, o.Seed, index = d.Temperature, d.TopK, d.TopP, d.Seed, d.Index
-		}
-		sm, err := sample.New(o)
-		if err != nil {
-			return nil, nil, err
-		}
-		if vocab > 0 {
-			l = l[:vocab]
-		}
-		if picks[i], err = sm.Pick(l, nil, index); errors.Is(err, sample.ErrNoCandidate) {
-			picks[i] = -1
-		} else if err != nil {
-			return nil, nil, err
-		}
+	picks, err := enginetest.Picks(logits, vocab, draws)
+	if err != nil {
+		return nil, nil, err
 	}
 	return picks, st, nil
 }

@@ -30,24 +30,37 @@ func (h *HostPicks) ForwardSample(caches []engine.Cache, tokens [][]int, vocab i
 	if err != nil {
 		return nil, nil, err
 	}
+	picks, err := Picks(logits, vocab, draws)
+	if err != nil {
+		return nil, nil, err
+	}
+	return picks, st, nil
+}
+
+// Picks returns package sample's pick of draws[i] (greedy when draws is
+// nil) among the first vocab values (all when 0) of each row of logits,
+// -1 where no value is above -Inf: the picks an engine.DeviceSampling must
+// make.
+func Picks(logits [][]float32, vocab int, draws []sample.Draw) ([]int, error) {
 	picks := make([]int, len(logits))
 	for i, l := range logits {
 		d := sample.Draw{TopP: 1}
 		if draws != nil {
 			d = draws[i]
 		}
-		if picks[i], err = hostPick(l, vocab, d); errors.Is(err, sample.ErrNoCandidate) {
+		var err error
+		if picks[i], err = PickOf(l, vocab, d); errors.Is(err, sample.ErrNoCandidate) {
 			picks[i] = -1
 		} else if err != nil {
-			return nil, nil, err
+			return nil, err
 		}
 	}
-	return picks, st, nil
+	return picks, nil
 }
 
-// hostPick is package sample's pick of d among the first vocab logits (all
-// when 0).
-func hostPick(logits []float32, vocab int, d sample.Draw) (int, error) {
+// PickOf is package sample's pick of draw d among the first vocab logits
+// (all when 0).
+func PickOf(logits []float32, vocab int, d sample.Draw) (int, error) {
 	o := sample.Greedy()
 	o.Temperature, o.TopK, o.TopP, o.Seed = d.Temperature, d.TopK, d.TopP, d.Seed
 	s, err := sample.New(o)

@@ -19,13 +19,7 @@ import (
 // hostPick is package sample's pick of draw d among the first vocab logits.
 func hostPick(t *testing.T, logits []float32, vocab int, d sample.Draw) int {
 	t.Helper()
-	o := sample.Greedy()
-	o.Temperature, o.TopK, o.TopP, o.Seed = d.Temperature, d.TopK, d.TopP, d.Seed
-	s, err := sample.New(o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	id, err := s.Pick(logits[:vocab], nil, d.Index)
+	id, err := enginetest.PickOf(logits, vocab, d)
 	if err != nil {
 		t.Fatal(err)
 	}
