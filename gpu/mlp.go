@@ -60,6 +60,11 @@ type MLP struct {
 	// cuBLASLt GEMMs of the hot slice, as the mma.sync D2T always does,
 	// instead of as extra tiles of the wgmma D2T (see runD2T).
 	SeparateHot bool
+	// DenseOnCuBLAS runs the automatic path's dense arm on cuBLASLt's
+	// three GEMMs and relu_mul at every batch size; otherwise, from
+	// denseD2TMinRows tokens on the wgmma D2T kernel, the gate and up
+	// products run in D2T (DenseInD2T).
+	DenseOnCuBLAS bool
 
 	dev            *cuda.Device
 	k              *kernels
@@ -352,7 +357,10 @@ func (l *MLP) sparse(s *cuda.Stream, y, x *cuda.Buffer, m int, report bool) erro
 // Measure, measuredBand times it) and runs dense above it. Below it, with
 // Measure set, the path measured faster for
 // this batch size runs (the first calls of a size time sparse, then dense;
-// see autopath.go). It returns the path it ran (mlp.Sparse or mlp.Dense).
+// see autopath.go). Under mlp.Auto the dense arm runs in D2T from
+// denseD2TMinRows tokens where it can (DenseInD2T; see DenseOnCuBLAS); a
+// fixed mlp.Dense always runs the cuBLASLt baseline. It returns the path
+// it ran (mlp.Sparse or mlp.Dense).
 func (l *MLP) Forward(s *cuda.Stream, y, x *cuda.Buffer, m int) (mlp.Path, error) {
 	if err := l.checkIO(y, x, m); err != nil {
 		return mlp.Sparse, err
@@ -368,9 +376,12 @@ func (l *MLP) Forward(s *cuda.Stream, y, x *cuda.Buffer, m int) (mlp.Path, error
 		start = l.startTiming(s)
 	}
 	var err error
-	if path == mlp.Dense && l.blas != nil {
+	switch {
+	case path == mlp.Dense && l.blas != nil && l.Path == mlp.Auto && l.denseInD2T(m):
+		err = l.DenseInD2T(s, y, x, m)
+	case path == mlp.Dense && l.blas != nil:
 		err = l.Dense(s, y, x, m)
-	} else {
+	default:
 		path = mlp.Sparse
 		err = l.Sparse(s, y, x, m)
 	}
