@@ -95,7 +95,8 @@ func TestDenseInD2TMatchesFloat64(t *testing.T) {
 
 // TestAutoDenseArmInD2T: under mlp.Auto, once the density rule sends calls
 // dense, a call of at least denseD2TMinRows tokens runs DenseInD2T (the
-// same bits), and with DenseOnCuBLAS the cuBLASLt path (its bits).
+// same bits), in Forward and in Queue, and with DenseOnCuBLAS the cuBLASLt
+// path (its bits), which a fixed mlp.Dense always runs.
 func TestAutoDenseArmInD2T(t *testing.T) {
 	dev, blas := setup(t)
 	if dev.Properties().Arch != "sm_90a" {
@@ -145,5 +146,14 @@ func TestAutoDenseArmInD2T(t *testing.T) {
 					seed, c.onBLAS, path, slices.Equal(got, c.want))
 			}
 		}
+		// Queue, the form recorded into graphs, runs the same dense arm.
+		if got := run(func(y *cuda.Buffer) error { return l.Queue(nil, y, xb, m, mlp.Dense) }); !slices.Equal(got, c.want) {
+			t.Errorf("seed %d: DenseOnCuBLAS %v: Queue's dense arm differs from Forward's", seed, c.onBLAS)
+		}
+	}
+	// A fixed mlp.Dense is the cuBLASLt baseline.
+	l.DenseOnCuBLAS, l.Path = false, mlp.Dense
+	if got := run(func(y *cuda.Buffer) error { _, err := l.Forward(nil, y, xb, m); return err }); !slices.Equal(got, onBLAS) {
+		t.Errorf("seed %d: Path mlp.Dense did not run the cuBLASLt path", seed)
 	}
 }

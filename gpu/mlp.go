@@ -272,8 +272,8 @@ func (l *MLP) Sparse(s *cuda.Stream, y, x *cuda.Buffer, m int) error {
 	return l.sparse(s, y, x, m, true)
 }
 
-// Queue queues the MLP on path p (mlp.Dense needs a cuBLAS handle; any
-// other value runs sparse) without
+// Queue queues the MLP on path p (mlp.Dense, which needs a cuBLAS handle,
+// runs the dense arm Forward would; any other value runs sparse) without
 // the automatic path's bookkeeping: no timing, and no copies of the active
 // or flagged counts to the host. This is the form to record into a CUDA
 // graph (see Settled for the path and Epoch for the graph's validity):
@@ -282,9 +282,19 @@ func (l *MLP) Sparse(s *cuda.Stream, y, x *cuda.Buffer, m int) error {
 // give it now, the per-row kernel the rest).
 func (l *MLP) Queue(s *cuda.Stream, y, x *cuda.Buffer, m int, p mlp.Path) error {
 	if p == mlp.Dense && l.blas != nil {
-		return l.Dense(s, y, x, m)
+		return l.dense(s, y, x, m)
 	}
 	return l.sparse(s, y, x, m, false)
+}
+
+// dense queues the dense arm of l.Path: under mlp.Auto from
+// denseD2TMinRows tokens DenseInD2T where it runs (see DenseOnCuBLAS),
+// else, and always under a fixed mlp.Dense, the cuBLASLt baseline (Dense).
+func (l *MLP) dense(s *cuda.Stream, y, x *cuda.Buffer, m int) error {
+	if l.Path == mlp.Auto && l.denseInD2T(m) {
+		return l.DenseInD2T(s, y, x, m)
+	}
+	return l.Dense(s, y, x, m)
 }
 
 // sparse queues the TwELL MLP; with report it copies the flagged-row count
@@ -376,12 +386,9 @@ func (l *MLP) Forward(s *cuda.Stream, y, x *cuda.Buffer, m int) (mlp.Path, error
 		start = l.startTiming(s)
 	}
 	var err error
-	switch {
-	case path == mlp.Dense && l.blas != nil && l.Path == mlp.Auto && l.denseInD2T(m):
-		err = l.DenseInD2T(s, y, x, m)
-	case path == mlp.Dense && l.blas != nil:
-		err = l.Dense(s, y, x, m)
-	default:
+	if path == mlp.Dense && l.blas != nil {
+		err = l.dense(s, y, x, m)
+	} else {
 		path = mlp.Sparse
 		err = l.Sparse(s, y, x, m)
 	}
