@@ -164,11 +164,11 @@ func PlotModel(results []ModelResult, path string) error {
 	leg := newLegend()
 	var xs, ys []float64
 	// A run's decoder steps (GPU), greedy and drawing, are more lines of
-	// its path.
-	greedy := false
+	// its path (runs before the drawing decoder have no drawn figures).
+	decoders := false
 	for _, r := range results {
 		for _, d := range r.Decode {
-			greedy = greedy || d.GreedyTokensPerSec != 0 || d.DrawnTokensPerSec != 0
+			decoders = decoders || d.GreedyTokensPerSec != 0 || d.DrawnTokensPerSec != 0
 		}
 	}
 	for i, r := range results {
@@ -186,8 +186,8 @@ func PlotModel(results []ModelResult, path string) error {
 				skip bool
 			}{
 				{"decode tokens/s", d.TokensPerSec, &pts, false},
-				{"greedy decoder tokens/s", d.GreedyTokensPerSec, &gpts, !greedy},
-				{"drawing decoder tokens/s", d.DrawnTokensPerSec, &dpts, !greedy || d.DrawnTokensPerSec == 0},
+				{"greedy decoder tokens/s", d.GreedyTokensPerSec, &gpts, !decoders},
+				{"drawing decoder tokens/s", d.DrawnTokensPerSec, &dpts, !decoders || d.DrawnTokensPerSec == 0},
 			} {
 				switch {
 				case v.skip:
@@ -199,7 +199,7 @@ func PlotModel(results []ModelResult, path string) error {
 			}
 		}
 		name := r.Path
-		if greedy {
+		if decoders {
 			name += ", logits to the host"
 		}
 		for k, line := range []struct {
