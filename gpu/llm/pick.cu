@@ -95,6 +95,13 @@ __device__ __forceinline__ T warp_scan(T v) {
   return v;
 }
 
+// warp_sum_u64 returns the sum of v over the warp, to every lane.
+__device__ __forceinline__ u64 warp_sum_u64(u64 v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
 struct OpAdd {
   template <typename T>
   __device__ T operator()(T a, T b) const { return a + b; }
@@ -158,8 +165,9 @@ struct Row {
   int ci;
 };
 
-__device__ __forceinline__ bool row_kept(const Row& r, int i, u32& key) {
-  const float v = r.x[i];
+// row_kept reports whether logit v at index i is a kept candidate of r,
+// with its key.
+__device__ __forceinline__ bool row_kept(const Row& r, int i, float v, u32& key) {
   bool cand;
   if (r.inf) {
     cand = v == PICK_INF;
@@ -169,6 +177,28 @@ __device__ __forceinline__ bool row_kept(const Row& r, int i, u32& key) {
     key = key_of(v);
   }
   return cand && (key > r.cv || (key == r.cv && i <= r.ci));
+}
+
+// PICK_AHEAD is how many values each thread loads before it uses the
+// first: a pass over a row is a chain of L2 round trips otherwise.
+#define PICK_AHEAD 8
+
+// for_row calls f(i, v) for every index i of a row of vocab values x, each
+// thread for i = threadIdx.x + k PICK_THREADS, PICK_AHEAD loads in flight;
+// past the row with i >= vocab and v NaN, so that every thread calls f
+// equally often (f may hold warp-wide steps).
+template <typename F>
+__device__ __forceinline__ void for_row(const float* __restrict__ x, int vocab, F f) {
+  for (int base = 0; base < vocab; base += PICK_AHEAD * PICK_THREADS) {
+    float v[PICK_AHEAD];
+#pragma unroll
+    for (int k = 0; k < PICK_AHEAD; k++) {
+      const int i = base + k * PICK_THREADS + threadIdx.x;
+      v[k] = i < vocab ? x[i] : __int_as_float(0x7fc00000);
+    }
+#pragma unroll
+    for (int k = 0; k < PICK_AHEAD; k++) f(base + k * PICK_THREADS + threadIdx.x, v[k]);
+  }
 }
 
 // exp_neg is package sample's ExpNeg: e^x for x <= 0 in float32, 0 below
@@ -230,32 +260,45 @@ __device__ __forceinline__ void hist_add(u32* cnt, u64* mass, bool on, u32 d, u6
   if (leader) atomicAdd(&cnt[d], __popc(peers));
 }
 
+// The cuts search a key's 32 bits in three digits, the highest first.
+#define PICK_BINS 2048
+__device__ __forceinline__ int digit_shift(int pass) { return pass == 0 ? 21 : pass == 1 ? 10 : 0; }
+__device__ __forceinline__ u32 digit_bins(int pass) { return pass == 2 ? 1024u : 2048u; }
+
+// PICK_CHUNKS bounds the chunks of a row whose kept weight the draw sums
+// first (2048: a chunk is one warp's 32 values up to a vocabulary of 65536).
+#define PICK_CHUNKS 2048
+
 // The shared memory of a row's draw.
 struct PickShared {
-  u32 cnt[256];
-  u64 mass[256];
+  u32 cnt[PICK_BINS];
+  union {
+    u64 mass[PICK_BINS];     // the cuts' weight per digit
+    u64 chunk[PICK_CHUNKS];  // the draw's kept weight per chunk
+  };
   u64 red[PICK_WARPS];
   float bv[PICK_WARPS];
   int bi[PICK_WARPS];
   u32 pick[2];  // a digit chosen and its offset; an index found
+  u64 at[2];    // the draw's chunk and the weight before it
 };
 
 // histogram counts the kept keys k with (k & mask) == prefix by their digit
-// (k >> shift) & 255 into sh.cnt, and with mass set their weights into
-// sh.mass.
-__device__ __forceinline__ void histogram(const Row& r, u32 prefix, u32 mask, int shift, bool mass, PickShared& sh) {
+// (k >> shift) & (bins - 1) into sh.cnt, and with mass set their weights
+// into sh.mass.
+__device__ __forceinline__ void histogram(const Row& r, u32 prefix, u32 mask, int shift, u32 bins, bool mass,
+                                          PickShared& sh) {
   __syncthreads();
-  for (int i = threadIdx.x; i < 256; i += PICK_THREADS) {
+  for (int i = threadIdx.x; i < PICK_BINS; i += PICK_THREADS) {
     sh.cnt[i] = 0;
     sh.mass[i] = 0;
   }
   __syncthreads();
-  for (int base = 0; base < r.vocab; base += PICK_THREADS) {
-    const int i = base + threadIdx.x;
+  for_row(r.x, r.vocab, [&](int i, float v) {
     u32 key = 0;
-    bool on = i < r.vocab && row_kept(r, i, key) && (key & mask) == prefix;
-    hist_add(sh.cnt, mass ? sh.mass : nullptr, on, (key >> shift) & 255u, on && mass ? weight(r, key) : 0);
-  }
+    const bool on = i < r.vocab && row_kept(r, i, v, key) && (key & mask) == prefix;
+    hist_add(sh.cnt, mass ? sh.mass : nullptr, on, (key >> shift) & (bins - 1), on && mass ? weight(r, key) : 0);
+  });
   __syncthreads();
 }
 
@@ -267,7 +310,7 @@ __device__ int nth_kept(const Row& r, u32 key, int n, PickShared& sh) {
   for (int base = 0; base < r.vocab; base += PICK_THREADS) {
     const int i = base + threadIdx.x;
     u32 k = 0;
-    const bool on = i < r.vocab && row_kept(r, i, k) && k == key;
+    const bool on = i < r.vocab && row_kept(r, i, r.x[i], k) && k == key;
     const u32 b = __ballot_sync(0xffffffffu, on);
     __syncthreads();
     if (lane == 0) sh.cnt[warp] = __popc(b);
@@ -289,18 +332,20 @@ __device__ int nth_kept(const Row& r, u32 key, int n, PickShared& sh) {
 // top_k cuts r to its k most likely candidates (k below their number).
 __device__ void top_k(Row& r, int k, PickShared& sh) {
   u32 prefix = 0, mask = 0, need = k, ties = 0;
-  for (int shift = 24; shift >= 0; shift -= 8) {
-    histogram(r, prefix, mask, shift, false, sh);
+  for (int pass = 0; pass < 3; pass++) {
+    const int shift = digit_shift(pass);
+    const u32 bins = digit_bins(pass), per = bins / 32;
+    histogram(r, prefix, mask, shift, bins, false, sh);
     // Warp 0 finds the digit where the count from the top reaches need:
-    // lane l sums digits 255-8l down to 248-8l.
+    // lane l sums the l-th run of per digits from the top.
     if (threadIdx.x < 32) {
-      const int l = threadIdx.x, top = 255 - 8 * l;
+      const int top = bins - 1 - per * threadIdx.x;
       u32 own = 0;
-      for (int j = 0; j < 8; j++) own += sh.cnt[top - j];
+      for (int j = 0; j < (int)per; j++) own += sh.cnt[top - j];
       const u32 incl = warp_scan(own), excl = incl - own;
       if (excl < need && incl >= need) {
         u32 c = excl;
-        for (int j = 0; j < 8; j++) {
+        for (int j = 0; j < (int)per; j++) {
           const u32 n = sh.cnt[top - j];
           if (c + n >= need) {
             sh.pick[0] = top - j;
@@ -316,7 +361,7 @@ __device__ void top_k(Row& r, int k, PickShared& sh) {
     need -= sh.pick[1];
     ties = sh.cnt[d];
     prefix |= d << shift;
-    mask |= 255u << shift;
+    mask |= (bins - 1) << shift;
   }
   const int ci = need == ties ? (prefix == r.cv ? r.ci : PICK_NONE) : nth_kept(r, prefix, need, sh);
   r.cv = prefix;
@@ -325,39 +370,36 @@ __device__ void top_k(Row& r, int k, PickShared& sh) {
 
 // top_p cuts r to its smallest set of most likely candidates whose
 // probability reaches p, as package sample does: the first in rank order
-// at which the probability of it and those before it is at least p.
+// at which the kept weight of it and those before it reaches ceil(p S),
+// S the kept weight (the first pass's sum).
 __device__ void top_p(Row& r, float p, PickShared& sh) {
-  u64 sum = 0;
-  for (int i = threadIdx.x; i < r.vocab; i += PICK_THREADS) {
-    u32 key;
-    if (row_kept(r, i, key)) sum += weight(r, key);
-  }
-  sum = block_reduce(sum, sh.red, OpAdd());
-  u64 target = (u64)ceil((double)p * (double)sum);
-  target = max(target, (u64)1);
+  u64 target = 0, above = 0;  // above: the weight of the kept keys above the prefix's
   u32 prefix = 0, mask = 0, ties = 0;
-  u64 above = 0;  // the weight of the kept keys above the prefix's
-  for (int shift = 24; shift >= 0; shift -= 8) {
-    histogram(r, prefix, mask, shift, true, sh);
+  for (int pass = 0; pass < 3; pass++) {
+    const int shift = digit_shift(pass);
+    const u32 bins = digit_bins(pass), per = bins / 32;
+    histogram(r, prefix, mask, shift, bins, true, sh);
     // Warp 0 finds the first digit from the top whose weight brings the
-    // sum to the target (or, where rounding leaves it short, the last
+    // sum to the target (or, where rounding would leave it short, the last
     // digit with a key).
     if (threadIdx.x < 32) {
-      const int l = threadIdx.x, top = 255 - 8 * l;
+      const int l = threadIdx.x, top = bins - 1 - per * l;
       u64 own = 0;
-      for (int j = 0; j < 8; j++) own += sh.mass[top - j];
+      for (int j = 0; j < (int)per; j++) own += sh.mass[top - j];
       const u64 incl = warp_scan(own), excl = incl - own;
+      if (pass == 0) {
+        const u64 sum = __shfl_sync(0xffffffffu, incl, 31);
+        target = max((u64)ceil((double)p * (double)sum), (u64)1);
+      }
       const bool here = above + excl < target && above + incl >= target;
-      // The last digit with a key, for the fallback.
       int last = -1;
-      for (int j = 0; j < 8; j++)
+      for (int j = 0; j < (int)per; j++)
         if (sh.cnt[top - j] > 0) last = top - j;
       const u32 lanes = __ballot_sync(0xffffffffu, last >= 0);
-      const int lastLane = 31 - __clz(lanes);
       const bool any = __ballot_sync(0xffffffffu, here) != 0;
       if (here) {
         u64 c = above + excl;
-        for (int j = 0; j < 8; j++) {
+        for (int j = 0; j < (int)per; j++) {
           const int d = top - j;
           if (sh.cnt[d] > 0 && c + sh.mass[d] >= target) {
             sh.pick[0] = d;
@@ -365,16 +407,20 @@ __device__ void top_p(Row& r, float p, PickShared& sh) {
           }
           c += sh.mass[d];
         }
-      } else if (!any && l == lastLane) {
+      } else if (!any && l == 31 - __clz(lanes)) {
         sh.pick[0] = last;
       }
+      if (l == 0) sh.at[0] = target;
     }
     __syncthreads();
+    target = sh.at[0];
     const u32 d = sh.pick[0];
-    for (u32 j = 255; j > d; j--) above += sh.mass[j];
+    u64 add = 0;
+    for (u32 j = (threadIdx.x & 31) + d + 1; j < bins; j += 32) add += sh.mass[j];
+    above += warp_sum_u64(add);
     ties = sh.cnt[d];
     prefix |= d << shift;
-    mask |= 255u << shift;
+    mask |= (bins - 1) << shift;
   }
   // Equal keys weigh the same: keep as few as reach the target.
   const u64 w = weight(r, prefix);
@@ -408,37 +454,59 @@ __device__ __forceinline__ u64 philox(u64 seed, u64 index) {
 
 // draw_kept returns the draw among r's kept candidates, to every thread:
 // with S their weight and t = u S / 2^64, the first kept candidate in index
-// order at which the running sum of weights passes t. Warp w sums the kept
-// weight of its range of the row; the warp whose range holds t scans it,
-// 32 values at a time.
+// order at which the running sum of weights passes t. One pass sums the
+// kept weight of each chunk of 32 g consecutive values (g = 1 up to a
+// vocabulary of 65536); a block-wide scan over the chunks finds the one
+// that holds t, and one warp scans it.
 __device__ int draw_kept(const Row& r, u64 u, PickShared& sh) {
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int span = ((r.vocab + PICK_WARPS - 1) / PICK_WARPS + 31) & ~31;
-  const int lo = warp * span, hi = min(r.vocab, lo + span);
-  u64 part = 0;
-  for (int i = lo + lane; i < hi; i += 32) {
+  const int lane = threadIdx.x & 31;
+  const int g = (r.vocab + 32 * PICK_CHUNKS - 1) / (32 * PICK_CHUNKS), span = 32 * g;
+  const int chunks = (r.vocab + span - 1) / span;
+  __syncthreads();
+  for (int c = threadIdx.x; c < chunks; c += PICK_THREADS) sh.chunk[c] = 0;
+  __syncthreads();
+  for_row(r.x, r.vocab, [&](int i, float v) {
     u32 key;
-    if (row_kept(r, i, key)) part += weight(r, key);
-  }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) part += __shfl_xor_sync(0xffffffffu, part, o);
+    u64 w = i < r.vocab && row_kept(r, i, v, key) ? weight(r, key) : 0;
+    w = warp_sum_u64(w);
+    // i - lane is the warp's first index, a multiple of 32.
+    if (lane == 0 && w > 0) atomicAdd(&sh.chunk[(i - lane) / span], w);
+  });
   __syncthreads();
-  if (lane == 0) sh.red[warp] = part;
+  // Thread t holds chunks [t per, (t+1) per).
+  const int per = (chunks + PICK_THREADS - 1) / PICK_THREADS, c0 = threadIdx.x * per;
+  u64 own = 0;
+  for (int c = c0; c < min(c0 + per, chunks); c++) own += sh.chunk[c];
+  const u64 incl = warp_scan(own);
+  if (lane == 31) sh.red[threadIdx.x >> 5] = incl;
   __syncthreads();
-  u64 total = 0, before = 0;
+  u64 before = incl - own, total = 0;
   for (int w = 0; w < PICK_WARPS; w++) {
     const u64 v = sh.red[w];
-    before += w < warp ? v : 0;
+    before += w < (int)(threadIdx.x >> 5) ? v : 0;
     total += v;
   }
   const u64 t = __umul64hi(u, total);
-  if (t >= before && t - before < part) {
+  if (t >= before && t - before < own) {
     u64 run = before;
-    for (int base = lo; base < hi; base += 32) {
+    for (int c = c0;; c++) {
+      if (t - run < sh.chunk[c]) {
+        sh.at[0] = c;
+        sh.at[1] = run;
+        break;
+      }
+      run += sh.chunk[c];
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    u64 run = sh.at[1];
+    const int first = (int)sh.at[0] * span;
+    for (int base = first; base < min(first + span, r.vocab); base += 32) {
       const int i = base + lane;
       u64 w = 0;
       u32 key;
-      if (i < hi && row_kept(r, i, key)) w = weight(r, key);
+      if (i < r.vocab && row_kept(r, i, r.x[i], key)) w = weight(r, key);
       const u64 incl = warp_scan(w);
       const u32 hit = __ballot_sync(0xffffffffu, t - run < incl);
       if (hit != 0) {
@@ -490,15 +558,14 @@ extern "C" __global__ void __launch_bounds__(PICK_THREADS)
   u32 top = 0;
   u64 infs = 0, cands = 0;
   int lowest = PICK_NONE;
-  for (int i = threadIdx.x; i < vocab; i += PICK_THREADS) {
-    const float v = x[i];
+  for_row(x, vocab, [&](int i, float v) {
     if (v == v) lowest = min(lowest, i);
     if (v > -PICK_INF) {
       cands++;
       top = max(top, key_of(v));
     }
     if (v == PICK_INF) infs++;
-  }
+  });
   top = block_reduce(top, sh.cnt, OpMax());
   lowest = block_reduce(lowest, sh.bi, OpMin());
   const u64 counts = block_reduce(infs << 32 | cands, sh.red, OpAdd());
