@@ -161,12 +161,17 @@ type FFNResult struct {
 	DenseGFLOPS   float64 `json:"dense_gflops"`
 
 	// GPU runs only (FFNCUDA); zero and left out on the CPU.
-	D2TKernel   string  `json:"d2t_kernel,omitempty"` // wgmma, mma or lt, under the row's settings
-	Tail        string  `json:"tail,omitempty"`       // the kernels of the TwELL timing: sorted or warp after D2T ("+hot": with hot units), or small-batch
-	D2TMS       float64 `json:"d2t_ms,omitempty"`     // the D2T kernel alone, under the row's settings
-	AutoMS      float64 `json:"auto_ms,omitempty"`    // MLP.Forward, the automatic path
-	AutoSpeedup float64 `json:"auto_speedup,omitempty"`
-	AutoPath    string  `json:"auto_path,omitempty"` // the path most of its timed calls ran
+	D2TKernel string  `json:"d2t_kernel,omitempty"` // wgmma, mma or lt, under the row's settings
+	Tail      string  `json:"tail,omitempty"`       // the kernels of the TwELL timing: sorted or warp after D2T ("+hot": with hot units), or small-batch
+	D2TMS     float64 `json:"d2t_ms,omitempty"`     // the D2T kernel alone, under the row's settings
+	AutoMS    float64 `json:"auto_ms,omitempty"`    // MLP.Forward, the automatic path
+	// DenseD2TMS is the dense MLP with its gate and up products in the
+	// wgmma D2T kernel (MLP.DenseInD2T; Hopper only), the automatic path's
+	// dense arm from gpu's denseD2TMinRows tokens on.
+	DenseD2TMS     float64 `json:"dense_d2t_ms,omitempty"`
+	DenseD2TRelErr float64 `json:"dense_d2t_rel_err,omitempty"`
+	AutoSpeedup    float64 `json:"auto_speedup,omitempty"`
+	AutoPath       string  `json:"auto_path,omitempty"` // the path most of its timed calls ran
 	// AutoCalls counts the automatic path's timed calls (warm-up calls
 	// included) by the path each ran, when both ran.
 	AutoCalls       map[string]int `json:"auto_calls,omitempty"`

@@ -372,14 +372,31 @@ func ffnCase(o FFNOptions, density float64, l *gpu.MLP, sl *synth.Layer, e ffnEn
 		d2t[i] = func(x *cuda.Buffer) error { lv.Apply(v.opts); return lv.QueueD2T(nil, x, o.M) }
 	}
 
-	e.say("density %g: timing dense (cuBLASLt), TwELL and D2T alone (%d settings) and the automatic path, in turns", density, len(sparse))
+	// The dense MLP with the gate and up products in D2T, where the
+	// device has the wgmma kernel.
+	var denseD2T func(*cuda.Buffer) error
+	if l.CanDenseInD2T() {
+		denseD2T = func(x *cuda.Buffer) error { l.Apply(e.base); return l.DenseInD2T(nil, yb, x, o.M) }
+	}
+
+	e.say("density %g: timing dense (cuBLASLt), TwELL and D2T alone (%d settings), the automatic path and the dense MLP in D2T (%v), in turns", density, len(sparse), denseD2T != nil)
 	runs := append(append(append([]func(*cuda.Buffer) error{dense}, sparse...), d2t...), auto)
+	if denseD2T != nil {
+		runs = append(runs, denseD2T)
+	}
 	ms, err := e.timeMS(runs...)
 	if err != nil {
 		return nil, fmt.Errorf("timing: %w", err)
 	}
 	k := len(sparse)
 	res.DenseMS, res.AutoMS = ms[0], ms[2*k+1]
+	if denseD2T != nil {
+		res.DenseD2TMS = ms[2*k+2]
+		if res.DenseD2TRelErr, err = e.check(denseD2T, want); err != nil {
+			return nil, err
+		}
+		e.say("density %g: dense in D2T %.3f ms (%.2fx dense), rel err %.1e", density, res.DenseD2TMS, res.DenseMS/res.DenseD2TMS, res.DenseD2TRelErr)
+	}
 	res.AutoPath, res.AutoCalls = autoSummary(autoCalls)
 	res.AutoSpeedup = res.DenseMS / res.AutoMS
 

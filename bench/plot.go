@@ -27,12 +27,19 @@ import (
 // No input makes them panic.
 
 // PlotFFN writes a PNG of speedup against density, one line per device,
-// distribution, token count and MLP kind, with the 1x line for reference.
+// distribution, token count and MLP kind (and, on the GPU, one for the
+// automatic path and one for the dense MLP in D2T), with the 1x line for
+// reference.
 func PlotFFN(results []FFNResult, path string) error {
 	if len(results) == 0 {
 		return fmt.Errorf("bench: no MLP results to plot")
 	}
 	var pts []speedupPoint
+	type key struct {
+		line    string
+		density float64
+	}
+	seen := map[key]bool{}
 	for _, r := range results {
 		kind := "gated"
 		if !r.Gated {
@@ -40,10 +47,29 @@ func PlotFFN(results []FFNResult, path string) error {
 		}
 		// a line per setting of the switches (bench ffn -variants)
 		pts = append(pts, speedupPoint{fmt.Sprintf("%s, %s, m=%d, %s%s", r.Device, r.Dist, r.M, kind, switchString(r.Switches)), r.Density, r.Speedup})
+		// The automatic path and the dense MLP in D2T (GPU), the same in
+		// every variant's row of a density: once.
+		for _, p := range []speedupPoint{
+			{fmt.Sprintf("auto: %s, %s, m=%d, %s", r.Device, r.Dist, r.M, kind), r.Density, r.AutoSpeedup},
+			{fmt.Sprintf("dense in D2T: %s, %s, m=%d, %s", r.Device, r.Dist, r.M, kind), r.Density, ratio(r.DenseMS, r.DenseD2TMS)},
+		} {
+			if k := (key{p.line, p.density}); p.speedup > 0 && !seen[k] {
+				seen[k] = true
+				pts = append(pts, p)
+			}
+		}
 	}
 	r0 := results[0]
 	header := []string{fmt.Sprintf("MLP block d=%d, f=%d, compression %d", r0.D, r0.F, r0.C), r0.Machine + ", " + r0.Date}
-	return plotSpeedups(path, "TwELL MLP speedup over the dense MLP (same run)", "speedup (dense time / TwELL time, x)", header, pts)
+	return plotSpeedups(path, "TwELL MLP speedup over the dense MLP (same run)", "speedup (dense time / path time, x)", header, pts)
+}
+
+// ratio returns a / b, or 0 where b is 0 (a time not measured).
+func ratio(a, b float64) float64 {
+	if b == 0 {
+		return 0
+	}
+	return a / b
 }
 
 // PlotTrainMLP writes a PNG of the training MLP block's speedup over dense

@@ -228,6 +228,16 @@ func TestPlotFFNEdgeCases(t *testing.T) {
 		"NaN speedup":    func() []FFNResult { rs := ffnResults(r, []float64{0.01, 0.1}); rs[1].Speedup = math.NaN(); return rs },
 		"zero speedup":   func() []FFNResult { rs := ffnResults(r, []float64{0.01, 0.1}); rs[0].Speedup = 0; return rs },
 		"nothing usable": func() []FFNResult { return ffnResults(r, []float64{-1}) },
+		"GPU paths": func() []FFNResult {
+			rs := ffnResults(r, []float64{0.005, 0.02, 0.05})
+			for i := range rs {
+				rs[i].DenseMS, rs[i].AutoSpeedup = 1+r.Float64(), 0.9+0.5*r.Float64()
+				if i%3 != 0 { // some rows without the dense MLP in D2T
+					rs[i].DenseD2TMS = 0.9 + r.Float64()
+				}
+			}
+			return append(rs, rs...) // a variant's rows repeat the automatic path's
+		},
 	}
 	drawCases(t, seed, "ffn-", cases, PlotFFN)
 }

@@ -109,6 +109,9 @@ func tableFile(w io.Writer, name string, b []byte) error {
 			if r.AutoMS > 0 {
 				fmt.Fprintf(w, ", auto %.4g ms (%.2fx, %s)", r.AutoMS, r.AutoSpeedup, r.autoDesc())
 			}
+			if r.DenseD2TMS > 0 {
+				fmt.Fprintf(w, ", dense in D2T %.4g ms (%.2fx)", r.DenseD2TMS, r.DenseMS/r.DenseD2TMS)
+			}
 			fmt.Fprintf(w, ", rel err %.2g\n", r.RelErr)
 			traceLine(w, name, "dense", r.DenseTrace)
 			traceLine(w, name, "twell", r.TwELLTrace)

@@ -57,6 +57,48 @@ func (l *MLP) Dense(s *cuda.Stream, y, x *cuda.Buffer, m int) error {
 	return nil
 }
 
+// DenseInD2T queues the dense MLP with its gate and up products in the
+// wgmma D2T kernel: every unit runs as a hot unit (hot.go), so the kernel's
+// epilogue stores h = relu(g) u as bf16 and counts the units that fired,
+// where cuBLASLt's GEMMs write g and u for relu_mul to read back (at m =
+// 65536 and the SparseLM shape, 2.2 GB of traffic a call); cuBLASLt's down
+// product follows. h has the same bits as the dense path's for the same
+// bf16 products (store_hot, d2t_wgmma.cu); the products' fp32 sums differ
+// from cuBLASLt's in order. It needs the wgmma D2T kernel (Hopper) with
+// the hot units in it (not SeparateHot) and a cuBLAS handle.
+func (l *MLP) DenseInD2T(s *cuda.Stream, y, x *cuda.Buffer, m int) error {
+	if err := l.checkIO(y, x, m); err != nil {
+		return err
+	}
+	if l.blas == nil {
+		return errors.New("gpu: dense MLP needs a cuBLAS handle (NewMLP was given nil)")
+	}
+	if _, kind, err := l.d2tKernel(); err != nil || !l.hotInKernel(kind) {
+		return fmt.Errorf("gpu: the dense MLP in D2T needs the wgmma D2T kernel (sm_90a) with the hot units in it; this MLP runs %v (SeparateHot %v, %v)", kind, l.SeparateHot, err)
+	}
+	dn, err := l.hotSlice(0)
+	if err != nil {
+		return err
+	}
+	if _, _, err := l.runD2T(s, x, m, 0, dn); err != nil {
+		return err
+	}
+	return dn.downProduct(s, y, m, l.ws.hot.g, false)
+}
+
+// CanDenseInD2T reports whether DenseInD2T runs on this MLP and device.
+func (l *MLP) CanDenseInD2T() bool { return l.blas != nil && l.hotInD2T() }
+
+// denseD2TMinRows is the smallest call whose dense arm the automatic path
+// runs in D2T (DenseInD2T) rather than on cuBLASLt's three GEMMs.
+const denseD2TMinRows = 1024
+
+// denseInD2T reports whether the automatic path's dense arm runs a call of
+// m tokens through DenseInD2T.
+func (l *MLP) denseInD2T(m int) bool {
+	return !l.DenseOnCuBLAS && m >= denseD2TMinRows && l.CanDenseInD2T()
+}
+
 // Activation is the gate activation of a DenseMLP.
 type Activation int
 

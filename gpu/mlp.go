@@ -60,6 +60,11 @@ type MLP struct {
 	// cuBLASLt GEMMs of the hot slice, as the mma.sync D2T always does,
 	// instead of as extra tiles of the wgmma D2T (see runD2T).
 	SeparateHot bool
+	// DenseOnCuBLAS runs the automatic path's dense arm on cuBLASLt's
+	// three GEMMs and relu_mul at every batch size; otherwise, from
+	// denseD2TMinRows tokens on the wgmma D2T kernel, the gate and up
+	// products run in D2T (DenseInD2T).
+	DenseOnCuBLAS bool
 
 	dev            *cuda.Device
 	k              *kernels
@@ -267,8 +272,8 @@ func (l *MLP) Sparse(s *cuda.Stream, y, x *cuda.Buffer, m int) error {
 	return l.sparse(s, y, x, m, true)
 }
 
-// Queue queues the MLP on path p (mlp.Dense needs a cuBLAS handle; any
-// other value runs sparse) without
+// Queue queues the MLP on path p (mlp.Dense, which needs a cuBLAS handle,
+// runs the dense arm Forward would; any other value runs sparse) without
 // the automatic path's bookkeeping: no timing, and no copies of the active
 // or flagged counts to the host. This is the form to record into a CUDA
 // graph (see Settled for the path and Epoch for the graph's validity):
@@ -277,9 +282,19 @@ func (l *MLP) Sparse(s *cuda.Stream, y, x *cuda.Buffer, m int) error {
 // give it now, the per-row kernel the rest).
 func (l *MLP) Queue(s *cuda.Stream, y, x *cuda.Buffer, m int, p mlp.Path) error {
 	if p == mlp.Dense && l.blas != nil {
-		return l.Dense(s, y, x, m)
+		return l.dense(s, y, x, m)
 	}
 	return l.sparse(s, y, x, m, false)
+}
+
+// dense queues the dense arm of l.Path: under mlp.Auto from
+// denseD2TMinRows tokens DenseInD2T where it runs (see DenseOnCuBLAS),
+// else, and always under a fixed mlp.Dense, the cuBLASLt baseline (Dense).
+func (l *MLP) dense(s *cuda.Stream, y, x *cuda.Buffer, m int) error {
+	if l.Path == mlp.Auto && l.denseInD2T(m) {
+		return l.DenseInD2T(s, y, x, m)
+	}
+	return l.Dense(s, y, x, m)
 }
 
 // sparse queues the TwELL MLP; with report it copies the flagged-row count
@@ -352,7 +367,10 @@ func (l *MLP) sparse(s *cuda.Stream, y, x *cuda.Buffer, m int, report bool) erro
 // Measure, measuredBand times it) and runs dense above it. Below it, with
 // Measure set, the path measured faster for
 // this batch size runs (the first calls of a size time sparse, then dense;
-// see autopath.go). It returns the path it ran (mlp.Sparse or mlp.Dense).
+// see autopath.go). Under mlp.Auto the dense arm runs in D2T from
+// denseD2TMinRows tokens where it can (DenseInD2T; see DenseOnCuBLAS); a
+// fixed mlp.Dense always runs the cuBLASLt baseline. It returns the path
+// it ran (mlp.Sparse or mlp.Dense).
 func (l *MLP) Forward(s *cuda.Stream, y, x *cuda.Buffer, m int) (mlp.Path, error) {
 	if err := l.checkIO(y, x, m); err != nil {
 		return mlp.Sparse, err
@@ -369,7 +387,7 @@ func (l *MLP) Forward(s *cuda.Stream, y, x *cuda.Buffer, m int) (mlp.Path, error
 	}
 	var err error
 	if path == mlp.Dense && l.blas != nil {
-		err = l.Dense(s, y, x, m)
+		err = l.dense(s, y, x, m)
 	} else {
 		path = mlp.Sparse
 		err = l.Sparse(s, y, x, m)

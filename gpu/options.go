@@ -31,6 +31,9 @@ type Options struct {
 	// cuBLASLt GEMMs and h with relu_mul, instead of in extra tiles of the
 	// wgmma D2T: EnvHotD2T = "0".
 	SeparateHot bool
+	// DenseOnCuBLAS keeps the automatic path's dense arm on cuBLASLt's
+	// GEMMs at every batch size (MLP.DenseOnCuBLAS): EnvDenseD2T = "0".
+	DenseOnCuBLAS bool
 }
 
 // EnvD2TKernel names the environment variable that, set to "mma" or
@@ -64,12 +67,16 @@ const EnvHotUnits = "TWELL_HOT_UNITS"
 // Options.SeparateHot.
 const EnvHotD2T = "TWELL_HOT_D2T"
 
+// EnvDenseD2T names the environment variable that, set to "0", sets
+// Options.DenseOnCuBLAS.
+const EnvDenseD2T = "TWELL_DENSE_D2T"
+
 // Switches are the names of the environment variables that set Options.
-var Switches = []string{EnvD2TKernel, EnvTail, EnvEarlyStart, EnvHotUnits, EnvHotD2T, EnvGEMVFuse, EnvGEMVTimeline}
+var Switches = []string{EnvD2TKernel, EnvTail, EnvEarlyStart, EnvHotUnits, EnvHotD2T, EnvDenseD2T, EnvGEMVFuse, EnvGEMVTimeline}
 
 // OptionsFromEnv returns the Options that EnvD2TKernel, EnvTail,
-// EnvEarlyStart, EnvHotUnits, EnvHotD2T, EnvGEMVFuse and EnvGEMVTimeline
-// set, or an error naming a value it does not know.
+// EnvEarlyStart, EnvHotUnits, EnvHotD2T, EnvDenseD2T, EnvGEMVFuse and
+// EnvGEMVTimeline set, or an error naming a value it does not know.
 func OptionsFromEnv() (Options, error) { return OptionsFrom(os.Getenv) }
 
 // OptionsFrom is OptionsFromEnv with the variables' values looked up by
@@ -92,6 +99,11 @@ func OptionsFrom(getenv func(string) string) (Options, error) {
 		return o, err
 	}
 	o.SeparateHot = !hotD2T
+	denseD2T, err := envBool(getenv, EnvDenseD2T, true)
+	if err != nil {
+		return o, err
+	}
+	o.DenseOnCuBLAS = !denseD2T
 	fuse, err := envBool(getenv, EnvGEMVFuse, true)
 	if err != nil {
 		return o, err
@@ -138,7 +150,7 @@ func envChoice[T any](getenv func(string) string, name, want string, choices map
 // Apply sets l's kernel choices to o.
 func (l *MLP) Apply(o Options) {
 	l.Kernel, l.Tail, l.Serial, l.SplitGEMV, l.GEMVTimeline = o.Kernel, o.Tail, o.Serial, o.SplitGEMV, o.GEMVTimeline
-	l.SeparateHot = o.SeparateHot
+	l.SeparateHot, l.DenseOnCuBLAS = o.SeparateHot, o.DenseOnCuBLAS
 }
 
 // EarlyStart reports whether kernels that wait with grid_wait (common.cuh)
