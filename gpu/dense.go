@@ -90,12 +90,13 @@ func (l *MLP) DenseInD2T(s *cuda.Stream, y, x *cuda.Buffer, m int) error {
 func (l *MLP) CanDenseInD2T() bool { return l.blas != nil && l.hotInD2T() }
 
 // denseD2TMinRows is the smallest call whose dense arm the automatic path
-// runs in D2T (DenseInD2T) rather than on cuBLASLt's three GEMMs. On an
-// H200 at the SparseLM shape DenseInD2T ran at 1.05-1.06x the cuBLASLt
-// path's speed at 65536 tokens (0.5%, 2% and 5%), but at 0.95x at 1024
-// and 0.79x at 64 (docs/gpu-twell.md, "The dense arm in the D2T"); sizes
-// between were not measured, so the D2T takes only the measured wins.
-const denseD2TMinRows = 65536
+// runs in D2T (DenseInD2T) rather than on cuBLASLt's three GEMMs. At the
+// SparseLM shape DenseInD2T ran at 1.06-1.09x the cuBLASLt path's speed
+// from 4096 to 16384 tokens on an H100 and 1.05-1.06x at 65536 on an H200,
+// but at 0.96x at 2048 (H100), 0.95x at 1024 and 0.79x at 64 (H200): the
+// D2T's rounds of work items cost more than the round trip saves at small
+// calls (docs/gpu-twell.md, "The dense arm in the D2T").
+const denseD2TMinRows = 4096
 
 // denseInD2T reports whether the automatic path's dense arm runs a call of
 // m tokens through DenseInD2T.

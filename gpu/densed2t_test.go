@@ -100,8 +100,8 @@ func TestDenseInD2TMatchesFloat64(t *testing.T) {
 // fixed mlp.Dense always runs. The two forms may give the same bits (h is
 // rounded from the same bf16 products), so a call's form is told by the
 // cuBLASLt path's gate buffer: poisoned before each call, only that path
-// overwrites it. Every call's output is checked against DenseInD2T's within
-// bf16 rounding.
+// overwrites it. Every dense call's output is checked against DenseInD2T's
+// within bf16 rounding.
 func TestAutoDenseArmInD2T(t *testing.T) {
 	dev, blas := setup(t)
 	if dev.Properties().Arch != "sm_90a" {
@@ -170,7 +170,7 @@ func TestAutoDenseArmInD2T(t *testing.T) {
 				path = p
 				return err
 			})
-			if !near(got) {
+			if path == mlp.Dense && !near(got) { // the sparse path's sums differ more (TestMLPMatchesFloat64)
 				t.Errorf("seed %d: DenseOnCuBLAS %v: call %d ran %v, output off DenseInD2T's", seed, wantBLAS, i, path)
 			}
 			if i == 2 && (path != mlp.Dense || onBLAS != wantBLAS) {
