@@ -1,12 +1,14 @@
 // Package models holds the model twell runs when none is named: a small
 // sparse Llama that twell trained on its public corpus (models/default:
 // README.md there says how, and what it scores). It is embedded in the
-// binary, so `twell generate` works with no download and no flag.
+// binary, so `twell generate` works with no download and no flag. A build
+// with the tag twell_noembed leaves it out (14 MB less, for binaries copied
+// to a GPU machine with the source tree) and finds models/default in the
+// tree instead (InTree).
 package models
 
 import (
 	"crypto/sha256"
-	"embed"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -16,19 +18,14 @@ import (
 	"path/filepath"
 )
 
-//go:embed default
-var files embed.FS
-
 // DefaultName is the name the default model goes by in messages and in
 // served responses.
 const DefaultName = "twell-default"
 
-// Default returns a folder holding the default model's checkpoint
-// (config.json, model.safetensors, tokenizer.json and the rest), as
-// model.Load and tokenizer.Load read it. The embedded files are written once
-// into the user's cache folder (under twell/models, named by a hash of their
-// contents) and reused from there; a damaged copy is written again.
-func Default() (string, error) {
+// materializeDefault returns a folder holding the embedded files, written
+// once into the user's cache folder (under twell/models, named by a hash of
+// their contents) and reused from there; a damaged copy is written again.
+func materializeDefault() (string, error) {
 	names, sum, err := inventory()
 	if err != nil {
 		return "", err
@@ -51,6 +48,36 @@ func Default() (string, error) {
 		}
 	}
 	return "", fmt.Errorf("models: writing the default model: %w", firstErr)
+}
+
+// InTree returns the models/default folder of a twell source tree holding
+// one of the given folders (each folder and its parents are searched, in
+// order), where it has a config.json and a model.safetensors.
+func InTree(starts ...string) (string, error) {
+	for _, start := range starts {
+		dir, err := filepath.Abs(start)
+		if err != nil {
+			continue
+		}
+		for {
+			cand := filepath.Join(dir, "models", "default")
+			if isFile(filepath.Join(cand, "config.json")) && isFile(filepath.Join(cand, "model.safetensors")) {
+				return cand, nil
+			}
+			up := filepath.Dir(dir)
+			if up == dir {
+				break
+			}
+			dir = up
+		}
+	}
+	return "", fmt.Errorf("models: no models/default folder with a checkpoint in %q or a folder above", starts)
+}
+
+// isFile reports whether p is a regular file.
+func isFile(p string) bool {
+	st, err := os.Stat(p)
+	return err == nil && st.Mode().IsRegular()
 }
 
 // materialize writes the embedded files into root/default-HASH, unless a

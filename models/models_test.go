@@ -1,3 +1,5 @@
+//go:build !twell_noembed
+
 package models
 
 import (

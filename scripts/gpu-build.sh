@@ -12,8 +12,10 @@
 #
 # PACK, a space-separated list of package folders (e.g. PACK="gpu gpu/llm"),
 # builds only the CLI and those packages' tests: every test binary packs to
-# about 32 MB, the CLI with the gpu and gpu/llm tests to about 17 MB, for a
-# transfer that also carries the source tree under a size limit.
+# about 11 MB, the CLI with the gpu and gpu/llm tests to about 7 MB, for a
+# transfer that also carries the source tree under a size limit. A
+# revision of BUILDS from before the tag twell_noembed embeds the default
+# model: about 11 MB more.
 #
 # BUILDS, a space-separated list of git revisions (e.g. BUILDS="9dda84c
 # e8ea649"), also builds the CLI of each into gpubin/twell-REV and the test
@@ -28,7 +30,9 @@ out=gpubin
 rm -rf "$out"
 mkdir -p "$out"
 export CGO_ENABLED=0 GOOS=linux GOARCH=amd64
-strip=(-ldflags='-s -w')
+# The tag twell_noembed leaves the default model (14 MB) out of the binaries:
+# they find models/default in the source tree they run in (package models).
+strip=(-ldflags='-s -w' -tags twell_noembed)
 go build -buildvcs=true -trimpath "${strip[@]}" -o "$out/twell" ./cmd/twell
 mod=$(go list -m)
 : > "$out/tests.txt"
