@@ -32,8 +32,8 @@ mkdir -p "$out"
 export CGO_ENABLED=0 GOOS=linux GOARCH=amd64
 # The tag twell_noembed leaves the default model (14 MB) out of the binaries:
 # they find models/default in the source tree they run in (package models).
-strip=(-ldflags='-s -w' -tags twell_noembed)
-go build -buildvcs=true -trimpath "${strip[@]}" -o "$out/twell" ./cmd/twell
+flags=(-ldflags='-s -w' -tags twell_noembed)
+go build -buildvcs=true -trimpath "${flags[@]}" -o "$out/twell" ./cmd/twell
 mod=$(go list -m)
 : > "$out/tests.txt"
 go list -f '{{.ImportPath}} {{.Dir}} {{join .TestImports " "}} {{join .XTestImports " "}}' ./... |
@@ -49,7 +49,7 @@ go list -f '{{.ImportPath}} {{.Dir}} {{join .TestImports " "}} {{join .XTestImpo
       esac
     fi
     name=$(echo "${pkg#"$mod"/}" | tr / _)
-    if go test -c -trimpath "${strip[@]}" -o "$out/$name.test" "$pkg"; then
+    if go test -c -trimpath "${flags[@]}" -o "$out/$name.test" "$pkg"; then
       echo "$name.test ${dir#"$PWD"/}" >> "$out/tests.txt"
       echo "built $out/$name.test ($pkg)"
     else
@@ -65,8 +65,8 @@ for rev in ${BUILDS:-}; do
   wt=$(mktemp -d)
   git clone -q --shared --no-checkout . "$wt"
   git -C "$wt" checkout -q --detach "$short"
-  if (cd "$wt" && go build -buildvcs=true -trimpath "${strip[@]}" -o "$OLDPWD/$out/twell-$short" ./cmd/twell &&
-    go test -c -trimpath "${strip[@]}" -o "$OLDPWD/$out/gpu-$short.test" ./gpu); then
+  if (cd "$wt" && go build -buildvcs=true -trimpath "${flags[@]}" -o "$OLDPWD/$out/twell-$short" ./cmd/twell &&
+    go test -c -trimpath "${flags[@]}" -o "$OLDPWD/$out/gpu-$short.test" ./gpu); then
     echo "twell-$short" >> "$out/builds.txt"
     echo "built $out/twell-$short and $out/gpu-$short.test (revision $rev)"
   else
