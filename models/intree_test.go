@@ -7,7 +7,7 @@ import (
 	"testing"
 )
 
-func TestInTree(t *testing.T) {
+func TestInTreeSearch(t *testing.T) {
 	root := t.TempDir()
 	write := func(p string) {
 		t.Helper()
@@ -31,16 +31,16 @@ func TestInTree(t *testing.T) {
 	}
 	nowhere := t.TempDir()
 	for _, starts := range [][]string{{deep}, {root}, {nowhere, deep}, {filepath.Join(root, "a")}} {
-		got, err := InTree(starts...)
+		got, err := inTree(starts...)
 		if err != nil || got != want {
-			t.Errorf("InTree(%q) = %q, %v; want %q", starts, got, err, want)
+			t.Errorf("inTree(%q) = %q, %v; want %q", starts, got, err, want)
 		}
 	}
-	if got, err := InTree(nowhere); err == nil || !strings.Contains(err.Error(), nowhere) {
-		t.Errorf("InTree(%q) = %q, %v; want an error naming the folder", nowhere, got, err)
+	if got, err := inTree(nowhere); err == nil || !strings.Contains(err.Error(), nowhere) {
+		t.Errorf("inTree(%q) = %q, %v; want an error naming the folder", nowhere, got, err)
 	}
 	// This package sits in the source tree, beside the real models/default.
-	if got, err := InTree("."); err != nil || filepath.Base(filepath.Dir(got)) != "models" {
-		t.Errorf("InTree(.) from the package = %q, %v", got, err)
+	if got, err := inTree("."); err != nil || filepath.Base(filepath.Dir(got)) != "models" {
+		t.Errorf("inTree(.) from the package = %q, %v", got, err)
 	}
 }
