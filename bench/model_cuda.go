@@ -229,10 +229,11 @@ func ModelCUDA(o ModelOptions, progress func(string)) ([]ModelCUDAResult, error)
 			return err
 		}
 		// Warm up (kernel compilation, workspaces) until the automatic MLP
-		// path has timed both paths at this size and settled, so that the
-		// timed passes run its choice rather than its exploration.
+		// path has timed both paths at this size and settled (four passes
+		// where the paths are far apart, eight where they are close), so
+		// that the timed passes run its choice rather than its exploration.
 		warm := 0
-		for warm < 8 && (warm == 0 || !e.MLPSettled(o.Batch*o.PromptLen)) {
+		for warm < 12 && (warm == 0 || !e.MLPSettled(o.Batch*o.PromptLen)) {
 			if err := prefill(); err != nil {
 				return nil, nil, err
 			}

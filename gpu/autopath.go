@@ -3,6 +3,7 @@ package gpu
 import (
 	"encoding/binary"
 	"math/bits"
+	"sort"
 
 	"github.com/twell-ai/twell/cuda"
 	"github.com/twell-ai/twell/mlp"
@@ -14,13 +15,21 @@ import (
 // for batches of at most gemvMaxRows tokens: their kernels read every gate
 // row once whatever the density, so there the timings alone decide, and
 // DenseAbove, a model of D2T's costs, does not apply). Below it, timings:
-// Forward brackets every call with CUDA events, keeps per batch-size bucket
-// (powers of two) a running mean of each path's time per token, and runs
-// the faster path once both are known. A path's first timing in a bucket
-// is dropped (it pays for workspace allocation and first-use setup), so the
-// first calls of a bucket run sparse until it has a kept timing, then dense
-// until it has one; after that the faster path runs, and the slower one again
-// every reprobeEvery calls, so the choice follows changes in density.
+// Forward brackets calls with CUDA events and keeps, per batch-size bucket
+// (powers of two) and path, the time per token of the last keptWindow
+// timed calls; a path's estimate is their median. A path's first timing in
+// a bucket is dropped (it pays for workspace allocation and first-use
+// setup), so the first calls of a bucket run sparse until it has a kept
+// timing, then dense until it has one. Where one path is at least
+// farRatio times faster than the other (0.5% density at large batches:
+// about 1.8x), that decides the bucket; where they are closer, the two
+// paths take turns until each has keptWindow kept timings, so that one slow
+// call cannot decide alone (a choice on one timing each kept the sparse
+// path at 2% on an H100 where the dense one was 7% faster). After that the
+// faster path runs, and the slower one again every reprobeEvery calls, so
+// the choice follows changes in density; a re-timing that brings the
+// estimates within farRatio before each path has keptWindow timings
+// explores again.
 //
 // In the steady state the bookkeeping is thinned out, since each copy back
 // and event is a stream operation that a decode step of a few tens of
@@ -30,7 +39,8 @@ import (
 // sampleFirst calls and then every sampleEvery calls.
 
 const (
-	timeAlpha    = 0.5 // weight of a new timing in a bucket's running mean
+	keptWindow   = 3   // kept timings a path's estimate is the median of
+	farRatio     = 1.5 // paths closer than this need keptWindow timings each
 	reprobeEvery = 32  // calls in a bucket between runs of the slower path
 	retimeEvery  = 8   // calls in a bucket between timings of the faster path
 	maxInflight  = 64  // timed calls whose events have not completed yet
@@ -43,9 +53,42 @@ func sampled(n int) bool { return n <= sampleFirst || n%sampleEvery == 0 }
 
 // bucketTimes are the measured costs of one batch-size bucket.
 type bucketTimes struct {
-	perTok [3]float64 // ms per token, by mlp.Path (Sparse, Dense)
-	n      [3]int     // timed calls, by mlp.Path (the first one dropped)
-	calls  int
+	kept  [3][keptWindow]float64 // ms per token of the last kept timings, by mlp.Path (Sparse, Dense), a ring
+	n     [3]int                 // timed calls, by mlp.Path (the first one dropped)
+	calls int
+}
+
+// keptOf returns how many timings of path p the bucket keeps.
+func (bt *bucketTimes) keptOf(p mlp.Path) int { return min(max(bt.n[p]-1, 0), keptWindow) }
+
+// estimate returns the median of path p's kept timings (ms per token); the
+// bucket must keep at least one.
+func (bt *bucketTimes) estimate(p mlp.Path) float64 {
+	k := bt.keptOf(p)
+	v := bt.kept[p]
+	w := append([]float64(nil), v[:k]...)
+	sort.Float64s(w)
+	if k%2 == 1 {
+		return w[k/2]
+	}
+	return (w[k/2-1] + w[k/2]) / 2
+}
+
+// decided returns the bucket's faster path and the slower one, and whether
+// the timings decide yet: both paths kept, and either far apart (farRatio)
+// or keptWindow timings each.
+func (bt *bucketTimes) decided() (fast, slow mlp.Path, ok bool) {
+	ks, kd := bt.keptOf(mlp.Sparse), bt.keptOf(mlp.Dense)
+	if ks == 0 || kd == 0 {
+		return mlp.Sparse, mlp.Dense, false
+	}
+	es, ed := bt.estimate(mlp.Sparse), bt.estimate(mlp.Dense)
+	fast, slow = mlp.Sparse, mlp.Dense
+	if ed < es {
+		fast, slow = slow, fast
+	}
+	far := max(es, ed) >= farRatio*min(es, ed)
+	return fast, slow, far || (ks == keptWindow && kd == keptWindow)
 }
 
 // timedCall is a Forward call whose timing has not been read yet.
@@ -70,17 +113,15 @@ func (l *MLP) choose(m int, byDensity mlp.Path) (mlp.Path, bool) {
 	}
 	bt := l.bucket(l.bucketOf(m))
 	bt.calls++
-	switch haveS, haveD := bt.n[mlp.Sparse] > 1, bt.n[mlp.Dense] > 1; {
-	case haveS && haveD:
-		fast, slow := mlp.Sparse, mlp.Dense
-		if bt.perTok[mlp.Dense] < bt.perTok[mlp.Sparse] {
-			fast, slow = slow, fast
-		}
+	if fast, slow, ok := bt.decided(); ok {
 		if bt.calls%reprobeEvery == 0 {
 			return slow, true
 		}
 		return fast, bt.calls%retimeEvery == 0
-	case haveS:
+	}
+	// Exploring: sparse until it keeps a timing, then dense until it does,
+	// then the one with fewer kept timings (sparse on a tie).
+	if bt.keptOf(mlp.Dense) < bt.keptOf(mlp.Sparse) {
 		return mlp.Dense, true
 	}
 	return mlp.Sparse, true
@@ -99,9 +140,9 @@ func (l *MLP) densityRule(m int, next mlp.Path) mlp.Path {
 // Settled returns the path Forward runs for m tokens, and whether that
 // choice is settled: at once for a fixed l.Path; under mlp.Auto once the
 // measured density (or, without Measure, the density
-// rule alone) has come back, and with Measure both paths have been timed
-// for m's batch-size bucket (the faster one is returned; Forward would
-// still re-probe the other now and then). A CUDA graph recorded from Queue
+// rule alone) has come back, and with Measure once the timings of m's
+// batch-size bucket decide (see the top of this file; the faster path is
+// returned, and Forward would still re-probe the other now and then). A CUDA graph recorded from Queue
 // freezes the choice, so record once it is settled.
 func (l *MLP) Settled(m int) (mlp.Path, bool) {
 	l.poll()
@@ -116,13 +157,14 @@ func (l *MLP) Settled(m int) (mlp.Path, bool) {
 		return l.densityRule(m, l.next), true
 	}
 	bt := l.times[l.bucketOf(m)]
-	if bt == nil || bt.n[mlp.Sparse] <= 1 || bt.n[mlp.Dense] <= 1 {
+	if bt == nil {
 		return mlp.Sparse, false
 	}
-	if bt.perTok[mlp.Dense] < bt.perTok[mlp.Sparse] {
-		return mlp.Dense, true
+	fast, _, ok := bt.decided()
+	if !ok {
+		return mlp.Sparse, false
 	}
-	return mlp.Sparse, true
+	return fast, true
 }
 
 // bucket returns the timings of bucket b, creating them.
@@ -141,13 +183,8 @@ func (l *MLP) bucket(b int) *bucketTimes {
 // record adds a timing to its bucket.
 func (l *MLP) record(path mlp.Path, bucket, m int, ms float64) {
 	bt := l.bucket(bucket)
-	v := ms / float64(m)
-	switch bt.n[path] {
-	case 0: // dropped
-	case 1:
-		bt.perTok[path] = v
-	default:
-		bt.perTok[path] += timeAlpha * (v - bt.perTok[path])
+	if bt.n[path] > 0 { // the first is dropped
+		bt.kept[path][(bt.n[path]-1)%keptWindow] = ms / float64(m)
 	}
 	bt.n[path]++
 }

@@ -8,30 +8,66 @@ import (
 	"github.com/twell-ai/twell/mlp"
 )
 
+// exploreCalls returns how many calls a bucket explores before its timings
+// decide, for the given per-token costs: each path's first timing is
+// dropped, so four calls keep one timing each; paths closer than farRatio
+// then take turns until each keeps keptWindow.
+func exploreCalls(sparseMS, denseMS float64) int {
+	if max(sparseMS, denseMS) >= farRatio*min(sparseMS, denseMS) {
+		return 4
+	}
+	return 2 + 2*keptWindow
+}
+
+// wantExplore returns the path call (from 1) of a bucket's exploration runs:
+// sparse twice, dense twice, then in turns.
+func wantExplore(call int) mlp.Path {
+	switch {
+	case call <= 2:
+		return mlp.Sparse
+	case call <= 4:
+		return mlp.Dense
+	case call%2 == 1:
+		return mlp.Sparse
+	}
+	return mlp.Dense
+}
+
 // TestChooseByTimes drives the measured path choice with made-up timings:
 // the first two calls of a batch size run sparse, the next two dense (each
-// path's first timing is dropped), then the faster one, with the slower one
-// re-timed every reprobeEvery calls; the
-// density rule overrides the timings; sizes are bucketed by powers of two.
+// path's first timing is dropped), then, where the paths are within
+// farRatio of each other, both in turns until each keeps keptWindow
+// timings; then the faster one, with the slower one re-timed every
+// reprobeEvery calls; the density rule overrides the timings; sizes are
+// bucketed by powers of two.
 func TestChooseByTimes(t *testing.T) {
 	r, seed := testutil.Rand(t)
-	for trial := 0; trial < 50; trial++ {
+	for trial := 0; trial < 200; trial++ {
 		l := &MLP{blas: &cublas.Handle{}, Measure: true}
 		m := 1 + r.IntN(1<<16)
 		if trial == 0 {
 			m = 1 + r.IntN(gemvMaxRows) // the exemption
 		}
-		sparseMS, denseMS := 0.1+r.Float64(), 0.1+r.Float64()
+		sparseMS := 0.1 + r.Float64()
+		denseMS := 0.1 + r.Float64()
+		if trial%2 == 1 { // close paths: within farRatio of each other
+			q := 1 + r.Float64()*(farRatio-1)*0.95
+			if r.IntN(2) == 0 {
+				q = 1 / q
+			}
+			denseMS = sparseMS * q
+		}
 		fast, slow := mlp.Sparse, mlp.Dense
 		if denseMS < sparseMS {
 			fast, slow = slow, fast
 		}
+		explore := exploreCalls(sparseMS, denseMS)
 		cost := map[mlp.Path]float64{mlp.Sparse: sparseMS, mlp.Dense: denseMS}
 		var got []mlp.Path
 		for call := 1; call <= 3*reprobeEvery; call++ {
 			p, timed := l.choose(m, mlp.Sparse)
 			got = append(got, p)
-			if call <= 4 || call%reprobeEvery == 0 {
+			if call <= explore || call%reprobeEvery == 0 {
 				if !timed {
 					t.Fatalf("seed %d: call %d (%v) explores or re-times but is not timed", seed, call, p)
 				}
@@ -41,15 +77,13 @@ func TestChooseByTimes(t *testing.T) {
 			}
 			want := fast
 			switch {
-			case call <= 2:
-				want = mlp.Sparse
-			case call <= 4:
-				want = mlp.Dense
+			case call <= explore:
+				want = wantExplore(call)
 			case call%reprobeEvery == 0:
 				want = slow
 			}
 			if p != want {
-				t.Fatalf("seed %d: m=%d, sparse %.3f, dense %.3f ms/token: call %d ran %v, want %v (calls %v)",
+				t.Fatalf("seed %d: m=%d, sparse %.4f, dense %.4f ms/token: call %d ran %v, want %v (calls %v)",
 					seed, m, sparseMS, denseMS, call, p, want, got)
 			}
 		}
@@ -77,6 +111,54 @@ func TestChooseByTimes(t *testing.T) {
 	for n := 1; n <= 100; n++ {
 		if want := n <= sampleFirst || n%sampleEvery == 0; sampled(n) != want {
 			t.Errorf("sampled(%d) = %v, want %v", n, sampled(n), want)
+		}
+	}
+}
+
+// TestChooseOutvotesOneSlowCall: a single slow timing of the faster path
+// does not decide a bucket. Within farRatio it is outvoted during the
+// exploration; beyond it, it decides only until the slower path's next
+// re-timing brings the estimates close, which explores again.
+func TestChooseOutvotesOneSlowCall(t *testing.T) {
+	r, seed := testutil.Rand(t)
+	for trial := 0; trial < 100; trial++ {
+		l := &MLP{blas: &cublas.Handle{}, Measure: true}
+		m := gemvMaxRows + 1 + r.IntN(1<<16)
+		sparseMS := 0.1 + r.Float64()
+		denseMS := sparseMS * (0.85 + 0.1*r.Float64()) // dense 5-15% faster
+		slowBy := 1.1 + 1.2*r.Float64()                // its first kept timing this much slower
+		var got []mlp.Path
+		for call := 1; call <= 3*reprobeEvery; call++ {
+			p, timed := l.choose(m, mlp.Sparse)
+			got = append(got, p)
+			if timed {
+				ms := sparseMS
+				if p == mlp.Dense {
+					ms = denseMS
+					if l.bucket(l.bucketOf(m)).n[mlp.Dense] == 1 { // the first kept timing
+						ms *= slowBy
+					}
+				}
+				l.record(p, l.bucketOf(m), m, ms*float64(m))
+			}
+		}
+		// By the third round of re-probes dense runs, but for sparse's re-probes.
+		tail := got[2*reprobeEvery:]
+		for i, p := range tail {
+			call := 2*reprobeEvery + i + 1
+			if p == mlp.Sparse && call%reprobeEvery != 0 {
+				t.Fatalf("seed %d: sparse %.4f, dense %.4f ms/token, dense's first kept timing %.2fx slow: call %d ran sparse (calls %v)",
+					seed, sparseMS, denseMS, slowBy, call, got)
+			}
+		}
+		if slowBy*denseMS < farRatio*sparseMS {
+			// within farRatio the exploration outvotes it: dense from call 9 on
+			for call := 2 + 2*keptWindow + 1; call < reprobeEvery; call++ {
+				if got[call-1] != mlp.Dense {
+					t.Fatalf("seed %d: sparse %.4f, dense %.4f, first kept dense %.2fx slow: call %d ran %v (calls %v)",
+						seed, sparseMS, denseMS, slowBy, call, got[call-1], got)
+				}
+			}
 		}
 	}
 }
@@ -143,8 +225,8 @@ func TestUseSplit(t *testing.T) {
 
 // TestSettled checks when the automatic path's choice counts as settled
 // for recording into a graph: not before the density is known, and with
-// Measure not before both paths have two timings (the first is dropped);
-// then the faster path, or dense whenever the density rule says so.
+// Measure not before the timings decide (exploreCalls); then the faster
+// path, or dense whenever the density rule says so.
 func TestSettled(t *testing.T) {
 	r, seed := testutil.Rand(t)
 	for trial := 0; trial < 50; trial++ {
@@ -156,9 +238,10 @@ func TestSettled(t *testing.T) {
 		l.lastKnown, l.next = true, mlp.Sparse
 		sparseMS, denseMS := 0.1+r.Float64(), 0.1+r.Float64()
 		cost := map[mlp.Path]float64{mlp.Sparse: sparseMS, mlp.Dense: denseMS}
-		for call := 1; call <= 4; call++ {
+		explore := exploreCalls(sparseMS, denseMS)
+		for call := 1; call <= explore; call++ {
 			if _, ok := l.Settled(m); ok {
-				t.Fatalf("seed %d: settled after %d of 4 timed calls", seed, call-1)
+				t.Fatalf("seed %d: sparse %.4f, dense %.4f ms/token: settled after %d of %d timed calls", seed, sparseMS, denseMS, call-1, explore)
 			}
 			p, timed := l.choose(m, mlp.Sparse)
 			if !timed {
