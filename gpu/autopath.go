@@ -3,7 +3,7 @@ package gpu
 import (
 	"encoding/binary"
 	"math/bits"
-	"sort"
+	"slices"
 
 	"github.com/twell-ai/twell/cuda"
 	"github.com/twell-ai/twell/mlp"
@@ -65,9 +65,9 @@ func (bt *bucketTimes) keptOf(p mlp.Path) int { return min(max(bt.n[p]-1, 0), ke
 // bucket must keep at least one.
 func (bt *bucketTimes) estimate(p mlp.Path) float64 {
 	k := bt.keptOf(p)
-	v := bt.kept[p]
-	w := append([]float64(nil), v[:k]...)
-	sort.Float64s(w)
+	v := bt.kept[p] // a copy, sorted in place
+	w := v[:k]
+	slices.Sort(w)
 	if k%2 == 1 {
 		return w[k/2]
 	}
@@ -142,8 +142,9 @@ func (l *MLP) densityRule(m int, next mlp.Path) mlp.Path {
 // measured density (or, without Measure, the density
 // rule alone) has come back, and with Measure once the timings of m's
 // batch-size bucket decide (see the top of this file; the faster path is
-// returned, and Forward would still re-probe the other now and then). A CUDA graph recorded from Queue
-// freezes the choice, so record once it is settled.
+// returned, and Forward would still re-probe the other now and then). A
+// CUDA graph recorded from Queue freezes the choice, so record once it is
+// settled.
 func (l *MLP) Settled(m int) (mlp.Path, bool) {
 	l.poll()
 	switch {

@@ -1,6 +1,8 @@
 package gpu
 
 import (
+	"math"
+	"slices"
 	"testing"
 
 	"github.com/twell-ai/twell/cuda/cublas"
@@ -160,6 +162,50 @@ func TestChooseOutvotesOneSlowCall(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// TestBucketEstimate: a path's estimate is the median of its last
+// keptWindow kept timings (the first timing dropped), and reading it
+// allocates nothing (choose runs on every Forward call).
+func TestBucketEstimate(t *testing.T) {
+	r, seed := testutil.Rand(t)
+	for trial := 0; trial < 200; trial++ {
+		l := &MLP{}
+		m := 1 + r.IntN(4096)
+		b := l.bucketOf(m)
+		var kept []float64
+		for n := 0; n < 1+r.IntN(10); n++ {
+			ms := 0.01 + r.Float64()
+			l.record(mlp.Dense, b, m, ms*float64(m))
+			if n > 0 {
+				kept = append(kept, ms)
+			}
+		}
+		bt := l.bucket(b)
+		if len(kept) == 0 {
+			if k := bt.keptOf(mlp.Dense); k != 0 {
+				t.Fatalf("seed %d: one timing recorded, %d kept", seed, k)
+			}
+			continue
+		}
+		last := append([]float64(nil), kept[max(0, len(kept)-keptWindow):]...)
+		slices.Sort(last)
+		want := last[len(last)/2]
+		if len(last)%2 == 0 {
+			want = (last[len(last)/2-1] + last[len(last)/2]) / 2
+		}
+		if got := bt.estimate(mlp.Dense); math.Abs(got-want) > 1e-12*want {
+			t.Fatalf("seed %d: kept %v: estimate %g, want the median of the last %d, %g", seed, kept, got, keptWindow, want)
+		}
+	}
+	bt := &bucketTimes{}
+	for i := range 5 {
+		bt.n[mlp.Sparse], bt.n[mlp.Dense] = i, i
+		bt.kept[mlp.Sparse][i%keptWindow], bt.kept[mlp.Dense][i%keptWindow] = 1+r.Float64(), 1+r.Float64()
+	}
+	if a := testing.AllocsPerRun(100, func() { bt.decided() }); a != 0 {
+		t.Errorf("decided allocates %.0f times a call", a)
 	}
 }
 
