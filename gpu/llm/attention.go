@@ -21,7 +21,6 @@ type attnKernel struct {
 	smem int  // dynamic shared memory
 	ref  bool // attn_ref, whose launch also takes head_dim
 	wg   bool // attn_wg64, whose launch also takes the RoPE tables (attnArgs.cos)
-	half bool // two 128-thread CTAs per (work item, head) instead of one of 256
 }
 
 // attnArgs are the operands of the attention kernels (attn.cu,
@@ -36,13 +35,9 @@ type attnArgs struct {
 	nItems, page, layer, nq, nkv, hd, qkvW    int
 }
 
-// launch queues the kernel: one 256-thread block per (work item, head), or
-// two 128-thread ones (half).
+// launch queues the kernel: one 256-thread block per (work item, head).
 func (k attnKernel) launch(s *cuda.Stream, a attnArgs) error {
 	grid, block := cuda.Dim3{uint32(a.nItems * a.nq), 1, 1}, cuda.Dim3{256, 1, 1}
-	if k.half {
-		grid[0], block[0] = 2*grid[0], 128
-	}
 	scaleLog2 := float32(math.Log2E / math.Sqrt(float64(a.hd)))
 	if k.ref {
 		return k.fn.Launch(grid, block, 0, s, a.qkv, a.out, a.items, a.seqQ0, a.seqN, a.seqPast, a.pt, int32(a.page),
@@ -260,12 +255,10 @@ func (e *Engine) AttentionKernel() (string, error) {
 }
 
 // wgBuild is a build of the wgmma attention kernel (attn_wgmma.cu): its
-// name expression, the key and value blocks its shared memory holds, and
-// whether its CTAs are one warpgroup (half an item's queries) or two.
+// name expression and the key and value blocks its shared memory holds.
 type wgBuild struct {
 	expr   string
 	stages int
-	half   bool
 }
 
 // wgBuilds are the builds by Engine.Attention name; auto runs wgmma3: on
@@ -274,11 +267,7 @@ type wgBuild struct {
 // block's softmax overlapped with the block before's P V, and with the
 // queries in registers were within the defaults' spread in whole-model
 // prefill (H200, 2026-12-05) and are gone.
-var wgBuilds = map[string]wgBuild{
-	"wgmma3":  {"attn_wg64<3, 2>", 3, false},
-	"wgmma2h": {"attn_wg64<2, 1>", 2, true},
-	"wgmma3h": {"attn_wg64<3, 1>", 3, true},
-}
+var wgBuilds = map[string]wgBuild{"wgmma3": {"attn_wg64<3>", 3}}
 
 // wgExprs returns the name expressions of every build, sorted.
 func wgExprs() []string {
@@ -291,15 +280,9 @@ func wgExprs() []string {
 }
 
 // wgSmem is the dynamic shared memory of a build of stages stages: the 128
-// query rows (64 for half CTAs) and the stages' 64-key K and V blocks, 128
-// bytes a row, plus 1024 bytes for aligning the base.
-func wgSmem(stages int, half bool) int {
-	q := attnBQ
-	if half {
-		q /= 2
-	}
-	return (q+stages*2*64)*128 + 1024
-}
+// query rows and the stages' 64-key K and V blocks, 128 bytes a row, plus
+// 1024 bytes for aligning the base.
+func wgSmem(stages int) int { return (attnBQ+stages*2*64)*128 + 1024 }
 
 // wgmma returns the wgmma attention build of Engine.Attention name name
 // (a key of wgBuilds), compiling attn_wgmma.cu on first use.
@@ -312,7 +295,7 @@ func (k *kernels) wgmma(name string) (attnKernel, error) {
 	if !ok {
 		return attnKernel{}, fmt.Errorf("llm: no wgmma attention build %q", name)
 	}
-	return attnKernel{fn: k.attnWG[b.expr], smem: wgSmem(b.stages, b.half), wg: true, half: b.half}, nil
+	return attnKernel{fn: k.attnWG[b.expr], smem: wgSmem(b.stages), wg: true}, nil
 }
 
 // compileWGMMA builds attn_wgmma.cu, which needs sm_90a (Hopper): a kernel

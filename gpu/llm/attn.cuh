@@ -28,11 +28,10 @@ struct AttnItem {
 __device__ __forceinline__ AttnItem attn_item(const int* __restrict__ items, const int* __restrict__ seq_q0,
                                               const int* __restrict__ seq_n, const int* __restrict__ seq_past,
                                               const u64* __restrict__ seq_pt, int page, int layer, int nq,
-                                              int nkv, int hd, int cta = -1) {
+                                              int nkv, int hd) {
   AttnItem a;
-  if (cta < 0) cta = blockIdx.x;  // item * nq + head
-  const int item = cta / nq;
-  a.head = cta % nq;
+  const int item = blockIdx.x / nq;
+  a.head = blockIdx.x % nq;
   const int s = items[2 * item];
   a.q0 = items[2 * item + 1];
   a.n = seq_n[s], a.past = seq_past[s], a.qs = seq_q0[s];

@@ -3,12 +3,9 @@
 // and results as attn_fa64 in attn.cu; the products run on wgmma instead of
 // mma.sync.
 //
-// WGS = 2: one CTA per (work item, head), blockIdx.x = item * nq + head; two
+// One CTA per (work item, head), blockIdx.x = item * nq + head; two
 // warpgroups, warpgroup w owning the item's queries 64w .. 64w+63 (warp i of
-// it rows 16i .. 16i+15). WGS = 1: two CTAs of one warpgroup per (work item,
-// head), blockIdx.x = (item * nq + head) * 2 + w, CTA w owning queries 64w ..
-// 64w+63, so that each warpgroup waits only for its own loads at the
-// barriers of its loop. The CTA's query rows and blocks of 64 keys and
+// it rows 16i .. 16i+15). The CTA's 128 query rows and blocks of 64 keys and
 // values stream into shared memory through a cp.async pipeline of STAGES
 // blocks, every row of 64 bf16 (128 bytes) stored with the 128-byte swizzle
 // (16-byte chunk c of row r at r * 128 + ((c ^ (r % 8)) * 16), 1024-byte
@@ -26,8 +23,8 @@
 
 #define WG_BK 64  // keys per block
 
-// attn_wg64<STAGES, WGS>: see the top of the file. Dynamic shared memory:
-// (64 WGS + STAGES * 2 * 64) * 128 bytes, plus 1024 for alignment. The engine
+// attn_wg64<STAGES>: see the top of the file. Dynamic shared memory:
+// (128 + STAGES * 2 * 64) * 128 bytes, plus 1024 for alignment. The engine
 // instantiates STAGES = 3: on an H200, 3 stages beat 2 and a build that
 // overlapped each block's P V with the next block's scores. Blocks are
 // loaded AHEAD = min(STAGES - 1, 2) ahead; with 3 stages a block's stage is
@@ -36,8 +33,8 @@
 // defaults' spread): 4 stages with one barrier an iteration, each block's
 // softmax overlapped with the block before's P V (as flash-attention 3
 // does), and the queries held in registers as wgmma A fragments.
-template <int STAGES, int WGS>
-__global__ void __launch_bounds__(128 * WGS, 4 / WGS)
+template <int STAGES>
+__global__ void __launch_bounds__(256, 2)
     attn_wg64(const u16* __restrict__ qkv, u16* __restrict__ out, const int* __restrict__ items,
               const int* __restrict__ seq_q0, const int* __restrict__ seq_n, const int* __restrict__ seq_past,
               const u64* __restrict__ seq_pt, int page, int layer, int nq, int nkv, int qkv_w, float scale_log2,
@@ -46,26 +43,22 @@ __global__ void __launch_bounds__(128 * WGS, 4 / WGS)
   static_assert(BK == ATT_BK, "the blocks of keys are the ones a page holds whole");
   constexpr int AHEAD = STAGES - 1 < 2 ? STAGES - 1 : 2;  // blocks loaded ahead of the one computed
   constexpr bool END_SYNC = STAGES < AHEAD + 2;  // whether a stage is reloaded right after its use
-  constexpr int NT = 128 * WGS, QR = 64 * WGS;           // threads; query rows of the CTA
-  constexpr u32 QBYTES = QR * 128, BLK = BK * 128;        // Q tile; one K or V block
-  static_assert(ATT_BQ == 2 * 64, "an item is two warpgroups' queries");
+  constexpr u32 QBYTES = ATT_BQ * 128, BLK = BK * 128;  // Q tile; one K or V block
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const u32 sQ = (smem_addr(smem_raw) + 1023u) & ~1023u, sKV = sQ + QBYTES;
 
-  const AttnItem a = attn_item(items, seq_q0, seq_n, seq_past, seq_pt, page, layer, nq, nkv, HD,
-                               WGS == 2 ? (int)blockIdx.x : (int)(blockIdx.x >> 1));
-  const int head = a.head, q0 = a.q0 + (WGS == 2 ? 0 : (int)(blockIdx.x & 1) * 64), n = a.n, past = a.past,
-            qs = a.qs;  // q0: the CTA's first query
+  const AttnItem a = attn_item(items, seq_q0, seq_n, seq_past, seq_pt, page, layer, nq, nkv, HD);
+  const int head = a.head, q0 = a.q0, n = a.n, past = a.past, qs = a.qs;
   const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
   const int g = lane >> 2, tq = lane & 3;
-  const int kend = past + min(q0 + QR, n);  // keys [0, kend) are needed by the CTA
+  const int kend = past + min(q0 + ATT_BQ, n);  // keys [0, kend) are needed by the CTA
   const int nblk = (kend + BK - 1) / BK;
   const int wrow0 = q0 + wg * 64;                                      // the warpgroup's first query
   const int wklast = wrow0 < n ? past + min(wrow0 + 63, n - 1) : -1;  // and the last key it needs
   const int trow0 = wrow0 + warp * 16;                                 // the warp's first query
 
   if (cosT == nullptr) {  // the queries were rotated by rope_kv
-    for (int idx = tid; idx < QR * 8; idx += NT) {
+    for (int idx = tid; idx < ATT_BQ * 8; idx += 256) {
       int r = idx >> 3, c = idx & 7, row = q0 + r;
       bool ok = row < n;
       cp_async16(sQ + swz(r, c), qkv + (size_t)(qs + (ok ? row : 0)) * qkv_w + head * HD + c * 8, ok);
@@ -74,15 +67,14 @@ __global__ void __launch_bounds__(128 * WGS, 4 / WGS)
   auto stage = [&](int blk) { return sKV + (u32)(blk % STAGES) * 2 * BLK; };  // K block; V at + BLK
   // load_next queues the next block of keys and values (if any) and
   // commits a group either way, so that every iteration waits for the same
-  // count. The blocks go in order, each thread copying the same RPT 16-byte
-  // chunks of every block (rows lr + i 64 / RPT, chunk lc); the block's page
+  // count. The blocks go in order, each thread copying the same two 16-byte
+  // chunks of every block (rows lr and lr + 32, chunk lc); the block's page
   // and stage are tracked from one block to the next, not divided out (the
   // loads with their divisions by the blocks a page holds were a quarter of
   // the kernel's instructions), and the next block's page is read as this
   // one is queued, an iteration before it is needed.
-  constexpr int RPT = BK * 8 / NT, RSTEP = BK / RPT;  // rows a thread copies of a block; between them
   const int lr = tid >> 3, lc = tid & 7;
-  const u32 soff = swz(lr, lc);  // row lr + RSTEP i is RSTEP i 128 bytes further (same swizzle)
+  const u32 soff = swz(lr, lc);  // row lr + 32 is 4096 bytes further
   const int goff = lr * HD + lc * 8;
   int lblk = 0, lpb = 0, lst = 0;  // next block to load, its block in its page, its stage
   const u64* lpt = a.pt;           // its page table entry
@@ -94,13 +86,12 @@ __global__ void __launch_bounds__(128 * WGS, 4 / WGS)
       const u16* K = (const u16*)lpg + a.koff + lpb * BK * HD;
       const u16* V = K + a.vstep;
       const u32 sk = sKV + (u32)lst * 2 * BLK + soff, sv = sk + BLK;
-#pragma unroll
-      for (int i = 0; i < RPT; ++i) {
-        const bool ok = k0 + lr + RSTEP * i < kend;
-        const int o = ok ? goff + RSTEP * i * HD : lc * 8;
-        cp_async16(sk + RSTEP * i * 128, K + o, ok);
-        cp_async16(sv + RSTEP * i * 128, V + o, ok);
-      }
+      const bool ok0 = k0 + lr < kend, ok1 = k0 + lr + 32 < kend;
+      const int o0 = ok0 ? goff : lc * 8, o1 = ok1 ? goff + 32 * HD : lc * 8;
+      cp_async16(sk, K + o0, ok0);
+      cp_async16(sv, V + o0, ok0);
+      cp_async16(sk + 4096, K + o1, ok1);
+      cp_async16(sv + 4096, V + o1, ok1);
       ++lblk;
       lst = lst + 1 == STAGES ? 0 : lst + 1;
       if (++lpb == a.bpp) {
@@ -111,7 +102,7 @@ __global__ void __launch_bounds__(128 * WGS, 4 / WGS)
     }
     cp_async_commit();
   };
-  static_assert(RPT * NT == BK * 8, "a block is RPT 16-byte chunks a thread");
+  static_assert(BK * 8 == 2 * 256, "a block is two 16-byte chunks a thread");
 #pragma unroll
   for (int i = 0; i < AHEAD; ++i) load_next();
   if (cosT != nullptr) {
@@ -120,7 +111,7 @@ __global__ void __launch_bounds__(128 * WGS, 4 / WGS)
     // as rope_kv would have (rope_rotate8, the same bits), stored into the
     // swizzled tile. The first iteration's proxy fence and barrier publish
     // them to wgmma.
-    for (int idx = tid; idx < QR * 4; idx += NT) {
+    for (int idx = tid; idx < ATT_BQ * 4; idx += 256) {
       int r = idx >> 2, c = idx & 3, row = q0 + r;
       uint4 A = make_uint4(0, 0, 0, 0), B = A;
       if (row < n) {

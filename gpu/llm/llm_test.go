@@ -525,9 +525,7 @@ func TestGraphFollowsSettings(t *testing.T) {
 // TestAttentionRepeatable runs each attention build three times on the same
 // long passes and wants bit-identical logits: the kernels are deterministic,
 // so a difference means a race (such as a block read before its cp.async
-// group has landed), which a tolerance check can miss. The wgmma builds
-// differ only in stages and in how CTAs share an item's queries, so they
-// must give the same bits as each other too.
+// group has landed), which a tolerance check can miss.
 func TestAttentionRepeatable(t *testing.T) {
 	dev := cudatest.Device(t)
 	cudatest.Compiler(t)
@@ -540,7 +538,6 @@ func TestAttentionRepeatable(t *testing.T) {
 	if dev.Properties().Arch == "sm_90a" {
 		kernels = append(kernels, wgNames()...)
 	}
-	var wgFirst [][]float32 // the first wgmma build's
 	for _, k := range kernels {
 		e := engineOnPath(t, dev, m, seed, "dense")
 		e.Attention = k
@@ -556,13 +553,6 @@ func TestAttentionRepeatable(t *testing.T) {
 				continue
 			}
 			enginetest.SameBits(t, fmt.Sprintf("%s, run %d vs run 1", k, rep+1), got, first)
-		}
-		if _, wg := wgBuilds[k]; wg {
-			if wgFirst == nil {
-				wgFirst = first
-			} else {
-				enginetest.SameBits(t, fmt.Sprintf("seed %d: %s vs %s", seed, k, wgNames()[0]), first, wgFirst)
-			}
 		}
 	}
 }
